@@ -1,0 +1,1 @@
+"""uniradix.conformance: traces, adapters, replay and recording, and the ``uniradix`` CLI."""

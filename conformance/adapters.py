@@ -1,0 +1,179 @@
+"""Adapters: one trace step in, one observation out (DESIGN.md, ``CacheUnderTest``).
+
+An observation is the full ``ret`` object TRACE.md defines for the op (effects included), or
+``{"error": "<ExceptionType>"}`` when the implementation rejected the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from uniradix.spec import cache as rules
+from uniradix.spec import queries
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import CacheError, HandleError, InvalidInput, Unsupported, UnknownOp
+from uniradix.spec.invariants import sanity_check
+from uniradix.spec.snapshot import snapshot
+from uniradix.spec.state import CacheState, Node, new_state
+
+Step = dict
+Observation = dict
+
+# Ops of TRACE.md version 1 that belong to tiers not built yet.
+HOST_TIER_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events")
+AUX_OPS = ("mamba_alloc", "mamba_free")
+
+
+class CacheUnderTest(Protocol):
+    config: CacheConfig
+
+    def apply(self, step: Step) -> Observation: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def violations(self) -> list[str]: ...
+
+
+def check_supported(config: CacheConfig) -> None:
+    """The device tier with the Full component is what exists today."""
+    if config.components != ("full",):
+        raise Unsupported(f"components {list(config.components)}: only ['full'] is supported "
+                          "so far (SWA and Mamba come with the hybrid-models work)")
+    if config.has_host_tier:
+        raise Unsupported("host_slots > 0: the host tier (HiCache) is not supported yet")
+
+
+def args_of(step: Step, *names: str, **defaults: Any) -> list:
+    """The named args of a step; a missing required arg is InvalidInput."""
+    args = step.get("args", {})
+    known = set(names) | set(defaults)
+    extra = sorted(set(args) - known)
+    if extra:
+        raise InvalidInput(f"{step['op']}: unknown argument(s) {extra}")
+    out = []
+    for n in names:
+        if n not in args:
+            raise InvalidInput(f"{step['op']}: missing argument {n!r}")
+        out.append(args[n])
+    for n, d in defaults.items():
+        out.append(args.get(n, d))
+    return out
+
+
+def path_arg(raw: Any) -> tuple:
+    if not isinstance(raw, dict) or set(raw) - {"tokens", "extra_key"} or "tokens" not in raw:
+        raise InvalidInput(f"a node path must be {{'tokens': [...], 'extra_key': ...}}, got {raw!r}")
+    return raw["tokens"], raw.get("extra_key")
+
+
+class SpecAdapter:
+    """Runs trace steps on the executable specification."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        check_supported(config)
+        self.config = config
+        self.state: CacheState = new_state(config)
+        self.handles: dict[int, Any] = {}  # trace handle (the lock step's i) -> LockHandle
+        self._ops: dict[str, Callable[[Step], Observation]] = {
+            "alloc": self._alloc, "free": self._free, "insert": self._insert,
+            "match_prefix": self._match, "lock": self._lock, "unlock": self._unlock,
+            "evict": self._evict, "sizes": self._sizes, "reset": self._reset,
+        }
+
+    # -- protocol ------------------------------------------------------------------------------
+    def apply(self, step: Step) -> Observation:
+        op = step.get("op")
+        self.state.kv.take_freed()
+        try:
+            handler = self._ops.get(op)
+            if handler is None:
+                if op in HOST_TIER_OPS or op in AUX_OPS:
+                    raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
+                raise UnknownOp(f"unknown op {op!r}")
+            return handler(step)
+        except CacheError as e:
+            self.state.kv.take_freed()
+            return {"error": type(e).__name__, "message": str(e)}
+
+    def snapshot(self) -> dict[str, Any]:
+        return snapshot(self.state)
+
+    def violations(self) -> list[str]:
+        return sanity_check(self.state)
+
+    # -- ops -----------------------------------------------------------------------------------
+    def _path_len(self, node: Node) -> int:
+        return len(node.path_units())
+
+    def _alloc(self, step: Step) -> Observation:
+        (n,) = args_of(step, "n")
+        return {"slots": self.state.kv.alloc(n)}
+
+    def _free(self, step: Step) -> Observation:
+        (slots,) = args_of(step, "slots")
+        self.state.kv.free(rules.check_int_list("slots", slots))
+        return {}
+
+    def _insert(self, step: Step) -> Observation:
+        tokens, value, extra_key, prev, chunked = args_of(
+            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False)
+        out = rules.insert(self.state, tokens, extra_key, value, prev, chunked)
+        return {"prefix_len": out.prefix_len, "freed": self.state.kv.take_freed()}
+
+    def _match(self, step: Step) -> Observation:
+        tokens, extra_key = args_of(step, "tokens", extra_key=None)
+        m = rules.match_prefix(self.state, tokens, extra_key)
+        return {
+            "device_indices": list(m.device_indices),
+            "host_hit_length": m.host_hit_length,
+            "last_device_node": self._path_len(m.last_device_node),
+            "last_host_node": self._path_len(m.last_host_node),
+            "best_match_node": self._path_len(m.best_match_node),
+        }
+
+    def _lock(self, step: Step) -> Observation:
+        (path,) = args_of(step, "node")
+        tokens, extra_key = path_arg(path)
+        node = rules.find_node(self.state, tokens, extra_key)
+        i = step.get("i")
+        if i in self.handles:
+            raise HandleError(f"lock: handle {i} is already in use")
+        self.handles[i] = rules.inc_lock_ref(self.state, node)
+        return {"handle": i}
+
+    def _unlock(self, step: Step) -> Observation:
+        (h,) = args_of(step, "handle")
+        handle = self.handles.get(h) if isinstance(h, int) and not isinstance(h, bool) else None
+        if handle is None:
+            raise HandleError(f"unlock: handle {h!r} was never issued")
+        rules.dec_lock_ref(self.state, handle)  # raises HandleError when released already
+        return {}
+
+    def _evict(self, step: Step) -> Observation:
+        (n,) = args_of(step, "num_tokens")
+        evicted = rules.evict(self.state, n)
+        return {"num_tokens_evicted": evicted, "freed": self.state.kv.take_freed()}
+
+    def _sizes(self, step: Step) -> Observation:
+        args_of(step)
+        return {"full_evictable": queries.evictable_size(self.state),
+                "full_protected": queries.protected_size(self.state)}
+
+    def _reset(self, step: Step) -> Observation:
+        args_of(step)
+        rules.reset(self.state)
+        self.handles.clear()
+        return {}
+
+
+ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdapter}
+
+
+def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
+    """An adapter by name: ``spec`` or ``upstream`` (needs sglang importable)."""
+    if impl == "upstream":
+        from uniradix.conformance.upstream import UpstreamAdapter
+        return UpstreamAdapter(config)
+    if impl not in ADAPTERS:
+        raise Unsupported(f"unknown implementation {impl!r}; known: {sorted(ADAPTERS) + ['upstream']}")
+    return ADAPTERS[impl](config)

@@ -1,0 +1,67 @@
+"""The ``uniradix`` command line (docs/CLI.md).
+
+    uniradix replay TRACE... [--impl spec|upstream] [--keep-going] [--skip-unsupported]
+    uniradix run [--requests N] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from uniradix.spec.errors import CacheError
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from uniradix.conformance.replay import replay_paths
+    return replay_paths(args.traces, args.impl, keep_going=args.keep_going,
+                        skip_unsupported=args.skip_unsupported,
+                        check_invariants=not args.no_invariants, verbose=args.verbose)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from uniradix.conformance.run import main_run
+    return main_run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="uniradix", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("replay", help="replay traces on an implementation and check every ret")
+    r.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (JSON Lines)")
+    r.add_argument("--impl", default="spec", choices=["spec", "upstream"],
+                   help="implementation to replay on (default: spec)")
+    r.add_argument("--keep-going", action="store_true",
+                   help="go on with the next trace after a divergence (one per trace)")
+    r.add_argument("--skip-unsupported", action="store_true",
+                   help="report traces whose config is not supported yet, but do not fail")
+    r.add_argument("--no-invariants", action="store_true",
+                   help="do not run the implementation's invariants after each step")
+    r.add_argument("-v", "--verbose", action="store_true", help="one line per trace")
+    r.set_defaults(func=cmd_replay)
+
+    w = sub.add_parser("run", help="the main job: replay the corpus and time a built-in workload")
+    w.add_argument("--requests", type=int, default=2000, help="workload requests (default 2000)")
+    w.add_argument("--corpus", default=None, help="folder of traces to replay (default: the "
+                   "packaged upstream corpus, when running from a checkout: tests/corpus)")
+    w.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    w.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CacheError as e:
+        print(f"uniradix: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"uniradix: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

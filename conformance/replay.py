@@ -1,0 +1,124 @@
+"""Replay traces on an implementation and check every recorded ``ret`` field.
+
+After each step the observation must hold the recorded value of every field the step's ``ret``
+has (and only those are checked); a step recorded as rejected (``{"error": "T"}``) must be
+rejected with the same exception type and leave the canonical snapshot unchanged; a step
+recorded as accepted must not be rejected; and the implementation's own invariants must hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Iterable, Optional
+
+from uniradix.conformance.adapters import make_adapter
+from uniradix.conformance.trace import Trace, load_trace
+from uniradix.spec.errors import CacheError
+
+MISSING = object()
+
+
+@dataclasses.dataclass
+class Divergence:
+    trace: str
+    step: int
+    op: str
+    field: str
+    expected: Any
+    actual: Any
+
+    def __str__(self) -> str:
+        return (f"DIVERGENCE {self.trace} step {self.step} ({self.op}): field {self.field!r}: "
+                f"expected {short(self.expected)}, actual {short(self.actual)}")
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    trace: str
+    steps: int
+    divergence: Optional[Divergence] = None
+    unsupported: Optional[str] = None
+
+
+def short(x: Any, limit: int = 300) -> str:
+    s = "<missing>" if x is MISSING else json.dumps(x, default=str)
+    return s if len(s) <= limit else s[:limit] + f"... ({len(s)} chars)"
+
+
+def compare(expected_ret: dict, obs: dict) -> Optional[tuple[str, Any, Any]]:
+    """The first field where ``obs`` disagrees with the recorded ``ret``, or None."""
+    if "error" in expected_ret:
+        if obs.get("error") != expected_ret["error"]:
+            return ("error", expected_ret["error"], obs.get("error", MISSING))
+        return None
+    if "error" in obs:
+        return ("error", None, f"{obs['error']}: {obs.get('message', '')}")
+    for field, want in expected_ret.items():
+        got = obs.get(field, MISSING)
+        if got != want:
+            return (field, want, got)
+    return None
+
+
+def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
+                 on_step: Optional[Callable[[int], None]] = None) -> ReplayResult:
+    """Replay one trace; stop at its first divergence."""
+    try:
+        adapter = make_adapter(impl, trace.config)
+    except CacheError as e:
+        if type(e).__name__ == "Unsupported":
+            return ReplayResult(trace.name, 0, unsupported=str(e))
+        raise
+    done = 0
+    for idx, step in enumerate(trace.steps):
+        i = step.get("i", idx)
+        op = step["op"]
+        expected = step.get("ret")
+        before = adapter.snapshot() if expected is not None and "error" in expected else None
+        obs = adapter.apply(step)
+        done += 1
+        if on_step is not None:
+            on_step(done)
+        diff = compare(expected if expected is not None else {}, obs)
+        if diff is not None:
+            return ReplayResult(trace.name, done, Divergence(trace.name, i, op, *diff))
+        if before is not None:
+            after = adapter.snapshot()
+            if after != before:
+                return ReplayResult(trace.name, done, Divergence(
+                    trace.name, i, op, "state unchanged after rejected op", before, after))
+        if check_invariants:
+            bad = adapter.violations()
+            if bad:
+                return ReplayResult(trace.name, done, Divergence(
+                    trace.name, i, op, "invariants", [], bad))
+    return ReplayResult(trace.name, done)
+
+
+def replay_paths(paths: Iterable[str], impl: str, *, keep_going: bool = False,
+                 skip_unsupported: bool = False, check_invariants: bool = True,
+                 out: Callable[[str], None] = print, verbose: bool = False) -> int:
+    """Replay files; print divergences and the summary line; return the exit status."""
+    steps = traces = divergences = failures = 0
+    for path in paths:
+        trace = load_trace(path)
+        result = replay_trace(trace, impl, check_invariants)
+        traces += 1
+        steps += result.steps
+        if result.unsupported is not None:
+            out(f"UNSUPPORTED {trace.name}: {result.unsupported}")
+            if not skip_unsupported:
+                failures += 1
+                if not keep_going:
+                    break
+            continue
+        if result.divergence is not None:
+            divergences += 1
+            out(str(result.divergence))
+            if not keep_going:
+                break
+        elif verbose:
+            out(f"ok {trace.name}: {result.steps} steps")
+    out(f"replayed {steps} steps in {traces} traces: {divergences} divergences")
+    return 1 if divergences or failures else 0

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Build a throwaway virtualenv holding upstream SGLang 0.5.13.post1 (CPU torch), for recording
+# golden traces and measuring side by side. Never a project dependency.
+# Usage: scripts/upstream-venv.sh [VENV_DIR]   (default: .venv-upstream)
+set -euo pipefail
+venv=${1:-.venv-upstream}
+py=${PYTHON:-python3}
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import sglang' 2>/dev/null; then
+  echo "upstream venv ready: $venv"; exit 0
+fi
+"$py" -m venv "$venv"
+cons=$(mktemp)
+echo "torch==2.13.0" > "$cons"
+"$venv/bin/pip" install -q --upgrade pip
+"$venv/bin/pip" install -q torch==2.13.0
+"$venv/bin/pip" install -q -c "$cons" --no-deps sglang==0.5.13.post1
+"$venv/bin/pip" install -q -c "$cons" numpy orjson psutil pybase64 requests packaging triton pillow \
+  starlette tqdm ipython pydantic aiohttp msgspec pyzmq transformers==5.8.1 openai \
+  partial_json_parser dill sentencepiece einops compressed-tensors gguf
+# this project's own package too, so the adapter and recorder run inside it
+[ -f pyproject.toml ] && "$venv/bin/pip" install -q -c "$cons" --no-deps -e .
+rm -f "$cons"
+echo "upstream venv ready: $venv"

@@ -1,0 +1,431 @@
+"""The rules of the device tier (Full component): one function per rule, named after it.
+
+Read top to bottom like a state machine: input checks, the clock, the tree rules
+(``split_node``, ``match_prefix``, ``insert``), locks, eviction, reset.  Every public rule checks
+its whole input before it changes anything, so a rejected call leaves the state as it was.
+
+Access stamps are a logical clock (DESIGN.md): every touch takes the next tick; a match stamps
+its path so that ancestors are older than descendants but newer than anything stamped before.
+A stamp is the pair ``(tick, rank)``, compared lexicographically; ordinary touches have rank 0,
+and a match at tick T gives the node k steps above the matched node ``(T, -k)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+from .errors import AllocatorError, HandleError, InvalidInput, NodeNotFound
+from .keys import common_prefix_len, namespaced_child_key, page_aligned_len, split_point_ok, to_units
+from .queries import oldest_device_leaf
+from .state import CacheState, LockHandle, Node, new_root
+
+# ----------------------------------------------------------------------------------------------
+# Input checks (all raise InvalidInput and touch nothing)
+# ----------------------------------------------------------------------------------------------
+
+
+def check_int_list(name: str, xs) -> list:
+    if not isinstance(xs, (list, tuple)):
+        raise InvalidInput(f"{name} must be a list of ints, got {type(xs).__name__}")
+    for x in xs:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise InvalidInput(f"{name} must hold ints only, found {x!r}")
+    return list(xs)
+
+
+def check_extra_key(extra_key) -> Optional[str]:
+    if extra_key is not None and not isinstance(extra_key, str):
+        raise InvalidInput(f"extra_key must be null or a string, got {extra_key!r}")
+    return extra_key
+
+
+def check_count(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidInput(f"{name} must be a non-negative int, got {n!r}")
+    return n
+
+
+def check_flag(name: str, b) -> bool:
+    if not isinstance(b, bool):
+        raise InvalidInput(f"{name} must be true or false, got {b!r}")
+    return b
+
+
+def aligned_units(state: CacheState, tokens: Sequence[int]) -> tuple:
+    """The key the tree sees for a token list: bigram view under EAGLE, cut to whole pages."""
+    units = to_units(tokens, state.config.eagle)
+    return units[: page_aligned_len(len(units), state.config.page_size)]
+
+
+# ----------------------------------------------------------------------------------------------
+# The clock
+# ----------------------------------------------------------------------------------------------
+
+
+def tick(state: CacheState) -> int:
+    state.clock += 1
+    return state.clock
+
+
+def touch(state: CacheState, node: Node) -> None:
+    """A node is used: it becomes the most recently accessed."""
+    node.stamp = (tick(state), 0)
+
+
+def stamp_match_path(state: CacheState, node: Node) -> None:
+    """After a match, the matched node and all its ancestors become the most recent, the
+    matched node newest, each ancestor a little older than its child."""
+    t = tick(state)
+    rank = 0
+    cur: Optional[Node] = node
+    while cur is not None:
+        cur.stamp = (t, rank)
+        rank -= 1
+        cur = cur.parent
+
+
+# ----------------------------------------------------------------------------------------------
+# Tree structure
+# ----------------------------------------------------------------------------------------------
+
+
+def child_key_of(state: CacheState, extra_key: Optional[str], units: Sequence) -> tuple:
+    return namespaced_child_key(extra_key, units, state.config.page_size)
+
+
+def find_child(state: CacheState, node: Node, extra_key: Optional[str], units: Sequence):
+    """The child of ``node`` whose first page equals the first page of ``units``, if any."""
+    if len(units) < state.config.page_size:
+        return None
+    return node.children.get(child_key_of(state, extra_key, units))
+
+
+def split_node(state: CacheState, child: Node, split_len: int) -> Node:
+    """Cut ``child`` after ``split_len`` units: a new node takes the first part (and the child's
+    place under its parent), the child keeps the rest below it.  The new node inherits the
+    child's lock count (every lock through the child also runs through its prefix); values are
+    cut at the same point.  Stamps: the new node takes a tick, then the child takes the next.
+    """
+    assert split_point_ok(len(child.key), split_len, state.config.page_size)
+    parent = child.parent
+    assert parent is not None
+    upper = Node(
+        key=child.key[:split_len],
+        extra_key=child.extra_key,
+        parent=parent,
+        value=None if child.value is None else child.value[:split_len],
+        stamp=(tick(state), 0),
+        lock_ref=child.lock_ref,
+    )
+    parent.children[child_key_of(state, child.extra_key, child.key)] = upper
+    child.key = child.key[split_len:]
+    if child.value is not None:
+        child.value = child.value[split_len:]
+    child.parent = upper
+    upper.children[child_key_of(state, child.extra_key, child.key)] = child
+    touch(state, child)
+    return upper
+
+
+def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: tuple,
+             value: tuple) -> Node:
+    """A new node for the unmatched remainder of an insert; it is the newest node."""
+    leaf = Node(key=units, extra_key=extra_key, parent=parent, value=value,
+                stamp=(tick(state), 0))
+    parent.children[child_key_of(state, extra_key, units)] = leaf
+    return leaf
+
+
+def find_node(state: CacheState, tokens: Sequence[int], extra_key: Optional[str]) -> Node:
+    """The node whose path is exactly ``tokens`` (the root for ``[]``), or NodeNotFound."""
+    tokens = check_int_list("node tokens", tokens)
+    extra_key = check_extra_key(extra_key)
+    units = to_units(tokens, state.config.eagle)
+    node = state.root
+    rest = units
+    while len(rest) > 0:
+        child = find_child(state, node, extra_key, rest)
+        if child is None or tuple(rest[: len(child.key)]) != child.key:
+            raise NodeNotFound(
+                f"no node ends at this path (extra_key={extra_key!r}, {len(tokens)} tokens)")
+        node, rest = child, rest[len(child.key):]
+    return node
+
+
+# ----------------------------------------------------------------------------------------------
+# match_prefix
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchOutcome:
+    device_indices: tuple
+    last_device_node: Node
+    last_host_node: Node
+    best_match_node: Node
+    host_hit_length: int = 0
+
+
+def empty_match(state: CacheState) -> MatchOutcome:
+    return MatchOutcome((), state.root, state.root, state.root, 0)
+
+
+def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[str] = None
+                 ) -> MatchOutcome:
+    """Find the longest cached prefix of ``tokens`` (whole pages, device data only).
+
+    Walk down while a child shares the next page; stop at an evicted node.  A match that ends
+    inside a node splits it there, so the match always ends at a node end.  The matched path is
+    stamped most recent.  Disabled caches, and keys shorter than a page, match nothing and
+    change nothing.
+    """
+    tokens = check_int_list("tokens", tokens)
+    extra_key = check_extra_key(extra_key)
+    units = aligned_units(state, tokens)
+    if state.config.disable or len(units) == 0:
+        return empty_match(state)
+
+    node = state.root
+    chunks: list[tuple] = []
+    rest = units
+    while len(rest) > 0:
+        child = find_child(state, node, extra_key, rest)
+        if child is None or child.value is None:
+            break
+        shared = common_prefix_len(child.key, rest, state.config.page_size)
+        if shared < len(child.key):
+            node = split_node(state, child, shared)
+            chunks.append(node.value)
+            break
+        chunks.append(child.value)
+        node = child
+        rest = rest[shared:]
+
+    stamp_match_path(state, node)
+    indices = tuple(s for chunk in chunks for s in chunk)
+    return MatchOutcome(indices, node, node, node, 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# insert
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class InsertOutcome:
+    prefix_len: int
+
+
+def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple) -> list:
+    """The existing nodes an insert of ``units`` walks through, as ``(node, shared)`` pairs;
+    only the last pair can share less than the whole node (the insert will split it there)."""
+    plan = []
+    node, rest = state.root, units
+    while len(rest) > 0:
+        child = find_child(state, node, extra_key, rest)
+        if child is None:
+            break
+        shared = common_prefix_len(child.key, rest, state.config.page_size)
+        plan.append((child, shared))
+        if shared < len(child.key):
+            break
+        node, rest = child, rest[shared:]
+    return plan
+
+
+def duplicate_slots(plan: list, value: tuple, prev_prefix_len: int) -> list:
+    """The request's own slots for units the tree already holds on the device: from
+    ``prev_prefix_len`` on (before it, the request's slots *are* the tree's), the copy in
+    ``value`` is a duplicate and goes back to the allocator.  Evicted nodes are not
+    duplicates: they take the fresh slots."""
+    dups, start = [], 0
+    for node, shared in plan:
+        if node.value is not None:
+            dups.extend(value[max(start, prev_prefix_len): start + shared])
+        start += shared
+    return dups
+
+
+def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_len: int) -> None:
+    """Reject an insert whose slots the pool could not take back or the tree could not own."""
+    if len(set(value)) != len(value):
+        raise InvalidInput("insert: value holds the same slot twice")
+    try:
+        state.kv.check_free(duplicate_slots(plan, value, prev_prefix_len))
+    except AllocatorError as e:
+        raise InvalidInput(f"insert: duplicate slots cannot be freed: {e}") from None
+    taken = sum(shared for _, shared in plan)
+    for s in value[taken:]:
+        if not state.kv.is_allocated(s):
+            raise InvalidInput(f"insert: slot {s} is not allocated")
+
+
+def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
+           value: Sequence[int], prev_prefix_len: int = 0, chunked: bool = False
+           ) -> InsertOutcome:
+    """Cache ``tokens`` -> ``value`` (one KV slot per token).
+
+    The key is the page-aligned (bigram, under EAGLE) view of ``tokens``; ``value`` is cut to
+    the same length (the caller frees the unaligned tail).  Walk the tree: every node on the
+    way is touched; a partial match splits the node; an evicted node on the way takes the fresh
+    slots back (un-evict); elsewhere the request's duplicate slots from ``prev_prefix_len`` on
+    are freed.  The remainder becomes a new leaf.  Returns the length already cached.
+    """
+    tokens = check_int_list("tokens", tokens)
+    extra_key = check_extra_key(extra_key)
+    value = check_int_list("value", value)
+    check_count("prev_prefix_len", prev_prefix_len)
+    check_flag("chunked", chunked)
+    if len(value) != len(tokens):
+        raise InvalidInput(f"insert: value has {len(value)} slots for {len(tokens)} tokens")
+    if state.config.disable:
+        return InsertOutcome(0)
+    units = aligned_units(state, tokens)
+    value_t = tuple(value[: len(units)])
+    plan = insert_plan(state, extra_key, units)
+    check_insert_slots(state, plan, value_t, prev_prefix_len)
+
+    touch(state, state.root)
+    node, start = state.root, 0
+    for child, shared in plan:
+        touch(state, child)
+        if shared < len(child.key):
+            child = split_node(state, child, shared)
+        fresh = value_t[start: start + shared]
+        if child.value is None:
+            unevict(child, fresh)
+        else:
+            state.kv.free(list(fresh[max(0, prev_prefix_len - start):]))
+        count_hit(state, child, chunked)
+        node, start = child, start + shared
+    if start < len(units):
+        leaf = add_leaf(state, node, extra_key, units[start:], value_t[start:])
+        count_hit(state, leaf, chunked)
+    return InsertOutcome(start)
+
+
+def unevict(node: Node, fresh: tuple) -> None:
+    """An evicted node met by an insert holds device data again: the request's fresh slots."""
+    assert len(fresh) == len(node.key)
+    node.value = fresh
+
+
+def count_hit(state: CacheState, node: Node, chunked: bool) -> None:
+    """Hit counts drive write-through to the host tier; the seed counts them only when a host
+    tier exists, and never for chunked (unfinished) inserts or evicted nodes."""
+    if not state.config.has_host_tier or chunked or node.evicted:
+        return
+    if state.config.write_policy == "write_back":
+        return
+    node.hit_count += 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Locks
+# ----------------------------------------------------------------------------------------------
+
+
+def inc_lock_ref(state: CacheState, node: Node) -> LockHandle:
+    """Protect ``node``'s path from eviction: every node from it up to (not including) the
+    root gains one lock, except the evicted bottom segment, which is skipped and remembered."""
+    if node is not state.root and not is_in_tree(state, node):
+        raise NodeNotFound("inc_lock_ref: the node is not in the tree")
+    if state.config.disable:
+        return issue_handle(state, node, skipped=(), lock=False)
+    skipped = []
+    cur = node
+    while not cur.is_root and cur.value is None:
+        skipped.append(cur)
+        cur = cur.parent
+    return issue_handle(state, node, tuple(skipped), lock=True)
+
+
+def issue_handle(state: CacheState, node: Node, skipped: tuple, lock: bool) -> LockHandle:
+    handle = LockHandle(serial=state.next_serial, node=node, skipped=skipped)
+    state.next_serial += 1
+    state.handles[handle.serial] = handle
+    if lock:
+        for n in handle.locked_nodes():
+            n.lock_ref += 1
+    return handle
+
+
+def dec_lock_ref(state: CacheState, handle: LockHandle) -> None:
+    """Undo one ``inc_lock_ref``: exactly the nodes it locked lose one lock."""
+    if not isinstance(handle, LockHandle) or state.handles.get(handle.serial) is not handle:
+        raise HandleError("dec_lock_ref: this handle was never issued or is already released")
+    locked = handle.locked_nodes() if not state.config.disable else []
+    del state.handles[handle.serial]
+    for n in locked:
+        assert n.lock_ref > 0, "lock count would go negative"
+        n.lock_ref -= 1
+
+
+def is_in_tree(state: CacheState, node: Node) -> bool:
+    cur = node
+    while cur.parent is not None:
+        parent = cur.parent
+        if parent.children.get(child_key_of(state, cur.extra_key, cur.key)) is not cur:
+            return False
+        cur = parent
+    return cur is state.root
+
+
+# ----------------------------------------------------------------------------------------------
+# Eviction
+# ----------------------------------------------------------------------------------------------
+
+
+def evict(state: CacheState, num_tokens: int) -> int:
+    """Free at least ``num_tokens`` device tokens if possible, whole nodes at a time: take the
+    oldest evictable device leaf, again and again, until enough is freed or none is left.
+    Returns the number of tokens freed."""
+    check_count("num_tokens", num_tokens)
+    if state.config.disable:
+        return 0
+    freed = 0
+    while freed < num_tokens:
+        victim = oldest_device_leaf(state)
+        if victim is None:
+            break
+        freed += evict_device_leaf(state, victim)
+    return freed
+
+
+def evict_device_leaf(state: CacheState, leaf: Node) -> int:
+    """Without a host tier, an evicted leaf is deleted: its slots go back to the pool, it
+    leaves the tree, and ancestors left as childless tombstones are deleted too."""
+    n = len(leaf.value)
+    state.kv.free(list(leaf.value))
+    leaf.value = None
+    parent = leaf.parent
+    remove_from_parent(state, leaf)
+    delete_tombstone_ancestors(state, parent)
+    return n
+
+
+def remove_from_parent(state: CacheState, node: Node) -> None:
+    del node.parent.children[child_key_of(state, node.extra_key, node.key)]
+
+
+def delete_tombstone_ancestors(state: CacheState, node: Node) -> None:
+    """Walk up from ``node``: a childless, unlocked node with no device data is deleted, and
+    so on upwards; stop at the first node that must stay."""
+    while not node.is_root and not node.children and node.lock_ref == 0 and node.value is None:
+        parent = node.parent
+        remove_from_parent(state, node)
+        node = parent
+
+
+# ----------------------------------------------------------------------------------------------
+# Reset
+# ----------------------------------------------------------------------------------------------
+
+
+def reset(state: CacheState) -> None:
+    """Flush (SGLang's flush_cache): the tree is emptied, every lock handle is forgotten and the
+    KV pool is cleared with it.  The clock keeps running."""
+    state.root = new_root()
+    state.handles.clear()
+    state.kv.reset()

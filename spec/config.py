@@ -1,0 +1,92 @@
+"""Cache configuration: the ``config`` object of a trace header (TRACE.md, version 1).
+
+Missing keys take the defaults below; an unknown key, a value of the wrong type or an impossible
+combination is a :class:`~uniradix.spec.errors.ConfigError`, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+from .errors import ConfigError
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+COMPONENT_SETS = (("full",), ("full", "swa"), ("full", "mamba"))
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    page_size: int = 1
+    components: tuple[str, ...] = ("full",)
+    kv_slots: int = 4096
+    host_slots: int = 0
+    write_policy: str = "write_through"
+    write_through_threshold: int = 1
+    load_back_threshold: int = 0
+    sliding_window: Optional[int] = None
+    swa_slots: int = 0
+    mamba_slots: int = 0
+    host_swa_slots: Optional[int] = None
+    host_mamba_slots: Optional[int] = None
+    mamba_cache_chunk_size: int = 4
+    eagle: bool = False
+    disable: bool = False
+
+    @property
+    def has_host_tier(self) -> bool:
+        return self.host_slots > 0
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "CacheConfig":
+        """Build a config from a trace header's ``config`` object, checking every key."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"config must be an object, got {type(raw).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
+        values = dict(raw)
+        if "components" in values:
+            comps = values["components"]
+            if not isinstance(comps, (list, tuple)) or not all(isinstance(c, str) for c in comps):
+                raise ConfigError(f"components must be a list of names, got {comps!r}")
+            values["components"] = tuple(comps)
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["components"] = list(self.components)
+        return out
+
+    def validate(self) -> None:
+        def need_int(name: str, minimum: int) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise ConfigError(f"{name} must be an integer >= {minimum}, got {v!r}")
+
+        need_int("page_size", 1)
+        for name in ("kv_slots", "host_slots", "swa_slots", "mamba_slots",
+                     "write_through_threshold", "load_back_threshold"):
+            need_int(name, 0)
+        need_int("mamba_cache_chunk_size", 1)
+        for name in ("host_swa_slots", "host_mamba_slots", "sliding_window"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{name} must be null or an integer >= 0, got {v!r}")
+        for name in ("eagle", "disable"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.components not in COMPONENT_SETS:
+            raise ConfigError(
+                f"components must be one of {[list(c) for c in COMPONENT_SETS]}, "
+                f"got {list(self.components)}")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ConfigError(f"write_policy must be one of {WRITE_POLICIES}, got {self.write_policy!r}")
+        for name in ("kv_slots", "host_slots", "swa_slots"):
+            if getattr(self, name) % self.page_size:
+                raise ConfigError(f"{name}={getattr(self, name)} is not a multiple of page_size={self.page_size}")
+        if "swa" in self.components and not self.sliding_window:
+            raise ConfigError("components with 'swa' need a positive sliding_window")

@@ -1,0 +1,117 @@
+"""Invariants of the cache state, each a function returning the violations it finds.
+
+:func:`sanity_check` runs them all (the seed's ``sanity_check``, as data rather than an
+exception).  An empty list means the state is sound.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from . import queries
+from .keys import namespaced_child_key
+from .state import CacheState, all_nodes
+
+
+def tree_structure(state: CacheState) -> list[str]:
+    """Parent and child pointers agree; child keys are the children's first pages; keys are
+    non-empty whole pages; a namespace never mixes below the root; values fit keys."""
+    ps = state.config.page_size
+    errors = []
+    root = state.root
+    if root.parent is not None or root.key != () or root.value != ():
+        errors.append("[root] the root must have no parent, an empty key and an empty value")
+    for node in all_nodes(state):
+        for ck, child in node.children.items():
+            where = f"node {child!r}"
+            if child.parent is not node:
+                errors.append(f"[tree] {where}: parent pointer does not point at its parent")
+            if len(child.key) == 0 or len(child.key) % ps:
+                errors.append(f"[tree] {where}: key length {len(child.key)} is not whole pages")
+                continue
+            if ck != namespaced_child_key(child.extra_key, child.key, ps):
+                errors.append(f"[tree] {where}: filed under a child key that is not its first page")
+            if not node.is_root and child.extra_key != node.extra_key:
+                errors.append(f"[tree] {where}: extra_key differs from its parent's")
+            if child.value is not None and len(child.value) != len(child.key):
+                errors.append(f"[tree] {where}: {len(child.value)} slots for {len(child.key)} units")
+    return errors
+
+
+def data_presence(state: CacheState) -> list[str]:
+    """Every node keeps data (device-only: a device value); device data needs device data
+    above it (eviction only ever takes leaves)."""
+    errors = []
+    for node in all_nodes(state):
+        if node.is_root:
+            continue
+        if node.value is None:
+            errors.append(f"[data] {node!r} is dead: no device data (and no host tier)")
+        elif not node.parent.is_root and node.parent.value is None:
+            errors.append(f"[data] {node!r} holds device data below an evicted parent")
+    return errors
+
+
+def lock_hierarchy(state: CacheState) -> list[str]:
+    """Lock counts are never negative, never sit on evicted data, never exceed the parent's,
+    and equal exactly the number of live handles whose locked path runs through the node."""
+    errors = []
+    expected: Counter = Counter()
+    for handle in state.handles.values():
+        for n in ([] if state.config.disable else handle.locked_nodes()):
+            expected[id(n)] += 1
+    for node in all_nodes(state):
+        if node.is_root:
+            continue
+        if node.lock_ref < 0:
+            errors.append(f"[lock] {node!r} lock_ref={node.lock_ref} < 0")
+        if node.value is None and node.lock_ref > 0:
+            errors.append(f"[lock] {node!r} is evicted but lock_ref={node.lock_ref}")
+        if not node.parent.is_root and node.parent.lock_ref < node.lock_ref:
+            errors.append(f"[lock] {node!r} lock_ref={node.lock_ref} exceeds its parent's "
+                          f"{node.parent.lock_ref}")
+        if node.lock_ref != expected[id(node)]:
+            errors.append(f"[lock] {node!r} lock_ref={node.lock_ref} but {expected[id(node)]} "
+                          f"live handle(s) lock it")
+    return errors
+
+
+def leaf_qualification(state: CacheState) -> list[str]:
+    """Every evictable device leaf is an unlocked non-root node with device data and no child
+    with device data; every such node is one."""
+    errors = []
+    leaves = {id(n) for n in queries.device_leaves(state)}
+    for node in all_nodes(state):
+        should = (not node.is_root and node.value is not None and node.lock_ref == 0
+                  and not any(c.value is not None for c in node.children.values()))
+        if should != (id(node) in leaves):
+            errors.append(f"[leaf] {node!r}: leaf set membership {id(node) in leaves}, "
+                          f"expected {should}")
+    return errors
+
+
+def size_accounting(state: CacheState) -> list[str]:
+    """Evictable + protected = all device tokens in the tree; every tree slot is allocated in
+    the pool and held by exactly one node position."""
+    errors = []
+    ev, pr, total = (queries.evictable_size(state), queries.protected_size(state),
+                     queries.total_size(state))
+    if ev + pr != total:
+        errors.append(f"[size] evictable {ev} + protected {pr} != device tokens {total}")
+    slots = queries.tree_slots(state)
+    twice = sorted(s for s, k in Counter(slots).items() if k > 1)
+    if twice:
+        errors.append(f"[size] slots held twice in the tree: {twice[:8]}")
+    unallocated = sorted(s for s in set(slots) if not state.kv.is_allocated(s))
+    if unallocated:
+        errors.append(f"[size] tree holds slots the pool says are free: {unallocated[:8]}")
+    return errors
+
+
+INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting)
+
+
+def sanity_check(state: CacheState) -> list[str]:
+    """All violated invariants, as messages; [] when the state is sound."""
+    return [msg for inv in INVARIANTS for msg in inv(state)]
+

@@ -1,0 +1,106 @@
+"""The primary state of the cache (DESIGN.md, "primary state only").
+
+Stored: the tree (nodes with key, parent, children by child key), each node's device value,
+lock count, access stamp and hit count, the logical clock, the issued lock handles, and the
+environment's KV pool.  Nothing derived is stored: evictable/protected sizes, leaf sets and the
+eviction order are computed from scratch by the queries in :mod:`uniradix.spec.queries`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Optional
+
+from .config import CacheConfig
+from .world import PagedPool
+
+Stamp = tuple  # (tick, rank): compared lexicographically; see cache.stamp_match_path
+
+
+@dataclasses.dataclass(eq=False)
+class Node:
+    """One radix-tree node: ``key`` holds the units from the parent's end to this node's end."""
+
+    key: tuple
+    extra_key: Optional[str]
+    parent: Optional["Node"]
+    value: Optional[tuple]  # device KV slots, one per unit; None = evicted (a tombstone)
+    stamp: Stamp
+    lock_ref: int = 0
+    hit_count: int = 0
+    children: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def evicted(self) -> bool:
+        return not self.is_root and self.value is None
+
+    def path_units(self) -> tuple:
+        """All units from the root to this node's end."""
+        parts = []
+        node: Optional[Node] = self
+        while node is not None:
+            parts.append(node.key)
+            node = node.parent
+        return tuple(u for part in reversed(parts) for u in part)
+
+    def ancestors_to_root(self) -> Iterator["Node"]:
+        """This node, its parent, ... up to but excluding the root."""
+        node: Optional[Node] = self
+        while node is not None and not node.is_root:
+            yield node
+            node = node.parent
+
+    def __repr__(self) -> str:  # node ids are private; name a node by its path
+        return f"Node(extra_key={self.extra_key!r}, path_len={len(self.path_units())})"
+
+
+@dataclasses.dataclass(eq=False)
+class LockHandle:
+    """What ``inc_lock_ref`` hands out and ``dec_lock_ref`` takes back.
+
+    A lock runs from ``node`` up to (not including) the root, minus ``skipped``: the evicted
+    bottom segment at lock time, remembered so that a tombstone restored later is never
+    unlocked by a lock that did not lock it.  The path is walked again at unlock time, so a
+    node split in between (whose new upper part inherited the lock count) is covered.
+    """
+
+    serial: int
+    node: Node
+    skipped: tuple
+
+    def locked_nodes(self) -> list[Node]:
+        return [n for n in self.node.ancestors_to_root() if not any(n is s for s in self.skipped)]
+
+
+@dataclasses.dataclass(eq=False)
+class CacheState:
+    config: CacheConfig
+    kv: PagedPool
+    root: Node
+    clock: int = 0
+    handles: dict = dataclasses.field(default_factory=dict)  # serial -> LockHandle (live)
+    next_serial: int = 1
+
+
+def new_root() -> Node:
+    return Node(key=(), extra_key=None, parent=None, value=(), stamp=(0, 0))
+
+
+def new_state(config: CacheConfig) -> CacheState:
+    """An empty cache over a fresh KV pool of ``config.kv_slots`` usable slots."""
+    return CacheState(config=config, kv=PagedPool(config.kv_slots, config.page_size, "kv"),
+                      root=new_root())
+
+
+def all_nodes(state: CacheState) -> list[Node]:
+    """Every node, root first, in depth-first order."""
+    out, stack = [], [state.root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
