@@ -1,0 +1,481 @@
+"""``UpstreamAdapter``: runs upstream SGLang's ``UnifiedRadixCache`` behind the trace interface.
+
+Upstream is a conformance peer, never a dependency (UPSTREAM.md). This module imports without
+sglang; building an adapter without it raises :class:`UpstreamMissing`, which says how to make
+the throwaway virtualenv (``scripts/upstream-venv.sh``).
+
+What is supported: the Full component on the device tier (no host tier, no SWA, no Mamba, no
+EAGLE bigram keys, cache enabled). Other configs raise
+:class:`~uniradix.spec.errors.Unsupported` from the constructor. The per-op handlers and the
+config check are split so that those features can be added one at a time.
+
+The world around the cache is the project's own environment model: the KV allocator upstream sees
+is a thin torch-facing wrapper over :class:`uniradix.spec.world.PagedPool`, so slot numbers (and
+the ``freed`` effects of a step) are the same as in every other implementation's replay.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+import warnings
+from array import array
+from typing import Any, Callable, Optional
+
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import (
+    AllocatorError,
+    CacheError,
+    HandleError,
+    InvalidInput,
+    NodeNotFound,
+    UnknownOp,
+    Unsupported,
+)
+from uniradix.spec.world import PagedPool
+
+UPSTREAM_VERSION = "0.5.13.post1"
+
+_HOW_TO_BUILD = (
+    "upstream sglang is not importable in this interpreter. Build the throwaway venv with "
+    "`scripts/upstream-venv.sh [VENV]` (default .venv-upstream; sglang==" + UPSTREAM_VERSION +
+    " on CPU torch) and run under VENV/bin/python.")
+
+
+class UpstreamMissing(ImportError):
+    """sglang (or torch) cannot be imported here."""
+
+
+# --------------------------------------------------------------------------------------------
+# Importing sglang on a CPU-only machine
+# --------------------------------------------------------------------------------------------
+
+class _PlaceholderMeta(type):
+    """Metaclass of placeholder objects: every attribute is another placeholder class, so
+    module-level code such as ``F.InterpolationMode.BILINEAR`` or subclassing still works."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{cls.__qualname__}.{name}")
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{cls.__qualname__} is a placeholder: torchvision is not installed")
+
+    def __iter__(cls):
+        return iter(())
+
+
+def _placeholder(name: str) -> type:
+    return _PlaceholderMeta(name.rsplit(".", 1)[-1], (), {"__qualname__": name})
+
+
+class _PlaceholderModule(types.ModuleType):
+    """Stands in for ``torchvision`` and its submodules: sglang and transformers import names
+    from it at module level, but the radix cache never uses them."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{self.__name__}.{name}")
+
+
+class _TorchvisionPlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Meta-path hook answering ``import torchvision[.x]`` with :class:`_PlaceholderModule`."""
+
+    ROOT = "torchvision"
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: D401 - importlib protocol
+        if fullname == self.ROOT or fullname.startswith(self.ROOT + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _PlaceholderModule(spec.name)
+        module.__path__ = []  # a package, so submodule imports go through this finder too
+        return module
+
+    def exec_module(self, module) -> None:
+        return None
+
+
+_IMPORTED: Optional[types.SimpleNamespace] = None
+
+
+def _stub_torchvision() -> None:
+    """Let ``import torchvision[.x]`` succeed with placeholder modules.
+
+    PyPI's torchvision builds do not load against CPU torch, and sglang imports it at module
+    level (``sglang.srt.utils.common``). The hook must be in place *before* transformers is
+    imported: transformers 5.8.1 files ``AutoImageProcessor`` under the torchvision backend, and
+    sglang registers image processors on it while importing, which fails if transformers has
+    already decided torchvision is absent. (``transformers`` then sees the placeholder as an
+    installed torchvision; nothing the radix cache runs touches it.)
+    """
+    if any(isinstance(f, _TorchvisionPlaceholderFinder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _TorchvisionPlaceholderFinder())
+
+
+def load_upstream() -> types.SimpleNamespace:
+    """Import the upstream names the adapter needs, once. Raises :class:`UpstreamMissing`."""
+    global _IMPORTED
+    if _IMPORTED is not None:
+        return _IMPORTED
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the interpreter
+        raise UpstreamMissing(f"{_HOW_TO_BUILD} (torch import failed: {e})") from e
+    if "torchvision" not in sys.modules:
+        _stub_torchvision()
+    try:
+        with warnings.catch_warnings():  # CPU-platform notices from sglang's layer modules
+            warnings.simplefilter("ignore")
+            import sglang  # noqa: F401
+            from sglang.srt.mem_cache import base_prefix_cache as bpc
+            from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+            from sglang.srt.mem_cache.radix_cache import RadixKey
+            from sglang.srt.mem_cache.unified_cache_components import ComponentType
+            from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    except ImportError as e:
+        raise UpstreamMissing(f"{_HOW_TO_BUILD} ({type(e).__name__}: {e})") from e
+    version = getattr(sys.modules["sglang"], "__version__", "unknown")
+    _IMPORTED = types.SimpleNamespace(
+        torch=torch, version=version, RadixKey=RadixKey, ComponentType=ComponentType,
+        UnifiedRadixCache=UnifiedRadixCache, CacheInitParams=CacheInitParams,
+        MatchPrefixParams=bpc.MatchPrefixParams, InsertParams=bpc.InsertParams,
+        EvictParams=bpc.EvictParams, DecLockRefParams=bpc.DecLockRefParams)
+    return _IMPORTED
+
+
+def upstream_available() -> bool:
+    try:
+        load_upstream()
+    except UpstreamMissing:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# The allocator upstream frees into
+# --------------------------------------------------------------------------------------------
+
+class TorchPoolAllocator:
+    """The KV allocator as upstream's Full component sees it, backed by a :class:`PagedPool`.
+
+    ``alloc`` returns an int64 tensor of slots or ``None`` when too few are free (upstream's
+    convention); ``free`` hands a tensor of slots back to the pool, which logs them as the step's
+    ``freed`` effect."""
+
+    def __init__(self, pool: PagedPool, torch_module: Any) -> None:
+        self.pool = pool
+        self._torch = torch_module
+        self.device = torch_module.device("cpu")
+        self.page_size = pool.page_size
+
+    def alloc(self, need_size: int):
+        try:
+            slots = self.pool.alloc(int(need_size))
+        except AllocatorError:
+            return None
+        return self._torch.tensor(slots, dtype=self._torch.int64)
+
+    def free(self, free_index) -> None:
+        slots = [int(s) for s in free_index.tolist()] if hasattr(free_index, "tolist") else list(free_index)
+        if slots:
+            self.pool.free(slots)
+
+    def available_size(self) -> int:
+        return self.pool.available_size()
+
+    def clear(self) -> None:
+        self.pool.reset()
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checking (before anything reaches upstream, which would just crash on bad input)
+# --------------------------------------------------------------------------------------------
+
+def _int_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, (list, tuple)) or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in value):
+        raise InvalidInput(f"{what} must be a list of ints")
+    return list(value)
+
+
+def _extra_key(value: Any) -> Optional[str]:
+    if value is not None and not isinstance(value, str):
+        raise InvalidInput("extra_key must be null or a string")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"{what} must be a non-negative int")
+    return value
+
+
+def _path(node: Any) -> tuple[list[int], Optional[str]]:
+    if not isinstance(node, dict):
+        raise InvalidInput("a node path must be an object {tokens, extra_key}")
+    return _int_list(node.get("tokens", []), "node.tokens"), _extra_key(node.get("extra_key"))
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter
+# --------------------------------------------------------------------------------------------
+
+class UpstreamAdapter:
+    """Drives sglang's ``UnifiedRadixCache`` one trace step at a time.
+
+    ``apply`` returns the step's observation (a full ``ret`` dict, TRACE.md), an
+    ``{"error": "<type>"}`` observation for a rejected step, or ``{}`` for ops without a ret.
+    """
+
+    def __init__(self, config: CacheConfig) -> None:
+        self.config = config
+        self._check_supported(config)
+        self.up = load_upstream()
+        self.pool = PagedPool(config.kv_slots, config.page_size, name="kv")
+        self.allocator = TorchPoolAllocator(self.pool, self.up.torch)
+        self.cache = self._build_cache()
+        self._handles: dict[int, tuple[Any, Any]] = {}  # handle -> (node, DecLockRefParams)
+        self._ops: dict[str, Callable[[dict, dict], dict]] = {
+            "alloc": self._op_alloc,
+            "free": self._op_free,
+            "insert": self._op_insert,
+            "match_prefix": self._op_match_prefix,
+            "lock": self._op_lock,
+            "unlock": self._op_unlock,
+            "evict": self._op_evict,
+            "sizes": self._op_sizes,
+            "reset": self._op_reset,
+        }
+
+    # -- construction ------------------------------------------------------------------------
+    @staticmethod
+    def _check_supported(config: CacheConfig) -> None:
+        reasons = []
+        if config.components != ("full",):
+            reasons.append(f"components {list(config.components)}")
+        if config.has_host_tier:
+            reasons.append("a host tier (host_slots > 0)")
+        if config.eagle:
+            reasons.append("eagle bigram keys")
+        if config.disable:
+            reasons.append("a disabled cache")
+        if reasons:
+            raise Unsupported("UpstreamAdapter supports the Full device tier only, not "
+                              + ", ".join(reasons))
+
+    def _tree_components(self) -> tuple:
+        return (self.up.ComponentType.FULL,)
+
+    def _build_cache(self):
+        params = self.up.CacheInitParams(
+            disable=False,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=self.config.page_size,
+            is_eagle=False,
+            tree_components=self._tree_components(),
+        )
+        return self.up.UnifiedRadixCache(params)
+
+    # -- helpers -----------------------------------------------------------------------------
+    @property
+    def root(self):
+        return self.cache.root_node
+
+    def _key(self, tokens: list[int], extra_key: Optional[str]):
+        return self.up.RadixKey(array("q", tokens), extra_key)
+
+    def _tensor(self, values: list[int]):
+        torch = self.up.torch
+        return torch.tensor(values, dtype=torch.int64)
+
+    def _depth(self, node) -> int:
+        """Path length (tokens from the root to the node's end)."""
+        n = 0
+        while node is not None and node is not self.root:
+            n += len(node.key)
+            node = node.parent
+        return n
+
+    def _path_of(self, node) -> tuple[Optional[str], list[int]]:
+        parts = []
+        extra = None
+        while node is not None and node is not self.root:
+            parts.append(list(node.key.token_ids))
+            extra = node.key.extra_key
+            node = node.parent
+        tokens: list[int] = []
+        for p in reversed(parts):
+            tokens.extend(p)
+        return extra, tokens
+
+    def _find_node(self, tokens: list[int], extra_key: Optional[str]):
+        """The node whose path is exactly (extra_key, tokens); NodeNotFound otherwise."""
+        node = self.root
+        rest = tokens
+        ps = self.config.page_size
+        while rest:
+            if len(rest) < ps:
+                raise NodeNotFound(f"path of {len(tokens)} tokens does not end at a node")
+            ck = self._key(rest, extra_key).child_key(ps)
+            child = node.children.get(ck)  # .get: children is a defaultdict
+            if child is None:
+                raise NodeNotFound(f"no node on path at depth {len(tokens) - len(rest)}")
+            k = list(child.key.token_ids)
+            if child.key.extra_key != extra_key or rest[:len(k)] != k:
+                raise NodeNotFound(f"path of {len(tokens)} tokens does not end at a node")
+            rest = rest[len(k):]
+            node = child
+        return node
+
+    def _walk_nodes(self):
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # -- the interface -----------------------------------------------------------------------
+    def apply(self, step: dict) -> dict:
+        op = step.get("op")
+        args = step.get("args") or {}
+        handler = self._ops.get(op)
+        self.pool.take_freed()  # effects are per step
+        try:
+            if handler is None:
+                raise UnknownOp(f"unknown op {op!r}")
+            return handler(step, args)
+        except CacheError as e:
+            self.pool.take_freed()
+            return {"error": type(e).__name__}
+
+    def snapshot(self) -> dict:
+        nodes = []
+        for node in self._walk_nodes():
+            if node is self.root:
+                continue
+            extra, tokens = self._path_of(node)
+            cd = node.component_data[self.up.ComponentType.FULL]
+            nodes.append({
+                "extra_key": extra,
+                "tokens": tokens,
+                "value": None if cd.value is None else [int(v) for v in cd.value.tolist()],
+                "lock_ref": int(cd.lock_ref),
+                "hit_count": int(node.hit_count),
+            })
+        nodes.sort(key=lambda n: (n["extra_key"] is not None, n["extra_key"] or "", n["tokens"]))
+        strategy = self.cache.eviction_strategy
+        leaves = sorted(self.cache.evictable_device_leaves, key=strategy.get_priority)
+        order = []
+        for leaf in leaves:
+            extra, tokens = self._path_of(leaf)
+            order.append({"extra_key": extra, "tokens": tokens})
+        return {
+            "nodes": nodes,
+            "device_leaf_order": order,
+            "sizes": self._sizes(),
+        }
+
+    def violations(self) -> list[str]:
+        import logging
+
+        logger = logging.getLogger("sglang.srt.mem_cache.unified_radix_cache")
+        saved_level = logger.level
+        saved_print = self.cache.pretty_print
+        logger.setLevel(logging.CRITICAL)  # sanity_check logs and prints the tree on failure
+        self.cache.pretty_print = lambda: None
+        try:
+            self.cache.sanity_check()
+        except AssertionError as e:
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            return lines or ["sanity_check failed"]
+        finally:
+            logger.setLevel(saved_level)
+            self.cache.pretty_print = saved_print
+        return []
+
+    # -- ops ---------------------------------------------------------------------------------
+    def _op_alloc(self, step: dict, args: dict) -> dict:
+        return {"slots": self.pool.alloc(_count(args.get("n"), "n"))}
+
+    def _op_free(self, step: dict, args: dict) -> dict:
+        self.pool.free(_int_list(args.get("slots"), "slots"))
+        self.pool.take_freed()  # the driver's own free is not a cache effect
+        return {}
+
+    def _op_insert(self, step: dict, args: dict) -> dict:
+        tokens = _int_list(args.get("tokens"), "tokens")
+        value = _int_list(args.get("value"), "value")
+        extra = _extra_key(args.get("extra_key"))
+        prev = _count(args.get("prev_prefix_len", 0), "prev_prefix_len")
+        chunked = args.get("chunked", False)
+        if not isinstance(chunked, bool):
+            raise InvalidInput("chunked must be true or false")
+        if len(value) != len(tokens):
+            raise InvalidInput(f"value has {len(value)} slots for {len(tokens)} tokens")
+        params = self.up.InsertParams(key=self._key(tokens, extra), value=self._tensor(value),
+                                      prev_prefix_len=prev, chunked=chunked)
+        result = self.cache.insert(params)
+        return {"prefix_len": int(result.prefix_len), "freed": self.pool.take_freed()}
+
+    def _op_match_prefix(self, step: dict, args: dict) -> dict:
+        tokens = _int_list(args.get("tokens"), "tokens")
+        extra = _extra_key(args.get("extra_key"))
+        result = self.cache.match_prefix(self.up.MatchPrefixParams(key=self._key(tokens, extra)))
+        return {
+            "device_indices": [int(v) for v in result.device_indices.tolist()],
+            "host_hit_length": int(result.host_hit_length),
+            "last_device_node": self._depth(result.last_device_node),
+            "last_host_node": self._depth(result.last_host_node),
+            "best_match_node": self._depth(result.best_match_node),
+        }
+
+    def _op_lock(self, step: dict, args: dict) -> dict:
+        tokens, extra = _path(args.get("node"))
+        node = self._find_node(tokens, extra)
+        handle = step.get("i")
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise InvalidInput("a lock step needs an integer 'i' (the handle)")
+        if handle in self._handles:
+            raise HandleError(f"handle {handle} is already held")
+        result = self.cache.inc_lock_ref(node)
+        dec = self.up.DecLockRefParams(
+            swa_uuid_for_lock=result.swa_uuid_for_lock,
+            skip_lock_node_ids={k: set(v) for k, v in result.skip_lock_node_ids.items()},
+        )
+        self._handles[handle] = (node, dec)
+        return {"handle": handle}
+
+    def _op_unlock(self, step: dict, args: dict) -> dict:
+        handle = args.get("handle")
+        if handle not in self._handles or isinstance(handle, bool):
+            raise HandleError(f"handle {handle!r} is not held")
+        node, dec = self._handles.pop(handle)
+        self.cache.dec_lock_ref(node, dec)
+        return {}
+
+    def _op_evict(self, step: dict, args: dict) -> dict:
+        n = _count(args.get("num_tokens", 0), "num_tokens")
+        result = self.cache.evict(self.up.EvictParams(num_tokens=n))
+        return {"num_tokens_evicted": int(result.num_tokens_evicted),
+                "freed": self.pool.take_freed()}
+
+    def _sizes(self) -> dict:
+        return {"full_evictable": int(self.cache.full_evictable_size()),
+                "full_protected": int(self.cache.full_protected_size())}
+
+    def _op_sizes(self, step: dict, args: dict) -> dict:
+        return self._sizes()
+
+    def _op_reset(self, step: dict, args: dict) -> dict:
+        self.cache.reset()
+        self.pool.reset()
+        self._handles.clear()
+        return {}
