@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 
 from uniradix.spec import cache as rules
 from uniradix.spec import queries
+from uniradix.spec import requests as reqs
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError, HandleError, InvalidInput, Unsupported, UnknownOp
 from uniradix.spec.invariants import sanity_check
@@ -78,6 +79,9 @@ class SpecAdapter:
             "alloc": self._alloc, "free": self._free, "insert": self._insert,
             "match_prefix": self._match, "lock": self._lock, "unlock": self._unlock,
             "evict": self._evict, "sizes": self._sizes, "reset": self._reset,
+            "req_arrive": self._req_arrive, "req_admit": self._req_admit,
+            "req_chunk": self._req_chunk, "req_decode": self._req_decode,
+            "req_finish": self._req_finish, "req_abort": self._req_abort,
         }
 
     # -- protocol ------------------------------------------------------------------------------
@@ -164,6 +168,47 @@ class SpecAdapter:
         rules.reset(self.state)
         self.handles.clear()
         return {}
+
+    # -- request-level ops (docs/TRACE.md, "Request-level ops") ------------------------------
+    def _req_arrive(self, step: Step) -> Observation:
+        rid, tokens, extra_key = args_of(step, "rid", "tokens", extra_key=None)
+        reqs.arrive(self.state, rid, tokens, extra_key)
+        return {}
+
+    def _req_admit(self, step: Step) -> Observation:
+        (rid,) = args_of(step, "rid")
+        req = reqs.get_request(self.state, rid, admitted=False)
+        return {"prefix_len": reqs.admit(self.state, req)}
+
+    def _req_chunk(self, step: Step) -> Observation:
+        rid, n, chunked = args_of(step, "rid", "n", chunked=True)
+        rules.check_flag("chunked", chunked)
+        req = reqs.get_request(self.state, rid, admitted=True)
+        r = reqs.extend(self.state, req, n)
+        if r.ok:
+            reqs.cache_unfinished_req(self.state, req, chunked)
+        return {"ok": r.ok, "evicted": r.evicted, "freed": self.state.kv.take_freed()}
+
+    def _req_decode(self, step: Step) -> Observation:
+        rid, n = args_of(step, "rid", "n")
+        req = reqs.get_request(self.state, rid, admitted=True)
+        r = reqs.decode(self.state, req, n)
+        return {"ok": r.ok, "evicted": r.evicted, "freed": self.state.kv.take_freed()}
+
+    def _req_finish(self, step: Step) -> Observation:
+        (rid,) = args_of(step, "rid")
+        req = reqs.get_request(self.state, rid, admitted=True)
+        reqs.cache_finished_req(self.state, req)
+        return {"freed": self.state.kv.take_freed()}
+
+    def _req_abort(self, step: Step) -> Observation:
+        (rid,) = args_of(step, "rid")
+        req = reqs.get_request(self.state, rid)
+        if req.admitted:
+            reqs.cache_finished_req(self.state, req, is_insert=False)
+        else:
+            reqs.release(self.state, req)
+        return {"freed": self.state.kv.take_freed()}
 
 
 ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdapter}

@@ -424,8 +424,9 @@ def delete_tombstone_ancestors(state: CacheState, node: Node) -> None:
 
 
 def reset(state: CacheState) -> None:
-    """Flush (SGLang's flush_cache): the tree is emptied, every lock handle is forgotten and the
-    KV pool is cleared with it.  The clock keeps running."""
+    """Flush (SGLang's flush_cache): the tree is emptied, every lock handle and running request
+    is forgotten and the KV pool is cleared with it.  The clock keeps running."""
     state.root = new_root()
     state.handles.clear()
+    state.requests.clear()
     state.kv.reset()

@@ -108,7 +108,29 @@ def size_accounting(state: CacheState) -> list[str]:
     return errors
 
 
-INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting)
+def request_rows(state: CacheState) -> list[str]:
+    """A running request's row starts with exactly the tree's slots along its locked path
+    (its protected prefix); the slots it owns after that are allocated and not the tree's."""
+    errors = []
+    tree = set(queries.tree_slots(state))
+    for rid, req in state.requests.items():
+        if not req.admitted:
+            continue
+        path_slots = [s for n in reversed(list(req.lock.node.ancestors_to_root()))
+                      if n.value is not None for s in n.value]
+        if req.row[: req.cache_protected_len] != path_slots[: req.cache_protected_len] or \
+                len(path_slots) < req.cache_protected_len:
+            errors.append(f"[request] {rid}: protected prefix is not the tree's slots on its path")
+        own = req.row[req.cache_protected_len:]
+        if any(s in tree for s in own):
+            errors.append(f"[request] {rid}: owns slots the tree holds")
+        if any(not state.kv.is_allocated(s) for s in own):
+            errors.append(f"[request] {rid}: owns slots the pool says are free")
+    return errors
+
+
+INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting,
+              request_rows)
 
 
 def sanity_check(state: CacheState) -> list[str]:

@@ -84,6 +84,7 @@ class CacheState:
     clock: int = 0
     handles: dict = dataclasses.field(default_factory=dict)  # serial -> LockHandle (live)
     next_serial: int = 1
+    requests: dict = dataclasses.field(default_factory=dict)  # rid -> Request (the req_to_token table)
 
 
 def new_root() -> Node:

@@ -1,0 +1,37 @@
+# Two entry points (README.md): `make run` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(VENV)/bin/pip
+
+.PHONY: run test bench install upstream-venv corpus clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# CPU torch first, where none is present (any other torch spec pulls a multi-GB CUDA build)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/uniradix run --requests 1000 --json bench-results/run.json
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) -m pytest tests/bench --benchmark-enable --benchmark-only --benchmark-json=bench-results/bench.json -q
+
+# Throwaway virtualenv with upstream sglang 0.5.13.post1 (never a project dependency).
+upstream-venv:
+	scripts/upstream-venv.sh .venv-upstream
+
+# Re-record the golden corpus from upstream (see tests/corpus/upstream/README.md).
+corpus: upstream-venv
+	scripts/record-upstream.sh .venv-upstream tests/corpus/upstream
+
+clean:
+	rm -rf $(VENV) build *.egg-info bench-results

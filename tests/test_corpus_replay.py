@@ -1,0 +1,28 @@
+"""Every committed trace replays on the spec with 0 divergences and sound invariants after
+every step (the golden corpus recorded from upstream, and the regression traces)."""
+
+import glob
+import os
+
+import pytest
+
+from uniradix.conformance.replay import replay_trace
+from uniradix.conformance.trace import load_trace
+
+from conftest import CORPUS
+
+TRACES = sorted(glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True))
+
+
+def test_corpus_is_there():
+    upstream = [t for t in TRACES if os.sep + "upstream" + os.sep in t]
+    assert len(upstream) >= 40, f"expected >= 40 upstream traces, found {len(upstream)}"
+    for t in upstream:
+        assert len(load_trace(t).steps) >= 300, t
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[os.path.relpath(t, CORPUS) for t in TRACES])
+def test_replay_on_spec(path):
+    result = replay_trace(load_trace(path), "spec")
+    assert result.unsupported is None, result.unsupported
+    assert result.divergence is None, str(result.divergence)
