@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from .errors import AllocatorError, HandleError, InvalidInput, NodeNotFound
 from .keys import common_prefix_len, namespaced_child_key, page_aligned_len, split_point_ok, to_units
-from .queries import oldest_device_leaf
+from .queries import oldest_device_leaf, tree_slots
 from .state import CacheState, LockHandle, Node, new_root
 
 # ----------------------------------------------------------------------------------------------
@@ -248,17 +248,31 @@ def duplicate_slots(plan: list, value: tuple, prev_prefix_len: int) -> list:
 
 
 def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_len: int) -> None:
-    """Reject an insert whose slots the pool could not take back or the tree could not own."""
+    """Reject an insert whose slots the tree could not own or the pool could not take back.
+
+    From ``prev_prefix_len`` on, ``value`` holds the caller's own slots: none may be held by
+    the tree already (the duplicates among them are freed, the rest become the tree's), the
+    duplicates must be whole allocated pages, and the new leaf's slots allocated whole pages.
+    """
     if len(set(value)) != len(value):
         raise InvalidInput("insert: value holds the same slot twice")
+    held = set(tree_slots(state)).intersection(value[prev_prefix_len:])
+    if held:
+        raise InvalidInput(f"insert: slots {sorted(held)[:8]} from prev_prefix_len on are "
+                           "already the tree's")
     try:
         state.kv.check_free(duplicate_slots(plan, value, prev_prefix_len))
     except AllocatorError as e:
         raise InvalidInput(f"insert: duplicate slots cannot be freed: {e}") from None
     taken = sum(shared for _, shared in plan)
-    for s in value[taken:]:
-        if not state.kv.is_allocated(s):
-            raise InvalidInput(f"insert: slot {s} is not allocated")
+    ps = state.config.page_size
+    for k in range(taken, len(value), ps):
+        page = value[k: k + ps]
+        first = page[0]
+        if first % ps or list(page) != list(range(first, first + ps)):
+            raise InvalidInput(f"insert: slots {list(page)} of the new leaf are not one whole page")
+        if not state.kv.is_allocated(first):
+            raise InvalidInput(f"insert: slot {first} is not allocated")
 
 
 def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],

@@ -37,6 +37,7 @@ def to_units(tokens: Sequence[int], bigram: bool) -> tuple:
 def units_to_tokens(units: Sequence, bigram: bool) -> list:
     """Inverse of :func:`to_units` for a non-empty bigram key (the raw tokens it spans).
 
+    pre: bigram == False or all(isinstance(u, tuple) and len(u) == 2 for u in units)
     post: (not bigram) or len(units) == 0 or len(__return__) == len(units) + 1
     post: bigram or len(__return__) == len(units)
     """

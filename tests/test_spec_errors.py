@@ -311,35 +311,20 @@ def test_every_error_is_a_cache_error():
 
 
 # ----------------------------------------------------------------------------------------------
-# Spec bugs found while writing these tests (strict xfails: they start passing when fixed)
+# Slot ownership on insert (found as spec bugs while writing these tests, now rejected)
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "spec bug: insert accepts new-leaf slots that the tree already holds (check_insert_slots "
-    "only asks the pool whether they are allocated); insert [20,21] with value [1,2] (A's "
-    "slots) is accepted and sanity_check then reports '[size] slots held twice in the tree: "
-    "[1, 2]'. It should be InvalidInput with the state unchanged."))
 def test_insert_slots_the_tree_already_holds(ad):
     rejected(ad, {"i": 9, "op": "insert", "args": {"tokens": [20, 21], "value": [1, 2]}},
              "InvalidInput")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "spec bug: insert frees 'duplicate' slots that are the tree's own: re-inserting A with its "
-    "own slots [1,2,3,4] and prev_prefix_len=0 frees [1,2,3,4] back to the pool while the tree "
-    "still holds them (sanity_check: '[size] tree holds slots the pool says are free'). "
-    "check_insert_slots should reject duplicates the tree holds (InvalidInput)."))
 def test_insert_duplicates_that_are_tree_slots(ad):
     rejected(ad, {"i": 9, "op": "insert", "args": {"tokens": A, "value": [1, 2, 3, 4]}},
              "InvalidInput")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "spec bug: with page_size 4, insert accepts a value that is not whole pages (tokens "
-    "[1,2,3,4], value [4,5,6,8]: parts of pages 1 and 2); the node can then never be evicted, "
-    "evict(1) raises AllocatorError 'only part of page(s) [1, 2] given'. Insert should reject "
-    "it (InvalidInput)."))
 def test_insert_value_not_whole_pages():
     ad = SpecAdapter(CacheConfig(page_size=4, kv_slots=32))
     assert ad.apply({"i": 0, "op": "alloc", "args": {"n": 8}})["slots"] == [4, 5, 6, 7, 8, 9,
