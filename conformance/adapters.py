@@ -214,8 +214,16 @@ class SpecAdapter:
 ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdapter}
 
 
+def _fast_adapter(config: CacheConfig) -> CacheUnderTest:
+    from uniradix.conformance.fast_adapter import FastAdapter
+    return FastAdapter(config)
+
+
+ADAPTERS["fast"] = _fast_adapter
+
+
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
-    """An adapter by name: ``spec`` or ``upstream`` (needs sglang importable)."""
+    """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable)."""
     if impl == "upstream":
         from uniradix.conformance.upstream import UpstreamAdapter
         return UpstreamAdapter(config)

@@ -129,7 +129,11 @@ def decode(state: CacheState, req: Request, n: int) -> Reservation:
 
 def output_token(req: Request, k: int) -> int:
     """The k-th generated token: a fixed function of the prompt, so replays agree."""
-    return (req.input_ids[k % len(req.input_ids)] * 7 + k) % 50000
+    return output_token_id(req.input_ids, k)
+
+
+def output_token_id(input_ids, k: int) -> int:
+    return (input_ids[k % len(input_ids)] * 7 + k) % 50000
 
 
 def release(state: CacheState, req: Request) -> None:

@@ -1,0 +1,27 @@
+"""uniradix.fast: the production radix prefix cache, with upstream SGLang's public API.
+
+    from uniradix.fast import UnifiedRadixCache, CacheInitParams, RadixKey, MatchPrefixParams
+"""
+
+from .cache import UnifiedRadixCache, TreeNode
+from .errors import CacheError, HandleError, InvalidInput, NodeNotFound, Unsupported
+from .params import (
+    CacheInitParams,
+    DecLockRefParams,
+    DecLockRefResult,
+    EvictParams,
+    EvictResult,
+    IncLockRefResult,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+    MatchResult,
+)
+from .radix_key import RadixKey
+
+__all__ = [
+    "UnifiedRadixCache", "TreeNode", "RadixKey", "CacheInitParams", "MatchPrefixParams",
+    "MatchResult", "InsertParams", "InsertResult", "EvictParams", "EvictResult",
+    "IncLockRefResult", "DecLockRefParams", "DecLockRefResult", "CacheError", "InvalidInput",
+    "NodeNotFound", "HandleError", "Unsupported",
+]

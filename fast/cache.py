@@ -1,0 +1,678 @@
+"""``UnifiedRadixCache``: the production radix prefix cache (device tier, Full component).
+
+Same observable behaviour as ``uniradix.spec`` (checked step by step by the lockstep runner),
+with upstream SGLang's public API.  What it keeps, and why it is fast:
+
+* **Tree.**  ``TreeNode`` has ``__slots__``.  A node's key is an ``array('q')`` of token ids
+  (EAGLE: a list of token pairs), so a whole node is compared with one C-level slice compare;
+  only a mismatching node is searched, by bisection on slice compares.  Children are found by
+  their first page (namespaced by ``extra_key``) in a dict.
+* **Values** are int64 tensors on the allocator's device, one per node; a match concatenates
+  them once (``torch.cat``), an insert slices the caller's tensor once per new leaf.
+* **Access stamps** are integers from a logical clock that advances by ``STRIDE`` per touch; a
+  match stamps its path ``T, T-1, T-2, ...`` from the matched node up, so ancestors are older
+  than descendants and everything is newer than what came before (DESIGN.md).
+* **Eviction order** is a binary heap of ``(stamp, node)`` with lazy deletion: an entry is
+  pushed whenever a node becomes an evictable leaf or is touched while it is one; a popped
+  entry counts only if its stamp is still the node's and the node is still an evictable leaf.
+  Evicting k nodes costs O(k log n) instead of upstream's heap rebuild over all leaves per call.
+  The heap is compacted when stale entries outnumber live ones.
+* **Evictable leaf** = attached, not the root, holds device data, unlocked, and no child holds
+  device data; ``dev_children`` counts the children holding device data, so the test is O(1).
+* **Sizes** ``_evictable`` / ``_protected`` are counters moved on lock transitions 0 <-> 1.
+* **Slot validation** (``validate_slots``): a set of the slots the tree holds, so an insert that
+  hands over slots the tree already owns, repeats a slot, or gives a partial page is rejected
+  before anything changes.  On by default when the allocator can answer ``check_free`` /
+  ``is_allocated`` (the environment models of the conformance runs); production allocators
+  cannot, and then, as upstream, the caller is trusted.
+
+Complexities (n = tokens in the key, d = nodes on the path, L = evictable leaves):
+``match_prefix`` O(n + d) in C-level compares plus one ``torch.cat``; ``insert`` the same plus
+one clone for the new leaf; ``inc_lock_ref`` / ``dec_lock_ref`` O(d); ``evict`` O(k log L) for
+k evicted nodes (amortized over stale entries).
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from typing import Any, Optional
+
+import torch
+
+from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .params import (
+    CacheInitParams,
+    DecLockRefParams,
+    DecLockRefResult,
+    EvictParams,
+    EvictResult,
+    IncLockRefResult,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+    MatchResult,
+)
+from .radix_key import RadixKey
+
+STRIDE = 1 << 20  # clock step per touch; a match path of up to STRIDE nodes fits below it
+FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FULL)
+
+
+class TreeNode:
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
+                 "hit_count", "extra_key", "dev_children", "id")
+    _next_id = 0
+
+    def __init__(self, key, value, parent, extra_key, stamp: int) -> None:
+        self.children: dict = {}
+        self.parent: Optional[TreeNode] = parent
+        self.key = key
+        self.value: Optional[torch.Tensor] = value
+        self.lock_ref = 0
+        self.last_access_time = stamp
+        self.hit_count = 0
+        self.extra_key = extra_key
+        self.dev_children = 0  # children holding device data
+        TreeNode._next_id += 1
+        self.id = TreeNode._next_id
+
+    def __lt__(self, other: "TreeNode") -> bool:  # heap ties: same node pushed twice
+        return self.id < other.id
+
+    @property
+    def evicted(self) -> bool:
+        return self.parent is not None and self.value is None
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, key_len={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+def _int_arg(name: str, x) -> int:
+    if type(x) is not int or x < 0:
+        raise InvalidInput(f"{name} must be a non-negative int, got {x!r}")
+    return x
+
+
+class UnifiedRadixCache:
+    """Radix prefix cache over KV slots; see the module docstring for the structures."""
+
+    def __init__(self, params: CacheInitParams) -> None:
+        comps = params.tree_components
+        if comps is not None and [str(getattr(c, "name", c)).lower() for c in comps] not in (["full"], ["0"]):
+            raise Unsupported(f"tree_components {comps}: only the Full component is supported so far")
+        if params.page_size < 1:
+            raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = params.page_size
+        self.disable = params.disable
+        self.is_eagle = params.is_eagle
+        alloc = self.token_to_kv_pool_allocator
+        self.device = getattr(alloc, "device", None) or torch.device("cpu")
+        validate = params.validate_slots
+        if validate is None:
+            validate = hasattr(alloc, "check_free") and hasattr(alloc, "is_allocated")
+        self.validate_slots = bool(validate)
+        self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.reset()
+
+    # ------------------------------------------------------------------------------------------
+    # State
+    # ------------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the whole tree (the allocator is the caller's to clear, as upstream)."""
+        self._clock = 0
+        self.root_node = TreeNode(array("q"), self._empty, None, None, 0)
+        self.root_node.lock_ref = 1
+        self._heap: list = []  # (stamp, node): evictable device leaves, lazily deleted
+        self._evictable = 0
+        self._protected = 0
+        self._owned: set = set()  # slots the tree holds (only with validate_slots)
+
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    def protected_size(self) -> int:
+        return self._protected
+
+    def full_evictable_size(self) -> int:
+        return self._evictable
+
+    def full_protected_size(self) -> int:
+        return self._protected
+
+    def total_size(self) -> tuple[int, int]:
+        """(device tokens in the tree, aux tokens) — upstream's shape; O(nodes)."""
+        return self._evictable + self._protected, 0
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------------------------------
+    # Keys
+    # ------------------------------------------------------------------------------------------
+
+    def _units(self, key: RadixKey):
+        """The page-aligned units of a key: token ids, or token pairs under EAGLE."""
+        if not isinstance(key, RadixKey):
+            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        toks = key.token_ids
+        if self.is_eagle or key.is_bigram:
+            units = list(zip(toks, toks[1:]))
+        else:
+            units = toks
+        n = len(units)
+        cut = n % self.page_size
+        return units[: n - cut] if cut else units
+
+    def _ck(self, extra_key, units, pos: int):
+        """Child key of the page starting at ``pos``."""
+        ck = units[pos] if self.page_size == 1 else tuple(units[pos: pos + self.page_size])
+        return ck if extra_key is None else (extra_key, ck)
+
+    def _shared(self, ckey, units, pos: int) -> int:
+        """Whole-page length of the common prefix of ``ckey`` and ``units[pos:]``, knowing that
+        the first page is shared: bisection on C-level slice compares."""
+        lo, hi = self.page_size, min(len(ckey), len(units) - pos)
+        # invariant: ckey[:lo] == units[pos:pos+lo]; the answer is < hi + 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if ckey[lo:mid] == units[pos + lo: pos + mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo - lo % self.page_size
+
+    # ------------------------------------------------------------------------------------------
+    # Clock and eviction bookkeeping
+    # ------------------------------------------------------------------------------------------
+
+    def _is_leaf(self, node: TreeNode) -> bool:
+        return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
+                and node.parent is not None)
+
+    def _push_if_leaf(self, node: TreeNode) -> None:
+        if node.lock_ref == 0 and node.dev_children == 0 and node.value is not None \
+                and node.parent is not None:
+            heapq.heappush(self._heap, (node.last_access_time, node))
+
+    def _touch(self, node: TreeNode) -> None:
+        self._clock += STRIDE
+        node.last_access_time = self._clock
+        self._push_if_leaf(node)
+
+    def _stamp_path(self, node: TreeNode) -> None:
+        """After a match: the matched node newest, each ancestor one step older."""
+        self._clock += STRIDE
+        t = self._clock
+        cur = node
+        while cur is not None:
+            cur.last_access_time = t
+            t -= 1
+            cur = cur.parent
+        # NOTE: ancestors on a match path have a device child (the path), so only the matched
+        # node itself can be an evictable leaf.
+        self._push_if_leaf(node)
+
+    def _compact_heap(self) -> None:
+        live = [(s, n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)]
+        live = list({id(n): (s, n) for s, n in live}.values())
+        heapq.heapify(live)
+        self._heap = live
+
+    # ------------------------------------------------------------------------------------------
+    # Tree structure
+    # ------------------------------------------------------------------------------------------
+
+    def _split(self, child: TreeNode, split_len: int) -> TreeNode:
+        """Cut ``child`` after ``split_len`` units; the new upper node takes its place."""
+        parent = child.parent
+        ek = child.extra_key
+        ckey = child.key
+        value = child.value
+        self._clock += STRIDE
+        upper = TreeNode(ckey[:split_len], None if value is None else value[:split_len].clone(),
+                         parent, ek, self._clock)
+        upper.lock_ref = child.lock_ref
+        parent.children[self._ck(ek, ckey, 0)] = upper
+        child.key = ckey[split_len:]
+        if value is not None:
+            child.value = value[split_len:].clone()
+            upper.dev_children = 1
+        child.parent = upper
+        upper.children[self._ck(ek, child.key, 0)] = child
+        self._touch(child)
+        return upper
+
+    def _add_leaf(self, parent: TreeNode, units, value: torch.Tensor, extra_key) -> TreeNode:
+        self._clock += STRIDE
+        leaf = TreeNode(units, value, parent, extra_key, self._clock)
+        parent.children[self._ck(extra_key, units, 0)] = leaf
+        parent.dev_children += 1
+        self._evictable += len(value)
+        if self.validate_slots:
+            self._owned.update(value.tolist())
+        heapq.heappush(self._heap, (leaf.last_access_time, leaf))
+        return leaf
+
+    def _unevict(self, node: TreeNode, fresh: torch.Tensor) -> None:
+        """An evicted node met by an insert holds device data again: the fresh slots."""
+        node.value = fresh.clone()
+        node.parent.dev_children += 1
+        if node.lock_ref == 0:
+            self._evictable += len(fresh)
+        else:
+            self._protected += len(fresh)
+        if self.validate_slots:
+            self._owned.update(node.value.tolist())
+        self._push_if_leaf(node)
+
+    def _detach(self, node: TreeNode) -> None:
+        parent = node.parent
+        del parent.children[self._ck(node.extra_key, node.key, 0)]
+        node.parent = None
+
+    def find_node(self, key: RadixKey) -> TreeNode:
+        """The node whose path is exactly ``key`` (the root for an empty key)."""
+        toks = key.token_ids
+        units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+        node, pos, n = self.root_node, 0, len(units)
+        while pos < n:
+            child = node.children.get(self._ck(key.extra_key, units, pos)) \
+                if n - pos >= self.page_size else None
+            if child is None or units[pos: pos + len(child.key)] != child.key:
+                raise NodeNotFound(f"no node ends at this path ({n} units, "
+                                   f"extra_key={key.extra_key!r})")
+            node, pos = child, pos + len(child.key)
+        return node
+
+    # ------------------------------------------------------------------------------------------
+    # match_prefix
+    # ------------------------------------------------------------------------------------------
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """Longest cached device prefix of ``params.key`` in whole pages; a match ending inside
+        a node splits it; the matched path becomes the most recent."""
+        root = self.root_node
+        if self.disable:
+            self._units(params.key)
+            return MatchResult(self._empty, root, root, root)
+        units = self._units(params.key)
+        n = len(units)
+        if n == 0:
+            return MatchResult(self._empty, root, root, root)
+        ek = params.key.extra_key
+        node, pos, chunks = root, 0, []
+        ps = self.page_size
+        while pos < n:
+            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+            child = node.children.get(ck if ek is None else (ek, ck))
+            if child is None or child.value is None:
+                break
+            ckey = child.key
+            end = pos + len(ckey)
+            if end <= n and units[pos:end] == ckey:
+                chunks.append(child.value)
+                node, pos = child, end
+                continue
+            node = self._split(child, self._shared(ckey, units, pos))
+            chunks.append(node.value)
+            break
+        self._stamp_path(node)
+        if not chunks:
+            indices = self._empty
+        elif len(chunks) == 1:
+            indices = chunks[0].clone()
+        else:
+            indices = torch.cat(chunks)
+        return MatchResult(indices, node, node, node)
+
+    # ------------------------------------------------------------------------------------------
+    # insert
+    # ------------------------------------------------------------------------------------------
+
+    def _plan(self, ek, units) -> list:
+        """The nodes an insert walks through, as (node, shared units); read-only."""
+        plan, node, pos, n = [], self.root_node, 0, len(units)
+        ps = self.page_size
+        while pos < n:
+            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+            child = node.children.get(ck if ek is None else (ek, ck))
+            if child is None:
+                break
+            ckey = child.key
+            end = pos + len(ckey)
+            if end <= n and units[pos:end] == ckey:
+                plan.append((child, len(ckey)))
+                node, pos = child, end
+                continue
+            plan.append((child, self._shared(ckey, units, pos)))
+            break
+        return plan
+
+    def _check_value(self, key: RadixKey, value) -> None:
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.dim() != 1:
+            raise InvalidInput("value must be a 1-D int64 tensor")
+        if len(value) != len(key.token_ids):
+            raise InvalidInput(f"insert: value has {len(value)} slots for {len(key.token_ids)} tokens")
+
+    def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
+        """The spec's slot-ownership checks (spec/cache.py check_insert_slots)."""
+        slots = value.tolist()
+        if len(set(slots)) != len(slots):
+            raise InvalidInput("insert: value holds the same slot twice")
+        held = self._owned.intersection(slots[prev:])
+        if held:
+            raise InvalidInput(f"insert: slots {sorted(held)[:8]} from prev_prefix_len on are "
+                               "already the tree's")
+        dups, pos = [], 0
+        for node, shared in plan:
+            if node.value is not None:
+                dups.extend(slots[max(pos, prev): pos + shared])
+            pos += shared
+        try:
+            self.token_to_kv_pool_allocator.check_free(dups)
+        except Exception as e:  # the environment's own error type
+            raise InvalidInput(f"insert: duplicate slots cannot be freed: {e}") from None
+        ps = self.page_size
+        for k in range(pos, len(slots), ps):
+            first = slots[k]
+            if first % ps or slots[k: k + ps] != list(range(first, first + ps)):
+                raise InvalidInput(f"insert: slots {slots[k: k + ps]} of the new leaf are not one whole page")
+            if not self.token_to_kv_pool_allocator.is_allocated(first):
+                raise InvalidInput(f"insert: slot {first} is not allocated")
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
+        nodes from the fresh slots, free the caller's duplicates from ``prev_prefix_len`` on,
+        add the remainder as a new leaf.  Returns the length that was already cached."""
+        key, value = params.key, params.value
+        if not isinstance(key, RadixKey):
+            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        self._check_value(key, value)
+        prev = _int_arg("prev_prefix_len", params.prev_prefix_len)
+        if type(params.chunked) is not bool:
+            raise InvalidInput(f"chunked must be a bool, got {params.chunked!r}")
+        if self.disable:
+            return InsertResult(prefix_len=0)
+        units = self._units(key)
+        n = len(units)
+        if n < len(value):
+            value = value[:n]
+        ek = key.extra_key
+        plan = self._plan(ek, units)
+        if self.validate_slots:
+            self._check_slots(plan, value, prev)
+
+        self._clock += STRIDE
+        self.root_node.last_access_time = self._clock
+        node, pos = self.root_node, 0
+        free_lo = free_hi = -1
+        for child, shared in plan:
+            self._touch(child)
+            if shared < len(child.key):
+                child = self._split(child, shared)
+            end = pos + shared
+            if child.value is None:
+                self._unevict(child, value[pos:end])
+            elif prev < end:
+                lo = prev if prev > pos else pos
+                if free_hi == lo:
+                    free_hi = end
+                else:
+                    if free_lo >= 0:
+                        self._free(value[free_lo:free_hi])
+                    free_lo, free_hi = lo, end
+            node, pos = child, end
+        if free_lo >= 0:
+            self._free(value[free_lo:free_hi])
+        if pos < n:
+            self._add_leaf(node, units[pos:], value[pos:].clone(), ek)
+        return InsertResult(prefix_len=pos)
+
+    def _free(self, slots: torch.Tensor) -> None:
+        if len(slots):
+            self.token_to_kv_pool_allocator.free(slots)
+
+    # ------------------------------------------------------------------------------------------
+    # Locks
+    # ------------------------------------------------------------------------------------------
+
+    def _check_attached(self, node) -> None:
+        if not isinstance(node, TreeNode) or (node is not self.root_node and node.parent is None):
+            raise NodeNotFound("the node is not in the tree")
+
+    def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
+        """Lock ``node``'s path up to the root (the evicted bottom segment is skipped and
+        remembered in the result)."""
+        self._check_attached(node)
+        result = IncLockRefResult()
+        if self.disable:
+            return result
+        root = self.root_node
+        cur = node
+        while cur is not root and cur.value is None:
+            result.skip_lock_node_ids.setdefault(FULL, set()).add(cur.id)
+            cur = cur.parent
+        delta = 0
+        while cur is not root:
+            if cur.lock_ref == 0:
+                k = len(cur.value)
+                delta += k
+            cur.lock_ref += 1
+            cur = cur.parent
+        self._evictable -= delta
+        self._protected += delta
+        result.delta = delta
+        return result
+
+    def dec_lock_ref(self, node: TreeNode, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+        """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
+        self._check_attached(node)
+        if self.disable:
+            return DecLockRefResult()
+        root = self.root_node
+        skip = params.skip_lock_node_ids.get(FULL, ()) if params is not None else ()
+        cur = node
+        while cur is not root:  # check first: a refused unlock changes nothing
+            if cur.id not in skip and cur.lock_ref <= 0:
+                raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
+            cur = cur.parent
+        cur = node
+        delta = 0
+        while cur is not root:
+            if cur.id not in skip:
+                cur.lock_ref -= 1
+                if cur.lock_ref == 0:
+                    delta += len(cur.value)
+                    self._push_if_leaf(cur)
+            cur = cur.parent
+        self._evictable += delta
+        self._protected -= delta
+        return DecLockRefResult(delta=delta)
+
+    # ------------------------------------------------------------------------------------------
+    # Eviction
+    # ------------------------------------------------------------------------------------------
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Evict the oldest evictable device leaves, whole nodes, until ``num_tokens`` are
+        freed or nothing is evictable."""
+        want = _int_arg("num_tokens", params.num_tokens)
+        if self.disable:
+            return EvictResult()
+        heap = self._heap
+        pop = heapq.heappop
+        freed = 0
+        while freed < want and heap:
+            stamp, node = pop(heap)
+            if node.last_access_time != stamp or node.lock_ref or node.dev_children \
+                    or node.value is None or node.parent is None:
+                continue
+            freed += self._evict_leaf(node)
+        if len(heap) > 64 and len(heap) > 4 * (self._evictable // max(self.page_size, 1) + 16):
+            self._compact_heap()
+        return EvictResult(num_tokens_evicted=freed)
+
+    def _evict_leaf(self, node: TreeNode) -> int:
+        """Without a host tier an evicted leaf leaves the tree; childless unlocked tombstone
+        ancestors follow it."""
+        value = node.value
+        k = len(value)
+        self.token_to_kv_pool_allocator.free(value)
+        if self.validate_slots:
+            self._owned.difference_update(value.tolist())
+        self._evictable -= k
+        node.value = None
+        parent = node.parent
+        self._detach(node)
+        parent.dev_children -= 1
+        while parent is not self.root_node and not parent.children and parent.lock_ref == 0 \
+                and parent.value is None:
+            up = parent.parent
+            self._detach(parent)
+            parent = up
+        self._push_if_leaf(parent)
+        return k
+
+    # ------------------------------------------------------------------------------------------
+    # Requests (upstream's cache_finished_req / cache_unfinished_req)
+    # ------------------------------------------------------------------------------------------
+
+    def _key_for(self, tokens, extra_key) -> RadixKey:
+        return RadixKey(tokens if type(tokens) is array else array("q", tokens), extra_key,
+                        is_bigram=self.is_eagle)
+
+    def _aligned_len(self, n_tokens: int) -> int:
+        n = max(0, n_tokens - 1) if self.is_eagle else n_tokens
+        return n - n % self.page_size
+
+    def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
+        """Cache a finished request's committed tokens (page-aligned) and release its lock;
+        the rest of its row, from there, goes back to the allocator."""
+        committed = req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache") \
+            else req.kv_committed_len
+        ps = self.page_size
+        row_end = -(-committed // ps) * ps
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :row_end]
+        if self.disable:
+            self._free(kv)
+            return
+        free_from = req.cache_protected_len
+        if is_insert:
+            tokens = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
+            self.insert(InsertParams(key=self._key_for(tokens, req.extra_key),
+                                     value=kv[:committed].to(torch.int64),
+                                     prev_prefix_len=req.cache_protected_len))
+            free_from = max(self._aligned_len(committed), req.cache_protected_len)
+        self._free(kv[free_from:])
+        self.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+
+    def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
+        """Cache what a running request has computed so far; its row then points at the
+        tree's slots up to the new match, which it locks instead of the old last node."""
+        tokens = req.fill_ids
+        if self.disable:
+            return
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)]
+        self.insert(InsertParams(key=self._key_for(tokens, req.extra_key), value=kv.to(torch.int64),
+                                 prev_prefix_len=req.cache_protected_len, chunked=chunked))
+        m = self.match_prefix(MatchPrefixParams(key=self._key_for(tokens, req.extra_key)))
+        new = m.device_indices
+        p = req.cache_protected_len
+        if len(new) > p:
+            self.req_to_token_pool.write((req.req_pool_idx, slice(p, len(new))), new[p:])
+        self.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+        req.dec_lock_params = self.inc_lock_ref(m.last_device_node).to_dec_params()
+        req.prefix_indices = torch.cat([new, kv[len(new):]]) if len(new) < len(kv) else new
+        req.cache_protected_len = len(new)
+        req.last_node = m.last_device_node
+
+    # ------------------------------------------------------------------------------------------
+    # Introspection
+    # ------------------------------------------------------------------------------------------
+
+    def all_nodes(self) -> list[TreeNode]:
+        out, stack = [], [self.root_node]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def eviction_order(self) -> list[TreeNode]:
+        """The evictable device leaves in the order the heap would evict them."""
+        seen, out = set(), []
+        for s, n in sorted(self._heap):
+            if n.last_access_time == s and self._is_leaf(n) and id(n) not in seen:
+                seen.add(id(n))
+                out.append(n)
+        return out
+
+    def violations(self) -> list[str]:
+        """Every incremental structure checked against a recomputation from the tree."""
+        errors = []
+        root = self.root_node
+        ev = pr = 0
+        owned: list = []
+        leaves = set()
+        for node in self.all_nodes():
+            dev = 0
+            for ck, c in node.children.items():
+                if c.parent is not node:
+                    errors.append(f"[tree] {c!r}: parent pointer is wrong")
+                if ck != self._ck(c.extra_key, c.key, 0):
+                    errors.append(f"[tree] {c!r}: filed under the wrong child key")
+                if c.value is not None:
+                    dev += 1
+            if node.dev_children != dev:
+                errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+            if node is root:
+                continue
+            if node.value is None:
+                errors.append(f"[data] {node!r} holds no device data (no host tier)")
+                continue
+            if len(node.value) != len(node.key) or len(node.key) % self.page_size or not len(node.key):
+                errors.append(f"[tree] {node!r}: key/value lengths {len(node.key)}/{len(node.value)}")
+            if node.lock_ref < 0:
+                errors.append(f"[lock] {node!r}: lock_ref < 0")
+            if node.parent is not root and node.parent.lock_ref < node.lock_ref:
+                errors.append(f"[lock] {node!r}: lock_ref exceeds its parent's")
+            if node.lock_ref > 0:
+                pr += len(node.value)
+            else:
+                ev += len(node.value)
+            owned.extend(node.value.tolist())
+            if self._is_leaf(node):
+                leaves.add(id(node))
+        if (ev, pr) != (self._evictable, self._protected):
+            errors.append(f"[size] counters evictable={self._evictable} protected={self._protected}, "
+                          f"recomputed {ev}/{pr}")
+        if len(set(owned)) != len(owned):
+            errors.append("[size] a slot is held twice in the tree")
+        if self.validate_slots and set(owned) != self._owned:
+            errors.append("[size] the owned-slot set differs from the tree's slots")
+        in_heap = {id(n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)}
+        if in_heap != leaves:
+            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
+        return errors
+
+    def sanity_check(self) -> None:
+        """Raise AssertionError listing every violated invariant."""
+        errors = self.violations()
+        if errors:
+            raise AssertionError(f"sanity check failed ({len(errors)} violations):\n  "
+                                 + "\n  ".join(errors))
+
+    def pretty_print(self) -> None:
+        stack = [(self.root_node, 0)]
+        while stack:
+            node, indent = stack.pop()
+            print(" " * indent, f"[{node.id}]", len(node.key), f"lock={node.lock_ref}",
+                  f"stamp={node.last_access_time}")
+            stack.extend((c, indent + 2) for c in node.children.values())

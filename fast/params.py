@@ -1,0 +1,123 @@
+"""Parameter and result types with upstream SGLang's names and fields, so an engine can swap
+``uniradix.fast.UnifiedRadixCache`` in for ``sglang``'s own cache without touching call sites."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+
+@dataclasses.dataclass
+class CacheInitParams:
+    """What the cache is built from.  Only the fields the device tier uses are read; the rest
+    are accepted so that an engine's existing params object can be passed as is."""
+
+    disable: bool
+    req_to_token_pool: Any
+    token_to_kv_pool_allocator: Any
+    page_size: int
+
+    is_eagle: bool = False
+    tp_cache_group: Any = None
+    attn_cp_cache_group: Any = None
+    attn_tp_cache_group: Any = None
+    pp_cache_group: Any = None
+    eviction_policy: str = "lru"
+    disable_finished_insert: bool = False
+    enable_metrics: bool = False
+    enable_kv_cache_events: bool = False
+    enable_mamba_extra_buffer: bool = False
+    enable_mamba_extra_buffer_lazy: bool = False
+    pp_rank: int = 0
+    pp_size: int = 1
+    attn_cp_rank: int = 0
+    attn_cp_size: int = 1
+    chunked_prefill_size: Optional[int] = None
+    sliding_window_size: Optional[int] = None
+    cache_ttl_seconds: Optional[float] = None
+    tree_components: Optional[tuple] = None
+    component_registry_override: Optional[dict] = None
+    # uniradix: check slot ownership on insert (see UnifiedRadixCache).  None = check when the
+    # allocator can answer (it has ``check_free`` and ``is_allocated``).
+    validate_slots: Optional[bool] = None
+
+
+@dataclasses.dataclass
+class MatchPrefixParams:
+    key: Any
+    cow_mamba: bool = False
+    req: Any = None
+
+
+@dataclasses.dataclass
+class InsertParams:
+    key: Any = None
+    value: Optional[torch.Tensor] = None
+    mamba_value: Optional[torch.Tensor] = None
+    prev_prefix_len: int = 0
+    swa_evicted_seqlen: int = 0
+    chunked: bool = False
+    priority: int = 0
+
+
+@dataclasses.dataclass
+class InsertResult:
+    prefix_len: int
+    total_len: int = 0
+    mamba_exist: bool = False
+    inserted_host_node: Any = None
+
+
+@dataclasses.dataclass
+class EvictParams:
+    num_tokens: int = 0
+    swa_num_tokens: int = 0
+    mamba_num: int = 0
+
+
+@dataclasses.dataclass
+class EvictResult:
+    num_tokens_evicted: int = 0
+    swa_num_tokens_evicted: int = 0
+    mamba_num_evicted: int = 0
+
+
+@dataclasses.dataclass
+class DecLockRefParams:
+    swa_uuid_for_lock: Optional[int] = None
+    swa_uuid_for_host_lock: Optional[int] = None
+    skip_lock_node_ids: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class IncLockRefResult:
+    delta: Optional[int] = None
+    swa_uuid_for_lock: Optional[int] = None
+    swa_uuid_for_host_lock: Optional[int] = None
+    skip_lock_node_ids: dict = dataclasses.field(default_factory=dict)
+
+    def to_dec_params(self) -> DecLockRefParams:
+        return DecLockRefParams(
+            swa_uuid_for_lock=self.swa_uuid_for_lock,
+            swa_uuid_for_host_lock=self.swa_uuid_for_host_lock,
+            skip_lock_node_ids={k: set(v) for k, v in self.skip_lock_node_ids.items()},
+        )
+
+
+@dataclasses.dataclass
+class DecLockRefResult:
+    delta: Optional[int] = None
+
+
+class MatchResult(NamedTuple):
+    device_indices: torch.Tensor
+    last_device_node: Any
+    last_host_node: Any
+    best_match_node: Any
+    host_hit_length: int = 0
+    swa_host_hit_length: int = 0
+    mamba_host_hit_length: int = 0
+    mamba_branching_seqlen: Optional[int] = None
+    cache_protected_len: Optional[int] = None

@@ -1,0 +1,56 @@
+"""``RadixKey``: the token ids of a request, with its ``extra_key`` namespace (upstream's name
+and constructor).
+
+Token ids are kept as ``array('q')``: slices and comparisons of arrays run in C, which is what
+makes prefix matching fast (one slice compare per node instead of one Python compare per
+token).  A list is converted once, at construction, and checked to hold ints only.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Optional
+
+from .errors import InvalidInput
+
+
+def as_token_array(token_ids) -> array:
+    """``token_ids`` as ``array('q')``; InvalidInput for anything but ints (bools included)."""
+    if type(token_ids) is array and token_ids.typecode == "q":
+        return token_ids
+    if isinstance(token_ids, (list, tuple)):
+        try:
+            arr = array("q", token_ids)
+        except (TypeError, OverflowError):
+            raise InvalidInput("token ids must be ints") from None
+        if any(type(t) is bool for t in token_ids):
+            raise InvalidInput("token ids must be ints, not bools")
+        return arr
+    if hasattr(token_ids, "tolist"):  # a tensor or numpy array of integers
+        dtype = str(getattr(token_ids, "dtype", ""))
+        if "int" not in dtype or "uint8" == dtype.split(".")[-1]:
+            raise InvalidInput(f"token ids must be integers, got dtype {dtype}")
+        return array("q", token_ids.tolist())
+    raise InvalidInput(f"token ids must be a list or array('q') of ints, got {type(token_ids).__name__}")
+
+
+class RadixKey:
+    """Token ids plus namespace.  ``is_bigram`` marks an EAGLE key (units are token pairs)."""
+
+    __slots__ = ("token_ids", "extra_key", "is_bigram")
+
+    def __init__(self, token_ids, extra_key: Optional[str] = None, is_bigram: bool = False):
+        if extra_key is not None and not isinstance(extra_key, str):
+            raise InvalidInput(f"extra_key must be None or a string, got {extra_key!r}")
+        self.token_ids = as_token_array(token_ids)
+        self.extra_key = extra_key
+        self.is_bigram = is_bigram
+
+    def __len__(self) -> int:
+        n = len(self.token_ids)
+        return max(0, n - 1) if self.is_bigram else n
+
+    def __repr__(self) -> str:
+        head = list(self.token_ids[:8])
+        more = "..." if len(self.token_ids) > 8 else ""
+        return f"RadixKey(extra_key={self.extra_key!r}, token_ids={head}{more}, is_bigram={self.is_bigram})"
