@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 import warnings
@@ -124,6 +125,8 @@ def load_upstream() -> types.SimpleNamespace:
     global _IMPORTED
     if _IMPORTED is not None:
         return _IMPORTED
+    if importlib.util.find_spec("sglang") is None:  # before any side effect on the importer
+        raise UpstreamMissing(_HOW_TO_BUILD)
     try:
         import torch  # noqa: F401
     except Exception as e:  # pragma: no cover - depends on the interpreter
@@ -357,6 +360,8 @@ class UpstreamAdapter:
             return {"error": type(e).__name__}
 
     def snapshot(self) -> dict:
+        """Canonical state (DESIGN.md): nodes sorted by path with device value, lock_ref and
+        hit_count; the evictable device leaves, oldest access first; the Full sizes."""
         nodes = []
         for node in self._walk_nodes():
             if node is self.root:
@@ -364,19 +369,19 @@ class UpstreamAdapter:
             extra, tokens = self._path_of(node)
             cd = node.component_data[self.up.ComponentType.FULL]
             nodes.append({
-                "extra_key": extra,
-                "tokens": tokens,
+                "path": {"tokens": tokens, "extra_key": extra},
                 "value": None if cd.value is None else [int(v) for v in cd.value.tolist()],
                 "lock_ref": int(cd.lock_ref),
                 "hit_count": int(node.hit_count),
             })
-        nodes.sort(key=lambda n: (n["extra_key"] is not None, n["extra_key"] or "", n["tokens"]))
+        nodes.sort(key=lambda n: (n["path"]["extra_key"] is not None,
+                                  n["path"]["extra_key"] or "", n["path"]["tokens"]))
         strategy = self.cache.eviction_strategy
         leaves = sorted(self.cache.evictable_device_leaves, key=strategy.get_priority)
         order = []
         for leaf in leaves:
             extra, tokens = self._path_of(leaf)
-            order.append({"extra_key": extra, "tokens": tokens})
+            order.append({"tokens": tokens, "extra_key": extra})
         return {
             "nodes": nodes,
             "device_leaf_order": order,
