@@ -1,0 +1,534 @@
+"""A random scenario driver that records traces the way SGLang's scheduler uses the cache.
+
+``record(adapter, config, seed, steps)`` plays a seeded workload against any adapter (spec,
+fast, upstream) and returns the steps with each one's observation as ``ret``. The driver decides
+every next op from its random generator and the observations it has seen, never from the
+implementation's internals, so every conforming implementation records the same trace for the
+same seed.
+
+The workload: a few prompt templates over a tiny token alphabet (3 to 6 distinct values, so
+partial matches and node splits are frequent) that share prefixes with each other; requests are a
+template prefix plus a random suffix and random output tokens, in two or three ``extra_key``
+namespaces. Up to a handful of requests are in flight at once. Each request goes through
+
+    match_prefix -> lock(last device node) -> [evict] -> alloc(prompt) -> ...
+        [insert(chunk, chunked) -> match_prefix -> unlock(old) -> lock(new)]   (chunked prefill)
+        [evict] -> alloc(output)                                              (decode)
+    -> insert -> free(unaligned tail pages) -> unlock                        (cache_finished_req)
+    or -> free(all fresh slots) -> unlock                                    (finish without insert)
+
+interleaved with extra locks held across other requests and evictions ("pins"), explicit
+``evict`` of random sizes, ``sizes`` queries, bare ``match_prefix`` probes and a rare ``reset``.
+
+The driver keeps its own count of free KV slots from the observations (alloc ``slots``, its own
+``free`` steps and every ``freed`` effect), evicts when an alloc would not fit and skips a request
+when eviction cannot make room, so it never asks the environment for more than it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import sys
+from typing import Any, Optional, Sequence
+
+from uniradix.spec.config import CacheConfig
+
+CONFIG_NAMES = ("full-p1", "full-p4")
+KV_SLOT_CHOICES = (128, 160, 192, 256, 320, 384, 448, 512)
+
+
+class RecordingError(RuntimeError):
+    """The implementation rejected a step the driver meant to be valid, or broke an invariant."""
+
+
+def make_config(name: str, seed: int) -> CacheConfig:
+    """A named recording config; the KV pool size varies with the seed (small: eviction is
+    frequent)."""
+    if name not in CONFIG_NAMES:
+        raise ValueError(f"unknown config {name!r}; known: {', '.join(CONFIG_NAMES)}")
+    page_size = {"full-p1": 1, "full-p4": 4}[name]
+    rng = random.Random(f"config:{name}:{seed}")
+    kv_slots = rng.choice(KV_SLOT_CHOICES)
+    return CacheConfig(page_size=page_size, components=("full",), kv_slots=kv_slots)
+
+
+def _round_up(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+def _round_down(n: int, page: int) -> int:
+    return n // page * page
+
+
+@dataclasses.dataclass
+class _Request:
+    tokens: list[int]          # prompt + all output tokens it may produce
+    extra_key: Optional[str]
+    prompt_len: int
+    matched: int = 0           # tokens covered by the tree (locked), page-aligned
+    prefix: list[int] = dataclasses.field(default_factory=list)  # tree slots for [0, matched)
+    fresh: list[int] = dataclasses.field(default_factory=list)   # own slots for [matched, ...)
+    handle: Optional[int] = None
+    decoded: bool = False      # output slots allocated
+    produced: int = 0          # output tokens that have KV (0 until decode)
+    chunked_once: bool = False
+
+
+@dataclasses.dataclass
+class RecordStats:
+    """What a recording exercised (for checking a corpus covers what it should)."""
+    ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    splits: int = 0              # steps that added a node without adding tokens (a split)
+    match_splits: int = 0        # match_prefix steps that split a node
+    evictions_with_freed: int = 0
+    insert_dup_frees: int = 0    # inserts that freed duplicate slots
+    errors: int = 0
+    requests: int = 0
+    skipped_requests: int = 0
+    resets: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Driver:
+    """One recording run. ``run()`` returns the list of steps (each with ``ret``)."""
+
+    def __init__(self, adapter: Any, config: CacheConfig, seed: int, steps: int,
+                 check_violations: bool = True, collect_stats: bool = False) -> None:
+        self.adapter = adapter
+        self.config = config
+        self.page = config.page_size
+        self.seed = seed
+        self.target = steps
+        self.check_violations = check_violations
+        self.collect_stats = collect_stats
+        self.stats = RecordStats()
+        self.rng = random.Random(f"driver:{seed}")
+        self.steps: list[dict] = []
+        self.free_slots = config.kv_slots   # the driver's model of the env pool
+        self.inflight: list[_Request] = []
+        self.pins: list[int] = []           # handles of extra locks
+        self._setup_world()
+
+    # -- the token world ---------------------------------------------------------------------
+    def _setup_world(self) -> None:
+        rng = self.rng
+        self.alphabet = rng.sample(range(2, 200), rng.randint(3, 6))
+        self.namespaces: list[Optional[str]] = [None, "tenant-b"]
+        if rng.random() < 0.5:
+            self.namespaces.append("tenant-c")
+        self.ns_weights = [6, 3, 1][: len(self.namespaces)]
+        templates: list[list[int]] = []
+        for _ in range(rng.randint(4, 9)):
+            if templates and rng.random() < 0.6:
+                base = rng.choice(templates)
+                cut = rng.randint(1, len(base))
+                t = base[:cut] + self._random_tokens(rng.randint(2, 40))
+            else:
+                t = self._random_tokens(rng.randint(6, 60))
+            templates.append(t)
+        self.templates = templates
+        self.max_inflight = rng.randint(2, 5)
+
+    def _random_tokens(self, n: int) -> list[int]:
+        return [self.rng.choice(self.alphabet) for _ in range(n)]
+
+    def _new_prompt(self) -> list[int]:
+        rng = self.rng
+        r = rng.random()
+        if r < 0.05:  # shorter than a page with page_size 4, a single token with page_size 1
+            return self._random_tokens(rng.randint(1, 3))
+        if r < 0.12:  # no template at all
+            return self._random_tokens(rng.randint(4, 40))
+        t = rng.choice(self.templates)
+        if rng.random() < 0.55:
+            prefix = list(t)
+        else:
+            prefix = t[: rng.randint(1, len(t))]
+        suffix_len = 0 if rng.random() < 0.2 else rng.randint(1, 30)
+        prompt = prefix + self._random_tokens(suffix_len)
+        return prompt[: max(4, self.config.kv_slots // 2)]  # most requests must fit the pool
+
+    def _namespace(self) -> Optional[str]:
+        return self.rng.choices(self.namespaces, weights=self.ns_weights)[0]
+
+    # -- emitting steps ----------------------------------------------------------------------
+    def done(self) -> bool:
+        return len(self.steps) >= self.target
+
+    def emit(self, op: str, args: dict) -> dict:
+        step = {"i": len(self.steps), "op": op, "args": args}
+        nodes_before = self._node_count() if self.collect_stats else 0
+        ret = self.adapter.apply(step)
+        if "error" in ret:
+            raise RecordingError(f"step {step['i']} {op}: the implementation answered {ret}")
+        if self.check_violations:
+            bad = self.adapter.violations()
+            if bad:
+                raise RecordingError(f"step {step['i']} {op}: invariant violations: {bad}")
+        step["ret"] = ret
+        self.steps.append(step)
+        self._observe(op, args, ret)
+        if self.collect_stats:
+            self._count(op, ret, nodes_before)
+        return ret
+
+    def _observe(self, op: str, args: dict, ret: dict) -> None:
+        if op == "alloc":
+            self.free_slots -= len(ret["slots"])
+        elif op == "free":
+            self.free_slots += len(args["slots"])
+        elif op == "reset":
+            self.free_slots = self.config.kv_slots
+        self.free_slots += len(ret.get("freed", ()))
+
+    def _node_count(self) -> int:
+        return len(self.adapter.snapshot()["nodes"])
+
+    def _count(self, op: str, ret: dict, nodes_before: int) -> None:
+        s = self.stats
+        s.ops[op] = s.ops.get(op, 0) + 1
+        grew = self._node_count() - nodes_before
+        if op == "match_prefix" and grew > 0:
+            s.splits += grew
+            s.match_splits += 1
+        elif op == "insert" and grew > 1:  # a new leaf plus a split parent
+            s.splits += grew - 1
+        if op == "evict" and ret.get("freed"):
+            s.evictions_with_freed += 1
+        if op == "insert" and ret.get("freed"):
+            s.insert_dup_frees += 1
+        if op == "reset":
+            s.resets += 1
+
+    # -- building blocks ---------------------------------------------------------------------
+    def _match(self, tokens: list[int], extra_key: Optional[str]) -> dict:
+        return self.emit("match_prefix", {"tokens": list(tokens), "extra_key": extra_key})
+
+    def _lock(self, tokens: list[int], extra_key: Optional[str]) -> int:
+        ret = self.emit("lock", {"node": {"tokens": list(tokens), "extra_key": extra_key}})
+        return ret["handle"]
+
+    def _unlock(self, handle: int) -> None:
+        self.emit("unlock", {"handle": handle})
+
+    def _make_room(self, need: int) -> bool:
+        """Evict (once) if ``need`` slots are not free; True when they are free afterwards."""
+        if need <= self.free_slots:
+            return True
+        shortfall = need - self.free_slots
+        jitter = self.rng.choice([0, 0, self.page, 3 * self.page, 17])
+        self.emit("evict", {"num_tokens": shortfall + jitter})
+        return need <= self.free_slots
+
+    def _alloc(self, n: int) -> list[int]:
+        if n == 0:
+            return []
+        return list(self.emit("alloc", {"n": n})["slots"])
+
+    # -- request lifecycle -------------------------------------------------------------------
+    def admit(self) -> None:
+        prompt = self._new_prompt()
+        output = self._random_tokens(self.rng.choice([0, 1, 2, 5, 9, 16, 24]))
+        req = _Request(tokens=prompt + output, extra_key=self._namespace(), prompt_len=len(prompt))
+        self.stats.requests += 1
+        ret = self._match(prompt, req.extra_key)
+        req.matched = ret["last_device_node"]
+        req.prefix = list(ret["device_indices"])
+        if self.done():
+            return
+        req.handle = self._lock(prompt[: req.matched], req.extra_key)
+        need = _round_up(len(prompt) - req.matched, self.page)
+        if self.done():
+            return
+        if not self._make_room(need):
+            self.stats.skipped_requests += 1
+            if not self.done():
+                self._unlock(req.handle)
+            return
+        if self.done():
+            return
+        req.fresh = self._alloc(need)
+        self.inflight.append(req)
+
+    def _produced_capacity(self, req: _Request) -> int:
+        """Output tokens that fit in the slots already held (the last prompt page's slack)."""
+        have = req.matched + len(req.fresh)
+        return max(0, min(len(req.tokens), have) - req.prompt_len)
+
+    def decode(self, req: _Request) -> None:
+        req.decoded = True
+        total = len(req.tokens)
+        need = _round_up(total - req.matched, self.page) - len(req.fresh)
+        if need > 0 and self._make_room(need) and not self.done():
+            req.fresh += self._alloc(need)
+        req.produced = self._produced_capacity(req)
+
+    def chunk(self, req: _Request) -> None:
+        """Chunked prefill: cache the first ``c`` prompt tokens (cache_unfinished_req)."""
+        lo = req.matched + self.page
+        hi = _round_down(req.prompt_len, self.page) - self.page
+        req.chunked_once = True
+        if hi < lo:
+            return
+        c = _round_down(self.rng.randint(lo, hi), self.page)
+        values = req.prefix + req.fresh[: c - req.matched]
+        ret = self.emit("insert", {"tokens": req.tokens[:c], "extra_key": req.extra_key,
+                                   "value": values, "prev_prefix_len": req.matched,
+                                   "chunked": True})
+        del ret
+        if self.done():
+            return
+        m = self._match(req.tokens[:c], req.extra_key)
+        if m["last_device_node"] != c:
+            raise RecordingError(f"chunk of {c} tokens re-matched only {m['last_device_node']}")
+        if self.done():
+            return
+        self._unlock(req.handle)
+        req.handle = None
+        if self.done():
+            return
+        req.handle = self._lock(req.tokens[:c], req.extra_key)
+        req.fresh = req.fresh[c - req.matched:]
+        req.matched = c
+        req.prefix = list(m["device_indices"])
+
+    def finish(self, req: _Request, insert: bool = True) -> None:
+        self.inflight.remove(req)
+        total = req.prompt_len + req.produced
+        if insert:
+            aligned = _round_down(total, self.page)
+            whole = self.rng.random() < 0.35  # hand insert the unaligned key; it aligns itself
+            upto = total if whole else aligned
+            values = req.prefix + req.fresh[: upto - req.matched]
+            self.emit("insert", {"tokens": req.tokens[:upto], "extra_key": req.extra_key,
+                                 "value": values, "prev_prefix_len": req.matched,
+                                 "chunked": False})
+            leftover = req.fresh[aligned - req.matched:]
+        else:
+            leftover = req.fresh
+        if leftover and not self.done():
+            self.emit("free", {"slots": leftover})
+        if not self.done():
+            self._unlock(req.handle)
+
+    def advance(self) -> None:
+        req = self.rng.choice(self.inflight)
+        r = self.rng.random()
+        if not req.decoded and not req.chunked_once and r < 0.25 and req.prompt_len >= 3 * self.page:
+            self.chunk(req)
+        elif not req.decoded and r < 0.75:
+            self.decode(req)
+        else:
+            if not req.decoded:
+                req.produced = self._produced_capacity(req)
+            self.finish(req, insert=self.rng.random() > 0.08)
+
+    # -- other actions -----------------------------------------------------------------------
+    def pin(self) -> None:
+        """Lock a node and keep the lock across other requests and evictions."""
+        if self.rng.random() < 0.15:
+            tokens: list[int] = []
+            ns = self._namespace()
+        else:
+            t = self.rng.choice(self.templates)
+            tokens = t[: self.rng.randint(1, len(t))]
+            ns = self._namespace()
+        ret = self._match(tokens, ns) if tokens else {"last_device_node": 0}
+        if self.done():
+            return
+        self.pins.append(self._lock(tokens[: ret["last_device_node"]], ns))
+
+    def unpin(self) -> None:
+        h = self.pins.pop(self.rng.randrange(len(self.pins)))
+        self._unlock(h)
+
+    def explicit_evict(self) -> None:
+        r = self.rng.random()
+        if r < 0.45:
+            n = self.rng.randint(1, 3 * self.page)
+        elif r < 0.9:
+            n = self.rng.randint(1, max(1, self.config.kv_slots // 3))
+        else:
+            n = self.config.kv_slots
+        self.emit("evict", {"num_tokens": n})
+
+    def probe(self) -> None:
+        self._match(self._new_prompt(), self._namespace())
+
+    def reset(self) -> None:
+        self.emit("reset", {})
+        self.inflight.clear()
+        self.pins.clear()
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        rng = self.rng
+        resets_left = 1 if rng.random() < 0.5 else 0
+        while not self.done():
+            actions = ["admit", "evict", "sizes", "probe", "pin", "unpin", "advance", "reset"]
+            weights = [
+                10 if len(self.inflight) < self.max_inflight else 0,
+                2.0,
+                0.7,
+                1.0,
+                1.2 if len(self.pins) < 3 else 0,
+                1.0 if self.pins else 0,
+                6.0 * len(self.inflight),
+                0.25 if resets_left and len(self.steps) > 60 else 0,
+            ]
+            action = rng.choices(actions, weights=weights)[0]
+            if action == "admit":
+                self.admit()
+            elif action == "evict":
+                self.explicit_evict()
+            elif action == "sizes":
+                self.emit("sizes", {})
+            elif action == "probe":
+                self.probe()
+            elif action == "pin":
+                self.pin()
+            elif action == "unpin":
+                self.unpin()
+            elif action == "advance":
+                self.advance()
+            elif action == "reset":
+                resets_left -= 1
+                self.reset()
+        return self.steps[: self.target]
+
+
+def record(adapter: Any, config: CacheConfig, seed: int, steps: int,
+           check_violations: bool = True, stats: Optional[RecordStats] = None) -> list[dict]:
+    """Record ``steps`` steps of the seeded workload against ``adapter``.
+
+    Raises :class:`RecordingError` if the implementation rejects a step or, with
+    ``check_violations``, reports an invariant violation after any step. Pass a
+    :class:`RecordStats` to have it filled in (costs a snapshot per step)."""
+    driver = Driver(adapter, config, seed, steps, check_violations=check_violations,
+                    collect_stats=stats is not None)
+    out = driver.run()
+    if stats is not None:
+        for k, v in dataclasses.asdict(driver.stats).items():
+            setattr(stats, k, v)
+    return out
+
+
+def verify_recording(adapter: Any, steps: list[dict]) -> RecordStats:
+    """Replay recorded steps on ``adapter``: every ret field must match and ``violations()`` stay
+    empty; returns what the trace exercised. Raises :class:`RecordingError` otherwise."""
+    stats = RecordStats()
+    for step in steps:
+        before = len(adapter.snapshot()["nodes"])
+        obs = adapter.apply(step)
+        for field, expected in step.get("ret", {}).items():
+            if obs.get(field) != expected:
+                raise RecordingError(f"step {step['i']} {step['op']}: {field} = {obs.get(field)!r}, "
+                                     f"recorded {expected!r}")
+        bad = adapter.violations()
+        if bad:
+            raise RecordingError(f"step {step['i']} {step['op']}: invariant violations: {bad}")
+        op, ret = step["op"], step.get("ret", {})
+        stats.ops[op] = stats.ops.get(op, 0) + 1
+        grew = len(adapter.snapshot()["nodes"]) - before
+        if op == "match_prefix" and grew > 0:
+            stats.splits += grew
+            stats.match_splits += 1
+        elif op == "insert" and grew > 1:
+            stats.splits += grew - 1
+        if op == "evict" and ret.get("freed"):
+            stats.evictions_with_freed += 1
+        if op == "insert" and ret.get("freed"):
+            stats.insert_dup_frees += 1
+        if "error" in ret:
+            stats.errors += 1
+        if op == "reset":
+            stats.resets += 1
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: python -m uniradix.conformance.driver --impl upstream --config full-p1 ...
+# --------------------------------------------------------------------------------------------
+
+def _source(impl: str, adapter: Any, config_name: str, seed: int) -> str:
+    where = f"uniradix.conformance.driver, config {config_name}, seed {seed}"
+    if impl == "upstream":
+        version = getattr(getattr(adapter, "up", None), "version", None) or "0.5.13.post1"
+        return f"sglang {version} UnifiedRadixCache on CPU ({where})"
+    return f"uniradix {impl} ({where})"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m uniradix.conformance.driver",
+                                description="Record a random scheduler-like trace.")
+    p.add_argument("--impl", default="upstream", help="implementation: upstream or spec")
+    p.add_argument("--config", default="full-p1", choices=CONFIG_NAMES)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--out", help="trace file to write (.jsonl)")
+    p.add_argument("--verify", nargs="+", metavar="TRACE",
+                   help="instead of recording: replay these traces on --impl, check every ret "
+                        "and invariant, and print what they exercise")
+    p.add_argument("--no-check", action="store_true", help="skip violations() after each step")
+    p.add_argument("--stats", action="store_true", help="print what the trace exercised")
+    args = p.parse_args(argv)
+
+    from uniradix.conformance.adapters import make_adapter
+    from uniradix.conformance.trace import dump_trace, make_header
+
+    if args.verify:
+        return _verify_main(args.impl, args.verify)
+    if args.seed is None or not args.out:
+        p.error("--seed and --out are required to record")
+    config = make_config(args.config, args.seed)
+    adapter = make_adapter(args.impl, config)
+    stats = RecordStats() if args.stats else None
+    try:
+        steps = record(adapter, config, args.seed, args.steps,
+                       check_violations=not args.no_check, stats=stats)
+    except RecordingError as e:
+        print(f"recording failed: {e}", file=sys.stderr)
+        return 1
+    header = make_header(config, _source(args.impl, adapter, args.config, args.seed), seed=args.seed)
+    dump_trace(args.out, header, steps)
+    msg = f"{args.out}: {len(steps)} steps, kv_slots={config.kv_slots}"
+    if stats is not None:
+        msg += f" {stats.to_dict()}"
+    print(msg)
+    return 0
+
+
+def _verify_main(impl: str, paths: Sequence[str]) -> int:
+    from uniradix.conformance.adapters import make_adapter
+    from uniradix.conformance.trace import load_trace
+
+    total = RecordStats()
+    steps_total = 0
+    failed = 0
+    for path in paths:
+        trace = load_trace(path)
+        try:
+            st = verify_recording(make_adapter(impl, trace.config), trace.steps)
+        except RecordingError as e:
+            print(f"FAIL {path}: {e}")
+            failed += 1
+            continue
+        steps_total += len(trace.steps)
+        for k, v in st.ops.items():
+            total.ops[k] = total.ops.get(k, 0) + v
+        for k in ("splits", "match_splits", "evictions_with_freed", "insert_dup_frees",
+                  "errors", "resets"):
+            setattr(total, k, getattr(total, k) + getattr(st, k))
+        if st.errors or not st.splits or not st.evictions_with_freed:
+            print(f"WEAK {path}: {st.to_dict()}")
+    summary = {k: v for k, v in total.to_dict().items() if k not in ("requests", "skipped_requests")}
+    print(f"{len(paths) - failed}/{len(paths)} traces ok, {steps_total} steps: {summary}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
