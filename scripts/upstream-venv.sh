@@ -5,7 +5,8 @@
 set -euo pipefail
 venv=${1:-.venv-upstream}
 py=${PYTHON:-python3}
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import sglang' 2>/dev/null; then
+# (a bare `import sglang` fails here: it imports torchvision, which the adapter stubs out)
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import importlib.metadata as m; m.version("sglang")' 2>/dev/null; then
   echo "upstream venv ready: $venv"; exit 0
 fi
 "$py" -m venv "$venv"
