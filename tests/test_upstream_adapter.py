@@ -1,0 +1,95 @@
+"""UpstreamAdapter and the recording driver against upstream SGLang (needs sglang importable).
+
+Run inside the upstream venv (scripts/upstream-venv.sh): VENV/bin/python -m pytest
+tests/test_upstream_adapter.py. Everywhere else the module is skipped.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from uniradix.conformance import upstream as upstream_mod
+from uniradix.conformance.driver import RecordStats, make_config, record
+from uniradix.conformance.trace import load_trace
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import Unsupported
+
+pytestmark = pytest.mark.upstream
+
+if not upstream_mod.upstream_available():
+    pytest.skip("upstream sglang is not importable here (build the venv with "
+                "scripts/upstream-venv.sh and run pytest with its python)",
+                allow_module_level=True)
+
+CORPUS = os.path.join(os.path.dirname(__file__), "corpus", "upstream")
+
+
+def _corpus(prefix: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(CORPUS, f"{prefix}-s*.jsonl")))
+
+
+@pytest.mark.parametrize("prefix", ["full-p1", "full-p4"])
+def test_replay_committed_trace_matches_every_ret(prefix):
+    paths = _corpus(prefix)
+    if not paths:
+        pytest.skip(f"no committed {prefix} traces under {CORPUS}")
+    trace = load_trace(paths[0])
+    adapter = upstream_mod.UpstreamAdapter(trace.config)
+    for step in trace.steps:
+        obs = adapter.apply(step)
+        if "ret" in step:
+            for field, expected in step["ret"].items():
+                assert obs.get(field) == expected, (
+                    f"{trace.name} step {step['i']} {step['op']}: {field} = {obs.get(field)!r},"
+                    f" trace says {expected!r}")
+        assert adapter.violations() == []
+
+
+@pytest.mark.parametrize("name", ["full-p1", "full-p4"])
+def test_driver_is_deterministic(name):
+    config = make_config(name, 7)
+    a = record(upstream_mod.UpstreamAdapter(config), config, 7, 150)
+    b = record(upstream_mod.UpstreamAdapter(config), config, 7, 150)
+    assert len(a) == 150
+    assert a == b
+
+
+def test_recording_exercises_splits_and_evictions():
+    config = make_config("full-p4", 3)
+    stats = RecordStats()
+    steps = record(upstream_mod.UpstreamAdapter(config), config, 3, 300, stats=stats)
+    assert all("error" not in s["ret"] for s in steps)
+    assert stats.splits > 0 and stats.evictions_with_freed > 0
+
+
+def test_error_observations_and_reset():
+    adapter = upstream_mod.UpstreamAdapter(CacheConfig(page_size=4, kv_slots=16))
+    assert adapter.apply({"i": 0, "op": "alloc", "args": {"n": 32}}) == {"error": "AllocatorError"}
+    assert adapter.apply({"i": 1, "op": "alloc", "args": {"n": 8}}) == {"slots": list(range(4, 12))}
+    ins = adapter.apply({"i": 2, "op": "insert", "args": {
+        "tokens": [1, 2, 3, 4, 5, 6], "extra_key": None, "value": list(range(4, 10)),
+        "prev_prefix_len": 0, "chunked": False}})
+    assert ins == {"prefix_len": 0, "freed": []}
+    lock = {"i": 3, "op": "lock", "args": {"node": {"tokens": [1, 2], "extra_key": None}}}
+    assert adapter.apply(lock) == {"error": "NodeNotFound"}
+    lock = {"i": 4, "op": "lock", "args": {"node": {"tokens": [1, 2, 3, 4], "extra_key": None}}}
+    assert adapter.apply(lock) == {"handle": 4}
+    assert adapter.apply({"i": 5, "op": "sizes", "args": {}}) == {
+        "full_evictable": 0, "full_protected": 4}
+    assert adapter.apply({"i": 6, "op": "unlock", "args": {"handle": 4}}) == {}
+    assert adapter.apply({"i": 7, "op": "unlock", "args": {"handle": 4}}) == {"error": "HandleError"}
+    snap = adapter.snapshot()
+    assert [n["path"]["tokens"] for n in snap["nodes"]] == [[1, 2, 3, 4]]
+    assert adapter.apply({"i": 8, "op": "reset", "args": {}}) == {}
+    assert adapter.snapshot()["nodes"] == []
+    assert adapter.pool.available_size() == 16
+
+
+def test_unsupported_configs():
+    for cfg in (CacheConfig(host_slots=64), CacheConfig(eagle=True), CacheConfig(disable=True),
+                CacheConfig(components=("full", "mamba"), mamba_slots=8)):
+        with pytest.raises(Unsupported):
+            upstream_mod.UpstreamAdapter(cfg)
