@@ -1,4 +1,4 @@
-"""Every committed trace replays on the spec with 0 divergences and sound invariants after
+"""Every committed trace replays on the spec and on the fast path with 0 divergences and sound invariants after
 every step (the golden corpus recorded from upstream, and the regression traces)."""
 
 import glob
@@ -21,8 +21,9 @@ def test_corpus_is_there():
         assert len(load_trace(t).steps) >= 300, t
 
 
+@pytest.mark.parametrize("impl", ["spec", "fast"])
 @pytest.mark.parametrize("path", TRACES, ids=[os.path.relpath(t, CORPUS) for t in TRACES])
-def test_replay_on_spec(path):
-    result = replay_trace(load_trace(path), "spec")
+def test_replay(path, impl):
+    result = replay_trace(load_trace(path), impl)
     assert result.unsupported is None, result.unsupported
     assert result.divergence is None, str(result.divergence)
