@@ -249,12 +249,12 @@ class UnifiedRadixCache:
         self._touch(child)
         return upper
 
-    def _add_leaf(self, parent: TreeNode, units, value: torch.Tensor, extra_key) -> TreeNode:
+    def _add_leaf(self, parent: TreeNode, units, value: torch.Tensor, extra_key, size: int) -> TreeNode:
         self._clock += STRIDE
         leaf = TreeNode(units, value, parent, extra_key, self._clock)
         parent.children[self._ck(extra_key, units, 0)] = leaf
         parent.dev_children += 1
-        self._evictable += len(value)
+        self._evictable += size
         if self.validate_slots:
             self._owned.update(value.tolist())
         heapq.heappush(self._heap, (leaf.last_access_time, leaf))
@@ -265,9 +265,9 @@ class UnifiedRadixCache:
         node.value = fresh.clone()
         node.parent.dev_children += 1
         if node.lock_ref == 0:
-            self._evictable += len(fresh)
+            self._evictable += len(node.key)
         else:
-            self._protected += len(fresh)
+            self._protected += len(node.key)
         if self.validate_slots:
             self._owned.update(node.value.tolist())
         self._push_if_leaf(node)
@@ -324,10 +324,12 @@ class UnifiedRadixCache:
             chunks.append(node.value)
             break
         self._stamp_path(node)
+        # NOTE: a one-node match returns the node's own tensor (no copy); values are never
+        # modified in place by the cache, and callers must not modify device_indices either.
         if not chunks:
             indices = self._empty
         elif len(chunks) == 1:
-            indices = chunks[0].clone()
+            indices = chunks[0]
         else:
             indices = torch.cat(chunks)
         return MatchResult(indices, node, node, node)
@@ -356,10 +358,13 @@ class UnifiedRadixCache:
         return plan
 
     def _check_value(self, key: RadixKey, value) -> None:
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.dim() != 1:
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
             raise InvalidInput("value must be a 1-D int64 tensor")
-        if len(value) != len(key.token_ids):
-            raise InvalidInput(f"insert: value has {len(value)} slots for {len(key.token_ids)} tokens")
+        shape = value.shape
+        if len(shape) != 1:
+            raise InvalidInput("value must be a 1-D int64 tensor")
+        if shape[0] != len(key.token_ids):
+            raise InvalidInput(f"insert: value has {shape[0]} slots for {len(key.token_ids)} tokens")
 
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
         """The spec's slot-ownership checks (spec/cache.py check_insert_slots)."""
@@ -402,7 +407,7 @@ class UnifiedRadixCache:
             return InsertResult(prefix_len=0)
         units = self._units(key)
         n = len(units)
-        if n < len(value):
+        if n < len(key.token_ids):
             value = value[:n]
         ek = key.extra_key
         plan = self._plan(ek, units)
@@ -426,13 +431,13 @@ class UnifiedRadixCache:
                     free_hi = end
                 else:
                     if free_lo >= 0:
-                        self._free(value[free_lo:free_hi])
+                        self.token_to_kv_pool_allocator.free(value[free_lo:free_hi])
                     free_lo, free_hi = lo, end
             node, pos = child, end
         if free_lo >= 0:
-            self._free(value[free_lo:free_hi])
+            self.token_to_kv_pool_allocator.free(value[free_lo:free_hi])
         if pos < n:
-            self._add_leaf(node, units[pos:], value[pos:].clone(), ek)
+            self._add_leaf(node, units[pos:], value[pos:].clone(), ek, n - pos)
         return InsertResult(prefix_len=pos)
 
     def _free(self, slots: torch.Tensor) -> None:
@@ -462,8 +467,7 @@ class UnifiedRadixCache:
         delta = 0
         while cur is not root:
             if cur.lock_ref == 0:
-                k = len(cur.value)
-                delta += k
+                delta += len(cur.key)
             cur.lock_ref += 1
             cur = cur.parent
         self._evictable -= delta
@@ -489,7 +493,7 @@ class UnifiedRadixCache:
             if cur.id not in skip:
                 cur.lock_ref -= 1
                 if cur.lock_ref == 0:
-                    delta += len(cur.value)
+                    delta += len(cur.key)
                     self._push_if_leaf(cur)
             cur = cur.parent
         self._evictable += delta
@@ -523,7 +527,7 @@ class UnifiedRadixCache:
         """Without a host tier an evicted leaf leaves the tree; childless unlocked tombstone
         ancestors follow it."""
         value = node.value
-        k = len(value)
+        k = len(node.key)
         self.token_to_kv_pool_allocator.free(value)
         if self.validate_slots:
             self._owned.difference_update(value.tolist())
