@@ -7,6 +7,9 @@ import sys
 
 from conftest import CORPUS
 
+UPSTREAM = os.path.join(CORPUS, "upstream")
+FIRST = os.path.join(UPSTREAM, sorted(f for f in os.listdir(UPSTREAM) if f.endswith(".jsonl"))[0])
+
 
 def uniradix(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "uniradix.conformance.cli", *args],
@@ -14,16 +17,14 @@ def uniradix(*args, cwd=None):
 
 
 def test_replay_clean_trace_exits_0():
-    trace = sorted(os.listdir(os.path.join(CORPUS, "upstream")))[0]
-    r = uniradix("replay", os.path.join(CORPUS, "upstream", trace), "--impl", "spec")
+    r = uniradix("replay", FIRST, "--impl", "spec")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
     assert lines[-1].startswith("replayed ") and lines[-1].endswith(" in 1 traces: 0 divergences")
 
 
 def test_replay_divergence_exits_1_and_names_everything(tmp_path):
-    src = os.path.join(CORPUS, "upstream", sorted(os.listdir(os.path.join(CORPUS, "upstream")))[0])
-    lines = open(src).read().splitlines()
+    lines = open(FIRST).read().splitlines()
     header, steps = lines[0], [json.loads(x) for x in lines[1:]]
     # Corrupt the first recorded prefix_len of an insert.
     k = next(i for i, s in enumerate(steps) if s["op"] == "insert")
@@ -63,6 +64,5 @@ def test_upstream_impl_without_sglang_says_so(tmp_path):
     import pytest
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("sglang is importable here, so the missing-sglang message cannot be shown")
-    src = os.path.join(CORPUS, "upstream", sorted(os.listdir(os.path.join(CORPUS, "upstream")))[0])
-    r = uniradix("replay", src, "--impl", "upstream")
+    r = uniradix("replay", FIRST, "--impl", "upstream")
     assert r.returncode != 0 and "sglang" in (r.stdout + r.stderr)
