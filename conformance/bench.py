@@ -1,0 +1,889 @@
+"""``uniradix bench``: requests/s of cache work, measured the same way for every implementation.
+
+One scheduler loop (:func:`run_bench`) drives any implementation through upstream SGLang's
+*native* tree-level API. Only the names differ between implementations, and they come from an
+:class:`ApiBundle`: ``RadixKey``, ``MatchPrefixParams``, ``InsertParams``, ``EvictParams`` and
+how to build the cache over an allocator. Implementations by name:
+
+* ``spec``: the executable spec behind :mod:`uniradix.conformance.spec_api`;
+* ``fast``: ``uniradix.fast`` (imported lazily; :class:`ImplMissing` while it lacks the API);
+* ``upstream``: sglang's own ``UnifiedRadixCache`` (Full component, device tier), only where
+  sglang imports (:func:`uniradix.conformance.upstream.load_upstream`).
+
+The scheduler, per request, in arrival order, with ``inflight`` (16) requests running, FIFO::
+
+    m = match_prefix(MatchPrefixParams(key=RadixKey(prompt)))        # array('q') token ids
+    r = inc_lock_ref(m.last_device_node)
+    need = round_up(len(prompt) + n_output - len(m.device_indices), page_size)
+    if free slots < need: evict(EvictParams(num_tokens=need - free))
+    slots = allocator.alloc(need)            # abort (dec_lock_ref) when still too few
+    ... when the request is the oldest of a full batch, or at the end, it finishes:
+    insert(InsertParams(key=RadixKey(tokens[:aligned]), value=slots[:aligned],
+                        prev_prefix_len=len(m.device_indices)))
+    allocator.free(slots[aligned:])          # the unaligned tail page, if any
+    dec_lock_ref(m.last_device_node, r.to_dec_params())
+
+``tokens`` is the prompt followed by the request's output tokens, ``aligned`` its length rounded
+down to whole pages. The allocator is the torch-facing wrapper over the environment's
+:class:`~uniradix.spec.world.PagedPool` that the upstream adapter uses (``array('q')`` values
+instead of tensors when torch is not installed), so every implementation sees the same slot
+numbers.
+
+**What is timed** (``time.perf_counter`` around each call, nothing else): the five cache calls
+``match_prefix``, ``inc_lock_ref``, ``evict``, ``insert`` and ``dec_lock_ref``, including the pool
+frees they trigger (an insert frees duplicate slots; an evict frees the evicted nodes' slots).
+Not timed: building keys, values and parameter objects, the harness's own ``alloc`` and tail
+``free``, concatenating slot tensors, and the workload generator. ``requests/s`` is finished
+requests divided by the summed time of those calls; per-op times are kept as lists and reported
+as medians. For the spec the conversion between tensors/arrays and the lists it takes happens
+inside the wrapper and is timed with it. Python's garbage collector stays on (it is part of
+each implementation's cost); a full collection runs before each measured run.
+
+The pool's ``free`` (a per-slot Python check in :class:`~uniradix.spec.world.PagedPool`) is the
+environment's work, yet inside the timed evict and insert calls; it is timed on its own too and
+reported as ``pool%`` (its share of the timed time) and ``ex-pool`` (requests/s without it), so
+that the cache's own speed can be read apart from the world model's. Hit rate counts every
+request that was matched, aborted ones included.
+
+**What must agree**: hit rate (matched prompt tokens / prompt tokens), evicted tokens (the sum of
+``num_tokens_evicted``), aborted requests and a digest of every request's (matched length,
+tokens evicted for it, insert ``prefix_len``). Every conforming implementation gives identical
+numbers on the same workload; :func:`compare` raises :class:`ConformanceMismatch` otherwise.
+
+Workloads:
+
+* ``shared-prefix``: the request stream of :func:`uniradix.conformance.workload.shared_prefix_requests`
+  (20k requests, 300 system prompts with Zipf popularity, 100-2,000 tokens each plus an 8-64 token
+  question, 1-32 output tokens, a 200k-token pool, 16 in flight). ``requests`` below 20k uses
+  ``SharedPrefix.scaled`` (pool and prompt set shrunk to keep eviction about as frequent). Output
+  token ids are a fixed function of (request index, position).
+* ``mooncake``: the conversation trace of the Mooncake FAST'25 release (kvcache-ai/Mooncake,
+  FAST25-release/traces, Apache-2.0), packaged as ``data/mooncake_conversation.jsonl.gz``
+  (12,031 requests). Block id ``b`` (512 tokens) expands to token ids ``b * 512 + j + 1`` for
+  position ``j``, cut to ``input_length``, so two requests share exactly the prefix their shared
+  blocks describe; request ``r`` decodes ``output_length`` tokens with ids ``2**40 + r * 4096 + t``
+  (never a prompt token). Pool: :data:`MOONCAKE_KV_SLOTS` = 1,048,576 tokens (2,048 blocks), far
+  below the trace's ~94M distinct prefix tokens, so the cache evicts from the first few hundred
+  requests on, yet large enough for 16 requests in flight (the longest request is 126,527 tokens
+  with its output). ``requests`` (``--limit``) takes the first N requests.
+
+Memory (:func:`memory_per_token`) is a deep ``sys.getsizeof`` walk, described there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import gc
+import gzip
+import hashlib
+import importlib.resources
+import json
+import os
+import statistics
+import struct
+import sys
+import time
+from array import array
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+from uniradix.conformance import spec_api
+from uniradix.conformance.workload import SharedPrefix, shared_prefix_requests
+from uniradix.spec.errors import AllocatorError
+from uniradix.spec.world import PagedPool
+
+IMPLS = ("spec", "fast", "upstream")
+WORKLOADS = ("shared-prefix", "mooncake")
+OPS = ("match", "lock", "evict", "insert", "unlock")
+
+MOONCAKE_FILE = "mooncake_conversation.jsonl.gz"
+MOONCAKE_BLOCK = 512
+MOONCAKE_KV_SLOTS = 1 << 20
+MOONCAKE_OUT_BASE = 1 << 40
+MOONCAKE_OUT_STRIDE = 4096  # > the trace's longest output (2,000 tokens)
+
+
+class ImplMissing(ImportError):
+    """The implementation cannot be built in this interpreter (the message says why)."""
+
+
+class ConformanceMismatch(AssertionError):
+    """Two implementations disagreed on hit rate, evictions, aborts or the per-request digest."""
+
+
+# --------------------------------------------------------------------------------------------
+# Allocators over the environment's pool
+# --------------------------------------------------------------------------------------------
+
+
+class ArrayPoolAllocator:
+    """The KV allocator with ``array('q')`` values, for interpreters without torch (the spec
+    only). Same conventions as :class:`~uniradix.conformance.upstream.TorchPoolAllocator`:
+    ``alloc`` returns the slots or ``None`` when too few are free."""
+
+    device = "cpu"
+
+    def __init__(self, pool: PagedPool) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+
+    def alloc(self, need_size: int):
+        try:
+            return array("q", self.pool.alloc(int(need_size)))
+        except AllocatorError:
+            return None
+
+    def free(self, free_index) -> None:
+        slots = free_index.tolist()
+        if slots:
+            self.pool.free(slots)
+
+    def available_size(self) -> int:
+        return self.pool.available_size()
+
+    def clear(self) -> None:
+        self.pool.reset()
+
+
+class TimedPagedPool(PagedPool):
+    """The environment's pool, keeping the time spent in :meth:`free` (``free_seconds``): the
+    part of the timed cache calls that is the world's, not the cache's, reported separately."""
+
+    def __init__(self, usable_slots: int, page_size: int = 1, name: str = "kv") -> None:
+        super().__init__(usable_slots, page_size, name)
+        self.free_seconds = 0.0
+
+    def free(self, slots) -> None:
+        t0 = time.perf_counter()
+        try:
+            super().free(slots)
+        finally:
+            self.free_seconds += time.perf_counter() - t0
+
+
+def _torch_or_none():
+    try:
+        import torch
+    except (ImportError, OSError):  # absent, or a broken install: run without it
+        return None
+    return torch
+
+
+# --------------------------------------------------------------------------------------------
+# API bundles: what differs between implementations
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ApiBundle:
+    name: str
+    version: str
+    RadixKey: Any
+    MatchPrefixParams: Any
+    InsertParams: Any
+    EvictParams: Any
+    values: Any  # spec_api.TorchValues or ArrayValues: how the harness builds and joins values
+    build: Callable[[PagedPool], tuple]  # pool -> (cache, allocator)
+
+
+def _torch_allocator(pool: PagedPool, torch_module):
+    from uniradix.conformance.upstream import TorchPoolAllocator
+    return TorchPoolAllocator(pool, torch_module)
+
+
+def spec_bundle() -> ApiBundle:
+    torch = _torch_or_none()
+    values = spec_api.TorchValues(torch) if torch is not None else spec_api.ArrayValues()
+
+    def build(pool: PagedPool):
+        alloc = _torch_allocator(pool, torch) if torch is not None else ArrayPoolAllocator(pool)
+        params = spec_api.CacheInitParams(disable=False, req_to_token_pool=None,
+                                          token_to_kv_pool_allocator=alloc,
+                                          page_size=pool.page_size)
+        return spec_api.UnifiedRadixCache(params, values), alloc
+
+    return ApiBundle("spec", "spec", spec_api.RadixKey, spec_api.MatchPrefixParams,
+                     spec_api.InsertParams, spec_api.EvictParams, values, build)
+
+
+FAST_NAMES = ("UnifiedRadixCache", "CacheInitParams", "RadixKey", "MatchPrefixParams",
+              "InsertParams", "EvictParams")
+
+
+def fast_bundle() -> ApiBundle:
+    try:
+        import uniradix.fast as fast
+    except ImportError as e:
+        raise ImplMissing(f"fast: uniradix.fast does not import ({type(e).__name__}: {e})") from e
+    missing = [n for n in FAST_NAMES if not hasattr(fast, n)]
+    if missing:
+        raise ImplMissing("fast: uniradix.fast does not exist yet (it does not provide "
+                          + ", ".join(missing) + ")")
+    torch = _torch_or_none()
+    if torch is None:
+        raise ImplMissing("fast: torch is not installed in this interpreter")
+    values = spec_api.TorchValues(torch)
+
+    def build(pool: PagedPool):
+        alloc = _torch_allocator(pool, torch)
+        params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
+                                      token_to_kv_pool_allocator=alloc, page_size=pool.page_size)
+        return fast.UnifiedRadixCache(params), alloc
+
+    return ApiBundle("fast", getattr(fast, "__version__", "dev"), fast.RadixKey,
+                     fast.MatchPrefixParams, fast.InsertParams, fast.EvictParams, values, build)
+
+
+def upstream_bundle() -> ApiBundle:
+    from uniradix.conformance.upstream import UpstreamMissing, load_upstream
+    try:
+        up = load_upstream()
+    except UpstreamMissing as e:
+        raise ImplMissing(f"upstream: {e}") from e
+    values = spec_api.TorchValues(up.torch)
+
+    def build(pool: PagedPool):
+        alloc = _torch_allocator(pool, up.torch)
+        params = up.CacheInitParams(disable=False, req_to_token_pool=None,
+                                    token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
+                                    is_eagle=False, tree_components=(up.ComponentType.FULL,))
+        return up.UnifiedRadixCache(params), alloc
+
+    return ApiBundle("upstream", f"sglang {up.version}", up.RadixKey, up.MatchPrefixParams,
+                     up.InsertParams, up.EvictParams, values, build)
+
+
+BUNDLES: dict[str, Callable[[], ApiBundle]] = {
+    "spec": spec_bundle, "fast": fast_bundle, "upstream": upstream_bundle}
+
+
+def get_bundle(name: str) -> ApiBundle:
+    """The API bundle of an implementation; :class:`ImplMissing` when it cannot be built here."""
+    if name not in BUNDLES:
+        raise ValueError(f"unknown implementation {name!r}; known: {', '.join(IMPLS)}")
+    return BUNDLES[name]()
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchWorkload:
+    """A request stream and the world it runs in. ``stream()`` yields (prompt, output tokens),
+    both ``array('q')``, deterministically."""
+
+    name: str
+    page_size: int
+    kv_slots: int
+    requests: int
+    inflight: int
+    stream: Callable[[], Iterator[tuple[array, array]]]
+    detail: str = ""
+
+
+def _output_tokens(r: int, n: int) -> array:
+    return array("q", [(r * 7919 + t * 104729) % 31999 + 1 for t in range(n)])
+
+
+def shared_prefix_workload(page_size: int = 1, requests: Optional[int] = None,
+                           base: Optional[SharedPrefix] = None) -> BenchWorkload:
+    """``SharedPrefix()`` (or ``base``) at ``page_size``, scaled down to ``requests``."""
+    w = dataclasses.replace(base or SharedPrefix(), page_size=page_size)
+    if requests is not None and requests < w.requests:
+        w = w.scaled(requests)
+
+    def stream():
+        for r, (_rid, tokens, n_out) in enumerate(shared_prefix_requests(w)):
+            yield array("q", tokens), _output_tokens(r, n_out)
+
+    return BenchWorkload("shared-prefix", page_size, w.kv_slots, w.requests, w.inflight, stream,
+                         f"{w.prompts} prompts, Zipf s={w.zipf_s}")
+
+
+_MOONCAKE_ROWS: Optional[list] = None
+
+
+def mooncake_rows() -> list[tuple[int, int, tuple]]:
+    """(input_length, output_length, hash_ids) of every request of the packaged trace."""
+    global _MOONCAKE_ROWS
+    if _MOONCAKE_ROWS is None:
+        ref = importlib.resources.files("uniradix.conformance") / "data" / MOONCAKE_FILE
+        with ref.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
+            rows = []
+            for line in f:
+                if line.strip():
+                    d = json.loads(line)
+                    rows.append((int(d["input_length"]), int(d["output_length"]),
+                                 tuple(d["hash_ids"])))
+        _MOONCAKE_ROWS = rows
+    return _MOONCAKE_ROWS
+
+
+def mooncake_prompt(input_length: int, hash_ids: Sequence[int]) -> array:
+    """Block ``b`` is the token ids ``b * 512 + j + 1`` (j = 0..511); cut to input_length."""
+    out = array("q")
+    for b in hash_ids:
+        base = b * MOONCAKE_BLOCK + 1
+        out.extend(range(base, base + MOONCAKE_BLOCK))
+    del out[input_length:]
+    return out
+
+
+def mooncake_output(r: int, output_length: int) -> array:
+    base = MOONCAKE_OUT_BASE + r * MOONCAKE_OUT_STRIDE
+    return array("q", range(base, base + output_length))
+
+
+def mooncake_workload(page_size: int = 16, requests: Optional[int] = None,
+                      kv_slots: int = MOONCAKE_KV_SLOTS, inflight: int = 16) -> BenchWorkload:
+    rows = mooncake_rows()
+    n = len(rows) if requests is None else min(requests, len(rows))
+    kv = -(-kv_slots // page_size) * page_size
+
+    def stream():
+        for r in range(n):
+            inp, out, ids = rows[r]
+            yield mooncake_prompt(inp, ids), mooncake_output(r, out)
+
+    return BenchWorkload("mooncake", page_size, kv, n, inflight, stream,
+                         "conversation trace, 512-token blocks")
+
+
+def make_workload(name: str, page_size: int, requests: Optional[int] = None) -> BenchWorkload:
+    if name == "shared-prefix":
+        return shared_prefix_workload(page_size, requests)
+    if name == "mooncake":
+        return mooncake_workload(page_size, requests)
+    raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+
+
+# --------------------------------------------------------------------------------------------
+# The scheduler loop
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class BenchStats:
+    impl: str
+    version: str
+    workload: str
+    page_size: int
+    kv_slots: int
+    values: str = ""
+    requests: int = 0
+    aborted: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    evicted_tokens: int = 0
+    evict_calls: int = 0
+    seconds: float = 0.0  # summed time of the timed calls
+    pool_free_seconds: float = 0.0  # of which: the pool's free (the environment's work)
+    wall_seconds: float = 0.0  # the whole run, generator and harness included
+    digest: str = ""
+    cached_tokens: int = 0  # slots the tree holds at the end (pool slots in use)
+    op_times: dict = dataclasses.field(default_factory=lambda: {op: [] for op in OPS})
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def pool_share(self) -> float:
+        return self.pool_free_seconds / self.seconds if self.seconds else 0.0
+
+    @property
+    def requests_per_s_ex_pool(self) -> float:
+        """Requests/s counting the cache's own work only (the pool's frees taken out)."""
+        own = self.seconds - self.pool_free_seconds
+        return self.requests / own if own > 0 else 0.0
+
+    def op_medians_us(self) -> dict[str, float]:
+        return {op: statistics.median(ts) * 1e6 for op, ts in self.op_times.items() if ts}
+
+    def outcome(self) -> dict:
+        """What every conforming implementation must reproduce exactly."""
+        return {"requests": self.requests, "aborted": self.aborted,
+                "prompt_tokens": self.prompt_tokens, "hit_tokens": self.hit_tokens,
+                "evicted_tokens": self.evicted_tokens, "digest": self.digest}
+
+    def summary(self) -> dict:
+        return {"impl": self.impl, "version": self.version, "workload": self.workload,
+                "page_size": self.page_size, "kv_slots": self.kv_slots, "values": self.values,
+                "requests": self.requests, "aborted": self.aborted,
+                "requests_per_s": round(self.requests_per_s, 1),
+                "requests_per_s_ex_pool": round(self.requests_per_s_ex_pool, 1),
+                "pool_free_share": round(self.pool_share, 4),
+                "hit_rate": round(self.hit_rate, 6), "evicted_tokens": self.evicted_tokens,
+                "evict_calls": self.evict_calls, "cached_tokens": self.cached_tokens,
+                "timed_s": round(self.seconds, 4), "wall_s": round(self.wall_seconds, 3),
+                "digest": self.digest,
+                "op_median_us": {k: round(v, 2) for k, v in self.op_medians_us().items()},
+                "op_calls": {k: len(v) for k, v in self.op_times.items()}}
+
+
+@dataclasses.dataclass
+class _Running:
+    tokens: array  # prompt + output
+    slots: Any  # matched device indices + fresh slots
+    matched: int
+    node: Any
+    dec: Any
+
+
+def run_bench(bundle: ApiBundle, workload: BenchWorkload,
+              progress: Optional[Callable[[int, int], None]] = None,
+              keep: Optional[list] = None) -> BenchStats:
+    """Drive one fresh cache of ``bundle`` through ``workload``; see the module docstring.
+    ``keep``, when given, receives (cache, allocator, pool) after the run."""
+    ps = workload.page_size
+    pool = TimedPagedPool(workload.kv_slots, ps, name="kv")
+    cache, allocator = bundle.build(pool)
+    RadixKey, MatchP, InsertP, EvictP = (bundle.RadixKey, bundle.MatchPrefixParams,
+                                         bundle.InsertParams, bundle.EvictParams)
+    values = bundle.values
+    stats = BenchStats(bundle.name, bundle.version, workload.name, ps, workload.kv_slots,
+                       values=values.name)
+    t_match, t_lock, t_evict, t_insert, t_unlock = (stats.op_times[op] for op in OPS)
+    digest = hashlib.blake2b(digest_size=16)
+    pack = struct.Struct("<qqq").pack
+    clock = time.perf_counter
+    running: collections.deque[_Running] = collections.deque()
+
+    def finish(req: _Running) -> None:
+        aligned = len(req.tokens) // ps * ps
+        params = InsertP(key=RadixKey(req.tokens[:aligned]), value=req.slots[:aligned],
+                         prev_prefix_len=req.matched)
+        t0 = clock()
+        result = cache.insert(params)
+        t1 = clock()
+        t_insert.append(t1 - t0)
+        if aligned < len(req.slots):
+            before = pool.free_seconds
+            allocator.free(req.slots[aligned:])
+            pool.free_seconds = before  # the harness's own free is not cache work
+        t0 = clock()
+        cache.dec_lock_ref(req.node, req.dec)
+        t1 = clock()
+        t_unlock.append(t1 - t0)
+        digest.update(pack(2, int(result.prefix_len), 0))
+        stats.requests += 1
+        if progress is not None:
+            progress(stats.requests + stats.aborted, workload.requests)
+
+    gc.collect()
+    wall0 = clock()
+    for prompt, output in workload.stream():
+        while len(running) >= workload.inflight:
+            finish(running.popleft())
+        params = MatchP(key=RadixKey(prompt))
+        t0 = clock()
+        m = cache.match_prefix(params)
+        t1 = clock()
+        t_match.append(t1 - t0)
+        node = m.last_device_node
+        t0 = clock()
+        lock = cache.inc_lock_ref(node)
+        t1 = clock()
+        t_lock.append(t1 - t0)
+        dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
+        matched = len(m.device_indices)
+        stats.prompt_tokens += len(prompt)
+        stats.hit_tokens += matched
+        total = len(prompt) + len(output)
+        need = -(-(total - matched) // ps) * ps
+        evicted = 0
+        short = need - allocator.available_size()
+        if short > 0:
+            params = EvictP(num_tokens=short)
+            t0 = clock()
+            result = cache.evict(params)
+            t1 = clock()
+            t_evict.append(t1 - t0)
+            evicted = int(result.num_tokens_evicted)
+            stats.evicted_tokens += evicted
+            stats.evict_calls += 1
+        fresh = allocator.alloc(need)
+        digest.update(pack(1, matched, evicted))
+        if fresh is None:
+            t0 = clock()
+            cache.dec_lock_ref(node, dec)
+            t1 = clock()
+            t_unlock.append(t1 - t0)
+            digest.update(pack(3, 0, 0))
+            stats.aborted += 1
+            continue
+        tokens = prompt + output
+        slots = values.cat(m.device_indices, fresh)
+        running.append(_Running(tokens, slots, matched, node, dec))
+    while running:
+        finish(running.popleft())
+    stats.wall_seconds = clock() - wall0
+    stats.seconds = sum(sum(ts) for ts in stats.op_times.values())
+    stats.digest = digest.hexdigest()
+    stats.pool_free_seconds = pool.free_seconds
+    stats.cached_tokens = pool.num_pages * ps - pool.available_size()
+    if keep is not None:
+        keep.extend((cache, allocator, pool))
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# Side-by-side comparison
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Comparison:
+    workload: str
+    page_size: int
+    requests: int
+    kv_slots: int
+    runs: dict  # impl -> [BenchStats], one per repeat
+    missing: dict  # impl -> why it was not measured
+    identical: bool = True
+    mismatches: list = dataclasses.field(default_factory=list)
+
+    def median_rps(self, impl: str) -> float:
+        return statistics.median(s.requests_per_s for s in self.runs[impl])
+
+    def median_rps_ex_pool(self, impl: str) -> float:
+        return statistics.median(s.requests_per_s_ex_pool for s in self.runs[impl])
+
+    def median_pool_share(self, impl: str) -> float:
+        return statistics.median(s.pool_share for s in self.runs[impl])
+
+    def median_ops_us(self, impl: str) -> dict[str, float]:
+        per_run = [s.op_medians_us() for s in self.runs[impl]]
+        ops = [op for op in OPS if any(op in d for d in per_run)]
+        return {op: statistics.median(d[op] for d in per_run if op in d) for op in ops}
+
+    def ratio(self, a: str, b: str) -> Optional[float]:
+        if a in self.runs and b in self.runs and self.median_rps(b):
+            return self.median_rps(a) / self.median_rps(b)
+        return None
+
+    def summary(self) -> dict:
+        first = {impl: runs[0] for impl, runs in self.runs.items()}
+        return {
+            "workload": self.workload, "page_size": self.page_size, "requests": self.requests,
+            "kv_slots": self.kv_slots, "repeats": max((len(r) for r in self.runs.values()), default=0),
+            "identical_outcomes": self.identical, "mismatches": self.mismatches,
+            "missing": self.missing,
+            "impls": {impl: {
+                "version": first[impl].version,
+                "requests_per_s_median": round(self.median_rps(impl), 1),
+                "requests_per_s_runs": [round(s.requests_per_s, 1) for s in runs],
+                "requests_per_s_ex_pool_median": round(self.median_rps_ex_pool(impl), 1),
+                "pool_free_share_median": round(self.median_pool_share(impl), 4),
+                "op_median_us": {k: round(v, 2) for k, v in self.median_ops_us(impl).items()},
+                "hit_rate": round(first[impl].hit_rate, 6),
+                "evicted_tokens": first[impl].evicted_tokens,
+                "aborted": first[impl].aborted,
+                "digest": first[impl].digest,
+                "runs": [s.summary() for s in runs],
+            } for impl, runs in self.runs.items()},
+            "ratios": {k: (None if v is None else round(v, 3)) for k, v in (
+                ("fast/spec", self.ratio("fast", "spec")),
+                ("fast/upstream", self.ratio("fast", "upstream")),
+                ("upstream/spec", self.ratio("upstream", "spec")))},
+        }
+
+
+def check_identical(stats: Iterable[BenchStats]) -> list[str]:
+    """Differences in what every implementation must reproduce, against the first run."""
+    stats = list(stats)
+    if not stats:
+        return []
+    ref = stats[0]
+    out = []
+    for s in stats[1:]:
+        a, b = ref.outcome(), s.outcome()
+        diff = [k for k in a if a[k] != b[k]]
+        if diff:
+            out.append(f"{s.impl} differs from {ref.impl} on {s.workload} page {s.page_size}: "
+                       + ", ".join(f"{k} {a[k]} vs {b[k]}" for k in diff))
+    return out
+
+
+def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
+            strict: bool = True, log: Optional[Callable[[str], None]] = None,
+            repeats_for: Optional[dict] = None) -> Comparison:
+    """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
+    overrides that per implementation), alternating them and rotating the order each round so
+    that machine noise hits all alike. Raises :class:`ConformanceMismatch` (when ``strict``) if
+    any outcome differs."""
+    repeats_for = dict(repeats_for or {})
+    bundles, missing = {}, {}
+    for impl in impls:
+        try:
+            bundles[impl] = get_bundle(impl)
+        except ImplMissing as e:
+            missing[impl] = str(e)
+    cmp = Comparison(workload.name, workload.page_size, workload.requests, workload.kv_slots,
+                     {impl: [] for impl in bundles}, missing)
+    order = list(bundles)
+    rounds = max([repeats_for.get(i, repeats) for i in order] or [0])
+    for rep in range(rounds):
+        k = rep % len(order) if order else 0
+        for impl in order[k:] + order[:k]:
+            if rep >= repeats_for.get(impl, repeats):
+                continue
+            s = run_bench(bundles[impl], workload)
+            cmp.runs[impl].append(s)
+            if log is not None:
+                log(f"  {workload.name} p{workload.page_size} round {rep + 1}/{rounds} "
+                    f"{impl:<8} {s.requests_per_s:>10.1f} req/s  ({s.wall_seconds:.1f} s wall)")
+    every = [s for runs in cmp.runs.values() for s in runs]
+    cmp.mismatches = check_identical(every)
+    cmp.identical = not cmp.mismatches
+    if strict and cmp.mismatches:
+        raise ConformanceMismatch("; ".join(cmp.mismatches))
+    return cmp
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: bytes per cached token of the tree's own structures
+# --------------------------------------------------------------------------------------------
+
+
+def _is_shared_object(obj: Any) -> bool:
+    """Objects that belong to the program, not to one tree: not counted, not walked."""
+    import types
+    return isinstance(obj, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                            types.MethodType, types.CodeType, types.FrameType,
+                            types.MethodDescriptorType, types.WrapperDescriptorType,
+                            types.GetSetDescriptorType, types.MemberDescriptorType))
+
+
+def deep_sizeof(root: Any, exclude: Iterable[Any] = ()) -> int:
+    """Bytes reachable from ``root``: ``sys.getsizeof`` of every distinct object reachable
+    through ``gc.get_referents`` (plus instance ``__dict__``\\ s), and for torch tensors the
+    bytes of each distinct storage once. Types, modules, functions and code are neither
+    counted nor walked; nor is anything in ``exclude`` (or reachable only through it)."""
+    torch = sys.modules.get("torch")
+    tensor_type = torch.Tensor if torch is not None else ()
+    seen = {id(x) for x in exclude}
+    storages: set = set()
+    total = 0
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or _is_shared_object(obj):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if tensor_type and isinstance(obj, tensor_type):
+            st = obj.untyped_storage()
+            key = st.data_ptr()
+            if key not in storages:
+                storages.add(key)
+                total += st.nbytes()
+            continue
+        d = getattr(obj, "__dict__", None) if not isinstance(obj, dict) else None
+        if isinstance(d, dict):
+            stack.append(d)
+        stack.extend(gc.get_referents(obj))
+    return total
+
+
+@dataclasses.dataclass
+class MemoryReport:
+    impl: str
+    page_size: int
+    requests: int
+    cached_tokens: int
+    tree_bytes: int
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.tree_bytes / self.cached_tokens if self.cached_tokens else 0.0
+
+    def summary(self) -> dict:
+        return {"impl": self.impl, "page_size": self.page_size, "requests": self.requests,
+                "cached_tokens": self.cached_tokens, "tree_bytes": self.tree_bytes,
+                "bytes_per_token": round(self.bytes_per_token, 2)}
+
+
+def memory_per_token(impl: str, page_size: int = 16, requests: int = 100) -> MemoryReport:
+    """Bytes per cached token of the tree's own structures.
+
+    Method: the first ``requests`` requests of the Mooncake trace go through :func:`run_bench`
+    with a pool large enough that nothing is evicted; then :func:`deep_sizeof` walks the cache
+    object (tree nodes, keys, values, and whatever indexes the implementation keeps: leaf sets,
+    LRU lists, counters), excluding the allocator and the environment's pool (the world, not the
+    tree), and the total is divided by the slots the tree holds. A deep getsizeof walk rather
+    than tracemalloc, because tracemalloc does not see torch's tensor storage (allocated outside
+    Python's allocators); the walk counts each tensor storage once at its full size. Memory an
+    implementation holds outside Python objects and torch storages (a C++ tree, say) is seen only
+    as far as its objects' ``__sizeof__`` report it.
+    """
+    bundle = get_bundle(impl)
+    base = mooncake_workload(page_size, requests)
+    rows = mooncake_rows()[:base.requests]
+    room = sum(-(-(i + o) // page_size) * page_size for i, o, _ in rows) + page_size
+    w = dataclasses.replace(base, kv_slots=room)
+    keep: list = []
+    stats = run_bench(bundle, w, keep=keep)
+    if stats.evicted_tokens or stats.aborted:
+        raise AssertionError(f"memory run evicted {stats.evicted_tokens} tokens")
+    cache, allocator, pool = keep
+    gc.collect()
+    tree_bytes = deep_sizeof(cache, exclude=(allocator, pool))
+    return MemoryReport(impl, page_size, w.requests, stats.cached_tokens, tree_bytes)
+
+
+# --------------------------------------------------------------------------------------------
+# The command line
+# --------------------------------------------------------------------------------------------
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _page_sizes(value: str) -> list[int]:
+    try:
+        out = [int(v) for v in _csv(value)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"page sizes must be integers, got {value!r}") from None
+    if not out or any(p < 1 for p in out):
+        raise argparse.ArgumentTypeError(f"page sizes must be >= 1, got {value!r}")
+    return out
+
+
+def _impls(value: str) -> list[str]:
+    out = _csv(value)
+    bad = [v for v in out if v not in IMPLS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"implementations are {', '.join(IMPLS)}; got {value!r}")
+    return out
+
+
+def _workloads(value: str) -> list[str]:
+    out = _csv(value)
+    bad = [v for v in out if v not in WORKLOADS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"workloads are {', '.join(WORKLOADS)}; got {value!r}")
+    return out
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``bench`` to a ``uniradix`` subcommand parser set."""
+    b = subparsers.add_parser(
+        "bench", help="requests/s of cache work per implementation, side by side",
+        description="Run the same scheduler loop over upstream's tree-level API on each "
+                    "implementation, alternating them, and compare requests/s of cache work, "
+                    "per-op medians and hit rates (conformance/bench.py says what is timed).")
+    b.add_argument("--impl", type=_impls, default=list(IMPLS),
+                   help="comma-separated implementations (default spec,fast,upstream; those "
+                        "that cannot be built here are reported and skipped)")
+    b.add_argument("--workload", type=_workloads, default=["shared-prefix"],
+                   help="shared-prefix or mooncake, or both comma-separated (default shared-prefix)")
+    b.add_argument("--page-size", type=_page_sizes, default=[1, 16],
+                   help="comma-separated page sizes (default 1,16)")
+    b.add_argument("--requests", "--limit", dest="requests", type=int, default=None,
+                   help="requests per run (shared-prefix: scaled workload below 20000; mooncake: "
+                        "the first N of 12031). Default: the whole workload")
+    b.add_argument("--repeat", type=int, default=3,
+                   help="rounds per implementation, alternating (default 3; medians reported)")
+    b.add_argument("--spec-repeat", type=int, default=None,
+                   help="rounds for the spec, which is 10-100x slower (default: --repeat)")
+    b.add_argument("--memory", action="store_true",
+                   help="also report bytes per cached token of each tree (Mooncake, no eviction)")
+    b.add_argument("--memory-requests", type=int, default=100,
+                   help="Mooncake requests for --memory (default 100)")
+    b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    b.set_defaults(func=cmd_bench)
+    return b
+
+
+def _fmt_ratio(r: Optional[float]) -> str:
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def print_comparison(cmp: Comparison, out=None) -> None:
+    out = sys.stdout if out is None else out
+    p = lambda s="": print(s, file=out)  # noqa: E731
+    p(f"{cmp.workload}, page {cmp.page_size}: {cmp.requests} requests, {cmp.kv_slots}-token pool, "
+      f"{max((len(r) for r in cmp.runs.values()), default=0)} rounds (medians)")
+    p(f"  {'impl':<9}{'rounds':>6}{'req/s':>10}{'ex-pool':>10}{'pool%':>6}  "
+      + "".join(f"{op + ' us':>11}" for op in OPS)
+      + f"{'hit rate':>10}{'evicted':>11}{'aborted':>8}")
+    for impl, runs in cmp.runs.items():
+        med = cmp.median_ops_us(impl)
+        s = runs[0]
+        p(f"  {impl:<9}{len(runs):>6}{cmp.median_rps(impl):>10.1f}"
+          f"{cmp.median_rps_ex_pool(impl):>10.1f}{100 * cmp.median_pool_share(impl):>6.1f}  "
+          + "".join(f"{med[op]:>11.1f}" if op in med else f"{'-':>11}" for op in OPS)
+          + f"{s.hit_rate:>10.4f}{s.evicted_tokens:>11}{s.aborted:>8}")
+    for impl, why in cmp.missing.items():
+        p(f"  {impl:<9}not measured: {why}")
+    p("  req/s: finished requests / summed time of the cache calls; ex-pool: the same without "
+      "the pool's frees (pool%)")
+    p(f"  ratios (req/s): fast/spec {_fmt_ratio(cmp.ratio('fast', 'spec'))}, "
+      f"fast/upstream {_fmt_ratio(cmp.ratio('fast', 'upstream'))}, "
+      f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}")
+    names = ", ".join(cmp.runs)
+    if cmp.identical:
+        p(f"  identical hit rate, evictions, aborts and per-request digest across {names}: yes")
+    else:
+        p("  OUTCOMES DIFFER: " + "; ".join(cmp.mismatches))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    results: dict = {"comparisons": [], "memory": []}
+    status = 0
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    for wname in args.workload:
+        for ps in args.page_size:
+            workload = make_workload(wname, ps, args.requests)
+            spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
+            cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False, log=log,
+                          repeats_for=spec_rounds)
+            print_comparison(cmp)
+            print()
+            results["comparisons"].append(cmp.summary())
+            if not cmp.identical:
+                status = 1
+    if args.memory:
+        print(f"memory: bytes per cached token of the tree (Mooncake, first "
+              f"{args.memory_requests} requests, no eviction; deep getsizeof walk)")
+        for impl in args.impl:
+            for ps in args.page_size:
+                try:
+                    rep = memory_per_token(impl, ps, args.memory_requests)
+                except ImplMissing as e:
+                    print(f"  {impl:<9}page {ps:>3}: not measured: {e}")
+                    break
+                print(f"  {impl:<9}page {ps:>3}: {rep.bytes_per_token:>8.1f} bytes/token "
+                      f"({rep.tree_bytes} bytes for {rep.cached_tokens} tokens)")
+                results["memory"].append(rep.summary())
+    if args.json:
+        if os.path.dirname(args.json):
+            os.makedirs(os.path.dirname(args.json), exist_ok=True)
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+        print(f"wrote {args.json}")
+    return status
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m uniradix.conformance.bench ...``: the same as ``uniradix bench ...``."""
+    parser = argparse.ArgumentParser(prog="uniradix")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "bench":
+        argv = ["bench"] + argv
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
