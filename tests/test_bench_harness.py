@@ -1,0 +1,125 @@
+"""The benchmark harness (conformance/bench.py) on tiny workloads: sane statistics for the spec,
+and identical outcomes (hit rate, evictions, aborts, per-request digest) for every other
+implementation that can be built in this interpreter (upstream where sglang imports, fast once
+it exists)."""
+
+import json
+
+import pytest
+
+from uniradix.conformance import bench
+from uniradix.conformance.workload import SharedPrefix
+
+TINY = SharedPrefix(requests=150, prompts=10, prompt_min=20, prompt_max=120, kv_slots=2048,
+                    inflight=4)
+
+
+def tiny(page_size: int) -> bench.BenchWorkload:
+    return bench.shared_prefix_workload(page_size, base=TINY)
+
+
+def bundle_or_skip(impl: str) -> bench.ApiBundle:
+    try:
+        return bench.get_bundle(impl)
+    except bench.ImplMissing as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_spec_stats_are_sane(page_size):
+    keep = []
+    w = tiny(page_size)
+    s = bench.run_bench(bench.get_bundle("spec"), w, keep=keep)
+    cache, _allocator, pool = keep
+    assert s.requests == w.requests and s.aborted == 0
+    assert 0.2 < s.hit_rate < 1.0
+    assert s.evicted_tokens > 0 and s.evict_calls == len(s.op_times["evict"]) > 0
+    for op in ("match", "lock", "insert", "unlock"):
+        assert len(s.op_times[op]) == w.requests
+    assert s.seconds > 0 and s.requests_per_s > 0
+    assert set(s.op_medians_us()) == set(bench.OPS)
+    # every request unlocked; every slot in use belongs to the tree
+    assert cache.protected_size() == 0
+    assert cache.evictable_size() == s.cached_tokens == pool.num_pages * page_size - pool.available_size()
+    assert s.cached_tokens % page_size == 0
+
+
+def test_spec_is_deterministic():
+    a = bench.run_bench(bench.get_bundle("spec"), tiny(1))
+    b = bench.run_bench(bench.get_bundle("spec"), tiny(1))
+    assert a.outcome() == b.outcome()
+
+
+@pytest.mark.parametrize("impl", ["upstream", "fast"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_other_impls_match_spec(impl, page_size):
+    other = bundle_or_skip(impl)
+    w = tiny(page_size)
+    cmp_spec = bench.run_bench(bench.get_bundle("spec"), w)
+    s = bench.run_bench(other, w)
+    assert s.hit_rate == cmp_spec.hit_rate
+    assert s.evicted_tokens == cmp_spec.evicted_tokens
+    assert s.outcome() == cmp_spec.outcome()
+
+
+def test_compare_reports_identical_outcomes():
+    cmp = bench.compare(["spec"], tiny(1), repeats=2)
+    assert cmp.identical and len(cmp.runs["spec"]) == 2
+    assert cmp.summary()["impls"]["spec"]["evicted_tokens"] > 0
+
+
+def test_mismatch_is_detected():
+    a = bench.run_bench(bench.get_bundle("spec"), tiny(1))
+    b = bench.run_bench(bench.get_bundle("spec"), tiny(1))
+    b.evicted_tokens += 1
+    assert bench.check_identical([a, b])
+
+
+def test_mooncake_tokens_follow_the_blocks():
+    rows = bench.mooncake_rows()
+    assert len(rows) == 12031
+    (in0, out0, ids0), (in1, _out1, ids1) = rows[0], rows[1]
+    p0, p1 = bench.mooncake_prompt(in0, ids0), bench.mooncake_prompt(in1, ids1)
+    assert len(p0) == in0 and len(p1) == in1
+    shared_blocks = next(k for k in range(min(len(ids0), len(ids1))) if ids0[k] != ids1[k])
+    common = next(k for k in range(min(in0, in1)) if p0[k] != p1[k])
+    assert common == shared_blocks * bench.MOONCAKE_BLOCK
+    out = bench.mooncake_output(0, out0)
+    assert len(out) == out0 and not set(out) & set(p0)
+
+
+def test_mooncake_short_run():
+    w = bench.mooncake_workload(16, requests=6, kv_slots=1 << 14, inflight=2)
+    s = bench.run_bench(bench.get_bundle("spec"), w)
+    assert s.requests == 6 and s.evicted_tokens > 0 and s.hit_rate > 0
+
+
+def test_memory_per_token():
+    rep = bench.memory_per_token("spec", page_size=16, requests=2)
+    assert rep.cached_tokens > 10_000
+    assert 8 < rep.bytes_per_token < 2_000
+
+
+def test_cli(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = bench.main(["bench", "--impl", "spec", "--requests", "40", "--repeat", "1",
+                     "--page-size", "1,16", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "spec" in text and "identical" in text
+    data = json.loads(out.read_text())
+    assert [c["page_size"] for c in data["comparisons"]] == [1, 16]
+    assert data["comparisons"][0]["impls"]["spec"]["requests_per_s_median"] > 0
+
+
+def test_add_bench_parser_defaults():
+    import argparse
+    p = argparse.ArgumentParser()
+    bench.add_bench_parser(p.add_subparsers(dest="command"))
+    args = p.parse_args(["bench"])
+    assert args.impl == list(bench.IMPLS) and args.workload == ["shared-prefix"]
+    assert args.page_size == [1, 16] and args.requests is None and args.func is bench.cmd_bench
+    args = p.parse_args(["bench", "--workload", "mooncake", "--limit", "50", "--impl", "spec"])
+    assert args.workload == ["mooncake"] and args.requests == 50 and args.impl == ["spec"]
+    with pytest.raises(SystemExit):
+        p.parse_args(["bench", "--impl", "nope"])
