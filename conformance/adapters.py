@@ -67,37 +67,42 @@ def path_arg(raw: Any) -> tuple:
     return raw["tokens"], raw.get("extra_key")
 
 
-class SpecAdapter:
+OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
+       "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort")
+
+
+class StepAdapter:
+    """Dispatch of trace steps shared by the adapters: an op ``x`` is the method ``op_x``;
+    an exception of ``rejections`` becomes the observation ``{"error": TypeName}``; the KV
+    pool's freed-slot log is cleared around every step so effects belong to one step."""
+
+    rejections: tuple = (CacheError,)
+    pool: Any  # the environment's PagedPool
+
+    def apply(self, step: Step) -> Observation:
+        op = step.get("op")
+        self.pool.take_freed()
+        try:
+            handler = getattr(self, f"op_{op}", None) if op in OPS else None
+            if handler is None:
+                if op in HOST_TIER_OPS or op in AUX_OPS:
+                    raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
+                raise UnknownOp(f"unknown op {op!r}")
+            return handler(step)
+        except self.rejections as e:
+            self.pool.take_freed()
+            return {"error": type(e).__name__, "message": str(e)}
+
+
+class SpecAdapter(StepAdapter):
     """Runs trace steps on the executable specification."""
 
     def __init__(self, config: CacheConfig) -> None:
         check_supported(config)
         self.config = config
         self.state: CacheState = new_state(config)
+        self.pool = self.state.kv
         self.handles: dict[int, Any] = {}  # trace handle (the lock step's i) -> LockHandle
-        self._ops: dict[str, Callable[[Step], Observation]] = {
-            "alloc": self._alloc, "free": self._free, "insert": self._insert,
-            "match_prefix": self._match, "lock": self._lock, "unlock": self._unlock,
-            "evict": self._evict, "sizes": self._sizes, "reset": self._reset,
-            "req_arrive": self._req_arrive, "req_admit": self._req_admit,
-            "req_chunk": self._req_chunk, "req_decode": self._req_decode,
-            "req_finish": self._req_finish, "req_abort": self._req_abort,
-        }
-
-    # -- protocol ------------------------------------------------------------------------------
-    def apply(self, step: Step) -> Observation:
-        op = step.get("op")
-        self.state.kv.take_freed()
-        try:
-            handler = self._ops.get(op)
-            if handler is None:
-                if op in HOST_TIER_OPS or op in AUX_OPS:
-                    raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
-                raise UnknownOp(f"unknown op {op!r}")
-            return handler(step)
-        except CacheError as e:
-            self.state.kv.take_freed()
-            return {"error": type(e).__name__, "message": str(e)}
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.state)
@@ -109,22 +114,22 @@ class SpecAdapter:
     def _path_len(self, node: Node) -> int:
         return len(node.path_units())
 
-    def _alloc(self, step: Step) -> Observation:
+    def op_alloc(self, step: Step) -> Observation:
         (n,) = args_of(step, "n")
         return {"slots": self.state.kv.alloc(n)}
 
-    def _free(self, step: Step) -> Observation:
+    def op_free(self, step: Step) -> Observation:
         (slots,) = args_of(step, "slots")
         self.state.kv.free(rules.check_int_list("slots", slots))
         return {}
 
-    def _insert(self, step: Step) -> Observation:
+    def op_insert(self, step: Step) -> Observation:
         tokens, value, extra_key, prev, chunked = args_of(
             step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False)
         out = rules.insert(self.state, tokens, extra_key, value, prev, chunked)
         return {"prefix_len": out.prefix_len, "freed": self.state.kv.take_freed()}
 
-    def _match(self, step: Step) -> Observation:
+    def op_match_prefix(self, step: Step) -> Observation:
         tokens, extra_key = args_of(step, "tokens", extra_key=None)
         m = rules.match_prefix(self.state, tokens, extra_key)
         return {
@@ -135,7 +140,7 @@ class SpecAdapter:
             "best_match_node": self._path_len(m.best_match_node),
         }
 
-    def _lock(self, step: Step) -> Observation:
+    def op_lock(self, step: Step) -> Observation:
         (path,) = args_of(step, "node")
         tokens, extra_key = path_arg(path)
         node = rules.find_node(self.state, tokens, extra_key)
@@ -145,7 +150,7 @@ class SpecAdapter:
         self.handles[i] = rules.inc_lock_ref(self.state, node)
         return {"handle": i}
 
-    def _unlock(self, step: Step) -> Observation:
+    def op_unlock(self, step: Step) -> Observation:
         (h,) = args_of(step, "handle")
         handle = self.handles.get(h) if isinstance(h, int) and not isinstance(h, bool) else None
         if handle is None:
@@ -153,34 +158,34 @@ class SpecAdapter:
         rules.dec_lock_ref(self.state, handle)  # raises HandleError when released already
         return {}
 
-    def _evict(self, step: Step) -> Observation:
+    def op_evict(self, step: Step) -> Observation:
         (n,) = args_of(step, "num_tokens")
         evicted = rules.evict(self.state, n)
         return {"num_tokens_evicted": evicted, "freed": self.state.kv.take_freed()}
 
-    def _sizes(self, step: Step) -> Observation:
+    def op_sizes(self, step: Step) -> Observation:
         args_of(step)
         return {"full_evictable": queries.evictable_size(self.state),
                 "full_protected": queries.protected_size(self.state)}
 
-    def _reset(self, step: Step) -> Observation:
+    def op_reset(self, step: Step) -> Observation:
         args_of(step)
         rules.reset(self.state)
         self.handles.clear()
         return {}
 
     # -- request-level ops (docs/TRACE.md, "Request-level ops") ------------------------------
-    def _req_arrive(self, step: Step) -> Observation:
+    def op_req_arrive(self, step: Step) -> Observation:
         rid, tokens, extra_key = args_of(step, "rid", "tokens", extra_key=None)
         reqs.arrive(self.state, rid, tokens, extra_key)
         return {}
 
-    def _req_admit(self, step: Step) -> Observation:
+    def op_req_admit(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")
         req = reqs.get_request(self.state, rid, admitted=False)
         return {"prefix_len": reqs.admit(self.state, req)}
 
-    def _req_chunk(self, step: Step) -> Observation:
+    def op_req_chunk(self, step: Step) -> Observation:
         rid, n, chunked = args_of(step, "rid", "n", chunked=True)
         rules.check_flag("chunked", chunked)
         req = reqs.get_request(self.state, rid, admitted=True)
@@ -189,19 +194,19 @@ class SpecAdapter:
             reqs.cache_unfinished_req(self.state, req, chunked)
         return {"ok": r.ok, "evicted": r.evicted, "freed": self.state.kv.take_freed()}
 
-    def _req_decode(self, step: Step) -> Observation:
+    def op_req_decode(self, step: Step) -> Observation:
         rid, n = args_of(step, "rid", "n")
         req = reqs.get_request(self.state, rid, admitted=True)
         r = reqs.decode(self.state, req, n)
         return {"ok": r.ok, "evicted": r.evicted, "freed": self.state.kv.take_freed()}
 
-    def _req_finish(self, step: Step) -> Observation:
+    def op_req_finish(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")
         req = reqs.get_request(self.state, rid, admitted=True)
         reqs.cache_finished_req(self.state, req)
         return {"freed": self.state.kv.take_freed()}
 
-    def _req_abort(self, step: Step) -> Observation:
+    def op_req_abort(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")
         req = reqs.get_request(self.state, rid)
         if req.admitted:

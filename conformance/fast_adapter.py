@@ -6,17 +6,16 @@ scheduler rules for requests as spec/requests.py)."""
 from __future__ import annotations
 
 from array import array
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
 from uniradix import fast
-from uniradix.conformance.adapters import AUX_OPS, HOST_TIER_OPS, args_of, check_supported, path_arg
+from uniradix.conformance.adapters import StepAdapter, args_of, check_supported, path_arg
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.errors import HandleError, UnknownOp
+from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import CacheError as SpecCacheError
 from uniradix.spec.errors import InvalidInput as SpecInvalidInput
-from uniradix.spec.errors import Unsupported as SpecUnsupported
 from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import PagedPool
 
@@ -112,8 +111,10 @@ def ints(name: str, xs) -> array:
         raise fast.InvalidInput(f"{name}: {e}") from None
 
 
-class FastAdapter:
+class FastAdapter(StepAdapter):
     """Runs trace steps on the fast path."""
+
+    rejections = REJECTIONS
 
     def __init__(self, config: CacheConfig) -> None:
         check_supported(config)
@@ -127,29 +128,6 @@ class FastAdapter:
             is_eagle=config.eagle))
         self.handles: dict[int, tuple] = {}
         self.requests: dict[str, Req] = {}
-        self._ops: dict[str, Callable[[dict], dict]] = {
-            "alloc": self._alloc, "free": self._free, "insert": self._insert,
-            "match_prefix": self._match, "lock": self._lock, "unlock": self._unlock,
-            "evict": self._evict, "sizes": self._sizes, "reset": self._reset,
-            "req_arrive": self._req_arrive, "req_admit": self._req_admit,
-            "req_chunk": self._req_chunk, "req_decode": self._req_decode,
-            "req_finish": self._req_finish, "req_abort": self._req_abort,
-        }
-
-    # -- protocol ------------------------------------------------------------------------------
-    def apply(self, step: dict) -> dict:
-        op = step.get("op")
-        self.pool.take_freed()
-        try:
-            handler = self._ops.get(op)
-            if handler is None:
-                if op in HOST_TIER_OPS or op in AUX_OPS:
-                    raise SpecUnsupported(f"op {op!r} needs a tier or component not supported yet")
-                raise UnknownOp(f"unknown op {op!r}")
-            return handler(step)
-        except REJECTIONS as e:
-            self.pool.take_freed()
-            return {"error": type(e).__name__, "message": str(e)}
 
     def violations(self) -> list[str]:
         return self.cache.violations()
@@ -193,16 +171,16 @@ class FastAdapter:
     def _key(self, tokens, extra_key) -> fast.RadixKey:
         return fast.RadixKey(tokens, extra_key, is_bigram=self.config.eagle)
 
-    def _alloc(self, step: dict) -> dict:
+    def op_alloc(self, step: dict) -> dict:
         (n,) = args_of(step, "n")
         return {"slots": self.pool.alloc(n)}
 
-    def _free(self, step: dict) -> dict:
+    def op_free(self, step: dict) -> dict:
         (slots,) = args_of(step, "slots")
         self.pool.free(list(ints("slots", slots)))
         return {}
 
-    def _insert(self, step: dict) -> dict:
+    def op_insert(self, step: dict) -> dict:
         tokens, value, extra_key, prev, chunked = args_of(
             step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False)
         key = self._key(tokens, extra_key)
@@ -212,7 +190,7 @@ class FastAdapter:
                                                   chunked=chunked))
         return {"prefix_len": res.prefix_len, "freed": self.pool.take_freed()}
 
-    def _match(self, step: dict) -> dict:
+    def op_match_prefix(self, step: dict) -> dict:
         tokens, extra_key = args_of(step, "tokens", extra_key=None)
         m = self.cache.match_prefix(fast.MatchPrefixParams(key=self._key(tokens, extra_key)))
         return {"device_indices": m.device_indices.tolist(),
@@ -221,7 +199,7 @@ class FastAdapter:
                 "last_host_node": self._units_len(m.last_host_node),
                 "best_match_node": self._units_len(m.best_match_node)}
 
-    def _lock(self, step: dict) -> dict:
+    def op_lock(self, step: dict) -> dict:
         (path,) = args_of(step, "node")
         tokens, extra_key = path_arg(path)
         node = self.cache.find_node(self._key(tokens, extra_key))
@@ -231,7 +209,7 @@ class FastAdapter:
         self.handles[i] = (node, self.cache.inc_lock_ref(node).to_dec_params())
         return {"handle": i}
 
-    def _unlock(self, step: dict) -> dict:
+    def op_unlock(self, step: dict) -> dict:
         (h,) = args_of(step, "handle")
         held = self.handles.get(h) if type(h) is int else None
         if held is None:
@@ -240,17 +218,17 @@ class FastAdapter:
         del self.handles[h]
         return {}
 
-    def _evict(self, step: dict) -> dict:
+    def op_evict(self, step: dict) -> dict:
         (n,) = args_of(step, "num_tokens")
         res = self.cache.evict(fast.EvictParams(num_tokens=n))
         return {"num_tokens_evicted": res.num_tokens_evicted, "freed": self.pool.take_freed()}
 
-    def _sizes(self, step: dict) -> dict:
+    def op_sizes(self, step: dict) -> dict:
         args_of(step)
         return {"full_evictable": self.cache.evictable_size(),
                 "full_protected": self.cache.protected_size()}
 
-    def _reset(self, step: dict) -> dict:
+    def op_reset(self, step: dict) -> dict:
         args_of(step)
         self.cache.reset()
         self.pool.reset()
@@ -269,7 +247,7 @@ class FastAdapter:
             raise SpecInvalidInput(f"request {rid!r} is {'already' if req.admitted else 'not yet'} admitted")
         return req
 
-    def _req_arrive(self, step: dict) -> dict:
+    def op_req_arrive(self, step: dict) -> dict:
         rid, tokens, extra_key = args_of(step, "rid", "tokens", extra_key=None)
         if not isinstance(rid, str) or rid in self.requests:
             raise SpecInvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
@@ -280,7 +258,7 @@ class FastAdapter:
         self.requests[rid] = Req(rid, toks, extra_key)
         return {}
 
-    def _req_admit(self, step: dict) -> dict:
+    def op_req_admit(self, step: dict) -> dict:
         (rid,) = args_of(step, "rid")
         req = self._get(rid, admitted=False)
         ids = req.origin_input_ids
@@ -317,7 +295,7 @@ class FastAdapter:
             raise SpecInvalidInput(f"n must be a non-negative int, got {n!r}")
         return n
 
-    def _req_chunk(self, step: dict) -> dict:
+    def op_req_chunk(self, step: dict) -> dict:
         rid, n, chunked = args_of(step, "rid", "n", chunked=True)
         if type(chunked) is not bool:
             raise SpecInvalidInput(f"chunked must be true or false, got {chunked!r}")
@@ -332,7 +310,7 @@ class FastAdapter:
             self.cache.cache_unfinished_req(req, chunked=chunked)
         return {"ok": ok, "evicted": evicted, "freed": self.pool.take_freed()}
 
-    def _req_decode(self, step: dict) -> dict:
+    def op_req_decode(self, step: dict) -> dict:
         rid, n = args_of(step, "rid", "n")
         req = self._get(rid, admitted=True)
         n = self._count(n)
@@ -351,14 +329,14 @@ class FastAdapter:
             self.rtt.free_rows.append(req.req_pool_idx)
             self.rtt.free_rows.sort()
 
-    def _req_finish(self, step: dict) -> dict:
+    def op_req_finish(self, step: dict) -> dict:
         (rid,) = args_of(step, "rid")
         req = self._get(rid, admitted=True)
         self.cache.cache_finished_req(req)
         self._release(req)
         return {"freed": self.pool.take_freed()}
 
-    def _req_abort(self, step: dict) -> dict:
+    def op_req_abort(self, step: dict) -> dict:
         (rid,) = args_of(step, "rid")
         req = self._get(rid)
         if req.admitted:
