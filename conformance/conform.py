@@ -1,0 +1,436 @@
+"""``uniradix conform`` and ``uniradix record``.
+
+``conform`` runs long randomized lockstep runs (no Hypothesis): the scenario generator of
+:mod:`uniradix.conformance.machine` drives two or more implementations through segments of
+random steps, each segment from fresh adapters with its own config (cycling through the named
+configs unless ``--config`` is given) and seed.  At the first finding it shrinks the failing
+segment (delta debugging, :func:`uniradix.conformance.lockstep.shrink`), writes it as a
+replayable trace (``ret`` from the first implementation) and exits 1.  The last line is always
+``conform: S steps, D divergences, V violations``.
+
+``record`` writes a trace of a built-in workload run on one implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence, TextIO
+
+from uniradix.conformance.lockstep import (
+    VIOLATION, Finding, ImplSpec, Lockstep, comparable, impl_labels, impl_name,
+    build_adapters, shrink, write_trace)
+from uniradix.conformance.machine import TREE_ACTIONS, random_segment
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import ConfigError
+
+# name -> the fixed part of the config; kv_slots is drawn per segment (16..96, whole pages)
+NAMED_CONFIGS: dict[str, dict] = {
+    "full-p1": {"page_size": 1},
+    "full-p2": {"page_size": 2},
+    "full-p4": {"page_size": 4},
+    "eagle-p1": {"page_size": 1, "eagle": True},
+    "eagle-p4": {"page_size": 4, "eagle": True},
+    "disable": {"page_size": 1, "disable": True},
+}
+SEGMENT_STEPS = 1500
+DEFAULT_STEPS = 20_000
+DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs and segments
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_config_arg(raw: Optional[str]) -> Optional[Any]:
+    """``--config``: a name of :data:`NAMED_CONFIGS` or a JSON config object (fixed)."""
+    if raw is None:
+        return None
+    if raw in NAMED_CONFIGS:
+        return raw
+    if raw.lstrip().startswith("{"):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--config: not JSON: {e}") from None
+        return CacheConfig.from_dict(obj)
+    raise ConfigError(f"--config: unknown config {raw!r}; named configs: "
+                      f"{', '.join(NAMED_CONFIGS)}, or a JSON object")
+
+
+def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfig]:
+    """The config of one segment: a fixed CacheConfig, or a named one with kv_slots drawn from
+    the seed (small pools, so eviction is frequent)."""
+    if isinstance(which, CacheConfig):
+        return "custom", which
+    names = list(NAMED_CONFIGS)
+    name = which if which is not None else names[segment % len(names)]
+    base = NAMED_CONFIGS[name]
+    ps = base.get("page_size", 1)
+    rng = random.Random(f"conform-config:{seed}:{segment}")
+    pages = rng.randint(16 // ps, 96 // ps)
+    return name, CacheConfig(**base, kv_slots=pages * ps)
+
+
+@dataclasses.dataclass
+class ConformResult:
+    steps: int = 0
+    divergences: int = 0
+    violations: int = 0
+    segments: int = 0
+    seconds: float = 0.0
+    finding: Optional[Finding] = None
+    trace_path: Optional[str] = None
+    shrunk_steps: Optional[int] = None
+    config_name: Optional[str] = None
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> str:
+        return f"conform: {self.steps} steps, {self.divergences} divergences, {self.violations} violations"
+
+
+class Progress:
+    """A one-line progress bar on stderr (``\\r`` updates on a terminal, a line every few
+    seconds otherwise)."""
+
+    def __init__(self, label: str, total: Optional[int], seconds: Optional[float],
+                 stream: Optional[TextIO] = None, enabled: bool = True) -> None:
+        self.label, self.total, self.seconds = label, total, seconds
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.monotonic()
+        self.last = 0.0
+        self.extra = ""
+
+    def update(self, done: int, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self.last < (0.25 if self.tty else 5.0):
+            return
+        self.last = now
+        el = max(now - self.t0, 1e-9)
+        if self.total:
+            frac = min(done / self.total, 1.0)
+        elif self.seconds:
+            frac = min(el / self.seconds, 1.0)
+        else:
+            frac = 0.0
+        width = 24
+        bar = "#" * int(width * frac) + "." * (width - int(width * frac))
+        of = f"/{self.total}" if self.total else ""
+        line = f"{self.label} [{bar}] {done}{of} steps, {done / el:.0f} steps/s {self.extra}"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(100)[:160])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self, done: int) -> None:
+        if self.enabled:
+            self.update(done, force=True)
+            if self.tty:
+                self.stream.write("\n")
+                self.stream.flush()
+
+
+def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optional[int] = None,
+                seconds: Optional[float] = None, seed: int = 0, out: Optional[str] = DEFAULT_OUT,
+                segment_steps: int = SEGMENT_STEPS, shrink_seconds: float = 120.0,
+                progress: bool = True, stream: Optional[TextIO] = None,
+                log: Callable[[str], None] = lambda m: print(m, flush=True),
+                snapshot_every: int = 1, tree_only: bool = False) -> ConformResult:
+    """The ``conform`` loop; returns counts and, at a finding, the written trace's path.
+    ``config``: None (cycle through :data:`NAMED_CONFIGS`), a name, or a CacheConfig."""
+    if steps is None and seconds is None:
+        steps = DEFAULT_STEPS
+    labels = impl_labels([impl_name(i) for i in impls])
+    res = ConformResult()
+    bar = Progress(f"conform {','.join(labels)}", steps, seconds, stream, progress)
+    t0 = time.monotonic()
+    segment = 0
+
+    def budget_left() -> Optional[int]:
+        if steps is not None:
+            return steps - res.steps
+        return None
+
+    while True:
+        left = budget_left()
+        if left is not None and left <= 0:
+            break
+        if seconds is not None and time.monotonic() - t0 >= seconds:
+            break
+        name, cfg = segment_config(config, seed, segment)
+        n = segment_steps if left is None else min(segment_steps, left)
+        bar.extra = f"[{name} p{cfg.page_size} kv={cfg.kv_slots}]"
+        ls = Lockstep(build_adapters(impls, cfg), labels, snapshot_every=snapshot_every)
+        base = res.steps
+
+        def on_step(k: int) -> None:
+            bar.update(base + k)
+            if seconds is not None and k % 64 == 0 and time.monotonic() - t0 >= seconds:
+                raise _OutOfTime(k)
+
+        try:
+            taken, finding = random_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step,
+                                            actions=TREE_ACTIONS if tree_only else None)
+        except _OutOfTime as e:
+            res.steps += e.steps
+            break
+        res.steps += len(taken)
+        res.segments += 1
+        if finding is not None:
+            bar.close(res.steps)
+            res.seconds = time.monotonic() - t0
+            if finding.kind == VIOLATION:
+                res.violations += 1
+            else:
+                res.divergences += 1
+            res.finding, res.config_name = finding, name
+            log(f"conform: {finding}")
+            log(f"conform: found in segment {segment} (config {name}, kv_slots {cfg.kv_slots}, "
+                f"seed {seed}) after {len(taken)} steps of it; shrinking...")
+            sr = shrink(impls, cfg, taken, finding, max_seconds=shrink_seconds)
+            res.shrunk_steps = len(sr.steps)
+            log(f"conform: shrunk to {len(sr.steps)} steps ({sr.trials} trials, "
+                f"{sr.seconds:.1f}s): {sr.finding}")
+            if out is not None:
+                res.trace_path = write_finding(out, impls, labels, cfg, name, seed, segment,
+                                               sr.steps, sr.finding)
+                log(f"conform: wrote {res.trace_path}")
+            return res
+        segment += 1
+    bar.close(res.steps)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+class _OutOfTime(Exception):
+    def __init__(self, steps: int) -> None:
+        super().__init__(steps)
+        self.steps = steps
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing a finding
+# ----------------------------------------------------------------------------------------------
+
+
+def probe_steps(first_i: int, config: CacheConfig, n_evicts: int) -> list[dict]:
+    """Steps that make a difference in state visible in observations: the sizes, then one
+    eviction at a time (the freed slots show the victims and their order)."""
+    out = [{"op": "sizes", "args": {}}]
+    out += [{"op": "evict", "args": {"num_tokens": 1}} for _ in range(n_evicts)]
+    out.append({"op": "sizes", "args": {}})
+    return [dict(s, i=first_i + k) for k, s in enumerate(out)]
+
+
+def replay_divergence_at(impls: Sequence[ImplSpec], config: CacheConfig,
+                         recorded: Sequence[dict]) -> Optional[int]:
+    """Where would ``uniradix replay`` of these recorded steps (``ret`` from impls[0]) first
+    flag one of the other implementations (the largest such index over them), or None?
+    The same checks as replay: every ret field, rejections leave the state unchanged,
+    invariants."""
+    from uniradix.conformance.replay import compare
+    worst: Optional[int] = None
+    for impl in impls[1:]:
+        a = build_adapters([impl], config)[0]
+        for k, s in enumerate(recorded):
+            before = a.snapshot() if "error" in s["ret"] else None
+            obs = a.apply(s)
+            if (compare(s["ret"], obs) is not None
+                    or (before is not None and a.snapshot() != before) or a.violations()):
+                worst = k if worst is None else max(worst, k)
+                break
+        else:
+            return None
+    return worst
+
+
+def write_finding(out_dir: str, impls: Sequence[ImplSpec], labels: Sequence[str],
+                  config: CacheConfig, config_name: str, seed: int, segment: int,
+                  steps: list, finding: Finding) -> str:
+    """Write the shrunk steps as a trace; a difference seen only in the snapshots gets probe
+    steps appended so that a plain replay shows it too."""
+    os.makedirs(out_dir, exist_ok=True)
+    stem = f"conform-{config_name}-s{seed}-g{segment}-{finding.op}-{finding.where}"
+    path = os.path.join(out_dir, stem + ".jsonl")
+    k = 2
+    while os.path.exists(path):
+        path = os.path.join(out_dir, f"{stem}-{k}.jsonl")
+        k += 1
+    steps = list(steps)
+    extra: dict = {}
+    ref = build_adapters([impls[0]], config)[0]
+    recorded = [dict(s, ret=comparable(ref.apply(s))) for s in steps]
+    if replay_divergence_at(impls, config, recorded) is None:
+        # seen only in the snapshots: append probes until a plain replay sees it too
+        probes = probe_steps(len(steps), config, n_evicts=config.kv_slots // config.page_size)
+        recorded += [dict(s, ret=comparable(ref.apply(s))) for s in probes]
+        at = replay_divergence_at(impls, config, recorded)
+        if at is not None:
+            steps = [{k: v for k, v in s.items() if k != "ret"} for s in recorded[: at + 1]]
+        extra["probes_appended"] = at is not None
+    source = (f"uniradix conform: shrunk finding ({','.join(labels)}; config {config_name}, "
+              f"seed {seed}, segment {segment}): {finding}")
+    write_trace(path, impls, config, steps, source=source, seed=seed,
+                finding=finding.to_dict(), **extra)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------
+
+
+def cmd_conform(args: argparse.Namespace) -> int:
+    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    if len(impls) < 2:
+        print("uniradix conform: --impls needs at least two implementations", file=sys.stderr)
+        return 2
+    config = parse_config_arg(args.config)
+    try:
+        res = run_conform(impls, config=config, steps=args.steps, seconds=args.seconds,
+                          seed=args.seed, out=args.out, shrink_seconds=args.shrink_seconds,
+                          progress=not args.no_progress, snapshot_every=args.snapshot_every,
+                          tree_only=args.tree_only)
+    except ImportError as e:  # upstream not importable, or torch missing for fast
+        print(f"uniradix conform: {e}", file=sys.stderr)
+        return 2
+    if res.trace_path is not None:
+        print(res.trace_path)
+    print(res.summary(), flush=True)
+    return 0 if res.finding is None else 1
+
+
+def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "conform", help="long randomized lockstep runs of two or more implementations",
+        description="Run implementations in lockstep on random scenarios; at the first "
+                    "divergence or invariant violation, shrink it and write it as a trace.")
+    p.add_argument("--impls", default="spec,fast",
+                   help="comma-separated implementations (default spec,fast); the first is "
+                        "the reference whose observations a written trace records")
+    p.add_argument("--config", default=None,
+                   help=f"one of {', '.join(NAMED_CONFIGS)} (kv_slots drawn per segment), or "
+                        "a JSON config object; default: cycle through the named configs")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, default=None,
+                   help=f"total steps (default {DEFAULT_STEPS} when --seconds is not given)")
+    g.add_argument("--seconds", type=float, default=None, help="run for this long instead")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"folder for the shrunk trace of a finding (default {DEFAULT_OUT})")
+    p.add_argument("--shrink-seconds", type=float, default=120.0,
+                   help="time limit for shrinking a finding (default 120)")
+    p.add_argument("--snapshot-every", type=int, default=1, metavar="N",
+                   help="compare snapshots and run invariants every N steps only (default 1: "
+                        "every step; a rejected step is always followed by a comparison)")
+    p.add_argument("--tree-only", action="store_true",
+                   help="no request-level ops (req_*): for implementations with only the "
+                        "tree-level API, such as upstream")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=cmd_conform)
+    return p
+
+
+WORKLOADS = ("shared-prefix", "random")
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    try:
+        return _record(args)
+    except ImportError as e:  # upstream not importable, or torch missing for fast
+        print(f"uniradix record: {e}", file=sys.stderr)
+        return 2
+
+
+def _record(args: argparse.Namespace) -> int:
+    from uniradix.conformance.adapters import make_adapter
+    from uniradix.conformance.trace import dump_trace, make_header
+
+    seed = args.seed
+    if args.workload == "shared-prefix":
+        from uniradix.conformance.workload import SharedPrefix, run_shared_prefix
+        requests = args.steps if args.steps is not None else 100
+        w = SharedPrefix(seed=seed).scaled(requests)
+        config = w.config()
+        adapter = make_adapter(args.impl, config)
+        steps: list = []
+        try:
+            run_shared_prefix(adapter, w, record=steps)
+        except RuntimeError as e:  # a rejected step: the implementation cannot run it
+            print(f"uniradix record: {e}", file=sys.stderr)
+            return 1
+        what = f"shared-prefix, {requests} requests"
+    else:
+        from uniradix.conformance import driver
+        n = args.steps if args.steps is not None else 400
+        config = driver.make_config(args.config, seed)
+        adapter = make_adapter(args.impl, config)
+        try:
+            steps = driver.record(adapter, config, seed, n)
+        except driver.RecordingError as e:
+            print(f"uniradix record: {e}", file=sys.stderr)
+            return 1
+        what = f"random ({args.config}), {n} steps"
+    who = f"uniradix {args.impl}"
+    if args.impl == "upstream":
+        version = getattr(getattr(adapter, "up", None), "version", None) or "0.5.13.post1"
+        who = f"sglang {version} UnifiedRadixCache"
+    source = (f"{who}, recorded by uniradix record --workload {args.workload} "
+              f"({what}, seed {seed})")
+    dump_trace(args.out, make_header(config, source, seed=seed), steps)
+    print(f"{args.out}: {len(steps)} steps")
+    return 0
+
+
+def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "record", help="record a trace of a built-in workload on one implementation",
+        description="Run a workload on one implementation and write every step with its "
+                    "observation as ret (a golden trace for replay).")
+    p.add_argument("--impl", default="spec", choices=["spec", "fast", "upstream"],
+                   help="implementation to record (default spec)")
+    p.add_argument("--workload", required=True, choices=WORKLOADS,
+                   help="shared-prefix (conformance/workload.py, request-level ops) or random "
+                        "(the scheduler-like driver, tree-level ops)")
+    p.add_argument("--out", required=True, metavar="T.jsonl", help="trace file to write")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="random: steps (default 400); shared-prefix: requests, i.e. "
+                        "SharedPrefix().scaled(N) (default 100)")
+    p.add_argument("--config", default="full-p1", choices=["full-p1", "full-p4"],
+                   help="random workload only: the driver's config (default full-p1)")
+    p.set_defaults(func=cmd_record)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Stand-alone entry point (until cli.py registers the subcommands)."""
+    from uniradix.spec.errors import CacheError
+    p = argparse.ArgumentParser(prog="uniradix")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_conform_parser(sub)
+    add_record_parser(sub)
+    args = p.parse_args(argv)
+    try:
+        return args.func(args)
+    except CacheError as e:
+        print(f"uniradix: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
