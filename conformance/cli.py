@@ -1,6 +1,9 @@
 """The ``uniradix`` command line (docs/CLI.md).
 
-    uniradix replay TRACE... [--impl spec|upstream] [--keep-going] [--skip-unsupported]
+    uniradix replay TRACE... [--impl spec|fast|upstream] [--keep-going] [--skip-unsupported]
+    uniradix conform --impls spec,fast [--config NAME] [--steps N | --seconds S] [--seed K]
+    uniradix record --impl {spec,fast,upstream} --workload W --out T.jsonl
+    uniradix bench [--impl spec,fast,upstream] [--workload shared-prefix|mooncake] [--json FILE]
     uniradix run [--requests N] [--json FILE]
 """
 
@@ -41,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not run the implementation's invariants after each step")
     r.add_argument("-v", "--verbose", action="store_true", help="one line per trace")
     r.set_defaults(func=cmd_replay)
+
+    from uniradix.conformance.bench import add_bench_parser
+    from uniradix.conformance.conform import add_conform_parser, add_record_parser
+    add_conform_parser(sub)
+    add_record_parser(sub)
+    add_bench_parser(sub)
 
     w = sub.add_parser("run", help="the main job: replay the corpus and time a built-in workload")
     w.add_argument("--requests", type=int, default=2000, help="workload requests (default 2000)")

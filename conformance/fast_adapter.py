@@ -165,7 +165,14 @@ class FastAdapter(StepAdapter):
         return {"nodes": nodes,
                 "device_leaf_order": [self._path(n) for n in self.cache.eviction_order()],
                 "sizes": {"full_evictable": self.cache.evictable_size(),
-                          "full_protected": self.cache.protected_size()}}
+                          "full_protected": self.cache.protected_size()},
+                "pool": sorted(self.pool.allocated_pages()),
+                "requests": [self._request_view(r) for _, r in sorted(self.requests.items())]}
+
+    def _request_view(self, req: Req) -> dict[str, Any]:
+        row = self.rtt.req_to_token[req.req_pool_idx, :req.row_len].tolist() if req.admitted else []
+        return {"rid": req.rid, "admitted": req.admitted, "row": row,
+                "committed": req.committed, "protected": req.cache_protected_len}
 
     # -- v1 ops --------------------------------------------------------------------------------
     def _key(self, tokens, extra_key) -> fast.RadixKey:
@@ -301,6 +308,8 @@ class FastAdapter(StepAdapter):
             raise SpecInvalidInput(f"chunked must be true or false, got {chunked!r}")
         req = self._get(rid, admitted=True)
         n = self._count(n)
+        if n == 0:
+            raise SpecInvalidInput(f"req {rid!r}: a prefill chunk needs at least one token")
         if req.committed + n > len(req.origin_input_ids):
             raise SpecInvalidInput(f"req {rid!r}: {n} more prompt tokens, only "
                                    f"{len(req.origin_input_ids) - req.committed} left")

@@ -76,7 +76,11 @@ def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
         op = step["op"]
         expected = step.get("ret")
         before = adapter.snapshot() if expected is not None and "error" in expected else None
-        obs = adapter.apply(step)
+        try:
+            obs = adapter.apply(step)
+        except Exception as e:  # noqa: BLE001 - an untyped failure is a finding, not a crash
+            return ReplayResult(trace.name, done + 1, Divergence(
+                trace.name, i, op, "crash", None, f"{type(e).__name__}: {e}"))
         done += 1
         if on_step is not None:
             on_step(done)

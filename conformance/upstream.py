@@ -386,6 +386,8 @@ class UpstreamAdapter:
             "nodes": nodes,
             "device_leaf_order": order,
             "sizes": self._sizes(),
+            "pool": sorted(self.pool.allocated_pages()),
+            "requests": [],  # request-level ops are not driven on upstream
         }
 
     def violations(self) -> list[str]:

@@ -280,7 +280,10 @@ class UnifiedRadixCache:
     def find_node(self, key: RadixKey) -> TreeNode:
         """The node whose path is exactly ``key`` (the root for an empty key)."""
         toks = key.token_ids
-        units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+        bigram = self.is_eagle or key.is_bigram
+        if bigram and len(toks) == 1:
+            raise NodeNotFound("under EAGLE a node path has no tokens (the root) or at least two")
+        units = list(zip(toks, toks[1:])) if bigram else toks
         node, pos, n = self.root_node, 0, len(units)
         while pos < n:
             child = node.children.get(self._ck(key.extra_key, units, pos)) \

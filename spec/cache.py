@@ -141,6 +141,8 @@ def find_node(state: CacheState, tokens: Sequence[int], extra_key: Optional[str]
     """The node whose path is exactly ``tokens`` (the root for ``[]``), or NodeNotFound."""
     tokens = check_int_list("node tokens", tokens)
     extra_key = check_extra_key(extra_key)
+    if state.config.eagle and len(tokens) == 1:
+        raise NodeNotFound("under EAGLE a node path has no tokens (the root) or at least two")
     units = to_units(tokens, state.config.eagle)
     node = state.root
     rest = units

@@ -23,18 +23,17 @@ def tree_structure(state: CacheState) -> list[str]:
         errors.append("[root] the root must have no parent, an empty key and an empty value")
     for node in all_nodes(state):
         for ck, child in node.children.items():
-            where = f"node {child!r}"
             if child.parent is not node:
-                errors.append(f"[tree] {where}: parent pointer does not point at its parent")
+                errors.append(f"[tree] {child!r}: parent pointer does not point at its parent")
             if len(child.key) == 0 or len(child.key) % ps:
-                errors.append(f"[tree] {where}: key length {len(child.key)} is not whole pages")
+                errors.append(f"[tree] {child!r}: key length {len(child.key)} is not whole pages")
                 continue
             if ck != namespaced_child_key(child.extra_key, child.key, ps):
-                errors.append(f"[tree] {where}: filed under a child key that is not its first page")
+                errors.append(f"[tree] {child!r}: filed under a child key that is not its first page")
             if not node.is_root and child.extra_key != node.extra_key:
-                errors.append(f"[tree] {where}: extra_key differs from its parent's")
+                errors.append(f"[tree] {child!r}: extra_key differs from its parent's")
             if child.value is not None and len(child.value) != len(child.key):
-                errors.append(f"[tree] {where}: {len(child.value)} slots for {len(child.key)} units")
+                errors.append(f"[tree] {child!r}: {len(child.value)} slots for {len(child.key)} units")
     return errors
 
 

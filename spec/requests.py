@@ -103,8 +103,12 @@ def reserve(state: CacheState, req: Request, new_tokens: int) -> Reservation:
 
 
 def extend(state: CacheState, req: Request, n: int) -> Reservation:
-    """Compute the next ``n`` prompt tokens (prefill, possibly one chunk of it)."""
+    """Compute the next ``n`` prompt tokens (prefill, possibly one chunk of it); a chunk has at
+    least one token (an empty one would cache fewer units than the request already protects
+    under EAGLE)."""
     n = rules.check_count("n", n)
+    if n == 0:
+        raise InvalidInput(f"req {req.rid!r}: a prefill chunk needs at least one token")
     if req.committed + n > len(req.input_ids):
         raise InvalidInput(f"req {req.rid!r}: {n} more prompt tokens, only "
                            f"{len(req.input_ids) - req.committed} left")

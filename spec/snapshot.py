@@ -9,7 +9,7 @@ from typing import Any
 
 from . import queries
 from .keys import units_to_tokens
-from .state import CacheState, Node, all_nodes
+from .state import CacheState, Node
 
 
 def path_of(state: CacheState, node: Node) -> dict[str, Any]:
@@ -25,19 +25,31 @@ def path_sort_key(path: dict[str, Any]) -> tuple:
 
 def snapshot(state: CacheState) -> dict[str, Any]:
     nodes = []
-    for node in all_nodes(state):
-        if node.is_root:
-            continue
+    stack = [(child, ()) for child in state.root.children.values()]
+    while stack:  # depth first, carrying each node's path units
+        node, above = stack.pop()
+        units = above + node.key
         nodes.append({
-            "path": path_of(state, node),
+            "path": {"tokens": units_to_tokens(units, state.config.eagle),
+                     "extra_key": node.extra_key},
             "value": None if node.value is None else list(node.value),
             "lock_ref": node.lock_ref,
             "hit_count": node.hit_count,
         })
+        stack.extend((c, units) for c in node.children.values())
     nodes.sort(key=lambda n: path_sort_key(n["path"]))
     return {
         "nodes": nodes,
         "device_leaf_order": [path_of(state, n) for n in queries.device_eviction_order(state)],
         "sizes": {"full_evictable": queries.evictable_size(state),
                   "full_protected": queries.protected_size(state)},
+        "pool": sorted(state.kv.allocated_pages()),
+        "requests": [request_view(r) for _, r in sorted(state.requests.items())],
     }
+
+
+def request_view(req) -> dict[str, Any]:
+    """A running request as the world sees it: its row and how much of it is computed and
+    protected."""
+    return {"rid": req.rid, "admitted": req.admitted, "row": list(req.row),
+            "committed": req.committed, "protected": req.cache_protected_len}

@@ -64,6 +64,8 @@ class _Wrap:
     def __init__(self, cache):
         self.cache = cache
         self.config = CacheConfig()
+        self.pool = cache.token_to_kv_pool_allocator.pool
+        self.requests = {}
 
     _tokens_of = FastAdapter._tokens_of
     _path = FastAdapter._path

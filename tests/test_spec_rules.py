@@ -465,7 +465,8 @@ def test_reset_empties_everything_and_rejects_old_handles():
     rules.reset(s)
     sound(s)
     assert snapshot(s) == {"nodes": [], "device_leaf_order": [],
-                           "sizes": {"full_evictable": 0, "full_protected": 0}}
+                           "sizes": {"full_evictable": 0, "full_protected": 0},
+                           "pool": [], "requests": []}
     assert s.kv.available_size() == 32
     assert s.kv.allocated_pages() == frozenset()
     with pytest.raises(HandleError):
