@@ -148,6 +148,47 @@ class ArrayPoolAllocator:
         self.pool.reset()
 
 
+class FreeListAllocator:
+    """A production-style KV allocator (as SGLang's token-to-KV allocators work): free pages in
+    a tensor, ``alloc`` takes pages from its front, ``free`` queues the freed tensor and the
+    queue is merged only when the front runs short.  No per-slot Python work, so the timed cache
+    calls measure the cache, not the world model.  Slot numbers differ from the lowest-first
+    :class:`PagedPool`; a cache's decisions do not depend on them, so hit rate and evictions are
+    the same as over the pool (``compare`` checks it).  Frees must be whole pages in order."""
+
+    def __init__(self, usable_slots: int, page_size: int, torch_module) -> None:
+        self.torch = torch_module
+        self.page_size = page_size
+        self.device = torch_module.device("cpu")
+        self._free = torch_module.arange(1, usable_slots // page_size + 1, dtype=torch_module.int64)
+        self._released: list = []
+        self._released_pages = 0
+        self._offsets = torch_module.arange(page_size, dtype=torch_module.int64)
+
+    def available_size(self) -> int:
+        return (len(self._free) + self._released_pages) * self.page_size
+
+    def alloc(self, need_size: int):
+        pages = need_size // self.page_size
+        if pages > len(self._free) + self._released_pages:
+            return None
+        if pages > len(self._free):
+            self._free = self.torch.cat([self._free] + self._released)
+            self._released, self._released_pages = [], 0
+        taken, self._free = self._free[:pages], self._free[pages:]
+        if self.page_size == 1:
+            return taken
+        return (taken[:, None] * self.page_size + self._offsets).reshape(-1)
+
+    def free(self, free_index) -> None:
+        n = len(free_index)
+        if not n:
+            return
+        pages = free_index if self.page_size == 1 else free_index[:: self.page_size] // self.page_size
+        self._released.append(pages)
+        self._released_pages += n // self.page_size
+
+
 class TimedPagedPool(PagedPool):
     """The environment's pool, keeping the time spent in :meth:`free` (``free_seconds``): the
     part of the timed cache calls that is the world's, not the cache's, reported separately."""
@@ -228,7 +269,7 @@ def fast_bundle() -> ApiBundle:
     values = spec_api.TorchValues(torch)
 
     def build(pool: PagedPool):
-        alloc = _torch_allocator(pool, torch)
+        alloc = FreeListAllocator(pool.num_pages * pool.page_size, pool.page_size, torch)
         params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
                                       token_to_kv_pool_allocator=alloc, page_size=pool.page_size)
         return fast.UnifiedRadixCache(params), alloc
@@ -246,7 +287,7 @@ def upstream_bundle() -> ApiBundle:
     values = spec_api.TorchValues(up.torch)
 
     def build(pool: PagedPool):
-        alloc = _torch_allocator(pool, up.torch)
+        alloc = FreeListAllocator(pool.num_pages * pool.page_size, pool.page_size, up.torch)
         params = up.CacheInitParams(disable=False, req_to_token_pool=None,
                                     token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
                                     is_eagle=False, tree_components=(up.ComponentType.FULL,))

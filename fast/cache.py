@@ -7,8 +7,13 @@ with upstream SGLang's public API.  What it keeps, and why it is fast:
   (EAGLE: a list of token pairs), so a whole node is compared with one C-level slice compare;
   only a mismatching node is searched, by bisection on slice compares.  Children are found by
   their first page (namespaced by ``extra_key``) in a dict.
-* **Values** are int64 tensors on the allocator's device, one per node; a match concatenates
-  them once (``torch.cat``), an insert slices the caller's tensor once per new leaf.
+* **Values** are int64 slot arrays, one per node, in the representation that is cheapest for
+  the allocator's device: on a CUDA device, tensors (no host synchronisation, as upstream); on
+  the CPU, numpy arrays viewed through the caller's tensors (``Tensor.numpy()`` and
+  ``torch.from_numpy`` share memory), because a numpy slice or copy costs a fraction of a torch
+  dispatch.  The API sees tensors either way.  A match concatenates the path's arrays once; an
+  insert copies the new leaf's slots once (a copy, not a view, so a leaf never keeps the
+  caller's whole buffer alive).
 * **Access stamps** are integers from a logical clock that advances by ``STRIDE`` per touch; a
   match stamps its path ``T, T-1, T-2, ...`` from the matched node up, so ancestors are older
   than descendants and everything is newer than what came before (DESIGN.md).
@@ -27,18 +32,24 @@ with upstream SGLang's public API.  What it keeps, and why it is fast:
   cannot, and then, as upstream, the caller is trusted.
 
 Complexities (n = tokens in the key, d = nodes on the path, L = evictable leaves):
-``match_prefix`` O(n + d) in C-level compares plus one ``torch.cat``; ``insert`` the same plus
-one clone for the new leaf; ``inc_lock_ref`` / ``dec_lock_ref`` O(d); ``evict`` O(k log L) for
+``match_prefix`` O(n + d) in C-level compares plus one concatenation; ``insert`` the same plus
+one copy for the new leaf; ``inc_lock_ref`` / ``dec_lock_ref`` O(d); ``evict`` O(k log L) for
 k evicted nodes (amortized over stale entries).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from array import array
 from typing import Any, Optional
 
 import torch
+
+try:  # numpy makes CPU slot arrays cheap; without it the cache keeps tensors everywhere
+    import numpy
+except ImportError:  # pragma: no cover - numpy ships with the project's dev install
+    numpy = None
 
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .params import (
@@ -59,23 +70,24 @@ STRIDE = 1 << 20  # clock step per touch; a match path of up to STRIDE nodes fit
 FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FULL)
 
 
+_node_ids = itertools.count(1)
+
+
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
                  "hit_count", "extra_key", "dev_children", "id")
-    _next_id = 0
 
     def __init__(self, key, value, parent, extra_key, stamp: int) -> None:
         self.children: dict = {}
         self.parent: Optional[TreeNode] = parent
         self.key = key
-        self.value: Optional[torch.Tensor] = value
+        self.value = value  # slot array (numpy on CPU, tensor on CUDA) or None when evicted
         self.lock_ref = 0
         self.last_access_time = stamp
         self.hit_count = 0
         self.extra_key = extra_key
         self.dev_children = 0  # children holding device data
-        TreeNode._next_id += 1
-        self.id = TreeNode._next_id
+        self.id = next(_node_ids)
 
     def __lt__(self, other: "TreeNode") -> bool:  # heap ties: same node pushed twice
         return self.id < other.id
@@ -115,6 +127,18 @@ class UnifiedRadixCache:
             validate = hasattr(alloc, "check_free") and hasattr(alloc, "is_allocated")
         self.validate_slots = bool(validate)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        # Value representation (see the module docstring): _arr(tensor) -> internal array,
+        # _tensor(array) -> tensor for the API, _cat(list of arrays) -> array.
+        if numpy is not None and torch.device(self.device).type == "cpu":
+            self._arr = lambda t: t.numpy()
+            self._tensor = torch.from_numpy
+            self._cat = numpy.concatenate
+            self._copy = numpy.ndarray.copy
+        else:
+            self._arr = lambda t: t
+            self._tensor = lambda a: a
+            self._cat = torch.cat
+            self._copy = torch.Tensor.clone
         self.reset()
 
     # ------------------------------------------------------------------------------------------
@@ -124,7 +148,7 @@ class UnifiedRadixCache:
     def reset(self) -> None:
         """Forget the whole tree (the allocator is the caller's to clear, as upstream)."""
         self._clock = 0
-        self.root_node = TreeNode(array("q"), self._empty, None, None, 0)
+        self.root_node = TreeNode(array("q"), self._arr(self._empty), None, None, 0)
         self.root_node.lock_ref = 1
         self._heap: list = []  # (stamp, node): evictable device leaves, lazily deleted
         self._evictable = 0
@@ -236,33 +260,22 @@ class UnifiedRadixCache:
         ckey = child.key
         value = child.value
         self._clock += STRIDE
-        upper = TreeNode(ckey[:split_len], None if value is None else value[:split_len].clone(),
+        upper = TreeNode(ckey[:split_len], None if value is None else self._copy(value[:split_len]),
                          parent, ek, self._clock)
         upper.lock_ref = child.lock_ref
         parent.children[self._ck(ek, ckey, 0)] = upper
         child.key = ckey[split_len:]
         if value is not None:
-            child.value = value[split_len:].clone()
+            child.value = self._copy(value[split_len:])
             upper.dev_children = 1
         child.parent = upper
         upper.children[self._ck(ek, child.key, 0)] = child
         self._touch(child)
         return upper
 
-    def _add_leaf(self, parent: TreeNode, units, value: torch.Tensor, extra_key, size: int) -> TreeNode:
-        self._clock += STRIDE
-        leaf = TreeNode(units, value, parent, extra_key, self._clock)
-        parent.children[self._ck(extra_key, units, 0)] = leaf
-        parent.dev_children += 1
-        self._evictable += size
-        if self.validate_slots:
-            self._owned.update(value.tolist())
-        heapq.heappush(self._heap, (leaf.last_access_time, leaf))
-        return leaf
-
-    def _unevict(self, node: TreeNode, fresh: torch.Tensor) -> None:
+    def _unevict(self, node: TreeNode, fresh) -> None:
         """An evicted node met by an insert holds device data again: the fresh slots."""
-        node.value = fresh.clone()
+        node.value = self._copy(fresh)
         node.parent.dev_children += 1
         if node.lock_ref == 0:
             self._evictable += len(node.key)
@@ -332,9 +345,9 @@ class UnifiedRadixCache:
         if not chunks:
             indices = self._empty
         elif len(chunks) == 1:
-            indices = chunks[0]
+            indices = self._tensor(chunks[0])
         else:
-            indices = torch.cat(chunks)
+            indices = self._tensor(self._cat(chunks))
         return MatchResult(indices, node, node, node)
 
     # ------------------------------------------------------------------------------------------
@@ -399,32 +412,51 @@ class UnifiedRadixCache:
         """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
         nodes from the fresh slots, free the caller's duplicates from ``prev_prefix_len`` on,
         add the remainder as a new leaf.  Returns the length that was already cached."""
+        # NOTE: the hot path is written out inline (argument checks, key units, touches, the
+        # new leaf): on CPython each helper call costs as much as the work it would hide.
         key, value = params.key, params.value
         if not isinstance(key, RadixKey):
             raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
-        self._check_value(key, value)
-        prev = _int_arg("prev_prefix_len", params.prev_prefix_len)
-        if type(params.chunked) is not bool:
+        toks = key.token_ids
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 \
+                or value.dim() != 1 or value.shape[0] != len(toks):
+            self._check_value(key, value)
+        prev = params.prev_prefix_len
+        if type(prev) is not int or prev < 0:
+            _int_arg("prev_prefix_len", prev)
+        if params.chunked is not True and params.chunked is not False:
             raise InvalidInput(f"chunked must be a bool, got {params.chunked!r}")
         if self.disable:
             return InsertResult(prefix_len=0)
-        units = self._units(key)
+        units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
         n = len(units)
-        if n < len(key.token_ids):
-            value = value[:n]
+        cut = n % self.page_size
+        if cut:
+            n -= cut
+            units = units[:n]
         ek = key.extra_key
         plan = self._plan(ek, units)
         if self.validate_slots:
-            self._check_slots(plan, value, prev)
+            self._check_slots(plan, value[:n], prev)
+        value = self._arr(value)
+        if n < len(toks):
+            value = value[:n]
 
-        self._clock += STRIDE
-        self.root_node.last_access_time = self._clock
-        node, pos = self.root_node, 0
+        heap = self._heap
+        clock = self._clock + STRIDE
+        node = self.root_node
+        node.last_access_time = clock
+        pos = 0
         free_lo = free_hi = -1
         for child, shared in plan:
-            self._touch(child)
+            clock += STRIDE
+            child.last_access_time = clock
+            if child.lock_ref == 0 and child.dev_children == 0 and child.value is not None:
+                heapq.heappush(heap, (clock, child))
             if shared < len(child.key):
+                self._clock = clock
                 child = self._split(child, shared)
+                clock = self._clock
             end = pos + shared
             if child.value is None:
                 self._unevict(child, value[pos:end])
@@ -434,13 +466,23 @@ class UnifiedRadixCache:
                     free_hi = end
                 else:
                     if free_lo >= 0:
-                        self.token_to_kv_pool_allocator.free(value[free_lo:free_hi])
+                        self.token_to_kv_pool_allocator.free(self._tensor(value[free_lo:free_hi]))
                     free_lo, free_hi = lo, end
             node, pos = child, end
         if free_lo >= 0:
-            self.token_to_kv_pool_allocator.free(value[free_lo:free_hi])
+            self.token_to_kv_pool_allocator.free(self._tensor(value[free_lo:free_hi]))
         if pos < n:
-            self._add_leaf(node, units[pos:], value[pos:].clone(), ek, n - pos)
+            clock += STRIDE
+            rest = units[pos:]
+            leaf = TreeNode(rest, self._copy(value[pos:]), node, ek, clock)
+            node.children[(rest[0] if self.page_size == 1 else tuple(rest[: self.page_size]))
+                          if ek is None else self._ck(ek, rest, 0)] = leaf
+            node.dev_children += 1
+            self._evictable += n - pos
+            if self.validate_slots:
+                self._owned.update(leaf.value.tolist())
+            heapq.heappush(heap, (clock, leaf))
+        self._clock = clock
         return InsertResult(prefix_len=pos)
 
     def _free(self, slots: torch.Tensor) -> None:
@@ -531,7 +573,7 @@ class UnifiedRadixCache:
         ancestors follow it."""
         value = node.value
         k = len(node.key)
-        self.token_to_kv_pool_allocator.free(value)
+        self.token_to_kv_pool_allocator.free(self._tensor(value))
         if self.validate_slots:
             self._owned.difference_update(value.tolist())
         self._evictable -= k
