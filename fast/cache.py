@@ -39,6 +39,7 @@ k evicted nodes (amortized over stale entries).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from array import array
@@ -66,6 +67,11 @@ from .params import (
 )
 from .radix_key import RadixKey
 
+# MatchResult is a NamedTuple; building it through tuple.__new__ skips its Python-level
+# __new__ (all nine fields are given).
+_match_result = functools.partial(tuple.__new__, MatchResult)
+
+_INT64 = torch.int64
 STRIDE = 1 << 20  # clock step per touch; a match path of up to STRIDE nodes fits below it
 FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FULL)
 
@@ -230,19 +236,6 @@ class UnifiedRadixCache:
         node.last_access_time = self._clock
         self._push_if_leaf(node)
 
-    def _stamp_path(self, node: TreeNode) -> None:
-        """After a match: the matched node newest, each ancestor one step older."""
-        self._clock += STRIDE
-        t = self._clock
-        cur = node
-        while cur is not None:
-            cur.last_access_time = t
-            t -= 1
-            cur = cur.parent
-        # NOTE: ancestors on a match path have a device child (the path), so only the matched
-        # node itself can be an evictable leaf.
-        self._push_if_leaf(node)
-
     def _compact_heap(self) -> None:
         live = [(s, n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)]
         live = list({id(n): (s, n) for s, n in live}.values())
@@ -314,17 +307,19 @@ class UnifiedRadixCache:
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         """Longest cached device prefix of ``params.key`` in whole pages; a match ending inside
         a node splits it; the matched path becomes the most recent."""
+        key = params.key
+        if not isinstance(key, RadixKey):
+            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
         root = self.root_node
-        if self.disable:
-            self._units(params.key)
-            return MatchResult(self._empty, root, root, root)
-        units = self._units(params.key)
-        n = len(units)
-        if n == 0:
-            return MatchResult(self._empty, root, root, root)
-        ek = params.key.extra_key
-        node, pos, chunks = root, 0, []
+        toks = key.token_ids
+        units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
         ps = self.page_size
+        n = len(units)
+        n -= n % ps
+        if self.disable or n == 0:
+            return _match_result((self._empty, root, root, root, 0, 0, 0, None, None))
+        ek = key.extra_key
+        node, pos, chunks = root, 0, []
         while pos < n:
             ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
             child = node.children.get(ck if ek is None else (ek, ck))
@@ -336,11 +331,22 @@ class UnifiedRadixCache:
                 chunks.append(child.value)
                 node, pos = child, end
                 continue
-            node = self._split(child, self._shared(ckey, units, pos))
+            node = self._split(child, self._shared(ckey, units[:n], pos))
             chunks.append(node.value)
             break
-        self._stamp_path(node)
-        # NOTE: a one-node match returns the node's own tensor (no copy); values are never
+        # Stamp the path: the matched node newest, each ancestor one step older.
+        clock = self._clock + STRIDE
+        self._clock = clock
+        cur = node
+        while cur is not None:
+            cur.last_access_time = clock
+            clock -= 1
+            cur = cur.parent
+        # NOTE: ancestors on a match path have a device child (the path), so only the matched
+        # node itself can be an evictable leaf.
+        if node.lock_ref == 0 and node.dev_children == 0 and node is not root:
+            heapq.heappush(self._heap, (node.last_access_time, node))
+        # NOTE: a one-node match returns the node's own slots (no copy); values are never
         # modified in place by the cache, and callers must not modify device_indices either.
         if not chunks:
             indices = self._empty
@@ -348,30 +354,35 @@ class UnifiedRadixCache:
             indices = self._tensor(chunks[0])
         else:
             indices = self._tensor(self._cat(chunks))
-        return MatchResult(indices, node, node, node)
+        return _match_result((indices, node, node, node, 0, 0, 0, None, None))
 
     # ------------------------------------------------------------------------------------------
     # insert
     # ------------------------------------------------------------------------------------------
 
-    def _plan(self, ek, units) -> list:
-        """The nodes an insert walks through, as (node, shared units); read-only."""
-        plan, node, pos, n = [], self.root_node, 0, len(units)
+    def _walk(self, ek, units):
+        """The nodes an insert walks through, as (node, shared units), yielded one by one;
+        only the last can share less than the whole node.  Reads the tree only, but a caller
+        may split the node it was just given (the walk then ends anyway)."""
+        node, pos, n = self.root_node, 0, len(units)
         ps = self.page_size
         while pos < n:
             ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
             child = node.children.get(ck if ek is None else (ek, ck))
             if child is None:
-                break
+                return
             ckey = child.key
             end = pos + len(ckey)
             if end <= n and units[pos:end] == ckey:
-                plan.append((child, len(ckey)))
+                yield child, len(ckey)
                 node, pos = child, end
                 continue
-            plan.append((child, self._shared(ckey, units, pos)))
-            break
-        return plan
+            yield child, self._shared(ckey, units, pos)
+            return
+
+    def _plan(self, ek, units) -> list:
+        """The whole walk of an insert, before anything changes (for the slot checks)."""
+        return list(self._walk(ek, units))
 
     def _check_value(self, key: RadixKey, value) -> None:
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
@@ -418,8 +429,8 @@ class UnifiedRadixCache:
         if not isinstance(key, RadixKey):
             raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
         toks = key.token_ids
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 \
-                or value.dim() != 1 or value.shape[0] != len(toks):
+        if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 \
+                or value.shape != (len(toks),):
             self._check_value(key, value)
         prev = params.prev_prefix_len
         if type(prev) is not int or prev < 0:
@@ -435,9 +446,11 @@ class UnifiedRadixCache:
             n -= cut
             units = units[:n]
         ek = key.extra_key
-        plan = self._plan(ek, units)
         if self.validate_slots:
+            plan = self._plan(ek, units)
             self._check_slots(plan, value[:n], prev)
+        else:
+            plan = self._walk(ek, units)
         value = self._arr(value)
         if n < len(toks):
             value = value[:n]
