@@ -17,12 +17,13 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/uniradix run --requests 1000 --json bench-results/run.json
+	$(VENV)/bin/uniradix run --json bench-results/run.json
 
 test: install
 	$(PY) -m pytest -q
 
 bench: install
+	mkdir -p bench-results
 	$(PY) -m pytest tests/bench --benchmark-enable --benchmark-only --benchmark-json=bench-results/bench.json -q
 
 # Throwaway virtualenv with upstream sglang 0.5.13.post1 (never a project dependency).

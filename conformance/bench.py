@@ -149,44 +149,41 @@ class ArrayPoolAllocator:
 
 
 class FreeListAllocator:
-    """A production-style KV allocator (as SGLang's token-to-KV allocators work): free pages in
-    a tensor, ``alloc`` takes pages from its front, ``free`` queues the freed tensor and the
+    """A production-style KV allocator (as SGLang's token-to-KV allocators work): free slots in
+    a tensor, ``alloc`` takes slots from its front, ``free`` queues the freed tensor and the
     queue is merged only when the front runs short.  No per-slot Python work, so the timed cache
-    calls measure the cache, not the world model.  Slot numbers differ from the lowest-first
+    calls measure the cache, not the world model.  Frees are whole pages in order (the cache
+    frees node values, which are), so the free list stays a run of whole pages and the front
+    ``need`` slots always are whole pages.  Slot numbers differ from the lowest-first
     :class:`PagedPool`; a cache's decisions do not depend on them, so hit rate and evictions are
-    the same as over the pool (``compare`` checks it).  Frees must be whole pages in order."""
+    the same as over the pool (``compare`` checks the outcomes agree)."""
 
     def __init__(self, usable_slots: int, page_size: int, torch_module) -> None:
         self.torch = torch_module
         self.page_size = page_size
         self.device = torch_module.device("cpu")
-        self._free = torch_module.arange(1, usable_slots // page_size + 1, dtype=torch_module.int64)
+        self._free = torch_module.arange(page_size, usable_slots + page_size,
+                                         dtype=torch_module.int64)
         self._released: list = []
-        self._released_pages = 0
-        self._offsets = torch_module.arange(page_size, dtype=torch_module.int64)
+        self._released_slots = 0
 
     def available_size(self) -> int:
-        return (len(self._free) + self._released_pages) * self.page_size
+        return len(self._free) + self._released_slots
 
     def alloc(self, need_size: int):
-        pages = need_size // self.page_size
-        if pages > len(self._free) + self._released_pages:
+        if need_size > len(self._free) + self._released_slots:
             return None
-        if pages > len(self._free):
+        if need_size > len(self._free):
             self._free = self.torch.cat([self._free] + self._released)
-            self._released, self._released_pages = [], 0
-        taken, self._free = self._free[:pages], self._free[pages:]
-        if self.page_size == 1:
-            return taken
-        return (taken[:, None] * self.page_size + self._offsets).reshape(-1)
+            self._released, self._released_slots = [], 0
+        taken, self._free = self._free[:need_size], self._free[need_size:]
+        return taken
 
     def free(self, free_index) -> None:
         n = len(free_index)
-        if not n:
-            return
-        pages = free_index if self.page_size == 1 else free_index[:: self.page_size] // self.page_size
-        self._released.append(pages)
-        self._released_pages += n // self.page_size
+        if n:
+            self._released.append(free_index)
+            self._released_slots += n
 
 
 class TimedPagedPool(PagedPool):

@@ -15,6 +15,9 @@ from typing import Optional, Sequence
 
 from uniradix.spec.errors import CacheError
 
+DESCRIPTION = ("uniradix: the unified radix prefix cache: its executable spec, fast path and "
+               "conformance tools (docs/CLI.md)")
+
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from uniradix.conformance.replay import replay_paths
@@ -29,7 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="uniradix", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="uniradix", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("replay", help="replay traces on an implementation and check every ret")
@@ -51,10 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_record_parser(sub)
     add_bench_parser(sub)
 
-    w = sub.add_parser("run", help="the main job: replay the corpus and time a built-in workload")
-    w.add_argument("--requests", type=int, default=2000, help="workload requests (default 2000)")
-    w.add_argument("--corpus", default=None, help="folder of traces to replay (default: the "
-                   "packaged upstream corpus, when running from a checkout: tests/corpus)")
+    w = sub.add_parser("run", help="the main job: conformance (corpus replay, lockstep) and a "
+                       "short benchmark, with one summary table")
+    w.add_argument("--requests", type=int, default=1000,
+                   help="shared-prefix requests per benchmark run (default 1000)")
+    w.add_argument("--repeat", type=int, default=3,
+                   help="benchmark rounds for fast (and upstream); the spec runs once")
+    w.add_argument("--lockstep-steps", type=int, default=5000,
+                   help="random lockstep steps of spec vs fast (default 5000)")
+    w.add_argument("--upstream", action="store_true",
+                   help="also benchmark upstream sglang (needs it importable)")
+    w.add_argument("--corpus", default=None, help="folder of traces to replay (default tests/corpus)")
     w.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     w.set_defaults(func=cmd_run)
     return p

@@ -1,5 +1,11 @@
-"""``uniradix run``: the main job.  Replays the golden corpus on every implementation, runs the
-built-in shared-prefix workload on each, and prints one summary table (optionally JSON)."""
+"""``uniradix run``: the main job behind ``make run``.
+
+1. Conformance: replay every trace under ``tests/corpus/`` on the spec and the fast path, then a
+   short randomized lockstep run of spec vs fast (``uniradix conform``'s loop).
+2. Benchmark: the built-in shared-prefix workload, shortened, at page size 1 and 16, through the
+   bench harness (``uniradix bench``'s loop) on spec, fast and, where sglang imports, upstream.
+3. One summary table; ``--json FILE`` writes the same numbers.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,12 @@ import os
 import sys
 import time
 
-from uniradix.conformance.adapters import ADAPTERS, make_adapter
+from uniradix.conformance.bench import compare, print_comparison, shared_prefix_workload
+from uniradix.conformance.conform import run_conform
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
-from uniradix.conformance.workload import SharedPrefix, run_shared_prefix
+
+IMPLS = ("spec", "fast")
 
 
 def find_corpus(explicit: str | None) -> list[str]:
@@ -35,22 +43,22 @@ def progress_bar(label: str):
         line = f"{label} [{'#' * fill}{'.' * (width - fill)}] {done}/{total}"
         if tty:
             print("\r" + line, end="" if done != total else "\n", file=sys.stderr, flush=True)
-        elif done == total or done % max(total // 4, 1) == 0:
+        elif done == total:
             print(line, file=sys.stderr, flush=True)
     return show
 
 
 def main_run(args: argparse.Namespace) -> int:
-    impls = sorted(ADAPTERS)
-    results: dict = {"corpus": {}, "workloads": []}
+    results: dict = {"corpus": {}, "lockstep": {}, "bench": []}
     status = 0
 
     paths = find_corpus(args.corpus)
-    for impl in impls:
+    for impl in IMPLS:
         steps = divergences = traces = 0
         bar = progress_bar(f"replay {impl}")
         for k, path in enumerate(paths, 1):
             r = replay_trace(load_trace(path), impl)
+            bar(k, len(paths))
             if r.unsupported is not None:
                 continue
             traces += 1
@@ -58,41 +66,40 @@ def main_run(args: argparse.Namespace) -> int:
             if r.divergence is not None:
                 divergences += 1
                 print(str(r.divergence))
-            bar(k, len(paths))
         results["corpus"][impl] = {"traces": traces, "steps": steps, "divergences": divergences}
         status |= 1 if divergences else 0
 
+    t0 = time.monotonic()
+    lock = run_conform(list(IMPLS), steps=args.lockstep_steps, seed=0,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
+    results["lockstep"] = {"steps": lock.steps, "divergences": lock.divergences,
+                           "violations": lock.violations, "seconds": round(time.monotonic() - t0, 1)}
+    if lock.divergences or lock.violations:
+        status = 1
+
+    impls = list(IMPLS) + (["upstream"] if args.upstream else [])
+    comparisons = []
     for page_size in (1, 16):
-        w = SharedPrefix(page_size=page_size).scaled(args.requests)
-        for impl in impls:
-            adapter = make_adapter(impl, w.config())
-            stats = run_shared_prefix(adapter, w, progress_bar(f"shared-prefix p{page_size} {impl}"))
-            bad = adapter.violations()
-            if bad:
-                print(f"{impl}: invariants violated after the workload: {bad[:3]}")
-                status = 1
-            results["workloads"].append({
-                "workload": "shared-prefix", "page_size": page_size, "impl": impl,
-                "requests": stats.requests, "aborted": stats.aborted, "kv_slots": w.kv_slots,
-                "requests_per_s": round(stats.requests_per_s, 1),
-                "hit_rate": round(stats.hit_rate, 4), "evicted_tokens": stats.evicted_tokens,
-                "op_median_us": {k: round(v, 1) for k, v in stats.op_medians_us().items()},
-            })
+        workload = shared_prefix_workload(page_size=page_size, requests=args.requests)
+        cmp = compare(impls, workload, repeats=args.repeat, strict=False,
+                      log=lambda m: print(m, file=sys.stderr, flush=True), repeats_for={"spec": 1})
+        comparisons.append(cmp)
+        results["bench"].append(cmp.summary())
+        if not cmp.identical:
+            status = 1
 
     print()
-    print("conformance (golden corpus replay)")
-    print(f"  {'impl':<8} {'traces':>7} {'steps':>8} {'divergences':>12}")
+    print("conformance")
+    print(f"  golden corpus replay   {'impl':<6} {'traces':>7} {'steps':>8} {'divergences':>12}")
     for impl, c in results["corpus"].items():
-        print(f"  {impl:<8} {c['traces']:>7} {c['steps']:>8} {c['divergences']:>12}")
+        print(f"  {'':<22} {impl:<6} {c['traces']:>7} {c['steps']:>8} {c['divergences']:>12}")
+    lk = results["lockstep"]
+    print(f"  lockstep spec vs fast  {lk['steps']} random steps, {lk['divergences']} divergences, "
+          f"{lk['violations']} violations ({lk['seconds']} s)")
     print()
-    print(f"benchmark (shared-prefix, {args.requests} requests; cache work only)")
-    print(f"  {'impl':<8} {'page':>4} {'req/s':>9} {'hit rate':>9} {'evicted':>9} "
-          f"{'admit us':>9} {'prefill us':>10} {'finish us':>9}")
-    for row in results["workloads"]:
-        med = row["op_median_us"]
-        print(f"  {row['impl']:<8} {row['page_size']:>4} {row['requests_per_s']:>9.1f} "
-              f"{row['hit_rate']:>9.3f} {row['evicted_tokens']:>9} {med.get('req_admit', 0):>9.0f} "
-              f"{med.get('req_chunk', 0):>10.0f} {med.get('req_finish', 0):>9.0f}")
+    print(f"benchmark: shared-prefix, {args.requests} requests (uniradix bench for the full size)")
+    for cmp in comparisons:
+        print_comparison(cmp)
     if args.json:
         if os.path.dirname(args.json):
             os.makedirs(os.path.dirname(args.json), exist_ok=True)
