@@ -568,7 +568,7 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     stats.seconds = sum(sum(ts) for ts in stats.op_times.values())
     stats.digest = digest.hexdigest()
     stats.pool_free_seconds = pool.free_seconds
-    stats.cached_tokens = pool.num_pages * ps - pool.available_size()
+    stats.cached_tokens = workload.kv_slots - allocator.available_size()
     if keep is not None:
         keep.extend((cache, allocator, pool))
     return stats
