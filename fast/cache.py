@@ -187,19 +187,6 @@ class UnifiedRadixCache:
     # Keys
     # ------------------------------------------------------------------------------------------
 
-    def _units(self, key: RadixKey):
-        """The page-aligned units of a key: token ids, or token pairs under EAGLE."""
-        if not isinstance(key, RadixKey):
-            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
-        toks = key.token_ids
-        if self.is_eagle or key.is_bigram:
-            units = list(zip(toks, toks[1:]))
-        else:
-            units = toks
-        n = len(units)
-        cut = n % self.page_size
-        return units[: n - cut] if cut else units
-
     def _ck(self, extra_key, units, pos: int):
         """Child key of the page starting at ``pos``."""
         ck = units[pos] if self.page_size == 1 else tuple(units[pos: pos + self.page_size])

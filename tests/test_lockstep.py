@@ -36,13 +36,6 @@ from uniradix.conformance.machine import make_machine  # noqa: E402
 OTHER_IMPLS = sorted(k for k in ADAPTERS if k != "spec")
 
 
-@pytest.fixture(autouse=True)
-def _slow_only_when_asked(request):
-    """``slow`` tests run only when selected (``-m slow``); the default suite skips them."""
-    if request.node.get_closest_marker("slow") and "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("slow: run with -m slow")
-
-
 # ----------------------------------------------------------------------------------------------
 # Deliberately broken adapters (one bug each)
 # ----------------------------------------------------------------------------------------------
