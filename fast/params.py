@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class CacheInitParams:
     """What the cache is built from.  Only the fields the device tier uses are read; the rest
     are accepted so that an engine's existing params object can be passed as is."""
@@ -44,14 +44,14 @@ class CacheInitParams:
     validate_slots: Optional[bool] = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class MatchPrefixParams:
     key: Any
     cow_mamba: bool = False
     req: Any = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class InsertParams:
     key: Any = None
     value: Optional[torch.Tensor] = None
@@ -62,7 +62,7 @@ class InsertParams:
     priority: int = 0
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class InsertResult:
     prefix_len: int
     total_len: int = 0
@@ -70,28 +70,28 @@ class InsertResult:
     inserted_host_node: Any = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class EvictParams:
     num_tokens: int = 0
     swa_num_tokens: int = 0
     mamba_num: int = 0
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class EvictResult:
     num_tokens_evicted: int = 0
     swa_num_tokens_evicted: int = 0
     mamba_num_evicted: int = 0
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class DecLockRefParams:
     swa_uuid_for_lock: Optional[int] = None
     swa_uuid_for_host_lock: Optional[int] = None
     skip_lock_node_ids: dict = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class IncLockRefResult:
     delta: Optional[int] = None
     swa_uuid_for_lock: Optional[int] = None
@@ -106,7 +106,7 @@ class IncLockRefResult:
         )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class DecLockRefResult:
     delta: Optional[int] = None
 
