@@ -130,3 +130,39 @@ def test_pretty_print_runs(capsys):
     cache.insert(fast.InsertParams(key=key([1, 2, 3]), value=pool.alloc(3)))
     cache.pretty_print()
     assert "lock=" in capsys.readouterr().out
+
+
+BAD_STEPS = [  # the list of bad input, as trace steps
+    ("match_prefix", {"tokens": [1, 2.5]}),
+    ("match_prefix", {"tokens": [1, "2"]}),
+    ("match_prefix", {"tokens": [True, 2]}),
+    ("insert", {"tokens": [1, 2, 3], "value": [9, 10]}),
+    ("insert", {"tokens": [1, 2], "value": [9, 10], "prev_prefix_len": -1}),
+    ("evict", {"num_tokens": -3}),
+    ("alloc", {"n": -4}),
+    ("teleport", {}),
+    ("unlock", {"handle": 999}),
+    ("unlock", {"handle": 2}),  # released at step 3 below: unlocking twice
+    ("lock", {"node": {"tokens": [1, 2], "extra_key": None}}),  # ends inside a node
+    ("lock", {"node": {"tokens": [7, 7, 7, 7], "extra_key": None}}),  # no such path
+    ("lock", {"node": {"tokens": [1, 2, 3, 4], "extra_key": "other"}}),  # wrong namespace
+    ("insert", {"tokens": [5, 6], "value": [1, 2]}),  # slots the tree holds
+]
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_bad_input_rejected_alike_through_the_lockstep_runner(page_size):
+    from uniradix.conformance.lockstep import Lockstep
+    ls = Lockstep.from_impls(["spec", "fast"], CacheConfig(page_size=page_size, kv_slots=32))
+    ls.prime()
+    ls.apply({"i": 0, "op": "alloc", "args": {"n": 4}})
+    ls.apply({"i": 1, "op": "insert", "args": {"tokens": [1, 2, 3, 4], "value": [page_size, page_size + 1, page_size + 2, page_size + 3]}})
+    assert ls.apply({"i": 2, "op": "lock", "args": {"node": {"tokens": [1, 2, 3, 4], "extra_key": None}}}) == {"handle": 2}
+    ls.apply({"i": 3, "op": "unlock", "args": {"handle": 2}})
+    for k, (op, args) in enumerate(BAD_STEPS, start=4):
+        if op == "insert" and args.get("value") == [1, 2]:
+            args = dict(args, value=[page_size, page_size + 1])
+        before = [a.snapshot() for a in ls.adapters]
+        obs = ls.apply({"i": k, "op": op, "args": args})  # raises LockstepError on any difference
+        assert "error" in obs, (op, args, obs)
+        assert [a.snapshot() for a in ls.adapters] == before
