@@ -7,13 +7,12 @@ with upstream SGLang's public API.  What it keeps, and why it is fast:
   (EAGLE: a list of token pairs), so a whole node is compared with one C-level slice compare;
   only a mismatching node is searched, by bisection on slice compares.  Children are found by
   their first page (namespaced by ``extra_key``) in a dict.
-* **Values** are int64 slot arrays, one per node, in the representation that is cheapest for
-  the allocator's device: on a CUDA device, tensors (no host synchronisation, as upstream); on
-  the CPU, numpy arrays viewed through the caller's tensors (``Tensor.numpy()`` and
-  ``torch.from_numpy`` share memory), because a numpy slice or copy costs a fraction of a torch
-  dispatch.  The API sees tensors either way.  A match concatenates the path's arrays once; an
-  insert copies the new leaf's slots once (a copy, not a view, so a leaf never keeps the
-  caller's whole buffer alive).
+* **Values** are int64 tensors on the allocator's device, one per node (no host
+  synchronisation, as upstream).  A one-node match returns the node's tensor itself, a longer
+  one concatenates the path's tensors once; an insert copies the new leaf's slots once (a copy,
+  not a view, so a leaf never keeps the caller's whole buffer alive).  (Measured: keeping numpy
+  arrays on CPU instead costs more in ``Tensor.numpy`` / ``torch.from_numpy`` at the API
+  boundary than it saves in copies.)
 * **Access stamps** are integers from a logical clock that advances by ``STRIDE`` per touch; a
   match stamps its path ``T, T-1, T-2, ...`` from the matched node up, so ancestors are older
   than descendants and everything is newer than what came before (DESIGN.md).
@@ -46,11 +45,6 @@ from array import array
 from typing import Any, Optional
 
 import torch
-
-try:  # numpy makes CPU slot arrays cheap; without it the cache keeps tensors everywhere
-    import numpy
-except ImportError:  # pragma: no cover - numpy ships with the project's dev install
-    numpy = None
 
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .params import (
@@ -87,7 +81,7 @@ class TreeNode:
         self.children: dict = {}
         self.parent: Optional[TreeNode] = parent
         self.key = key
-        self.value = value  # slot array (numpy on CPU, tensor on CUDA) or None when evicted
+        self.value: Optional[torch.Tensor] = value  # device slots; None when evicted
         self.lock_ref = 0
         self.last_access_time = stamp
         self.hit_count = 0
@@ -133,18 +127,6 @@ class UnifiedRadixCache:
             validate = hasattr(alloc, "check_free") and hasattr(alloc, "is_allocated")
         self.validate_slots = bool(validate)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
-        # Value representation (see the module docstring): _arr(tensor) -> internal array,
-        # _tensor(array) -> tensor for the API, _cat(list of arrays) -> array.
-        if numpy is not None and torch.device(self.device).type == "cpu":
-            self._arr = lambda t: t.numpy()
-            self._tensor = torch.from_numpy
-            self._cat = numpy.concatenate
-            self._copy = numpy.ndarray.copy
-        else:
-            self._arr = lambda t: t
-            self._tensor = lambda a: a
-            self._cat = torch.cat
-            self._copy = torch.Tensor.clone
         self.reset()
 
     # ------------------------------------------------------------------------------------------
@@ -154,7 +136,7 @@ class UnifiedRadixCache:
     def reset(self) -> None:
         """Forget the whole tree (the allocator is the caller's to clear, as upstream)."""
         self._clock = 0
-        self.root_node = TreeNode(array("q"), self._arr(self._empty), None, None, 0)
+        self.root_node = TreeNode(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
         self._heap: list = []  # (stamp, node): evictable device leaves, lazily deleted
         self._evictable = 0
@@ -240,13 +222,13 @@ class UnifiedRadixCache:
         ckey = child.key
         value = child.value
         self._clock += STRIDE
-        upper = TreeNode(ckey[:split_len], None if value is None else self._copy(value[:split_len]),
+        upper = TreeNode(ckey[:split_len], None if value is None else value[:split_len].clone(),
                          parent, ek, self._clock)
         upper.lock_ref = child.lock_ref
         parent.children[self._ck(ek, ckey, 0)] = upper
         child.key = ckey[split_len:]
         if value is not None:
-            child.value = self._copy(value[split_len:])
+            child.value = value[split_len:].clone()
             upper.dev_children = 1
         child.parent = upper
         upper.children[self._ck(ek, child.key, 0)] = child
@@ -255,7 +237,7 @@ class UnifiedRadixCache:
 
     def _unevict(self, node: TreeNode, fresh) -> None:
         """An evicted node met by an insert holds device data again: the fresh slots."""
-        node.value = self._copy(fresh)
+        node.value = fresh.clone()
         node.parent.dev_children += 1
         if node.lock_ref == 0:
             self._evictable += len(node.key)
@@ -338,9 +320,9 @@ class UnifiedRadixCache:
         if not chunks:
             indices = self._empty
         elif len(chunks) == 1:
-            indices = self._tensor(chunks[0])
+            indices = chunks[0]
         else:
-            indices = self._tensor(self._cat(chunks))
+            indices = torch.cat(chunks)
         return _match_result((indices, node, node, node, 0, 0, 0, None, None))
 
     # ------------------------------------------------------------------------------------------
@@ -438,7 +420,6 @@ class UnifiedRadixCache:
             self._check_slots(plan, value[:n], prev)
         else:
             plan = self._walk(ek, units)
-        value = self._arr(value)
         if n < len(toks):
             value = value[:n]
 
@@ -466,15 +447,15 @@ class UnifiedRadixCache:
                     free_hi = end
                 else:
                     if free_lo >= 0:
-                        self.token_to_kv_pool_allocator.free(self._tensor(value[free_lo:free_hi]))
+                        self.token_to_kv_pool_allocator.free(value[free_lo:free_hi])
                     free_lo, free_hi = lo, end
             node, pos = child, end
         if free_lo >= 0:
-            self.token_to_kv_pool_allocator.free(self._tensor(value[free_lo:free_hi]))
+            self.token_to_kv_pool_allocator.free(value[free_lo:free_hi])
         if pos < n:
             clock += STRIDE
             rest = units[pos:]
-            leaf = TreeNode(rest, self._copy(value[pos:]), node, ek, clock)
+            leaf = TreeNode(rest, value[pos:].clone(), node, ek, clock)
             node.children[(rest[0] if self.page_size == 1 else tuple(rest[: self.page_size]))
                           if ek is None else self._ck(ek, rest, 0)] = leaf
             node.dev_children += 1
@@ -573,7 +554,7 @@ class UnifiedRadixCache:
         ancestors follow it."""
         value = node.value
         k = len(node.key)
-        self.token_to_kv_pool_allocator.free(self._tensor(value))
+        self.token_to_kv_pool_allocator.free(value)
         if self.validate_slots:
             self._owned.difference_update(value.tolist())
         self._evictable -= k
