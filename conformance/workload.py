@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import statistics
-import time
 from typing import Callable, Iterator, Optional
 
 from uniradix.spec.config import CacheConfig
@@ -64,41 +62,31 @@ def shared_prefix_requests(w: SharedPrefix) -> Iterator[tuple[str, list, int]]:
 
 @dataclasses.dataclass
 class WorkloadStats:
+    """What a run of the workload did (the bench harness, conformance/bench.py, times it)."""
+
     requests: int = 0
     aborted: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
     evicted_tokens: int = 0
     steps: int = 0
-    seconds: float = 0.0
-    op_times: dict = dataclasses.field(default_factory=dict)  # op -> list of seconds
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    @property
-    def requests_per_s(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
-
-    def op_medians_us(self) -> dict[str, float]:
-        return {op: statistics.median(ts) * 1e6 for op, ts in sorted(self.op_times.items()) if ts}
-
 
 def run_shared_prefix(adapter, w: SharedPrefix, progress: Optional[Callable[[int, int], None]] = None,
                       record: Optional[list] = None) -> WorkloadStats:
-    """Drive ``adapter`` through the workload; time every step (cache work only)."""
+    """Drive ``adapter`` through the workload as request-level trace steps (``record``, when
+    given, receives each step with its ``ret``)."""
     stats = WorkloadStats()
     i = 0
 
     def step(op: str, **args) -> dict:
         nonlocal i
         s = {"i": i, "op": op, "args": args}
-        t0 = time.perf_counter()
         obs = adapter.apply(s)
-        dt = time.perf_counter() - t0
-        stats.seconds += dt
-        stats.op_times.setdefault(op, []).append(dt)
         if "error" in obs:
             raise RuntimeError(f"workload step {i} ({op}) was rejected: {obs}")
         if record is not None:
