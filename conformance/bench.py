@@ -906,12 +906,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"({rep.tree_bytes} bytes for {rep.cached_tokens} tokens)")
                 results["memory"].append(rep.summary())
     if args.json:
-        if os.path.dirname(args.json):
-            os.makedirs(os.path.dirname(args.json), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {args.json}")
+        write_json(args.json, results)
     return status
+
+
+def write_json(path: str, results: dict) -> None:
+    """Write results for dashboards (creating the folder) and say where."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {path}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

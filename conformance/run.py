@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
 import time
 
-from uniradix.conformance.bench import compare, print_comparison, shared_prefix_workload
+from uniradix.conformance.bench import compare, print_comparison, shared_prefix_workload, write_json
 from uniradix.conformance.conform import run_conform
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
@@ -101,9 +100,6 @@ def main_run(args: argparse.Namespace) -> int:
     for cmp in comparisons:
         print_comparison(cmp)
     if args.json:
-        if os.path.dirname(args.json):
-            os.makedirs(os.path.dirname(args.json), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nwrote {args.json}")
+        print()
+        write_json(args.json, results)
     return status
