@@ -91,8 +91,8 @@ from array import array
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from uniradix.conformance import spec_api
+from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.workload import SharedPrefix, shared_prefix_requests
-from uniradix.spec.errors import AllocatorError
 from uniradix.spec.world import PagedPool
 
 IMPLS = ("spec", "fast", "upstream")
@@ -117,35 +117,6 @@ class ConformanceMismatch(AssertionError):
 # --------------------------------------------------------------------------------------------
 # Allocators over the environment's pool
 # --------------------------------------------------------------------------------------------
-
-
-class ArrayPoolAllocator:
-    """The KV allocator with ``array('q')`` values, for interpreters without torch (the spec
-    only). Same conventions as :class:`~uniradix.conformance.upstream.TorchPoolAllocator`:
-    ``alloc`` returns the slots or ``None`` when too few are free."""
-
-    device = "cpu"
-
-    def __init__(self, pool: PagedPool) -> None:
-        self.pool = pool
-        self.page_size = pool.page_size
-
-    def alloc(self, need_size: int):
-        try:
-            return array("q", self.pool.alloc(int(need_size)))
-        except AllocatorError:
-            return None
-
-    def free(self, free_index) -> None:
-        slots = free_index.tolist()
-        if slots:
-            self.pool.free(slots)
-
-    def available_size(self) -> int:
-        return self.pool.available_size()
-
-    def clear(self) -> None:
-        self.pool.reset()
 
 
 class FreeListAllocator:
@@ -227,17 +198,12 @@ class ApiBundle:
     build: Callable[[PagedPool], tuple]  # pool -> (cache, allocator)
 
 
-def _torch_allocator(pool: PagedPool, torch_module):
-    from uniradix.conformance.upstream import TorchPoolAllocator
-    return TorchPoolAllocator(pool, torch_module)
-
-
 def spec_bundle() -> ApiBundle:
     torch = _torch_or_none()
     values = spec_api.TorchValues(torch) if torch is not None else spec_api.ArrayValues()
 
     def build(pool: PagedPool):
-        alloc = _torch_allocator(pool, torch) if torch is not None else ArrayPoolAllocator(pool)
+        alloc = PoolAllocator(pool, torch)
         params = spec_api.CacheInitParams(disable=False, req_to_token_pool=None,
                                           token_to_kv_pool_allocator=alloc,
                                           page_size=pool.page_size)

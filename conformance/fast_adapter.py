@@ -11,6 +11,7 @@ from typing import Any, Optional
 import torch
 
 from uniradix import fast
+from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.adapters import StepAdapter, args_of, check_supported, path_arg
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import HandleError
@@ -20,37 +21,6 @@ from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import PagedPool
 
 REJECTIONS = (SpecCacheError, fast.CacheError)
-
-
-class TorchPool:
-    """The environment's KV pool behind SGLang's allocator interface (int64 tensors), plus the
-    validation hooks the fast cache uses when present (``check_free``, ``is_allocated``)."""
-
-    def __init__(self, pool: PagedPool, device: torch.device = torch.device("cpu")) -> None:
-        self.pool = pool
-        self.page_size = pool.page_size
-        self.device = device
-
-    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
-        if need_size > self.pool.available_size():
-            return None
-        return torch.tensor(self.pool.alloc(need_size), dtype=torch.int64, device=self.device)
-
-    def free(self, free_index: torch.Tensor) -> None:
-        if len(free_index):
-            self.pool.free(free_index.tolist())
-
-    def available_size(self) -> int:
-        return self.pool.available_size()
-
-    def check_free(self, slots) -> None:
-        self.pool.check_free(slots)
-
-    def is_allocated(self, slot: int) -> bool:
-        return self.pool.is_allocated(slot)
-
-    def clear(self) -> None:
-        self.pool.reset()
 
 
 class ReqToTokenPool:
@@ -120,7 +90,7 @@ class FastAdapter(StepAdapter):
         check_supported(config)
         self.config = config
         self.pool = PagedPool(config.kv_slots, config.page_size, "kv")
-        self.alloc = TorchPool(self.pool)
+        self.alloc = PoolAllocator(self.pool, torch)
         self.rtt = ReqToTokenPool()
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,

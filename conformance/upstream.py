@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional
 
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import (
-    AllocatorError,
     CacheError,
     HandleError,
     InvalidInput,
@@ -35,6 +34,7 @@ from uniradix.spec.errors import (
     UnknownOp,
     Unsupported,
 )
+from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.world import PagedPool
 
 UPSTREAM_VERSION = "0.5.13.post1"
@@ -162,42 +162,6 @@ def upstream_available() -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# The allocator upstream frees into
-# --------------------------------------------------------------------------------------------
-
-class TorchPoolAllocator:
-    """The KV allocator as upstream's Full component sees it, backed by a :class:`PagedPool`.
-
-    ``alloc`` returns an int64 tensor of slots or ``None`` when too few are free (upstream's
-    convention); ``free`` hands a tensor of slots back to the pool, which logs them as the step's
-    ``freed`` effect."""
-
-    def __init__(self, pool: PagedPool, torch_module: Any) -> None:
-        self.pool = pool
-        self._torch = torch_module
-        self.device = torch_module.device("cpu")
-        self.page_size = pool.page_size
-
-    def alloc(self, need_size: int):
-        try:
-            slots = self.pool.alloc(int(need_size))
-        except AllocatorError:
-            return None
-        return self._torch.tensor(slots, dtype=self._torch.int64)
-
-    def free(self, free_index) -> None:
-        slots = [int(s) for s in free_index.tolist()] if hasattr(free_index, "tolist") else list(free_index)
-        if slots:
-            self.pool.free(slots)
-
-    def available_size(self) -> int:
-        return self.pool.available_size()
-
-    def clear(self) -> None:
-        self.pool.reset()
-
-
-# --------------------------------------------------------------------------------------------
 # Argument checking (before anything reaches upstream, which would just crash on bad input)
 # --------------------------------------------------------------------------------------------
 
@@ -242,7 +206,7 @@ class UpstreamAdapter:
         self._check_supported(config)
         self.up = load_upstream()
         self.pool = PagedPool(config.kv_slots, config.page_size, name="kv")
-        self.allocator = TorchPoolAllocator(self.pool, self.up.torch)
+        self.allocator = PoolAllocator(self.pool, self.up.torch)
         self.cache = self._build_cache()
         self._handles: dict[int, tuple[Any, Any]] = {}  # handle -> (node, DecLockRefParams)
         self._ops: dict[str, Callable[[dict, dict], dict]] = {

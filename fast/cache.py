@@ -174,10 +174,10 @@ class UnifiedRadixCache:
         ck = units[pos] if self.page_size == 1 else tuple(units[pos: pos + self.page_size])
         return ck if extra_key is None else (extra_key, ck)
 
-    def _shared(self, ckey, units, pos: int) -> int:
-        """Whole-page length of the common prefix of ``ckey`` and ``units[pos:]``, knowing that
+    def _shared(self, ckey, units, pos: int, n: int) -> int:
+        """Whole-page length of the common prefix of ``ckey`` and ``units[pos:n]``, knowing that
         the first page is shared: bisection on C-level slice compares."""
-        lo, hi = self.page_size, min(len(ckey), len(units) - pos)
+        lo, hi = self.page_size, min(len(ckey), n - pos)
         # invariant: ckey[:lo] == units[pos:pos+lo]; the answer is < hi + 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -300,7 +300,7 @@ class UnifiedRadixCache:
                 chunks.append(child.value)
                 node, pos = child, end
                 continue
-            node = self._split(child, self._shared(ckey, units[:n], pos))
+            node = self._split(child, self._shared(ckey, units, pos, n))
             chunks.append(node.value)
             break
         # Stamp the path: the matched node newest, each ancestor one step older.
@@ -346,7 +346,7 @@ class UnifiedRadixCache:
                 yield child, len(ckey)
                 node, pos = child, end
                 continue
-            yield child, self._shared(ckey, units, pos)
+            yield child, self._shared(ckey, units, pos, n)
             return
 
     def _plan(self, ek, units) -> list:

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 import uniradix.fast as fast
-from uniradix.conformance.fast_adapter import FastAdapter, Req, ReqToTokenPool, TorchPool
+from uniradix.conformance.fast_adapter import FastAdapter, Req, ReqToTokenPool
+from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.world import PagedPool
 
 
 def make_cache(page_size=1, slots=64, **kw):
-    pool = TorchPool(PagedPool(slots, page_size))
+    pool = PoolAllocator(PagedPool(slots, page_size), torch)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=ReqToTokenPool(), token_to_kv_pool_allocator=pool,
         page_size=page_size, **kw))

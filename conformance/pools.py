@@ -1,0 +1,50 @@
+"""The environment's KV pool (:class:`~uniradix.spec.world.PagedPool`) behind SGLang's allocator
+interface, for every implementation that takes an allocator object: upstream's cache, the fast
+path, and the spec's upstream-style wrapper."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Optional
+
+from uniradix.spec.errors import AllocatorError
+from uniradix.spec.world import PagedPool
+
+
+class PoolAllocator:
+    """``alloc`` returns the slots (an int64 tensor, or ``array('q')`` without torch) or ``None``
+    when too few are free (SGLang's convention); ``free`` hands slots back to the pool, which logs
+    them as the step's ``freed`` effect.  ``check_free`` and ``is_allocated`` let the fast path
+    check slot ownership before an insert changes anything (it looks for them)."""
+
+    def __init__(self, pool: PagedPool, torch_module: Optional[Any] = None) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+        self._torch = torch_module
+        self.device = torch_module.device("cpu") if torch_module is not None else "cpu"
+
+    def alloc(self, need_size: int):
+        try:
+            slots = self.pool.alloc(int(need_size))
+        except AllocatorError:
+            return None
+        if self._torch is None:
+            return array("q", slots)
+        return self._torch.tensor(slots, dtype=self._torch.int64)
+
+    def free(self, free_index) -> None:
+        slots = free_index.tolist() if hasattr(free_index, "tolist") else list(free_index)
+        if slots:
+            self.pool.free(slots)
+
+    def available_size(self) -> int:
+        return self.pool.available_size()
+
+    def check_free(self, slots) -> None:
+        self.pool.check_free(slots)
+
+    def is_allocated(self, slot: int) -> bool:
+        return self.pool.is_allocated(slot)
+
+    def clear(self) -> None:
+        self.pool.reset()
