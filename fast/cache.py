@@ -59,6 +59,7 @@ from .params import (
     MatchPrefixParams,
     MatchResult,
 )
+from .keys import child_key, shared_len
 from .radix_key import RadixKey
 
 # MatchResult is a NamedTuple; building it through tuple.__new__ skips its Python-level
@@ -171,21 +172,11 @@ class UnifiedRadixCache:
 
     def _ck(self, extra_key, units, pos: int):
         """Child key of the page starting at ``pos``."""
-        ck = units[pos] if self.page_size == 1 else tuple(units[pos: pos + self.page_size])
-        return ck if extra_key is None else (extra_key, ck)
+        return child_key(extra_key, units, pos, self.page_size)
 
     def _shared(self, ckey, units, pos: int, n: int) -> int:
-        """Whole-page length of the common prefix of ``ckey`` and ``units[pos:n]``, knowing that
-        the first page is shared: bisection on C-level slice compares."""
-        lo, hi = self.page_size, min(len(ckey), n - pos)
-        # invariant: ckey[:lo] == units[pos:pos+lo]; the answer is < hi + 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if ckey[lo:mid] == units[pos + lo: pos + mid]:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo - lo % self.page_size
+        """Whole-page length of the common prefix of ``ckey`` and ``units[pos:n]``."""
+        return shared_len(ckey, units, pos, n, self.page_size)
 
     # ------------------------------------------------------------------------------------------
     # Clock and eviction bookkeeping
