@@ -80,8 +80,10 @@ def backup_all_layers(device: DevicePool, host: HostPool, *, device_indices: tor
                       host_indices: torch.Tensor, impl: str = "auto") -> None:
     """Copy slots `device_indices` of every layer (K and V, or the latent) to host slots
     `host_indices`.  On CUDA the copy is queued on the current stream."""
-    check_copy(device, host, device_indices, host_indices, to_host=True)
-    _backup(device, host, device_indices, host_indices, resolve_impl(impl, device, host))
+    n = check_copy(device, host, device_indices, host_indices, to_host=True)
+    impl = resolve_impl(impl, device, host)
+    if n:
+        _backup(device, host, device_indices, host_indices, impl)
 
 
 def load_layers(host: HostPool, device: DevicePool, layers: Iterable[int], *, host_indices: torch.Tensor,
@@ -89,8 +91,10 @@ def load_layers(host: HostPool, device: DevicePool, layers: Iterable[int], *, ho
     """Copy host slots `host_indices` to device slots `device_indices` for each of `layers`
     (distinct; consecutive layers share one launch on the Triton path)."""
     layers = list(layers)
-    check_copy(device, host, device_indices, host_indices, to_host=False, layers=layers)
-    _load(host, device, host_indices, device_indices, layers, resolve_impl(impl, device, host))
+    n = check_copy(device, host, device_indices, host_indices, to_host=False, layers=layers)
+    impl = resolve_impl(impl, device, host)
+    if n:
+        _load(host, device, host_indices, device_indices, layers, impl)
 
 
 def load_layer(host: HostPool, device: DevicePool, layer: int, *, host_indices: torch.Tensor,
@@ -141,11 +145,12 @@ class TransferStream:
     def backup_async(self, device: DevicePool, host: HostPool, *, device_indices: torch.Tensor,
                      host_indices: torch.Tensor) -> torch.cuda.Event:
         """Queue a backup of all layers; the event completes when the host pool holds the slots."""
-        check_copy(device, host, device_indices, host_indices, to_host=True)
+        n = check_copy(device, host, device_indices, host_indices, to_host=True)
         impl = resolve_impl(self.impl, device, host)
         di, hi = self._on_side(device, device_indices, host_indices)
         with torch.cuda.stream(self.stream):
-            _backup(device, host, di, hi, impl)
+            if n:
+                _backup(device, host, di, hi, impl)
             return self.stream.record_event()
 
     def load_layers_async(self, host: HostPool, device: DevicePool, *, host_indices: torch.Tensor,
@@ -154,12 +159,13 @@ class TransferStream:
         """Queue a layer-by-layer load (all layers by default, in the order given); `events[k]`
         completes when `layers[k]` has arrived on the device."""
         layers = list(range(device.geometry.layers)) if layers is None else list(layers)
-        check_copy(device, host, device_indices, host_indices, to_host=False, layers=layers)
+        n = check_copy(device, host, device_indices, host_indices, to_host=False, layers=layers)
         impl = resolve_impl(self.impl, device, host)
         hi, di = self._on_side(device, host_indices, device_indices)
         events = []
         with torch.cuda.stream(self.stream):
             for layer in layers:
-                _load(host, device, hi, di, [layer], impl)
+                if n:
+                    _load(host, device, hi, di, [layer], impl)
                 events.append(self.stream.record_event())
         return events
