@@ -1,7 +1,7 @@
 """The HiCache copy kernels: Triton == torch reference == a plain Python loop, bit for bit.
 
-Without a GPU the Triton kernels run under TRITON_INTERPRET=1 (set in conftest.py), so the
-pools are tiny.  Every destination starts poisoned (NaN); after a copy the whole buffer is
+Without a GPU the Triton kernels run on CPU pools under TRITON_INTERPRET=1 (set in conftest.py),
+so the pools are tiny; with one, the device pool is on the GPU and the host pool pinned.  Every destination starts poisoned (NaN); after a copy the whole buffer is
 compared across the three engines, and exactly the copied rows may have lost their poison.
 """
 import itertools
@@ -21,6 +21,8 @@ DEVICE_PAGES = 5      # device slots = (DEVICE_PAGES + 1) * page: one spare page
 HOST_PAGES = 6
 COPY_PAGES = 3
 ENGINES = ("triton", "torch", "loop")
+CUDA = torch.cuda.is_available()
+DEV = torch.device("cuda" if CUDA else "cpu")
 WORD = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 DTYPE_DIMS = list(itertools.product((torch.float16, torch.bfloat16, torch.float32), (3, 5)))  # odd head dims
@@ -48,26 +50,27 @@ def bits(t):
 
 
 def same_bits(a, b):
-    return torch.equal(bits(a), bits(b))
+    return torch.equal(bits(a.cpu()), bits(b.cpu()))
 
 
 def random_device(g):
-    pool = K.DevicePool.allocate(g, (DEVICE_PAGES + 1) * g.page_size)
+    pool = K.DevicePool.allocate(g, (DEVICE_PAGES + 1) * g.page_size, device=DEV)
     pool.buffer.copy_(torch.randn(pool.buffer.shape, dtype=torch.float32))
     return pool
 
 
 def random_host(g, layout):
-    pool = K.HostPool.allocate(g, layout, HOST_PAGES * g.page_size, pin_memory=False)
+    pool = K.HostPool.allocate(g, layout, HOST_PAGES * g.page_size, pin_memory=CUDA)
     pool.buffer.copy_(torch.randn(pool.buffer.shape, dtype=torch.float32))
     return pool
 
 
 def poisoned(pool):
-    fresh = torch.full_like(pool.buffer, float("nan"))
+    b = pool.buffer
     if isinstance(pool, K.HostPool):
+        fresh = torch.empty(b.shape, dtype=b.dtype, pin_memory=CUDA).fill_(float("nan"))
         return K.HostPool(pool.geometry, pool.layout, fresh)
-    return K.DevicePool(pool.geometry, fresh)
+    return K.DevicePool(pool.geometry, torch.full_like(b, float("nan")))
 
 
 def run(direction, src, dst, src_idx, dst_idx, engine, layer):
@@ -129,7 +132,7 @@ def test_backup_then_load_back_restores_the_pages(kind, layout):
     after = device.planes_view()
     for plane in range(g.planes):
         for layer in range(LAYERS):
-            assert same_bits(after[plane, layer][back], before[plane, layer][out])
+            assert same_bits(after[plane, layer][back.to(DEV)], before[plane, layer][out.to(DEV)])
 
 
 def test_host_shapes_follow_upstream():
@@ -150,7 +153,7 @@ def test_host_shapes_follow_upstream():
 def test_auto_picks_triton_under_the_interpreter_or_on_cuda():
     g = geometry(AttentionKind.MHA, 1, torch.float16, 3)
     device, host = random_device(g), random_host(g, Layout.LAYER_FIRST)
-    expected = "triton" if triton_copy.INTERPRET else "torch"
+    expected = "triton" if triton_copy.INTERPRET or CUDA else "torch"
     assert K.resolve_impl("auto", device, host) == expected
 
 
