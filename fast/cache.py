@@ -67,6 +67,7 @@ from .radix_key import RadixKey
 _match_result = functools.partial(tuple.__new__, MatchResult)
 
 _INT64 = torch.int64
+_narrow_copy = torch.narrow_copy
 STRIDE = 1 << 20  # clock step per touch; a match path of up to STRIDE nodes fits below it
 FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FULL)
 
@@ -76,9 +77,10 @@ _node_ids = itertools.count(1)
 
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
-                 "hit_count", "extra_key", "dev_children", "id")
+                 "hit_count", "extra_key", "dev_children", "id", "ck")
 
-    def __init__(self, key, value, parent, extra_key, stamp: int) -> None:
+    def __init__(self, key, value, parent, extra_key, stamp: int, ck=None) -> None:
+        self.ck = ck  # the key this node is filed under in its parent's children
         self.children: dict = {}
         self.parent: Optional[TreeNode] = parent
         self.key = key
@@ -213,22 +215,26 @@ class UnifiedRadixCache:
         ckey = child.key
         value = child.value
         self._clock += STRIDE
-        upper = TreeNode(ckey[:split_len], None if value is None else value[:split_len].clone(),
-                         parent, ek, self._clock)
+        # narrow_copy: one torch call per copy instead of a slice and a clone
+        upper = TreeNode(ckey[:split_len],
+                         None if value is None else _narrow_copy(value, 0, 0, split_len),
+                         parent, ek, self._clock, child.ck)
         upper.lock_ref = child.lock_ref
-        parent.children[self._ck(ek, ckey, 0)] = upper
+        parent.children[child.ck] = upper
         child.key = ckey[split_len:]
         if value is not None:
-            child.value = value[split_len:].clone()
+            child.value = _narrow_copy(value, 0, split_len, len(ckey) - split_len)
             upper.dev_children = 1
         child.parent = upper
-        upper.children[self._ck(ek, child.key, 0)] = child
+        child.ck = self._ck(ek, child.key, 0)
+        upper.children[child.ck] = child
         self._touch(child)
         return upper
 
-    def _unevict(self, node: TreeNode, fresh) -> None:
-        """An evicted node met by an insert holds device data again: the fresh slots."""
-        node.value = fresh.clone()
+    def _unevict(self, node: TreeNode, value: torch.Tensor, pos: int) -> None:
+        """An evicted node met by an insert holds device data again: the fresh slots
+        ``value[pos:pos + len(node.key)]`` (copied)."""
+        node.value = _narrow_copy(value, 0, pos, len(node.key))
         node.parent.dev_children += 1
         if node.lock_ref == 0:
             self._evictable += len(node.key)
@@ -237,11 +243,6 @@ class UnifiedRadixCache:
         if self.validate_slots:
             self._owned.update(node.value.tolist())
         self._push_if_leaf(node)
-
-    def _detach(self, node: TreeNode) -> None:
-        parent = node.parent
-        del parent.children[self._ck(node.extra_key, node.key, 0)]
-        node.parent = None
 
     def find_node(self, key: RadixKey) -> TreeNode:
         """The node whose path is exactly ``key`` (the root for an empty key)."""
@@ -431,7 +432,7 @@ class UnifiedRadixCache:
                 clock = self._clock
             end = pos + shared
             if child.value is None:
-                self._unevict(child, value[pos:end])
+                self._unevict(child, value, pos)
             elif prev < end:
                 lo = prev if prev > pos else pos
                 if free_hi == lo:
@@ -446,9 +447,10 @@ class UnifiedRadixCache:
         if pos < n:
             clock += STRIDE
             rest = units[pos:]
-            leaf = TreeNode(rest, value[pos:].clone(), node, ek, clock)
-            node.children[(rest[0] if self.page_size == 1 else tuple(rest[: self.page_size]))
-                          if ek is None else self._ck(ek, rest, 0)] = leaf
+            ck = (rest[0] if self.page_size == 1 else tuple(rest[: self.page_size])) \
+                if ek is None else self._ck(ek, rest, 0)
+            leaf = TreeNode(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, clock, ck)
+            node.children[ck] = leaf
             node.dev_children += 1
             self._evictable += n - pos
             if self.validate_slots:
@@ -523,43 +525,48 @@ class UnifiedRadixCache:
 
     def evict(self, params: EvictParams) -> EvictResult:
         """Evict the oldest evictable device leaves, whole nodes, until ``num_tokens`` are
-        freed or nothing is evictable."""
+        freed or nothing is evictable.  Without a host tier an evicted leaf leaves the tree,
+        and childless unlocked tombstone ancestors follow it."""
         want = _int_arg("num_tokens", params.num_tokens)
         if self.disable:
             return EvictResult()
         heap = self._heap
-        pop = heapq.heappop
+        pop, push = heapq.heappop, heapq.heappush
+        free = self.token_to_kv_pool_allocator.free
+        owned = self._owned if self.validate_slots else None
+        root = self.root_node
         freed = 0
+        # NOTE: the per-leaf work is inline (one Python call per evicted leaf is the
+        # allocator's free, nothing else).
         while freed < want and heap:
             stamp, node = pop(heap)
             if node.last_access_time != stamp or node.lock_ref or node.dev_children \
                     or node.value is None or node.parent is None:
-                continue
-            freed += self._evict_leaf(node)
+                continue  # a stale entry
+            value = node.value
+            free(value)
+            if owned is not None:
+                owned.difference_update(value.tolist())
+            k = len(node.key)
+            freed += k
+            self._evictable -= k
+            node.value = None
+            parent = node.parent
+            del parent.children[node.ck]
+            node.parent = None
+            parent.dev_children -= 1
+            while parent is not root and not parent.children and parent.lock_ref == 0 \
+                    and parent.value is None:
+                up = parent.parent
+                del up.children[parent.ck]
+                parent.parent = None
+                parent = up
+            if parent.lock_ref == 0 and parent.dev_children == 0 and parent.value is not None \
+                    and parent is not root:
+                push(heap, (parent.last_access_time, parent))
         if len(heap) > 64 and len(heap) > 4 * (self._evictable // max(self.page_size, 1) + 16):
             self._compact_heap()
         return EvictResult(num_tokens_evicted=freed)
-
-    def _evict_leaf(self, node: TreeNode) -> int:
-        """Without a host tier an evicted leaf leaves the tree; childless unlocked tombstone
-        ancestors follow it."""
-        value = node.value
-        k = len(node.key)
-        self.token_to_kv_pool_allocator.free(value)
-        if self.validate_slots:
-            self._owned.difference_update(value.tolist())
-        self._evictable -= k
-        node.value = None
-        parent = node.parent
-        self._detach(node)
-        parent.dev_children -= 1
-        while parent is not self.root_node and not parent.children and parent.lock_ref == 0 \
-                and parent.value is None:
-            up = parent.parent
-            self._detach(parent)
-            parent = up
-        self._push_if_leaf(parent)
-        return k
 
     # ------------------------------------------------------------------------------------------
     # Requests (upstream's cache_finished_req / cache_unfinished_req)
@@ -647,7 +654,7 @@ class UnifiedRadixCache:
             for ck, c in node.children.items():
                 if c.parent is not node:
                     errors.append(f"[tree] {c!r}: parent pointer is wrong")
-                if ck != self._ck(c.extra_key, c.key, 0):
+                if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
                     errors.append(f"[tree] {c!r}: filed under the wrong child key")
                 if c.value is not None:
                     dev += 1
