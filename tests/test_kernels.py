@@ -301,3 +301,24 @@ def test_cuda_side_stream_events_per_layer(layout):
             assert same_bits(got.cpu(), host.paged_layer(plane, layer)[h_idx // P, h_idx % P])
     torch.cuda.synchronize()
     assert all(e.query() for e in events)
+
+
+# --- int64 addressing ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_slots_past_two_to_the_31_elements_are_addressed_exactly():
+    """A host pool of 2.5 GB of one-byte rows: layer 7 starts past element 2**31, so any int32
+    product or sum in the kernel's address arithmetic would land the copy in the wrong place."""
+    tokens = 310_000_000
+    g = K.KVGeometry.mla(layers=8, dim=1, page_size=1, dtype=torch.uint8)
+    assert 7 * tokens > 2**31
+    shape = g.host_shape(Layout.LAYER_FIRST, tokens)
+    host = K.HostPool(g, Layout.LAYER_FIRST, torch.empty(shape, dtype=torch.uint8, pin_memory=CUDA))
+    device = K.DevicePool(g, torch.randint(1, 255, g.device_shape(8), dtype=torch.uint8, device=DEV))
+    d_idx, h_idx = torch.tensor([0, 3, 7]), torch.tensor([tokens - 1, 5, tokens - 2])
+    K.backup_all_layers(device, host, device_indices=d_idx, host_indices=h_idx, impl="triton")
+    want = device.buffer[:, d_idx.to(DEV), 0, 0].cpu()
+    assert torch.equal(host.buffer[:, h_idx, 0, 0], want)
+    device.buffer.zero_()
+    K.load_all_layers(host, device, host_indices=h_idx, device_indices=d_idx, impl="triton")
+    assert torch.equal(device.buffer[:, d_idx.to(DEV), 0, 0].cpu(), want)
