@@ -151,7 +151,7 @@ class FreeListAllocator:
         return taken
 
     def free(self, free_index) -> None:
-        n = len(free_index)
+        n = free_index.numel()  # as SGLang's allocators do; len() is a Python-level wrapper
         if n:
             self._released.append(free_index)
             self._released_slots += n
