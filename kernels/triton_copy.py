@@ -85,12 +85,13 @@ if triton is not None:
 _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
-def _word_bytes(dtype: torch.dtype, row: int, *addressings: Addressing) -> int:
+def _word_bytes(dtype: torch.dtype, row: int, buffers, addressings) -> int:
+    """The widest word that divides a row, every stride and every buffer's start address."""
     item = dtype.itemsize
     for w in (8, 4, 2, 1):
         if w < item:
             break
-        ok = (row * item) % w == 0 and all(
+        ok = (row * item) % w == 0 and all(b.data_ptr() % w == 0 for b in buffers) and all(
             (s * item) % w == 0 for a in addressings for s in (a.plane, a.layer, a.page_stride, a.token))
         if ok:
             return w
@@ -116,7 +117,7 @@ def _launch(src: torch.Tensor, src_a: Addressing, dst: torch.Tensor, dst_a: Addr
         return
     page, planes = geometry.page_size, geometry.planes
     item = geometry.dtype.itemsize
-    word = _word_bytes(geometry.dtype, geometry.row, src_a, dst_a)
+    word = _word_bytes(geometry.dtype, geometry.row, (src, dst), (src_a, dst_a))
     row = geometry.row * item // word
     src_a, dst_a = _scaled(src_a, item, word), _scaled(dst_a, item, word)
     src_w, dst_w = _as_words(src, word), _as_words(dst, word)

@@ -157,6 +157,20 @@ def test_auto_picks_triton_under_the_interpreter_or_on_cuda():
     assert K.resolve_impl("auto", device, host) == expected
 
 
+def test_pools_that_start_off_word_alignment_are_copied_word_by_smaller_word():
+    """Rows of 16 bytes move as int64 words, unless a buffer starts 2 bytes into its storage."""
+    g = K.KVGeometry.mha(2, 2, 4, 1, torch.float16)
+    storage = torch.randn(1 + 2 * 2 * 8 * 2 * 4).half().to(DEV)
+    device = K.DevicePool(g, storage[1:].view(g.device_shape(8)))
+    made = {}
+    for engine in ("triton", "loop"):
+        host = poisoned(K.HostPool.allocate(g, Layout.PAGE_FIRST, 8, pin_memory=CUDA))
+        K.backup_all_layers(device, host, device_indices=torch.tensor([3, 0, 7]),
+                            host_indices=torch.tensor([1, 6, 2]), impl=engine)
+        made[engine] = host.buffer
+    assert same_bits(made["triton"], made["loop"])
+
+
 # --- bad inputs: a clear error, nothing launched, nothing written ---------------------------
 
 def _bad_inputs():
