@@ -24,10 +24,12 @@ The scheduler, per request, in arrival order, with ``inflight`` (16) requests ru
     dec_lock_ref(m.last_device_node, r.to_dec_params())
 
 ``tokens`` is the prompt followed by the request's output tokens, ``aligned`` its length rounded
-down to whole pages. The allocator is the torch-facing wrapper over the environment's
-:class:`~uniradix.spec.world.PagedPool` that the upstream adapter uses (``array('q')`` values
-instead of tensors when torch is not installed), so every implementation sees the same slot
-numbers.
+down to whole pages. The allocator of ``fast`` and ``upstream`` is :class:`FreeListAllocator`, a
+production-style free list over a tensor (no per-slot Python work, as SGLang's own allocators);
+the spec's wrapper needs the slot checks of the environment's
+:class:`~uniradix.spec.world.PagedPool` and runs over it (``array('q')`` values instead of
+tensors when torch is not installed). Slot numbers may differ between the two allocators; no
+cache decision depends on them, and :func:`compare` checks that the outcomes agree.
 
 **What is timed** (``time.perf_counter`` around each call, nothing else): the five cache calls
 ``match_prefix``, ``inc_lock_ref``, ``evict``, ``insert`` and ``dec_lock_ref``, including the pool
@@ -39,9 +41,9 @@ as medians. For the spec the conversion between tensors/arrays and the lists it 
 inside the wrapper and is timed with it. Python's garbage collector stays on (it is part of
 each implementation's cost); a full collection runs before each measured run.
 
-The pool's ``free`` (a per-slot Python check in :class:`~uniradix.spec.world.PagedPool`) is the
-environment's work, yet inside the timed evict and insert calls; it is timed on its own too and
-reported as ``pool%`` (its share of the timed time) and ``ex-pool`` (requests/s without it), so
+Where the allocator runs over the pool model (the spec), the pool's ``free`` (a per-slot Python
+check in :class:`~uniradix.spec.world.PagedPool`) is the environment's work, yet inside the timed
+evict and insert calls; it is timed on its own too and reported as ``pool%`` (its share of the timed time) and ``ex-pool`` (requests/s without it), so
 that the cache's own speed can be read apart from the world model's. Hit rate counts every
 request that was matched, aborted ones included.
 
