@@ -336,3 +336,20 @@ def test_slots_past_two_to_the_31_elements_are_addressed_exactly():
     device.buffer.zero_()
     K.load_all_layers(host, device, host_indices=h_idx, device_indices=d_idx, impl="triton")
     assert torch.equal(device.buffer[:, d_idx.to(DEV), 0, 0].cpu(), want)
+
+
+# --- the GPU benchmark's code paths, at toy sizes on this machine ----------------------------
+
+def test_bench_measures_and_checks_every_engine_on_a_toy_config(capsys):
+    from uniradix.kernels import bench
+    raw_dev = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device=DEV)
+    raw_host = torch.empty(raw_dev.shape, dtype=torch.uint8, pin_memory=CUDA).copy_(raw_dev)
+    clock = bench.Clock(DEV.type == "cuda")
+    rows = bench.bench_config(clock, DEV, raw_dev, raw_host, Layout.PAGE_FIRST_DIRECT, 16, 4 * 1024,
+                              64 * 1024, 1, bench.PerPageCopier(DEV.type == "cuda"), 16)
+    assert [r["direction"] for r in rows] == list(bench.DIRECTIONS)
+    assert all(r["verified"] and r["memcpy_gbps"] > 0 and r["triton_gbps"] > 0 for r in rows)
+    ceil = bench.ceilings(clock, DEV, 1 << 20, 1)
+    bench.judge(rows, ceil)
+    bench.print_table(rows, ceil)
+    assert "page_first_direct" in capsys.readouterr().out
