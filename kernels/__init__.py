@@ -118,6 +118,11 @@ class TransferStream:
     The caller orders its own work after a copy by waiting on the returned event.  Index tensors
     may be on the CPU (copied to the device on the side stream) or on the device (kept alive for
     the side stream with `record_stream`).  The host pool must be pinned.
+
+    Index values are checked before anything is queued.  For CPU index tensors that is free;
+    for device index tensors it is a host sync on the work that produced them, which would
+    stall the caller: pass `check_values=False` there when the indices come from the
+    allocators (the structure is still checked: dtype, shape, lengths, devices, layers).
     """
 
     def __init__(self, device: torch.device | str | int | None = None, impl: str = "auto"):
@@ -143,9 +148,9 @@ class TransferStream:
         return moved
 
     def backup_async(self, device: DevicePool, host: HostPool, *, device_indices: torch.Tensor,
-                     host_indices: torch.Tensor) -> torch.cuda.Event:
+                     host_indices: torch.Tensor, check_values: bool = True) -> torch.cuda.Event:
         """Queue a backup of all layers; the event completes when the host pool holds the slots."""
-        n = check_copy(device, host, device_indices, host_indices, to_host=True)
+        n = check_copy(device, host, device_indices, host_indices, to_host=True, values=check_values)
         impl = resolve_impl(self.impl, device, host)
         di, hi = self._on_side(device, device_indices, host_indices)
         with torch.cuda.stream(self.stream):
@@ -154,12 +159,13 @@ class TransferStream:
             return self.stream.record_event()
 
     def load_layers_async(self, host: HostPool, device: DevicePool, *, host_indices: torch.Tensor,
-                          device_indices: torch.Tensor, layers: Sequence[int] | None = None
-                          ) -> list[torch.cuda.Event]:
+                          device_indices: torch.Tensor, layers: Sequence[int] | None = None,
+                          check_values: bool = True) -> list[torch.cuda.Event]:
         """Queue a layer-by-layer load (all layers by default, in the order given); `events[k]`
         completes when `layers[k]` has arrived on the device."""
         layers = list(range(device.geometry.layers)) if layers is None else list(layers)
-        n = check_copy(device, host, device_indices, host_indices, to_host=False, layers=layers)
+        n = check_copy(device, host, device_indices, host_indices, to_host=False, layers=layers,
+                       values=check_values)
         impl = resolve_impl(self.impl, device, host)
         hi, di = self._on_side(device, host_indices, device_indices)
         events = []

@@ -12,7 +12,8 @@ A copy pairs `device_indices[k]` with `host_indices[k]` (token slots).  It is ac
   allocators hand slots out); the kernels move one page per program on that promise;
 - the destination pages are distinct (two writers to one slot would race).
 
-On a CUDA index tensor the checks cost one device sync (all statistics come back in one copy).
+On a CUDA index tensor the checks of values cost one device sync (all statistics come back in
+one copy); `values=False` skips them, for indices from a trusted allocator.
 """
 from __future__ import annotations
 
@@ -67,10 +68,12 @@ def _first_bad(idx: torch.Tensor, bound: int) -> int:
 
 
 def check_copy(device: DevicePool, host: HostPool, device_indices, host_indices, *,
-               to_host: bool, layers=()) -> int:
+               to_host: bool, layers=(), values: bool = True) -> int:
     """Raise KernelInputError / KernelIndexError unless the copy is well formed; return its
     length in tokens.  `to_host` says which side is the destination (for the distinct-pages
-    check); each of `layers` must name a layer of the pools, at most once."""
+    check); each of `layers` must name a layer of the pools, at most once.  `values=False`
+    skips the checks that read the indices (range, whole pages, distinct destinations): only
+    for indices a trusted allocator produced, where a device sync would cost too much."""
     _check_pools(device, host)
     g = device.geometry
     layers = list(layers)
@@ -89,8 +92,8 @@ def check_copy(device: DevicePool, host: HostPool, device_indices, host_indices,
             f"device_indices has {n} slots but host_indices has {host_indices.numel()}; they pair one to one")
     if n % g.page_size:
         raise KernelIndexError(f"{n} slots is not a whole number of pages of {g.page_size}")
-    if n == 0:
-        return 0
+    if n == 0 or not values:
+        return n
     sides = [("device_indices", device_indices, device.slots, not to_host),
              ("host_indices", host_indices, host.tokens, to_host)]
     stats = [_stats(idx, g.page_size) for _, idx, _, _ in sides]

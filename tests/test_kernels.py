@@ -257,6 +257,18 @@ def test_a_layer_outside_the_pools_is_refused(layer, no_launch):
         K.load_layer(host, device, layer, host_indices=idx, device_indices=idx)
 
 
+def test_checks_of_index_values_can_be_skipped_but_not_checks_of_structure():
+    from uniradix.kernels.validate import check_copy
+    g = geometry(AttentionKind.MHA, 1, torch.float16, 3)
+    device, host = random_device(g), random_host(g, Layout.LAYER_FIRST)
+    far = torch.tensor([10**9])
+    assert check_copy(device, host, far, far, to_host=True, values=False) == 1
+    with pytest.raises(K.KernelIndexError):
+        check_copy(device, host, far, far, to_host=True)
+    with pytest.raises(K.KernelInputError, match="int64"):
+        check_copy(device, host, far.int(), far, to_host=True, values=False)
+
+
 def test_an_empty_copy_is_a_no_op(no_launch):
     g = geometry(AttentionKind.MHA, 16, torch.float16, 3)
     device, host = random_device(g), poisoned(random_host(g, Layout.LAYER_FIRST))
@@ -305,7 +317,7 @@ def test_cuda_side_stream_events_per_layer(layout):
 
     target = slots_of(list(range(40, 60)), P).cuda()
     device.planes_view()[:, :, target] = float("nan")
-    events = io.load_layers_async(host, device, host_indices=h_idx, device_indices=target)
+    events = io.load_layers_async(host, device, host_indices=h_idx, device_indices=target, check_values=False)
     assert len(events) == g.layers
     main = torch.cuda.current_stream()
     for layer, event in enumerate(events):
