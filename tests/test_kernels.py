@@ -1,8 +1,9 @@
 """The HiCache copy kernels: Triton == torch reference == a plain Python loop, bit for bit.
 
 Without a GPU the Triton kernels run on CPU pools under TRITON_INTERPRET=1 (set in conftest.py),
-so the pools are tiny; with one, the device pool is on the GPU and the host pool pinned.  Every destination starts poisoned (NaN); after a copy the whole buffer is
-compared across the three engines, and exactly the copied rows may have lost their poison.
+so the pools are tiny; with one, the device pool is on the GPU and the host pool pinned.  Every
+destination starts poisoned (NaN); after a copy the whole buffer is compared across the three
+engines, and exactly the copied rows may have lost their poison.
 """
 import itertools
 import random
