@@ -5,6 +5,7 @@
     uniradix record --impl {spec,fast,upstream} --workload W --out T.jsonl
     uniradix bench [--impl spec,fast,upstream] [--workload shared-prefix|mooncake] [--json FILE]
     uniradix run [--requests N] [--json FILE]
+    uniradix check --exhaustive [--depth D] [--config NAME|JSON] [--seconds S] [--out DIR]
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_conform_parser(sub)
     add_record_parser(sub)
     add_bench_parser(sub)
+    from uniradix.conformance.exhaustive import add_check_parser
+    add_check_parser(sub)
 
     w = sub.add_parser("run", help="the main job: conformance (corpus replay, lockstep) and a "
                        "short benchmark, with one summary table")
