@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 
-.PHONY: run test bench install upstream-venv corpus clean
+.PHONY: run test bench install upstream-venv corpus gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: install
 bench: install
 	mkdir -p bench-results
 	$(PY) -m pytest tests/bench --benchmark-enable --benchmark-only --benchmark-json=bench-results/bench.json -q
+
+# On a GPU machine: kernel tests on the GPU, then GB/s of the HiCache copy kernels
+# (docs/KERNELS.md); needs no network, under 10 minutes.
+gpu-bench:
+	scripts/gpu-bench.sh
 
 # Throwaway virtualenv with upstream sglang 0.5.13.post1 (never a project dependency).
 upstream-venv:
