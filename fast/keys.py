@@ -10,7 +10,8 @@ spec's (tests/test_crosshair_equiv.py).
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Optional, Sequence
+import heapq
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 
 def child_key(extra_key: Optional[Hashable], units: Sequence, pos: int, page_size: int) -> Any:
@@ -37,3 +38,46 @@ def shared_len(ckey: Sequence, units: Sequence, pos: int, n: int, page_size: int
         else:
             hi = mid - 1
     return lo - lo % page_size
+
+
+def bigram_units(tokens: Sequence[int], bigram: bool) -> Sequence:
+    """The tree's units of a token sequence: the tokens themselves, or under EAGLE the list of
+    consecutive pairs (``n`` tokens give ``n - 1`` units)."""
+    return list(zip(tokens, tokens[1:])) if bigram else tokens
+
+
+def aligned_units_len(n_tokens: int, page_size: int, bigram: bool) -> int:
+    """How many units of ``n_tokens`` tokens the tree keeps: the units, cut to whole pages."""
+    n = max(0, n_tokens - 1) if bigram else n_tokens
+    return n - n % page_size
+
+
+def step_len(ckey: Sequence, units: Sequence, pos: int, n: int, page_size: int) -> int:
+    """How far a walk (match or insert) goes into a child whose first page ``units[pos:]``
+    shares: the whole child when ``units[pos:n]`` holds all of it (one slice compare), else
+    the whole-page common length, where the child is split."""
+    end = pos + len(ckey)
+    if end <= n and units[pos:end] == ckey:
+        return len(ckey)
+    return shared_len(ckey, units, pos, n, page_size)
+
+
+def heap_victim(heap: list, live: Callable[[Any, Any], bool]) -> Any:
+    """Victim selection over a lazily deleted heap of ``(stamp, node)``: pop entries until one
+    is live (``live(stamp, node)``: the stamp is still the node's and the node is an evictable
+    leaf) and return its node; None when the heap runs out.  Pops from ``heap``."""
+    while heap:
+        stamp, node = heapq.heappop(heap)
+        if live(stamp, node):
+            return node
+    return None
+
+
+def live_order(heap: Sequence, live: Callable[[Any, Any], bool]) -> list:
+    """The order ``heap_victim`` would take the live nodes in (each once), without popping."""
+    seen, out = set(), []
+    for stamp, node in sorted(heap):
+        if live(stamp, node) and node not in seen:
+            seen.add(node)
+            out.append(node)
+    return out
