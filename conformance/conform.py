@@ -300,6 +300,9 @@ def cmd_conform(args: argparse.Namespace) -> int:
         print("uniradix conform: --impls needs at least two implementations", file=sys.stderr)
         return 2
     config = parse_config_arg(args.config)
+    if args.check_kv:
+        from uniradix.conformance.kvcheck import kv_checked
+        impls = [kv_checked(i) for i in impls]
     try:
         res = run_conform(impls, config=config, steps=args.steps, seconds=args.seconds,
                           seed=args.seed, out=args.out, shrink_seconds=args.shrink_seconds,
@@ -340,6 +343,9 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tree-only", action="store_true",
                    help="no request-level ops (req_*): for implementations with only the "
                         "tree-level API, such as upstream")
+    p.add_argument("--check-kv", action="store_true",
+                   help="each implementation keeps a fingerprinted KV pool; every slot a cache "
+                        "hands out must hold its token's KV (conformance/kvcheck.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=cmd_conform)
     return p

@@ -62,10 +62,16 @@ def compare(expected_ret: dict, obs: dict) -> Optional[tuple[str, Any, Any]]:
 
 
 def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
-                 on_step: Optional[Callable[[int], None]] = None) -> ReplayResult:
-    """Replay one trace; stop at its first divergence."""
+                 on_step: Optional[Callable[[int], None]] = None,
+                 check_kv: bool = False) -> ReplayResult:
+    """Replay one trace; stop at its first divergence.  ``check_kv``: keep a fingerprinted KV
+    pool and check every slot the cache hands out (conformance/kvcheck.py); its findings come
+    with the invariants."""
     try:
         adapter = make_adapter(impl, trace.config)
+        if check_kv:
+            from uniradix.conformance.kvcheck import KVChecked
+            adapter = KVChecked(adapter, trace.config)
     except CacheError as e:
         if type(e).__name__ == "Unsupported":
             return ReplayResult(trace.name, 0, unsupported=str(e))
@@ -102,12 +108,13 @@ def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
 
 def replay_paths(paths: Iterable[str], impl: str, *, keep_going: bool = False,
                  skip_unsupported: bool = False, check_invariants: bool = True,
-                 out: Callable[[str], None] = print, verbose: bool = False) -> int:
+                 out: Callable[[str], None] = print, verbose: bool = False,
+                 check_kv: bool = False) -> int:
     """Replay files; print divergences and the summary line; return the exit status."""
     steps = traces = divergences = failures = 0
     for path in paths:
         trace = load_trace(path)
-        result = replay_trace(trace, impl, check_invariants)
+        result = replay_trace(trace, impl, check_invariants, check_kv=check_kv)
         traces += 1
         steps += result.steps
         if result.unsupported is not None:
