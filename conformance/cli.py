@@ -1,7 +1,7 @@
 """The ``uniradix`` command line (docs/CLI.md).
 
-    uniradix replay TRACE... [--impl spec|fast|upstream] [--keep-going] [--skip-unsupported]
-    uniradix conform --impls spec,fast [--config NAME] [--steps N | --seconds S] [--seed K]
+    uniradix replay TRACE... [--impl spec|fast|upstream] [--keep-going] [--skip-unsupported] [--check-kv]
+    uniradix conform --impls spec,fast [--config NAME] [--steps N | --seconds S] [--seed K] [--check-kv]
     uniradix record --impl {spec,fast,upstream} --workload W --out T.jsonl
     uniradix bench [--impl spec,fast,upstream] [--workload shared-prefix|mooncake] [--json FILE]
     uniradix run [--requests N] [--json FILE]
@@ -24,7 +24,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from uniradix.conformance.replay import replay_paths
     return replay_paths(args.traces, args.impl, keep_going=args.keep_going,
                         skip_unsupported=args.skip_unsupported,
-                        check_invariants=not args.no_invariants, verbose=args.verbose)
+                        check_invariants=not args.no_invariants, verbose=args.verbose,
+                        check_kv=args.check_kv)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report traces whose config is not supported yet, but do not fail")
     r.add_argument("--no-invariants", action="store_true",
                    help="do not run the implementation's invariants after each step")
+    r.add_argument("--check-kv", action="store_true",
+                   help="keep a fingerprinted KV pool and check every slot the cache hands out "
+                        "(conformance/kvcheck.py); a wrong slot fails like an invariant")
     r.add_argument("-v", "--verbose", action="store_true", help="one line per trace")
     r.set_defaults(func=cmd_replay)
 
