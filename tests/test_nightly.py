@@ -1,6 +1,6 @@
 """The nightly run: the Hypothesis lockstep machine (spec against fast, conformance/machine.py)
 under the ``nightly`` profile of tests/conftest.py: CrossHair as Hypothesis's backend
-(hypothesis-crosshair), 2,000 runs of up to 200 steps each (about 8 minutes here) (the default suite's machine runs 25
+(hypothesis-crosshair), 2,000 runs of up to 200 steps each (318 s here) (the default suite's machine runs 25
 of 60, with spec against spec).  Skipped unless that profile is loaded:
 
     .venv/bin/python -m pytest tests/test_nightly.py --hypothesis-profile=nightly
