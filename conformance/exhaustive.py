@@ -545,8 +545,8 @@ def fast_fingerprint(adapter: Any) -> tuple:
         def skip_paths(params: Any) -> tuple:
             if params is None:
                 return ()
-            return tuple(sorted(str(ids.get(i, "detached")) for s in params.skip_lock_node_ids.values()
-                                for i in s))
+            return tuple(sorted(str(ids.get(i, "detached"))
+                                for s in params.skip_lock_node_ids.values() for i in s))
 
         handles = tuple(sorted((paths.get(id(node), "detached"), skip_paths(p))
                                for node, p in adapter.handles.values()))
@@ -656,7 +656,8 @@ def _worker_expand(universe: Universe, impls: Sequence[str], paths: list[str]) -
 
 def worker_pool(jobs: int) -> concurrent.futures.ProcessPoolExecutor:
     """Spawned workers (the fast path's torch does not like being forked)."""
-    return concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    return concurrent.futures.ProcessPoolExecutor(
+        jobs, mp_context=multiprocessing.get_context("spawn"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -948,7 +949,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if len(impls) < 2:
         print("uniradix check: --impls needs at least two implementations", file=sys.stderr)
         return 2
-    universes = [parse_universe(c) for c in args.config] if args.config else list(UNIVERSES.values())
+    universes = ([parse_universe(c) for c in args.config] if args.config
+                 else list(UNIVERSES.values()))
     t0 = time.monotonic()
     try:
         results = run_check(universes, impls, depth=args.depth, seconds=args.seconds,

@@ -105,11 +105,13 @@ def _fast_child_key(extra_key, units, pos, ps):
     return as_spec_child_key(fk.child_key(extra_key, units, pos, ps), extra_key, ps)
 
 
-def spec_child_key_p1(extra_key: Optional[str], u0: int, u1: int, u2: int, pos: int) -> Optional[tuple]:
+def spec_child_key_p1(extra_key: Optional[str], u0: int, u1: int, u2: int,
+                      pos: int) -> Optional[tuple]:
     return _spec_child_key(extra_key, [u0, u1, u2], pos, 1)
 
 
-def fast_child_key_p1(extra_key: Optional[str], u0: int, u1: int, u2: int, pos: int) -> Optional[tuple]:
+def fast_child_key_p1(extra_key: Optional[str], u0: int, u1: int, u2: int,
+                      pos: int) -> Optional[tuple]:
     return _fast_child_key(extra_key, [u0, u1, u2], pos, 1)
 
 
@@ -138,7 +140,8 @@ def spec_same_child_bigram_p1(ek1: Optional[str], a0: int, a1: int, ek2: Optiona
                               b1: int) -> bool:
     """The same under EAGLE at page size 1, where the fast key of a unit is the bare pair,
     which must never equal a namespaced ``(extra_key, pair)``."""
-    return sk.namespaced_child_key(ek1, [(a0, a1)], 1) == sk.namespaced_child_key(ek2, [(b0, b1)], 1)
+    return (sk.namespaced_child_key(ek1, [(a0, a1)], 1)
+            == sk.namespaced_child_key(ek2, [(b0, b1)], 1))
 
 
 def fast_same_child_bigram_p1(ek1: Optional[str], a0: int, a1: int, ek2: Optional[str], b0: int,
@@ -302,7 +305,8 @@ def _victim_domain() -> list:
     for s in itertools.permutations((0, 1, 2)):
         for leaf in itertools.product(_B, repeat=3):
             for n_stale in range(3):
-                for x0, i0, x1, i1 in itertools.product((-1, 0, 1, 2, 3), (0, 1, 2), (0, 2), (0, 1)):
+                stale = itertools.product((-1, 0, 1, 2, 3), (0, 1, 2), (0, 2), (0, 1))
+                for x0, i0, x1, i1 in stale:
                     out.append((*s, *leaf, x0, i0, x1, i1, n_stale))
     return out
 

@@ -225,4 +225,5 @@ def test_transitions_are_a_table_a_tier_can_extend():
 def test_unlock_of_unknown_handle_is_rejected_alike():
     """The invalid transitions are rejected by the spec, with the error the trace records."""
     s = SpecAdapter(ex.UNIVERSES["full-p1"].config())
-    assert s.apply({"i": 0, "op": "unlock", "args": {"handle": -1}})["error"] == HandleError.__name__
+    obs = s.apply({"i": 0, "op": "unlock", "args": {"handle": -1}})
+    assert obs["error"] == HandleError.__name__

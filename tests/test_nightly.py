@@ -1,7 +1,7 @@
 """The nightly run: the Hypothesis lockstep machine (spec against fast, conformance/machine.py)
 under the ``nightly`` profile of tests/conftest.py: CrossHair as Hypothesis's backend
-(hypothesis-crosshair), 2,000 runs of up to 200 steps each (318 s here) (the default suite's machine runs 25
-of 60, with spec against spec).  Skipped unless that profile is loaded:
+(hypothesis-crosshair), 2,000 runs of up to 200 steps each (318 s here; the default suite's
+machine runs 25 of 60, with spec against spec).  Skipped unless that profile is loaded:
 
     .venv/bin/python -m pytest tests/test_nightly.py --hypothesis-profile=nightly
 
@@ -44,7 +44,8 @@ def test_lockstep_machine_nightly(monkeypatch):
     if not nightly_loaded():
         pytest.skip("the nightly profile is not loaded (--hypothesis-profile=nightly)")
     if importlib.util.find_spec("hypothesis_crosshair_provider") is None:
-        pytest.fail("the nightly profile needs hypothesis-crosshair (pip install hypothesis-crosshair)")
+        pytest.fail("the nightly profile needs hypothesis-crosshair "
+                    "(pip install hypothesis-crosshair)")
     monkeypatch.setattr(machine.HypothesisChooser, "integer", _realizing_integer)
     run_state_machine_as_test(machine.make_machine(["spec", "fast"], name="NightlyMachine"),
                               settings=settings.default)
