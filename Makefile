@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 
-.PHONY: run test bench install upstream-venv corpus gpu-bench clean
+.PHONY: run test bench check nightly install upstream-venv corpus gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,14 @@ test: install
 bench: install
 	mkdir -p bench-results
 	$(PY) -m pytest tests/bench --benchmark-enable --benchmark-only --benchmark-json=bench-results/bench.json -q
+
+# Bounded exhaustive exploration, spec and fast in lockstep (docs/CHECKS.md).
+check: install
+	$(VENV)/bin/uniradix check --exhaustive --jobs 2
+
+# The Hypothesis lockstep machine with the CrossHair backend, 2,000 runs of 200 steps.
+nightly: install
+	$(PY) -m pytest tests/test_nightly.py --hypothesis-profile=nightly -q
 
 # On a GPU machine: kernel tests on the GPU, then GB/s of the HiCache copy kernels
 # (docs/KERNELS.md); needs no network, under 10 minutes.
