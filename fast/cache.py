@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import os
 from array import array
 from typing import Any, Optional
 
@@ -74,6 +75,16 @@ FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FU
 
 _node_ids = itertools.count(1)
 
+# The C core (fast/_core.c), unless it is missing (no compiler at install time) or
+# UNIRADIX_PURE_PYTHON=1 asks for the pure-Python code at import.
+_core: Any = None
+if os.environ.get("UNIRADIX_PURE_PYTHON", "") != "1":
+    try:
+        from . import _core
+    except ImportError:
+        _core = None
+NATIVE: bool = _core is not None
+
 
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
@@ -101,6 +112,15 @@ class TreeNode:
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, key_len={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+PyTreeNode = TreeNode  # the pure-Python node, whichever is in use
+
+if NATIVE:
+    # The C node type: the same attributes, property, ordering and repr as the class above,
+    # which stays the pure-Python implementation.
+    TreeNode = _core.TreeNode  # type: ignore[misc]  # noqa: F811
+    _core.setup(torch.narrow_copy, torch.cat, STRIDE)
 
 
 def _int_arg(name: str, x) -> int:
@@ -280,6 +300,10 @@ class UnifiedRadixCache:
         if self.disable or n == 0:
             return _match_result((self._empty, root, root, root, 0, 0, 0, None, None))
         ek = key.extra_key
+        if NATIVE and units is toks:  # array('q') units (not EAGLE): the C walk
+            indices, node = _core.match(self, units, ek)
+            return _match_result((self._empty if indices is None else indices,
+                                  node, node, node, 0, 0, 0, None, None))
         node, pos, chunks = root, 0, []
         while pos < n:
             ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
@@ -414,6 +438,8 @@ class UnifiedRadixCache:
             plan = self._walk(ek, units)
         if n < len(toks):
             value = value[:n]
+        if NATIVE and type(units) is array:  # not EAGLE: the C walk (the same steps as below)
+            return InsertResult(prefix_len=_core.insert(self, units, ek, value, prev))
 
         heap = self._heap
         clock = self._clock + STRIDE
@@ -479,6 +505,18 @@ class UnifiedRadixCache:
         if self.disable:
             return result
         root = self.root_node
+        if NATIVE:
+            delta, skipped = _core.inc_lock(root, node)
+            if skipped:
+                result.skip_lock_node_ids[FULL] = set(skipped)
+        else:
+            delta = self._inc_lock_py(root, node, result)
+        self._evictable -= delta
+        self._protected += delta
+        result.delta = delta
+        return result
+
+    def _inc_lock_py(self, root, node, result: IncLockRefResult) -> int:
         cur = node
         while cur is not root and cur.value is None:
             result.skip_lock_node_ids.setdefault(FULL, set()).add(cur.id)
@@ -489,10 +527,7 @@ class UnifiedRadixCache:
                 delta += len(cur.key)
             cur.lock_ref += 1
             cur = cur.parent
-        self._evictable -= delta
-        self._protected += delta
-        result.delta = delta
-        return result
+        return delta
 
     def dec_lock_ref(self, node: TreeNode, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
@@ -501,6 +536,13 @@ class UnifiedRadixCache:
             return DecLockRefResult()
         root = self.root_node
         skip = params.skip_lock_node_ids.get(FULL, ()) if params is not None else ()
+        if NATIVE:
+            delta = _core.dec_lock(root, node, skip or None, self._heap)
+            if delta < 0:
+                raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
+            self._evictable += delta
+            self._protected -= delta
+            return DecLockRefResult(delta=delta)
         cur = node
         while cur is not root:  # check first: a refused unlock changes nothing
             if cur.id not in skip and cur.lock_ref <= 0:
@@ -530,6 +572,13 @@ class UnifiedRadixCache:
         want = _int_arg("num_tokens", params.num_tokens)
         if self.disable:
             return EvictResult()
+        freed = _core.evict(self, want) if NATIVE else self._evict_py(want)
+        heap = self._heap
+        if len(heap) > 64 and len(heap) > 4 * (self._evictable // max(self.page_size, 1) + 16):
+            self._compact_heap()
+        return EvictResult(num_tokens_evicted=freed)
+
+    def _evict_py(self, want: int) -> int:
         heap = self._heap
         pop, push = heapq.heappop, heapq.heappush
         free = self.token_to_kv_pool_allocator.free
@@ -564,9 +613,7 @@ class UnifiedRadixCache:
             if parent.lock_ref == 0 and parent.dev_children == 0 and parent.value is not None \
                     and parent is not root:
                 push(heap, (parent.last_access_time, parent))
-        if len(heap) > 64 and len(heap) > 4 * (self._evictable // max(self.page_size, 1) + 16):
-            self._compact_heap()
-        return EvictResult(num_tokens_evicted=freed)
+        return freed
 
     # ------------------------------------------------------------------------------------------
     # Requests (upstream's cache_finished_req / cache_unfinished_req)

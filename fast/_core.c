@@ -1,0 +1,1425 @@
+/* uniradix.fast._core: the hot loops of uniradix.fast.UnifiedRadixCache in C.
+ *
+ * What is here (fast/cache.py's module docstring has the why):
+ *
+ *   TreeNode   the tree node type, with the attribute names of the pure-Python TreeNode
+ *              (children, parent, key, value, lock_ref, last_access_time, hit_count,
+ *              extra_key, dev_children, id, ck; the `evicted` property, __lt__, __repr__).
+ *              GC-aware: parent <-> children form cycles.
+ *   match      the match_prefix walk, split, path stamps, heap push, concatenation.
+ *   insert     the insert walk: touches, heap pushes, split, unevict, frees of duplicate
+ *              slots in maximal runs, the new leaf.
+ *   inc_lock / dec_lock   the lock loops.
+ *   evict      the eviction loop over the lazily deleted heap.
+ *
+ * Each function does exactly what the pure-Python method of the same name in fast/cache.py
+ * does, step by step, in the same order (the Python code stays the reference and the fallback;
+ * the lockstep runs and the upstream corpus replay check both).  The cache's scalar state
+ * (_clock, _evictable, _protected) stays in the Python object's attributes: it is read at the
+ * start of a call and written back at its end, on error paths too.  The heap stays a Python
+ * list of (stamp, node) tuples with heapq's invariant, so Python code (compaction, eviction
+ * order, the exhaustive checker) reads and changes it as before.
+ *
+ * Keys handled here are array('q') (any buffer of 8-byte signed items); EAGLE keys (lists of
+ * token pairs) never reach this module: the Python wrappers keep them on the Python path.
+ *
+ * Only torch's Python API is used (torch.narrow_copy, torch.cat, Tensor.tolist), through the
+ * callables handed to setup(): no build dependency on torch.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+#include <limits.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Module state (set once by setup())                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *g_narrow_copy = NULL;  /* torch.narrow_copy */
+static PyObject *g_cat = NULL;          /* torch.cat */
+static long long g_stride = 1LL << 20;
+static long long g_next_id = 1;
+
+static PyObject *s_root_node, *s_page_size, *s_clock, *s_heap, *s_evictable, *s_protected,
+    *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update;
+
+/* ------------------------------------------------------------------------------------------ */
+/* TreeNode                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *children;   /* dict: child key -> TreeNode */
+    PyObject *parent;     /* TreeNode or None */
+    PyObject *key;        /* array('q') (EAGLE: list of pairs) */
+    PyObject *value;      /* int64 tensor or None */
+    PyObject *extra_key;
+    PyObject *ck;         /* the key this node is filed under in its parent's children */
+    long long lock_ref;
+    long long last_access_time;
+    long long hit_count;
+    long long dev_children;
+    long long id;
+} Node;
+
+static PyTypeObject NodeType;
+
+#define IS_NODE(o) (Py_IS_TYPE((o), &NodeType))
+#define IS_NONE(o) ((o) == NULL || (o) == Py_None)
+
+/* A new node; steals no references.  parent may be Py_None. */
+static Node *
+node_create(PyObject *key, PyObject *value, PyObject *parent, PyObject *extra_key,
+            long long stamp, PyObject *ck)
+{
+    Node *n = PyObject_GC_New(Node, &NodeType);
+    if (n == NULL)
+        return NULL;
+    n->children = PyDict_New();
+    if (n->children == NULL) {
+        n->parent = n->key = n->value = n->extra_key = n->ck = NULL;
+        Py_DECREF(n);
+        return NULL;
+    }
+    Py_INCREF(key); n->key = key;
+    Py_INCREF(value); n->value = value;
+    Py_INCREF(parent); n->parent = parent;
+    Py_INCREF(extra_key); n->extra_key = extra_key;
+    Py_INCREF(ck); n->ck = ck;
+    n->lock_ref = 0;
+    n->last_access_time = stamp;
+    n->hit_count = 0;
+    n->dev_children = 0;
+    n->id = g_next_id++;
+    PyObject_GC_Track((PyObject *)n);
+    return n;
+}
+
+static PyObject *
+Node_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"key", "value", "parent", "extra_key", "stamp", "ck", NULL};
+    PyObject *key, *value, *parent, *extra_key, *ck = Py_None;
+    long long stamp;
+    if (type != &NodeType) {
+        PyErr_SetString(PyExc_TypeError, "TreeNode cannot be subclassed");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOL|O:TreeNode", kwlist, &key, &value,
+                                     &parent, &extra_key, &stamp, &ck))
+        return NULL;
+    return (PyObject *)node_create(key, value, parent, extra_key, stamp, ck);
+}
+
+static int
+Node_traverse(Node *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->children);
+    Py_VISIT(self->parent);
+    Py_VISIT(self->key);
+    Py_VISIT(self->value);
+    Py_VISIT(self->extra_key);
+    Py_VISIT(self->ck);
+    return 0;
+}
+
+static int
+Node_clear(Node *self)
+{
+    Py_CLEAR(self->children);
+    Py_CLEAR(self->parent);
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->value);
+    Py_CLEAR(self->extra_key);
+    Py_CLEAR(self->ck);
+    return 0;
+}
+
+static void
+Node_dealloc(Node *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, Node_dealloc)
+    Node_clear(self);
+    PyObject_GC_Del(self);
+    Py_TRASHCAN_END
+}
+
+static PyObject *
+Node_richcompare(PyObject *a, PyObject *b, int op)
+{
+    if (op != Py_LT || !IS_NODE(a) || !IS_NODE(b))
+        Py_RETURN_NOTIMPLEMENTED;
+    return PyBool_FromLong(((Node *)a)->id < ((Node *)b)->id);
+}
+
+static PyObject *
+Node_repr(Node *self)
+{
+    Py_ssize_t k = self->key ? PyObject_Length(self->key) : 0;
+    if (k < 0)
+        return NULL;
+    return PyUnicode_FromFormat("TreeNode(id=%lld, key_len=%zd, lock_ref=%lld)", self->id, k,
+                                self->lock_ref);
+}
+
+static PyObject *
+Node_get_evicted(Node *self, void *closure)
+{
+    return PyBool_FromLong(!IS_NONE(self->parent) && IS_NONE(self->value));
+}
+
+static PyMemberDef Node_members[] = {
+    {"children", T_OBJECT, offsetof(Node, children), 0, NULL},
+    {"parent", T_OBJECT, offsetof(Node, parent), 0, NULL},
+    {"key", T_OBJECT, offsetof(Node, key), 0, NULL},
+    {"value", T_OBJECT, offsetof(Node, value), 0, "device slots; None when evicted"},
+    {"extra_key", T_OBJECT, offsetof(Node, extra_key), 0, NULL},
+    {"ck", T_OBJECT, offsetof(Node, ck), 0, "the key this node is filed under in its parent"},
+    {"lock_ref", T_LONGLONG, offsetof(Node, lock_ref), 0, NULL},
+    {"last_access_time", T_LONGLONG, offsetof(Node, last_access_time), 0, NULL},
+    {"hit_count", T_LONGLONG, offsetof(Node, hit_count), 0, NULL},
+    {"dev_children", T_LONGLONG, offsetof(Node, dev_children), 0, "children holding device data"},
+    {"id", T_LONGLONG, offsetof(Node, id), 0, NULL},
+    {NULL}
+};
+
+static PyGetSetDef Node_getset[] = {
+    {"evicted", (getter)Node_get_evicted, NULL, NULL, NULL},
+    {NULL}
+};
+
+static PyTypeObject NodeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uniradix.fast._core.TreeNode",
+    .tp_doc = "A radix tree node (the C twin of uniradix.fast.cache's pure-Python TreeNode).",
+    .tp_basicsize = sizeof(Node),
+    .tp_itemsize = 0,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = Node_new,
+    .tp_dealloc = (destructor)Node_dealloc,
+    .tp_traverse = (traverseproc)Node_traverse,
+    .tp_clear = (inquiry)Node_clear,
+    .tp_richcompare = Node_richcompare,
+    .tp_repr = (reprfunc)Node_repr,
+    .tp_members = Node_members,
+    .tp_getset = Node_getset,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Replace a node's object field (new reference taken on v). */
+#define SET_FIELD(field, v) do { PyObject *_old = (field); Py_INCREF(v); (field) = (v); Py_XDECREF(_old); } while (0)
+
+/* An int64 view of a key: array('q') or any buffer of 8-byte signed integers. */
+typedef struct {
+    Py_buffer buf;
+    const long long *p;
+    Py_ssize_t n;
+    int held;
+} KeyView;
+
+static int
+key_view(PyObject *obj, KeyView *kv)
+{
+    kv->held = 0;
+    if (PyObject_GetBuffer(obj, &kv->buf, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "uniradix._core: a key must be an array('q')");
+        return -1;
+    }
+    kv->held = 1;
+    const char *f = kv->buf.format;
+    if (kv->buf.itemsize != 8 || f == NULL || f[1] != '\0' || (f[0] != 'q' && f[0] != 'l')) {
+        PyBuffer_Release(&kv->buf);
+        kv->held = 0;
+        PyErr_SetString(PyExc_TypeError, "uniradix._core: a key must be an array('q')");
+        return -1;
+    }
+    kv->p = (const long long *)kv->buf.buf;
+    kv->n = kv->buf.len / 8;
+    return 0;
+}
+
+static void
+key_release(KeyView *kv)
+{
+    if (kv->held) {
+        PyBuffer_Release(&kv->buf);
+        kv->held = 0;
+    }
+}
+
+/* The child key of the page of p[pos:] (the caller guarantees a whole page is there):
+ * the bare first unit at page size 1, a tuple of the page otherwise, (extra_key, page)
+ * when extra_key is not None.  New reference. */
+static PyObject *
+child_key(const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyObject *ek)
+{
+    PyObject *ck;
+    if (ps == 1) {
+        ck = PyLong_FromLongLong(p[pos]);
+    } else {
+        ck = PyTuple_New(ps);
+        if (ck == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < ps; i++) {
+            PyObject *x = PyLong_FromLongLong(p[pos + i]);
+            if (x == NULL) {
+                Py_DECREF(ck);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(ck, i, x);
+        }
+    }
+    if (ck == NULL || IS_NONE(ek))
+        return ck;
+    PyObject *t = PyTuple_Pack(2, ek, ck);
+    Py_DECREF(ck);
+    return t;
+}
+
+/* children[ck] of node (borrowed, NULL if absent, NULL with an error set on failure). */
+static PyObject *
+child_get(Node *node, PyObject *ck)
+{
+    if (!PyDict_CheckExact(node->children)) {
+        PyErr_SetString(PyExc_TypeError, "TreeNode.children must be a dict");
+        return NULL;
+    }
+    PyObject *c = PyDict_GetItemWithError(node->children, ck);
+    if (c != NULL && !IS_NODE(c)) {
+        PyErr_SetString(PyExc_TypeError, "a child is not a TreeNode");
+        return NULL;
+    }
+    return c;
+}
+
+/* Whole-page length of the common prefix of a[0:na] and b[0:nb] (their first page is shared). */
+static Py_ssize_t
+shared_pages(const long long *a, Py_ssize_t na, const long long *b, Py_ssize_t nb, Py_ssize_t ps)
+{
+    Py_ssize_t m = na < nb ? na : nb, i = 0;
+    while (i < m && a[i] == b[i])
+        i++;
+    return i - i % ps;
+}
+
+/* ---- the heap: a Python list of (stamp, node) tuples with heapq's invariant ---------------- */
+
+/* a < b for heap entries; -1 on error.  Fast path for (int, TreeNode) tuples. */
+static int
+entry_lt(PyObject *a, PyObject *b)
+{
+    if (PyTuple_CheckExact(a) && PyTuple_CheckExact(b) && PyTuple_GET_SIZE(a) == 2
+            && PyTuple_GET_SIZE(b) == 2) {
+        PyObject *sa = PyTuple_GET_ITEM(a, 0), *sb = PyTuple_GET_ITEM(b, 0);
+        PyObject *na = PyTuple_GET_ITEM(a, 1), *nb = PyTuple_GET_ITEM(b, 1);
+        if (PyLong_CheckExact(sa) && PyLong_CheckExact(sb) && IS_NODE(na) && IS_NODE(nb)) {
+            int ovf_a, ovf_b;
+            long long x = PyLong_AsLongLongAndOverflow(sa, &ovf_a);
+            long long y = PyLong_AsLongLongAndOverflow(sb, &ovf_b);
+            if (!ovf_a && !ovf_b) {
+                if (x != y)
+                    return x < y;
+                if (na == nb)
+                    return 0;
+                return ((Node *)na)->id < ((Node *)nb)->id;
+            }
+        }
+    }
+    return PyObject_RichCompareBool(a, b, Py_LT);
+}
+
+/* Push entry (a new reference is taken) onto the list heap. */
+static int
+heap_push(PyObject *heap, PyObject *entry)
+{
+    if (PyList_Append(heap, entry) < 0)
+        return -1;
+    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
+    /* sift the new entry up towards the root */
+    while (pos > 0) {
+        Py_ssize_t up = (pos - 1) >> 1;
+        PyObject *parent = PyList_GET_ITEM(heap, up);
+        Py_INCREF(parent);
+        int lt = entry_lt(entry, parent);
+        Py_DECREF(parent);
+        if (lt < 0)
+            return -1;
+        if (!lt)
+            break;
+        if (pos >= PyList_GET_SIZE(heap) || up >= PyList_GET_SIZE(heap)
+                || PyList_GET_ITEM(heap, pos) != entry) {
+            PyErr_SetString(PyExc_RuntimeError, "heap changed during a push");
+            return -1;
+        }
+        /* swap: both items stay owned by the list */
+        PyList_SET_ITEM(heap, pos, PyList_GET_ITEM(heap, up));
+        PyList_SET_ITEM(heap, up, entry);
+        pos = up;
+    }
+    return 0;
+}
+
+static int
+push_stamp(PyObject *heap, long long stamp, Node *node)
+{
+    PyObject *s = PyLong_FromLongLong(stamp);
+    if (s == NULL)
+        return -1;
+    PyObject *t = PyTuple_New(2);
+    if (t == NULL) {
+        Py_DECREF(s);
+        return -1;
+    }
+    Py_INCREF(node);
+    PyTuple_SET_ITEM(t, 0, s);
+    PyTuple_SET_ITEM(t, 1, (PyObject *)node);
+    int r = heap_push(heap, t);
+    Py_DECREF(t);
+    return r;
+}
+
+/* Pop the smallest entry (new reference); the heap must not be empty. */
+static PyObject *
+heap_pop(PyObject *heap)
+{
+    Py_ssize_t n = PyList_GET_SIZE(heap);
+    PyObject *last = PyList_GET_ITEM(heap, n - 1);
+    Py_INCREF(last);
+    if (PyList_SetSlice(heap, n - 1, n, NULL) < 0) {
+        Py_DECREF(last);
+        return NULL;
+    }
+    n--;
+    if (n == 0)
+        return last;
+    PyObject *top = PyList_GET_ITEM(heap, 0);  /* ownership moves to us */
+    PyList_SET_ITEM(heap, 0, last);            /* the list owns `last` now */
+    /* sift `last` down from the root */
+    Py_ssize_t pos = 0;
+    for (;;) {
+        Py_ssize_t c = 2 * pos + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n) {
+            int lt = entry_lt(PyList_GET_ITEM(heap, c + 1), PyList_GET_ITEM(heap, c));
+            if (lt < 0)
+                goto error;
+            if (lt)
+                c++;
+        }
+        int lt = entry_lt(PyList_GET_ITEM(heap, c), last);
+        if (lt < 0)
+            goto error;
+        if (!lt)
+            break;
+        if (n != PyList_GET_SIZE(heap) || PyList_GET_ITEM(heap, pos) != last) {
+            PyErr_SetString(PyExc_RuntimeError, "heap changed during a pop");
+            goto error;
+        }
+        PyList_SET_ITEM(heap, pos, PyList_GET_ITEM(heap, c));
+        PyList_SET_ITEM(heap, c, last);
+        pos = c;
+    }
+    return top;
+error:
+    Py_DECREF(top);
+    return NULL;
+}
+
+/* Push node if it is an evictable leaf (unlocked, no device child, holds data, not the root). */
+static int
+push_if_leaf(PyObject *heap, Node *node)
+{
+    if (node->lock_ref == 0 && node->dev_children == 0 && !IS_NONE(node->value)
+            && !IS_NONE(node->parent))
+        return push_stamp(heap, node->last_access_time, node);
+    return 0;
+}
+
+/* ---- the cache's Python attributes ------------------------------------------------------- */
+
+static int
+get_ll(PyObject *self, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(self, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int
+set_ll(PyObject *self, PyObject *name, long long x)
+{
+    PyObject *v = PyLong_FromLongLong(x);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_SetAttr(self, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* Write scalars back, keeping a pending exception (if any) as the one that is raised. */
+static int
+write_back(PyObject *self, PyObject *name, long long x)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    int r = set_ll(self, name, x);
+    if (et != NULL) {
+        if (r < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    return r;
+}
+
+/* The cache's root node (new reference) and page size. */
+static Node *
+get_root(PyObject *self, Py_ssize_t *ps)
+{
+    long long p;
+    if (get_ll(self, s_page_size, &p) < 0)
+        return NULL;
+    if (p < 1) {
+        PyErr_SetString(PyExc_ValueError, "page_size must be >= 1");
+        return NULL;
+    }
+    *ps = (Py_ssize_t)p;
+    PyObject *root = PyObject_GetAttr(self, s_root_node);
+    if (root == NULL)
+        return NULL;
+    if (!IS_NODE(root)) {
+        Py_DECREF(root);
+        PyErr_SetString(PyExc_TypeError, "root_node is not a TreeNode");
+        return NULL;
+    }
+    return (Node *)root;
+}
+
+static PyObject *
+narrow_copy(PyObject *value, Py_ssize_t start, Py_ssize_t length)
+{
+    if (g_narrow_copy == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "uniradix._core: setup() was not called");
+        return NULL;
+    }
+    PyObject *args[4];
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *a = PyLong_FromSsize_t(start);
+    PyObject *b = PyLong_FromSsize_t(length);
+    PyObject *r = NULL;
+    if (zero && a && b) {
+        args[0] = value; args[1] = zero; args[2] = a; args[3] = b;
+        r = PyObject_Vectorcall(g_narrow_copy, args, 4, NULL);
+    }
+    Py_XDECREF(zero);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return r;
+}
+
+/* obj.method(arg) for a set update with tensor.tolist(); 0 on success. */
+static int
+owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
+{
+    PyObject *lst = PyObject_CallMethodNoArgs(tensor, s_tolist);
+    if (lst == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethodOneArg(owned, method, lst);
+    Py_DECREF(lst);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* ---- split ------------------------------------------------------------------------------- */
+
+/* Cut child after split_len units (0 < split_len < len(child.key)); the new upper node takes
+ * its place.  Advances *clock as _split does (one step for the upper node, one for touching
+ * the child).  Returns a new reference to the upper node. */
+static Node *
+split(Node *child, Py_ssize_t split_len, long long *clock, PyObject *heap, Py_ssize_t ps)
+{
+    if (!IS_NODE(child->parent)) {
+        PyErr_SetString(PyExc_TypeError, "split: the node has no parent");
+        return NULL;
+    }
+    Node *parent = (Node *)child->parent;
+    PyObject *ek = child->extra_key ? child->extra_key : Py_None;
+    PyObject *ckey = child->key;
+    PyObject *value = child->value ? child->value : Py_None;
+    Py_INCREF(parent);
+    Py_INCREF(ek);
+    Py_INCREF(ckey);
+    Py_INCREF(value);
+    Node *upper = NULL;
+    PyObject *upper_key = NULL, *upper_value = NULL, *lower_key = NULL, *lower_value = NULL,
+             *new_ck = NULL;
+    Py_ssize_t klen = PyObject_Length(ckey);
+    if (klen < 0)
+        goto error;
+    *clock += g_stride;
+    upper_key = PySequence_GetSlice(ckey, 0, split_len);
+    if (upper_key == NULL)
+        goto error;
+    if (value == Py_None) {
+        upper_value = Py_None;
+        Py_INCREF(upper_value);
+    } else if ((upper_value = narrow_copy(value, 0, split_len)) == NULL) {
+        goto error;
+    }
+    upper = node_create(upper_key, upper_value, (PyObject *)parent, ek, *clock,
+                        child->ck ? child->ck : Py_None);
+    if (upper == NULL)
+        goto error;
+    upper->lock_ref = child->lock_ref;
+    if (PyDict_SetItem(parent->children, upper->ck, (PyObject *)upper) < 0)
+        goto error;
+    lower_key = PySequence_GetSlice(ckey, split_len, klen);
+    if (lower_key == NULL)
+        goto error;
+    if (value != Py_None) {
+        lower_value = narrow_copy(value, split_len, klen - split_len);
+        if (lower_value == NULL)
+            goto error;
+    }
+    /* from here on nothing can fail before the tree is consistent again, except the child
+     * key and the dict insert (memory errors) */
+    SET_FIELD(child->key, lower_key);
+    if (lower_value != NULL) {
+        SET_FIELD(child->value, lower_value);
+        upper->dev_children = 1;
+    }
+    SET_FIELD(child->parent, (PyObject *)upper);
+    {
+        KeyView kv;
+        if (key_view(child->key, &kv) < 0)
+            goto error;
+        new_ck = child_key(kv.p, 0, ps, ek);
+        key_release(&kv);
+        if (new_ck == NULL)
+            goto error;
+    }
+    SET_FIELD(child->ck, new_ck);
+    if (PyDict_SetItem(upper->children, new_ck, (PyObject *)child) < 0)
+        goto error;
+    *clock += g_stride;
+    child->last_access_time = *clock;
+    if (push_if_leaf(heap, child) < 0)
+        goto error;
+    Py_DECREF(parent); Py_DECREF(ek); Py_DECREF(ckey); Py_DECREF(value);
+    Py_DECREF(upper_key); Py_DECREF(upper_value); Py_DECREF(lower_key);
+    Py_XDECREF(lower_value); Py_DECREF(new_ck);
+    return upper;
+error:
+    Py_DECREF(parent); Py_DECREF(ek); Py_DECREF(ckey); Py_DECREF(value);
+    Py_XDECREF(upper_key); Py_XDECREF(upper_value); Py_XDECREF(lower_key);
+    Py_XDECREF(lower_value); Py_XDECREF(new_ck);
+    Py_XDECREF(upper);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* match(cache, units, extra_key) -> (indices or None, node)                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *
+core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "match(cache, units, extra_key)");
+        return NULL;
+    }
+    PyObject *self = args[0], *units = args[1], *ek = args[2];
+    Py_ssize_t ps;
+    long long clock;
+    KeyView uk, ck_view;
+    uk.held = ck_view.held = 0;
+    PyObject *heap = NULL, *chunks = NULL, *result = NULL;
+    PyObject *first = NULL;  /* the single chunk, kept apart to avoid a list for one node */
+    Node *node = NULL;
+    Node *root = get_root(self, &ps);
+    if (root == NULL)
+        return NULL;
+    if (get_ll(self, s_clock, &clock) < 0) {
+        Py_DECREF(root);
+        return NULL;
+    }
+    long long clock0 = clock;
+    heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        goto done;
+    if (!PyList_CheckExact(heap)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        goto done;
+    }
+    if (key_view(units, &uk) < 0)
+        goto done;
+    Py_ssize_t n = uk.n - uk.n % ps;
+    const long long *u = uk.p;
+    node = root;
+    Py_INCREF(node);
+    Py_ssize_t pos = 0;
+    while (pos < n) {
+        PyObject *ck = child_key(u, pos, ps, ek);
+        if (ck == NULL)
+            goto done;
+        Node *child = (Node *)child_get(node, ck);
+        Py_DECREF(ck);
+        if (child == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
+        if (IS_NONE(child->value))
+            break;
+        Py_INCREF(child);
+        if (key_view(child->key, &ck_view) < 0) {
+            Py_DECREF(child);
+            goto done;
+        }
+        Py_ssize_t klen = ck_view.n, end = pos + klen;
+        if (end <= n && memcmp(ck_view.p, u + pos, (size_t)klen * 8) == 0) {
+            key_release(&ck_view);
+            PyObject *v = child->value;
+            if (first == NULL && chunks == NULL) {
+                first = v;
+                Py_INCREF(first);
+            } else {
+                if (chunks == NULL) {
+                    chunks = PyList_New(1);
+                    if (chunks == NULL) {
+                        Py_DECREF(child);
+                        goto done;
+                    }
+                    PyList_SET_ITEM(chunks, 0, first);
+                    first = NULL;
+                }
+                if (PyList_Append(chunks, v) < 0) {
+                    Py_DECREF(child);
+                    goto done;
+                }
+            }
+            Py_DECREF(node);
+            node = child;
+            pos = end;
+            continue;
+        }
+        Py_ssize_t shared = shared_pages(ck_view.p, klen, u + pos, n - pos, ps);
+        key_release(&ck_view);
+        Node *upper = split(child, shared, &clock, heap, ps);
+        Py_DECREF(child);
+        if (upper == NULL)
+            goto done;
+        Py_DECREF(node);
+        node = upper;
+        PyObject *v = node->value;
+        if (first == NULL && chunks == NULL) {
+            first = v;
+            Py_INCREF(first);
+        } else {
+            if (chunks == NULL) {
+                chunks = PyList_New(1);
+                if (chunks == NULL)
+                    goto done;
+                PyList_SET_ITEM(chunks, 0, first);
+                first = NULL;
+            }
+            if (PyList_Append(chunks, v) < 0)
+                goto done;
+        }
+        break;
+    }
+    /* Stamp the path: the matched node newest, each ancestor one step older. */
+    clock += g_stride;
+    {
+        long long c = clock;
+        Node *cur = node;
+        while (cur != NULL) {
+            cur->last_access_time = c--;
+            if (IS_NONE(cur->parent))
+                break;
+            if (!IS_NODE(cur->parent)) {
+                PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+                goto done;
+            }
+            cur = (Node *)cur->parent;
+        }
+    }
+    if (node->lock_ref == 0 && node->dev_children == 0 && node != root) {
+        if (push_stamp(heap, node->last_access_time, node) < 0)
+            goto done;
+    }
+    PyObject *indices;
+    if (chunks != NULL) {
+        if (g_cat == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "uniradix._core: setup() was not called");
+            goto done;
+        }
+        PyObject *a[1] = {chunks};
+        indices = PyObject_Vectorcall(g_cat, a, 1, NULL);
+        if (indices == NULL)
+            goto done;
+    } else if (first != NULL) {
+        indices = first;  /* ownership moves */
+        first = NULL;
+    } else {
+        indices = Py_None;
+        Py_INCREF(indices);
+    }
+    result = PyTuple_New(2);
+    if (result == NULL) {
+        Py_DECREF(indices);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, indices);
+    Py_INCREF(node);
+    PyTuple_SET_ITEM(result, 1, (PyObject *)node);
+done:
+    key_release(&ck_view);
+    key_release(&uk);
+    if (clock != clock0 && write_back(self, s_clock, clock) < 0)
+        Py_CLEAR(result);
+    Py_XDECREF(first);
+    Py_XDECREF(chunks);
+    Py_XDECREF(node);
+    Py_XDECREF(heap);
+    Py_DECREF(root);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* insert(cache, units, extra_key, value, prev) -> prefix_len                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+static int
+free_slice(PyObject *free_fn, PyObject *value, Py_ssize_t lo, Py_ssize_t hi)
+{
+    PyObject *sl, *a, *b, *part;
+    a = PyLong_FromSsize_t(lo);
+    b = PyLong_FromSsize_t(hi);
+    if (a == NULL || b == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        return -1;
+    }
+    sl = PySlice_New(a, b, NULL);
+    Py_DECREF(a);
+    Py_DECREF(b);
+    if (sl == NULL)
+        return -1;
+    part = PyObject_GetItem(value, sl);
+    Py_DECREF(sl);
+    if (part == NULL)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(free_fn, part);
+    Py_DECREF(part);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "insert(cache, units, extra_key, value, prev)");
+        return NULL;
+    }
+    PyObject *self = args[0], *units = args[1], *ek = args[2], *value = args[3];
+    Py_ssize_t prev = PyLong_AsSsize_t(args[4]);
+    if (prev == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();  /* a huge prev_prefix_len: nothing is a duplicate */
+        prev = PY_SSIZE_T_MAX;
+    }
+    Py_ssize_t ps;
+    long long clock, evictable, protected_;
+    KeyView uk, ck_view;
+    uk.held = ck_view.held = 0;
+    PyObject *heap = NULL, *alloc = NULL, *free_fn = NULL, *owned = NULL, *result = NULL;
+    Node *node = NULL, *child = NULL;
+    int wrote_clock = 0;
+    Node *root = get_root(self, &ps);
+    if (root == NULL)
+        return NULL;
+    if (get_ll(self, s_clock, &clock) < 0 || get_ll(self, s_evictable, &evictable) < 0
+            || get_ll(self, s_protected, &protected_) < 0) {
+        Py_DECREF(root);
+        return NULL;
+    }
+    long long ev0 = evictable, pr0 = protected_;
+    heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        goto done;
+    if (!PyList_CheckExact(heap)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        goto done;
+    }
+    {
+        PyObject *validate = PyObject_GetAttr(self, s_validate);
+        if (validate == NULL)
+            goto done;
+        int v = PyObject_IsTrue(validate);
+        Py_DECREF(validate);
+        if (v < 0)
+            goto done;
+        if (v && (owned = PyObject_GetAttr(self, s_owned)) == NULL)
+            goto done;
+    }
+    if (key_view(units, &uk) < 0)
+        goto done;
+    Py_ssize_t n = uk.n - uk.n % ps;
+    const long long *u = uk.p;
+
+    wrote_clock = 1;  /* from here on the clock moves */
+    clock += g_stride;
+    node = root;
+    Py_INCREF(node);
+    node->last_access_time = clock;
+    Py_ssize_t pos = 0, free_lo = -1, free_hi = -1;
+    while (pos < n) {
+        PyObject *ck = child_key(u, pos, ps, ek);
+        if (ck == NULL)
+            goto done;
+        child = (Node *)child_get(node, ck);
+        Py_DECREF(ck);
+        if (child == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
+        Py_INCREF(child);
+        if (key_view(child->key, &ck_view) < 0)
+            goto done;
+        Py_ssize_t klen = ck_view.n, end = pos + klen, shared;
+        int whole = end <= n && memcmp(ck_view.p, u + pos, (size_t)klen * 8) == 0;
+        shared = whole ? klen : shared_pages(ck_view.p, klen, u + pos, n - pos, ps);
+        key_release(&ck_view);
+        clock += g_stride;
+        child->last_access_time = clock;
+        if (child->lock_ref == 0 && child->dev_children == 0 && !IS_NONE(child->value)) {
+            if (push_stamp(heap, clock, child) < 0)
+                goto done;
+        }
+        if (shared < klen) {
+            Node *upper = split(child, shared, &clock, heap, ps);
+            if (upper == NULL)
+                goto done;
+            Py_DECREF(child);
+            child = upper;
+        }
+        end = pos + shared;
+        if (IS_NONE(child->value)) {
+            /* unevict: the node holds device data again, the fresh slots (copied) */
+            PyObject *nv = narrow_copy(value, pos, shared);
+            if (nv == NULL)
+                goto done;
+            SET_FIELD(child->value, nv);
+            Py_DECREF(nv);
+            if (!IS_NODE(child->parent)) {
+                PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+                goto done;
+            }
+            ((Node *)child->parent)->dev_children += 1;
+            if (child->lock_ref == 0)
+                evictable += shared;
+            else
+                protected_ += shared;
+            if (owned != NULL && owned_apply(owned, s_update, child->value) < 0)
+                goto done;
+            if (push_if_leaf(heap, child) < 0)
+                goto done;
+        } else if (prev < end) {
+            Py_ssize_t lo = prev > pos ? prev : pos;
+            if (free_hi == lo) {
+                free_hi = end;
+            } else {
+                if (free_lo >= 0) {
+                    if (free_fn == NULL) {
+                        if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
+                                || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+                            goto done;
+                    }
+                    if (free_slice(free_fn, value, free_lo, free_hi) < 0)
+                        goto done;
+                }
+                free_lo = lo;
+                free_hi = end;
+            }
+        }
+        Py_DECREF(node);
+        node = child;
+        child = NULL;
+        pos = end;
+        if (!whole)
+            break;
+    }
+    if (free_lo >= 0) {
+        if (free_fn == NULL) {
+            if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
+                    || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+                goto done;
+        }
+        if (free_slice(free_fn, value, free_lo, free_hi) < 0)
+            goto done;
+    }
+    if (pos < n) {
+        clock += g_stride;
+        PyObject *rest = PySequence_GetSlice(units, pos, n);
+        if (rest == NULL)
+            goto done;
+        PyObject *ck = child_key(u, pos, ps, ek);
+        if (ck == NULL) {
+            Py_DECREF(rest);
+            goto done;
+        }
+        PyObject *lv = narrow_copy(value, pos, n - pos);
+        if (lv == NULL) {
+            Py_DECREF(rest);
+            Py_DECREF(ck);
+            goto done;
+        }
+        Node *leaf = node_create(rest, lv, (PyObject *)node, ek, clock, ck);
+        Py_DECREF(rest);
+        Py_DECREF(lv);
+        if (leaf == NULL) {
+            Py_DECREF(ck);
+            goto done;
+        }
+        int r = PyDict_SetItem(node->children, ck, (PyObject *)leaf);
+        Py_DECREF(ck);
+        if (r < 0) {
+            Py_DECREF(leaf);
+            goto done;
+        }
+        node->dev_children += 1;
+        evictable += n - pos;
+        if (owned != NULL && owned_apply(owned, s_update, leaf->value) < 0) {
+            Py_DECREF(leaf);
+            goto done;
+        }
+        r = push_stamp(heap, clock, leaf);
+        Py_DECREF(leaf);
+        if (r < 0)
+            goto done;
+    }
+    result = PyLong_FromSsize_t(pos);
+done:
+    key_release(&ck_view);
+    key_release(&uk);
+    if (wrote_clock && write_back(self, s_clock, clock) < 0)
+        Py_CLEAR(result);
+    if (evictable != ev0 && write_back(self, s_evictable, evictable) < 0)
+        Py_CLEAR(result);
+    if (protected_ != pr0 && write_back(self, s_protected, protected_) < 0)
+        Py_CLEAR(result);
+    Py_XDECREF(child);
+    Py_XDECREF(node);
+    Py_XDECREF(heap);
+    Py_XDECREF(alloc);
+    Py_XDECREF(free_fn);
+    Py_XDECREF(owned);
+    Py_DECREF(root);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Locks                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static Py_ssize_t
+key_len(Node *node)
+{
+    return PyObject_Length(node->key);
+}
+
+/* inc_lock(root, node) -> (delta, [ids of the skipped evicted bottom nodes] or None) */
+static PyObject *
+core_inc_lock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !IS_NODE(args[0]) || !IS_NODE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "inc_lock(root, node)");
+        return NULL;
+    }
+    Node *root = (Node *)args[0], *cur = (Node *)args[1];
+    PyObject *skipped = NULL;
+    while (cur != root && IS_NONE(cur->value)) {
+        if (skipped == NULL && (skipped = PyList_New(0)) == NULL)
+            return NULL;
+        PyObject *id = PyLong_FromLongLong(cur->id);
+        if (id == NULL || PyList_Append(skipped, id) < 0) {
+            Py_XDECREF(id);
+            Py_DECREF(skipped);
+            return NULL;
+        }
+        Py_DECREF(id);
+        if (!IS_NODE(cur->parent)) {
+            Py_DECREF(skipped);
+            PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+            return NULL;
+        }
+        cur = (Node *)cur->parent;
+    }
+    /* lengths first (the only step that can fail), then the counts */
+    long long delta = 0;
+    for (Node *c = cur; c != root; c = (Node *)c->parent) {
+        if (!IS_NODE(c->parent)) {
+            Py_XDECREF(skipped);
+            PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+            return NULL;
+        }
+        if (c->lock_ref == 0) {
+            Py_ssize_t k = key_len(c);
+            if (k < 0) {
+                Py_XDECREF(skipped);
+                return NULL;
+            }
+            delta += k;
+        }
+    }
+    for (Node *c = cur; c != root; c = (Node *)c->parent)
+        c->lock_ref += 1;
+    return Py_BuildValue("(LN)", delta, skipped ? skipped : Py_NewRef(Py_None));
+}
+
+/* dec_lock(root, node, skip set or None, heap) -> delta, or -1 when the path is not locked
+ * (nothing changed) */
+static PyObject *
+core_dec_lock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !IS_NODE(args[0]) || !IS_NODE(args[1]) || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "dec_lock(root, node, skip, heap)");
+        return NULL;
+    }
+    Node *root = (Node *)args[0], *node = (Node *)args[1];
+    PyObject *skip = IS_NONE(args[2]) ? NULL : args[2];
+    PyObject *heap = args[3];
+    /* check first: a refused unlock changes nothing; note each node's skip status */
+    long long delta = 0;
+    for (Node *c = node; c != root; c = (Node *)c->parent) {
+        if (!IS_NODE(c->parent)) {
+            PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+            return NULL;
+        }
+        int skipped = 0;
+        if (skip != NULL) {
+            PyObject *id = PyLong_FromLongLong(c->id);
+            if (id == NULL)
+                return NULL;
+            skipped = PySequence_Contains(skip, id);
+            Py_DECREF(id);
+            if (skipped < 0)
+                return NULL;
+        }
+        if (!skipped) {
+            if (c->lock_ref <= 0)
+                return PyLong_FromLong(-1);
+            if (c->lock_ref == 1) {
+                Py_ssize_t k = key_len(c);
+                if (k < 0)
+                    return NULL;
+            }
+        }
+    }
+    for (Node *c = node; c != root; c = (Node *)c->parent) {
+        int skipped = 0;
+        if (skip != NULL) {
+            PyObject *id = PyLong_FromLongLong(c->id);
+            if (id == NULL)
+                return NULL;
+            skipped = PySequence_Contains(skip, id);
+            Py_DECREF(id);
+            if (skipped < 0)
+                return NULL;
+        }
+        if (skipped)
+            continue;
+        c->lock_ref -= 1;
+        if (c->lock_ref == 0) {
+            Py_ssize_t k = key_len(c);
+            if (k < 0)
+                return NULL;
+            delta += k;
+            if (push_if_leaf(heap, c) < 0)
+                return NULL;
+        }
+    }
+    return PyLong_FromLongLong(delta);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* evict(cache, want) -> freed                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static int
+detach(Node *parent, Node *child)
+{
+    if (!PyDict_CheckExact(parent->children)) {
+        PyErr_SetString(PyExc_TypeError, "TreeNode.children must be a dict");
+        return -1;
+    }
+    if (PyDict_DelItem(parent->children, child->ck ? child->ck : Py_None) < 0)
+        return -1;
+    SET_FIELD(child->parent, Py_None);
+    return 0;
+}
+
+static PyObject *
+core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "evict(cache, num_tokens)");
+        return NULL;
+    }
+    PyObject *self = args[0];
+    long long want = PyLong_AsLongLong(args[1]);
+    if (want == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();  /* a huge num_tokens: evict everything evictable */
+        want = LLONG_MAX;
+    }
+    Py_ssize_t ps;
+    long long evictable, freed = 0;
+    PyObject *heap = NULL, *alloc = NULL, *free_fn = NULL, *owned = NULL, *result = NULL;
+    Node *root = get_root(self, &ps);
+    if (root == NULL)
+        return NULL;
+    if (get_ll(self, s_evictable, &evictable) < 0) {
+        Py_DECREF(root);
+        return NULL;
+    }
+    long long ev0 = evictable;
+    heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        goto done;
+    if (!PyList_CheckExact(heap)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        goto done;
+    }
+    if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
+            || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+        goto done;
+    {
+        PyObject *validate = PyObject_GetAttr(self, s_validate);
+        if (validate == NULL)
+            goto done;
+        int v = PyObject_IsTrue(validate);
+        Py_DECREF(validate);
+        if (v < 0)
+            goto done;
+        if (v && (owned = PyObject_GetAttr(self, s_owned)) == NULL)
+            goto done;
+    }
+    while (freed < want && PyList_GET_SIZE(heap) > 0) {
+        PyObject *entry = heap_pop(heap);
+        if (entry == NULL)
+            goto done;
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2
+                || !IS_NODE(PyTuple_GET_ITEM(entry, 1))) {
+            Py_DECREF(entry);
+            PyErr_SetString(PyExc_TypeError, "a heap entry is not (stamp, TreeNode)");
+            goto done;
+        }
+        Node *node = (Node *)PyTuple_GET_ITEM(entry, 1);
+        int ovf;
+        long long stamp = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, 0), &ovf);
+        if (stamp == -1 && PyErr_Occurred()) {
+            Py_DECREF(entry);
+            goto done;
+        }
+        if (ovf || node->last_access_time != stamp || node->lock_ref || node->dev_children
+                || IS_NONE(node->value) || IS_NONE(node->parent)) {
+            Py_DECREF(entry);
+            continue;  /* a stale entry */
+        }
+        Py_INCREF(node);
+        Py_DECREF(entry);
+        PyObject *value = node->value;
+        Py_INCREF(value);
+        PyObject *r = PyObject_CallOneArg(free_fn, value);
+        if (r == NULL) {
+            Py_DECREF(value);
+            Py_DECREF(node);
+            goto done;
+        }
+        Py_DECREF(r);
+        if (owned != NULL && owned_apply(owned, s_difference_update, value) < 0) {
+            Py_DECREF(value);
+            Py_DECREF(node);
+            goto done;
+        }
+        Py_DECREF(value);
+        Py_ssize_t k = key_len(node);
+        if (k < 0 || !IS_NODE(node->parent)) {
+            if (k >= 0)
+                PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+            Py_DECREF(node);
+            goto done;
+        }
+        freed += k;
+        evictable -= k;
+        SET_FIELD(node->value, Py_None);
+        Node *parent = (Node *)node->parent;
+        Py_INCREF(parent);
+        int rc = detach(parent, node);
+        Py_DECREF(node);
+        if (rc < 0) {
+            Py_DECREF(parent);
+            goto done;
+        }
+        parent->dev_children -= 1;
+        while (parent != root && PyDict_CheckExact(parent->children)
+                && PyDict_GET_SIZE(parent->children) == 0 && parent->lock_ref == 0
+                && IS_NONE(parent->value)) {
+            if (!IS_NODE(parent->parent)) {
+                Py_DECREF(parent);
+                PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+                goto done;
+            }
+            Node *up = (Node *)parent->parent;
+            Py_INCREF(up);
+            rc = detach(up, parent);
+            Py_DECREF(parent);
+            parent = up;
+            if (rc < 0) {
+                Py_DECREF(parent);
+                goto done;
+            }
+        }
+        if (parent->lock_ref == 0 && parent->dev_children == 0 && !IS_NONE(parent->value)
+                && parent != root) {
+            if (push_stamp(heap, parent->last_access_time, parent) < 0) {
+                Py_DECREF(parent);
+                goto done;
+            }
+        }
+        Py_DECREF(parent);
+    }
+    result = PyLong_FromLongLong(freed);
+done:
+    if (evictable != ev0 && write_back(self, s_evictable, evictable) < 0)
+        Py_CLEAR(result);
+    Py_XDECREF(heap);
+    Py_XDECREF(alloc);
+    Py_XDECREF(free_fn);
+    Py_XDECREF(owned);
+    Py_DECREF(root);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* setup, heap helpers for tests, module                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *
+core_setup(PyObject *mod, PyObject *args)
+{
+    PyObject *nc, *cat;
+    long long stride;
+    if (!PyArg_ParseTuple(args, "OOL:setup", &nc, &cat, &stride))
+        return NULL;
+    Py_INCREF(nc);
+    Py_XSETREF(g_narrow_copy, nc);
+    Py_INCREF(cat);
+    Py_XSETREF(g_cat, cat);
+    g_stride = stride;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+core_heappush(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "heappush(list, entry)");
+        return NULL;
+    }
+    if (heap_push(args[0], args[1]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+core_heappop(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "heappop(list)");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(args[0]) == 0) {
+        PyErr_SetString(PyExc_IndexError, "index out of range");
+        return NULL;
+    }
+    return heap_pop(args[0]);
+}
+
+static PyMethodDef core_methods[] = {
+    {"setup", (PyCFunction)core_setup, METH_VARARGS,
+     "setup(narrow_copy, cat, stride): the torch callables and the clock step."},
+    {"match", (PyCFunction)(void (*)(void))core_match, METH_FASTCALL,
+     "match(cache, units, extra_key) -> (indices or None, node)"},
+    {"insert", (PyCFunction)(void (*)(void))core_insert, METH_FASTCALL,
+     "insert(cache, units, extra_key, value, prev_prefix_len) -> prefix_len"},
+    {"inc_lock", (PyCFunction)(void (*)(void))core_inc_lock, METH_FASTCALL,
+     "inc_lock(root, node) -> (delta, skipped ids or None)"},
+    {"dec_lock", (PyCFunction)(void (*)(void))core_dec_lock, METH_FASTCALL,
+     "dec_lock(root, node, skip, heap) -> delta, or -1 if the path is not locked"},
+    {"evict", (PyCFunction)(void (*)(void))core_evict, METH_FASTCALL,
+     "evict(cache, num_tokens) -> tokens evicted"},
+    {"heappush", (PyCFunction)(void (*)(void))core_heappush, METH_FASTCALL,
+     "heappush(list, entry): the heap push the C paths use (for tests)."},
+    {"heappop", (PyCFunction)(void (*)(void))core_heappop, METH_FASTCALL,
+     "heappop(list): the heap pop the C paths use (for tests)."},
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "uniradix.fast._core",
+    "The hot loops of uniradix.fast.UnifiedRadixCache in C (see fast/_core.c).", -1, core_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__core(void)
+{
+    if (PyType_Ready(&NodeType) < 0)
+        return NULL;
+#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+    INTERN(s_root_node, "root_node");
+    INTERN(s_page_size, "page_size");
+    INTERN(s_clock, "_clock");
+    INTERN(s_heap, "_heap");
+    INTERN(s_evictable, "_evictable");
+    INTERN(s_protected, "_protected");
+    INTERN(s_alloc, "token_to_kv_pool_allocator");
+    INTERN(s_free, "free");
+    INTERN(s_owned, "_owned");
+    INTERN(s_validate, "validate_slots");
+    INTERN(s_tolist, "tolist");
+    INTERN(s_update, "update");
+    INTERN(s_difference_update, "difference_update");
+#undef INTERN
+    PyObject *m = PyModule_Create(&core_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&NodeType);
+    if (PyModule_AddObject(m, "TreeNode", (PyObject *)&NodeType) < 0) {
+        Py_DECREF(&NodeType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

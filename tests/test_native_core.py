@@ -1,0 +1,201 @@
+"""The C core (fast/_core.c): the node type's Python surface, the switch, and no leaks.
+
+A production cache runs for weeks: inserts, matches, locks, evictions and resets must leave no
+references behind (objects, tensors, memory).  These tests run on whichever implementation is
+in use (``uniradix.fast.cache.NATIVE``); the node-type and heap tests need the C core.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import subprocess
+import sys
+from array import array
+
+import pytest
+import torch
+
+import uniradix.fast as fast
+from uniradix.fast import cache as cache_mod
+
+native = pytest.mark.skipif(not cache_mod.NATIVE, reason="the C core is not in use")
+
+
+class Alloc:
+    """A minimal production-style allocator: frees are only counted (no slot checks)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.freed = 0
+
+    def free(self, t) -> None:
+        self.freed += t.numel()
+
+
+def make(page_size=1, **kw):
+    return fast.UnifiedRadixCache(fast.CacheInitParams(
+        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=Alloc(),
+        page_size=page_size, **kw))
+
+
+def key(tokens, extra_key=None):
+    return fast.RadixKey(array("q", tokens), extra_key)
+
+
+def test_switch_is_reported():
+    assert isinstance(cache_mod.NATIVE, bool)
+    if os.environ.get("UNIRADIX_PURE_PYTHON") == "1":
+        assert not cache_mod.NATIVE and cache_mod.TreeNode is cache_mod.PyTreeNode
+
+
+def test_pure_python_switch_in_a_fresh_interpreter():
+    env = dict(os.environ, UNIRADIX_PURE_PYTHON="1")
+    out = subprocess.run([sys.executable, "-c", "import uniradix.fast.cache as c; "
+                          "print(c.NATIVE, c.TreeNode is c.PyTreeNode)"],
+                         env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
+
+
+def test_node_surface_is_the_python_nodes():
+    node = cache_mod.TreeNode(array("q", [1, 2]), torch.tensor([5, 6]), None, "ek", 7)
+    assert node.children == {} and node.parent is None and node.ck is None
+    assert list(node.key) == [1, 2] and node.extra_key == "ek"
+    assert node.lock_ref == 0 and node.hit_count == 0 and node.dev_children == 0
+    assert node.last_access_time == 7 and node.evicted is False
+    child = cache_mod.TreeNode(array("q", [3]), None, node, None, 8, ck=3)
+    assert child.evicted is True and child.ck == 3 and child.id > node.id
+    node.children[3] = child
+    node.lock_ref += 2
+    node.last_access_time = 1 << 50
+    assert node.lock_ref == 2 and node.last_access_time == 1 << 50
+    assert repr(node) == f"TreeNode(id={node.id}, key_len=2, lock_ref=2)"
+    assert (node < child) is True and (child < node) is False
+    assert sorted([(1, child), (1, node)])[0][1] is node
+
+
+@native
+def test_c_heap_agrees_with_heapq():
+    import heapq
+    rng = random.Random(3)
+    nodes = [cache_mod.TreeNode(array("q"), None, None, None, 0) for _ in range(20)]
+    mine, ref = [], []
+    for _ in range(3000):
+        if rng.random() < 0.55 or not ref:
+            e = (rng.randrange(50), rng.choice(nodes))
+            cache_mod._core.heappush(mine, e)
+            heapq.heappush(ref, e)
+        else:
+            assert cache_mod._core.heappop(mine) == heapq.heappop(ref)
+    assert sorted(mine) == sorted(ref)
+    while ref:
+        assert cache_mod._core.heappop(mine) == heapq.heappop(ref)
+
+
+def _workload(cache, rng, rounds=300, page_size=1):
+    """Random inserts, matches, locks, unlocks and evictions; returns nothing it held."""
+    slot = [page_size]
+    locked = []
+    for _ in range(rounds):
+        prompt = [rng.randrange(6) for _ in range(rng.randrange(1, 6) * page_size)]
+        ek = rng.choice([None, None, "a"])
+        m = cache.match_prefix(fast.MatchPrefixParams(key=key(prompt, ek)))
+        if rng.random() < 0.3:
+            locked.append((m.last_device_node, cache.inc_lock_ref(m.last_device_node).to_dec_params()))
+        n = len(prompt)
+        v = torch.arange(slot[0], slot[0] + n, dtype=torch.int64)
+        slot[0] += n
+        cache.insert(fast.InsertParams(key=key(prompt, ek), value=v,
+                                       prev_prefix_len=len(m.device_indices)))
+        if locked and rng.random() < 0.3:
+            node, dec = locked.pop(rng.randrange(len(locked)))
+            cache.dec_lock_ref(node, dec)
+        if rng.random() < 0.2:
+            cache.evict(fast.EvictParams(num_tokens=rng.randrange(1, 10)))
+        del m
+    for node, dec in locked:
+        cache.dec_lock_ref(node, dec)
+    assert cache.violations() == []
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_no_growth_across_rounds_and_resets(page_size):
+    rng = random.Random(11)
+    cache = make(page_size)
+    counts, nodes = [], []
+    for r in range(8):
+        _workload(cache, rng, page_size=page_size)
+        cache.evict(fast.EvictParams(num_tokens=1 << 62))
+        assert cache.evictable_size() == 0 and cache.protected_size() == 0
+        cache.reset()
+        gc.collect()
+        counts.append(len(gc.get_objects()))
+        nodes.append(sum(1 for o in gc.get_objects() if type(o) is cache_mod.TreeNode))
+    # after warm-up, the object count is flat and only the root node is alive
+    assert max(counts[2:]) - min(counts[2:]) <= 20, counts
+    assert nodes[-1] == 1, nodes
+    if sys.platform.startswith("linux"):
+        before = _rss_kb()
+        for _ in range(6):
+            _workload(cache, rng, rounds=400, page_size=page_size)
+            cache.reset()
+        gc.collect()
+        assert _rss_kb() - before < 8 * 1024  # KiB: no steady growth
+
+
+def test_value_tensor_refcounts_come_back():
+    cache = make()
+    v = torch.arange(10, 18, dtype=torch.int64)
+    base = sys.getrefcount(v)
+    cache.insert(fast.InsertParams(key=key([1, 2, 3, 4, 5, 6, 7, 8]), value=v))
+    assert sys.getrefcount(v) == base  # the tree copies the caller's slots
+    m = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4, 5, 6, 7, 8])))
+    held = m.device_indices  # a one-node match hands out the node's own tensor
+    node = m.last_device_node
+    del m
+    in_tree = sys.getrefcount(held)
+
+    def node_refs():  # references to node, less the heap's (stale entries are expected)
+        return sys.getrefcount(node) - sum(1 for _, n in cache._heap if n is node)
+
+    before = node_refs()
+    # splitting replaces the node's tensor: the old one is dropped by the tree
+    m2 = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4])))
+    assert sys.getrefcount(held) == in_tree - 1
+    del m2
+    assert node_refs() == before
+    for _ in range(100):
+        r = cache.inc_lock_ref(node)
+        cache.dec_lock_ref(node, r.to_dec_params())
+    assert node_refs() == before
+    lower = node.value
+    lower_refs = sys.getrefcount(lower)
+    assert cache.evict(fast.EvictParams(num_tokens=100)).num_tokens_evicted == 8
+    assert sys.getrefcount(lower) == lower_refs - 1  # the evicted node let go of its slots
+    assert node.value is None and node.parent is None
+    del node, lower, held
+    cache.reset()
+    gc.collect()
+    assert sys.getrefcount(v) == base
+
+
+def test_errors_leave_no_references():
+    cache = make()
+    v = torch.arange(1, 5, dtype=torch.int64)
+    cache.insert(fast.InsertParams(key=key([1, 2, 3, 4]), value=v))
+    node = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4]))).last_device_node
+    refs = sys.getrefcount(node)
+    for _ in range(200):
+        with pytest.raises(fast.HandleError):
+            cache.dec_lock_ref(node)
+        with pytest.raises(fast.InvalidInput):
+            cache.insert(fast.InsertParams(key=key([1, 2]), value=v))
+    assert sys.getrefcount(node) == refs
+    assert cache.violations() == []
