@@ -1322,6 +1322,459 @@ done:
     return result;
 }
 
+
+/* ------------------------------------------------------------------------------------------ */
+/* The public methods' common case, whole: argument checks, the walk, the result object.       */
+/* Each returns None, having changed nothing, when the call is not the plain case (a wrong     */
+/* argument, EAGLE, a disabled cache, slot validation, an unaligned key...): the Python method  */
+/* then runs its own code, which raises the same errors as always.                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *g_RadixKey, *g_MatchResult, *g_InsertResult, *g_IncResult, *g_DecResult,
+    *g_EvictResult, *g_Tensor, *g_int64, *g_array;
+static PyObject *s_key, *s_value, *s_prev, *s_chunked, *s_token_ids, *s_extra_key,
+    *s_is_bigram, *s_is_eagle, *s_disable, *s_validate_slots, *s_empty, *s_dtype, *s_shape,
+    *s_num_tokens, *s_skip, *s_compact, *s_zero;
+
+#define DECLINE(x) do { Py_XDECREF(x); Py_RETURN_NONE; } while (0)
+
+/* 1 when self.<name> is False, 0 when it is anything else, -1 on error */
+static int
+attr_is_false(PyObject *self, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(self, name);
+    if (v == NULL)
+        return -1;
+    int r = v == Py_False;
+    Py_DECREF(v);
+    return r;
+}
+
+/* The plain key of a RadixKey: its token array (new reference) and extra_key (new reference);
+ * 0 when the key is not plain (declined), -1 on error. */
+static int
+plain_key(PyObject *self, PyObject *key, PyObject **toks, PyObject **ek)
+{
+    if ((PyObject *)Py_TYPE(key) != g_RadixKey)
+        return 0;
+    PyObject *b = PyObject_GetAttr(key, s_is_bigram);
+    if (b == NULL)
+        return -1;
+    int bigram = b != Py_False;
+    Py_DECREF(b);
+    if (bigram)
+        return 0;
+    int r = attr_is_false(self, s_is_eagle);
+    if (r <= 0)
+        return r;
+    if ((r = attr_is_false(self, s_disable)) <= 0)
+        return r;
+    PyObject *t = PyObject_GetAttr(key, s_token_ids);
+    if (t == NULL)
+        return -1;
+    if ((PyObject *)Py_TYPE(t) != g_array) {
+        Py_DECREF(t);
+        return 0;
+    }
+    PyObject *e = PyObject_GetAttr(key, s_extra_key);
+    if (e == NULL) {
+        Py_DECREF(t);
+        return -1;
+    }
+    *toks = t;
+    *ek = e;
+    return 1;
+}
+
+static PyObject *
+api_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "match_prefix(cache, params)");
+        return NULL;
+    }
+    PyObject *self = args[0];
+    PyObject *key = PyObject_GetAttr(args[1], s_key), *toks = NULL, *ek = NULL;
+    if (key == NULL)
+        return NULL;
+    int r = plain_key(self, key, &toks, &ek);
+    Py_DECREF(key);
+    if (r < 0)
+        return NULL;
+    if (r == 0)
+        Py_RETURN_NONE;
+    PyObject *ps_o = PyObject_GetAttr(self, s_page_size);
+    if (ps_o == NULL)
+        goto fail;
+    Py_ssize_t ps = PyLong_AsSsize_t(ps_o);
+    Py_DECREF(ps_o);
+    if (ps == -1 && PyErr_Occurred())
+        goto fail;
+    Py_ssize_t n = PyObject_Length(toks);
+    if (n < 0)
+        goto fail;
+    if (ps < 1 || n - n % ps == 0) {
+        Py_DECREF(toks);
+        Py_DECREF(ek);
+        Py_RETURN_NONE;
+    }
+    PyObject *cargs[3] = {self, toks, ek};
+    PyObject *res = core_match(mod, cargs, 3);
+    Py_DECREF(toks);
+    Py_DECREF(ek);
+    if (res == NULL)
+        return NULL;
+    PyObject *indices = PyTuple_GET_ITEM(res, 0), *node = PyTuple_GET_ITEM(res, 1);
+    PyObject *empty = NULL;
+    if (indices == Py_None) {
+        empty = PyObject_GetAttr(self, s_empty);
+        if (empty == NULL) {
+            Py_DECREF(res);
+            return NULL;
+        }
+        indices = empty;
+    }
+    PyObject *items = PyTuple_Pack(9, indices, node, node, node, s_zero, s_zero, s_zero,
+                                   Py_None, Py_None);
+    Py_XDECREF(empty);
+    Py_DECREF(res);
+    if (items == NULL)
+        return NULL;
+    PyObject *targs = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (targs == NULL)
+        return NULL;
+    PyObject *out = PyTuple_Type.tp_new((PyTypeObject *)g_MatchResult, targs, NULL);
+    Py_DECREF(targs);
+    return out;
+fail:
+    Py_DECREF(toks);
+    Py_DECREF(ek);
+    return NULL;
+}
+
+static PyObject *
+api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "insert(cache, params)");
+        return NULL;
+    }
+    PyObject *self = args[0], *params = args[1];
+    PyObject *key = NULL, *toks = NULL, *ek = NULL, *value = NULL, *prev = NULL, *o = NULL;
+    key = PyObject_GetAttr(params, s_key);
+    if (key == NULL)
+        return NULL;
+    int r = plain_key(self, key, &toks, &ek);
+    Py_DECREF(key);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    if ((r = attr_is_false(self, s_validate_slots)) <= 0)
+        goto decline_or_fail;
+    r = -1;
+    if ((value = PyObject_GetAttr(params, s_value)) == NULL)
+        goto decline_or_fail;
+    r = 0;
+    if ((PyObject *)Py_TYPE(value) != g_Tensor)
+        goto decline_or_fail;
+    r = -1;
+    if ((o = PyObject_GetAttr(value, s_dtype)) == NULL)
+        goto decline_or_fail;
+    r = 0;
+    if (o != g_int64)
+        goto decline_or_fail;
+    Py_CLEAR(o);
+    r = -1;
+    if ((o = PyObject_GetAttr(value, s_shape)) == NULL)
+        goto decline_or_fail;
+    Py_ssize_t n = PyObject_Length(toks);
+    if (n < 0)
+        goto decline_or_fail;
+    r = 0;
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 1 || !PyLong_Check(PyTuple_GET_ITEM(o, 0)))
+        goto decline_or_fail;
+    {
+        Py_ssize_t len0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 0));
+        if (len0 == -1 && PyErr_Occurred()) {
+            r = -1;
+            goto decline_or_fail;
+        }
+        if (len0 != n)
+            goto decline_or_fail;
+    }
+    Py_CLEAR(o);
+    r = -1;
+    if ((prev = PyObject_GetAttr(params, s_prev)) == NULL)
+        goto decline_or_fail;
+    r = 0;
+    if (!PyLong_CheckExact(prev) || PyObject_RichCompareBool(prev, s_zero, Py_LT) != 0)
+        goto decline_or_fail;
+    r = -1;
+    if ((o = PyObject_GetAttr(params, s_chunked)) == NULL)
+        goto decline_or_fail;
+    r = 0;
+    if (o != Py_True && o != Py_False)
+        goto decline_or_fail;
+    Py_CLEAR(o);
+    {
+        PyObject *ps_o = PyObject_GetAttr(self, s_page_size);
+        if (ps_o == NULL) {
+            r = -1;
+            goto decline_or_fail;
+        }
+        Py_ssize_t ps = PyLong_AsSsize_t(ps_o);
+        Py_DECREF(ps_o);
+        if (ps == -1 && PyErr_Occurred()) {
+            r = -1;
+            goto decline_or_fail;
+        }
+        if (ps < 1 || n % ps)
+            goto decline_or_fail;  /* an unaligned key: the Python path cuts it */
+    }
+    PyObject *cargs[5] = {self, toks, ek, value, prev};
+    PyObject *pos = core_insert(mod, cargs, 5);
+    Py_DECREF(toks);
+    Py_DECREF(ek);
+    Py_DECREF(value);
+    Py_DECREF(prev);
+    if (pos == NULL)
+        return NULL;
+    PyObject *a[1] = {pos};
+    PyObject *out = PyObject_Vectorcall(g_InsertResult, a, 1, NULL);
+    Py_DECREF(pos);
+    return out;
+decline_or_fail:
+    Py_XDECREF(toks);
+    Py_XDECREF(ek);
+    Py_XDECREF(value);
+    Py_XDECREF(prev);
+    Py_XDECREF(o);
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The node is a TreeNode in the tree (the root, or attached): 1; else 0 (declined); -1 error.
+ * *root receives a new reference on 1. */
+static int
+attached(PyObject *self, PyObject *node, PyObject **root)
+{
+    if (!IS_NODE(node))
+        return 0;
+    int r = attr_is_false(self, s_disable);
+    if (r <= 0)
+        return r;
+    PyObject *rt = PyObject_GetAttr(self, s_root_node);
+    if (rt == NULL)
+        return -1;
+    if (!IS_NODE(rt) || (node != rt && IS_NONE(((Node *)node)->parent))) {
+        Py_DECREF(rt);
+        return 0;
+    }
+    *root = rt;
+    return 1;
+}
+
+/* self.<ev> += d_ev; self.<pr> += d_pr */
+static int
+move_sizes(PyObject *self, long long d_ev, long long d_pr)
+{
+    long long ev, pr;
+    if (d_ev == 0 && d_pr == 0)
+        return 0;
+    if (get_ll(self, s_evictable, &ev) < 0 || get_ll(self, s_protected, &pr) < 0)
+        return -1;
+    if (set_ll(self, s_evictable, ev + d_ev) < 0 || set_ll(self, s_protected, pr + d_pr) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *
+api_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "inc_lock_ref(cache, node)");
+        return NULL;
+    }
+    PyObject *self = args[0], *root = NULL;
+    int r = attached(self, args[1], &root);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *cargs[2] = {root, args[1]};
+    PyObject *res = core_inc_lock(mod, cargs, 2);
+    Py_DECREF(root);
+    if (res == NULL)
+        return NULL;
+    long long delta = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 0));
+    PyObject *skipped = PyTuple_GET_ITEM(res, 1);
+    PyObject *skip = PyDict_New(), *out = NULL;
+    if (skip == NULL)
+        goto done;
+    if (skipped != Py_None) {
+        PyObject *set = PySet_New(skipped);
+        if (set == NULL || PyDict_SetItem(skip, s_zero, set) < 0) {
+            Py_XDECREF(set);
+            goto done;
+        }
+        Py_DECREF(set);
+    }
+    if (move_sizes(self, -delta, delta) < 0)
+        goto done;
+    {
+        PyObject *a[4] = {PyTuple_GET_ITEM(res, 0), Py_None, Py_None, skip};
+        out = PyObject_Vectorcall(g_IncResult, a, 4, NULL);
+    }
+done:
+    Py_XDECREF(skip);
+    Py_DECREF(res);
+    return out;
+}
+
+static PyObject *
+api_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "dec_lock_ref(cache, node, params)");
+        return NULL;
+    }
+    PyObject *self = args[0], *params = args[2], *root = NULL, *skip = Py_None, *heap = NULL;
+    PyObject *skipdict = NULL;
+    int r = attached(self, args[1], &root);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    if (params != Py_None) {
+        skipdict = PyObject_GetAttr(params, s_skip);
+        if (skipdict == NULL)
+            goto fail;
+        if (!PyDict_CheckExact(skipdict)) {
+            Py_DECREF(skipdict);
+            Py_DECREF(root);
+            Py_RETURN_NONE;
+        }
+        PyObject *s = PyDict_GetItemWithError(skipdict, s_zero);
+        if (s == NULL && PyErr_Occurred())
+            goto fail;
+        if (s != NULL) {
+            int t = PyObject_IsTrue(s);
+            if (t < 0)
+                goto fail;
+            if (t)
+                skip = s;
+        }
+    }
+    heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        goto fail;
+    if (!PyList_CheckExact(heap)) {
+        Py_DECREF(heap);
+        Py_XDECREF(skipdict);
+        Py_DECREF(root);
+        Py_RETURN_NONE;
+    }
+    PyObject *cargs[4] = {root, args[1], skip, heap};
+    PyObject *res = core_dec_lock(mod, cargs, 4);
+    Py_DECREF(heap);
+    Py_XDECREF(skipdict);
+    Py_DECREF(root);
+    if (res == NULL)
+        return NULL;
+    long long delta = PyLong_AsLongLong(res);
+    if (delta < 0) {  /* not locked: the Python path raises HandleError (nothing changed) */
+        Py_DECREF(res);
+        Py_RETURN_NONE;
+    }
+    if (move_sizes(self, delta, -delta) < 0) {
+        Py_DECREF(res);
+        return NULL;
+    }
+    PyObject *a[1] = {res};
+    PyObject *out = PyObject_Vectorcall(g_DecResult, a, 1, NULL);
+    Py_DECREF(res);
+    return out;
+fail:
+    Py_XDECREF(skipdict);
+    Py_DECREF(root);
+    return NULL;
+}
+
+static PyObject *
+api_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "evict(cache, params)");
+        return NULL;
+    }
+    PyObject *self = args[0];
+    PyObject *want = PyObject_GetAttr(args[1], s_num_tokens);
+    if (want == NULL)
+        return NULL;
+    if (!PyLong_CheckExact(want) || PyObject_RichCompareBool(want, s_zero, Py_LT) != 0)
+        DECLINE(want);
+    int r = attr_is_false(self, s_disable);
+    if (r <= 0) {
+        Py_DECREF(want);
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *cargs[2] = {self, want};
+    PyObject *freed = core_evict(mod, cargs, 2);
+    Py_DECREF(want);
+    if (freed == NULL)
+        return NULL;
+    /* compact the heap when stale entries outnumber live ones (as evict's Python code) */
+    {
+        long long ev, ps;
+        PyObject *heap = PyObject_GetAttr(self, s_heap);
+        if (heap == NULL || get_ll(self, s_evictable, &ev) < 0 || get_ll(self, s_page_size, &ps) < 0) {
+            Py_XDECREF(heap);
+            Py_DECREF(freed);
+            return NULL;
+        }
+        Py_ssize_t len = PyObject_Length(heap);
+        Py_DECREF(heap);
+        if (len < 0) {
+            Py_DECREF(freed);
+            return NULL;
+        }
+        long long pp = ps > 1 ? ps : 1;
+        /* Python's floor division */
+        long long q = ev / pp;
+        if ((ev % pp != 0) && ((ev < 0) != (pp < 0)))
+            q -= 1;
+        if (len > 64 && len > 4 * (q + 16)) {
+            PyObject *c = PyObject_CallMethodNoArgs(self, s_compact);
+            if (c == NULL) {
+                Py_DECREF(freed);
+                return NULL;
+            }
+            Py_DECREF(c);
+        }
+    }
+    PyObject *a[1] = {freed};
+    PyObject *out = PyObject_Vectorcall(g_EvictResult, a, 1, NULL);
+    Py_DECREF(freed);
+    return out;
+}
+
+static PyObject *
+core_setup_api(PyObject *mod, PyObject *args)
+{
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO:setup_api", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8]))
+        return NULL;
+    PyObject **dst[9] = {&g_RadixKey, &g_MatchResult, &g_InsertResult, &g_IncResult,
+                         &g_DecResult, &g_EvictResult, &g_Tensor, &g_int64, &g_array};
+    if (!PyType_Check(o[1]) || !PyType_IsSubtype((PyTypeObject *)o[1], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "setup_api: MatchResult must be a tuple subclass");
+        return NULL;
+    }
+    for (int i = 0; i < 9; i++) {
+        Py_INCREF(o[i]);
+        Py_XSETREF(*dst[i], o[i]);
+    }
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* setup, heap helpers for tests, module                                                       */
 /* ------------------------------------------------------------------------------------------ */
@@ -1384,6 +1837,19 @@ static PyMethodDef core_methods[] = {
      "heappush(list, entry): the heap push the C paths use (for tests)."},
     {"heappop", (PyCFunction)(void (*)(void))core_heappop, METH_FASTCALL,
      "heappop(list): the heap pop the C paths use (for tests)."},
+    {"setup_api", (PyCFunction)core_setup_api, METH_VARARGS,
+     "setup_api(RadixKey, MatchResult, InsertResult, IncLockRefResult, DecLockRefResult, "
+     "EvictResult, torch.Tensor, torch.int64, array.array)"},
+    {"api_match", (PyCFunction)(void (*)(void))api_match, METH_FASTCALL,
+     "api_match(cache, params) -> MatchResult, or None when the Python path must run"},
+    {"api_insert", (PyCFunction)(void (*)(void))api_insert, METH_FASTCALL,
+     "api_insert(cache, params) -> InsertResult, or None when the Python path must run"},
+    {"api_inc", (PyCFunction)(void (*)(void))api_inc, METH_FASTCALL,
+     "api_inc(cache, node) -> IncLockRefResult, or None when the Python path must run"},
+    {"api_dec", (PyCFunction)(void (*)(void))api_dec, METH_FASTCALL,
+     "api_dec(cache, node, params) -> DecLockRefResult, or None when the Python path must run"},
+    {"api_evict", (PyCFunction)(void (*)(void))api_evict, METH_FASTCALL,
+     "api_evict(cache, params) -> EvictResult, or None when the Python path must run"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -1411,7 +1877,25 @@ PyInit__core(void)
     INTERN(s_tolist, "tolist");
     INTERN(s_update, "update");
     INTERN(s_difference_update, "difference_update");
+    INTERN(s_key, "key");
+    INTERN(s_value, "value");
+    INTERN(s_prev, "prev_prefix_len");
+    INTERN(s_chunked, "chunked");
+    INTERN(s_token_ids, "token_ids");
+    INTERN(s_extra_key, "extra_key");
+    INTERN(s_is_bigram, "is_bigram");
+    INTERN(s_is_eagle, "is_eagle");
+    INTERN(s_disable, "disable");
+    INTERN(s_validate_slots, "validate_slots");
+    INTERN(s_empty, "_empty");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_shape, "shape");
+    INTERN(s_num_tokens, "num_tokens");
+    INTERN(s_skip, "skip_lock_node_ids");
+    INTERN(s_compact, "_compact_heap");
 #undef INTERN
+    if ((s_zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;

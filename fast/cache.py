@@ -121,6 +121,10 @@ if NATIVE:
     # which stays the pure-Python implementation.
     TreeNode = _core.TreeNode  # type: ignore[misc]  # noqa: F811
     _core.setup(torch.narrow_copy, torch.cat, STRIDE)
+    _core.setup_api(RadixKey, MatchResult, InsertResult, IncLockRefResult, DecLockRefResult,
+                    EvictResult, torch.Tensor, torch.int64, array)
+    _api_match, _api_insert, _api_inc = _core.api_match, _core.api_insert, _core.api_inc
+    _api_dec, _api_evict = _core.api_dec, _core.api_evict
 
 
 def _int_arg(name: str, x) -> int:
@@ -285,7 +289,7 @@ class UnifiedRadixCache:
     # match_prefix
     # ------------------------------------------------------------------------------------------
 
-    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+    def _match_prefix_py(self, params: MatchPrefixParams) -> MatchResult:
         """Longest cached device prefix of ``params.key`` in whole pages; a match ending inside
         a node splits it; the matched path becomes the most recent."""
         key = params.key
@@ -404,7 +408,7 @@ class UnifiedRadixCache:
             if not self.token_to_kv_pool_allocator.is_allocated(first):
                 raise InvalidInput(f"insert: slot {first} is not allocated")
 
-    def insert(self, params: InsertParams) -> InsertResult:
+    def _insert_py(self, params: InsertParams) -> InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
         nodes from the fresh slots, free the caller's duplicates from ``prev_prefix_len`` on,
         add the remainder as a new leaf.  Returns the length that was already cached."""
@@ -497,7 +501,7 @@ class UnifiedRadixCache:
         if not isinstance(node, TreeNode) or (node is not self.root_node and node.parent is None):
             raise NodeNotFound("the node is not in the tree")
 
-    def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
+    def _inc_lock_ref_py(self, node: TreeNode) -> IncLockRefResult:
         """Lock ``node``'s path up to the root (the evicted bottom segment is skipped and
         remembered in the result)."""
         self._check_attached(node)
@@ -529,7 +533,7 @@ class UnifiedRadixCache:
             cur = cur.parent
         return delta
 
-    def dec_lock_ref(self, node: TreeNode, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+    def _dec_lock_ref_py(self, node: TreeNode, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
         self._check_attached(node)
         if self.disable:
@@ -565,7 +569,7 @@ class UnifiedRadixCache:
     # Eviction
     # ------------------------------------------------------------------------------------------
 
-    def evict(self, params: EvictParams) -> EvictResult:
+    def _evict_py_api(self, params: EvictParams) -> EvictResult:
         """Evict the oldest evictable device leaves, whole nodes, until ``num_tokens`` are
         freed or nothing is evictable.  Without a host tier an evicted leaf leaves the tree,
         and childless unlocked tombstone ancestors follow it."""
@@ -614,6 +618,52 @@ class UnifiedRadixCache:
                     and parent is not root:
                 push(heap, (parent.last_access_time, parent))
         return freed
+
+    # ------------------------------------------------------------------------------------------
+    # The public hot methods: the C core takes the plain case whole (checks, walk, result) and
+    # answers None for anything else (a bad argument, EAGLE, a disabled cache, slot validation,
+    # an unaligned key), having changed nothing; the Python methods above run then, and raise
+    # the same errors as always.  Without the C core the Python methods are the public ones.
+    # ------------------------------------------------------------------------------------------
+
+    if NATIVE:
+        def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+            """Longest cached device prefix of ``params.key`` in whole pages; a match ending
+            inside a node splits it; the matched path becomes the most recent."""
+            r = _api_match(self, params)
+            return self._match_prefix_py(params) if r is None else r
+
+        def insert(self, params: InsertParams) -> InsertResult:
+            """Cache ``key -> value``: touch the path, split at a partial match, restore
+            evicted nodes from the fresh slots, free the caller's duplicates from
+            ``prev_prefix_len`` on, add the remainder as a new leaf.  Returns the length that
+            was already cached."""
+            r = _api_insert(self, params)
+            return self._insert_py(params) if r is None else r
+
+        def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
+            """Lock ``node``'s path up to the root (the evicted bottom segment is skipped and
+            remembered in the result)."""
+            r = _api_inc(self, node)
+            return self._inc_lock_ref_py(node) if r is None else r
+
+        def dec_lock_ref(self, node: TreeNode,
+                         params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+            """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
+            r = _api_dec(self, node, params)
+            return self._dec_lock_ref_py(node, params) if r is None else r
+
+        def evict(self, params: EvictParams) -> EvictResult:
+            """Evict the oldest evictable device leaves, whole nodes, until ``num_tokens`` are
+            freed or nothing is evictable."""
+            r = _api_evict(self, params)
+            return self._evict_py_api(params) if r is None else r
+    else:
+        match_prefix = _match_prefix_py
+        insert = _insert_py
+        inc_lock_ref = _inc_lock_ref_py
+        dec_lock_ref = _dec_lock_ref_py
+        evict = _evict_py_api
 
     # ------------------------------------------------------------------------------------------
     # Requests (upstream's cache_finished_req / cache_unfinished_req)
