@@ -851,6 +851,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     KeyView uk, ck_view;
     uk.held = ck_view.held = 0;
     PyObject *heap = NULL, *alloc = NULL, *free_fn = NULL, *owned = NULL, *result = NULL;
+    PyObject *leaf_ck = NULL;
     Node *node = NULL, *child = NULL;
     int wrote_clock = 0;
     Node *root = get_root(self, &ps);
@@ -896,12 +897,15 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (ck == NULL)
             goto done;
         child = (Node *)child_get(node, ck);
-        Py_DECREF(ck);
         if (child == NULL) {
-            if (PyErr_Occurred())
+            if (PyErr_Occurred()) {
+                Py_DECREF(ck);
                 goto done;
+            }
+            leaf_ck = ck;  /* the new leaf is filed under it */
             break;
         }
+        Py_DECREF(ck);
         Py_INCREF(child);
         if (key_view(child->key, &ck_view) < 0)
             goto done;
@@ -982,8 +986,9 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyObject *rest = PySequence_GetSlice(units, pos, n);
         if (rest == NULL)
             goto done;
-        PyObject *ck = child_key(u, pos, ps, ek);
-        if (ck == NULL) {
+        PyObject *ck = leaf_ck;
+        leaf_ck = NULL;
+        if (ck == NULL && (ck = child_key(u, pos, ps, ek)) == NULL) {
             Py_DECREF(rest);
             goto done;
         }
@@ -1027,6 +1032,7 @@ done:
         Py_CLEAR(result);
     if (protected_ != pr0 && write_back(self, s_protected, protected_) < 0)
         Py_CLEAR(result);
+    Py_XDECREF(leaf_ck);
     Py_XDECREF(child);
     Py_XDECREF(node);
     Py_XDECREF(heap);
