@@ -3,10 +3,26 @@
 Same observable behaviour as ``uniradix.spec`` (checked step by step by the lockstep runner),
 with upstream SGLang's public API.  What it keeps, and why it is fast:
 
-* **Tree.**  ``TreeNode`` has ``__slots__``.  A node's key is an ``array('q')`` of token ids
-  (EAGLE: a list of token pairs), so a whole node is compared with one C-level slice compare;
-  only a mismatching node is searched, by bisection on slice compares.  Children are found by
-  their first page (namespaced by ``extra_key``) in a dict.
+* **Two implementations, one behaviour.**  The hot paths run in a C extension,
+  ``uniradix.fast._core`` (``fast/_core.c``, plain CPython C API, built by ``setup.py`` when a
+  compiler is there): the node type ``TreeNode`` (the attributes below, GC-aware) and the
+  loops of ``match_prefix``, ``insert``, ``inc_lock_ref`` / ``dec_lock_ref`` and ``evict``,
+  including their argument checks and result objects in the plain case.  Anything else (a bad
+  argument, EAGLE keys, a disabled cache, slot validation, an unaligned key) is declined by the
+  C side before it changes anything, and the Python methods of this module run; they are the
+  reference and the whole implementation when the extension is missing or
+  ``UNIRADIX_PURE_PYTHON=1`` is set at import.  ``NATIVE`` says which is in use.  The C code
+  does the same steps in the same order (same stamps, heap entries, frees, node ids), keeps
+  the scalar state (``_clock``, ``_evictable``, ``_protected``) in this object's attributes and
+  the heap as the same Python list of ``(stamp, node)``, so every introspection method below
+  works on either.  Why C: the remaining cost was interpreter work per node and per call
+  (docs/PERFORMANCE.md); mypyc did not remove it.
+
+* **Tree.**  ``TreeNode`` has ``__slots__`` (the C type: a struct).  A node's key is an
+  ``array('q')`` of token ids (EAGLE: a list of token pairs), so a whole node is compared with
+  one ``memcmp`` (C) or one C-level slice compare (Python); only a mismatching node is searched
+  (a linear scan in C, bisection on slice compares in Python).  Children are found by their
+  first page (namespaced by ``extra_key``) in a dict.
 * **Values** are int64 tensors on the allocator's device, one per node (no host
   synchronisation, as upstream).  A one-node match returns the node's tensor itself, a longer
   one concatenates the path's tensors once; an insert copies the new leaf's slots once (a copy,

@@ -199,3 +199,96 @@ def test_errors_leave_no_references():
             cache.insert(fast.InsertParams(key=key([1, 2]), value=v))
     assert sys.getrefcount(node) == refs
     assert cache.violations() == []
+
+
+class LogAlloc(Alloc):
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list = []
+
+    def free(self, t) -> None:
+        self.log.append(t.tolist())
+
+
+def _state(cache) -> dict:
+    """Everything observable of a cache, node ids replaced by paths."""
+    def path(node):
+        parts = []
+        while node is not None and node is not cache.root_node:
+            parts.append((node.extra_key, tuple(node.key)))
+            node = node.parent
+        return repr(tuple(reversed(parts)))
+    nodes = sorted((path(n), None if n.value is None else n.value.tolist(), n.lock_ref,
+                    n.last_access_time, n.dev_children, repr(n.ck)) for n in cache.all_nodes())
+    heap = sorted((s, path(n), n.parent is None) for s, n in cache._heap)
+    return {"nodes": nodes, "heap": heap, "order": [path(n) for n in cache.eviction_order()],
+            "clock": cache._clock, "sizes": (cache._evictable, cache._protected),
+            "freed": cache.token_to_kv_pool_allocator.log}
+
+
+@native
+@pytest.mark.parametrize("page_size", [1, 2, 4])
+def test_c_paths_step_for_step_with_the_python_paths(page_size, monkeypatch):
+    """The C entry points (slot validation off, as in production) against the pure-Python
+    methods on the same random calls: same results, errors, stamps, heap, frees."""
+    rng = random.Random(page_size)
+    mk = lambda: fast.UnifiedRadixCache(fast.CacheInitParams(  # noqa: E731
+        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=LogAlloc(),
+        page_size=page_size))
+    a, b = mk(), mk()
+    slot = [page_size]
+    locks: list = []
+
+    def both(name, *args):
+        out = []
+        for cache, py in ((a, False), (b, True)):
+            fn = getattr(cache, "_" + name + "_py" if py and name != "evict" else name) \
+                if not (py and name == "evict") else cache._evict_py_api
+            xargs = [x[py] if isinstance(x, tuple) and len(x) == 2 and x and isinstance(x[0], (cache_mod.TreeNode,)) else x for x in args]
+            if py:
+                monkeypatch.setattr(cache_mod, "NATIVE", False)
+            try:
+                out.append(("ok", fn(*xargs)))
+            except Exception as e:  # noqa: BLE001 - compared below
+                out.append(("error", type(e).__name__))
+            finally:
+                monkeypatch.setattr(cache_mod, "NATIVE", True)
+        return out
+
+    for step in range(1500):
+        r = rng.random()
+        toks = [rng.randrange(4) for _ in range(rng.randrange(0, 5) * page_size + rng.choice([0, 0, 0, 1]))]
+        ek = rng.choice([None, None, "x"])
+        if r < 0.35:
+            (ka, ma), (kb, mb) = both("match_prefix", fast.MatchPrefixParams(key=key(toks, ek)))
+            assert ka == kb == "ok"
+            assert ma.device_indices.tolist() == mb.device_indices.tolist()
+            if rng.random() < 0.4:
+                (_, la), (_, lb) = both("inc_lock_ref", (ma.last_device_node, mb.last_device_node))
+                assert la.delta == lb.delta
+                locks.append(((ma.last_device_node, mb.last_device_node), (la.to_dec_params(), lb.to_dec_params())))
+        elif r < 0.7:
+            n = len(toks)
+            v = torch.arange(slot[0], slot[0] + n, dtype=torch.int64)
+            slot[0] += n + page_size
+            prev = rng.randrange(0, n + 2)
+            chunked = rng.choice([False, False, True, 1])
+            (ka, ia), (kb, ib) = both("insert", fast.InsertParams(key=key(toks, ek), value=v,
+                                                                  prev_prefix_len=prev, chunked=chunked))
+            assert ka == kb and (ka == "error" and ia == ib or ia.prefix_len == ib.prefix_len)
+        elif r < 0.85 and locks:
+            (na, nb), (da, db) = locks.pop(rng.randrange(len(locks)))
+            for cache, node, d, name in ((a, na, da, "dec_lock_ref"), (b, nb, db, "_dec_lock_ref_py")):
+                if cache is b:
+                    monkeypatch.setattr(cache_mod, "NATIVE", False)
+                try:
+                    res = getattr(cache, name)(node, d)
+                    assert res.delta is not None
+                finally:
+                    monkeypatch.setattr(cache_mod, "NATIVE", True)
+        else:
+            want = rng.choice([0, 1, 3, 8, 100, -1])
+            (ka, ea), (kb, eb) = both("evict", fast.EvictParams(num_tokens=want))
+            assert ka == kb and (ka == "error" or ea.num_tokens_evicted == eb.num_tokens_evicted)
+        assert _state(a) == _state(b), step
+    assert a.violations() == [] and b.violations() == []
