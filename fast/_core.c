@@ -309,6 +309,253 @@ shared_pages(const long long *a, Py_ssize_t na, const long long *b, Py_ssize_t n
     return i - i % ps;
 }
 
+
+/* ---- child lookup without building the page tuple ---------------------------------------- */
+/*
+ * At page size > 1 a child key is a tuple of the page's token ids (namespaced as
+ * (extra_key, page)); building it costs an int object per token.  A lookup instead hashes the
+ * page the way CPython hashes such a tuple and probes the dict with a reusable probe object
+ * that compares equal to a tuple of the same contents (exact ints, as every child key the
+ * cache files is).  The module checks at import that its hash is CPython's on sample keys and
+ * does not probe at all otherwise (tests/test_native_core.py compares them too); a page this
+ * hash does not cover (a token outside [0, 2**61 - 1)) is looked up with the real key.  The
+ * probe never escapes: the dict only compares it with its stored keys.
+ */
+
+#if PY_VERSION_HEX < 0x030D0000 && SIZEOF_VOID_P == 8
+#define HAVE_PROBE 1
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+#define XXROTATE(x) ((x << 31) | (x >> 33))
+#define HASH_MODULUS ((1LL << 61) - 1)
+
+typedef struct {
+    PyObject_HEAD
+    const long long *p;
+    Py_ssize_t ps;
+    PyObject *ek;  /* borrowed; NULL when the key has no extra_key */
+} Probe;
+
+static int
+page_equal(PyObject *t, const long long *p, Py_ssize_t ps)
+{
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != ps)
+        return 0;
+    for (Py_ssize_t i = 0; i < ps; i++) {
+        PyObject *x = PyTuple_GET_ITEM(t, i);
+        if (!PyLong_CheckExact(x))
+            return 0;
+        int ovf;
+        long long v = PyLong_AsLongLongAndOverflow(x, &ovf);
+        if (ovf || v != p[i])
+            return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+Probe_richcompare(PyObject *self, PyObject *other, int op)
+{
+    Probe *pr = (Probe *)self;
+    if ((op != Py_EQ && op != Py_NE) || pr->p == NULL)
+        Py_RETURN_NOTIMPLEMENTED;
+    int eq;
+    if (pr->ek == NULL) {
+        eq = page_equal(other, pr->p, pr->ps);
+    } else {
+        eq = PyTuple_CheckExact(other) && PyTuple_GET_SIZE(other) == 2;
+        if (eq) {
+            int r = PyObject_RichCompareBool(PyTuple_GET_ITEM(other, 0), pr->ek, Py_EQ);
+            if (r < 0)
+                return NULL;
+            eq = r && page_equal(PyTuple_GET_ITEM(other, 1), pr->p, pr->ps);
+        }
+    }
+    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+}
+
+static PyTypeObject ProbeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uniradix.fast._core._Probe",
+    .tp_basicsize = sizeof(Probe),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_richcompare = Probe_richcompare,
+};
+
+static Probe *g_probe = NULL;
+
+static Py_uhash_t
+xx_lane(Py_uhash_t acc, Py_uhash_t lane)
+{
+    acc += lane * XXPRIME_2;
+    acc = XXROTATE(acc);
+    acc *= XXPRIME_1;
+    return acc;
+}
+
+static Py_hash_t
+xx_finish(Py_uhash_t acc, Py_ssize_t len)
+{
+    acc += (Py_uhash_t)len ^ (XXPRIME_5 ^ 3527539UL);
+    if (acc == (Py_uhash_t)-1)
+        return 1546275796;
+    return (Py_hash_t)acc;
+}
+
+/* hash(child key) of p[0:ps] with extra_key ek (NULL: none) as CPython computes it; 0 when
+ * not covered (a token outside [0, 2**61 - 1)), -1 on error, 1 on success. */
+static int
+page_hash(const long long *p, Py_ssize_t ps, PyObject *ek, Py_hash_t *out)
+{
+    Py_uhash_t acc = XXPRIME_5;
+    for (Py_ssize_t i = 0; i < ps; i++) {
+        long long v = p[i];
+        if (v < 0 || v >= HASH_MODULUS)
+            return 0;
+        acc = xx_lane(acc, (Py_uhash_t)v);
+    }
+    Py_hash_t h = xx_finish(acc, ps);
+    if (ek != NULL) {
+        Py_hash_t he = PyObject_Hash(ek);
+        if (he == -1)
+            return -1;
+        acc = XXPRIME_5;
+        acc = xx_lane(acc, (Py_uhash_t)he);
+        acc = xx_lane(acc, (Py_uhash_t)h);
+        h = xx_finish(acc, 2);
+    }
+    *out = h;
+    return 1;
+}
+#endif
+
+/* children[child key of p[pos:]] of node: a borrowed child, or NULL (absent, or an error set).
+ * When the real key was built for the lookup, *ck_out receives it (new reference) on a miss,
+ * for the caller to file a new leaf under. */
+static Node *
+child_lookup(Node *node, const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyObject *ek,
+             PyObject **ck_out)
+{
+    if (ck_out != NULL)
+        *ck_out = NULL;
+    if (!PyDict_CheckExact(node->children)) {
+        PyErr_SetString(PyExc_TypeError, "TreeNode.children must be a dict");
+        return NULL;
+    }
+#ifdef HAVE_PROBE
+    if (ps > 1 && g_probe != NULL && PyDict_GET_SIZE(node->children) > 0) {
+        Py_hash_t h;
+        PyObject *e = IS_NONE(ek) ? NULL : ek;
+        int r = page_hash(p + pos, ps, e, &h);
+        if (r < 0)
+            return NULL;
+        if (r > 0) {
+            g_probe->p = p + pos;
+            g_probe->ps = ps;
+            g_probe->ek = e;
+            PyObject *c = _PyDict_GetItem_KnownHash(node->children, (PyObject *)g_probe, h);
+            g_probe->p = NULL;
+            g_probe->ek = NULL;
+            if (c != NULL) {
+                if (!IS_NODE(c)) {
+                    PyErr_SetString(PyExc_TypeError, "a child is not a TreeNode");
+                    return NULL;
+                }
+                return (Node *)c;
+            }
+            if (PyErr_Occurred())
+                return NULL;
+            /* a miss; the caller may want the key to file a new leaf under */
+            if (ck_out != NULL && (*ck_out = child_key(p, pos, ps, ek)) == NULL)
+                return NULL;
+            return NULL;
+        }
+    }
+#endif
+    PyObject *ck = child_key(p, pos, ps, ek);
+    if (ck == NULL)
+        return NULL;
+    Node *c = (Node *)child_get(node, ck);
+    if (c == NULL && !PyErr_Occurred() && ck_out != NULL) {
+        *ck_out = ck;
+        return NULL;
+    }
+    Py_DECREF(ck);
+    return c;
+}
+
+#ifdef HAVE_PROBE
+/* 1 when page_hash agrees with CPython's hash of the real keys on sample pages, else 0 */
+static int
+probe_self_test(void)
+{
+    static const long long sample[16] = {0, 1, 2, 255, 256, 1000, 65536, 1LL << 31,
+                                         (1LL << 40) + 7, 5, 5, 123456789, 42, (1LL << 61) - 2,
+                                         3, 99};
+    PyObject *ek = PyUnicode_FromString("extra-key");
+    if (ek == NULL)
+        return -1;
+    int same = 1;
+    for (int k = 0; k < 4 && same; k++) {
+        Py_ssize_t ps = k < 2 ? 16 : 2 + k;
+        PyObject *e = (k % 2) ? ek : Py_None;
+        PyObject *key = child_key(sample, 0, ps, e);
+        if (key == NULL) {
+            Py_DECREF(ek);
+            return -1;
+        }
+        Py_hash_t want = PyObject_Hash(key), got;
+        Py_DECREF(key);
+        if (want == -1) {
+            Py_DECREF(ek);
+            return -1;
+        }
+        int r = page_hash(sample, ps, e == Py_None ? NULL : e, &got);
+        if (r < 0) {
+            Py_DECREF(ek);
+            return -1;
+        }
+        same = r > 0 && got == want;
+    }
+    Py_DECREF(ek);
+    return same;
+}
+#endif
+
+static PyObject *
+core_probing(PyObject *mod, PyObject *unused)
+{
+#ifdef HAVE_PROBE
+    return PyBool_FromLong(g_probe != NULL);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyObject *
+core_page_hash(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* page_hash(array, extra_key or None) -> hash or None (not covered); for the tests */
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "page_hash(array, extra_key)");
+        return NULL;
+    }
+#ifdef HAVE_PROBE
+    KeyView kv;
+    if (key_view(args[0], &kv) < 0)
+        return NULL;
+    Py_hash_t h;
+    int r = page_hash(kv.p, kv.n, IS_NONE(args[1]) ? NULL : args[1], &h);
+    key_release(&kv);
+    if (r < 0)
+        return NULL;
+    if (r > 0)
+        return PyLong_FromSsize_t(h);
+#endif
+    Py_RETURN_NONE;
+}
+
 /* ---- the heap: a Python list of (stamp, node) tuples with heapq's invariant ---------------- */
 
 /* a < b for heap entries; -1 on error.  Fast path for (int, TreeNode) tuples. */
@@ -672,11 +919,7 @@ core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_INCREF(node);
     Py_ssize_t pos = 0;
     while (pos < n) {
-        PyObject *ck = child_key(u, pos, ps, ek);
-        if (ck == NULL)
-            goto done;
-        Node *child = (Node *)child_get(node, ck);
-        Py_DECREF(ck);
+        Node *child = child_lookup(node, u, pos, ps, ek, NULL);
         if (child == NULL) {
             if (PyErr_Occurred())
                 goto done;
@@ -893,19 +1136,12 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     node->last_access_time = clock;
     Py_ssize_t pos = 0, free_lo = -1, free_hi = -1;
     while (pos < n) {
-        PyObject *ck = child_key(u, pos, ps, ek);
-        if (ck == NULL)
-            goto done;
-        child = (Node *)child_get(node, ck);
+        child = child_lookup(node, u, pos, ps, ek, &leaf_ck);
         if (child == NULL) {
-            if (PyErr_Occurred()) {
-                Py_DECREF(ck);
+            if (PyErr_Occurred())
                 goto done;
-            }
-            leaf_ck = ck;  /* the new leaf is filed under it */
-            break;
+            break;  /* leaf_ck: the key the new leaf is filed under */
         }
-        Py_DECREF(ck);
         Py_INCREF(child);
         if (key_view(child->key, &ck_view) < 0)
             goto done;
@@ -1839,6 +2075,10 @@ static PyMethodDef core_methods[] = {
      "dec_lock(root, node, skip, heap) -> delta, or -1 if the path is not locked"},
     {"evict", (PyCFunction)(void (*)(void))core_evict, METH_FASTCALL,
      "evict(cache, num_tokens) -> tokens evicted"},
+    {"probing", (PyCFunction)core_probing, METH_NOARGS,
+     "probing() -> whether child lookups at page size > 1 probe without building the key"},
+    {"page_hash", (PyCFunction)(void (*)(void))core_page_hash, METH_FASTCALL,
+     "page_hash(array, extra_key) -> hash of the child key as the C lookup computes it, or None"},
     {"heappush", (PyCFunction)(void (*)(void))core_heappush, METH_FASTCALL,
      "heappush(list, entry): the heap push the C paths use (for tests)."},
     {"heappop", (PyCFunction)(void (*)(void))core_heappop, METH_FASTCALL,
@@ -1902,6 +2142,23 @@ PyInit__core(void)
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;
+#ifdef HAVE_PROBE
+    if (PyType_Ready(&ProbeType) < 0)
+        return NULL;
+    if (g_probe == NULL) {
+        int same = probe_self_test();
+        if (same < 0)
+            return NULL;
+        if (same) {
+            g_probe = PyObject_New(Probe, &ProbeType);
+            if (g_probe == NULL)
+                return NULL;
+            g_probe->p = NULL;
+            g_probe->ps = 0;
+            g_probe->ek = NULL;
+        }
+    }
+#endif
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;

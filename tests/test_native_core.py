@@ -292,3 +292,26 @@ def test_c_paths_step_for_step_with_the_python_paths(page_size, monkeypatch):
             assert ka == kb and (ka == "error" or ea.num_tokens_evicted == eb.num_tokens_evicted)
         assert _state(a) == _state(b), step
     assert a.violations() == [] and b.violations() == []
+
+
+@native
+def test_c_page_hash_is_cpythons_tuple_hash():
+    """The C lookup probes children with its own hash of the page tuple; it must be CPython's
+    (a difference would only cost speed: a miss is looked up again with the real key)."""
+    rng = random.Random(5)
+    page_hash = cache_mod._core.page_hash
+    checked = 0
+    for _ in range(3000):
+        ps = rng.choice([2, 3, 16, 64])
+        hi = rng.choice([10, 1 << 20, 1 << 40, (1 << 61) - 2])
+        page = [rng.randrange(hi) for _ in range(ps)]
+        ek = rng.choice([None, "x", "namespace-7", ""])
+        want = hash(tuple(page)) if ek is None else hash((ek, tuple(page)))
+        got = page_hash(array("q", page), ek)
+        if got is not None:
+            assert got == want, (page, ek)
+            checked += 1
+    assert checked > 2500
+    if sys.version_info < (3, 13) and sys.maxsize > 2 ** 32:
+        assert cache_mod._core.probing()  # its import-time self-test agreed
+    assert page_hash(array("q", [-1, 2]), None) is None  # not covered: the real key is built
