@@ -3,10 +3,26 @@
 Same observable behaviour as ``uniradix.spec`` (checked step by step by the lockstep runner),
 with upstream SGLang's public API.  What it keeps, and why it is fast:
 
-* **Tree.**  ``TreeNode`` has ``__slots__``.  A node's key is an ``array('q')`` of token ids
-  (EAGLE: a list of token pairs), so a whole node is compared with one C-level slice compare;
-  only a mismatching node is searched, by bisection on slice compares.  Children are found by
-  their first page (namespaced by ``extra_key``) in a dict.
+* **Two implementations, one behaviour.**  The hot paths run in a C extension,
+  ``uniradix.fast._core`` (``fast/_core.c``, plain CPython C API, built by ``setup.py`` when a
+  compiler is there): the node type ``TreeNode`` (the attributes below, GC-aware) and the
+  loops of ``match_prefix``, ``insert``, ``inc_lock_ref`` / ``dec_lock_ref`` and ``evict``,
+  including their argument checks and result objects in the plain case.  Anything else (a bad
+  argument, EAGLE keys, a disabled cache, slot validation, an unaligned key) is declined by the
+  C side before it changes anything, and the Python methods of this module run; they are the
+  reference and the whole implementation when the extension is missing or
+  ``UNIRADIX_PURE_PYTHON=1`` is set at import.  ``NATIVE`` says which is in use.  The C code
+  does the same steps in the same order (same stamps, heap entries, frees, node ids), keeps
+  the scalar state (``_clock``, ``_evictable``, ``_protected``) in this object's attributes and
+  the heap as the same Python list of ``(stamp, node)``, so every introspection method below
+  works on either.  Why C: the remaining cost was interpreter work per node and per call
+  (docs/PERFORMANCE.md); mypyc did not remove it.
+
+* **Tree.**  ``TreeNode`` has ``__slots__`` (the C type: a struct).  A node's key is an
+  ``array('q')`` of token ids (EAGLE: a list of token pairs), so a whole node is compared with
+  one ``memcmp`` (C) or one C-level slice compare (Python); only a mismatching node is searched
+  (a linear scan in C, bisection on slice compares in Python).  Children are found by their
+  first page (namespaced by ``extra_key``) in a dict.
 * **Values** are int64 tensors on the allocator's device, one per node (no host
   synchronisation, as upstream).  A one-node match returns the node's tensor itself, a longer
   one concatenates the path's tensors once; an insert copies the new leaf's slots once (a copy,
@@ -41,6 +57,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import os
 from array import array
 from typing import Any, Optional
 
@@ -74,6 +91,16 @@ FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FU
 
 _node_ids = itertools.count(1)
 
+# The C core (fast/_core.c), unless it is missing (no compiler at install time) or
+# UNIRADIX_PURE_PYTHON=1 asks for the pure-Python code at import.
+_core: Any = None
+if os.environ.get("UNIRADIX_PURE_PYTHON", "") != "1":
+    try:
+        from . import _core
+    except ImportError:
+        _core = None
+NATIVE: bool = _core is not None
+
 
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
@@ -101,6 +128,19 @@ class TreeNode:
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, key_len={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+PyTreeNode = TreeNode  # the pure-Python node, whichever is in use
+
+if NATIVE:
+    # The C node type: the same attributes, property, ordering and repr as the class above,
+    # which stays the pure-Python implementation.
+    TreeNode = _core.TreeNode  # type: ignore[misc]  # noqa: F811
+    _core.setup(torch.narrow_copy, torch.cat, STRIDE)
+    _core.setup_api(RadixKey, MatchResult, InsertResult, IncLockRefResult, DecLockRefResult,
+                    EvictResult, torch.Tensor, torch.int64, array)
+    _api_match, _api_insert, _api_inc = _core.api_match, _core.api_insert, _core.api_inc
+    _api_dec, _api_evict = _core.api_dec, _core.api_evict
 
 
 def _int_arg(name: str, x) -> int:
@@ -265,7 +305,7 @@ class UnifiedRadixCache:
     # match_prefix
     # ------------------------------------------------------------------------------------------
 
-    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+    def _match_prefix_py(self, params: MatchPrefixParams) -> MatchResult:
         """Longest cached device prefix of ``params.key`` in whole pages; a match ending inside
         a node splits it; the matched path becomes the most recent."""
         key = params.key
@@ -280,6 +320,10 @@ class UnifiedRadixCache:
         if self.disable or n == 0:
             return _match_result((self._empty, root, root, root, 0, 0, 0, None, None))
         ek = key.extra_key
+        if NATIVE and units is toks:  # array('q') units (not EAGLE): the C walk
+            indices, node = _core.match(self, units, ek)
+            return _match_result((self._empty if indices is None else indices,
+                                  node, node, node, 0, 0, 0, None, None))
         node, pos, chunks = root, 0, []
         while pos < n:
             ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
@@ -380,7 +424,7 @@ class UnifiedRadixCache:
             if not self.token_to_kv_pool_allocator.is_allocated(first):
                 raise InvalidInput(f"insert: slot {first} is not allocated")
 
-    def insert(self, params: InsertParams) -> InsertResult:
+    def _insert_py(self, params: InsertParams) -> InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
         nodes from the fresh slots, free the caller's duplicates from ``prev_prefix_len`` on,
         add the remainder as a new leaf.  Returns the length that was already cached."""
@@ -414,6 +458,8 @@ class UnifiedRadixCache:
             plan = self._walk(ek, units)
         if n < len(toks):
             value = value[:n]
+        if NATIVE and type(units) is array:  # not EAGLE: the C walk (the same steps as below)
+            return InsertResult(prefix_len=_core.insert(self, units, ek, value, prev))
 
         heap = self._heap
         clock = self._clock + STRIDE
@@ -471,7 +517,7 @@ class UnifiedRadixCache:
         if not isinstance(node, TreeNode) or (node is not self.root_node and node.parent is None):
             raise NodeNotFound("the node is not in the tree")
 
-    def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
+    def _inc_lock_ref_py(self, node: TreeNode) -> IncLockRefResult:
         """Lock ``node``'s path up to the root (the evicted bottom segment is skipped and
         remembered in the result)."""
         self._check_attached(node)
@@ -479,6 +525,18 @@ class UnifiedRadixCache:
         if self.disable:
             return result
         root = self.root_node
+        if NATIVE:
+            delta, skipped = _core.inc_lock(root, node)
+            if skipped:
+                result.skip_lock_node_ids[FULL] = set(skipped)
+        else:
+            delta = self._inc_lock_py(root, node, result)
+        self._evictable -= delta
+        self._protected += delta
+        result.delta = delta
+        return result
+
+    def _inc_lock_py(self, root, node, result: IncLockRefResult) -> int:
         cur = node
         while cur is not root and cur.value is None:
             result.skip_lock_node_ids.setdefault(FULL, set()).add(cur.id)
@@ -489,18 +547,22 @@ class UnifiedRadixCache:
                 delta += len(cur.key)
             cur.lock_ref += 1
             cur = cur.parent
-        self._evictable -= delta
-        self._protected += delta
-        result.delta = delta
-        return result
+        return delta
 
-    def dec_lock_ref(self, node: TreeNode, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+    def _dec_lock_ref_py(self, node: TreeNode, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
         self._check_attached(node)
         if self.disable:
             return DecLockRefResult()
         root = self.root_node
         skip = params.skip_lock_node_ids.get(FULL, ()) if params is not None else ()
+        if NATIVE:
+            delta = _core.dec_lock(root, node, skip or None, self._heap)
+            if delta < 0:
+                raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
+            self._evictable += delta
+            self._protected -= delta
+            return DecLockRefResult(delta=delta)
         cur = node
         while cur is not root:  # check first: a refused unlock changes nothing
             if cur.id not in skip and cur.lock_ref <= 0:
@@ -523,13 +585,20 @@ class UnifiedRadixCache:
     # Eviction
     # ------------------------------------------------------------------------------------------
 
-    def evict(self, params: EvictParams) -> EvictResult:
+    def _evict_py_api(self, params: EvictParams) -> EvictResult:
         """Evict the oldest evictable device leaves, whole nodes, until ``num_tokens`` are
         freed or nothing is evictable.  Without a host tier an evicted leaf leaves the tree,
         and childless unlocked tombstone ancestors follow it."""
         want = _int_arg("num_tokens", params.num_tokens)
         if self.disable:
             return EvictResult()
+        freed = _core.evict(self, want) if NATIVE else self._evict_py(want)
+        heap = self._heap
+        if len(heap) > 64 and len(heap) > 4 * (self._evictable // max(self.page_size, 1) + 16):
+            self._compact_heap()
+        return EvictResult(num_tokens_evicted=freed)
+
+    def _evict_py(self, want: int) -> int:
         heap = self._heap
         pop, push = heapq.heappop, heapq.heappush
         free = self.token_to_kv_pool_allocator.free
@@ -564,9 +633,53 @@ class UnifiedRadixCache:
             if parent.lock_ref == 0 and parent.dev_children == 0 and parent.value is not None \
                     and parent is not root:
                 push(heap, (parent.last_access_time, parent))
-        if len(heap) > 64 and len(heap) > 4 * (self._evictable // max(self.page_size, 1) + 16):
-            self._compact_heap()
-        return EvictResult(num_tokens_evicted=freed)
+        return freed
+
+    # ------------------------------------------------------------------------------------------
+    # The public hot methods: the C core takes the plain case whole (checks, walk, result) and
+    # answers None for anything else (a bad argument, EAGLE, a disabled cache, slot validation,
+    # an unaligned key), having changed nothing; the Python methods above run then, and raise
+    # the same errors as always.  Without the C core the Python methods are the public ones.
+    # ------------------------------------------------------------------------------------------
+
+    if NATIVE:
+        def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+            """Longest cached device prefix of ``params.key`` in whole pages; a match ending
+            inside a node splits it; the matched path becomes the most recent."""
+            r = _api_match(self, params)
+            return self._match_prefix_py(params) if r is None else r
+
+        def insert(self, params: InsertParams) -> InsertResult:
+            """Cache ``key -> value``: touch the path, split at a partial match, restore
+            evicted nodes from the fresh slots, free the caller's duplicates from
+            ``prev_prefix_len`` on, add the remainder as a new leaf.  Returns the length that
+            was already cached."""
+            r = _api_insert(self, params)
+            return self._insert_py(params) if r is None else r
+
+        def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
+            """Lock ``node``'s path up to the root (the evicted bottom segment is skipped and
+            remembered in the result)."""
+            r = _api_inc(self, node)
+            return self._inc_lock_ref_py(node) if r is None else r
+
+        def dec_lock_ref(self, node: TreeNode,
+                         params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+            """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
+            r = _api_dec(self, node, params)
+            return self._dec_lock_ref_py(node, params) if r is None else r
+
+        def evict(self, params: EvictParams) -> EvictResult:
+            """Evict the oldest evictable device leaves, whole nodes, until ``num_tokens`` are
+            freed or nothing is evictable."""
+            r = _api_evict(self, params)
+            return self._evict_py_api(params) if r is None else r
+    else:
+        match_prefix = _match_prefix_py
+        insert = _insert_py
+        inc_lock_ref = _inc_lock_ref_py
+        dec_lock_ref = _dec_lock_ref_py
+        evict = _evict_py_api
 
     # ------------------------------------------------------------------------------------------
     # Requests (upstream's cache_finished_req / cache_unfinished_req)

@@ -1,0 +1,2172 @@
+/* uniradix.fast._core: the hot loops of uniradix.fast.UnifiedRadixCache in C.
+ *
+ * What is here (fast/cache.py's module docstring has the why):
+ *
+ *   TreeNode   the tree node type, with the attribute names of the pure-Python TreeNode
+ *              (children, parent, key, value, lock_ref, last_access_time, hit_count,
+ *              extra_key, dev_children, id, ck; the `evicted` property, __lt__, __repr__).
+ *              GC-aware: parent <-> children form cycles.
+ *   match      the match_prefix walk, split, path stamps, heap push, concatenation.
+ *   insert     the insert walk: touches, heap pushes, split, unevict, frees of duplicate
+ *              slots in maximal runs, the new leaf.
+ *   inc_lock / dec_lock   the lock loops.
+ *   evict      the eviction loop over the lazily deleted heap.
+ *
+ * Each function does exactly what the pure-Python method of the same name in fast/cache.py
+ * does, step by step, in the same order (the Python code stays the reference and the fallback;
+ * the lockstep runs and the upstream corpus replay check both).  The cache's scalar state
+ * (_clock, _evictable, _protected) stays in the Python object's attributes: it is read at the
+ * start of a call and written back at its end, on error paths too.  The heap stays a Python
+ * list of (stamp, node) tuples with heapq's invariant, so Python code (compaction, eviction
+ * order, the exhaustive checker) reads and changes it as before.
+ *
+ * Keys handled here are array('q') (any buffer of 8-byte signed items); EAGLE keys (lists of
+ * token pairs) never reach this module: the Python wrappers keep them on the Python path.
+ *
+ * Only torch's Python API is used (torch.narrow_copy, torch.cat, Tensor.tolist), through the
+ * callables handed to setup(): no build dependency on torch.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+#include <limits.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Module state (set once by setup())                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *g_narrow_copy = NULL;  /* torch.narrow_copy */
+static PyObject *g_cat = NULL;          /* torch.cat */
+static long long g_stride = 1LL << 20;
+static long long g_next_id = 1;
+
+static PyObject *s_root_node, *s_page_size, *s_clock, *s_heap, *s_evictable, *s_protected,
+    *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update;
+
+/* ------------------------------------------------------------------------------------------ */
+/* TreeNode                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *children;   /* dict: child key -> TreeNode */
+    PyObject *parent;     /* TreeNode or None */
+    PyObject *key;        /* array('q') (EAGLE: list of pairs) */
+    PyObject *value;      /* int64 tensor or None */
+    PyObject *extra_key;
+    PyObject *ck;         /* the key this node is filed under in its parent's children */
+    long long lock_ref;
+    long long last_access_time;
+    long long hit_count;
+    long long dev_children;
+    long long id;
+} Node;
+
+static PyTypeObject NodeType;
+
+#define IS_NODE(o) (Py_IS_TYPE((o), &NodeType))
+#define IS_NONE(o) ((o) == NULL || (o) == Py_None)
+
+/* A new node; steals no references.  parent may be Py_None. */
+static Node *
+node_create(PyObject *key, PyObject *value, PyObject *parent, PyObject *extra_key,
+            long long stamp, PyObject *ck)
+{
+    Node *n = PyObject_GC_New(Node, &NodeType);
+    if (n == NULL)
+        return NULL;
+    n->children = PyDict_New();
+    if (n->children == NULL) {
+        n->parent = n->key = n->value = n->extra_key = n->ck = NULL;
+        Py_DECREF(n);
+        return NULL;
+    }
+    Py_INCREF(key); n->key = key;
+    Py_INCREF(value); n->value = value;
+    Py_INCREF(parent); n->parent = parent;
+    Py_INCREF(extra_key); n->extra_key = extra_key;
+    Py_INCREF(ck); n->ck = ck;
+    n->lock_ref = 0;
+    n->last_access_time = stamp;
+    n->hit_count = 0;
+    n->dev_children = 0;
+    n->id = g_next_id++;
+    PyObject_GC_Track((PyObject *)n);
+    return n;
+}
+
+static PyObject *
+Node_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"key", "value", "parent", "extra_key", "stamp", "ck", NULL};
+    PyObject *key, *value, *parent, *extra_key, *ck = Py_None;
+    long long stamp;
+    if (type != &NodeType) {
+        PyErr_SetString(PyExc_TypeError, "TreeNode cannot be subclassed");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOL|O:TreeNode", kwlist, &key, &value,
+                                     &parent, &extra_key, &stamp, &ck))
+        return NULL;
+    return (PyObject *)node_create(key, value, parent, extra_key, stamp, ck);
+}
+
+static int
+Node_traverse(Node *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->children);
+    Py_VISIT(self->parent);
+    Py_VISIT(self->key);
+    Py_VISIT(self->value);
+    Py_VISIT(self->extra_key);
+    Py_VISIT(self->ck);
+    return 0;
+}
+
+static int
+Node_clear(Node *self)
+{
+    Py_CLEAR(self->children);
+    Py_CLEAR(self->parent);
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->value);
+    Py_CLEAR(self->extra_key);
+    Py_CLEAR(self->ck);
+    return 0;
+}
+
+static void
+Node_dealloc(Node *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, Node_dealloc)
+    Node_clear(self);
+    PyObject_GC_Del(self);
+    Py_TRASHCAN_END
+}
+
+static PyObject *
+Node_richcompare(PyObject *a, PyObject *b, int op)
+{
+    if (op != Py_LT || !IS_NODE(a) || !IS_NODE(b))
+        Py_RETURN_NOTIMPLEMENTED;
+    return PyBool_FromLong(((Node *)a)->id < ((Node *)b)->id);
+}
+
+static PyObject *
+Node_repr(Node *self)
+{
+    Py_ssize_t k = self->key ? PyObject_Length(self->key) : 0;
+    if (k < 0)
+        return NULL;
+    return PyUnicode_FromFormat("TreeNode(id=%lld, key_len=%zd, lock_ref=%lld)", self->id, k,
+                                self->lock_ref);
+}
+
+static PyObject *
+Node_get_evicted(Node *self, void *closure)
+{
+    return PyBool_FromLong(!IS_NONE(self->parent) && IS_NONE(self->value));
+}
+
+static PyMemberDef Node_members[] = {
+    {"children", T_OBJECT, offsetof(Node, children), 0, NULL},
+    {"parent", T_OBJECT, offsetof(Node, parent), 0, NULL},
+    {"key", T_OBJECT, offsetof(Node, key), 0, NULL},
+    {"value", T_OBJECT, offsetof(Node, value), 0, "device slots; None when evicted"},
+    {"extra_key", T_OBJECT, offsetof(Node, extra_key), 0, NULL},
+    {"ck", T_OBJECT, offsetof(Node, ck), 0, "the key this node is filed under in its parent"},
+    {"lock_ref", T_LONGLONG, offsetof(Node, lock_ref), 0, NULL},
+    {"last_access_time", T_LONGLONG, offsetof(Node, last_access_time), 0, NULL},
+    {"hit_count", T_LONGLONG, offsetof(Node, hit_count), 0, NULL},
+    {"dev_children", T_LONGLONG, offsetof(Node, dev_children), 0, "children holding device data"},
+    {"id", T_LONGLONG, offsetof(Node, id), 0, NULL},
+    {NULL}
+};
+
+static PyGetSetDef Node_getset[] = {
+    {"evicted", (getter)Node_get_evicted, NULL, NULL, NULL},
+    {NULL}
+};
+
+static PyTypeObject NodeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uniradix.fast._core.TreeNode",
+    .tp_doc = "A radix tree node (the C twin of uniradix.fast.cache's pure-Python TreeNode).",
+    .tp_basicsize = sizeof(Node),
+    .tp_itemsize = 0,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = Node_new,
+    .tp_dealloc = (destructor)Node_dealloc,
+    .tp_traverse = (traverseproc)Node_traverse,
+    .tp_clear = (inquiry)Node_clear,
+    .tp_richcompare = Node_richcompare,
+    .tp_repr = (reprfunc)Node_repr,
+    .tp_members = Node_members,
+    .tp_getset = Node_getset,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Replace a node's object field (new reference taken on v). */
+#define SET_FIELD(field, v) do { PyObject *_old = (field); Py_INCREF(v); (field) = (v); Py_XDECREF(_old); } while (0)
+
+/* An int64 view of a key: array('q') or any buffer of 8-byte signed integers. */
+typedef struct {
+    Py_buffer buf;
+    const long long *p;
+    Py_ssize_t n;
+    int held;
+} KeyView;
+
+static int
+key_view(PyObject *obj, KeyView *kv)
+{
+    kv->held = 0;
+    if (PyObject_GetBuffer(obj, &kv->buf, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "uniradix._core: a key must be an array('q')");
+        return -1;
+    }
+    kv->held = 1;
+    const char *f = kv->buf.format;
+    if (kv->buf.itemsize != 8 || f == NULL || f[1] != '\0' || (f[0] != 'q' && f[0] != 'l')) {
+        PyBuffer_Release(&kv->buf);
+        kv->held = 0;
+        PyErr_SetString(PyExc_TypeError, "uniradix._core: a key must be an array('q')");
+        return -1;
+    }
+    kv->p = (const long long *)kv->buf.buf;
+    kv->n = kv->buf.len / 8;
+    return 0;
+}
+
+static void
+key_release(KeyView *kv)
+{
+    if (kv->held) {
+        PyBuffer_Release(&kv->buf);
+        kv->held = 0;
+    }
+}
+
+/* The child key of the page of p[pos:] (the caller guarantees a whole page is there):
+ * the bare first unit at page size 1, a tuple of the page otherwise, (extra_key, page)
+ * when extra_key is not None.  New reference. */
+static PyObject *
+child_key(const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyObject *ek)
+{
+    PyObject *ck;
+    if (ps == 1) {
+        ck = PyLong_FromLongLong(p[pos]);
+    } else {
+        ck = PyTuple_New(ps);
+        if (ck == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < ps; i++) {
+            PyObject *x = PyLong_FromLongLong(p[pos + i]);
+            if (x == NULL) {
+                Py_DECREF(ck);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(ck, i, x);
+        }
+    }
+    if (ck == NULL || IS_NONE(ek))
+        return ck;
+    PyObject *t = PyTuple_Pack(2, ek, ck);
+    Py_DECREF(ck);
+    return t;
+}
+
+/* children[ck] of node (borrowed, NULL if absent, NULL with an error set on failure). */
+static PyObject *
+child_get(Node *node, PyObject *ck)
+{
+    if (!PyDict_CheckExact(node->children)) {
+        PyErr_SetString(PyExc_TypeError, "TreeNode.children must be a dict");
+        return NULL;
+    }
+    PyObject *c = PyDict_GetItemWithError(node->children, ck);
+    if (c != NULL && !IS_NODE(c)) {
+        PyErr_SetString(PyExc_TypeError, "a child is not a TreeNode");
+        return NULL;
+    }
+    return c;
+}
+
+/* Whole-page length of the common prefix of a[0:na] and b[0:nb] (their first page is shared). */
+static Py_ssize_t
+shared_pages(const long long *a, Py_ssize_t na, const long long *b, Py_ssize_t nb, Py_ssize_t ps)
+{
+    Py_ssize_t m = na < nb ? na : nb, i = 0;
+    while (i < m && a[i] == b[i])
+        i++;
+    return i - i % ps;
+}
+
+
+/* ---- child lookup without building the page tuple ---------------------------------------- */
+/*
+ * At page size > 1 a child key is a tuple of the page's token ids (namespaced as
+ * (extra_key, page)); building it costs an int object per token.  A lookup instead hashes the
+ * page the way CPython hashes such a tuple and probes the dict with a reusable probe object
+ * that compares equal to a tuple of the same contents (exact ints, as every child key the
+ * cache files is).  The module checks at import that its hash is CPython's on sample keys and
+ * does not probe at all otherwise (tests/test_native_core.py compares them too); a page this
+ * hash does not cover (a token outside [0, 2**61 - 1)) is looked up with the real key.  The
+ * probe never escapes: the dict only compares it with its stored keys.
+ */
+
+#if PY_VERSION_HEX < 0x030D0000 && SIZEOF_VOID_P == 8
+#define HAVE_PROBE 1
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+#define XXROTATE(x) ((x << 31) | (x >> 33))
+#define HASH_MODULUS ((1LL << 61) - 1)
+
+typedef struct {
+    PyObject_HEAD
+    const long long *p;
+    Py_ssize_t ps;
+    PyObject *ek;  /* borrowed; NULL when the key has no extra_key */
+} Probe;
+
+static int
+page_equal(PyObject *t, const long long *p, Py_ssize_t ps)
+{
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != ps)
+        return 0;
+    for (Py_ssize_t i = 0; i < ps; i++) {
+        PyObject *x = PyTuple_GET_ITEM(t, i);
+        if (!PyLong_CheckExact(x))
+            return 0;
+        int ovf;
+        long long v = PyLong_AsLongLongAndOverflow(x, &ovf);
+        if (ovf || v != p[i])
+            return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+Probe_richcompare(PyObject *self, PyObject *other, int op)
+{
+    Probe *pr = (Probe *)self;
+    if ((op != Py_EQ && op != Py_NE) || pr->p == NULL)
+        Py_RETURN_NOTIMPLEMENTED;
+    int eq;
+    if (pr->ek == NULL) {
+        eq = page_equal(other, pr->p, pr->ps);
+    } else {
+        eq = PyTuple_CheckExact(other) && PyTuple_GET_SIZE(other) == 2;
+        if (eq) {
+            int r = PyObject_RichCompareBool(PyTuple_GET_ITEM(other, 0), pr->ek, Py_EQ);
+            if (r < 0)
+                return NULL;
+            eq = r && page_equal(PyTuple_GET_ITEM(other, 1), pr->p, pr->ps);
+        }
+    }
+    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+}
+
+static PyTypeObject ProbeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uniradix.fast._core._Probe",
+    .tp_basicsize = sizeof(Probe),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_richcompare = Probe_richcompare,
+};
+
+static Probe *g_probe = NULL;
+
+static Py_uhash_t
+xx_lane(Py_uhash_t acc, Py_uhash_t lane)
+{
+    acc += lane * XXPRIME_2;
+    acc = XXROTATE(acc);
+    acc *= XXPRIME_1;
+    return acc;
+}
+
+static Py_hash_t
+xx_finish(Py_uhash_t acc, Py_ssize_t len)
+{
+    acc += (Py_uhash_t)len ^ (XXPRIME_5 ^ 3527539UL);
+    if (acc == (Py_uhash_t)-1)
+        return 1546275796;
+    return (Py_hash_t)acc;
+}
+
+/* hash(child key) of p[0:ps] with extra_key ek (NULL: none) as CPython computes it; 0 when
+ * not covered (a token outside [0, 2**61 - 1)), -1 on error, 1 on success. */
+static int
+page_hash(const long long *p, Py_ssize_t ps, PyObject *ek, Py_hash_t *out)
+{
+    Py_uhash_t acc = XXPRIME_5;
+    for (Py_ssize_t i = 0; i < ps; i++) {
+        long long v = p[i];
+        if (v < 0 || v >= HASH_MODULUS)
+            return 0;
+        acc = xx_lane(acc, (Py_uhash_t)v);
+    }
+    Py_hash_t h = xx_finish(acc, ps);
+    if (ek != NULL) {
+        Py_hash_t he = PyObject_Hash(ek);
+        if (he == -1)
+            return -1;
+        acc = XXPRIME_5;
+        acc = xx_lane(acc, (Py_uhash_t)he);
+        acc = xx_lane(acc, (Py_uhash_t)h);
+        h = xx_finish(acc, 2);
+    }
+    *out = h;
+    return 1;
+}
+#endif
+
+/* children[child key of p[pos:]] of node: a borrowed child, or NULL (absent, or an error set).
+ * When the real key was built for the lookup, *ck_out receives it (new reference) on a miss,
+ * for the caller to file a new leaf under. */
+static Node *
+child_lookup(Node *node, const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyObject *ek,
+             PyObject **ck_out)
+{
+    if (ck_out != NULL)
+        *ck_out = NULL;
+    if (!PyDict_CheckExact(node->children)) {
+        PyErr_SetString(PyExc_TypeError, "TreeNode.children must be a dict");
+        return NULL;
+    }
+#ifdef HAVE_PROBE
+    if (ps > 1 && g_probe != NULL && PyDict_GET_SIZE(node->children) > 0) {
+        Py_hash_t h;
+        PyObject *e = IS_NONE(ek) ? NULL : ek;
+        int r = page_hash(p + pos, ps, e, &h);
+        if (r < 0)
+            return NULL;
+        if (r > 0) {
+            g_probe->p = p + pos;
+            g_probe->ps = ps;
+            g_probe->ek = e;
+            PyObject *c = _PyDict_GetItem_KnownHash(node->children, (PyObject *)g_probe, h);
+            g_probe->p = NULL;
+            g_probe->ek = NULL;
+            if (c != NULL) {
+                if (!IS_NODE(c)) {
+                    PyErr_SetString(PyExc_TypeError, "a child is not a TreeNode");
+                    return NULL;
+                }
+                return (Node *)c;
+            }
+            if (PyErr_Occurred())
+                return NULL;
+            /* a miss; the caller may want the key to file a new leaf under */
+            if (ck_out != NULL && (*ck_out = child_key(p, pos, ps, ek)) == NULL)
+                return NULL;
+            return NULL;
+        }
+    }
+#endif
+    PyObject *ck = child_key(p, pos, ps, ek);
+    if (ck == NULL)
+        return NULL;
+    Node *c = (Node *)child_get(node, ck);
+    if (c == NULL && !PyErr_Occurred() && ck_out != NULL) {
+        *ck_out = ck;
+        return NULL;
+    }
+    Py_DECREF(ck);
+    return c;
+}
+
+#ifdef HAVE_PROBE
+/* 1 when page_hash agrees with CPython's hash of the real keys on sample pages, else 0 */
+static int
+probe_self_test(void)
+{
+    static const long long sample[16] = {0, 1, 2, 255, 256, 1000, 65536, 1LL << 31,
+                                         (1LL << 40) + 7, 5, 5, 123456789, 42, (1LL << 61) - 2,
+                                         3, 99};
+    PyObject *ek = PyUnicode_FromString("extra-key");
+    if (ek == NULL)
+        return -1;
+    int same = 1;
+    for (int k = 0; k < 4 && same; k++) {
+        Py_ssize_t ps = k < 2 ? 16 : 2 + k;
+        PyObject *e = (k % 2) ? ek : Py_None;
+        PyObject *key = child_key(sample, 0, ps, e);
+        if (key == NULL) {
+            Py_DECREF(ek);
+            return -1;
+        }
+        Py_hash_t want = PyObject_Hash(key), got;
+        Py_DECREF(key);
+        if (want == -1) {
+            Py_DECREF(ek);
+            return -1;
+        }
+        int r = page_hash(sample, ps, e == Py_None ? NULL : e, &got);
+        if (r < 0) {
+            Py_DECREF(ek);
+            return -1;
+        }
+        same = r > 0 && got == want;
+    }
+    Py_DECREF(ek);
+    return same;
+}
+#endif
+
+static PyObject *
+core_probing(PyObject *mod, PyObject *unused)
+{
+#ifdef HAVE_PROBE
+    return PyBool_FromLong(g_probe != NULL);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyObject *
+core_page_hash(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* page_hash(array, extra_key or None) -> hash or None (not covered); for the tests */
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "page_hash(array, extra_key)");
+        return NULL;
+    }
+#ifdef HAVE_PROBE
+    KeyView kv;
+    if (key_view(args[0], &kv) < 0)
+        return NULL;
+    Py_hash_t h;
+    int r = page_hash(kv.p, kv.n, IS_NONE(args[1]) ? NULL : args[1], &h);
+    key_release(&kv);
+    if (r < 0)
+        return NULL;
+    if (r > 0)
+        return PyLong_FromSsize_t(h);
+#endif
+    Py_RETURN_NONE;
+}
+
+/* ---- the heap: a Python list of (stamp, node) tuples with heapq's invariant ---------------- */
+
+/* a < b for heap entries; -1 on error.  Fast path for (int, TreeNode) tuples. */
+static int
+entry_lt(PyObject *a, PyObject *b)
+{
+    if (PyTuple_CheckExact(a) && PyTuple_CheckExact(b) && PyTuple_GET_SIZE(a) == 2
+            && PyTuple_GET_SIZE(b) == 2) {
+        PyObject *sa = PyTuple_GET_ITEM(a, 0), *sb = PyTuple_GET_ITEM(b, 0);
+        PyObject *na = PyTuple_GET_ITEM(a, 1), *nb = PyTuple_GET_ITEM(b, 1);
+        if (PyLong_CheckExact(sa) && PyLong_CheckExact(sb) && IS_NODE(na) && IS_NODE(nb)) {
+            int ovf_a, ovf_b;
+            long long x = PyLong_AsLongLongAndOverflow(sa, &ovf_a);
+            long long y = PyLong_AsLongLongAndOverflow(sb, &ovf_b);
+            if (!ovf_a && !ovf_b) {
+                if (x != y)
+                    return x < y;
+                if (na == nb)
+                    return 0;
+                return ((Node *)na)->id < ((Node *)nb)->id;
+            }
+        }
+    }
+    return PyObject_RichCompareBool(a, b, Py_LT);
+}
+
+/* Push entry (a new reference is taken) onto the list heap. */
+static int
+heap_push(PyObject *heap, PyObject *entry)
+{
+    if (PyList_Append(heap, entry) < 0)
+        return -1;
+    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
+    /* sift the new entry up towards the root */
+    while (pos > 0) {
+        Py_ssize_t up = (pos - 1) >> 1;
+        PyObject *parent = PyList_GET_ITEM(heap, up);
+        Py_INCREF(parent);
+        int lt = entry_lt(entry, parent);
+        Py_DECREF(parent);
+        if (lt < 0)
+            return -1;
+        if (!lt)
+            break;
+        if (pos >= PyList_GET_SIZE(heap) || up >= PyList_GET_SIZE(heap)
+                || PyList_GET_ITEM(heap, pos) != entry) {
+            PyErr_SetString(PyExc_RuntimeError, "heap changed during a push");
+            return -1;
+        }
+        /* swap: both items stay owned by the list */
+        PyList_SET_ITEM(heap, pos, PyList_GET_ITEM(heap, up));
+        PyList_SET_ITEM(heap, up, entry);
+        pos = up;
+    }
+    return 0;
+}
+
+static int
+push_stamp(PyObject *heap, long long stamp, Node *node)
+{
+    PyObject *s = PyLong_FromLongLong(stamp);
+    if (s == NULL)
+        return -1;
+    PyObject *t = PyTuple_New(2);
+    if (t == NULL) {
+        Py_DECREF(s);
+        return -1;
+    }
+    Py_INCREF(node);
+    PyTuple_SET_ITEM(t, 0, s);
+    PyTuple_SET_ITEM(t, 1, (PyObject *)node);
+    int r = heap_push(heap, t);
+    Py_DECREF(t);
+    return r;
+}
+
+/* Pop the smallest entry (new reference); the heap must not be empty. */
+static PyObject *
+heap_pop(PyObject *heap)
+{
+    Py_ssize_t n = PyList_GET_SIZE(heap);
+    PyObject *last = PyList_GET_ITEM(heap, n - 1);
+    Py_INCREF(last);
+    if (PyList_SetSlice(heap, n - 1, n, NULL) < 0) {
+        Py_DECREF(last);
+        return NULL;
+    }
+    n--;
+    if (n == 0)
+        return last;
+    PyObject *top = PyList_GET_ITEM(heap, 0);  /* ownership moves to us */
+    PyList_SET_ITEM(heap, 0, last);            /* the list owns `last` now */
+    /* sift `last` down from the root */
+    Py_ssize_t pos = 0;
+    for (;;) {
+        Py_ssize_t c = 2 * pos + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n) {
+            int lt = entry_lt(PyList_GET_ITEM(heap, c + 1), PyList_GET_ITEM(heap, c));
+            if (lt < 0)
+                goto error;
+            if (lt)
+                c++;
+        }
+        int lt = entry_lt(PyList_GET_ITEM(heap, c), last);
+        if (lt < 0)
+            goto error;
+        if (!lt)
+            break;
+        if (n != PyList_GET_SIZE(heap) || PyList_GET_ITEM(heap, pos) != last) {
+            PyErr_SetString(PyExc_RuntimeError, "heap changed during a pop");
+            goto error;
+        }
+        PyList_SET_ITEM(heap, pos, PyList_GET_ITEM(heap, c));
+        PyList_SET_ITEM(heap, c, last);
+        pos = c;
+    }
+    return top;
+error:
+    Py_DECREF(top);
+    return NULL;
+}
+
+/* Push node if it is an evictable leaf (unlocked, no device child, holds data, not the root). */
+static int
+push_if_leaf(PyObject *heap, Node *node)
+{
+    if (node->lock_ref == 0 && node->dev_children == 0 && !IS_NONE(node->value)
+            && !IS_NONE(node->parent))
+        return push_stamp(heap, node->last_access_time, node);
+    return 0;
+}
+
+/* ---- the cache's Python attributes ------------------------------------------------------- */
+
+static int
+get_ll(PyObject *self, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(self, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int
+set_ll(PyObject *self, PyObject *name, long long x)
+{
+    PyObject *v = PyLong_FromLongLong(x);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_SetAttr(self, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* Write scalars back, keeping a pending exception (if any) as the one that is raised. */
+static int
+write_back(PyObject *self, PyObject *name, long long x)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    int r = set_ll(self, name, x);
+    if (et != NULL) {
+        if (r < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    return r;
+}
+
+/* The cache's root node (new reference) and page size. */
+static Node *
+get_root(PyObject *self, Py_ssize_t *ps)
+{
+    long long p;
+    if (get_ll(self, s_page_size, &p) < 0)
+        return NULL;
+    if (p < 1) {
+        PyErr_SetString(PyExc_ValueError, "page_size must be >= 1");
+        return NULL;
+    }
+    *ps = (Py_ssize_t)p;
+    PyObject *root = PyObject_GetAttr(self, s_root_node);
+    if (root == NULL)
+        return NULL;
+    if (!IS_NODE(root)) {
+        Py_DECREF(root);
+        PyErr_SetString(PyExc_TypeError, "root_node is not a TreeNode");
+        return NULL;
+    }
+    return (Node *)root;
+}
+
+static PyObject *
+narrow_copy(PyObject *value, Py_ssize_t start, Py_ssize_t length)
+{
+    if (g_narrow_copy == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "uniradix._core: setup() was not called");
+        return NULL;
+    }
+    PyObject *args[4];
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *a = PyLong_FromSsize_t(start);
+    PyObject *b = PyLong_FromSsize_t(length);
+    PyObject *r = NULL;
+    if (zero && a && b) {
+        args[0] = value; args[1] = zero; args[2] = a; args[3] = b;
+        r = PyObject_Vectorcall(g_narrow_copy, args, 4, NULL);
+    }
+    Py_XDECREF(zero);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return r;
+}
+
+/* obj.method(arg) for a set update with tensor.tolist(); 0 on success. */
+static int
+owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
+{
+    PyObject *lst = PyObject_CallMethodNoArgs(tensor, s_tolist);
+    if (lst == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethodOneArg(owned, method, lst);
+    Py_DECREF(lst);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* ---- split ------------------------------------------------------------------------------- */
+
+/* Cut child after split_len units (0 < split_len < len(child.key)); the new upper node takes
+ * its place.  Advances *clock as _split does (one step for the upper node, one for touching
+ * the child).  Returns a new reference to the upper node. */
+static Node *
+split(Node *child, Py_ssize_t split_len, long long *clock, PyObject *heap, Py_ssize_t ps)
+{
+    if (!IS_NODE(child->parent)) {
+        PyErr_SetString(PyExc_TypeError, "split: the node has no parent");
+        return NULL;
+    }
+    Node *parent = (Node *)child->parent;
+    PyObject *ek = child->extra_key ? child->extra_key : Py_None;
+    PyObject *ckey = child->key;
+    PyObject *value = child->value ? child->value : Py_None;
+    Py_INCREF(parent);
+    Py_INCREF(ek);
+    Py_INCREF(ckey);
+    Py_INCREF(value);
+    Node *upper = NULL;
+    PyObject *upper_key = NULL, *upper_value = NULL, *lower_key = NULL, *lower_value = NULL,
+             *new_ck = NULL;
+    Py_ssize_t klen = PyObject_Length(ckey);
+    if (klen < 0)
+        goto error;
+    *clock += g_stride;
+    upper_key = PySequence_GetSlice(ckey, 0, split_len);
+    if (upper_key == NULL)
+        goto error;
+    if (value == Py_None) {
+        upper_value = Py_None;
+        Py_INCREF(upper_value);
+    } else if ((upper_value = narrow_copy(value, 0, split_len)) == NULL) {
+        goto error;
+    }
+    upper = node_create(upper_key, upper_value, (PyObject *)parent, ek, *clock,
+                        child->ck ? child->ck : Py_None);
+    if (upper == NULL)
+        goto error;
+    upper->lock_ref = child->lock_ref;
+    if (PyDict_SetItem(parent->children, upper->ck, (PyObject *)upper) < 0)
+        goto error;
+    lower_key = PySequence_GetSlice(ckey, split_len, klen);
+    if (lower_key == NULL)
+        goto error;
+    if (value != Py_None) {
+        lower_value = narrow_copy(value, split_len, klen - split_len);
+        if (lower_value == NULL)
+            goto error;
+    }
+    /* from here on nothing can fail before the tree is consistent again, except the child
+     * key and the dict insert (memory errors) */
+    SET_FIELD(child->key, lower_key);
+    if (lower_value != NULL) {
+        SET_FIELD(child->value, lower_value);
+        upper->dev_children = 1;
+    }
+    SET_FIELD(child->parent, (PyObject *)upper);
+    {
+        KeyView kv;
+        if (key_view(child->key, &kv) < 0)
+            goto error;
+        new_ck = child_key(kv.p, 0, ps, ek);
+        key_release(&kv);
+        if (new_ck == NULL)
+            goto error;
+    }
+    SET_FIELD(child->ck, new_ck);
+    if (PyDict_SetItem(upper->children, new_ck, (PyObject *)child) < 0)
+        goto error;
+    *clock += g_stride;
+    child->last_access_time = *clock;
+    if (push_if_leaf(heap, child) < 0)
+        goto error;
+    Py_DECREF(parent); Py_DECREF(ek); Py_DECREF(ckey); Py_DECREF(value);
+    Py_DECREF(upper_key); Py_DECREF(upper_value); Py_DECREF(lower_key);
+    Py_XDECREF(lower_value); Py_DECREF(new_ck);
+    return upper;
+error:
+    Py_DECREF(parent); Py_DECREF(ek); Py_DECREF(ckey); Py_DECREF(value);
+    Py_XDECREF(upper_key); Py_XDECREF(upper_value); Py_XDECREF(lower_key);
+    Py_XDECREF(lower_value); Py_XDECREF(new_ck);
+    Py_XDECREF(upper);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* match(cache, units, extra_key) -> (indices or None, node)                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *
+core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "match(cache, units, extra_key)");
+        return NULL;
+    }
+    PyObject *self = args[0], *units = args[1], *ek = args[2];
+    Py_ssize_t ps;
+    long long clock;
+    KeyView uk, ck_view;
+    uk.held = ck_view.held = 0;
+    PyObject *heap = NULL, *chunks = NULL, *result = NULL;
+    PyObject *first = NULL;  /* the single chunk, kept apart to avoid a list for one node */
+    Node *node = NULL;
+    Node *root = get_root(self, &ps);
+    if (root == NULL)
+        return NULL;
+    if (get_ll(self, s_clock, &clock) < 0) {
+        Py_DECREF(root);
+        return NULL;
+    }
+    long long clock0 = clock;
+    heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        goto done;
+    if (!PyList_CheckExact(heap)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        goto done;
+    }
+    if (key_view(units, &uk) < 0)
+        goto done;
+    Py_ssize_t n = uk.n - uk.n % ps;
+    const long long *u = uk.p;
+    node = root;
+    Py_INCREF(node);
+    Py_ssize_t pos = 0;
+    while (pos < n) {
+        Node *child = child_lookup(node, u, pos, ps, ek, NULL);
+        if (child == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
+        if (IS_NONE(child->value))
+            break;
+        Py_INCREF(child);
+        if (key_view(child->key, &ck_view) < 0) {
+            Py_DECREF(child);
+            goto done;
+        }
+        Py_ssize_t klen = ck_view.n, end = pos + klen;
+        if (end <= n && memcmp(ck_view.p, u + pos, (size_t)klen * 8) == 0) {
+            key_release(&ck_view);
+            PyObject *v = child->value;
+            if (first == NULL && chunks == NULL) {
+                first = v;
+                Py_INCREF(first);
+            } else {
+                if (chunks == NULL) {
+                    chunks = PyList_New(1);
+                    if (chunks == NULL) {
+                        Py_DECREF(child);
+                        goto done;
+                    }
+                    PyList_SET_ITEM(chunks, 0, first);
+                    first = NULL;
+                }
+                if (PyList_Append(chunks, v) < 0) {
+                    Py_DECREF(child);
+                    goto done;
+                }
+            }
+            Py_DECREF(node);
+            node = child;
+            pos = end;
+            continue;
+        }
+        Py_ssize_t shared = shared_pages(ck_view.p, klen, u + pos, n - pos, ps);
+        key_release(&ck_view);
+        Node *upper = split(child, shared, &clock, heap, ps);
+        Py_DECREF(child);
+        if (upper == NULL)
+            goto done;
+        Py_DECREF(node);
+        node = upper;
+        PyObject *v = node->value;
+        if (first == NULL && chunks == NULL) {
+            first = v;
+            Py_INCREF(first);
+        } else {
+            if (chunks == NULL) {
+                chunks = PyList_New(1);
+                if (chunks == NULL)
+                    goto done;
+                PyList_SET_ITEM(chunks, 0, first);
+                first = NULL;
+            }
+            if (PyList_Append(chunks, v) < 0)
+                goto done;
+        }
+        break;
+    }
+    /* Stamp the path: the matched node newest, each ancestor one step older. */
+    clock += g_stride;
+    {
+        long long c = clock;
+        Node *cur = node;
+        while (cur != NULL) {
+            cur->last_access_time = c--;
+            if (IS_NONE(cur->parent))
+                break;
+            if (!IS_NODE(cur->parent)) {
+                PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+                goto done;
+            }
+            cur = (Node *)cur->parent;
+        }
+    }
+    if (node->lock_ref == 0 && node->dev_children == 0 && node != root) {
+        if (push_stamp(heap, node->last_access_time, node) < 0)
+            goto done;
+    }
+    PyObject *indices;
+    if (chunks != NULL) {
+        if (g_cat == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "uniradix._core: setup() was not called");
+            goto done;
+        }
+        PyObject *a[1] = {chunks};
+        indices = PyObject_Vectorcall(g_cat, a, 1, NULL);
+        if (indices == NULL)
+            goto done;
+    } else if (first != NULL) {
+        indices = first;  /* ownership moves */
+        first = NULL;
+    } else {
+        indices = Py_None;
+        Py_INCREF(indices);
+    }
+    result = PyTuple_New(2);
+    if (result == NULL) {
+        Py_DECREF(indices);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, indices);
+    Py_INCREF(node);
+    PyTuple_SET_ITEM(result, 1, (PyObject *)node);
+done:
+    key_release(&ck_view);
+    key_release(&uk);
+    if (clock != clock0 && write_back(self, s_clock, clock) < 0)
+        Py_CLEAR(result);
+    Py_XDECREF(first);
+    Py_XDECREF(chunks);
+    Py_XDECREF(node);
+    Py_XDECREF(heap);
+    Py_DECREF(root);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* insert(cache, units, extra_key, value, prev) -> prefix_len                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+static int
+free_slice(PyObject *free_fn, PyObject *value, Py_ssize_t lo, Py_ssize_t hi)
+{
+    PyObject *sl, *a, *b, *part;
+    a = PyLong_FromSsize_t(lo);
+    b = PyLong_FromSsize_t(hi);
+    if (a == NULL || b == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        return -1;
+    }
+    sl = PySlice_New(a, b, NULL);
+    Py_DECREF(a);
+    Py_DECREF(b);
+    if (sl == NULL)
+        return -1;
+    part = PyObject_GetItem(value, sl);
+    Py_DECREF(sl);
+    if (part == NULL)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(free_fn, part);
+    Py_DECREF(part);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "insert(cache, units, extra_key, value, prev)");
+        return NULL;
+    }
+    PyObject *self = args[0], *units = args[1], *ek = args[2], *value = args[3];
+    Py_ssize_t prev = PyLong_AsSsize_t(args[4]);
+    if (prev == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();  /* a huge prev_prefix_len: nothing is a duplicate */
+        prev = PY_SSIZE_T_MAX;
+    }
+    Py_ssize_t ps;
+    long long clock, evictable, protected_;
+    KeyView uk, ck_view;
+    uk.held = ck_view.held = 0;
+    PyObject *heap = NULL, *alloc = NULL, *free_fn = NULL, *owned = NULL, *result = NULL;
+    PyObject *leaf_ck = NULL;
+    Node *node = NULL, *child = NULL;
+    int wrote_clock = 0;
+    Node *root = get_root(self, &ps);
+    if (root == NULL)
+        return NULL;
+    if (get_ll(self, s_clock, &clock) < 0 || get_ll(self, s_evictable, &evictable) < 0
+            || get_ll(self, s_protected, &protected_) < 0) {
+        Py_DECREF(root);
+        return NULL;
+    }
+    long long ev0 = evictable, pr0 = protected_;
+    heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        goto done;
+    if (!PyList_CheckExact(heap)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        goto done;
+    }
+    {
+        PyObject *validate = PyObject_GetAttr(self, s_validate);
+        if (validate == NULL)
+            goto done;
+        int v = PyObject_IsTrue(validate);
+        Py_DECREF(validate);
+        if (v < 0)
+            goto done;
+        if (v && (owned = PyObject_GetAttr(self, s_owned)) == NULL)
+            goto done;
+    }
+    if (key_view(units, &uk) < 0)
+        goto done;
+    Py_ssize_t n = uk.n - uk.n % ps;
+    const long long *u = uk.p;
+
+    wrote_clock = 1;  /* from here on the clock moves */
+    clock += g_stride;
+    node = root;
+    Py_INCREF(node);
+    node->last_access_time = clock;
+    Py_ssize_t pos = 0, free_lo = -1, free_hi = -1;
+    while (pos < n) {
+        child = child_lookup(node, u, pos, ps, ek, &leaf_ck);
+        if (child == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break;  /* leaf_ck: the key the new leaf is filed under */
+        }
+        Py_INCREF(child);
+        if (key_view(child->key, &ck_view) < 0)
+            goto done;
+        Py_ssize_t klen = ck_view.n, end = pos + klen, shared;
+        int whole = end <= n && memcmp(ck_view.p, u + pos, (size_t)klen * 8) == 0;
+        shared = whole ? klen : shared_pages(ck_view.p, klen, u + pos, n - pos, ps);
+        key_release(&ck_view);
+        clock += g_stride;
+        child->last_access_time = clock;
+        if (child->lock_ref == 0 && child->dev_children == 0 && !IS_NONE(child->value)) {
+            if (push_stamp(heap, clock, child) < 0)
+                goto done;
+        }
+        if (shared < klen) {
+            Node *upper = split(child, shared, &clock, heap, ps);
+            if (upper == NULL)
+                goto done;
+            Py_DECREF(child);
+            child = upper;
+        }
+        end = pos + shared;
+        if (IS_NONE(child->value)) {
+            /* unevict: the node holds device data again, the fresh slots (copied) */
+            PyObject *nv = narrow_copy(value, pos, shared);
+            if (nv == NULL)
+                goto done;
+            SET_FIELD(child->value, nv);
+            Py_DECREF(nv);
+            if (!IS_NODE(child->parent)) {
+                PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+                goto done;
+            }
+            ((Node *)child->parent)->dev_children += 1;
+            if (child->lock_ref == 0)
+                evictable += shared;
+            else
+                protected_ += shared;
+            if (owned != NULL && owned_apply(owned, s_update, child->value) < 0)
+                goto done;
+            if (push_if_leaf(heap, child) < 0)
+                goto done;
+        } else if (prev < end) {
+            Py_ssize_t lo = prev > pos ? prev : pos;
+            if (free_hi == lo) {
+                free_hi = end;
+            } else {
+                if (free_lo >= 0) {
+                    if (free_fn == NULL) {
+                        if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
+                                || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+                            goto done;
+                    }
+                    if (free_slice(free_fn, value, free_lo, free_hi) < 0)
+                        goto done;
+                }
+                free_lo = lo;
+                free_hi = end;
+            }
+        }
+        Py_DECREF(node);
+        node = child;
+        child = NULL;
+        pos = end;
+        if (!whole)
+            break;
+    }
+    if (free_lo >= 0) {
+        if (free_fn == NULL) {
+            if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
+                    || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+                goto done;
+        }
+        if (free_slice(free_fn, value, free_lo, free_hi) < 0)
+            goto done;
+    }
+    if (pos < n) {
+        clock += g_stride;
+        PyObject *rest = PySequence_GetSlice(units, pos, n);
+        if (rest == NULL)
+            goto done;
+        PyObject *ck = leaf_ck;
+        leaf_ck = NULL;
+        if (ck == NULL && (ck = child_key(u, pos, ps, ek)) == NULL) {
+            Py_DECREF(rest);
+            goto done;
+        }
+        PyObject *lv = narrow_copy(value, pos, n - pos);
+        if (lv == NULL) {
+            Py_DECREF(rest);
+            Py_DECREF(ck);
+            goto done;
+        }
+        Node *leaf = node_create(rest, lv, (PyObject *)node, ek, clock, ck);
+        Py_DECREF(rest);
+        Py_DECREF(lv);
+        if (leaf == NULL) {
+            Py_DECREF(ck);
+            goto done;
+        }
+        int r = PyDict_SetItem(node->children, ck, (PyObject *)leaf);
+        Py_DECREF(ck);
+        if (r < 0) {
+            Py_DECREF(leaf);
+            goto done;
+        }
+        node->dev_children += 1;
+        evictable += n - pos;
+        if (owned != NULL && owned_apply(owned, s_update, leaf->value) < 0) {
+            Py_DECREF(leaf);
+            goto done;
+        }
+        r = push_stamp(heap, clock, leaf);
+        Py_DECREF(leaf);
+        if (r < 0)
+            goto done;
+    }
+    result = PyLong_FromSsize_t(pos);
+done:
+    key_release(&ck_view);
+    key_release(&uk);
+    if (wrote_clock && write_back(self, s_clock, clock) < 0)
+        Py_CLEAR(result);
+    if (evictable != ev0 && write_back(self, s_evictable, evictable) < 0)
+        Py_CLEAR(result);
+    if (protected_ != pr0 && write_back(self, s_protected, protected_) < 0)
+        Py_CLEAR(result);
+    Py_XDECREF(leaf_ck);
+    Py_XDECREF(child);
+    Py_XDECREF(node);
+    Py_XDECREF(heap);
+    Py_XDECREF(alloc);
+    Py_XDECREF(free_fn);
+    Py_XDECREF(owned);
+    Py_DECREF(root);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Locks                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static Py_ssize_t
+key_len(Node *node)
+{
+    return PyObject_Length(node->key);
+}
+
+/* inc_lock(root, node) -> (delta, [ids of the skipped evicted bottom nodes] or None) */
+static PyObject *
+core_inc_lock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !IS_NODE(args[0]) || !IS_NODE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "inc_lock(root, node)");
+        return NULL;
+    }
+    Node *root = (Node *)args[0], *cur = (Node *)args[1];
+    PyObject *skipped = NULL;
+    while (cur != root && IS_NONE(cur->value)) {
+        if (skipped == NULL && (skipped = PyList_New(0)) == NULL)
+            return NULL;
+        PyObject *id = PyLong_FromLongLong(cur->id);
+        if (id == NULL || PyList_Append(skipped, id) < 0) {
+            Py_XDECREF(id);
+            Py_DECREF(skipped);
+            return NULL;
+        }
+        Py_DECREF(id);
+        if (!IS_NODE(cur->parent)) {
+            Py_DECREF(skipped);
+            PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+            return NULL;
+        }
+        cur = (Node *)cur->parent;
+    }
+    /* lengths first (the only step that can fail), then the counts */
+    long long delta = 0;
+    for (Node *c = cur; c != root; c = (Node *)c->parent) {
+        if (!IS_NODE(c->parent)) {
+            Py_XDECREF(skipped);
+            PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+            return NULL;
+        }
+        if (c->lock_ref == 0) {
+            Py_ssize_t k = key_len(c);
+            if (k < 0) {
+                Py_XDECREF(skipped);
+                return NULL;
+            }
+            delta += k;
+        }
+    }
+    for (Node *c = cur; c != root; c = (Node *)c->parent)
+        c->lock_ref += 1;
+    return Py_BuildValue("(LN)", delta, skipped ? skipped : Py_NewRef(Py_None));
+}
+
+/* dec_lock(root, node, skip set or None, heap) -> delta, or -1 when the path is not locked
+ * (nothing changed) */
+static PyObject *
+core_dec_lock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !IS_NODE(args[0]) || !IS_NODE(args[1]) || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "dec_lock(root, node, skip, heap)");
+        return NULL;
+    }
+    Node *root = (Node *)args[0], *node = (Node *)args[1];
+    PyObject *skip = IS_NONE(args[2]) ? NULL : args[2];
+    PyObject *heap = args[3];
+    /* check first: a refused unlock changes nothing; note each node's skip status */
+    long long delta = 0;
+    for (Node *c = node; c != root; c = (Node *)c->parent) {
+        if (!IS_NODE(c->parent)) {
+            PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+            return NULL;
+        }
+        int skipped = 0;
+        if (skip != NULL) {
+            PyObject *id = PyLong_FromLongLong(c->id);
+            if (id == NULL)
+                return NULL;
+            skipped = PySequence_Contains(skip, id);
+            Py_DECREF(id);
+            if (skipped < 0)
+                return NULL;
+        }
+        if (!skipped) {
+            if (c->lock_ref <= 0)
+                return PyLong_FromLong(-1);
+            if (c->lock_ref == 1) {
+                Py_ssize_t k = key_len(c);
+                if (k < 0)
+                    return NULL;
+            }
+        }
+    }
+    for (Node *c = node; c != root; c = (Node *)c->parent) {
+        int skipped = 0;
+        if (skip != NULL) {
+            PyObject *id = PyLong_FromLongLong(c->id);
+            if (id == NULL)
+                return NULL;
+            skipped = PySequence_Contains(skip, id);
+            Py_DECREF(id);
+            if (skipped < 0)
+                return NULL;
+        }
+        if (skipped)
+            continue;
+        c->lock_ref -= 1;
+        if (c->lock_ref == 0) {
+            Py_ssize_t k = key_len(c);
+            if (k < 0)
+                return NULL;
+            delta += k;
+            if (push_if_leaf(heap, c) < 0)
+                return NULL;
+        }
+    }
+    return PyLong_FromLongLong(delta);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* evict(cache, want) -> freed                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static int
+detach(Node *parent, Node *child)
+{
+    if (!PyDict_CheckExact(parent->children)) {
+        PyErr_SetString(PyExc_TypeError, "TreeNode.children must be a dict");
+        return -1;
+    }
+    if (PyDict_DelItem(parent->children, child->ck ? child->ck : Py_None) < 0)
+        return -1;
+    SET_FIELD(child->parent, Py_None);
+    return 0;
+}
+
+static PyObject *
+core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "evict(cache, num_tokens)");
+        return NULL;
+    }
+    PyObject *self = args[0];
+    long long want = PyLong_AsLongLong(args[1]);
+    if (want == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();  /* a huge num_tokens: evict everything evictable */
+        want = LLONG_MAX;
+    }
+    Py_ssize_t ps;
+    long long evictable, freed = 0;
+    PyObject *heap = NULL, *alloc = NULL, *free_fn = NULL, *owned = NULL, *result = NULL;
+    Node *root = get_root(self, &ps);
+    if (root == NULL)
+        return NULL;
+    if (get_ll(self, s_evictable, &evictable) < 0) {
+        Py_DECREF(root);
+        return NULL;
+    }
+    long long ev0 = evictable;
+    heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        goto done;
+    if (!PyList_CheckExact(heap)) {
+        PyErr_SetString(PyExc_TypeError, "_heap must be a list");
+        goto done;
+    }
+    if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
+            || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+        goto done;
+    {
+        PyObject *validate = PyObject_GetAttr(self, s_validate);
+        if (validate == NULL)
+            goto done;
+        int v = PyObject_IsTrue(validate);
+        Py_DECREF(validate);
+        if (v < 0)
+            goto done;
+        if (v && (owned = PyObject_GetAttr(self, s_owned)) == NULL)
+            goto done;
+    }
+    while (freed < want && PyList_GET_SIZE(heap) > 0) {
+        PyObject *entry = heap_pop(heap);
+        if (entry == NULL)
+            goto done;
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2
+                || !IS_NODE(PyTuple_GET_ITEM(entry, 1))) {
+            Py_DECREF(entry);
+            PyErr_SetString(PyExc_TypeError, "a heap entry is not (stamp, TreeNode)");
+            goto done;
+        }
+        Node *node = (Node *)PyTuple_GET_ITEM(entry, 1);
+        int ovf;
+        long long stamp = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, 0), &ovf);
+        if (stamp == -1 && PyErr_Occurred()) {
+            Py_DECREF(entry);
+            goto done;
+        }
+        if (ovf || node->last_access_time != stamp || node->lock_ref || node->dev_children
+                || IS_NONE(node->value) || IS_NONE(node->parent)) {
+            Py_DECREF(entry);
+            continue;  /* a stale entry */
+        }
+        Py_INCREF(node);
+        Py_DECREF(entry);
+        PyObject *value = node->value;
+        Py_INCREF(value);
+        PyObject *r = PyObject_CallOneArg(free_fn, value);
+        if (r == NULL) {
+            Py_DECREF(value);
+            Py_DECREF(node);
+            goto done;
+        }
+        Py_DECREF(r);
+        if (owned != NULL && owned_apply(owned, s_difference_update, value) < 0) {
+            Py_DECREF(value);
+            Py_DECREF(node);
+            goto done;
+        }
+        Py_DECREF(value);
+        Py_ssize_t k = key_len(node);
+        if (k < 0 || !IS_NODE(node->parent)) {
+            if (k >= 0)
+                PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+            Py_DECREF(node);
+            goto done;
+        }
+        freed += k;
+        evictable -= k;
+        SET_FIELD(node->value, Py_None);
+        Node *parent = (Node *)node->parent;
+        Py_INCREF(parent);
+        int rc = detach(parent, node);
+        Py_DECREF(node);
+        if (rc < 0) {
+            Py_DECREF(parent);
+            goto done;
+        }
+        parent->dev_children -= 1;
+        while (parent != root && PyDict_CheckExact(parent->children)
+                && PyDict_GET_SIZE(parent->children) == 0 && parent->lock_ref == 0
+                && IS_NONE(parent->value)) {
+            if (!IS_NODE(parent->parent)) {
+                Py_DECREF(parent);
+                PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
+                goto done;
+            }
+            Node *up = (Node *)parent->parent;
+            Py_INCREF(up);
+            rc = detach(up, parent);
+            Py_DECREF(parent);
+            parent = up;
+            if (rc < 0) {
+                Py_DECREF(parent);
+                goto done;
+            }
+        }
+        if (parent->lock_ref == 0 && parent->dev_children == 0 && !IS_NONE(parent->value)
+                && parent != root) {
+            if (push_stamp(heap, parent->last_access_time, parent) < 0) {
+                Py_DECREF(parent);
+                goto done;
+            }
+        }
+        Py_DECREF(parent);
+    }
+    result = PyLong_FromLongLong(freed);
+done:
+    if (evictable != ev0 && write_back(self, s_evictable, evictable) < 0)
+        Py_CLEAR(result);
+    Py_XDECREF(heap);
+    Py_XDECREF(alloc);
+    Py_XDECREF(free_fn);
+    Py_XDECREF(owned);
+    Py_DECREF(root);
+    return result;
+}
+
+
+/* ------------------------------------------------------------------------------------------ */
+/* The public methods' common case, whole: argument checks, the walk, the result object.       */
+/* Each returns None, having changed nothing, when the call is not the plain case (a wrong     */
+/* argument, EAGLE, a disabled cache, slot validation, an unaligned key...): the Python method  */
+/* then runs its own code, which raises the same errors as always.                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *g_RadixKey, *g_MatchResult, *g_InsertResult, *g_IncResult, *g_DecResult,
+    *g_EvictResult, *g_Tensor, *g_int64, *g_array;
+static PyObject *s_key, *s_value, *s_prev, *s_chunked, *s_token_ids, *s_extra_key,
+    *s_is_bigram, *s_is_eagle, *s_disable, *s_validate_slots, *s_empty, *s_dtype, *s_shape,
+    *s_num_tokens, *s_skip, *s_compact, *s_zero;
+
+#define DECLINE(x) do { Py_XDECREF(x); Py_RETURN_NONE; } while (0)
+
+/* 1 when self.<name> is False, 0 when it is anything else, -1 on error */
+static int
+attr_is_false(PyObject *self, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(self, name);
+    if (v == NULL)
+        return -1;
+    int r = v == Py_False;
+    Py_DECREF(v);
+    return r;
+}
+
+/* The plain key of a RadixKey: its token array (new reference) and extra_key (new reference);
+ * 0 when the key is not plain (declined), -1 on error. */
+static int
+plain_key(PyObject *self, PyObject *key, PyObject **toks, PyObject **ek)
+{
+    if ((PyObject *)Py_TYPE(key) != g_RadixKey)
+        return 0;
+    PyObject *b = PyObject_GetAttr(key, s_is_bigram);
+    if (b == NULL)
+        return -1;
+    int bigram = b != Py_False;
+    Py_DECREF(b);
+    if (bigram)
+        return 0;
+    int r = attr_is_false(self, s_is_eagle);
+    if (r <= 0)
+        return r;
+    if ((r = attr_is_false(self, s_disable)) <= 0)
+        return r;
+    PyObject *t = PyObject_GetAttr(key, s_token_ids);
+    if (t == NULL)
+        return -1;
+    if ((PyObject *)Py_TYPE(t) != g_array) {
+        Py_DECREF(t);
+        return 0;
+    }
+    PyObject *e = PyObject_GetAttr(key, s_extra_key);
+    if (e == NULL) {
+        Py_DECREF(t);
+        return -1;
+    }
+    *toks = t;
+    *ek = e;
+    return 1;
+}
+
+static PyObject *
+api_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "match_prefix(cache, params)");
+        return NULL;
+    }
+    PyObject *self = args[0];
+    PyObject *key = PyObject_GetAttr(args[1], s_key), *toks = NULL, *ek = NULL;
+    if (key == NULL)
+        return NULL;
+    int r = plain_key(self, key, &toks, &ek);
+    Py_DECREF(key);
+    if (r < 0)
+        return NULL;
+    if (r == 0)
+        Py_RETURN_NONE;
+    PyObject *ps_o = PyObject_GetAttr(self, s_page_size);
+    if (ps_o == NULL)
+        goto fail;
+    Py_ssize_t ps = PyLong_AsSsize_t(ps_o);
+    Py_DECREF(ps_o);
+    if (ps == -1 && PyErr_Occurred())
+        goto fail;
+    Py_ssize_t n = PyObject_Length(toks);
+    if (n < 0)
+        goto fail;
+    if (ps < 1 || n - n % ps == 0) {
+        Py_DECREF(toks);
+        Py_DECREF(ek);
+        Py_RETURN_NONE;
+    }
+    PyObject *cargs[3] = {self, toks, ek};
+    PyObject *res = core_match(mod, cargs, 3);
+    Py_DECREF(toks);
+    Py_DECREF(ek);
+    if (res == NULL)
+        return NULL;
+    PyObject *indices = PyTuple_GET_ITEM(res, 0), *node = PyTuple_GET_ITEM(res, 1);
+    PyObject *empty = NULL;
+    if (indices == Py_None) {
+        empty = PyObject_GetAttr(self, s_empty);
+        if (empty == NULL) {
+            Py_DECREF(res);
+            return NULL;
+        }
+        indices = empty;
+    }
+    PyObject *items = PyTuple_Pack(9, indices, node, node, node, s_zero, s_zero, s_zero,
+                                   Py_None, Py_None);
+    Py_XDECREF(empty);
+    Py_DECREF(res);
+    if (items == NULL)
+        return NULL;
+    PyObject *targs = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (targs == NULL)
+        return NULL;
+    PyObject *out = PyTuple_Type.tp_new((PyTypeObject *)g_MatchResult, targs, NULL);
+    Py_DECREF(targs);
+    return out;
+fail:
+    Py_DECREF(toks);
+    Py_DECREF(ek);
+    return NULL;
+}
+
+static PyObject *
+api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "insert(cache, params)");
+        return NULL;
+    }
+    PyObject *self = args[0], *params = args[1];
+    PyObject *key = NULL, *toks = NULL, *ek = NULL, *value = NULL, *prev = NULL, *o = NULL;
+    key = PyObject_GetAttr(params, s_key);
+    if (key == NULL)
+        return NULL;
+    int r = plain_key(self, key, &toks, &ek);
+    Py_DECREF(key);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    if ((r = attr_is_false(self, s_validate_slots)) <= 0)
+        goto decline_or_fail;
+    r = -1;
+    if ((value = PyObject_GetAttr(params, s_value)) == NULL)
+        goto decline_or_fail;
+    r = 0;
+    if ((PyObject *)Py_TYPE(value) != g_Tensor)
+        goto decline_or_fail;
+    r = -1;
+    if ((o = PyObject_GetAttr(value, s_dtype)) == NULL)
+        goto decline_or_fail;
+    r = 0;
+    if (o != g_int64)
+        goto decline_or_fail;
+    Py_CLEAR(o);
+    r = -1;
+    if ((o = PyObject_GetAttr(value, s_shape)) == NULL)
+        goto decline_or_fail;
+    Py_ssize_t n = PyObject_Length(toks);
+    if (n < 0)
+        goto decline_or_fail;
+    r = 0;
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 1 || !PyLong_Check(PyTuple_GET_ITEM(o, 0)))
+        goto decline_or_fail;
+    {
+        Py_ssize_t len0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 0));
+        if (len0 == -1 && PyErr_Occurred()) {
+            r = -1;
+            goto decline_or_fail;
+        }
+        if (len0 != n)
+            goto decline_or_fail;
+    }
+    Py_CLEAR(o);
+    r = -1;
+    if ((prev = PyObject_GetAttr(params, s_prev)) == NULL)
+        goto decline_or_fail;
+    r = 0;
+    if (!PyLong_CheckExact(prev) || PyObject_RichCompareBool(prev, s_zero, Py_LT) != 0)
+        goto decline_or_fail;
+    r = -1;
+    if ((o = PyObject_GetAttr(params, s_chunked)) == NULL)
+        goto decline_or_fail;
+    r = 0;
+    if (o != Py_True && o != Py_False)
+        goto decline_or_fail;
+    Py_CLEAR(o);
+    {
+        PyObject *ps_o = PyObject_GetAttr(self, s_page_size);
+        if (ps_o == NULL) {
+            r = -1;
+            goto decline_or_fail;
+        }
+        Py_ssize_t ps = PyLong_AsSsize_t(ps_o);
+        Py_DECREF(ps_o);
+        if (ps == -1 && PyErr_Occurred()) {
+            r = -1;
+            goto decline_or_fail;
+        }
+        if (ps < 1 || n % ps)
+            goto decline_or_fail;  /* an unaligned key: the Python path cuts it */
+    }
+    PyObject *cargs[5] = {self, toks, ek, value, prev};
+    PyObject *pos = core_insert(mod, cargs, 5);
+    Py_DECREF(toks);
+    Py_DECREF(ek);
+    Py_DECREF(value);
+    Py_DECREF(prev);
+    if (pos == NULL)
+        return NULL;
+    PyObject *a[1] = {pos};
+    PyObject *out = PyObject_Vectorcall(g_InsertResult, a, 1, NULL);
+    Py_DECREF(pos);
+    return out;
+decline_or_fail:
+    Py_XDECREF(toks);
+    Py_XDECREF(ek);
+    Py_XDECREF(value);
+    Py_XDECREF(prev);
+    Py_XDECREF(o);
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The node is a TreeNode in the tree (the root, or attached): 1; else 0 (declined); -1 error.
+ * *root receives a new reference on 1. */
+static int
+attached(PyObject *self, PyObject *node, PyObject **root)
+{
+    if (!IS_NODE(node))
+        return 0;
+    int r = attr_is_false(self, s_disable);
+    if (r <= 0)
+        return r;
+    PyObject *rt = PyObject_GetAttr(self, s_root_node);
+    if (rt == NULL)
+        return -1;
+    if (!IS_NODE(rt) || (node != rt && IS_NONE(((Node *)node)->parent))) {
+        Py_DECREF(rt);
+        return 0;
+    }
+    *root = rt;
+    return 1;
+}
+
+/* self.<ev> += d_ev; self.<pr> += d_pr */
+static int
+move_sizes(PyObject *self, long long d_ev, long long d_pr)
+{
+    long long ev, pr;
+    if (d_ev == 0 && d_pr == 0)
+        return 0;
+    if (get_ll(self, s_evictable, &ev) < 0 || get_ll(self, s_protected, &pr) < 0)
+        return -1;
+    if (set_ll(self, s_evictable, ev + d_ev) < 0 || set_ll(self, s_protected, pr + d_pr) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *
+api_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "inc_lock_ref(cache, node)");
+        return NULL;
+    }
+    PyObject *self = args[0], *root = NULL;
+    int r = attached(self, args[1], &root);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *cargs[2] = {root, args[1]};
+    PyObject *res = core_inc_lock(mod, cargs, 2);
+    Py_DECREF(root);
+    if (res == NULL)
+        return NULL;
+    long long delta = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 0));
+    PyObject *skipped = PyTuple_GET_ITEM(res, 1);
+    PyObject *skip = PyDict_New(), *out = NULL;
+    if (skip == NULL)
+        goto done;
+    if (skipped != Py_None) {
+        PyObject *set = PySet_New(skipped);
+        if (set == NULL || PyDict_SetItem(skip, s_zero, set) < 0) {
+            Py_XDECREF(set);
+            goto done;
+        }
+        Py_DECREF(set);
+    }
+    if (move_sizes(self, -delta, delta) < 0)
+        goto done;
+    {
+        PyObject *a[4] = {PyTuple_GET_ITEM(res, 0), Py_None, Py_None, skip};
+        out = PyObject_Vectorcall(g_IncResult, a, 4, NULL);
+    }
+done:
+    Py_XDECREF(skip);
+    Py_DECREF(res);
+    return out;
+}
+
+static PyObject *
+api_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "dec_lock_ref(cache, node, params)");
+        return NULL;
+    }
+    PyObject *self = args[0], *params = args[2], *root = NULL, *skip = Py_None, *heap = NULL;
+    PyObject *skipdict = NULL;
+    int r = attached(self, args[1], &root);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    if (params != Py_None) {
+        skipdict = PyObject_GetAttr(params, s_skip);
+        if (skipdict == NULL)
+            goto fail;
+        if (!PyDict_CheckExact(skipdict)) {
+            Py_DECREF(skipdict);
+            Py_DECREF(root);
+            Py_RETURN_NONE;
+        }
+        PyObject *s = PyDict_GetItemWithError(skipdict, s_zero);
+        if (s == NULL && PyErr_Occurred())
+            goto fail;
+        if (s != NULL) {
+            int t = PyObject_IsTrue(s);
+            if (t < 0)
+                goto fail;
+            if (t)
+                skip = s;
+        }
+    }
+    heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        goto fail;
+    if (!PyList_CheckExact(heap)) {
+        Py_DECREF(heap);
+        Py_XDECREF(skipdict);
+        Py_DECREF(root);
+        Py_RETURN_NONE;
+    }
+    PyObject *cargs[4] = {root, args[1], skip, heap};
+    PyObject *res = core_dec_lock(mod, cargs, 4);
+    Py_DECREF(heap);
+    Py_XDECREF(skipdict);
+    Py_DECREF(root);
+    if (res == NULL)
+        return NULL;
+    long long delta = PyLong_AsLongLong(res);
+    if (delta < 0) {  /* not locked: the Python path raises HandleError (nothing changed) */
+        Py_DECREF(res);
+        Py_RETURN_NONE;
+    }
+    if (move_sizes(self, delta, -delta) < 0) {
+        Py_DECREF(res);
+        return NULL;
+    }
+    PyObject *a[1] = {res};
+    PyObject *out = PyObject_Vectorcall(g_DecResult, a, 1, NULL);
+    Py_DECREF(res);
+    return out;
+fail:
+    Py_XDECREF(skipdict);
+    Py_DECREF(root);
+    return NULL;
+}
+
+static PyObject *
+api_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "evict(cache, params)");
+        return NULL;
+    }
+    PyObject *self = args[0];
+    PyObject *want = PyObject_GetAttr(args[1], s_num_tokens);
+    if (want == NULL)
+        return NULL;
+    if (!PyLong_CheckExact(want) || PyObject_RichCompareBool(want, s_zero, Py_LT) != 0)
+        DECLINE(want);
+    int r = attr_is_false(self, s_disable);
+    if (r <= 0) {
+        Py_DECREF(want);
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *cargs[2] = {self, want};
+    PyObject *freed = core_evict(mod, cargs, 2);
+    Py_DECREF(want);
+    if (freed == NULL)
+        return NULL;
+    /* compact the heap when stale entries outnumber live ones (as evict's Python code) */
+    {
+        long long ev, ps;
+        PyObject *heap = PyObject_GetAttr(self, s_heap);
+        if (heap == NULL || get_ll(self, s_evictable, &ev) < 0 || get_ll(self, s_page_size, &ps) < 0) {
+            Py_XDECREF(heap);
+            Py_DECREF(freed);
+            return NULL;
+        }
+        Py_ssize_t len = PyObject_Length(heap);
+        Py_DECREF(heap);
+        if (len < 0) {
+            Py_DECREF(freed);
+            return NULL;
+        }
+        long long pp = ps > 1 ? ps : 1;
+        /* Python's floor division */
+        long long q = ev / pp;
+        if ((ev % pp != 0) && ((ev < 0) != (pp < 0)))
+            q -= 1;
+        if (len > 64 && len > 4 * (q + 16)) {
+            PyObject *c = PyObject_CallMethodNoArgs(self, s_compact);
+            if (c == NULL) {
+                Py_DECREF(freed);
+                return NULL;
+            }
+            Py_DECREF(c);
+        }
+    }
+    PyObject *a[1] = {freed};
+    PyObject *out = PyObject_Vectorcall(g_EvictResult, a, 1, NULL);
+    Py_DECREF(freed);
+    return out;
+}
+
+static PyObject *
+core_setup_api(PyObject *mod, PyObject *args)
+{
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO:setup_api", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8]))
+        return NULL;
+    PyObject **dst[9] = {&g_RadixKey, &g_MatchResult, &g_InsertResult, &g_IncResult,
+                         &g_DecResult, &g_EvictResult, &g_Tensor, &g_int64, &g_array};
+    if (!PyType_Check(o[1]) || !PyType_IsSubtype((PyTypeObject *)o[1], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "setup_api: MatchResult must be a tuple subclass");
+        return NULL;
+    }
+    for (int i = 0; i < 9; i++) {
+        Py_INCREF(o[i]);
+        Py_XSETREF(*dst[i], o[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* setup, heap helpers for tests, module                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *
+core_setup(PyObject *mod, PyObject *args)
+{
+    PyObject *nc, *cat;
+    long long stride;
+    if (!PyArg_ParseTuple(args, "OOL:setup", &nc, &cat, &stride))
+        return NULL;
+    Py_INCREF(nc);
+    Py_XSETREF(g_narrow_copy, nc);
+    Py_INCREF(cat);
+    Py_XSETREF(g_cat, cat);
+    g_stride = stride;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+core_heappush(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "heappush(list, entry)");
+        return NULL;
+    }
+    if (heap_push(args[0], args[1]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+core_heappop(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "heappop(list)");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(args[0]) == 0) {
+        PyErr_SetString(PyExc_IndexError, "index out of range");
+        return NULL;
+    }
+    return heap_pop(args[0]);
+}
+
+static PyMethodDef core_methods[] = {
+    {"setup", (PyCFunction)core_setup, METH_VARARGS,
+     "setup(narrow_copy, cat, stride): the torch callables and the clock step."},
+    {"match", (PyCFunction)(void (*)(void))core_match, METH_FASTCALL,
+     "match(cache, units, extra_key) -> (indices or None, node)"},
+    {"insert", (PyCFunction)(void (*)(void))core_insert, METH_FASTCALL,
+     "insert(cache, units, extra_key, value, prev_prefix_len) -> prefix_len"},
+    {"inc_lock", (PyCFunction)(void (*)(void))core_inc_lock, METH_FASTCALL,
+     "inc_lock(root, node) -> (delta, skipped ids or None)"},
+    {"dec_lock", (PyCFunction)(void (*)(void))core_dec_lock, METH_FASTCALL,
+     "dec_lock(root, node, skip, heap) -> delta, or -1 if the path is not locked"},
+    {"evict", (PyCFunction)(void (*)(void))core_evict, METH_FASTCALL,
+     "evict(cache, num_tokens) -> tokens evicted"},
+    {"probing", (PyCFunction)core_probing, METH_NOARGS,
+     "probing() -> whether child lookups at page size > 1 probe without building the key"},
+    {"page_hash", (PyCFunction)(void (*)(void))core_page_hash, METH_FASTCALL,
+     "page_hash(array, extra_key) -> hash of the child key as the C lookup computes it, or None"},
+    {"heappush", (PyCFunction)(void (*)(void))core_heappush, METH_FASTCALL,
+     "heappush(list, entry): the heap push the C paths use (for tests)."},
+    {"heappop", (PyCFunction)(void (*)(void))core_heappop, METH_FASTCALL,
+     "heappop(list): the heap pop the C paths use (for tests)."},
+    {"setup_api", (PyCFunction)core_setup_api, METH_VARARGS,
+     "setup_api(RadixKey, MatchResult, InsertResult, IncLockRefResult, DecLockRefResult, "
+     "EvictResult, torch.Tensor, torch.int64, array.array)"},
+    {"api_match", (PyCFunction)(void (*)(void))api_match, METH_FASTCALL,
+     "api_match(cache, params) -> MatchResult, or None when the Python path must run"},
+    {"api_insert", (PyCFunction)(void (*)(void))api_insert, METH_FASTCALL,
+     "api_insert(cache, params) -> InsertResult, or None when the Python path must run"},
+    {"api_inc", (PyCFunction)(void (*)(void))api_inc, METH_FASTCALL,
+     "api_inc(cache, node) -> IncLockRefResult, or None when the Python path must run"},
+    {"api_dec", (PyCFunction)(void (*)(void))api_dec, METH_FASTCALL,
+     "api_dec(cache, node, params) -> DecLockRefResult, or None when the Python path must run"},
+    {"api_evict", (PyCFunction)(void (*)(void))api_evict, METH_FASTCALL,
+     "api_evict(cache, params) -> EvictResult, or None when the Python path must run"},
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "uniradix.fast._core",
+    "The hot loops of uniradix.fast.UnifiedRadixCache in C (see fast/_core.c).", -1, core_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__core(void)
+{
+    if (PyType_Ready(&NodeType) < 0)
+        return NULL;
+#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+    INTERN(s_root_node, "root_node");
+    INTERN(s_page_size, "page_size");
+    INTERN(s_clock, "_clock");
+    INTERN(s_heap, "_heap");
+    INTERN(s_evictable, "_evictable");
+    INTERN(s_protected, "_protected");
+    INTERN(s_alloc, "token_to_kv_pool_allocator");
+    INTERN(s_free, "free");
+    INTERN(s_owned, "_owned");
+    INTERN(s_validate, "validate_slots");
+    INTERN(s_tolist, "tolist");
+    INTERN(s_update, "update");
+    INTERN(s_difference_update, "difference_update");
+    INTERN(s_key, "key");
+    INTERN(s_value, "value");
+    INTERN(s_prev, "prev_prefix_len");
+    INTERN(s_chunked, "chunked");
+    INTERN(s_token_ids, "token_ids");
+    INTERN(s_extra_key, "extra_key");
+    INTERN(s_is_bigram, "is_bigram");
+    INTERN(s_is_eagle, "is_eagle");
+    INTERN(s_disable, "disable");
+    INTERN(s_validate_slots, "validate_slots");
+    INTERN(s_empty, "_empty");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_shape, "shape");
+    INTERN(s_num_tokens, "num_tokens");
+    INTERN(s_skip, "skip_lock_node_ids");
+    INTERN(s_compact, "_compact_heap");
+#undef INTERN
+    if ((s_zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+#ifdef HAVE_PROBE
+    if (PyType_Ready(&ProbeType) < 0)
+        return NULL;
+    if (g_probe == NULL) {
+        int same = probe_self_test();
+        if (same < 0)
+            return NULL;
+        if (same) {
+            g_probe = PyObject_New(Probe, &ProbeType);
+            if (g_probe == NULL)
+                return NULL;
+            g_probe->p = NULL;
+            g_probe->ps = 0;
+            g_probe->ek = NULL;
+        }
+    }
+#endif
+    PyObject *m = PyModule_Create(&core_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&NodeType);
+    if (PyModule_AddObject(m, "TreeNode", (PyObject *)&NodeType) < 0) {
+        Py_DECREF(&NodeType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
