@@ -112,29 +112,41 @@ class Progress:
         self.last = 0.0
         self.extra = ""
 
-    def update(self, done: int, force: bool = False) -> None:
+    def _due(self, force: bool) -> bool:
+        """Time for another line: every 0.25 s on a terminal, every 5 s otherwise."""
         if not self.enabled:
-            return
+            return False
         now = time.monotonic()
         if not force and now - self.last < (0.25 if self.tty else 5.0):
-            return
+            return False
         self.last = now
-        el = max(now - self.t0, 1e-9)
+        return True
+
+    def _emit(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r" + line.ljust(110)[:170])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    @staticmethod
+    def bar(frac: float, width: int = 24) -> str:
+        fill = int(width * min(max(frac, 0.0), 1.0))
+        return "#" * fill + "." * (width - fill)
+
+    def update(self, done: int, force: bool = False) -> None:
+        if not self._due(force):
+            return
+        el = max(self.last - self.t0, 1e-9)
         if self.total:
             frac = min(done / self.total, 1.0)
         elif self.seconds:
             frac = min(el / self.seconds, 1.0)
         else:
             frac = 0.0
-        width = 24
-        bar = "#" * int(width * frac) + "." * (width - int(width * frac))
         of = f"/{self.total}" if self.total else ""
-        line = f"{self.label} [{bar}] {done}{of} steps, {done / el:.0f} steps/s {self.extra}"
-        if self.tty:
-            self.stream.write("\r" + line.ljust(100)[:160])
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        self._emit(f"{self.label} [{self.bar(frac)}] {done}{of} steps, {done / el:.0f} steps/s "
+                   f"{self.extra}")
 
     def close(self, done: int) -> None:
         if self.enabled:

@@ -43,6 +43,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 
 from uniradix.conformance.adapters import SpecAdapter
+from uniradix.conformance.conform import Progress
 from uniradix.conformance.lockstep import (
     VIOLATION, Finding, ImplSpec, Lockstep, build_adapters, impl_labels, impl_name, write_trace)
 from uniradix.spec.config import CacheConfig
@@ -688,39 +689,25 @@ class CheckResult:
         return f"{head}: ok" + ("" if self.complete else " (time limit: search incomplete)")
 
 
-class Bar:
-    """A one-line progress bar on stderr (``\\r`` on a terminal, a line every few seconds
-    otherwise)."""
+class Bar(Progress):
+    """The progress bar of ``uniradix conform`` (stderr; ``\\r`` on a terminal, a line every few
+    seconds otherwise), counting depth levels and states instead of steps."""
 
     def __init__(self, label: str, depth: int, stream: Optional[TextIO], enabled: bool) -> None:
-        self.label, self.depth = label, depth
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.monotonic()
-        self.last = 0.0
+        super().__init__(label, None, None, stream, enabled)
+        self.depth = depth
 
-    def update(self, level: int, done: int, of: int, res: CheckResult, force: bool = False) -> None:
-        if not self.enabled:
+    def update(self, level: int, done: int, of: int, res: CheckResult,  # type: ignore[override]
+               force: bool = False) -> None:
+        if not self._due(force):
             return
-        now = time.monotonic()
-        if not force and now - self.last < (0.25 if self.tty else 5.0):
-            return
-        self.last = now
-        frac = min(1.0, ((level - 1) + (done / of if of else 1.0)) / max(1, self.depth))
-        width = 24
-        fill = int(width * frac)
-        el = max(now - self.t0, 1e-9)
-        line = (f"{self.label} [{'#' * fill}{'.' * (width - fill)}] depth {level}/{self.depth} "
-                f"({done}/{of} states), {res.states} states, {res.transitions} transitions, "
-                f"{res.transitions / el:.0f} tr/s")
-        if self.tty:
-            self.stream.write("\r" + line.ljust(110)[:170])
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        frac = ((level - 1) + (done / of if of else 1.0)) / max(1, self.depth)
+        el = max(self.last - self.t0, 1e-9)
+        self._emit(f"{self.label} [{self.bar(frac)}] depth {level}/{self.depth} "
+                   f"({done}/{of} states), {res.states} states, {res.transitions} transitions, "
+                   f"{res.transitions / el:.0f} tr/s")
 
-    def close(self) -> None:
+    def close(self) -> None:  # type: ignore[override]
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
