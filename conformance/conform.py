@@ -270,35 +270,42 @@ def replay_divergence_at(impls: Sequence[ImplSpec], config: CacheConfig,
     return worst
 
 
-def write_finding(out_dir: str, impls: Sequence[ImplSpec], labels: Sequence[str],
-                  config: CacheConfig, config_name: str, seed: int, segment: int,
-                  steps: list, finding: Finding) -> str:
-    """Write the shrunk steps as a trace; a difference seen only in the snapshots gets probe
-    steps appended so that a plain replay shows it too."""
+def write_finding_trace(out_dir: str, stem: str, impls: Sequence[ImplSpec], config: CacheConfig,
+                        steps: list, source: str, **header: Any) -> str:
+    """Write ``steps`` as a trace under ``out_dir`` (``stem``.jsonl, numbered when taken) with
+    the reference's observations as ``ret``; a difference seen only in the snapshots gets
+    probe steps (sizes, one-token evictions) appended so that a plain replay shows it too.
+    Used by ``conform`` for a shrunk finding and ``check --exhaustive`` for a counterexample."""
     os.makedirs(out_dir, exist_ok=True)
-    stem = f"conform-{config_name}-s{seed}-g{segment}-{finding.op}-{finding.where}"
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
     path = os.path.join(out_dir, stem + ".jsonl")
     k = 2
     while os.path.exists(path):
         path = os.path.join(out_dir, f"{stem}-{k}.jsonl")
         k += 1
     steps = list(steps)
-    extra: dict = {}
     ref = build_adapters([impls[0]], config)[0]
     recorded = [dict(s, ret=comparable(ref.apply(s))) for s in steps]
-    if replay_divergence_at(impls, config, recorded) is None:
-        # seen only in the snapshots: append probes until a plain replay sees it too
+    if len(impls) > 1 and replay_divergence_at(impls, config, recorded) is None:
         probes = probe_steps(len(steps), config, n_evicts=config.kv_slots // config.page_size)
         recorded += [dict(s, ret=comparable(ref.apply(s))) for s in probes]
         at = replay_divergence_at(impls, config, recorded)
         if at is not None:
             steps = [{k: v for k, v in s.items() if k != "ret"} for s in recorded[: at + 1]]
-        extra["probes_appended"] = at is not None
+        header["probes_appended"] = at is not None
+    write_trace(path, impls, config, steps, source=source, **header)
+    return path
+
+
+def write_finding(out_dir: str, impls: Sequence[ImplSpec], labels: Sequence[str],
+                  config: CacheConfig, config_name: str, seed: int, segment: int,
+                  steps: list, finding: Finding) -> str:
+    """Write the shrunk steps of a ``conform`` finding as a trace (:func:`write_finding_trace`)."""
+    stem = f"conform-{config_name}-s{seed}-g{segment}-{finding.op}-{finding.where}"
     source = (f"uniradix conform: shrunk finding ({','.join(labels)}; config {config_name}, "
               f"seed {seed}, segment {segment}): {finding}")
-    write_trace(path, impls, config, steps, source=source, seed=seed,
-                finding=finding.to_dict(), **extra)
-    return path
+    return write_finding_trace(out_dir, stem, impls, config, steps, source, seed=seed,
+                               finding=finding.to_dict())
 
 
 # ----------------------------------------------------------------------------------------------

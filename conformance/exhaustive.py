@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.conformance.conform import Progress
 from uniradix.conformance.lockstep import (
-    VIOLATION, Finding, ImplSpec, Lockstep, build_adapters, impl_labels, impl_name, write_trace)
+    VIOLATION, Finding, ImplSpec, Lockstep, build_adapters, impl_labels, impl_name)
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError
 from uniradix.spec.state import all_nodes
@@ -833,40 +833,19 @@ def _finish(res: CheckResult, t0: float, bar: Bar) -> CheckResult:
 
 def write_counterexample(out_dir: str, universe: Universe, impls: Sequence[ImplSpec],
                          res: CheckResult) -> str:
-    """Write the counterexample as a trace with the reference's observations as ``ret``; when
-    a plain replay would not see the difference (it is only in the snapshots), probe steps
-    (sizes, one-token evictions) are appended until it does, as ``conform`` does."""
-    from uniradix.conformance.conform import probe_steps, replay_divergence_at
-    from uniradix.conformance.lockstep import comparable
+    """Write the counterexample as a trace with the reference's observations as ``ret``, probe
+    steps appended when only the snapshots show the difference, as ``conform`` does."""
+    from uniradix.conformance.conform import write_finding_trace
     assert res.finding is not None and res.counterexample is not None
-    config = universe.config()
-    os.makedirs(out_dir, exist_ok=True)
     f = res.finding
     stem = f"exhaustive-{universe.name}-d{len(res.labels or [])}-{f.op}-{f.where}"
-    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
-    path = os.path.join(out_dir, stem + ".jsonl")
-    k = 2
-    while os.path.exists(path):
-        path = os.path.join(out_dir, f"{stem}-{k}.jsonl")
-        k += 1
-    steps = list(res.counterexample)
-    extra: dict = {}
-    ref = build_adapters([impls[0]], config)[0]
-    recorded = [dict(s, ret=comparable(ref.apply(s))) for s in steps]
-    if len(impls) > 1 and replay_divergence_at(impls, config, recorded) is None:
-        probes = probe_steps(len(steps), config, n_evicts=config.kv_slots // config.page_size)
-        recorded += [dict(s, ret=comparable(ref.apply(s))) for s in probes]
-        at = replay_divergence_at(impls, config, recorded)
-        if at is not None:
-            steps = [{k: v for k, v in s.items() if k != "ret"} for s in recorded[: at + 1]]
-        extra["probes_appended"] = at is not None
     labels = ",".join(impl_labels([impl_name(i) for i in impls]))
     source = (f"uniradix check --exhaustive: shortest counterexample ({labels}; universe "
               f"{universe.name}, {len(res.labels or [])} transitions: "
               f"{' | '.join(res.labels or [])}): {f}")
-    write_trace(path, impls, config, steps, source=source, finding=f.to_dict(),
-                universe=universe.to_dict(), transitions=res.labels, **extra)
-    return path
+    return write_finding_trace(out_dir, stem, impls, universe.config(), res.counterexample,
+                               source, finding=f.to_dict(), universe=universe.to_dict(),
+                               transitions=res.labels)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -119,18 +119,19 @@ class KVChecked:
         if "error" in obs:
             return obs
         i = step.get("i")
+        after = self.inner.snapshot()
         if op == "req_arrive":
             self.tokens[args["rid"]] = (list(args["tokens"]), args.get("extra_key"))
         elif op == "insert":
             self._compute(i, args.get("extra_key"), list(args["tokens"]), list(args["value"]),
                           0, _owned(before, obs))
         elif op in ("req_chunk", "req_decode") and obs.get("ok", True):
-            self._compute_row(i, args["rid"], before, obs, self.inner.snapshot())
+            self._compute_row(i, args["rid"], before, obs, after)
         elif op == "match_prefix":
             got = list(obs.get("device_indices", []))
             self._expect(i, f"match_prefix result for {len(args['tokens'])} tokens",
                          args.get("extra_key"), list(args["tokens"]), got)
-        self._check_state(i)
+        self._check_state(i, after)
         return obs
 
     # computing tokens ----------------------------------------------------------------------
@@ -194,9 +195,9 @@ class KVChecked:
             self.errors.append(f"[kv] step {i}: {what}: slot {slots[bad]} does not hold the KV "
                                "of the token it was handed over for")
 
-    def _check_state(self, i: Any) -> None:
-        """Every cached node's slots and every running request's computed row, in one batch."""
-        snap = self.inner.snapshot()
+    def _check_state(self, i: Any, snap: dict) -> None:
+        """Every cached node's slots and every running request's computed row (as ``snap``,
+        the adapter's snapshot after the step, shows them), in one batch."""
         slots: list = []
         fps: list = []
         owners: list = []  # (first index in slots, description)
