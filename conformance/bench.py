@@ -766,20 +766,18 @@ def _page_sizes(value: str) -> list[int]:
     return out
 
 
-def _impls(value: str) -> list[str]:
-    out = _csv(value)
-    bad = [v for v in out if v not in IMPLS]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"implementations are {', '.join(IMPLS)}; got {value!r}")
-    return out
+def _choices(what: str, known: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated, non-empty list of names out of ``known``."""
+    def parse(value: str) -> list[str]:
+        out = _csv(value)
+        if not out or any(v not in known for v in out):
+            raise argparse.ArgumentTypeError(f"{what} are {', '.join(known)}; got {value!r}")
+        return out
+    return parse
 
 
-def _workloads(value: str) -> list[str]:
-    out = _csv(value)
-    bad = [v for v in out if v not in WORKLOADS]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"workloads are {', '.join(WORKLOADS)}; got {value!r}")
-    return out
+_impls = _choices("implementations", IMPLS)
+_workloads = _choices("workloads", WORKLOADS)
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
