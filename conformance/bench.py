@@ -89,6 +89,7 @@ import statistics
 import struct
 import sys
 import time
+import types
 from array import array
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
@@ -97,7 +98,11 @@ from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.workload import SharedPrefix, shared_prefix_requests
 from uniradix.spec.world import PagedPool
 
-IMPLS = ("spec", "fast", "upstream")
+IMPLS = ("spec", "fast", "upstream")  # the default set: the conforming implementations
+# Speed peers that are not conforming implementations: measured side by side and their outcomes
+# shown, but not required to match (upstream's C++ tree keeps its own LRU order).
+PEERS = ("upstream-cpp",)
+KNOWN_IMPLS = IMPLS + PEERS
 WORKLOADS = ("shared-prefix", "mooncake")
 OPS = ("match", "lock", "evict", "insert", "unlock")
 
@@ -262,14 +267,67 @@ def upstream_bundle() -> ApiBundle:
                      up.InsertParams, up.EvictParams, values, build)
 
 
+@dataclasses.dataclass
+class CppInsertResult:
+    prefix_len: int
+
+
+class UpstreamCppCache:
+    """Upstream's C++ radix tree (``RadixCacheCpp``) behind the bench's five calls.
+
+    ``RadixCacheCpp`` has no tree-level ``insert(InsertParams)``: its ``cache_finished_req``
+    inserts through the tree and then frees the duplicate slots ``value[prev_prefix_len:
+    prefix_len]`` itself. :meth:`insert` does exactly those two things, so the timed insert
+    covers the same work as the other implementations' (whose insert frees duplicates
+    inside). The other four calls are ``RadixCacheCpp``'s own methods."""
+
+    def __init__(self, cls: Any, params: Any, allocator: Any) -> None:
+        server_args = types.SimpleNamespace(hicache_write_policy="write_through",
+                                            enable_hierarchical_cache=False)
+        self.allocator = allocator
+        self.cache = cls(params, server_args)
+        self.match_prefix = self.cache.match_prefix
+        self.inc_lock_ref = self.cache.inc_lock_ref
+        self.dec_lock_ref = self.cache.dec_lock_ref
+        self.evict = self.cache.evict
+
+    def insert(self, params: Any) -> CppInsertResult:
+        prefix_len = self.cache._insert(params.key, params.value)
+        if params.prev_prefix_len < prefix_len:
+            self.allocator.free(params.value[params.prev_prefix_len:prefix_len])
+        return CppInsertResult(prefix_len)
+
+
+def upstream_cpp_bundle() -> ApiBundle:
+    from uniradix.conformance.upstream import UpstreamMissing, load_upstream, load_upstream_cpp
+    try:
+        up = load_upstream()
+        cls = load_upstream_cpp()
+    except UpstreamMissing as e:
+        raise ImplMissing(f"upstream-cpp: {e}") from e
+    values = spec_api.TorchValues(up.torch)
+
+    def build(pool: PagedPool):
+        alloc = FreeListAllocator(pool.num_pages * pool.page_size, pool.page_size, up.torch)
+        alloc.get_kvcache = lambda: None  # read by the constructor, unused without a host tier
+        params = up.CacheInitParams(disable=False, req_to_token_pool=None,
+                                    token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
+                                    enable_kv_cache_events=False)
+        return UpstreamCppCache(cls, params, alloc), alloc
+
+    return ApiBundle("upstream-cpp", f"sglang {up.version} RadixCacheCpp", up.RadixKey,
+                     up.MatchPrefixParams, up.InsertParams, up.EvictParams, values, build)
+
+
 BUNDLES: dict[str, Callable[[], ApiBundle]] = {
-    "spec": spec_bundle, "fast": fast_bundle, "upstream": upstream_bundle}
+    "spec": spec_bundle, "fast": fast_bundle, "upstream": upstream_bundle,
+    "upstream-cpp": upstream_cpp_bundle}
 
 
 def get_bundle(name: str) -> ApiBundle:
     """The API bundle of an implementation; :class:`ImplMissing` when it cannot be built here."""
     if name not in BUNDLES:
-        raise ValueError(f"unknown implementation {name!r}; known: {', '.join(IMPLS)}")
+        raise ValueError(f"unknown implementation {name!r}; known: {', '.join(KNOWN_IMPLS)}")
     return BUNDLES[name]()
 
 
@@ -557,6 +615,8 @@ class Comparison:
     missing: dict  # impl -> why it was not measured
     identical: bool = True
     mismatches: list = dataclasses.field(default_factory=list)
+    # outcomes of speed peers (PEERS) that differ from the conforming ones: reported, not failed
+    peer_differences: list = dataclasses.field(default_factory=list)
 
     def median_rps(self, impl: str) -> float:
         return statistics.median(s.requests_per_s for s in self.runs[impl])
@@ -583,6 +643,7 @@ class Comparison:
             "workload": self.workload, "page_size": self.page_size, "requests": self.requests,
             "kv_slots": self.kv_slots, "repeats": max((len(r) for r in self.runs.values()), default=0),
             "identical_outcomes": self.identical, "mismatches": self.mismatches,
+            "peer_differences": self.peer_differences,
             "missing": self.missing,
             "impls": {impl: {
                 "version": first[impl].version,
@@ -600,7 +661,8 @@ class Comparison:
             "ratios": {k: (None if v is None else round(v, 3)) for k, v in (
                 ("fast/spec", self.ratio("fast", "spec")),
                 ("fast/upstream", self.ratio("fast", "upstream")),
-                ("upstream/spec", self.ratio("upstream", "spec")))},
+                ("upstream/spec", self.ratio("upstream", "spec")),
+                ("fast/upstream-cpp", self.ratio("fast", "upstream-cpp")))},
         }
 
 
@@ -648,8 +710,10 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             if log is not None:
                 log(f"  {workload.name} p{workload.page_size} round {rep + 1}/{rounds} "
                     f"{impl:<8} {s.requests_per_s:>10.1f} req/s  ({s.wall_seconds:.1f} s wall)")
-    every = [s for runs in cmp.runs.values() for s in runs]
+    every = [s for impl, runs in cmp.runs.items() if impl not in PEERS for s in runs]
     cmp.mismatches = check_identical(every)
+    cmp.peer_differences = check_identical(
+        every[:1] + [s for impl, runs in cmp.runs.items() if impl in PEERS for s in runs[:1]])
     cmp.identical = not cmp.mismatches
     if strict and cmp.mismatches:
         raise ConformanceMismatch("; ".join(cmp.mismatches))
@@ -776,7 +840,7 @@ def _choices(what: str, known: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
-_impls = _choices("implementations", IMPLS)
+_impls = _choices("implementations", KNOWN_IMPLS)
 _workloads = _choices("workloads", WORKLOADS)
 
 
@@ -789,7 +853,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                     "per-op medians and hit rates (conformance/bench.py says what is timed).")
     b.add_argument("--impl", type=_impls, default=list(IMPLS),
                    help="comma-separated implementations (default spec,fast,upstream; those "
-                        "that cannot be built here are reported and skipped)")
+                        "that cannot be built here are reported and skipped). upstream-cpp: "
+                        "upstream's C++ radix tree, a speed peer whose outcomes may differ")
     b.add_argument("--workload", type=_workloads, default=["shared-prefix"],
                    help="shared-prefix or mooncake, or both comma-separated (default shared-prefix)")
     b.add_argument("--page-size", type=_page_sizes, default=[1, 16],
@@ -819,28 +884,33 @@ def print_comparison(cmp: Comparison, out=None) -> None:
     p = lambda s="": print(s, file=out)  # noqa: E731
     p(f"{cmp.workload}, page {cmp.page_size}: {cmp.requests} requests, {cmp.kv_slots}-token pool, "
       f"{max((len(r) for r in cmp.runs.values()), default=0)} rounds (medians)")
-    p(f"  {'impl':<9}{'rounds':>6}{'req/s':>10}{'ex-pool':>10}{'pool%':>6}  "
+    w = max([9] + [len(i) + 1 for i in list(cmp.runs) + list(cmp.missing)])
+    p(f"  {'impl':<{w}}{'rounds':>6}{'req/s':>10}{'ex-pool':>10}{'pool%':>6}  "
       + "".join(f"{op + ' us':>11}" for op in OPS)
       + f"{'hit rate':>10}{'evicted':>11}{'aborted':>8}")
     for impl, runs in cmp.runs.items():
         med = cmp.median_ops_us(impl)
         s = runs[0]
-        p(f"  {impl:<9}{len(runs):>6}{cmp.median_rps(impl):>10.1f}"
+        p(f"  {impl:<{w}}{len(runs):>6}{cmp.median_rps(impl):>10.1f}"
           f"{cmp.median_rps_ex_pool(impl):>10.1f}{100 * cmp.median_pool_share(impl):>6.1f}  "
           + "".join(f"{med[op]:>11.1f}" if op in med else f"{'-':>11}" for op in OPS)
           + f"{s.hit_rate:>10.4f}{s.evicted_tokens:>11}{s.aborted:>8}")
     for impl, why in cmp.missing.items():
-        p(f"  {impl:<9}not measured: {why}")
+        p(f"  {impl:<{w}}not measured: {why}")
     p("  req/s: finished requests / summed time of the cache calls; ex-pool: the same without "
       "the pool's frees (pool%)")
     p(f"  ratios (req/s): fast/spec {_fmt_ratio(cmp.ratio('fast', 'spec'))}, "
       f"fast/upstream {_fmt_ratio(cmp.ratio('fast', 'upstream'))}, "
-      f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}")
-    names = ", ".join(cmp.runs)
+      f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}"
+      + (f", fast/upstream-cpp {_fmt_ratio(cmp.ratio('fast', 'upstream-cpp'))}"
+         if "upstream-cpp" in cmp.runs else ""))
+    names = ", ".join(i for i in cmp.runs if i not in PEERS)
     if cmp.identical:
         p(f"  identical hit rate, evictions, aborts and per-request digest across {names}: yes")
     else:
         p("  OUTCOMES DIFFER: " + "; ".join(cmp.mismatches))
+    for diff in cmp.peer_differences:
+        p(f"  (speed peer, not a conforming implementation) {diff}")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -862,6 +932,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"memory: bytes per cached token of the tree (Mooncake, first "
               f"{args.memory_requests} requests, no eviction; deep getsizeof walk)")
         for impl in args.impl:
+            if impl in PEERS:
+                print(f"  {impl:<9} not measured: its tree lives in C++ memory that a "
+                      f"getsizeof walk cannot see")
+                continue
             for ps in args.page_size:
                 try:
                     rep = memory_per_token(impl, ps, args.memory_requests)

@@ -153,6 +153,23 @@ def load_upstream() -> types.SimpleNamespace:
     return _IMPORTED
 
 
+def load_upstream_cpp() -> Any:
+    """Upstream's C++ radix tree cache (``RadixCacheCpp``, Full component, device tier only), a
+    speed peer for ``uniradix bench --impl upstream-cpp``.  Importing it compiles the C++ tree
+    with torch's extension builder on first use (about a minute; cached afterwards under
+    torch's extension folder), which needs a C++20 compiler and ninja.  Raises
+    :class:`UpstreamMissing` when sglang is absent or the tree cannot be built."""
+    load_upstream()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from sglang.srt.mem_cache.radix_cache_cpp import RadixCacheCpp
+    except Exception as e:  # ImportError, or the compiler failing inside torch's loader
+        raise UpstreamMissing(f"upstream's C++ radix tree cannot be built here "
+                              f"({type(e).__name__}: {e})") from e
+    return RadixCacheCpp
+
+
 def upstream_available() -> bool:
     try:
         load_upstream()

@@ -123,3 +123,60 @@ def test_add_bench_parser_defaults():
     assert args.workload == ["mooncake"] and args.requests == 50 and args.impl == ["spec"]
     with pytest.raises(SystemExit):
         p.parse_args(["bench", "--impl", "nope"])
+
+
+class _MissingCache:
+    """A cache that never reports a hit (wraps the spec's): a peer with other outcomes."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def match_prefix(self, params):
+        params.key.token_ids = params.key.token_ids[:0]
+        return self.inner.match_prefix(params)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _never_hits_bundle() -> bench.ApiBundle:
+    spec = bench.get_bundle("spec")
+
+    def build(pool):
+        cache, alloc = spec.build(pool)
+        return _MissingCache(cache), alloc
+
+    return bench.dataclasses.replace(spec, name="upstream-cpp", build=build)
+
+
+def test_speed_peer_outcomes_are_reported_not_failed(monkeypatch, capsys):
+    monkeypatch.setitem(bench.BUNDLES, "upstream-cpp", _never_hits_bundle)
+    cmp = bench.compare(["spec", "upstream-cpp"], tiny(1), repeats=1)
+    assert cmp.identical and not cmp.mismatches
+    assert len(cmp.peer_differences) == 1 and "hit_tokens" in cmp.peer_differences[0]
+    assert cmp.summary()["peer_differences"] == cmp.peer_differences
+    bench.print_comparison(cmp)
+    out = capsys.readouterr().out
+    assert "speed peer, not a conforming implementation" in out
+    # the same different outcomes from a conforming implementation are a failure
+    monkeypatch.setitem(bench.BUNDLES, "fast", _never_hits_bundle)
+    with pytest.raises(bench.ConformanceMismatch):
+        bench.compare(["spec", "fast"], tiny(1), repeats=1)
+
+
+def test_upstream_cpp_runs_the_workload():
+    other = bundle_or_skip("upstream-cpp")
+    keep = []
+    s = bench.run_bench(other, tiny(1), keep=keep)
+    cache, allocator, _pool = keep
+    assert s.requests == TINY.requests and s.aborted == 0 and 0.2 < s.hit_rate < 1.0
+    assert cache.cache.protected_size() == 0
+    # every slot is either free or held by the tree: nothing leaked, nothing freed twice
+    assert cache.cache.evictable_size() + allocator.available_size() == TINY.kv_slots
+
+
+def test_cli_accepts_the_speed_peer():
+    import argparse
+    p = argparse.ArgumentParser()
+    bench.add_bench_parser(p.add_subparsers(dest="command"))
+    assert p.parse_args(["bench", "--impl", "fast,upstream-cpp"]).impl == ["fast", "upstream-cpp"]
