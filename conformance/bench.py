@@ -98,11 +98,14 @@ from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.workload import SharedPrefix, shared_prefix_requests
 from uniradix.spec.world import PagedPool
 
-IMPLS = ("spec", "fast", "upstream")  # the default set: the conforming implementations
+IMPLS = ("spec", "fast", "upstream")  # the default set
+# Conforming implementations outside the default set: upstream's UnifiedRadixCache on its Rust
+# tree core (sglang 0.5.17+; build a venv with that release to measure it).
+EXTRA_IMPLS = ("upstream-rust",)
 # Speed peers that are not conforming implementations: measured side by side and their outcomes
 # shown, but not required to match (upstream's C++ tree keeps its own LRU order).
 PEERS = ("upstream-cpp",)
-KNOWN_IMPLS = IMPLS + PEERS
+KNOWN_IMPLS = IMPLS + EXTRA_IMPLS + PEERS
 WORKLOADS = ("shared-prefix", "mooncake")
 OPS = ("match", "lock", "evict", "insert", "unlock")
 
@@ -162,6 +165,11 @@ class FreeListAllocator:
         if n:
             self._released.append(free_index)
             self._released_slots += n
+
+    def free_segment(self, free_index, *, start_pos: int) -> None:
+        """SGLang 0.5.17+'s name for freeing part of a request's row (``start_pos`` lets a
+        paged allocator skip its page dedup); here the same as :meth:`free`."""
+        self.free(free_index)
 
 
 class TimedPagedPool(PagedPool):
@@ -248,12 +256,22 @@ def fast_bundle() -> ApiBundle:
                      fast.MatchPrefixParams, fast.InsertParams, fast.EvictParams, values, build)
 
 
-def upstream_bundle() -> ApiBundle:
-    from uniradix.conformance.upstream import UpstreamMissing, load_upstream
+TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+
+
+def upstream_bundle(tree_core: Optional[str] = None) -> ApiBundle:
+    """sglang's ``UnifiedRadixCache``; ``tree_core`` selects its tree core where the release has
+    a pluggable one (0.5.17+: ``python``, the default, or ``rust``)."""
+    from uniradix.conformance.upstream import (UpstreamMissing, load_upstream,
+                                               rust_tree_core_available)
+    name = "upstream" if tree_core is None else f"upstream-{tree_core}"
     try:
         up = load_upstream()
     except UpstreamMissing as e:
-        raise ImplMissing(f"upstream: {e}") from e
+        raise ImplMissing(f"{name}: {e}") from e
+    if tree_core == "rust" and not rust_tree_core_available():
+        raise ImplMissing(f"{name}: sglang {up.version} has no Rust tree core (0.5.17 and "
+                          f"later have one; measure it in a venv with such a release)")
     values = spec_api.TorchValues(up.torch)
 
     def build(pool: PagedPool):
@@ -261,9 +279,19 @@ def upstream_bundle() -> ApiBundle:
         params = up.CacheInitParams(disable=False, req_to_token_pool=None,
                                     token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
                                     is_eagle=False, tree_components=(up.ComponentType.FULL,))
-        return up.UnifiedRadixCache(params), alloc
+        before = os.environ.get(TREE_CORE_ENV)
+        if tree_core is not None:  # read by the constructor only
+            os.environ[TREE_CORE_ENV] = tree_core
+        try:
+            return up.UnifiedRadixCache(params), alloc
+        finally:
+            if before is None:
+                os.environ.pop(TREE_CORE_ENV, None)
+            else:
+                os.environ[TREE_CORE_ENV] = before
 
-    return ApiBundle("upstream", f"sglang {up.version}", up.RadixKey, up.MatchPrefixParams,
+    version = f"sglang {up.version}" + ("" if tree_core is None else f" ({tree_core} tree core)")
+    return ApiBundle(name, version, up.RadixKey, up.MatchPrefixParams,
                      up.InsertParams, up.EvictParams, values, build)
 
 
@@ -315,13 +343,19 @@ def upstream_cpp_bundle() -> ApiBundle:
                                     enable_kv_cache_events=False)
         return UpstreamCppCache(cls, params, alloc), alloc
 
+    try:  # later releases read a server runtime context in the constructor
+        build(PagedPool(16, 1, "probe"))
+    except Exception as e:
+        raise ImplMissing(f"upstream-cpp: RadixCacheCpp of sglang {up.version} cannot be built "
+                          f"outside a server ({type(e).__name__}: {e}); measure it with "
+                          f"0.5.13.post1") from e
     return ApiBundle("upstream-cpp", f"sglang {up.version} RadixCacheCpp", up.RadixKey,
                      up.MatchPrefixParams, up.InsertParams, up.EvictParams, values, build)
 
 
 BUNDLES: dict[str, Callable[[], ApiBundle]] = {
     "spec": spec_bundle, "fast": fast_bundle, "upstream": upstream_bundle,
-    "upstream-cpp": upstream_cpp_bundle}
+    "upstream-rust": lambda: upstream_bundle("rust"), "upstream-cpp": upstream_cpp_bundle}
 
 
 def get_bundle(name: str) -> ApiBundle:
@@ -662,6 +696,7 @@ class Comparison:
                 ("fast/spec", self.ratio("fast", "spec")),
                 ("fast/upstream", self.ratio("fast", "upstream")),
                 ("upstream/spec", self.ratio("upstream", "spec")),
+                ("fast/upstream-rust", self.ratio("fast", "upstream-rust")),
                 ("fast/upstream-cpp", self.ratio("fast", "upstream-cpp")))},
         }
 
@@ -853,7 +888,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                     "per-op medians and hit rates (conformance/bench.py says what is timed).")
     b.add_argument("--impl", type=_impls, default=list(IMPLS),
                    help="comma-separated implementations (default spec,fast,upstream; those "
-                        "that cannot be built here are reported and skipped). upstream-cpp: "
+                        "that cannot be built here are reported and skipped). upstream-rust: "
+                        "upstream's cache on its Rust tree core (sglang 0.5.17+); upstream-cpp: "
                         "upstream's C++ radix tree, a speed peer whose outcomes may differ")
     b.add_argument("--workload", type=_workloads, default=["shared-prefix"],
                    help="shared-prefix or mooncake, or both comma-separated (default shared-prefix)")
@@ -902,8 +938,8 @@ def print_comparison(cmp: Comparison, out=None) -> None:
     p(f"  ratios (req/s): fast/spec {_fmt_ratio(cmp.ratio('fast', 'spec'))}, "
       f"fast/upstream {_fmt_ratio(cmp.ratio('fast', 'upstream'))}, "
       f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}"
-      + (f", fast/upstream-cpp {_fmt_ratio(cmp.ratio('fast', 'upstream-cpp'))}"
-         if "upstream-cpp" in cmp.runs else ""))
+      + "".join(f", fast/{peer} {_fmt_ratio(cmp.ratio('fast', peer))}"
+                for peer in ("upstream-rust", "upstream-cpp") if peer in cmp.runs))
     names = ", ".join(i for i in cmp.runs if i not in PEERS)
     if cmp.identical:
         p(f"  identical hit rate, evictions, aborts and per-request digest across {names}: yes")

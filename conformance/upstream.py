@@ -140,7 +140,10 @@ def load_upstream() -> types.SimpleNamespace:
             from sglang.srt.mem_cache import base_prefix_cache as bpc
             from sglang.srt.mem_cache.cache_init_params import CacheInitParams
             from sglang.srt.mem_cache.radix_cache import RadixKey
-            from sglang.srt.mem_cache.unified_cache_components import ComponentType
+            try:  # 0.5.13.post1 (the release the adapter follows)
+                from sglang.srt.mem_cache.unified_cache_components import ComponentType
+            except ImportError:  # 0.5.17+, for `uniradix bench` only (upstream-rust)
+                from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
             from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     except ImportError as e:
         raise UpstreamMissing(f"{_HOW_TO_BUILD} ({type(e).__name__}: {e})") from e
@@ -168,6 +171,13 @@ def load_upstream_cpp() -> Any:
         raise UpstreamMissing(f"upstream's C++ radix tree cannot be built here "
                               f"({type(e).__name__}: {e})") from e
     return RadixCacheCpp
+
+
+def rust_tree_core_available() -> bool:
+    """Whether the installed sglang has the Rust tree core of its ``UnifiedRadixCache``
+    (0.5.17 and later; selected by ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``)."""
+    load_upstream()
+    return importlib.util.find_spec("sglang.srt.mem_cache.rust_tree_core") is not None
 
 
 def upstream_available() -> bool:

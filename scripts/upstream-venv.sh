@@ -2,8 +2,12 @@
 # Build a throwaway virtualenv holding upstream SGLang 0.5.13.post1 (CPU torch), for recording
 # golden traces and measuring side by side. Never a project dependency.
 # Usage: scripts/upstream-venv.sh [VENV_DIR]   (default: .venv-upstream)
+# SGLANG_VERSION=0.5.19 scripts/upstream-venv.sh DIR builds one with a later release instead, for
+# `uniradix bench --impl upstream,upstream-rust` (its Rust tree core); the conformance adapter and
+# the golden corpus follow 0.5.13.post1.
 set -euo pipefail
 venv=${1:-.venv-upstream}
+version=${SGLANG_VERSION:-0.5.13.post1}
 py=${PYTHON:-python3}
 # (a bare `import sglang` fails here: it imports torchvision, which the adapter stubs out)
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import importlib.metadata as m; m.version("sglang")' 2>/dev/null; then
@@ -14,10 +18,13 @@ cons=$(mktemp)
 echo "torch==2.13.0" > "$cons"
 "$venv/bin/pip" install -q --upgrade pip
 "$venv/bin/pip" install -q torch==2.13.0
-"$venv/bin/pip" install -q -c "$cons" --no-deps sglang==0.5.13.post1
+"$venv/bin/pip" install -q -c "$cons" --no-deps "sglang==$version"
 "$venv/bin/pip" install -q -c "$cons" numpy orjson psutil pybase64 requests packaging triton pillow \
   starlette tqdm ipython pydantic aiohttp msgspec pyzmq transformers==5.8.1 openai \
   partial_json_parser dill sentencepiece einops compressed-tensors gguf
+# later releases import xgrammar at module level (transformers stays at 5.8.1: the torchvision
+# placeholder of conformance/upstream.py satisfies it)
+[ "$version" = 0.5.13.post1 ] || "$venv/bin/pip" install -q -c "$cons" xgrammar
 # this project's own package too, so the adapter and recorder run inside it
 [ -f pyproject.toml ] && "$venv/bin/pip" install -q -c "$cons" --no-deps -e .
 rm -f "$cons"

@@ -180,3 +180,19 @@ def test_cli_accepts_the_speed_peer():
     p = argparse.ArgumentParser()
     bench.add_bench_parser(p.add_subparsers(dest="command"))
     assert p.parse_args(["bench", "--impl", "fast,upstream-cpp"]).impl == ["fast", "upstream-cpp"]
+
+
+def test_upstream_rust_is_reported_missing_or_conforms():
+    """Where the installed sglang has no Rust tree core the bundle says why; where it has one
+    (0.5.17+), its outcomes equal the spec's."""
+    other = bundle_or_skip("upstream-rust")
+    w = tiny(1)
+    assert bench.run_bench(other, w).outcome() == bench.run_bench(bench.get_bundle("spec"), w).outcome()
+
+
+def test_free_segment_is_free():
+    torch = pytest.importorskip("torch")
+    a = bench.FreeListAllocator(8, 1, torch)
+    taken = a.alloc(3)
+    a.free_segment(taken[1:], start_pos=1)
+    assert a.available_size() == 7
