@@ -738,9 +738,17 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
     for rep in range(rounds):
         k = rep % len(order) if order else 0
         for impl in order[k:] + order[:k]:
-            if rep >= repeats_for.get(impl, repeats):
+            if rep >= repeats_for.get(impl, repeats) or impl in cmp.missing:
                 continue
-            s = run_bench(bundles[impl], workload)
+            try:
+                s = run_bench(bundles[impl], workload)
+            except Exception as e:  # a speed peer may not take this workload at all
+                if impl not in PEERS:
+                    raise
+                why = (str(e).strip().splitlines() or [""])[0][:160]
+                cmp.missing[impl] = f"failed on {workload.name}: {type(e).__name__}: {why}"
+                del cmp.runs[impl]
+                continue
             cmp.runs[impl].append(s)
             if log is not None:
                 log(f"  {workload.name} p{workload.page_size} round {rep + 1}/{rounds} "

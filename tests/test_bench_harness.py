@@ -196,3 +196,33 @@ def test_free_segment_is_free():
     taken = a.alloc(3)
     a.free_segment(taken[1:], start_pos=1)
     assert a.available_size() == 7
+
+
+def test_a_speed_peer_that_fails_is_reported_missing(monkeypatch):
+    class Broken:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def insert(self, params):
+            raise TypeError("incompatible function arguments\nlong detail")
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    spec = bench.get_bundle("spec")
+
+    def broken_bundle():
+        def build(pool):
+            cache, alloc = spec.build(pool)
+            return Broken(cache), alloc
+        return bench.dataclasses.replace(spec, name="upstream-cpp", build=build)
+
+    monkeypatch.setitem(bench.BUNDLES, "upstream-cpp", broken_bundle)
+    cmp = bench.compare(["spec", "upstream-cpp"], tiny(1), repeats=2)
+    assert "upstream-cpp" not in cmp.runs and len(cmp.runs["spec"]) == 2
+    assert cmp.missing["upstream-cpp"] == ("failed on shared-prefix: TypeError: incompatible "
+                                           "function arguments")
+    # a conforming implementation that fails is an error, not a footnote
+    monkeypatch.setitem(bench.BUNDLES, "fast", broken_bundle)
+    with pytest.raises(TypeError):
+        bench.compare(["spec", "fast"], tiny(1), repeats=1)
