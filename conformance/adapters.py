@@ -307,6 +307,9 @@ ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdap
 
 
 def _fast_adapter(config: CacheConfig) -> CacheUnderTest:
+    if config.components != ("full",):  # hybrid models: fast/hybrid.py
+        from uniradix.conformance.fast_hybrid import HybridFastAdapter
+        return HybridFastAdapter(config)
     from uniradix.conformance.fast_adapter import FastAdapter
     return FastAdapter(config)
 
@@ -317,6 +320,9 @@ ADAPTERS["fast"] = _fast_adapter
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
     """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable)."""
     if impl == "upstream":
+        if config.components != ("full",):  # hybrid models: SWA or Mamba
+            from uniradix.conformance.upstream_hybrid import HybridUpstreamAdapter
+            return HybridUpstreamAdapter(config)
         from uniradix.conformance.upstream import UpstreamAdapter
         return UpstreamAdapter(config)
     if impl not in ADAPTERS:
