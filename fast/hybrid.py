@@ -265,15 +265,20 @@ class HybridRadixCache:
             x = x.lru_prev
         return out
 
+    def _aux_len(self, node: HybridNode) -> int:
+        """Units of aux data on a node that has some: one SWA slot per key unit, or one Mamba
+        state (cheaper than ``len`` of the tensor, a Python-level torch call)."""
+        return len(node.key) if self.is_swa else 1
+
     def _set_aux(self, node: HybridNode, aux: torch.Tensor) -> None:
         """A node takes aux data (it had none): front of the list, counted as evictable
         (a node without aux data has no aux lock)."""
         node.aux = aux
         self._lru_after(self._head, node)
         if node.aux_lock:
-            self._aux_protected += len(aux)
+            self._aux_protected += self._aux_len(node)
         else:
-            self._aux_evictable += len(aux)
+            self._aux_evictable += self._aux_len(node)
         if self.is_mamba and self.validate_slots:
             self._mamba_owned.add(int(aux[0]))
 
@@ -481,7 +486,7 @@ class HybridRadixCache:
         return mv.clone(), e
 
     def _free(self, slots: torch.Tensor) -> None:
-        if len(slots):
+        if slots.shape[0]:
             self.token_to_kv_pool_allocator.free(slots)
             if self.validate_slots:
                 self._owned.difference_update(slots.tolist())
@@ -617,10 +622,10 @@ class HybridRadixCache:
                     result.skip_lock_node_ids.setdefault(SWA, set()).add(cur.id)
                 else:
                     if cur.aux_lock == 0:
-                        self._aux_evictable -= len(cur.aux)
-                        self._aux_protected += len(cur.aux)
+                        self._aux_evictable -= len(cur.key)
+                        self._aux_protected += len(cur.key)
                     cur.aux_lock += 1
-                    size += len(cur.aux)
+                    size += len(cur.key)
                     if size >= window:
                         if cur.boundary is None:
                             cur.boundary = self._next_boundary
@@ -671,8 +676,8 @@ class HybridRadixCache:
                     cur = cur.parent
                     continue
                 if cur.aux_lock == 1:
-                    self._aux_evictable += len(cur.aux)
-                    self._aux_protected -= len(cur.aux)
+                    self._aux_evictable += len(cur.key)
+                    self._aux_protected -= len(cur.key)
                     freed_nodes.append(cur)
                 cur.aux_lock -= 1
                 if boundary and cur.boundary == boundary:
@@ -696,8 +701,9 @@ class HybridRadixCache:
         """A device leaf leaves the tree with all its data (the SWA slots go back with the
         Full slots through the allocator's map)."""
         if node.aux is not None:
-            tracker[1] += len(node.aux)
-            self._aux_evictable -= len(node.aux)
+            k = self._aux_len(node)
+            tracker[1] += k
+            self._aux_evictable -= k
             self._lru_remove(node)
             if self.is_mamba:
                 self.mamba_allocator.free(node.aux)
@@ -705,8 +711,8 @@ class HybridRadixCache:
             node.aux = None
         value = node.value
         self._free(value)
-        tracker[0] += len(value)
-        self._evictable -= len(value)
+        tracker[0] += len(node.key)
+        self._evictable -= len(node.key)
         node.value = None
         parent = node.parent
         del parent.children[node.ck]
@@ -718,8 +724,9 @@ class HybridRadixCache:
     def _drop_aux(self, node: HybridNode, tracker: list) -> None:
         """The node keeps its Full data and becomes a tombstone for the aux component."""
         aux = node.aux
-        tracker[1] += len(aux)
-        self._aux_evictable -= len(aux)
+        k = self._aux_len(node)
+        tracker[1] += k
+        self._aux_evictable -= k
         self._lru_remove(node)
         if self.is_swa:
             self.token_to_kv_pool_allocator.free_swa(node.value)
