@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from uniradix.spec import cache as rules
+from uniradix.spec import components
 from uniradix.spec import queries
 from uniradix.spec import requests as reqs
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError, HandleError, InvalidInput, Unsupported, UnknownOp
 from uniradix.spec.invariants import sanity_check
 from uniradix.spec.snapshot import snapshot
-from uniradix.spec.state import CacheState, Node, new_state
+from uniradix.spec.state import CacheState, Node, all_nodes, new_state
 
 Step = dict
 Observation = dict
@@ -35,13 +36,16 @@ class CacheUnderTest(Protocol):
     def violations(self) -> list[str]: ...
 
 
-def check_supported(config: CacheConfig) -> None:
-    """The device tier with the Full component is what exists today."""
-    if config.components != ("full",):
+def check_supported(config: CacheConfig, hybrid: bool = False) -> None:
+    """The device tier is what exists today: the Full component, and with ``hybrid`` (the
+    implementations that have them) the SWA and Mamba components too."""
+    if config.components != ("full",) and not hybrid:
         raise Unsupported(f"components {list(config.components)}: only ['full'] is supported "
                           "so far (SWA and Mamba come with the hybrid-models work)")
     if config.has_host_tier:
         raise Unsupported("host_slots > 0: the host tier (HiCache) is not supported yet")
+    if config.components != ("full",) and config.has_host_tier:
+        raise Unsupported("a host tier with an aux component (SWA, Mamba) is not supported")
 
 
 def args_of(step: Step, *names: str, **defaults: Any) -> list:
@@ -68,7 +72,26 @@ def path_arg(raw: Any) -> tuple:
 
 
 OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
-       "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort")
+       "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
+       "mamba_alloc", "mamba_free")
+REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort")
+
+
+def aux_effects(config: CacheConfig, kv: Any, mamba: Any) -> dict:
+    """The step effects of the aux pools (TRACE.md): ``swa_freed`` with SWA, ``mamba_freed``
+    with Mamba; ``kv`` is a HybridKVPool with SWA, ``mamba`` the Mamba pool."""
+    out = {}
+    if "swa" in config.components:
+        out["swa_freed"] = kv.swa.take_freed()
+    if "mamba" in config.components:
+        out["mamba_freed"] = mamba.take_freed()
+    return out
+
+
+def hybrid_request_check(config: CacheConfig, op: Any) -> None:
+    """The request model (spec/requests.py) has no Mamba states or SWA windows yet."""
+    if config.components != ("full",) and op in REQUEST_OPS:
+        raise Unsupported(f"op {op!r}: the request model does not cover SWA or Mamba yet")
 
 
 class StepAdapter:
@@ -78,11 +101,15 @@ class StepAdapter:
 
     rejections: tuple = (CacheError,)
     pool: Any  # the environment's PagedPool
+    aux_pools: tuple = ()  # hybrid models: the SWA and Mamba pools, whose logs are effects too
 
     def apply(self, step: Step) -> Observation:
         op = step.get("op")
         self.pool.take_freed()
+        for p in self.aux_pools:
+            p.take_freed()
         try:
+            hybrid_request_check(self.config, op)
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
             if handler is None:
                 if op in HOST_TIER_OPS or op in AUX_OPS:
@@ -91,6 +118,8 @@ class StepAdapter:
             return handler(step)
         except self.rejections as e:
             self.pool.take_freed()
+            for p in self.aux_pools:
+                p.take_freed()
             return {"error": type(e).__name__, "message": str(e)}
 
 
@@ -98,10 +127,12 @@ class SpecAdapter(StepAdapter):
     """Runs trace steps on the executable specification."""
 
     def __init__(self, config: CacheConfig) -> None:
-        check_supported(config)
+        check_supported(config, hybrid=True)
         self.config = config
         self.state: CacheState = new_state(config)
         self.pool = self.state.kv
+        self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.state.mamba)
+                               if p is not None)
         self.handles: dict[int, Any] = {}  # trace handle (the lock step's i) -> LockHandle
 
     def snapshot(self) -> dict[str, Any]:
@@ -116,7 +147,34 @@ class SpecAdapter(StepAdapter):
 
     def op_alloc(self, step: Step) -> Observation:
         (n,) = args_of(step, "n")
-        return {"slots": self.state.kv.alloc(n)}
+        slots = self.state.kv.alloc(n)
+        if "swa" in self.config.components:
+            return {"slots": slots, "swa_slots": list(self.state.kv.translate(slots))}
+        return {"slots": slots}
+
+    def op_mamba_alloc(self, step: Step) -> Observation:
+        pool = self._mamba_pool()
+        (n,) = args_of(step, "n")
+        return {"slots": pool.alloc(n)}
+
+    def op_mamba_free(self, step: Step) -> Observation:
+        self._mamba_pool()
+        (slots,) = args_of(step, "slots")
+        slots = rules.check_int_list("slots", slots)
+        held = {s for n in all_nodes(self.state) if components.has(n, "mamba")
+                for s in n.aux["mamba"].value}
+        if held.intersection(slots):
+            raise InvalidInput(f"mamba_free: slots {sorted(held.intersection(slots))} are the tree's")
+        self._mamba_pool().free(slots)
+        return {}
+
+    def _mamba_pool(self):
+        if self.state.mamba is None:
+            raise Unsupported("Mamba pool ops need the Mamba component")
+        return self.state.mamba
+
+    def _effects(self) -> dict:
+        return aux_effects(self.config, self.state.kv, self.state.mamba)
 
     def op_free(self, step: Step) -> Observation:
         (slots,) = args_of(step, "slots")
@@ -124,10 +182,16 @@ class SpecAdapter(StepAdapter):
         return {}
 
     def op_insert(self, step: Step) -> Observation:
-        tokens, value, extra_key, prev, chunked = args_of(
-            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False)
-        out = rules.insert(self.state, tokens, extra_key, value, prev, chunked)
-        return {"prefix_len": out.prefix_len, "freed": self.state.kv.take_freed()}
+        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen = args_of(
+            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
+            mamba_value=None, swa_evicted_seqlen=0)
+        out = rules.insert(self.state, tokens, extra_key, value, prev, chunked,
+                           mamba_value=mamba_value, swa_evicted_seqlen=swa_evicted_seqlen)
+        ret = {"prefix_len": out.prefix_len, "freed": self.state.kv.take_freed()}
+        if "mamba" in self.config.components:
+            ret["mamba_exist"] = out.mamba_exist
+        ret.update(self._effects())
+        return ret
 
     def op_match_prefix(self, step: Step) -> Observation:
         tokens, extra_key = args_of(step, "tokens", extra_key=None)
@@ -138,6 +202,13 @@ class SpecAdapter(StepAdapter):
             "last_device_node": self._path_len(m.last_device_node),
             "last_host_node": self._path_len(m.last_host_node),
             "best_match_node": self._path_len(m.best_match_node),
+        } if "mamba" not in self.config.components else {
+            "device_indices": list(m.device_indices),
+            "host_hit_length": m.host_hit_length,
+            "last_device_node": self._path_len(m.last_device_node),
+            "last_host_node": self._path_len(m.last_host_node),
+            "best_match_node": self._path_len(m.best_match_node),
+            "mamba_branching_seqlen": m.mamba_branching_seqlen,
         }
 
     def op_lock(self, step: Step) -> Observation:
@@ -159,14 +230,30 @@ class SpecAdapter(StepAdapter):
         return {}
 
     def op_evict(self, step: Step) -> Observation:
+        if self.config.components != ("full",):
+            return self._evict_hybrid(step)
         (n,) = args_of(step, "num_tokens")
         evicted = rules.evict(self.state, n)
         return {"num_tokens_evicted": evicted, "freed": self.state.kv.take_freed()}
 
+    def _evict_hybrid(self, step: Step) -> Observation:
+        n, swa_n, mamba_n = args_of(step, "num_tokens", swa_num_tokens=0, mamba_num=0)
+        freed = components.evict(self.state, n, swa_n, mamba_n)
+        ret = {"num_tokens_evicted": freed["full"]}
+        if "swa" in self.config.components:
+            ret["swa_num_tokens_evicted"] = freed["swa"]
+        if "mamba" in self.config.components:
+            ret["mamba_num_evicted"] = freed["mamba"]
+        ret["freed"] = self.state.kv.take_freed()
+        ret.update(self._effects())
+        return ret
+
     def op_sizes(self, step: Step) -> Observation:
         args_of(step)
-        return {"full_evictable": queries.evictable_size(self.state),
-                "full_protected": queries.protected_size(self.state)}
+        out = {"full_evictable": queries.evictable_size(self.state),
+               "full_protected": queries.protected_size(self.state)}
+        out.update(components.sizes(self.state))
+        return out
 
     def op_reset(self, step: Step) -> Observation:
         args_of(step)
@@ -220,6 +307,9 @@ ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdap
 
 
 def _fast_adapter(config: CacheConfig) -> CacheUnderTest:
+    if config.components != ("full",):  # hybrid models: fast/hybrid.py
+        from uniradix.conformance.fast_hybrid import HybridFastAdapter
+        return HybridFastAdapter(config)
     from uniradix.conformance.fast_adapter import FastAdapter
     return FastAdapter(config)
 
@@ -230,6 +320,9 @@ ADAPTERS["fast"] = _fast_adapter
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
     """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable)."""
     if impl == "upstream":
+        if config.components != ("full",):  # hybrid models: SWA or Mamba
+            from uniradix.conformance.upstream_hybrid import HybridUpstreamAdapter
+            return HybridUpstreamAdapter(config)
         from uniradix.conformance.upstream import UpstreamAdapter
         return UpstreamAdapter(config)
     if impl not in ADAPTERS:

@@ -915,6 +915,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--memory-requests", type=int, default=100,
                    help="Mooncake requests for --memory (default 100)")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    b.add_argument("--components", choices=("full", "swa", "mamba"), default="full",
+                   help="hybrid models: swa or mamba runs fast and upstream only "
+                        "(conformance/bench_hybrid.py; default full)")
     b.set_defaults(func=cmd_bench)
     return b
 
@@ -965,8 +968,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for ps in args.page_size:
             workload = make_workload(wname, ps, args.requests)
             spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
-            cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False, log=log,
-                          repeats_for=spec_rounds)
+            if getattr(args, "components", "full") != "full":  # hybrid models
+                from uniradix.conformance.bench_hybrid import compare_hybrid
+                cmp = compare_hybrid(args.impl, workload, args.components,
+                                     repeats=max(1, args.repeat), strict=False, log=log)
+            else:
+                cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
+                              log=log, repeats_for=spec_rounds)
             print_comparison(cmp)
             print()
             results["comparisons"].append(cmp.summary())

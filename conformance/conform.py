@@ -37,6 +37,9 @@ NAMED_CONFIGS: dict[str, dict] = {
     "eagle-p1": {"page_size": 1, "eagle": True},
     "eagle-p4": {"page_size": 4, "eagle": True},
     "disable": {"page_size": 1, "disable": True},
+    # hybrid models: the window / SWA pool / Mamba pool are drawn per segment too
+    "swa": {"components": ("full", "swa")},
+    "mamba": {"page_size": 1, "components": ("full", "mamba")},
 }
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
@@ -72,9 +75,16 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
     names = list(NAMED_CONFIGS)
     name = which if which is not None else names[segment % len(names)]
     base = NAMED_CONFIGS[name]
-    ps = base.get("page_size", 1)
     rng = random.Random(f"conform-config:{seed}:{segment}")
+    if name == "swa":  # page 1/2/4, window 1..12, an SWA pool of 50-100% of the KV pool
+        base = dict(base, page_size=rng.choice([1, 2, 4]), sliding_window=rng.randint(1, 12))
+    ps = base.get("page_size", 1)
     pages = rng.randint(16 // ps, 96 // ps)
+    if name == "swa":
+        base["swa_slots"] = rng.randint(max(1, pages // 2), pages) * ps
+    elif name == "mamba":
+        base = dict(base, mamba_slots=rng.randint(2, 8),
+                    mamba_cache_chunk_size=rng.randint(1, 4))
     return name, CacheConfig(**base, kv_slots=pages * ps)
 
 
@@ -436,7 +446,8 @@ def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="random: steps (default 400); shared-prefix: requests, i.e. "
                         "SharedPrefix().scaled(N) (default 100)")
-    p.add_argument("--config", default="full-p1", choices=["full-p1", "full-p4"],
+    from uniradix.conformance.driver import CONFIG_NAMES as driver_configs
+    p.add_argument("--config", default="full-p1", choices=list(driver_configs),
                    help="random workload only: the driver's config (default full-p1)")
     p.set_defaults(func=cmd_record)
     return p

@@ -35,7 +35,10 @@ from typing import Any, Optional, Sequence
 
 from uniradix.spec.config import CacheConfig
 
-CONFIG_NAMES = ("full-p1", "full-p4")
+CONFIG_NAMES = ("full-p1", "full-p4", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1")
+# Hybrid models: (page_size, sliding_window) of the SWA configs; the Mamba config's chunk size.
+SWA_CONFIGS = {"swa-w8-p1": (1, 8), "swa-w8-p4": (4, 8), "swa-w32-p1": (1, 32)}
+MAMBA_SLOT_CHOICES = (6, 8, 12, 16, 24)
 KV_SLOT_CHOICES = (128, 160, 192, 256, 320, 384, 448, 512)
 
 
@@ -48,9 +51,17 @@ def make_config(name: str, seed: int) -> CacheConfig:
     frequent)."""
     if name not in CONFIG_NAMES:
         raise ValueError(f"unknown config {name!r}; known: {', '.join(CONFIG_NAMES)}")
-    page_size = {"full-p1": 1, "full-p4": 4}[name]
     rng = random.Random(f"config:{name}:{seed}")
     kv_slots = rng.choice(KV_SLOT_CHOICES)
+    if name in SWA_CONFIGS:  # hybrid models: an SWA pool of 50-100% of the KV pool
+        page_size, window = SWA_CONFIGS[name]
+        swa_slots = _round_down(int(kv_slots * rng.choice([0.5, 0.625, 0.75, 1.0])), page_size)
+        return CacheConfig(page_size=page_size, components=("full", "swa"), kv_slots=kv_slots,
+                           sliding_window=window, swa_slots=swa_slots)
+    if name == "mamba-p1":
+        return CacheConfig(page_size=1, components=("full", "mamba"), kv_slots=kv_slots,
+                           mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
+    page_size = {"full-p1": 1, "full-p4": 4}[name]
     return CacheConfig(page_size=page_size, components=("full",), kv_slots=kv_slots)
 
 
@@ -74,6 +85,7 @@ class _Request:
     decoded: bool = False      # output slots allocated
     produced: int = 0          # output tokens that have KV (0 until decode)
     chunked_once: bool = False
+    mamba_slot: Optional[int] = None  # Mamba: the request's own state slot
 
 
 @dataclasses.dataclass
@@ -111,6 +123,11 @@ class Driver:
         self.free_slots = config.kv_slots   # the driver's model of the env pool
         self.inflight: list[_Request] = []
         self.pins: list[int] = []           # handles of extra locks
+        # hybrid models: the driver's model of the SWA and Mamba pools
+        self.swa = "swa" in config.components
+        self.mamba = "mamba" in config.components
+        self.free_swa = config.swa_slots
+        self.free_mamba = config.mamba_slots
         self._setup_world()
 
     # -- the token world ---------------------------------------------------------------------
@@ -184,6 +201,17 @@ class Driver:
         elif op == "reset":
             self.free_slots = self.config.kv_slots
         self.free_slots += len(ret.get("freed", ()))
+        # hybrid models: SWA slots come and go with the KV slots the driver holds
+        self.free_swa += len(ret.get("swa_freed", ())) - len(ret.get("swa_slots", ()))
+        self.free_mamba += len(ret.get("mamba_freed", ()))
+        if op == "free":
+            self.free_swa += len(args["slots"])
+        elif op == "mamba_alloc":
+            self.free_mamba -= len(ret["slots"])
+        elif op == "mamba_free":
+            self.free_mamba += len(args["slots"])
+        elif op == "reset":
+            self.free_swa, self.free_mamba = self.config.swa_slots, self.config.mamba_slots
 
     def _node_count(self) -> int:
         return len(self.adapter.snapshot()["nodes"])
@@ -217,12 +245,43 @@ class Driver:
 
     def _make_room(self, need: int) -> bool:
         """Evict (once) if ``need`` slots are not free; True when they are free afterwards."""
+        if self.swa:
+            return self._make_room_swa(need)
         if need <= self.free_slots:
             return True
         shortfall = need - self.free_slots
         jitter = self.rng.choice([0, 0, self.page, 3 * self.page, 17])
         self.emit("evict", {"num_tokens": shortfall + jitter})
         return need <= self.free_slots
+
+    def _make_room_swa(self, need: int) -> bool:
+        """SWA: ``need`` full slots and ``need`` SWA slots; evict what is short of each."""
+        if need <= self.free_slots and need <= self.free_swa:
+            return True
+        jitter = self.rng.choice([0, 0, self.page, 3 * self.page, 17])
+        short_full = max(0, need - self.free_slots)
+        short_swa = max(0, need - self.free_swa)
+        self.emit("evict", {"num_tokens": short_full + (jitter if short_full else 0),
+                            "swa_num_tokens": short_swa + (jitter if short_swa else 0)})
+        return need <= self.free_slots and need <= self.free_swa
+
+    def _mamba_slot(self) -> Optional[int]:
+        """Mamba: one state slot, evicting one state first when none is free."""
+        if self.free_mamba == 0:
+            self.emit("evict", {"num_tokens": 0, "mamba_num": 1})
+            if self.free_mamba == 0 or self.done():
+                return None
+        return self.emit("mamba_alloc", {"n": 1})["slots"][0]
+
+    def _insert(self, args: dict, mamba_slot: Optional[int]) -> dict:
+        """An insert; with Mamba it carries a state slot, freed by the caller when the tree
+        already had a state there (``mamba_exist``)."""
+        if not self.mamba:
+            return self.emit("insert", args)
+        ret = self.emit("insert", dict(args, mamba_value=[mamba_slot]))
+        if ret["mamba_exist"] and not self.done():
+            self.emit("mamba_free", {"slots": [mamba_slot]})
+        return ret
 
     def _alloc(self, n: int) -> list[int]:
         if n == 0:
@@ -252,6 +311,17 @@ class Driver:
         if self.done():
             return
         req.fresh = self._alloc(need)
+        if self.mamba and not self.done():  # hybrid models: the request's own state
+            req.mamba_slot = self._mamba_slot()
+            if req.mamba_slot is None:
+                self.stats.skipped_requests += 1
+                if not self.done() and req.fresh:
+                    self.emit("free", {"slots": req.fresh})
+                if not self.done():
+                    self._unlock(req.handle)
+                return
+        if self.done():
+            return
         self.inflight.append(req)
 
     def _produced_capacity(self, req: _Request) -> int:
@@ -276,9 +346,14 @@ class Driver:
             return
         c = _round_down(self.rng.randint(lo, hi), self.page)
         values = req.prefix + req.fresh[: c - req.matched]
-        ret = self.emit("insert", {"tokens": req.tokens[:c], "extra_key": req.extra_key,
-                                   "value": values, "prev_prefix_len": req.matched,
-                                   "chunked": True})
+        slot = None
+        if self.mamba:  # a copy of the request's state for the tree
+            slot = self._mamba_slot()
+            if slot is None or self.done():
+                return
+        ret = self._insert({"tokens": req.tokens[:c], "extra_key": req.extra_key,
+                            "value": values, "prev_prefix_len": req.matched,
+                            "chunked": True}, slot)
         del ret
         if self.done():
             return
@@ -304,12 +379,14 @@ class Driver:
             whole = self.rng.random() < 0.35  # hand insert the unaligned key; it aligns itself
             upto = total if whole else aligned
             values = req.prefix + req.fresh[: upto - req.matched]
-            self.emit("insert", {"tokens": req.tokens[:upto], "extra_key": req.extra_key,
-                                 "value": values, "prev_prefix_len": req.matched,
-                                 "chunked": False})
+            self._insert({"tokens": req.tokens[:upto], "extra_key": req.extra_key,
+                          "value": values, "prev_prefix_len": req.matched,
+                          "chunked": False}, req.mamba_slot)
             leftover = req.fresh[aligned - req.matched:]
         else:
             leftover = req.fresh
+            if self.mamba and not self.done():
+                self.emit("mamba_free", {"slots": [req.mamba_slot]})
         if leftover and not self.done():
             self.emit("free", {"slots": leftover})
         if not self.done():
@@ -318,7 +395,10 @@ class Driver:
     def advance(self) -> None:
         req = self.rng.choice(self.inflight)
         r = self.rng.random()
-        if not req.decoded and not req.chunked_once and r < 0.25 and req.prompt_len >= 3 * self.page:
+        # SWA: no chunked prefill (a re-match may stop short of the chunk at a tombstone, and
+        # the driver's request model would then hold slots the tree owns)
+        if not req.decoded and not req.chunked_once and r < 0.25 and \
+                req.prompt_len >= 3 * self.page and not self.swa:
             self.chunk(req)
         elif not req.decoded and r < 0.75:
             self.decode(req)
@@ -354,6 +434,16 @@ class Driver:
             n = self.rng.randint(1, max(1, self.config.kv_slots // 3))
         else:
             n = self.config.kv_slots
+        if self.swa:  # hybrid models: a per-component request, sometimes alone
+            w = self.rng.choice([0, 0, 1, self.config.sliding_window, self.config.swa_slots // 3])
+            self.emit("evict", {"num_tokens": n if self.rng.random() < 0.6 else 0,
+                                "swa_num_tokens": w})
+            return
+        if self.mamba:
+            k = self.rng.choice([0, 0, 1, 2, self.config.mamba_slots])
+            self.emit("evict", {"num_tokens": n if self.rng.random() < 0.6 else 0,
+                                "mamba_num": k})
+            return
         self.emit("evict", {"num_tokens": n})
 
     def probe(self) -> None:

@@ -123,6 +123,24 @@ class HypothesisChooser:
 # ----------------------------------------------------------------------------------------------
 
 
+def draw_hybrid_config(ch: Any) -> CacheConfig:
+    """Hybrid models: Full + SWA (page 1/2/4, a window of 1..12 units, an SWA pool of 50-100%
+    of the KV pool) or Full + Mamba (page 1, 2..8 state slots, chunk size 1..4); small pools,
+    a disabled cache rarely."""
+    swa = ch.chance(0.5)
+    ps = ch.choice([1, 2, 4]) if swa else 1
+    pages = ch.integer(16 // ps, 96 // ps)
+    kv = pages * ps
+    if swa:
+        swa_pages = ch.integer(max(1, pages // 2), pages)
+        return CacheConfig(page_size=ps, kv_slots=kv, components=("full", "swa"),
+                           sliding_window=ch.integer(1, 12), swa_slots=swa_pages * ps,
+                           disable=ch.chance(0.03))
+    return CacheConfig(page_size=1, kv_slots=kv, components=("full", "mamba"),
+                       mamba_slots=ch.integer(2, 8), mamba_cache_chunk_size=ch.integer(1, 4),
+                       disable=ch.chance(0.03))
+
+
 def draw_config(ch: Any) -> CacheConfig:
     """page_size 1/2/4, kv_slots 16..96 in whole pages (eviction is frequent), EAGLE on or off,
     a disabled cache rarely."""
@@ -171,7 +189,7 @@ class ReqModel:
 
 ACTIONS = ("serve", "alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes",
            "reset", "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish",
-           "req_abort", "invalid")
+           "req_abort", "invalid", "mamba_alloc", "mamba_free")
 
 
 class Scenario:
@@ -201,6 +219,12 @@ class Scenario:
         self.ctx: dict = {}                         # what observe() needs about the pending step
         self.queue: list[str] = []                  # follow-up actions of a compound one
         self.serving: dict = {}                     # the prompt being served (``serve``)
+        # hybrid models: no request model for them yet; Mamba state slots held by the driver
+        self.swa = "swa" in config.components
+        self.mamba = "mamba" in config.components
+        self.mamba_held: list[int] = []
+        if self.swa or self.mamba:
+            self.actions = frozenset(a for a in self.actions if not a.startswith("req_"))
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -291,12 +315,16 @@ class Scenario:
             return bool(self._admitted())
         if action == "req_abort":
             return bool(self.reqs)
+        if action == "mamba_alloc":
+            return self.mamba and len(self.mamba_held) < 3
+        if action == "mamba_free":
+            return bool(self.mamba_held)
         return True
 
     WEIGHTS = {"serve": 3.0, "alloc": 3.0, "free": 1.2, "insert": 4.0, "match_prefix": 4.0,
                "lock": 2.0, "unlock": 1.8, "evict": 1.2, "sizes": 0.5, "reset": 0.04, "req_arrive": 1.5,
                "req_admit": 2.0, "req_chunk": 2.5, "req_decode": 2.0, "req_finish": 1.3,
-               "req_abort": 0.3, "invalid": 0.4}
+               "req_abort": 0.3, "invalid": 0.4, "mamba_alloc": 2.0, "mamba_free": 0.4}
 
     def pick_action(self, rng: random.Random) -> str:
         names = [a for a in ACTIONS if self.can(a)]
@@ -324,6 +352,14 @@ class Scenario:
     def _p_alloc(self, ch: Any) -> dict:
         n = ch.integer(1, 4) * self.ps
         return {"op": "alloc", "args": {"n": n}}
+
+    def _p_mamba_alloc(self, ch: Any) -> dict:
+        return {"op": "mamba_alloc", "args": {"n": 1}}
+
+    def _p_mamba_free(self, ch: Any) -> dict:
+        slot = ch.choice(self.mamba_held)
+        self.ctx = {"mamba_slot": slot}
+        return {"op": "mamba_free", "args": {"slots": [slot]}}
 
     def _p_free(self, ch: Any) -> dict:
         pages = ch.subset(self.pages)
@@ -376,8 +412,17 @@ class Scenario:
         aligned = self.aligned_units(len(tokens))
         consumed = [p for j, p in enumerate(pages) if prev + (j + 1) * self.ps <= aligned]
         self.ctx = {"consumed": consumed, "tokens": tokens, "extra_key": ek}
-        return {"op": "insert", "args": {"tokens": tokens, "extra_key": ek, "value": value,
-                                         "prev_prefix_len": prev, "chunked": chunked}}
+        args = {"tokens": tokens, "extra_key": ek, "value": value, "prev_prefix_len": prev,
+                "chunked": chunked}
+        if self.mamba:  # a held state slot goes with the insert (kept if the tree has one)
+            if not self.mamba_held:
+                return None
+            slot = self.mamba_held[len(tokens) % len(self.mamba_held)]
+            args["mamba_value"] = [slot]
+            self.ctx["mamba_slot"] = slot
+        if self.swa and len(tokens) % 3 == 0:  # where the caller's window starts, sometimes
+            args["swa_evicted_seqlen"] = (len(tokens) * 2 // 3) // self.ps * self.ps
+        return {"op": "insert", "args": args}
 
     # -- a prompt served through the tree-level API, the way SGLang's scheduler does it:
     #    match_prefix -> lock(last device node) -> alloc(the rest) [-> evict -> alloc]
@@ -411,6 +456,9 @@ class Scenario:
     def _p_serve_evict(self, ch: Any) -> Optional[dict]:
         if "match" not in self.serving:
             return None
+        if self.swa:  # the SWA slots of the alloc are short as well, perhaps
+            return {"op": "evict", "args": {"num_tokens": self._serve_need(),
+                                            "swa_num_tokens": self._serve_need()}}
         return {"op": "evict", "args": {"num_tokens": self._serve_need()}}
 
     def _p_serve_insert(self, ch: Any) -> Optional[dict]:
@@ -457,6 +505,12 @@ class Scenario:
             n = ch.integer(1, max(1, self.config.kv_slots // 3))
         else:
             n = self.config.kv_slots
+        if self.swa and ch.chance(0.6):  # hybrid models: a per-component request too
+            return {"op": "evict", "args": {"num_tokens": n if ch.chance(0.5) else 0,
+                                            "swa_num_tokens": ch.integer(0, 3 * self.ps + 8)}}
+        if self.mamba and ch.chance(0.6):
+            return {"op": "evict", "args": {"num_tokens": n if ch.chance(0.5) else 0,
+                                            "mamba_num": ch.integer(0, 3)}}
         return {"op": "evict", "args": {"num_tokens": n}}
 
     def _p_sizes(self, ch: Any) -> dict:
@@ -514,6 +568,14 @@ class Scenario:
             kinds += ["req_decode_early", "req_chunk_too_many"]
         if self._waiting():
             kinds += ["req_finish_waiting", "req_chunk_waiting"]
+        if self.swa or self.mamba:  # hybrid models: no request model; their own misuses
+            kinds = [k for k in kinds if not k.startswith("req_")]
+            kinds += ["insert_swa_seqlen_unaligned" if self.ps > 1 and self.swa
+                      else "evict_aux_negative"]
+            if self.mamba:
+                kinds += ["insert_no_mamba_value", "insert_mamba_value_pair", "mamba_free_outside"]
+        elif self.pages:
+            kinds.append("insert_mamba_value_no_mamba")
         return kinds
 
     def _p_invalid(self, ch: Any) -> dict:
@@ -607,9 +669,29 @@ class Scenario:
             step = {"op": "req_finish", "args": {"rid": ch.choice(self._waiting()).rid}}
         elif kind == "req_chunk_waiting":
             step = {"op": "req_chunk", "args": {"rid": ch.choice(self._waiting()).rid, "n": 1}}
+        elif kind == "insert_swa_seqlen_unaligned":
+            step = {"op": "insert", "args": {"tokens": [1] * self.ps, "extra_key": None,
+                                             "value": list(range(self.ps, 2 * self.ps)),
+                                             "swa_evicted_seqlen": 1}}
+        elif kind == "evict_aux_negative":
+            name = "swa_num_tokens" if self.swa else "mamba_num"
+            step = {"op": "evict", "args": {"num_tokens": 0, name: ch.choice([-1, "2"])}}
+        elif kind in ("insert_no_mamba_value", "insert_mamba_value_pair",
+                      "insert_mamba_value_no_mamba"):
+            t = self.query(ch, min_len=1)[0][:1]
+            step = {"op": "insert", "args": {"tokens": t, "extra_key": None,
+                                             "value": [self.ps] * len(t)}}
+            if kind == "insert_mamba_value_pair":
+                step["args"]["mamba_value"] = [1, 2]
+            elif kind == "insert_mamba_value_no_mamba":
+                step["args"]["mamba_value"] = [1]
+        elif kind == "mamba_free_outside":
+            step = {"op": "mamba_free", "args": {"slots": [self.config.mamba_slots + 5]}}
         else:  # pragma: no cover
             raise AssertionError(kind)
         if kind == "lock_non_node":
+            must = False
+        if kind.startswith("insert_") and self.config.disable:  # a disabled cache takes all
             must = False
         self.ctx = {"invalid": kind, "must_reject": must}
         return step
@@ -620,6 +702,9 @@ class Scenario:
         self.n_steps += 1
         op, args, ctx = step["op"], step.get("args", {}), self.ctx
         self.ctx = {}
+        if op == "insert" and self.mamba and "error" not in obs and "mamba_slot" in ctx \
+                and not obs.get("mamba_exist"):
+            self.mamba_held.remove(ctx["mamba_slot"])  # the tree took the state slot
         if "error" in obs:
             if op == "alloc":
                 self.last_alloc_failed = True
@@ -643,6 +728,10 @@ class Scenario:
         elif op == "free":
             gone = {id(p) for p in ctx["pages"]}
             self.pages = [p for p in self.pages if id(p) not in gone]
+        elif op == "mamba_alloc":
+            self.mamba_held += obs["slots"]
+        elif op == "mamba_free":
+            self.mamba_held.remove(ctx["mamba_slot"])
         elif op == "insert":
             if not self.config.disable:
                 gone = {id(p) for p in ctx["consumed"]}
@@ -670,6 +759,7 @@ class Scenario:
             if obs.get("num_tokens_evicted", 0) > 0:
                 self.epoch += 1
         elif op == "reset":
+            self.mamba_held.clear()
             self.pages.clear()
             self.matches.clear()
             self.handles.clear()
@@ -748,7 +838,8 @@ def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
 
 
 def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int = 1,
-                 trace_path: Optional[str] = None, name: str = "CacheMachine") -> type:
+                 trace_path: Optional[str] = None, name: str = "CacheMachine",
+                 config_drawer: Optional[Callable[[Any], CacheConfig]] = None) -> type:
     """A ``RuleBasedStateMachine`` class running ``impls`` (names for ``make_adapter`` or
     factories ``config -> adapter``; default :func:`default_impls`) in lockstep.
 
@@ -757,7 +848,9 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
     :class:`~uniradix.conformance.lockstep.LockstepError`; the steps taken are in ``self.steps``
     and, with ``trace_path`` (or ``$UNIRADIX_MACHINE_TRACE``), the failing run is written there
     as a trace with the first implementation's observations as ``ret`` (Hypothesis replays the
-    minimal example last, so the file ends up holding the shrunk one)."""
+    minimal example last, so the file ends up holding the shrunk one).  ``config_drawer``
+    draws each run's config (default :func:`draw_config`; :func:`draw_hybrid_config` for the
+    SWA and Mamba components)."""
     from hypothesis import note
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -786,7 +879,7 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
         @initialize(data=st.data())
         def configure(self, data: Any) -> None:
             ch = HypothesisChooser(data)
-            self.config = draw_config(ch)
+            self.config = (config_drawer or draw_config)(ch)
             self.sc = Scenario(self.config, ch)
             self.ls = Lockstep.from_impls(self.IMPLS, self.config, snapshot_every=snapshot_every)
             self.ls.prime()
@@ -915,6 +1008,17 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
         def abort_request(self, seed: int) -> None:
             self._do("req_abort", seed)
 
+        # hybrid models: the Mamba state pool
+        @precondition(ready("mamba_alloc"))
+        @rule(seed=SEED)
+        def take_mamba_state_slot(self, seed: int) -> None:
+            self._do("mamba_alloc", seed)
+
+        @precondition(ready("mamba_free"))
+        @rule(seed=SEED)
+        def give_back_mamba_state_slot(self, seed: int) -> None:
+            self._do("mamba_free", seed)
+
         # misuse
         @precondition(ready("invalid"))
         @rule(seed=SEED)
@@ -936,3 +1040,4 @@ except ImportError:  # pragma: no cover - conform works without Hypothesis
     CacheMachine = None
 else:
     CacheMachine = make_machine(name="CacheMachine")
+    HybridCacheMachine = make_machine(name="HybridCacheMachine", config_drawer=draw_hybrid_config)

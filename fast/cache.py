@@ -152,6 +152,15 @@ def _int_arg(name: str, x) -> int:
 class UnifiedRadixCache:
     """Radix prefix cache over KV slots; see the module docstring for the structures."""
 
+    def __new__(cls, params: CacheInitParams = None, *args: Any, **kwargs: Any):
+        # Hybrid models (Full + SWA or Mamba) get the pure-Python fast/hybrid.py cache; the
+        # Full-only path below (and its C core) is unchanged.
+        comps = getattr(params, "tree_components", None)
+        if cls is UnifiedRadixCache and comps is not None and len(comps) > 1:
+            from .hybrid import HybridRadixCache
+            return HybridRadixCache(params)
+        return super().__new__(cls)
+
     def __init__(self, params: CacheInitParams) -> None:
         comps = params.tree_components
         if comps is not None and [str(getattr(c, "name", c)).lower() for c in comps] not in (["full"], ["0"]):

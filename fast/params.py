@@ -42,6 +42,9 @@ class CacheInitParams:
     # uniradix: check slot ownership on insert (see UnifiedRadixCache).  None = check when the
     # allocator can answer (it has ``check_free`` and ``is_allocated``).
     validate_slots: Optional[bool] = None
+    # uniradix: the chunk size of Mamba's branching seqlen (upstream reads it from the global
+    # server args; None = 64)
+    mamba_cache_chunk_size: Optional[int] = None
 
 
 @dataclasses.dataclass(slots=True)

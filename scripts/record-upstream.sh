@@ -5,7 +5,9 @@
 #   OUT_DIR  where the traces go (default tests/corpus/upstream)
 #   COUNT    traces per config (default 24), seeds 1..COUNT
 #   STEPS    steps per trace (default 400)
-# Configs: full-p1, full-p4. Files: OUT_DIR/<config>-s<seed, 3 digits>.jsonl
+# Configs: full-p1, full-p4 (default), or CONFIGS="..." with any of conformance/driver.py's
+# CONFIG_NAMES (the hybrid models: swa-w8-p1 swa-w8-p4 swa-w32-p1 mamba-p1).
+# Files: OUT_DIR/<config>-s<seed, 3 digits>.jsonl
 # Every step is followed by upstream's sanity_check(); a violation fails the recording.
 set -euo pipefail
 cd "$(dirname "$0")/.."

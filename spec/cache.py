@@ -19,6 +19,7 @@ from .errors import AllocatorError, HandleError, InvalidInput, NodeNotFound
 from .keys import common_prefix_len, namespaced_child_key, page_aligned_len, split_point_ok, to_units
 from .queries import oldest_device_leaf, tree_slots
 from .state import CacheState, LockHandle, Node, new_root
+from . import components
 
 # ----------------------------------------------------------------------------------------------
 # Input checks (all raise InvalidInput and touch nothing)
@@ -124,6 +125,8 @@ def split_node(state: CacheState, child: Node, split_len: int) -> Node:
         child.value = child.value[split_len:]
     child.parent = upper
     upper.children[child_key_of(state, child.extra_key, child.key)] = child
+    if child.aux:  # hybrid models: aux data follows the cut
+        components.split_aux(state, upper, child, split_len)
     touch(state, child)
     return upper
 
@@ -167,6 +170,7 @@ class MatchOutcome:
     last_host_node: Node
     best_match_node: Node
     host_hit_length: int = 0
+    mamba_branching_seqlen: Optional[int] = None  # hybrid models: Mamba only
 
 
 def empty_match(state: CacheState) -> MatchOutcome:
@@ -191,6 +195,9 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
     node = state.root
     chunks: list[tuple] = []
     rest = units
+    # Hybrid models: the match ends at the deepest node every aux validator accepts.
+    validators = components.match_validators(state)
+    best, best_chunks = node, 0
     while len(rest) > 0:
         child = find_child(state, node, extra_key, rest)
         if child is None or child.value is None:
@@ -199,14 +206,22 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
         if shared < len(child.key):
             node = split_node(state, child, shared)
             chunks.append(node.value)
+            if all([v(node) for v in validators]):
+                best, best_chunks = node, len(chunks)
             break
         chunks.append(child.value)
         node = child
         rest = rest[shared:]
+        if all([v(node) for v in validators]):
+            best, best_chunks = node, len(chunks)
 
-    stamp_match_path(state, node)
-    indices = tuple(s for chunk in chunks for s in chunk)
-    return MatchOutcome(indices, node, node, node, 0)
+    stamp_match_path(state, best)
+    indices = tuple(s for chunk in chunks[:best_chunks] for s in chunk)
+    branching = None
+    if "mamba" in state.config.components:
+        branching = components.branching_seqlen(state, sum(len(c) for c in chunks), best_chunks,
+                                                len(chunks))
+    return MatchOutcome(indices, best, best, best, 0, branching)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,6 +232,7 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
 @dataclasses.dataclass(frozen=True)
 class InsertOutcome:
     prefix_len: int
+    mamba_exist: bool = False  # hybrid models: Mamba only
 
 
 def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple) -> list:
@@ -278,7 +294,8 @@ def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_
 
 
 def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
-           value: Sequence[int], prev_prefix_len: int = 0, chunked: bool = False
+           value: Sequence[int], prev_prefix_len: int = 0, chunked: bool = False,
+           mamba_value: Optional[Sequence[int]] = None, swa_evicted_seqlen: int = 0
            ) -> InsertOutcome:
     """Cache ``tokens`` -> ``value`` (one KV slot per token).
 
@@ -287,6 +304,9 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
     way is touched; a partial match splits the node; an evicted node on the way takes the fresh
     slots back (un-evict); elsewhere the request's duplicate slots from ``prev_prefix_len`` on
     are freed.  The remainder becomes a new leaf.  Returns the length already cached.
+
+    Hybrid models (spec/components.py): ``mamba_value`` is the request's Mamba state slot and
+    ``swa_evicted_seqlen`` where its sliding window starts; the aux hooks run on the way.
     """
     tokens = check_int_list("tokens", tokens)
     extra_key = check_extra_key(extra_key)
@@ -301,8 +321,12 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
     value_t = tuple(value[: len(units)])
     plan = insert_plan(state, extra_key, units)
     check_insert_slots(state, plan, value_t, prev_prefix_len)
+    mamba_value, swa_evicted_seqlen = components.check_insert_aux(
+        state, plan, prev_prefix_len, mamba_value, swa_evicted_seqlen)
 
     touch(state, state.root)
+    if len(units) == 0:  # nothing to cache; a Mamba caller keeps its state slot
+        return InsertOutcome(0, mamba_exist=True)
     node, start = state.root, 0
     for child, shared in plan:
         touch(state, child)
@@ -311,14 +335,25 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
         fresh = value_t[start: start + shared]
         if child.value is None:
             unevict(child, fresh)
+            components.recover_after_unevict(state, child, start, swa_evicted_seqlen)
         else:
-            state.kv.free(list(fresh[max(0, prev_prefix_len - start):]))
+            taken = components.insert_overlap(state, child, start, shared, fresh,
+                                              prev_prefix_len, swa_evicted_seqlen)
+            state.kv.free(list(fresh[max(0, prev_prefix_len - start): taken]))
         count_hit(state, child, chunked)
         node, start = child, start + shared
+    target, is_new_leaf = node, False
     if start < len(units):
-        leaf = add_leaf(state, node, extra_key, units[start:], value_t[start:])
+        if components.skip_leaf(state, start, len(units) - start, swa_evicted_seqlen):
+            state.kv.free(list(value_t[start:]))
+            return InsertOutcome(start)
+        target = leaf = add_leaf(state, node, extra_key, units[start:], value_t[start:])
+        is_new_leaf = True
+    exist = components.commit_insert(state, target, is_new_leaf, start, swa_evicted_seqlen,
+                                     mamba_value)
+    if is_new_leaf:
         count_hit(state, leaf, chunked)
-    return InsertOutcome(start)
+    return InsertOutcome(start, mamba_exist=exist)
 
 
 def unevict(node: Node, fresh: tuple) -> None:
@@ -364,6 +399,7 @@ def issue_handle(state: CacheState, node: Node, skipped: tuple, lock: bool) -> L
     if lock:
         for n in handle.locked_nodes():
             n.lock_ref += 1
+        components.lock_aux(state, handle)  # hybrid models: SWA window, Mamba node
     return handle
 
 
@@ -376,6 +412,7 @@ def dec_lock_ref(state: CacheState, handle: LockHandle) -> None:
     for n in locked:
         assert n.lock_ref > 0, "lock count would go negative"
         n.lock_ref -= 1
+    components.unlock_aux(state, handle)  # hybrid models
 
 
 def is_in_tree(state: CacheState, node: Node) -> bool:
@@ -413,6 +450,8 @@ def evict_device_leaf(state: CacheState, leaf: Node) -> int:
     """Without a host tier, an evicted leaf is deleted: its slots go back to the pool, it
     leaves the tree, and ancestors left as childless tombstones are deleted too."""
     n = len(leaf.value)
+    if leaf.aux:  # hybrid models: the leaf's aux data goes with it
+        components.drop_all_aux(state, leaf, {})
     state.kv.free(list(leaf.value))
     leaf.value = None
     parent = leaf.parent
@@ -446,3 +485,5 @@ def reset(state: CacheState) -> None:
     state.handles.clear()
     state.requests.clear()
     state.kv.reset()
+    if state.mamba is not None:  # hybrid models: the Mamba pool is cleared too
+        state.mamba.reset()

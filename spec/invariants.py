@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from . import queries
+from . import components, queries
 from .keys import namespaced_child_key
 from .state import CacheState, all_nodes
 
@@ -130,6 +130,7 @@ def request_rows(state: CacheState) -> list[str]:
 
 INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting,
               request_rows)
+INVARIANTS += (components.aux_invariants,)  # hybrid models (spec/components.py)
 
 
 def sanity_check(state: CacheState) -> list[str]:

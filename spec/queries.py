@@ -15,6 +15,8 @@ def is_device_leaf(node: Node) -> bool:
     holds device data (evicted children do not count)."""
     if node.is_root or node.value is None or node.lock_ref > 0:
         return False
+    if any(d.lock_ref > 0 for d in node.aux.values()):  # hybrid models: any component's lock
+        return False
     return all(child.value is None for child in node.children.values())
 
 

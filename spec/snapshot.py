@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import queries
+from . import components, queries
 from .keys import units_to_tokens
 from .state import CacheState, Node
 
@@ -36,6 +36,8 @@ def snapshot(state: CacheState) -> dict[str, Any]:
             "lock_ref": node.lock_ref,
             "hit_count": node.hit_count,
         })
+        if state.config.components != ("full",):  # hybrid models: per-component data
+            nodes[-1].update(aux_view(state, node))
         stack.extend((c, units) for c in node.children.values())
     nodes.sort(key=lambda n: path_sort_key(n["path"]))
     return {
@@ -45,7 +47,7 @@ def snapshot(state: CacheState) -> dict[str, Any]:
                   "full_protected": queries.protected_size(state)},
         "pool": sorted(state.kv.allocated_pages()),
         "requests": [request_view(r) for _, r in sorted(state.requests.items())],
-    }
+    } if state.config.components == ("full",) else hybrid_snapshot(state, nodes)
 
 
 def request_view(req) -> dict[str, Any]:
@@ -53,3 +55,35 @@ def request_view(req) -> dict[str, Any]:
     protected."""
     return {"rid": req.rid, "admitted": req.admitted, "row": list(req.row),
             "committed": req.committed, "protected": req.cache_protected_len}
+
+
+def aux_view(state: CacheState, node: Node) -> dict[str, Any]:
+    """A node's aux component data: value (None = tombstone) and lock count per component."""
+    out = {}
+    for name in components.aux_names(state):
+        d = node.aux.get(name)
+        out[name] = {"value": None if d is None or d.value is None else list(d.value),
+                     "lock_ref": 0 if d is None else d.lock_ref}
+    return out
+
+
+def hybrid_snapshot(state: CacheState, nodes: list) -> dict[str, Any]:
+    """The snapshot of a hybrid model: the Full part plus, per aux component, its LRU order,
+    sizes and pool."""
+    sizes = {"full_evictable": queries.evictable_size(state),
+             "full_protected": queries.protected_size(state)}
+    sizes.update(components.sizes(state))
+    out = {
+        "nodes": nodes,
+        "device_leaf_order": [path_of(state, n) for n in queries.device_eviction_order(state)],
+        "sizes": sizes,
+        "pool": sorted(state.kv.allocated_pages()),
+        "requests": [request_view(r) for _, r in sorted(state.requests.items())],
+    }
+    for name in components.aux_names(state):
+        out[f"{name}_lru_order"] = [path_of(state, n) for n in components.lru_order(state, name)]
+    if "swa" in state.config.components:
+        out["swa_pool"] = sorted(state.kv.swa.allocated_pages())
+    if "mamba" in state.config.components:
+        out["mamba_pool"] = sorted(state.mamba.allocated_pages())
+    return out

@@ -29,6 +29,8 @@ class Node:
     lock_ref: int = 0
     hit_count: int = 0
     children: dict = dataclasses.field(default_factory=dict)
+    # Hybrid models (spec/components.py): per aux component ("swa", "mamba") its data here.
+    aux: dict = dataclasses.field(default_factory=dict)
 
     @property
     def is_root(self) -> bool:
@@ -71,6 +73,8 @@ class LockHandle:
     serial: int
     node: Node
     skipped: tuple
+    # Hybrid models (spec/components.py): per aux component, what its unlock needs.
+    aux: dict = dataclasses.field(default_factory=dict)
 
     def locked_nodes(self) -> list[Node]:
         return [n for n in self.node.ancestors_to_root() if not any(n is s for s in self.skipped)]
@@ -85,6 +89,10 @@ class CacheState:
     handles: dict = dataclasses.field(default_factory=dict)  # serial -> LockHandle (live)
     next_serial: int = 1
     requests: dict = dataclasses.field(default_factory=dict)  # rid -> Request (the req_to_token table)
+    # Hybrid models (spec/components.py): the Mamba state pool (None without Mamba) and the
+    # next SWA lock-boundary mark.  With SWA, ``kv`` is a HybridKVPool (spec/world.py).
+    mamba: Optional[PagedPool] = None
+    next_boundary: int = 1
 
 
 def new_root() -> Node:
@@ -93,6 +101,10 @@ def new_root() -> Node:
 
 def new_state(config: CacheConfig) -> CacheState:
     """An empty cache over a fresh KV pool of ``config.kv_slots`` usable slots."""
+    if config.components != ("full",):  # hybrid models: pools of spec/world.py
+        from .world import hybrid_pools
+        kv, mamba = hybrid_pools(config)
+        return CacheState(config=config, kv=kv, root=new_root(), mamba=mamba)
     return CacheState(config=config, kv=PagedPool(config.kv_slots, config.page_size, "kv"),
                       root=new_root())
 

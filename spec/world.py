@@ -110,3 +110,70 @@ class PagedPool:
         self._free_pages = list(range(1, self.num_pages + 1))
         self._allocated.clear()
         self._freed_log.clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# Hybrid models (TRACE.md, "Pools"): the SWA allocator and the Mamba state pool
+# ----------------------------------------------------------------------------------------------
+
+
+class HybridKVPool(PagedPool):
+    """The KV pool of a model with sliding-window layers: full slots (this pool) and SWA slots
+    (``self.swa``), both lowest-first, and the map full slot -> SWA slot (0 = none).
+
+    ``alloc(n)`` takes n full slots, then n SWA slots, and maps them pairwise; it fails, taking
+    nothing, when either pool is short.  ``free(slots)`` releases the full slots and, through
+    the map, their SWA slots (the map entries become 0).  ``free_swa(slots)`` releases only the
+    SWA slots mapped from these full slots: that is how the cache drops SWA data and keeps the
+    full data.  The freed-slot log of ``self.swa`` is the step effect ``swa_freed``.
+    """
+
+    def __init__(self, usable_slots: int, swa_slots: int, page_size: int = 1) -> None:
+        super().__init__(usable_slots, page_size, "kv")
+        self.swa = PagedPool(swa_slots, page_size, "swa")
+        self.full_to_swa: dict[int, int] = {}
+
+    def alloc(self, n: int) -> list[int]:
+        if isinstance(n, int) and not isinstance(n, bool) and n > self.swa.available_size():
+            raise AllocatorError(f"swa alloc: {n} slots requested, {self.swa.available_size()} free")
+        full = super().alloc(n)
+        swa = self.swa.alloc(n)
+        self.full_to_swa.update(zip(full, swa))
+        return full
+
+    def translate(self, full_slots) -> tuple:
+        """The SWA slot of each full slot (0 where it has none)."""
+        return tuple(self.full_to_swa.get(s, 0) for s in full_slots)
+
+    def mapped_swa(self, full_slots) -> list[int]:
+        return [w for w in self.translate(full_slots) if w > 0]
+
+    def free(self, slots: Iterable[int]) -> None:
+        slots = list(slots)
+        self.check_free(slots)
+        swa = self.mapped_swa(slots)
+        self.swa.check_free(swa)
+        super().free(slots)
+        self.free_swa(slots)
+
+    def free_swa(self, full_slots: Iterable[int]) -> None:
+        full_slots = list(full_slots)
+        self.swa.free(self.mapped_swa(full_slots))
+        for s in full_slots:
+            self.full_to_swa.pop(s, None)
+
+    def reset(self) -> None:
+        super().reset()
+        self.swa.reset()
+        self.full_to_swa.clear()
+
+
+def hybrid_pools(config) -> tuple:
+    """The KV pool and the Mamba pool (or None) of a hybrid config: with SWA the KV pool is a
+    :class:`HybridKVPool`; with Mamba a page-size-1 pool of ``mamba_slots`` states."""
+    if "swa" in config.components:
+        kv: PagedPool = HybridKVPool(config.kv_slots, config.swa_slots, config.page_size)
+    else:
+        kv = PagedPool(config.kv_slots, config.page_size, "kv")
+    mamba = PagedPool(config.mamba_slots, 1, "mamba") if "mamba" in config.components else None
+    return kv, mamba

@@ -21,6 +21,21 @@ def test_corpus_is_there():
         assert len(load_trace(t).steps) >= 300, t
 
 
+@pytest.mark.parametrize("folder, prefixes", [
+    ("upstream-swa", ("swa-w8-p1-", "swa-w8-p4-", "swa-w32-p1-")),
+    ("upstream-mamba", ("mamba-p1-",)),
+])
+def test_hybrid_corpora_are_there(folder, prefixes):
+    """Golden traces of hybrid models: at least 20 per config, each of at least 300 steps."""
+    names = [os.path.basename(t) for t in TRACES if os.sep + folder + os.sep in t]
+    for prefix in prefixes:
+        mine = [n for n in names if n.startswith(prefix)]
+        assert len(mine) >= 20, f"{folder}: {len(mine)} traces {prefix}*"
+    for t in TRACES:
+        if os.sep + folder + os.sep in t:
+            assert len(load_trace(t).steps) >= 300, t
+
+
 @pytest.mark.parametrize("impl", ["spec", "fast"])
 @pytest.mark.parametrize("path", TRACES, ids=[os.path.relpath(t, CORPUS) for t in TRACES])
 def test_replay(path, impl):

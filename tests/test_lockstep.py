@@ -192,11 +192,12 @@ def test_renumber_keeps_handles_valid_or_makes_them_unknown():
 
 
 def test_spec_vs_spec_random_lockstep_across_configs_is_clean():
-    # 6 segments of 500 steps: one per named config (full-p1/p2/p4, eagle-p1/p4, disable)
-    res = conform_mod.run_conform(["spec", "spec"], steps=3000, seed=11, out=None,
+    # 8 segments of 500 steps: one per named config (full-p1/p2/p4, eagle-p1/p4, disable,
+    # swa, mamba)
+    res = conform_mod.run_conform(["spec", "spec"], steps=4000, seed=11, out=None,
                                   segment_steps=500, progress=False, log=lambda m: None)
     assert res.finding is None, str(res.finding)
-    assert (res.steps, res.segments) == (3000, 6)
+    assert (res.steps, res.segments) == (4000, 8)
 
 
 def test_spec_vs_spec_machine_is_clean():
