@@ -16,12 +16,16 @@ from uniradix.spec.errors import CacheError, HandleError, InvalidInput, Unsuppor
 from uniradix.spec.invariants import sanity_check
 from uniradix.spec.snapshot import snapshot
 from uniradix.spec.state import CacheState, Node, new_state
+from uniradix.conformance.host_ops import SpecHostOps
 
 Step = dict
 Observation = dict
 
 # Ops of TRACE.md version 1 that belong to tiers not built yet.
-HOST_TIER_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events")
+HOST_TIER_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events", "host_lock",
+                 "host_unlock")
+# Ops whose observation carries the host pool's effects (host_freed) when there is a host tier.
+HOST_EFFECT_OPS = ("insert", "evict", "load_back", "check_hicache_events", "evict_host")
 AUX_OPS = ("mamba_alloc", "mamba_free")
 
 
@@ -35,12 +39,13 @@ class CacheUnderTest(Protocol):
     def violations(self) -> list[str]: ...
 
 
-def check_supported(config: CacheConfig) -> None:
-    """The device tier with the Full component is what exists today."""
+def check_supported(config: CacheConfig, host_tier: bool = False) -> None:
+    """The Full component is what exists today; ``host_tier``: the implementation models the
+    host tier (HiCache) too."""
     if config.components != ("full",):
         raise Unsupported(f"components {list(config.components)}: only ['full'] is supported "
                           "so far (SWA and Mamba come with the hybrid-models work)")
-    if config.has_host_tier:
+    if config.has_host_tier and not host_tier:
         raise Unsupported("host_slots > 0: the host tier (HiCache) is not supported yet")
 
 
@@ -68,7 +73,8 @@ def path_arg(raw: Any) -> tuple:
 
 
 OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
-       "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort")
+       "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort"
+       ) + HOST_TIER_OPS
 
 
 class StepAdapter:
@@ -78,31 +84,41 @@ class StepAdapter:
 
     rejections: tuple = (CacheError,)
     pool: Any  # the environment's PagedPool
+    host_pool: Any = None  # the host PagedPool, with a host tier
 
     def apply(self, step: Step) -> Observation:
         op = step.get("op")
         self.pool.take_freed()
+        if self.host_pool is not None:
+            self.host_pool.take_freed()
         try:
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
             if handler is None:
                 if op in HOST_TIER_OPS or op in AUX_OPS:
                     raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
                 raise UnknownOp(f"unknown op {op!r}")
-            return handler(step)
+            obs = handler(step)
+            if self.host_pool is not None and op in HOST_EFFECT_OPS:
+                obs["host_freed"] = self.host_pool.take_freed()
+            return obs
         except self.rejections as e:
             self.pool.take_freed()
+            if self.host_pool is not None:
+                self.host_pool.take_freed()
             return {"error": type(e).__name__, "message": str(e)}
 
 
-class SpecAdapter(StepAdapter):
+class SpecAdapter(SpecHostOps, StepAdapter):
     """Runs trace steps on the executable specification."""
 
     def __init__(self, config: CacheConfig) -> None:
-        check_supported(config)
+        check_supported(config, host_tier=True)
         self.config = config
         self.state: CacheState = new_state(config)
         self.pool = self.state.kv
+        self.host_pool = self.state.host.pool if self.state.host is not None else None
         self.handles: dict[int, Any] = {}  # trace handle (the lock step's i) -> LockHandle
+        self.host_handles: dict[int, Any] = {}  # trace handle (the host_lock step's i)
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.state)
@@ -172,6 +188,7 @@ class SpecAdapter(StepAdapter):
         args_of(step)
         rules.reset(self.state)
         self.handles.clear()
+        self.host_handles.clear()
         return {}
 
     # -- request-level ops (docs/TRACE.md, "Request-level ops") ------------------------------

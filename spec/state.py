@@ -29,6 +29,9 @@ class Node:
     lock_ref: int = 0
     hit_count: int = 0
     children: dict = dataclasses.field(default_factory=dict)
+    # host tier (spec/host.py): host KV slots, one per unit (None = no host copy), host locks
+    host_value: Optional[tuple] = None
+    host_lock_ref: int = 0
 
     @property
     def is_root(self) -> bool:
@@ -85,6 +88,7 @@ class CacheState:
     handles: dict = dataclasses.field(default_factory=dict)  # serial -> LockHandle (live)
     next_serial: int = 1
     requests: dict = dataclasses.field(default_factory=dict)  # rid -> Request (the req_to_token table)
+    host: Optional[object] = None  # spec/host.py HostTier when config.host_slots > 0, else None
 
 
 def new_root() -> Node:
@@ -92,9 +96,14 @@ def new_root() -> Node:
 
 
 def new_state(config: CacheConfig) -> CacheState:
-    """An empty cache over a fresh KV pool of ``config.kv_slots`` usable slots."""
-    return CacheState(config=config, kv=PagedPool(config.kv_slots, config.page_size, "kv"),
-                      root=new_root())
+    """An empty cache over a fresh KV pool of ``config.kv_slots`` usable slots (and a host tier
+    over ``config.host_slots`` host slots when there are any)."""
+    state = CacheState(config=config, kv=PagedPool(config.kv_slots, config.page_size, "kv"),
+                       root=new_root())
+    if config.has_host_tier:
+        from .host import attach_host_tier
+        attach_host_tier(state)
+    return state
 
 
 def all_nodes(state: CacheState) -> list[Node]:
