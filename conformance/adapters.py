@@ -247,6 +247,9 @@ ADAPTERS["fast"] = _fast_adapter
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
     """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable)."""
     if impl == "upstream":
+        if config.has_host_tier:
+            from uniradix.conformance.upstream_host import UpstreamHostAdapter
+            return UpstreamHostAdapter(config)
         from uniradix.conformance.upstream import UpstreamAdapter
         return UpstreamAdapter(config)
     if impl not in ADAPTERS:
