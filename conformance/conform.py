@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 from uniradix.conformance.lockstep import (
     VIOLATION, Finding, ImplSpec, Lockstep, comparable, impl_labels, impl_name,
     build_adapters, shrink, write_trace)
-from uniradix.conformance.machine import TREE_ACTIONS, random_segment
+from uniradix.conformance.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError
 
@@ -37,6 +37,15 @@ NAMED_CONFIGS: dict[str, dict] = {
     "eagle-p1": {"page_size": 1, "eagle": True},
     "eagle-p4": {"page_size": 4, "eagle": True},
     "disable": {"page_size": 1, "disable": True},
+    # host tier (HiCache); host_slots and thresholds are drawn per segment too (host_config)
+    "hicache-wt-p1": {"page_size": 1, "write_policy": "write_through"},
+    "hicache-wt-p4": {"page_size": 4, "write_policy": "write_through"},
+    "hicache-wb-p1": {"page_size": 1, "write_policy": "write_back"},
+    "hicache-wb-p4": {"page_size": 4, "write_policy": "write_back"},
+    # pages 1 and 4 alternating by segment; write_through or write_through_selective
+    "hicache-wt": {"page_size": (1, 4), "write_policy": ("write_through",
+                                                         "write_through_selective")},
+    "hicache-wb": {"page_size": (1, 4), "write_policy": "write_back"},
 }
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
@@ -73,8 +82,15 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
     name = which if which is not None else names[segment % len(names)]
     base = NAMED_CONFIGS[name]
     ps = base.get("page_size", 1)
+    if isinstance(ps, tuple):
+        ps = ps[segment % len(ps)]
     rng = random.Random(f"conform-config:{seed}:{segment}")
     pages = rng.randint(16 // ps, 96 // ps)
+    if name.startswith("hicache-"):
+        policy = base["write_policy"]
+        if isinstance(policy, tuple):
+            policy = policy[(segment // 2) % len(policy)]
+        return name, host_config(RandomChooser(rng), ps, pages * ps, policy)
     return name, CacheConfig(**base, kv_slots=pages * ps)
 
 

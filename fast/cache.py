@@ -152,6 +152,14 @@ def _int_arg(name: str, x) -> int:
 class UnifiedRadixCache:
     """Radix prefix cache over KV slots; see the module docstring for the structures."""
 
+    def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):
+        # A host tier (params.hicache) is the pure-Python HiCacheRadixCache of fast/hicache.py;
+        # the device-only cache (this class, the C core) is untouched by it.
+        if getattr(params, "hicache", None) is not None:
+            from .hicache import HiCacheRadixCache
+            return HiCacheRadixCache(params)
+        return super().__new__(cls)
+
     def __init__(self, params: CacheInitParams) -> None:
         comps = params.tree_components
         if comps is not None and [str(getattr(c, "name", c)).lower() for c in comps] not in (["full"], ["0"]):

@@ -42,6 +42,9 @@ class CacheInitParams:
     # uniradix: check slot ownership on insert (see UnifiedRadixCache).  None = check when the
     # allocator can answer (it has ``check_free`` and ``is_allocated``).
     validate_slots: Optional[bool] = None
+    # uniradix: a host tier (HiCache): a ``uniradix.fast.hicache.HiCacheConfig``; the cache is
+    # then a ``HiCacheRadixCache`` (fast/hicache.py)
+    hicache: Any = None
 
 
 @dataclasses.dataclass(slots=True)

@@ -320,7 +320,8 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
 
     The path is locked while room is made.  Nothing is loaded when the segment is shorter than
     ``load_back_threshold`` or longer than ``mem_quota`` plus what the lock just protected, or
-    when evicting device leaves cannot make room.  A load is queued as one ack and locks
+    when evicting device leaves cannot make room (or, under write-back, their backups evicted
+    ``node`` from the host to make host room).  A load is queued as one ack and locks
     ``node``'s path until the ack is processed."""
     segment = evicted_segment(node)
     assert all(n.host_value is not None for n in segment)
@@ -334,7 +335,9 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
     avail = state.kv.available_size()
     if avail < n_tokens:
         needed = n_tokens - avail
-        if rules.evict(state, needed) < needed:
+        # write-back backups during this eviction may evict host leaves, ``node`` among them:
+        # then there is nothing left to load
+        if rules.evict(state, needed) < needed or not rules.is_in_tree(state, node):
             rules.dec_lock_ref(state, guard)
             return False
     device = state.kv.alloc(n_tokens)
