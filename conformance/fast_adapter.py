@@ -96,7 +96,8 @@ class FastAdapter(FastHostOps, StepAdapter):
         hicache = None
         if config.has_host_tier:  # the host tier (conformance/host_ops.py)
             self.host_pool = PagedPool(config.host_slots, config.page_size, "host")
-            hicache = self.hicache_config(config, PoolAllocator(self.host_pool, torch))
+            hicache = self.hicache_config(config, PoolAllocator(self.host_pool, torch),
+                                          log_copies=True)
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,

@@ -29,6 +29,14 @@ class SpecHostOps:
         if self.state.host is None:
             raise Unsupported("this op needs a host tier (host_slots > 0)")
 
+    def take_copies(self) -> list:
+        """The KV copies of the last step, in order (for the KV-integrity check)."""
+        if self.state.host is None:
+            return []
+        out = list(self.state.host.copies)
+        self.state.host.copies.clear()
+        return out
+
     def op_evict_host(self, step: dict) -> dict:
         self._host()
         (n,) = A.args_of(step, "num_tokens")
@@ -98,6 +106,12 @@ class FastHostOps:
                              write_through_threshold=config.write_through_threshold,
                              load_back_threshold=config.load_back_threshold, io="manual",
                              log_copies=log_copies)
+
+    def take_copies(self) -> list:
+        """The KV copies of the last step, in order (for the KV-integrity check)."""
+        if not self.config.has_host_tier:
+            return []
+        return self.cache.cache_controller.take_copies()
 
     def _host(self) -> None:
         if not self.config.has_host_tier:

@@ -61,11 +61,13 @@ class ModelController:
         self.ack_write_queue: list = []   # (start_event, finish_event, node_ids)
         self.ack_load_queue: list = []
         self._pending_loads: list = []
+        self.copies: list = []  # ("backup", device, host) / ("load", host, device), in order
 
     def write(self, device_indices, priority=None, node_id: int = -1, extra_pools=None):
         host_indices = self.mem_pool_host.alloc(len(device_indices))
         if host_indices is None:
             return None
+        self.copies.append(("backup", device_indices.tolist(), host_indices.tolist()))
         self.ack_write_queue.append((ModelEvent(), ModelEvent(), [node_id]))
         return host_indices
 
@@ -73,6 +75,7 @@ class ModelController:
         device_indices = self.device_alloc.alloc(len(host_indices))
         if device_indices is None:
             return None
+        self.copies.append(("load", host_indices.tolist(), device_indices.tolist()))
         self._pending_loads.append(node_id)
         return device_indices
 
@@ -197,6 +200,11 @@ class UpstreamHostAdapter(UpstreamAdapter):
             "loads": acks(self.controller.ack_load_queue, self.cache.ongoing_load_back),
         }
         return snap
+
+    def take_copies(self) -> list:
+        out = list(self.controller.copies)
+        self.controller.copies.clear()
+        return out
 
     # -- ops ---------------------------------------------------------------------------------
     def _op_evict_host(self, step: dict, args: dict) -> dict:

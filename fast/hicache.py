@@ -922,6 +922,8 @@ class HiCacheRadixCache:
         while cur.evicted:
             segment.append(cur)
             cur = cur.parent
+        if not segment:
+            return False
         segment.reverse()
         n_tokens = sum(len(s.host_value) for s in segment)
         guard = self.inc_lock_ref(node)
@@ -971,8 +973,8 @@ class HiCacheRadixCache:
             raise InvalidInput("init_load_back: the request's last node is not on the path")
         if params.mem_quota is not None:
             _count_arg("mem_quota", params.mem_quota)
-        if (node.evicted or params.host_hit_length > 0) and self.load_back(
-                node, params.mem_quota, params.req):
+        # (with the Full component only, a host hit means the best match is evicted)
+        if node.evicted and self.load_back(node, params.mem_quota, params.req):
             chunks, cur = [], node
             while cur is not last:
                 chunks.append(cur.value)

@@ -74,6 +74,9 @@ class HostTier:
     loads: list = dataclasses.field(default_factory=list)   # Ack, oldest first
     host_locks: dict = dataclasses.field(default_factory=dict)  # serial -> HostLockHandle
     next_serial: int = 1
+    # the environment's log of the copies it was asked for, in order (like the pools' freed
+    # logs): ("backup", device slots, host slots) / ("load", host slots, device slots)
+    copies: list = dataclasses.field(default_factory=list)
 
 
 def attach_host_tier(state: CacheState) -> None:
@@ -224,6 +227,7 @@ def write_backup(state: CacheState, node: Node, write_back: bool = False) -> int
         if evict_host(state, needed) < needed:
             return 0
     node.host_value = tuple(host.pool.alloc(n))
+    host.copies.append(("backup", list(node.value), list(node.host_value)))
     lock = None if write_back else rules.inc_lock_ref(state, node)
     host.writes.append(Ack(node, lock))
     return n
@@ -341,6 +345,7 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
             rules.dec_lock_ref(state, guard)
             return False
     device = state.kv.alloc(n_tokens)
+    state.host.copies.append(("load", [s for n in segment for s in n.host_value], list(device)))
     rules.dec_lock_ref(state, guard)
     start = 0
     for n in segment:
@@ -470,6 +475,7 @@ def reset_host_tier(state: CacheState) -> None:
     state.host.writes.clear()
     state.host.loads.clear()
     state.host.host_locks.clear()
+    state.host.copies.clear()
 
 
 # ----------------------------------------------------------------------------------------------
