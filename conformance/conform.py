@@ -452,8 +452,10 @@ def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="random: steps (default 400); shared-prefix: requests, i.e. "
                         "SharedPrefix().scaled(N) (default 100)")
-    p.add_argument("--config", default="full-p1", choices=["full-p1", "full-p4"],
-                   help="random workload only: the driver's config (default full-p1)")
+    from uniradix.conformance.driver import CONFIG_NAMES
+    p.add_argument("--config", default="full-p1", choices=list(CONFIG_NAMES),
+                   help="random workload only: the driver's config (default full-p1; "
+                        "hicache-{wt,wb}-p{1,4} have a host tier)")
     p.set_defaults(func=cmd_record)
     return p
 

@@ -865,8 +865,15 @@ def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
 # ----------------------------------------------------------------------------------------------
 
 
+def draw_host_config(ch: Any) -> CacheConfig:
+    """A host-tier config only (pages 1, 2 or 4; every write policy)."""
+    ps = ch.choice([1, 2, 4])
+    return host_config(ch, ps, ch.integer(16 // ps, 64 // ps) * ps, ch.choice(WRITE_POLICIES))
+
+
 def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int = 1,
-                 trace_path: Optional[str] = None, name: str = "CacheMachine") -> type:
+                 trace_path: Optional[str] = None, name: str = "CacheMachine",
+                 draw: Callable[[Any], CacheConfig] = draw_config) -> type:
     """A ``RuleBasedStateMachine`` class running ``impls`` (names for ``make_adapter`` or
     factories ``config -> adapter``; default :func:`default_impls`) in lockstep.
 
@@ -904,7 +911,7 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
         @initialize(data=st.data())
         def configure(self, data: Any) -> None:
             ch = HypothesisChooser(data)
-            self.config = draw_config(ch)
+            self.config = draw(ch)
             self.sc = Scenario(self.config, ch)
             self.ls = Lockstep.from_impls(self.IMPLS, self.config, snapshot_every=snapshot_every)
             self.ls.prime()
@@ -1032,6 +1039,40 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
         @rule(seed=SEED)
         def abort_request(self, seed: int) -> None:
             self._do("req_abort", seed)
+
+        # the host tier (host configs): the environment finishes transfers in any amount and
+        # order against everything else; the scheduler polls, loads host hits back, evicts the
+        # host pool and host-locks what it prefetches
+        @precondition(ready("io_complete"))
+        @rule(seed=SEED)
+        def finish_transfers(self, seed: int) -> None:
+            self._do("io_complete", seed)
+
+        @precondition(ready("check_events"))
+        @rule(seed=SEED)
+        def poll_transfer_acks(self, seed: int) -> None:
+            self._do("check_events", seed)
+
+        @precondition(ready("load_back"))
+        @rule(seed=SEED)
+        def load_host_hit_back(self, seed: int) -> None:
+            self._do("load_back", seed)
+
+        @precondition(ready("evict_host"))
+        @rule(seed=SEED)
+        def evict_host_pool(self, seed: int) -> None:
+            if seed % 2 == 0:
+                self._do("evict_host", seed)
+
+        @precondition(ready("host_lock"))
+        @rule(seed=SEED)
+        def host_lock_host_part(self, seed: int) -> None:
+            self._do("host_lock", seed)
+
+        @precondition(ready("host_unlock"))
+        @rule(seed=SEED)
+        def host_unlock_held(self, seed: int) -> None:
+            self._do("host_unlock", seed)
 
         # misuse
         @precondition(ready("invalid"))

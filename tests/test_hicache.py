@@ -157,3 +157,16 @@ def test_spec_fast_agree_on_a_host_tier_config_with_every_policy():
         res = run_conform(["spec", "fast"], steps=300, seed=2, config=cfg, out=None,
                           progress=False, log=lambda m: None)
         assert res.finding is None, str(res.finding)
+
+
+def test_spec_vs_fast_machine_with_a_host_tier():
+    """The Hypothesis machine on host configs: Hypothesis orders io_complete, acks polling,
+    load backs, host evictions and host locks against the tree operations."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from uniradix.conformance.machine import draw_host_config, make_machine
+    run_state_machine_as_test(
+        make_machine(["spec", "fast"], draw=draw_host_config, name="HostMachine"),
+        settings=settings(max_examples=12, stateful_step_count=50, deadline=None,
+                          database=None, suppress_health_check=list(HealthCheck)))
