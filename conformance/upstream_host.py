@@ -33,8 +33,8 @@ class ModelEvent:
 
     __slots__ = ("done",)
 
-    def __init__(self) -> None:
-        self.done = False
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
 
     def query(self) -> bool:
         return self.done
@@ -52,8 +52,9 @@ class HostPoolModel(PoolAllocator):
 class ModelController:
     """The controller surface upstream's cache uses for the device<->host tier."""
 
-    def __init__(self, write_policy: str, host_pool: HostPoolModel, device_alloc: PoolAllocator
-                 ) -> None:
+    def __init__(self, write_policy: str, host_pool: Any, device_alloc: Any,
+                 done_on_submit: bool = False) -> None:
+        self.done_on_submit = done_on_submit  # (the benchmark: a copy engine that keeps up)
         self.write_policy = write_policy
         self.enable_storage = False
         self.mem_pool_host = host_pool
@@ -68,7 +69,7 @@ class ModelController:
         if host_indices is None:
             return None
         self.copies.append(("backup", device_indices.tolist(), host_indices.tolist()))
-        self.ack_write_queue.append((ModelEvent(), ModelEvent(), [node_id]))
+        self.ack_write_queue.append((ModelEvent(), ModelEvent(self.done_on_submit), [node_id]))
         return host_indices
 
     def load(self, host_indices, priority=None, node_id: int = -1, extra_pools=None):
@@ -82,7 +83,8 @@ class ModelController:
     def start_loading(self) -> int:
         if not self._pending_loads:
             return -1
-        self.ack_load_queue.append((ModelEvent(), ModelEvent(), list(self._pending_loads)))
+        self.ack_load_queue.append((ModelEvent(), ModelEvent(self.done_on_submit),
+                                    list(self._pending_loads)))
         self._pending_loads.clear()
         return 0
 
