@@ -90,6 +90,10 @@ class KVPool:
         """Index of the first slot whose contents are not its fingerprint's, or None."""
         if not slots:
             return None
+        size = self.data.shape[1]
+        outside = [k for k, s in enumerate(slots) if not (type(s) is int and 0 <= s < size)]
+        if outside:  # a slot outside the pool holds no KV at all
+            return outside[0]
         bad = self.data[:, list(slots)] != slot_contents(fps)  # NaN != anything
         per_slot = bad.reshape(LAYERS, len(slots), -1).any(axis=2).any(axis=0)
         if not per_slot.any():

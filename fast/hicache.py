@@ -625,6 +625,20 @@ class HiCacheRadixCache:
                 raise InvalidInput(f"insert: slots {slots[k: k + ps]} of the new leaf are not one whole page")
             if not self.token_to_kv_pool_allocator.is_allocated(first):
                 raise InvalidInput(f"insert: slot {first} is not allocated")
+        start = 0  # evicted nodes on the way take their slots back: the same checks
+        for node, shared in plan:
+            if node.value is None:
+                for k in range(start, start + shared, ps):
+                    page = slots[k: k + ps]
+                    first = page[0]
+                    if first % ps or page != list(range(first, first + ps)):
+                        raise InvalidInput(f"insert: slots {page} for an evicted node are not "
+                                           "one whole page")
+                    if not self.token_to_kv_pool_allocator.is_allocated(first) or \
+                            self._owned.intersection(page):
+                        raise InvalidInput(f"insert: slots {page} for an evicted node are not "
+                                           "the caller's allocated slots")
+            start += shared
 
     def insert(self, params: InsertParams) -> InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, restore evicted

@@ -284,6 +284,9 @@ def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_
             raise InvalidInput(f"insert: slots {list(page)} of the new leaf are not one whole page")
         if not state.kv.is_allocated(first):
             raise InvalidInput(f"insert: slot {first} is not allocated")
+    if state.host is not None:  # evicted nodes on the way take fresh slots (spec/host.py)
+        from .host import check_unevict_slots
+        check_unevict_slots(state, plan, value)
 
 
 def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],

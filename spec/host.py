@@ -197,6 +197,27 @@ def write_through_on_hit(state: CacheState, node: Node) -> None:
         write_backup(state, node)
 
 
+def check_unevict_slots(state: CacheState, plan: list, value: tuple) -> None:
+    """An insert's slots for the evicted nodes on its path (they take them back) must be whole
+    allocated pages the tree does not hold, as a new leaf's (InvalidInput, nothing changed)."""
+    ps = state.config.page_size
+    held = None
+    start = 0
+    for node, shared in plan:
+        if node.value is None:
+            held = set(rules.tree_slots(state)) if held is None else held
+            for k in range(start, start + shared, ps):
+                page = value[k: k + ps]
+                first = page[0]
+                if first % ps or list(page) != list(range(first, first + ps)):
+                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
+                                       "one whole page")
+                if not state.kv.is_allocated(first) or any(s in held for s in page):
+                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
+                                       "the caller's allocated slots")
+        start += shared
+
+
 def tombstone_may_go(node: Node) -> bool:
     """A childless tombstone is deleted only when nothing holds it: no device or host lock and
     no data on either tier."""
