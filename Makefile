@@ -6,12 +6,14 @@ PIP     = $(VENV)/bin/pip
 
 .PHONY: run test bench check nightly install upstream-venv corpus gpu-bench clean
 
-$(VENV)/.installed: pyproject.toml
+# Editable: the tests and commands always run the working tree (fast/_core.c is rebuilt when it
+# or the build files change).
+$(VENV)/.installed: pyproject.toml setup.py fast/_core.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# CPU torch first, where none is present (any other torch spec pulls a multi-GB CUDA build)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
-	$(PIP) install -q ".[dev]"
+	$(PIP) install -q -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed

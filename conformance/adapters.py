@@ -17,12 +17,16 @@ from uniradix.spec.errors import CacheError, HandleError, InvalidInput, Unsuppor
 from uniradix.spec.invariants import sanity_check
 from uniradix.spec.snapshot import snapshot
 from uniradix.spec.state import CacheState, Node, all_nodes, new_state
+from uniradix.conformance.host_ops import SpecHostOps
 
 Step = dict
 Observation = dict
 
 # Ops of TRACE.md version 1 that belong to tiers not built yet.
-HOST_TIER_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events")
+HOST_TIER_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events", "host_lock",
+                 "host_unlock")
+# Ops whose observation carries the host pool's effects (host_freed) when there is a host tier.
+HOST_EFFECT_OPS = ("insert", "evict", "load_back", "check_hicache_events", "evict_host")
 AUX_OPS = ("mamba_alloc", "mamba_free")
 
 
@@ -36,16 +40,17 @@ class CacheUnderTest(Protocol):
     def violations(self) -> list[str]: ...
 
 
-def check_supported(config: CacheConfig, hybrid: bool = False) -> None:
-    """The device tier is what exists today: the Full component, and with ``hybrid`` (the
-    implementations that have them) the SWA and Mamba components too."""
+def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool = False) -> None:
+    """What an implementation models: the Full component on the device tier always; with
+    ``hybrid`` the SWA and Mamba components too; with ``host_tier`` the host tier (HiCache).
+    A host tier together with an aux component is modelled by none yet."""
+    if config.components != ("full",) and config.has_host_tier:
+        raise Unsupported("a host tier with an aux component (SWA, Mamba) is not supported")
     if config.components != ("full",) and not hybrid:
         raise Unsupported(f"components {list(config.components)}: only ['full'] is supported "
                           "so far (SWA and Mamba come with the hybrid-models work)")
-    if config.has_host_tier:
+    if config.has_host_tier and not host_tier:
         raise Unsupported("host_slots > 0: the host tier (HiCache) is not supported yet")
-    if config.components != ("full",) and config.has_host_tier:
-        raise Unsupported("a host tier with an aux component (SWA, Mamba) is not supported")
 
 
 def args_of(step: Step, *names: str, **defaults: Any) -> list:
@@ -73,7 +78,7 @@ def path_arg(raw: Any) -> tuple:
 
 OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
        "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
-       "mamba_alloc", "mamba_free")
+       "mamba_alloc", "mamba_free") + HOST_TIER_OPS
 REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort")
 
 
@@ -102,12 +107,15 @@ class StepAdapter:
     rejections: tuple = (CacheError,)
     pool: Any  # the environment's PagedPool
     aux_pools: tuple = ()  # hybrid models: the SWA and Mamba pools, whose logs are effects too
+    host_pool: Any = None  # the host PagedPool, with a host tier
 
     def apply(self, step: Step) -> Observation:
         op = step.get("op")
         self.pool.take_freed()
         for p in self.aux_pools:
             p.take_freed()
+        if self.host_pool is not None:
+            self.host_pool.take_freed()
         try:
             hybrid_request_check(self.config, op)
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
@@ -115,25 +123,32 @@ class StepAdapter:
                 if op in HOST_TIER_OPS or op in AUX_OPS:
                     raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
                 raise UnknownOp(f"unknown op {op!r}")
-            return handler(step)
+            obs = handler(step)
+            if self.host_pool is not None and op in HOST_EFFECT_OPS:
+                obs["host_freed"] = self.host_pool.take_freed()
+            return obs
         except self.rejections as e:
             self.pool.take_freed()
             for p in self.aux_pools:
                 p.take_freed()
+            if self.host_pool is not None:
+                self.host_pool.take_freed()
             return {"error": type(e).__name__, "message": str(e)}
 
 
-class SpecAdapter(StepAdapter):
+class SpecAdapter(SpecHostOps, StepAdapter):
     """Runs trace steps on the executable specification."""
 
     def __init__(self, config: CacheConfig) -> None:
-        check_supported(config, hybrid=True)
+        check_supported(config, hybrid=True, host_tier=True)
         self.config = config
         self.state: CacheState = new_state(config)
         self.pool = self.state.kv
         self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.state.mamba)
                                if p is not None)
+        self.host_pool = self.state.host.pool if self.state.host is not None else None
         self.handles: dict[int, Any] = {}  # trace handle (the lock step's i) -> LockHandle
+        self.host_handles: dict[int, Any] = {}  # trace handle (the host_lock step's i)
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.state)
@@ -259,6 +274,7 @@ class SpecAdapter(StepAdapter):
         args_of(step)
         rules.reset(self.state)
         self.handles.clear()
+        self.host_handles.clear()
         return {}
 
     # -- request-level ops (docs/TRACE.md, "Request-level ops") ------------------------------
@@ -323,6 +339,9 @@ def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
         if config.components != ("full",):  # hybrid models: SWA or Mamba
             from uniradix.conformance.upstream_hybrid import HybridUpstreamAdapter
             return HybridUpstreamAdapter(config)
+        if config.has_host_tier:
+            from uniradix.conformance.upstream_host import UpstreamHostAdapter
+            return UpstreamHostAdapter(config)
         from uniradix.conformance.upstream import UpstreamAdapter
         return UpstreamAdapter(config)
     if impl not in ADAPTERS:

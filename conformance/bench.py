@@ -663,7 +663,7 @@ class Comparison:
 
     def median_ops_us(self, impl: str) -> dict[str, float]:
         per_run = [s.op_medians_us() for s in self.runs[impl]]
-        ops = [op for op in OPS if any(op in d for d in per_run)]
+        ops = list(dict.fromkeys(op for d in per_run for op in d))  # OPS, plus the host tier's
         return {op: statistics.median(d[op] for d in per_run if op in d) for op in ops}
 
     def ratio(self, a: str, b: str) -> Optional[float]:
@@ -914,6 +914,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="also report bytes per cached token of each tree (Mooncake, no eviction)")
     b.add_argument("--memory-requests", type=int, default=100,
                    help="Mooncake requests for --memory (default 100)")
+    b.add_argument("--hicache", choices=["write_through", "write_back"], default=None,
+                   help="with a host tier of twice the device pool and this write policy "
+                        "(conformance/bench_host.py; fast and upstream)")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     b.add_argument("--components", choices=("full", "swa", "mamba"), default="full",
                    help="hybrid models: swa or mamba runs fast and upstream only "
@@ -961,6 +964,10 @@ def print_comparison(cmp: Comparison, out=None) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "hicache", None) and getattr(args, "components", "full") != "full":
+        print("uniradix bench: --hicache with --components swa|mamba is not supported (no "
+              "implementation has a host tier with an aux component yet)", file=sys.stderr)
+        return 2
     results: dict = {"comparisons": [], "memory": []}
     status = 0
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -968,14 +975,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for ps in args.page_size:
             workload = make_workload(wname, ps, args.requests)
             spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
-            if getattr(args, "components", "full") != "full":  # hybrid models
+            if getattr(args, "hicache", None):  # the host tier (conformance/bench_host.py)
+                from uniradix.conformance.bench_host import compare_host, print_host_ops
+                cmp = compare_host(args.impl, workload, args.hicache,
+                                   repeats=max(1, args.repeat), log=log)
+                print_comparison(cmp)
+                print_host_ops(cmp)
+            elif getattr(args, "components", "full") != "full":  # hybrid models
                 from uniradix.conformance.bench_hybrid import compare_hybrid
                 cmp = compare_hybrid(args.impl, workload, args.components,
                                      repeats=max(1, args.repeat), strict=False, log=log)
+                print_comparison(cmp)
             else:
                 cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
                               log=log, repeats_for=spec_rounds)
-            print_comparison(cmp)
+                print_comparison(cmp)
             print()
             results["comparisons"].append(cmp.summary())
             if not cmp.identical:

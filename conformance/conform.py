@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 from uniradix.conformance.lockstep import (
     VIOLATION, Finding, ImplSpec, Lockstep, comparable, impl_labels, impl_name,
     build_adapters, shrink, write_trace)
-from uniradix.conformance.machine import TREE_ACTIONS, random_segment
+from uniradix.conformance.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError
 
@@ -40,6 +40,15 @@ NAMED_CONFIGS: dict[str, dict] = {
     # hybrid models: the window / SWA pool / Mamba pool are drawn per segment too
     "swa": {"components": ("full", "swa")},
     "mamba": {"page_size": 1, "components": ("full", "mamba")},
+    # host tier (HiCache); host_slots and thresholds are drawn per segment too (host_config)
+    "hicache-wt-p1": {"page_size": 1, "write_policy": "write_through"},
+    "hicache-wt-p4": {"page_size": 4, "write_policy": "write_through"},
+    "hicache-wb-p1": {"page_size": 1, "write_policy": "write_back"},
+    "hicache-wb-p4": {"page_size": 4, "write_policy": "write_back"},
+    # pages 1 and 4 alternating by segment; write_through or write_through_selective
+    "hicache-wt": {"page_size": (1, 4), "write_policy": ("write_through",
+                                                         "write_through_selective")},
+    "hicache-wb": {"page_size": (1, 4), "write_policy": "write_back"},
 }
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
@@ -79,12 +88,19 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
     if name == "swa":  # page 1/2/4, window 1..12, an SWA pool of 50-100% of the KV pool
         base = dict(base, page_size=rng.choice([1, 2, 4]), sliding_window=rng.randint(1, 12))
     ps = base.get("page_size", 1)
+    if isinstance(ps, tuple):  # the host-tier configs alternate page sizes by segment
+        ps = ps[segment % len(ps)]
     pages = rng.randint(16 // ps, 96 // ps)
     if name == "swa":
         base["swa_slots"] = rng.randint(max(1, pages // 2), pages) * ps
     elif name == "mamba":
         base = dict(base, mamba_slots=rng.randint(2, 8),
                     mamba_cache_chunk_size=rng.randint(1, 4))
+    if name.startswith("hicache-"):
+        policy = base["write_policy"]
+        if isinstance(policy, tuple):
+            policy = policy[(segment // 2) % len(policy)]
+        return name, host_config(RandomChooser(rng), ps, pages * ps, policy)
     return name, CacheConfig(**base, kv_slots=pages * ps)
 
 
@@ -448,7 +464,9 @@ def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "SharedPrefix().scaled(N) (default 100)")
     from uniradix.conformance.driver import CONFIG_NAMES as driver_configs
     p.add_argument("--config", default="full-p1", choices=list(driver_configs),
-                   help="random workload only: the driver's config (default full-p1)")
+                   help="random workload only: the driver's config (default full-p1; "
+                        "swa-*/mamba-p1 are hybrid models, hicache-{wt,wb}-p{1,4} have a host "
+                        "tier)")
     p.set_defaults(func=cmd_record)
     return p
 

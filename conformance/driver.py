@@ -35,7 +35,8 @@ from typing import Any, Optional, Sequence
 
 from uniradix.spec.config import CacheConfig
 
-CONFIG_NAMES = ("full-p1", "full-p4", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1")
+CONFIG_NAMES = ("full-p1", "full-p4", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1",
+                "hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4")
 # Hybrid models: (page_size, sliding_window) of the SWA configs; the Mamba config's chunk size.
 SWA_CONFIGS = {"swa-w8-p1": (1, 8), "swa-w8-p4": (4, 8), "swa-w32-p1": (1, 32)}
 MAMBA_SLOT_CHOICES = (6, 8, 12, 16, 24)
@@ -61,7 +62,16 @@ def make_config(name: str, seed: int) -> CacheConfig:
     if name == "mamba-p1":
         return CacheConfig(page_size=1, components=("full", "mamba"), kv_slots=kv_slots,
                            mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
-    page_size = {"full-p1": 1, "full-p4": 4}[name]
+    page_size = int(name[-1])
+    if name.startswith("hicache-"):
+        # host tier: a host pool of 1 to 2 device pools (host eviction is frequent), the
+        # write policy of the name, sometimes a load-back threshold
+        host_slots = _round_down(int(kv_slots * rng.choice((1.0, 1.5, 2.0))), page_size)
+        policy = {"wt": "write_through", "wb": "write_back"}[name.split("-")[1]]
+        return CacheConfig(page_size=page_size, components=("full",), kv_slots=kv_slots,
+                           host_slots=host_slots, write_policy=policy,
+                           write_through_threshold=1,
+                           load_back_threshold=rng.choice((0, 0, 2 * page_size, 8)))
     return CacheConfig(page_size=page_size, components=("full",), kv_slots=kv_slots)
 
 
@@ -128,6 +138,8 @@ class Driver:
         self.mamba = "mamba" in config.components
         self.free_swa = config.swa_slots
         self.free_mamba = config.mamba_slots
+        self.host_pins: list[int] = []      # handles of host locks (host tier)
+        self.host_tier = config.has_host_tier
         self._setup_world()
 
     # -- the token world ---------------------------------------------------------------------
@@ -200,6 +212,8 @@ class Driver:
             self.free_slots += len(args["slots"])
         elif op == "reset":
             self.free_slots = self.config.kv_slots
+        elif op == "load_back":  # the cache took the loaded slots from the pool
+            self.free_slots -= len(ret["device_indices"])
         self.free_slots += len(ret.get("freed", ()))
         # hybrid models: SWA slots come and go with the KV slots the driver holds
         self.free_swa += len(ret.get("swa_freed", ())) - len(ret.get("swa_slots", ()))
@@ -299,6 +313,10 @@ class Driver:
         req.prefix = list(ret["device_indices"])
         if self.done():
             return
+        if self.host_tier and ret["best_match_node"] > req.matched and self.rng.random() < 0.75:
+            self._load_back(req, prompt, ret["best_match_node"])
+            if self.done():
+                return
         req.handle = self._lock(prompt[: req.matched], req.extra_key)
         need = _round_up(len(prompt) - req.matched, self.page)
         if self.done():
@@ -323,6 +341,16 @@ class Driver:
         if self.done():
             return
         self.inflight.append(req)
+
+    def _load_back(self, req: _Request, prompt: list[int], best: int) -> None:
+        """The scheduler's init_load_back for the host part of a match."""
+        quota = None if self.rng.random() < 0.8 else self.rng.randint(0, 2 * best)
+        ret = self.emit("load_back", {
+            "node": {"tokens": prompt[:best], "extra_key": req.extra_key},
+            "last_device_node": {"tokens": prompt[: req.matched], "extra_key": req.extra_key},
+            "mem_quota": quota})
+        req.prefix += list(ret["device_indices"])
+        req.matched = ret["last_node"]
 
     def _produced_capacity(self, req: _Request) -> int:
         """Output tokens that fit in the slots already held (the last prompt page's slack)."""
@@ -453,6 +481,41 @@ class Driver:
         self.emit("reset", {})
         self.inflight.clear()
         self.pins.clear()
+        self.host_pins.clear()
+
+    # -- host tier actions ---------------------------------------------------------------------
+    def host_actions(self) -> tuple[list[str], list[float]]:
+        if not self.host_tier:
+            return [], []
+        return (["io_complete", "events", "evict_host", "host_pin", "host_unpin"],
+                [2.5, 2.0, 0.6, 0.5 if len(self.host_pins) < 2 else 0,
+                 0.5 if self.host_pins else 0])
+
+    def act_io_complete(self) -> None:
+        pick = lambda: self.rng.choice((-1, 0, 1, 1, 2, 3))  # noqa: E731
+        self.emit("io_complete", {"writes": pick(), "loads": pick()})
+
+    def act_events(self) -> None:
+        self.emit("check_hicache_events", {})
+
+    def act_evict_host(self) -> None:
+        n = self.rng.choice((1, self.page, self.rng.randint(1, max(1, self.config.host_slots // 3))))
+        self.emit("evict_host", {"num_tokens": n})
+
+    def act_host_pin(self) -> None:
+        """Host-lock the host part of a match (what a storage prefetch protects)."""
+        t = self.rng.choice(self.templates)
+        ns = self._namespace()
+        ret = self._match(t, ns)
+        if self.done() or ret["best_match_node"] <= ret["last_device_node"]:
+            return
+        h = self.emit("host_lock", {"node": {"tokens": t[: ret["best_match_node"]],
+                                             "extra_key": ns}})["handle"]
+        self.host_pins.append(h)
+
+    def act_host_unpin(self) -> None:
+        h = self.host_pins.pop(self.rng.randrange(len(self.host_pins)))
+        self.emit("host_unlock", {"handle": h})
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> list[dict]:
@@ -470,8 +533,11 @@ class Driver:
                 6.0 * len(self.inflight),
                 0.25 if resets_left and len(self.steps) > 60 else 0,
             ]
-            action = rng.choices(actions, weights=weights)[0]
-            if action == "admit":
+            more, more_weights = self.host_actions()
+            action = rng.choices(actions + more, weights=weights + more_weights)[0]
+            if action in more:
+                getattr(self, "act_" + action)()
+            elif action == "admit":
                 self.admit()
             elif action == "evict":
                 self.explicit_evict()

@@ -13,6 +13,7 @@ import torch
 from uniradix import fast
 from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.adapters import StepAdapter, args_of, check_supported, path_arg
+from uniradix.conformance.host_ops import FastHostOps
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import CacheError as SpecCacheError
@@ -81,22 +82,28 @@ def ints(name: str, xs) -> array:
         raise fast.InvalidInput(f"{name}: {e}") from None
 
 
-class FastAdapter(StepAdapter):
+class FastAdapter(FastHostOps, StepAdapter):
     """Runs trace steps on the fast path."""
 
     rejections = REJECTIONS
 
     def __init__(self, config: CacheConfig) -> None:
-        check_supported(config)
+        check_supported(config, host_tier=True)
         self.config = config
         self.pool = PagedPool(config.kv_slots, config.page_size, "kv")
         self.alloc = PoolAllocator(self.pool, torch)
         self.rtt = ReqToTokenPool()
+        hicache = None
+        if config.has_host_tier:  # the host tier (conformance/host_ops.py)
+            self.host_pool = PagedPool(config.host_slots, config.page_size, "host")
+            hicache = self.hicache_config(config, PoolAllocator(self.host_pool, torch),
+                                          log_copies=True)
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
-            is_eagle=config.eagle))
+            is_eagle=config.eagle, hicache=hicache))
         self.handles: dict[int, tuple] = {}
+        self.host_handles: dict[int, tuple] = {}
         self.requests: dict[str, Req] = {}
 
     def violations(self) -> list[str]:
@@ -137,7 +144,9 @@ class FastAdapter(StepAdapter):
                 "sizes": {"full_evictable": self.cache.evictable_size(),
                           "full_protected": self.cache.protected_size()},
                 "pool": sorted(self.pool.allocated_pages()),
-                "requests": [self._request_view(r) for _, r in sorted(self.requests.items())]}
+                "requests": [self._request_view(r) for _, r in sorted(self.requests.items())],
+                **({"host": self.host_snapshot()}
+                   if getattr(self, "host_pool", None) is not None else {})}
 
     def _request_view(self, req: Req) -> dict[str, Any]:
         row = self.rtt.req_to_token[req.req_pool_idx, :req.row_len].tolist() if req.admitted else []
@@ -210,6 +219,7 @@ class FastAdapter(StepAdapter):
         self.cache.reset()
         self.pool.reset()
         self.handles.clear()
+        self.host_handles.clear()
         self.requests.clear()
         self.rtt = ReqToTokenPool()
         self.cache.req_to_token_pool = self.rtt

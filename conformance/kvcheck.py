@@ -22,8 +22,14 @@ works on every implementation. A problem is reported through ``violations()`` (t
 ``[kv]``), so lockstep runs, shrinking and ``uniradix replay`` treat it as any broken invariant.
 Under EAGLE slot ``p`` holds token ``p`` (the first token of bigram unit ``p``).
 
-The host tier adds trips to the host pool and back; this mode will carry fingerprints along
-those copies when the host tier exists (docs/TRACE.md).
+With a host tier the checker keeps a **host pool** too (:class:`HostKV`, in one of upstream's
+host layouts, NaN at the start) and moves real data: after a step it runs the copies the
+implementation asked its I/O environment for (``take_copies()`` on the adapter: backups
+device -> host and loads host -> device, in the order they were issued) with the copy kernels
+of ``uniradix.kernels`` (the torch reference by default; Triton under the interpreter with
+``impl="triton"``), then checks that every node's host slots hold the fingerprints of its path
+as well.  A host slot mix-up therefore shows when it happens, and a device slot mix-up is
+carried to the host and back and shows when the data comes back.
 """
 
 from __future__ import annotations
@@ -84,6 +90,10 @@ class KVPool:
         """Index of the first slot whose contents are not its fingerprint's, or None."""
         if not slots:
             return None
+        size = self.data.shape[1]
+        outside = [k for k, s in enumerate(slots) if not (type(s) is int and 0 <= s < size)]
+        if outside:  # a slot outside the pool holds no KV at all
+            return outside[0]
         bad = self.data[:, list(slots)] != slot_contents(fps)  # NaN != anything
         per_slot = bad.reshape(LAYERS, len(slots), -1).any(axis=2).any(axis=0)
         if not per_slot.any():
@@ -91,15 +101,69 @@ class KVPool:
         return int(per_slot.argmax())
 
 
+class HostKV:
+    """The host pool of the checked mode and the device pool's twin as ``uniradix.kernels``
+    pools (an MLA-shaped geometry: one plane of ``HEADS * DIM`` elements per layer, the same
+    bytes as :class:`KVPool`), so the copy kernels move the data."""
+
+    def __init__(self, device: KVPool, host_slots: int, page_size: int, layout: str = "layer_first",
+                 impl: str = "torch") -> None:
+        import torch
+
+        from uniradix import kernels
+        self.kernels, self.torch, self.impl = kernels, torch, impl
+        self.geometry = kernels.KVGeometry.mla(LAYERS, HEADS * DIM, page_size, torch.float32)
+        slots = device.data.shape[1]
+        self.device = kernels.DevicePool(self.geometry, torch.from_numpy(device.data).view(
+            LAYERS, slots, 1, HEADS * DIM))
+        tokens = host_slots + page_size
+        shape = self.geometry.host_shape(layout, tokens)
+        self.data = np.full(shape, np.nan, dtype=np.float32)  # shared with the kernels' view
+        self.host = kernels.HostPool(self.geometry, kernels.Layout(layout),
+                                     torch.from_numpy(self.data))
+        self.layout = self.host.layout
+
+    def run(self, copies: list) -> None:
+        """Run the logged copies in order."""
+        t = self.torch
+        for kind, src, dst in copies:
+            if kind == "backup":
+                self.kernels.backup_all_layers(
+                    self.device, self.host, device_indices=t.tensor(src, dtype=t.int64),
+                    host_indices=t.tensor(dst, dtype=t.int64), impl=self.impl)
+            else:
+                self.kernels.load_all_layers(
+                    self.host, self.device, host_indices=t.tensor(src, dtype=t.int64),
+                    device_indices=t.tensor(dst, dtype=t.int64), impl=self.impl)
+
+    def rows(self, slots: Sequence[int]) -> np.ndarray:
+        """What host slots hold: ``(layers, len(slots), heads, dim)``."""
+        idx = np.array(list(slots), dtype=np.int64)
+        buf = self.data
+        name = self.layout.value
+        if name == "layer_first":
+            out = buf[:, idx]
+        elif name == "page_first":
+            out = buf[idx].transpose(1, 0, 2, 3)
+        else:
+            P = self.geometry.page_size
+            out = buf[idx // P, :, idx % P].transpose(1, 0, 2, 3)
+        return out.reshape(LAYERS, len(slots), HEADS, DIM)
+
+
 class KVChecked:
     """An adapter with a KV pool that fingerprints computed tokens and checks every slot the
-    cache hands out; see the module docstring."""
+    cache hands out; see the module docstring.  ``host_layout`` / ``copy_impl``: the host
+    pool's layout and the copy engine, with a host tier."""
 
-    def __init__(self, inner: Any, config: CacheConfig) -> None:
+    def __init__(self, inner: Any, config: CacheConfig, host_layout: str = "layer_first",
+                 copy_impl: str = "torch") -> None:
         self.inner = inner
         self.config = config
         self.eagle = config.eagle
         self.kv = KVPool(config.kv_slots + config.page_size)
+        self.host = HostKV(self.kv, config.host_slots, config.page_size, host_layout, copy_impl) \
+            if config.has_host_tier else None
         self.tokens: dict[str, tuple] = {}  # rid -> (prompt tokens, extra_key)
         self.errors: list[str] = []
         self._fp_cache: dict = {}
@@ -115,6 +179,8 @@ class KVChecked:
         op = step.get("op")
         args = step.get("args") or {}
         before = self.inner.snapshot() if op in ("insert", "req_chunk", "req_decode") else None
+        if self.host is not None:
+            self.inner.take_copies()
         obs = self.inner.apply(step)
         if "error" in obs:
             return obs
@@ -131,6 +197,9 @@ class KVChecked:
             got = list(obs.get("device_indices", []))
             self._expect(i, f"match_prefix result for {len(args['tokens'])} tokens",
                          args.get("extra_key"), list(args["tokens"]), got)
+        if self.host is not None:  # the step's trips between the tiers, in order
+            self.host.run(self.inner.take_copies())
+            self._check_host(i, after)
         self._check_state(i, after)
         return obs
 
@@ -209,7 +278,7 @@ class KVChecked:
             tokens = path["tokens"]
             units = len(tokens) - 1 if self.eagle and tokens else len(tokens)
             start = units - len(value)
-            owners.append((len(slots), start, f"node {_short_path(path)}"))
+            owners.append((len(slots), start, path))  # (described only on a finding)
             slots.extend(value)
             fps.extend(self._fps(path["extra_key"], tokens)[start: units])
         for req in snap.get("requests", []):
@@ -218,14 +287,42 @@ class KVChecked:
             if rid not in self.tokens or not n:
                 continue
             tokens, ek = self._request_tokens(rid, n)
-            owners.append((len(slots), 0, f"request {rid!r} row"))
+            owners.append((len(slots), 0, rid))
             slots.extend(req["row"][:n])
             fps.extend(self._fps(ek, tokens)[:n])
         bad = self.kv.first_wrong(slots, fps)
         if bad is not None:
-            at, start, what = max(o for o in owners if o[0] <= bad)
+            at, start, who = max((o for o in owners if o[0] <= bad), key=lambda o: o[0])
+            what = f"request {who!r} row" if isinstance(who, str) else f"node {_short_path(who)}"
             self.errors.append(f"[kv] step {i}: {what} holds slot {slots[bad]} at position "
                                f"{start + bad - at}, which does not hold that token's KV")
+
+
+    def _check_host(self, i: Any, snap: dict) -> None:
+        """Every node's host copy holds the fingerprints of its path."""
+        slots: list = []
+        fps: list = []
+        owners: list = []
+        for node in snap.get("host", {}).get("nodes", []):
+            host_value = node.get("host_value")
+            if not host_value:
+                continue
+            path = node["path"]
+            tokens = path["tokens"]
+            start = len(tokens) - len(host_value)
+            owners.append((len(slots), start, path))
+            slots.extend(host_value)
+            fps.extend(self._fps(path["extra_key"], tokens)[start:])
+        if not slots:
+            return
+        bad = self.host.rows(slots) != slot_contents(fps)
+        per_slot = bad.reshape(LAYERS, len(slots), -1).any(axis=2).any(axis=0)
+        if per_slot.any():
+            k = int(per_slot.argmax())
+            at, start, path = max((o for o in owners if o[0] <= k), key=lambda o: o[0])
+            self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds host slot "
+                               f"{slots[k]} at position {start + k - at}, which does not hold "
+                               "that token's KV")
 
 
 def _owned(snap: Optional[dict], obs: dict) -> set:

@@ -44,6 +44,10 @@ from uniradix.conformance.adapters import ADAPTERS
 from uniradix.spec.config import CacheConfig
 
 NAMESPACES = (None, "a", "b")
+# the host tier's actions (configs with host_slots > 0 only; they leave the request-level ops out)
+HOST_ACTIONS = ("io_complete", "check_events", "evict_host", "load_back", "host_lock",
+                "host_unlock")
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 MAX_HANDLES = 4
 MAX_REQUESTS = 4
 MAX_MATCHES = 8
@@ -143,11 +147,32 @@ def draw_hybrid_config(ch: Any) -> CacheConfig:
 
 def draw_config(ch: Any) -> CacheConfig:
     """page_size 1/2/4, kv_slots 16..96 in whole pages (eviction is frequent), EAGLE on or off,
-    a disabled cache rarely."""
+    a disabled cache rarely; a host tier in about a third of the runs (host_config)."""
+    ps = ch.choice([1, 2, 4])
+    pages = ch.integer(16 // ps, 96 // ps)
+    if ch.chance(0.35):
+        return host_config(ch, ps, pages * ps, ch.choice(WRITE_POLICIES))
+    return CacheConfig(page_size=ps, kv_slots=pages * ps, eagle=ch.chance(0.3),
+                       disable=ch.chance(0.05))
+
+
+def draw_device_config(ch: Any) -> CacheConfig:
+    """The device tier only (Full component): what :func:`draw_config` draws without a host
+    tier."""
     ps = ch.choice([1, 2, 4])
     pages = ch.integer(16 // ps, 96 // ps)
     return CacheConfig(page_size=ps, kv_slots=pages * ps, eagle=ch.chance(0.3),
                        disable=ch.chance(0.05))
+
+
+def host_config(ch: Any, ps: int, kv_slots: int, policy: str) -> CacheConfig:
+    """A host tier (HiCache): a host pool of 1/2 to 2 device pools (host eviction is frequent),
+    write-through thresholds 1 or 2, load-back thresholds 0 to two pages."""
+    host_pages = max(1, (kv_slots // ps) * ch.choice([1, 2, 3, 4]) // 2)
+    return CacheConfig(page_size=ps, kv_slots=kv_slots, host_slots=host_pages * ps,
+                       write_policy=policy,
+                       write_through_threshold=1 if policy == "write_through" else ch.choice([1, 2]),
+                       load_back_threshold=ch.choice([0, 0, ps, 2 * ps]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,6 +187,7 @@ class MatchSeen:
     length: int            # last_device_node: matched units
     indices: list          # device_indices
     epoch: int             # the eviction epoch it was taken in
+    best: int = 0          # best_match_node: matched units on either tier (host tier)
 
     def path_tokens(self, eagle: bool) -> list:
         """The raw tokens of the path to its last device node (units + 1 under EAGLE)."""
@@ -189,7 +215,7 @@ class ReqModel:
 
 ACTIONS = ("serve", "alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes",
            "reset", "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish",
-           "req_abort", "invalid", "mamba_alloc", "mamba_free")
+           "req_abort", "invalid", "mamba_alloc", "mamba_free") + HOST_ACTIONS
 
 
 class Scenario:
@@ -225,6 +251,8 @@ class Scenario:
         self.mamba_held: list[int] = []
         if self.swa or self.mamba:
             self.actions = frozenset(a for a in self.actions if not a.startswith("req_"))
+        self.host = config.has_host_tier
+        self.host_handles: list[int] = []           # live host_lock handles
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -293,6 +321,10 @@ class Scenario:
             return True
         if action not in self.actions:
             return False
+        if action in HOST_ACTIONS:
+            return host_can(self, action)
+        if action.startswith("req_") and self.host:  # the host tier: tree-level API only
+            return False
         if action == "alloc":
             return len(self.pages) < max(1, self.num_pages // 2)
         if action == "free":
@@ -324,7 +356,9 @@ class Scenario:
     WEIGHTS = {"serve": 3.0, "alloc": 3.0, "free": 1.2, "insert": 4.0, "match_prefix": 4.0,
                "lock": 2.0, "unlock": 1.8, "evict": 1.2, "sizes": 0.5, "reset": 0.04, "req_arrive": 1.5,
                "req_admit": 2.0, "req_chunk": 2.5, "req_decode": 2.0, "req_finish": 1.3,
-               "req_abort": 0.3, "invalid": 0.4, "mamba_alloc": 2.0, "mamba_free": 0.4}
+               "req_abort": 0.3, "invalid": 0.4, "mamba_alloc": 2.0, "mamba_free": 0.4,
+               "io_complete": 2.0, "check_events": 1.5, "evict_host": 0.5, "load_back": 2.0,
+               "host_lock": 0.5, "host_unlock": 0.5}
 
     def pick_action(self, rng: random.Random) -> str:
         names = [a for a in ACTIONS if self.can(a)]
@@ -488,6 +522,8 @@ class Scenario:
             return {"op": "lock", "args": {"node": {"tokens": [], "extra_key": None}}}
         m = ch.choice(self.matches)
         tokens = m.path_tokens(self.eagle)
+        if self.host and m.best > m.length and ch.chance(0.3):  # lock an evicted node
+            tokens = list(m.tokens[: m.best])
         self.ctx = {"tokens": tokens, "extra_key": m.extra_key,
                     "pins": m if m.epoch == self.epoch else None}
         return {"op": "lock", "args": {"node": {"tokens": tokens, "extra_key": m.extra_key}}}
@@ -646,6 +682,13 @@ class Scenario:
             step = {"op": "sizes", "args": {"x": 1}}
         elif kind == "unknown_op":
             step = {"op": "frobnicate", "args": {}}
+        elif kind == "host_op" and self.host:  # malformed host-tier steps
+            step = ch.choice([{"op": "evict_host", "args": {"num_tokens": -1}},
+                              {"op": "load_back", "args": {}},
+                              {"op": "io_complete", "args": {"writes": -2, "loads": 0}},
+                              {"op": "io_complete", "args": {"writes": 0, "loads": "1"}},
+                              {"op": "check_hicache_events", "args": {"x": 1}},
+                              {"op": "host_unlock", "args": {"handle": 10**9}}])
         elif kind == "host_op":
             step = {"op": ch.choice(["evict_host", "load_back", "io_complete",
                                      "check_hicache_events"]), "args": {}}
@@ -740,7 +783,7 @@ class Scenario:
         elif op == "match_prefix":
             self.matches.append(MatchSeen(list(args["tokens"]), args["extra_key"],
                                           obs["last_device_node"], list(obs["device_indices"]),
-                                          self.epoch))
+                                          self.epoch, obs.get("best_match_node", 0)))
             if ctx.get("serve"):
                 self.serving["match"] = self.matches[-1]
             if len(self.matches) > MAX_MATCHES:
@@ -758,6 +801,8 @@ class Scenario:
         elif op == "evict":
             if obs.get("num_tokens_evicted", 0) > 0:
                 self.epoch += 1
+        elif op in HOST_OPS:
+            host_observe(self, op, args, ctx, obs)
         elif op == "reset":
             self.mamba_held.clear()
             self.pages.clear()
@@ -767,6 +812,7 @@ class Scenario:
             self.cached.clear()
             self.queue.clear()
             self.serving = {}
+            self.host_handles.clear()
             self.epoch += 1
         elif op == "req_arrive":
             self.reqs[args["rid"]] = ReqModel(args["rid"], list(args["tokens"]),
@@ -799,6 +845,88 @@ class Scenario:
 
 
 TREE_ACTIONS = tuple(a for a in ACTIONS if not a.startswith("req_"))
+
+
+# ----------------------------------------------------------------------------------------------
+# The host tier's actions (Scenario methods are looked up as ``_p_<action>``)
+# ----------------------------------------------------------------------------------------------
+
+HOST_OPS = ("load_back", "host_lock", "host_unlock")
+
+
+def host_can(sc: Scenario, action: str) -> bool:
+    """Host actions need a host tier (which leaves the request-level ops out: the host tier
+    is driven through the tree-level API, as the scheduler's HiCache path does)."""
+    if not sc.host:
+        return False
+    if action == "load_back":
+        return any(m.best > m.length for m in sc.matches)
+    if action == "host_lock":
+        return len(sc.host_handles) < MAX_HANDLES and any(m.best > m.length for m in sc.matches)
+    if action == "host_unlock":
+        return bool(sc.host_handles)
+    return True
+
+
+def _p_io_complete(sc: Scenario, ch: Any) -> dict:
+    pick = lambda: ch.choice([-1, 0, 0, 1, 1, 2, 3])  # noqa: E731
+    return {"op": "io_complete", "args": {"writes": pick(), "loads": pick()}}
+
+
+def _p_check_events(sc: Scenario, ch: Any) -> dict:
+    return {"op": "check_hicache_events", "args": {}}
+
+
+def _p_evict_host(sc: Scenario, ch: Any) -> dict:
+    n = ch.choice([0, 1, sc.ps, ch.integer(1, max(1, sc.config.host_slots // 2))])
+    return {"op": "evict_host", "args": {"num_tokens": n}}
+
+
+def _p_load_back(sc: Scenario, ch: Any) -> dict:
+    """init_load_back for the host part of a match (taken in any epoch: its paths may have
+    stopped being nodes, which is then a rejected step on every implementation)."""
+    m = ch.choice([m for m in sc.matches if m.best > m.length])
+    quota = None if ch.chance(0.75) else ch.integer(0, 2 * (m.best - m.length))
+    sc.ctx = {"match": m}
+    return {"op": "load_back", "args": {
+        "node": {"tokens": list(m.tokens[: m.best]), "extra_key": m.extra_key},
+        "last_device_node": {"tokens": list(m.tokens[: m.length]), "extra_key": m.extra_key},
+        "mem_quota": quota}}
+
+
+def _p_host_lock(sc: Scenario, ch: Any) -> dict:
+    m = ch.choice([m for m in sc.matches if m.best > m.length])
+    return {"op": "host_lock", "args": {"node": {"tokens": list(m.tokens[: m.best]),
+                                                 "extra_key": m.extra_key}}}
+
+
+def _p_host_unlock(sc: Scenario, ch: Any) -> dict:
+    h = ch.choice(sc.host_handles)
+    sc.ctx = {"host_handle": h}
+    return {"op": "host_unlock", "args": {"handle": h}}
+
+
+for _name, _fn in (("io_complete", _p_io_complete), ("check_events", _p_check_events),
+                   ("evict_host", _p_evict_host), ("load_back", _p_load_back),
+                   ("host_lock", _p_host_lock), ("host_unlock", _p_host_unlock)):
+    setattr(Scenario, "_p_" + _name, _fn)
+
+
+def host_observe(sc: Scenario, op: str, args: dict, ctx: dict, obs: dict) -> None:
+    if op == "load_back":
+        if obs.get("freed"):
+            sc.epoch += 1
+        m = ctx["match"]
+        if obs["device_indices"] and sc.usable(m):  # the loaded path, as a fresh match
+            sc.matches.append(MatchSeen(list(m.tokens), m.extra_key, obs["last_node"],
+                                        list(m.indices) + list(obs["device_indices"]),
+                                        sc.epoch, m.best))
+            if len(sc.matches) > MAX_MATCHES:
+                sc.matches.pop(0)
+    elif op == "host_lock":
+        sc.host_handles.append(obs["handle"])
+    elif op == "host_unlock":
+        sc.host_handles.remove(ctx["host_handle"])
 
 
 def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
@@ -837,9 +965,15 @@ def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
 # ----------------------------------------------------------------------------------------------
 
 
+def draw_host_config(ch: Any) -> CacheConfig:
+    """A host-tier config only (pages 1, 2 or 4; every write policy)."""
+    ps = ch.choice([1, 2, 4])
+    return host_config(ch, ps, ch.integer(16 // ps, 64 // ps) * ps, ch.choice(WRITE_POLICIES))
+
+
 def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int = 1,
                  trace_path: Optional[str] = None, name: str = "CacheMachine",
-                 config_drawer: Optional[Callable[[Any], CacheConfig]] = None) -> type:
+                 draw: Callable[[Any], CacheConfig] = draw_config) -> type:
     """A ``RuleBasedStateMachine`` class running ``impls`` (names for ``make_adapter`` or
     factories ``config -> adapter``; default :func:`default_impls`) in lockstep.
 
@@ -848,9 +982,9 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
     :class:`~uniradix.conformance.lockstep.LockstepError`; the steps taken are in ``self.steps``
     and, with ``trace_path`` (or ``$UNIRADIX_MACHINE_TRACE``), the failing run is written there
     as a trace with the first implementation's observations as ``ret`` (Hypothesis replays the
-    minimal example last, so the file ends up holding the shrunk one).  ``config_drawer``
-    draws each run's config (default :func:`draw_config`; :func:`draw_hybrid_config` for the
-    SWA and Mamba components)."""
+    minimal example last, so the file ends up holding the shrunk one).  ``draw`` draws each
+    run's config (default :func:`draw_config`; :func:`draw_hybrid_config` for the SWA and Mamba
+    components, :func:`draw_host_config` for the host tier only)."""
     from hypothesis import note
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -879,7 +1013,7 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
         @initialize(data=st.data())
         def configure(self, data: Any) -> None:
             ch = HypothesisChooser(data)
-            self.config = (config_drawer or draw_config)(ch)
+            self.config = draw(ch)
             self.sc = Scenario(self.config, ch)
             self.ls = Lockstep.from_impls(self.IMPLS, self.config, snapshot_every=snapshot_every)
             self.ls.prime()
@@ -1019,6 +1153,40 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
         def give_back_mamba_state_slot(self, seed: int) -> None:
             self._do("mamba_free", seed)
 
+        # the host tier (host configs): the environment finishes transfers in any amount and
+        # order against everything else; the scheduler polls, loads host hits back, evicts the
+        # host pool and host-locks what it prefetches
+        @precondition(ready("io_complete"))
+        @rule(seed=SEED)
+        def finish_transfers(self, seed: int) -> None:
+            self._do("io_complete", seed)
+
+        @precondition(ready("check_events"))
+        @rule(seed=SEED)
+        def poll_transfer_acks(self, seed: int) -> None:
+            self._do("check_events", seed)
+
+        @precondition(ready("load_back"))
+        @rule(seed=SEED)
+        def load_host_hit_back(self, seed: int) -> None:
+            self._do("load_back", seed)
+
+        @precondition(ready("evict_host"))
+        @rule(seed=SEED)
+        def evict_host_pool(self, seed: int) -> None:
+            if seed % 2 == 0:
+                self._do("evict_host", seed)
+
+        @precondition(ready("host_lock"))
+        @rule(seed=SEED)
+        def host_lock_host_part(self, seed: int) -> None:
+            self._do("host_lock", seed)
+
+        @precondition(ready("host_unlock"))
+        @rule(seed=SEED)
+        def host_unlock_held(self, seed: int) -> None:
+            self._do("host_unlock", seed)
+
         # misuse
         @precondition(ready("invalid"))
         @rule(seed=SEED)
@@ -1040,4 +1208,4 @@ except ImportError:  # pragma: no cover - conform works without Hypothesis
     CacheMachine = None
 else:
     CacheMachine = make_machine(name="CacheMachine")
-    HybridCacheMachine = make_machine(name="HybridCacheMachine", config_drawer=draw_hybrid_config)
+    HybridCacheMachine = make_machine(name="HybridCacheMachine", draw=draw_hybrid_config)

@@ -18,10 +18,12 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from .hicache import HiCacheConfig, HiCacheRadixCache, InitLoadBackParams
 
 __all__ = [
     "UnifiedRadixCache", "TreeNode", "RadixKey", "CacheInitParams", "MatchPrefixParams",
     "MatchResult", "InsertParams", "InsertResult", "EvictParams", "EvictResult",
     "IncLockRefResult", "DecLockRefParams", "DecLockRefResult", "CacheError", "InvalidInput",
-    "NodeNotFound", "HandleError", "Unsupported",
+    "NodeNotFound", "HandleError", "Unsupported", "HiCacheConfig", "HiCacheRadixCache",
+    "InitLoadBackParams",
 ]

@@ -152,9 +152,14 @@ def _int_arg(name: str, x) -> int:
 class UnifiedRadixCache:
     """Radix prefix cache over KV slots; see the module docstring for the structures."""
 
-    def __new__(cls, params: CacheInitParams = None, *args: Any, **kwargs: Any):
-        # Hybrid models (Full + SWA or Mamba) get the pure-Python fast/hybrid.py cache; the
-        # Full-only path below (and its C core) is unchanged.
+    def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):
+        # A host tier (params.hicache) is the pure-Python HiCacheRadixCache of fast/hicache.py
+        # (Full component only: it rejects others); hybrid models (Full + SWA or Mamba) get the
+        # pure-Python fast/hybrid.py cache. The device-only Full path below (and its C core) is
+        # unchanged.
+        if cls is UnifiedRadixCache and getattr(params, "hicache", None) is not None:
+            from .hicache import HiCacheRadixCache
+            return HiCacheRadixCache(params)
         comps = getattr(params, "tree_components", None)
         if cls is UnifiedRadixCache and comps is not None and len(comps) > 1:
             from .hybrid import HybridRadixCache

@@ -45,6 +45,9 @@ class CacheInitParams:
     # uniradix: the chunk size of Mamba's branching seqlen (upstream reads it from the global
     # server args; None = 64)
     mamba_cache_chunk_size: Optional[int] = None
+    # uniradix: a host tier (HiCache): a ``uniradix.fast.hicache.HiCacheConfig``; the cache is
+    # then a ``HiCacheRadixCache`` (fast/hicache.py)
+    hicache: Any = None
 
 
 @dataclasses.dataclass(slots=True)

@@ -127,6 +127,9 @@ def split_node(state: CacheState, child: Node, split_len: int) -> Node:
     upper.children[child_key_of(state, child.extra_key, child.key)] = child
     if child.aux:  # hybrid models: aux data follows the cut
         components.split_aux(state, upper, child, split_len)
+    if state.host is not None:  # host tier: cut the host copy too (spec/host.py)
+        from .host import split_host_data
+        split_host_data(state, upper, child)
     touch(state, child)
     return upper
 
@@ -184,7 +187,8 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
     Walk down while a child shares the next page; stop at an evicted node.  A match that ends
     inside a node splits it there, so the match always ends at a node end.  The matched path is
     stamped most recent.  Disabled caches, and keys shorter than a page, match nothing and
-    change nothing.
+    change nothing.  With a host tier the walk goes on through evicted nodes that have a host
+    copy (only device data counts towards the indices; spec/host.py ``match_outcome``).
     """
     tokens = check_int_list("tokens", tokens)
     extra_key = check_extra_key(extra_key)
@@ -200,16 +204,18 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
     best, best_chunks = node, 0
     while len(rest) > 0:
         child = find_child(state, node, extra_key, rest)
-        if child is None or child.value is None:
+        if child is None or (child.value is None and child.host_value is None):
             break
         shared = common_prefix_len(child.key, rest, state.config.page_size)
         if shared < len(child.key):
             node = split_node(state, child, shared)
-            chunks.append(node.value)
+            if node.value is not None:
+                chunks.append(node.value)
             if all([v(node) for v in validators]):
                 best, best_chunks = node, len(chunks)
             break
-        chunks.append(child.value)
+        if child.value is not None:
+            chunks.append(child.value)
         node = child
         rest = rest[shared:]
         if all([v(node) for v in validators]):
@@ -217,6 +223,9 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
 
     stamp_match_path(state, best)
     indices = tuple(s for chunk in chunks[:best_chunks] for s in chunk)
+    if state.host is not None:  # the host tier (Full component only: best is node)
+        from .host import match_outcome
+        return match_outcome(state, indices, best)
     branching = None
     if "mamba" in state.config.components:
         branching = components.branching_seqlen(state, sum(len(c) for c in chunks), best_chunks,
@@ -291,6 +300,9 @@ def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_
             raise InvalidInput(f"insert: slots {list(page)} of the new leaf are not one whole page")
         if not state.kv.is_allocated(first):
             raise InvalidInput(f"insert: slot {first} is not allocated")
+    if state.host is not None:  # evicted nodes on the way take fresh slots (spec/host.py)
+        from .host import check_unevict_slots
+        check_unevict_slots(state, plan, value)
 
 
 def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
@@ -370,6 +382,8 @@ def count_hit(state: CacheState, node: Node, chunked: bool) -> None:
     if state.config.write_policy == "write_back":
         return
     node.hit_count += 1
+    from .host import write_through_on_hit  # write-through once the threshold is reached
+    write_through_on_hit(state, node)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,6 +451,9 @@ def evict(state: CacheState, num_tokens: int) -> int:
     check_count("num_tokens", num_tokens)
     if state.config.disable:
         return 0
+    if state.host is not None:  # eviction to host, write-back (spec/host.py)
+        from .host import evict as evict_with_host_tier
+        return evict_with_host_tier(state, num_tokens)
     freed = 0
     while freed < num_tokens:
         victim = oldest_device_leaf(state)
@@ -465,9 +482,11 @@ def remove_from_parent(state: CacheState, node: Node) -> None:
 
 
 def delete_tombstone_ancestors(state: CacheState, node: Node) -> None:
-    """Walk up from ``node``: a childless, unlocked node with no device data is deleted, and
-    so on upwards; stop at the first node that must stay."""
-    while not node.is_root and not node.children and node.lock_ref == 0 and node.value is None:
+    """Walk up from ``node``: a childless, unlocked node with no device data (and, with a host
+    tier, no host copy and no host lock) is deleted, and so on upwards; stop at the first node
+    that must stay."""
+    while (not node.is_root and not node.children and node.lock_ref == 0 and node.value is None
+           and node.host_value is None and node.host_lock_ref == 0):
         parent = node.parent
         remove_from_parent(state, node)
         node = parent
@@ -487,3 +506,6 @@ def reset(state: CacheState) -> None:
     state.kv.reset()
     if state.mamba is not None:  # hybrid models: the Mamba pool is cleared too
         state.mamba.reset()
+    if state.host is not None:
+        from .host import reset_host_tier
+        reset_host_tier(state)

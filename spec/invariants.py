@@ -10,6 +10,7 @@ from collections import Counter
 
 from . import components, queries
 from .keys import namespaced_child_key
+from .host import host_invariants
 from .state import CacheState, all_nodes
 
 
@@ -38,15 +39,15 @@ def tree_structure(state: CacheState) -> list[str]:
 
 
 def data_presence(state: CacheState) -> list[str]:
-    """Every node keeps data (device-only: a device value); device data needs device data
+    """Every node keeps data (a device value or a host copy); device data needs device data
     above it (eviction only ever takes leaves)."""
     errors = []
     for node in all_nodes(state):
         if node.is_root:
             continue
-        if node.value is None:
-            errors.append(f"[data] {node!r} is dead: no device data (and no host tier)")
-        elif not node.parent.is_root and node.parent.value is None:
+        if node.value is None and node.host_value is None:
+            errors.append(f"[data] {node!r} is dead: no device data and no host copy")
+        elif node.value is not None and not node.parent.is_root and node.parent.value is None:
             errors.append(f"[data] {node!r} holds device data below an evicted parent")
     return errors
 
@@ -129,7 +130,7 @@ def request_rows(state: CacheState) -> list[str]:
 
 
 INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting,
-              request_rows)
+              request_rows, host_invariants)
 INVARIANTS += (components.aux_invariants,)  # hybrid models (spec/components.py)
 
 

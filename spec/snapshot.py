@@ -47,7 +47,30 @@ def snapshot(state: CacheState) -> dict[str, Any]:
                   "full_protected": queries.protected_size(state)},
         "pool": sorted(state.kv.allocated_pages()),
         "requests": [request_view(r) for _, r in sorted(state.requests.items())],
+        **({"host": host_view(state)} if state.host is not None else {}),
     } if state.config.components == ("full",) else hybrid_snapshot(state, nodes)
+
+
+def host_view(state: CacheState) -> dict[str, Any]:
+    """The host tier: host copies and host locks by path, the host eviction order, the host
+    pool, and the in-flight transfers in queue order."""
+    from .host import host_eviction_order
+    nodes = [{"path": path_of(state, n), "host_value": list(n.host_value)
+              if n.host_value is not None else None, "host_lock_ref": n.host_lock_ref}
+             for n in queries.all_nodes(state)
+             if not n.is_root and (n.host_value is not None or n.host_lock_ref)]
+    nodes.sort(key=lambda n: path_sort_key(n["path"]))
+
+    def acks(queue) -> list:
+        return [{"node": path_of(state, a.node), "done": a.done, "locked": a.lock is not None}
+                for a in queue]
+    return {
+        "nodes": nodes,
+        "host_leaf_order": [path_of(state, n) for n in host_eviction_order(state)],
+        "pool": sorted(state.host.pool.allocated_pages()),
+        "writes": acks(state.host.writes),
+        "loads": acks(state.host.loads),
+    }
 
 
 def request_view(req) -> dict[str, Any]:

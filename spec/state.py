@@ -31,6 +31,9 @@ class Node:
     children: dict = dataclasses.field(default_factory=dict)
     # Hybrid models (spec/components.py): per aux component ("swa", "mamba") its data here.
     aux: dict = dataclasses.field(default_factory=dict)
+    # host tier (spec/host.py): host KV slots, one per unit (None = no host copy), host locks
+    host_value: Optional[tuple] = None
+    host_lock_ref: int = 0
 
     @property
     def is_root(self) -> bool:
@@ -93,6 +96,7 @@ class CacheState:
     # next SWA lock-boundary mark.  With SWA, ``kv`` is a HybridKVPool (spec/world.py).
     mamba: Optional[PagedPool] = None
     next_boundary: int = 1
+    host: Optional[object] = None  # spec/host.py HostTier when config.host_slots > 0, else None
 
 
 def new_root() -> Node:
@@ -100,13 +104,20 @@ def new_root() -> Node:
 
 
 def new_state(config: CacheConfig) -> CacheState:
-    """An empty cache over a fresh KV pool of ``config.kv_slots`` usable slots."""
+    """An empty cache over a fresh KV pool of ``config.kv_slots`` usable slots (hybrid models:
+    the pools of spec/world.py), and a host tier over ``config.host_slots`` host slots when there
+    are any."""
     if config.components != ("full",):  # hybrid models: pools of spec/world.py
         from .world import hybrid_pools
         kv, mamba = hybrid_pools(config)
-        return CacheState(config=config, kv=kv, root=new_root(), mamba=mamba)
-    return CacheState(config=config, kv=PagedPool(config.kv_slots, config.page_size, "kv"),
-                      root=new_root())
+        state = CacheState(config=config, kv=kv, root=new_root(), mamba=mamba)
+    else:
+        state = CacheState(config=config, kv=PagedPool(config.kv_slots, config.page_size, "kv"),
+                           root=new_root())
+    if config.has_host_tier:
+        from .host import attach_host_tier
+        attach_host_tier(state)
+    return state
 
 
 def all_nodes(state: CacheState) -> list[Node]:

@@ -226,3 +226,17 @@ def test_a_speed_peer_that_fails_is_reported_missing(monkeypatch):
     monkeypatch.setitem(bench.BUNDLES, "fast", broken_bundle)
     with pytest.raises(TypeError):
         bench.compare(["spec", "fast"], tiny(1), repeats=1)
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_host_tier_bench_loads_host_hits_back_and_agrees(policy):
+    """conformance/bench_host.py: a host pool of twice the device pool; host hits are loaded
+    back; outcomes are the same run to run (and, where sglang imports, on upstream)."""
+    from uniradix.conformance import bench_host
+    w = bench.shared_prefix_workload(1, base=SharedPrefix(
+        requests=150, prompts=10, prompt_min=20, prompt_max=120, kv_slots=512, inflight=4))
+    cmp = bench_host.compare_host(["fast", "upstream", "spec"], w, policy, repeats=2)
+    assert "spec" in cmp.missing and cmp.identical, cmp.mismatches
+    s = cmp.runs["fast"][0]
+    assert s.requests + s.aborted == w.requests and s.evicted_tokens > 0
+    assert len(s.op_times["load_back"]) > 0 and len(s.op_times["events"]) == w.requests

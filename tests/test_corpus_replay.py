@@ -36,6 +36,17 @@ def test_hybrid_corpora_are_there(folder, prefixes):
             assert len(load_trace(t).steps) >= 300, t
 
 
+def test_host_tier_corpus_is_there():
+    """At least 20 upstream traces for each of write-through / write-back, pages 1 and 4."""
+    base = os.path.join(CORPUS, "upstream-hicache")
+    for cfg in ("hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4"):
+        found = glob.glob(os.path.join(base, f"{cfg}-s*.jsonl"))
+        assert len(found) >= 20, f"{cfg}: {len(found)} traces"
+        for t in found:
+            trace = load_trace(t)
+            assert trace.config.has_host_tier and len(trace.steps) >= 300, t
+
+
 @pytest.mark.parametrize("impl", ["spec", "fast"])
 @pytest.mark.parametrize("path", TRACES, ids=[os.path.relpath(t, CORPUS) for t in TRACES])
 def test_replay(path, impl):

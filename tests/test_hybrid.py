@@ -246,7 +246,7 @@ def test_fast_dispatches_hybrid_configs_and_keeps_the_full_path():
 
 def test_hybrid_machine_spec_vs_fast_is_clean():
     Machine = make_machine(["spec", "fast"], name="HybridMachine",
-                           config_drawer=draw_hybrid_config)
+                           draw=draw_hybrid_config)
     run_state_machine_as_test(Machine, settings=settings(
         max_examples=20, stateful_step_count=60, deadline=None, database=None,
         suppress_health_check=list(HealthCheck)))

@@ -31,7 +31,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
-from uniradix.conformance.machine import make_machine  # noqa: E402
+from uniradix.conformance.machine import draw_device_config, make_machine  # noqa: E402
 
 OTHER_IMPLS = sorted(k for k in ADAPTERS if k != "spec")
 
@@ -238,9 +238,10 @@ def test_conform_finds_broken_adapter_and_writes_short_trace(broken, broken_regi
 @pytest.mark.parametrize("broken", ["broken-match", "broken-evict", "broken-unlock"])
 def test_machine_finds_broken_adapter(broken, broken_registered, tmp_path):
     """The machine finds the bug (generation only, no Hypothesis shrinking: that takes
-    minutes); the failing run, written as a trace, shrinks with the lockstep shrinker."""
+    minutes); the failing run, written as a trace, shrinks with the lockstep shrinker. The
+    broken adapters break device-tier rules, so the runs draw device-tier configs."""
     path = str(tmp_path / "machine.jsonl")
-    Machine = make_machine(["spec", broken], trace_path=path)
+    Machine = make_machine(["spec", broken], trace_path=path, draw=draw_device_config)
     with pytest.raises(LockstepError) as e:
         run_state_machine_as_test(Machine, settings=settings(
             max_examples=300, stateful_step_count=60, deadline=None, database=None,

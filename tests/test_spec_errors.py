@@ -166,7 +166,8 @@ def test_adapter_host_tier_ops_unsupported(ad, op):
     rejected(ad, {"i": 9, "op": op, "args": {}}, "Unsupported")
 
 
-@pytest.mark.parametrize("cfg", [{"host_slots": 64},
+@pytest.mark.parametrize("cfg", [{"components": ("full", "swa"), "sliding_window": 4, "swa_slots": 64,
+                                  "host_slots": 64},
                                  {"components": ("full", "mamba"), "host_slots": 64}])
 def test_adapter_unsupported_configs(cfg):
     with pytest.raises(Unsupported):

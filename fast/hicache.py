@@ -1,0 +1,1148 @@
+"""HiCache for the fast path: the radix cache with a host tier (Full component), upstream
+SGLang's engine-facing API, and a controller that moves KV with ``uniradix.kernels``.
+
+``uniradix.fast.UnifiedRadixCache(params)`` builds a :class:`HiCacheRadixCache` when
+``params.hicache`` is a :class:`HiCacheConfig`; without one it builds the device-only cache of
+``cache.py`` (the C core), which this module does not touch.  This one is pure Python: the host
+tier's extra work per node (host copies, host leaves, in-flight transfers) is bookkeeping the C
+core does not have.
+
+What it keeps (each checked by ``violations()`` against a recomputation from the tree):
+
+* **Nodes** (:class:`HostNode`, ``__slots__``): ``value`` (device slots, an int64 tensor, or
+  None when evicted), ``host_value`` (host slots, or None), ``lock_ref`` / ``host_lock_ref``,
+  ``last_access_time`` (an integer logical clock, ``STRIDE`` per touch, a match stamping its
+  path ``T, T-1, ...``), ``hit_count``, ``dev_children`` (children holding device data).
+* **Device eviction order**: a heap of ``(stamp, node)`` with lazy deletion, as in
+  ``cache.py``: an entry counts only while its stamp is the node's and the node is an evictable
+  device leaf (attached, device data, unlocked, no child with device data).
+* **Host leaves**: the set ``host_leaves`` (evicted, backed up, not host-locked, childless) and
+  a lazily deleted heap of ``(stamp, node)`` over them, so ``evict_host`` takes the oldest host
+  leaf in O(log n).  A node's membership is recomputed (O(1)) wherever one of its inputs
+  changes.
+* **Counters**: ``_evictable`` / ``_protected`` (device tokens unlocked / locked), ``_host_tokens``.
+* **In-flight transfers**: ``ongoing_write_through`` / ``ongoing_load_back`` (ack id -> node and
+  the lock it holds), released when the controller's ack queues say done (``writing_check``,
+  ``loading_check``, ``check_hicache_events``).
+
+Behaviour is the executable spec's (spec/host.py; docs/SPEC.md lists where it differs from
+upstream 0.5.13.post1), checked step by step by the lockstep runs.
+
+Complexities (d = nodes on a path, k = nodes evicted): ``match_prefix``, ``insert``,
+``inc_lock_ref``, ``dec_lock_ref`` O(n + d) as in ``cache.py``; ``evict`` and ``evict_host``
+O(k log L); ``writing_check`` / ``loading_check`` O(acks processed x d).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from array import array
+from typing import Any, Optional
+
+import torch
+
+from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .keys import child_key, shared_len
+from .params import (
+    DecLockRefParams,
+    DecLockRefResult,
+    EvictParams,
+    EvictResult,
+    IncLockRefResult,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+    MatchResult,
+)
+from .radix_key import RadixKey
+
+STRIDE = 1 << 20
+FULL = 0
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+IO_MODES = ("sync", "manual", "cuda")
+_node_ids = itertools.count(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration and the host slot allocator
+# ----------------------------------------------------------------------------------------------
+
+
+class HostSlotAllocator:
+    """A page-granular, lowest-first allocator of host slots (page 0 reserved, as the device
+    pools): ``alloc(n)`` -> int64 tensor or None, ``free``, ``available_size``, ``clear``."""
+
+    def __init__(self, slots: int, page_size: int = 1) -> None:
+        if slots < 0 or slots % page_size:
+            raise InvalidInput(f"host slots {slots} must be a multiple of page_size {page_size}")
+        self.page_size = page_size
+        self.num_pages = slots // page_size
+        self.clear()
+
+    def clear(self) -> None:
+        self._free = list(range(1, self.num_pages + 1))
+
+    def available_size(self) -> int:
+        return len(self._free) * self.page_size
+
+    def alloc(self, n: int) -> Optional[torch.Tensor]:
+        ps = self.page_size
+        if n % ps or n // ps > len(self._free):
+            return None
+        pages = [heapq.heappop(self._free) for _ in range(n // ps)]
+        return torch.tensor([p * ps + j for p in pages for j in range(ps)], dtype=torch.int64)
+
+    def free(self, slots) -> None:
+        ps = self.page_size
+        for s in slots.tolist()[::ps] if hasattr(slots, "tolist") else list(slots)[::ps]:
+            heapq.heappush(self._free, s // ps)
+
+
+@dataclasses.dataclass
+class HiCacheConfig:
+    """The host tier of a :class:`HiCacheRadixCache`.
+
+    ``host_allocator``: the host slot pool (anything with ``alloc`` / ``free`` /
+    ``available_size`` / ``clear``; default a :class:`HostSlotAllocator` of ``host_slots``).
+    ``write_through_threshold``: None = upstream's default (1 for ``write_through``, 2
+    otherwise).  ``io``: ``"sync"`` (a transfer completes when submitted), ``"manual"`` (acks
+    complete only through :meth:`HiCacheController.complete`, the trace's ``io_complete``) or
+    ``"cuda"`` (copies on a side stream, acks complete with their CUDA events).
+    ``device_kv`` / ``host_kv``: ``uniradix.kernels`` DevicePool / HostPool; when both are given
+    every backup and load copies the KV data (Triton where it runs, the torch reference
+    elsewhere, ``copy_impl``).  ``log_copies``: keep a log of the copies (for checkers)."""
+
+    host_slots: int = 0
+    host_allocator: Any = None
+    write_policy: str = "write_through"
+    write_through_threshold: Optional[int] = None
+    load_back_threshold: int = 10
+    io: str = "sync"
+    device_kv: Any = None
+    host_kv: Any = None
+    copy_impl: str = "auto"
+    log_copies: bool = False
+
+
+# ----------------------------------------------------------------------------------------------
+# The controller: host pool, transfers and their acks
+# ----------------------------------------------------------------------------------------------
+
+
+class _Event:
+    """An ack's completion flag, with the CUDA event interface the cache polls."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+class HiCacheController:
+    """Moves KV between the device pool and the host pool and queues one ack per backup and
+    one per ``start_loading`` (acks are ``(start_event, finish_event, node_ids)``, oldest
+    first, as upstream's controller queues them)."""
+
+    def __init__(self, config: HiCacheConfig, device_allocator: Any, page_size: int) -> None:
+        if config.write_policy not in WRITE_POLICIES:
+            raise InvalidInput(f"write_policy must be one of {WRITE_POLICIES}")
+        if config.io not in IO_MODES:
+            raise InvalidInput(f"io must be one of {IO_MODES}")
+        self.write_policy = config.write_policy
+        self.enable_storage = False
+        self.io = config.io
+        self.mem_pool_host = config.host_allocator if config.host_allocator is not None \
+            else HostSlotAllocator(config.host_slots, page_size)
+        self.device_allocator = device_allocator
+        self.device_kv, self.host_kv = config.device_kv, config.host_kv
+        self.copy_impl = config.copy_impl
+        self.copies: Optional[list] = [] if config.log_copies else None
+        self.stream = None
+        if self.io == "cuda":
+            if not torch.cuda.is_available() or self.device_kv is None:
+                raise Unsupported("io='cuda' needs CUDA and a device KV pool")
+            from uniradix.kernels import TransferStream
+            self.stream = TransferStream(self.device_kv.device, impl=config.copy_impl)
+        self.ack_write_queue: list = []
+        self.ack_load_queue: list = []
+        self._pending_loads: list = []  # (host_indices, device_indices, node_id)
+
+    def _moves_data(self) -> bool:
+        return self.device_kv is not None and self.host_kv is not None
+
+    def write(self, device_indices, priority=None, node_id: int = -1, extra_pools=None):
+        """Back ``device_indices`` up into fresh host slots; None when the host pool is short."""
+        host_indices = self.mem_pool_host.alloc(len(device_indices))
+        if host_indices is None:
+            return None
+        if self.copies is not None:
+            self.copies.append(("backup", device_indices.tolist(), host_indices.tolist()))
+        finish: Any
+        if self.stream is not None:  # CUDA: the copy runs on the side stream
+            finish = self.stream.backup_async(self.device_kv, self.host_kv,
+                                              device_indices=device_indices,
+                                              host_indices=host_indices, check_values=False)
+        else:
+            if self._moves_data():
+                from uniradix.kernels import backup_all_layers
+                backup_all_layers(self.device_kv, self.host_kv, device_indices=device_indices,
+                                  host_indices=host_indices, impl=self.copy_impl)
+            finish = _Event(self.io == "sync")
+        self.ack_write_queue.append((None, finish, [node_id]))
+        return host_indices
+
+    def load(self, host_indices, priority=None, node_id: int = -1, extra_pools=None):
+        """Take device slots for ``host_indices``; the copy is queued by ``start_loading``."""
+        device_indices = self.device_allocator.alloc(len(host_indices))
+        if device_indices is None:
+            return None
+        if self.copies is not None:
+            self.copies.append(("load", host_indices.tolist(), device_indices.tolist()))
+        if self.stream is None and self._moves_data():  # CPU: copy now (complete on submit)
+            from uniradix.kernels import load_all_layers
+            load_all_layers(self.host_kv, self.device_kv, host_indices=host_indices,
+                            device_indices=device_indices, impl=self.copy_impl)
+        self._pending_loads.append((host_indices, device_indices, node_id))
+        return device_indices
+
+    def start_loading(self) -> int:
+        """Queue the loads since the last call as one ack (CUDA: layer by layer on the side
+        stream; the ack completes with the last layer)."""
+        if not self._pending_loads:
+            return -1
+        ids = [node_id for _, _, node_id in self._pending_loads]
+        finish: Any
+        if self.stream is not None:
+            hi = torch.cat([h for h, _, _ in self._pending_loads])
+            di = torch.cat([d for _, d, _ in self._pending_loads])
+            finish = self.stream.load_layers_async(self.host_kv, self.device_kv, host_indices=hi,
+                                                   device_indices=di, check_values=False)[-1]
+        else:
+            finish = _Event(self.io == "sync")
+        self._pending_loads.clear()
+        self.ack_load_queue.append((None, finish, ids))
+        return 0
+
+    def complete(self, writes: int, loads: int) -> None:
+        """The environment finishes transfers (``io="manual"``): the ``writes`` / ``loads``
+        oldest not-done acks are done (-1: all)."""
+        for queue, k in ((self.ack_write_queue, writes), (self.ack_load_queue, loads)):
+            for _, finish, _ in queue:
+                if k == 0:
+                    break
+                if not finish.query():
+                    finish.synchronize()
+                    k -= 1
+
+    def take_copies(self) -> list:
+        out = list(self.copies or ())
+        if self.copies is not None:
+            self.copies.clear()
+        return out
+
+    def append_host_mem_release(self, host_indices) -> None:
+        self.mem_pool_host.free(host_indices)
+
+    def reset(self) -> None:
+        self.ack_write_queue.clear()
+        self.ack_load_queue.clear()
+        self._pending_loads.clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# Nodes and lock results
+# ----------------------------------------------------------------------------------------------
+
+
+class HostNode:
+    __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_lock_ref",
+                 "last_access_time", "hit_count", "extra_key", "dev_children", "id", "ck")
+
+    def __init__(self, key, value, parent, extra_key, stamp: int, ck=None) -> None:
+        self.ck = ck
+        self.children: dict = {}
+        self.parent = parent
+        self.key = key
+        self.value: Optional[torch.Tensor] = value
+        self.host_value: Optional[torch.Tensor] = None
+        self.lock_ref = 0
+        self.host_lock_ref = 0
+        self.last_access_time = stamp
+        self.hit_count = 0
+        self.extra_key = extra_key
+        self.dev_children = 0
+        self.id = next(_node_ids)
+
+    def __lt__(self, other: "HostNode") -> bool:
+        return self.id < other.id
+
+    @property
+    def evicted(self) -> bool:
+        return self.parent is not None and self.value is None
+
+    @property
+    def backuped(self) -> bool:
+        return self.host_value is not None
+
+    def __repr__(self) -> str:
+        return (f"HostNode(id={self.id}, key_len={len(self.key)}, lock_ref={self.lock_ref}, "
+                f"device={self.value is not None}, host={self.host_value is not None})")
+
+
+@dataclasses.dataclass(slots=True)
+class HostDecLockRefParams(DecLockRefParams):
+    """Upstream's unlock parameters plus ``anchor``: the first node the lock counted (the one
+    above the evicted bottom segment it skipped).  Everything below the anchor is skipped at
+    unlock, which stays right when a skipped node is split or loaded back meanwhile."""
+
+    anchor: Any = None
+
+
+@dataclasses.dataclass(slots=True)
+class HostIncLockRefResult(IncLockRefResult):
+    anchor: Any = None
+
+    def to_dec_params(self) -> HostDecLockRefParams:
+        return HostDecLockRefParams(
+            skip_lock_node_ids={k: set(v) for k, v in self.skip_lock_node_ids.items()},
+            anchor=self.anchor)
+
+
+@dataclasses.dataclass(slots=True)
+class InitLoadBackParams:
+    best_match_node: Any
+    host_hit_length: int = 0
+    mem_quota: Optional[int] = None
+    req: Any = None
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache
+# ----------------------------------------------------------------------------------------------
+
+
+def _count_arg(name: str, x) -> int:
+    if type(x) is not int or x < 0:
+        raise InvalidInput(f"{name} must be a non-negative int, got {x!r}")
+    return x
+
+
+class HiCacheRadixCache:
+    """Radix prefix cache over device KV slots with a host tier; see the module docstring."""
+
+    def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:
+        hicache = hicache if hicache is not None else params.hicache
+        comps = params.tree_components
+        if comps is not None and [str(getattr(c, "name", c)).lower() for c in comps] not in (["full"], ["0"]):
+            raise Unsupported(f"tree_components {comps}: the host tier supports the Full component only")
+        if params.page_size < 1:
+            raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = params.page_size
+        self.disable = params.disable
+        self.is_eagle = params.is_eagle
+        alloc = self.token_to_kv_pool_allocator
+        self.device = getattr(alloc, "device", None) or torch.device("cpu")
+        validate = params.validate_slots
+        if validate is None:
+            validate = hasattr(alloc, "check_free") and hasattr(alloc, "is_allocated")
+        self.validate_slots = bool(validate)
+        self.cache_controller = HiCacheController(hicache, alloc, self.page_size)
+        self.write_policy = hicache.write_policy
+        self.write_through_threshold = hicache.write_through_threshold \
+            if hicache.write_through_threshold is not None \
+            else (1 if hicache.write_policy == "write_through" else 2)
+        self.load_back_threshold = hicache.load_back_threshold
+        self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.reset()
+
+    # ------------------------------------------------------------------------------------------
+    # State
+    # ------------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the tree, the host copies and the in-flight transfers (the host pool is
+        cleared with them, as upstream; the device allocator is the caller's)."""
+        self._clock = 0
+        self.root_node = HostNode(array("q"), self._empty, None, None, 0)
+        self.root_node.lock_ref = 1
+        self._heap: list = []
+        self._host_heap: list = []
+        self.host_leaves: set = set()
+        self._evictable = 0
+        self._protected = 0
+        self._host_tokens = 0
+        self._owned: set = set()
+        self.ongoing_write_through: dict = {}  # node id -> (node, dec params or None)
+        self.ongoing_load_back: dict = {}      # node id -> (node, dec params)
+        self.cache_controller.reset()
+        self.cache_controller.mem_pool_host.clear()
+
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    def protected_size(self) -> int:
+        return self._protected
+
+    def full_evictable_size(self) -> int:
+        return self._evictable
+
+    def full_protected_size(self) -> int:
+        return self._protected
+
+    def total_size(self) -> tuple[int, int]:
+        return self._evictable + self._protected, 0
+
+    def host_size(self) -> int:
+        return self._host_tokens
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------------------------------
+    # Keys, clock, leaf bookkeeping
+    # ------------------------------------------------------------------------------------------
+
+    def _units(self, key: RadixKey):
+        toks = key.token_ids
+        return list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+
+    def _ck(self, extra_key, units, pos: int):
+        return child_key(extra_key, units, pos, self.page_size)
+
+    def _is_leaf(self, node: HostNode) -> bool:
+        return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
+                and node.parent is not None)
+
+    def _push_if_leaf(self, node: HostNode) -> None:
+        if self._is_leaf(node):
+            heapq.heappush(self._heap, (node.last_access_time, node))
+
+    @staticmethod
+    def _is_host_leaf(node: HostNode) -> bool:
+        return (node.parent is not None and node.value is None and node.host_value is not None
+                and node.host_lock_ref == 0 and not node.children)
+
+    def _update_host_leaf(self, node: HostNode) -> None:
+        """Recompute ``node``'s host-leaf membership (after any of its inputs changed)."""
+        if self._is_host_leaf(node):
+            self.host_leaves.add(node)
+            heapq.heappush(self._host_heap, (node.last_access_time, node))
+        else:
+            self.host_leaves.discard(node)
+
+    def _stamp(self, node: HostNode, stamp: int) -> None:
+        node.last_access_time = stamp
+        if node.value is not None:
+            self._push_if_leaf(node)
+        elif node in self.host_leaves:
+            heapq.heappush(self._host_heap, (stamp, node))
+
+    def _touch(self, node: HostNode) -> None:
+        self._clock += STRIDE
+        self._stamp(node, self._clock)
+
+    # ------------------------------------------------------------------------------------------
+    # Tree structure
+    # ------------------------------------------------------------------------------------------
+
+    def _split(self, child: HostNode, split_len: int) -> HostNode:
+        """Cut ``child`` after ``split_len`` units (device and host copies alike); the new upper
+        node takes its place and inherits its lock count (not its host lock)."""
+        parent = child.parent
+        ek = child.extra_key
+        ckey = child.key
+        self._clock += STRIDE
+        value = child.value
+        upper = HostNode(ckey[:split_len], None if value is None else value[:split_len].clone(),
+                         parent, ek, self._clock, child.ck)
+        upper.lock_ref = child.lock_ref
+        if child.host_value is not None:
+            upper.host_value = child.host_value[:split_len].clone()
+            child.host_value = child.host_value[split_len:].clone()
+        parent.children[child.ck] = upper
+        child.key = ckey[split_len:]
+        if value is not None:
+            child.value = value[split_len:].clone()
+            upper.dev_children = 1
+        child.parent = upper
+        child.ck = self._ck(ek, child.key, 0)
+        upper.children[child.ck] = child
+        self._touch(child)
+        return upper
+
+    def _detach(self, node: HostNode) -> None:
+        parent = node.parent
+        del parent.children[node.ck]
+        node.parent = None
+        self.host_leaves.discard(node)
+
+    def _delete_tombstones(self, node: HostNode) -> HostNode:
+        """Delete childless ancestors with nothing on either tier and no locks; returns the
+        first node that stays (its leaf status is refreshed)."""
+        root = self.root_node
+        while (node is not root and not node.children and node.lock_ref == 0
+               and node.value is None and node.host_value is None and node.host_lock_ref == 0):
+            up = node.parent
+            self._detach(node)
+            node = up
+        if node is not root:
+            self._push_if_leaf(node)
+            self._update_host_leaf(node)
+        return node
+
+    def find_node(self, key: RadixKey) -> HostNode:
+        """The node whose path is exactly ``key`` (the root for an empty key)."""
+        toks = key.token_ids
+        bigram = self.is_eagle or key.is_bigram
+        if bigram and len(toks) == 1:
+            raise NodeNotFound("under EAGLE a node path has no tokens (the root) or at least two")
+        units = self._units(key)
+        node, pos, n = self.root_node, 0, len(units)
+        while pos < n:
+            child = node.children.get(self._ck(key.extra_key, units, pos)) \
+                if n - pos >= self.page_size else None
+            if child is None or units[pos: pos + len(child.key)] != child.key:
+                raise NodeNotFound(f"no node ends at this path ({n} units)")
+            node, pos = child, pos + len(child.key)
+        return node
+
+    # ------------------------------------------------------------------------------------------
+    # match_prefix
+    # ------------------------------------------------------------------------------------------
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """Longest cached prefix of ``params.key`` in whole pages, on the device or the host:
+        the walk goes through evicted nodes with a host copy; a match ending inside a node
+        splits it; the path becomes the most recent.  ``device_indices`` are the device part,
+        ``host_hit_length`` the host tokens below it."""
+        key = params.key
+        if not isinstance(key, RadixKey):
+            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        root = self.root_node
+        units = self._units(key)
+        ps = self.page_size
+        n = len(units)
+        n -= n % ps
+        if self.disable or n == 0:
+            return MatchResult(self._empty, root, root, root, 0)
+        ek = key.extra_key
+        node, pos, chunks = root, 0, []
+        while pos < n:
+            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+            child = node.children.get(ck if ek is None else (ek, ck))
+            if child is None or (child.value is None and child.host_value is None):
+                break
+            ckey = child.key
+            end = pos + len(ckey)
+            if end <= n and units[pos:end] == ckey:
+                if child.value is not None:
+                    chunks.append(child.value)
+                node, pos = child, end
+                continue
+            node = self._split(child, shared_len(ckey, units, pos, n, ps))
+            if node.value is not None:
+                chunks.append(node.value)
+            break
+        clock = self._clock + STRIDE
+        self._clock = clock
+        cur = node
+        while cur is not root:
+            # NOTE: with a host tier an ancestor whose path child is evicted can be a device
+            # leaf, so every stamped node may need a fresh heap entry
+            self._stamp(cur, clock)
+            clock -= 1
+            cur = cur.parent
+        root.last_access_time = clock
+        last_device = node
+        host_hit = 0
+        while last_device is not root and last_device.value is None:
+            host_hit += len(last_device.host_value)
+            last_device = last_device.parent
+        if not chunks:
+            indices = self._empty
+        elif len(chunks) == 1:
+            indices = chunks[0]
+        else:
+            indices = torch.cat(chunks)
+        return MatchResult(indices, last_device, node, node, host_hit)
+
+    # ------------------------------------------------------------------------------------------
+    # insert
+    # ------------------------------------------------------------------------------------------
+
+    def _plan(self, ek, units) -> list:
+        node, pos, n = self.root_node, 0, len(units)
+        ps = self.page_size
+        plan = []
+        while pos < n:
+            child = node.children.get(self._ck(ek, units, pos))
+            if child is None:
+                break
+            ckey = child.key
+            end = pos + len(ckey)
+            if end <= n and units[pos:end] == ckey:
+                plan.append((child, len(ckey)))
+                node, pos = child, end
+                continue
+            plan.append((child, shared_len(ckey, units, pos, n, ps)))
+            break
+        return plan
+
+    def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
+        slots = value.tolist()
+        if len(set(slots)) != len(slots):
+            raise InvalidInput("insert: value holds the same slot twice")
+        held = self._owned.intersection(slots[prev:])
+        if held:
+            raise InvalidInput(f"insert: slots {sorted(held)[:8]} from prev_prefix_len on are "
+                               "already the tree's")
+        dups, pos = [], 0
+        for node, shared in plan:
+            if node.value is not None:
+                dups.extend(slots[max(pos, prev): pos + shared])
+            pos += shared
+        try:
+            self.token_to_kv_pool_allocator.check_free(dups)
+        except Exception as e:  # the environment's own error type
+            raise InvalidInput(f"insert: duplicate slots cannot be freed: {e}") from None
+        ps = self.page_size
+        for k in range(pos, len(slots), ps):
+            first = slots[k]
+            if first % ps or slots[k: k + ps] != list(range(first, first + ps)):
+                raise InvalidInput(f"insert: slots {slots[k: k + ps]} of the new leaf are not one whole page")
+            if not self.token_to_kv_pool_allocator.is_allocated(first):
+                raise InvalidInput(f"insert: slot {first} is not allocated")
+        start = 0  # evicted nodes on the way take their slots back: the same checks
+        for node, shared in plan:
+            if node.value is None:
+                for k in range(start, start + shared, ps):
+                    page = slots[k: k + ps]
+                    first = page[0]
+                    if first % ps or page != list(range(first, first + ps)):
+                        raise InvalidInput(f"insert: slots {page} for an evicted node are not "
+                                           "one whole page")
+                    if not self.token_to_kv_pool_allocator.is_allocated(first) or \
+                            self._owned.intersection(page):
+                        raise InvalidInput(f"insert: slots {page} for an evicted node are not "
+                                           "the caller's allocated slots")
+            start += shared
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
+        nodes from the fresh slots (their host copies stay), free the caller's duplicates from
+        ``prev_prefix_len`` on, add the remainder as a new leaf; count hits (write-through
+        backs a node up once its count reaches the threshold)."""
+        key, value = params.key, params.value
+        if not isinstance(key, RadixKey):
+            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        toks = key.token_ids
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 \
+                or value.dim() != 1 or value.shape[0] != len(toks):
+            raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
+        prev = _count_arg("prev_prefix_len", params.prev_prefix_len)
+        chunked = params.chunked
+        if chunked is not True and chunked is not False:
+            raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
+        if self.disable:
+            return InsertResult(prefix_len=0)
+        units = self._units(key)
+        n = len(units)
+        n -= n % self.page_size
+        units = units[:n]
+        value = value[:n]
+        ek = key.extra_key
+        plan = self._plan(ek, units)
+        if self.validate_slots:
+            self._check_slots(plan, value, prev)
+        free = self.token_to_kv_pool_allocator.free
+        self._touch(self.root_node)
+        node, pos = self.root_node, 0
+        for child, shared in plan:
+            self._touch(child)
+            if shared < len(child.key):
+                child = self._split(child, shared)
+            if child.value is None:
+                self._unevict(child, value, pos)
+            else:
+                lo = max(pos, prev)
+                if lo < pos + shared:
+                    dup = value[lo: pos + shared]
+                    free(dup)
+            self._count_hit(child, chunked)
+            node, pos = child, pos + shared
+        if pos < n:
+            self._clock += STRIDE
+            leaf = HostNode(units[pos:], value[pos:].clone(), node, ek, self._clock,
+                            self._ck(ek, units, pos))
+            node.children[leaf.ck] = leaf
+            node.dev_children += 1
+            self._evictable += n - pos
+            if self.validate_slots:
+                self._owned.update(leaf.value.tolist())
+            self._push_if_leaf(leaf)
+            self._update_host_leaf(node)
+            self._count_hit(leaf, chunked)
+        return InsertResult(prefix_len=pos, total_len=len(toks))
+
+    def _unevict(self, node: HostNode, value: torch.Tensor, pos: int) -> None:
+        node.value = value[pos: pos + len(node.key)].clone()
+        node.parent.dev_children += 1
+        if node.lock_ref == 0:
+            self._evictable += len(node.key)
+        else:
+            self._protected += len(node.key)
+        if self.validate_slots:
+            self._owned.update(node.value.tolist())
+        self.host_leaves.discard(node)
+        self._push_if_leaf(node)
+
+    def _count_hit(self, node: HostNode, chunked: bool) -> None:
+        if chunked or node.value is None or self.write_policy == "write_back":
+            return
+        node.hit_count += 1
+        if node.host_value is None and node.hit_count >= self.write_through_threshold:
+            self.write_backup(node)
+
+    # ------------------------------------------------------------------------------------------
+    # Locks
+    # ------------------------------------------------------------------------------------------
+
+    def _check_attached(self, node) -> None:
+        if not isinstance(node, HostNode) or (node is not self.root_node and node.parent is None):
+            raise NodeNotFound("the node is not in the tree")
+
+    def inc_lock_ref(self, node: HostNode) -> HostIncLockRefResult:
+        """Lock ``node``'s path up to the root; the evicted bottom segment is skipped (and
+        remembered: ``anchor`` is the first node locked)."""
+        self._check_attached(node)
+        result = HostIncLockRefResult()
+        if self.disable:
+            return result
+        root = self.root_node
+        cur = node
+        while cur is not root and cur.value is None:
+            result.skip_lock_node_ids.setdefault(FULL, set()).add(cur.id)
+            cur = cur.parent
+        result.anchor = cur
+        delta = 0
+        while cur is not root:
+            if cur.lock_ref == 0:
+                delta += len(cur.key)
+            cur.lock_ref += 1
+            cur = cur.parent
+        self._evictable -= delta
+        self._protected += delta
+        result.delta = delta
+        return result
+
+    def _locked_path(self, node: HostNode, params: Optional[DecLockRefParams]) -> list:
+        root = self.root_node
+        anchor = getattr(params, "anchor", None) if params is not None else None
+        cur = node
+        if anchor is not None:  # everything below the anchor was skipped
+            cur = anchor
+            skip = ()
+        else:
+            skip = params.skip_lock_node_ids.get(FULL, ()) if params is not None else ()
+        out = []
+        while cur is not root:
+            if cur.id not in skip:
+                out.append(cur)
+            cur = cur.parent
+        return out
+
+    def dec_lock_ref(self, node: HostNode, params: Optional[DecLockRefParams] = None
+                     ) -> DecLockRefResult:
+        """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
+        if getattr(params, "anchor", None) is None:
+            self._check_attached(node)
+        if self.disable:
+            return DecLockRefResult()
+        path = self._locked_path(node, params)
+        if any(n.lock_ref <= 0 for n in path):
+            raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
+        delta = 0
+        for n in path:
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                delta += len(n.key)
+                self._push_if_leaf(n)
+        self._evictable += delta
+        self._protected -= delta
+        return DecLockRefResult(delta=delta)
+
+    def inc_host_lock_ref(self, node: HostNode) -> IncLockRefResult:
+        """Protect ``node``'s host copy from host eviction (a node without one is left as it
+        is)."""
+        self._check_attached(node)
+        if not self.disable and node.host_value is not None:
+            node.host_lock_ref += 1
+            self._update_host_leaf(node)
+        return IncLockRefResult()
+
+    def dec_host_lock_ref(self, node: HostNode, params: Optional[DecLockRefParams] = None
+                          ) -> DecLockRefResult:
+        self._check_attached(node)
+        if not self.disable and node.host_value is not None and node.host_lock_ref > 0:
+            node.host_lock_ref -= 1
+            self._update_host_leaf(node)
+        return DecLockRefResult()
+
+    # ------------------------------------------------------------------------------------------
+    # Backup (device -> host)
+    # ------------------------------------------------------------------------------------------
+
+    def write_backup(self, node: HostNode, write_back: bool = False) -> int:
+        """Copy ``node``'s device data to fresh host slots (the parent first under
+        write-through), evicting host leaves for room; returns the slots written (0: none).
+        A write-through write keeps the node locked until its ack is processed."""
+        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
+            if self.write_backup(node.parent) <= 0:
+                return 0
+        cc = self.cache_controller
+        n = len(node.value)
+        avail = cc.mem_pool_host.available_size()
+        if avail < n:
+            needed = n - avail
+            if self.evict_host(needed) < needed:
+                return 0
+        host_indices = cc.write(node.value, node_id=node.id)
+        if host_indices is None:
+            return 0
+        node.host_value = host_indices
+        self._host_tokens += n
+        lock = None if write_back else self.inc_lock_ref(node).to_dec_params()
+        self.ongoing_write_through[node.id] = (node, lock)
+        return n
+
+    # ------------------------------------------------------------------------------------------
+    # Eviction
+    # ------------------------------------------------------------------------------------------
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Free at least ``num_tokens`` device tokens, oldest device leaf first: a backed-up
+        leaf goes to the host (it stays in the tree); under write-back one without a copy is
+        backed up first (a failed backup passes it over); otherwise it is deleted.  Write-back
+        ends by waiting for every pending write."""
+        want = _count_arg("num_tokens", params.num_tokens)
+        if self.disable:
+            return EvictResult()
+        return EvictResult(num_tokens_evicted=self._evict(want))
+
+    def _evict(self, want: int) -> int:
+        heap = self._heap
+        write_back = self.write_policy == "write_back"
+        passed_over = []
+        freed = 0
+        while freed < want and heap:
+            stamp, node = heapq.heappop(heap)
+            if node.last_access_time != stamp or not self._is_leaf(node):
+                continue
+            if node.host_value is not None:
+                freed += self._evict_to_host(node)
+            elif write_back:
+                if self.write_backup(node, write_back=True) == 0:
+                    passed_over.append(node)
+                    continue
+                self.writing_check(write_back=True)
+                freed += self._evict_to_host(node)
+            else:
+                freed += self._delete_device_leaf(node)
+        for node in passed_over:
+            self._push_if_leaf(node)
+        if write_back:
+            self.writing_check(write_back=True)
+        if len(heap) > 64 and len(heap) > 4 * (self._evictable // self.page_size + 16):
+            live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and self._is_leaf(n)}
+            self._heap = list(live.values())
+            heapq.heapify(self._heap)
+        return freed
+
+    def _release_device(self, node: HostNode) -> int:
+        value = node.value
+        self.token_to_kv_pool_allocator.free(value)
+        if self.validate_slots:
+            self._owned.difference_update(value.tolist())
+        k = len(node.key)
+        self._evictable -= k
+        node.value = None
+        node.parent.dev_children -= 1
+        return k
+
+    def _evict_to_host(self, node: HostNode) -> int:
+        k = self._release_device(node)
+        self._update_host_leaf(node)
+        self._push_if_leaf(node.parent)
+        return k
+
+    def _delete_device_leaf(self, node: HostNode) -> int:
+        k = self._release_device(node)
+        parent = node.parent
+        self._detach(node)
+        self._delete_tombstones(parent)
+        return k
+
+    def evict_host(self, num_tokens: int, component_type: Any = None) -> int:
+        """Free at least ``num_tokens`` host tokens: the oldest host leaf, again and again;
+        each leaves the tree with its childless tombstone ancestors.  Returns tokens freed."""
+        _count_arg("num_tokens", num_tokens)
+        heap = self._host_heap
+        leaves = self.host_leaves
+        free = self.cache_controller.mem_pool_host.free
+        freed = 0
+        while freed < num_tokens and heap:
+            stamp, node = heapq.heappop(heap)
+            if node.last_access_time != stamp or node not in leaves:
+                continue
+            host = node.host_value
+            free(host)
+            k = len(host)
+            freed += k
+            self._host_tokens -= k
+            node.host_value = None
+            parent = node.parent
+            self._detach(node)
+            self._delete_tombstones(parent)
+        if len(heap) > 64 and len(heap) > 4 * (len(leaves) + 16):
+            live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and n in leaves}
+            self._host_heap = list(live.values())
+            heapq.heapify(self._host_heap)
+        return freed
+
+    # ------------------------------------------------------------------------------------------
+    # Load back (host -> device)
+    # ------------------------------------------------------------------------------------------
+
+    def load_back(self, node: HostNode, mem_quota: Optional[int] = None, req: Any = None) -> bool:
+        """Copy the evicted segment ending at ``node`` back to fresh device slots (evicting
+        device leaves for room); the node's path stays locked until the load's ack.  False
+        when nothing is loaded (below ``load_back_threshold``, over ``mem_quota``, or no
+        room)."""
+        segment = []
+        cur = node
+        while cur.evicted:
+            segment.append(cur)
+            cur = cur.parent
+        if not segment:
+            return False
+        segment.reverse()
+        n_tokens = sum(len(s.host_value) for s in segment)
+        guard = self.inc_lock_ref(node)
+        if n_tokens < self.load_back_threshold or (
+                mem_quota is not None and n_tokens > mem_quota + guard.delta):
+            self.dec_lock_ref(node, guard.to_dec_params())
+            return False
+        alloc = self.token_to_kv_pool_allocator
+        avail = alloc.available_size()
+        if avail < n_tokens:
+            needed = n_tokens - avail
+            if self._evict(needed) < needed or node.parent is None:
+                # (write-back backups made host room by evicting host leaves, this one too)
+                self.dec_lock_ref(node, guard.to_dec_params())
+                return False
+        host_indices = torch.cat([s.host_value for s in segment])
+        device_indices = self.cache_controller.load(host_indices, node_id=node.id)
+        self.dec_lock_ref(node, guard.to_dec_params())
+        if device_indices is None:
+            return False
+        pos = 0
+        for s in segment:
+            k = len(s.host_value)
+            s.value = device_indices[pos: pos + k].clone()
+            pos += k
+            s.parent.dev_children += 1
+            self._evictable += k
+            if self.validate_slots:
+                self._owned.update(s.value.tolist())
+            self.host_leaves.discard(s)
+            self._push_if_leaf(s)
+        self.ongoing_load_back[node.id] = (node, self.inc_lock_ref(node).to_dec_params())
+        return True
+
+    def init_load_back(self, params: InitLoadBackParams) -> tuple[torch.Tensor, HostNode]:
+        """The scheduler's entry: load the host part of a match (``best_match_node``) and
+        return the device slots now between the request's last device node and it, with the
+        new last node; ``(empty, last device node)`` when nothing was loaded."""
+        node = params.best_match_node
+        last = params.req.last_node if params.req is not None else getattr(params, "last_node")
+        self._check_attached(node)
+        self._check_attached(last)
+        cur = node
+        while cur is not None and cur is not last:
+            cur = cur.parent
+        if cur is None:
+            raise InvalidInput("init_load_back: the request's last node is not on the path")
+        if params.mem_quota is not None:
+            _count_arg("mem_quota", params.mem_quota)
+        # (with the Full component only, a host hit means the best match is evicted)
+        if node.evicted and self.load_back(node, params.mem_quota, params.req):
+            chunks, cur = [], node
+            while cur is not last:
+                chunks.append(cur.value)
+                cur = cur.parent
+            if chunks:
+                chunks.reverse()
+                return torch.cat(chunks), node
+        return self._empty, last
+
+    def ready_to_load_host_cache(self) -> int:
+        return self.cache_controller.start_loading()
+
+    # ------------------------------------------------------------------------------------------
+    # Acks
+    # ------------------------------------------------------------------------------------------
+
+    def writing_check(self, write_back: bool = False) -> None:
+        """Process finished backups (the done prefix of the write-ack queue), unlocking their
+        nodes; ``write_back``: wait for all of them first."""
+        queue = self.cache_controller.ack_write_queue
+        if write_back:
+            for _, finish, _ in queue:
+                finish.synchronize()
+        while queue and queue[0][1].query():
+            _, _, ids = queue.pop(0)
+            for ack_id in ids:
+                entry = self.ongoing_write_through.pop(ack_id, None)
+                if entry is not None and entry[1] is not None:
+                    self.dec_lock_ref(entry[0], entry[1])
+
+    def loading_check(self) -> None:
+        """Process finished loads (the done prefix of the load-ack queue), unlocking them."""
+        queue = self.cache_controller.ack_load_queue
+        while queue and queue[0][1].query():
+            _, _, ids = queue.pop(0)
+            for ack_id in ids:
+                node, params = self.ongoing_load_back.pop(ack_id)
+                self.dec_lock_ref(node, params)
+
+    def check_hicache_events(self) -> None:
+        self.writing_check()
+        self.loading_check()
+
+    def flush_write_through_acks(self) -> None:
+        self.writing_check()
+
+    # ------------------------------------------------------------------------------------------
+    # Introspection
+    # ------------------------------------------------------------------------------------------
+
+    def all_nodes(self) -> list[HostNode]:
+        out, stack = [], [self.root_node]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def eviction_order(self) -> list[HostNode]:
+        """The evictable device leaves in the order the heap would evict them."""
+        seen, out = set(), []
+        for s, n in sorted(self._heap):
+            if n.last_access_time == s and self._is_leaf(n) and id(n) not in seen:
+                seen.add(id(n))
+                out.append(n)
+        return out
+
+    def host_eviction_order(self) -> list[HostNode]:
+        """The host leaves in the order ``evict_host`` would take them."""
+        seen, out = set(), []
+        for s, n in sorted(self._host_heap):
+            if n.last_access_time == s and n in self.host_leaves and id(n) not in seen:
+                seen.add(id(n))
+                out.append(n)
+        return out
+
+    def violations(self) -> list[str]:
+        """Every incremental structure checked against a recomputation from the tree."""
+        errors = []
+        root = self.root_node
+        ev = pr = host = 0
+        owned: list = []
+        leaves, host_leaves = set(), set()
+        write_back = self.write_policy == "write_back"
+        for node in self.all_nodes():
+            dev = 0
+            for ck, c in node.children.items():
+                if c.parent is not node:
+                    errors.append(f"[tree] {c!r}: parent pointer is wrong")
+                if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
+                    errors.append(f"[tree] {c!r}: filed under the wrong child key")
+                if c.value is not None:
+                    dev += 1
+            if node.dev_children != dev:
+                errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+            if node is root:
+                continue
+            if node.value is None and node.host_value is None:
+                errors.append(f"[data] {node!r} holds no data on either tier")
+            if node.value is not None and node.parent is not root and node.parent.value is None:
+                errors.append(f"[data] {node!r} holds device data below an evicted parent")
+            if (node.host_value is not None and not write_back and node.parent is not root
+                    and node.parent.host_value is None):
+                errors.append(f"[host] {node!r} is backed up but its parent is not")
+            if node.lock_ref < 0 or node.host_lock_ref < 0:
+                errors.append(f"[lock] {node!r}: negative lock count")
+            if node.value is None and node.lock_ref > 0:
+                errors.append(f"[lock] {node!r}: evicted but locked")
+            if node.parent is not root and node.parent.lock_ref < node.lock_ref:
+                errors.append(f"[lock] {node!r}: lock_ref exceeds its parent's")
+            if node.host_value is not None:
+                host += len(node.host_value)
+                if len(node.host_value) != len(node.key):
+                    errors.append(f"[host] {node!r}: host copy length")
+            if node.value is not None:
+                if len(node.value) != len(node.key) or len(node.key) % self.page_size:
+                    errors.append(f"[tree] {node!r}: key/value lengths")
+                if node.lock_ref > 0:
+                    pr += len(node.value)
+                else:
+                    ev += len(node.value)
+                owned.extend(node.value.tolist())
+            if self._is_leaf(node):
+                leaves.add(id(node))
+            if self._is_host_leaf(node):
+                host_leaves.add(id(node))
+        if (ev, pr) != (self._evictable, self._protected):
+            errors.append(f"[size] counters evictable={self._evictable} protected={self._protected}, "
+                          f"recomputed {ev}/{pr}")
+        if host != self._host_tokens:
+            errors.append(f"[host-size] counter {self._host_tokens}, recomputed {host}")
+        if len(set(owned)) != len(owned):
+            errors.append("[size] a slot is held twice in the tree")
+        if self.validate_slots and set(owned) != self._owned:
+            errors.append("[size] the owned-slot set differs from the tree's slots")
+        in_heap = {id(n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)}
+        if in_heap != leaves:
+            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
+        if {id(n) for n in self.host_leaves} != host_leaves:
+            errors.append("[host-leaf] the host leaf set differs from the tree's host leaves")
+        in_host_heap = {id(n) for s, n in self._host_heap
+                        if n.last_access_time == s and n in self.host_leaves}
+        if in_host_heap != host_leaves:
+            errors.append("[host-leaf] the host heap does not hold every host leaf")
+        for kind, ongoing in (("write", self.ongoing_write_through), ("load", self.ongoing_load_back)):
+            for node, lock in ongoing.values():
+                if node is not root and node.parent is None:
+                    errors.append(f"[in-flight] {kind} of a node not in the tree")
+                elif lock is not None and node.lock_ref <= 0:
+                    errors.append(f"[in-flight] {kind} of {node!r} without its lock")
+        return errors
+
+    def sanity_check(self) -> None:
+        errors = self.violations()
+        if errors:
+            raise AssertionError(f"sanity check failed ({len(errors)} violations):\n  "
+                                 + "\n  ".join(errors))

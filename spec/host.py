@@ -1,0 +1,594 @@
+"""The host tier (HiCache) of the Full component: one function per rule, named after it.
+
+A node's KV data can live on the device (``Node.value``), on the host (``Node.host_value``) or
+both.  The host tier adds these rules to the device tier of :mod:`uniradix.spec.cache`:
+
+* **backup** (``write_backup``): a node's device slots are copied to fresh host slots.  Under
+  ``write_through`` / ``write_through_selective`` an insert that brings a node's hit count to
+  ``write_through_threshold`` backs it up (its parent first, so a backed-up node always has a
+  backed-up parent) and the node stays locked until the write's ack is processed.  Under
+  ``write_back`` a node is backed up only when it is evicted, and that eviction waits for the
+  write (no lock).
+* **eviction to host**: a device leaf with a host copy loses its device slots and stays in the
+  tree; one without a copy is deleted (write-through) or backed up first (write-back).
+* **host eviction** (``evict_host``): the oldest *host leaf* (evicted, backed up, childless, not
+  host-locked) loses its host slots and leaves the tree, with its tombstone ancestors.
+* **load back** (``init_load_back``): the evicted segment above a matched node is copied back
+  into fresh device slots (evicting device leaves for room), and the node stays locked until the
+  load's ack is processed.
+* **the I/O queues** (the environment): every write and every load is one *ack*, queued in
+  submission order, not done.  ``io_complete`` marks the oldest acks done; the cache notices only
+  at ``writing_check`` / ``loading_check`` (``check_hicache_events``), which pop the done prefix
+  of each queue and release the locks of the work they finish.
+
+State added to the device tier's (all primary): per node ``host_value`` and ``host_lock_ref``;
+per cache a :class:`HostTier` holding the host pool, the two ack queues (each ack names its node
+and the lock it holds) and the live host-lock handles.  Host leaves and the host eviction order
+are recomputed by the queries below, as the device ones are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Optional
+
+from . import cache as rules
+from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .keys import oldest
+from .queries import device_leaves
+from .state import CacheState, LockHandle, Node, all_nodes
+from .world import PagedPool
+
+# ----------------------------------------------------------------------------------------------
+# State
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class Ack:
+    """One in-flight transfer: a backup of ``node`` (a write) or a load back ending at ``node``.
+
+    ``done`` belongs to the environment (``io_complete`` sets it); ``lock`` is the cache's: the
+    lock the transfer holds until its ack is processed (None for a write-back backup)."""
+
+    node: Node
+    lock: Optional[LockHandle]
+    done: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class HostLockHandle:
+    """What ``inc_host_lock_ref`` hands out.  ``locked`` is False when the node had no host copy
+    (the seed then changes nothing, and so does the matching ``dec_host_lock_ref``)."""
+
+    serial: int
+    node: Node
+    locked: bool
+
+
+@dataclasses.dataclass(eq=False)
+class HostTier:
+    pool: PagedPool                                   # the host KV pool (environment)
+    writes: list = dataclasses.field(default_factory=list)  # Ack, oldest first
+    loads: list = dataclasses.field(default_factory=list)   # Ack, oldest first
+    host_locks: dict = dataclasses.field(default_factory=dict)  # serial -> HostLockHandle
+    next_serial: int = 1
+    # the environment's log of the copies it was asked for, in order (like the pools' freed
+    # logs): ("backup", device slots, host slots) / ("load", host slots, device slots)
+    copies: list = dataclasses.field(default_factory=list)
+
+
+def attach_host_tier(state: CacheState) -> None:
+    """Give a fresh cache its host tier (``config.host_slots`` usable host slots)."""
+    config = state.config
+    if config.components != ("full",):
+        raise Unsupported("the host tier is modelled for the Full component only so far")
+    state.host = HostTier(pool=PagedPool(config.host_slots, config.page_size, "host"))
+
+
+def write_back_policy(state: CacheState) -> bool:
+    return state.config.write_policy == "write_back"
+
+
+def backed_up(node: Node) -> bool:
+    return node.host_value is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# Queries (recomputed on every question)
+# ----------------------------------------------------------------------------------------------
+
+
+def is_host_leaf(node: Node) -> bool:
+    """An evictable host leaf: not the root, evicted from the device, backed up, not
+    host-locked and childless."""
+    return (not node.is_root and node.value is None and node.host_value is not None
+            and node.host_lock_ref == 0 and not node.children)
+
+
+def host_leaves(state: CacheState) -> list[Node]:
+    return [n for n in all_nodes(state) if is_host_leaf(n)]
+
+
+def host_eviction_order(state: CacheState) -> list[Node]:
+    """The current host leaves, oldest access first."""
+    return sorted(host_leaves(state), key=lambda n: n.stamp)
+
+
+def oldest_host_leaf(state: CacheState) -> Optional[Node]:
+    leaves = host_leaves(state)
+    if not leaves:
+        return None
+    return leaves[oldest([n.stamp for n in leaves])]
+
+
+def host_size(state: CacheState) -> int:
+    """Host tokens held by the tree."""
+    return sum(len(n.host_value) for n in all_nodes(state) if n.host_value is not None)
+
+
+def host_tree_slots(state: CacheState) -> list[int]:
+    return [s for n in all_nodes(state) if n.host_value is not None for s in n.host_value]
+
+
+def last_device_ancestor(node: Node) -> Node:
+    """The deepest node at or above ``node`` holding device data (the root at worst)."""
+    cur = node
+    while not cur.is_root and cur.value is None:
+        cur = cur.parent
+    return cur
+
+
+def host_hit_length(best: Node, last_device: Node) -> int:
+    """Host tokens between the device match and the full match: the host copies of the evicted
+    nodes from ``best`` up to (excluding) ``last_device``."""
+    n, cur = 0, best
+    while cur is not last_device and not cur.is_root:
+        if cur.host_value is not None:
+            n += len(cur.host_value)
+        cur = cur.parent
+    return n
+
+
+def evicted_segment(node: Node) -> list[Node]:
+    """The evicted nodes from ``node`` up to the first device node, top-down (what a load back
+    of ``node`` copies)."""
+    seg, cur = [], node
+    while cur.evicted:
+        seg.append(cur)
+        cur = cur.parent
+    seg.reverse()
+    return seg
+
+
+# ----------------------------------------------------------------------------------------------
+# Hooks called from the device tier's rules
+# ----------------------------------------------------------------------------------------------
+
+
+def match_outcome(state: CacheState, indices: tuple, best: Node) -> "rules.MatchOutcome":
+    """A match with a host tier walks through evicted nodes that have a host copy: ``best`` is
+    where the walk ended, the device match ends at its last device ancestor, and the host hit
+    length counts the host copies in between."""
+    last_device = last_device_ancestor(best)
+    return rules.MatchOutcome(indices, last_device, best, best,
+                              host_hit_length(best, last_device))
+
+
+def split_host_data(state: CacheState, upper: Node, child: Node) -> None:
+    """A split cuts the host copy at the same point as the key.  The host lock stays with the
+    lower part (the node it was taken on).  A device lock that skipped the evicted ``child``
+    skips its new upper part too (both were evicted when the lock was taken)."""
+    if child.host_value is not None:
+        k = len(upper.key)
+        upper.host_value = child.host_value[:k]
+        child.host_value = child.host_value[k:]
+    for handle in state.handles.values():
+        if any(s is child for s in handle.skipped):
+            handle.skipped = handle.skipped + (upper,)
+
+
+def write_through_on_hit(state: CacheState, node: Node) -> None:
+    """Write-through: a node whose hit count reached the threshold is backed up."""
+    if state.host is None or write_back_policy(state):
+        return
+    if not backed_up(node) and node.hit_count >= state.config.write_through_threshold:
+        write_backup(state, node)
+
+
+def check_unevict_slots(state: CacheState, plan: list, value: tuple) -> None:
+    """An insert's slots for the evicted nodes on its path (they take them back) must be whole
+    allocated pages the tree does not hold, as a new leaf's (InvalidInput, nothing changed)."""
+    ps = state.config.page_size
+    held = None
+    start = 0
+    for node, shared in plan:
+        if node.value is None:
+            held = set(rules.tree_slots(state)) if held is None else held
+            for k in range(start, start + shared, ps):
+                page = value[k: k + ps]
+                first = page[0]
+                if first % ps or list(page) != list(range(first, first + ps)):
+                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
+                                       "one whole page")
+                if not state.kv.is_allocated(first) or any(s in held for s in page):
+                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
+                                       "the caller's allocated slots")
+        start += shared
+
+
+def tombstone_may_go(node: Node) -> bool:
+    """A childless tombstone is deleted only when nothing holds it: no device or host lock and
+    no data on either tier."""
+    return node.host_value is None and node.host_lock_ref == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Backup (device -> host)
+# ----------------------------------------------------------------------------------------------
+
+
+def write_backup(state: CacheState, node: Node, write_back: bool = False) -> int:
+    """Copy ``node``'s device data to fresh host slots; return the number of slots written
+    (0 = not backed up: the host pool could not make room).
+
+    Write-through backs the parent up first (and gives up if that fails).  When the host pool
+    is short, host leaves are evicted for room.  The write is queued as one ack; a write-through
+    write locks the node (and its path) until the ack is processed."""
+    assert node.value is not None and node.host_value is None
+    if not write_back and not node.parent.is_root and not backed_up(node.parent):
+        if write_backup(state, node.parent) <= 0:
+            return 0
+    host = state.host
+    n = len(node.value)
+    avail = host.pool.available_size()
+    if avail < n:
+        needed = n - avail
+        if evict_host(state, needed) < needed:
+            return 0
+    node.host_value = tuple(host.pool.alloc(n))
+    host.copies.append(("backup", list(node.value), list(node.host_value)))
+    lock = None if write_back else rules.inc_lock_ref(state, node)
+    host.writes.append(Ack(node, lock))
+    return n
+
+
+# ----------------------------------------------------------------------------------------------
+# Device eviction with a host tier
+# ----------------------------------------------------------------------------------------------
+
+
+def evict(state: CacheState, num_tokens: int) -> int:
+    """Free at least ``num_tokens`` device tokens, oldest device leaf first.
+
+    A backed-up leaf is evicted to the host (it stays in the tree).  Under write-back a leaf
+    without a copy is backed up first and the eviction waits for the write; a leaf whose backup
+    fails keeps its data and is passed over for the rest of this eviction.  Otherwise a leaf
+    without a copy is deleted (the device tier's rule).  Under write-back the eviction ends by
+    waiting for every pending write."""
+    freed = 0
+    passed_over: list[Node] = []
+    while freed < num_tokens:
+        victim = oldest_leaf_except(state, passed_over)
+        if victim is None:
+            break
+        if backed_up(victim):
+            freed += evict_to_host(state, victim)
+        elif write_back_policy(state):
+            if write_backup(state, victim, write_back=True) == 0:
+                passed_over.append(victim)
+                continue
+            wait_for_writes(state)
+            freed += evict_to_host(state, victim)
+        else:
+            freed += rules.evict_device_leaf(state, victim)
+    if write_back_policy(state):
+        wait_for_writes(state)
+    return freed
+
+
+def oldest_leaf_except(state: CacheState, passed_over: list) -> Optional[Node]:
+    leaves = [n for n in device_leaves(state) if not any(n is p for p in passed_over)]
+    if not leaves:
+        return None
+    return leaves[oldest([n.stamp for n in leaves])]
+
+
+def evict_to_host(state: CacheState, node: Node) -> int:
+    """Device -> host demotion: the device slots go back to the pool; the node stays, with its
+    host copy."""
+    assert node.value is not None and node.host_value is not None
+    n = len(node.value)
+    state.kv.free(list(node.value))
+    node.value = None
+    return n
+
+
+# ----------------------------------------------------------------------------------------------
+# Host eviction
+# ----------------------------------------------------------------------------------------------
+
+
+def evict_host(state: CacheState, num_tokens: int) -> int:
+    """Free at least ``num_tokens`` host tokens if possible: take the oldest host leaf, again
+    and again.  Returns the host tokens freed."""
+    rules.check_count("num_tokens", num_tokens)
+    freed = 0
+    while freed < num_tokens:
+        victim = oldest_host_leaf(state)
+        if victim is None:
+            break
+        freed += evict_host_leaf(state, victim)
+    return freed
+
+
+def evict_host_leaf(state: CacheState, leaf: Node) -> int:
+    """A host leaf's host slots go back to the host pool and it leaves the tree; ancestors left
+    as childless tombstones go too."""
+    n = len(leaf.host_value)
+    state.host.pool.free(list(leaf.host_value))
+    leaf.host_value = None
+    parent = leaf.parent
+    rules.remove_from_parent(state, leaf)
+    rules.delete_tombstone_ancestors(state, parent)
+    return n
+
+
+# ----------------------------------------------------------------------------------------------
+# Load back (host -> device)
+# ----------------------------------------------------------------------------------------------
+
+
+def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
+    """Copy the evicted segment ending at ``node`` back to fresh device slots.
+
+    The path is locked while room is made.  Nothing is loaded when the segment is shorter than
+    ``load_back_threshold`` or longer than ``mem_quota`` plus what the lock just protected, or
+    when evicting device leaves cannot make room (or, under write-back, their backups evicted
+    ``node`` from the host to make host room).  A load is queued as one ack and locks
+    ``node``'s path until the ack is processed."""
+    segment = evicted_segment(node)
+    assert all(n.host_value is not None for n in segment)
+    n_tokens = sum(len(n.host_value) for n in segment)
+    guard = rules.inc_lock_ref(state, node)
+    delta = sum(len(n.value) for n in guard.locked_nodes() if n.lock_ref == 1)
+    if n_tokens < state.config.load_back_threshold or (
+            mem_quota is not None and n_tokens > mem_quota + delta):
+        rules.dec_lock_ref(state, guard)
+        return False
+    avail = state.kv.available_size()
+    if avail < n_tokens:
+        needed = n_tokens - avail
+        # write-back backups during this eviction may evict host leaves, ``node`` among them:
+        # then there is nothing left to load
+        if rules.evict(state, needed) < needed or not rules.is_in_tree(state, node):
+            rules.dec_lock_ref(state, guard)
+            return False
+    device = state.kv.alloc(n_tokens)
+    state.host.copies.append(("load", [s for n in segment for s in n.host_value], list(device)))
+    rules.dec_lock_ref(state, guard)
+    start = 0
+    for n in segment:
+        n.value = tuple(device[start: start + len(n.host_value)])
+        start += len(n.host_value)
+    state.host.loads.append(Ack(node, rules.inc_lock_ref(state, node)))
+    return True
+
+
+def init_load_back(state: CacheState, node: Node, last_device_node: Node,
+                   mem_quota: Optional[int]) -> tuple[tuple, Node]:
+    """The scheduler's entry: load ``node``'s evicted segment if there is one and return the
+    device slots now between ``last_device_node`` and ``node`` with the new last device node;
+    on no load, ``((), last_device_node)``."""
+    check_ancestor(last_device_node, node)
+    if mem_quota is not None:
+        rules.check_count("mem_quota", mem_quota)
+    if node.evicted and load_back(state, node, mem_quota):
+        chunks, cur = [], node
+        while cur is not last_device_node:
+            chunks.append(cur.value)
+            cur = cur.parent
+        indices = tuple(s for chunk in reversed(chunks) for s in chunk)
+        if indices:
+            return indices, node
+    return (), last_device_node
+
+
+def check_ancestor(upper: Node, lower: Node) -> None:
+    cur: Optional[Node] = lower
+    while cur is not None:
+        if cur is upper:
+            return
+        cur = cur.parent
+    raise InvalidInput("load_back: last_device_node is not on the path of the node")
+
+
+# ----------------------------------------------------------------------------------------------
+# The I/O queues and their checks
+# ----------------------------------------------------------------------------------------------
+
+
+def io_complete(state: CacheState, writes: int, loads: int) -> None:
+    """The environment finishes transfers: the ``writes`` oldest not-done write acks and the
+    ``loads`` oldest not-done load acks are done (-1: all).  The cache is not told."""
+    for name, k in (("writes", writes), ("loads", loads)):
+        if isinstance(k, bool) or not isinstance(k, int) or k < -1:
+            raise InvalidInput(f"io_complete: {name} must be an int >= -1, got {k!r}")
+    for queue, k in ((state.host.writes, writes), (state.host.loads, loads)):
+        for ack in queue:
+            if k == 0:
+                break
+            if not ack.done:
+                ack.done = True
+                k -= 1
+
+
+def release(state: CacheState, ack: Ack) -> None:
+    if ack.lock is not None:
+        rules.dec_lock_ref(state, ack.lock)
+
+
+def writing_check(state: CacheState) -> None:
+    """Process finished writes: pop the done prefix of the write queue, unlocking each node."""
+    queue = state.host.writes
+    while queue and queue[0].done:
+        release(state, queue.pop(0))
+
+
+def wait_for_writes(state: CacheState) -> None:
+    """Write-back: wait for every pending write (they all complete now) and process them."""
+    for ack in state.host.writes:
+        ack.done = True
+    writing_check(state)
+
+
+def loading_check(state: CacheState) -> None:
+    """Process finished loads: pop the done prefix of the load queue, unlocking each path."""
+    queue = state.host.loads
+    while queue and queue[0].done:
+        release(state, queue.pop(0))
+
+
+def check_hicache_events(state: CacheState) -> None:
+    writing_check(state)
+    loading_check(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host locks
+# ----------------------------------------------------------------------------------------------
+
+
+def inc_host_lock_ref(state: CacheState, node: Node) -> HostLockHandle:
+    """Protect ``node``'s host copy from host eviction (only that node; a node without a host
+    copy is left as it is)."""
+    if node is not state.root and not rules.is_in_tree(state, node):
+        raise NodeNotFound("inc_host_lock_ref: the node is not in the tree")
+    host = state.host
+    locked = not state.config.disable and node.host_value is not None
+    handle = HostLockHandle(host.next_serial, node, locked)
+    host.next_serial += 1
+    host.host_locks[handle.serial] = handle
+    if locked:
+        node.host_lock_ref += 1
+    return handle
+
+
+def dec_host_lock_ref(state: CacheState, handle: HostLockHandle) -> None:
+    host = state.host
+    if not isinstance(handle, HostLockHandle) or host.host_locks.get(handle.serial) is not handle:
+        raise HandleError("dec_host_lock_ref: this handle was never issued or is already released")
+    del host.host_locks[handle.serial]
+    if handle.locked:
+        assert handle.node.host_lock_ref > 0
+        handle.node.host_lock_ref -= 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Reset
+# ----------------------------------------------------------------------------------------------
+
+
+def reset_host_tier(state: CacheState) -> None:
+    """Flush: the host pool is cleared, queued acks and host locks are forgotten."""
+    state.host.pool.reset()
+    state.host.writes.clear()
+    state.host.loads.clear()
+    state.host.host_locks.clear()
+    state.host.copies.clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# Invariants (the host parts of the seed's sanity_check)
+# ----------------------------------------------------------------------------------------------
+
+
+def host_invariants(state: CacheState) -> list[str]:
+    if state.host is None:
+        return []
+    return (host_data(state) + host_locks(state) + host_accounting(state)
+            + in_flight(state))
+
+
+def host_data(state: CacheState) -> list[str]:
+    """Host copies fit their keys; under write-through a backed-up node has a backed-up parent;
+    no node is both an evictable device leaf and a host leaf."""
+    errors = []
+    wb = write_back_policy(state)
+    for node in all_nodes(state):
+        if node.is_root:
+            if node.host_value is not None or node.host_lock_ref:
+                errors.append("[host] the root holds host data or a host lock")
+            continue
+        if node.host_value is not None and len(node.host_value) != len(node.key):
+            errors.append(f"[host] {node!r}: {len(node.host_value)} host slots for "
+                          f"{len(node.key)} units")
+        if (node.host_value is not None and not wb and not node.parent.is_root
+                and node.parent.host_value is None):
+            errors.append(f"[host] {node!r} is backed up but its parent is not")
+    dev = {id(n) for n in device_leaves(state)}
+    both = [n for n in host_leaves(state) if id(n) in dev]
+    if both:
+        errors.append(f"[leaf] {both[0]!r} is both a device leaf and a host leaf")
+    return errors
+
+
+def host_locks(state: CacheState) -> list[str]:
+    """Host lock counts equal the live host-lock handles that locked each node, and sit only on
+    nodes with a host copy."""
+    errors = []
+    expected: Counter = Counter()
+    for h in state.host.host_locks.values():
+        if h.locked:
+            expected[id(h.node)] += 1
+    for node in all_nodes(state):
+        if node.host_lock_ref != expected[id(node)]:
+            errors.append(f"[host-lock] {node!r} host_lock_ref={node.host_lock_ref} but "
+                          f"{expected[id(node)]} live host lock(s)")
+        if node.host_lock_ref > 0 and node.host_value is None:
+            errors.append(f"[host-lock] {node!r} is host-locked without a host copy")
+    return errors
+
+
+def host_accounting(state: CacheState) -> list[str]:
+    """Every host slot the tree holds is allocated and held once, and the host pool holds
+    nothing else (only the cache allocates host slots)."""
+    errors = []
+    slots = host_tree_slots(state)
+    twice = sorted(s for s, k in Counter(slots).items() if k > 1)
+    if twice:
+        errors.append(f"[host-size] host slots held twice: {twice[:8]}")
+    pool = state.host.pool
+    if any(not pool.is_allocated(s) for s in slots):
+        errors.append("[host-size] the tree holds host slots the host pool says are free")
+    tree_pages = {s // pool.page_size for s in slots}
+    leaked = sorted(pool.allocated_pages() - tree_pages)
+    if leaked:
+        errors.append(f"[host-size] host pages allocated but held by no node: {leaked[:8]}")
+    return errors
+
+
+def in_flight(state: CacheState) -> list[str]:
+    """Every in-flight transfer's node is in the tree; a write's node is backed up and a
+    load's node is on the device; each holds its lock (on a locked node); done acks form a
+    prefix of each queue (completion goes oldest first)."""
+    errors = []
+    for kind, queue in (("write", state.host.writes), ("load", state.host.loads)):
+        seen_pending = False
+        for ack in queue:
+            node = ack.node
+            if not rules.is_in_tree(state, node):
+                errors.append(f"[in-flight] {kind} of {node!r}: the node is not in the tree")
+                continue
+            if kind == "write" and node.host_value is None:
+                errors.append(f"[in-flight] write of {node!r}: the node has no host copy")
+            if kind == "load" and node.value is None:
+                errors.append(f"[in-flight] load of {node!r}: the node has no device data")
+            if ack.lock is not None and (state.handles.get(ack.lock.serial) is not ack.lock
+                                         or node.lock_ref <= 0):
+                errors.append(f"[in-flight] {kind} of {node!r} does not hold its lock")
+            if ack.done and seen_pending:
+                errors.append(f"[in-flight] a done {kind} ack follows a pending one")
+            seen_pending = seen_pending or not ack.done
+    return errors
