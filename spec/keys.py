@@ -12,9 +12,12 @@ CrossHair in the test suite (tests/test_crosshair.py).
 
 from __future__ import annotations
 
-from typing import Hashable, Optional, Sequence, Tuple
+from typing import Hashable, Optional, Sequence, Tuple, Union
 
 Unit = Hashable  # an int token, or a (token, token) pair in bigram view
+# The same, spelled out for CrossHair: left as Hashable, it also draws elements of arbitrary
+# classes whose __eq__ fails on symbolic arguments (a false report, not a spec property).
+UnitValue = Union[int, Tuple[int, int]]
 
 
 def bigram_view(tokens: Sequence[int]) -> Tuple[Tuple[int, int], ...]:
@@ -83,7 +86,7 @@ def namespaced_child_key(extra_key: Optional[str], units: Sequence, page_size: i
     return (extra_key, child_key(units, page_size))
 
 
-def common_prefix_len(a: Sequence, b: Sequence, page_size: int) -> int:
+def common_prefix_len(a: Sequence[UnitValue], b: Sequence[UnitValue], page_size: int) -> int:
     """Length of the longest common prefix of two keys, in whole pages.
 
     pre: page_size >= 1
