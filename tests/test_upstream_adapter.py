@@ -120,10 +120,22 @@ def test_conform_refuses_a_config_upstream_does_not_support(capsys):
 
 
 def test_misuse_steps_get_the_spec_error_names():
-    adapter = upstream_mod.UpstreamAdapter(CacheConfig(page_size=1, kv_slots=16))
+    from uniradix.conformance.adapters import make_adapter
+    config = CacheConfig(page_size=2, kv_slots=16)
+    adapter, spec = upstream_mod.UpstreamAdapter(config), make_adapter("spec", config)
+    for a in (adapter, spec):
+        assert a.apply({"i": 0, "op": "alloc", "args": {"n": 4}}) == {"slots": [2, 3, 4, 5]}
     for op, args, err in [
+            ("insert", {"tokens": [1, 2, 3, 4], "value": [2, 3, 40, 41]}, "InvalidInput"),
+            ("insert", {"tokens": [1, 2], "value": [2, 3], "mamba_value": [1]}, "InvalidInput"),
+            ("insert", {"tokens": [1, 2], "value": [2, 3], "swa_evicted_seqlen": 2},
+             "InvalidInput"),
+            ("evict", {}, "InvalidInput"), ("lock", {"node": {"extra_key": None}}, "InvalidInput"),
             ("evict_host", {}, "Unsupported"), ("mamba_alloc", {"n": 1}, "Unsupported"),
             ("frobnicate", {}, "UnknownOp"), ("sizes", {"x": 1}, "InvalidInput"),
             ("match_prefix", {"tokens": [1], "extra_key": None, "bogus": 1}, "InvalidInput"),
             ("lock", {"node": {"tokens": [1], "extra_key": None, "x": 1}}, "InvalidInput")]:
-        assert adapter.apply({"i": 0, "op": op, "args": args}) == {"error": err}, op
+        step = {"i": 1, "op": op, "args": args}
+        assert adapter.apply(step) == {"error": err}, step
+        assert spec.apply(step)["error"] == err, step
+    assert adapter.snapshot()["nodes"] == [] and adapter.pool.allocated_pages() == {1, 2}
