@@ -24,10 +24,10 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 from uniradix.conformance.lockstep import (
     VIOLATION, Finding, ImplSpec, Lockstep, comparable, impl_labels, impl_name,
-    build_adapters, shrink, write_trace)
+    build_adapters, shrink, tree_only as adapter_tree_only, uncompared_node_fields, write_trace)
 from uniradix.conformance.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.errors import ConfigError
+from uniradix.spec.errors import ConfigError, Unsupported
 
 # name -> the fixed part of the config; kv_slots is drawn per segment (16..96, whole pages)
 NAMED_CONFIGS: dict[str, dict] = {
@@ -115,6 +115,8 @@ class ConformResult:
     trace_path: Optional[str] = None
     shrunk_steps: Optional[int] = None
     config_name: Optional[str] = None
+    skipped_configs: dict = dataclasses.field(default_factory=dict)  # name -> why
+    notes: list = dataclasses.field(default_factory=list)  # what was not compared, and why
 
     @property
     def steps_per_s(self) -> float:
@@ -122,6 +124,39 @@ class ConformResult:
 
     def summary(self) -> str:
         return f"conform: {self.steps} steps, {self.divergences} divergences, {self.violations} violations"
+
+
+class ConformUnsupported(Unsupported):
+    """An implementation cannot run the config asked for (``--config``), or any named one."""
+
+
+def _build_segment_adapters(impls: Sequence[ImplSpec], labels: Sequence[str],
+                            cfg: CacheConfig) -> list:
+    """The adapters of one segment; Unsupported names the implementation that refused."""
+    out = []
+    for label, impl in zip(labels, impls):
+        try:
+            out.extend(build_adapters([impl], cfg))
+        except Unsupported as e:
+            raise Unsupported(f"{label}: {e}") from None
+    return out
+
+
+def comparison_notes(labels: Sequence[str], adapters: Sequence[Any],
+                     tree_only_asked: bool) -> list[str]:
+    """What a segment with these adapters does not generate or compare, one line each (the
+    rules are declared by the adapters: ``tree_only``, ``uncompared_node_fields``)."""
+    notes = []
+    narrow = [lab for lab, a in zip(labels, adapters) if adapter_tree_only(a)]
+    if narrow and not tree_only_asked:
+        notes.append(f"{', '.join(narrow)}: tree-level API only; request-level ops (req_*) "
+                     "are not generated")
+    for lab, a in zip(labels, adapters):
+        fields = sorted(uncompared_node_fields(a))
+        if fields:
+            notes.append(f"{lab}: snapshot node field(s) {', '.join(fields)} not compared "
+                         "(a documented difference of this peer, docs/SPEC.md)")
+    return notes
 
 
 class Progress:
@@ -210,9 +245,29 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
         if seconds is not None and time.monotonic() - t0 >= seconds:
             break
         name, cfg = segment_config(config, seed, segment)
+        try:
+            adapters = _build_segment_adapters(impls, labels, cfg)
+        except Unsupported as e:
+            if config is not None:  # the config asked for: nothing to run
+                raise ConformUnsupported(f"config {name if isinstance(config, str) else cfg}: "
+                                         f"{e}") from None
+            if name not in res.skipped_configs:
+                res.skipped_configs[name] = str(e)
+                log(f"conform: skipping config {name}: {e}")
+            if len(res.skipped_configs) == len(NAMED_CONFIGS):
+                raise ConformUnsupported("no named config is supported by every implementation: "
+                                         + "; ".join(f"{k}: {v}" for k, v
+                                                     in res.skipped_configs.items())) from None
+            segment += 1
+            continue
+        seg_tree_only = tree_only or any(adapter_tree_only(a) for a in adapters)
+        for note in comparison_notes(labels, adapters, tree_only):
+            if note not in res.notes:
+                res.notes.append(note)
+                log(f"conform: {note}")
         n = segment_steps if left is None else min(segment_steps, left)
         bar.extra = f"[{name} p{cfg.page_size} kv={cfg.kv_slots}]"
-        ls = Lockstep(build_adapters(impls, cfg), labels, snapshot_every=snapshot_every)
+        ls = Lockstep(adapters, labels, snapshot_every=snapshot_every)
         base = res.steps
 
         def on_step(k: int) -> None:
@@ -222,7 +277,7 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
 
         try:
             taken, finding = random_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step,
-                                            actions=TREE_ACTIONS if tree_only else None)
+                                            actions=TREE_ACTIONS if seg_tree_only else None)
         except _OutOfTime as e:
             res.steps += e.steps
             break
@@ -356,6 +411,9 @@ def cmd_conform(args: argparse.Namespace) -> int:
     except ImportError as e:  # upstream not importable, or torch missing for fast
         print(f"uniradix conform: {e}", file=sys.stderr)
         return 2
+    except ConformUnsupported as e:  # e.g. --config eagle-p1 with upstream
+        print(f"uniradix conform: not run: {e}", file=sys.stderr)
+        return 2
     if res.trace_path is not None:
         print(res.trace_path)
     print(res.summary(), flush=True)
@@ -386,8 +444,8 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="compare snapshots and run invariants every N steps only (default 1: "
                         "every step; a rejected step is always followed by a comparison)")
     p.add_argument("--tree-only", action="store_true",
-                   help="no request-level ops (req_*): for implementations with only the "
-                        "tree-level API, such as upstream")
+                   help="no request-level ops (req_*); automatic when an implementation has "
+                        "only the tree-level API (upstream)")
     p.add_argument("--check-kv", action="store_true",
                    help="each implementation keeps a fingerprinted KV pool; every slot a cache "
                         "hands out must hold its token's KV (conformance/kvcheck.py)")

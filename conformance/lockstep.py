@@ -6,7 +6,9 @@ For each step every adapter ``apply``s it, then the runner checks, in this order
    (the ``message`` of a rejected step is never compared);
 2. **observation**: the observations are equal (return values and effects such as ``freed``);
 3. **rejected => unchanged**: a rejected step left each adapter's canonical snapshot as it was;
-4. **snapshot**: the canonical snapshots are equal;
+4. **snapshot**: the canonical snapshots are equal, except node fields an adapter declares
+   ``uncompared_node_fields`` (a documented difference of that peer, left out of the
+   comparisons that adapter is in; :func:`uncompared_node_fields`);
 5. **violations**: every adapter's own ``violations()`` is ``[]``.
 
 The first failed check is a :class:`Finding` (``kind`` ``divergence`` or ``violation``, the step
@@ -205,6 +207,41 @@ def build_adapters(impls: Sequence[ImplSpec], config: CacheConfig) -> list[Cache
     return [make_adapter(i, config) if isinstance(i, str) else i(config) for i in impls]
 
 
+# -- comparison rules an adapter declares (documented differences of a peer) -----------------
+
+
+def adapter_trait(adapter: Any, name: str, default: Any) -> Any:
+    """An adapter's declared trait ``name``, looking through wrappers that keep the wrapped
+    adapter as ``inner`` (such as :class:`~uniradix.conformance.kvcheck.KVChecked`)."""
+    seen = 0
+    while adapter is not None and seen < 8:
+        if hasattr(type(adapter), name) or name in getattr(adapter, "__dict__", {}):
+            return getattr(adapter, name)
+        adapter, seen = getattr(adapter, "inner", None), seen + 1
+    return default
+
+
+def uncompared_node_fields(adapter: Any) -> frozenset:
+    """Node fields of the snapshot that are not compared between this adapter and any other:
+    a documented difference of the peer (e.g. upstream 0.5.13.post1's hit counts without a host
+    tier, docs/SPEC.md).  Declared by the adapter as ``uncompared_node_fields``."""
+    return frozenset(adapter_trait(adapter, "uncompared_node_fields", ()) or ())
+
+
+def tree_only(adapter: Any) -> bool:
+    """The adapter has only the tree-level API (no ``req_*`` ops), declared as ``tree_only``."""
+    return bool(adapter_trait(adapter, "tree_only", False))
+
+
+def without_node_fields(snap: Any, fields: frozenset) -> Any:
+    """A copy of a canonical snapshot without ``fields`` in its node entries."""
+    if not isinstance(snap, dict) or not isinstance(snap.get("nodes"), list):
+        return snap
+    nodes = [{k: v for k, v in n.items() if k not in fields} if isinstance(n, dict) else n
+             for n in snap["nodes"]]
+    return dict(snap, nodes=nodes)
+
+
 class Lockstep:
     """Apply steps to several adapters at once and compare them (see the module docstring).
 
@@ -244,9 +281,15 @@ class Lockstep:
 
     def _compare_snapshots(self, snaps: list, i: int, op: str, args: Any) -> Optional[Finding]:
         ref = snaps[0]
+        ref_fields = uncompared_node_fields(self.adapters[0])
         for k in range(1, len(snaps)):
             if snaps[k] != ref:
-                d = first_difference(ref, snaps[k])
+                fields = ref_fields | uncompared_node_fields(self.adapters[k])
+                a, b = (without_node_fields(ref, fields), without_node_fields(snaps[k], fields)) \
+                    if fields else (ref, snaps[k])
+                if a == b:
+                    continue
+                d = first_difference(a, b)
                 assert d is not None
                 path, va, vb = d
                 return Finding(DIVERGENCE, i, op, "snapshot", path,

@@ -604,8 +604,9 @@ class Scenario:
             kinds += ["req_decode_early", "req_chunk_too_many"]
         if self._waiting():
             kinds += ["req_finish_waiting", "req_chunk_waiting"]
-        if self.swa or self.mamba:  # hybrid models: no request model; their own misuses
+        if not any(a.startswith("req_") for a in self.actions):  # tree-level ops only
             kinds = [k for k in kinds if not k.startswith("req_")]
+        if self.swa or self.mamba:  # hybrid models: no request model; their own misuses
             kinds += ["insert_swa_seqlen_unaligned" if self.ps > 1 and self.swa
                       else "evict_aux_negative"]
             if self.mamba:

@@ -212,7 +212,7 @@ def _count(value: Any, what: str) -> int:
 
 
 def _path(node: Any) -> tuple[list[int], Optional[str]]:
-    if not isinstance(node, dict):
+    if not isinstance(node, dict) or set(node) - {"tokens", "extra_key"} or "tokens" not in node:
         raise InvalidInput("a node path must be an object {tokens, extra_key}")
     return _int_list(node.get("tokens", []), "node.tokens"), _extra_key(node.get("extra_key"))
 
@@ -221,12 +221,62 @@ def _path(node: Any) -> tuple[list[int], Optional[str]]:
 # The adapter
 # --------------------------------------------------------------------------------------------
 
+# the args of each op (TRACE.md): required, optional. A missing or unknown arg is InvalidInput,
+# as in the spec, before anything reaches upstream (which would ignore an unknown one)
+_ARGS: dict[str, tuple[frozenset, frozenset]] = {
+    "alloc": (frozenset({"n"}), frozenset()),
+    "free": (frozenset({"slots"}), frozenset()),
+    "insert": (frozenset({"tokens", "value"}),
+               frozenset({"extra_key", "prev_prefix_len", "chunked", "mamba_value",
+                          "swa_evicted_seqlen"})),
+    "match_prefix": (frozenset({"tokens"}), frozenset({"extra_key"})),
+    "lock": (frozenset({"node"}), frozenset()),
+    "unlock": (frozenset({"handle"}), frozenset()),
+    "evict": (frozenset({"num_tokens"}), frozenset()),
+    "sizes": (frozenset(), frozenset()),
+    "reset": (frozenset(), frozenset()),
+    "mamba_alloc": (frozenset({"n"}), frozenset()),
+    "mamba_free": (frozenset({"slots"}), frozenset()),
+}
+_HYBRID_EVICT_ARGS = frozenset({"swa_num_tokens", "mamba_num"})
+
+
+def _check_args(config: CacheConfig, op: str, args: Any) -> None:
+    if not isinstance(args, dict):
+        raise InvalidInput(f"{op}: args must be an object")
+    required, optional = _ARGS.get(op, (frozenset(), frozenset()))
+    if op == "evict" and config.components != ("full",):
+        optional = _HYBRID_EVICT_ARGS
+    extra = sorted(set(args) - required - optional)
+    if extra:
+        raise InvalidInput(f"{op}: unknown argument(s) {extra}")
+    missing = sorted(required - set(args))
+    if missing:
+        raise InvalidInput(f"{op}: missing argument(s) {missing}")
+
+
+# ops of TRACE.md that need a tier or component the adapter does not drive (host tier, Mamba
+# pool without Mamba): rejected as Unsupported, as the spec does; other unknown ops: UnknownOp
+_NOT_DRIVEN_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events",
+                   "mamba_alloc", "mamba_free")
+
+
 class UpstreamAdapter:
     """Drives sglang's ``UnifiedRadixCache`` one trace step at a time.
 
     ``apply`` returns the step's observation (a full ``ret`` dict, TRACE.md), an
     ``{"error": "<type>"}`` observation for a rejected step, or ``{}`` for ops without a ret.
     """
+
+    # -- comparison rules (read by the lockstep runner, conformance/lockstep.py) ---------------
+    #: upstream has only the tree-level API: no request-level (req_*) ops
+    tree_only = True
+
+    @property
+    def uncompared_node_fields(self) -> tuple:
+        """0.5.13.post1 counts hits (and copies them on a split) without a host tier too; the
+        seed and the spec count them only with one (docs/SPEC.md): not compared there."""
+        return () if self.config.has_host_tier else ("hit_count",)
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
@@ -344,7 +394,15 @@ class UpstreamAdapter:
         self.pool.take_freed()  # effects are per step
         try:
             if handler is None:
+                # an op of a tier or component this adapter does not drive: the spec's name
+                if op in _NOT_DRIVEN_OPS:
+                    if op in _ARGS:  # the spec checks a Mamba pool op's args first
+                        _check_args(self.config, op, args)
+                    raise Unsupported(f"op {op!r} needs a tier or component not driven here")
                 raise UnknownOp(f"unknown op {op!r}")
+            _check_args(self.config, op, args)
+            if op == "insert":
+                self._check_insert(args)
             return handler(step, args)
         except CacheError as e:
             self.pool.take_freed()
@@ -398,6 +456,29 @@ class UpstreamAdapter:
             logger.setLevel(saved_level)
             self.cache.pretty_print = saved_print
         return []
+
+    def _check_insert(self, args: dict) -> None:
+        """What the spec rejects of an insert and upstream would take on trust (it would store
+        the slot in the tree, or fail freeing it): a slot of the aligned key from
+        ``prev_prefix_len`` on that the pool has not handed out; a Mamba state slot without the
+        Mamba component; an SWA window start without SWA or not on a page boundary.
+        InvalidInput, as in the spec."""
+        if args.get("mamba_value") is not None and "mamba" not in self.config.components:
+            raise InvalidInput("insert: mamba_value needs the Mamba component")
+        seqlen = args.get("swa_evicted_seqlen", 0)
+        if isinstance(seqlen, int) and not isinstance(seqlen, bool) and seqlen > 0:
+            if "swa" not in self.config.components:
+                raise InvalidInput("insert: swa_evicted_seqlen needs the SWA component")
+            if seqlen % self.config.page_size:
+                raise InvalidInput(f"insert: swa_evicted_seqlen={seqlen} is not whole pages")
+        tokens, value, prev = args.get("tokens"), args.get("value"), args.get("prev_prefix_len", 0)
+        if not (isinstance(tokens, list) and isinstance(value, list) and isinstance(prev, int)):
+            return  # the handler's type checks reject it
+        aligned = len(tokens) // self.config.page_size * self.config.page_size
+        for slot in value[max(prev, 0): aligned]:
+            if isinstance(slot, int) and not isinstance(slot, bool) \
+                    and not self.pool.is_allocated(slot):
+                raise InvalidInput(f"insert: slot {slot} is not allocated")
 
     # -- ops ---------------------------------------------------------------------------------
     def _op_alloc(self, step: dict, args: dict) -> dict:

@@ -25,6 +25,7 @@ from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
 from uniradix.spec import cache as rules
 from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import Unsupported
 from uniradix.spec.state import all_nodes
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -378,3 +379,133 @@ def test_registered_impl_machine(impl):
     run_state_machine_as_test(make_machine(["spec", impl]), settings=settings(
         max_examples=300, stateful_step_count=100, deadline=None,
         suppress_health_check=list(HealthCheck)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparison rules a peer declares (what conform against upstream does and does not compare)
+# ----------------------------------------------------------------------------------------------
+
+
+class CountsHitsPeer(SpecAdapter):
+    """Stands in for upstream 0.5.13.post1 in process: tree-level API only (request ops are
+    unknown to it) and its own hit counts without a host tier, declared as not compared."""
+
+    tree_only = True
+
+    @property
+    def uncompared_node_fields(self):
+        return () if self.config.has_host_tier else ("hit_count",)
+
+    def apply(self, step):
+        if str(step.get("op", "")).startswith("req_"):
+            return {"error": "UnknownOp"}
+        return super().apply(step)
+
+    def snapshot(self):
+        snap = super().snapshot()
+        for n in snap["nodes"]:
+            n["hit_count"] = n["hit_count"] + len(n["path"]["tokens"])
+        return snap
+
+
+class CountsHitsUndeclared(CountsHitsPeer):
+    """The same hit counts, not declared: a plain divergence."""
+
+    uncompared_node_fields = ()
+
+
+def _ops_seen(factory, seen):
+    def build(config):
+        a = factory(config)
+        apply = a.apply
+
+        def rec(step):
+            seen.append(step["op"])
+            return apply(step)
+        a.apply = rec
+        return a
+    build.impl_name = getattr(factory, "impl_name", factory.__name__)
+    return build
+
+
+def test_conform_with_a_tree_only_peer_drives_tree_ops_and_skips_its_hit_counts(tmp_path):
+    seen, logged = [], []
+    res = conform_mod.run_conform(["spec", _ops_seen(CountsHitsPeer, seen)], config="full-p2",
+                                  steps=3000, seed=4, out=str(tmp_path), progress=False,
+                                  log=logged.append)
+    assert res.finding is None, str(res.finding)
+    assert seen and not [op for op in seen if op.startswith("req_")]
+    assert "sizes" in seen and "lock" in seen
+    text = "\n".join(logged)
+    assert "request-level ops (req_*) are not generated" in text
+    assert "hit_count not compared" in text
+    # the same run with a peer that has the request API generates request ops (incl. misuses)
+    seen2 = []
+    conform_mod.run_conform(["spec", _ops_seen(SpecAdapter, seen2)], config="full-p2",
+                            steps=3000, seed=4, out=None, progress=False, log=lambda m: None)
+    assert {"req_arrive", "req_admit", "req_finish"} <= set(seen2)
+
+
+def test_undeclared_hit_counts_diverge_and_the_rule_is_per_peer(tmp_path):
+    res = conform_mod.run_conform(["spec", CountsHitsUndeclared], config="full-p1", steps=3000,
+                                  seed=4, out=None, progress=False, log=lambda m: None)
+    assert res.finding is not None and res.finding.field.endswith("hit_count")
+    # spec vs the declaring peer is clean, but spec vs a third, undeclared one is still compared
+    res = conform_mod.run_conform(["spec", CountsHitsPeer, CountsHitsUndeclared],
+                                  config="full-p1", steps=3000, seed=4, out=None,
+                                  progress=False, log=lambda m: None)
+    assert res.finding is not None and res.finding.field.endswith("hit_count")
+    assert res.finding.impls == ("spec", "CountsHitsUndeclared")
+
+
+class _Fixed:
+    """A minimal adapter whose snapshot is one node with the given hit count."""
+
+    def __init__(self, config, hits, declare):
+        self.config, self.hits = config, hits
+        if declare:
+            self.uncompared_node_fields = () if config.has_host_tier else ("hit_count",)
+
+    def apply(self, step):
+        return {}
+
+    def snapshot(self):
+        return {"nodes": [{"path": {"tokens": [1], "extra_key": None}, "lock_ref": 0,
+                           "hit_count": self.hits}]}
+
+    def violations(self):
+        return []
+
+
+@pytest.mark.parametrize("host_slots, found", [(0, False), (64, True)])
+def test_hit_counts_are_compared_with_a_host_tier(host_slots, found):
+    cfg = CacheConfig(page_size=1, kv_slots=16, host_slots=host_slots)
+    ls = Lockstep([_Fixed(cfg, 0, False), _Fixed(cfg, 3, True)], ["spec", "peer"])
+    _, finding = ls.check({"i": 0, "op": "sizes", "args": {}})
+    assert (finding is not None) == found
+    if found:
+        assert finding.path.endswith("hit_count")
+
+
+class EagleUnsupported(SpecAdapter):
+    def __init__(self, config):
+        if config.eagle:
+            raise Unsupported("no eagle here")
+        super().__init__(config)
+
+
+def test_conform_skips_or_refuses_configs_a_peer_does_not_support(monkeypatch, capsys):
+    monkeypatch.setitem(ADAPTERS, "no-eagle", EagleUnsupported)
+    logged = []
+    res = conform_mod.run_conform(["spec", "no-eagle"], steps=2000, seed=1, out=None,
+                                  progress=False, log=logged.append, segment_steps=200)
+    assert res.finding is None and res.steps == 2000 and res.segments == 10
+    assert set(res.skipped_configs) == {"eagle-p1", "eagle-p4"}
+    assert any("skipping config eagle-p1: no-eagle: no eagle here" in m for m in logged)
+    with pytest.raises(conform_mod.ConformUnsupported):
+        conform_mod.run_conform(["spec", "no-eagle"], config="eagle-p1", steps=100, out=None,
+                                progress=False, log=lambda m: None)
+    rc = conform_mod.main(["conform", "--impls", "spec,no-eagle", "--config", "eagle-p4",
+                           "--steps", "100", "--no-progress"])
+    assert rc == 2
+    assert "not run" in capsys.readouterr().err

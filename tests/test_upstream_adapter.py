@@ -93,3 +93,49 @@ def test_unsupported_configs():
                 CacheConfig(components=("full", "mamba"), mamba_slots=8)):
         with pytest.raises(Unsupported):
             upstream_mod.UpstreamAdapter(cfg)
+
+
+@pytest.mark.parametrize("config", ["full-p1", "full-p4", None])
+def test_conform_spec_vs_upstream_is_clean(config, tmp_path):
+    """conform against upstream as a user runs it: no --tree-only, misuse steps included; the
+    request ops are left out and hit counts not compared automatically (docs/CLI.md)."""
+    from uniradix.conformance import conform as conform_mod
+    logged = []
+    res = conform_mod.run_conform(["spec", "upstream"], config=config, steps=3000, seed=3,
+                                  out=str(tmp_path), progress=False, log=logged.append,
+                                  segment_steps=500)
+    assert res.finding is None, f"{res.finding}\nshrunk trace: {res.trace_path}"
+    assert res.steps == 3000
+    assert any("req_*" in m for m in logged) and any("hit_count" in m for m in logged)
+    if config is None:  # cycling: the configs upstream's adapter cannot build are skipped
+        assert {"eagle-p1", "eagle-p4", "disable"} <= set(res.skipped_configs)
+
+
+def test_conform_refuses_a_config_upstream_does_not_support(capsys):
+    from uniradix.conformance import conform as conform_mod
+    rc = conform_mod.main(["conform", "--impls", "spec,upstream", "--config", "eagle-p1",
+                           "--steps", "100", "--no-progress"])
+    assert rc == 2
+    assert "eagle" in capsys.readouterr().err
+
+
+def test_misuse_steps_get_the_spec_error_names():
+    from uniradix.conformance.adapters import make_adapter
+    config = CacheConfig(page_size=2, kv_slots=16)
+    adapter, spec = upstream_mod.UpstreamAdapter(config), make_adapter("spec", config)
+    for a in (adapter, spec):
+        assert a.apply({"i": 0, "op": "alloc", "args": {"n": 4}}) == {"slots": [2, 3, 4, 5]}
+    for op, args, err in [
+            ("insert", {"tokens": [1, 2, 3, 4], "value": [2, 3, 40, 41]}, "InvalidInput"),
+            ("insert", {"tokens": [1, 2], "value": [2, 3], "mamba_value": [1]}, "InvalidInput"),
+            ("insert", {"tokens": [1, 2], "value": [2, 3], "swa_evicted_seqlen": 2},
+             "InvalidInput"),
+            ("evict", {}, "InvalidInput"), ("lock", {"node": {"extra_key": None}}, "InvalidInput"),
+            ("evict_host", {}, "Unsupported"), ("mamba_alloc", {"n": 1}, "Unsupported"),
+            ("frobnicate", {}, "UnknownOp"), ("sizes", {"x": 1}, "InvalidInput"),
+            ("match_prefix", {"tokens": [1], "extra_key": None, "bogus": 1}, "InvalidInput"),
+            ("lock", {"node": {"tokens": [1], "extra_key": None, "x": 1}}, "InvalidInput")]:
+        step = {"i": 1, "op": op, "args": args}
+        assert adapter.apply(step) == {"error": err}, step
+        assert spec.apply(step)["error"] == err, step
+    assert adapter.snapshot()["nodes"] == [] and adapter.pool.allocated_pages() == {1, 2}

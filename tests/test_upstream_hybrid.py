@@ -16,7 +16,6 @@ from uniradix.conformance import conform as conform_mod
 from uniradix.conformance import upstream as upstream_mod
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.driver import make_config, record
-from uniradix.conformance.machine import Scenario
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
 
@@ -46,29 +45,11 @@ def test_committed_hybrid_trace_replays_on_upstream_and_is_re_recorded(folder, p
     assert steps == trace.steps
 
 
-def _without_hit_counts(name: str):
-    """Upstream 0.5.13.post1 counts hits without a host tier, the seed does not (docs/SPEC.md):
-    the snapshots are compared without them."""
-    def factory(config):
-        adapter = make_adapter(name, config)
-        snapshot = adapter.snapshot
-
-        def snap():
-            s = snapshot()
-            for n in s["nodes"]:
-                n.pop("hit_count", None)
-            return s
-        adapter.snapshot = snap
-        return adapter
-    factory.impl_name = name
-    return factory
-
-
 @pytest.mark.parametrize("config", ["swa", "mamba"])
-def test_spec_and_upstream_in_lockstep(config, monkeypatch, tmp_path):
-    # no deliberately invalid steps: the upstream adapter names some rejections differently
-    monkeypatch.setattr(Scenario, "WEIGHTS", dict(Scenario.WEIGHTS, invalid=0.0))
-    res = conform_mod.run_conform([_without_hit_counts("spec"), _without_hit_counts("upstream")],
-                                  config=config, steps=2000, seed=5, out=str(tmp_path),
-                                  tree_only=True, progress=False, log=lambda m: None)
+def test_spec_and_upstream_in_lockstep(config, tmp_path):
+    # misuse steps included (the adapter gives the spec's error names); the hit counts, which
+    # 0.5.13.post1 keeps without a host tier (docs/SPEC.md), are left out by the adapter's rule
+    res = conform_mod.run_conform(["spec", "upstream"], config=config, steps=2000, seed=5,
+                                  out=str(tmp_path), progress=False, log=lambda m: None)
     assert res.finding is None, f"{res.finding}\nshrunk trace: {res.trace_path}"
+    assert any(n.startswith("upstream:") and "hit_count not compared" in n for n in res.notes)
