@@ -61,6 +61,7 @@ from .radix_key import RadixKey
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
 FULL, SWA, MAMBA = 0, 1, 2  # component ids in skip_lock_node_ids (upstream's ComponentType)
 _INT64 = torch.int64
+_narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per slice / copy
 _ids = itertools.count(1)
 
 
@@ -283,7 +284,8 @@ class HybridRadixCache:
             self._mamba_owned.add(int(aux[0]))
 
     def _translate(self, full: torch.Tensor) -> torch.Tensor:
-        return self.token_to_kv_pool_allocator.translate_loc_from_full_to_swa(full).to(_INT64)
+        swa = self.token_to_kv_pool_allocator.translate_loc_from_full_to_swa(full)
+        return swa if swa.dtype is _INT64 else swa.to(_INT64)  # (.to: a torch call even as a no-op)
 
     # ------------------------------------------------------------------------------------------
     # Tree structure
@@ -297,12 +299,13 @@ class HybridRadixCache:
         the lock boundary follow the cut; a Mamba state stays on the child."""
         parent = child.parent
         self._clock += STRIDE
-        upper = HybridNode(child.key[:k], child.value[:k].clone(), parent, child.extra_key,
+        value = child.value
+        upper = HybridNode(child.key[:k], _narrow_copy(value, 0, 0, k), parent, child.extra_key,
                            self._clock, child.ck)
         upper.lock_ref = child.lock_ref
         parent.children[child.ck] = upper
         child.key = child.key[k:]
-        child.value = child.value[k:].clone()
+        child.value = _narrow_copy(value, 0, k, len(child.key))
         upper.dev_children = 1
         child.parent = upper
         child.ck = self._ck(child.extra_key, child.key, 0)
@@ -313,7 +316,9 @@ class HybridRadixCache:
             upper.aux_lock = child.aux_lock
             upper.boundary, child.boundary = child.boundary, None
             if child.aux is not None:
-                upper.aux, child.aux = child.aux[:k].clone(), child.aux[k:].clone()
+                aux = child.aux
+                upper.aux = _narrow_copy(aux, 0, 0, k)
+                child.aux = _narrow_copy(aux, 0, k, len(child.key))
                 self._lru_after(self._head, upper)
         if child.aux is not None:
             self._lru_after(self._head, child)
@@ -512,7 +517,8 @@ class HybridRadixCache:
         if self.disable:
             return InsertResult(prefix_len=0)
         n = len(units) - len(units) % self.page_size
-        units, value = units[:n], value[:n]
+        if n < len(units):
+            units, value = units[:n], _narrow(value, 0, 0, n)
         ek = key.extra_key
         plan = self._plan(ek, units, n)
         if self.validate_slots:
@@ -523,25 +529,41 @@ class HybridRadixCache:
         if n == 0:
             return InsertResult(prefix_len=0, mamba_exist=True)
         node, pos = self.root_node, 0
+        is_swa = self.is_swa
+        dup_lo = dup_hi = 0  # the caller's duplicates not yet freed: value[dup_lo:dup_hi]
         for child, shared in plan:
             self._touch(child)
             if shared < len(child.key):
                 child = self._split(child, shared)
             end = pos + shared
-            taken = self._overlap(child, pos, shared, value, prev, e)
+            if is_swa and prev < end and child.aux is None:
+                if dup_lo < dup_hi:  # (the frees keep their order)
+                    self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
+                    dup_lo = dup_hi = 0
+                taken = self._overlap(child, pos, shared, value, prev, e)
+            else:
+                taken = shared
             lo = max(prev, pos)
-            if lo < pos + taken:
-                self._free(value[lo: pos + taken])
+            hi = pos + taken
+            if lo < hi:  # one free for a run of adjacent duplicates
+                if dup_lo < dup_hi and dup_hi != lo:
+                    self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
+                    dup_lo = dup_hi = 0
+                if dup_lo == dup_hi:
+                    dup_lo = lo
+                dup_hi = hi
             node, pos = child, end
+        if dup_lo < dup_hi:
+            self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
         target, is_new = node, False
         if pos < n:
             if self.is_swa and e >= n:
-                self._free(value[pos:n])  # wholly outside the window: no leaf
+                self._free(_narrow(value, 0, pos, n - pos))  # wholly outside the window: no leaf
                 return InsertResult(prefix_len=pos)
             self._clock += STRIDE
             rest = units[pos:]
             ck = self._ck(ek, rest, 0)
-            leaf = HybridNode(rest, value[pos:n].clone(), node, ek, self._clock, ck)
+            leaf = HybridNode(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, self._clock, ck)
             node.children[ck] = leaf
             node.dev_children += 1
             self._evictable += n - pos
@@ -577,10 +599,10 @@ class HybridRadixCache:
             cut = e - pos
         else:
             return shared
-        self._free(node.value[cut:])
+        self._free(_narrow(node.value, 0, cut, shared - cut))
         if cut:
             self._split(node, cut)
-        node.value = value[pos + cut: pos + shared].clone()
+        node.value = _narrow_copy(value, 0, pos + cut, shared - cut)
         self._own(node.value)
         self._set_aux(node, self._translate(node.value))
         return cut
@@ -697,72 +719,96 @@ class HybridRadixCache:
     # Eviction
     # ------------------------------------------------------------------------------------------
 
-    def _evict_leaf(self, node: HybridNode, tracker: list) -> None:
+    def _evict_leaf(self, node: HybridNode, tracker: list, freed: list) -> None:
         """A device leaf leaves the tree with all its data (the SWA slots go back with the
-        Full slots through the allocator's map)."""
-        if node.aux is not None:
-            k = self._aux_len(node)
+        Full slots through the allocator's map).  Its slots are handed back by ``evict`` in
+        one batched call per allocator: the Full slots onto ``freed[0]``, a Mamba state onto
+        ``freed[2]``."""
+        aux = node.aux
+        if aux is not None:
+            k = len(node.key) if self.is_swa else 1
             tracker[1] += k
             self._aux_evictable -= k
             self._lru_remove(node)
             if self.is_mamba:
-                self.mamba_allocator.free(node.aux)
-                self._mamba_owned.discard(int(node.aux[0]))
+                freed[2].append(aux)
             node.aux = None
-        value = node.value
-        self._free(value)
-        tracker[0] += len(node.key)
-        self._evictable -= len(node.key)
+        freed[0].append(node.value)
+        k = len(node.key)
+        tracker[0] += k
+        self._evictable -= k
         node.value = None
         parent = node.parent
         del parent.children[node.ck]
         node.parent = None
         parent.dev_children -= 1
-        if parent is not self.root_node:
+        if parent is not self.root_node and parent.dev_children == 0:
             self._push_if_leaf(parent)
 
-    def _drop_aux(self, node: HybridNode, tracker: list) -> None:
-        """The node keeps its Full data and becomes a tombstone for the aux component."""
-        aux = node.aux
-        k = self._aux_len(node)
+    def _drop_aux(self, node: HybridNode, tracker: list, freed: list) -> None:
+        """The node keeps its Full data and becomes a tombstone for the aux component (its SWA
+        slots, through the map of its Full slots, onto ``freed[1]``; its Mamba state onto
+        ``freed[2]``)."""
+        k = len(node.key) if self.is_swa else 1
         tracker[1] += k
         self._aux_evictable -= k
         self._lru_remove(node)
         if self.is_swa:
-            self.token_to_kv_pool_allocator.free_swa(node.value)
+            freed[1].append(node.value)
         else:
-            self.mamba_allocator.free(aux)
-            self._mamba_owned.discard(int(aux[0]))
+            freed[2].append(node.aux)
         node.aux = None
+
+    def _free_batched(self, freed: list) -> None:
+        """Hand back what one ``evict`` took, one allocator call per kind (the slots in the
+        order they were taken): Full slots (with their SWA slots), SWA-only slots, Mamba
+        states."""
+        full, swa_only, states = freed
+        if full:
+            self._free(full[0] if len(full) == 1 else torch.cat(full))
+        if swa_only:
+            self.token_to_kv_pool_allocator.free_swa(
+                swa_only[0] if len(swa_only) == 1 else torch.cat(swa_only))
+        if states:
+            batch = states[0] if len(states) == 1 else torch.cat(states)
+            self.mamba_allocator.free(batch)
+            if self.validate_slots:
+                self._mamba_owned.difference_update(batch.tolist())
 
     def evict(self, params: EvictParams) -> EvictResult:
         """Full first: the oldest evictable device leaves, whole, until ``num_tokens`` Full
         units are freed.  Then the aux component: its list from the oldest end, skipping nodes
         it has locked; a device leaf leaves the tree, any other node becomes a tombstone;
-        until ``swa_num_tokens`` / ``mamba_num`` aux units are freed (by either driver)."""
+        until ``swa_num_tokens`` / ``mamba_num`` aux units are freed (by either driver).
+        The slots go back to the allocators at the end, one call per kind."""
         want = _count_arg("num_tokens", params.num_tokens)
         swa_want = _count_arg("swa_num_tokens", params.swa_num_tokens)
         mamba_want = _count_arg("mamba_num", params.mamba_num)
         if self.disable:
             return EvictResult()
         tracker = [0, 0]  # Full units, aux units
+        freed: list = [[], [], []]  # Full slots, SWA-only slots, Mamba states
         heap = self._heap
         is_leaf = self._is_leaf
+        evict_leaf = self._evict_leaf
+        heappop = heapq.heappop
         while tracker[0] < want and heap:
-            stamp, node = heapq.heappop(heap)
+            stamp, node = heappop(heap)
             if node.last_access_time != stamp or not is_leaf(node):
                 continue
-            self._evict_leaf(node, tracker)
+            evict_leaf(node, tracker, freed)
         aux_want = swa_want if self.is_swa else mamba_want
         x = self._tail.lru_prev
-        while tracker[1] < aux_want and x is not self._head:
+        head = self._head
+        while tracker[1] < aux_want and x is not head:
             nxt = x.lru_prev  # NOTE: x's eviction never removes another list member
             if x.aux_lock == 0:
                 if is_leaf(x):
-                    self._evict_leaf(x, tracker)
+                    evict_leaf(x, tracker, freed)
                 else:
-                    self._drop_aux(x, tracker)
+                    self._drop_aux(x, tracker, freed)
             x = nxt
+        self._free_batched(freed)
         if len(heap) > 64 and len(heap) > 4 * (self._evictable // self.page_size + 16):
             live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and is_leaf(n)}
             self._heap = list(live.values())
