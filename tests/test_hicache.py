@@ -170,3 +170,25 @@ def test_spec_vs_fast_machine_with_a_host_tier():
         make_machine(["spec", "fast"], draw=draw_host_config, name="HostMachine"),
         settings=settings(max_examples=12, stateful_step_count=50, deadline=None,
                           database=None, suppress_health_check=list(HealthCheck)))
+
+
+def test_upstream_adapter_reads_host_op_args_as_the_spec_does():
+    """The upstream adapter checks args before upstream sees them; the host ops' args (as
+    conformance/host_ops.py reads them) must pass, and unknown or missing ones must not (a
+    conform run against upstream once rejected every io_complete)."""
+    from uniradix.conformance.upstream import _check_args
+    from uniradix.spec.config import CacheConfig
+    from uniradix.spec.errors import InvalidInput
+    cfg = CacheConfig(host_slots=64)
+    node = {"tokens": [1], "extra_key": None}
+    good = {"evict_host": {"num_tokens": 1},
+            "load_back": {"node": node, "last_device_node": node, "mem_quota": None},
+            "io_complete": {"writes": 0, "loads": 2}, "check_hicache_events": {},
+            "host_lock": {"node": node}, "host_unlock": {"handle": 3}}
+    for op, args in good.items():
+        _check_args(cfg, op, args)
+    _check_args(cfg, "io_complete", {})
+    for op, args in (("io_complete", {"writes": 0, "bogus": 1}), ("load_back", {"node": node}),
+                     ("host_unlock", {})):
+        with pytest.raises(InvalidInput):
+            _check_args(cfg, op, args)
