@@ -341,7 +341,11 @@ def replay_divergence_at(impls: Sequence[ImplSpec], config: CacheConfig,
         a = build_adapters([impl], config)[0]
         for k, s in enumerate(recorded):
             before = a.snapshot() if "error" in s["ret"] else None
-            obs = a.apply(s)
+            try:
+                obs = a.apply(s)
+            except Exception:  # noqa: BLE001 - a crash (upstream's assertions) is a finding
+                worst = k if worst is None else max(worst, k)
+                break
             if (compare(s["ret"], obs) is not None
                     or (before is not None and a.snapshot() != before) or a.violations()):
                 worst = k if worst is None else max(worst, k)

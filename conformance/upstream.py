@@ -281,9 +281,12 @@ class UpstreamAdapter:
 
     @property
     def uncompared_node_fields(self) -> tuple:
-        """0.5.13.post1 counts hits (and copies them on a split) without a host tier too; the
-        seed and the spec count them only with one (docs/SPEC.md): not compared there."""
-        return () if self.config.has_host_tier else ("hit_count",)
+        """Hit counts differ by two documented 0.5.13.post1 differences (docs/SPEC.md): it counts
+        hits without a host tier too (the seed and the spec only with one), and it copies a
+        node's count to the new upper node on a split (the seed starts that at 0). Not compared;
+        with a host tier what the counts cause, write-through backups, still is (host copies,
+        host pool, acks)."""
+        return ("hit_count",)
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config

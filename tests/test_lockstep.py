@@ -177,6 +177,21 @@ def test_crash_is_a_finding():
     assert f.kind == VIOLATION and f.where == "crash" and f.impls == ("Crashes",)
 
 
+def test_a_crash_is_written_as_a_trace_that_replays_it(tmp_path):
+    """A crash (upstream's own assertions) is a finding: writing its trace re-runs the steps
+    on the crashing implementation, which must not take the writer down with it."""
+    class CrashesOnSizes(SpecAdapter):
+        def op_sizes(self, step):
+            raise AssertionError("upstream's own assertion")
+
+    steps = [{"i": 0, "op": "alloc", "args": {"n": 2}}, {"i": 1, "op": "sizes", "args": {}}]
+    path = conform_mod.write_finding_trace(str(tmp_path), "crash", ["spec", CrashesOnSizes],
+                                           CacheConfig(kv_slots=16), steps, source="test")
+    trace = load_trace(path)
+    assert [s["op"] for s in trace.steps] == ["alloc", "sizes"]
+    assert "probes_appended" not in trace.header
+
+
 def test_renumber_keeps_handles_valid_or_makes_them_unknown():
     steps = [{"i": 3, "op": "lock", "args": {"node": {"tokens": [], "extra_key": None}}},
              {"i": 5, "op": "unlock", "args": {"handle": 3}},
