@@ -327,6 +327,7 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
     check_flag("chunked", chunked)
     if len(value) != len(tokens):
         raise InvalidInput(f"insert: value has {len(value)} slots for {len(tokens)} tokens")
+    components.check_aux_args(state, mamba_value, swa_evicted_seqlen)  # even when disabled
     if state.config.disable:
         return InsertOutcome(0)
     units = aligned_units(state, tokens)

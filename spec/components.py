@@ -146,17 +146,29 @@ def split_aux(state: CacheState, upper: Node, child: Node, split_len: int) -> No
 # ----------------------------------------------------------------------------------------------
 
 
-def check_insert_aux(state: CacheState, plan: list, prev_prefix_len: int,
-                     mamba_value, swa_evicted_seqlen) -> tuple:
-    """Check the aux arguments of an insert (nothing changes on failure); returns them
-    normalised: ``(mamba_value tuple or None, swa_evicted_seqlen int)``."""
-    from .cache import check_count, check_int_list
+def check_aux_args(state: CacheState, mamba_value, swa_evicted_seqlen) -> int:
+    """The aux arguments an insert may carry at all in this config, checked even where the
+    insert then does nothing (a disabled cache): ``swa_evicted_seqlen`` a whole number of
+    pages and only with SWA, ``mamba_value`` only with Mamba.  Returns ``swa_evicted_seqlen``."""
+    from .cache import check_count
     names = aux_names(state)
     swa_evicted_seqlen = check_count("swa_evicted_seqlen", swa_evicted_seqlen)
     if swa_evicted_seqlen and "swa" not in names:
         raise InvalidInput("insert: swa_evicted_seqlen needs the SWA component")
     if swa_evicted_seqlen % state.config.page_size:
         raise InvalidInput(f"insert: swa_evicted_seqlen={swa_evicted_seqlen} is not whole pages")
+    if mamba_value is not None and "mamba" not in names:
+        raise InvalidInput("insert: mamba_value needs the Mamba component")
+    return swa_evicted_seqlen
+
+
+def check_insert_aux(state: CacheState, plan: list, prev_prefix_len: int,
+                     mamba_value, swa_evicted_seqlen) -> tuple:
+    """Check the aux arguments of an insert (nothing changes on failure); returns them
+    normalised: ``(mamba_value tuple or None, swa_evicted_seqlen int)``."""
+    from .cache import check_int_list
+    names = aux_names(state)
+    swa_evicted_seqlen = check_aux_args(state, mamba_value, swa_evicted_seqlen)
     if "swa" in names:
         start = 0
         for node, shared in plan:
