@@ -410,6 +410,8 @@ class ZmqEventPublisher(EventPublisher):
                 self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
             self._close_sockets()
+            if self._own_ctx:
+                self._ctx.term()
             raise InvalidInput(f"kv events: cannot open {exc}") from None
         self._thread = threading.Thread(target=self._run, name="uniradix-kv-events", daemon=True)
         self._thread.start()
