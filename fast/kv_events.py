@@ -362,6 +362,11 @@ class ZmqEventPublisher(EventPublisher):
     by the sender thread, which closes them when it ends.
 
     Sequence numbers count from 0 and have no gaps: the sender numbers what it takes from the queue.
+
+    ``validate`` decodes every encoded batch back with the typed structs before queueing it (about
+    twice the cost of ``publish``; docs/EVENTS.md). ``poll_interval_s`` is how long the idle sender
+    waits on the queue before looking at the replay socket again: the longest an idle publisher
+    takes to start answering a replay request, and to notice ``close``.
     """
 
     def __init__(self, config: KVEventsConfig, attn_dp_rank: int = 0,
