@@ -136,7 +136,7 @@ def test_offset_endpoint_per_dp_rank():
     assert offset_endpoint("tcp://*:5557", 3) == "tcp://*:5560"
     assert offset_endpoint("tcp://127.0.0.1:*", 2) == "tcp://127.0.0.1:*"
     assert offset_endpoint("inproc://kv", 1) == "inproc://kv_dp1"
-    assert offset_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv_dp2"
+    assert offset_endpoint("ipc://kv-events", 2) == "ipc://kv-events_dp2"
 
 
 # --- live publisher and subscriber ---------------------------------------------------------------
