@@ -10,7 +10,7 @@ venv=${1:-.venv-upstream}
 version=${SGLANG_VERSION:-0.5.13.post1}
 py=${PYTHON:-python3}
 # (a bare `import sglang` fails here: it imports torchvision, which the adapter stubs out)
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import importlib.metadata as m; m.version("sglang")' 2>/dev/null; then
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import importlib.metadata as m; m.version("sglang"); m.version("pytest")' 2>/dev/null; then
   echo "upstream venv ready: $venv"; exit 0
 fi
 "$py" -m venv "$venv"
@@ -22,6 +22,9 @@ echo "torch==2.13.0" > "$cons"
 "$venv/bin/pip" install -q -c "$cons" numpy orjson psutil pybase64 requests packaging triton pillow \
   starlette tqdm ipython pydantic aiohttp msgspec pyzmq transformers==5.8.1 openai \
   partial_json_parser dill sentencepiece einops compressed-tensors gguf
+# the test runner, so the `upstream`-marked tests run inside this venv (pyproject's addopts need
+# pytest-benchmark and pytest-timeout)
+"$venv/bin/pip" install -q -c "$cons" pytest pytest-benchmark pytest-timeout hypothesis
 # later releases import xgrammar at module level (transformers stays at 5.8.1: the torchvision
 # placeholder of conformance/upstream.py satisfies it)
 [ "$version" = 0.5.13.post1 ] || "$venv/bin/pip" install -q -c "$cons" xgrammar
