@@ -65,6 +65,8 @@ def fnum(x: Optional[float], digits: int = 3) -> str:
     x = float(x)
     if x == 0:
         return "0"
+    if x.is_integer():
+        return f"{x:,.0f}"
     mag = math.floor(math.log10(abs(x)))
     decimals = max(0, digits - 1 - mag)
     return f"{x:,.{decimals}f}"
@@ -135,10 +137,11 @@ def history_chart(title: str, points: list[tuple[str, Optional[dict]]], unit: st
     lo = min(s["min"] for _, s in vals)
     hi = max(s["max"] for _, s in vals)
     pad = (hi - lo) * 0.15 or abs(hi) * 0.1 or 1.0
+    floor = 0.0 if lo >= 0 else None  # speeds and ratios are never negative
     lo, hi = lo - pad, hi + pad
-    if unit == "×" and lo > 0:
-        lo = max(lo, 0.0)
-    ticks = nice_ticks(lo, hi)
+    if floor is not None:
+        lo = max(lo, floor)
+    ticks = [t for t in nice_ticks(lo, hi) if floor is None or t >= floor]
     lo, hi = min(lo, ticks[0]), max(hi, ticks[-1])
     n = len(points)
     x = lambda i: left + (pw / 2 if n == 1 else pw * i / (n - 1))  # noqa: E731
@@ -264,6 +267,7 @@ table{border-collapse:collapse;background:var(--card);border:1px solid var(--lin
 th,td{padding:5px 10px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
 th{background:#f1f5f9;font-weight:600;font-size:12px;color:#334155}
 td.l,th.l{text-align:left}
+td.w{white-space:normal;min-width:240px}
 .yes{color:var(--ok);font-weight:600}.no{color:var(--bad);font-weight:700}
 .dot{display:inline-block;width:10px;height:10px;border-radius:3px;margin-right:6px;vertical-align:-1px}
 svg text{font:11px system-ui,-apple-system,"DejaVu Sans",sans-serif;fill:#475569}
@@ -330,7 +334,13 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
     if flags:
         pills.append(f'<span class="pill {"ok" if all(flags) else "bad"}" id=outcomes-status>'
                      f'outcomes identical: {sum(flags)}/{len(flags)} figures</span>')
-    kern, _ = latest.kernels()
+    kern, kern_m, kern_commit = None, {}, None
+    for g in reversed(history):  # the latest commit with a kernel run (GPU runs are rare)
+        k, km = g.kernels()
+        if k and (kern is None or (kern.get("smoke") and not k.get("smoke"))):
+            kern, kern_m, kern_commit = k, km, g
+            if not k.get("smoke"):
+                break
     pills.append('<span class=pill>' + (f"kernels: {esc(kern['device'])}" if kern else
                                          "kernels: no GPU run") + '</span>')
     pills.append(f'<span class=pill>{len(history)} commit{"s" if len(history) != 1 else ""} of history</span>')
@@ -469,7 +479,10 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                     f'{fnum(c.get("d2d"))}, host→device {fnum(c.get("h2d"))}, device→host '
                     f'{fnum(c.get("d2h"))} GB/s. {esc(kern["device"])}, torch {esc(kern.get("torch"))}, '
                     f'triton {esc(kern.get("triton"))}; each number the median of {esc(kern.get("reps"))} '
-                    f'timed runs (the kernel bench keeps no min/max).{smoke}</p>')
+                    f'timed runs (the kernel bench keeps no min/max). From commit '
+                    f'<code>{esc(kern_commit.label)}</code>'
+                    f'{"" if kern_commit is latest else " (the latest commit has no kernel run)"}; '
+                    f'{esc(fmachine(kern_m))}.{smoke}</p>')
         body.append(_legend(ENGINE_COLORS, ENGINE_COLORS))
         body.append('<div class=wrap><table id=kernels-table><tr><th class=l>layout</th><th class=l>direction</th>'
                     '<th>page</th><th>KiB</th><th>triton</th><th>torch</th><th>memcpy</th><th>ceiling</th>'
@@ -503,9 +516,9 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
         cells = "; ".join(f"{esc(i)} {c.get('traces')} traces, {fnum(c.get('steps'), 9)} steps, "
                           f"{_bad(c.get('divergences'))} div." for i, c in corpus.items())
         rows_html.append(f'<tr><td class=l><code>{esc(g.label)}</code></td><td class=l>{esc((g.date or "")[:10])}</td>'
-                         f'<td class=l>{cells}</td><td>{fnum(lk.get("steps"), 9)}</td>'
+                         f'<td class="l w">{cells}</td><td>{fnum(lk.get("steps"), 9)}</td>'
                          f'<td>{_bad(lk.get("divergences"))}</td><td>{_bad(lk.get("violations"))}</td>'
-                         f'<td class=l>{esc(fmachine(cm))}</td></tr>')
+                         f'<td class="l w">{esc(fmachine(cm))}</td></tr>')
     if rows_html:
         body.append('<div class=wrap><table id=conformance-table><tr><th class=l>commit</th><th class=l>date</th>'
                     '<th class=l>corpus replay</th><th>lockstep steps</th><th>divergences</th>'
