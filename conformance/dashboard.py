@@ -270,6 +270,7 @@ td.l,th.l{text-align:left}
 td.w{white-space:normal;min-width:240px}
 .yes{color:var(--ok);font-weight:600}.no{color:var(--bad);font-weight:700}
 .dot{display:inline-block;width:10px;height:10px;border-radius:3px;margin-right:6px;vertical-align:-1px}
+svg.chart,svg.bars{max-width:100%;height:auto}
 svg text{font:11px system-ui,-apple-system,"DejaVu Sans",sans-serif;fill:#475569}
 svg .ct{font-size:12.5px;font-weight:600;fill:var(--ink)}
 svg .yt{text-anchor:end}
@@ -293,7 +294,7 @@ def _legend(names: Iterable[str], colors: Optional[dict] = None) -> str:
 
 def _fig_title(fig: dict) -> str:
     cfg = "" if fig["config"] == "full" else f" + {fig['config']}"
-    return f"{fig['workload']}{cfg}, page {fig['page_size']}"
+    return f"{fig['workload']}{cfg}, page {fig['page_size']}, {fig['requests']:,} req"
 
 
 def _fig_meta(fig: dict, machine: dict) -> str:
@@ -362,7 +363,8 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                         f'</div></div>' for k, v in ratios) or \
             '<p class=empty>fast was measured alone: no ratio</p>'
         ident = fig.get("identical_outcomes")
-        flag = ('<span class=yes>identical outcomes</span>' if ident else
+        flag = ('outcomes not compared (one implementation)' if len(fig["impls"]) < 2 else
+                '<span class=yes>identical outcomes</span>' if ident else
                 '<span class=no>OUTCOMES DIFFER</span>' if ident is False else 'outcomes not checked')
         rows = [(impl, d["requests_per_s"], color(impl)) for impl, d in fig["impls"].items()]
         rps = [d["requests_per_s"]["median"] for d in fig["impls"].values() if d["requests_per_s"]]

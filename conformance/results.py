@@ -244,10 +244,12 @@ def _from_pytest_benchmark(data: dict) -> dict:
                 "op_us": {op: stat([us], 2) for op, us in (x.get("op_median_us") or {}).items()},
                 "hit_rate": x.get("hit_rate"), "evicted_tokens": x.get("evicted_tokens"),
                 "aborted": x.get("aborted"), "pool_free_share": None, "digest": x.get("digest")}
-        digests = {d["digest"] for i, d in impls.items() if d.get("digest") and i != "upstream-cpp"}
+        conforming = [d for i, d in impls.items() if i != "upstream-cpp"]
+        digests = {d["digest"] for d in conforming if d.get("digest")}
         fig = {"id": figure_id(workload, config, ps, requests), "workload": workload,
                "config": config, "page_size": ps, "requests": requests, "kv_slots": kv_slots,
-               "rounds": rounds, "identical_outcomes": (len(digests) <= 1) if digests else None,
+               "rounds": rounds,
+               "identical_outcomes": (len(digests) <= 1) if len(conforming) > 1 else None,
                "mismatches": [] if len(digests) <= 1 else
                [f"per-request digests differ across {', '.join(sorted(impls))}"],
                "peer_differences": [], "missing": {}, "impls": impls,
