@@ -188,7 +188,7 @@ def hbar_chart(rows: list[tuple[str, Optional[dict], str]], unit: str, log: bool
     pw = width - label_w - right
     height = 8 + len(rows) * (bar_h + 8)
     hi = max(s["max"] for _, s, _ in rows) or 1.0
-    lo_pos = min(s["min"] for _, s, _ in rows if s["min"] > 0) if log else 0.0
+    lo_pos = min((s["min"] for _, s, _ in rows if s["min"] > 0), default=hi) if log else 0.0
     if log:
         a, b = math.log10(lo_pos) - 0.3, math.log10(hi)
         sx = lambda v: label_w + pw * (math.log10(max(v, 1e-12)) - a) / (b - a)  # noqa: E731
