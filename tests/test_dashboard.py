@@ -276,3 +276,10 @@ def test_run_with_a_dashboard_records_the_run_beside_the_page(tmp_path, capsys, 
     (folder,) = os.listdir(tmp_path / "res" / "history")
     assert folder == "undated_unknown"
     assert os.path.getsize(page) > 1000
+
+
+def test_run_takes_a_dashboard_page():
+    from uniradix.conformance.cli import build_parser
+    args = build_parser().parse_args(["run", "--json", "r.json", "--dashboard", "d/page.html"])
+    assert args.dashboard == "d/page.html"
+    assert build_parser().parse_args(["run"]).dashboard is None
