@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 
-.PHONY: run test bench check nightly install upstream-venv corpus gpu-bench clean
+.PHONY: run test bench check nightly install browser upstream-venv corpus gpu-bench clean
 
 # Editable: the tests and commands always run the working tree (fast/_core.c is rebuilt when it
 # or the build files change).
@@ -19,14 +19,27 @@ $(VENV)/.installed: pyproject.toml setup.py fast/_core.c
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/uniradix run --json bench-results/run.json
+	$(VENV)/bin/uniradix run --json bench-results/run.json --dashboard bench-results/dashboard.html
 
-test: install
+test: install browser
 	$(PY) -m pytest -q
+
+# Headless Chromium for tests/test_dashboard_browser.py: Debian's package, installed only where
+# no chromium is on PATH (as root, with apt-get; otherwise the browser test skips and says why).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: installing Debian's chromium for the dashboard's browser test"; \
+	  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium fonts-dejavu-core >/dev/null; \
+	else \
+	  echo "make: no chromium and no root apt-get to install it: the browser test will skip"; \
+	fi
 
 bench: install
 	mkdir -p bench-results
 	$(PY) -m pytest tests/bench --benchmark-enable --benchmark-only --benchmark-json=bench-results/bench.json -q
+	$(VENV)/bin/uniradix dashboard --results bench-results/history --add bench-results/bench.json --out bench-results/dashboard.html
 
 # Bounded exhaustive exploration, spec and fast in lockstep (docs/CHECKS.md).
 check: install

@@ -6,6 +6,7 @@
     uniradix bench [--impl spec,fast,upstream] [--workload shared-prefix|mooncake] [--json FILE]
     uniradix run [--requests N] [--json FILE]
     uniradix check --exhaustive [--depth D] [--config NAME|JSON] [--seconds S] [--out DIR]
+    uniradix dashboard [--results DIR] [--add FILE...] [--out PAGE] [--compare BASE [--current CUR]]
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     from uniradix.conformance.exhaustive import add_check_parser
     add_check_parser(sub)
+    from uniradix.conformance.dashboard import add_dashboard_parser
+    add_dashboard_parser(sub)
 
     w = sub.add_parser("run", help="the main job: conformance (corpus replay, lockstep) and a "
                        "short benchmark, with one summary table")
@@ -73,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also benchmark upstream sglang (needs it importable)")
     w.add_argument("--corpus", default=None, help="folder of traces to replay (default tests/corpus)")
     w.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    w.add_argument("--dashboard", default=None, metavar="PAGE",
+                   help="also keep the results in PAGE's folder's history/ (by commit) and "
+                        "write the dashboard page PAGE from that history")
     w.set_defaults(func=cmd_run)
     return p
 

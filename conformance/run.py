@@ -48,7 +48,8 @@ def progress_bar(label: str):
 
 
 def main_run(args: argparse.Namespace) -> int:
-    results: dict = {"corpus": {}, "lockstep": {}, "bench": []}
+    from uniradix.conformance.results import machine_info
+    results: dict = {"corpus": {}, "lockstep": {}, "bench": [], "machine": machine_info()}
     status = 0
 
     paths = find_corpus(args.corpus)
@@ -102,4 +103,7 @@ def main_run(args: argparse.Namespace) -> int:
     if args.json:
         print()
         write_json(args.json, results)
+    if getattr(args, "dashboard", None):
+        from uniradix.conformance.dashboard import record_run
+        record_run(results, args.dashboard)
     return status

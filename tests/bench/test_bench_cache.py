@@ -47,6 +47,7 @@ def test_bench_cache(benchmark, impl, case):
         impl=impl, version=s.version, workload=workload.name, page_size=workload.page_size,
         kv_slots=workload.kv_slots, requests=s.requests, aborted=s.aborted,
         requests_per_s=round(statistics.median(r.requests_per_s for r in runs), 1),
+        requests_per_s_runs=[round(r.requests_per_s, 1) for r in runs],
         requests_per_s_ex_pool=round(statistics.median(r.requests_per_s_ex_pool for r in runs), 1),
         hit_rate=round(s.hit_rate, 6), evicted_tokens=s.evicted_tokens, digest=s.digest,
         op_median_us={op: round(statistics.median(r.op_medians_us()[op] for r in runs), 2)
