@@ -150,7 +150,7 @@ def _int_arg(name: str, x) -> int:
     return x
 
 
-class UnifiedRadixCache:
+class UnifiedRadixCache(compat.EngineDefaults):
     """Radix prefix cache over KV slots; see the module docstring for the structures."""
 
     def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):

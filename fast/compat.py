@@ -156,3 +156,40 @@ def available_and_evictable_str(cache: Any) -> str:
         lines.append(f"Available {name}: {avail + ev} "
                      f"(available_size={avail} + component_evictable_size_={ev})")
     return "\n".join(lines) + "\n"
+
+
+class EngineDefaults:
+    """The parts of SGLang's prefix-cache interface (0.5.13.post1's ``BasePrefixCache``) that
+    a scheduler may call and that these caches answer the same way as upstream's radix cache
+    without a feature they do not have: no streaming sessions, no events (refused at
+    construction when asked for), no chunk cache."""
+
+    def is_chunk_cache(self) -> bool:
+        return False
+
+    def is_tree_cache(self) -> bool:
+        return True
+
+    def supports_fast_match_prefix(self) -> bool:
+        return False
+
+    def supports_streaming_session(self) -> bool:
+        return False
+
+    def take_events(self) -> list:
+        return []
+
+    def session_held_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+    def session_held_full_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+    def session_held_swa_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+    def session_held_req_count(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+    def session_held_mamba_slots(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0

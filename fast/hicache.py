@@ -372,7 +372,7 @@ def _count_arg(name: str, x) -> int:
     return x
 
 
-class HiCacheRadixCache:
+class HiCacheRadixCache(compat.EngineDefaults):
     """Radix prefix cache over device KV slots with a host tier; see the module docstring."""
 
     def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:

@@ -118,7 +118,7 @@ def _count_arg(name: str, x) -> int:
     return x
 
 
-class HybridRadixCache:
+class HybridRadixCache(compat.EngineDefaults):
     """Radix prefix cache of a hybrid model; see the module docstring for the structures."""
 
     def __init__(self, params: CacheInitParams) -> None:
