@@ -702,63 +702,17 @@ class UnifiedRadixCache(compat.EngineDefaults):
     # Requests (upstream's cache_finished_req / cache_unfinished_req)
     # ------------------------------------------------------------------------------------------
 
-    def _key_for(self, tokens, extra_key) -> RadixKey:
-        return RadixKey(tokens if type(tokens) is array else array("q", tokens), extra_key,
-                        is_bigram=self.is_eagle)
-
-    def _aligned_len(self, n_tokens: int) -> int:
-        n = max(0, n_tokens - 1) if self.is_eagle else n_tokens
-        return n - n % self.page_size
-
     def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
         """Cache a finished request's committed tokens (page-aligned) and release its lock;
-        the rest of its committed slots, from there, go back to the allocator.  Only the
-        committed positions of the request's row are read: past them a reused row holds
-        another request's stale slots (SGLang's paged allocator frees the whole page of a
-        partial last page by itself)."""
-        committed = req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache") \
-            else req.kv_committed_len
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :committed]
-        if self.disable:
-            self._free(kv)
-            return
-        if self.disable_finished_insert:
-            is_insert = False
-        free_from = req.cache_protected_len
-        if is_insert:
-            tokens = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
-            self.insert(InsertParams(key=self._key_for(tokens, req.extra_key),
-                                     value=kv.to(torch.int64),
-                                     prev_prefix_len=req.cache_protected_len))
-            free_from = max(self._aligned_len(committed), req.cache_protected_len)
-        self._free(kv[free_from:])
-        self.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+        the rest of its committed slots, from there, go back to the allocator
+        (``compat.cache_finished_req``)."""
+        compat.cache_finished_req(self, req, is_insert)
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
         """Cache what a running request has computed so far; its row then points at the
-        tree's slots up to the new match, which it locks instead of the old last node.  The
-        computed tokens are ``req.get_fill_ids()`` (SGLang 0.5.13.post1's ``Req``), or
-        ``req.fill_ids`` on a request object without that method (the seed's)."""
-        get_fill_ids = getattr(req, "get_fill_ids", None)
-        tokens = get_fill_ids() if get_fill_ids is not None else req.fill_ids
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)]
-        if self.disable:
-            req.prefix_indices = kv
-            return
-        self.insert(InsertParams(key=self._key_for(tokens, req.extra_key), value=kv.to(torch.int64),
-                                 prev_prefix_len=req.cache_protected_len, chunked=chunked))
-        m = self.match_prefix(MatchPrefixParams(key=self._key_for(tokens, req.extra_key)))
-        new = m.device_indices
-        p = req.cache_protected_len
-        if len(new) > p:
-            self.req_to_token_pool.write((req.req_pool_idx, slice(p, len(new))), new[p:])
-        self.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
-        lock = self.inc_lock_ref(m.last_device_node)
-        req.dec_lock_params = lock.to_dec_params()
-        req.swa_uuid_for_lock = lock.swa_uuid_for_lock
-        req.prefix_indices = torch.cat([new, kv[len(new):]]) if len(new) < len(kv) else new
-        req.cache_protected_len = len(new)
-        req.last_node = m.last_device_node
+        tree's slots up to the new match, which it locks instead of the old last node
+        (``compat.cache_unfinished_req``)."""
+        compat.cache_unfinished_req(self, req, chunked)
 
     def init_hicache(self, server_args: Any, params: Any) -> None:
         """Attach a host tier after construction, as SGLang's cache registry does: this cache

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from array import array
 from typing import Any, Optional
 
+import torch
+
 from .errors import InvalidInput, Unsupported
+from .params import InsertParams, MatchPrefixParams
 from .radix_key import RadixKey
 
 
@@ -193,3 +197,84 @@ class EngineDefaults:
 
     def session_held_mamba_slots(self, active_pool_idxs: Optional[set] = None) -> int:
         return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The request path (upstream's cache_finished_req / cache_unfinished_req), for the device-tier
+# and host-tier caches alike: it uses only their public calls.
+# ----------------------------------------------------------------------------------------------
+
+
+def _key_for(cache: Any, tokens, extra_key) -> RadixKey:
+    return RadixKey(tokens if type(tokens) is array else array("q", tokens), extra_key,
+                    is_bigram=cache.is_eagle)
+
+
+def _aligned_len(cache: Any, n_tokens: int) -> int:
+    n = max(0, n_tokens - 1) if cache.is_eagle else n_tokens
+    return n - n % cache.page_size
+
+
+def _free(cache: Any, slots) -> None:
+    if len(slots):
+        cache.token_to_kv_pool_allocator.free(slots)
+
+
+def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
+    """Cache a finished request's committed tokens (page-aligned), free its committed slots
+    from there, release its lock.
+
+    Only the committed positions of the request's row are read (``pop_committed_kv_cache()``,
+    or ``kv_committed_len``): past them a reused row holds an earlier request's stale slots,
+    which may be the tree's.  A partial last page goes back whole through SGLang's paged
+    allocator, which frees the page of every slot it is given.  With ``is_insert`` false (an
+    abort), or ``disable_finished_insert``, nothing is inserted and everything the request
+    owns from ``cache_protected_len`` on is freed; a disabled cache frees the whole committed
+    row."""
+    committed = req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache") \
+        else req.kv_committed_len
+    kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, :committed]
+    if cache.disable:
+        _free(cache, kv)
+        return
+    if cache.disable_finished_insert:
+        is_insert = False
+    protected = req.cache_protected_len
+    free_from = protected
+    if is_insert:
+        tokens = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
+        cache.insert(InsertParams(key=_key_for(cache, tokens, req.extra_key),
+                                  value=kv.to(torch.int64), prev_prefix_len=protected))
+        free_from = max(_aligned_len(cache, committed), protected)
+    _free(cache, kv[free_from:])
+    cache.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+
+
+def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
+    """Cache what a running request has computed so far; its row then points at the tree's
+    slots up to the new match, which it locks instead of the old last node.
+
+    The computed tokens are ``req.get_fill_ids()`` (SGLang 0.5.13.post1's ``Req``), or
+    ``req.fill_ids`` on a request object without that method (the seed's).  A disabled cache
+    only sets ``prefix_indices`` to the computed row."""
+    get_fill_ids = getattr(req, "get_fill_ids", None)
+    tokens = get_fill_ids() if get_fill_ids is not None else req.fill_ids
+    kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)]
+    if cache.disable:
+        req.prefix_indices = kv
+        return
+    key = _key_for(cache, tokens, req.extra_key)
+    cache.insert(InsertParams(key=key, value=kv.to(torch.int64),
+                              prev_prefix_len=req.cache_protected_len, chunked=chunked))
+    m = cache.match_prefix(MatchPrefixParams(key=key))
+    new = m.device_indices
+    p = req.cache_protected_len
+    if len(new) > p:
+        cache.req_to_token_pool.write((req.req_pool_idx, slice(p, len(new))), new[p:])
+    cache.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+    lock = cache.inc_lock_ref(m.last_device_node)
+    req.dec_lock_params = lock.to_dec_params()
+    req.swa_uuid_for_lock = lock.swa_uuid_for_lock
+    req.prefix_indices = torch.cat([new, kv[len(new):]]) if len(new) < len(kv) else new
+    req.cache_protected_len = len(new)
+    req.last_node = m.last_device_node

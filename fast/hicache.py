@@ -383,12 +383,13 @@ class HiCacheRadixCache(compat.EngineDefaults):
             raise Unsupported(f"tree_components {comps}: the host tier supports the Full component only")
         if params.page_size < 1:
             raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
-        compat.check_settings(params, finished_insert=False, multi_rank=False)
+        compat.check_settings(params, finished_insert=True, multi_rank=False)
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = params.page_size
         self.disable = params.disable
         self.is_eagle = params.is_eagle
+        self.disable_finished_insert = bool(getattr(params, "disable_finished_insert", False))
         alloc = self.token_to_kv_pool_allocator
         self.device = getattr(alloc, "device", None) or torch.device("cpu")
         self.validate_slots = compat.validate_slots_for(settings.validate_slots, alloc)
@@ -447,6 +448,14 @@ class HiCacheRadixCache(compat.EngineDefaults):
     def available_and_evictable_str(self) -> str:
         """Free plus evictable device tokens, in upstream's words."""
         return compat.available_and_evictable_str(self)
+
+    def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
+        """Cache a finished request and release it (``compat.cache_finished_req``)."""
+        compat.cache_finished_req(self, req, is_insert)
+
+    def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
+        """Cache a running request's computed tokens (``compat.cache_unfinished_req``)."""
+        compat.cache_unfinished_req(self, req, chunked)
 
     def supports_mamba(self) -> bool:
         return False

@@ -140,8 +140,7 @@ def test_unhonoured_settings_are_refused_by_name(field, value, hicache):
         make(**kw)
 
 
-@pytest.mark.parametrize("field, value", [("pp_size", 2), ("attn_cp_size", 2),
-                                          ("disable_finished_insert", True)])
+@pytest.mark.parametrize("field, value", [("pp_size", 2), ("attn_cp_size", 2)])
 def test_host_tier_refuses_what_it_cannot_do(field, value):
     make(**{field: value})  # the device tier takes it
     with pytest.raises(fast.Unsupported, match=field):
@@ -224,4 +223,16 @@ def test_init_hicache_turns_the_cache_into_the_host_tier():
     assert isinstance(cache, fast.HiCacheRadixCache) and cache.write_policy == "write_back"
     assert cache.cache_controller.mem_pool_host.available_size() == 32
     cache.insert(fast.InsertParams(key=fast.RadixKey([1, 2]), value=alloc.alloc(2)))
+    cache.sanity_check()
+
+
+def test_host_tier_takes_the_same_request_path():
+    cache, alloc, pool = make(hicache=fast.HiCacheConfig(host_slots=64))
+    assert isinstance(cache, fast.HiCacheRadixCache)
+    a = run_request(cache, alloc, [1, 2, 3, 4, 5, 6, 7, 8, 9], 9)
+    cache.cache_unfinished_req(a)
+    assert a.cache_protected_len == 8 and cache.protected_size() == 8
+    cache.cache_finished_req(a)
+    assert pool.take_freed() == [a.prefix_indices[8].item() // 4 * 4 + j for j in range(4)]
+    assert cache.protected_size() == 0 and cache.evictable_size() == 8
     cache.sanity_check()

@@ -270,13 +270,13 @@ class Rows:
         return self.free.pop(0)
 
 
-def request_workload(ps: int, impl: str, seed: int = 1, n: int = 250) -> dict:
+def request_workload(kind: str, ps: int, impl: str, seed: int = 1, n: int = 250) -> dict:
     """sglang's Req through the scheduler's calls: admission (``init_next_round_input`` then
     a lock), prefill in one or two chunks (``cache_unfinished_req`` after a non-final chunk),
     decode one token at a time (a page allocated when the last one is full), then
     ``cache_finished_req`` or, for some, an abort (``is_insert=False``)."""
     kv_slots = 1024
-    cache, alloc, rtp = build("full", ps, impl, kv_slots)
+    cache, alloc, rtp = build(kind, ps, impl, kv_slots)
     rows = Rows(rtp.size)
     log = []
     digest = hashlib.blake2b(digest_size=16)
@@ -321,13 +321,22 @@ def request_workload(ps: int, impl: str, seed: int = 1, n: int = 250) -> dict:
         req = Req(rid=f"r{k}", origin_input_text="", origin_input_ids=array("q", prompt),
                   sampling_params=SamplingParams(max_new_tokens=out_len))
         req.init_next_round_input(tree_cache=cache)
+        loaded = 0
+        if req.needs_host_load_back():  # the host part comes back, as the scheduler does
+            new, req.last_node = cache.init_load_back(InitLoadBackParams(
+                best_match_node=req.best_match_node, host_hit_length=req.host_hit_length,
+                req=req))
+            cache.ready_to_load_host_cache()
+            req.prefix_indices = torch.cat([req.prefix_indices, new])
+            loaded = len(new)
+            req.cache_protected_len = len(req.prefix_indices)
         hit = len(req.prefix_indices)
         cache.inc_lock_ref(req.last_node)
         req.req_pool_idx = rows.take()
         req.spare = None
         rtp.write((req.req_pool_idx, slice(0, hit)), req.prefix_indices.to(torch.int32))
         req.kv_committed_len = hit
-        record(("admit", req.rid, hit,
+        record(("admit", req.rid, hit, loaded,
                 req.prefix_indices.tolist() if STRICT_SLOTS or ps == 1 else None))
         chunk = len(prompt) - hit
         if u < 0.4 and chunk > ps + 1:  # chunked prefill: the first part, cached unfinished
@@ -350,6 +359,8 @@ def request_workload(ps: int, impl: str, seed: int = 1, n: int = 250) -> dict:
             req.output_ids.append((prompt[j % len(prompt)] * 7 + j) % 50 + 1)
             compute(req, 1)
         running.append((req, None))
+        if kind == "host":
+            cache.check_hicache_events()
     for req, _ in running:
         cache.cache_finished_req(req)
         rows.free.append(req.req_pool_idx)
@@ -358,15 +369,20 @@ def request_workload(ps: int, impl: str, seed: int = 1, n: int = 250) -> dict:
             "free_list": free_list(alloc) if STRICT_SLOTS or ps == 1 else len(free_list(alloc))}
 
 
-@pytest.mark.parametrize("ps", [1, 16])
-def test_request_path_same_outcomes(ps):
-    ours = request_workload(ps, "fast")
-    theirs = request_workload(ps, "upstream")
+REQUEST_CONFIGS = [("full", 1), ("full", 16), ("host", 1), ("host", 16)]
+
+
+@pytest.mark.parametrize("kind, ps", REQUEST_CONFIGS, ids=[f"{k}-p{p}" for k, p in REQUEST_CONFIGS])
+def test_request_path_same_outcomes(kind, ps):
+    ours = request_workload(kind, ps, "fast")
+    theirs = request_workload(kind, ps, "upstream")
     for k, (a, b) in enumerate(zip(ours["log"], theirs["log"])):
         assert a == b, f"request event {k}: fast {a} != sglang {b}"
     assert ours == theirs
     assert any(e[0] == "chunk" for e in ours["log"]) and any(e[0] == "evict" for e in ours["log"])
     assert any(e[0] == "admit" and e[2] > 0 for e in ours["log"])
+    if kind == "host":
+        assert any(e[0] == "admit" and e[3] > 0 for e in ours["log"])  # loads back
 
 
 # -- the double free, with sglang's paged allocator ----------------------------------------------
