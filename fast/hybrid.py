@@ -361,6 +361,11 @@ class HybridRadixCache(compat.EngineDefaults):
         recent.  Mamba answers ``mamba_branching_seqlen`` when the walk went further."""
         key = params.key
         units = self._units(key)
+        if self.is_mamba and getattr(params, "cow_mamba", False):
+            # upstream then hands the request a copy of the matched state (req.mamba_pool_idx,
+            # mamba_cow_src_index): the Mamba request path, not here yet
+            raise Unsupported("match_prefix with cow_mamba=True (copying the matched Mamba "
+                              "state to the request) is not supported yet")
         root = self.root_node
         ps = self.page_size
         n = len(units) - len(units) % ps

@@ -237,3 +237,14 @@ def test_host_tier_takes_the_same_request_path():
     cache.check_hicache_events()  # the write-through backup's lock goes with its ack
     assert cache.protected_size() == 0 and cache.evictable_size() == 8
     cache.sanity_check()
+
+
+def test_mamba_copy_on_write_is_refused_not_ignored():
+    alloc = PoolAllocator(PagedPool(32, 1), torch)
+    rtp = types.SimpleNamespace(mamba_allocator=PoolAllocator(PagedPool(4, 1, "mamba"), torch))
+    cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+        disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
+        page_size=1, tree_components=("full", "mamba")))
+    cache.match_prefix(fast.MatchPrefixParams(key=fast.RadixKey([1, 2])))
+    with pytest.raises(fast.Unsupported, match="cow_mamba"):
+        cache.match_prefix(fast.MatchPrefixParams(key=fast.RadixKey([1, 2]), cow_mamba=True))
