@@ -59,7 +59,10 @@ class Req:
         self.extra_key = extra_key
         self.req_pool_idx = -1
         self.committed = 0  # tokens whose KV is in the row
-        self.row_len = 0  # slots allocated in the row (whole pages)
+        self.row_len = 0  # slots reserved for the row (whole pages)
+        # reserved slots not yet in the row (positions committed..row_len): as in SGLang, the
+        # row holds only computed positions; past them a reused row keeps stale slots
+        self.pending = torch.empty((0,), dtype=torch.int64)
         self.cache_protected_len = 0
         self.last_node = None
         self.dec_lock_params = None
@@ -91,7 +94,7 @@ class FastAdapter(FastHostOps, StepAdapter):
         check_supported(config, host_tier=True)
         self.config = config
         self.pool = PagedPool(config.kv_slots, config.page_size, "kv")
-        self.alloc = PoolAllocator(self.pool, torch)
+        self.alloc = PoolAllocator(self.pool, torch, whole_pages=True)
         self.rtt = ReqToTokenPool()
         hicache = None
         if config.has_host_tier:  # the host tier (conformance/host_ops.py)
@@ -149,7 +152,8 @@ class FastAdapter(FastHostOps, StepAdapter):
                    if getattr(self, "host_pool", None) is not None else {})}
 
     def _request_view(self, req: Req) -> dict[str, Any]:
-        row = self.rtt.req_to_token[req.req_pool_idx, :req.row_len].tolist() if req.admitted else []
+        row = (self.rtt.req_to_token[req.req_pool_idx, :req.committed].tolist()
+               + req.pending.tolist()) if req.admitted else []
         return {"rid": req.rid, "admitted": req.admitted, "row": row,
                 "committed": req.committed, "protected": req.cache_protected_len}
 
@@ -272,10 +276,16 @@ class FastAdapter(FastHostOps, StepAdapter):
         slots = self.alloc.alloc(need)
         if slots is None:
             return False, evicted
-        self.rtt.ensure(req.row_len + need)
-        self.rtt.req_to_token[req.req_pool_idx, req.row_len: req.row_len + need] = slots
+        req.pending = torch.cat([req.pending, slots])
         req.row_len += need
         return True, evicted
+
+    def _commit(self, req: Req, n: int) -> None:
+        """``n`` more tokens computed: their slots go into the row."""
+        self.rtt.ensure(req.committed + n)
+        self.rtt.req_to_token[req.req_pool_idx, req.committed: req.committed + n] = req.pending[:n]
+        req.pending = req.pending[n:]
+        req.committed += n
 
     def _count(self, n) -> int:
         if type(n) is not int or n < 0:
@@ -295,7 +305,7 @@ class FastAdapter(FastHostOps, StepAdapter):
                                    f"{len(req.origin_input_ids) - req.committed} left")
         ok, evicted = self._reserve(req, n)
         if ok:
-            req.committed += n
+            self._commit(req, n)
             self.cache.cache_unfinished_req(req, chunked=chunked)
         return {"ok": ok, "evicted": evicted, "freed": self.pool.take_freed()}
 
@@ -309,7 +319,7 @@ class FastAdapter(FastHostOps, StepAdapter):
         if ok:
             base = len(req.output_ids)
             req.output_ids.extend(output_token_id(req.origin_input_ids, base + j) for j in range(n))
-            req.committed += n
+            self._commit(req, n)
         return {"ok": ok, "evicted": evicted, "freed": self.pool.take_freed()}
 
     def _release(self, req: Req) -> None:

@@ -15,10 +15,16 @@ class PoolAllocator:
     """``alloc`` returns the slots (an int64 tensor, or ``array('q')`` without torch) or ``None``
     when too few are free (SGLang's convention); ``free`` hands slots back to the pool, which logs
     them as the step's ``freed`` effect.  ``check_free`` and ``is_allocated`` let the fast path
-    check slot ownership before an insert changes anything (it looks for them)."""
+    check slot ownership before an insert changes anything (it looks for them).
 
-    def __init__(self, pool: PagedPool, torch_module: Optional[Any] = None) -> None:
+    ``whole_pages=True`` frees as SGLang's ``PagedTokenToKVPoolAllocator`` does: a free of some
+    slots of a page releases the whole page (a request's partial last page, whose unused
+    slots are in no row); a slot given twice, or a page not allocated, is still an error."""
+
+    def __init__(self, pool: PagedPool, torch_module: Optional[Any] = None,
+                 whole_pages: bool = False) -> None:
         self.pool = pool
+        self.whole_pages = whole_pages
         self.page_size = pool.page_size
         self._torch = torch_module
         self.device = torch_module.device("cpu") if torch_module is not None else "cpu"
@@ -34,6 +40,11 @@ class PoolAllocator:
 
     def free(self, free_index) -> None:
         slots = free_index.tolist() if hasattr(free_index, "tolist") else list(free_index)
+        if slots and self.whole_pages and self.page_size > 1:
+            if len(set(slots)) != len(slots):
+                raise AllocatorError(f"{self.pool.name} free: a slot given twice")
+            ps = self.page_size
+            slots = [p * ps + j for p in sorted({s // ps for s in slots}) for j in range(ps)]
         if slots:
             self.pool.free(slots)
 

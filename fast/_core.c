@@ -1593,15 +1593,22 @@ attr_is_false(PyObject *self, PyObject *name)
 }
 
 /* The plain key of a RadixKey: its token array (new reference) and extra_key (new reference);
- * 0 when the key is not plain (declined), -1 on error. */
+ * 0 when the key is not plain (declined), -1 on error.  Another type with RadixKey's shape
+ * (SGLang's own) is plain too when its token_ids is an array('q') and its extra_key None or a
+ * str (what uniradix's RadixKey guarantees by construction); anything else is declined and
+ * the Python method converts it (fast/compat.py). */
 static int
 plain_key(PyObject *self, PyObject *key, PyObject **toks, PyObject **ek)
 {
-    if ((PyObject *)Py_TYPE(key) != g_RadixKey)
-        return 0;
+    int foreign = (PyObject *)Py_TYPE(key) != g_RadixKey;
     PyObject *b = PyObject_GetAttr(key, s_is_bigram);
-    if (b == NULL)
+    if (b == NULL) {
+        if (foreign && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return 0;
+        }
         return -1;
+    }
     int bigram = b != Py_False;
     Py_DECREF(b);
     if (bigram)
@@ -1612,16 +1619,44 @@ plain_key(PyObject *self, PyObject *key, PyObject **toks, PyObject **ek)
     if ((r = attr_is_false(self, s_disable)) <= 0)
         return r;
     PyObject *t = PyObject_GetAttr(key, s_token_ids);
-    if (t == NULL)
+    if (t == NULL) {
+        if (foreign && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return 0;
+        }
         return -1;
+    }
     if ((PyObject *)Py_TYPE(t) != g_array) {
         Py_DECREF(t);
         return 0;
     }
+    if (foreign) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(t, &view, PyBUF_FORMAT) < 0) {
+            Py_DECREF(t);
+            return -1;
+        }
+        int q = view.itemsize == 8 && view.format != NULL && view.format[0] == 'q'
+                && view.format[1] == '\0';
+        PyBuffer_Release(&view);
+        if (!q) {
+            Py_DECREF(t);
+            return 0;
+        }
+    }
     PyObject *e = PyObject_GetAttr(key, s_extra_key);
     if (e == NULL) {
         Py_DECREF(t);
+        if (foreign && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return 0;
+        }
         return -1;
+    }
+    if (foreign && e != Py_None && !PyUnicode_CheckExact(e)) {
+        Py_DECREF(t);
+        Py_DECREF(e);
+        return 0;
     }
     *toks = t;
     *ek = e;

@@ -63,6 +63,7 @@ from typing import Any, Optional
 
 import torch
 
+from . import compat
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .params import (
     CacheInitParams,
@@ -149,7 +150,7 @@ def _int_arg(name: str, x) -> int:
     return x
 
 
-class UnifiedRadixCache:
+class UnifiedRadixCache(compat.EngineDefaults):
     """Radix prefix cache over KV slots; see the module docstring for the structures."""
 
     def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):
@@ -157,7 +158,7 @@ class UnifiedRadixCache:
         # (Full component only: it rejects others); hybrid models (Full + SWA or Mamba) get the
         # pure-Python fast/hybrid.py cache. The device-only Full path below (and its C core) is
         # unchanged.
-        if cls is UnifiedRadixCache and getattr(params, "hicache", None) is not None:
+        if cls is UnifiedRadixCache and compat.read_settings(params).hicache is not None:
             from .hicache import HiCacheRadixCache
             return HiCacheRadixCache(params)
         comps = getattr(params, "tree_components", None)
@@ -167,22 +168,24 @@ class UnifiedRadixCache:
         return super().__new__(cls)
 
     def __init__(self, params: CacheInitParams) -> None:
+        """``params``: uniradix's or SGLang's ``CacheInitParams`` (fast/compat.py says how
+        the uniradix-only settings are read and which upstream settings are refused)."""
         comps = params.tree_components
         if comps is not None and [str(getattr(c, "name", c)).lower() for c in comps] not in (["full"], ["0"]):
             raise Unsupported(f"tree_components {comps}: only the Full component is supported so far")
         if params.page_size < 1:
             raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
+        compat.check_settings(params, finished_insert=True, multi_rank=True)
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = params.page_size
         self.disable = params.disable
         self.is_eagle = params.is_eagle
+        self.disable_finished_insert = bool(getattr(params, "disable_finished_insert", False))
         alloc = self.token_to_kv_pool_allocator
         self.device = getattr(alloc, "device", None) or torch.device("cpu")
-        validate = params.validate_slots
-        if validate is None:
-            validate = hasattr(alloc, "check_free") and hasattr(alloc, "is_allocated")
-        self.validate_slots = bool(validate)
+        self.validate_slots = compat.validate_slots_for(compat.read_settings(params).validate_slots,
+                                                        alloc)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.reset()
 
@@ -323,8 +326,8 @@ class UnifiedRadixCache:
         """Longest cached device prefix of ``params.key`` in whole pages; a match ending inside
         a node splits it; the matched path becomes the most recent."""
         key = params.key
-        if not isinstance(key, RadixKey):
-            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        if type(key) is not RadixKey:
+            key = compat.as_radix_key(key)
         root = self.root_node
         toks = key.token_ids
         units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
@@ -445,8 +448,8 @@ class UnifiedRadixCache:
         # NOTE: the hot path is written out inline (argument checks, key units, touches, the
         # new leaf): on CPython each helper call costs as much as the work it would hide.
         key, value = params.key, params.value
-        if not isinstance(key, RadixKey):
-            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        if type(key) is not RadixKey:
+            key = compat.as_radix_key(key)
         toks = key.token_ids
         if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 \
                 or value.shape != (len(toks),):
@@ -699,54 +702,34 @@ class UnifiedRadixCache:
     # Requests (upstream's cache_finished_req / cache_unfinished_req)
     # ------------------------------------------------------------------------------------------
 
-    def _key_for(self, tokens, extra_key) -> RadixKey:
-        return RadixKey(tokens if type(tokens) is array else array("q", tokens), extra_key,
-                        is_bigram=self.is_eagle)
-
-    def _aligned_len(self, n_tokens: int) -> int:
-        n = max(0, n_tokens - 1) if self.is_eagle else n_tokens
-        return n - n % self.page_size
-
     def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
         """Cache a finished request's committed tokens (page-aligned) and release its lock;
-        the rest of its row, from there, goes back to the allocator."""
-        committed = req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache") \
-            else req.kv_committed_len
-        ps = self.page_size
-        row_end = -(-committed // ps) * ps
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :row_end]
-        if self.disable:
-            self._free(kv)
-            return
-        free_from = req.cache_protected_len
-        if is_insert:
-            tokens = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
-            self.insert(InsertParams(key=self._key_for(tokens, req.extra_key),
-                                     value=kv[:committed].to(torch.int64),
-                                     prev_prefix_len=req.cache_protected_len))
-            free_from = max(self._aligned_len(committed), req.cache_protected_len)
-        self._free(kv[free_from:])
-        self.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+        the rest of its committed slots, from there, go back to the allocator
+        (``compat.cache_finished_req``)."""
+        compat.cache_finished_req(self, req, is_insert)
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
         """Cache what a running request has computed so far; its row then points at the
-        tree's slots up to the new match, which it locks instead of the old last node."""
-        tokens = req.fill_ids
-        if self.disable:
-            return
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)]
-        self.insert(InsertParams(key=self._key_for(tokens, req.extra_key), value=kv.to(torch.int64),
-                                 prev_prefix_len=req.cache_protected_len, chunked=chunked))
-        m = self.match_prefix(MatchPrefixParams(key=self._key_for(tokens, req.extra_key)))
-        new = m.device_indices
-        p = req.cache_protected_len
-        if len(new) > p:
-            self.req_to_token_pool.write((req.req_pool_idx, slice(p, len(new))), new[p:])
-        self.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
-        req.dec_lock_params = self.inc_lock_ref(m.last_device_node).to_dec_params()
-        req.prefix_indices = torch.cat([new, kv[len(new):]]) if len(new) < len(kv) else new
-        req.cache_protected_len = len(new)
-        req.last_node = m.last_device_node
+        tree's slots up to the new match, which it locks instead of the old last node
+        (``compat.cache_unfinished_req``)."""
+        compat.cache_unfinished_req(self, req, chunked)
+
+    def init_hicache(self, server_args: Any, params: Any) -> None:
+        """Attach a host tier after construction, as SGLang's cache registry does: this cache
+        becomes the :class:`~uniradix.fast.hicache.HiCacheRadixCache` that
+        ``server_args`` describes (``uniradix.fast.hicache.hicache_config_from_server_args``
+        says what is read and refused).  Only before anything is cached."""
+        from .hicache import HiCacheRadixCache, hicache_config_from_server_args
+        if self.root_node.children:
+            raise InvalidInput("init_hicache: the cache already holds data")
+        config = hicache_config_from_server_args(server_args, params)
+        self.__class__ = HiCacheRadixCache  # same instance, now the host-tier cache
+        HiCacheRadixCache.__init__(self, params, config)  # type: ignore[misc]
+
+    def available_and_evictable_str(self) -> str:
+        """Free plus evictable device tokens, in upstream's words (its out-of-memory
+        messages)."""
+        return compat.available_and_evictable_str(self)
 
     # ------------------------------------------------------------------------------------------
     # Introspection

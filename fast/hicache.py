@@ -57,6 +57,7 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from . import compat
 
 STRIDE = 1 << 20
 FULL = 0
@@ -124,6 +125,42 @@ class HiCacheConfig:
     host_kv: Any = None
     copy_impl: str = "auto"
     log_copies: bool = False
+
+
+def hicache_config_from_server_args(server_args: Any, params: Any) -> HiCacheConfig:
+    """The host tier SGLang's ``server_args`` ask for (``UnifiedRadixCache.init_hicache``).
+
+    Read: ``hicache_write_policy``; the host pool's size, ``hicache_ratio`` times the device
+    allocator's ``size`` (whole pages).  Refused (``Unsupported``, naming the argument): a
+    storage backend (``hicache_storage_backend``), a size in GB (``hicache_size``: uniradix
+    does not know the bytes per token of SGLang's KV pool), and a device allocator whose
+    ``get_kvcache()`` holds KV data, unless ``params.hicache`` (uniradix's option, a
+    :class:`HiCacheConfig`) gives the ``uniradix.kernels`` pools that move it
+    (``device_kv`` / ``host_kv``): a host tier that kept slots without copying KV would hand
+    out wrong KV.  With ``params.hicache`` set, it is the configuration (its write policy
+    and sizes win), after the same refusals."""
+    backend = getattr(server_args, "hicache_storage_backend", None)
+    if backend is not None:
+        raise Unsupported(f"hicache_storage_backend={backend!r}: storage backends are not supported")
+    size_gb = getattr(server_args, "hicache_size", 0)
+    if size_gb:
+        raise Unsupported(f"hicache_size={size_gb!r}: give the host pool as hicache_ratio")
+    given = compat.read_settings(params).hicache
+    if given is not None:
+        return given
+    policy = getattr(server_args, "hicache_write_policy", "write_through")
+    if policy not in WRITE_POLICIES:
+        raise Unsupported(f"hicache_write_policy={policy!r}: not one of {WRITE_POLICIES}")
+    alloc = params.token_to_kv_pool_allocator
+    get_kv = getattr(alloc, "get_kvcache", None)
+    if get_kv is not None and get_kv() is not None:
+        raise Unsupported("init_hicache: moving KV between SGLang's own KV pool and the host "
+                          "needs uniradix.kernels pools; set params.hicache = "
+                          "HiCacheConfig(device_kv=..., host_kv=..., ...)")
+    ratio = getattr(server_args, "hicache_ratio", 2.0)
+    ps = params.page_size
+    slots = int(alloc.size * ratio)
+    return HiCacheConfig(host_slots=slots - slots % ps, write_policy=policy)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,27 +372,27 @@ def _count_arg(name: str, x) -> int:
     return x
 
 
-class HiCacheRadixCache:
+class HiCacheRadixCache(compat.EngineDefaults):
     """Radix prefix cache over device KV slots with a host tier; see the module docstring."""
 
     def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:
-        hicache = hicache if hicache is not None else params.hicache
+        settings = compat.read_settings(params)
+        hicache = hicache if hicache is not None else settings.hicache
         comps = params.tree_components
         if comps is not None and [str(getattr(c, "name", c)).lower() for c in comps] not in (["full"], ["0"]):
             raise Unsupported(f"tree_components {comps}: the host tier supports the Full component only")
         if params.page_size < 1:
             raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
+        compat.check_settings(params, finished_insert=True, multi_rank=False)
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = params.page_size
         self.disable = params.disable
         self.is_eagle = params.is_eagle
+        self.disable_finished_insert = bool(getattr(params, "disable_finished_insert", False))
         alloc = self.token_to_kv_pool_allocator
         self.device = getattr(alloc, "device", None) or torch.device("cpu")
-        validate = params.validate_slots
-        if validate is None:
-            validate = hasattr(alloc, "check_free") and hasattr(alloc, "is_allocated")
-        self.validate_slots = bool(validate)
+        self.validate_slots = compat.validate_slots_for(settings.validate_slots, alloc)
         self.cache_controller = HiCacheController(hicache, alloc, self.page_size)
         self.write_policy = hicache.write_policy
         self.write_through_threshold = hicache.write_through_threshold \
@@ -407,6 +444,18 @@ class HiCacheRadixCache:
 
     def supports_swa(self) -> bool:
         return False
+
+    def available_and_evictable_str(self) -> str:
+        """Free plus evictable device tokens, in upstream's words."""
+        return compat.available_and_evictable_str(self)
+
+    def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
+        """Cache a finished request and release it (``compat.cache_finished_req``)."""
+        compat.cache_finished_req(self, req, is_insert)
+
+    def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
+        """Cache a running request's computed tokens (``compat.cache_unfinished_req``)."""
+        compat.cache_unfinished_req(self, req, chunked)
 
     def supports_mamba(self) -> bool:
         return False
@@ -529,8 +578,8 @@ class HiCacheRadixCache:
         splits it; the path becomes the most recent.  ``device_indices`` are the device part,
         ``host_hit_length`` the host tokens below it."""
         key = params.key
-        if not isinstance(key, RadixKey):
-            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        if type(key) is not RadixKey:
+            key = compat.as_radix_key(key)
         root = self.root_node
         units = self._units(key)
         ps = self.page_size
@@ -646,8 +695,8 @@ class HiCacheRadixCache:
         ``prev_prefix_len`` on, add the remainder as a new leaf; count hits (write-through
         backs a node up once its count reaches the threshold)."""
         key, value = params.key, params.value
-        if not isinstance(key, RadixKey):
-            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        if type(key) is not RadixKey:
+            key = compat.as_radix_key(key)
         toks = key.token_ids
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 \
                 or value.dim() != 1 or value.shape[0] != len(toks):

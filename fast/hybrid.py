@@ -57,6 +57,7 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from . import compat
 
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
 FULL, SWA, MAMBA = 0, 1, 2  # component ids in skip_lock_node_ids (upstream's ComponentType)
@@ -117,7 +118,7 @@ def _count_arg(name: str, x) -> int:
     return x
 
 
-class HybridRadixCache:
+class HybridRadixCache(compat.EngineDefaults):
     """Radix prefix cache of a hybrid model; see the module docstring for the structures."""
 
     def __init__(self, params: CacheInitParams) -> None:
@@ -128,6 +129,8 @@ class HybridRadixCache:
             raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
         if params.is_eagle:
             raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
+        compat.check_settings(params, finished_insert=False, multi_rank=True)
+        settings = compat.read_settings(params)
         self.kind = names[1]
         self.is_swa = self.kind == "swa"
         self.is_mamba = self.kind == "mamba"
@@ -150,13 +153,9 @@ class HybridRadixCache:
             if getattr(params.req_to_token_pool, "mamba_allocator", None) is None:
                 raise InvalidInput("Mamba needs a req_to_token_pool with a mamba_allocator")
             self.mamba_allocator = params.req_to_token_pool.mamba_allocator
-        chunk = params.mamba_cache_chunk_size
-        self.mamba_cache_chunk_size = 64 if chunk is None else chunk
+        self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
         self.device = getattr(alloc, "device", None) or torch.device("cpu")
-        validate = params.validate_slots
-        if validate is None:
-            validate = hasattr(alloc, "check_free") and hasattr(alloc, "is_allocated")
-        self.validate_slots = bool(validate)
+        self.validate_slots = compat.validate_slots_for(settings.validate_slots, alloc)
         self._empty = torch.empty((0,), dtype=_INT64, device=self.device)
         self.reset()
 
@@ -208,6 +207,10 @@ class HybridRadixCache:
 
     def supports_swa(self) -> bool:
         return self.is_swa
+
+    def available_and_evictable_str(self) -> str:
+        """Free plus evictable tokens (and Mamba states) per component, in upstream's words."""
+        return compat.available_and_evictable_str(self)
 
     def supports_mamba(self) -> bool:
         return self.is_mamba
@@ -339,8 +342,8 @@ class HybridRadixCache:
         return node
 
     def _units(self, key) -> Any:
-        if not isinstance(key, RadixKey):
-            raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}")
+        if type(key) is not RadixKey:
+            key = compat.as_radix_key(key)
         if key.is_bigram:
             raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
         toks = key.token_ids
@@ -358,6 +361,11 @@ class HybridRadixCache:
         recent.  Mamba answers ``mamba_branching_seqlen`` when the walk went further."""
         key = params.key
         units = self._units(key)
+        if self.is_mamba and getattr(params, "cow_mamba", False):
+            # upstream then hands the request a copy of the matched state (req.mamba_pool_idx,
+            # mamba_cow_src_index): the Mamba request path, not here yet
+            raise Unsupported("match_prefix with cow_mamba=True (copying the matched Mamba "
+                              "state to the request) is not supported yet")
         root = self.root_node
         ps = self.page_size
         n = len(units) - len(units) % ps

@@ -50,6 +50,40 @@ class RadixKey:
         n = len(self.token_ids)
         return max(0, n - 1) if self.is_bigram else n
 
+    def __iter__(self):
+        """The units: the tokens, or under EAGLE the consecutive token pairs."""
+        t = self.token_ids
+        if self.is_bigram:
+            return zip(t, t[1:])
+        return iter(t)
+
+    def __getitem__(self, idx) -> "RadixKey":
+        """The key of units ``idx`` (an int or a step-1 slice), same ``extra_key``.  Under
+        EAGLE, units ``[a, b)`` span tokens ``[a, b + 1)`` (an empty slice has no tokens)."""
+        n = len(self)
+        if isinstance(idx, int) and not isinstance(idx, bool):
+            if idx < 0:
+                idx += n
+            if not 0 <= idx < n:
+                raise IndexError(f"RadixKey index out of range: {idx}")
+            idx = slice(idx, idx + 1)
+        if not isinstance(idx, slice):
+            raise InvalidInput(f"a RadixKey is indexed by an int or a slice, got {type(idx).__name__}")
+        start, stop, step = idx.indices(n)
+        if step != 1:
+            raise InvalidInput("a RadixKey slice must have step 1")
+        if self.is_bigram:
+            toks = self.token_ids[start: stop + 1] if stop > start else array("q")
+        else:
+            toks = self.token_ids[start:stop]
+        return RadixKey(toks, self.extra_key, self.is_bigram)
+
+    def page_aligned(self, page_size: int) -> "RadixKey":
+        """The key cut to whole pages of units (upstream's meaning: itself at page size 1)."""
+        if page_size == 1:
+            return self
+        return self[: len(self) // page_size * page_size]
+
     def __repr__(self) -> str:
         head = list(self.token_ids[:8])
         more = "..." if len(self.token_ids) > 8 else ""

@@ -3,7 +3,10 @@ rules the seed defines over requests, ``cache_unfinished_req`` and ``cache_finis
 
 A request's *row* (its line of SGLang's req_to_token table) holds one KV slot per token
 position, in whole pages: ``row[:committed]`` are the tokens computed so far, the rest of the
-last page is allocated but not yet used.  Ownership of the row is split at
+last page is allocated but not yet used.  (In SGLang the table's row holds only the computed
+positions, and a reused row keeps the previous request's stale slots past them; the cache's
+rules therefore read ``row[:committed]`` only, and a free of a partial last page releases the
+whole page, as SGLang's paged allocator does.  Here that page is ``row[:round_up(committed)]``.)  Ownership of the row is split at
 ``cache_protected_len``: positions before it are the tree's slots (matched, and locked through
 ``lock``), positions from it on are the request's own and must be freed or handed to the tree.
 """
@@ -175,13 +178,16 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
 def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) -> None:
     """Cache a finished request and release it.
 
-    The committed tokens, page-aligned, go into the tree (duplicates freed); the unaligned tail
-    and the rest of the last page go back to the pool; the request's lock is released.  With
-    ``is_insert`` false (an aborted request) everything the request owns is freed instead.
+    The committed tokens, page-aligned, go into the tree (duplicates freed); the pages of the
+    committed positions from there (the unaligned tail, its page whole) go back to the pool;
+    the request's lock is released.  With ``is_insert`` false (an aborted request) the pages of
+    every committed position the request owns are freed instead.  Nothing past the committed
+    positions' pages is read (the seed frees from the committed length).
     """
     rules.check_flag("is_insert", is_insert)
+    end = round_up(req.committed, state.config.page_size)
     if state.config.disable:
-        state.kv.free(req.row)
+        state.kv.free(req.row[:end])
         release(state, req)
         return
     tokens = req.all_ids[: req.committed]
@@ -194,6 +200,6 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
         # for a request admitted through match_prefix, and freeing below it would free the
         # tree's own slots, so the spec states the intended bound.
         free_from = max(aligned, req.cache_protected_len)
-    state.kv.free(req.row[free_from:])
+    state.kv.free(req.row[free_from:end])
     rules.dec_lock_ref(state, req.lock)
     release(state, req)

@@ -24,9 +24,13 @@ try:
 except ImportError:  # pragma: no cover - Hypothesis is a dev dependency
     pass
 else:
-    _settings.register_profile(
-        "nightly", backend="crosshair", max_examples=2000, stateful_step_count=200,
-        deadline=None, database=None, print_blob=True,
-        suppress_health_check=list(_HealthCheck))
+    from hypothesis.errors import InvalidArgument as _InvalidArgument
+    try:
+        _settings.register_profile(
+            "nightly", backend="crosshair", max_examples=2000, stateful_step_count=200,
+            deadline=None, database=None, print_blob=True,
+            suppress_health_check=list(_HealthCheck))
+    except _InvalidArgument:  # newer Hypothesis checks the backend: no hypothesis-crosshair here
+        pass
     if os.environ.get("HYPOTHESIS_PROFILE"):
         _settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])

@@ -14,8 +14,8 @@ from uniradix.spec.config import CacheConfig
 from uniradix.spec.world import PagedPool
 
 
-def make_cache(page_size=1, slots=64, **kw):
-    pool = PoolAllocator(PagedPool(slots, page_size), torch)
+def make_cache(page_size=1, slots=64, whole_pages=False, **kw):
+    pool = PoolAllocator(PagedPool(slots, page_size), torch, whole_pages=whole_pages)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=ReqToTokenPool(), token_to_kv_pool_allocator=pool,
         page_size=page_size, **kw))
@@ -107,7 +107,7 @@ def test_sanity_check_reports_corruption():
 
 
 def test_cache_unfinished_then_finished_req_page_4():
-    cache, pool = make_cache(page_size=4, slots=64)
+    cache, pool = make_cache(page_size=4, slots=64, whole_pages=True)
     rtt = cache.req_to_token_pool
     req = Req("a", list(range(1, 12)), None)
     req.req_pool_idx = rtt.take_row()

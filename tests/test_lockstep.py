@@ -358,6 +358,35 @@ def test_record_random_replays_clean(tmp_path):
 FAST_STEPS = 20_000
 
 
+def _req(op, **args) -> dict:
+    return {"op": op, "args": args}
+
+
+@pytest.mark.parametrize("eagle", [False, True])
+def test_requests_reusing_a_row_lockstep_spec_fast(eagle):
+    """Request rows are reused (the fast adapter's req_to_token rows, lowest first) and only
+    the computed positions are written, as in SGLang: a finish, abort or disabled-cache free
+    that read past the committed length would free the previous user's stale slots (pages
+    the tree holds) and diverge from the spec."""
+    from uniradix.conformance.lockstep import run_steps
+    steps = [
+        _req("req_arrive", rid="a", tokens=[1, 2, 3, 4, 5, 6, 7, 8]), _req("req_admit", rid="a"),
+        _req("req_chunk", rid="a", n=8, chunked=False), _req("req_finish", rid="a"),
+        _req("req_arrive", rid="b", tokens=[9, 9, 9, 9, 7, 7]), _req("req_admit", rid="b"),
+        _req("req_chunk", rid="b", n=6, chunked=False), _req("req_finish", rid="b"),
+        _req("req_arrive", rid="c", tokens=[1, 2, 3, 4, 5, 6, 7, 8, 5, 5]),
+        _req("req_admit", rid="c"), _req("req_chunk", rid="c", n=1), _req("req_decode", rid="c", n=1),
+        _req("req_abort", rid="c"),
+        _req("req_arrive", rid="d", tokens=[3, 3, 3, 3, 3, 3, 3]), _req("req_admit", rid="d"),
+        _req("req_chunk", rid="d", n=5), _req("req_abort", rid="d"),
+        _req("sizes"),
+    ]
+    for disable in (False, True):
+        config = CacheConfig(page_size=4, kv_slots=64, eagle=eagle, disable=disable)
+        finding = run_steps(["spec", "fast"], config, renumber(steps))
+        assert finding is None, f"disable={disable}: {finding}"
+
+
 def _conform_worker(impl: str, seed: int, steps: int, out: str) -> tuple:
     res = conform_mod.run_conform(["spec", impl], steps=steps, seed=seed, out=out,
                                   segment_steps=1000, progress=False, shrink_seconds=60,

@@ -1,0 +1,280 @@
+"""The drop-in boundary: what ``uniradix.fast``'s caches accept from an engine that was written
+for SGLang (0.5.13.post1), in one place for ``cache.py``, ``hybrid.py`` and ``hicache.py``.
+
+* **Settings.**  Any ``CacheInitParams`` is accepted: uniradix's own (``uniradix.fast.params``)
+  or SGLang's (``sglang.srt.mem_cache.cache_init_params``).  The uniradix-only settings
+  (``validate_slots``, ``mamba_cache_chunk_size``, ``hicache``) are read with ``getattr`` and
+  their defaults, so SGLang's object needs none of them; an engine that wants one sets it as
+  an attribute of its params object (SGLang's dataclass takes new attributes) before building
+  the cache.  Every upstream field is either honoured or refused by :func:`check_settings`
+  with :class:`~uniradix.fast.errors.Unsupported` naming the field and its value (the table
+  is :data:`REFUSED`); a field left at its default always passes.
+* **Keys.**  Any object with SGLang's ``RadixKey`` shape (``token_ids``, ``extra_key``,
+  ``is_bigram``) is a key: :func:`as_radix_key` converts it to uniradix's ``RadixKey`` (the C
+  core reads SGLang's key directly when its ``token_ids`` is already an ``array('q')``).
+* **Params and results** are read and built by attribute name only: SGLang's
+  ``MatchPrefixParams``, ``InsertParams``, ``EvictParams``, ``DecLockRefParams``... work as
+  they are, and uniradix's result types have SGLang's names, fields and field types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from array import array
+from typing import Any, Optional
+
+import torch
+
+from .errors import InvalidInput, Unsupported
+from .params import InsertParams, MatchPrefixParams
+from .radix_key import RadixKey
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The uniradix-only settings of one cache, with their defaults applied."""
+
+    validate_slots: Optional[bool]
+    mamba_cache_chunk_size: Optional[int]
+    hicache: Any
+
+
+def read_settings(params: Any) -> Settings:
+    """The uniradix-only settings of ``params`` (missing attributes take their defaults)."""
+    return Settings(validate_slots=getattr(params, "validate_slots", None),
+                    mamba_cache_chunk_size=getattr(params, "mamba_cache_chunk_size", None),
+                    hicache=getattr(params, "hicache", None))
+
+
+def validate_slots_for(setting: Optional[bool], allocator: Any) -> bool:
+    """``validate_slots``: None = check slot ownership when the allocator can answer
+    (``check_free`` and ``is_allocated``, the conformance environment's models)."""
+    if setting is None:
+        return hasattr(allocator, "check_free") and hasattr(allocator, "is_allocated")
+    return bool(setting)
+
+
+def mamba_chunk_size(setting: Optional[int]) -> int:
+    """The chunk size behind ``mamba_branching_seqlen``: the uniradix setting; else, as
+    upstream, the global server argument when an SGLang process has set one; else 64."""
+    if setting is not None:
+        return setting
+    sa = sys.modules.get("sglang.srt.server_args")  # never imported here, only read
+    g = getattr(sa, "_global_server_args", None) if sa is not None else None
+    chunk = getattr(g, "mamba_cache_chunk_size", None)
+    return chunk if type(chunk) is int and chunk > 0 else 64
+
+
+# Upstream fields no uniradix cache implements: (field, default, what it would ask for).  A
+# value other than the default is refused.
+REFUSED = (
+    ("enable_metrics", False, "metrics collection"),
+    ("enable_kv_cache_events", False, "KV cache events"),
+    ("enable_mamba_extra_buffer", False, "the Mamba extra buffer"),
+    ("enable_mamba_extra_buffer_lazy", False, "the lazy Mamba extra buffer"),
+    ("cache_ttl_seconds", None, "time-to-live expiry of cache entries"),
+    ("component_registry_override", None, "replacement component classes"),
+)
+
+
+def _refuse(field: str, value: Any, why: str) -> None:
+    raise Unsupported(f"CacheInitParams.{field}={value!r}: {why} is not supported by "
+                      "uniradix.fast (leave it at its default)")
+
+
+def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> None:
+    """Refuse every setting the cache would not honour.
+
+    ``finished_insert``: the cache has ``cache_finished_req`` (and so honours
+    ``disable_finished_insert``).  ``multi_rank``: the cache keeps no state that must agree
+    across ranks, so the process groups and ``pp_size`` / ``attn_cp_size`` need nothing from
+    it (true of the device tier, where upstream uses them for nothing either; the host tier's
+    transfer acks would need a cross-rank reduction, which uniradix does not do).
+    ``chunked_prefill_size`` and, for a Full-only cache, ``sliding_window_size`` change nothing
+    in upstream's unified cache either, so any value passes.
+    """
+    policy = getattr(params, "eviction_policy", "lru")
+    if not isinstance(policy, str) or policy.lower() != "lru":
+        _refuse("eviction_policy", policy, "an eviction policy other than LRU")
+    for field, default, why in REFUSED:
+        value = getattr(params, field, default)
+        if (bool(value) if default is None and field == "component_registry_override"
+                else value != default):
+            _refuse(field, value, why)
+    if not finished_insert and getattr(params, "disable_finished_insert", False):
+        _refuse("disable_finished_insert", True, "skipping the insert of finished requests "
+                "(this cache has no cache_finished_req)")
+    if not multi_rank:
+        for field in ("pp_size", "attn_cp_size"):
+            value = getattr(params, field, 1)
+            if value != 1:
+                _refuse(field, value, "a host tier shared across ranks")
+        for field in ("tp_cache_group", "attn_cp_cache_group", "attn_tp_cache_group",
+                      "pp_cache_group"):
+            group = getattr(params, field, None)
+            if group is not None and _world_size(group) != 1:
+                _refuse(field, group, "a host tier shared across ranks")
+
+
+def _world_size(group: Any) -> int:
+    import torch.distributed as dist
+    try:
+        return dist.get_world_size(group=group)
+    except (RuntimeError, ValueError):  # not initialised, or not a group
+        return -1
+
+
+def as_radix_key(key: Any) -> RadixKey:
+    """``key`` as uniradix's ``RadixKey``: itself, or a new one built from an object of
+    SGLang's ``RadixKey`` shape (its token ids checked as always)."""
+    if type(key) is RadixKey:
+        return key
+    try:
+        toks, ek, bigram = key.token_ids, key.extra_key, key.is_bigram
+    except AttributeError:
+        raise InvalidInput(f"key must be a RadixKey, got {type(key).__name__}") from None
+    if bigram is not True and bigram is not False:
+        raise InvalidInput(f"is_bigram must be a bool, got {bigram!r}")
+    return RadixKey(toks, ek, is_bigram=bigram)
+
+
+def available_and_evictable_str(cache: Any) -> str:
+    """Free plus evictable tokens per component, one line each, in upstream's wording (what
+    SGLang prints on its out-of-memory paths)."""
+    alloc = cache.token_to_kv_pool_allocator
+    if cache.supports_swa() and hasattr(alloc, "full_available_size"):
+        avail = alloc.full_available_size()
+    else:
+        avail = alloc.available_size()
+    ev = cache.full_evictable_size()
+    lines = [f"Available full tokens: {avail + ev} "
+             f"(full_available_size={avail} + full_evictable_size_={ev})"]
+    aux = []
+    if cache.supports_swa():
+        aux.append(("swa", alloc.swa_available_size(), cache.swa_evictable_size()))
+    if cache.supports_mamba():
+        aux.append(("mamba", cache.req_to_token_pool.mamba_allocator.available_size(),
+                    cache.mamba_evictable_size()))
+    for name, avail, ev in aux:
+        lines.append(f"Available {name}: {avail + ev} "
+                     f"(available_size={avail} + component_evictable_size_={ev})")
+    return "\n".join(lines) + "\n"
+
+
+class EngineDefaults:
+    """The parts of SGLang's prefix-cache interface (0.5.13.post1's ``BasePrefixCache``) that
+    a scheduler may call and that these caches answer the same way as upstream's radix cache
+    without a feature they do not have: no streaming sessions, no events (refused at
+    construction when asked for), no chunk cache."""
+
+    def is_chunk_cache(self) -> bool:
+        return False
+
+    def is_tree_cache(self) -> bool:
+        return True
+
+    def supports_fast_match_prefix(self) -> bool:
+        return False
+
+    def supports_streaming_session(self) -> bool:
+        return False
+
+    def take_events(self) -> list:
+        return []
+
+    def session_held_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+    def session_held_full_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+    def session_held_swa_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+    def session_held_req_count(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+    def session_held_mamba_slots(self, active_pool_idxs: Optional[set] = None) -> int:
+        return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The request path (upstream's cache_finished_req / cache_unfinished_req), for the device-tier
+# and host-tier caches alike: it uses only their public calls.
+# ----------------------------------------------------------------------------------------------
+
+
+def _key_for(cache: Any, tokens, extra_key) -> RadixKey:
+    return RadixKey(tokens if type(tokens) is array else array("q", tokens), extra_key,
+                    is_bigram=cache.is_eagle)
+
+
+def _aligned_len(cache: Any, n_tokens: int) -> int:
+    n = max(0, n_tokens - 1) if cache.is_eagle else n_tokens
+    return n - n % cache.page_size
+
+
+def _free(cache: Any, slots) -> None:
+    if len(slots):
+        cache.token_to_kv_pool_allocator.free(slots)
+
+
+def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
+    """Cache a finished request's committed tokens (page-aligned), free its committed slots
+    from there, release its lock.
+
+    Only the committed positions of the request's row are read (``pop_committed_kv_cache()``,
+    or ``kv_committed_len``): past them a reused row holds an earlier request's stale slots,
+    which may be the tree's.  A partial last page goes back whole through SGLang's paged
+    allocator, which frees the page of every slot it is given.  With ``is_insert`` false (an
+    abort), or ``disable_finished_insert``, nothing is inserted and everything the request
+    owns from ``cache_protected_len`` on is freed; a disabled cache frees the whole committed
+    row."""
+    committed = req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache") \
+        else req.kv_committed_len
+    kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, :committed]
+    if cache.disable:
+        _free(cache, kv)
+        return
+    if cache.disable_finished_insert:
+        is_insert = False
+    protected = req.cache_protected_len
+    free_from = protected
+    if is_insert:
+        tokens = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
+        cache.insert(InsertParams(key=_key_for(cache, tokens, req.extra_key),
+                                  value=kv.to(torch.int64), prev_prefix_len=protected))
+        free_from = max(_aligned_len(cache, committed), protected)
+    _free(cache, kv[free_from:])
+    cache.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+
+
+def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
+    """Cache what a running request has computed so far; its row then points at the tree's
+    slots up to the new match, which it locks instead of the old last node.
+
+    The computed tokens are ``req.get_fill_ids()`` (SGLang 0.5.13.post1's ``Req``), or
+    ``req.fill_ids`` on a request object without that method (the seed's).  A disabled cache
+    only sets ``prefix_indices`` to the computed row."""
+    get_fill_ids = getattr(req, "get_fill_ids", None)
+    tokens = get_fill_ids() if get_fill_ids is not None else req.fill_ids
+    kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)]
+    if cache.disable:
+        req.prefix_indices = kv
+        return
+    key = _key_for(cache, tokens, req.extra_key)
+    cache.insert(InsertParams(key=key, value=kv.to(torch.int64),
+                              prev_prefix_len=req.cache_protected_len, chunked=chunked))
+    m = cache.match_prefix(MatchPrefixParams(key=key))
+    new = m.device_indices
+    p = req.cache_protected_len
+    if len(new) > p:
+        cache.req_to_token_pool.write((req.req_pool_idx, slice(p, len(new))), new[p:])
+    cache.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+    lock = cache.inc_lock_ref(m.last_device_node)
+    req.dec_lock_params = lock.to_dec_params()
+    req.swa_uuid_for_lock = lock.swa_uuid_for_lock
+    req.prefix_indices = torch.cat([new, kv[len(new):]]) if len(new) < len(kv) else new
+    req.cache_protected_len = len(new)
+    req.last_node = m.last_device_node
