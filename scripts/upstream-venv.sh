@@ -28,8 +28,6 @@ echo "torch==2.13.0" > "$cons"
 # later releases import xgrammar at module level (transformers stays at 5.8.1: the torchvision
 # placeholder of conformance/upstream.py satisfies it)
 [ "$version" = 0.5.13.post1 ] || "$venv/bin/pip" install -q -c "$cons" xgrammar
-# the test runner, for the upstream-marked tests (pyproject's addopts need the two plugins)
-"$venv/bin/pip" install -q -c "$cons" pytest pytest-timeout pytest-benchmark
 # this project's own package too, so the adapter and recorder run inside it
 [ -f pyproject.toml ] && "$venv/bin/pip" install -q -c "$cons" --no-deps -e .
 rm -f "$cons"
