@@ -17,6 +17,10 @@ class PoolAllocator:
     them as the step's ``freed`` effect.  ``check_free`` and ``is_allocated`` let the fast path
     check slot ownership before an insert changes anything (it looks for them)."""
 
+    # the pool is lowest-first and logs every slot: a batched free (fast/frees.py) leaves it
+    # and the ``freed`` effect as one free per piece would
+    uniradix_free_order = "append"
+
     def __init__(self, pool: PagedPool, torch_module: Optional[Any] = None) -> None:
         self.pool = pool
         self.page_size = pool.page_size
