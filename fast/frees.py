@@ -11,14 +11,14 @@ asks :func:`free_order` what a ``free``-like method does with a concatenation:
   ``SWATokenToKVPoolAllocator`` when both its sub-allocators append, and any allocator while
   it is inside a scheduler free group (``free_group_begin`` .. ``free_group_end``: the pieces
   are queued and concatenated at the end anyway).
-* :data:`SORTED_PAGES`: sglang's ``PagedTokenToKVPoolAllocator`` puts ``unique(slots //
-  page_size)`` (sorted) in front of its free list, so one call over several pieces sorts
-  their pages together and changes the order.  Pieces are grouped only where that cannot
-  happen: a piece joins the group of the previous one when all its pages are below all of the
-  previous piece's pages (then the sorted union is exactly the per-piece blocks in the order
-  one call each would leave them).  Finding the groups costs one ``torch.cat`` and one
-  ``tolist``; each group is one call on a view of the concatenation.
-* :data:`PER_CALL`: anything else, one call per piece, as before.
+* :data:`PER_CALL`: anything else, one call per piece, as before.  This includes sglang
+  0.5.13.post1's ``PagedTokenToKVPoolAllocator`` (page size > 1): its ``free`` puts
+  ``unique(slots // page_size)``, sorted, in front of its free list, so one call over several
+  pieces sorts their pages together and leaves a different order.  Pieces could be grouped
+  where each piece's pages all lie below the previous piece's (then the sorted union equals
+  the per-piece blocks); that was built and measured (shared-prefix, page 16, 20k requests):
+  it saved 9% of the calls, and finding the groups (a ``torch.cat`` and a ``tolist`` of the
+  slots) took a third of ``evict``'s time, more than the calls saved, so it was taken out.
 
 An allocator outside sglang declares its semantics with a class attribute
 ``uniradix_free_order`` (:data:`APPEND` or :data:`PER_CALL`); the conformance environment's
@@ -36,16 +36,15 @@ from typing import Any, Sequence
 import torch
 
 APPEND = "append"
-SORTED_PAGES = "sorted_pages"
 PER_CALL = "per_call"
 
-_ORDERS = (APPEND, SORTED_PAGES, PER_CALL)
+_ORDERS = (APPEND, PER_CALL)
 
 # sglang's free methods whose semantics are known (module, qualified name) -> order; "swa" ones
 # depend on the SWA allocator's sub-allocators (see free_order).
 _KNOWN = {
     ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator.free"): APPEND,
-    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator.free"): SORTED_PAGES,
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator.free"): PER_CALL,
     ("sglang.srt.mem_cache.allocator.mamba", "MambaSlotAllocator.free"): APPEND,
     ("sglang.srt.mem_cache.memory_pool_host", "HostKVCache.free"): APPEND,
     ("sglang.srt.mem_cache.memory_pool_host", "MambaPoolHost.free"): APPEND,
@@ -56,8 +55,8 @@ _KNOWN = {
 
 
 def free_order(alloc: Any, method: str = "free") -> str:
-    """What ``alloc.<method>`` does with a concatenation of pieces: :data:`APPEND`,
-    :data:`SORTED_PAGES` or :data:`PER_CALL` (see the module docstring).  Read at each call,
+    """What ``alloc.<method>`` does with a concatenation of pieces: :data:`APPEND` or
+    :data:`PER_CALL` (see the module docstring).  Read at each call,
     so a scheduler free group that opens or closes in between is seen."""
     if getattr(alloc, "is_not_in_free_group", True) is False and method == "free":
         return APPEND  # queued, concatenated in order by free_group_end
@@ -74,8 +73,6 @@ def free_order(alloc: Any, method: str = "free") -> str:
     if known == "swa_only":
         sub = getattr(alloc, "swa_attn_allocator", None)
         return APPEND if sub is not None and free_order(sub) == APPEND else PER_CALL
-    if known == SORTED_PAGES and not isinstance(getattr(alloc, "page_size", None), int):
-        return PER_CALL
     return known
 
 
@@ -94,34 +91,7 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
     if order == APPEND:
         fn(torch.cat(pieces))
         return 1
-    if order == SORTED_PAGES:
-        return _release_sorted_pages(fn, pieces, alloc.page_size)
     for p in pieces:
         fn(p)
     return k
 
-
-def _release_sorted_pages(fn: Any, pieces: Sequence[torch.Tensor], page_size: int) -> int:
-    """One call per group of consecutive pieces whose pages descend from piece to piece (each
-    piece's pages all below the previous piece's), on views of one concatenation."""
-    whole = torch.cat(pieces)
-    slots = whole.tolist()
-    bounds = []  # (start, end) of each group in ``whole``
-    start = pos = 0
-    prev_low = None
-    for p in pieces:
-        n = p.numel()
-        if n == 0:
-            continue
-        part = slots[pos: pos + n]
-        low, high = min(part) // page_size, max(part) // page_size
-        if prev_low is not None and not high < prev_low:
-            bounds.append((start, pos))
-            start = pos
-        prev_low = low
-        pos += n
-    if pos > start:
-        bounds.append((start, pos))
-    for a, b in bounds:
-        fn(whole.narrow(0, a, b - a))
-    return len(bounds)
