@@ -108,6 +108,10 @@ PEERS = ("upstream-cpp",)
 KNOWN_IMPLS = IMPLS + EXTRA_IMPLS + PEERS
 WORKLOADS = ("shared-prefix", "mooncake")
 OPS = ("match", "lock", "evict", "insert", "unlock")
+# the KV allocator under fast / upstream (--allocator): the bench's FreeListAllocator, or
+# sglang's own (TokenToKVPoolAllocator at page 1, PagedTokenToKVPoolAllocator above; only where
+# sglang imports).  The spec always runs over the environment's pool model.
+ALLOCATORS = ("freelist", "sglang")
 
 MOONCAKE_FILE = "mooncake_conversation.jsonl.gz"
 MOONCAKE_BLOCK = 512
@@ -138,6 +142,10 @@ class FreeListAllocator:
     ``need`` slots always are whole pages.  Slot numbers differ from the lowest-first
     :class:`PagedPool`; a cache's decisions do not depend on them, so hit rate and evictions are
     the same as over the pool (``compare`` checks the outcomes agree)."""
+
+    # frees are appended in order: one free of a concatenation is the same as one per piece
+    # (fast/frees.py batches the cache's frees for it)
+    uniradix_free_order = "append"
 
     def __init__(self, usable_slots: int, page_size: int, torch_module) -> None:
         self.torch = torch_module
@@ -188,6 +196,54 @@ class TimedPagedPool(PagedPool):
             self.free_seconds += time.perf_counter() - t0
 
 
+def sglang_allocator(usable_slots: int, page_size: int):
+    """sglang's own KV allocator for ``page_size`` on the CPU, as its model runner builds it
+    (``need_sort`` off: no disaggregation; no KV pool behind it, which alloc/free never read).
+    :class:`ImplMissing` where sglang does not import."""
+    from uniradix.conformance.upstream import UpstreamMissing, load_upstream
+    try:
+        torch = load_upstream().torch  # (the import workarounds sglang needs on a CPU box)
+        from sglang.srt.mem_cache.allocator import (PagedTokenToKVPoolAllocator,
+                                                    TokenToKVPoolAllocator)
+    except (UpstreamMissing, Exception) as e:  # absent, or an install that fails at import
+        raise ImplMissing(f"--allocator sglang: sglang's allocators do not import here "
+                          f"({type(e).__name__}: {e})") from e
+    if page_size == 1:
+        return TokenToKVPoolAllocator(usable_slots, torch.float16, "cpu", None, False)
+    return PagedTokenToKVPoolAllocator(usable_slots, page_size, torch.float16, "cpu", None, False)
+
+
+def make_allocator(kind: str, usable_slots: int, page_size: int, torch_module):
+    """The KV allocator ``kind`` (:data:`ALLOCATORS`) for a fast or upstream cache, its
+    ``free`` calls counted (:func:`count_frees`; before the cache is built, since a cache may
+    keep the bound method)."""
+    if kind == "freelist":
+        alloc = FreeListAllocator(usable_slots, page_size, torch_module)
+    elif kind == "sglang":
+        alloc = sglang_allocator(usable_slots, page_size)
+    else:
+        raise ValueError(f"unknown allocator {kind!r}; known: {', '.join(ALLOCATORS)}")
+    count_frees(alloc)
+    return alloc
+
+
+def count_frees(alloc: Any) -> None:
+    """Count the calls to ``alloc.free`` from now on in ``alloc._bench_free_calls`` (a
+    one-item list), through an instance attribute wrapping the bound method (the class is
+    untouched, so fast/frees.py still recognises the allocator); the unwrapped method stays
+    in ``alloc._bench_raw_free`` for the harness's own frees."""
+    raw = alloc.free
+    box = [0]
+
+    def free(free_index):
+        box[0] += 1
+        return raw(free_index)
+
+    alloc.free = free
+    alloc._bench_free_calls = box
+    alloc._bench_raw_free = raw
+
+
 def _torch_or_none():
     try:
         import torch
@@ -232,7 +288,7 @@ FAST_NAMES = ("UnifiedRadixCache", "CacheInitParams", "RadixKey", "MatchPrefixPa
               "InsertParams", "EvictParams")
 
 
-def fast_bundle() -> ApiBundle:
+def fast_bundle(allocator: str = "freelist") -> ApiBundle:
     try:
         import uniradix.fast as fast
     except ImportError as e:
@@ -247,7 +303,9 @@ def fast_bundle() -> ApiBundle:
     values = spec_api.TorchValues(torch)
 
     def build(pool: PagedPool):
-        alloc = FreeListAllocator(pool.num_pages * pool.page_size, pool.page_size, torch)
+        alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size, torch)
+        # NOTE: built from uniradix's own CacheInitParams; once fast takes sglang's (issue 11
+        # item 1), build it from ``up.CacheInitParams`` like upstream_bundle below
         params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
                                       token_to_kv_pool_allocator=alloc, page_size=pool.page_size)
         return fast.UnifiedRadixCache(params), alloc
@@ -259,7 +317,7 @@ def fast_bundle() -> ApiBundle:
 TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 
-def upstream_bundle(tree_core: Optional[str] = None) -> ApiBundle:
+def upstream_bundle(tree_core: Optional[str] = None, allocator: str = "freelist") -> ApiBundle:
     """sglang's ``UnifiedRadixCache``; ``tree_core`` selects its tree core where the release has
     a pluggable one (0.5.17+: ``python``, the default, or ``rust``)."""
     from uniradix.conformance.upstream import (UpstreamMissing, load_upstream,
@@ -275,7 +333,8 @@ def upstream_bundle(tree_core: Optional[str] = None) -> ApiBundle:
     values = spec_api.TorchValues(up.torch)
 
     def build(pool: PagedPool):
-        alloc = FreeListAllocator(pool.num_pages * pool.page_size, pool.page_size, up.torch)
+        alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size,
+                               up.torch)
         params = up.CacheInitParams(disable=False, req_to_token_pool=None,
                                     token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
                                     is_eagle=False, tree_components=(up.ComponentType.FULL,))
@@ -326,7 +385,7 @@ class UpstreamCppCache:
         return CppInsertResult(prefix_len)
 
 
-def upstream_cpp_bundle() -> ApiBundle:
+def upstream_cpp_bundle(allocator: str = "freelist") -> ApiBundle:
     from uniradix.conformance.upstream import UpstreamMissing, load_upstream, load_upstream_cpp
     try:
         up = load_upstream()
@@ -336,7 +395,8 @@ def upstream_cpp_bundle() -> ApiBundle:
     values = spec_api.TorchValues(up.torch)
 
     def build(pool: PagedPool):
-        alloc = FreeListAllocator(pool.num_pages * pool.page_size, pool.page_size, up.torch)
+        alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size,
+                               up.torch)
         alloc.get_kvcache = lambda: None  # read by the constructor, unused without a host tier
         params = up.CacheInitParams(disable=False, req_to_token_pool=None,
                                     token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
@@ -353,16 +413,26 @@ def upstream_cpp_bundle() -> ApiBundle:
                      up.MatchPrefixParams, up.InsertParams, up.EvictParams, values, build)
 
 
-BUNDLES: dict[str, Callable[[], ApiBundle]] = {
-    "spec": spec_bundle, "fast": fast_bundle, "upstream": upstream_bundle,
-    "upstream-rust": lambda: upstream_bundle("rust"), "upstream-cpp": upstream_cpp_bundle}
+BUNDLES: dict[str, Callable[..., ApiBundle]] = {
+    "spec": lambda allocator="freelist": spec_bundle(),  # always over the pool model
+    "fast": fast_bundle, "upstream": upstream_bundle,
+    "upstream-rust": lambda allocator="freelist": upstream_bundle("rust", allocator),
+    "upstream-cpp": upstream_cpp_bundle}
 
 
-def get_bundle(name: str) -> ApiBundle:
-    """The API bundle of an implementation; :class:`ImplMissing` when it cannot be built here."""
+def get_bundle(name: str, allocator: str = "freelist") -> ApiBundle:
+    """The API bundle of an implementation over the KV allocator ``allocator``
+    (:data:`ALLOCATORS`; the spec ignores it); :class:`ImplMissing` when it cannot be built
+    here."""
     if name not in BUNDLES:
         raise ValueError(f"unknown implementation {name!r}; known: {', '.join(KNOWN_IMPLS)}")
-    return BUNDLES[name]()
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {allocator!r}; known: {', '.join(ALLOCATORS)}")
+    if allocator == "sglang" and name != "spec":
+        sglang_allocator(16, 1)  # ImplMissing here, not in the middle of a run
+    if allocator == "freelist":  # (every builder's default; registered test builders take none)
+        return BUNDLES[name]()
+    return BUNDLES[name](allocator=allocator)
 
 
 # --------------------------------------------------------------------------------------------
@@ -484,6 +554,8 @@ class BenchStats:
     wall_seconds: float = 0.0  # the whole run, generator and harness included
     digest: str = ""
     cached_tokens: int = 0  # slots the tree holds at the end (pool slots in use)
+    # calls to the KV allocator's free made by the timed cache calls (None: not counted)
+    free_calls: Optional[int] = None
     op_times: dict = dataclasses.field(default_factory=lambda: {op: [] for op in OPS})
 
     @property
@@ -522,6 +594,7 @@ class BenchStats:
                 "pool_free_share": round(self.pool_share, 4),
                 "hit_rate": round(self.hit_rate, 6), "evicted_tokens": self.evicted_tokens,
                 "evict_calls": self.evict_calls, "cached_tokens": self.cached_tokens,
+                "free_calls": self.free_calls,
                 "timed_s": round(self.seconds, 4), "wall_s": round(self.wall_seconds, 3),
                 "digest": self.digest,
                 "op_median_us": {k: round(v, 2) for k, v in self.op_medians_us().items()},
@@ -545,6 +618,8 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     ps = workload.page_size
     pool = TimedPagedPool(workload.kv_slots, ps, name="kv")
     cache, allocator = bundle.build(pool)
+    free_calls = getattr(allocator, "_bench_free_calls", None)  # see make_allocator
+    harness_free = getattr(allocator, "_bench_raw_free", allocator.free)
     RadixKey, MatchP, InsertP, EvictP = (bundle.RadixKey, bundle.MatchPrefixParams,
                                          bundle.InsertParams, bundle.EvictParams)
     values = bundle.values
@@ -566,7 +641,7 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
         t_insert.append(t1 - t0)
         if aligned < len(req.slots):
             before = pool.free_seconds
-            allocator.free(req.slots[aligned:])
+            harness_free(req.slots[aligned:])
             pool.free_seconds = before  # the harness's own free is not cache work
         t0 = clock()
         cache.dec_lock_ref(req.node, req.dec)
@@ -629,6 +704,7 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     stats.digest = digest.hexdigest()
     stats.pool_free_seconds = pool.free_seconds
     stats.cached_tokens = workload.kv_slots - allocator.available_size()
+    stats.free_calls = None if free_calls is None else free_calls[0]
     if keep is not None:
         keep.extend((cache, allocator, pool))
     return stats
@@ -651,6 +727,7 @@ class Comparison:
     mismatches: list = dataclasses.field(default_factory=list)
     # outcomes of speed peers (PEERS) that differ from the conforming ones: reported, not failed
     peer_differences: list = dataclasses.field(default_factory=list)
+    allocator: str = "freelist"  # the KV allocator of fast / upstream (ALLOCATORS)
 
     def median_rps(self, impl: str) -> float:
         return statistics.median(s.requests_per_s for s in self.runs[impl])
@@ -676,6 +753,7 @@ class Comparison:
         return {
             "workload": self.workload, "page_size": self.page_size, "requests": self.requests,
             "kv_slots": self.kv_slots, "repeats": max((len(r) for r in self.runs.values()), default=0),
+            "allocator": self.allocator,
             "identical_outcomes": self.identical, "mismatches": self.mismatches,
             "peer_differences": self.peer_differences,
             "missing": self.missing,
@@ -688,6 +766,7 @@ class Comparison:
                 "op_median_us": {k: round(v, 2) for k, v in self.median_ops_us(impl).items()},
                 "hit_rate": round(first[impl].hit_rate, 6),
                 "evicted_tokens": first[impl].evicted_tokens,
+                "free_calls": first[impl].free_calls,
                 "aborted": first[impl].aborted,
                 "digest": first[impl].digest,
                 "runs": [s.summary() for s in runs],
@@ -719,20 +798,21 @@ def check_identical(stats: Iterable[BenchStats]) -> list[str]:
 
 def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             strict: bool = True, log: Optional[Callable[[str], None]] = None,
-            repeats_for: Optional[dict] = None) -> Comparison:
+            repeats_for: Optional[dict] = None, allocator: str = "freelist") -> Comparison:
     """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
     overrides that per implementation), alternating them and rotating the order each round so
-    that machine noise hits all alike. Raises :class:`ConformanceMismatch` (when ``strict``) if
+    that machine noise hits all alike; fast and upstream over the KV allocator ``allocator``
+    (:data:`ALLOCATORS`). Raises :class:`ConformanceMismatch` (when ``strict``) if
     any outcome differs."""
     repeats_for = dict(repeats_for or {})
     bundles, missing = {}, {}
     for impl in impls:
         try:
-            bundles[impl] = get_bundle(impl)
+            bundles[impl] = get_bundle(impl, allocator)
         except ImplMissing as e:
             missing[impl] = str(e)
     cmp = Comparison(workload.name, workload.page_size, workload.requests, workload.kv_slots,
-                     {impl: [] for impl in bundles}, missing)
+                     {impl: [] for impl in bundles}, missing, allocator=allocator)
     order = list(bundles)
     rounds = max([repeats_for.get(i, repeats) for i in order] or [0])
     for rep in range(rounds):
@@ -917,6 +997,15 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--hicache", choices=["write_through", "write_back"], default=None,
                    help="with a host tier of twice the device pool and this write policy "
                         "(conformance/bench_host.py; fast and upstream)")
+    b.add_argument("--allocator", choices=ALLOCATORS, default="freelist",
+                   help="the KV allocator under fast and upstream: freelist (the bench's own, "
+                        "default) or sglang (sglang's TokenToKVPoolAllocator at page 1, "
+                        "PagedTokenToKVPoolAllocator above; needs sglang; the spec stays on "
+                        "the pool model; Full only)")
+    b.add_argument("--torch-threads", type=int, default=1, metavar="N",
+                   help="torch intra-op threads for every implementation (default 1: more "
+                        "threads give every implementation multi-ms tails on long index "
+                        "tensors); recorded in the JSON")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     b.add_argument("--components", choices=("full", "swa", "mamba"), default="full",
                    help="hybrid models: swa or mamba runs fast and upstream only "
@@ -954,6 +1043,11 @@ def print_comparison(cmp: Comparison, out=None) -> None:
       f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}"
       + "".join(f", fast/{peer} {_fmt_ratio(cmp.ratio('fast', peer))}"
                 for peer in ("upstream-rust", "upstream-cpp") if peer in cmp.runs))
+    counted = [(impl, runs[0].free_calls) for impl, runs in cmp.runs.items()
+               if runs[0].free_calls is not None]
+    if counted:
+        p(f"  allocator: {cmp.allocator}; its free() calls per run from the timed cache calls: "
+          + ", ".join(f"{impl} {n}" for impl, n in counted))
     names = ", ".join(i for i in cmp.runs if i not in PEERS)
     if cmp.identical:
         p(f"  identical hit rate, evictions, aborts and per-request digest across {names}: yes")
@@ -968,9 +1062,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("uniradix bench: --hicache with --components swa|mamba is not supported (no "
               "implementation has a host tier with an aux component yet)", file=sys.stderr)
         return 2
-    results: dict = {"comparisons": [], "memory": []}
-    status = 0
+    allocator = getattr(args, "allocator", "freelist")
+    if allocator != "freelist" and (getattr(args, "hicache", None)
+                                    or getattr(args, "components", "full") != "full"):
+        print("uniradix bench: --allocator sglang runs the Full configuration only (the host "
+              "tier and hybrid benches build their own allocators)", file=sys.stderr)
+        return 2
+    threads = getattr(args, "torch_threads", 1)
+    if threads < 1:
+        print(f"uniradix bench: --torch-threads must be at least 1, got {threads}", file=sys.stderr)
+        return 2
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    results: dict = {"comparisons": [], "memory": [], "allocator": allocator}
+    torch = _torch_or_none()
+    if torch is not None:
+        torch.set_num_threads(threads)
+        results["torch_threads"] = torch.get_num_threads()
+        log(f"torch intra-op threads: {results['torch_threads']}; allocator: {allocator}")
+    status = 0
     for wname in args.workload:
         for ps in args.page_size:
             workload = make_workload(wname, ps, args.requests)
@@ -988,7 +1097,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 print_comparison(cmp)
             else:
                 cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
-                              log=log, repeats_for=spec_rounds)
+                              log=log, repeats_for=spec_rounds, allocator=allocator)
                 print_comparison(cmp)
             print()
             results["comparisons"].append(cmp.summary())

@@ -33,6 +33,8 @@ class SwaPoolAllocator(PoolAllocator):
 class MambaAllocator:
     """The Mamba state pool behind SGLang's ``mamba_allocator`` interface."""
 
+    uniradix_free_order = "append"  # lowest-first, logs every slot (see PoolAllocator)
+
     def __init__(self, pool) -> None:
         self.pool = pool
 

@@ -21,6 +21,10 @@ class PoolAllocator:
     slots of a page releases the whole page (a request's partial last page, whose unused
     slots are in no row); a slot given twice, or a page not allocated, is still an error."""
 
+    # the pool is lowest-first and logs every slot: a batched free (fast/frees.py) leaves it
+    # and the ``freed`` effect as one free per piece would
+    uniradix_free_order = "append"
+
     def __init__(self, pool: PagedPool, torch_module: Optional[Any] = None,
                  whole_pages: bool = False) -> None:
         self.pool = pool

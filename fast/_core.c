@@ -43,7 +43,8 @@ static long long g_stride = 1LL << 20;
 static long long g_next_id = 1;
 
 static PyObject *s_root_node, *s_page_size, *s_clock, *s_heap, *s_evictable, *s_protected,
-    *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update;
+    *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update,
+    *s_free_values;
 
 /* ------------------------------------------------------------------------------------------ */
 /* TreeNode                                                                                    */
@@ -1420,6 +1421,31 @@ detach(Node *parent, Node *child)
     return 0;
 }
 
+/* Hand the evicted nodes' values back: one piece straight to the allocator's free, several
+ * through the cache's _free_values (fast/frees.py: as few calls as the allocator's semantics
+ * allow, the same final free list as one call each).  Runs on the error path too (the nodes
+ * in ``batch`` have left the tree), keeping the first error. */
+static int
+flush_frees(PyObject *self, PyObject *free_fn, PyObject *batch)
+{
+    Py_ssize_t n = batch == NULL ? 0 : PyList_GET_SIZE(batch);
+    if (n == 0)
+        return 0;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *r = n == 1 && free_fn != NULL
+        ? PyObject_CallOneArg(free_fn, PyList_GET_ITEM(batch, 0))
+        : PyObject_CallMethodOneArg(self, s_free_values, batch);
+    Py_XDECREF(r);
+    if (et != NULL) {
+        if (r == NULL)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    return r == NULL ? -1 : 0;
+}
+
 static PyObject *
 core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1438,6 +1464,7 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t ps;
     long long evictable, freed = 0;
     PyObject *heap = NULL, *alloc = NULL, *free_fn = NULL, *owned = NULL, *result = NULL;
+    PyObject *batch = NULL;  /* the evicted values, freed together at the end */
     Node *root = get_root(self, &ps);
     if (root == NULL)
         return NULL;
@@ -1454,7 +1481,8 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
-            || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+            || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL
+            || (batch = PyList_New(0)) == NULL)
         goto done;
     {
         PyObject *validate = PyObject_GetAttr(self, s_validate);
@@ -1493,13 +1521,11 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(entry);
         PyObject *value = node->value;
         Py_INCREF(value);
-        PyObject *r = PyObject_CallOneArg(free_fn, value);
-        if (r == NULL) {
+        if (PyList_Append(batch, value) < 0) {
             Py_DECREF(value);
             Py_DECREF(node);
             goto done;
         }
-        Py_DECREF(r);
         if (owned != NULL && owned_apply(owned, s_difference_update, value) < 0) {
             Py_DECREF(value);
             Py_DECREF(node);
@@ -1554,8 +1580,11 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     result = PyLong_FromLongLong(freed);
 done:
+    if (flush_frees(self, free_fn, batch) < 0)
+        Py_CLEAR(result);
     if (evictable != ev0 && write_back(self, s_evictable, evictable) < 0)
         Py_CLEAR(result);
+    Py_XDECREF(batch);
     Py_XDECREF(heap);
     Py_XDECREF(alloc);
     Py_XDECREF(free_fn);
@@ -2174,6 +2203,7 @@ PyInit__core(void)
     INTERN(s_num_tokens, "num_tokens");
     INTERN(s_skip, "skip_lock_node_ids");
     INTERN(s_compact, "_compact_heap");
+    INTERN(s_free_values, "_free_values");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

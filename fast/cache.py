@@ -77,6 +77,7 @@ from .params import (
     MatchPrefixParams,
     MatchResult,
 )
+from .frees import release
 from .keys import child_key, shared_len
 from .radix_key import RadixKey
 
@@ -615,22 +616,33 @@ class UnifiedRadixCache(compat.EngineDefaults):
             self._compact_heap()
         return EvictResult(num_tokens_evicted=freed)
 
+    def _free_values(self, values: list) -> None:
+        """Free the values one call released, in this order, in as few allocator calls as the
+        allocator's semantics allow (fast/frees.py; the C core's evict calls this)."""
+        release(self.token_to_kv_pool_allocator, values)
+
     def _evict_py(self, want: int) -> int:
         heap = self._heap
         pop, push = heapq.heappop, heapq.heappush
-        free = self.token_to_kv_pool_allocator.free
+        batch: list = []  # the evicted values, freed together at the end (fast/frees.py)
         owned = self._owned if self.validate_slots else None
         root = self.root_node
+        try:
+            freed = self._evict_loop(want, heap, pop, push, batch, owned, root)
+        finally:
+            self._free_values(batch)
+        return freed
+
+    def _evict_loop(self, want, heap, pop, push, batch, owned, root) -> int:
         freed = 0
-        # NOTE: the per-leaf work is inline (one Python call per evicted leaf is the
-        # allocator's free, nothing else).
+        # NOTE: the per-leaf work is inline (no Python call per evicted leaf).
         while freed < want and heap:
             stamp, node = pop(heap)
             if node.last_access_time != stamp or node.lock_ref or node.dev_children \
                     or node.value is None or node.parent is None:
                 continue  # a stale entry
             value = node.value
-            free(value)
+            batch.append(value)
             if owned is not None:
                 owned.difference_update(value.tolist())
             k = len(node.key)

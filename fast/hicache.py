@@ -44,6 +44,7 @@ from typing import Any, Optional
 import torch
 
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .frees import APPEND, release
 from .keys import child_key, shared_len
 from .params import (
     DecLockRefParams,
@@ -94,6 +95,9 @@ class HostSlotAllocator:
             return None
         pages = [heapq.heappop(self._free) for _ in range(n // ps)]
         return torch.tensor([p * ps + j for p in pages for j in range(ps)], dtype=torch.int64)
+
+    # its state does not depend on the order of the pages freed (lowest first): batchable
+    uniradix_free_order = APPEND
 
     def free(self, slots) -> None:
         ps = self.page_size
@@ -716,7 +720,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
         plan = self._plan(ek, units)
         if self.validate_slots:
             self._check_slots(plan, value, prev)
-        free = self.token_to_kv_pool_allocator.free
+        dups = []  # the caller's duplicates, freed together after the walk (fast/frees.py)
         self._touch(self.root_node)
         node, pos = self.root_node, 0
         for child, shared in plan:
@@ -728,10 +732,10 @@ class HiCacheRadixCache(compat.EngineDefaults):
             else:
                 lo = max(pos, prev)
                 if lo < pos + shared:
-                    dup = value[lo: pos + shared]
-                    free(dup)
+                    dups.append(value[lo: pos + shared])
             self._count_hit(child, chunked)
             node, pos = child, pos + shared
+        release(self.token_to_kv_pool_allocator, dups)
         if pos < n:
             self._clock += STRIDE
             leaf = HostNode(units[pos:], value[pos:].clone(), node, ek, self._clock,
@@ -891,7 +895,17 @@ class HiCacheRadixCache(compat.EngineDefaults):
             return EvictResult()
         return EvictResult(num_tokens_evicted=self._evict(want))
 
+    _deferred: Optional[list] = None  # device slots an evict took, freed together at its end
+
     def _evict(self, want: int) -> int:
+        outer, self._deferred = self._deferred, []
+        try:
+            return self._evict_loop(want)
+        finally:
+            pieces, self._deferred = self._deferred, outer
+            release(self.token_to_kv_pool_allocator, pieces)
+
+    def _evict_loop(self, want: int) -> int:
         heap = self._heap
         write_back = self.write_policy == "write_back"
         passed_over = []
@@ -922,7 +936,10 @@ class HiCacheRadixCache(compat.EngineDefaults):
 
     def _release_device(self, node: HostNode) -> int:
         value = node.value
-        self.token_to_kv_pool_allocator.free(value)
+        if self._deferred is not None:
+            self._deferred.append(value)
+        else:
+            self.token_to_kv_pool_allocator.free(value)
         if self.validate_slots:
             self._owned.difference_update(value.tolist())
         k = len(node.key)
@@ -950,14 +967,15 @@ class HiCacheRadixCache(compat.EngineDefaults):
         _count_arg("num_tokens", num_tokens)
         heap = self._host_heap
         leaves = self.host_leaves
-        free = self.cache_controller.mem_pool_host.free
+        pool = self.cache_controller.mem_pool_host
+        pieces = []  # freed together at the end (fast/frees.py)
         freed = 0
         while freed < num_tokens and heap:
             stamp, node = heapq.heappop(heap)
             if node.last_access_time != stamp or node not in leaves:
                 continue
             host = node.host_value
-            free(host)
+            pieces.append(host)
             k = len(host)
             freed += k
             self._host_tokens -= k
@@ -965,6 +983,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
             parent = node.parent
             self._detach(node)
             self._delete_tombstones(parent)
+        release(pool, pieces)
         if len(heap) > 64 and len(heap) > 4 * (len(leaves) + 16):
             live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and n in leaves}
             self._host_heap = list(live.values())

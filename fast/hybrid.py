@@ -43,6 +43,7 @@ from typing import Any, Optional
 import torch
 
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .frees import release
 from .keys import child_key, step_len
 from .params import (
     CacheInitParams,
@@ -76,6 +77,15 @@ def component_names(tree_components) -> list:
         out.append(str(name).lower())
     return out
 
+
+
+def _queue(runs: list, method: str, slots: torch.Tensor) -> None:
+    """Add ``slots`` to the last run of ``runs`` when it frees by the same ``method``, else
+    start a run (so the runs keep the order of the frees)."""
+    if runs and runs[-1][0] == method:
+        runs[-1][1].append(slots)
+    else:
+        runs.append((method, [slots]))
 
 class HybridNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
@@ -498,9 +508,14 @@ class HybridRadixCache(compat.EngineDefaults):
                 raise InvalidInput(f"insert: mamba slot {slot} is already the tree's")
         return mv.clone(), e
 
+    _deferred: Optional[list] = None  # an insert's frees, handed back together at its end
+
     def _free(self, slots: torch.Tensor) -> None:
         if slots.shape[0]:
-            self.token_to_kv_pool_allocator.free(slots)
+            if self._deferred is not None:
+                self._deferred.append(slots)
+            else:
+                self.token_to_kv_pool_allocator.free(slots)
             if self.validate_slots:
                 self._owned.difference_update(slots.tolist())
 
@@ -509,6 +524,17 @@ class HybridRadixCache(compat.EngineDefaults):
             self._owned.update(slots.tolist())
 
     def insert(self, params: InsertParams) -> InsertResult:
+        """See :meth:`_insert`; the slots it frees (the caller's duplicates, a tombstone's
+        slots taken over, a remainder outside the window) go back in the order it frees them,
+        in as few allocator calls as the allocator allows (fast/frees.py)."""
+        self._deferred = []
+        try:
+            return self._insert(params)
+        finally:
+            pieces, self._deferred = self._deferred, None
+            release(self.token_to_kv_pool_allocator, pieces)
+
+    def _insert(self, params: InsertParams) -> InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, free the caller's
         duplicates from ``prev_prefix_len`` on (an SWA tombstone inside the caller's window
         takes its slots instead), add the remainder as a new leaf (with SWA data inside the
@@ -730,8 +756,8 @@ class HybridRadixCache(compat.EngineDefaults):
     def _evict_leaf(self, node: HybridNode, tracker: list, freed: list) -> None:
         """A device leaf leaves the tree with all its data (the SWA slots go back with the
         Full slots through the allocator's map).  Its slots are handed back by ``evict`` in
-        one batched call per allocator: the Full slots onto ``freed[0]``, a Mamba state onto
-        ``freed[2]``."""
+        few batched calls: the Full slots onto the runs in ``freed[0]``, a Mamba state onto
+        ``freed[1]``."""
         aux = node.aux
         if aux is not None:
             k = len(node.key) if self.is_swa else 1
@@ -739,9 +765,9 @@ class HybridRadixCache(compat.EngineDefaults):
             self._aux_evictable -= k
             self._lru_remove(node)
             if self.is_mamba:
-                freed[2].append(aux)
+                freed[1].append(aux)
             node.aux = None
-        freed[0].append(node.value)
+        _queue(freed[0], "free", node.value)
         k = len(node.key)
         tracker[0] += k
         self._evictable -= k
@@ -755,47 +781,50 @@ class HybridRadixCache(compat.EngineDefaults):
 
     def _drop_aux(self, node: HybridNode, tracker: list, freed: list) -> None:
         """The node keeps its Full data and becomes a tombstone for the aux component (its SWA
-        slots, through the map of its Full slots, onto ``freed[1]``; its Mamba state onto
-        ``freed[2]``)."""
+        slots, through the map of its Full slots, onto the runs in ``freed[0]``; its Mamba
+        state onto ``freed[1]``)."""
         k = len(node.key) if self.is_swa else 1
         tracker[1] += k
         self._aux_evictable -= k
         self._lru_remove(node)
         if self.is_swa:
-            freed[1].append(node.value)
+            _queue(freed[0], "free_swa", node.value)
         else:
-            freed[2].append(node.aux)
+            freed[1].append(node.aux)
         node.aux = None
 
     def _free_batched(self, freed: list) -> None:
-        """Hand back what one ``evict`` took, one allocator call per kind (the slots in the
-        order they were taken): Full slots (with their SWA slots), SWA-only slots, Mamba
-        states."""
-        full, swa_only, states = freed
-        if full:
-            self._free(full[0] if len(full) == 1 else torch.cat(full))
-        if swa_only:
-            self.token_to_kv_pool_allocator.free_swa(
-                swa_only[0] if len(swa_only) == 1 else torch.cat(swa_only))
+        """Hand back what one ``evict`` took in as few allocator calls as each allocator's
+        semantics allow (fast/frees.py), leaving its free lists as one call per node would:
+        each run of consecutive frees of one kind (Full slots with their SWA slots; SWA-only
+        slots of tombstones) is one batch, the runs in the order they were taken; the Mamba
+        states are one batch (their own allocator)."""
+        runs, states = freed
+        alloc = self.token_to_kv_pool_allocator
+        for method, pieces in runs:
+            release(alloc, pieces, method)
+            if method == "free" and self.validate_slots:
+                for p in pieces:
+                    self._owned.difference_update(p.tolist())
         if states:
-            batch = states[0] if len(states) == 1 else torch.cat(states)
-            self.mamba_allocator.free(batch)
+            release(self.mamba_allocator, states)
             if self.validate_slots:
-                self._mamba_owned.difference_update(batch.tolist())
+                for p in states:
+                    self._mamba_owned.difference_update(p.tolist())
 
     def evict(self, params: EvictParams) -> EvictResult:
         """Full first: the oldest evictable device leaves, whole, until ``num_tokens`` Full
         units are freed.  Then the aux component: its list from the oldest end, skipping nodes
         it has locked; a device leaf leaves the tree, any other node becomes a tombstone;
         until ``swa_num_tokens`` / ``mamba_num`` aux units are freed (by either driver).
-        The slots go back to the allocators at the end, one call per kind."""
+        The slots go back to the allocators at the end, batched (``_free_batched``)."""
         want = _count_arg("num_tokens", params.num_tokens)
         swa_want = _count_arg("swa_num_tokens", params.swa_num_tokens)
         mamba_want = _count_arg("mamba_num", params.mamba_num)
         if self.disable:
             return EvictResult()
         tracker = [0, 0]  # Full units, aux units
-        freed: list = [[], [], []]  # Full slots, SWA-only slots, Mamba states
+        freed: list = [[], []]  # runs of (allocator method, slots) in free order; Mamba states
         heap = self._heap
         is_leaf = self._is_leaf
         evict_leaf = self._evict_leaf
