@@ -197,11 +197,12 @@ class SpecAdapter(SpecHostOps, StepAdapter):
         return {}
 
     def op_insert(self, step: Step) -> Observation:
-        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen = args_of(
-            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
-            mamba_value=None, swa_evicted_seqlen=0)
+        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen, priority = \
+            args_of(step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
+                    mamba_value=None, swa_evicted_seqlen=0, priority=0)
         out = rules.insert(self.state, tokens, extra_key, value, prev, chunked,
-                           mamba_value=mamba_value, swa_evicted_seqlen=swa_evicted_seqlen)
+                           mamba_value=mamba_value, swa_evicted_seqlen=swa_evicted_seqlen,
+                           priority=priority)
         ret = {"prefix_len": out.prefix_len, "freed": self.state.kv.take_freed()}
         if "mamba" in self.config.components:
             ret["mamba_exist"] = out.mamba_exist
@@ -279,8 +280,9 @@ class SpecAdapter(SpecHostOps, StepAdapter):
 
     # -- request-level ops (docs/TRACE.md, "Request-level ops") ------------------------------
     def op_req_arrive(self, step: Step) -> Observation:
-        rid, tokens, extra_key = args_of(step, "rid", "tokens", extra_key=None)
-        reqs.arrive(self.state, rid, tokens, extra_key)
+        rid, tokens, extra_key, priority = args_of(step, "rid", "tokens", extra_key=None,
+                                                   priority=0)
+        reqs.arrive(self.state, rid, tokens, extra_key, priority)
         return {}
 
     def op_req_admit(self, step: Step) -> Observation:
@@ -323,6 +325,9 @@ ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdap
 
 
 def _fast_adapter(config: CacheConfig) -> CacheUnderTest:
+    if config.eviction_policy != "lru":  # issue 18: drop this once fast/ honours the policies
+        raise Unsupported(f"eviction_policy {config.eviction_policy!r}: the fast path evicts "
+                          "by 'lru' only so far")
     if config.components != ("full",):  # hybrid models: fast/hybrid.py
         from uniradix.conformance.fast_hybrid import HybridFastAdapter
         return HybridFastAdapter(config)

@@ -475,6 +475,8 @@ def _record(args: argparse.Namespace) -> int:
 
     seed = args.seed
     if args.workload == "shared-prefix":
+        if getattr(args, "policy", "lru") != "lru":
+            raise ConfigError("--policy applies to --workload random only")
         from uniradix.conformance.workload import SharedPrefix, run_shared_prefix
         requests = args.steps if args.steps is not None else 100
         w = SharedPrefix(seed=seed).scaled(requests)
@@ -490,14 +492,14 @@ def _record(args: argparse.Namespace) -> int:
     else:
         from uniradix.conformance import driver
         n = args.steps if args.steps is not None else 400
-        config = driver.make_config(args.config, seed)
+        config = driver.with_policy(driver.make_config(args.config, seed), args.policy)
         adapter = make_adapter(args.impl, config)
         try:
             steps = driver.record(adapter, config, seed, n)
         except driver.RecordingError as e:
             print(f"uniradix record: {e}", file=sys.stderr)
             return 1
-        what = f"random ({args.config}), {n} steps"
+        what = f"random ({driver.config_label(args.config, args.policy)}), {n} steps"
     who = f"uniradix {args.impl}"
     if args.impl == "upstream":
         version = getattr(getattr(adapter, "up", None), "version", None) or "0.5.13.post1"
@@ -525,10 +527,14 @@ def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="random: steps (default 400); shared-prefix: requests, i.e. "
                         "SharedPrefix().scaled(N) (default 100)")
     from uniradix.conformance.driver import CONFIG_NAMES as driver_configs
+    from uniradix.conformance.driver import POLICY_CHOICES as driver_policies
     p.add_argument("--config", default="full-p1", choices=list(driver_configs),
                    help="random workload only: the driver's config (default full-p1; "
                         "swa-*/mamba-p1 are hybrid models, hicache-{wt,wb}-p{1,4} have a host "
                         "tier)")
+    p.add_argument("--policy", default="lru", choices=list(driver_policies),
+                   help="random workload only: the eviction policy (default lru; the others "
+                        "give each request a priority for its inserts)")
     p.set_defaults(func=cmd_record)
     return p
 

@@ -41,6 +41,10 @@ CONFIG_NAMES = ("full-p1", "full-p4", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "m
 SWA_CONFIGS = {"swa-w8-p1": (1, 8), "swa-w8-p4": (4, 8), "swa-w32-p1": (1, 32)}
 MAMBA_SLOT_CHOICES = (6, 8, 12, 16, 24)
 KV_SLOT_CHOICES = (128, 160, 192, 256, 320, 384, 448, 512)
+# Eviction policies (spec/policies.py): a recording config takes one with --policy; requests
+# then draw a priority from these (repeats make ties, a negative one sinks below the default)
+POLICY_CHOICES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+PRIORITY_CHOICES = (0, 0, 1, 2, 3, -1)
 
 
 class RecordingError(RuntimeError):
@@ -75,6 +79,18 @@ def make_config(name: str, seed: int) -> CacheConfig:
     return CacheConfig(page_size=page_size, components=("full",), kv_slots=kv_slots)
 
 
+def with_policy(config: CacheConfig, policy: str) -> CacheConfig:
+    """A recording config under another eviction policy (lru: the config itself)."""
+    if policy not in POLICY_CHOICES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICY_CHOICES)}")
+    return dataclasses.replace(config, eviction_policy=policy)
+
+
+def config_label(name: str, policy: str) -> str:
+    """The name a recording goes by: the config's, with the policy unless it is lru."""
+    return name if policy == "lru" else f"{name}-{policy}"
+
+
 def _round_up(n: int, page: int) -> int:
     return -(-n // page) * page
 
@@ -96,6 +112,7 @@ class _Request:
     produced: int = 0          # output tokens that have KV (0 until decode)
     chunked_once: bool = False
     mamba_slot: Optional[int] = None  # Mamba: the request's own state slot
+    priority: Optional[int] = None  # eviction policies: the request's priority, on its inserts
 
 
 @dataclasses.dataclass
@@ -140,6 +157,9 @@ class Driver:
         self.free_mamba = config.mamba_slots
         self.host_pins: list[int] = []      # handles of host locks (host tier)
         self.host_tier = config.has_host_tier
+        # eviction policies: requests carry priorities (drawn only then, so that lru
+        # recordings stay what they were)
+        self.priorities = config.eviction_policy != "lru"
         self._setup_world()
 
     # -- the token world ---------------------------------------------------------------------
@@ -287,9 +307,12 @@ class Driver:
                 return None
         return self.emit("mamba_alloc", {"n": 1})["slots"][0]
 
-    def _insert(self, args: dict, mamba_slot: Optional[int]) -> dict:
+    def _insert(self, args: dict, mamba_slot: Optional[int],
+                priority: Optional[int] = None) -> dict:
         """An insert; with Mamba it carries a state slot, freed by the caller when the tree
-        already had a state there (``mamba_exist``)."""
+        already had a state there (``mamba_exist``); with a priority, the request's."""
+        if priority is not None:
+            args = dict(args, priority=priority)
         if not self.mamba:
             return self.emit("insert", args)
         ret = self.emit("insert", dict(args, mamba_value=[mamba_slot]))
@@ -307,6 +330,8 @@ class Driver:
         prompt = self._new_prompt()
         output = self._random_tokens(self.rng.choice([0, 1, 2, 5, 9, 16, 24]))
         req = _Request(tokens=prompt + output, extra_key=self._namespace(), prompt_len=len(prompt))
+        if self.priorities:
+            req.priority = self.rng.choice(PRIORITY_CHOICES)
         self.stats.requests += 1
         ret = self._match(prompt, req.extra_key)
         req.matched = ret["last_device_node"]
@@ -381,7 +406,7 @@ class Driver:
                 return
         ret = self._insert({"tokens": req.tokens[:c], "extra_key": req.extra_key,
                             "value": values, "prev_prefix_len": req.matched,
-                            "chunked": True}, slot)
+                            "chunked": True}, slot, req.priority)
         del ret
         if self.done():
             return
@@ -409,7 +434,7 @@ class Driver:
             values = req.prefix + req.fresh[: upto - req.matched]
             self._insert({"tokens": req.tokens[:upto], "extra_key": req.extra_key,
                           "value": values, "prev_prefix_len": req.matched,
-                          "chunked": False}, req.mamba_slot)
+                          "chunked": False}, req.mamba_slot, req.priority)
             leftover = req.fresh[aligned - req.matched:]
         else:
             leftover = req.fresh
@@ -623,6 +648,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 description="Record a random scheduler-like trace.")
     p.add_argument("--impl", default="upstream", help="implementation: upstream or spec")
     p.add_argument("--config", default="full-p1", choices=CONFIG_NAMES)
+    p.add_argument("--policy", default="lru", choices=POLICY_CHOICES,
+                   help="eviction policy of the recording (default lru)")
     p.add_argument("--seed", type=int)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--out", help="trace file to write (.jsonl)")
@@ -640,7 +667,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _verify_main(args.impl, args.verify)
     if args.seed is None or not args.out:
         p.error("--seed and --out are required to record")
-    config = make_config(args.config, args.seed)
+    config = with_policy(make_config(args.config, args.seed), args.policy)
     adapter = make_adapter(args.impl, config)
     stats = RecordStats() if args.stats else None
     try:
@@ -649,7 +676,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except RecordingError as e:
         print(f"recording failed: {e}", file=sys.stderr)
         return 1
-    header = make_header(config, _source(args.impl, adapter, args.config, args.seed), seed=args.seed)
+    header = make_header(config, _source(args.impl, adapter, config_label(args.config, args.policy),
+                                         args.seed), seed=args.seed)
     dump_trace(args.out, header, steps)
     msg = f"{args.out}: {len(steps)} steps, kv_slots={config.kv_slots}"
     if stats is not None:

@@ -101,7 +101,7 @@ class FastAdapter(FastHostOps, StepAdapter):
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
-            is_eagle=config.eagle, hicache=hicache))
+            is_eagle=config.eagle, hicache=hicache, eviction_policy=config.eviction_policy))
         self.handles: dict[int, tuple] = {}
         self.host_handles: dict[int, tuple] = {}
         self.requests: dict[str, Req] = {}

@@ -81,7 +81,8 @@ class HybridFastAdapter(FastAdapter):
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
             is_eagle=config.eagle, tree_components=comps,
             sliding_window_size=config.sliding_window,
-            mamba_cache_chunk_size=config.mamba_cache_chunk_size))
+            mamba_cache_chunk_size=config.mamba_cache_chunk_size,
+            eviction_policy=config.eviction_policy))
         self.handles: dict[int, tuple] = {}
         self.requests: dict = {}
 

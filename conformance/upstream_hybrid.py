@@ -176,7 +176,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             token_to_kv_pool_allocator=self.allocator, page_size=self.config.page_size,
             is_eagle=False, tree_components=self._tree_components(),
             sliding_window_size=self.config.sliding_window,
-            component_registry_override=override)
+            component_registry_override=override,
+            eviction_policy=self.config.eviction_policy)
         return self.up.UnifiedRadixCache(params)
 
     # -- effects -------------------------------------------------------------------------------
@@ -247,8 +248,11 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             raise InvalidInput("chunked must be true or false")
         if len(value) != len(tokens):
             raise InvalidInput(f"value has {len(value)} slots for {len(tokens)} tokens")
+        priority = args.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput(f"insert: priority must be an int, got {priority!r}")
         params = self.up.InsertParams(key=self._key(tokens, extra), value=self._tensor(value),
-                                      prev_prefix_len=prev, chunked=chunked)
+                                      prev_prefix_len=prev, chunked=chunked, priority=priority)
         if "mamba" in self.config.components:
             mv = _int_list(args.get("mamba_value"), "mamba_value")
             if len(mv) != 1:

@@ -29,6 +29,7 @@ class Request:
     cache_protected_len: int = 0
     lock: Optional[LockHandle] = None
     admitted: bool = False
+    priority: int = 0  # the request's priority, given to its inserts (spec/policies.py)
 
     @property
     def all_ids(self) -> list:
@@ -46,14 +47,17 @@ def round_up(n: int, page_size: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str]) -> Request:
+def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
+           priority: int = 0) -> Request:
     if not isinstance(rid, str) or rid in state.requests:
         raise InvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
     tokens = rules.check_int_list("tokens", tokens)
     extra_key = rules.check_extra_key(extra_key)
     if not tokens:
         raise InvalidInput("req_arrive: a request needs at least one token")
-    req = Request(rid=rid, input_ids=tokens, extra_key=extra_key)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInput(f"req_arrive: priority must be an int, got {priority!r}")
+    req = Request(rid=rid, input_ids=tokens, extra_key=extra_key, priority=priority)
     state.requests[rid] = req
     return req
 
@@ -162,7 +166,8 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
         return
     tokens = req.all_ids[: req.committed]
     kv = req.row[: req.committed]
-    rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked)
+    rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
+                 priority=req.priority)
     m = rules.match_prefix(state, tokens, req.extra_key)
     new = list(m.device_indices)
     assert req.cache_protected_len <= len(new) + state.config.page_size - 1
@@ -188,7 +193,8 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     kv = req.row[: req.committed]
     free_from = req.cache_protected_len
     if is_insert:
-        rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, False)
+        rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, False,
+                     priority=req.priority)
         aligned = len(rules.aligned_units(state, tokens))
         # NOTE: the seed frees from the aligned length; it is never below the protected length
         # for a request admitted through match_prefix, and freeing below it would free the

@@ -36,6 +36,8 @@ def snapshot(state: CacheState) -> dict[str, Any]:
             "lock_ref": node.lock_ref,
             "hit_count": node.hit_count,
         })
+        if state.config.eviction_policy == "priority":  # the order reads it (spec/policies.py)
+            nodes[-1]["priority"] = node.priority
         if state.config.components != ("full",):  # hybrid models: per-component data
             nodes[-1].update(aux_view(state, node))
         stack.extend((c, units) for c in node.children.values())
