@@ -12,6 +12,7 @@ from uniradix.spec import cache as rules
 from uniradix.spec import components
 from uniradix.spec import queries
 from uniradix.spec import requests as reqs
+from uniradix.spec import sessions
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError, HandleError, InvalidInput, Unsupported, UnknownOp
 from uniradix.spec.invariants import sanity_check
@@ -79,7 +80,11 @@ def path_arg(raw: Any) -> tuple:
 OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
        "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
        "mamba_alloc", "mamba_free") + HOST_TIER_OPS
-REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort")
+# Streaming sessions (spec/sessions.py; docs/TRACE.md): spec only so far.
+SESSION_OPS = ("release_session", "session_held")
+OPS += SESSION_OPS
+REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort"
+               ) + SESSION_OPS
 
 
 def aux_effects(config: CacheConfig, kv: Any, mamba: Any) -> dict:
@@ -120,7 +125,7 @@ class StepAdapter:
             hybrid_request_check(self.config, op)
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
             if handler is None:
-                if op in HOST_TIER_OPS or op in AUX_OPS:
+                if op in HOST_TIER_OPS or op in AUX_OPS or op in SESSION_OPS:
                     raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
                 raise UnknownOp(f"unknown op {op!r}")
             obs = handler(step)
@@ -280,10 +285,21 @@ class SpecAdapter(SpecHostOps, StepAdapter):
 
     # -- request-level ops (docs/TRACE.md, "Request-level ops") ------------------------------
     def op_req_arrive(self, step: Step) -> Observation:
-        rid, tokens, extra_key, priority = args_of(step, "rid", "tokens", extra_key=None,
-                                                   priority=0)
-        reqs.arrive(self.state, rid, tokens, extra_key, priority)
+        rid, tokens, extra_key, priority, session = args_of(
+            step, "rid", "tokens", extra_key=None, priority=0, session=None)
+        reqs.arrive(self.state, rid, tokens, extra_key, priority, session)
         return {}
+
+    def op_release_session(self, step: Step) -> Observation:
+        (session,) = args_of(step, "session")
+        sessions.release_session(self.state, session)
+        return {"freed": self.state.kv.take_freed()}
+
+    def op_session_held(self, step: Step) -> Observation:
+        args_of(step)
+        return {"tokens": sessions.session_held_tokens(self.state),
+                "full_tokens": sessions.session_held_tokens(self.state),
+                "req_count": sessions.session_held_req_count(self.state)}
 
     def op_req_admit(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")

@@ -18,6 +18,7 @@ from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import CacheError as SpecCacheError
 from uniradix.spec.errors import InvalidInput as SpecInvalidInput
+from uniradix.spec.errors import Unsupported as SpecUnsupported
 from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import PagedPool
 
@@ -235,7 +236,9 @@ class FastAdapter(FastHostOps, StepAdapter):
         return req
 
     def op_req_arrive(self, step: dict) -> dict:
-        rid, tokens, extra_key = args_of(step, "rid", "tokens", extra_key=None)
+        if step.get("args", {}).get("session") is not None:
+            raise SpecUnsupported("streaming sessions: the fast path does not model them yet")
+        rid, tokens, extra_key, _ = args_of(step, "rid", "tokens", extra_key=None, session=None)
         if not isinstance(rid, str) or rid in self.requests:
             raise SpecInvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
         toks = list(ints("tokens", tokens))

@@ -521,6 +521,7 @@ def reset(state: CacheState) -> None:
     state.root = new_root()
     state.handles.clear()
     state.requests.clear()
+    state.sessions.clear()  # streaming sessions' slots go with the pool
     state.kv.reset()
     if state.mamba is not None:  # hybrid models: the Mamba pool is cleared too
         state.mamba.reset()

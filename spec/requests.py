@@ -14,6 +14,7 @@ import dataclasses
 from typing import Optional
 
 from . import cache as rules
+from . import sessions
 from .errors import AllocatorError, InvalidInput
 from .state import CacheState, LockHandle
 
@@ -30,6 +31,8 @@ class Request:
     lock: Optional[LockHandle] = None
     admitted: bool = False
     priority: int = 0  # the request's priority, given to its inserts (spec/policies.py)
+    session: Optional[str] = None  # streaming sessions (spec/sessions.py)
+    restored: bool = False  # admitted from its session's slot (its lock is the slot's)
 
     @property
     def all_ids(self) -> list:
@@ -48,7 +51,7 @@ def round_up(n: int, page_size: int) -> int:
 
 
 def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
-           priority: int = 0) -> Request:
+           priority: int = 0, session: Optional[str] = None) -> Request:
     if not isinstance(rid, str) or rid in state.requests:
         raise InvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
     tokens = rules.check_int_list("tokens", tokens)
@@ -57,7 +60,10 @@ def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
         raise InvalidInput("req_arrive: a request needs at least one token")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidInput(f"req_arrive: priority must be an int, got {priority!r}")
-    req = Request(rid=rid, input_ids=tokens, extra_key=extra_key, priority=priority)
+    session = sessions.check_session_arg(session)
+    sessions.check_arrival(state, session, tokens, extra_key)
+    req = Request(rid=rid, input_ids=tokens, extra_key=extra_key, priority=priority,
+                  session=session)
     state.requests[rid] = req
     return req
 
@@ -75,6 +81,9 @@ def admit(state: CacheState, req: Request) -> int:
     """Admission: match the prompt, take the matched slots as the row's prefix and lock the
     matched node.  (Input tokens are then computed by :func:`extend`.)  Returns the prefix
     length."""
+    restored = sessions.try_restore(state, req)  # a session's next turn: from its slot
+    if restored is not None:
+        return restored
     # The last token is always computed (its logits are needed), as in SGLang.
     m = rules.match_prefix(state, req.input_ids[:-1] if len(req.input_ids) > 1 else [],
                            req.extra_key)
@@ -162,6 +171,8 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
     protected.  The unaligned tail stays the request's own.
     """
     rules.check_flag("chunked", chunked)
+    if sessions.skips_tree_on_unfinished(state, req, chunked):
+        return
     if state.config.disable:
         return
     tokens = req.all_ids[: req.committed]
@@ -185,6 +196,12 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     ``is_insert`` false (an aborted request) everything the request owns is freed instead.
     """
     rules.check_flag("is_insert", is_insert)
+    if req.session is not None:  # streaming sessions: park the row, or end the session
+        if is_insert:
+            sessions.park(state, req)
+        else:
+            sessions.abort_running(state, req)
+        return
     if state.config.disable:
         state.kv.free(req.row)
         release(state, req)

@@ -9,6 +9,7 @@ from typing import Any
 
 from . import components, queries
 from .keys import units_to_tokens
+from .sessions import sessions_view
 from .state import CacheState, Node
 
 
@@ -50,6 +51,7 @@ def snapshot(state: CacheState) -> dict[str, Any]:
         "pool": sorted(state.kv.allocated_pages()),
         "requests": [request_view(r) for _, r in sorted(state.requests.items())],
         **({"host": host_view(state)} if state.host is not None else {}),
+        **({"sessions": sessions_view(state)} if state.sessions else {}),
     } if state.config.components == ("full",) else hybrid_snapshot(state, nodes)
 
 

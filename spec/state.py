@@ -102,6 +102,7 @@ class CacheState:
     mamba: Optional[PagedPool] = None
     next_boundary: int = 1
     host: Optional[object] = None  # spec/host.py HostTier when config.host_slots > 0, else None
+    sessions: dict = dataclasses.field(default_factory=dict)  # streaming sessions: id -> SessionSlot
 
 
 def new_root() -> Node:
