@@ -13,6 +13,7 @@ from uniradix.spec import components
 from uniradix.spec import queries
 from uniradix.spec import requests as reqs
 from uniradix.spec import sessions
+from uniradix.spec import mamba_cow
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError, HandleError, InvalidInput, Unsupported, UnknownOp
 from uniradix.spec.invariants import sanity_check
@@ -52,6 +53,20 @@ def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool =
                           "so far (SWA and Mamba come with the hybrid-models work)")
     if config.has_host_tier and not host_tier:
         raise Unsupported("host_slots > 0: the host tier (HiCache) is not supported yet")
+
+
+def check_cow_args(config: CacheConfig, cow: Any, mamba_slot: Any) -> None:
+    """``match_prefix``'s Mamba copy-on-write arguments on an implementation that does not
+    model it yet: ``cow_mamba`` true is Unsupported (InvalidInput without Mamba, as the spec
+    says); ``mamba_slot`` goes with it."""
+    if not isinstance(cow, bool):
+        raise InvalidInput(f"cow_mamba must be true or false, got {cow!r}")
+    if cow and "mamba" not in config.components:
+        raise InvalidInput("match_prefix: cow_mamba needs the Mamba component")
+    if cow:
+        raise Unsupported("cow_mamba: Mamba copy-on-write is modelled by the spec only so far")
+    if mamba_slot is not None:
+        raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
 
 
 def args_of(step: Step, *names: str, **defaults: Any) -> list:
@@ -215,7 +230,12 @@ class SpecAdapter(SpecHostOps, StepAdapter):
         return ret
 
     def op_match_prefix(self, step: Step) -> Observation:
-        tokens, extra_key = args_of(step, "tokens", extra_key=None)
+        tokens, extra_key, cow, mamba_slot = args_of(step, "tokens", extra_key=None,
+                                                     cow_mamba=False, mamba_slot=None)
+        if rules.check_flag("cow_mamba", cow):
+            return self._match_prefix_cow(tokens, extra_key, mamba_slot)
+        if mamba_slot is not None:
+            raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
         m = rules.match_prefix(self.state, tokens, extra_key)
         return {
             "device_indices": list(m.device_indices),
@@ -231,6 +251,25 @@ class SpecAdapter(SpecHostOps, StepAdapter):
             "best_match_node": self._path_len(m.best_match_node),
             "mamba_branching_seqlen": m.mamba_branching_seqlen,
         }
+
+    def _match_prefix_cow(self, tokens, extra_key, mamba_slot) -> Observation:
+        """Mamba copy-on-write (spec/mamba_cow.py): the match, then the copy source and the
+        request's state slot, with the effects of the eviction that may have made room."""
+        out = mamba_cow.match_prefix_cow(self.state, tokens, extra_key, mamba_slot)
+        m = out.match
+        obs = {
+            "device_indices": list(m.device_indices),
+            "host_hit_length": m.host_hit_length,
+            "last_device_node": self._path_len(m.last_device_node),
+            "last_host_node": self._path_len(m.last_host_node),
+            "best_match_node": self._path_len(m.best_match_node),
+            "mamba_branching_seqlen": m.mamba_branching_seqlen,
+            "mamba_cow_src": out.src,
+            "mamba_pool_idx": out.dst,
+            "freed": self.state.kv.take_freed(),
+        }
+        obs.update(self._effects())
+        return obs
 
     def op_lock(self, step: Step) -> Observation:
         (path,) = args_of(step, "node")

@@ -12,7 +12,8 @@ import torch
 
 from uniradix import fast
 from uniradix.conformance.pools import PoolAllocator
-from uniradix.conformance.adapters import StepAdapter, args_of, check_supported, path_arg
+from uniradix.conformance.adapters import (StepAdapter, args_of, check_cow_args, check_supported,
+                                          path_arg)
 from uniradix.conformance.host_ops import FastHostOps
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import HandleError
@@ -178,7 +179,9 @@ class FastAdapter(FastHostOps, StepAdapter):
         return {"prefix_len": res.prefix_len, "freed": self.pool.take_freed()}
 
     def op_match_prefix(self, step: dict) -> dict:
-        tokens, extra_key = args_of(step, "tokens", extra_key=None)
+        tokens, extra_key, cow, mamba_slot = args_of(step, "tokens", extra_key=None,
+                                                     cow_mamba=False, mamba_slot=None)
+        check_cow_args(self.config, cow, mamba_slot)
         m = self.cache.match_prefix(fast.MatchPrefixParams(key=self._key(tokens, extra_key)))
         return {"device_indices": m.device_indices.tolist(),
                 "host_hit_length": m.host_hit_length,
