@@ -138,7 +138,8 @@ assert tuple(KEYS) == POLICIES
 def check_policy(name: object) -> str:
     """A policy name the spec knows, or Unsupported naming it (and the setting)."""
     if not isinstance(name, str) or name not in KEYS:
-        raise Unsupported(f"eviction_policy {name!r} is not supported; known: {', '.join(POLICIES)}")
+        raise Unsupported(f"eviction_policy {name!r} is not supported; "
+                          f"known: {', '.join(POLICIES)}")
     return name
 
 

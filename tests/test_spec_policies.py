@@ -348,3 +348,32 @@ def test_the_corpus_tells_the_policy_apart_from_lru(policy):
                                                                        eviction_policy="lru"))
         diverged += replay_trace(as_lru, "spec", check_invariants=False).divergence is not None
     assert diverged >= 4, f"{policy}: only {diverged} of {len(mine)} traces diverge under lru"
+
+
+# ----------------------------------------------------------------------------------------------
+# The random scenario machine and conform under a policy
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_machine_gives_inserts_priorities_under_a_policy_and_stays_sound():
+    from uniradix.conformance.lockstep import Lockstep
+    from uniradix.conformance.machine import random_segment
+    cfg = CacheConfig(kv_slots=48, eviction_policy="priority")
+    steps, finding = random_segment(Lockstep.from_impls(["spec", "spec"], cfg), cfg, 3, 800)
+    assert finding is None
+    prios = {s["args"]["priority"] for s in steps
+             if s["op"] == "insert" and "priority" in s["args"]}
+    assert len(prios) >= 3 and prios <= {-1, 0, 1, 2, 3}
+    lru = CacheConfig(kv_slots=48)
+    steps, _ = random_segment(Lockstep.from_impls(["spec", "spec"], lru), lru, 3, 300)
+    assert not any("priority" in s["args"] for s in steps if s["op"] == "insert")
+
+
+def test_conform_takes_a_policy_for_every_segment(capsys):
+    from uniradix.conformance.cli import main
+    assert main(["conform", "--impls", "spec,spec", "--policy", "mru", "--steps", "600",
+                 "--config", "full-p2", "--no-progress"]) == 0
+    assert "600 steps, 0 divergences" in capsys.readouterr().out
+    assert main(["conform", "--impls", "spec,fast", "--policy", "lfu", "--steps", "10",
+                 "--config", "full-p1", "--no-progress"]) == 2
+    assert "eviction_policy" in capsys.readouterr().err

@@ -37,7 +37,8 @@ class Story:
         return self.step("sizes")
 
     def tree(self) -> list:
-        return [(n["path"]["tokens"], n["value"], n["lock_ref"]) for n in self.a.snapshot()["nodes"]]
+        return [(n["path"]["tokens"], n["value"], n["lock_ref"])
+                for n in self.a.snapshot()["nodes"]]
 
 
 PROMPT = [1, 2, 3, 4]
