@@ -503,7 +503,7 @@ def _record(args: argparse.Namespace) -> int:
         config = driver.with_policy(driver.make_config(args.config, seed), args.policy)
         adapter = make_adapter(args.impl, config)
         try:
-            steps = driver.record(adapter, config, seed, n)
+            steps = driver.record(adapter, config, seed, n, cow=args.config in driver.COW_CONFIGS)
         except driver.RecordingError as e:
             print(f"uniradix record: {e}", file=sys.stderr)
             return 1

@@ -36,7 +36,11 @@ from typing import Any, Optional, Sequence
 from uniradix.spec.config import CacheConfig
 
 CONFIG_NAMES = ("full-p1", "full-p4", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1",
-                "hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4")
+                "hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4",
+                "mamba-cow-p1")
+# Mamba copy-on-write (spec/mamba_cow.py): mamba-p1's world, but a request's state slot comes
+# from its admission match (match_prefix {cow_mamba: true}) when the match has a state
+COW_CONFIGS = ("mamba-cow-p1",)
 # Hybrid models: (page_size, sliding_window) of the SWA configs; the Mamba config's chunk size.
 SWA_CONFIGS = {"swa-w8-p1": (1, 8), "swa-w8-p4": (4, 8), "swa-w32-p1": (1, 32)}
 MAMBA_SLOT_CHOICES = (6, 8, 12, 16, 24)
@@ -63,7 +67,7 @@ def make_config(name: str, seed: int) -> CacheConfig:
         swa_slots = _round_down(int(kv_slots * rng.choice([0.5, 0.625, 0.75, 1.0])), page_size)
         return CacheConfig(page_size=page_size, components=("full", "swa"), kv_slots=kv_slots,
                            sliding_window=window, swa_slots=swa_slots)
-    if name == "mamba-p1":
+    if name in ("mamba-p1",) + COW_CONFIGS:
         return CacheConfig(page_size=1, components=("full", "mamba"), kv_slots=kv_slots,
                            mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
     page_size = int(name[-1])
@@ -136,7 +140,8 @@ class Driver:
     """One recording run. ``run()`` returns the list of steps (each with ``ret``)."""
 
     def __init__(self, adapter: Any, config: CacheConfig, seed: int, steps: int,
-                 check_violations: bool = True, collect_stats: bool = False) -> None:
+                 check_violations: bool = True, collect_stats: bool = False,
+                 cow: bool = False) -> None:
         self.adapter = adapter
         self.config = config
         self.page = config.page_size
@@ -160,6 +165,7 @@ class Driver:
         # eviction policies: requests carry priorities (drawn only then, so that lru
         # recordings stay what they were)
         self.priorities = config.eviction_policy != "lru"
+        self.cow = cow and self.mamba  # Mamba copy-on-write at admission
         self._setup_world()
 
     # -- the token world ---------------------------------------------------------------------
@@ -234,6 +240,9 @@ class Driver:
             self.free_slots = self.config.kv_slots
         elif op == "load_back":  # the cache took the loaded slots from the pool
             self.free_slots -= len(ret["device_indices"])
+        elif op == "match_prefix" and args.get("cow_mamba") and args.get("mamba_slot") is None \
+                and ret.get("mamba_pool_idx") is not None:  # a fresh state for the request
+            self.free_mamba -= 1
         self.free_slots += len(ret.get("freed", ()))
         # hybrid models: SWA slots come and go with the KV slots the driver holds
         self.free_swa += len(ret.get("swa_freed", ())) - len(ret.get("swa_slots", ()))
@@ -333,7 +342,12 @@ class Driver:
         if self.priorities:
             req.priority = self.rng.choice(PRIORITY_CHOICES)
         self.stats.requests += 1
-        ret = self._match(prompt, req.extra_key)
+        if self.cow:  # the request's state slot from its match, when there is one to copy
+            ret = self.emit("match_prefix", {"tokens": list(prompt), "extra_key": req.extra_key,
+                                             "cow_mamba": True, "mamba_slot": None})
+            req.mamba_slot = ret["mamba_pool_idx"]
+        else:
+            ret = self._match(prompt, req.extra_key)
         req.matched = ret["last_device_node"]
         req.prefix = list(ret["device_indices"])
         if self.done():
@@ -350,11 +364,13 @@ class Driver:
             self.stats.skipped_requests += 1
             if not self.done():
                 self._unlock(req.handle)
+            if req.mamba_slot is not None and not self.done():
+                self.emit("mamba_free", {"slots": [req.mamba_slot]})
             return
         if self.done():
             return
         req.fresh = self._alloc(need)
-        if self.mamba and not self.done():  # hybrid models: the request's own state
+        if self.mamba and req.mamba_slot is None and not self.done():  # its own state
             req.mamba_slot = self._mamba_slot()
             if req.mamba_slot is None:
                 self.stats.skipped_requests += 1
@@ -583,14 +599,15 @@ class Driver:
 
 
 def record(adapter: Any, config: CacheConfig, seed: int, steps: int,
-           check_violations: bool = True, stats: Optional[RecordStats] = None) -> list[dict]:
+           check_violations: bool = True, stats: Optional[RecordStats] = None,
+           cow: bool = False) -> list[dict]:
     """Record ``steps`` steps of the seeded workload against ``adapter``.
 
     Raises :class:`RecordingError` if the implementation rejects a step or, with
     ``check_violations``, reports an invariant violation after any step. Pass a
     :class:`RecordStats` to have it filled in (costs a snapshot per step)."""
     driver = Driver(adapter, config, seed, steps, check_violations=check_violations,
-                    collect_stats=stats is not None)
+                    collect_stats=stats is not None, cow=cow)
     out = driver.run()
     if stats is not None:
         for k, v in dataclasses.asdict(driver.stats).items():
@@ -672,7 +689,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stats = RecordStats() if args.stats else None
     try:
         steps = record(adapter, config, args.seed, args.steps,
-                       check_violations=not args.no_check, stats=stats)
+                       check_violations=not args.no_check, stats=stats,
+                       cow=args.config in COW_CONFIGS)
     except RecordingError as e:
         print(f"recording failed: {e}", file=sys.stderr)
         return 1

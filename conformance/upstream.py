@@ -229,7 +229,7 @@ _ARGS: dict[str, tuple[frozenset, frozenset]] = {
     "insert": (frozenset({"tokens", "value"}),
                frozenset({"extra_key", "prev_prefix_len", "chunked", "mamba_value",
                           "swa_evicted_seqlen", "priority"})),
-    "match_prefix": (frozenset({"tokens"}), frozenset({"extra_key"})),
+    "match_prefix": (frozenset({"tokens"}), frozenset({"extra_key", "cow_mamba", "mamba_slot"})),
     "lock": (frozenset({"node"}), frozenset()),
     "unlock": (frozenset({"handle"}), frozenset()),
     "evict": (frozenset({"num_tokens"}), frozenset()),

@@ -11,10 +11,12 @@ from uniradix.conformance.trace import load_trace
 
 from conftest import CORPUS
 
-# Traces under other eviction policies than lru replay in tests/test_spec_policies.py (the fast
-# path refuses those policies until it honours them).
+# Traces under other eviction policies than lru, and of Mamba copy-on-write, replay in
+# tests/test_spec_policies.py and tests/test_spec_mamba_cow.py (the fast path refuses both
+# until it models them).
+SPEC_ONLY = ("upstream-policies", "upstream-mamba-cow")
 TRACES = sorted(t for t in glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
-                if os.sep + "upstream-policies" + os.sep not in t)
+                if not any(os.sep + d + os.sep in t for d in SPEC_ONLY))
 
 
 def test_corpus_is_there():

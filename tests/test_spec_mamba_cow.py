@@ -8,10 +8,17 @@ states numbered from 1.
 
 from __future__ import annotations
 
+import glob
+import os
+
 import pytest
 
 from uniradix.conformance.adapters import make_adapter
+from uniradix.conformance.replay import replay_trace
+from uniradix.conformance.trace import load_trace
 from uniradix.spec.config import CacheConfig
+
+from conftest import CORPUS
 
 
 class Story:
@@ -132,3 +139,27 @@ def test_the_state_to_copy_is_locked_while_room_is_made():
     assert pick(obs, "mamba_cow_src", "mamba_pool_idx", "mamba_freed") == (1, None, [])
     node = [n for n in s.a.snapshot()["nodes"] if n["path"]["tokens"] == [1, 2]][0]
     assert node["mamba"]["value"] == [1] and node["lock_ref"] == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The golden corpus recorded from upstream (tests/corpus/upstream-mamba-cow)
+# ----------------------------------------------------------------------------------------------
+
+COW_TRACES = sorted(glob.glob(os.path.join(CORPUS, "upstream-mamba-cow", "*.jsonl")))
+
+
+def test_cow_corpus_is_there_and_makes_room():
+    assert len(COW_TRACES) >= 20
+    evicting = 0
+    for path in COW_TRACES:
+        trace = load_trace(path)
+        assert len(trace.steps) >= 300, path
+        evicting += sum(1 for s in trace.steps if s["args"].get("cow_mamba")
+                        and s["ret"]["mamba_pool_idx"] is not None and s["ret"]["mamba_freed"])
+    assert evicting >= 10
+
+
+@pytest.mark.parametrize("path", COW_TRACES, ids=[os.path.basename(t) for t in COW_TRACES])
+def test_cow_corpus_replays_on_the_spec(path):
+    result = replay_trace(load_trace(path), "spec")
+    assert result.unsupported is None and result.divergence is None, str(result.divergence)

@@ -1,4 +1,5 @@
-"""The eviction policies against upstream SGLang 0.5.13.post1 (needs sglang importable).
+"""The eviction policies and Mamba copy-on-write against upstream SGLang 0.5.13.post1 (needs
+sglang importable).
 
 Run inside the upstream venv: VENV/bin/python -m pytest tests/test_upstream_policies.py.
 Everywhere else the module is skipped.  What it checks: upstream still answers every recorded
@@ -50,3 +51,14 @@ def test_conform_spec_against_upstream_under_the_policy(policy, tmp_path):
     res = run_conform(["spec", "upstream"], config="full-p1", steps=1500, seed=7,
                       out=str(tmp_path), progress=False, log=lambda m: None, policy=policy)
     assert res.finding is None and res.steps == 1500
+
+
+def test_upstream_answers_and_rerecords_the_copy_on_write_corpus():
+    path = os.path.join(os.path.dirname(__file__), "corpus", "upstream-mamba-cow",
+                        "mamba-cow-p1-s004.jsonl")
+    trace = load_trace(path)
+    verify_recording(make_adapter("upstream", trace.config), trace.steps)
+    config = make_config("mamba-cow-p1", 4)
+    assert config == trace.config
+    assert record(make_adapter("upstream", config), config, 4, len(trace.steps),
+                  cow=True) == trace.steps
