@@ -32,7 +32,6 @@ class Request:
     admitted: bool = False
     priority: int = 0  # the request's priority, given to its inserts (spec/policies.py)
     session: Optional[str] = None  # streaming sessions (spec/sessions.py)
-    restored: bool = False  # admitted from its session's slot (its lock is the slot's)
 
     @property
     def all_ids(self) -> list:

@@ -109,8 +109,7 @@ def try_restore(state: CacheState, req) -> Optional[int]:
     req.row = slot.row  # the same row, as upstream's req_pool_idx
     req.committed = prefix
     req.cache_protected_len = slot.protected
-    req.lock = slot.lock
-    req.restored = True
+    req.lock = slot.lock  # the slot's handle: only release_session releases it
     req.admitted = True
     return prefix
 
