@@ -12,6 +12,8 @@ from uniradix.spec import cache as rules
 from uniradix.spec import components
 from uniradix.spec import queries
 from uniradix.spec import requests as reqs
+from uniradix.spec import sessions
+from uniradix.spec import mamba_cow
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError, HandleError, InvalidInput, Unsupported, UnknownOp
 from uniradix.spec.invariants import sanity_check
@@ -53,6 +55,20 @@ def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool =
         raise Unsupported("host_slots > 0: the host tier (HiCache) is not supported yet")
 
 
+def check_cow_args(config: CacheConfig, cow: Any, mamba_slot: Any) -> None:
+    """``match_prefix``'s Mamba copy-on-write arguments on an implementation that does not
+    model it yet: ``cow_mamba`` true is Unsupported (InvalidInput without Mamba, as the spec
+    says); ``mamba_slot`` goes with it."""
+    if not isinstance(cow, bool):
+        raise InvalidInput(f"cow_mamba must be true or false, got {cow!r}")
+    if cow and "mamba" not in config.components:
+        raise InvalidInput("match_prefix: cow_mamba needs the Mamba component")
+    if cow:
+        raise Unsupported("cow_mamba: Mamba copy-on-write is modelled by the spec only so far")
+    if mamba_slot is not None:
+        raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
+
+
 def args_of(step: Step, *names: str, **defaults: Any) -> list:
     """The named args of a step; a missing required arg is InvalidInput."""
     args = step.get("args", {})
@@ -79,7 +95,11 @@ def path_arg(raw: Any) -> tuple:
 OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
        "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
        "mamba_alloc", "mamba_free") + HOST_TIER_OPS
-REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort")
+# Streaming sessions (spec/sessions.py; docs/TRACE.md): spec only so far.
+SESSION_OPS = ("release_session", "session_held")
+OPS += SESSION_OPS
+REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort"
+               ) + SESSION_OPS
 
 
 def aux_effects(config: CacheConfig, kv: Any, mamba: Any) -> dict:
@@ -120,7 +140,7 @@ class StepAdapter:
             hybrid_request_check(self.config, op)
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
             if handler is None:
-                if op in HOST_TIER_OPS or op in AUX_OPS:
+                if op in HOST_TIER_OPS or op in AUX_OPS or op in SESSION_OPS:
                     raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
                 raise UnknownOp(f"unknown op {op!r}")
             obs = handler(step)
@@ -197,11 +217,12 @@ class SpecAdapter(SpecHostOps, StepAdapter):
         return {}
 
     def op_insert(self, step: Step) -> Observation:
-        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen = args_of(
-            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
-            mamba_value=None, swa_evicted_seqlen=0)
+        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen, priority = \
+            args_of(step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
+                    mamba_value=None, swa_evicted_seqlen=0, priority=0)
         out = rules.insert(self.state, tokens, extra_key, value, prev, chunked,
-                           mamba_value=mamba_value, swa_evicted_seqlen=swa_evicted_seqlen)
+                           mamba_value=mamba_value, swa_evicted_seqlen=swa_evicted_seqlen,
+                           priority=priority)
         ret = {"prefix_len": out.prefix_len, "freed": self.state.kv.take_freed()}
         if "mamba" in self.config.components:
             ret["mamba_exist"] = out.mamba_exist
@@ -209,7 +230,12 @@ class SpecAdapter(SpecHostOps, StepAdapter):
         return ret
 
     def op_match_prefix(self, step: Step) -> Observation:
-        tokens, extra_key = args_of(step, "tokens", extra_key=None)
+        tokens, extra_key, cow, mamba_slot = args_of(step, "tokens", extra_key=None,
+                                                     cow_mamba=False, mamba_slot=None)
+        if rules.check_flag("cow_mamba", cow):
+            return self._match_prefix_cow(tokens, extra_key, mamba_slot)
+        if mamba_slot is not None:
+            raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
         m = rules.match_prefix(self.state, tokens, extra_key)
         return {
             "device_indices": list(m.device_indices),
@@ -225,6 +251,25 @@ class SpecAdapter(SpecHostOps, StepAdapter):
             "best_match_node": self._path_len(m.best_match_node),
             "mamba_branching_seqlen": m.mamba_branching_seqlen,
         }
+
+    def _match_prefix_cow(self, tokens, extra_key, mamba_slot) -> Observation:
+        """Mamba copy-on-write (spec/mamba_cow.py): the match, then the copy source and the
+        request's state slot, with the effects of the eviction that may have made room."""
+        out = mamba_cow.match_prefix_cow(self.state, tokens, extra_key, mamba_slot)
+        m = out.match
+        obs = {
+            "device_indices": list(m.device_indices),
+            "host_hit_length": m.host_hit_length,
+            "last_device_node": self._path_len(m.last_device_node),
+            "last_host_node": self._path_len(m.last_host_node),
+            "best_match_node": self._path_len(m.best_match_node),
+            "mamba_branching_seqlen": m.mamba_branching_seqlen,
+            "mamba_cow_src": out.src,
+            "mamba_pool_idx": out.dst,
+            "freed": self.state.kv.take_freed(),
+        }
+        obs.update(self._effects())
+        return obs
 
     def op_lock(self, step: Step) -> Observation:
         (path,) = args_of(step, "node")
@@ -279,9 +324,21 @@ class SpecAdapter(SpecHostOps, StepAdapter):
 
     # -- request-level ops (docs/TRACE.md, "Request-level ops") ------------------------------
     def op_req_arrive(self, step: Step) -> Observation:
-        rid, tokens, extra_key = args_of(step, "rid", "tokens", extra_key=None)
-        reqs.arrive(self.state, rid, tokens, extra_key)
+        rid, tokens, extra_key, priority, session = args_of(
+            step, "rid", "tokens", extra_key=None, priority=0, session=None)
+        reqs.arrive(self.state, rid, tokens, extra_key, priority, session)
         return {}
+
+    def op_release_session(self, step: Step) -> Observation:
+        (session,) = args_of(step, "session")
+        sessions.release_session(self.state, session)
+        return {"freed": self.state.kv.take_freed()}
+
+    def op_session_held(self, step: Step) -> Observation:
+        args_of(step)
+        return {"tokens": sessions.session_held_tokens(self.state),
+                "full_tokens": sessions.session_held_tokens(self.state),
+                "req_count": sessions.session_held_req_count(self.state)}
 
     def op_req_admit(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")
@@ -323,6 +380,9 @@ ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdap
 
 
 def _fast_adapter(config: CacheConfig) -> CacheUnderTest:
+    if config.eviction_policy != "lru":  # issue 18: drop this once fast/ honours the policies
+        raise Unsupported(f"eviction_policy {config.eviction_policy!r}: the fast path evicts "
+                          "by 'lru' only so far")
     if config.components != ("full",):  # hybrid models: fast/hybrid.py
         from uniradix.conformance.fast_hybrid import HybridFastAdapter
         return HybridFastAdapter(config)

@@ -222,9 +222,11 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
                 segment_steps: int = SEGMENT_STEPS, shrink_seconds: float = 120.0,
                 progress: bool = True, stream: Optional[TextIO] = None,
                 log: Callable[[str], None] = lambda m: print(m, flush=True),
-                snapshot_every: int = 1, tree_only: bool = False) -> ConformResult:
+                snapshot_every: int = 1, tree_only: bool = False,
+                policy: Optional[str] = None) -> ConformResult:
     """The ``conform`` loop; returns counts and, at a finding, the written trace's path.
-    ``config``: None (cycle through :data:`NAMED_CONFIGS`), a name, or a CacheConfig."""
+    ``config``: None (cycle through :data:`NAMED_CONFIGS`), a name, or a CacheConfig;
+    ``policy``: an eviction policy every segment's config takes (None: the config's own)."""
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
     labels = impl_labels([impl_name(i) for i in impls])
@@ -245,6 +247,9 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
         if seconds is not None and time.monotonic() - t0 >= seconds:
             break
         name, cfg = segment_config(config, seed, segment)
+        if policy is not None:  # eviction policies (spec/policies.py)
+            cfg = dataclasses.replace(cfg, eviction_policy=policy)
+            cfg.validate()
         try:
             adapters = _build_segment_adapters(impls, labels, cfg)
         except Unsupported as e:
@@ -411,7 +416,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
         res = run_conform(impls, config=config, steps=args.steps, seconds=args.seconds,
                           seed=args.seed, out=args.out, shrink_seconds=args.shrink_seconds,
                           progress=not args.no_progress, snapshot_every=args.snapshot_every,
-                          tree_only=args.tree_only)
+                          tree_only=args.tree_only, policy=args.policy)
     except ImportError as e:  # upstream not importable, or torch missing for fast
         print(f"uniradix conform: {e}", file=sys.stderr)
         return 2
@@ -454,6 +459,9 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="each implementation keeps a fingerprinted KV pool; every slot a cache "
                         "hands out must hold its token's KV (conformance/kvcheck.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    from uniradix.spec.policies import POLICIES
+    p.add_argument("--policy", default=None, choices=list(POLICIES),
+                   help="eviction policy for every segment's config (default: the config's, lru)")
     p.set_defaults(func=cmd_conform)
     return p
 
@@ -475,6 +483,8 @@ def _record(args: argparse.Namespace) -> int:
 
     seed = args.seed
     if args.workload == "shared-prefix":
+        if getattr(args, "policy", "lru") != "lru":
+            raise ConfigError("--policy applies to --workload random only")
         from uniradix.conformance.workload import SharedPrefix, run_shared_prefix
         requests = args.steps if args.steps is not None else 100
         w = SharedPrefix(seed=seed).scaled(requests)
@@ -490,14 +500,14 @@ def _record(args: argparse.Namespace) -> int:
     else:
         from uniradix.conformance import driver
         n = args.steps if args.steps is not None else 400
-        config = driver.make_config(args.config, seed)
+        config = driver.with_policy(driver.make_config(args.config, seed), args.policy)
         adapter = make_adapter(args.impl, config)
         try:
-            steps = driver.record(adapter, config, seed, n)
+            steps = driver.record(adapter, config, seed, n, cow=args.config in driver.COW_CONFIGS)
         except driver.RecordingError as e:
             print(f"uniradix record: {e}", file=sys.stderr)
             return 1
-        what = f"random ({args.config}), {n} steps"
+        what = f"random ({driver.config_label(args.config, args.policy)}), {n} steps"
     who = f"uniradix {args.impl}"
     if args.impl == "upstream":
         version = getattr(getattr(adapter, "up", None), "version", None) or "0.5.13.post1"
@@ -525,10 +535,14 @@ def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="random: steps (default 400); shared-prefix: requests, i.e. "
                         "SharedPrefix().scaled(N) (default 100)")
     from uniradix.conformance.driver import CONFIG_NAMES as driver_configs
+    from uniradix.conformance.driver import POLICY_CHOICES as driver_policies
     p.add_argument("--config", default="full-p1", choices=list(driver_configs),
                    help="random workload only: the driver's config (default full-p1; "
                         "swa-*/mamba-p1 are hybrid models, hicache-{wt,wb}-p{1,4} have a host "
                         "tier)")
+    p.add_argument("--policy", default="lru", choices=list(driver_policies),
+                   help="random workload only: the eviction policy (default lru; the others "
+                        "give each request a priority for its inserts)")
     p.set_defaults(func=cmd_record)
     return p
 

@@ -36,11 +36,19 @@ from typing import Any, Optional, Sequence
 from uniradix.spec.config import CacheConfig
 
 CONFIG_NAMES = ("full-p1", "full-p4", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1",
-                "hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4")
+                "hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4",
+                "mamba-cow-p1")
+# Mamba copy-on-write (spec/mamba_cow.py): mamba-p1's world, but a request's state slot comes
+# from its admission match (match_prefix {cow_mamba: true}) when the match has a state
+COW_CONFIGS = ("mamba-cow-p1",)
 # Hybrid models: (page_size, sliding_window) of the SWA configs; the Mamba config's chunk size.
 SWA_CONFIGS = {"swa-w8-p1": (1, 8), "swa-w8-p4": (4, 8), "swa-w32-p1": (1, 32)}
 MAMBA_SLOT_CHOICES = (6, 8, 12, 16, 24)
 KV_SLOT_CHOICES = (128, 160, 192, 256, 320, 384, 448, 512)
+# Eviction policies (spec/policies.py): a recording config takes one with --policy; requests
+# then draw a priority from these (repeats make ties, a negative one sinks below the default)
+POLICY_CHOICES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+PRIORITY_CHOICES = (0, 0, 1, 2, 3, -1)
 
 
 class RecordingError(RuntimeError):
@@ -59,7 +67,7 @@ def make_config(name: str, seed: int) -> CacheConfig:
         swa_slots = _round_down(int(kv_slots * rng.choice([0.5, 0.625, 0.75, 1.0])), page_size)
         return CacheConfig(page_size=page_size, components=("full", "swa"), kv_slots=kv_slots,
                            sliding_window=window, swa_slots=swa_slots)
-    if name == "mamba-p1":
+    if name in ("mamba-p1",) + COW_CONFIGS:
         return CacheConfig(page_size=1, components=("full", "mamba"), kv_slots=kv_slots,
                            mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
     page_size = int(name[-1])
@@ -73,6 +81,18 @@ def make_config(name: str, seed: int) -> CacheConfig:
                            write_through_threshold=1,
                            load_back_threshold=rng.choice((0, 0, 2 * page_size, 8)))
     return CacheConfig(page_size=page_size, components=("full",), kv_slots=kv_slots)
+
+
+def with_policy(config: CacheConfig, policy: str) -> CacheConfig:
+    """A recording config under another eviction policy (lru: the config itself)."""
+    if policy not in POLICY_CHOICES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICY_CHOICES)}")
+    return dataclasses.replace(config, eviction_policy=policy)
+
+
+def config_label(name: str, policy: str) -> str:
+    """The name a recording goes by: the config's, with the policy unless it is lru."""
+    return name if policy == "lru" else f"{name}-{policy}"
 
 
 def _round_up(n: int, page: int) -> int:
@@ -96,6 +116,7 @@ class _Request:
     produced: int = 0          # output tokens that have KV (0 until decode)
     chunked_once: bool = False
     mamba_slot: Optional[int] = None  # Mamba: the request's own state slot
+    priority: Optional[int] = None  # eviction policies: the request's priority, on its inserts
 
 
 @dataclasses.dataclass
@@ -119,7 +140,8 @@ class Driver:
     """One recording run. ``run()`` returns the list of steps (each with ``ret``)."""
 
     def __init__(self, adapter: Any, config: CacheConfig, seed: int, steps: int,
-                 check_violations: bool = True, collect_stats: bool = False) -> None:
+                 check_violations: bool = True, collect_stats: bool = False,
+                 cow: bool = False) -> None:
         self.adapter = adapter
         self.config = config
         self.page = config.page_size
@@ -140,6 +162,10 @@ class Driver:
         self.free_mamba = config.mamba_slots
         self.host_pins: list[int] = []      # handles of host locks (host tier)
         self.host_tier = config.has_host_tier
+        # eviction policies: requests carry priorities (drawn only then, so that lru
+        # recordings stay what they were)
+        self.priorities = config.eviction_policy != "lru"
+        self.cow = cow and self.mamba  # Mamba copy-on-write at admission
         self._setup_world()
 
     # -- the token world ---------------------------------------------------------------------
@@ -214,6 +240,9 @@ class Driver:
             self.free_slots = self.config.kv_slots
         elif op == "load_back":  # the cache took the loaded slots from the pool
             self.free_slots -= len(ret["device_indices"])
+        elif op == "match_prefix" and args.get("cow_mamba") and args.get("mamba_slot") is None \
+                and ret.get("mamba_pool_idx") is not None:  # a fresh state for the request
+            self.free_mamba -= 1
         self.free_slots += len(ret.get("freed", ()))
         # hybrid models: SWA slots come and go with the KV slots the driver holds
         self.free_swa += len(ret.get("swa_freed", ())) - len(ret.get("swa_slots", ()))
@@ -287,9 +316,12 @@ class Driver:
                 return None
         return self.emit("mamba_alloc", {"n": 1})["slots"][0]
 
-    def _insert(self, args: dict, mamba_slot: Optional[int]) -> dict:
+    def _insert(self, args: dict, mamba_slot: Optional[int],
+                priority: Optional[int] = None) -> dict:
         """An insert; with Mamba it carries a state slot, freed by the caller when the tree
-        already had a state there (``mamba_exist``)."""
+        already had a state there (``mamba_exist``); with a priority, the request's."""
+        if priority is not None:
+            args = dict(args, priority=priority)
         if not self.mamba:
             return self.emit("insert", args)
         ret = self.emit("insert", dict(args, mamba_value=[mamba_slot]))
@@ -307,8 +339,15 @@ class Driver:
         prompt = self._new_prompt()
         output = self._random_tokens(self.rng.choice([0, 1, 2, 5, 9, 16, 24]))
         req = _Request(tokens=prompt + output, extra_key=self._namespace(), prompt_len=len(prompt))
+        if self.priorities:
+            req.priority = self.rng.choice(PRIORITY_CHOICES)
         self.stats.requests += 1
-        ret = self._match(prompt, req.extra_key)
+        if self.cow:  # the request's state slot from its match, when there is one to copy
+            ret = self.emit("match_prefix", {"tokens": list(prompt), "extra_key": req.extra_key,
+                                             "cow_mamba": True, "mamba_slot": None})
+            req.mamba_slot = ret["mamba_pool_idx"]
+        else:
+            ret = self._match(prompt, req.extra_key)
         req.matched = ret["last_device_node"]
         req.prefix = list(ret["device_indices"])
         if self.done():
@@ -325,11 +364,13 @@ class Driver:
             self.stats.skipped_requests += 1
             if not self.done():
                 self._unlock(req.handle)
+            if req.mamba_slot is not None and not self.done():
+                self.emit("mamba_free", {"slots": [req.mamba_slot]})
             return
         if self.done():
             return
         req.fresh = self._alloc(need)
-        if self.mamba and not self.done():  # hybrid models: the request's own state
+        if self.mamba and req.mamba_slot is None and not self.done():  # its own state
             req.mamba_slot = self._mamba_slot()
             if req.mamba_slot is None:
                 self.stats.skipped_requests += 1
@@ -381,7 +422,7 @@ class Driver:
                 return
         ret = self._insert({"tokens": req.tokens[:c], "extra_key": req.extra_key,
                             "value": values, "prev_prefix_len": req.matched,
-                            "chunked": True}, slot)
+                            "chunked": True}, slot, req.priority)
         del ret
         if self.done():
             return
@@ -409,7 +450,7 @@ class Driver:
             values = req.prefix + req.fresh[: upto - req.matched]
             self._insert({"tokens": req.tokens[:upto], "extra_key": req.extra_key,
                           "value": values, "prev_prefix_len": req.matched,
-                          "chunked": False}, req.mamba_slot)
+                          "chunked": False}, req.mamba_slot, req.priority)
             leftover = req.fresh[aligned - req.matched:]
         else:
             leftover = req.fresh
@@ -558,14 +599,15 @@ class Driver:
 
 
 def record(adapter: Any, config: CacheConfig, seed: int, steps: int,
-           check_violations: bool = True, stats: Optional[RecordStats] = None) -> list[dict]:
+           check_violations: bool = True, stats: Optional[RecordStats] = None,
+           cow: bool = False) -> list[dict]:
     """Record ``steps`` steps of the seeded workload against ``adapter``.
 
     Raises :class:`RecordingError` if the implementation rejects a step or, with
     ``check_violations``, reports an invariant violation after any step. Pass a
     :class:`RecordStats` to have it filled in (costs a snapshot per step)."""
     driver = Driver(adapter, config, seed, steps, check_violations=check_violations,
-                    collect_stats=stats is not None)
+                    collect_stats=stats is not None, cow=cow)
     out = driver.run()
     if stats is not None:
         for k, v in dataclasses.asdict(driver.stats).items():
@@ -623,6 +665,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 description="Record a random scheduler-like trace.")
     p.add_argument("--impl", default="upstream", help="implementation: upstream or spec")
     p.add_argument("--config", default="full-p1", choices=CONFIG_NAMES)
+    p.add_argument("--policy", default="lru", choices=POLICY_CHOICES,
+                   help="eviction policy of the recording (default lru)")
     p.add_argument("--seed", type=int)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--out", help="trace file to write (.jsonl)")
@@ -640,16 +684,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _verify_main(args.impl, args.verify)
     if args.seed is None or not args.out:
         p.error("--seed and --out are required to record")
-    config = make_config(args.config, args.seed)
+    config = with_policy(make_config(args.config, args.seed), args.policy)
     adapter = make_adapter(args.impl, config)
     stats = RecordStats() if args.stats else None
     try:
         steps = record(adapter, config, args.seed, args.steps,
-                       check_violations=not args.no_check, stats=stats)
+                       check_violations=not args.no_check, stats=stats,
+                       cow=args.config in COW_CONFIGS)
     except RecordingError as e:
         print(f"recording failed: {e}", file=sys.stderr)
         return 1
-    header = make_header(config, _source(args.impl, adapter, args.config, args.seed), seed=args.seed)
+    header = make_header(config, _source(args.impl, adapter, config_label(args.config, args.policy),
+                                         args.seed), seed=args.seed)
     dump_trace(args.out, header, steps)
     msg = f"{args.out}: {len(steps)} steps, kv_slots={config.kv_slots}"
     if stats is not None:

@@ -12,12 +12,14 @@ import torch
 
 from uniradix import fast
 from uniradix.conformance.pools import PoolAllocator
-from uniradix.conformance.adapters import StepAdapter, args_of, check_supported, path_arg
+from uniradix.conformance.adapters import (StepAdapter, args_of, check_cow_args, check_supported,
+                                          path_arg)
 from uniradix.conformance.host_ops import FastHostOps
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import CacheError as SpecCacheError
 from uniradix.spec.errors import InvalidInput as SpecInvalidInput
+from uniradix.spec.errors import Unsupported as SpecUnsupported
 from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import PagedPool
 
@@ -104,7 +106,7 @@ class FastAdapter(FastHostOps, StepAdapter):
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
-            is_eagle=config.eagle, hicache=hicache))
+            is_eagle=config.eagle, hicache=hicache, eviction_policy=config.eviction_policy))
         self.handles: dict[int, tuple] = {}
         self.host_handles: dict[int, tuple] = {}
         self.requests: dict[str, Req] = {}
@@ -181,7 +183,9 @@ class FastAdapter(FastHostOps, StepAdapter):
         return {"prefix_len": res.prefix_len, "freed": self.pool.take_freed()}
 
     def op_match_prefix(self, step: dict) -> dict:
-        tokens, extra_key = args_of(step, "tokens", extra_key=None)
+        tokens, extra_key, cow, mamba_slot = args_of(step, "tokens", extra_key=None,
+                                                     cow_mamba=False, mamba_slot=None)
+        check_cow_args(self.config, cow, mamba_slot)
         m = self.cache.match_prefix(fast.MatchPrefixParams(key=self._key(tokens, extra_key)))
         return {"device_indices": m.device_indices.tolist(),
                 "host_hit_length": m.host_hit_length,
@@ -239,7 +243,9 @@ class FastAdapter(FastHostOps, StepAdapter):
         return req
 
     def op_req_arrive(self, step: dict) -> dict:
-        rid, tokens, extra_key = args_of(step, "rid", "tokens", extra_key=None)
+        if step.get("args", {}).get("session") is not None:
+            raise SpecUnsupported("streaming sessions: the fast path does not model them yet")
+        rid, tokens, extra_key, _ = args_of(step, "rid", "tokens", extra_key=None, session=None)
         if not isinstance(rid, str) or rid in self.requests:
             raise SpecInvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
         toks = list(ints("tokens", tokens))

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from uniradix import fast
-from uniradix.conformance.adapters import aux_effects, args_of, check_supported
+from uniradix.conformance.adapters import aux_effects, args_of, check_cow_args, check_supported
 from uniradix.conformance.fast_adapter import FastAdapter, ReqToTokenPool, ints
 from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
@@ -83,7 +83,8 @@ class HybridFastAdapter(FastAdapter):
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
             is_eagle=config.eagle, tree_components=comps,
             sliding_window_size=config.sliding_window,
-            mamba_cache_chunk_size=config.mamba_cache_chunk_size))
+            mamba_cache_chunk_size=config.mamba_cache_chunk_size,
+            eviction_policy=config.eviction_policy))
         self.handles: dict[int, tuple] = {}
         self.requests: dict = {}
 
@@ -159,7 +160,9 @@ class HybridFastAdapter(FastAdapter):
         return ret
 
     def op_match_prefix(self, step: dict) -> dict:
-        tokens, extra_key = args_of(step, "tokens", extra_key=None)
+        tokens, extra_key, cow, mamba_slot = args_of(step, "tokens", extra_key=None,
+                                                     cow_mamba=False, mamba_slot=None)
+        check_cow_args(self.config, cow, mamba_slot)
         m = self.cache.match_prefix(fast.MatchPrefixParams(key=self._key(tokens, extra_key)))
         ret = {"device_indices": m.device_indices.tolist(),
                "host_hit_length": m.host_hit_length,

@@ -456,6 +456,8 @@ class Scenario:
             self.ctx["mamba_slot"] = slot
         if self.swa and len(tokens) % 3 == 0:  # where the caller's window starts, sometimes
             args["swa_evicted_seqlen"] = (len(tokens) * 2 // 3) // self.ps * self.ps
+        if self.config.eviction_policy != "lru":  # eviction policies: a priority, -1..3
+            args["priority"] = (sum(tokens) + len(tokens)) % 5 - 1
         return {"op": "insert", "args": args}
 
     # -- a prompt served through the tree-level API, the way SGLang's scheduler does it:

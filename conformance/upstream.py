@@ -228,8 +228,8 @@ _ARGS: dict[str, tuple[frozenset, frozenset]] = {
     "free": (frozenset({"slots"}), frozenset()),
     "insert": (frozenset({"tokens", "value"}),
                frozenset({"extra_key", "prev_prefix_len", "chunked", "mamba_value",
-                          "swa_evicted_seqlen"})),
-    "match_prefix": (frozenset({"tokens"}), frozenset({"extra_key"})),
+                          "swa_evicted_seqlen", "priority"})),
+    "match_prefix": (frozenset({"tokens"}), frozenset({"extra_key", "cow_mamba", "mamba_slot"})),
     "lock": (frozenset({"node"}), frozenset()),
     "unlock": (frozenset({"handle"}), frozenset()),
     "evict": (frozenset({"num_tokens"}), frozenset()),
@@ -335,6 +335,7 @@ class UpstreamAdapter:
             page_size=self.config.page_size,
             is_eagle=False,
             tree_components=self._tree_components(),
+            eviction_policy=self.config.eviction_policy,
         )
         return self.up.UnifiedRadixCache(params)
 
@@ -433,6 +434,8 @@ class UpstreamAdapter:
                 "lock_ref": int(cd.lock_ref),
                 "hit_count": int(node.hit_count),
             })
+            if self.config.eviction_policy == "priority":  # as the spec's snapshot
+                nodes[-1]["priority"] = int(node.priority)
         nodes.sort(key=lambda n: (n["path"]["extra_key"] is not None,
                                   n["path"]["extra_key"] or "", n["path"]["tokens"]))
         strategy = self.cache.eviction_strategy
@@ -509,8 +512,11 @@ class UpstreamAdapter:
             raise InvalidInput("chunked must be true or false")
         if len(value) != len(tokens):
             raise InvalidInput(f"value has {len(value)} slots for {len(tokens)} tokens")
+        priority = args.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput(f"insert: priority must be an int, got {priority!r}")
         params = self.up.InsertParams(key=self._key(tokens, extra), value=self._tensor(value),
-                                      prev_prefix_len=prev, chunked=chunked)
+                                      prev_prefix_len=prev, chunked=chunked, priority=priority)
         result = self.cache.insert(params)
         return {"prefix_len": int(result.prefix_len), "freed": self.pool.take_freed()}
 

@@ -176,7 +176,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             token_to_kv_pool_allocator=self.allocator, page_size=self.config.page_size,
             is_eagle=False, tree_components=self._tree_components(),
             sliding_window_size=self.config.sliding_window,
-            component_registry_override=override)
+            component_registry_override=override,
+            eviction_policy=self.config.eviction_policy)
         return self.up.UnifiedRadixCache(params)
 
     # -- effects -------------------------------------------------------------------------------
@@ -247,8 +248,11 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             raise InvalidInput("chunked must be true or false")
         if len(value) != len(tokens):
             raise InvalidInput(f"value has {len(value)} slots for {len(tokens)} tokens")
+        priority = args.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput(f"insert: priority must be an int, got {priority!r}")
         params = self.up.InsertParams(key=self._key(tokens, extra), value=self._tensor(value),
-                                      prev_prefix_len=prev, chunked=chunked)
+                                      prev_prefix_len=prev, chunked=chunked, priority=priority)
         if "mamba" in self.config.components:
             mv = _int_list(args.get("mamba_value"), "mamba_value")
             if len(mv) != 1:
@@ -270,7 +274,9 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         extra = args.get("extra_key")
         if extra is not None and not isinstance(extra, str):
             raise InvalidInput("extra_key must be null or a string")
-        result = self.cache.match_prefix(self.up.MatchPrefixParams(key=self._key(tokens, extra)))
+        cow, req = self._cow_request(args)
+        result = self.cache.match_prefix(self.up.MatchPrefixParams(
+            key=self._key(tokens, extra), cow_mamba=cow, req=req))
         ret = {
             "device_indices": [int(v) for v in result.device_indices.tolist()],
             "host_hit_length": int(result.host_hit_length),
@@ -281,7 +287,41 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         if "mamba" in self.config.components:
             b = result.mamba_branching_seqlen
             ret["mamba_branching_seqlen"] = None if b is None else int(b)
+        if cow:  # Mamba copy-on-write (docs/TRACE.md): what the request got, and the effects
+            src, dst = req.mamba_cow_src_index, req.mamba_pool_idx
+            ret["mamba_cow_src"] = None if src is None else int(src.reshape(-1)[0])
+            ret["mamba_pool_idx"] = None if dst is None else int(dst)
+            ret["freed"] = self.pool.take_freed()
+            ret.update(self._effects())
         return ret
+
+    def _cow_request(self, args: dict) -> tuple:
+        """``cow_mamba`` / ``mamba_slot`` of a match, checked as the spec checks them
+        (spec/mamba_cow.py), and the request object upstream fills in."""
+        cow, slot = args.get("cow_mamba", False), args.get("mamba_slot")
+        if not isinstance(cow, bool):
+            raise InvalidInput(f"cow_mamba must be true or false, got {cow!r}")
+        if not cow:
+            if slot is not None:
+                raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
+            return False, None
+        if "mamba" not in self.config.components:
+            raise InvalidInput("match_prefix: cow_mamba needs the Mamba component")
+        if slot is not None:
+            if isinstance(slot, bool) or not isinstance(slot, int):
+                raise InvalidInput(f"match_prefix: mamba_slot must be null or an int, got {slot!r}")
+            if not self.mamba.is_allocated(slot):
+                raise InvalidInput(f"match_prefix: mamba_slot {slot} is not allocated")
+            held = {int(v) for n in self._walk_nodes() if n is not self.root
+                    for v in ([] if self._cd(n, "mamba").value is None
+                              else self._cd(n, "mamba").value.tolist())}
+            if slot in held:
+                raise InvalidInput(f"match_prefix: mamba_slot {slot} is the tree's")
+        torch = self.up.torch
+        req = types.SimpleNamespace(
+            mamba_pool_idx=None if slot is None else torch.tensor(slot, dtype=torch.int64),
+            mamba_cow_src_index=None, mamba_needs_clear=True, session=None)
+        return True, req
 
     def _op_evict(self, step: dict, args: dict) -> dict:
         n = _count(args.get("num_tokens", 0), "num_tokens")

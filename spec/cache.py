@@ -20,6 +20,7 @@ from .keys import common_prefix_len, namespaced_child_key, page_aligned_len, spl
 from .queries import oldest_device_leaf, tree_slots
 from .state import CacheState, LockHandle, Node, new_root
 from . import components
+from . import policies
 
 # ----------------------------------------------------------------------------------------------
 # Input checks (all raise InvalidInput and touch nothing)
@@ -119,6 +120,7 @@ def split_node(state: CacheState, child: Node, split_len: int) -> Node:
         stamp=(tick(state), 0),
         lock_ref=child.lock_ref,
     )
+    policies.inherit_on_split(state, upper, child)  # creation, priority (hit count)
     parent.children[child_key_of(state, child.extra_key, child.key)] = upper
     child.key = child.key[split_len:]
     if child.value is not None:
@@ -135,10 +137,12 @@ def split_node(state: CacheState, child: Node, split_len: int) -> Node:
 
 
 def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: tuple,
-             value: tuple) -> Node:
-    """A new node for the unmatched remainder of an insert; it is the newest node."""
+             value: tuple, priority: int = 0) -> Node:
+    """A new node for the unmatched remainder of an insert; it is the newest node, created
+    now, with the insert's priority."""
+    stamp = (tick(state), 0)
     leaf = Node(key=units, extra_key=extra_key, parent=parent, value=value,
-                stamp=(tick(state), 0))
+                stamp=stamp, created=stamp, priority=priority)
     parent.children[child_key_of(state, extra_key, units)] = leaf
     return leaf
 
@@ -307,8 +311,8 @@ def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_
 
 def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
            value: Sequence[int], prev_prefix_len: int = 0, chunked: bool = False,
-           mamba_value: Optional[Sequence[int]] = None, swa_evicted_seqlen: int = 0
-           ) -> InsertOutcome:
+           mamba_value: Optional[Sequence[int]] = None, swa_evicted_seqlen: int = 0,
+           priority: int = 0) -> InsertOutcome:
     """Cache ``tokens`` -> ``value`` (one KV slot per token).
 
     The key is the page-aligned (bigram, under EAGLE) view of ``tokens``; ``value`` is cut to
@@ -319,12 +323,17 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
 
     Hybrid models (spec/components.py): ``mamba_value`` is the request's Mamba state slot and
     ``swa_evicted_seqlen`` where its sliding window starts; the aux hooks run on the way.
+
+    ``priority`` (an int, any sign; upstream's ``InsertParams.priority``): every node on the
+    way keeps the larger of its priority and this one, a new leaf takes it (spec/policies.py).
     """
     tokens = check_int_list("tokens", tokens)
     extra_key = check_extra_key(extra_key)
     value = check_int_list("value", value)
     check_count("prev_prefix_len", prev_prefix_len)
     check_flag("chunked", chunked)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInput(f"insert: priority must be an int, got {priority!r}")
     if len(value) != len(tokens):
         raise InvalidInput(f"insert: value has {len(value)} slots for {len(tokens)} tokens")
     components.check_aux_args(state, mamba_value, swa_evicted_seqlen)  # even when disabled
@@ -345,6 +354,7 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
         touch(state, child)
         if shared < len(child.key):
             child = split_node(state, child, shared)
+        policies.raise_priority(child, priority)
         fresh = value_t[start: start + shared]
         if child.value is None:
             unevict(child, fresh)
@@ -360,7 +370,8 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
         if components.skip_leaf(state, start, len(units) - start, swa_evicted_seqlen):
             state.kv.free(list(value_t[start:]))
             return InsertOutcome(start)
-        target = leaf = add_leaf(state, node, extra_key, units[start:], value_t[start:])
+        target = leaf = add_leaf(state, node, extra_key, units[start:], value_t[start:],
+                                 priority)
         is_new_leaf = True
     exist = components.commit_insert(state, target, is_new_leaf, start, swa_evicted_seqlen,
                                      mamba_value)
@@ -377,12 +388,18 @@ def unevict(node: Node, fresh: tuple) -> None:
 
 def count_hit(state: CacheState, node: Node, chunked: bool) -> None:
     """Hit counts drive write-through to the host tier; the seed counts them only when a host
-    tier exists, and never for chunked (unfinished) inserts or evicted nodes."""
-    if not state.config.has_host_tier or chunked or node.evicted:
+    tier exists, and never for chunked (unfinished) inserts or evicted nodes.  Under an
+    eviction policy other than lru they are counted without a host tier too (0.5.13.post1's
+    rule, spec/policies.py)."""
+    if chunked or node.evicted:
         return
-    if state.config.write_policy == "write_back":
+    if not state.config.has_host_tier and not policies.follows_upstream_hit_counts(state):
+        return
+    if state.config.has_host_tier and state.config.write_policy == "write_back":
         return
     node.hit_count += 1
+    if not state.config.has_host_tier:
+        return
     from .host import write_through_on_hit  # write-through once the threshold is reached
     write_through_on_hit(state, node)
 
@@ -504,6 +521,7 @@ def reset(state: CacheState) -> None:
     state.root = new_root()
     state.handles.clear()
     state.requests.clear()
+    state.sessions.clear()  # streaming sessions' slots go with the pool
     state.kv.reset()
     if state.mamba is not None:  # hybrid models: the Mamba pool is cleared too
         state.mamba.reset()

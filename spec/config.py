@@ -32,6 +32,8 @@ class CacheConfig:
     mamba_cache_chunk_size: int = 4
     eagle: bool = False
     disable: bool = False
+    # eviction policy (spec/policies.py); a trace header without it means "lru"
+    eviction_policy: str = "lru"
 
     @property
     def has_host_tier(self) -> bool:
@@ -59,6 +61,8 @@ class CacheConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["components"] = list(self.components)
+        if self.eviction_policy == "lru":  # the default: headers stay as they were
+            del out["eviction_policy"]
         return out
 
     def validate(self) -> None:
@@ -83,6 +87,10 @@ class CacheConfig:
             raise ConfigError(
                 f"components must be one of {[list(c) for c in COMPONENT_SETS]}, "
                 f"got {list(self.components)}")
+        if not isinstance(self.eviction_policy, str):
+            raise ConfigError(f"eviction_policy must be a string, got {self.eviction_policy!r}")
+        from .policies import check_policy
+        check_policy(self.eviction_policy)  # an unknown policy is Unsupported, by name
         if self.write_policy not in WRITE_POLICIES:
             raise ConfigError(f"write_policy must be one of {WRITE_POLICIES}, got {self.write_policy!r}")
         for name in ("kv_slots", "host_slots", "swa_slots"):

@@ -36,6 +36,7 @@ from typing import Optional
 from . import cache as rules
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .keys import oldest
+from .policies import eviction_key
 from .queries import device_leaves
 from .state import CacheState, LockHandle, Node, all_nodes
 from .world import PagedPool
@@ -112,15 +113,15 @@ def host_leaves(state: CacheState) -> list[Node]:
 
 
 def host_eviction_order(state: CacheState) -> list[Node]:
-    """The current host leaves, oldest access first."""
-    return sorted(host_leaves(state), key=lambda n: n.stamp)
+    """The current host leaves in the eviction policy's order (lru: oldest access first)."""
+    return sorted(host_leaves(state), key=lambda n: eviction_key(state, n))
 
 
 def oldest_host_leaf(state: CacheState) -> Optional[Node]:
     leaves = host_leaves(state)
     if not leaves:
         return None
-    return leaves[oldest([n.stamp for n in leaves])]
+    return leaves[oldest([eviction_key(state, n) for n in leaves])]
 
 
 def host_size(state: CacheState) -> int:
@@ -292,7 +293,7 @@ def oldest_leaf_except(state: CacheState, passed_over: list) -> Optional[Node]:
     leaves = [n for n in device_leaves(state) if not any(n is p for p in passed_over)]
     if not leaves:
         return None
-    return leaves[oldest([n.stamp for n in leaves])]
+    return leaves[oldest([eviction_key(state, n) for n in leaves])]
 
 
 def evict_to_host(state: CacheState, node: Node) -> int:

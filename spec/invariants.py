@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from . import components, queries
+from . import components, queries, sessions
 from .keys import namespaced_child_key
 from .host import host_invariants
 from .state import CacheState, all_nodes
@@ -132,6 +132,7 @@ def request_rows(state: CacheState) -> list[str]:
 INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting,
               request_rows, host_invariants)
 INVARIANTS += (components.aux_invariants,)  # hybrid models (spec/components.py)
+INVARIANTS += (sessions.session_invariants,)  # streaming sessions (spec/sessions.py)
 
 
 def sanity_check(state: CacheState) -> list[str]:

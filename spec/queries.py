@@ -7,6 +7,7 @@ the spec recomputes them on every question so that there is nothing to get out o
 from __future__ import annotations
 
 from .keys import oldest
+from .policies import eviction_key
 from .state import CacheState, Node, all_nodes
 
 
@@ -25,9 +26,10 @@ def device_leaves(state: CacheState) -> list[Node]:
 
 
 def device_eviction_order(state: CacheState) -> list[Node]:
-    """The current evictable device leaves, oldest access first (the order evict takes them
-    in, as long as no other leaf appears meanwhile)."""
-    return sorted(device_leaves(state), key=lambda n: n.stamp)
+    """The current evictable device leaves in the eviction policy's order (lru: oldest
+    access first; spec/policies.py), the order evict takes them in, as long as no other leaf
+    appears meanwhile."""
+    return sorted(device_leaves(state), key=lambda n: eviction_key(state, n))
 
 
 def oldest_device_leaf(state: CacheState):
@@ -35,7 +37,7 @@ def oldest_device_leaf(state: CacheState):
     leaves = device_leaves(state)
     if not leaves:
         return None
-    return leaves[oldest([n.stamp for n in leaves])]
+    return leaves[oldest([eviction_key(state, n) for n in leaves])]
 
 
 def evictable_size(state: CacheState) -> int:

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Optional
 
 from . import cache as rules
+from . import sessions
 from .errors import AllocatorError, InvalidInput
 from .state import CacheState, LockHandle
 
@@ -32,6 +33,8 @@ class Request:
     cache_protected_len: int = 0
     lock: Optional[LockHandle] = None
     admitted: bool = False
+    priority: int = 0  # the request's priority, given to its inserts (spec/policies.py)
+    session: Optional[str] = None  # streaming sessions (spec/sessions.py)
 
     @property
     def all_ids(self) -> list:
@@ -49,14 +52,20 @@ def round_up(n: int, page_size: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str]) -> Request:
+def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
+           priority: int = 0, session: Optional[str] = None) -> Request:
     if not isinstance(rid, str) or rid in state.requests:
         raise InvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
     tokens = rules.check_int_list("tokens", tokens)
     extra_key = rules.check_extra_key(extra_key)
     if not tokens:
         raise InvalidInput("req_arrive: a request needs at least one token")
-    req = Request(rid=rid, input_ids=tokens, extra_key=extra_key)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInput(f"req_arrive: priority must be an int, got {priority!r}")
+    session = sessions.check_session_arg(session)
+    sessions.check_arrival(state, session, tokens, extra_key)
+    req = Request(rid=rid, input_ids=tokens, extra_key=extra_key, priority=priority,
+                  session=session)
     state.requests[rid] = req
     return req
 
@@ -74,6 +83,9 @@ def admit(state: CacheState, req: Request) -> int:
     """Admission: match the prompt, take the matched slots as the row's prefix and lock the
     matched node.  (Input tokens are then computed by :func:`extend`.)  Returns the prefix
     length."""
+    restored = sessions.try_restore(state, req)  # a session's next turn: from its slot
+    if restored is not None:
+        return restored
     # The last token is always computed (its logits are needed), as in SGLang.
     m = rules.match_prefix(state, req.input_ids[:-1] if len(req.input_ids) > 1 else [],
                            req.extra_key)
@@ -161,11 +173,14 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
     protected.  The unaligned tail stays the request's own.
     """
     rules.check_flag("chunked", chunked)
+    if sessions.skips_tree_on_unfinished(state, req, chunked):
+        return
     if state.config.disable:
         return
     tokens = req.all_ids[: req.committed]
     kv = req.row[: req.committed]
-    rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked)
+    rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
+                 priority=req.priority)
     m = rules.match_prefix(state, tokens, req.extra_key)
     new = list(m.device_indices)
     assert req.cache_protected_len <= len(new) + state.config.page_size - 1
@@ -185,6 +200,12 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     positions' pages is read (the seed frees from the committed length).
     """
     rules.check_flag("is_insert", is_insert)
+    if req.session is not None:  # streaming sessions: park the row, or end the session
+        if is_insert:
+            sessions.park(state, req)
+        else:
+            sessions.abort_running(state, req)
+        return
     end = round_up(req.committed, state.config.page_size)
     if state.config.disable:
         state.kv.free(req.row[:end])
@@ -194,7 +215,8 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     kv = req.row[: req.committed]
     free_from = req.cache_protected_len
     if is_insert:
-        rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, False)
+        rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, False,
+                     priority=req.priority)
         aligned = len(rules.aligned_units(state, tokens))
         # NOTE: the seed frees from the aligned length; it is never below the protected length
         # for a request admitted through match_prefix, and freeing below it would free the

@@ -9,6 +9,7 @@ from typing import Any
 
 from . import components, queries
 from .keys import units_to_tokens
+from .sessions import sessions_view
 from .state import CacheState, Node
 
 
@@ -36,6 +37,8 @@ def snapshot(state: CacheState) -> dict[str, Any]:
             "lock_ref": node.lock_ref,
             "hit_count": node.hit_count,
         })
+        if state.config.eviction_policy == "priority":  # the order reads it (spec/policies.py)
+            nodes[-1]["priority"] = node.priority
         if state.config.components != ("full",):  # hybrid models: per-component data
             nodes[-1].update(aux_view(state, node))
         stack.extend((c, units) for c in node.children.values())
@@ -48,6 +51,7 @@ def snapshot(state: CacheState) -> dict[str, Any]:
         "pool": sorted(state.kv.allocated_pages()),
         "requests": [request_view(r) for _, r in sorted(state.requests.items())],
         **({"host": host_view(state)} if state.host is not None else {}),
+        **({"sessions": sessions_view(state)} if state.sessions else {}),
     } if state.config.components == ("full",) else hybrid_snapshot(state, nodes)
 
 

@@ -1,7 +1,8 @@
 """The primary state of the cache (DESIGN.md, "primary state only").
 
 Stored: the tree (nodes with key, parent, children by child key), each node's device value,
-lock count, access stamp and hit count, the logical clock, the issued lock handles, and the
+lock count, access stamp and hit count (and, for the eviction policies, creation stamp and
+priority), the logical clock, the issued lock handles, and the
 environment's KV pool.  Nothing derived is stored: evictable/protected sizes, leaf sets and the
 eviction order are computed from scratch by the queries in :mod:`uniradix.spec.queries`.
 """
@@ -34,6 +35,10 @@ class Node:
     # host tier (spec/host.py): host KV slots, one per unit (None = no host copy), host locks
     host_value: Optional[tuple] = None
     host_lock_ref: int = 0
+    # eviction policies (spec/policies.py): when the node's data was created, and the highest
+    # priority of an insert through it
+    created: Stamp = (0, 0)
+    priority: int = 0
 
     @property
     def is_root(self) -> bool:
@@ -97,6 +102,7 @@ class CacheState:
     mamba: Optional[PagedPool] = None
     next_boundary: int = 1
     host: Optional[object] = None  # spec/host.py HostTier when config.host_slots > 0, else None
+    sessions: dict = dataclasses.field(default_factory=dict)  # streaming sessions: id -> SessionSlot
 
 
 def new_root() -> Node:

@@ -1,0 +1,240 @@
+"""Streaming sessions: a finished turn's KV parked in a per-session slot, restored on the
+session's next turn instead of going through the tree (the seed's embedded
+``StreamingSession``, from sglang 0.5.13.post1's ``srt/session/streaming_session.py``).
+
+A request that names a session (``req_arrive {session}``) runs as any other on its first turn,
+with one difference at the end: ``cache_finished_req`` inserts nothing, frees nothing but the
+overshoot past its tokens, and keeps its tree lock; its row (the req_to_token line) goes into
+the session's **slot** with the lock and the protected length of that first turn.  The
+session's next request is *restored* from the slot at admission: its row is the slot's row, its
+prefix the slot's committed tokens (at most its prompt minus the last token), its protected
+length and lock the first turn's; the tree is not matched and nothing in it is touched.  While
+a session has a slot, ``cache_unfinished_req`` of its requests skips the tree; a chunked one
+always does.  ``release_session`` ends a session: the first turn's lock is released and the
+row's own slots (from the protected length on) go back to the pool.
+
+Locks and eviction: a parked slot keeps the first turn's path locked, so nothing of it can be
+evicted, and the row's own slots are outside the tree (``session_held_tokens`` counts them; the
+request that runs from a slot holds them meanwhile, so it does not).
+
+What the spec checks that the seed trusts its caller with (each a rejected step, nothing
+changed): one request per session at a time; a restored request's tokens start with the slot's
+tokens and use the slot's ``extra_key``; a restore never shrinks the prefix below the
+protected length (the seed asserts it); ``release_session`` while a request of the session
+runs (the seed would free the running request's row).  An unknown session's release is a no-op,
+as in the seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from . import cache as rules
+from .errors import InvalidInput
+from .state import CacheState, LockHandle
+
+
+@dataclasses.dataclass(eq=False)
+class SessionSlot:
+    """What a session keeps between turns."""
+
+    session: str
+    extra_key: Optional[str]
+    row: list                    # the parked row: the tree's prefix, then the session's own slots
+    tokens: list                 # the token ids of row[:committed]
+    committed: int
+    lock: Optional[LockHandle]   # the first turn's tree lock (None on a disabled cache)
+    protected: int               # the first turn's protected length (the tree's slots)
+    active: Optional[str] = None  # the rid of the request restored from it, while it runs
+
+
+def ceil_pages(n: int, page_size: int) -> int:
+    """pre: n >= 0 and page_size >= 1
+    post: __return__ % page_size == 0 and n <= __return__ < n + page_size"""
+    return -(-n // page_size) * page_size
+
+
+def slot_of(state: CacheState, session: Optional[str]) -> Optional[SessionSlot]:
+    return None if session is None else state.sessions.get(session)
+
+
+def check_session_arg(session) -> Optional[str]:
+    if session is not None and (not isinstance(session, str) or not session):
+        raise InvalidInput(f"session must be null or a non-empty string, got {session!r}")
+    return session
+
+
+def check_arrival(state: CacheState, session: Optional[str], tokens: list,
+                  extra_key: Optional[str]) -> None:
+    """A session runs one request at a time; a request restored from a slot continues the
+    slot's tokens under the slot's extra_key."""
+    if session is None:
+        return
+    busy = [r.rid for r in state.requests.values() if r.session == session]
+    if busy:
+        raise InvalidInput(f"session {session!r} already has request {busy[0]!r}")
+    slot = slot_of(state, session)
+    if slot is None:
+        return
+    if slot.extra_key != extra_key:
+        raise InvalidInput(f"session {session!r} runs under extra_key {slot.extra_key!r}")
+    if tokens[: slot.committed] != slot.tokens:
+        raise InvalidInput(f"session {session!r}: the request does not continue the session's "
+                           f"{slot.committed} tokens")
+
+
+# ----------------------------------------------------------------------------------------------
+# The request rules' session branches (spec/requests.py calls these first)
+# ----------------------------------------------------------------------------------------------
+
+
+def try_restore(state: CacheState, req) -> Optional[int]:
+    """Admission from the session's slot (the seed's ``try_match_prefix``): the prefix is the
+    slot's committed tokens, at most the prompt minus its last token; the row's pages past the
+    prefix go back to the pool.  None when the request has no slot to restore from."""
+    slot = slot_of(state, req.session)
+    if slot is None:
+        return None
+    prefix = min(slot.committed, len(req.input_ids) - 1)
+    if prefix < slot.protected:
+        raise InvalidInput(f"req {req.rid!r}: a restore would shrink session {req.session!r} "
+                           f"below its protected {slot.protected} tokens")
+    keep = ceil_pages(prefix, state.config.page_size)
+    state.kv.free(slot.row[keep:])
+    del slot.row[keep:]
+    slot.committed = prefix
+    slot.tokens = slot.tokens[:prefix]
+    slot.active = req.rid
+    req.row = slot.row  # the same row, as upstream's req_pool_idx
+    req.committed = prefix
+    req.cache_protected_len = slot.protected
+    req.lock = slot.lock  # the slot's handle: only release_session releases it
+    req.admitted = True
+    return prefix
+
+
+def skips_tree_on_unfinished(state: CacheState, req, chunked: bool) -> bool:
+    """``cache_unfinished_req`` of a session request skips the tree when the prefill is chunked
+    or the session already has a slot; a first turn's final prefill goes through the tree (it
+    sets up the lock the slot will keep)."""
+    return req.session is not None and (chunked or slot_of(state, req.session) is not None)
+
+
+def park(state: CacheState, req) -> None:
+    """A session request finishes: free the overshoot past its tokens (whole pages past them),
+    then park its row in the slot (made on the first turn, with that turn's lock and protected
+    length).  Nothing is inserted, the lock is kept."""
+    target = ceil_pages(len(req.all_ids), state.config.page_size)
+    state.kv.free(req.row[target:])
+    del req.row[target:]
+    committed = min(req.committed, len(req.all_ids))
+    slot = slot_of(state, req.session)
+    if slot is None:
+        slot = SessionSlot(session=req.session, extra_key=req.extra_key, row=req.row, tokens=[],
+                           committed=0, lock=req.lock, protected=req.cache_protected_len)
+        state.sessions[req.session] = slot
+    slot.row = req.row
+    slot.committed = committed
+    slot.tokens = req.all_ids[:committed]
+    slot.active = None
+    del state.requests[req.rid]
+
+
+def abort_running(state: CacheState, req) -> None:
+    """A session request aborted while running: the whole session goes (the seed's
+    mid-processing abort): its lock is released, the row's own slots freed, the slot dropped;
+    the session's next request starts from scratch."""
+    slot = slot_of(state, req.session)
+    if slot is None:  # first turn: the request's own lock and row
+        slot = SessionSlot(session=req.session, extra_key=req.extra_key, row=req.row, tokens=[],
+                           committed=req.committed, lock=req.lock,
+                           protected=req.cache_protected_len)
+        state.sessions[req.session] = slot
+    slot.row = req.row
+    slot.active = None
+    del state.requests[req.rid]
+    release_session(state, req.session)
+
+
+def release_session(state: CacheState, session) -> None:
+    """End a session: release the first turn's lock and free the row's own slots."""
+    session = check_session_arg(session)
+    if session is None:
+        raise InvalidInput("release_session needs a session id")
+    running = [r.rid for r in state.requests.values() if r.session == session and r.admitted]
+    if running:
+        raise InvalidInput(f"session {session!r} has a running request {running[0]!r}")
+    slot = state.sessions.pop(session, None)
+    if slot is None:
+        return
+    if slot.lock is not None:
+        rules.dec_lock_ref(state, slot.lock)
+    state.kv.free(slot.row[slot.protected:])
+
+
+# ----------------------------------------------------------------------------------------------
+# Queries (the seed's session_held_*), invariants, snapshot view
+# ----------------------------------------------------------------------------------------------
+
+
+def parked(state: CacheState) -> list:
+    """Slots whose row no running request holds."""
+    return [s for s in state.sessions.values() if s.active is None]
+
+
+def session_held_tokens(state: CacheState) -> int:
+    """KV slots parked in session slots that the tree does not hold."""
+    return sum(len(s.row) - s.protected for s in parked(state))
+
+
+def session_held_req_count(state: CacheState) -> int:
+    """req_to_token rows parked in session slots."""
+    return len(parked(state))
+
+
+def session_invariants(state: CacheState) -> list[str]:
+    """A parked row starts with the tree's slots along its locked path, up to the protected
+    length; its own slots are allocated, not the tree's, and held by no other row; a slot's
+    lock is live; an active slot's request is running from it."""
+    from .queries import tree_slots
+    errors: list[str] = []
+    tree = set(tree_slots(state))
+    seen: dict = {}
+    for r in state.requests.values():
+        if r.admitted:
+            for s in r.row[r.cache_protected_len:]:
+                seen[s] = r.rid
+    for name, slot in state.sessions.items():
+        if slot.active is not None:
+            req = state.requests.get(slot.active)
+            if req is None or req.row is not slot.row or not req.admitted:
+                errors.append(f"[session] {name}: active request {slot.active!r} is not "
+                              "running from the slot")
+            continue
+        if slot.lock is not None:
+            if state.handles.get(slot.lock.serial) is not slot.lock:
+                errors.append(f"[session] {name}: its lock is not live")
+                continue
+            path = [s for n in reversed(list(slot.lock.node.ancestors_to_root()))
+                    if n.value is not None for s in n.value]
+            if slot.row[: slot.protected] != path[: slot.protected] or len(path) < slot.protected:
+                errors.append(f"[session] {name}: protected prefix is not the tree's slots")
+        own = slot.row[slot.protected:]
+        if any(s in tree for s in own):
+            errors.append(f"[session] {name}: parks slots the tree holds")
+        if any(not state.kv.is_allocated(s) for s in own):
+            errors.append(f"[session] {name}: parks slots the pool says are free")
+        if any(s in seen for s in own):
+            errors.append(f"[session] {name}: parks slots a running request owns")
+        seen.update((s, name) for s in own)
+        if len(slot.row) % state.config.page_size or slot.committed > len(slot.row):
+            errors.append(f"[session] {name}: row of {len(slot.row)} slots for "
+                          f"{slot.committed} committed tokens")
+    return errors
+
+
+def sessions_view(state: CacheState) -> list:
+    return [{"session": name, "row": list(s.row), "committed": s.committed,
+             "protected": s.protected, "active": s.active}
+            for name, s in sorted(state.sessions.items())]
