@@ -10,7 +10,9 @@
  *   insert     the insert walk: touches, heap pushes, split, unevict, frees of duplicate
  *              slots in maximal runs, the new leaf.
  *   inc_lock / dec_lock   the lock loops.
- *   evict      the eviction loop over the lazily deleted heap.
+ *   evict      the eviction loop over the lazily deleted heap; the evicted values are freed
+ *              together at the end (one piece straight to free, several through the cache's
+ *              _free_values: fast/frees.py).
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
