@@ -301,17 +301,40 @@ def fast_bundle(allocator: str = "freelist") -> ApiBundle:
     if torch is None:
         raise ImplMissing("fast: torch is not installed in this interpreter")
     values = spec_api.TorchValues(torch)
+    if allocator == "sglang":
+        return _fast_from_sglang_objects(fast, values)
 
     def build(pool: PagedPool):
         alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size, torch)
-        # NOTE: built from uniradix's own CacheInitParams; once fast takes sglang's (issue 11
-        # item 1), build it from ``up.CacheInitParams`` like upstream_bundle below
         params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
                                       token_to_kv_pool_allocator=alloc, page_size=pool.page_size)
         return fast.UnifiedRadixCache(params), alloc
 
     return ApiBundle("fast", getattr(fast, "__version__", "dev"), fast.RadixKey,
                      fast.MatchPrefixParams, fast.InsertParams, fast.EvictParams, values, build)
+
+
+def _fast_from_sglang_objects(fast: Any, values: Any) -> ApiBundle:
+    """fast as an engine runs it in place of sglang's cache: built from sglang's own
+    ``CacheInitParams`` over sglang's allocator, and called with sglang's ``RadixKey`` and param
+    types (the drop-in boundary, fast/compat.py), exactly as ``upstream_bundle`` builds and
+    calls sglang's cache."""
+    from uniradix.conformance.upstream import UpstreamMissing, load_upstream
+    try:
+        up = load_upstream()
+    except UpstreamMissing as e:
+        raise ImplMissing(f"fast: --allocator sglang needs sglang ({e})") from e
+
+    def build(pool: PagedPool):
+        alloc = make_allocator("sglang", pool.num_pages * pool.page_size, pool.page_size,
+                               up.torch)
+        params = up.CacheInitParams(disable=False, req_to_token_pool=None,
+                                    token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
+                                    is_eagle=False, tree_components=(up.ComponentType.FULL,))
+        return fast.UnifiedRadixCache(params), alloc
+
+    return ApiBundle("fast", getattr(fast, "__version__", "dev"), up.RadixKey,
+                     up.MatchPrefixParams, up.InsertParams, up.EvictParams, values, build)
 
 
 TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
