@@ -14,9 +14,9 @@ sglang's own HiCacheStorage, for `--hicache-storage-backend dynamic` (docs/STORA
 from .base import STORAGE_BATCH_SIZE, PageLayout, StorageBackend, StorageInputError, StorageStats
 from .faults import Fault, FaultyBackend, InjectedStorageError
 from .file_store import FileStore
-from .mooncake_store import MooncakeStore, mooncake_available
+from .mooncake_store import MooncakeMaster, MooncakeStore, mooncake_available
 
 __all__ = [
-    "STORAGE_BATCH_SIZE", "Fault", "FaultyBackend", "FileStore", "InjectedStorageError", "MooncakeStore",
+    "STORAGE_BATCH_SIZE", "Fault", "FaultyBackend", "FileStore", "InjectedStorageError", "MooncakeMaster", "MooncakeStore",
     "PageLayout", "StorageBackend", "StorageInputError", "StorageStats", "mooncake_available",
 ]

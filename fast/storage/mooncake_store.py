@@ -29,14 +29,18 @@ until written again).
 from __future__ import annotations
 
 import logging
+import os
 import re
+import socket
+import subprocess
+import time
 from typing import Any, Optional, Sequence
 
 import torch
 
 from .base import StorageBackend, StorageInputError, chunks
 
-__all__ = ["MooncakeStore", "mooncake_available"]
+__all__ = ["MooncakeMaster", "MooncakeStore", "mooncake_available"]
 
 logger = logging.getLogger(__name__)
 
@@ -268,3 +272,79 @@ class MooncakeStore(StorageBackend):
                 self._registered = None
                 self._store = None
 
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MooncakeMaster:
+    """A `mooncake_master` process on loopback, for tests and benchmarks.
+
+    `start()` runs the binary shipped in the mooncake package on a free port (or `port`) and
+    waits until it accepts connections; `stop()` kills it; `restart()` does both on the same
+    port (a restarted master has no objects).  `address` is what `MooncakeStore` takes.  The
+    master's log goes to `log_path` when given, else nowhere."""
+
+    def __init__(self, port: Optional[int] = None, *, log_path: Optional[str] = None,
+                 extra_args: Sequence[str] = ()) -> None:
+        why = mooncake_available()
+        if why is not None:
+            raise ImportError(why)
+        import mooncake
+
+        self.binary = os.path.join(os.path.dirname(mooncake.__file__), "mooncake_master")
+        self.port = port or _free_port()
+        self.metrics_port = _free_port()
+        self.log_path = log_path
+        self.extra_args = list(extra_args)
+        self._proc: Optional[subprocess.Popen] = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> "MooncakeMaster":
+        if self._proc is not None:
+            raise RuntimeError("this mooncake_master is already running")
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self._proc = subprocess.Popen(
+                [self.binary, f"--rpc_port={self.port}", "--rpc_address=127.0.0.1",
+                 f"--metrics_port={self.metrics_port}", "--metrics_host=127.0.0.1",
+                 "--enable_metric_reporting=false", *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                self._proc = None
+                raise RuntimeError(f"mooncake_master exited at start (port {self.port} taken?)")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"mooncake_master did not listen on {self.address} in {timeout_s} s")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def restart(self) -> "MooncakeMaster":
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> "MooncakeMaster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
