@@ -22,6 +22,7 @@ run: install
 	$(VENV)/bin/uniradix run --json bench-results/run.json
 
 test: install
+	@ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' || { S=$$([ "$$(id -u)" = 0 ] || echo sudo); ($$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq libibverbs1) >/dev/null 2>&1 || echo "libibverbs1 could not be installed: the Mooncake tests will skip"; }
 	$(PY) -m pytest -q
 
 bench: install
