@@ -383,3 +383,18 @@ def test_fault_settings_are_checked():
         Fault("get", "explode")
     with pytest.raises(StorageInputError, match="times"):
         Fault("get", "fail", times=0)
+
+
+# -- the throughput script ---------------------------------------------------------------------------
+def test_bench_script_measures_the_file_store(tmp_path, capsys):
+    from uniradix.fast.storage import bench
+    out = tmp_path / "b.json"
+    assert bench.main(["--backends", "file", "--pages", "6", "--page-size", "2", "--layers", "1",
+                       "--heads", "1", "--head-dim", "8", "--repeat", "1", "--warmup", "0",
+                       "--dir", str(tmp_path / "d"), "--json", str(out)]) == 0
+    import json
+    res = json.loads(out.read_text())["results"]
+    assert [r["backend"] for r in res] == ["file"] and res[0]["get_pages_per_s"] > 0
+    assert "set pages/s" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--backends", "tape"])

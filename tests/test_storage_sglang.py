@@ -77,6 +77,7 @@ def round_trip(backend, layout, kind):
     assert page is not None
     pool.set_from_flat_data_page(13 * PAGE, page)
     assert torch.equal(pool.get_data_page(13 * PAGE, flat=True), pool.get_data_page(2 * PAGE, flat=True))
+    assert backend.get_stats() is None and backend.stats.pages_set == 4   # SGLang's collector: its own type only
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

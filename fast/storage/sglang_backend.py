@@ -61,7 +61,14 @@ def _settings(storage_config: Any, allowed: dict[str, type]) -> dict[str, Any]:
     return out
 
 
-class UniradixFileStorage(FileStore, HiCacheStorage):
+class _ForSGLang:
+    def get_stats(self) -> None:
+        """None, as upstream's HiCacheFile answers: SGLang's metrics collector accepts only its
+        own StorageMetrics type here.  Our counters stay readable as `stats`."""
+        return None
+
+
+class UniradixFileStorage(_ForSGLang, FileStore, HiCacheStorage):
     """`FileStore` built the way SGLang's dynamic factory builds a backend: (storage_config, kwargs)."""
 
     def __init__(self, storage_config: Any, kwargs: Optional[dict] = None) -> None:
@@ -73,7 +80,7 @@ class UniradixFileStorage(FileStore, HiCacheStorage):
         self.key_prefix = rank_namespace(storage_config)
 
 
-class UniradixMooncakeStorage(MooncakeStore, HiCacheStorage):
+class UniradixMooncakeStorage(_ForSGLang, MooncakeStore, HiCacheStorage):
     """`MooncakeStore` built the way SGLang's dynamic factory builds a backend."""
 
     def __init__(self, storage_config: Any, kwargs: Optional[dict] = None) -> None:
