@@ -398,3 +398,17 @@ def test_bench_script_measures_the_file_store(tmp_path, capsys):
     assert "set pages/s" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench.main(["--backends", "tape"])
+
+
+def test_a_write_the_os_takes_in_parts_still_stores_the_whole_page(tmp_path, monkeypatch):
+    from uniradix.fast.storage import file_store
+    pool = make_pool(Layout.LAYER_FIRST)
+    store = FileStore(tmp_path)
+    store.register_mem_pool_host(pool)
+    monkeypatch.setattr(file_store.os, "writev", lambda fd, bufs: os.write(fd, bytes(bufs[0][:10])))
+    assert store.batch_set_v1(["p"], indices(pool, [2])) == [True]
+    monkeypatch.undo()
+    dst = make_pool(Layout.LAYER_FIRST, seed=8)
+    store.register_mem_pool_host(dst)
+    assert store.batch_get_v1(["p"], indices(dst, [0])) == [True]
+    assert torch.equal(page_data(dst, 0), page_data(pool, 2))

@@ -175,9 +175,7 @@ class FileStore(StorageBackend):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                written = os.writev(fd, [header, *pieces])
-                if written != size:
-                    raise OSError(f"short write: {written} of {size} bytes")
+                _write_all(fd, [memoryview(header), *pieces], size)
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -209,7 +207,7 @@ class FileStore(StorageBackend):
             del self._index[key]
             self._used -= entry.file_bytes
             _unlink(self._path(key))
-            self.stats.evicted_pages += 1
+            self._count(evicted_pages=1)     # lock order: _lock, then the stats lock
 
     # -- read ---------------------------------------------------------------------------------
     def _read(self, key: str, tag: Optional[str], payload_len: int) -> Optional[memoryview]:
@@ -368,6 +366,24 @@ class FileStore(StorageBackend):
         """Stored keys, least recently used first."""
         with self._lock:
             return list(self._index)
+
+
+def _write_all(fd: int, bufs: list, size: int) -> None:
+    """writev until every byte is written (a regular file may take fewer bytes per call)."""
+    done = os.writev(fd, bufs)
+    if done == size:
+        return
+    for b in bufs:                      # rare: finish the rest buffer by buffer
+        b = b.cast("B") if b.format != "B" else b
+        if done >= b.nbytes:
+            done -= b.nbytes
+            continue
+        rest, done = b[done:], 0
+        while rest.nbytes:
+            n = os.write(fd, rest)
+            if n <= 0:
+                raise OSError("write made no progress")
+            rest = rest[n:]
 
 
 def _unlink(path: str) -> None:
