@@ -132,11 +132,18 @@ def test_tensor_get_and_set_serve_sglangs_generic_page_path(tmp_path):
     assert store.set("g", flat)
     out = torch.zeros_like(flat)
     assert store.get("g", out) is out and torch.equal(out, flat)
-    # The same bytes are page 1 of the pool: a zero-copy read of the key fills that page.
+    # The same bytes are page 1 of the pool: a zero-copy read of the key fills a page with them.
     dst = make_pool(Layout.PAGE_FIRST, seed=9)
     store.register_mem_pool_host(dst)
-    assert store.batch_get_v1(["g"], indices(dst, [2])) == [False]   # stored untyped: not loaded as a page
+    assert store.batch_get_v1(["g"], indices(dst, [2])) == [True]
+    assert torch.equal(page_data(dst, 2), page_data(pool, 1))
     assert store.get("g", torch.zeros(3, dtype=torch.float16)) is None  # other size: a miss
+    # A pool of another layout (same page size in bytes, other byte order) never reads it.
+    other = make_pool(Layout.LAYER_FIRST)
+    store.register_mem_pool_host(other)
+    assert store.get("g", torch.zeros_like(flat)) is None and store.batch_exists(["g"]) == 0
+    assert store.batch_get_v1(["g"], indices(other, [0])) == [False]
+    store.register_mem_pool_host(dst)
     assert store.batch_get(["g", "nope"], [torch.zeros_like(flat), torch.zeros_like(flat)])[1] is None
     assert store.batch_set(["a", "b"], [flat, flat]) and store.exists("a")
 

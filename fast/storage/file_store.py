@@ -54,7 +54,7 @@ _MAGIC = b"URXPAGE\x01"
 _HEADER = struct.Struct("<8sIHIQ")          # magic, crc32, tag length, key length, payload length
 _NAME_RE = re.compile(r"^[0-9a-f]{32}\.urxp$")
 _TMP_RE = re.compile(r"^\.[0-9a-f]{32}\.urxp\.[0-9a-f]{32}\.tmp$")
-_RAW_TAG = "raw"                             # a page stored by set(): plain bytes, no pool layout
+_RAW_TAG = "raw"                             # a value that is not a page of the registered pool
 
 
 @dataclass
@@ -210,14 +210,14 @@ class FileStore(StorageBackend):
             self._count(evicted_pages=1)     # lock order: _lock, then the stats lock
 
     # -- read ---------------------------------------------------------------------------------
-    def _read(self, key: str, tag: Optional[str], payload_len: int) -> Optional[memoryview]:
-        """The checked payload of `key` (tag must equal `tag` unless None), or None: a miss.
+    def _read(self, key: str, tag: str, payload_len: int) -> Optional[memoryview]:
+        """The checked payload of `key` stored under `tag`, or None: a miss.
 
         A file that fails its check is deleted and dropped from the index."""
         entry = self._adopt(key)
         if entry is None:
             return None
-        if tag is not None and entry.tag != tag:
+        if entry.tag != tag:
             return None
         path = self._path(key)
         kb, tb = key.encode("utf-8", "surrogatepass"), entry.tag.encode()
@@ -266,6 +266,13 @@ class FileStore(StorageBackend):
                 self._used -= entry.file_bytes
 
     # -- per key ------------------------------------------------------------------------------
+    def _tag_for(self, nbytes: int) -> str:
+        """The tag a tensor of `nbytes` is stored and read under: a page of the registered pool
+        (SGLang's generic path moves whole flat pages, in the pool's byte order) carries the
+        pool's tag, so a page from a pool of another layout is never read into this one."""
+        layout = self._page_layout
+        return layout.tag if layout is not None and nbytes == layout.page_bytes else _RAW_TAG
+
     def exists(self, key: str) -> bool:
         key = self._key(key)
         return self._adopt(key) is not None
@@ -278,7 +285,7 @@ class FileStore(StorageBackend):
         if self._adopt(key) is not None:
             return True
         data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        return self._write(key, _RAW_TAG, [memoryview(data)])
+        return self._write(key, self._tag_for(data.nbytes), [memoryview(data)])
 
     def get(self, key: str, target_location: Optional[torch.Tensor] = None,
             target_sizes: Any = None) -> Optional[torch.Tensor]:
@@ -286,7 +293,7 @@ class FileStore(StorageBackend):
         if not isinstance(target_location, torch.Tensor) or not target_location.is_contiguous():
             raise StorageInputError("get needs a contiguous tensor target_location to read into")
         nbytes = target_location.numel() * target_location.element_size()
-        payload = self._read(key, None, nbytes)
+        payload = self._read(key, self._tag_for(nbytes), nbytes)
         if payload is None:
             self._count(pages_missed=1)
             return None
@@ -337,7 +344,7 @@ class FileStore(StorageBackend):
         tag = self._page_layout.tag if self._page_layout is not None else None
         for i, k in enumerate(keys):
             entry = self._adopt(k)
-            if entry is None or (tag is not None and entry.tag not in (tag, _RAW_TAG)):
+            if entry is None or (tag is not None and entry.tag != tag):
                 return i
         return len(keys)
 
