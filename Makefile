@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 
-.PHONY: run test bench check nightly install browser upstream-venv corpus gpu-bench clean
+.PHONY: run test bench check nightly install browser ibverbs upstream-venv corpus gpu-bench clean
 
 # Editable: the tests and commands always run the working tree (fast/_core.c is rebuilt when it
 # or the build files change).
@@ -21,7 +21,7 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/uniradix run --json bench-results/run.json --dashboard bench-results/dashboard.html
 
-test: install browser
+test: install browser ibverbs
 	$(PY) -m pytest -q
 
 # Headless Chromium for tests/test_dashboard_browser.py: Debian's package, installed only where
@@ -35,6 +35,11 @@ browser:
 	else \
 	  echo "make: no chromium and no root apt-get to install it: the browser test will skip"; \
 	fi
+
+# Debian's libibverbs1, which the Mooncake store's wheel links against (tests/test_mooncake_store.py),
+# installed only where the loader cannot find it.
+ibverbs:
+	@ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' || { S=$$([ "$$(id -u)" = 0 ] || echo sudo); ($$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq libibverbs1) >/dev/null 2>&1 || echo "libibverbs1 could not be installed: the Mooncake tests will skip"; }
 
 bench: install
 	mkdir -p bench-results
