@@ -48,6 +48,7 @@ def snapshot(state: CacheState) -> dict[str, Any]:
         "pool": sorted(state.kv.allocated_pages()),
         "requests": [request_view(r) for _, r in sorted(state.requests.items())],
         **({"host": host_view(state)} if state.host is not None else {}),
+        **({"storage": storage_view(state)} if state.storage is not None else {}),
     } if state.config.components == ("full",) else hybrid_snapshot(state, nodes)
 
 
@@ -110,3 +111,38 @@ def hybrid_snapshot(state: CacheState, nodes: list) -> dict[str, Any]:
     if "mamba" in state.config.components:
         out["mamba_pool"] = sorted(state.mamba.allocated_pages())
     return out
+
+
+def storage_view(state: CacheState) -> dict[str, Any]:
+    """The storage tier (spec/storage.py): page keys by path, the stored keys, the prefetches
+    and backups in flight, the control queues, the occupancy and the clock."""
+    tier = state.storage
+    keys = [{"path": path_of(state, n), "page_keys": list(n.page_keys or ())}
+            for n in queries_all_nodes(state) if not n.is_root]
+    keys.sort(key=lambda e: path_sort_key(e["path"]))
+
+    def prefetch(op) -> dict[str, Any]:
+        return {"rid": op.rid, "anchor": path_of(state, op.anchor), "tokens": len(op.units),
+                "host_slots": list(op.slots), "queried": op.queried, "hit_pages": len(op.keys),
+                "completed": op.completed, "terminated": op.terminated,
+                "transfer_done": op.transfer_done}
+    return {
+        "page_keys": keys,
+        "stored": sorted(tier.store),
+        "ongoing": [prefetch(tier.ongoing[r]) for r in sorted(tier.ongoing)],
+        "environment": [prefetch(op) for op in tier.prefetches],
+        "backups": [{"node": path_of(state, b.node), "keys": list(b.keys), "done": b.done}
+                    for b in tier.backups],
+        "ongoing_backups": len(tier.ongoing_backup),
+        "revoke_queue": list(tier.revoke_queue),
+        "ack_backup_queue": len(tier.ack_backup_queue),
+        "release_queue": [list(p) for p in tier.release_queue],
+        "loaded_tokens": dict(sorted(tier.loaded_tokens.items())),
+        "occupied": tier.occupied,
+        "clock": tier.clock,
+    }
+
+
+def queries_all_nodes(state: CacheState) -> list:
+    from .state import all_nodes
+    return all_nodes(state)

@@ -34,6 +34,8 @@ class Node:
     # host tier (spec/host.py): host KV slots, one per unit (None = no host copy), host locks
     host_value: Optional[tuple] = None
     host_lock_ref: int = 0
+    # storage tier (spec/storage.py): the keys of this node's pages (None without storage)
+    page_keys: Optional[tuple] = None
 
     @property
     def is_root(self) -> bool:
@@ -97,6 +99,7 @@ class CacheState:
     mamba: Optional[PagedPool] = None
     next_boundary: int = 1
     host: Optional[object] = None  # spec/host.py HostTier when config.host_slots > 0, else None
+    storage: Optional[object] = None  # spec/storage.py StorageTier when config.storage, else None
 
 
 def new_root() -> Node:
@@ -117,6 +120,9 @@ def new_state(config: CacheConfig) -> CacheState:
     if config.has_host_tier:
         from .host import attach_host_tier
         attach_host_tier(state)
+    if config.storage:
+        from .storage import attach_storage_tier
+        attach_storage_tier(state)
     return state
 
 
