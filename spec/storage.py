@@ -212,8 +212,9 @@ def prefetch_from_storage(state: CacheState, rid: str, anchor: Node, tokens: lis
                           extra_key: Optional[str]) -> int:
     """Start prefetching ``tokens`` (what follows ``anchor``'s path) for request ``rid``.
 
-    Nothing happens (0) below ``prefetch_threshold`` aligned units or while the prefetches in
-    flight occupy the capacity.  Otherwise the anchor is host-locked and host slots are taken
+    Nothing happens (0) when the anchor is neither the root nor backed up (the scheduler's
+    condition), below ``prefetch_threshold`` aligned units or while the prefetches in flight
+    occupy the capacity.  Otherwise the anchor is host-locked and host slots are taken
     for every unit, evicting host leaves once if short (the seed evicts as many tokens as the
     prefetch wants), else cut to what is free if that still reaches the threshold.  Returns the
     units requested."""
@@ -222,11 +223,9 @@ def prefetch_from_storage(state: CacheState, rid: str, anchor: Node, tokens: lis
         raise InvalidInput(f"prefetch: rid must be a string, got {rid!r}")
     if rid in tier.ongoing:
         raise InvalidInput(f"prefetch: request {rid!r} already has a prefetch in flight")
-    if not anchor.is_root and anchor.host_value is None:
-        raise InvalidInput("prefetch: the anchor node is neither the root nor backed up")
     tokens = rules.check_int_list("tokens", tokens)
-    if state.config.disable:
-        return 0
+    if state.config.disable or (not anchor.is_root and anchor.host_value is None):
+        return 0  # the scheduler prefetches only below the root or a backed-up node
     ps = state.config.page_size
     units = rules.aligned_units(state, tokens)
     if not anchor.is_root:
@@ -469,16 +468,16 @@ def hit_query(state: CacheState, op: Prefetch) -> None:
 
 
 def storage_load(state: CacheState, rid: str, pages: int) -> int:
-    """The environment reads the next ``pages`` pages (-1: all) of ``rid``'s prefetch in
-    flight (queried, transfer not ended).  A terminated prefetch reads nothing; a page no longer
-    stored ends the transfer (and terminates the prefetch).  When the transfer ends, the slots
-    not loaded are released.  Returns the pages read."""
+    """The environment reads the next ``pages`` pages (-1: all) of ``rid``'s oldest prefetch
+    in flight (queried, transfer not ended; none: nothing happens).  A terminated prefetch reads
+    nothing; a page no longer stored ends the transfer (and terminates the prefetch).  When the
+    transfer ends, the slots not loaded are released.  Returns the pages read."""
     check_k("storage_load: pages", pages)
     tier = state.storage
     op = next((p for p in tier.prefetches
                if p.rid == rid and p.queried and not p.transfer_done), None)
     if op is None:
-        raise InvalidInput(f"storage_load: no queried prefetch of {rid!r} is loading")
+        return 0
     ps = state.config.page_size
     read = 0
     while pages != 0 and not op.terminated and op.completed < len(op.keys) * ps:
