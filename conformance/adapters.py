@@ -346,6 +346,9 @@ def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
         if config.components != ("full",):  # hybrid models: SWA or Mamba
             from uniradix.conformance.upstream_hybrid import HybridUpstreamAdapter
             return HybridUpstreamAdapter(config)
+        if config.storage:  # the storage tier (conformance/upstream_storage.py)
+            from uniradix.conformance.upstream_storage import UpstreamStorageAdapter
+            return UpstreamStorageAdapter(config)
         if config.has_host_tier:
             from uniradix.conformance.upstream_host import UpstreamHostAdapter
             return UpstreamHostAdapter(config)
