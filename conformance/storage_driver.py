@@ -208,3 +208,63 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --------------------------------------------------------------------------------------------
+# ``uniradix conform --config storage`` segments: the driver against a lockstep runner
+# --------------------------------------------------------------------------------------------
+
+
+class _Found(Exception):
+    def __init__(self, finding: Any) -> None:
+        super().__init__(str(finding))
+        self.finding = finding
+
+
+class _LockstepAsAdapter:
+    """What the driver needs of an adapter, over a Lockstep: every step is checked there."""
+
+    def __init__(self, runner: Any, taken: list, on_step: Any) -> None:
+        self.runner, self.taken, self.on_step = runner, taken, on_step
+
+    def apply(self, step: dict) -> dict:
+        self.taken.append(step)
+        obs, finding = self.runner.check(step)
+        if finding is not None:
+            raise _Found(finding)
+        if self.on_step is not None:
+            self.on_step(len(self.taken))
+        return obs
+
+    def violations(self) -> list:
+        return []  # the runner checked them
+
+    def snapshot(self) -> dict:
+        return self.runner.adapters[0].snapshot()
+
+
+def storage_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
+                    on_step: Any = None) -> tuple[list, Any]:
+    """Drive a Lockstep ``runner`` through ``steps`` steps of the storage workload; return
+    (the steps taken, the first finding or None).  A step an implementation rejects is a
+    finding of the runner (every implementation must reject it alike) or ends the segment."""
+    taken: list = []
+    runner.prime()
+    seed_int = int.from_bytes(str(seed).encode(), "little") % (2 ** 31)
+    driver = StorageDriver(_LockstepAsAdapter(runner, taken, on_step), config, seed_int, steps,
+                           check_violations=False)
+    try:
+        driver.run()
+    except _Found as e:
+        return taken, e.finding
+    except RecordingError:
+        pass  # every implementation rejected a step alike: the segment ends there
+    return taken, None
+
+
+def conform_config(name: str, seed: int, segment: int) -> CacheConfig:
+    """A segment's config for ``conform --config storage[-...]``: the named storage config
+    (``storage`` alone cycles through all of them), its pools drawn from seed and segment."""
+    if name == "storage":
+        name = STORAGE_CONFIG_NAMES[segment % len(STORAGE_CONFIG_NAMES)]
+    return make_storage_config(name, seed * 100_003 + segment)

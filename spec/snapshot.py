@@ -114,8 +114,10 @@ def hybrid_snapshot(state: CacheState, nodes: list) -> dict[str, Any]:
 
 
 def storage_view(state: CacheState) -> dict[str, Any]:
-    """The storage tier (spec/storage.py): page keys by path, the stored keys, the prefetches
-    and backups in flight, the control queues, the occupancy and the clock."""
+    """The storage tier (spec/storage.py) as the cache and the store show it: page keys by path,
+    the stored keys, the cache's prefetches in flight, its backups in flight (how many), the
+    revoke and release queues, the tokens loaded per request, the occupancy and the clock.
+    (The environment's internal queues are not part of it.)"""
     tier = state.storage
     keys = [{"path": path_of(state, n), "page_keys": list(n.page_keys or ())}
             for n in queries_all_nodes(state) if not n.is_root]
@@ -123,19 +125,14 @@ def storage_view(state: CacheState) -> dict[str, Any]:
 
     def prefetch(op) -> dict[str, Any]:
         return {"rid": op.rid, "anchor": path_of(state, op.anchor), "tokens": len(op.units),
-                "host_slots": list(op.slots), "queried": op.queried, "hit_pages": len(op.keys),
-                "completed": op.completed, "terminated": op.terminated,
-                "transfer_done": op.transfer_done}
+                "host_slots": list(op.slots), "hit_pages": len(op.keys),
+                "completed": op.completed, "terminated": op.terminated}
     return {
         "page_keys": keys,
         "stored": sorted(tier.store),
         "ongoing": [prefetch(tier.ongoing[r]) for r in sorted(tier.ongoing)],
-        "environment": [prefetch(op) for op in tier.prefetches],
-        "backups": [{"node": path_of(state, b.node), "keys": list(b.keys), "done": b.done}
-                    for b in tier.backups],
         "ongoing_backups": len(tier.ongoing_backup),
         "revoke_queue": list(tier.revoke_queue),
-        "ack_backup_queue": len(tier.ack_backup_queue),
         "release_queue": [list(p) for p in tier.release_queue],
         "loaded_tokens": dict(sorted(tier.loaded_tokens.items())),
         "occupied": tier.occupied,
