@@ -50,6 +50,8 @@ def test_host_tier_corpus_is_there():
 @pytest.mark.parametrize("impl", ["spec", "fast"])
 @pytest.mark.parametrize("path", TRACES, ids=[os.path.relpath(t, CORPUS) for t in TRACES])
 def test_replay(path, impl):
+    if impl == "fast" and os.sep + "upstream-storage" + os.sep in path:
+        pytest.skip("the storage tier is not in fast yet (issue 16)")
     result = replay_trace(load_trace(path), impl)
     assert result.unsupported is None, result.unsupported
     assert result.divergence is None, str(result.divergence)
