@@ -86,8 +86,7 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
         return "custom", which
     if which in STORAGE_CONFIGS:  # the storage tier (conformance/storage_driver.py)
         from uniradix.conformance.storage_driver import conform_config
-        cfg = conform_config(which, seed, segment)
-        return f"storage-{cfg.write_policy}-p{cfg.page_size}-{cfg.prefetch_stop_policy}", cfg
+        return conform_config(which, seed, segment)
     names = list(NAMED_CONFIGS)
     name = which if which is not None else names[segment % len(names)]
     base = NAMED_CONFIGS[name]

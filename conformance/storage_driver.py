@@ -262,9 +262,10 @@ def storage_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
     return taken, None
 
 
-def conform_config(name: str, seed: int, segment: int) -> CacheConfig:
-    """A segment's config for ``conform --config storage[-...]``: the named storage config
-    (``storage`` alone cycles through all of them), its pools drawn from seed and segment."""
+def conform_config(name: str, seed: int, segment: int) -> tuple[str, CacheConfig]:
+    """A segment's config name and config for ``conform --config storage[-...]``: the named
+    storage config (``storage`` alone cycles through all of them), its pools drawn from seed
+    and segment."""
     if name == "storage":
         name = STORAGE_CONFIG_NAMES[segment % len(STORAGE_CONFIG_NAMES)]
-    return make_storage_config(name, seed * 100_003 + segment)
+    return name, make_storage_config(name, seed * 100_003 + segment)
