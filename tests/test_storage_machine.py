@@ -44,7 +44,8 @@ def make_machine(build: Callable[[CacheConfig], Any], configs: list[CacheConfig]
         @precondition(lambda self: self.adapter is not None)
         @rule(p=st.sampled_from(PROMPTS), cut=st.integers(1, 8))
         def serve(self, p: list, cut: int) -> None:
-            """match, allocate, insert (the request's prompt), free the tail."""
+            """match, lock, allocate (evicting if short), insert (the request's prompt), free
+            the tail, unlock."""
             tokens = p[: max(1, min(cut, len(p)))]
             ps = self.config.page_size
             m = self.step("match_prefix", tokens=tokens)
@@ -52,18 +53,21 @@ def make_machine(build: Callable[[CacheConfig], Any], configs: list[CacheConfig]
             need = -(-(len(tokens) - have) // ps) * ps
             if need == 0:
                 return
+            # the matched prefix is locked while room is made (the scheduler's way)
+            handle = self.step("lock", node={"tokens": tokens[:have], "extra_key": None})["handle"]
             free = self.adapter.pool.available_size()
             if free < need:
                 self.step("evict", num_tokens=need - free)
-                if self.adapter.pool.available_size() < need:
-                    return
-            slots = self.step("alloc", n=need)["slots"]
-            self.step("insert", tokens=tokens, value=m["device_indices"] + slots[: len(tokens) - have],
-                      prev_prefix_len=have)
-            aligned = len(tokens) - len(tokens) % ps
-            tail = slots[aligned - have:]
-            if tail:
-                self.step("free", slots=tail)
+            if self.adapter.pool.available_size() >= need:
+                slots = self.step("alloc", n=need)["slots"]
+                self.step("insert", tokens=tokens,
+                          value=m["device_indices"] + slots[: len(tokens) - have],
+                          prev_prefix_len=have)
+                aligned = len(tokens) - len(tokens) % ps
+                tail = slots[aligned - have:]
+                if tail:
+                    self.step("free", slots=tail)
+            self.step("unlock", handle=handle)
 
         @precondition(lambda self: self.adapter is not None)
         @rule(p=st.sampled_from(PROMPTS))
