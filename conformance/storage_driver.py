@@ -22,7 +22,7 @@ import random
 import sys
 from typing import Any, Optional, Sequence
 
-from uniradix.conformance.driver import Driver, RecordingError, RecordStats, make_config
+from uniradix.conformance.driver import Driver, RecordingError, make_config
 from uniradix.spec.config import CacheConfig
 
 POLICIES = {"be": "best_effort", "wc": "wait_complete", "to": "timeout"}

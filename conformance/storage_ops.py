@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from uniradix.conformance import adapters as A
 from uniradix.spec import cache as rules
 from uniradix.spec import storage
 from uniradix.spec.errors import InvalidInput, Unsupported
@@ -24,6 +23,17 @@ STORAGE_ENV_OPS = ("storage_query", "storage_load", "storage_backup", "storage_t
 STORAGE_OPS = STORAGE_CACHE_OPS + STORAGE_ENV_OPS
 # ops whose observation carries host_freed (they may free host slots directly)
 STORAGE_HOST_EFFECT_OPS = ("prefetch_from_storage", "check_prefetch_progress")
+
+
+def _args(step: dict, *names: str, **defaults: Any) -> list:
+    # imported here: conformance/adapters.py imports this module's names
+    from uniradix.conformance.adapters import args_of
+    return args_of(step, *names, **defaults)
+
+
+def _path(raw: Any) -> tuple:
+    from uniradix.conformance.adapters import path_arg
+    return path_arg(raw)
 
 
 def rid_arg(raw: Any) -> str:
@@ -43,67 +53,67 @@ class SpecStorageOps:
 
     def op_prefetch_from_storage(self, step: dict) -> dict:
         self._storage()
-        rid, path, tokens = A.args_of(step, "rid", "node", "tokens")
-        anchor = rules.find_node(self.state, *A.path_arg(path))
-        extra_key = A.path_arg(path)[1]
+        rid, path, tokens = _args(step, "rid", "node", "tokens")
+        anchor = rules.find_node(self.state, *_path(path))
+        extra_key = _path(path)[1]
         n = storage.prefetch_from_storage(self.state, rid_arg(rid), anchor, tokens, extra_key)
         return {"tokens": n}
 
     def op_check_prefetch_progress(self, step: dict) -> dict:
         self._storage()
-        (rid,) = A.args_of(step, "rid")
+        (rid,) = _args(step, "rid")
         done = storage.check_prefetch_progress(self.state, rid_arg(rid))
         return {"done": done, "freed": self.state.kv.take_freed()}
 
     def op_terminate_prefetch(self, step: dict) -> dict:
         self._storage()
-        (rid,) = A.args_of(step, "rid")
+        (rid,) = _args(step, "rid")
         storage.terminate_prefetch(self.state, rid_arg(rid))
         return {}
 
     def op_pop_prefetch_loaded_tokens(self, step: dict) -> dict:
         self._storage()
-        (rid,) = A.args_of(step, "rid")
+        (rid,) = _args(step, "rid")
         return {"tokens": storage.pop_prefetch_loaded_tokens(self.state, rid_arg(rid))}
 
     def op_release_aborted_request(self, step: dict) -> dict:
         self._storage()
-        (rid,) = A.args_of(step, "rid")
+        (rid,) = _args(step, "rid")
         storage.release_aborted_request(self.state, rid_arg(rid))
         return {}
 
     def op_attach_storage_backend(self, step: dict) -> dict:
         self._storage()
-        A.args_of(step)
+        _args(step)
         return {"ok": storage.attach_storage_backend(self.state)[0]}
 
     def op_detach_storage_backend(self, step: dict) -> dict:
         self._storage()
-        A.args_of(step)
+        _args(step)
         return {"ok": storage.detach_storage_backend(self.state)[0]}
 
     def op_clear_storage_backend(self, step: dict) -> dict:
         self._storage()
-        A.args_of(step)
+        _args(step)
         return {"ok": storage.clear_storage(self.state)}
 
     def op_storage_query(self, step: dict) -> dict:
         self._storage()
-        (count,) = A.args_of(step, count=-1)
+        (count,) = _args(step, count=-1)
         return {"queried": storage.storage_query(self.state, count)}
 
     def op_storage_load(self, step: dict) -> dict:
         self._storage()
-        rid, pages = A.args_of(step, "rid", pages=-1)
+        rid, pages = _args(step, "rid", pages=-1)
         return {"pages": storage.storage_load(self.state, rid_arg(rid), pages)}
 
     def op_storage_backup(self, step: dict) -> dict:
         self._storage()
-        (count,) = A.args_of(step, count=-1)
+        (count,) = _args(step, count=-1)
         return {"written": storage.storage_backup(self.state, count)}
 
     def op_storage_tick(self, step: dict) -> dict:
         self._storage()
-        (ticks,) = A.args_of(step, ticks=1)
+        (ticks,) = _args(step, ticks=1)
         storage.storage_tick(self.state, ticks)
         return {}

@@ -26,7 +26,6 @@ The backend is :class:`InMemoryStorage`, a deterministic dict behind upstream's 
 
 from __future__ import annotations
 
-import types
 from array import array
 from queue import Queue
 from typing import Any, Optional
