@@ -44,12 +44,11 @@ from typing import Optional
 from . import cache as rules
 from . import host
 from .errors import InvalidInput, Unsupported
-from .keys import common_prefix_len, page_aligned_len
+from .keys import common_prefix_len
 from .pagekeys import chain_keys, namespace_prior, split_keys
 from .state import CacheState, Node, all_nodes
 
 STOP_POLICIES = ("best_effort", "wait_complete", "timeout")
-STORAGE_BATCH_PAGES = 128  # the controller reads and writes in batches of 128 pages
 
 # ----------------------------------------------------------------------------------------------
 # State
