@@ -20,6 +20,8 @@ from uniradix.spec.invariants import sanity_check
 from uniradix.spec.snapshot import snapshot
 from uniradix.spec.state import CacheState, Node, all_nodes, new_state
 from uniradix.conformance.host_ops import SpecHostOps
+from uniradix.conformance.storage_ops import (STORAGE_HOST_EFFECT_OPS, STORAGE_OPS,
+                                              SpecStorageOps)
 
 Step = dict
 Observation = dict
@@ -29,6 +31,7 @@ HOST_TIER_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events
                  "host_unlock")
 # Ops whose observation carries the host pool's effects (host_freed) when there is a host tier.
 HOST_EFFECT_OPS = ("insert", "evict", "load_back", "check_hicache_events", "evict_host")
+HOST_EFFECT_OPS += STORAGE_HOST_EFFECT_OPS  # storage tier (conformance/storage_ops.py)
 AUX_OPS = ("mamba_alloc", "mamba_free")
 
 
@@ -42,7 +45,8 @@ class CacheUnderTest(Protocol):
     def violations(self) -> list[str]: ...
 
 
-def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool = False) -> None:
+def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool = False,
+                    storage: bool = False) -> None:
     """What an implementation models: the Full component on the device tier always; with
     ``hybrid`` the SWA and Mamba components too; with ``host_tier`` the host tier (HiCache).
     A host tier together with an aux component is modelled by none yet."""
@@ -53,6 +57,8 @@ def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool =
                           "so far (SWA and Mamba come with the hybrid-models work)")
     if config.has_host_tier and not host_tier:
         raise Unsupported("host_slots > 0: the host tier (HiCache) is not supported yet")
+    if config.storage and not storage:
+        raise Unsupported("storage: true: the storage tier is not supported here yet")
 
 
 def check_cow_args(config: CacheConfig, cow: Any, mamba_slot: Any) -> None:
@@ -98,6 +104,7 @@ OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "si
 # Streaming sessions (spec/sessions.py; docs/TRACE.md): spec only so far.
 SESSION_OPS = ("release_session", "session_held")
 OPS += SESSION_OPS
+OPS += STORAGE_OPS  # storage tier (conformance/storage_ops.py)
 REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort"
                ) + SESSION_OPS
 
@@ -140,7 +147,7 @@ class StepAdapter:
             hybrid_request_check(self.config, op)
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
             if handler is None:
-                if op in HOST_TIER_OPS or op in AUX_OPS or op in SESSION_OPS:
+                if op in HOST_TIER_OPS or op in AUX_OPS or op in SESSION_OPS or op in STORAGE_OPS:
                     raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
                 raise UnknownOp(f"unknown op {op!r}")
             obs = handler(step)
@@ -156,11 +163,11 @@ class StepAdapter:
             return {"error": type(e).__name__, "message": str(e)}
 
 
-class SpecAdapter(SpecHostOps, StepAdapter):
+class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
     """Runs trace steps on the executable specification."""
 
     def __init__(self, config: CacheConfig) -> None:
-        check_supported(config, hybrid=True, host_tier=True)
+        check_supported(config, hybrid=True, host_tier=True, storage=True)
         self.config = config
         self.state: CacheState = new_state(config)
         self.pool = self.state.kv
@@ -399,6 +406,9 @@ def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
         if config.components != ("full",):  # hybrid models: SWA or Mamba
             from uniradix.conformance.upstream_hybrid import HybridUpstreamAdapter
             return HybridUpstreamAdapter(config)
+        if config.storage:  # the storage tier (conformance/upstream_storage.py)
+            from uniradix.conformance.upstream_storage import UpstreamStorageAdapter
+            return UpstreamStorageAdapter(config)
         if config.has_host_tier:
             from uniradix.conformance.upstream_host import UpstreamHostAdapter
             return UpstreamHostAdapter(config)

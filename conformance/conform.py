@@ -50,6 +50,9 @@ NAMED_CONFIGS: dict[str, dict] = {
                                                          "write_through_selective")},
     "hicache-wb": {"page_size": (1, 4), "write_policy": "write_back"},
 }
+# the storage tier (conformance/storage_driver.py): its own workload; not in the default cycle
+STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
+                                       for p in (1, 4) for s in ("be", "wc", "to"))
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
@@ -64,7 +67,7 @@ def parse_config_arg(raw: Optional[str]) -> Optional[Any]:
     """``--config``: a name of :data:`NAMED_CONFIGS` or a JSON config object (fixed)."""
     if raw is None:
         return None
-    if raw in NAMED_CONFIGS:
+    if raw in NAMED_CONFIGS or raw in STORAGE_CONFIGS:
         return raw
     if raw.lstrip().startswith("{"):
         try:
@@ -81,6 +84,9 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
     the seed (small pools, so eviction is frequent)."""
     if isinstance(which, CacheConfig):
         return "custom", which
+    if which in STORAGE_CONFIGS:  # the storage tier (conformance/storage_driver.py)
+        from uniradix.conformance.storage_driver import conform_config
+        return conform_config(which, seed, segment)
     names = list(NAMED_CONFIGS)
     name = which if which is not None else names[segment % len(names)]
     base = NAMED_CONFIGS[name]
@@ -281,8 +287,12 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
                 raise _OutOfTime(k)
 
         try:
-            taken, finding = random_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step,
-                                            actions=TREE_ACTIONS if seg_tree_only else None)
+            if cfg.storage:  # the storage workload (conformance/storage_driver.py)
+                from uniradix.conformance.storage_driver import storage_segment
+                taken, finding = storage_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step)
+            else:
+                taken, finding = random_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step,
+                                                actions=TREE_ACTIONS if seg_tree_only else None)
         except _OutOfTime as e:
             res.steps += e.steps
             break
@@ -438,8 +448,10 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="comma-separated implementations (default spec,fast); the first is "
                         "the reference whose observations a written trace records")
     p.add_argument("--config", default=None,
-                   help=f"one of {', '.join(NAMED_CONFIGS)} (kv_slots drawn per segment), or "
-                        "a JSON config object; default: cycle through the named configs")
+                   help=f"one of {', '.join(NAMED_CONFIGS)} (kv_slots drawn per segment), "
+                        "storage (cycles through the storage configs) or one of them "
+                        "(storage-{wt,wb}-p{1,4}-{be,wc,to}), or a JSON config object; default: "
+                        "cycle through the named configs")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, default=None,
                    help=f"total steps (default {DEFAULT_STEPS} when --seconds is not given)")

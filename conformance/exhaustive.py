@@ -153,6 +153,10 @@ def parse_universe(raw: str) -> Universe:
     names the universe it starts from)."""
     if raw in UNIVERSES:
         return UNIVERSES[raw]
+    if raw.startswith("storage-"):  # the storage tier (conformance/exhaustive_storage.py)
+        from uniradix.conformance.exhaustive_storage import STORAGE_UNIVERSES
+        if raw in STORAGE_UNIVERSES:
+            return STORAGE_UNIVERSES[raw]
     if raw.lstrip().startswith("{"):
         try:
             obj = json.loads(raw)
@@ -192,6 +196,7 @@ class World:
     n_held: int           # driver-held live locks, all of them
     requests: list        # spec Request objects, by rid
     free_slots: int
+    storage_rids: tuple = ()  # storage tier: request ids with a prefetch in flight
 
     @classmethod
     def of(cls, universe: Universe, adapter: SpecAdapter) -> "World":
@@ -220,7 +225,8 @@ class World:
                 seen.add(meaning)
                 held.append((h_no, meaning))
         return cls(universe, [nodes[k] for k in order], [slots[k] for k in order], held, n_held,
-                   [r for _, r in sorted(st.requests.items())], st.kv.available_size())
+                   [r for _, r in sorted(st.requests.items())], st.kv.available_size(),
+                   tuple(sorted(st.storage.ongoing)) if st.storage is not None else ())
 
     def request_names(self) -> list[str]:
         return [r.rid for r in self.requests]
@@ -866,8 +872,13 @@ def run_check(universes: Sequence[Universe], impls: Sequence[ImplSpec], *,
     try:
         for u in universes:
             left = None if seconds is None else max(0.0, seconds - (time.monotonic() - t0))
-            res = explore(u, impls, depth=depth, seconds=left, progress=progress, stream=stream,
-                          pool=pool)
+            if u.name.startswith("storage-"):  # conformance/exhaustive_storage.py
+                from uniradix.conformance.exhaustive_storage import explore_storage
+                res = explore_storage(u, impls, depth=depth, seconds=left, progress=progress,
+                                      stream=stream)
+            else:
+                res = explore(u, impls, depth=depth, seconds=left, progress=progress,
+                              stream=stream, pool=pool)
             results.append(res)
             if not _report(res, u, impls, out, log):
                 break

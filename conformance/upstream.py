@@ -320,6 +320,8 @@ class UpstreamAdapter:
             reasons.append("eagle bigram keys")
         if config.disable:
             reasons.append("a disabled cache")
+        if config.storage:
+            reasons.append("a storage tier")
         if reasons:
             raise Unsupported("UpstreamAdapter supports the Full device tier only, not "
                               + ", ".join(reasons))

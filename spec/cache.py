@@ -132,6 +132,9 @@ def split_node(state: CacheState, child: Node, split_len: int) -> Node:
     if state.host is not None:  # host tier: cut the host copy too (spec/host.py)
         from .host import split_host_data
         split_host_data(state, upper, child)
+    if state.storage is not None:  # storage tier: cut the page keys (spec/storage.py)
+        from .storage import split_node_keys
+        split_node_keys(state, upper, child)
     touch(state, child)
     return upper
 
@@ -144,6 +147,9 @@ def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: t
     leaf = Node(key=units, extra_key=extra_key, parent=parent, value=value,
                 stamp=stamp, created=stamp, priority=priority)
     parent.children[child_key_of(state, extra_key, units)] = leaf
+    if state.storage is not None:  # storage tier: the leaf's page keys (spec/storage.py)
+        from .storage import key_new_leaf
+        key_new_leaf(state, leaf)
     return leaf
 
 
@@ -528,3 +534,6 @@ def reset(state: CacheState) -> None:
     if state.host is not None:
         from .host import reset_host_tier
         reset_host_tier(state)
+    if state.storage is not None:
+        from .storage import reset_storage_tier
+        reset_storage_tier(state)

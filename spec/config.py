@@ -34,6 +34,13 @@ class CacheConfig:
     disable: bool = False
     # eviction policy (spec/policies.py); a trace header without it means "lru"
     eviction_policy: str = "lru"
+    # storage tier (spec/storage.py; docs/TRACE.md "The storage tier")
+    storage: bool = False
+    storage_key_mode: str = "namespaced"
+    prefetch_stop_policy: str = "best_effort"
+    prefetch_threshold: int = 256
+    prefetch_timeout_base: int = 1
+    prefetch_timeout_per_page: int = 0
 
     @property
     def has_host_tier(self) -> bool:
@@ -63,6 +70,10 @@ class CacheConfig:
         out["components"] = list(self.components)
         if self.eviction_policy == "lru":  # the default: headers stay as they were
             del out["eviction_policy"]
+        if not self.storage:  # storage settings at their defaults: a version-1 header as before
+            for f in STORAGE_FIELDS:
+                if out[f.name] == f.default:
+                    del out[f.name]
         return out
 
     def validate(self) -> None:
@@ -96,5 +107,29 @@ class CacheConfig:
         for name in ("kv_slots", "host_slots", "swa_slots"):
             if getattr(self, name) % self.page_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is not a multiple of page_size={self.page_size}")
+        self.validate_storage()
         if "swa" in self.components and not self.sliding_window:
             raise ConfigError("components with 'swa' need a positive sliding_window")
+
+    def validate_storage(self) -> None:
+        """The storage tier's settings (spec/storage.py): each checked even with storage off."""
+        if not isinstance(self.storage, bool):
+            raise ConfigError(f"storage must be true or false, got {self.storage!r}")
+        if self.storage_key_mode not in ("namespaced", "compat"):
+            raise ConfigError("storage_key_mode must be 'namespaced' or 'compat', got "
+                              f"{self.storage_key_mode!r}")
+        if self.prefetch_stop_policy not in ("best_effort", "wait_complete", "timeout"):
+            raise ConfigError("prefetch_stop_policy must be one of best_effort, wait_complete, "
+                              f"timeout, got {self.prefetch_stop_policy!r}")
+        for name in ("prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_page"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
+        if self.storage and (self.host_slots == 0 or self.components != ("full",)):
+            raise ConfigError("storage needs a host tier (host_slots > 0) and components ['full']")
+
+
+STORAGE_FIELDS = tuple(f for f in dataclasses.fields(CacheConfig)
+                       if f.name in ("storage", "storage_key_mode", "prefetch_stop_policy",
+                                     "prefetch_threshold", "prefetch_timeout_base",
+                                     "prefetch_timeout_per_page"))

@@ -434,7 +434,11 @@ def writing_check(state: CacheState) -> None:
     """Process finished writes: pop the done prefix of the write queue, unlocking each node."""
     queue = state.host.writes
     while queue and queue[0].done:
-        release(state, queue.pop(0))
+        ack = queue.pop(0)
+        release(state, ack)
+        if state.storage is not None:  # storage tier: back the node up (spec/storage.py)
+            from .storage import after_write_ack
+            after_write_ack(state, ack)
 
 
 def wait_for_writes(state: CacheState) -> None:
@@ -454,6 +458,9 @@ def loading_check(state: CacheState) -> None:
 def check_hicache_events(state: CacheState) -> None:
     writing_check(state)
     loading_check(state)
+    if state.storage is not None:  # storage tier: its control queues (spec/storage.py)
+        from .storage import drain_storage_control_queues
+        drain_storage_control_queues(state)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -564,6 +571,9 @@ def host_accounting(state: CacheState) -> list[str]:
     if any(not pool.is_allocated(s) for s in slots):
         errors.append("[host-size] the tree holds host slots the host pool says are free")
     tree_pages = {s // pool.page_size for s in slots}
+    if state.storage is not None:  # storage tier: prefetch slots and the release queue
+        from .storage import held_host_slots
+        tree_pages |= {s // pool.page_size for s in held_host_slots(state)}
     leaked = sorted(pool.allocated_pages() - tree_pages)
     if leaked:
         errors.append(f"[host-size] host pages allocated but held by no node: {leaked[:8]}")

@@ -11,6 +11,7 @@ from collections import Counter
 from . import components, queries, sessions
 from .keys import namespaced_child_key
 from .host import host_invariants
+from .storage import storage_invariants
 from .state import CacheState, all_nodes
 
 
@@ -133,6 +134,7 @@ INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification,
               request_rows, host_invariants)
 INVARIANTS += (components.aux_invariants,)  # hybrid models (spec/components.py)
 INVARIANTS += (sessions.session_invariants,)  # streaming sessions (spec/sessions.py)
+INVARIANTS += (storage_invariants,)  # storage tier (spec/storage.py)
 
 
 def sanity_check(state: CacheState) -> list[str]:

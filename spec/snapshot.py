@@ -52,6 +52,7 @@ def snapshot(state: CacheState) -> dict[str, Any]:
         "requests": [request_view(r) for _, r in sorted(state.requests.items())],
         **({"host": host_view(state)} if state.host is not None else {}),
         **({"sessions": sessions_view(state)} if state.sessions else {}),
+        **({"storage": storage_view(state)} if state.storage is not None else {}),
     } if state.config.components == ("full",) else hybrid_snapshot(state, nodes)
 
 
@@ -114,3 +115,35 @@ def hybrid_snapshot(state: CacheState, nodes: list) -> dict[str, Any]:
     if "mamba" in state.config.components:
         out["mamba_pool"] = sorted(state.mamba.allocated_pages())
     return out
+
+
+def storage_view(state: CacheState) -> dict[str, Any]:
+    """The storage tier (spec/storage.py) as the cache and the store show it: page keys by path,
+    the stored keys, the cache's prefetches in flight, its backups in flight (how many), the
+    revoke and release queues, the tokens loaded per request, the occupancy and the clock.
+    (The environment's internal queues are not part of it.)"""
+    tier = state.storage
+    keys = [{"path": path_of(state, n), "page_keys": list(n.page_keys or ())}
+            for n in queries_all_nodes(state) if not n.is_root]
+    keys.sort(key=lambda e: path_sort_key(e["path"]))
+
+    def prefetch(op) -> dict[str, Any]:
+        return {"rid": op.rid, "anchor": path_of(state, op.anchor), "tokens": len(op.units),
+                "host_slots": list(op.slots), "hit_pages": len(op.keys),
+                "completed": op.completed, "terminated": op.terminated}
+    return {
+        "page_keys": keys,
+        "stored": sorted(tier.store),
+        "ongoing": [prefetch(tier.ongoing[r]) for r in sorted(tier.ongoing)],
+        "ongoing_backups": len(tier.ongoing_backup),
+        "revoke_queue": list(tier.revoke_queue),
+        "release_queue": [list(p) for p in tier.release_queue],
+        "loaded_tokens": dict(sorted(tier.loaded_tokens.items())),
+        "occupied": tier.occupied,
+        "clock": tier.clock,
+    }
+
+
+def queries_all_nodes(state: CacheState) -> list:
+    from .state import all_nodes
+    return all_nodes(state)

@@ -39,6 +39,8 @@ class Node:
     # priority of an insert through it
     created: Stamp = (0, 0)
     priority: int = 0
+    # storage tier (spec/storage.py): the keys of this node's pages (None without storage)
+    page_keys: Optional[tuple] = None
 
     @property
     def is_root(self) -> bool:
@@ -103,6 +105,7 @@ class CacheState:
     next_boundary: int = 1
     host: Optional[object] = None  # spec/host.py HostTier when config.host_slots > 0, else None
     sessions: dict = dataclasses.field(default_factory=dict)  # streaming sessions: id -> SessionSlot
+    storage: Optional[object] = None  # spec/storage.py StorageTier when config.storage, else None
 
 
 def new_root() -> Node:
@@ -123,6 +126,9 @@ def new_state(config: CacheConfig) -> CacheState:
     if config.has_host_tier:
         from .host import attach_host_tier
         attach_host_tier(state)
+    if config.storage:
+        from .storage import attach_storage_tier
+        attach_storage_tier(state)
     return state
 
 

@@ -14,7 +14,8 @@ from conftest import CORPUS
 # Traces under other eviction policies than lru, and of Mamba copy-on-write, replay in
 # tests/test_spec_policies.py and tests/test_spec_mamba_cow.py (the fast path refuses both
 # until it models them).
-SPEC_ONLY = ("upstream-policies", "upstream-mamba-cow")
+# The storage corpus has its own replay test (tests/test_storage_corpus.py; spec only so far).
+SPEC_ONLY = ("upstream-policies", "upstream-mamba-cow", "upstream-storage")
 TRACES = sorted(t for t in glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
                 if not any(os.sep + d + os.sep in t for d in SPEC_ONLY))
 
