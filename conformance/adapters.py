@@ -243,38 +243,28 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
             return self._match_prefix_cow(tokens, extra_key, mamba_slot)
         if mamba_slot is not None:
             raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
-        m = rules.match_prefix(self.state, tokens, extra_key)
-        return {
-            "device_indices": list(m.device_indices),
-            "host_hit_length": m.host_hit_length,
-            "last_device_node": self._path_len(m.last_device_node),
-            "last_host_node": self._path_len(m.last_host_node),
-            "best_match_node": self._path_len(m.best_match_node),
-        } if "mamba" not in self.config.components else {
-            "device_indices": list(m.device_indices),
-            "host_hit_length": m.host_hit_length,
-            "last_device_node": self._path_len(m.last_device_node),
-            "last_host_node": self._path_len(m.last_host_node),
-            "best_match_node": self._path_len(m.best_match_node),
-            "mamba_branching_seqlen": m.mamba_branching_seqlen,
-        }
+        return self._match_obs(rules.match_prefix(self.state, tokens, extra_key))
 
-    def _match_prefix_cow(self, tokens, extra_key, mamba_slot) -> Observation:
-        """Mamba copy-on-write (spec/mamba_cow.py): the match, then the copy source and the
-        request's state slot, with the effects of the eviction that may have made room."""
-        out = mamba_cow.match_prefix_cow(self.state, tokens, extra_key, mamba_slot)
-        m = out.match
+    def _match_obs(self, m: Any) -> Observation:
+        """A match result as the trace records it (``mamba_branching_seqlen`` with Mamba)."""
         obs = {
             "device_indices": list(m.device_indices),
             "host_hit_length": m.host_hit_length,
             "last_device_node": self._path_len(m.last_device_node),
             "last_host_node": self._path_len(m.last_host_node),
             "best_match_node": self._path_len(m.best_match_node),
-            "mamba_branching_seqlen": m.mamba_branching_seqlen,
-            "mamba_cow_src": out.src,
-            "mamba_pool_idx": out.dst,
-            "freed": self.state.kv.take_freed(),
         }
+        if "mamba" in self.config.components:
+            obs["mamba_branching_seqlen"] = m.mamba_branching_seqlen
+        return obs
+
+    def _match_prefix_cow(self, tokens, extra_key, mamba_slot) -> Observation:
+        """Mamba copy-on-write (spec/mamba_cow.py): the match, then the copy source and the
+        request's state slot, with the effects of the eviction that may have made room."""
+        out = mamba_cow.match_prefix_cow(self.state, tokens, extra_key, mamba_slot)
+        obs = self._match_obs(out.match)
+        obs.update({"mamba_cow_src": out.src, "mamba_pool_idx": out.dst,
+                    "freed": self.state.kv.take_freed()})
         obs.update(self._effects())
         return obs
 
