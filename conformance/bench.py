@@ -1135,6 +1135,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         "with status 2 where torch sees no CUDA device; the spec is CPU only; "
                         "Full only); a cuda comparison is the dashboard configuration "
                         "'<workload>+cuda'")
+    b.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="start no further comparison once this many seconds have passed (the "
+                        "skipped ones are listed in the JSON's 'skipped'); with --json the file "
+                        "is rewritten after every comparison, so a run cut short keeps what it "
+                        "measured. Default: no budget")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     b.add_argument("--components", choices=("full", "swa", "mamba"), default="full",
                    help="hybrid models: swa or mamba runs fast and upstream only "
@@ -1213,8 +1218,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if why is not None:
             print(f"uniradix bench: --device {device} is not available: {why}", file=sys.stderr)
             return 2
+    budget = getattr(args, "budget", None)
+    if budget is not None and budget <= 0:
+        print(f"uniradix bench: --budget must be positive, got {budget}", file=sys.stderr)
+        return 2
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     results: dict = {"comparisons": [], "memory": [], "allocator": allocator, "device": device}
+    if "fast" in args.impl:  # the C core, or the pure-Python fallback (a Python it was not
+        try:                 # built for, or UNIRADIX_PURE_PYTHON=1)
+            from uniradix.fast.cache import NATIVE
+            results["fast_core"] = "C" if NATIVE else "pure Python"
+        except ImportError:
+            pass
+    started = time.perf_counter()
     torch = _torch_or_none()
     if torch is not None:
         torch.set_num_threads(threads)
@@ -1224,6 +1240,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     status = 0
     for wname in args.workload:
         for ps in args.page_size:
+            if budget is not None and time.perf_counter() - started > budget:
+                results.setdefault("skipped", []).append(
+                    f"{wname} page {ps}: the {budget:g} s budget was spent")
+                print(f"{wname}, page {ps}: skipped, the {budget:g} s budget was spent\n")
+                continue
             workload = make_workload(wname, ps, args.requests)
             spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
             if getattr(args, "hicache", None):  # the host tier (conformance/bench_host.py)
@@ -1252,8 +1273,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     status = 1
             print()
             results["comparisons"].append(summary)
+            for impl, why in summary["missing"].items():  # at the top too: what was not measured
+                results.setdefault("not_measured", {}).setdefault(impl, why)
             if not cmp.identical:
                 status = 1
+            if args.json and budget is not None:
+                write_json(args.json, results, quiet=True)
     if args.memory:
         print(f"memory: bytes per cached token of the tree (Mooncake, first "
               f"{args.memory_requests} requests, no eviction; deep getsizeof walk)")
@@ -1276,13 +1301,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
-def write_json(path: str, results: dict) -> None:
-    """Write results for dashboards (creating the folder) and say where."""
+def write_json(path: str, results: dict, quiet: bool = False) -> None:
+    """Write results for dashboards (creating the folder) and say where (unless ``quiet``)."""
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
