@@ -29,6 +29,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
+# a path relative to the caller's folder still names the same Python after the `cd`s below
+case "$py" in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;; esac
 
 run_tests=1
 run_sched=1
@@ -85,7 +87,8 @@ setup(script_args=["-q", "build_ext", "--build-lib", "ext", "--build-temp", "tmp
     >/dev/null 2>&1) && cp "$shim"/ext/uniradix/fast/_core*.so "$shim/uniradix/fast/" 2>/dev/null; then
   echo "gpu-bench: fast's C core built for this Python"
 else
-  echo "gpu-bench: fast's C core could not be built for this Python; fast runs its pure-Python code"
+  echo "gpu-bench: fast's C core could not be built for this Python; fast uses one already" \
+       "installed for it, else its pure-Python code (the scheduler JSON's fast_core says which)"
 fi
 export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "$cpu_smoke" = 1 ]; then export TRITON_INTERPRET=1; else unset TRITON_INTERPRET; fi
