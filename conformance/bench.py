@@ -112,6 +112,10 @@ OPS = ("match", "lock", "evict", "insert", "unlock")
 # sglang's own (TokenToKVPoolAllocator at page 1, PagedTokenToKVPoolAllocator above; only where
 # sglang imports).  The spec always runs over the environment's pool model.
 ALLOCATORS = ("freelist", "sglang")
+# where the scheduler loop's value tensors (the slots it allocates and inserts) and the KV
+# allocator of fast / upstream live (--device): production keeps them on the GPU.  The spec
+# runs over the environment's pool model, on the CPU only.
+DEVICES = ("cpu", "cuda")
 
 MOONCAKE_FILE = "mooncake_conversation.jsonl.gz"
 MOONCAKE_BLOCK = 512
@@ -147,12 +151,13 @@ class FreeListAllocator:
     # (fast/frees.py batches the cache's frees for it)
     uniradix_free_order = "append"
 
-    def __init__(self, usable_slots: int, page_size: int, torch_module) -> None:
+    def __init__(self, usable_slots: int, page_size: int, torch_module,
+                 device: str = "cpu") -> None:
         self.torch = torch_module
         self.page_size = page_size
-        self.device = torch_module.device("cpu")
+        self.device = torch_module.device(device)
         self._free = torch_module.arange(page_size, usable_slots + page_size,
-                                         dtype=torch_module.int64)
+                                         dtype=torch_module.int64, device=self.device)
         self._released: list = []
         self._released_slots = 0
 
@@ -196,8 +201,8 @@ class TimedPagedPool(PagedPool):
             self.free_seconds += time.perf_counter() - t0
 
 
-def sglang_allocator(usable_slots: int, page_size: int):
-    """sglang's own KV allocator for ``page_size`` on the CPU, as its model runner builds it
+def sglang_allocator(usable_slots: int, page_size: int, device: str = "cpu"):
+    """sglang's own KV allocator for ``page_size`` on ``device``, as its model runner builds it
     (``need_sort`` off: no disaggregation; no KV pool behind it, which alloc/free never read).
     :class:`ImplMissing` where sglang does not import."""
     from uniradix.conformance.upstream import UpstreamMissing, load_upstream
@@ -209,18 +214,19 @@ def sglang_allocator(usable_slots: int, page_size: int):
         raise ImplMissing(f"--allocator sglang: sglang's allocators do not import here "
                           f"({type(e).__name__}: {e})") from e
     if page_size == 1:
-        return TokenToKVPoolAllocator(usable_slots, torch.float16, "cpu", None, False)
-    return PagedTokenToKVPoolAllocator(usable_slots, page_size, torch.float16, "cpu", None, False)
+        return TokenToKVPoolAllocator(usable_slots, torch.float16, device, None, False)
+    return PagedTokenToKVPoolAllocator(usable_slots, page_size, torch.float16, device, None, False)
 
 
-def make_allocator(kind: str, usable_slots: int, page_size: int, torch_module):
-    """The KV allocator ``kind`` (:data:`ALLOCATORS`) for a fast or upstream cache, its
+def make_allocator(kind: str, usable_slots: int, page_size: int, torch_module,
+                   device: str = "cpu"):
+    """The KV allocator ``kind`` (:data:`ALLOCATORS`) on ``device`` for a fast or upstream cache, its
     ``free`` calls counted (:func:`count_frees`; before the cache is built, since a cache may
     keep the bound method)."""
     if kind == "freelist":
-        alloc = FreeListAllocator(usable_slots, page_size, torch_module)
+        alloc = FreeListAllocator(usable_slots, page_size, torch_module, device)
     elif kind == "sglang":
-        alloc = sglang_allocator(usable_slots, page_size)
+        alloc = sglang_allocator(usable_slots, page_size, device)
     else:
         raise ValueError(f"unknown allocator {kind!r}; known: {', '.join(ALLOCATORS)}")
     count_frees(alloc)
@@ -288,7 +294,7 @@ FAST_NAMES = ("UnifiedRadixCache", "CacheInitParams", "RadixKey", "MatchPrefixPa
               "InsertParams", "EvictParams")
 
 
-def fast_bundle(allocator: str = "freelist") -> ApiBundle:
+def fast_bundle(allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
     try:
         import uniradix.fast as fast
     except ImportError as e:
@@ -302,10 +308,11 @@ def fast_bundle(allocator: str = "freelist") -> ApiBundle:
         raise ImplMissing("fast: torch is not installed in this interpreter")
     values = spec_api.TorchValues(torch)
     if allocator == "sglang":
-        return _fast_from_sglang_objects(fast, values)
+        return _fast_from_sglang_objects(fast, values, device)
 
     def build(pool: PagedPool):
-        alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size, torch)
+        alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size, torch,
+                               device)
         params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
                                       token_to_kv_pool_allocator=alloc, page_size=pool.page_size)
         return fast.UnifiedRadixCache(params), alloc
@@ -314,7 +321,7 @@ def fast_bundle(allocator: str = "freelist") -> ApiBundle:
                      fast.MatchPrefixParams, fast.InsertParams, fast.EvictParams, values, build)
 
 
-def _fast_from_sglang_objects(fast: Any, values: Any) -> ApiBundle:
+def _fast_from_sglang_objects(fast: Any, values: Any, device: str = "cpu") -> ApiBundle:
     """fast as an engine runs it in place of sglang's cache: built from sglang's own
     ``CacheInitParams`` over sglang's allocator, and called with sglang's ``RadixKey`` and param
     types (the drop-in boundary, fast/compat.py), exactly as ``upstream_bundle`` builds and
@@ -327,7 +334,7 @@ def _fast_from_sglang_objects(fast: Any, values: Any) -> ApiBundle:
 
     def build(pool: PagedPool):
         alloc = make_allocator("sglang", pool.num_pages * pool.page_size, pool.page_size,
-                               up.torch)
+                               up.torch, device)
         params = up.CacheInitParams(disable=False, req_to_token_pool=None,
                                     token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
                                     is_eagle=False, tree_components=(up.ComponentType.FULL,))
@@ -340,30 +347,65 @@ def _fast_from_sglang_objects(fast: Any, values: Any) -> ApiBundle:
 TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 
-def upstream_bundle(tree_core: Optional[str] = None, allocator: str = "freelist") -> ApiBundle:
-    """sglang's ``UnifiedRadixCache``; ``tree_core`` selects its tree core where the release has
-    a pluggable one (0.5.17+: ``python``, the default, or ``rust``)."""
+def tree_core_in_use(cache: Any) -> str:
+    """Which tree core an upstream ``UnifiedRadixCache`` runs on: ``python`` or ``rust`` on a
+    release with a pluggable core (0.5.17+: the class of its ``tree_core``; sglang may fall back
+    from the one asked for to the Python core), ``python`` on a release without one (the tree
+    lives in the cache object itself), ``unknown (<class>)`` otherwise."""
+    core = getattr(cache, "tree_core", None)
+    if core is None:
+        return "python"
+    kind = type(core)
+    where = f"{kind.__module__}.{kind.__qualname__}"
+    if "rust" in where.lower():
+        return "rust"
+    if kind.__module__.endswith("unified_tree_core") and kind.__name__ == "UnifiedTreeCore":
+        return "python"
+    return f"unknown ({where})"
+
+
+def match_result_problem(result: Any) -> Optional[str]:
+    """Why the bench loop cannot read a peer's match result (``None`` when it can): the loop
+    takes the matched slots from ``device_indices``, which sglang's later releases dropped
+    (0.5.23 reports ``device_prefix_len`` and keeps the slots on the nodes)."""
+    if hasattr(result, "device_indices") and hasattr(result, "last_device_node"):
+        return None
+    fields = getattr(type(result), "_fields", None) or sorted(
+        n for n in dir(result) if not n.startswith("_"))
+    return (f"its MatchResult has no device_indices (fields: {', '.join(fields)}); the bench "
+            f"loop reads the matched slots from device_indices, as 0.5.13.post1 returns them")
+
+
+def upstream_bundle(tree_core: Optional[str] = None, allocator: str = "freelist",
+                    device: str = "cpu") -> ApiBundle:
+    """sglang's ``UnifiedRadixCache``, pinned to the tree core its name says: ``upstream`` on the
+    Python tree, ``upstream-rust`` (``tree_core="rust"``) on the Rust one.  On a release with a
+    pluggable core (0.5.17+, where the Rust core is the default) the core is set explicitly and
+    a probe cache checks which one was built; :class:`ImplMissing` says why when the core cannot
+    be pinned or the bench loop cannot read the release's match results."""
     from uniradix.conformance.upstream import (UpstreamMissing, load_upstream,
                                                rust_tree_core_available)
     name = "upstream" if tree_core is None else f"upstream-{tree_core}"
+    want = tree_core or "python"
     try:
         up = load_upstream()
     except UpstreamMissing as e:
         raise ImplMissing(f"{name}: {e}") from e
-    if tree_core == "rust" and not rust_tree_core_available():
+    pluggable = rust_tree_core_available()
+    if tree_core == "rust" and not pluggable:
         raise ImplMissing(f"{name}: sglang {up.version} has no Rust tree core (0.5.17 and "
                           f"later have one; measure it in a venv with such a release)")
     values = spec_api.TorchValues(up.torch)
 
     def build(pool: PagedPool):
         alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size,
-                               up.torch)
+                               up.torch, device)
         params = up.CacheInitParams(disable=False, req_to_token_pool=None,
                                     token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
                                     is_eagle=False, tree_components=(up.ComponentType.FULL,))
         before = os.environ.get(TREE_CORE_ENV)
-        if tree_core is not None:  # read by the constructor only
-            os.environ[TREE_CORE_ENV] = tree_core
+        if pluggable:  # read by the constructor only; set even for the Python core (not the
+            os.environ[TREE_CORE_ENV] = want  # default on the releases that have this switch)
         try:
             return up.UnifiedRadixCache(params), alloc
         finally:
@@ -372,7 +414,20 @@ def upstream_bundle(tree_core: Optional[str] = None, allocator: str = "freelist"
             else:
                 os.environ[TREE_CORE_ENV] = before
 
-    version = f"sglang {up.version}" + ("" if tree_core is None else f" ({tree_core} tree core)")
+    try:  # a probe: the core really built, and the match result the loop reads
+        probe, _ = build(PagedPool(16, 1, "probe"))
+        got = tree_core_in_use(probe)
+        problem = match_result_problem(probe.match_prefix(up.MatchPrefixParams(
+            key=up.RadixKey(array("q", [1, 2, 3])))))
+    except Exception as e:
+        raise ImplMissing(f"{name}: sglang {up.version}'s cache cannot be built here "
+                          f"({type(e).__name__}: {e})") from e
+    if got != want:
+        raise ImplMissing(f"{name}: asked sglang {up.version} for its {want} tree core "
+                          f"({TREE_CORE_ENV}={want}) and it built the {got} one")
+    if problem is not None:
+        raise ImplMissing(f"{name}: sglang {up.version}: {problem}")
+    version = f"sglang {up.version} ({got} tree core)"
     return ApiBundle(name, version, up.RadixKey, up.MatchPrefixParams,
                      up.InsertParams, up.EvictParams, values, build)
 
@@ -408,7 +463,23 @@ class UpstreamCppCache:
         return CppInsertResult(prefix_len)
 
 
-def upstream_cpp_bundle(allocator: str = "freelist") -> ApiBundle:
+def cpp_tree_problem(cache: Any) -> Optional[str]:
+    """Why ``cache`` (a ``RadixCacheCpp``) is not on upstream's compiled C++ tree (``None`` when
+    it is): its ``tree`` must be an instance of a class from a compiled extension module."""
+    tree = getattr(cache, "tree", None)
+    if tree is None:
+        return f"{type(cache).__name__} has no tree"
+    kind = type(tree)
+    where = getattr(sys.modules.get(kind.__module__), "__file__", None) or ""
+    # torch's extension loader does not always register the module; pybind11 marks its classes
+    if where.endswith((".so", ".pyd")) or "pybind11" in type(kind).__name__:
+        return None
+    return (f"its tree is {kind.__module__}.{kind.__qualname__}, not a class of a compiled "
+            f"extension ({where or 'no file'})")
+
+
+def upstream_cpp_bundle(allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
+    """Upstream's ``RadixCacheCpp``, checked to run on its compiled C++ tree."""
     from uniradix.conformance.upstream import UpstreamMissing, load_upstream, load_upstream_cpp
     try:
         up = load_upstream()
@@ -419,7 +490,7 @@ def upstream_cpp_bundle(allocator: str = "freelist") -> ApiBundle:
 
     def build(pool: PagedPool):
         alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size,
-                               up.torch)
+                               up.torch, device)
         alloc.get_kvcache = lambda: None  # read by the constructor, unused without a host tier
         params = up.CacheInitParams(disable=False, req_to_token_pool=None,
                                     token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
@@ -427,35 +498,59 @@ def upstream_cpp_bundle(allocator: str = "freelist") -> ApiBundle:
         return UpstreamCppCache(cls, params, alloc), alloc
 
     try:  # later releases read a server runtime context in the constructor
-        build(PagedPool(16, 1, "probe"))
+        probe, _ = build(PagedPool(16, 1, "probe"))
+        problem = cpp_tree_problem(probe.cache) or match_result_problem(probe.match_prefix(
+            up.MatchPrefixParams(key=up.RadixKey(array("q", [1, 2, 3])))))
     except Exception as e:
         raise ImplMissing(f"upstream-cpp: RadixCacheCpp of sglang {up.version} cannot be built "
                           f"outside a server ({type(e).__name__}: {e}); measure it with "
                           f"0.5.13.post1") from e
+    if problem is not None:
+        raise ImplMissing(f"upstream-cpp: sglang {up.version}: {problem}")
     return ApiBundle("upstream-cpp", f"sglang {up.version} RadixCacheCpp", up.RadixKey,
                      up.MatchPrefixParams, up.InsertParams, up.EvictParams, values, build)
 
 
 BUNDLES: dict[str, Callable[..., ApiBundle]] = {
-    "spec": lambda allocator="freelist": spec_bundle(),  # always over the pool model
+    "spec": lambda allocator="freelist", device="cpu": spec_bundle(),  # the pool model, CPU
     "fast": fast_bundle, "upstream": upstream_bundle,
-    "upstream-rust": lambda allocator="freelist": upstream_bundle("rust", allocator),
+    "upstream-rust": lambda allocator="freelist", device="cpu": upstream_bundle("rust", allocator,
+                                                                                device),
     "upstream-cpp": upstream_cpp_bundle}
 
 
-def get_bundle(name: str, allocator: str = "freelist") -> ApiBundle:
+def cuda_problem() -> Optional[str]:
+    """Why ``--device cuda`` cannot run here (``None`` when torch sees a CUDA device)."""
+    torch = _torch_or_none()
+    if torch is None:
+        return "torch is not installed in this interpreter"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} here has no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def get_bundle(name: str, allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
     """The API bundle of an implementation over the KV allocator ``allocator``
-    (:data:`ALLOCATORS`; the spec ignores it); :class:`ImplMissing` when it cannot be built
-    here."""
+    (:data:`ALLOCATORS`; the spec ignores it) with its values and allocator on ``device``
+    (:data:`DEVICES`; the spec runs on the CPU only); :class:`ImplMissing` when it cannot be
+    built here."""
     if name not in BUNDLES:
         raise ValueError(f"unknown implementation {name!r}; known: {', '.join(KNOWN_IMPLS)}")
     if allocator not in ALLOCATORS:
         raise ValueError(f"unknown allocator {allocator!r}; known: {', '.join(ALLOCATORS)}")
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
+    if device != "cpu":
+        if name == "spec":
+            raise ImplMissing("spec: runs over the environment's pool model, on the CPU only")
+        why = cuda_problem()
+        if why is not None:
+            raise ImplMissing(f"{name}: --device {device}: {why}")
     if allocator == "sglang" and name != "spec":
         sglang_allocator(16, 1)  # ImplMissing here, not in the middle of a run
-    if allocator == "freelist":  # (every builder's default; registered test builders take none)
-        return BUNDLES[name]()
-    return BUNDLES[name](allocator=allocator)
+    if allocator == "freelist" and device == "cpu":  # (every builder's default; registered
+        return BUNDLES[name]()                      # test builders take none)
+    return BUNDLES[name](allocator=allocator, device=device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -751,6 +846,7 @@ class Comparison:
     # outcomes of speed peers (PEERS) that differ from the conforming ones: reported, not failed
     peer_differences: list = dataclasses.field(default_factory=list)
     allocator: str = "freelist"  # the KV allocator of fast / upstream (ALLOCATORS)
+    device: str = "cpu"  # where their values and allocator live (DEVICES)
 
     def median_rps(self, impl: str) -> float:
         return statistics.median(s.requests_per_s for s in self.runs[impl])
@@ -773,10 +869,13 @@ class Comparison:
 
     def summary(self) -> dict:
         first = {impl: runs[0] for impl, runs in self.runs.items()}
+        # a run off the CPU is its own configuration for the dashboard (conformance/results.py
+        # reads "<workload>+<config>"): its numbers are not comparable with the CPU figures
+        workload = self.workload if self.device == "cpu" else f"{self.workload}+{self.device}"
         return {
-            "workload": self.workload, "page_size": self.page_size, "requests": self.requests,
+            "workload": workload, "page_size": self.page_size, "requests": self.requests,
             "kv_slots": self.kv_slots, "repeats": max((len(r) for r in self.runs.values()), default=0),
-            "allocator": self.allocator,
+            "allocator": self.allocator, "device": self.device,
             "identical_outcomes": self.identical, "mismatches": self.mismatches,
             "peer_differences": self.peer_differences,
             "missing": self.missing,
@@ -821,21 +920,22 @@ def check_identical(stats: Iterable[BenchStats]) -> list[str]:
 
 def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             strict: bool = True, log: Optional[Callable[[str], None]] = None,
-            repeats_for: Optional[dict] = None, allocator: str = "freelist") -> Comparison:
+            repeats_for: Optional[dict] = None, allocator: str = "freelist",
+            device: str = "cpu") -> Comparison:
     """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
     overrides that per implementation), alternating them and rotating the order each round so
     that machine noise hits all alike; fast and upstream over the KV allocator ``allocator``
-    (:data:`ALLOCATORS`). Raises :class:`ConformanceMismatch` (when ``strict``) if
+    (:data:`ALLOCATORS`) on ``device`` (:data:`DEVICES`). Raises :class:`ConformanceMismatch` (when ``strict``) if
     any outcome differs."""
     repeats_for = dict(repeats_for or {})
     bundles, missing = {}, {}
     for impl in impls:
         try:
-            bundles[impl] = get_bundle(impl, allocator)
+            bundles[impl] = get_bundle(impl, allocator, device)
         except ImplMissing as e:
             missing[impl] = str(e)
     cmp = Comparison(workload.name, workload.page_size, workload.requests, workload.kv_slots,
-                     {impl: [] for impl in bundles}, missing, allocator=allocator)
+                     {impl: [] for impl in bundles}, missing, allocator=allocator, device=device)
     order = list(bundles)
     rounds = max([repeats_for.get(i, repeats) for i in order] or [0])
     for rep in range(rounds):
@@ -1029,6 +1129,17 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="torch intra-op threads for every implementation (default 1: more "
                         "threads give every implementation multi-ms tails on long index "
                         "tensors); recorded in the JSON")
+    b.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where the scheduler loop's value tensors and the KV allocator of fast "
+                        "and upstream live (default cpu; cuda: the production setting, refused "
+                        "with status 2 where torch sees no CUDA device; the spec is CPU only; "
+                        "Full only); a cuda comparison is the dashboard configuration "
+                        "'<workload>+cuda'")
+    b.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="start no further comparison once this many seconds have passed (the "
+                        "skipped ones are listed in the JSON's 'skipped'); with --json the file "
+                        "is rewritten after every comparison, so a run cut short keeps what it "
+                        "measured. Default: no budget")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     b.add_argument("--components", choices=("full", "swa", "mamba"), default="full",
                    help="hybrid models: swa or mamba runs fast and upstream only "
@@ -1044,7 +1155,8 @@ def _fmt_ratio(r: Optional[float]) -> str:
 def print_comparison(cmp: Comparison, out=None) -> None:
     out = sys.stdout if out is None else out
     p = lambda s="": print(s, file=out)  # noqa: E731
-    p(f"{cmp.workload}, page {cmp.page_size}: {cmp.requests} requests, {cmp.kv_slots}-token pool, "
+    where = "" if getattr(cmp, "device", "cpu") == "cpu" else f" (values and allocator on {cmp.device})"
+    p(f"{cmp.workload}{where}, page {cmp.page_size}: {cmp.requests} requests, {cmp.kv_slots}-token pool, "
       f"{max((len(r) for r in cmp.runs.values()), default=0)} rounds (medians)")
     w = max([9] + [len(i) + 1 for i in list(cmp.runs) + list(cmp.missing)])
     p(f"  {'impl':<{w}}{'rounds':>6}{'req/s':>10}{'ex-pool':>10}{'pool%':>6}  "
@@ -1095,16 +1207,44 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if threads < 1:
         print(f"uniradix bench: --torch-threads must be at least 1, got {threads}", file=sys.stderr)
         return 2
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":
+        if getattr(args, "hicache", None) or getattr(args, "components", "full") != "full":
+            print(f"uniradix bench: --device {device} runs the Full configuration only (the "
+                  f"host tier and hybrid benches build their own allocators on the CPU)",
+                  file=sys.stderr)
+            return 2
+        why = cuda_problem()
+        if why is not None:
+            print(f"uniradix bench: --device {device} is not available: {why}", file=sys.stderr)
+            return 2
+    budget = getattr(args, "budget", None)
+    if budget is not None and budget <= 0:
+        print(f"uniradix bench: --budget must be positive, got {budget}", file=sys.stderr)
+        return 2
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    results: dict = {"comparisons": [], "memory": [], "allocator": allocator}
+    results: dict = {"comparisons": [], "memory": [], "allocator": allocator, "device": device}
+    if "fast" in args.impl:  # the C core, or the pure-Python fallback (a Python it was not
+        try:                 # built for, or UNIRADIX_PURE_PYTHON=1)
+            from uniradix.fast.cache import NATIVE
+            results["fast_core"] = "C" if NATIVE else "pure Python"
+        except ImportError:
+            pass
+    started = time.perf_counter()
     torch = _torch_or_none()
     if torch is not None:
         torch.set_num_threads(threads)
         results["torch_threads"] = torch.get_num_threads()
-        log(f"torch intra-op threads: {results['torch_threads']}; allocator: {allocator}")
+        log(f"torch intra-op threads: {results['torch_threads']}; allocator: {allocator}; "
+            f"device: {device}")
     status = 0
     for wname in args.workload:
         for ps in args.page_size:
+            if budget is not None and time.perf_counter() - started > budget:
+                results.setdefault("skipped", []).append(
+                    f"{wname} page {ps}: the {budget:g} s budget was spent")
+                print(f"{wname}, page {ps}: skipped, the {budget:g} s budget was spent\n")
+                continue
             workload = make_workload(wname, ps, args.requests)
             spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
             if getattr(args, "hicache", None):  # the host tier (conformance/bench_host.py)
@@ -1120,12 +1260,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 print_comparison(cmp)
             else:
                 cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
-                              log=log, repeats_for=spec_rounds, allocator=allocator)
+                              log=log, repeats_for=spec_rounds, allocator=allocator,
+                              device=device)
                 print_comparison(cmp)
+            summary = cmp.summary()
+            if torch is not None:  # every loop and implementation must have left the pin alone
+                summary["torch_threads"] = torch.get_num_threads()
+                if summary["torch_threads"] != threads:
+                    print(f"  TORCH THREADS CHANGED during this comparison: {threads} pinned, "
+                          f"{summary['torch_threads']} after it (pinned again)")
+                    torch.set_num_threads(threads)
+                    status = 1
             print()
-            results["comparisons"].append(cmp.summary())
+            results["comparisons"].append(summary)
+            for impl, why in summary["missing"].items():  # at the top too: what was not measured
+                results.setdefault("not_measured", {}).setdefault(impl, why)
             if not cmp.identical:
                 status = 1
+            if args.json and budget is not None:
+                write_json(args.json, results, quiet=True)
     if args.memory:
         print(f"memory: bytes per cached token of the tree (Mooncake, first "
               f"{args.memory_requests} requests, no eviction; deep getsizeof walk)")
@@ -1148,13 +1301,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
-def write_json(path: str, results: dict) -> None:
-    """Write results for dashboards (creating the folder) and say where."""
+def write_json(path: str, results: dict, quiet: bool = False) -> None:
+    """Write results for dashboards (creating the folder) and say where (unless ``quiet``)."""
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -3,21 +3,37 @@
 # on a bare GPU machine with no network:
 #   1. pick a Python that has a CUDA build of torch and triton (PYTHON, else python3); the
 #      project's own venv holds the CPU build of torch, so it is not used; nothing is installed;
-#   2. make `uniradix.kernels` importable from this checkout without installing it (a throwaway
-#      folder with a `uniradix` package whose `kernels` links to kernels/);
+#   2. make `uniradix` importable from this checkout without installing it (a throwaway folder
+#      with a `uniradix` package whose kernels, spec and conformance link to this checkout and
+#      whose fast links to fast/'s files), and build fast's C core for this Python into that
+#      folder (at most 30 s; where it cannot be built, fast runs its pure-Python code and the
+#      scheduler JSON says so in "fast_core");
 #   3. run the kernel tests on the GPU (pinned host pool, side stream, events; at most 150 s;
 #      skip with --no-tests); a failure is reported and the benchmark still runs;
 #   4. run `python -m uniradix.kernels.bench` (its flags pass through: --quick, --json FILE,
-#      --budget SECONDS; the budget defaults to 330 s here so the whole script ends within 10 minutes).
-# Usage: scripts/gpu-bench.sh [--no-tests] [--quick] [--json FILE] [--budget S] [--cpu-smoke]
-#        (--cpu-smoke: no GPU needed; runs this script's steps on the CPU, Triton interpreted)
+#      --budget SECONDS; the budget defaults to 240 s here, under a 290 s timeout);
+#   5. run the scheduler loop of `uniradix bench` with the cache's index tensors (the loop's
+#      slots and the KV allocator) on the GPU, `--device cuda`, fast beside upstream where
+#      sglang imports in this Python (else fast alone: the JSON's "not_measured" says why), 3
+#      alternating rounds: shared-prefix, 1,000 requests, pages 1 and 16 (a 45 s budget under a
+#      70 s timeout; bench-results/scheduler-cuda.json), then the first 500 Mooncake requests,
+#      page 16 (a 40 s timeout; bench-results/scheduler-cuda-mooncake.json); `uniradix dashboard
+#      --add` reads both (configuration "+cuda"); skip with --no-sched.
+# The steps' timeouts add up to under 10 minutes (30 + 150 + 290 + 70 + 40 s, plus the checks).
+# Usage: scripts/gpu-bench.sh [--no-tests] [--no-sched] [--quick] [--json FILE] [--budget S]
+#        [--cpu-smoke]
+#        (--cpu-smoke: no GPU needed; runs this script's steps on the CPU, Triton interpreted,
+#         the scheduler step with --device cpu on 60 requests, to bench-results/scheduler-cpu.json)
 #        (default JSON: bench-results/kernels-gpu.json)
 # Exit status: non-zero when the tests or the benchmark's result checks failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
+# a path relative to the caller's folder still names the same Python after the `cd`s below
+case "$py" in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;; esac
 
 run_tests=1
+run_sched=1
 args=()
 json_given=0
 budget_given=0
@@ -26,13 +42,14 @@ for a in "$@"; do
   case "$a" in
     --cpu-smoke) cpu_smoke=1; args+=("$a") ;;
     --no-tests) run_tests=0 ;;
+    --no-sched) run_sched=0 ;;
     --json|--json=*) json_given=1; args+=("$a") ;;
     --budget|--budget=*) budget_given=1; args+=("$a") ;;
     *) args+=("$a") ;;
   esac
 done
 [ "$json_given" = 1 ] || args+=(--json "$root/bench-results/kernels-gpu.json")
-[ "$budget_given" = 1 ] || args+=(--budget 330)
+[ "$budget_given" = 1 ] || args+=(--budget 240)
 
 if ! GPU_BENCH_CPU_SMOKE=$cpu_smoke "$py" - <<'EOF'
 import os, sys
@@ -56,9 +73,23 @@ fi
 
 shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
-mkdir -p "$shim/uniradix"
+mkdir -p "$shim/uniradix/fast"
 : > "$shim/uniradix/__init__.py"
-ln -s "$root/kernels" "$shim/uniradix/kernels"
+for p in kernels spec conformance; do ln -s "$root/$p" "$shim/uniradix/$p"; done
+for f in "$root"/fast/*; do
+  case "$f" in *.so) ;; *) ln -s "$f" "$shim/uniradix/fast/" ;; esac  # (a core of another Python)
+done
+if (cd "$shim" && timeout 30 "$py" -c '
+import sys
+from setuptools import Extension, setup
+setup(script_args=["-q", "build_ext", "--build-lib", "ext", "--build-temp", "tmp"],
+      ext_modules=[Extension("uniradix.fast._core", [sys.argv[1]])])' "$root/fast/_core.c" \
+    >/dev/null 2>&1) && cp "$shim"/ext/uniradix/fast/_core*.so "$shim/uniradix/fast/" 2>/dev/null; then
+  echo "gpu-bench: fast's C core built for this Python"
+else
+  echo "gpu-bench: fast's C core could not be built for this Python; fast uses one already" \
+       "installed for it, else its pure-Python code (the scheduler JSON's fast_core says which)"
+fi
 export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "$cpu_smoke" = 1 ]; then export TRITON_INTERPRET=1; else unset TRITON_INTERPRET; fi
 cd "$root"
@@ -71,6 +102,37 @@ if [ "$run_tests" = 1 ]; then
 fi
 echo "gpu-bench: benchmark"
 bench_rc=0
-timeout 400 "$py" -m uniradix.kernels.bench "${args[@]}" || bench_rc=$?
+timeout 290 "$py" -m uniradix.kernels.bench "${args[@]}" || bench_rc=$?
 [ "$bench_rc" = 0 ] || echo "gpu-bench: benchmark exited with status $bench_rc"
-[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
+
+sched_rc=0
+if [ "$run_sched" = 1 ]; then
+  if [ "$cpu_smoke" = 1 ]; then
+    device=cpu; sched=(--workload shared-prefix,mooncake --page-size 16 --requests 60 --repeat 1)
+  else
+    device=cuda; sched=(--workload shared-prefix --page-size 1,16 --requests 1000 --repeat 3)
+  fi
+  sched_json="$root/bench-results/scheduler-$device.json"
+  echo "gpu-bench: scheduler loop with the cache's index tensors on $device"
+  rm -f "$sched_json"
+  timeout 70 "$py" -m uniradix.conformance.bench --impl fast,upstream --device "$device" \
+    "${sched[@]}" --budget 45 --json "$sched_json" || sched_rc=$?
+  if [ "$cpu_smoke" != 1 ]; then
+    timeout 40 "$py" -m uniradix.conformance.bench --impl fast,upstream --device "$device" \
+      --workload mooncake --page-size 16 --requests 500 --repeat 3 \
+      --json "$root/bench-results/scheduler-$device-mooncake.json" || sched_rc=$?
+  fi
+  [ "$sched_rc" = 0 ] || echo "gpu-bench: scheduler bench exited with status $sched_rc"
+  "$py" - "$sched_json" <<'EOF' || true
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except OSError:
+    sys.exit(f"gpu-bench: no scheduler JSON at {sys.argv[1]}")
+missing = d.get("not_measured", {})
+print(f"gpu-bench: {sys.argv[1]}: fast on its {d.get('fast_core')} core, "
+      + ("fast alone (" + "; ".join(f"{k}: {v}" for k, v in missing.items()) + ")"
+         if missing else "fast and upstream side by side"))
+EOF
+fi
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$sched_rc" = 0 ]

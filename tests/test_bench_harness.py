@@ -240,3 +240,216 @@ def test_host_tier_bench_loads_host_hits_back_and_agrees(policy):
     s = cmp.runs["fast"][0]
     assert s.requests + s.aborted == w.requests and s.evicted_tokens > 0
     assert len(s.op_times["load_back"]) > 0 and len(s.op_times["events"]) == w.requests
+
+
+# --------------------------------------------------------------------------------------------
+# --device (issue 15 item 5) and peers pinned to their core (item 6)
+# --------------------------------------------------------------------------------------------
+
+
+def _torch_or_skip():
+    return pytest.importorskip("torch", reason="torch is not installed")
+
+
+def test_freelist_allocator_lives_on_the_device_it_is_given():
+    torch = _torch_or_skip()
+    alloc = bench.FreeListAllocator(64, 4, torch, "cpu")
+    assert alloc.device == torch.device("cpu")
+    taken = alloc.alloc(8)
+    assert taken.device == alloc.device and taken.tolist() == list(range(4, 12))
+    alloc.free(taken)
+    assert alloc.available_size() == 64
+
+
+def test_bench_device_cpu_explicit_gives_the_cpu_figures(tmp_path, capsys):
+    _torch_or_skip()
+    bundle_or_skip("fast")
+    out = tmp_path / "cpu.json"
+    rc = bench.main(["--impl", "spec,fast", "--device", "cpu", "--requests", "120",
+                     "--page-size", "4", "--repeat", "1", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu" and data["torch_threads"] == 1
+    (c,) = data["comparisons"]
+    assert c["device"] == "cpu" and c["workload"] == "shared-prefix"  # no "+cpu" configuration
+    assert c["identical_outcomes"] and set(c["impls"]) == {"spec", "fast"}
+    assert c["torch_threads"] == 1
+    assert data["fast_core"] in ("C", "pure Python")
+
+
+def test_bench_refuses_cuda_by_name_where_torch_sees_none(capsys):
+    torch = _torch_or_skip()
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert bench.main(["--impl", "fast", "--device", "cuda", "--requests", "50"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda" in err and "CUDA" in err
+    with pytest.raises(bench.ImplMissing, match="--device cuda"):
+        bench.get_bundle("fast", device="cuda")
+
+
+def test_spec_is_cpu_only_and_unknown_devices_are_refused():
+    with pytest.raises(bench.ImplMissing, match="CPU only"):
+        bench.get_bundle("spec", device="cuda")
+    with pytest.raises(ValueError, match="unknown device"):
+        bench.get_bundle("spec", device="tpu")
+    with pytest.raises(SystemExit):  # argparse: not one of cpu, cuda
+        bench.main(["--device", "tpu"])
+
+
+def test_device_cuda_is_full_only(capsys):
+    assert bench.main(["--device", "cuda", "--components", "swa"]) == 2
+    assert "Full configuration only" in capsys.readouterr().err
+
+
+def test_a_cuda_comparison_is_its_own_dashboard_configuration(tmp_path):
+    """What gpu-bench.sh's scheduler step writes: `uniradix dashboard --add` takes it, as the
+    configuration "+cuda" beside (not mixed into) the CPU figures."""
+    from uniradix.conformance import results as R
+    from uniradix.conformance.cli import main as cli_main
+    w = tiny(4)
+    cmp = bench.compare(["spec"], w, repeats=1)
+    cmp.device = "cuda"  # as a --device cuda run labels its comparison
+    data = {"comparisons": [cmp.summary()], "memory": [], "device": "cuda", "torch_threads": 1,
+            "not_measured": {"upstream": "sglang is not importable here"}}
+    f = tmp_path / "scheduler-cuda.json"
+    f.write_text(json.dumps(data))
+    (fig,) = R.normalize(json.loads(f.read_text()), file=str(f))["figures"]["throughput"]
+    assert fig["workload"] == "shared-prefix" and fig["config"] == "cuda"
+    assert fig["id"].startswith("shared-prefix/cuda/p4/")
+    rc = cli_main(["dashboard", "--results", str(tmp_path / "res"), "--add", str(f),
+                   "--commit", "abcdef1", "--out", str(tmp_path / "page.html")])
+    assert rc == 0 and (tmp_path / "page.html").exists()
+
+
+def test_budget_skips_the_comparisons_it_has_no_time_for(tmp_path):
+    out = tmp_path / "b.json"
+    rc = bench.main(["--impl", "spec", "--requests", "60", "--page-size", "1,4", "--repeat", "1",
+                     "--budget", "1e-9", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["comparisons"] == [] and len(data["skipped"]) == 2
+    assert bench.main(["--impl", "spec", "--budget", "0"]) == 2
+
+
+def test_tree_core_in_use_names_the_core_by_class():
+    class UnifiedTreeCore:
+        pass
+
+    class RustUnifiedTreeCore:
+        pass
+
+    UnifiedTreeCore.__module__ = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
+    RustUnifiedTreeCore.__module__ = "sglang.srt.mem_cache.rust_tree_core.adapter"
+    cache = lambda core: type("C", (), {"tree_core": core})()  # noqa: E731
+    assert bench.tree_core_in_use(object()) == "python"  # 0.5.13.post1: the tree is the cache
+    assert bench.tree_core_in_use(cache(UnifiedTreeCore())) == "python"
+    assert bench.tree_core_in_use(cache(RustUnifiedTreeCore())) == "rust"
+    assert bench.tree_core_in_use(cache(object())).startswith("unknown (builtins.object")
+
+
+def test_match_result_without_device_indices_is_named():
+    import collections
+    Old = collections.namedtuple("MatchResult", "device_indices last_device_node last_host_node")
+    New = collections.namedtuple("MatchResult", "device_prefix_len last_device_node last_host_node")
+    assert bench.match_result_problem(Old(None, None, None)) is None
+    why = bench.match_result_problem(New(0, None, None))
+    assert "no device_indices" in why and "device_prefix_len" in why
+
+
+def test_cpp_tree_problem_wants_a_compiled_tree():
+    class PyTree:
+        pass
+
+    assert "not a class of a compiled extension" in bench.cpp_tree_problem(
+        type("C", (), {"tree": PyTree()})())
+    assert "has no tree" in bench.cpp_tree_problem(object())
+
+
+def _fake_pluggable_release(monkeypatch, *, core_module, core_name, match_fields):
+    """A stand-in for sglang 0.5.17+ as upstream_bundle sees it: a pluggable tree core (the one
+    built is fixed, whatever is asked for) and a MatchResult with ``match_fields``."""
+    import collections
+    import types
+    torch = _torch_or_skip()
+    from uniradix.conformance import upstream
+    MatchResult = collections.namedtuple("MatchResult", match_fields)
+    Core = type(core_name, (), {})
+    Core.__module__ = core_module
+    asked = []
+
+    class Cache:
+        def __init__(self, params):
+            import os
+            asked.append(os.environ.get(bench.TREE_CORE_ENV))
+            self.tree_core = Core()
+
+        def match_prefix(self, params):
+            return MatchResult(*([None] * len(MatchResult._fields)))
+
+    up = types.SimpleNamespace(
+        torch=torch, version="0.5.99", RadixKey=lambda tokens: tokens,
+        ComponentType=types.SimpleNamespace(FULL="full"), UnifiedRadixCache=Cache,
+        CacheInitParams=lambda **kw: kw, MatchPrefixParams=lambda key: key,
+        InsertParams=None, EvictParams=None)
+    monkeypatch.setattr(upstream, "load_upstream", lambda: up)
+    monkeypatch.setattr(upstream, "rust_tree_core_available", lambda: True)
+    return asked
+
+
+def test_upstream_asks_for_the_python_core_and_refuses_another(monkeypatch):
+    asked = _fake_pluggable_release(
+        monkeypatch, core_module="sglang.srt.mem_cache.rust_tree_core.adapter",
+        core_name="RustUnifiedTreeCore",
+        match_fields="device_indices last_device_node last_host_node")
+    with pytest.raises(bench.ImplMissing, match="asked sglang 0.5.99 for its python tree core .* "
+                                                "built the rust one"):
+        bench.get_bundle("upstream")
+    assert asked == ["python"]
+    assert bench.get_bundle("upstream-rust").version == "sglang 0.5.99 (rust tree core)"
+    assert asked[-1] == "rust"
+
+
+def test_upstream_without_device_indices_is_not_measured_with_the_reason(monkeypatch):
+    """sglang 0.5.23: MatchResult reports device_prefix_len; the peer is reported, not run."""
+    _fake_pluggable_release(
+        monkeypatch, core_module="sglang.srt.mem_cache.unified_cache.unified_tree_core",
+        core_name="UnifiedTreeCore",
+        match_fields="device_prefix_len last_device_node last_host_node best_match_node")
+    with pytest.raises(bench.ImplMissing, match="no device_indices"):
+        bench.get_bundle("upstream")
+    cmp = bench.compare(["spec", "upstream"], tiny(1), repeats=1)
+    assert "upstream" not in cmp.runs and "no device_indices" in cmp.missing["upstream"]
+
+
+@pytest.mark.upstream
+def test_upstream_peer_is_pinned_to_the_python_tree():
+    b = bundle_or_skip("upstream")
+    assert b.version.endswith("(python tree core)")
+
+
+@pytest.mark.parametrize("args", [["--components", "swa"], ["--hicache", "write_through"]])
+def test_hybrid_and_host_loops_run_under_the_thread_pin(monkeypatch, tmp_path, args):
+    torch = _torch_or_skip()
+    bundle_or_skip("fast")
+    from uniradix.conformance import bench_host, bench_hybrid
+    seen = []
+    for mod, name in ((bench_hybrid, "run_hybrid_bench"), (bench_host, "run_bench_host")):
+        real = getattr(mod, name)
+
+        def spy(*a, _real=real, **kw):
+            seen.append(torch.get_num_threads())
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(mod, name, spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = tmp_path / "t.json"
+        assert bench.main(["--impl", "fast", "--requests", "60", "--page-size", "4",
+                           "--repeat", "1", "--json", str(out)] + args) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}
+    (c,) = json.loads(out.read_text())["comparisons"]
+    assert c["torch_threads"] == 1
