@@ -79,6 +79,7 @@ from .params import (
 )
 from .frees import release
 from .keys import child_key, shared_len
+from .structures import LazyHeap
 from .radix_key import RadixKey
 
 # MatchResult is a NamedTuple; building it through tuple.__new__ skips its Python-level
@@ -199,7 +200,10 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._clock = 0
         self.root_node = TreeNode(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
-        self._heap: list = []  # (stamp, node): evictable device leaves, lazily deleted
+        # (stamp, node): evictable device leaves, lazily deleted (fast/structures.py); the C
+        # core works on the same list through ``_heap``
+        self._leaf_heap = LazyHeap()
+        self._heap: list = self._leaf_heap.entries
         self._evictable = 0
         self._protected = 0
         self._owned: set = set()  # slots the tree holds (only with validate_slots)
@@ -249,7 +253,11 @@ class UnifiedRadixCache(compat.EngineDefaults):
     def _push_if_leaf(self, node: TreeNode) -> None:
         if node.lock_ref == 0 and node.dev_children == 0 and node.value is not None \
                 and node.parent is not None:
-            heapq.heappush(self._heap, (node.last_access_time, node))
+            self._leaf_heap.push(node.last_access_time, node)
+
+    def _live_leaf(self, stamp: int, node: TreeNode) -> bool:
+        """Whether the heap entry ``(stamp, node)`` is live."""
+        return node.last_access_time == stamp and self._is_leaf(node)
 
     def _touch(self, node: TreeNode) -> None:
         self._clock += STRIDE
@@ -257,10 +265,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._push_if_leaf(node)
 
     def _compact_heap(self) -> None:
-        live = [(s, n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)]
-        live = list({id(n): (s, n) for s, n in live}.values())
-        heapq.heapify(live)
-        self._heap = live
+        self._leaf_heap.compact(self._live_leaf)
 
     # ------------------------------------------------------------------------------------------
     # Tree structure
@@ -611,8 +616,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if self.disable:
             return EvictResult()
         freed = _core.evict(self, want) if NATIVE else self._evict_py(want)
-        heap = self._heap
-        if len(heap) > 64 and len(heap) > 4 * (self._evictable // max(self.page_size, 1) + 16):
+        if self._leaf_heap.needs_compaction(self._evictable // max(self.page_size, 1)):
             self._compact_heap()
         return EvictResult(num_tokens_evicted=freed)
 
@@ -757,12 +761,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def eviction_order(self) -> list[TreeNode]:
         """The evictable device leaves in the order the heap would evict them."""
-        seen, out = set(), []
-        for s, n in sorted(self._heap):
-            if n.last_access_time == s and self._is_leaf(n) and id(n) not in seen:
-                seen.add(id(n))
-                out.append(n)
-        return out
+        return self._leaf_heap.ordered(self._live_leaf)
 
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
@@ -807,7 +806,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             errors.append("[size] a slot is held twice in the tree")
         if self.validate_slots and set(owned) != self._owned:
             errors.append("[size] the owned-slot set differs from the tree's slots")
-        in_heap = {id(n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)}
+        in_heap = self._leaf_heap.live_ids(self._live_leaf)
         if in_heap != leaves:
             errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
         return errors

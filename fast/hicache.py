@@ -45,6 +45,7 @@ import torch
 
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .frees import APPEND, release
+from .structures import LazyHeap
 from .keys import child_key, shared_len
 from .params import (
     DecLockRefParams,
@@ -416,8 +417,11 @@ class HiCacheRadixCache(compat.EngineDefaults):
         self._clock = 0
         self.root_node = HostNode(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
-        self._heap: list = []
-        self._host_heap: list = []
+        # (stamp, node), lazily deleted (fast/structures.py): evictable device leaves; host leaves
+        self._leaf_heap = LazyHeap()
+        self._heap: list = self._leaf_heap.entries
+        self._host_leaf_heap = LazyHeap()
+        self._host_heap: list = self._host_leaf_heap.entries
         self.host_leaves: set = set()
         self._evictable = 0
         self._protected = 0
@@ -481,7 +485,15 @@ class HiCacheRadixCache(compat.EngineDefaults):
 
     def _push_if_leaf(self, node: HostNode) -> None:
         if self._is_leaf(node):
-            heapq.heappush(self._heap, (node.last_access_time, node))
+            self._leaf_heap.push(node.last_access_time, node)
+
+    def _live_leaf(self, stamp: int, node: HostNode) -> bool:
+        """Whether the device heap entry ``(stamp, node)`` is live."""
+        return node.last_access_time == stamp and self._is_leaf(node)
+
+    def _live_host_leaf(self, stamp: int, node: HostNode) -> bool:
+        """Whether the host heap entry ``(stamp, node)`` is live."""
+        return node.last_access_time == stamp and node in self.host_leaves
 
     @staticmethod
     def _is_host_leaf(node: HostNode) -> bool:
@@ -492,7 +504,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
         """Recompute ``node``'s host-leaf membership (after any of its inputs changed)."""
         if self._is_host_leaf(node):
             self.host_leaves.add(node)
-            heapq.heappush(self._host_heap, (node.last_access_time, node))
+            self._host_leaf_heap.push(node.last_access_time, node)
         else:
             self.host_leaves.discard(node)
 
@@ -501,7 +513,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
         if node.value is not None:
             self._push_if_leaf(node)
         elif node in self.host_leaves:
-            heapq.heappush(self._host_heap, (stamp, node))
+            self._host_leaf_heap.push(stamp, node)
 
     def _touch(self, node: HostNode) -> None:
         self._clock += STRIDE
@@ -928,10 +940,8 @@ class HiCacheRadixCache(compat.EngineDefaults):
             self._push_if_leaf(node)
         if write_back:
             self.writing_check(write_back=True)
-        if len(heap) > 64 and len(heap) > 4 * (self._evictable // self.page_size + 16):
-            live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and self._is_leaf(n)}
-            self._heap = list(live.values())
-            heapq.heapify(self._heap)
+        if self._leaf_heap.needs_compaction(self._evictable // self.page_size):
+            self._leaf_heap.compact(self._live_leaf)
         return freed
 
     def _release_device(self, node: HostNode) -> int:
@@ -984,10 +994,8 @@ class HiCacheRadixCache(compat.EngineDefaults):
             self._detach(node)
             self._delete_tombstones(parent)
         release(pool, pieces)
-        if len(heap) > 64 and len(heap) > 4 * (len(leaves) + 16):
-            live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and n in leaves}
-            self._host_heap = list(live.values())
-            heapq.heapify(self._host_heap)
+        if self._host_leaf_heap.needs_compaction(len(leaves)):
+            self._host_leaf_heap.compact(self._live_host_leaf)
         return freed
 
     # ------------------------------------------------------------------------------------------
@@ -1117,21 +1125,11 @@ class HiCacheRadixCache(compat.EngineDefaults):
 
     def eviction_order(self) -> list[HostNode]:
         """The evictable device leaves in the order the heap would evict them."""
-        seen, out = set(), []
-        for s, n in sorted(self._heap):
-            if n.last_access_time == s and self._is_leaf(n) and id(n) not in seen:
-                seen.add(id(n))
-                out.append(n)
-        return out
+        return self._leaf_heap.ordered(self._live_leaf)
 
     def host_eviction_order(self) -> list[HostNode]:
         """The host leaves in the order ``evict_host`` would take them."""
-        seen, out = set(), []
-        for s, n in sorted(self._host_heap):
-            if n.last_access_time == s and n in self.host_leaves and id(n) not in seen:
-                seen.add(id(n))
-                out.append(n)
-        return out
+        return self._host_leaf_heap.ordered(self._live_host_leaf)
 
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
@@ -1192,13 +1190,12 @@ class HiCacheRadixCache(compat.EngineDefaults):
             errors.append("[size] a slot is held twice in the tree")
         if self.validate_slots and set(owned) != self._owned:
             errors.append("[size] the owned-slot set differs from the tree's slots")
-        in_heap = {id(n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)}
+        in_heap = self._leaf_heap.live_ids(self._live_leaf)
         if in_heap != leaves:
             errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
         if {id(n) for n in self.host_leaves} != host_leaves:
             errors.append("[host-leaf] the host leaf set differs from the tree's host leaves")
-        in_host_heap = {id(n) for s, n in self._host_heap
-                        if n.last_access_time == s and n in self.host_leaves}
+        in_host_heap = self._host_leaf_heap.live_ids(self._live_host_leaf)
         if in_host_heap != host_leaves:
             errors.append("[host-leaf] the host heap does not hold every host leaf")
         for kind, ongoing in (("write", self.ongoing_write_through), ("load", self.ongoing_load_back)):

@@ -15,10 +15,11 @@ What it keeps (every structure is incremental; ``violations()`` recomputes each 
   entry counts when its stamp is still the node's and the node is still an evictable leaf
   (unlocked in every component, Full data, no child with Full data).
 * **Aux LRU list**: a doubly linked list through ``lru_prev`` / ``lru_next`` between two
-  sentinels, most recent next to ``_head``.  A node is in it exactly when it holds aux data.
+  sentinels (``LruList``, fast/structures.py), most recent next to its ``head``.  A node is
+  in it exactly when it holds aux data.
   A touch moves the node to the front; a match moves the matched path, node first; a split
   re-files both halves (the upper one first); a new aux value enters at the front.  The
-  aux eviction walks it from ``_tail`` (O(1) per step; locked nodes are skipped).
+  aux eviction walks it from its ``tail`` (O(1) per step; locked nodes are skipped).
 * **Sizes**: Full and aux evictable / protected counters, moved on lock transitions 0 <-> 1.
 * **Slot validation** (as ``cache.py``'s ``validate_slots``): the set of Full slots the tree
   holds and the set of Mamba slots, so an insert handing over the tree's own slots is refused
@@ -44,6 +45,7 @@ import torch
 
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .frees import release
+from .structures import LazyHeap, LruList
 from .keys import child_key, step_len
 from .params import (
     CacheInitParams,
@@ -178,14 +180,13 @@ class HybridRadixCache(compat.EngineDefaults):
         self._clock = 0
         self.root_node = HybridNode(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
-        self._heap: list = []
+        self._leaf_heap = LazyHeap()  # (stamp, node): evictable device leaves, lazily deleted
+        self._heap: list = self._leaf_heap.entries
         self._evictable = self._protected = 0
         self._aux_evictable = self._aux_protected = 0
         self._owned: set = set()  # Full slots the tree holds (validate_slots)
         self._mamba_owned: set = set()  # Mamba slots the tree holds (validate_slots)
-        self._head = HybridNode(array("q"), None, None, None, 0)
-        self._tail = HybridNode(array("q"), None, None, None, 0)
-        self._head.lru_next, self._tail.lru_prev = self._tail, self._head
+        self._lru = LruList()  # the nodes holding aux data, newest first
         self._next_boundary = 1
 
     def evictable_size(self) -> int:
@@ -236,7 +237,11 @@ class HybridRadixCache(compat.EngineDefaults):
 
     def _push_if_leaf(self, node: HybridNode) -> None:
         if self._is_leaf(node):
-            heapq.heappush(self._heap, (node.last_access_time, node))
+            self._leaf_heap.push(node.last_access_time, node)
+
+    def _live_leaf(self, stamp: int, node: HybridNode) -> bool:
+        """Whether the heap entry ``(stamp, node)`` is live."""
+        return node.last_access_time == stamp and self._is_leaf(node)
 
     def _stamp(self, node: HybridNode) -> None:
         self._clock += STRIDE
@@ -247,37 +252,22 @@ class HybridRadixCache(compat.EngineDefaults):
         """A node on an insert's walk: newest stamp, front of the aux list."""
         self._stamp(node)
         if node.aux is not None and node is not self.root_node:
-            self._lru_remove(node)
-            self._lru_after(self._head, node)
-
-    def _lru_after(self, prev: HybridNode, node: HybridNode) -> None:
-        nxt = prev.lru_next
-        node.lru_prev, node.lru_next = prev, nxt
-        prev.lru_next = nxt.lru_prev = node
-
-    def _lru_remove(self, node: HybridNode) -> None:
-        node.lru_prev.lru_next = node.lru_next
-        node.lru_next.lru_prev = node.lru_prev
-        node.lru_prev = node.lru_next = None
+            self._lru.move_to_front(node)
 
     def _lru_path_to_front(self, node: HybridNode) -> None:
         """The matched node and its ancestors holding aux data to the front, node first."""
-        prev = self._head
+        lru = self._lru
+        prev = lru.head
         root = self.root_node
         while node is not root:
             if node.aux is not None:
-                self._lru_remove(node)
-                self._lru_after(prev, node)
+                lru.move_after(prev, node)
                 prev = node
             node = node.parent
 
     def lru_order(self) -> list[HybridNode]:
         """The aux LRU list, oldest first."""
-        out, x = [], self._tail.lru_prev
-        while x is not self._head:
-            out.append(x)
-            x = x.lru_prev
-        return out
+        return self._lru.oldest_first()
 
     def _aux_len(self, node: HybridNode) -> int:
         """Units of aux data on a node that has some: one SWA slot per key unit, or one Mamba
@@ -288,7 +278,7 @@ class HybridRadixCache(compat.EngineDefaults):
         """A node takes aux data (it had none): front of the list, counted as evictable
         (a node without aux data has no aux lock)."""
         node.aux = aux
-        self._lru_after(self._head, node)
+        self._lru.push_front(node)
         if node.aux_lock:
             self._aux_protected += self._aux_len(node)
         else:
@@ -324,7 +314,7 @@ class HybridRadixCache(compat.EngineDefaults):
         child.ck = self._ck(child.extra_key, child.key, 0)
         upper.children[child.ck] = child
         if child.aux is not None:
-            self._lru_remove(child)
+            self._lru.remove(child)
         if self.is_swa:
             upper.aux_lock = child.aux_lock
             upper.boundary, child.boundary = child.boundary, None
@@ -332,9 +322,9 @@ class HybridRadixCache(compat.EngineDefaults):
                 aux = child.aux
                 upper.aux = _narrow_copy(aux, 0, 0, k)
                 child.aux = _narrow_copy(aux, 0, k, len(child.key))
-                self._lru_after(self._head, upper)
+                self._lru.push_front(upper)
         if child.aux is not None:
-            self._lru_after(self._head, child)
+            self._lru.push_front(child)
         self._stamp(child)
         return upper
 
@@ -615,8 +605,7 @@ class HybridRadixCache(compat.EngineDefaults):
             if not is_new:
                 self._stamp(target)
         else:
-            self._lru_remove(target)
-            self._lru_after(self._head, target)
+            self._lru.move_to_front(target)
             self._stamp(target)
             exist = True
         return InsertResult(prefix_len=pos, total_len=len(key.token_ids), mamba_exist=exist)
@@ -763,7 +752,7 @@ class HybridRadixCache(compat.EngineDefaults):
             k = len(node.key) if self.is_swa else 1
             tracker[1] += k
             self._aux_evictable -= k
-            self._lru_remove(node)
+            self._lru.remove(node)
             if self.is_mamba:
                 freed[1].append(aux)
             node.aux = None
@@ -786,7 +775,7 @@ class HybridRadixCache(compat.EngineDefaults):
         k = len(node.key) if self.is_swa else 1
         tracker[1] += k
         self._aux_evictable -= k
-        self._lru_remove(node)
+        self._lru.remove(node)
         if self.is_swa:
             _queue(freed[0], "free_swa", node.value)
         else:
@@ -835,8 +824,8 @@ class HybridRadixCache(compat.EngineDefaults):
                 continue
             evict_leaf(node, tracker, freed)
         aux_want = swa_want if self.is_swa else mamba_want
-        x = self._tail.lru_prev
-        head = self._head
+        x = self._lru.tail.lru_prev
+        head = self._lru.head
         while tracker[1] < aux_want and x is not head:
             nxt = x.lru_prev  # NOTE: x's eviction never removes another list member
             if x.aux_lock == 0:
@@ -846,10 +835,8 @@ class HybridRadixCache(compat.EngineDefaults):
                     self._drop_aux(x, tracker, freed)
             x = nxt
         self._free_batched(freed)
-        if len(heap) > 64 and len(heap) > 4 * (self._evictable // self.page_size + 16):
-            live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and is_leaf(n)}
-            self._heap = list(live.values())
-            heapq.heapify(self._heap)
+        if self._leaf_heap.needs_compaction(self._evictable // self.page_size):
+            self._leaf_heap.compact(self._live_leaf)
         if self.is_swa:
             return EvictResult(num_tokens_evicted=tracker[0], swa_num_tokens_evicted=tracker[1])
         return EvictResult(num_tokens_evicted=tracker[0], mamba_num_evicted=tracker[1])
@@ -879,12 +866,7 @@ class HybridRadixCache(compat.EngineDefaults):
         return out
 
     def eviction_order(self) -> list[HybridNode]:
-        seen, out = set(), []
-        for s, n in sorted(self._heap):
-            if n.last_access_time == s and self._is_leaf(n) and id(n) not in seen:
-                seen.add(id(n))
-                out.append(n)
-        return out
+        return self._leaf_heap.ordered(self._live_leaf)
 
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
@@ -956,29 +938,10 @@ class HybridRadixCache(compat.EngineDefaults):
             errors.append("[size] the owned-slot set differs from the tree's slots")
         if self.validate_slots and self.is_mamba and set(mamba) != self._mamba_owned:
             errors.append("[aux] the owned Mamba slots differ from the tree's")
-        in_heap = {id(n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)}
+        in_heap = self._leaf_heap.live_ids(self._live_leaf)
         if in_heap != leaves:
             errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
-        errors.extend(self._lru_violations(members))
-        return errors
-
-    def _lru_violations(self, members: set) -> list[str]:
-        """The aux list: linked both ways, no cycle, exactly the nodes holding aux data."""
-        errors, seen = [], set()
-        prev, x = self._head, self._head.lru_next
-        while x is not None and x is not self._tail:
-            if x.lru_prev is not prev:
-                errors.append(f"[lru] broken back link at {x!r}")
-            if id(x) in seen:
-                errors.append(f"[lru] cycle at {x!r}")
-                break
-            seen.add(id(x))
-            prev, x = x, x.lru_next
-        if x is None:
-            errors.append("[lru] the list does not reach its tail")
-        if seen != members:
-            errors.append(f"[lru] list holds {len(seen)} nodes, {len(members)} hold aux data "
-                          f"(or different ones)")
+        errors.extend(self._lru.violations(members))  # linked both ways, exactly the aux holders
         return errors
 
     def sanity_check(self) -> None:
