@@ -100,8 +100,12 @@ _core: Any = None
 if os.environ.get("UNIRADIX_PURE_PYTHON", "") != "1":
     try:
         from . import _core
-    except ImportError:
+        CORE_REASON = "the C core (fast/_core.c) is built and UNIRADIX_PURE_PYTHON is not 1"
+    except ImportError as e:
         _core = None
+        CORE_REASON = f"the C core (fast/_core.c) is not built: {e}"
+else:
+    CORE_REASON = "UNIRADIX_PURE_PYTHON=1 asked for the pure-Python code at import"
 NATIVE: bool = _core is not None
 
 
@@ -153,20 +157,33 @@ def _int_arg(name: str, x) -> int:
 
 
 class UnifiedRadixCache(compat.EngineDefaults):
-    """Radix prefix cache over KV slots; see the module docstring for the structures."""
+    """Radix prefix cache over KV slots; see the module docstring for the structures.
+
+    ``UnifiedRadixCache(params)`` picks the implementation once, at construction, from the
+    params, and always returns an instance of this class: a host tier (``params.hicache``) is
+    the subclass ``HiCacheRadixCache`` (fast/hicache.py, Full component only: it rejects
+    others); a hybrid model (Full + SWA or Mamba) the subclass ``HybridRadixCache``
+    (fast/hybrid.py); the device-only Full path is this class itself.
+
+    ``core`` says which code runs the hot methods, ``"c"`` (``fast/_core.c``) or ``"python"``,
+    and ``core_reason`` why.  Only this class has a C core; the subclasses say ``"python"``.
+    The C core, where it is used, declines calls it does not cover (a bad argument, EAGLE keys,
+    slot validation, ...) before changing anything, and the Python method runs instead.
+    """
+
+    core: str = "c" if NATIVE else "python"
+    core_reason: str = CORE_REASON
 
     def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):
-        # A host tier (params.hicache) is the pure-Python HiCacheRadixCache of fast/hicache.py
-        # (Full component only: it rejects others); hybrid models (Full + SWA or Mamba) get the
-        # pure-Python fast/hybrid.py cache. The device-only Full path below (and its C core) is
-        # unchanged.
+        # NOTE: the subclass instance is returned uninitialised: type.__call__ then runs the
+        # subclass's __init__ (once), because the object is an instance of this class.
         if cls is UnifiedRadixCache and compat.read_settings(params).hicache is not None:
             from .hicache import HiCacheRadixCache
-            return HiCacheRadixCache(params)
+            return super().__new__(HiCacheRadixCache)
         comps = getattr(params, "tree_components", None)
         if cls is UnifiedRadixCache and comps is not None and len(comps) > 1:
             from .hybrid import HybridRadixCache
-            return HybridRadixCache(params)
+            return super().__new__(HybridRadixCache)
         return super().__new__(cls)
 
     def __init__(self, params: CacheInitParams) -> None:

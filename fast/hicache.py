@@ -21,9 +21,10 @@ What it keeps (each checked by ``violations()`` against a recomputation from the
   leaf in O(log n).  A node's membership is recomputed (O(1)) wherever one of its inputs
   changes.
 * **Counters**: ``_evictable`` / ``_protected`` (device tokens unlocked / locked), ``_host_tokens``.
-* **In-flight transfers**: ``ongoing_write_through`` / ``ongoing_load_back`` (ack id -> node and
-  the lock it holds), released when the controller's ack queues say done (``writing_check``,
-  ``loading_check``, ``check_hicache_events``).
+* **In-flight transfers**: ``ongoing_write_through`` / ``ongoing_load_back`` (ack id ->
+  ``InFlight(node, lock)``), released when the controller's ack queues (of ``Ack`` records)
+  say done (``writing_check``, ``loading_check``, ``check_hicache_events``); loads taken but
+  not yet queued are ``PendingLoad`` records, logged copies ``Copy`` records.
 
 Behaviour is the executable spec's (spec/host.py; docs/SPEC.md lists where it differs from
 upstream 0.5.13.post1), checked step by step by the lockstep runs.
@@ -39,7 +40,7 @@ import dataclasses
 import heapq
 import itertools
 from array import array
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -59,6 +60,7 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from .cache import UnifiedRadixCache
 from . import compat
 
 STRIDE = 1 << 20
@@ -188,9 +190,43 @@ class _Event:
         self.done = True
 
 
+class Ack(NamedTuple):
+    """One queued transfer acknowledgement, upstream's ``(start_event, finish_event, node_ids)``
+    (a tuple, so code that unpacks upstream's acks reads these the same way)."""
+
+    start_event: Any  # None here: the caches poll only the finish event
+    finish_event: Any  # has query() / synchronize(): an _Event, or a CUDA event
+    node_ids: list  # the ack ids (node ids) the transfer covers
+
+
+class PendingLoad(NamedTuple):
+    """A load taken by ``HiCacheController.load`` and not yet queued by ``start_loading``."""
+
+    host_indices: torch.Tensor
+    device_indices: torch.Tensor
+    node_id: int
+
+
+class Copy(NamedTuple):
+    """One logged copy (``log_copies``): ``("backup", device, host)`` or ``("load", host,
+    device)``, slot lists in copy order."""
+
+    kind: str
+    src: list
+    dst: list
+
+
+class InFlight(NamedTuple):
+    """A transfer the cache waits for: the node it is for and the lock it holds until the ack
+    (``dec_lock_ref`` params; None for a write-through backup that took no lock)."""
+
+    node: Any  # a HostNode
+    lock: Any  # Optional[DecLockRefParams]
+
+
 class HiCacheController:
     """Moves KV between the device pool and the host pool and queues one ack per backup and
-    one per ``start_loading`` (acks are ``(start_event, finish_event, node_ids)``, oldest
+    one per ``start_loading`` (acks are ``Ack(start_event, finish_event, node_ids)``, oldest
     first, as upstream's controller queues them)."""
 
     def __init__(self, config: HiCacheConfig, device_allocator: Any, page_size: int) -> None:
@@ -213,9 +249,9 @@ class HiCacheController:
                 raise Unsupported("io='cuda' needs CUDA and a device KV pool")
             from uniradix.kernels import TransferStream
             self.stream = TransferStream(self.device_kv.device, impl=config.copy_impl)
-        self.ack_write_queue: list = []
-        self.ack_load_queue: list = []
-        self._pending_loads: list = []  # (host_indices, device_indices, node_id)
+        self.ack_write_queue: list[Ack] = []
+        self.ack_load_queue: list[Ack] = []
+        self._pending_loads: list[PendingLoad] = []
 
     def _moves_data(self) -> bool:
         return self.device_kv is not None and self.host_kv is not None
@@ -226,7 +262,7 @@ class HiCacheController:
         if host_indices is None:
             return None
         if self.copies is not None:
-            self.copies.append(("backup", device_indices.tolist(), host_indices.tolist()))
+            self.copies.append(Copy("backup", device_indices.tolist(), host_indices.tolist()))
         finish: Any
         if self.stream is not None:  # CUDA: the copy runs on the side stream
             finish = self.stream.backup_async(self.device_kv, self.host_kv,
@@ -238,7 +274,7 @@ class HiCacheController:
                 backup_all_layers(self.device_kv, self.host_kv, device_indices=device_indices,
                                   host_indices=host_indices, impl=self.copy_impl)
             finish = _Event(self.io == "sync")
-        self.ack_write_queue.append((None, finish, [node_id]))
+        self.ack_write_queue.append(Ack(None, finish, [node_id]))
         return host_indices
 
     def load(self, host_indices, priority=None, node_id: int = -1, extra_pools=None):
@@ -247,12 +283,12 @@ class HiCacheController:
         if device_indices is None:
             return None
         if self.copies is not None:
-            self.copies.append(("load", host_indices.tolist(), device_indices.tolist()))
+            self.copies.append(Copy("load", host_indices.tolist(), device_indices.tolist()))
         if self.stream is None and self._moves_data():  # CPU: copy now (complete on submit)
             from uniradix.kernels import load_all_layers
             load_all_layers(self.host_kv, self.device_kv, host_indices=host_indices,
                             device_indices=device_indices, impl=self.copy_impl)
-        self._pending_loads.append((host_indices, device_indices, node_id))
+        self._pending_loads.append(PendingLoad(host_indices, device_indices, node_id))
         return device_indices
 
     def start_loading(self) -> int:
@@ -260,24 +296,25 @@ class HiCacheController:
         stream; the ack completes with the last layer)."""
         if not self._pending_loads:
             return -1
-        ids = [node_id for _, _, node_id in self._pending_loads]
+        ids = [p.node_id for p in self._pending_loads]
         finish: Any
         if self.stream is not None:
-            hi = torch.cat([h for h, _, _ in self._pending_loads])
-            di = torch.cat([d for _, d, _ in self._pending_loads])
+            hi = torch.cat([p.host_indices for p in self._pending_loads])
+            di = torch.cat([p.device_indices for p in self._pending_loads])
             finish = self.stream.load_layers_async(self.host_kv, self.device_kv, host_indices=hi,
                                                    device_indices=di, check_values=False)[-1]
         else:
             finish = _Event(self.io == "sync")
         self._pending_loads.clear()
-        self.ack_load_queue.append((None, finish, ids))
+        self.ack_load_queue.append(Ack(None, finish, ids))
         return 0
 
     def complete(self, writes: int, loads: int) -> None:
         """The environment finishes transfers (``io="manual"``): the ``writes`` / ``loads``
         oldest not-done acks are done (-1: all)."""
         for queue, k in ((self.ack_write_queue, writes), (self.ack_load_queue, loads)):
-            for _, finish, _ in queue:
+            for ack in queue:
+                finish = ack.finish_event
                 if k == 0:
                     break
                 if not finish.query():
@@ -377,8 +414,14 @@ def _count_arg(name: str, x) -> int:
     return x
 
 
-class HiCacheRadixCache(compat.EngineDefaults):
-    """Radix prefix cache over device KV slots with a host tier; see the module docstring."""
+class HiCacheRadixCache(UnifiedRadixCache):
+    """Radix prefix cache over device KV slots with a host tier; see the module docstring.
+
+    What ``UnifiedRadixCache(params)`` returns for params with a host tier: a subclass for the
+    type, every cache method its own (pure Python)."""
+
+    core = "python"
+    core_reason = "a host tier: the C core covers the device-only Full path"
 
     def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:
         settings = compat.read_settings(params)
@@ -427,8 +470,8 @@ class HiCacheRadixCache(compat.EngineDefaults):
         self._protected = 0
         self._host_tokens = 0
         self._owned: set = set()
-        self.ongoing_write_through: dict = {}  # node id -> (node, dec params or None)
-        self.ongoing_load_back: dict = {}      # node id -> (node, dec params)
+        self.ongoing_write_through: dict[int, InFlight] = {}  # node id -> node, lock or None
+        self.ongoing_load_back: dict[int, InFlight] = {}      # node id -> node, lock
         self.cache_controller.reset()
         self.cache_controller.mem_pool_host.clear()
 
@@ -467,6 +510,10 @@ class HiCacheRadixCache(compat.EngineDefaults):
 
     def supports_mamba(self) -> bool:
         return False
+
+    def init_hicache(self, server_args: Any, params: Any) -> None:
+        """Refused: this cache has its host tier already."""
+        raise Unsupported("init_hicache: this cache already has a host tier")
 
     # ------------------------------------------------------------------------------------------
     # Keys, clock, leaf bookkeeping
@@ -890,7 +937,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
         node.host_value = host_indices
         self._host_tokens += n
         lock = None if write_back else self.inc_lock_ref(node).to_dec_params()
-        self.ongoing_write_through[node.id] = (node, lock)
+        self.ongoing_write_through[node.id] = InFlight(node, lock)
         return n
 
     # ------------------------------------------------------------------------------------------
@@ -1045,7 +1092,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
                 self._owned.update(s.value.tolist())
             self.host_leaves.discard(s)
             self._push_if_leaf(s)
-        self.ongoing_load_back[node.id] = (node, self.inc_lock_ref(node).to_dec_params())
+        self.ongoing_load_back[node.id] = InFlight(node, self.inc_lock_ref(node).to_dec_params())
         return True
 
     def init_load_back(self, params: InitLoadBackParams) -> tuple[torch.Tensor, HostNode]:
@@ -1086,23 +1133,21 @@ class HiCacheRadixCache(compat.EngineDefaults):
         nodes; ``write_back``: wait for all of them first."""
         queue = self.cache_controller.ack_write_queue
         if write_back:
-            for _, finish, _ in queue:
-                finish.synchronize()
-        while queue and queue[0][1].query():
-            _, _, ids = queue.pop(0)
-            for ack_id in ids:
+            for ack in queue:
+                ack.finish_event.synchronize()
+        while queue and queue[0].finish_event.query():
+            for ack_id in queue.pop(0).node_ids:
                 entry = self.ongoing_write_through.pop(ack_id, None)
-                if entry is not None and entry[1] is not None:
-                    self.dec_lock_ref(entry[0], entry[1])
+                if entry is not None and entry.lock is not None:
+                    self.dec_lock_ref(entry.node, entry.lock)
 
     def loading_check(self) -> None:
         """Process finished loads (the done prefix of the load-ack queue), unlocking them."""
         queue = self.cache_controller.ack_load_queue
-        while queue and queue[0][1].query():
-            _, _, ids = queue.pop(0)
-            for ack_id in ids:
-                node, params = self.ongoing_load_back.pop(ack_id)
-                self.dec_lock_ref(node, params)
+        while queue and queue[0].finish_event.query():
+            for ack_id in queue.pop(0).node_ids:
+                entry = self.ongoing_load_back.pop(ack_id)
+                self.dec_lock_ref(entry.node, entry.lock)
 
     def check_hicache_events(self) -> None:
         self.writing_check()

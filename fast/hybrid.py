@@ -60,6 +60,7 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from .cache import UnifiedRadixCache
 from . import compat
 
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
@@ -130,8 +131,14 @@ def _count_arg(name: str, x) -> int:
     return x
 
 
-class HybridRadixCache(compat.EngineDefaults):
-    """Radix prefix cache of a hybrid model; see the module docstring for the structures."""
+class HybridRadixCache(UnifiedRadixCache):
+    """Radix prefix cache of a hybrid model; see the module docstring for the structures.
+
+    What ``UnifiedRadixCache(params)`` returns for Full + SWA or Full + Mamba params: a
+    subclass for the type, every cache method its own (pure Python)."""
+
+    core = "python"
+    core_reason = "a hybrid cache (SWA or Mamba): the C core covers the device-only Full path"
 
     def __init__(self, params: CacheInitParams) -> None:
         names = component_names(params.tree_components)
@@ -852,6 +859,10 @@ class HybridRadixCache(compat.EngineDefaults):
     def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
         raise Unsupported("cache_unfinished_req with SWA or Mamba is not implemented; "
                           "drive insert / match_prefix / locks directly")
+
+    def init_hicache(self, server_args: Any, params: Any) -> None:
+        """Refused: a host tier with SWA or Mamba is not supported (yet)."""
+        raise Unsupported("init_hicache: a host tier with SWA or Mamba is not supported")
 
     # ------------------------------------------------------------------------------------------
     # Introspection
