@@ -173,6 +173,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     core: str = "c" if NATIVE else "python"
     core_reason: str = CORE_REASON
+    _node_type: Any = TreeNode  # this cache's node class (each subclass has its own)
 
     def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):
         # NOTE: the subclass instance is returned uninitialised: type.__call__ then runs the
@@ -268,8 +269,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
                 and node.parent is not None)
 
     def _push_if_leaf(self, node: TreeNode) -> None:
-        if node.lock_ref == 0 and node.dev_children == 0 and node.value is not None \
-                and node.parent is not None:
+        if self._is_leaf(node):  # the subclass's leaf test where it has one
             self._leaf_heap.push(node.last_access_time, node)
 
     def _live_leaf(self, stamp: int, node: TreeNode) -> bool:
@@ -554,7 +554,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
     # ------------------------------------------------------------------------------------------
 
     def _check_attached(self, node) -> None:
-        if not isinstance(node, TreeNode) or (node is not self.root_node and node.parent is None):
+        if not isinstance(node, self._node_type) or (node is not self.root_node
+                                                     and node.parent is None):
             raise NodeNotFound("the node is not in the tree")
 
     def _inc_lock_ref_py(self, node: TreeNode) -> IncLockRefResult:

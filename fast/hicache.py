@@ -47,7 +47,7 @@ import torch
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .frees import APPEND, release
 from .structures import LazyHeap
-from .keys import child_key, shared_len
+from .keys import shared_len
 from .params import (
     DecLockRefParams,
     DecLockRefResult,
@@ -422,6 +422,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
 
     core = "python"
     core_reason = "a host tier: the C core covers the device-only Full path"
+    _node_type = HostNode
 
     def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:
         settings = compat.read_settings(params)
@@ -475,41 +476,11 @@ class HiCacheRadixCache(UnifiedRadixCache):
         self.cache_controller.reset()
         self.cache_controller.mem_pool_host.clear()
 
-    def evictable_size(self) -> int:
-        return self._evictable
-
-    def protected_size(self) -> int:
-        return self._protected
-
-    def full_evictable_size(self) -> int:
-        return self._evictable
-
-    def full_protected_size(self) -> int:
-        return self._protected
-
     def total_size(self) -> tuple[int, int]:
         return self._evictable + self._protected, 0
 
     def host_size(self) -> int:
         return self._host_tokens
-
-    def supports_swa(self) -> bool:
-        return False
-
-    def available_and_evictable_str(self) -> str:
-        """Free plus evictable device tokens, in upstream's words."""
-        return compat.available_and_evictable_str(self)
-
-    def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
-        """Cache a finished request and release it (``compat.cache_finished_req``)."""
-        compat.cache_finished_req(self, req, is_insert)
-
-    def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
-        """Cache a running request's computed tokens (``compat.cache_unfinished_req``)."""
-        compat.cache_unfinished_req(self, req, chunked)
-
-    def supports_mamba(self) -> bool:
-        return False
 
     def init_hicache(self, server_args: Any, params: Any) -> None:
         """Refused: this cache has its host tier already."""
@@ -523,20 +494,9 @@ class HiCacheRadixCache(UnifiedRadixCache):
         toks = key.token_ids
         return list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
 
-    def _ck(self, extra_key, units, pos: int):
-        return child_key(extra_key, units, pos, self.page_size)
-
     def _is_leaf(self, node: HostNode) -> bool:
         return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
                 and node.parent is not None)
-
-    def _push_if_leaf(self, node: HostNode) -> None:
-        if self._is_leaf(node):
-            self._leaf_heap.push(node.last_access_time, node)
-
-    def _live_leaf(self, stamp: int, node: HostNode) -> bool:
-        """Whether the device heap entry ``(stamp, node)`` is live."""
-        return node.last_access_time == stamp and self._is_leaf(node)
 
     def _live_host_leaf(self, stamp: int, node: HostNode) -> bool:
         """Whether the host heap entry ``(stamp, node)`` is live."""
@@ -831,10 +791,6 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # ------------------------------------------------------------------------------------------
     # Locks
     # ------------------------------------------------------------------------------------------
-
-    def _check_attached(self, node) -> None:
-        if not isinstance(node, HostNode) or (node is not self.root_node and node.parent is None):
-            raise NodeNotFound("the node is not in the tree")
 
     def inc_lock_ref(self, node: HostNode) -> HostIncLockRefResult:
         """Lock ``node``'s path up to the root; the evicted bottom segment is skipped (and
@@ -1160,18 +1116,6 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # Introspection
     # ------------------------------------------------------------------------------------------
 
-    def all_nodes(self) -> list[HostNode]:
-        out, stack = [], [self.root_node]
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(n.children.values())
-        return out
-
-    def eviction_order(self) -> list[HostNode]:
-        """The evictable device leaves in the order the heap would evict them."""
-        return self._leaf_heap.ordered(self._live_leaf)
-
     def host_eviction_order(self) -> list[HostNode]:
         """The host leaves in the order ``evict_host`` would take them."""
         return self._host_leaf_heap.ordered(self._live_host_leaf)
@@ -1250,9 +1194,3 @@ class HiCacheRadixCache(UnifiedRadixCache):
                 elif lock is not None and node.lock_ref <= 0:
                     errors.append(f"[in-flight] {kind} of {node!r} without its lock")
         return errors
-
-    def sanity_check(self) -> None:
-        errors = self.violations()
-        if errors:
-            raise AssertionError(f"sanity check failed ({len(errors)} violations):\n  "
-                                 + "\n  ".join(errors))

@@ -46,7 +46,7 @@ import torch
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .frees import release
 from .structures import LazyHeap, LruList
-from .keys import child_key, step_len
+from .keys import step_len
 from .params import (
     CacheInitParams,
     DecLockRefParams,
@@ -139,6 +139,7 @@ class HybridRadixCache(UnifiedRadixCache):
 
     core = "python"
     core_reason = "a hybrid cache (SWA or Mamba): the C core covers the device-only Full path"
+    _node_type = HybridNode
 
     def __init__(self, params: CacheInitParams) -> None:
         names = component_names(params.tree_components)
@@ -196,18 +197,6 @@ class HybridRadixCache(UnifiedRadixCache):
         self._lru = LruList()  # the nodes holding aux data, newest first
         self._next_boundary = 1
 
-    def evictable_size(self) -> int:
-        return self._evictable
-
-    def protected_size(self) -> int:
-        return self._protected
-
-    def full_evictable_size(self) -> int:
-        return self._evictable
-
-    def full_protected_size(self) -> int:
-        return self._protected
-
     def swa_evictable_size(self) -> int:
         return self._aux_evictable if self.is_swa else 0
 
@@ -226,10 +215,6 @@ class HybridRadixCache(UnifiedRadixCache):
     def supports_swa(self) -> bool:
         return self.is_swa
 
-    def available_and_evictable_str(self) -> str:
-        """Free plus evictable tokens (and Mamba states) per component, in upstream's words."""
-        return compat.available_and_evictable_str(self)
-
     def supports_mamba(self) -> bool:
         return self.is_mamba
 
@@ -241,14 +226,6 @@ class HybridRadixCache(UnifiedRadixCache):
     def _is_leaf(node: HybridNode) -> bool:
         return (node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0
                 and node.value is not None and node.parent is not None)
-
-    def _push_if_leaf(self, node: HybridNode) -> None:
-        if self._is_leaf(node):
-            self._leaf_heap.push(node.last_access_time, node)
-
-    def _live_leaf(self, stamp: int, node: HybridNode) -> bool:
-        """Whether the heap entry ``(stamp, node)`` is live."""
-        return node.last_access_time == stamp and self._is_leaf(node)
 
     def _stamp(self, node: HybridNode) -> None:
         self._clock += STRIDE
@@ -300,9 +277,6 @@ class HybridRadixCache(UnifiedRadixCache):
     # ------------------------------------------------------------------------------------------
     # Tree structure
     # ------------------------------------------------------------------------------------------
-
-    def _ck(self, extra_key, units, pos: int):
-        return child_key(extra_key, units, pos, self.page_size)
 
     def _split(self, child: HybridNode, k: int) -> HybridNode:
         """Cut ``child`` after ``k`` units; the new upper node takes its place.  SWA data and
@@ -641,10 +615,6 @@ class HybridRadixCache(UnifiedRadixCache):
     # Locks
     # ------------------------------------------------------------------------------------------
 
-    def _check_attached(self, node) -> None:
-        if not isinstance(node, HybridNode) or (node is not self.root_node and node.parent is None):
-            raise NodeNotFound("the node is not in the tree")
-
     def inc_lock_ref(self, node: HybridNode) -> IncLockRefResult:
         """Lock ``node``'s Full path up to the root; SWA: one window of SWA data above the
         node (tombstones skipped), marking where the window filled up; Mamba: the node's
@@ -868,17 +838,6 @@ class HybridRadixCache(UnifiedRadixCache):
     # Introspection
     # ------------------------------------------------------------------------------------------
 
-    def all_nodes(self) -> list[HybridNode]:
-        out, stack = [], [self.root_node]
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(n.children.values())
-        return out
-
-    def eviction_order(self) -> list[HybridNode]:
-        return self._leaf_heap.ordered(self._live_leaf)
-
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
         errors = []
@@ -954,10 +913,3 @@ class HybridRadixCache(UnifiedRadixCache):
             errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
         errors.extend(self._lru.violations(members))  # linked both ways, exactly the aux holders
         return errors
-
-    def sanity_check(self) -> None:
-        """Raise AssertionError listing every violated invariant."""
-        errors = self.violations()
-        if errors:
-            raise AssertionError(f"sanity check failed ({len(errors)} violations):\n  "
-                                 + "\n  ".join(errors))
