@@ -31,7 +31,7 @@ with upstream SGLang's public API.  What it keeps, and why it is fast:
   boundary than it saves in copies.)
 * **Access stamps** are integers from a logical clock that advances by ``STRIDE`` per touch; a
   match stamps its path ``T, T-1, T-2, ...`` from the matched node up, so ancestors are older
-  than descendants and everything is newer than what came before (DESIGN.md).
+  than descendants and everything is newer than what came before (docs/DESIGN.md).
 * **Eviction order** is a binary heap of ``(stamp, node)`` with lazy deletion: an entry is
   pushed whenever a node becomes an evictable leaf or is touched while it is one; a popped
   entry counts only if its stamp is still the node's and the node is still an evictable leaf.
@@ -781,6 +781,32 @@ class UnifiedRadixCache(compat.EngineDefaults):
         """The evictable device leaves in the order the heap would evict them."""
         return self._leaf_heap.ordered(self._live_leaf)
 
+    def _child_violations(self, node: TreeNode, errors: list) -> None:
+        """The tree around ``node``: each child's parent pointer and child key, and
+        ``node.dev_children`` recounted.  O(children)."""
+        dev = 0
+        for ck, c in node.children.items():
+            if c.parent is not node:
+                errors.append(f"[tree] {c!r}: parent pointer is wrong")
+            if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
+                errors.append(f"[tree] {c!r}: filed under the wrong child key")
+            if c.value is not None:
+                dev += 1
+        if node.dev_children != dev:
+            errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+
+    def _slot_and_leaf_violations(self, owned: list, leaves: set, errors: list) -> None:
+        """``owned``: every device slot the tree holds (recounted); ``leaves``: the ids of the
+        evictable device leaves (by ``_is_leaf``).  No slot twice, the owned-slot set (with
+        ``validate_slots``) and the heap's live entries agree with them.  O(slots + heap)."""
+        if len(set(owned)) != len(owned):
+            errors.append("[size] a slot is held twice in the tree")
+        if self.validate_slots and set(owned) != self._owned:
+            errors.append("[size] the owned-slot set differs from the tree's slots")
+        in_heap = self._leaf_heap.live_ids(self._live_leaf)
+        if in_heap != leaves:
+            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
+
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
         errors = []
@@ -789,16 +815,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         owned: list = []
         leaves = set()
         for node in self.all_nodes():
-            dev = 0
-            for ck, c in node.children.items():
-                if c.parent is not node:
-                    errors.append(f"[tree] {c!r}: parent pointer is wrong")
-                if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
-                    errors.append(f"[tree] {c!r}: filed under the wrong child key")
-                if c.value is not None:
-                    dev += 1
-            if node.dev_children != dev:
-                errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+            self._child_violations(node, errors)
             if node is root:
                 continue
             if node.value is None:
@@ -820,13 +837,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if (ev, pr) != (self._evictable, self._protected):
             errors.append(f"[size] counters evictable={self._evictable} protected={self._protected}, "
                           f"recomputed {ev}/{pr}")
-        if len(set(owned)) != len(owned):
-            errors.append("[size] a slot is held twice in the tree")
-        if self.validate_slots and set(owned) != self._owned:
-            errors.append("[size] the owned-slot set differs from the tree's slots")
-        in_heap = self._leaf_heap.live_ids(self._live_leaf)
-        if in_heap != leaves:
-            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
+        self._slot_and_leaf_violations(owned, leaves, errors)
         return errors
 
     def sanity_check(self) -> None:

@@ -1129,16 +1129,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         leaves, host_leaves = set(), set()
         write_back = self.write_policy == "write_back"
         for node in self.all_nodes():
-            dev = 0
-            for ck, c in node.children.items():
-                if c.parent is not node:
-                    errors.append(f"[tree] {c!r}: parent pointer is wrong")
-                if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
-                    errors.append(f"[tree] {c!r}: filed under the wrong child key")
-                if c.value is not None:
-                    dev += 1
-            if node.dev_children != dev:
-                errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+            self._child_violations(node, errors)
             if node is root:
                 continue
             if node.value is None and node.host_value is None:
@@ -1175,13 +1166,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
                           f"recomputed {ev}/{pr}")
         if host != self._host_tokens:
             errors.append(f"[host-size] counter {self._host_tokens}, recomputed {host}")
-        if len(set(owned)) != len(owned):
-            errors.append("[size] a slot is held twice in the tree")
-        if self.validate_slots and set(owned) != self._owned:
-            errors.append("[size] the owned-slot set differs from the tree's slots")
-        in_heap = self._leaf_heap.live_ids(self._live_leaf)
-        if in_heap != leaves:
-            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
+        self._slot_and_leaf_violations(owned, leaves, errors)
         if {id(n) for n in self.host_leaves} != host_leaves:
             errors.append("[host-leaf] the host leaf set differs from the tree's host leaves")
         in_host_heap = self._host_leaf_heap.live_ids(self._live_host_leaf)

@@ -847,16 +847,7 @@ class HybridRadixCache(UnifiedRadixCache):
         mamba: list = []
         leaves, members = set(), set()
         for node in self.all_nodes():
-            dev = 0
-            for ck, c in node.children.items():
-                if c.parent is not node:
-                    errors.append(f"[tree] {c!r}: parent pointer is wrong")
-                if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
-                    errors.append(f"[tree] {c!r}: filed under the wrong child key")
-                if c.value is not None:
-                    dev += 1
-            if node.dev_children != dev:
-                errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+            self._child_violations(node, errors)
             if node is root:
                 if node.aux is not None or node.aux_lock:
                     errors.append("[aux] the root holds aux data or an aux lock")
@@ -900,16 +891,10 @@ class HybridRadixCache(UnifiedRadixCache):
         if (aev, apr) != (self._aux_evictable, self._aux_protected):
             errors.append(f"[size] {self.kind} counters {self._aux_evictable}/"
                           f"{self._aux_protected}, recomputed {aev}/{apr}")
-        if len(set(owned)) != len(owned):
-            errors.append("[size] a slot is held twice in the tree")
+        self._slot_and_leaf_violations(owned, leaves, errors)
         if len(set(mamba)) != len(mamba):
             errors.append("[aux] a Mamba slot is held twice in the tree")
-        if self.validate_slots and set(owned) != self._owned:
-            errors.append("[size] the owned-slot set differs from the tree's slots")
         if self.validate_slots and self.is_mamba and set(mamba) != self._mamba_owned:
             errors.append("[aux] the owned Mamba slots differ from the tree's")
-        in_heap = self._leaf_heap.live_ids(self._live_leaf)
-        if in_heap != leaves:
-            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
         errors.extend(self._lru.violations(members))  # linked both ways, exactly the aux holders
         return errors
