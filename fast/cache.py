@@ -150,6 +150,13 @@ if NATIVE:
     _api_dec, _api_evict = _core.api_dec, _core.api_evict
 
 
+def _live_full_leaf(stamp: int, node: TreeNode) -> bool:
+    """Whether the heap entry ``(stamp, node)`` is live in the Full cache (``_is_leaf``,
+    inlined: compaction calls this once per entry)."""
+    return (node.last_access_time == stamp and node.lock_ref == 0 and node.dev_children == 0
+            and node.value is not None and node.parent is not None)
+
+
 def _int_arg(name: str, x) -> int:
     if type(x) is not int or x < 0:
         raise InvalidInput(f"{name} must be a non-negative int, got {x!r}")
@@ -282,7 +289,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._push_if_leaf(node)
 
     def _compact_heap(self) -> None:
-        self._leaf_heap.compact(self._live_leaf)
+        """Drop the stale heap entries (the C core's evict calls this for the Full cache)."""
+        self._leaf_heap.compact(_live_full_leaf)
 
     # ------------------------------------------------------------------------------------------
     # Tree structure
