@@ -448,7 +448,11 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
         """The spec's slot-ownership checks (spec/cache.py check_insert_slots)."""
-        slots = value.tolist()
+        self._check_slot_list(plan, value.tolist(), prev)
+
+    def _check_slot_list(self, plan: list, slots: list, prev: int) -> None:
+        """``_check_slots`` on the slots as a list (every cache's checks of the device slots
+        an insert hands over; ``plan``: (node, shared units) along the walk)."""
         if len(set(slots)) != len(slots):
             raise InvalidInput("insert: value holds the same slot twice")
         held = self._owned.intersection(slots[prev:])

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .errors import HandleError, InvalidInput, Unsupported
 from .frees import APPEND, release
 from .structures import LazyHeap
 from .keys import shared_len
@@ -575,22 +575,6 @@ class HiCacheRadixCache(UnifiedRadixCache):
             self._update_host_leaf(node)
         return node
 
-    def find_node(self, key: RadixKey) -> HostNode:
-        """The node whose path is exactly ``key`` (the root for an empty key)."""
-        toks = key.token_ids
-        bigram = self.is_eagle or key.is_bigram
-        if bigram and len(toks) == 1:
-            raise NodeNotFound("under EAGLE a node path has no tokens (the root) or at least two")
-        units = self._units(key)
-        node, pos, n = self.root_node, 0, len(units)
-        while pos < n:
-            child = node.children.get(self._ck(key.extra_key, units, pos)) \
-                if n - pos >= self.page_size else None
-            if child is None or units[pos: pos + len(child.key)] != child.key:
-                raise NodeNotFound(f"no node ends at this path ({n} units)")
-            node, pos = child, pos + len(child.key)
-        return node
-
     # ------------------------------------------------------------------------------------------
     # match_prefix
     # ------------------------------------------------------------------------------------------
@@ -674,29 +658,10 @@ class HiCacheRadixCache(UnifiedRadixCache):
         return plan
 
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
+        """The base's checks, and the slots for evicted nodes on the way."""
         slots = value.tolist()
-        if len(set(slots)) != len(slots):
-            raise InvalidInput("insert: value holds the same slot twice")
-        held = self._owned.intersection(slots[prev:])
-        if held:
-            raise InvalidInput(f"insert: slots {sorted(held)[:8]} from prev_prefix_len on are "
-                               "already the tree's")
-        dups, pos = [], 0
-        for node, shared in plan:
-            if node.value is not None:
-                dups.extend(slots[max(pos, prev): pos + shared])
-            pos += shared
-        try:
-            self.token_to_kv_pool_allocator.check_free(dups)
-        except Exception as e:  # the environment's own error type
-            raise InvalidInput(f"insert: duplicate slots cannot be freed: {e}") from None
+        self._check_slot_list(plan, slots, prev)
         ps = self.page_size
-        for k in range(pos, len(slots), ps):
-            first = slots[k]
-            if first % ps or slots[k: k + ps] != list(range(first, first + ps)):
-                raise InvalidInput(f"insert: slots {slots[k: k + ps]} of the new leaf are not one whole page")
-            if not self.token_to_kv_pool_allocator.is_allocated(first):
-                raise InvalidInput(f"insert: slot {first} is not allocated")
         start = 0  # evicted nodes on the way take their slots back: the same checks
         for node, shared in plan:
             if node.value is None:

@@ -418,32 +418,6 @@ class HybridRadixCache(UnifiedRadixCache):
             node, pos = child, pos + k
         return plan
 
-    def _check_slots(self, plan: list, slots: list, prev: int) -> None:
-        """The spec's slot-ownership checks (spec/cache.py check_insert_slots)."""
-        if len(set(slots)) != len(slots):
-            raise InvalidInput("insert: value holds the same slot twice")
-        held = self._owned.intersection(slots[prev:])
-        if held:
-            raise InvalidInput(f"insert: slots {sorted(held)[:8]} from prev_prefix_len on are "
-                               "already the tree's")
-        dups, pos = [], 0
-        for node, shared in plan:
-            if node.value is not None:
-                dups.extend(slots[max(pos, prev): pos + shared])
-            pos += shared
-        alloc = self.token_to_kv_pool_allocator
-        try:
-            alloc.check_free(dups)
-        except Exception as e:  # the environment's own error type
-            raise InvalidInput(f"insert: duplicate slots cannot be freed: {e}") from None
-        ps = self.page_size
-        for k in range(pos, len(slots), ps):
-            first = slots[k]
-            if first % ps or slots[k: k + ps] != list(range(first, first + ps)):
-                raise InvalidInput(f"insert: slots {slots[k: k + ps]} of the new leaf are not one whole page")
-            if not alloc.is_allocated(first):
-                raise InvalidInput(f"insert: slot {first} is not allocated")
-
     def _check_aux(self, plan: list, prev: int, params: InsertParams) -> tuple:
         """The spec's aux checks (spec/components.py check_insert_aux)."""
         e = params.swa_evicted_seqlen
@@ -527,7 +501,7 @@ class HybridRadixCache(UnifiedRadixCache):
         ek = key.extra_key
         plan = self._plan(ek, units, n)
         if self.validate_slots:
-            self._check_slots(plan, value.tolist(), prev)
+            self._check_slot_list(plan, value.tolist(), prev)
         mamba_value, e = self._check_aux(plan, prev, params)
 
         self._stamp(self.root_node)
