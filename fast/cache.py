@@ -277,7 +277,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def _push_if_leaf(self, node: TreeNode) -> None:
         if self._is_leaf(node):  # the subclass's leaf test where it has one
-            self._leaf_heap.push(node.last_access_time, node)
+            heapq.heappush(self._heap, (node.last_access_time, node))  # the LazyHeap's list
 
     def _live_leaf(self, stamp: int, node: TreeNode) -> bool:
         """Whether the heap entry ``(stamp, node)`` is live."""

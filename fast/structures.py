@@ -154,13 +154,16 @@ class LruList:
 
     def move_to_front(self, node: Any) -> None:
         """Make member ``node`` the newest.  O(1)."""
-        self.remove(node)
-        self.insert_after(self.head, node)
+        self.move_after(self.head, node)
 
     def move_after(self, prev: Any, node: Any) -> None:
-        """Move member ``node`` right after ``prev`` (a member or ``head``).  O(1)."""
-        self.remove(node)
-        self.insert_after(prev, node)
+        """Move member ``node`` right after ``prev`` (a member or ``head``, not ``node``).
+        O(1).  (Unlink and link inlined: this runs for every node of a matched path.)"""
+        node.lru_prev.lru_next = node.lru_next
+        node.lru_next.lru_prev = node.lru_prev
+        nxt = prev.lru_next
+        node.lru_prev, node.lru_next = prev, nxt
+        prev.lru_next = nxt.lru_prev = node
 
     def oldest(self) -> Optional[Any]:
         """The oldest member, or None when empty.  O(1)."""
