@@ -150,11 +150,10 @@ if NATIVE:
     _api_dec, _api_evict = _core.api_dec, _core.api_evict
 
 
-def _live_full_leaf(stamp: int, node: TreeNode) -> bool:
-    """Whether the heap entry ``(stamp, node)`` is live in the Full cache (``_is_leaf``,
-    inlined: compaction calls this once per entry)."""
-    return (node.last_access_time == stamp and node.lock_ref == 0 and node.dev_children == 0
-            and node.value is not None and node.parent is not None)
+def _full_leaf(node: TreeNode) -> bool:
+    """``UnifiedRadixCache._is_leaf`` as a plain function (compaction calls it per entry)."""
+    return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
+            and node.parent is not None)
 
 
 def _int_arg(name: str, x) -> int:
@@ -279,10 +278,6 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if self._is_leaf(node):  # the subclass's leaf test where it has one
             heapq.heappush(self._heap, (node.last_access_time, node))  # the LazyHeap's list
 
-    def _live_leaf(self, stamp: int, node: TreeNode) -> bool:
-        """Whether the heap entry ``(stamp, node)`` is live."""
-        return node.last_access_time == stamp and self._is_leaf(node)
-
     def _touch(self, node: TreeNode) -> None:
         self._clock += STRIDE
         node.last_access_time = self._clock
@@ -290,7 +285,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def _compact_heap(self) -> None:
         """Drop the stale heap entries (the C core's evict calls this for the Full cache)."""
-        self._leaf_heap.compact(_live_full_leaf)
+        self._leaf_heap.compact(_full_leaf)
 
     # ------------------------------------------------------------------------------------------
     # Tree structure
@@ -791,7 +786,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def eviction_order(self) -> list[TreeNode]:
         """The evictable device leaves in the order the heap would evict them."""
-        return self._leaf_heap.ordered(self._live_leaf)
+        return self._leaf_heap.ordered(self._is_leaf)
 
     def _child_violations(self, node: TreeNode, errors: list) -> None:
         """The tree around ``node``: each child's parent pointer and child key, and
@@ -815,7 +810,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             errors.append("[size] a slot is held twice in the tree")
         if self.validate_slots and set(owned) != self._owned:
             errors.append("[size] the owned-slot set differs from the tree's slots")
-        in_heap = self._leaf_heap.live_ids(self._live_leaf)
+        in_heap = self._leaf_heap.live_ids(self._is_leaf)
         if in_heap != leaves:
             errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
 

@@ -498,10 +498,6 @@ class HiCacheRadixCache(UnifiedRadixCache):
         return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
                 and node.parent is not None)
 
-    def _live_host_leaf(self, stamp: int, node: HostNode) -> bool:
-        """Whether the host heap entry ``(stamp, node)`` is live."""
-        return node.last_access_time == stamp and node in self.host_leaves
-
     @staticmethod
     def _is_host_leaf(node: HostNode) -> bool:
         return (node.parent is not None and node.value is None and node.host_value is not None
@@ -909,7 +905,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         if write_back:
             self.writing_check(write_back=True)
         if self._leaf_heap.needs_compaction(self._evictable // self.page_size):
-            self._leaf_heap.compact(self._live_leaf)
+            self._leaf_heap.compact(self._is_leaf)
         return freed
 
     def _release_device(self, node: HostNode) -> int:
@@ -963,7 +959,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
             self._delete_tombstones(parent)
         release(pool, pieces)
         if self._host_leaf_heap.needs_compaction(len(leaves)):
-            self._host_leaf_heap.compact(self._live_host_leaf)
+            self._host_leaf_heap.compact(leaves.__contains__)
         return freed
 
     # ------------------------------------------------------------------------------------------
@@ -1083,7 +1079,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
 
     def host_eviction_order(self) -> list[HostNode]:
         """The host leaves in the order ``evict_host`` would take them."""
-        return self._host_leaf_heap.ordered(self._live_host_leaf)
+        return self._host_leaf_heap.ordered(self.host_leaves.__contains__)
 
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
@@ -1134,7 +1130,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         self._slot_and_leaf_violations(owned, leaves, errors)
         if {id(n) for n in self.host_leaves} != host_leaves:
             errors.append("[host-leaf] the host leaf set differs from the tree's host leaves")
-        in_host_heap = self._host_leaf_heap.live_ids(self._live_host_leaf)
+        in_host_heap = self._host_leaf_heap.live_ids(self.host_leaves.__contains__)
         if in_host_heap != host_leaves:
             errors.append("[host-leaf] the host heap does not hold every host leaf")
         for kind, ongoing in (("write", self.ongoing_write_through), ("load", self.ongoing_load_back)):

@@ -787,7 +787,7 @@ class HybridRadixCache(UnifiedRadixCache):
             x = nxt
         self._free_batched(freed)
         if self._leaf_heap.needs_compaction(self._evictable // self.page_size):
-            self._leaf_heap.compact(self._live_leaf)
+            self._leaf_heap.compact(self._is_leaf)
         if self.is_swa:
             return EvictResult(num_tokens_evicted=tracker[0], swa_num_tokens_evicted=tracker[1])
         return EvictResult(num_tokens_evicted=tracker[0], mamba_num_evicted=tracker[1])

@@ -8,9 +8,10 @@ cheapest structure that answers "oldest member" in its access pattern:
 * ``LazyHeap``: a binary heap (``heapq``) of ``(stamp, node)`` entries with lazy deletion.  A
   node is pushed whenever it becomes a member or gets a new stamp while it is one; nothing is
   ever removed from the middle.  A popped entry counts only if it is still *live*: the node
-  still carries that stamp and still is a member (a predicate the owner supplies, because
-  membership is a fact about the tree, not about the heap).  Compaction drops stale entries
-  when they outnumber live ones, so the heap stays O(live) in size, amortized.
+  still carries that stamp (``last_access_time``) and still is a member (a predicate the
+  owner supplies, because membership is a fact about the tree, not about the heap).
+  Compaction drops stale entries when they outnumber live ones, so the heap stays O(live)
+  in size, amortized.
 * ``LruList``: a doubly linked list threaded through the members themselves (``lru_prev`` /
   ``lru_next`` attributes on the node), between two sentinels, so moving a node to the front
   or removing it from the middle is O(1) with no allocation and no branch for an end.  Used
@@ -25,8 +26,9 @@ from __future__ import annotations
 import heapq
 from typing import Any, Callable, Iterator, Optional
 
-#: ``is_live(stamp, node)``: whether a heap entry still describes a member.
-LivePredicate = Callable[[int, Any], bool]
+#: ``is_member(node)``: whether a node belongs to the order now (its entry is live when it
+#: also still carries the entry's stamp as ``last_access_time``).
+MemberPredicate = Callable[[Any], bool]
 
 
 class LazyHeap:
@@ -71,20 +73,22 @@ class LazyHeap:
         """Drop every entry (in place).  O(n)."""
         self.entries.clear()
 
-    def live(self, is_live: LivePredicate) -> dict:
-        """``{id(node): (stamp, node)}`` for the live entries, one per node.  O(n)."""
-        return {id(n): (s, n) for s, n in self.entries if is_live(s, n)}
+    def live(self, is_member: MemberPredicate) -> dict:
+        """``{id(node): (stamp, node)}`` for the live entries, one per node.  O(n); the
+        predicate runs only for entries whose stamp is still the node's."""
+        return {id(n): (s, n) for s, n in self.entries
+                if n.last_access_time == s and is_member(n)}
 
-    def live_ids(self, is_live: LivePredicate) -> set:
+    def live_ids(self, is_member: MemberPredicate) -> set:
         """``id`` of every node with a live entry.  O(n)."""
-        return {id(n) for s, n in self.entries if is_live(s, n)}
+        return {id(n) for s, n in self.entries if n.last_access_time == s and is_member(n)}
 
-    def ordered(self, is_live: LivePredicate) -> list:
+    def ordered(self, is_member: MemberPredicate) -> list:
         """The nodes of the live entries in the order pops would yield them, each once.
         O(n log n); introspection only."""
         seen, out = set(), []
         for s, n in sorted(self.entries):
-            if id(n) not in seen and is_live(s, n):
+            if id(n) not in seen and n.last_access_time == s and is_member(n):
                 seen.add(id(n))
                 out.append(n)
         return out
@@ -95,10 +99,10 @@ class LazyHeap:
         n = len(self.entries)
         return n > 64 and n > 4 * (live_bound + 16)
 
-    def compact(self, is_live: LivePredicate) -> None:
+    def compact(self, is_member: MemberPredicate) -> None:
         """Keep only the live entries, one per node, and restore the heap invariant, in place
         (the list object stays the same).  O(n)."""
-        live = list(self.live(is_live).values())
+        live = list(self.live(is_member).values())
         heapq.heapify(live)
         self.entries[:] = live
 

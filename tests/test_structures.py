@@ -12,10 +12,10 @@ from uniradix.fast.structures import LazyHeap, LruList
 class Item:
     """A stand-in node: an id for heap ties, a stamp, membership, and the LRU links."""
 
-    __slots__ = ("id", "stamp", "member", "lru_prev", "lru_next")
+    __slots__ = ("id", "last_access_time", "member", "lru_prev", "lru_next")
 
     def __init__(self, i: int) -> None:
-        self.id, self.stamp, self.member = i, 0, False
+        self.id, self.last_access_time, self.member = i, 0, False
         self.lru_prev = self.lru_next = None
 
     def __lt__(self, other: "Item") -> bool:
@@ -25,17 +25,17 @@ class Item:
         return f"Item({self.id})"
 
 
-def live(stamp: int, item: Item) -> bool:
-    return item.member and item.stamp == stamp
+def live(item: Item) -> bool:  # membership; the heap checks the stamp
+    return item.member
 
 
 def test_heap_pops_oldest_live_and_skips_stale():
     h = LazyHeap()
     a, b, c = Item(1), Item(2), Item(3)
     for stamp, it in ((5, a), (3, b), (7, c)):
-        it.stamp, it.member = stamp, True
+        it.last_access_time, it.member = stamp, True
         h.push(stamp, it)
-    b.stamp = 9  # touched: the entry (3, b) is stale now
+    b.last_access_time = 9  # touched: the entry (3, b) is stale now
     h.push(9, b)
     c.member = False  # left the order: (7, c) is stale
     assert h.ordered(live) == [a, b]
@@ -62,8 +62,8 @@ def test_compact_keeps_the_list_object_and_one_live_entry_per_node():
     for it in items:
         it.member = True
         for stamp in range(1, 4):  # three entries each, only the last is live
-            it.stamp = stamp * 1000 + it.id
-            h.push(it.stamp, it)
+            it.last_access_time = stamp * 1000 + it.id
+            h.push(it.last_access_time, it)
     for it in items[::2]:
         it.member = False
     assert h.needs_compaction(live_bound=50)  # 300 > 4 * (50 + 16)
@@ -95,13 +95,13 @@ def test_heap_matches_a_sorted_model_under_random_touches():
         op = rng.random()
         if op < 0.6:
             clock += 1
-            it.stamp, it.member = clock, True
+            it.last_access_time, it.member = clock, True
             h.push(clock, it)
         elif op < 0.8:
             it.member = False
         elif h.needs_compaction(sum(x.member for x in items)) or op < 0.85:
             h.compact(live)
-        model = sorted((x for x in items if x.member), key=lambda x: (x.stamp, x.id))
+        model = sorted((x for x in items if x.member), key=lambda x: (x.last_access_time, x.id))
         assert h.ordered(live) == model
 
 
