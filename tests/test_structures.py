@@ -162,7 +162,8 @@ def test_lru_violations_name_the_damage():
     a, b = Item(1), Item(2)
     lst.push_front(a)
     lst.push_front(b)
-    assert lst.violations({id(a)}) == ["[lru] list holds 2 nodes, 1 hold aux data (or different ones)"]
+    assert lst.violations({id(a)}) == [
+        "[lru] list holds 2 nodes, 1 hold aux data (or different ones)"]
     a.lru_prev = lst.head  # b -> a, but a points back past b
     assert any("broken back link" in e for e in lst.violations({id(a), id(b)}))
     a.lru_next = None  # the list stops before its tail
