@@ -31,7 +31,7 @@ with upstream SGLang's public API.  What it keeps, and why it is fast:
   boundary than it saves in copies.)
 * **Access stamps** are integers from a logical clock that advances by ``STRIDE`` per touch; a
   match stamps its path ``T, T-1, T-2, ...`` from the matched node up, so ancestors are older
-  than descendants and everything is newer than what came before (DESIGN.md).
+  than descendants and everything is newer than what came before (docs/DESIGN.md).
 * **Eviction order** is a binary heap of ``(stamp, node)`` with lazy deletion: an entry is
   pushed whenever a node becomes an evictable leaf or is touched while it is one; a popped
   entry counts only if its stamp is still the node's and the node is still an evictable leaf.
@@ -79,6 +79,7 @@ from .params import (
 )
 from .frees import release
 from .keys import child_key, shared_len
+from .structures import LazyHeap
 from .radix_key import RadixKey
 
 # MatchResult is a NamedTuple; building it through tuple.__new__ skips its Python-level
@@ -99,8 +100,12 @@ _core: Any = None
 if os.environ.get("UNIRADIX_PURE_PYTHON", "") != "1":
     try:
         from . import _core
-    except ImportError:
+        CORE_REASON = "the C core (fast/_core.c) is built and UNIRADIX_PURE_PYTHON is not 1"
+    except ImportError as e:
         _core = None
+        CORE_REASON = f"the C core (fast/_core.c) is not built: {e}"
+else:
+    CORE_REASON = "UNIRADIX_PURE_PYTHON=1 asked for the pure-Python code at import"
 NATIVE: bool = _core is not None
 
 
@@ -145,6 +150,12 @@ if NATIVE:
     _api_dec, _api_evict = _core.api_dec, _core.api_evict
 
 
+def _full_leaf(node: TreeNode) -> bool:
+    """``UnifiedRadixCache._is_leaf`` as a plain function (compaction calls it per entry)."""
+    return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
+            and node.parent is not None)
+
+
 def _int_arg(name: str, x) -> int:
     if type(x) is not int or x < 0:
         raise InvalidInput(f"{name} must be a non-negative int, got {x!r}")
@@ -152,20 +163,34 @@ def _int_arg(name: str, x) -> int:
 
 
 class UnifiedRadixCache(compat.EngineDefaults):
-    """Radix prefix cache over KV slots; see the module docstring for the structures."""
+    """Radix prefix cache over KV slots; see the module docstring for the structures.
+
+    ``UnifiedRadixCache(params)`` picks the implementation once, at construction, from the
+    params, and always returns an instance of this class: a host tier (``params.hicache``) is
+    the subclass ``HiCacheRadixCache`` (fast/hicache.py, Full component only: it rejects
+    others); a hybrid model (Full + SWA or Mamba) the subclass ``HybridRadixCache``
+    (fast/hybrid.py); the device-only Full path is this class itself.
+
+    ``core`` says which code runs the hot methods, ``"c"`` (``fast/_core.c``) or ``"python"``,
+    and ``core_reason`` why.  Only this class has a C core; the subclasses say ``"python"``.
+    The C core, where it is used, declines calls it does not cover (a bad argument, EAGLE keys,
+    slot validation, ...) before changing anything, and the Python method runs instead.
+    """
+
+    core: str = "c" if NATIVE else "python"
+    core_reason: str = CORE_REASON
+    _node_type: Any = TreeNode  # this cache's node class (each subclass has its own)
 
     def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):
-        # A host tier (params.hicache) is the pure-Python HiCacheRadixCache of fast/hicache.py
-        # (Full component only: it rejects others); hybrid models (Full + SWA or Mamba) get the
-        # pure-Python fast/hybrid.py cache. The device-only Full path below (and its C core) is
-        # unchanged.
+        # NOTE: the subclass instance is returned uninitialised: type.__call__ then runs the
+        # subclass's __init__ (once), because the object is an instance of this class.
         if cls is UnifiedRadixCache and compat.read_settings(params).hicache is not None:
             from .hicache import HiCacheRadixCache
-            return HiCacheRadixCache(params)
+            return super().__new__(HiCacheRadixCache)
         comps = getattr(params, "tree_components", None)
         if cls is UnifiedRadixCache and comps is not None and len(comps) > 1:
             from .hybrid import HybridRadixCache
-            return HybridRadixCache(params)
+            return super().__new__(HybridRadixCache)
         return super().__new__(cls)
 
     def __init__(self, params: CacheInitParams) -> None:
@@ -199,7 +224,10 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._clock = 0
         self.root_node = TreeNode(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
-        self._heap: list = []  # (stamp, node): evictable device leaves, lazily deleted
+        # (stamp, node): evictable device leaves, lazily deleted (fast/structures.py); the C
+        # core works on the same list through ``_heap``
+        self._leaf_heap = LazyHeap()
+        self._heap: list = self._leaf_heap.entries
         self._evictable = 0
         self._protected = 0
         self._owned: set = set()  # slots the tree holds (only with validate_slots)
@@ -247,9 +275,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
                 and node.parent is not None)
 
     def _push_if_leaf(self, node: TreeNode) -> None:
-        if node.lock_ref == 0 and node.dev_children == 0 and node.value is not None \
-                and node.parent is not None:
-            heapq.heappush(self._heap, (node.last_access_time, node))
+        if self._is_leaf(node):  # the subclass's leaf test where it has one
+            heapq.heappush(self._heap, (node.last_access_time, node))  # the LazyHeap's list
 
     def _touch(self, node: TreeNode) -> None:
         self._clock += STRIDE
@@ -257,10 +284,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._push_if_leaf(node)
 
     def _compact_heap(self) -> None:
-        live = [(s, n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)]
-        live = list({id(n): (s, n) for s, n in live}.values())
-        heapq.heapify(live)
-        self._heap = live
+        """Drop the stale heap entries (the C core's evict calls this for the Full cache)."""
+        self._leaf_heap.compact(_full_leaf)
 
     # ------------------------------------------------------------------------------------------
     # Tree structure
@@ -418,7 +443,11 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
         """The spec's slot-ownership checks (spec/cache.py check_insert_slots)."""
-        slots = value.tolist()
+        self._check_slot_list(plan, value.tolist(), prev)
+
+    def _check_slot_list(self, plan: list, slots: list, prev: int) -> None:
+        """``_check_slots`` on the slots as a list (every cache's checks of the device slots
+        an insert hands over; ``plan``: (node, shared units) along the walk)."""
         if len(set(slots)) != len(slots):
             raise InvalidInput("insert: value holds the same slot twice")
         held = self._owned.intersection(slots[prev:])
@@ -532,7 +561,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
     # ------------------------------------------------------------------------------------------
 
     def _check_attached(self, node) -> None:
-        if not isinstance(node, TreeNode) or (node is not self.root_node and node.parent is None):
+        if not isinstance(node, self._node_type) or (node is not self.root_node
+                                                     and node.parent is None):
             raise NodeNotFound("the node is not in the tree")
 
     def _inc_lock_ref_py(self, node: TreeNode) -> IncLockRefResult:
@@ -611,8 +641,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if self.disable:
             return EvictResult()
         freed = _core.evict(self, want) if NATIVE else self._evict_py(want)
-        heap = self._heap
-        if len(heap) > 64 and len(heap) > 4 * (self._evictable // max(self.page_size, 1) + 16):
+        if self._leaf_heap.needs_compaction(self._evictable // max(self.page_size, 1)):
             self._compact_heap()
         return EvictResult(num_tokens_evicted=freed)
 
@@ -757,12 +786,33 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def eviction_order(self) -> list[TreeNode]:
         """The evictable device leaves in the order the heap would evict them."""
-        seen, out = set(), []
-        for s, n in sorted(self._heap):
-            if n.last_access_time == s and self._is_leaf(n) and id(n) not in seen:
-                seen.add(id(n))
-                out.append(n)
-        return out
+        return self._leaf_heap.ordered(self._is_leaf)
+
+    def _child_violations(self, node: TreeNode, errors: list) -> None:
+        """The tree around ``node``: each child's parent pointer and child key, and
+        ``node.dev_children`` recounted.  O(children)."""
+        dev = 0
+        for ck, c in node.children.items():
+            if c.parent is not node:
+                errors.append(f"[tree] {c!r}: parent pointer is wrong")
+            if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
+                errors.append(f"[tree] {c!r}: filed under the wrong child key")
+            if c.value is not None:
+                dev += 1
+        if node.dev_children != dev:
+            errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+
+    def _slot_and_leaf_violations(self, owned: list, leaves: set, errors: list) -> None:
+        """``owned``: every device slot the tree holds (recounted); ``leaves``: the ids of the
+        evictable device leaves (by ``_is_leaf``).  No slot twice, the owned-slot set (with
+        ``validate_slots``) and the heap's live entries agree with them.  O(slots + heap)."""
+        if len(set(owned)) != len(owned):
+            errors.append("[size] a slot is held twice in the tree")
+        if self.validate_slots and set(owned) != self._owned:
+            errors.append("[size] the owned-slot set differs from the tree's slots")
+        in_heap = self._leaf_heap.live_ids(self._is_leaf)
+        if in_heap != leaves:
+            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
 
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
@@ -772,16 +822,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         owned: list = []
         leaves = set()
         for node in self.all_nodes():
-            dev = 0
-            for ck, c in node.children.items():
-                if c.parent is not node:
-                    errors.append(f"[tree] {c!r}: parent pointer is wrong")
-                if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
-                    errors.append(f"[tree] {c!r}: filed under the wrong child key")
-                if c.value is not None:
-                    dev += 1
-            if node.dev_children != dev:
-                errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+            self._child_violations(node, errors)
             if node is root:
                 continue
             if node.value is None:
@@ -803,13 +844,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if (ev, pr) != (self._evictable, self._protected):
             errors.append(f"[size] counters evictable={self._evictable} protected={self._protected}, "
                           f"recomputed {ev}/{pr}")
-        if len(set(owned)) != len(owned):
-            errors.append("[size] a slot is held twice in the tree")
-        if self.validate_slots and set(owned) != self._owned:
-            errors.append("[size] the owned-slot set differs from the tree's slots")
-        in_heap = {id(n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)}
-        if in_heap != leaves:
-            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
+        self._slot_and_leaf_violations(owned, leaves, errors)
         return errors
 
     def sanity_check(self) -> None:

@@ -1,6 +1,6 @@
 """Errors of the fast path.  The class names are those of ``uniradix.spec.errors`` on purpose:
 traces record a rejected step by exception type name, and the fast path must reject the same
-inputs with the same names (the spec is never imported here; DESIGN.md, dependencies)."""
+inputs with the same names (the spec is never imported here; docs/DESIGN.md, dependencies)."""
 
 
 class CacheError(Exception):

@@ -21,9 +21,10 @@ What it keeps (each checked by ``violations()`` against a recomputation from the
   leaf in O(log n).  A node's membership is recomputed (O(1)) wherever one of its inputs
   changes.
 * **Counters**: ``_evictable`` / ``_protected`` (device tokens unlocked / locked), ``_host_tokens``.
-* **In-flight transfers**: ``ongoing_write_through`` / ``ongoing_load_back`` (ack id -> node and
-  the lock it holds), released when the controller's ack queues say done (``writing_check``,
-  ``loading_check``, ``check_hicache_events``).
+* **In-flight transfers**: ``ongoing_write_through`` / ``ongoing_load_back`` (ack id ->
+  ``InFlight(node, lock)``), released when the controller's ack queues (of ``Ack`` records)
+  say done (``writing_check``, ``loading_check``, ``check_hicache_events``); loads taken but
+  not yet queued are ``PendingLoad`` records, logged copies ``Copy`` records.
 
 Behaviour is the executable spec's (spec/host.py; docs/SPEC.md lists where it differs from
 upstream 0.5.13.post1), checked step by step by the lockstep runs.
@@ -39,13 +40,14 @@ import dataclasses
 import heapq
 import itertools
 from array import array
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
-from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .errors import HandleError, InvalidInput, Unsupported
 from .frees import APPEND, release
-from .keys import child_key, shared_len
+from .structures import LazyHeap
+from .keys import shared_len
 from .params import (
     DecLockRefParams,
     DecLockRefResult,
@@ -58,6 +60,7 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from .cache import UnifiedRadixCache
 from . import compat
 
 STRIDE = 1 << 20
@@ -187,9 +190,43 @@ class _Event:
         self.done = True
 
 
+class Ack(NamedTuple):
+    """One queued transfer acknowledgement, upstream's ``(start_event, finish_event, node_ids)``
+    (a tuple, so code that unpacks upstream's acks reads these the same way)."""
+
+    start_event: Any  # None here: the caches poll only the finish event
+    finish_event: Any  # has query() / synchronize(): an _Event, or a CUDA event
+    node_ids: list  # the ack ids (node ids) the transfer covers
+
+
+class PendingLoad(NamedTuple):
+    """A load taken by ``HiCacheController.load`` and not yet queued by ``start_loading``."""
+
+    host_indices: torch.Tensor
+    device_indices: torch.Tensor
+    node_id: int
+
+
+class Copy(NamedTuple):
+    """One logged copy (``log_copies``): ``("backup", device, host)`` or ``("load", host,
+    device)``, slot lists in copy order."""
+
+    kind: str
+    src: list
+    dst: list
+
+
+class InFlight(NamedTuple):
+    """A transfer the cache waits for: the node it is for and the lock it holds until the ack
+    (``dec_lock_ref`` params; None for a write-through backup that took no lock)."""
+
+    node: Any  # a HostNode
+    lock: Any  # Optional[DecLockRefParams]
+
+
 class HiCacheController:
     """Moves KV between the device pool and the host pool and queues one ack per backup and
-    one per ``start_loading`` (acks are ``(start_event, finish_event, node_ids)``, oldest
+    one per ``start_loading`` (acks are ``Ack(start_event, finish_event, node_ids)``, oldest
     first, as upstream's controller queues them)."""
 
     def __init__(self, config: HiCacheConfig, device_allocator: Any, page_size: int) -> None:
@@ -212,9 +249,9 @@ class HiCacheController:
                 raise Unsupported("io='cuda' needs CUDA and a device KV pool")
             from uniradix.kernels import TransferStream
             self.stream = TransferStream(self.device_kv.device, impl=config.copy_impl)
-        self.ack_write_queue: list = []
-        self.ack_load_queue: list = []
-        self._pending_loads: list = []  # (host_indices, device_indices, node_id)
+        self.ack_write_queue: list[Ack] = []
+        self.ack_load_queue: list[Ack] = []
+        self._pending_loads: list[PendingLoad] = []
 
     def _moves_data(self) -> bool:
         return self.device_kv is not None and self.host_kv is not None
@@ -225,7 +262,7 @@ class HiCacheController:
         if host_indices is None:
             return None
         if self.copies is not None:
-            self.copies.append(("backup", device_indices.tolist(), host_indices.tolist()))
+            self.copies.append(Copy("backup", device_indices.tolist(), host_indices.tolist()))
         finish: Any
         if self.stream is not None:  # CUDA: the copy runs on the side stream
             finish = self.stream.backup_async(self.device_kv, self.host_kv,
@@ -237,7 +274,7 @@ class HiCacheController:
                 backup_all_layers(self.device_kv, self.host_kv, device_indices=device_indices,
                                   host_indices=host_indices, impl=self.copy_impl)
             finish = _Event(self.io == "sync")
-        self.ack_write_queue.append((None, finish, [node_id]))
+        self.ack_write_queue.append(Ack(None, finish, [node_id]))
         return host_indices
 
     def load(self, host_indices, priority=None, node_id: int = -1, extra_pools=None):
@@ -246,12 +283,12 @@ class HiCacheController:
         if device_indices is None:
             return None
         if self.copies is not None:
-            self.copies.append(("load", host_indices.tolist(), device_indices.tolist()))
+            self.copies.append(Copy("load", host_indices.tolist(), device_indices.tolist()))
         if self.stream is None and self._moves_data():  # CPU: copy now (complete on submit)
             from uniradix.kernels import load_all_layers
             load_all_layers(self.host_kv, self.device_kv, host_indices=host_indices,
                             device_indices=device_indices, impl=self.copy_impl)
-        self._pending_loads.append((host_indices, device_indices, node_id))
+        self._pending_loads.append(PendingLoad(host_indices, device_indices, node_id))
         return device_indices
 
     def start_loading(self) -> int:
@@ -259,24 +296,25 @@ class HiCacheController:
         stream; the ack completes with the last layer)."""
         if not self._pending_loads:
             return -1
-        ids = [node_id for _, _, node_id in self._pending_loads]
+        ids = [p.node_id for p in self._pending_loads]
         finish: Any
         if self.stream is not None:
-            hi = torch.cat([h for h, _, _ in self._pending_loads])
-            di = torch.cat([d for _, d, _ in self._pending_loads])
+            hi = torch.cat([p.host_indices for p in self._pending_loads])
+            di = torch.cat([p.device_indices for p in self._pending_loads])
             finish = self.stream.load_layers_async(self.host_kv, self.device_kv, host_indices=hi,
                                                    device_indices=di, check_values=False)[-1]
         else:
             finish = _Event(self.io == "sync")
         self._pending_loads.clear()
-        self.ack_load_queue.append((None, finish, ids))
+        self.ack_load_queue.append(Ack(None, finish, ids))
         return 0
 
     def complete(self, writes: int, loads: int) -> None:
         """The environment finishes transfers (``io="manual"``): the ``writes`` / ``loads``
         oldest not-done acks are done (-1: all)."""
         for queue, k in ((self.ack_write_queue, writes), (self.ack_load_queue, loads)):
-            for _, finish, _ in queue:
+            for ack in queue:
+                finish = ack.finish_event
                 if k == 0:
                     break
                 if not finish.query():
@@ -376,8 +414,15 @@ def _count_arg(name: str, x) -> int:
     return x
 
 
-class HiCacheRadixCache(compat.EngineDefaults):
-    """Radix prefix cache over device KV slots with a host tier; see the module docstring."""
+class HiCacheRadixCache(UnifiedRadixCache):
+    """Radix prefix cache over device KV slots with a host tier; see the module docstring.
+
+    What ``UnifiedRadixCache(params)`` returns for params with a host tier: a subclass for the
+    type, every cache method its own (pure Python)."""
+
+    core = "python"
+    core_reason = "a host tier: the C core covers the device-only Full path"
+    _node_type = HostNode
 
     def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:
         settings = compat.read_settings(params)
@@ -416,29 +461,20 @@ class HiCacheRadixCache(compat.EngineDefaults):
         self._clock = 0
         self.root_node = HostNode(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
-        self._heap: list = []
-        self._host_heap: list = []
+        # (stamp, node), lazily deleted (fast/structures.py): evictable device leaves; host leaves
+        self._leaf_heap = LazyHeap()
+        self._heap: list = self._leaf_heap.entries
+        self._host_leaf_heap = LazyHeap()
+        self._host_heap: list = self._host_leaf_heap.entries
         self.host_leaves: set = set()
         self._evictable = 0
         self._protected = 0
         self._host_tokens = 0
         self._owned: set = set()
-        self.ongoing_write_through: dict = {}  # node id -> (node, dec params or None)
-        self.ongoing_load_back: dict = {}      # node id -> (node, dec params)
+        self.ongoing_write_through: dict[int, InFlight] = {}  # node id -> node, lock or None
+        self.ongoing_load_back: dict[int, InFlight] = {}      # node id -> node, lock
         self.cache_controller.reset()
         self.cache_controller.mem_pool_host.clear()
-
-    def evictable_size(self) -> int:
-        return self._evictable
-
-    def protected_size(self) -> int:
-        return self._protected
-
-    def full_evictable_size(self) -> int:
-        return self._evictable
-
-    def full_protected_size(self) -> int:
-        return self._protected
 
     def total_size(self) -> tuple[int, int]:
         return self._evictable + self._protected, 0
@@ -446,23 +482,9 @@ class HiCacheRadixCache(compat.EngineDefaults):
     def host_size(self) -> int:
         return self._host_tokens
 
-    def supports_swa(self) -> bool:
-        return False
-
-    def available_and_evictable_str(self) -> str:
-        """Free plus evictable device tokens, in upstream's words."""
-        return compat.available_and_evictable_str(self)
-
-    def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
-        """Cache a finished request and release it (``compat.cache_finished_req``)."""
-        compat.cache_finished_req(self, req, is_insert)
-
-    def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
-        """Cache a running request's computed tokens (``compat.cache_unfinished_req``)."""
-        compat.cache_unfinished_req(self, req, chunked)
-
-    def supports_mamba(self) -> bool:
-        return False
+    def init_hicache(self, server_args: Any, params: Any) -> None:
+        """Refused: this cache has its host tier already."""
+        raise Unsupported("init_hicache: this cache already has a host tier")
 
     # ------------------------------------------------------------------------------------------
     # Keys, clock, leaf bookkeeping
@@ -472,16 +494,9 @@ class HiCacheRadixCache(compat.EngineDefaults):
         toks = key.token_ids
         return list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
 
-    def _ck(self, extra_key, units, pos: int):
-        return child_key(extra_key, units, pos, self.page_size)
-
     def _is_leaf(self, node: HostNode) -> bool:
         return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
                 and node.parent is not None)
-
-    def _push_if_leaf(self, node: HostNode) -> None:
-        if self._is_leaf(node):
-            heapq.heappush(self._heap, (node.last_access_time, node))
 
     @staticmethod
     def _is_host_leaf(node: HostNode) -> bool:
@@ -492,7 +507,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
         """Recompute ``node``'s host-leaf membership (after any of its inputs changed)."""
         if self._is_host_leaf(node):
             self.host_leaves.add(node)
-            heapq.heappush(self._host_heap, (node.last_access_time, node))
+            self._host_leaf_heap.push(node.last_access_time, node)
         else:
             self.host_leaves.discard(node)
 
@@ -501,7 +516,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
         if node.value is not None:
             self._push_if_leaf(node)
         elif node in self.host_leaves:
-            heapq.heappush(self._host_heap, (stamp, node))
+            self._host_leaf_heap.push(stamp, node)
 
     def _touch(self, node: HostNode) -> None:
         self._clock += STRIDE
@@ -554,22 +569,6 @@ class HiCacheRadixCache(compat.EngineDefaults):
         if node is not root:
             self._push_if_leaf(node)
             self._update_host_leaf(node)
-        return node
-
-    def find_node(self, key: RadixKey) -> HostNode:
-        """The node whose path is exactly ``key`` (the root for an empty key)."""
-        toks = key.token_ids
-        bigram = self.is_eagle or key.is_bigram
-        if bigram and len(toks) == 1:
-            raise NodeNotFound("under EAGLE a node path has no tokens (the root) or at least two")
-        units = self._units(key)
-        node, pos, n = self.root_node, 0, len(units)
-        while pos < n:
-            child = node.children.get(self._ck(key.extra_key, units, pos)) \
-                if n - pos >= self.page_size else None
-            if child is None or units[pos: pos + len(child.key)] != child.key:
-                raise NodeNotFound(f"no node ends at this path ({n} units)")
-            node, pos = child, pos + len(child.key)
         return node
 
     # ------------------------------------------------------------------------------------------
@@ -655,29 +654,10 @@ class HiCacheRadixCache(compat.EngineDefaults):
         return plan
 
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
+        """The base's checks, and the slots for evicted nodes on the way."""
         slots = value.tolist()
-        if len(set(slots)) != len(slots):
-            raise InvalidInput("insert: value holds the same slot twice")
-        held = self._owned.intersection(slots[prev:])
-        if held:
-            raise InvalidInput(f"insert: slots {sorted(held)[:8]} from prev_prefix_len on are "
-                               "already the tree's")
-        dups, pos = [], 0
-        for node, shared in plan:
-            if node.value is not None:
-                dups.extend(slots[max(pos, prev): pos + shared])
-            pos += shared
-        try:
-            self.token_to_kv_pool_allocator.check_free(dups)
-        except Exception as e:  # the environment's own error type
-            raise InvalidInput(f"insert: duplicate slots cannot be freed: {e}") from None
+        self._check_slot_list(plan, slots, prev)
         ps = self.page_size
-        for k in range(pos, len(slots), ps):
-            first = slots[k]
-            if first % ps or slots[k: k + ps] != list(range(first, first + ps)):
-                raise InvalidInput(f"insert: slots {slots[k: k + ps]} of the new leaf are not one whole page")
-            if not self.token_to_kv_pool_allocator.is_allocated(first):
-                raise InvalidInput(f"insert: slot {first} is not allocated")
         start = 0  # evicted nodes on the way take their slots back: the same checks
         for node, shared in plan:
             if node.value is None:
@@ -772,10 +752,6 @@ class HiCacheRadixCache(compat.EngineDefaults):
     # ------------------------------------------------------------------------------------------
     # Locks
     # ------------------------------------------------------------------------------------------
-
-    def _check_attached(self, node) -> None:
-        if not isinstance(node, HostNode) or (node is not self.root_node and node.parent is None):
-            raise NodeNotFound("the node is not in the tree")
 
     def inc_lock_ref(self, node: HostNode) -> HostIncLockRefResult:
         """Lock ``node``'s path up to the root; the evicted bottom segment is skipped (and
@@ -878,7 +854,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
         node.host_value = host_indices
         self._host_tokens += n
         lock = None if write_back else self.inc_lock_ref(node).to_dec_params()
-        self.ongoing_write_through[node.id] = (node, lock)
+        self.ongoing_write_through[node.id] = InFlight(node, lock)
         return n
 
     # ------------------------------------------------------------------------------------------
@@ -928,10 +904,8 @@ class HiCacheRadixCache(compat.EngineDefaults):
             self._push_if_leaf(node)
         if write_back:
             self.writing_check(write_back=True)
-        if len(heap) > 64 and len(heap) > 4 * (self._evictable // self.page_size + 16):
-            live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and self._is_leaf(n)}
-            self._heap = list(live.values())
-            heapq.heapify(self._heap)
+        if self._leaf_heap.needs_compaction(self._evictable // self.page_size):
+            self._leaf_heap.compact(self._is_leaf)
         return freed
 
     def _release_device(self, node: HostNode) -> int:
@@ -984,10 +958,8 @@ class HiCacheRadixCache(compat.EngineDefaults):
             self._detach(node)
             self._delete_tombstones(parent)
         release(pool, pieces)
-        if len(heap) > 64 and len(heap) > 4 * (len(leaves) + 16):
-            live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and n in leaves}
-            self._host_heap = list(live.values())
-            heapq.heapify(self._host_heap)
+        if self._host_leaf_heap.needs_compaction(len(leaves)):
+            self._host_leaf_heap.compact(leaves.__contains__)
         return freed
 
     # ------------------------------------------------------------------------------------------
@@ -1037,7 +1009,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
                 self._owned.update(s.value.tolist())
             self.host_leaves.discard(s)
             self._push_if_leaf(s)
-        self.ongoing_load_back[node.id] = (node, self.inc_lock_ref(node).to_dec_params())
+        self.ongoing_load_back[node.id] = InFlight(node, self.inc_lock_ref(node).to_dec_params())
         return True
 
     def init_load_back(self, params: InitLoadBackParams) -> tuple[torch.Tensor, HostNode]:
@@ -1078,23 +1050,21 @@ class HiCacheRadixCache(compat.EngineDefaults):
         nodes; ``write_back``: wait for all of them first."""
         queue = self.cache_controller.ack_write_queue
         if write_back:
-            for _, finish, _ in queue:
-                finish.synchronize()
-        while queue and queue[0][1].query():
-            _, _, ids = queue.pop(0)
-            for ack_id in ids:
+            for ack in queue:
+                ack.finish_event.synchronize()
+        while queue and queue[0].finish_event.query():
+            for ack_id in queue.pop(0).node_ids:
                 entry = self.ongoing_write_through.pop(ack_id, None)
-                if entry is not None and entry[1] is not None:
-                    self.dec_lock_ref(entry[0], entry[1])
+                if entry is not None and entry.lock is not None:
+                    self.dec_lock_ref(entry.node, entry.lock)
 
     def loading_check(self) -> None:
         """Process finished loads (the done prefix of the load-ack queue), unlocking them."""
         queue = self.cache_controller.ack_load_queue
-        while queue and queue[0][1].query():
-            _, _, ids = queue.pop(0)
-            for ack_id in ids:
-                node, params = self.ongoing_load_back.pop(ack_id)
-                self.dec_lock_ref(node, params)
+        while queue and queue[0].finish_event.query():
+            for ack_id in queue.pop(0).node_ids:
+                entry = self.ongoing_load_back.pop(ack_id)
+                self.dec_lock_ref(entry.node, entry.lock)
 
     def check_hicache_events(self) -> None:
         self.writing_check()
@@ -1107,31 +1077,9 @@ class HiCacheRadixCache(compat.EngineDefaults):
     # Introspection
     # ------------------------------------------------------------------------------------------
 
-    def all_nodes(self) -> list[HostNode]:
-        out, stack = [], [self.root_node]
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(n.children.values())
-        return out
-
-    def eviction_order(self) -> list[HostNode]:
-        """The evictable device leaves in the order the heap would evict them."""
-        seen, out = set(), []
-        for s, n in sorted(self._heap):
-            if n.last_access_time == s and self._is_leaf(n) and id(n) not in seen:
-                seen.add(id(n))
-                out.append(n)
-        return out
-
     def host_eviction_order(self) -> list[HostNode]:
         """The host leaves in the order ``evict_host`` would take them."""
-        seen, out = set(), []
-        for s, n in sorted(self._host_heap):
-            if n.last_access_time == s and n in self.host_leaves and id(n) not in seen:
-                seen.add(id(n))
-                out.append(n)
-        return out
+        return self._host_leaf_heap.ordered(self.host_leaves.__contains__)
 
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
@@ -1142,16 +1090,7 @@ class HiCacheRadixCache(compat.EngineDefaults):
         leaves, host_leaves = set(), set()
         write_back = self.write_policy == "write_back"
         for node in self.all_nodes():
-            dev = 0
-            for ck, c in node.children.items():
-                if c.parent is not node:
-                    errors.append(f"[tree] {c!r}: parent pointer is wrong")
-                if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
-                    errors.append(f"[tree] {c!r}: filed under the wrong child key")
-                if c.value is not None:
-                    dev += 1
-            if node.dev_children != dev:
-                errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+            self._child_violations(node, errors)
             if node is root:
                 continue
             if node.value is None and node.host_value is None:
@@ -1188,17 +1127,10 @@ class HiCacheRadixCache(compat.EngineDefaults):
                           f"recomputed {ev}/{pr}")
         if host != self._host_tokens:
             errors.append(f"[host-size] counter {self._host_tokens}, recomputed {host}")
-        if len(set(owned)) != len(owned):
-            errors.append("[size] a slot is held twice in the tree")
-        if self.validate_slots and set(owned) != self._owned:
-            errors.append("[size] the owned-slot set differs from the tree's slots")
-        in_heap = {id(n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)}
-        if in_heap != leaves:
-            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
+        self._slot_and_leaf_violations(owned, leaves, errors)
         if {id(n) for n in self.host_leaves} != host_leaves:
             errors.append("[host-leaf] the host leaf set differs from the tree's host leaves")
-        in_host_heap = {id(n) for s, n in self._host_heap
-                        if n.last_access_time == s and n in self.host_leaves}
+        in_host_heap = self._host_leaf_heap.live_ids(self.host_leaves.__contains__)
         if in_host_heap != host_leaves:
             errors.append("[host-leaf] the host heap does not hold every host leaf")
         for kind, ongoing in (("write", self.ongoing_write_through), ("load", self.ongoing_load_back)):
@@ -1208,9 +1140,3 @@ class HiCacheRadixCache(compat.EngineDefaults):
                 elif lock is not None and node.lock_ref <= 0:
                     errors.append(f"[in-flight] {kind} of {node!r} without its lock")
         return errors
-
-    def sanity_check(self) -> None:
-        errors = self.violations()
-        if errors:
-            raise AssertionError(f"sanity check failed ({len(errors)} violations):\n  "
-                                 + "\n  ".join(errors))

@@ -15,10 +15,11 @@ What it keeps (every structure is incremental; ``violations()`` recomputes each 
   entry counts when its stamp is still the node's and the node is still an evictable leaf
   (unlocked in every component, Full data, no child with Full data).
 * **Aux LRU list**: a doubly linked list through ``lru_prev`` / ``lru_next`` between two
-  sentinels, most recent next to ``_head``.  A node is in it exactly when it holds aux data.
+  sentinels (``LruList``, fast/structures.py), most recent next to its ``head``.  A node is
+  in it exactly when it holds aux data.
   A touch moves the node to the front; a match moves the matched path, node first; a split
   re-files both halves (the upper one first); a new aux value enters at the front.  The
-  aux eviction walks it from ``_tail`` (O(1) per step; locked nodes are skipped).
+  aux eviction walks it from its ``tail`` (O(1) per step; locked nodes are skipped).
 * **Sizes**: Full and aux evictable / protected counters, moved on lock transitions 0 <-> 1.
 * **Slot validation** (as ``cache.py``'s ``validate_slots``): the set of Full slots the tree
   holds and the set of Mamba slots, so an insert handing over the tree's own slots is refused
@@ -44,7 +45,8 @@ import torch
 
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .frees import release
-from .keys import child_key, step_len
+from .structures import LazyHeap, LruList
+from .keys import step_len
 from .params import (
     CacheInitParams,
     DecLockRefParams,
@@ -58,6 +60,7 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from .cache import UnifiedRadixCache
 from . import compat
 
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
@@ -128,8 +131,15 @@ def _count_arg(name: str, x) -> int:
     return x
 
 
-class HybridRadixCache(compat.EngineDefaults):
-    """Radix prefix cache of a hybrid model; see the module docstring for the structures."""
+class HybridRadixCache(UnifiedRadixCache):
+    """Radix prefix cache of a hybrid model; see the module docstring for the structures.
+
+    What ``UnifiedRadixCache(params)`` returns for Full + SWA or Full + Mamba params: a
+    subclass for the type, every cache method its own (pure Python)."""
+
+    core = "python"
+    core_reason = "a hybrid cache (SWA or Mamba): the C core covers the device-only Full path"
+    _node_type = HybridNode
 
     def __init__(self, params: CacheInitParams) -> None:
         names = component_names(params.tree_components)
@@ -178,27 +188,14 @@ class HybridRadixCache(compat.EngineDefaults):
         self._clock = 0
         self.root_node = HybridNode(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
-        self._heap: list = []
+        self._leaf_heap = LazyHeap()  # (stamp, node): evictable device leaves, lazily deleted
+        self._heap: list = self._leaf_heap.entries
         self._evictable = self._protected = 0
         self._aux_evictable = self._aux_protected = 0
         self._owned: set = set()  # Full slots the tree holds (validate_slots)
         self._mamba_owned: set = set()  # Mamba slots the tree holds (validate_slots)
-        self._head = HybridNode(array("q"), None, None, None, 0)
-        self._tail = HybridNode(array("q"), None, None, None, 0)
-        self._head.lru_next, self._tail.lru_prev = self._tail, self._head
+        self._lru = LruList()  # the nodes holding aux data, newest first
         self._next_boundary = 1
-
-    def evictable_size(self) -> int:
-        return self._evictable
-
-    def protected_size(self) -> int:
-        return self._protected
-
-    def full_evictable_size(self) -> int:
-        return self._evictable
-
-    def full_protected_size(self) -> int:
-        return self._protected
 
     def swa_evictable_size(self) -> int:
         return self._aux_evictable if self.is_swa else 0
@@ -218,10 +215,6 @@ class HybridRadixCache(compat.EngineDefaults):
     def supports_swa(self) -> bool:
         return self.is_swa
 
-    def available_and_evictable_str(self) -> str:
-        """Free plus evictable tokens (and Mamba states) per component, in upstream's words."""
-        return compat.available_and_evictable_str(self)
-
     def supports_mamba(self) -> bool:
         return self.is_mamba
 
@@ -234,10 +227,6 @@ class HybridRadixCache(compat.EngineDefaults):
         return (node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0
                 and node.value is not None and node.parent is not None)
 
-    def _push_if_leaf(self, node: HybridNode) -> None:
-        if self._is_leaf(node):
-            heapq.heappush(self._heap, (node.last_access_time, node))
-
     def _stamp(self, node: HybridNode) -> None:
         self._clock += STRIDE
         node.last_access_time = self._clock
@@ -247,37 +236,22 @@ class HybridRadixCache(compat.EngineDefaults):
         """A node on an insert's walk: newest stamp, front of the aux list."""
         self._stamp(node)
         if node.aux is not None and node is not self.root_node:
-            self._lru_remove(node)
-            self._lru_after(self._head, node)
-
-    def _lru_after(self, prev: HybridNode, node: HybridNode) -> None:
-        nxt = prev.lru_next
-        node.lru_prev, node.lru_next = prev, nxt
-        prev.lru_next = nxt.lru_prev = node
-
-    def _lru_remove(self, node: HybridNode) -> None:
-        node.lru_prev.lru_next = node.lru_next
-        node.lru_next.lru_prev = node.lru_prev
-        node.lru_prev = node.lru_next = None
+            self._lru.move_to_front(node)
 
     def _lru_path_to_front(self, node: HybridNode) -> None:
         """The matched node and its ancestors holding aux data to the front, node first."""
-        prev = self._head
+        lru = self._lru
+        prev = lru.head
         root = self.root_node
         while node is not root:
             if node.aux is not None:
-                self._lru_remove(node)
-                self._lru_after(prev, node)
+                lru.move_after(prev, node)
                 prev = node
             node = node.parent
 
     def lru_order(self) -> list[HybridNode]:
         """The aux LRU list, oldest first."""
-        out, x = [], self._tail.lru_prev
-        while x is not self._head:
-            out.append(x)
-            x = x.lru_prev
-        return out
+        return self._lru.oldest_first()
 
     def _aux_len(self, node: HybridNode) -> int:
         """Units of aux data on a node that has some: one SWA slot per key unit, or one Mamba
@@ -288,7 +262,7 @@ class HybridRadixCache(compat.EngineDefaults):
         """A node takes aux data (it had none): front of the list, counted as evictable
         (a node without aux data has no aux lock)."""
         node.aux = aux
-        self._lru_after(self._head, node)
+        self._lru.push_front(node)
         if node.aux_lock:
             self._aux_protected += self._aux_len(node)
         else:
@@ -303,9 +277,6 @@ class HybridRadixCache(compat.EngineDefaults):
     # ------------------------------------------------------------------------------------------
     # Tree structure
     # ------------------------------------------------------------------------------------------
-
-    def _ck(self, extra_key, units, pos: int):
-        return child_key(extra_key, units, pos, self.page_size)
 
     def _split(self, child: HybridNode, k: int) -> HybridNode:
         """Cut ``child`` after ``k`` units; the new upper node takes its place.  SWA data and
@@ -324,7 +295,7 @@ class HybridRadixCache(compat.EngineDefaults):
         child.ck = self._ck(child.extra_key, child.key, 0)
         upper.children[child.ck] = child
         if child.aux is not None:
-            self._lru_remove(child)
+            self._lru.remove(child)
         if self.is_swa:
             upper.aux_lock = child.aux_lock
             upper.boundary, child.boundary = child.boundary, None
@@ -332,9 +303,9 @@ class HybridRadixCache(compat.EngineDefaults):
                 aux = child.aux
                 upper.aux = _narrow_copy(aux, 0, 0, k)
                 child.aux = _narrow_copy(aux, 0, k, len(child.key))
-                self._lru_after(self._head, upper)
+                self._lru.push_front(upper)
         if child.aux is not None:
-            self._lru_after(self._head, child)
+            self._lru.push_front(child)
         self._stamp(child)
         return upper
 
@@ -447,32 +418,6 @@ class HybridRadixCache(compat.EngineDefaults):
             node, pos = child, pos + k
         return plan
 
-    def _check_slots(self, plan: list, slots: list, prev: int) -> None:
-        """The spec's slot-ownership checks (spec/cache.py check_insert_slots)."""
-        if len(set(slots)) != len(slots):
-            raise InvalidInput("insert: value holds the same slot twice")
-        held = self._owned.intersection(slots[prev:])
-        if held:
-            raise InvalidInput(f"insert: slots {sorted(held)[:8]} from prev_prefix_len on are "
-                               "already the tree's")
-        dups, pos = [], 0
-        for node, shared in plan:
-            if node.value is not None:
-                dups.extend(slots[max(pos, prev): pos + shared])
-            pos += shared
-        alloc = self.token_to_kv_pool_allocator
-        try:
-            alloc.check_free(dups)
-        except Exception as e:  # the environment's own error type
-            raise InvalidInput(f"insert: duplicate slots cannot be freed: {e}") from None
-        ps = self.page_size
-        for k in range(pos, len(slots), ps):
-            first = slots[k]
-            if first % ps or slots[k: k + ps] != list(range(first, first + ps)):
-                raise InvalidInput(f"insert: slots {slots[k: k + ps]} of the new leaf are not one whole page")
-            if not alloc.is_allocated(first):
-                raise InvalidInput(f"insert: slot {first} is not allocated")
-
     def _check_aux(self, plan: list, prev: int, params: InsertParams) -> tuple:
         """The spec's aux checks (spec/components.py check_insert_aux)."""
         e = params.swa_evicted_seqlen
@@ -556,7 +501,7 @@ class HybridRadixCache(compat.EngineDefaults):
         ek = key.extra_key
         plan = self._plan(ek, units, n)
         if self.validate_slots:
-            self._check_slots(plan, value.tolist(), prev)
+            self._check_slot_list(plan, value.tolist(), prev)
         mamba_value, e = self._check_aux(plan, prev, params)
 
         self._stamp(self.root_node)
@@ -615,8 +560,7 @@ class HybridRadixCache(compat.EngineDefaults):
             if not is_new:
                 self._stamp(target)
         else:
-            self._lru_remove(target)
-            self._lru_after(self._head, target)
+            self._lru.move_to_front(target)
             self._stamp(target)
             exist = True
         return InsertResult(prefix_len=pos, total_len=len(key.token_ids), mamba_exist=exist)
@@ -644,10 +588,6 @@ class HybridRadixCache(compat.EngineDefaults):
     # ------------------------------------------------------------------------------------------
     # Locks
     # ------------------------------------------------------------------------------------------
-
-    def _check_attached(self, node) -> None:
-        if not isinstance(node, HybridNode) or (node is not self.root_node and node.parent is None):
-            raise NodeNotFound("the node is not in the tree")
 
     def inc_lock_ref(self, node: HybridNode) -> IncLockRefResult:
         """Lock ``node``'s Full path up to the root; SWA: one window of SWA data above the
@@ -763,7 +703,7 @@ class HybridRadixCache(compat.EngineDefaults):
             k = len(node.key) if self.is_swa else 1
             tracker[1] += k
             self._aux_evictable -= k
-            self._lru_remove(node)
+            self._lru.remove(node)
             if self.is_mamba:
                 freed[1].append(aux)
             node.aux = None
@@ -786,7 +726,7 @@ class HybridRadixCache(compat.EngineDefaults):
         k = len(node.key) if self.is_swa else 1
         tracker[1] += k
         self._aux_evictable -= k
-        self._lru_remove(node)
+        self._lru.remove(node)
         if self.is_swa:
             _queue(freed[0], "free_swa", node.value)
         else:
@@ -835,8 +775,8 @@ class HybridRadixCache(compat.EngineDefaults):
                 continue
             evict_leaf(node, tracker, freed)
         aux_want = swa_want if self.is_swa else mamba_want
-        x = self._tail.lru_prev
-        head = self._head
+        x = self._lru.tail.lru_prev
+        head = self._lru.head
         while tracker[1] < aux_want and x is not head:
             nxt = x.lru_prev  # NOTE: x's eviction never removes another list member
             if x.aux_lock == 0:
@@ -846,10 +786,8 @@ class HybridRadixCache(compat.EngineDefaults):
                     self._drop_aux(x, tracker, freed)
             x = nxt
         self._free_batched(freed)
-        if len(heap) > 64 and len(heap) > 4 * (self._evictable // self.page_size + 16):
-            live = {id(n): (s, n) for s, n in heap if n.last_access_time == s and is_leaf(n)}
-            self._heap = list(live.values())
-            heapq.heapify(self._heap)
+        if self._leaf_heap.needs_compaction(self._evictable // self.page_size):
+            self._leaf_heap.compact(self._is_leaf)
         if self.is_swa:
             return EvictResult(num_tokens_evicted=tracker[0], swa_num_tokens_evicted=tracker[1])
         return EvictResult(num_tokens_evicted=tracker[0], mamba_num_evicted=tracker[1])
@@ -866,25 +804,13 @@ class HybridRadixCache(compat.EngineDefaults):
         raise Unsupported("cache_unfinished_req with SWA or Mamba is not implemented; "
                           "drive insert / match_prefix / locks directly")
 
+    def init_hicache(self, server_args: Any, params: Any) -> None:
+        """Refused: a host tier with SWA or Mamba is not supported (yet)."""
+        raise Unsupported("init_hicache: a host tier with SWA or Mamba is not supported")
+
     # ------------------------------------------------------------------------------------------
     # Introspection
     # ------------------------------------------------------------------------------------------
-
-    def all_nodes(self) -> list[HybridNode]:
-        out, stack = [], [self.root_node]
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(n.children.values())
-        return out
-
-    def eviction_order(self) -> list[HybridNode]:
-        seen, out = set(), []
-        for s, n in sorted(self._heap):
-            if n.last_access_time == s and self._is_leaf(n) and id(n) not in seen:
-                seen.add(id(n))
-                out.append(n)
-        return out
 
     def violations(self) -> list[str]:
         """Every incremental structure checked against a recomputation from the tree."""
@@ -895,16 +821,7 @@ class HybridRadixCache(compat.EngineDefaults):
         mamba: list = []
         leaves, members = set(), set()
         for node in self.all_nodes():
-            dev = 0
-            for ck, c in node.children.items():
-                if c.parent is not node:
-                    errors.append(f"[tree] {c!r}: parent pointer is wrong")
-                if ck != self._ck(c.extra_key, c.key, 0) or c.ck != ck:
-                    errors.append(f"[tree] {c!r}: filed under the wrong child key")
-                if c.value is not None:
-                    dev += 1
-            if node.dev_children != dev:
-                errors.append(f"[tree] {node!r}: dev_children={node.dev_children}, counted {dev}")
+            self._child_violations(node, errors)
             if node is root:
                 if node.aux is not None or node.aux_lock:
                     errors.append("[aux] the root holds aux data or an aux lock")
@@ -948,42 +865,10 @@ class HybridRadixCache(compat.EngineDefaults):
         if (aev, apr) != (self._aux_evictable, self._aux_protected):
             errors.append(f"[size] {self.kind} counters {self._aux_evictable}/"
                           f"{self._aux_protected}, recomputed {aev}/{apr}")
-        if len(set(owned)) != len(owned):
-            errors.append("[size] a slot is held twice in the tree")
+        self._slot_and_leaf_violations(owned, leaves, errors)
         if len(set(mamba)) != len(mamba):
             errors.append("[aux] a Mamba slot is held twice in the tree")
-        if self.validate_slots and set(owned) != self._owned:
-            errors.append("[size] the owned-slot set differs from the tree's slots")
         if self.validate_slots and self.is_mamba and set(mamba) != self._mamba_owned:
             errors.append("[aux] the owned Mamba slots differ from the tree's")
-        in_heap = {id(n) for s, n in self._heap if n.last_access_time == s and self._is_leaf(n)}
-        if in_heap != leaves:
-            errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
-        errors.extend(self._lru_violations(members))
+        errors.extend(self._lru.violations(members))  # linked both ways, exactly the aux holders
         return errors
-
-    def _lru_violations(self, members: set) -> list[str]:
-        """The aux list: linked both ways, no cycle, exactly the nodes holding aux data."""
-        errors, seen = [], set()
-        prev, x = self._head, self._head.lru_next
-        while x is not None and x is not self._tail:
-            if x.lru_prev is not prev:
-                errors.append(f"[lru] broken back link at {x!r}")
-            if id(x) in seen:
-                errors.append(f"[lru] cycle at {x!r}")
-                break
-            seen.add(id(x))
-            prev, x = x, x.lru_next
-        if x is None:
-            errors.append("[lru] the list does not reach its tail")
-        if seen != members:
-            errors.append(f"[lru] list holds {len(seen)} nodes, {len(members)} hold aux data "
-                          f"(or different ones)")
-        return errors
-
-    def sanity_check(self) -> None:
-        """Raise AssertionError listing every violated invariant."""
-        errors = self.violations()
-        if errors:
-            raise AssertionError(f"sanity check failed ({len(errors)} violations):\n  "
-                                 + "\n  ".join(errors))

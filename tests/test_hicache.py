@@ -12,7 +12,8 @@ from uniradix.conformance.kvcheck import KVChecked, kv_checked  # noqa: E402
 from uniradix.conformance.lockstep import VIOLATION  # noqa: E402
 from uniradix.conformance.adapters import make_adapter  # noqa: E402
 from uniradix.conformance.pools import PoolAllocator  # noqa: E402
-from uniradix.fast.hicache import HiCacheConfig, HiCacheRadixCache, InitLoadBackParams  # noqa: E402
+from uniradix.fast.hicache import (  # noqa: E402
+    Ack, HiCacheConfig, HiCacheRadixCache, InFlight, InitLoadBackParams)
 from uniradix.spec.config import CacheConfig  # noqa: E402
 from uniradix.spec.world import PagedPool  # noqa: E402
 
@@ -39,7 +40,10 @@ def _insert(cache, alloc, tokens):
 
 def test_params_with_hicache_build_the_host_tier_cache():
     cache, _ = _cache()
-    assert isinstance(cache, HiCacheRadixCache)
+    assert isinstance(cache, HiCacheRadixCache) and isinstance(cache, fast.UnifiedRadixCache)
+    assert cache.core == "python" and "host tier" in cache.core_reason
+    with pytest.raises(fast.Unsupported, match="already has a host tier"):
+        cache.init_hicache(None, None)
     plain = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=None,
         token_to_kv_pool_allocator=PoolAllocator(PagedPool(8, 1, "kv"), torch), page_size=1))
@@ -72,6 +76,11 @@ def test_manual_io_keeps_locks_until_complete():
     node = cache.find_node(fast.RadixKey([4, 5]))
     cache.check_hicache_events()
     assert node.lock_ref == 1
+    # in-flight work is named: the ack in the queue, the transfer the cache waits for
+    ack, = cache.cache_controller.ack_write_queue
+    assert isinstance(ack, Ack) and ack.node_ids == [node.id] and not ack.finish_event.query()
+    entry = cache.ongoing_write_through[node.id]
+    assert isinstance(entry, InFlight) and entry.node is node and entry.lock is not None
     cache.cache_controller.complete(1, 0)
     cache.check_hicache_events()
     assert node.lock_ref == 0 and cache.violations() == []

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from uniradix import fast
+from uniradix.fast import cache as cache_mod
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.conformance.fast_hybrid import HybridFastAdapter
 from uniradix.conformance.machine import draw_hybrid_config, make_machine
@@ -234,9 +235,16 @@ def test_fast_dispatches_hybrid_configs_and_keeps_the_full_path():
     p = fast.CacheInitParams(disable=False, req_to_token_pool=Pool(),
                              token_to_kv_pool_allocator=None, page_size=1,
                              tree_components=("full", "mamba"))
-    assert type(fast.UnifiedRadixCache(p)).__name__ == "HybridRadixCache"
+    hybrid = fast.UnifiedRadixCache(p)
+    assert type(hybrid).__name__ == "HybridRadixCache"
+    assert isinstance(hybrid, fast.UnifiedRadixCache)  # one type, whatever the params
+    assert hybrid.core == "python" and "hybrid" in hybrid.core_reason
+    with pytest.raises(fast.Unsupported, match="host tier with SWA or Mamba"):
+        hybrid.init_hicache(None, p)
     p.tree_components = ("full",)
-    assert type(fast.UnifiedRadixCache(p)) is fast.UnifiedRadixCache
+    full = fast.UnifiedRadixCache(p)
+    assert type(full) is fast.UnifiedRadixCache
+    assert full.core == ("c" if cache_mod.NATIVE else "python") and full.core_reason
 
 
 # ----------------------------------------------------------------------------------------------
