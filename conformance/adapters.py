@@ -1,4 +1,4 @@
-"""Adapters: one trace step in, one observation out (DESIGN.md, ``CacheUnderTest``).
+"""Adapters: one trace step in, one observation out (docs/DESIGN.md, ``CacheUnderTest``).
 
 An observation is the full ``ret`` object TRACE.md defines for the op (effects included), or
 ``{"error": "<ExceptionType>"}`` when the implementation rejected the step.

@@ -422,7 +422,7 @@ class UpstreamAdapter:
             return {"error": type(e).__name__}
 
     def snapshot(self) -> dict:
-        """Canonical state (DESIGN.md): nodes sorted by path with device value, lock_ref and
+        """Canonical state (docs/DESIGN.md): nodes sorted by path with device value, lock_ref and
         hit_count; the evictable device leaves, oldest access first; the Full sizes."""
         nodes = []
         for node in self._walk_nodes():

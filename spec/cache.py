@@ -4,7 +4,7 @@ Read top to bottom like a state machine: input checks, the clock, the tree rules
 (``split_node``, ``match_prefix``, ``insert``), locks, eviction, reset.  Every public rule checks
 its whole input before it changes anything, so a rejected call leaves the state as it was.
 
-Access stamps are a logical clock (DESIGN.md): every touch takes the next tick; a match stamps
+Access stamps are a logical clock (docs/DESIGN.md): every touch takes the next tick; a match stamps
 its path so that ancestors are older than descendants but newer than anything stamped before.
 A stamp is the pair ``(tick, rank)``, compared lexicographically; ordinary touches have rank 0,
 and a match at tick T gives the node k steps above the matched node ``(T, -k)``.

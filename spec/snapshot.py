@@ -1,4 +1,4 @@
-"""The canonical snapshot (DESIGN.md, "what the same means"): the observable state of the cache
+"""The canonical snapshot (docs/DESIGN.md, "what the same means"): the observable state of the cache
 with private node identities replaced by paths.  Two implementations agree when their
 snapshots are equal.
 """

@@ -1,4 +1,4 @@
-"""The primary state of the cache (DESIGN.md, "primary state only").
+"""The primary state of the cache (docs/DESIGN.md, "primary state only").
 
 Stored: the tree (nodes with key, parent, children by child key), each node's device value,
 lock count, access stamp and hit count (and, for the eviction policies, creation stamp and
