@@ -7,17 +7,17 @@ import os
 import pytest
 
 from uniradix.conformance.replay import replay_trace
+from uniradix.conformance.run import is_spec_only
 from uniradix.conformance.trace import load_trace
 
 from conftest import CORPUS
 
-# Traces under other eviction policies than lru, and of Mamba copy-on-write, replay in
-# tests/test_spec_policies.py and tests/test_spec_mamba_cow.py (the fast path refuses both
-# until it models them).
-# The storage corpus has its own replay test (tests/test_storage_corpus.py; spec only so far).
-SPEC_ONLY = ("upstream-policies", "upstream-mamba-cow", "upstream-storage")
+# Traces under other eviction policies than lru, of Mamba copy-on-write and of the storage tier
+# replay in tests/test_spec_policies.py, tests/test_spec_mamba_cow.py and
+# tests/test_storage_corpus.py (the fast path refuses them until it models them; the one list of
+# those folders is uniradix.conformance.run.SPEC_ONLY_CORPORA, which `uniradix run` reads too).
 TRACES = sorted(t for t in glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
-                if not any(os.sep + d + os.sep in t for d in SPEC_ONLY))
+                if not is_spec_only(t))
 
 
 def test_corpus_is_there():
@@ -59,3 +59,19 @@ def test_replay(path, impl):
     result = replay_trace(load_trace(path), impl)
     assert result.unsupported is None, result.unsupported
     assert result.divergence is None, str(result.divergence)
+
+
+def test_spec_only_folders_are_the_ones_fast_refuses():
+    """`uniradix run` and this file skip exactly these folders on fast: each exists, and each
+    of its traces is refused by fast at some step (so the list cannot hide a supported one)."""
+    from uniradix.conformance.run import SPEC_ONLY_CORPORA
+    everything = glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
+    for folder in SPEC_ONLY_CORPORA:
+        traces = sorted(t for t in everything if os.sep + folder + os.sep in t)
+        assert traces, f"no traces under tests/corpus/{folder}"
+        assert all(is_spec_only(t) for t in traces)
+        r = replay_trace(load_trace(traces[0]), "fast")
+        refused = r.unsupported is not None or (
+            r.divergence is not None and "Unsupported" in str(r.divergence))
+        assert refused, f"fast replays {traces[0]}: take {folder} off SPEC_ONLY_CORPORA"
+    assert not any(is_spec_only(t) for t in TRACES)
