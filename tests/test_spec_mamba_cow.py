@@ -13,30 +13,19 @@ import os
 
 import pytest
 
-from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
-from uniradix.spec.config import CacheConfig
 
+import stories
 from conftest import CORPUS
 
 
-class Story:
+class Story(stories.Story):
     def __init__(self, impl: str = "spec", **cfg) -> None:
         base = dict(components=["full", "mamba"], kv_slots=64, mamba_slots=3,
                     mamba_cache_chunk_size=4)
         base.update(cfg)
-        self.a = make_adapter(impl, CacheConfig(**base))
-        self.i = 0
-
-    def step(self, op: str, **args) -> dict:
-        before = self.a.snapshot()
-        obs = self.a.apply({"i": self.i, "op": op, "args": args})
-        self.i += 1
-        assert self.a.violations() == []
-        if "error" in obs:
-            assert self.a.snapshot() == before, f"{op} was rejected but changed the state"
-        return obs
+        super().__init__(impl, **base)
 
     def cache(self, tokens: list) -> int:
         """Insert ``tokens`` with fresh KV slots and a fresh state; the state slot."""

@@ -15,20 +15,12 @@ from uniradix.conformance.adapters import make_adapter
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.requests import output_token_id
 
+import stories
 
-class Story:
+
+class Story(stories.Story):
     def __init__(self, **cfg) -> None:
-        self.a = make_adapter("spec", CacheConfig(**cfg))
-        self.i = 0
-
-    def step(self, op: str, **args) -> dict:
-        before = self.a.snapshot()
-        obs = self.a.apply({"i": self.i, "op": op, "args": args})
-        self.i += 1
-        assert self.a.violations() == []
-        if "error" in obs:
-            assert self.a.snapshot() == before, f"{op} was rejected but changed the state"
-        return obs
+        super().__init__("spec", **cfg)
 
     def held(self) -> dict:
         return self.step("session_held")

@@ -232,6 +232,13 @@ class StorageBackend(abc.ABC):
         p = self.key_prefix
         return [p + k for k in check_keys(keys)] if p else check_keys(keys)
 
+    def _host_batch(self, keys: Sequence[str], host_indices: torch.Tensor) -> tuple:
+        """The checked, prefixed keys of a zero-copy batch, the pool's page layout, and the host
+        page each key reads into or writes from (bad input refused before anything moves)."""
+        keys = self._keys(keys)
+        layout = self.page_layout
+        return keys, layout, layout.host_pages(host_indices, len(keys))
+
     # -- per key ------------------------------------------------------------------------------
     @abc.abstractmethod
     def get(self, key: str, target_location: Optional[torch.Tensor] = None,

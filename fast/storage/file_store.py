@@ -304,9 +304,7 @@ class FileStore(StorageBackend):
     # -- pages of the host pool ---------------------------------------------------------------
     def batch_set_v1(self, keys: Sequence[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
-        keys = self._keys(keys)
-        layout = self.page_layout
-        pages = layout.host_pages(host_indices, len(keys))
+        keys, layout, pages = self._host_batch(keys, host_indices)
         out: list[bool] = []
         for part in chunks(len(keys)):
             for i in part:
@@ -319,9 +317,7 @@ class FileStore(StorageBackend):
 
     def batch_get_v1(self, keys: Sequence[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
-        keys = self._keys(keys)
-        layout = self.page_layout
-        pages = layout.host_pages(host_indices, len(keys))
+        keys, layout, pages = self._host_batch(keys, host_indices)
         out: list[bool] = []
         for part in chunks(len(keys)):
             for i in part:

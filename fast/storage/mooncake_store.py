@@ -184,8 +184,7 @@ class MooncakeStore(StorageBackend):
 
     def batch_set_v1(self, keys: Sequence[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
-        keys = self._keys(keys)
-        pages = self.page_layout.host_pages(host_indices, len(keys))
+        keys, _, pages = self._host_batch(keys, host_indices)
         out: list[bool] = []
         for part in chunks(len(keys)):
             names = self._names([keys[i] for i in part])
@@ -210,9 +209,7 @@ class MooncakeStore(StorageBackend):
 
     def batch_get_v1(self, keys: Sequence[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
-        keys = self._keys(keys)
-        layout = self.page_layout
-        pages = layout.host_pages(host_indices, len(keys))
+        keys, layout, pages = self._host_batch(keys, host_indices)
         out: list[bool] = []
         for part in chunks(len(keys)):
             names = self._names([keys[i] for i in part])
