@@ -43,7 +43,8 @@ each implementation's cost); a full collection runs before each measured run.
 
 Where the allocator runs over the pool model (the spec), the pool's ``free`` (a per-slot Python
 check in :class:`~uniradix.spec.world.PagedPool`) is the environment's work, yet inside the timed
-evict and insert calls; it is timed on its own too and reported as ``pool%`` (its share of the timed time) and ``ex-pool`` (requests/s without it), so
+evict and insert calls; it is timed on its own too and reported as ``pool%`` (its share of the
+timed time) and ``ex-pool`` (requests/s without it), so
 that the cache's own speed can be read apart from the world model's. Hit rate counts every
 request that was matched, aborted ones included.
 
@@ -91,7 +92,8 @@ import sys
 import time
 import types
 from array import array
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from uniradix.conformance import spec_api
 from uniradix.conformance.pools import PoolAllocator
@@ -208,8 +210,7 @@ def sglang_allocator(usable_slots: int, page_size: int, device: str = "cpu"):
     from uniradix.conformance.upstream import UpstreamMissing, load_upstream
     try:
         torch = load_upstream().torch  # (the import workarounds sglang needs on a CPU box)
-        from sglang.srt.mem_cache.allocator import (PagedTokenToKVPoolAllocator,
-                                                    TokenToKVPoolAllocator)
+        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
     except (UpstreamMissing, Exception) as e:  # absent, or an install that fails at import
         raise ImplMissing(f"--allocator sglang: sglang's allocators do not import here "
                           f"({type(e).__name__}: {e})") from e
@@ -364,7 +365,7 @@ def tree_core_in_use(cache: Any) -> str:
     return f"unknown ({where})"
 
 
-def match_result_problem(result: Any) -> Optional[str]:
+def match_result_problem(result: Any) -> str | None:
     """Why the bench loop cannot read a peer's match result (``None`` when it can): the loop
     takes the matched slots from ``device_indices``, which sglang's later releases dropped
     (0.5.23 reports ``device_prefix_len`` and keeps the slots on the nodes)."""
@@ -376,15 +377,14 @@ def match_result_problem(result: Any) -> Optional[str]:
             f"loop reads the matched slots from device_indices, as 0.5.13.post1 returns them")
 
 
-def upstream_bundle(tree_core: Optional[str] = None, allocator: str = "freelist",
+def upstream_bundle(tree_core: str | None = None, allocator: str = "freelist",
                     device: str = "cpu") -> ApiBundle:
     """sglang's ``UnifiedRadixCache``, pinned to the tree core its name says: ``upstream`` on the
     Python tree, ``upstream-rust`` (``tree_core="rust"``) on the Rust one.  On a release with a
     pluggable core (0.5.17+, where the Rust core is the default) the core is set explicitly and
     a probe cache checks which one was built; :class:`ImplMissing` says why when the core cannot
     be pinned or the bench loop cannot read the release's match results."""
-    from uniradix.conformance.upstream import (UpstreamMissing, load_upstream,
-                                               rust_tree_core_available)
+    from uniradix.conformance.upstream import UpstreamMissing, load_upstream, rust_tree_core_available
     name = "upstream" if tree_core is None else f"upstream-{tree_core}"
     want = tree_core or "python"
     try:
@@ -463,7 +463,7 @@ class UpstreamCppCache:
         return CppInsertResult(prefix_len)
 
 
-def cpp_tree_problem(cache: Any) -> Optional[str]:
+def cpp_tree_problem(cache: Any) -> str | None:
     """Why ``cache`` (a ``RadixCacheCpp``) is not on upstream's compiled C++ tree (``None`` when
     it is): its ``tree`` must be an instance of a class from a compiled extension module."""
     tree = getattr(cache, "tree", None)
@@ -519,7 +519,7 @@ BUNDLES: dict[str, Callable[..., ApiBundle]] = {
     "upstream-cpp": upstream_cpp_bundle}
 
 
-def cuda_problem() -> Optional[str]:
+def cuda_problem() -> str | None:
     """Why ``--device cuda`` cannot run here (``None`` when torch sees a CUDA device)."""
     torch = _torch_or_none()
     if torch is None:
@@ -576,8 +576,8 @@ def _output_tokens(r: int, n: int) -> array:
     return array("q", [(r * 7919 + t * 104729) % 31999 + 1 for t in range(n)])
 
 
-def shared_prefix_workload(page_size: int = 1, requests: Optional[int] = None,
-                           base: Optional[SharedPrefix] = None) -> BenchWorkload:
+def shared_prefix_workload(page_size: int = 1, requests: int | None = None,
+                           base: SharedPrefix | None = None) -> BenchWorkload:
     """``SharedPrefix()`` (or ``base``) at ``page_size``, scaled down to ``requests``."""
     w = dataclasses.replace(base or SharedPrefix(), page_size=page_size)
     if requests is not None and requests < w.requests:
@@ -591,7 +591,7 @@ def shared_prefix_workload(page_size: int = 1, requests: Optional[int] = None,
                          f"{w.prompts} prompts, Zipf s={w.zipf_s}")
 
 
-_MOONCAKE_ROWS: Optional[list] = None
+_MOONCAKE_ROWS: list | None = None
 
 
 def mooncake_rows() -> list[tuple[int, int, tuple]]:
@@ -625,7 +625,7 @@ def mooncake_output(r: int, output_length: int) -> array:
     return array("q", range(base, base + output_length))
 
 
-def mooncake_workload(page_size: int = 16, requests: Optional[int] = None,
+def mooncake_workload(page_size: int = 16, requests: int | None = None,
                       kv_slots: int = MOONCAKE_KV_SLOTS, inflight: int = 16) -> BenchWorkload:
     rows = mooncake_rows()
     n = len(rows) if requests is None else min(requests, len(rows))
@@ -640,7 +640,7 @@ def mooncake_workload(page_size: int = 16, requests: Optional[int] = None,
                          "conversation trace, 512-token blocks")
 
 
-def make_workload(name: str, page_size: int, requests: Optional[int] = None) -> BenchWorkload:
+def make_workload(name: str, page_size: int, requests: int | None = None) -> BenchWorkload:
     if name == "shared-prefix":
         return shared_prefix_workload(page_size, requests)
     if name == "mooncake":
@@ -673,7 +673,7 @@ class BenchStats:
     digest: str = ""
     cached_tokens: int = 0  # slots the tree holds at the end (pool slots in use)
     # calls to the KV allocator's free made by the timed cache calls (None: not counted)
-    free_calls: Optional[int] = None
+    free_calls: int | None = None
     op_times: dict = dataclasses.field(default_factory=lambda: {op: [] for op in OPS})
 
     @property
@@ -729,8 +729,8 @@ class _Running:
 
 
 def run_bench(bundle: ApiBundle, workload: BenchWorkload,
-              progress: Optional[Callable[[int, int], None]] = None,
-              keep: Optional[list] = None) -> BenchStats:
+              progress: Callable[[int, int], None] | None = None,
+              keep: list | None = None) -> BenchStats:
     """Drive one fresh cache of ``bundle`` through ``workload``; see the module docstring.
     ``keep``, when given, receives (cache, allocator, pool) after the run."""
     ps = workload.page_size
@@ -862,7 +862,7 @@ class Comparison:
         ops = list(dict.fromkeys(op for d in per_run for op in d))  # OPS, plus the host tier's
         return {op: statistics.median(d[op] for d in per_run if op in d) for op in ops}
 
-    def ratio(self, a: str, b: str) -> Optional[float]:
+    def ratio(self, a: str, b: str) -> float | None:
         if a in self.runs and b in self.runs and self.median_rps(b):
             return self.median_rps(a) / self.median_rps(b)
         return None
@@ -919,13 +919,14 @@ def check_identical(stats: Iterable[BenchStats]) -> list[str]:
 
 
 def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
-            strict: bool = True, log: Optional[Callable[[str], None]] = None,
-            repeats_for: Optional[dict] = None, allocator: str = "freelist",
+            strict: bool = True, log: Callable[[str], None] | None = None,
+            repeats_for: dict | None = None, allocator: str = "freelist",
             device: str = "cpu") -> Comparison:
     """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
     overrides that per implementation), alternating them and rotating the order each round so
     that machine noise hits all alike; fast and upstream over the KV allocator ``allocator``
-    (:data:`ALLOCATORS`) on ``device`` (:data:`DEVICES`). Raises :class:`ConformanceMismatch` (when ``strict``) if
+    (:data:`ALLOCATORS`) on ``device`` (:data:`DEVICES`). Raises :class:`ConformanceMismatch`
+    (when ``strict``) if
     any outcome differs."""
     repeats_for = dict(repeats_for or {})
     bundles, missing = {}, {}
@@ -1148,7 +1149,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     return b
 
 
-def _fmt_ratio(r: Optional[float]) -> str:
+def _fmt_ratio(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.2f}x"
 
 
@@ -1311,7 +1312,7 @@ def write_json(path: str, results: dict, quiet: bool = False) -> None:
         print(f"wrote {path}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m uniradix.conformance.bench ...``: the same as ``uniradix bench ...``."""
     parser = argparse.ArgumentParser(prog="uniradix")
     add_bench_parser(parser.add_subparsers(dest="command", required=True))

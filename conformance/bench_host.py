@@ -30,7 +30,8 @@ import gc
 import hashlib
 import struct
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from uniradix.conformance import bench as B
 
@@ -190,7 +191,7 @@ def run_bench_host(impl: str, workload: B.BenchWorkload, policy: str) -> B.Bench
 
 
 def compare_host(impls, workload: B.BenchWorkload, policy: str, repeats: int = 3,
-                 log: Optional[Callable[[str], None]] = None) -> B.Comparison:
+                 log: Callable[[str], None] | None = None) -> B.Comparison:
     """Alternate the implementations ``repeats`` rounds (order rotated each round); outcomes
     must agree (``cmp.identical``)."""
     usable, missing = [], {}

@@ -30,11 +30,20 @@ import hashlib
 import struct
 import time
 import types
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from uniradix.conformance.bench import (
-    ApiBundle, BenchStats, BenchWorkload, Comparison, ConformanceMismatch, FreeListAllocator,
-    ImplMissing, OPS, _torch_or_none, check_identical)
+    OPS,
+    ApiBundle,
+    BenchStats,
+    BenchWorkload,
+    Comparison,
+    ConformanceMismatch,
+    FreeListAllocator,
+    ImplMissing,
+    _torch_or_none,
+    check_identical,
+)
 
 SWA_WINDOW = 512
 MAMBA_SLOTS = 256
@@ -266,7 +275,7 @@ def run_hybrid_bench(bundle: ApiBundle, workload: BenchWorkload, kind: str) -> B
 
 
 def compare_hybrid(impls: Sequence[str], workload: BenchWorkload, kind: str, repeats: int = 3,
-                   strict: bool = True, log: Optional[Callable[[str], None]] = None) -> Comparison:
+                   strict: bool = True, log: Callable[[str], None] | None = None) -> Comparison:
     """bench.compare for a hybrid model: alternating rounds, outcomes checked identical."""
     if kind == "mamba" and workload.page_size != 1:
         raise ValueError("Mamba is measured at page size 1 only (upstream needs it)")

@@ -27,7 +27,7 @@ import html
 import math
 import os
 import sys
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 from uniradix.conformance import results as R
 
@@ -58,7 +58,7 @@ def esc(x: object) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def fnum(x: Optional[float], digits: int = 3) -> str:
+def fnum(x: float | None, digits: int = 3) -> str:
     """A number with ``digits`` significant digits and thousands separators; '-' for None."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
@@ -72,7 +72,7 @@ def fnum(x: Optional[float], digits: int = 3) -> str:
     return f"{x:,.{decimals}f}"
 
 
-def fstat(s: Optional[dict], unit: str = "", digits: int = 3) -> str:
+def fstat(s: dict | None, unit: str = "", digits: int = 3) -> str:
     """``median unit (min–max, n rounds)``."""
     if not s:
         return "-"
@@ -82,7 +82,7 @@ def fstat(s: Optional[dict], unit: str = "", digits: int = 3) -> str:
     return text
 
 
-def spread(s: Optional[dict]) -> str:
+def spread(s: dict | None) -> str:
     if not s or not s.get("median"):
         return "-"
     if s.get("n", 1) < 2:
@@ -127,7 +127,7 @@ def nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     return ticks
 
 
-def history_chart(title: str, points: list[tuple[str, Optional[dict]]], unit: str = "×",
+def history_chart(title: str, points: list[tuple[str, dict | None]], unit: str = "×",
                   stroke: str = "#0f766e", width: int = 380, height: int = 170) -> str:
     """A line over commits (oldest left) with each point's min–max whisker; a dashed line at 1
     when the range includes it (parity)."""
@@ -177,7 +177,7 @@ def history_chart(title: str, points: list[tuple[str, Optional[dict]]], unit: st
     return "".join(out)
 
 
-def hbar_chart(rows: list[tuple[str, Optional[dict], str]], unit: str, log: bool = False,
+def hbar_chart(rows: list[tuple[str, dict | None, str]], unit: str, log: bool = False,
                width: int = 420, bar_h: int = 18) -> str:
     """Horizontal bars (median) with min–max whiskers; a log axis when the values span orders of
     magnitude."""
@@ -239,7 +239,8 @@ def kernel_bullet(row: dict, width: int = 260) -> str:
 CSS = """
 :root{--ink:#0f172a;--muted:#64748b;--line:#e2e8f0;--bg:#f8fafc;--card:#fff;--ok:#15803d;--bad:#b91c1c}
 *{box-sizing:border-box}
-body{margin:0;background:var(--bg);color:var(--ink);font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif}
+body{margin:0;background:var(--bg);color:var(--ink);
+  font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif}
 header{background:linear-gradient(120deg,#0f172a,#134e4a);color:#fff;padding:28px 40px 22px}
 header h1{margin:0 0 4px;font-size:26px;letter-spacing:-.01em}
 header .sub{color:#cbd5e1}
@@ -249,21 +250,24 @@ h2{font-size:18px;margin:30px 0 4px}
 h2+.lead{margin-top:0}
 .lead{color:var(--muted);margin:0 0 12px;max-width:980px}
 .pills{display:flex;flex-wrap:wrap;gap:8px;margin-top:14px}
-.pill{border-radius:999px;padding:3px 12px;font-size:13px;background:rgba(255,255,255,.12);border:1px solid rgba(255,255,255,.25)}
+.pill{border-radius:999px;padding:3px 12px;font-size:13px;background:rgba(255,255,255,.12);
+  border:1px solid rgba(255,255,255,.25)}
 .pill.ok{background:#14532d;border-color:#22c55e}
 .pill.bad{background:#7f1d1d;border-color:#f87171}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(400px,1fr));gap:14px}
 .grid.wide{grid-template-columns:repeat(auto-fill,minmax(560px,1fr))}
 .grid.wide .noise{display:block;line-height:1.1}
 #memory-card{max-width:560px}
-.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:14px 16px;box-shadow:0 1px 2px rgba(15,23,42,.05)}
+.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:14px 16px;
+  box-shadow:0 1px 2px rgba(15,23,42,.05)}
 .card h3{margin:0 0 2px;font-size:15px}
 .meta{color:var(--muted);font-size:12px;margin:4px 0 0}
 .big{font-size:30px;font-weight:650;letter-spacing:-.02em}
 .ratios{display:flex;flex-wrap:wrap;gap:6px 22px;margin:8px 0 4px}
 .ratio .name{color:var(--muted);font-size:12px}
 .noise{color:var(--muted);font-size:12px;font-weight:400}
-table{border-collapse:collapse;background:var(--card);border:1px solid var(--line);border-radius:8px;font-variant-numeric:tabular-nums}
+table{border-collapse:collapse;background:var(--card);border:1px solid var(--line);border-radius:8px;
+  font-variant-numeric:tabular-nums}
 th,td{padding:5px 10px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
 th{background:#f1f5f9;font-weight:600;font-size:12px;color:#334155}
 td.l,th.l{text-align:left}
@@ -286,7 +290,7 @@ footer{color:var(--muted);font-size:12px;padding:0 40px 30px}
 """
 
 
-def _legend(names: Iterable[str], colors: Optional[dict] = None) -> str:
+def _legend(names: Iterable[str], colors: dict | None = None) -> str:
     return "<div class=legend>" + "".join(
         f'<span><span class=dot style="background:{(colors or {}).get(n) or color(n)}"></span>{esc(n)}</span>'
         for n in names) + "</div>"
@@ -309,7 +313,7 @@ def _ratio_order(key: str) -> tuple:
 
 
 def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
-           generated_at: Optional[str] = None) -> str:
+           generated_at: str | None = None) -> str:
     """The whole page for a results history (oldest commit first)."""
     if not history:
         raise R.ResultsError("no results to show: the results folder is empty (add some with "
@@ -344,7 +348,8 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                 break
     pills.append('<span class=pill>' + (f"kernels: {esc(kern['device'])}" if kern else
                                          "kernels: no GPU run") + '</span>')
-    pills.append(f'<span class=pill>{len(history)} commit{"s" if len(history) != 1 else ""} of history</span>')
+    pills.append(f'<span class=pill>{len(history)} commit{"s" if len(history) != 1 else ""} '
+                 'of history</span>')
     subject = f" — {esc(latest.subject)}" if latest.subject else ""
     body.append(f'<header><h1>{esc(title)}</h1><div class=sub>latest commit '
                 f'<code>{esc(latest.label)}</code> ({esc((latest.date or "undated")[:19].replace("T", " "))})'
@@ -384,7 +389,7 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                 'line is parity.</p><div class=grid>')
     series: dict = {}
     for gi, g in enumerate(history):
-        for fid, (fig, m) in g.throughput().items():
+        for fid, (fig, _m) in g.throughput().items():
             for key, s in fig.get("ratios", {}).items():
                 series.setdefault((fid, key), {"fig": fig, "points": [None] * len(history)})
                 series[(fid, key)]["points"][gi] = s
@@ -392,7 +397,7 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
         body.append('<p class=empty>No ratios recorded yet.</p>')
     for (fid, key), d in sorted(series.items(), key=lambda kv: (kv[0][0], _ratio_order(kv[0][1]))):
         peer = key.split("/", 1)[1]
-        pts = list(zip(labels, d["points"]))
+        pts = list(zip(labels, d["points"], strict=True))
         chart = history_chart(key + " · " + _fig_title(d["fig"]), pts, "×", color(peer))
         seen = sum(1 for p in d["points"] if p)
         body.append(f'<section class=card data-history="{esc(fid)}|{esc(key)}">{chart}'
@@ -406,12 +411,13 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                 'record).</p><div class=grid>')
     rps_series: dict = {}
     for gi, g in enumerate(history):
-        for fid, (fig, m) in g.throughput().items():
+        for fid, (fig, _m) in g.throughput().items():
             if "fast" in fig["impls"]:
                 rps_series.setdefault(fid, {"fig": fig, "points": [None] * len(history)})
                 rps_series[fid]["points"][gi] = fig["impls"]["fast"]["requests_per_s"]
-    for fid, d in sorted(rps_series.items()):
-        chart = history_chart("fast req/s · " + _fig_title(d["fig"]), list(zip(labels, d["points"])),
+    for _fid, d in sorted(rps_series.items()):
+        chart = history_chart("fast req/s · " + _fig_title(d["fig"]),
+                              list(zip(labels, d["points"], strict=True)),
                               "", color("fast"))
         body.append(f'<section class=card>{chart}'
                     f'<p class=meta>{d["fig"]["requests"]:,} requests</p></section>')
@@ -421,7 +427,7 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
     body.append('<h2 id=latency>Per-operation latency medians (µs)</h2><p class=lead>Median time '
                 'of each cache call in a round; the value is the median over rounds, in brackets '
                 'the rounds\' min–max. Latest commit.</p><div class="grid wide">')
-    for fid, (fig, m) in sorted(figs.items()):
+    for _fid, (fig, m) in sorted(figs.items()):
         ops = list(dict.fromkeys(op for d in fig["impls"].values() for op in d.get("op_us", {})))
         head = "".join(f"<th>{esc(op)}</th>" for op in ops)
         trs = "".join(
@@ -440,16 +446,18 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                 'LRU order and may differ.</p><div class=wrap><table id=outcomes-table><tr>'
                 '<th class=l>figure</th><th class=l>impl</th><th>hit rate</th><th>evicted tokens</th>'
                 '<th>aborted</th><th>req/s</th><th>noise</th><th class=l>identical outcomes</th></tr>')
-    for fid, (fig, m) in sorted(figs.items()):
+    for _fid, (fig, _m) in sorted(figs.items()):
         ident = fig.get("identical_outcomes")
         cell = ('<span class=yes>yes</span>' if ident else
                 f'<span class=no>NO</span> {esc("; ".join(fig.get("mismatches", []))[:200])}'
                 if ident is False else "-")
         for k, (impl, d) in enumerate(fig["impls"].items()):
             body.append(f'<tr><td class=l>{esc(_fig_title(fig)) if k == 0 else ""}</td>'
-                        f'<td class=l><span class=dot style="background:{color(impl)}"></span>{esc(impl)}</td>'
+                        f'<td class=l><span class=dot style="background:{color(impl)}"></span>'
+                        f'{esc(impl)}</td>'
                         f'<td>{fnum(d.get("hit_rate"), 4)}</td><td>{fnum(d.get("evicted_tokens"), 9)}</td>'
-                        f'<td>{fnum(d.get("aborted"), 9)}</td><td>{fnum((d.get("requests_per_s") or {}).get("median"))}</td>'
+                        f'<td>{fnum(d.get("aborted"), 9)}</td>'
+                        f'<td>{fnum((d.get("requests_per_s") or {}).get("median"))}</td>'
                         f'<td>{spread(d.get("requests_per_s"))}</td>'
                         f'<td class=l>{cell if k == 0 else ""}</td></tr>')
     body.append('</table></div>')
@@ -486,20 +494,25 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                     f'{"" if kern_commit is latest else " (the latest commit has no kernel run)"}; '
                     f'{esc(fmachine(kern_m))}.{smoke}</p>')
         body.append(_legend(ENGINE_COLORS, ENGINE_COLORS))
-        body.append('<div class=wrap><table id=kernels-table><tr><th class=l>layout</th><th class=l>direction</th>'
+        body.append('<div class=wrap><table id=kernels-table><tr><th class=l>layout</th>'
+                    '<th class=l>direction</th>'
                     '<th>page</th><th>KiB</th><th>triton</th><th>torch</th><th>memcpy</th><th>ceiling</th>'
                     '<th>% ceiling</th><th class=l>against the ceiling</th><th class=l>verified</th></tr>')
         for r in kern.get("rows", []):
             pct = r.get("triton_of_ceiling")
-            body.append(f'<tr><td class=l>{esc(r.get("layout"))}</td><td class=l>{esc(r.get("direction"))}</td>'
+            verified = "<span class=yes>yes</span>" if r.get("verified") else "<span class=no>NO</span>"
+            body.append(f'<tr><td class=l>{esc(r.get("layout"))}</td>'
+                        f'<td class=l>{esc(r.get("direction"))}</td>'
                         f'<td>{r.get("page_size")}</td><td>{r.get("page_kib")}</td>'
                         f'<td>{fnum(r.get("triton_gbps"))}</td><td>{fnum(r.get("torch_gbps"))}</td>'
                         f'<td>{fnum(r.get("memcpy_gbps"))}</td><td>{fnum(r.get("ceiling_gbps"))}</td>'
-                        f'<td>{"-" if pct is None else f"{100 * pct:.0f}%"}</td><td class=l>{kernel_bullet(r)}</td>'
-                        f'<td class=l>{"<span class=yes>yes</span>" if r.get("verified") else "<span class=no>NO</span>"}</td></tr>')
+                        f'<td>{"-" if pct is None else f"{100 * pct:.0f}%"}</td>'
+                        f'<td class=l>{kernel_bullet(r)}</td>'
+                        f'<td class=l>{verified}</td></tr>')
         body.append('</table></div>')
         if kern.get("skipped"):
-            body.append(f'<p class=meta>over the time budget, not measured: {esc(", ".join(kern["skipped"]))}</p>')
+            body.append('<p class=meta>over the time budget, not measured: '
+                        f'{esc(", ".join(kern["skipped"]))}</p>')
     else:
         body.append('<p class=empty>No GPU run in the history: run <code>make gpu-bench</code> on a GPU '
                     'machine, then <code>uniradix dashboard --add bench-results/kernels-gpu.json</code>.</p>')
@@ -517,27 +530,33 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
         lk = cf.get("lockstep", {})
         cells = "; ".join(f"{esc(i)} {c.get('traces')} traces, {fnum(c.get('steps'), 9)} steps, "
                           f"{_bad(c.get('divergences'))} div." for i, c in corpus.items())
-        rows_html.append(f'<tr><td class=l><code>{esc(g.label)}</code></td><td class=l>{esc((g.date or "")[:10])}</td>'
+        rows_html.append(f'<tr><td class=l><code>{esc(g.label)}</code></td>'
+                         f'<td class=l>{esc((g.date or "")[:10])}</td>'
                          f'<td class="l w">{cells}</td><td>{fnum(lk.get("steps"), 9)}</td>'
                          f'<td>{_bad(lk.get("divergences"))}</td><td>{_bad(lk.get("violations"))}</td>'
                          f'<td class="l w">{esc(fmachine(cm))}</td></tr>')
     if rows_html:
-        body.append('<div class=wrap><table id=conformance-table><tr><th class=l>commit</th><th class=l>date</th>'
+        body.append('<div class=wrap><table id=conformance-table><tr><th class=l>commit</th>'
+                    '<th class=l>date</th>'
                     '<th class=l>corpus replay</th><th>lockstep steps</th><th>divergences</th>'
-                    '<th>violations</th><th class=l>machine</th></tr>' + "".join(rows_html) + '</table></div>')
+                    '<th>violations</th><th class=l>machine</th></tr>' + "".join(rows_html)
+                    + '</table></div>')
     else:
         body.append('<p class=empty>No conformance totals (they come from <code>uniradix run</code>).</p>')
 
     # ---- commits
     body.append('<h2 id=commits>Commits in the results folder</h2><div class=wrap><table><tr>'
-                '<th class=l>commit</th><th class=l>date</th><th class=l>subject</th><th class=l>records</th></tr>')
+                '<th class=l>commit</th><th class=l>date</th><th class=l>subject</th>'
+                '<th class=l>records</th></tr>')
     for g in reversed(history):
         kinds = ", ".join(r["source"]["kind"] for r in g.records)
         body.append(f'<tr><td class=l><code>{esc(g.label)}</code></td><td class=l>'
-                    f'{esc((g.date or "undated")[:19].replace("T", " "))}</td><td class=l>{esc((g.subject or "")[:90])}</td>'
+                    f'{esc((g.date or "undated")[:19].replace("T", " "))}</td>'
+                    f'<td class=l>{esc((g.subject or "")[:90])}</td>'
                     f'<td class=l>{esc(kinds)}</td></tr>')
     body.append('</table></div></main>')
-    body.append(f'<footer>Generated by <code>uniradix dashboard</code>{" at " + esc(generated_at) if generated_at else ""} '
+    body.append(f'<footer>Generated by <code>uniradix dashboard</code>'
+                f'{" at " + esc(generated_at) if generated_at else ""} '
                 f'from {sum(len(g.records) for g in history)} records (schema {R.SCHEMA} version '
                 f'{R.SCHEMA_VERSION}, docs/BENCH_JSON.md). Static page: no script, no network.</footer>')
     csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -548,7 +567,7 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
             + "\n".join(body) + "</body></html>\n")
 
 
-def _bad(n: Optional[int]) -> str:
+def _bad(n: int | None) -> str:
     if n is None:
         return "-"
     return f'<span class={"no" if n else "yes"}>{n}</span>'
@@ -674,7 +693,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             commit = {"sha": args.commit.lower(), "date": args.commit_date, "subject": None,
                       "dirty": False}
         records = [R.load_record(p, commit=commit) for p in args.add]  # all read before any write
-        for p, rec in zip(args.add, records):
+        for p, rec in zip(args.add, records, strict=True):
             print(f"added {p} as {R.store(rec, args.results)}")
         status = EXIT_OK
         if args.compare is not None:
@@ -693,7 +712,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         if args.compare is None or args.out:
             history = R.load_history(args.results)
             path = write_page(history, args.out or DEFAULT_PAGE, args.title)
-            print(f"wrote dashboard {path} ({len(history)} commit{'s' if len(history) != 1 else ''}; open it in a browser)")
+            print(f"wrote dashboard {path} ({len(history)} commit{'s' if len(history) != 1 else ''}; "
+                  "open it in a browser)")
         return status
     except R.ResultsError as e:
         err(str(e))
@@ -709,11 +729,12 @@ def record_run(results: dict, page: str) -> str:
     history = R.load_history(results_dir)
     write_page(history, page)
     print(f"stored {stored}")
-    print(f"wrote dashboard {page} ({len(history)} commit{'s' if len(history) != 1 else ''}; open it in a browser)")
+    print(f"wrote dashboard {page} ({len(history)} commit{'s' if len(history) != 1 else ''}; "
+          "open it in a browser)")
     return page
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="uniradix")
     add_dashboard_parser(parser.add_subparsers(dest="command", required=True))
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -24,12 +24,22 @@ flight are names, so they are kept as they are, which only splits states, never 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.conformance.exhaustive import (
-    Driver, OpKind, Transition, Universe, World, _args_key, _node_path, run_serve, single,
-    spec_fingerprint)
+    Driver,
+    OpKind,
+    Transition,
+    Universe,
+    World,
+    _args_key,
+    _node_path,
+    run_serve,
+    single,
+    spec_fingerprint,
+)
 from uniradix.spec.config import CacheConfig
 
 MAX_PREFETCHES = 2

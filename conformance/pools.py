@@ -5,7 +5,7 @@ path, and the spec's upstream-style wrapper."""
 from __future__ import annotations
 
 from array import array
-from typing import Any, Optional
+from typing import Any
 
 from uniradix.spec.errors import AllocatorError
 from uniradix.spec.world import PagedPool
@@ -25,7 +25,7 @@ class PoolAllocator:
     # and the ``freed`` effect as one free per piece would
     uniradix_free_order = "append"
 
-    def __init__(self, pool: PagedPool, torch_module: Optional[Any] = None,
+    def __init__(self, pool: PagedPool, torch_module: Any | None = None,
                  whole_pages: bool = False) -> None:
         self.pool = pool
         self.whole_pages = whole_pages

@@ -30,7 +30,8 @@ import re
 import statistics
 import subprocess
 import sys
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 SCHEMA = "uniradix-bench"
 SCHEMA_VERSION = 1
@@ -49,7 +50,7 @@ class ResultsError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
-def stat(values: Iterable[float], digits: int = 4) -> Optional[dict]:
+def stat(values: Iterable[float], digits: int = 4) -> dict | None:
     """``{"median", "min", "max", "n"}`` of the rounds (None when there are none)."""
     vals = [float(v) for v in values if v is not None]
     if not vals:
@@ -59,7 +60,7 @@ def stat(values: Iterable[float], digits: int = 4) -> Optional[dict]:
             "n": len(vals)}
 
 
-def ratio_stat(a: Optional[dict], b: Optional[dict]) -> Optional[dict]:
+def ratio_stat(a: dict | None, b: dict | None) -> dict | None:
     """The ratio ``a / b`` of two measured numbers: the median is median(a) / median(b); the
     range is the worst and best pairing of the rounds, min(a) / max(b) .. max(a) / min(b)."""
     if not a or not b or not b["median"] or not b["min"] or not b["max"]:
@@ -98,7 +99,7 @@ def machine_info() -> dict:
             "python": platform.python_version()}
 
 
-def _git(args: list[str], cwd: Optional[str]) -> Optional[str]:
+def _git(args: list[str], cwd: str | None) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -106,7 +107,7 @@ def _git(args: list[str], cwd: Optional[str]) -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def commit_info(cwd: Optional[str] = None) -> dict:
+def commit_info(cwd: str | None = None) -> dict:
     """The checkout's commit: sha, commit date (ISO 8601), subject and whether the working tree
     has uncommitted changes to tracked files; every field None outside a git checkout."""
     line = _git(["log", "-1", "--format=%H%x00%cI%x00%s"], cwd)
@@ -306,8 +307,8 @@ def check_record(rec: dict, where: str = "record") -> dict:
     return rec
 
 
-def normalize(data: Any, *, commit: Optional[dict] = None, machine: Optional[dict] = None,
-              recorded_at: Optional[str] = None, file: Optional[str] = None) -> dict:
+def normalize(data: Any, *, commit: dict | None = None, machine: dict | None = None,
+              recorded_at: str | None = None, file: str | None = None) -> dict:
     """One ``uniradix-bench`` record from any producer's JSON.
 
     ``commit`` and ``machine`` fill what the file does not say itself (pytest-benchmark keeps
@@ -377,7 +378,7 @@ def load_record(path: str, **kw: Any) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def _compact(iso: Optional[str]) -> str:
+def _compact(iso: str | None) -> str:
     if not iso:
         return "undated"
     try:
@@ -417,10 +418,10 @@ def store(rec: dict, results_dir: str) -> str:
 class CommitResults:
     """Everything the results folder holds for one commit (all its records, oldest first),
     merged: for each figure the latest record's."""
-    sha: Optional[str]
-    date: Optional[str]
-    subject: Optional[str]
-    dirty: Optional[bool]
+    sha: str | None
+    date: str | None
+    subject: str | None
+    dirty: bool | None
     records: list
 
     @property
@@ -459,13 +460,13 @@ class CommitResults:
                 return rec["figures"]["memory"], rec.get("machine") or {}
         return [], {}
 
-    def conformance(self) -> tuple[Optional[dict], dict]:
+    def conformance(self) -> tuple[dict | None, dict]:
         for rec in reversed(self.records):
             if rec["figures"].get("conformance"):
                 return rec["figures"]["conformance"], rec.get("machine") or {}
         return None, {}
 
-    def kernels(self) -> tuple[Optional[dict], dict]:
+    def kernels(self) -> tuple[dict | None, dict]:
         """The latest GPU kernel run (a CPU smoke run only where there is no GPU run)."""
         found: tuple = (None, {})
         for rec in self.records:
@@ -475,7 +476,7 @@ class CommitResults:
         return found
 
 
-def _sort_key(rec_or_commit_date: Optional[str]) -> str:
+def _sort_key(rec_or_commit_date: str | None) -> str:
     return _compact(rec_or_commit_date)
 
 

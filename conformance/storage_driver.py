@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from uniradix.conformance.driver import Driver, RecordingError, make_config
 from uniradix.spec.config import CacheConfig
@@ -60,7 +61,7 @@ class StorageDriver(Driver):
         self.ns_weights = [1]
         self.waiting: list[tuple[str, list[int]]] = []  # (rid, prompt) with a prefetch
         self.next_rid = 0
-        self.next_prompt: Optional[list[int]] = None
+        self.next_prompt: list[int] | None = None
 
     def _new_prompt(self) -> list[int]:
         if self.next_prompt is not None:
@@ -170,7 +171,7 @@ def record_storage(adapter: Any, config: CacheConfig, seed: int, steps: int,
     return StorageDriver(adapter, config, seed, steps, check_violations=check_violations).run()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m uniradix.conformance.storage_driver",
                                 description="Record a random scheduler-like trace with storage.")
     p.add_argument("--impl", default="upstream", help="implementation: upstream or spec")
@@ -198,7 +199,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"seed {seed}: recording failed: {e}", file=sys.stderr)
             failed += 1
             continue
-        source = (f"{'sglang 0.5.13.post1 UnifiedRadixCache on CPU' if args.impl == 'upstream' else 'uniradix ' + args.impl}"
+        impl = ("sglang 0.5.13.post1 UnifiedRadixCache on CPU" if args.impl == "upstream"
+                else "uniradix " + args.impl)
+        source = (f"{impl}"
                   f" (uniradix.conformance.storage_driver, config {args.config}, seed {seed})")
         path = os.path.join(args.out_dir, f"{args.config}-s{seed}.jsonl")
         dump_trace(path, make_header(config, source, seed=seed), steps)

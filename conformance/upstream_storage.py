@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from array import array
 from queue import Queue
-from typing import Any, Optional
+from typing import Any
 
 from uniradix.conformance import upstream as upstream_mod
 from uniradix.conformance.storage_ops import STORAGE_HOST_EFFECT_OPS
@@ -74,7 +74,7 @@ class LogicalClock:
         return getattr(self._real, name)
 
 
-_CLOCK: Optional[LogicalClock] = None
+_CLOCK: LogicalClock | None = None
 
 
 def _install_clock() -> LogicalClock:
@@ -108,7 +108,7 @@ def _backend_class() -> type:
             return True
 
         def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
-            for k, v in zip(keys, values):
+            for k, v in zip(keys, values, strict=True):
                 self.data[k] = v
             return True
 

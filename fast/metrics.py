@@ -37,8 +37,8 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Iterable, Mapping, Optional, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
@@ -137,8 +137,8 @@ class CacheMetrics:
 
     def __init__(self, registry: CollectorRegistry, cache_type: str = "UnifiedRadixCache",
                  components: Iterable[str] = ("full",),
-                 extra_labels: Optional[Mapping[str, str]] = None,
-                 storage: Optional[StorageLabels] = None,
+                 extra_labels: Mapping[str, str] | None = None,
+                 storage: StorageLabels | None = None,
                  eviction_buckets: Sequence[float] = EVICTION_BUCKETS,
                  load_back_buckets: Sequence[float] = LOAD_BACK_BUCKETS) -> None:
         if not isinstance(registry, CollectorRegistry):
@@ -325,7 +325,7 @@ class MetricsServer:
         self._server.server_close()
         self._thread.join(5.0)
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,7 +25,14 @@ import torch
 
 from . import reference
 from .layouts import (
-    Addressing, AttentionKind, DevicePool, HostPool, KernelIndexError, KernelInputError, KVGeometry, Layout,
+    Addressing,
+    AttentionKind,
+    DevicePool,
+    HostPool,
+    KernelIndexError,
+    KernelInputError,
+    KVGeometry,
+    Layout,
 )
 from .triton_copy import available_for, backup_all_layers_triton, load_layers_triton
 from .validate import check_copy
@@ -51,7 +58,8 @@ def resolve_impl(impl: str, device: DevicePool, host: HostPool) -> str:
                 f"Triton kernels cannot run on {device.device} here (no triton, or a CPU pool "
                 "without TRITON_INTERPRET=1)")
         if device.device.type == "cuda" and not host.buffer.is_pinned():
-            raise KernelInputError("the Triton path on CUDA addresses the host pool directly: it must be pinned "
+            raise KernelInputError("the Triton path on CUDA addresses the host pool directly: "
+                                   "it must be pinned "
                                    "(HostPool.allocate(..., pin_memory=True))")
     return impl
 

@@ -37,8 +37,7 @@ import time
 import torch
 
 from . import reference
-from .layouts import KVGeometry, Layout
-from .layouts import DevicePool, HostPool
+from .layouts import DevicePool, HostPool, KVGeometry, Layout
 from .triton_copy import INTERPRET, available_for, backup_all_layers_triton, load_layers_triton
 from .validate import check_copy
 
@@ -93,7 +92,6 @@ def ceilings(clock: Clock, dev: torch.device, nbytes: int, reps: int) -> dict:
         "h2d": nbytes / clock.median_s(lambda: a.copy_(h, non_blocking=True), reps) / 1e9,
         "d2h": nbytes / clock.median_s(lambda: h.copy_(a, non_blocking=True), reps) / 1e9,
     }
-    del a, b, h
     return out
 
 
@@ -123,7 +121,7 @@ class PerPageCopier:
             for plane in range(geometry.planes):
                 s0 = plane * src_a.plane + layer * src_a.layer
                 d0 = plane * dst_a.plane + layer * dst_a.layer
-                for sp, dp in zip(src_pages, dst_pages):
+                for sp, dp in zip(src_pages, dst_pages, strict=True):
                     pairs.append((s0 + sp * src_a.page_stride, d0 + dp * dst_a.page_stride))
         self._src, self._dst, self._chunk, self._item = src_buf, dst_buf, chunk, item
         self._pairs = pairs
@@ -141,7 +139,8 @@ class PerPageCopier:
                 self._run_runtime()
                 return
             except Exception as e:  # noqa: BLE001 - bindings of another shape: fall back, say so
-                print(f"  cudaMemcpyAsync through cuda.bindings failed ({e!r}); using torch copy_", file=sys.stderr)
+                print(f"  cudaMemcpyAsync through cuda.bindings failed ({e!r}); using torch copy_",
+                      file=sys.stderr)
                 self._rt, self.mode = None, "torch-copy_ (cuda.bindings failed)"
                 sflat, dflat, c = self._src.reshape(-1), self._dst.reshape(-1), self._chunk
                 self._views = [(dflat[d:d + c], sflat[s:s + c]) for s, d in self._pairs]
@@ -235,19 +234,21 @@ def bench_config(clock, dev, raw_dev, raw_host, layout, page_size, page_bytes, p
             k = max(1, min(n_pages, max_memcpy_calls // calls_per_page))
             sub_d, sub_h = d_idx[:k * page_size], h_idx[:k * page_size]
             if direction == "backup":
-                copier.plan(device.buffer, device.addressing(), host.buffer, host.addressing(), sub_d, sub_h, g,
+                copier.plan(device.buffer, device.addressing(), host.buffer, host.addressing(), sub_d, sub_h,
+                            g,
                             range(LAYERS))
             else:
-                copier.plan(host.buffer, host.addressing(), device.buffer, device.addressing(), sub_h, sub_d, g,
+                copier.plan(host.buffer, host.addressing(), device.buffer, device.addressing(), sub_h, sub_d,
+                            g,
                             range(LAYERS))
             dst_pool.buffer.fill_(float("nan"))      # so the check below sees the memcpys' own writes
             row["memcpy_gbps"] = k * per_page_all / clock.median_s(copier.run, reps) / 1e9
             row["memcpy_pages"] = k
             clock.sync()
             row["verified"] &= all(
-                torch.equal(host.paged_layer(p, l)[sub_h // page_size, sub_h % page_size].view(torch.int16),
-                            device.layer(l, p)[sub_d.to(dev)].cpu().view(torch.int16))
-                for p in range(g.planes) for l in range(LAYERS))
+                torch.equal(host.paged_layer(p, i)[sub_h // page_size, sub_h % page_size].view(torch.int16),
+                            device.layer(i, p)[sub_d.to(dev)].cpu().view(torch.int16))
+                for p in range(g.planes) for i in range(LAYERS))
         rows.append(row)
     return rows
 
@@ -312,21 +313,26 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available()
     if not cuda and not args.cpu_smoke:
         print("uniradix.kernels.bench: no CUDA device here; the kernel benchmark needs a GPU "
-              "(--cpu-smoke runs its code paths on the CPU at tiny sizes). Nothing measured.", file=sys.stderr)
+              "(--cpu-smoke runs its code paths on the CPU at tiny sizes). Nothing measured.",
+              file=sys.stderr)
         return 0
     if args.cpu_smoke and not cuda and not INTERPRET:
         # The interpreter must be chosen before triton is imported: run again with it set.
         env = dict(os.environ, TRITON_INTERPRET="1")
-        os.execve(sys.executable, [sys.executable, "-m", "uniradix.kernels.bench", *(argv or sys.argv[1:])], env)
+        os.execve(sys.executable,
+                  [sys.executable, "-m", "uniradix.kernels.bench", *(argv or sys.argv[1:])], env)
     dev = torch.device("cuda" if cuda and not args.cpu_smoke else "cpu")
     if not available_for(dev):
-        print(f"uniradix.kernels.bench: Triton cannot run on {dev} here (is triton installed?)", file=sys.stderr)
+        print(f"uniradix.kernels.bench: Triton cannot run on {dev} here (is triton installed?)",
+              file=sys.stderr)
         return 1
     clock = Clock(dev.type == "cuda")
     if args.cpu_smoke:
-        payload, reps, ceil_bytes, page_sizes, page_kib, max_calls = 128 * KiB, 1, 4 * MiB, (1, 16, 64), (4,), 64
+        payload, reps, ceil_bytes = 128 * KiB, 1, 4 * MiB
+        page_sizes, page_kib, max_calls = (1, 16, 64), (4,), 64
     elif args.quick:
-        payload, reps, ceil_bytes, page_sizes, page_kib, max_calls = 64 * MiB, 3, 512 * MiB, (1, 16, 64), (4, 64), 4096
+        payload, reps, ceil_bytes = 64 * MiB, 3, 512 * MiB
+        page_sizes, page_kib, max_calls = (1, 16, 64), (4, 64), 4096
     else:
         payload, reps, ceil_bytes, page_sizes, page_kib, max_calls = (
             128 * MiB, 5, 1024 * MiB, (1, 16, 64), (4, 16, 64), 16384)
@@ -344,15 +350,18 @@ def main(argv=None) -> int:
                 if time.time() - started > args.budget:
                     skipped.append(f"{layout.value}/page {P}/{kib} KiB")
                     continue
-                rows += bench_config(clock, dev, raw_dev, raw_host, layout, P, kib * KiB, payload, reps, copier,
+                rows += bench_config(clock, dev, raw_dev, raw_host, layout, P, kib * KiB, payload, reps,
+                                     copier,
                                      max_calls)
-                print(f"  {layout.value} page {P} {kib} KiB done ({time.time() - started:.0f} s)", file=sys.stderr)
+                print(f"  {layout.value} page {P} {kib} KiB done ({time.time() - started:.0f} s)",
+                      file=sys.stderr)
     judge(rows, ceil)
     print_table(rows, ceil)
     if skipped:
         print(f"over the {args.budget:.0f} s budget, not measured: {', '.join(skipped)}")
     env = {
-        "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke run: numbers mean nothing)",
+        "device": (torch.cuda.get_device_name() if dev.type == "cuda"
+                  else "cpu (smoke run: numbers mean nothing)"),
         "torch": torch.__version__,
         "triton": _triton_version(),
         "memcpy_engine": copier.mode,

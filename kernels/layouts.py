@@ -142,7 +142,8 @@ def _check_buffer(buffer: torch.Tensor, shape, dtype, what: str) -> None:
         raise KernelInputError(f"{what} buffer has dtype {buffer.dtype}, expected {dtype}")
     # A token's row (heads, head_dim) must be contiguous; the outer dims may be strided.
     if buffer.stride(-1) != 1 or buffer.stride(-2) != buffer.shape[-1]:
-        raise KernelInputError(f"{what} buffer must keep (heads, head_dim) contiguous, strides {buffer.stride()}")
+        raise KernelInputError(
+            f"{what} buffer must keep (heads, head_dim) contiguous, strides {buffer.stride()}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +157,7 @@ class DevicePool:
         _check_buffer(self.buffer, self.geometry.device_shape(self.slots), self.geometry.dtype, "device pool")
 
     @classmethod
-    def allocate(cls, geometry: KVGeometry, slots: int, device="cpu") -> "DevicePool":
+    def allocate(cls, geometry: KVGeometry, slots: int, device="cpu") -> DevicePool:
         return cls(geometry, torch.zeros(geometry.device_shape(slots), dtype=geometry.dtype, device=device))
 
     @property
@@ -172,18 +173,19 @@ class DevicePool:
         return self.buffer if self.geometry.planes == 2 else self.buffer.unsqueeze(0)
 
     def layer(self, layer: int, plane: int = 0) -> torch.Tensor:
-        """The (slots, heads, head_dim) buffer attention reads for one layer (plane 0 = K or latent, 1 = V)."""
+        """The (slots, heads, head_dim) buffer attention reads for one layer (plane 0 = K or latent,
+        1 = V)."""
         return self.planes_view()[plane, layer]
 
     @property
     def k_buffer(self) -> list[torch.Tensor]:
-        return [self.layer(l, 0) for l in range(self.geometry.layers)]
+        return [self.layer(i, 0) for i in range(self.geometry.layers)]
 
     @property
     def v_buffer(self) -> list[torch.Tensor]:
         if self.geometry.planes != 2:
             raise AttributeError("an MLA pool has no V buffer (use kv_buffer)")
-        return [self.layer(l, 1) for l in range(self.geometry.layers)]
+        return [self.layer(i, 1) for i in range(self.geometry.layers)]
 
     @property
     def kv_buffer(self) -> list[torch.Tensor]:
@@ -215,7 +217,7 @@ class HostPool:
 
     @classmethod
     def allocate(cls, geometry: KVGeometry, layout: Layout, tokens: int, pin_memory: bool | None = None
-                 ) -> "HostPool":
+                 ) -> HostPool:
         """Zeroed host pool; pinned (page-locked, so kernels can address it directly) by default
         when CUDA is available."""
         if pin_memory is None:
@@ -246,9 +248,11 @@ class HostPool:
         v = self.planes_view()
         P = self.geometry.page_size
         if self.layout is Layout.LAYER_FIRST:
-            return Addressing(plane=v.stride(0), layer=v.stride(1), page_stride=P * v.stride(2), token=v.stride(2))
+            return Addressing(plane=v.stride(0), layer=v.stride(1), page_stride=P * v.stride(2),
+                              token=v.stride(2))
         if self.layout is Layout.PAGE_FIRST:
-            return Addressing(plane=v.stride(0), layer=v.stride(2), page_stride=P * v.stride(1), token=v.stride(1))
+            return Addressing(plane=v.stride(0), layer=v.stride(2), page_stride=P * v.stride(1),
+                              token=v.stride(1))
         return Addressing(plane=v.stride(0), layer=v.stride(2), page_stride=v.stride(1), token=v.stride(3))
 
     def token_row(self, plane: int, layer: int, slot: int) -> torch.Tensor:

@@ -50,7 +50,7 @@ def load_layers_torch(host: HostPool, device: DevicePool, host_indices, device_i
 
 def backup_all_layers_loop(device: DevicePool, host: HostPool, device_indices, host_indices) -> None:
     g = device.geometry
-    pairs = list(zip(device_indices.tolist(), host_indices.tolist()))
+    pairs = list(zip(device_indices.tolist(), host_indices.tolist(), strict=True))
     for plane in range(g.planes):
         for layer in range(g.layers):
             src = device.layer(layer, plane)
@@ -60,7 +60,7 @@ def backup_all_layers_loop(device: DevicePool, host: HostPool, device_indices, h
 
 def load_layers_loop(host: HostPool, device: DevicePool, host_indices, device_indices, layers) -> None:
     g = device.geometry
-    pairs = list(zip(host_indices.tolist(), device_indices.tolist()))
+    pairs = list(zip(host_indices.tolist(), device_indices.tolist(), strict=True))
     for layer in layers:
         for plane in range(g.planes):
             dst = device.layer(layer, plane)

@@ -101,7 +101,7 @@ def check_copy(device: DevicePool, host: HostPool, device_indices, host_indices,
         values = torch.stack(stats).tolist()
     else:
         values = [s.tolist() for s in stats]
-    for (name, idx, bound, is_dst), (lo, hi, runs, distinct) in zip(sides, values):
+    for (name, idx, bound, is_dst), (lo, hi, runs, distinct) in zip(sides, values, strict=True):
         if lo < 0 or hi >= bound:
             k = _first_bad(idx, bound)
             raise KernelIndexError(f"{name}[{k}] = {int(idx[k])} is outside the pool's slots [0, {bound})")

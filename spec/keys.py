@@ -12,15 +12,15 @@ CrossHair in the test suite (tests/test_crosshair.py).
 
 from __future__ import annotations
 
-from typing import Hashable, Optional, Sequence, Tuple, Union
+from collections.abc import Hashable, Sequence
 
 Unit = Hashable  # an int token, or a (token, token) pair in bigram view
 # The same, spelled out for CrossHair: left as Hashable, it also draws elements of arbitrary
 # classes whose __eq__ fails on symbolic arguments (a false report, not a spec property).
-UnitValue = Union[int, Tuple[int, int]]
+UnitValue = int | tuple[int, int]
 
 
-def bigram_view(tokens: Sequence[int]) -> Tuple[Tuple[int, int], ...]:
+def bigram_view(tokens: Sequence[int]) -> tuple[tuple[int, int], ...]:
     """The EAGLE bigram units of a token sequence: ``(t[i], t[i+1])`` for each i.
 
     post: len(__return__) == max(0, len(tokens) - 1)
@@ -74,7 +74,7 @@ def child_key(units: Sequence, page_size: int) -> tuple:
     return tuple(units[:page_size])
 
 
-def namespaced_child_key(extra_key: Optional[str], units: Sequence, page_size: int) -> tuple:
+def namespaced_child_key(extra_key: str | None, units: Sequence, page_size: int) -> tuple:
     """A child key within its ``extra_key`` namespace: keys with different extra_keys never
     share a node, because their child keys differ at the root.
 
@@ -94,7 +94,7 @@ def common_prefix_len(a: Sequence[UnitValue], b: Sequence[UnitValue], page_size:
     post: 0 <= __return__ <= min(len(a), len(b))
     post: all(a[i] == b[i] for i in range(__return__))
     post: (__return__ + page_size > min(len(a), len(b))) or any(a[__return__ + j] != b[__return__ + j] for j in range(page_size))
-    """
+    """  # noqa: E501 (CrossHair reads each PEP 316 condition from one line)
     n = min(len(a), len(b))
     same = 0
     while same < n and a[same] == b[same]:
@@ -112,7 +112,7 @@ def split_point_ok(key_len: int, split_len: int, page_size: int) -> bool:
     return 0 < split_len < key_len and split_len % page_size == 0 and key_len % page_size == 0
 
 
-def oldest(stamps: Sequence[Tuple[int, int]]) -> int:
+def oldest(stamps: Sequence[tuple[int, int]]) -> int:
     """Victim selection: the index of the oldest access stamp (stamps are distinct).
 
     pre: len(stamps) > 0

@@ -18,7 +18,7 @@ hold (``InvalidInput`` otherwise, nothing changed); ``cow_mamba`` needs the Mamb
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from . import cache as rules
 from . import components
@@ -28,12 +28,12 @@ from .state import CacheState, Node, all_nodes
 
 @dataclasses.dataclass(frozen=True)
 class CowOutcome:
-    match: "rules.MatchOutcome"
-    src: Optional[int]  # the state slot to copy from: the best match node's; None: no state
-    dst: Optional[int]  # the request's own state slot; None: none could be had
+    match: rules.MatchOutcome
+    src: int | None  # the state slot to copy from: the best match node's; None: no state
+    dst: int | None  # the request's own state slot; None: none could be had
 
 
-def check_request_slot(state: CacheState, slot) -> Optional[int]:
+def check_request_slot(state: CacheState, slot) -> int | None:
     """The request's current state slot (None: it has none) must be the request's own."""
     if slot is None:
         return None
@@ -47,8 +47,8 @@ def check_request_slot(state: CacheState, slot) -> Optional[int]:
     return slot
 
 
-def match_prefix_cow(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
-                     request_slot: Optional[int] = None) -> CowOutcome:
+def match_prefix_cow(state: CacheState, tokens: Sequence[int], extra_key: str | None,
+                     request_slot: int | None = None) -> CowOutcome:
     """``match_prefix`` for a request with ``cow_mamba``: the match, its copy source and the
     request's state slot."""
     if "mamba" not in state.config.components:
@@ -64,7 +64,7 @@ def match_prefix_cow(state: CacheState, tokens: Sequence[int], extra_key: Option
     return CowOutcome(m, src, slot)
 
 
-def take_state_slot(state: CacheState, keep: Node) -> Optional[int]:
+def take_state_slot(state: CacheState, keep: Node) -> int | None:
     """A fresh Mamba state slot, evicting one state (never ``keep``'s) when the pool is empty;
     None when nothing could be evicted."""
     if state.mamba.available_size() == 0:

@@ -27,7 +27,7 @@ Every helper is pure, with PEP 316 contracts.
 from __future__ import annotations
 
 import hashlib
-from typing import Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 from .errors import InvalidInput
 
@@ -35,14 +35,14 @@ KEY_MODES = ("namespaced", "compat")
 NAMESPACE_TAG = b"uniradix/extra_key\x00"
 TOKEN_LIMIT = 2 ** 32  # a token is stored as 4 bytes unsigned
 
-UnitValue = Union[int, Tuple[int, int]]
+UnitValue = int | tuple[int, int]
 
 
 def is_page_key(key: object) -> bool:
     """A well-formed page key: 64 lowercase hex digits.
 
     post: __return__ == (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key))
-    """
+    """  # noqa: E501 (CrossHair reads each PEP 316 condition from one line)
     return isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)
 
 
@@ -52,7 +52,7 @@ def _token_bytes(t: int) -> bytes:
     return t.to_bytes(4, "little", signed=False)
 
 
-def page_key(units: Sequence[UnitValue], prior: Optional[str] = None) -> str:
+def page_key(units: Sequence[UnitValue], prior: str | None = None) -> str:
     """The key of one page of ``units`` following a page keyed ``prior`` (None: the first page).
 
     An empty ``prior`` counts as none (as 0.5.13.post1's truthiness test does).
@@ -74,7 +74,7 @@ def page_key(units: Sequence[UnitValue], prior: Optional[str] = None) -> str:
     return hasher.hexdigest()
 
 
-def namespace_prior(extra_key: Optional[str], key_mode: str = "namespaced") -> Optional[str]:
+def namespace_prior(extra_key: str | None, key_mode: str = "namespaced") -> str | None:
     """What the first page of a chain absorbs before its units: the namespace digest of
     ``extra_key`` in namespaced mode, nothing without an ``extra_key`` or in compat mode.
 
@@ -89,7 +89,7 @@ def namespace_prior(extra_key: Optional[str], key_mode: str = "namespaced") -> O
 
 
 def chain_keys(units: Sequence[UnitValue], page_size: int,
-               prior: Optional[str] = None) -> Tuple[str, ...]:
+               prior: str | None = None) -> tuple[str, ...]:
     """The keys of ``units`` cut into pages of ``page_size`` (a short last page is keyed as it
     is), chained from ``prior``.
 
@@ -106,8 +106,8 @@ def chain_keys(units: Sequence[UnitValue], page_size: int,
     return tuple(keys)
 
 
-def path_keys(units: Sequence[UnitValue], page_size: int, extra_key: Optional[str],
-              key_mode: str = "namespaced") -> Tuple[str, ...]:
+def path_keys(units: Sequence[UnitValue], page_size: int, extra_key: str | None,
+              key_mode: str = "namespaced") -> tuple[str, ...]:
     """The keys of a whole path from the root (its first page chained from the namespace).
 
     pre: page_size >= 1
@@ -117,7 +117,7 @@ def path_keys(units: Sequence[UnitValue], page_size: int, extra_key: Optional[st
 
 
 def split_keys(keys: Sequence[str], split_len: int,
-               page_size: int) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+               page_size: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """A node split after ``split_len`` units cuts its key list after ``split_len // page_size``
     pages: the upper part keeps the first keys, the lower the rest (keys never change, since a
     key names its whole prefix).

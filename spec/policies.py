@@ -30,7 +30,8 @@ was.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from .errors import Unsupported
 

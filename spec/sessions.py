@@ -28,7 +28,6 @@ as in the seed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from . import cache as rules
 from .errors import InvalidInput
@@ -40,13 +39,13 @@ class SessionSlot:
     """What a session keeps between turns."""
 
     session: str
-    extra_key: Optional[str]
+    extra_key: str | None
     row: list                    # the parked row: the tree's prefix, then the session's own slots
     tokens: list                 # the token ids of row[:committed]
     committed: int
-    lock: Optional[LockHandle]   # the first turn's tree lock (None on a disabled cache)
+    lock: LockHandle | None   # the first turn's tree lock (None on a disabled cache)
     protected: int               # the first turn's protected length (the tree's slots)
-    active: Optional[str] = None  # the rid of the request restored from it, while it runs
+    active: str | None = None  # the rid of the request restored from it, while it runs
 
 
 def ceil_pages(n: int, page_size: int) -> int:
@@ -55,18 +54,18 @@ def ceil_pages(n: int, page_size: int) -> int:
     return -(-n // page_size) * page_size
 
 
-def slot_of(state: CacheState, session: Optional[str]) -> Optional[SessionSlot]:
+def slot_of(state: CacheState, session: str | None) -> SessionSlot | None:
     return None if session is None else state.sessions.get(session)
 
 
-def check_session_arg(session) -> Optional[str]:
+def check_session_arg(session) -> str | None:
     if session is not None and (not isinstance(session, str) or not session):
         raise InvalidInput(f"session must be null or a non-empty string, got {session!r}")
     return session
 
 
-def check_arrival(state: CacheState, session: Optional[str], tokens: list,
-                  extra_key: Optional[str]) -> None:
+def check_arrival(state: CacheState, session: str | None, tokens: list,
+                  extra_key: str | None) -> None:
     """A session runs one request at a time; a request restored from a slot continues the
     slot's tokens under the slot's extra_key."""
     if session is None:
@@ -89,7 +88,7 @@ def check_arrival(state: CacheState, session: Optional[str], tokens: list,
 # ----------------------------------------------------------------------------------------------
 
 
-def try_restore(state: CacheState, req) -> Optional[int]:
+def try_restore(state: CacheState, req) -> int | None:
     """Admission from the session's slot (the seed's ``try_match_prefix``): the prefix is the
     slot's committed tokens, at most the prompt minus its last token; the row's pages past the
     prefix go back to the pool.  None when the request has no slot to restore from."""

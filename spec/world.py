@@ -19,7 +19,7 @@ how a trace step's *effects* (``freed``) are observed.
 from __future__ import annotations
 
 import heapq
-from typing import Iterable
+from collections.abc import Iterable
 
 from .errors import AllocatorError, InvalidInput
 
@@ -138,7 +138,7 @@ class HybridKVPool(PagedPool):
             raise AllocatorError(f"swa alloc: {n} slots requested, {self.swa.available_size()} free")
         full = super().alloc(n)
         swa = self.swa.alloc(n)
-        self.full_to_swa.update(zip(full, swa))
+        self.full_to_swa.update(zip(full, swa, strict=True))
         return full
 
     def translate(self, full_slots) -> tuple:

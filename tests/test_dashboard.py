@@ -15,7 +15,6 @@ from uniradix.conformance import dashboard as D
 from uniradix.conformance import results as R
 from uniradix.conformance.cli import main as cli_main
 
-
 # ---- records from each producer -------------------------------------------------------------
 
 
@@ -194,7 +193,7 @@ def test_compare_against_commits_of_the_results_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc in (D.EXIT_OK, D.EXIT_REGRESSION)  # B is A's numbers x1.02: not a drop
     assert rc == D.EXIT_OK, out
-    assert f"base a1a1a1a1, current b2b2b2b2" in out
+    assert "base a1a1a1a1, current b2b2b2b2" in out
     assert not os.path.exists(os.path.join(str(tmp_path), "dashboard.html"))
 
 

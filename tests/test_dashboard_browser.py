@@ -189,7 +189,7 @@ def decode_png(data: bytes) -> tuple[int, int, int, bytes]:
             for i in range(channels, stride):
                 line[i] = (line[i] + line[i - channels]) & 0xFF
         elif f == 2:
-            line = bytearray((a + b) & 0xFF for a, b in zip(line, prev))
+            line = bytearray((a + b) & 0xFF for a, b in zip(line, prev, strict=True))
         elif f == 3:
             for i in range(stride):
                 left = line[i - channels] if i >= channels else 0
@@ -317,7 +317,8 @@ def test_the_key_figures_are_in_the_rendered_page(browser_page):
     assert info["svgs"] >= 7  # 2 bar charts, 2 ratio and 2 req/s histories, memory
     assert any("conformance: 29,000 steps, 0 divergences" in p for p in info["pills"])
     assert any("2 commits of history" in p for p in info["pills"])
-    assert {"ratios", "history", "latency", "outcomes", "memory", "kernels", "conformance"} <= set(info["sections"])
+    sections = {"ratios", "history", "latency", "outcomes", "memory", "kernels", "conformance"}
+    assert sections <= set(info["sections"])
     for text in ("fast/spec", "identical outcomes", "B/token", "a1a1a1a1", "b2b2b2b2", "load 0.50/0.40/0.30"):
         assert text in info["text"], text
     assert info["width"] <= 1400, "the page scrolls sideways at 1400 px"

@@ -129,7 +129,8 @@ def test_backup_then_load_back_restores_the_pages(kind, layout):
     K.backup_all_layers(device, host, device_indices=out, host_indices=slots_of([1, 3], 16), impl="triton")
     device.buffer.fill_(0)
     for layer in range(LAYERS):
-        K.load_layer(host, device, layer, host_indices=slots_of([1, 3], 16), device_indices=back, impl="triton")
+        K.load_layer(host, device, layer, host_indices=slots_of([1, 3], 16), device_indices=back,
+                     impl="triton")
     after = device.planes_view()
     for plane in range(g.planes):
         for layer in range(LAYERS):
@@ -193,7 +194,8 @@ def _bad_inputs():
         ("negative host slot", dict(host_indices=slots_of([1, 3], P) - 32), K.KernelIndexError, "outside"),
         ("page not aligned", dict(device_indices=slots_of([0, 2], P) + 1), K.KernelIndexError, "whole pages"),
         ("page not a run", dict(host_indices=slots_of([1, 3], P).flip(0)), K.KernelIndexError, "whole pages"),
-        ("partial page", dict(device_indices=ok_d[:-1], host_indices=ok_h[:-1]), K.KernelIndexError, "whole number"),
+        ("partial page", dict(device_indices=ok_d[:-1], host_indices=ok_h[:-1]), K.KernelIndexError,
+         "whole number"),
         ("dtype mismatch", dict(_host_geometry=other), K.KernelInputError, "dtype"),
         ("impl unknown", dict(impl="cuda-magic"), K.KernelInputError, "impl"),
     ], ok_d, ok_h

@@ -5,12 +5,16 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from prometheus_client import CollectorRegistry, REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from uniradix.fast.errors import InvalidInput
 from uniradix.fast.metrics import (
-    EVICTION_BUCKETS, CacheMetrics, StorageLabels, buckets_from_env, serve_metrics,
+    EVICTION_BUCKETS,
+    CacheMetrics,
+    StorageLabels,
+    buckets_from_env,
+    serve_metrics,
 )
 
 STORAGE = StorageLabels("file", tp_rank=1, dp_rank=2, pp_rank=0, pp_size=1, attn_cp_rank=0,

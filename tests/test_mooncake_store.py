@@ -11,12 +11,16 @@ import time
 import pytest
 import torch
 
+from test_storage_backends import LAYOUTS, indices, make_pool, page_data
 from uniradix.fast.storage import (
-    Fault, FaultyBackend, MooncakeMaster, MooncakeStore, StorageInputError, mooncake_available,
+    Fault,
+    FaultyBackend,
+    MooncakeMaster,
+    MooncakeStore,
+    StorageInputError,
+    mooncake_available,
 )
 from uniradix.kernels import Layout
-
-from test_storage_backends import LAYOUTS, indices, make_pool, page_data
 
 _WHY = mooncake_available()
 if _WHY is not None:
@@ -58,7 +62,7 @@ def test_pages_round_trip_zero_copy(store, layout, kind):
     want = {p: page_data(src, p).clone() for p in (0, 5, 9, 15)}
     # Read back into other pages of the same (registered) pool.
     assert store.batch_get_v1(keys[::-1], indices(src, [1, 2, 3, 4])) == [True] * 4
-    for src_page, dst_page in zip([15, 9, 5, 0], [1, 2, 3, 4]):
+    for src_page, dst_page in zip([15, 9, 5, 0], [1, 2, 3, 4], strict=True):
         assert torch.equal(page_data(src, dst_page), want[src_page])
     assert store.batch_get_v1(["absent"], indices(src, [6])) == [False]
 

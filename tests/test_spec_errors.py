@@ -17,8 +17,15 @@ import pytest
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.spec import cache as rules
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.errors import (AllocatorError, CacheError, ConfigError, HandleError,
-                                  InvalidInput, NodeNotFound, Unsupported)
+from uniradix.spec.errors import (
+    AllocatorError,
+    CacheError,
+    ConfigError,
+    HandleError,
+    InvalidInput,
+    NodeNotFound,
+    Unsupported,
+)
 from uniradix.spec.invariants import sanity_check
 from uniradix.spec.snapshot import snapshot
 from uniradix.spec.state import LockHandle, Node, all_nodes

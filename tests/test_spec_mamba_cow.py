@@ -13,11 +13,10 @@ import os
 
 import pytest
 
-from uniradix.conformance.replay import replay_trace
-from uniradix.conformance.trace import load_trace
-
 import stories
 from conftest import CORPUS
+from uniradix.conformance.replay import replay_trace
+from uniradix.conformance.trace import load_trace
 
 
 class Story(stories.Story):

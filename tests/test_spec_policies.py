@@ -17,6 +17,7 @@ import os
 
 import pytest
 
+from conftest import CORPUS
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
@@ -27,8 +28,6 @@ from uniradix.spec.errors import ConfigError, InvalidInput, Unsupported
 from uniradix.spec.invariants import sanity_check
 from uniradix.spec.snapshot import snapshot
 from uniradix.spec.state import new_state
-
-from conftest import CORPUS
 
 POLICY_CORPUS = os.path.join(CORPUS, "upstream-policies")
 OTHER_POLICIES = ("lfu", "fifo", "mru", "filo", "priority", "slru")

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 
+import stories
 from uniradix.conformance.adapters import make_adapter
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.requests import output_token_id
-
-import stories
 
 
 class Story(stories.Story):

@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from uniradix.fast.storage import (
-    STORAGE_BATCH_SIZE, Fault, FaultyBackend, FileStore, InjectedStorageError, PageLayout,
+    STORAGE_BATCH_SIZE,
+    Fault,
+    FaultyBackend,
+    FileStore,
+    InjectedStorageError,
+    PageLayout,
     StorageInputError,
 )
 from uniradix.kernels import HostPool, KVGeometry, Layout
@@ -34,7 +39,7 @@ def page_slots(pool, page):
 def page_data(pool, page):
     """Everything one page holds, gathered through the kernels' own addressing."""
     g = pool.geometry
-    return torch.stack([pool.token_row(p, l, s) for p in range(g.planes) for l in range(g.layers)
+    return torch.stack([pool.token_row(p, i, s) for p in range(g.planes) for i in range(g.layers)
                         for s in page_slots(pool, page).tolist()])
 
 
@@ -108,7 +113,7 @@ def test_file_store_round_trips_pages_through_the_host_pool(tmp_path, layout, ki
     reader = FileStore(tmp_path / "pages")            # a fresh process: adopts the files
     reader.register_mem_pool_host(dst)
     assert reader.batch_get_v1(keys[::-1], indices(dst, [1, 2, 4, 5, 6])) == [True] * 5
-    for src_page, dst_page in zip([15, 8, 7, 3, 0], [1, 2, 4, 5, 6]):
+    for src_page, dst_page in zip([15, 8, 7, 3, 0], [1, 2, 4, 5, 6], strict=True):
         assert torch.equal(page_data(dst, dst_page), page_data(src, src_page))
     untouched = make_pool(layout, kind, seed=2)
     assert torch.equal(page_data(dst, 9), page_data(untouched, 9))
@@ -299,12 +304,12 @@ def test_concurrent_writers_and_readers_never_see_half_a_page(tmp_path):
     errors: list[str] = []
 
     def writer(offset):
-        for r in range(3):
+        for _r in range(3):
             for i in range(offset, 32, 4):
                 store.batch_set_v1([f"k{i}"], indices(pool, [i]))
 
     def reader(slot):
-        for r in range(30):
+        for _r in range(30):
             for i in range(32):
                 if store.batch_get_v1([f"k{i}"], indices(pool, [32 + slot])) == [True]:
                     if not torch.equal(page_data(pool, 32 + slot), expect[f"k{i}"]):

@@ -11,11 +11,10 @@ import re
 
 import pytest
 
+from conftest import CORPUS
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.storage_driver import STORAGE_CONFIG_NAMES
 from uniradix.conformance.trace import load_trace
-
-from conftest import CORPUS
 
 BASE = os.path.join(CORPUS, "upstream-storage")
 

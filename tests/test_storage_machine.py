@@ -5,12 +5,19 @@ same machine runs the spec and 0.5.13.post1 in lockstep (tests/test_upstream_sto
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, \
-    run_state_machine_as_test
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from uniradix.conformance.adapters import make_adapter
 from uniradix.spec.config import CacheConfig
@@ -24,7 +31,7 @@ def make_machine(build: Callable[[CacheConfig], Any], configs: list[CacheConfig]
     class StorageMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.adapter: Optional[Any] = None
+            self.adapter: Any | None = None
             self.i = 0
             self.rids: list[str] = []
             self.next_rid = 0

@@ -69,7 +69,7 @@ def round_trip(backend, layout, kind):
     assert backend.batch_set_v1(keys, slots([1, 4, 7])) == [True] * 3
     assert backend.batch_exists(keys + ["absent"]) == 3
     assert backend.batch_get_v1(keys, slots([10, 11, 12])) == [True] * 3
-    for src, dst in zip((1, 4, 7), (10, 11, 12)):
+    for src, dst in zip((1, 4, 7), (10, 11, 12), strict=True):
         assert torch.equal(pool.get_data_page(dst * PAGE, flat=True), want[src])
     # SGLang's generic path (no interface_v1): set/get of flat pages through the pool's accessors.
     assert backend.set("generic", pool.get_data_page(2 * PAGE, flat=True))
@@ -77,7 +77,8 @@ def round_trip(backend, layout, kind):
     assert page is not None
     pool.set_from_flat_data_page(13 * PAGE, page)
     assert torch.equal(pool.get_data_page(13 * PAGE, flat=True), pool.get_data_page(2 * PAGE, flat=True))
-    assert backend.get_stats() is None and backend.stats.pages_set == 4   # SGLang's collector: its own type only
+    # SGLang's collector: its own type only
+    assert backend.get_stats() is None and backend.stats.pages_set == 4
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -95,10 +96,10 @@ def test_tp_ranks_keep_their_own_pages(tmp_path):
     backends = [StorageBackendFactory.create_backend(
         "dynamic", storage_config(dynamic("UniradixFileStorage", file_dir=str(tmp_path)), r, 2), None)
         for r in (0, 1)]
-    for b, p in zip(backends, pools):
+    for b, p in zip(backends, pools, strict=True):
         b.register_mem_pool_host(p)
         assert b.batch_set_v1(["shared-hash"], slots([0])) == [True]
-    for b, p in zip(backends, pools):
+    for b, p in zip(backends, pools, strict=True):
         assert b.batch_get_v1(["shared-hash"], slots([5])) == [True]
         assert torch.equal(p.get_data_page(5 * PAGE), p.get_data_page(0))
 

@@ -17,6 +17,7 @@ from .file_store import FileStore
 from .mooncake_store import MooncakeMaster, MooncakeStore, mooncake_available
 
 __all__ = [
-    "STORAGE_BATCH_SIZE", "Fault", "FaultyBackend", "FileStore", "InjectedStorageError", "MooncakeMaster", "MooncakeStore",
+    "STORAGE_BATCH_SIZE", "Fault", "FaultyBackend", "FileStore", "InjectedStorageError", "MooncakeMaster",
+    "MooncakeStore",
     "PageLayout", "StorageBackend", "StorageInputError", "StorageStats", "mooncake_available",
 ]

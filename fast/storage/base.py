@@ -30,7 +30,7 @@ import abc
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +82,7 @@ def _as_host_pool(pool: Any) -> HostPool:
     except ValueError:
         raise StorageInputError(
             f"host pool layout {layout!r} is not supported (supported: "
-            f"{', '.join(l.value for l in Layout)})") from None
+            f"{', '.join(m.value for m in Layout)})") from None
     # MHA buffers carry a leading K/V dim of 2: one more dim than MLA in the same layout.
     mha_dims = 6 if layout is Layout.PAGE_FIRST_DIRECT else 5
     dtype = buffer.dtype
@@ -95,7 +95,8 @@ def _as_host_pool(pool: Any) -> HostPool:
         layers = buffer.shape[0] if layout is Layout.LAYER_FIRST else buffer.shape[1]
         geometry = KVGeometry.mla(int(layers), int(dim), page_size, dtype)
     else:
-        raise StorageInputError(f"host pool kv_buffer of shape {tuple(buffer.shape)} fits no {layout.value} layout")
+        raise StorageInputError(
+            f"host pool kv_buffer of shape {tuple(buffer.shape)} fits no {layout.value} layout")
     try:
         return HostPool(geometry, layout, buffer)
     except ValueError as e:
@@ -122,7 +123,7 @@ class PageLayout:
     _page_stride_bytes: int = 0
 
     @classmethod
-    def of(cls, pool: Any) -> "PageLayout":
+    def of(cls, pool: Any) -> PageLayout:
         hp = _as_host_pool(pool)
         buf = hp.buffer
         if not buf.is_contiguous():
@@ -132,7 +133,8 @@ class PageLayout:
         a = hp.addressing()
         P = g.page_size
         if hp.layout is Layout.LAYER_FIRST:
-            starts = tuple((p * a.plane + l * a.layer) * item for p in range(g.planes) for l in range(g.layers))
+            starts = tuple((p * a.plane + layer * a.layer) * item
+                           for p in range(g.planes) for layer in range(g.layers))
             region = P * g.row * item
         else:
             starts = tuple(p * a.plane * item for p in range(g.planes))
@@ -171,8 +173,10 @@ class PageLayout:
             return []
         blocks = idx.to(torch.int64).view(n_keys, P)
         first = blocks[:, 0]
-        if bool((first % P != 0).any()) or bool((first < 0).any()) or bool((first + P > self.pages * P).any()):
-            raise StorageInputError(f"host indices must start whole pages inside the pool of {self.pages} pages")
+        if (bool((first % P != 0).any()) or bool((first < 0).any())
+            or bool((first + P > self.pages * P).any())):
+            raise StorageInputError(
+                f"host indices must start whole pages inside the pool of {self.pages} pages")
         if P > 1 and not bool((blocks - first[:, None] == torch.arange(P)).all()):
             raise StorageInputError("each page's host indices must be consecutive")
         return (first // P).tolist()
@@ -204,7 +208,7 @@ class StorageBackend(abc.ABC):
 
     def __init__(self) -> None:
         self.mem_pool_host: Any = None
-        self._page_layout: Optional[PageLayout] = None
+        self._page_layout: PageLayout | None = None
         self.stats = StorageStats()
         self._stats_lock = threading.Lock()
 
@@ -241,13 +245,13 @@ class StorageBackend(abc.ABC):
 
     # -- per key ------------------------------------------------------------------------------
     @abc.abstractmethod
-    def get(self, key: str, target_location: Optional[torch.Tensor] = None,
-            target_sizes: Any = None) -> Optional[torch.Tensor]:
+    def get(self, key: str, target_location: torch.Tensor | None = None,
+            target_sizes: Any = None) -> torch.Tensor | None:
         """Read the value of `key` into `target_location` (a contiguous tensor of the stored
         size) and return it; None on a miss (absent, corrupt, of another size)."""
 
     @abc.abstractmethod
-    def set(self, key: str, value: Optional[torch.Tensor] = None, target_location: Any = None,
+    def set(self, key: str, value: torch.Tensor | None = None, target_location: Any = None,
             target_sizes: Any = None) -> bool:
         """Store the bytes of `value` under `key`; True once stored (or already present)."""
 
@@ -255,22 +259,22 @@ class StorageBackend(abc.ABC):
     def exists(self, key: str) -> bool:
         """Whether `key` is stored (by `set`); O(1) for the file store, one round trip for Mooncake."""
 
-    def batch_get(self, keys: Sequence[str], target_locations: Optional[Sequence[torch.Tensor]] = None,
-                  target_sizes: Any = None) -> list[Optional[torch.Tensor]]:
+    def batch_get(self, keys: Sequence[str], target_locations: Sequence[torch.Tensor] | None = None,
+                  target_sizes: Any = None) -> list[torch.Tensor | None]:
         keys = check_keys(keys)         # get() adds the key prefix
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
         if len(targets) != len(keys):
             raise StorageInputError(f"{len(keys)} keys but {len(targets)} target locations")
-        return [self.get(k, t) for k, t in zip(keys, targets)]
+        return [self.get(k, t) for k, t in zip(keys, targets, strict=True)]
 
-    def batch_set(self, keys: Sequence[str], values: Optional[Sequence[torch.Tensor]] = None,
+    def batch_set(self, keys: Sequence[str], values: Sequence[torch.Tensor] | None = None,
                   target_locations: Any = None, target_sizes: Any = None) -> bool:
         """True when every key is stored; stops at the first failure, as upstream's does."""
         keys = check_keys(keys)
         vals = list(values) if values is not None else []
         if len(vals) != len(keys):
             raise StorageInputError(f"{len(keys)} keys but {len(vals)} values")
-        return all(self.set(k, v) for k, v in zip(keys, vals))
+        return all(self.set(k, v) for k, v in zip(keys, vals, strict=True))
 
     def batch_exists(self, keys: Sequence[str], extra_info: Any = None) -> int:
         """How many keys from the start are all stored (the storage hit, in pages)."""
@@ -300,5 +304,5 @@ class StorageBackend(abc.ABC):
         with self._stats_lock:
             return StorageStats(**vars(self.stats))
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (an optional hook: most backends hold nothing to release)
         """Release connections and files; the default has nothing to release."""

@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -55,7 +56,8 @@ def make_pool(args, mph) -> Any:
         dev = types.SimpleNamespace(store_dtype=torch.bfloat16, size=tokens - args.page_size, start_layer=0,
                                     end_layer=args.layers, head_num=args.heads, head_dim=args.head_dim,
                                     layer_num=args.layers, device="cpu")
-        pool = mph.MHATokenToKVPoolHost(dev, 1.0, 0, args.page_size, args.layout, pin_memory=False, device="cpu")
+        pool = mph.MHATokenToKVPoolHost(dev, 1.0, 0, args.page_size, args.layout, pin_memory=False,
+                                        device="cpu")
         buf = pool.kv_buffer
     else:
         from uniradix.kernels import HostPool, KVGeometry
@@ -139,18 +141,23 @@ def measure(name, write, read, clear, args, page_bytes) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m uniradix.fast.storage.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m uniradix.fast.storage.bench",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default=",".join(ALL),
-                    help="comma-separated subset of " + ",".join(ALL) + " (unavailable ones are reported and skipped)")
+                    help="comma-separated subset of " + ",".join(ALL)
+                    + " (unavailable ones are reported and skipped)")
     ap.add_argument("--pages", type=int, default=512)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--layout", default="page_first", choices=["layer_first", "page_first", "page_first_direct"])
+    ap.add_argument("--layout", default="page_first",
+                    choices=["layer_first", "page_first", "page_first_direct"])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1, help="untimed passes first (first-touch of store memory)")
-    ap.add_argument("--dir", default=None, help="directory for the file stores (default: a new temporary one)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed passes first (first-touch of store memory)")
+    ap.add_argument("--dir", default=None,
+                    help="directory for the file stores (default: a new temporary one)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -196,21 +203,23 @@ def main(argv=None) -> int:
                 st.close()
             elif b == "upstream-file":
                 from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
-                cfg = HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, args.layout != "layer_first", "bench")
+                cfg = HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, args.layout != "layer_first",
+                                           "bench")
                 st = HiCacheFile(cfg, file_path=d)
                 w, r = generic_runner(st, pool)
                 results.append(measure(b, w, r, st.clear, args, page_bytes))
             else:
                 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
                 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore as Up
-                cfg = HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, args.layout != "layer_first", "bench",
+                cfg = HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, args.layout != "layer_first",
+                                           "bench",
                                            extra_config={"master_server_address": master.address,
                                                          "protocol": "tcp", "local_hostname": "127.0.0.1",
                                                          "global_segment_size": seg})
                 st = Up(cfg, pool)
                 st.register_mem_pool_host(pool)
                 w, r = zero_copy_runner(st)
-                results.append(measure(b, w, r, lambda: st.store.remove_all(True), args, page_bytes))
+                results.append(measure(b, w, r, lambda st=st: st.store.remove_all(True), args, page_bytes))
     finally:
         if master is not None:
             master.stop()
@@ -218,8 +227,10 @@ def main(argv=None) -> int:
             shutil.rmtree(root, ignore_errors=True)
 
     print(f"{args.pages} pages of {page_bytes / 2**20:.2f} MiB ({args.layout}, page {args.page_size}, "
-          f"{args.layers} layers x {args.heads} heads x {args.head_dim}, bf16), batches of {STORAGE_BATCH_SIZE}, "
-          f"best of {args.repeat} after {args.warmup} warm-up; pool: {'sglang MHATokenToKVPoolHost' if mph else 'uniradix HostPool'}")
+          f"{args.layers} layers x {args.heads} heads x {args.head_dim}, bf16), "
+          f"batches of {STORAGE_BATCH_SIZE}, "
+          f"best of {args.repeat} after {args.warmup} warm-up; "
+          f"pool: {'sglang MHATokenToKVPoolHost' if mph else 'uniradix HostPool'}")
     print(f"{'backend':<18}{'set pages/s':>13}{'set GB/s':>10}{'get pages/s':>13}{'get GB/s':>10}")
     for r in results:
         print(f"{r['backend']:<18}{r['set_pages_per_s']:>13,.0f}{r['set_GB_per_s']:>10.2f}"

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -66,9 +67,9 @@ class FaultyBackend(StorageBackend):
         self.inner = inner
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
-        self.calls: list[tuple[str, int, Optional[str]]] = []
+        self.calls: list[tuple[str, int, str | None]] = []
 
-    def inject(self, fault: Fault) -> "FaultyBackend":
+    def inject(self, fault: Fault) -> FaultyBackend:
         with self._lock:
             self._faults.append(fault)
         return self
@@ -77,7 +78,7 @@ class FaultyBackend(StorageBackend):
         with self._lock:
             self._faults.clear()
 
-    def _take(self, family: str, name: str, n: int) -> Optional[Fault]:
+    def _take(self, family: str, name: str, n: int) -> Fault | None:
         with self._lock:
             for f in self._faults:
                 if f.op in (family, "any"):
@@ -101,14 +102,14 @@ class FaultyBackend(StorageBackend):
         super().register_mem_pool_host(mem_pool_host)
 
     # -- per key ------------------------------------------------------------------------------
-    def get(self, key: str, target_location: Optional[torch.Tensor] = None,
-            target_sizes: Any = None) -> Optional[torch.Tensor]:
+    def get(self, key: str, target_location: torch.Tensor | None = None,
+            target_sizes: Any = None) -> torch.Tensor | None:
         f = self._take("get", "get", 1)
         if f is not None and f.kind != "slow" and not (f.kind == "short" and f.keep >= 1):
             return None
         return self.inner.get(key, target_location, target_sizes)
 
-    def set(self, key: str, value: Optional[torch.Tensor] = None, target_location: Any = None,
+    def set(self, key: str, value: torch.Tensor | None = None, target_location: Any = None,
             target_sizes: Any = None) -> bool:
         f = self._take("set", "set", 1)
         if f is not None and f.kind != "slow" and not (f.kind == "short" and f.keep >= 1):
@@ -123,7 +124,7 @@ class FaultyBackend(StorageBackend):
 
     # -- batches ------------------------------------------------------------------------------
     @staticmethod
-    def _through(f: Optional[Fault], n: int) -> int:
+    def _through(f: Fault | None, n: int) -> int:
         """How many keys of a batch of `n` go through under fault `f`."""
         if f is None or f.kind == "slow":
             return n
@@ -152,14 +153,16 @@ class FaultyBackend(StorageBackend):
         P = self.page_layout.page_size
         return keys[:k], torch.as_tensor(host_indices).reshape(-1)[:k * P]
 
-    def batch_get_v1(self, keys: Sequence[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
+    def batch_get_v1(self, keys: Sequence[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
         keys = check_keys(keys)
         self.page_layout.host_pages(host_indices, len(keys))       # refuse bad input first
         k = self._through(self._take("get", "batch_get_v1", len(keys)), len(keys))
         head = self.inner.batch_get_v1(*self._pages(keys, host_indices, k), extra_info) if k else []
         return list(head) + [False] * (len(keys) - k)
 
-    def batch_set_v1(self, keys: Sequence[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
+    def batch_set_v1(self, keys: Sequence[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
         keys = check_keys(keys)
         self.page_layout.host_pages(host_indices, len(keys))
         k = self._through(self._take("set", "batch_set_v1", len(keys)), len(keys))

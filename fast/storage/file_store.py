@@ -37,9 +37,10 @@ import threading
 import uuid
 import zlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ class FileStore(StorageBackend):
     loss, costs a disk flush per page; without it a crash of the process still never leaves a
     torn page, because of the rename)."""
 
-    def __init__(self, directory: str | os.PathLike, *, capacity_bytes: Optional[int] = None,
+    def __init__(self, directory: str | os.PathLike, *, capacity_bytes: int | None = None,
                  fsync: bool = False) -> None:
         super().__init__()
         if capacity_bytes is not None and (not isinstance(capacity_bytes, int) or capacity_bytes <= 0):
@@ -105,7 +106,7 @@ class FileStore(StorageBackend):
             crc = zlib.crc32(p, crc)
         return _HEADER.pack(_MAGIC, crc, len(tb), len(kb), sum(p.nbytes for p in pieces)) + tb + kb
 
-    def _read_header(self, path: str) -> Optional[tuple[str, str, int, int]]:
+    def _read_header(self, path: str) -> tuple[str, str, int, int] | None:
         """(key, tag, payload length, file size) of a page file, or None if it is not one."""
         try:
             with open(path, "rb") as f:
@@ -142,7 +143,7 @@ class FileStore(StorageBackend):
         with self._lock:
             self._evict_locked()
 
-    def _adopt(self, key: str) -> Optional[_Entry]:
+    def _adopt(self, key: str) -> _Entry | None:
         """The index entry of `key`, adopting a file another process wrote; None when absent."""
         with self._lock:
             entry = self._index.get(key)
@@ -196,7 +197,7 @@ class FileStore(StorageBackend):
         self._count(pages_set=1, bytes_set=payload_len)
         return True
 
-    def _evict_locked(self, keep: Optional[str] = None) -> None:
+    def _evict_locked(self, keep: str | None = None) -> None:
         """NOTE: caller holds `_lock`.  Deletes least recently used pages until within capacity."""
         if self.capacity_bytes is None:
             return
@@ -210,7 +211,7 @@ class FileStore(StorageBackend):
             self._count(evicted_pages=1)     # lock order: _lock, then the stats lock
 
     # -- read ---------------------------------------------------------------------------------
-    def _read(self, key: str, tag: str, payload_len: int) -> Optional[memoryview]:
+    def _read(self, key: str, tag: str, payload_len: int) -> memoryview | None:
         """The checked payload of `key` stored under `tag`, or None: a miss.
 
         A file that fails its check is deleted and dropped from the index."""
@@ -277,7 +278,7 @@ class FileStore(StorageBackend):
         key = self._key(key)
         return self._adopt(key) is not None
 
-    def set(self, key: str, value: Optional[torch.Tensor] = None, target_location: Any = None,
+    def set(self, key: str, value: torch.Tensor | None = None, target_location: Any = None,
             target_sizes: Any = None) -> bool:
         key = self._key(key)
         if not isinstance(value, torch.Tensor):
@@ -287,8 +288,8 @@ class FileStore(StorageBackend):
         data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
         return self._write(key, self._tag_for(data.nbytes), [memoryview(data)])
 
-    def get(self, key: str, target_location: Optional[torch.Tensor] = None,
-            target_sizes: Any = None) -> Optional[torch.Tensor]:
+    def get(self, key: str, target_location: torch.Tensor | None = None,
+            target_sizes: Any = None) -> torch.Tensor | None:
         key = self._key(key)
         if not isinstance(target_location, torch.Tensor) or not target_location.is_contiguous():
             raise StorageInputError("get needs a contiguous tensor target_location to read into")

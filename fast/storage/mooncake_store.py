@@ -34,7 +34,8 @@ import re
 import socket
 import subprocess
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ _DEFAULT_SEGMENT = 1 << 30          # bytes this client contributes to the distr
 _DEFAULT_LOCAL_BUFFER = 16 << 20    # Mooncake's staging buffer (the zero-copy calls bypass it)
 
 
-def mooncake_available() -> Optional[str]:
+def mooncake_available() -> str | None:
     """None when `mooncake.store` imports; otherwise why not (for skip reasons and errors)."""
     try:
         from mooncake.store import MooncakeDistributedStore  # noqa: F401
@@ -97,7 +98,7 @@ class MooncakeStore(StorageBackend):
                                protocol, device_name, master_server_address)
         if rc != 0:
             raise ConnectionError(f"Mooncake setup against master {master_server_address} failed (code {rc})")
-        self._registered: Optional[tuple[int, int]] = None
+        self._registered: tuple[int, int] | None = None
         self._tag = "raw"
 
     # -- names --------------------------------------------------------------------------------
@@ -134,7 +135,7 @@ class MooncakeStore(StorageBackend):
             logger.warning("mooncake: batch_is_exist failed: %s", e)
             return [-1] * len(names)
 
-    def set(self, key: str, value: Optional[torch.Tensor] = None, target_location: Any = None,
+    def set(self, key: str, value: torch.Tensor | None = None, target_location: Any = None,
             target_sizes: Any = None) -> bool:
         key = self._key(key)
         if not isinstance(value, torch.Tensor):
@@ -154,8 +155,8 @@ class MooncakeStore(StorageBackend):
         self._count(pages_set=1, bytes_set=len(data))
         return True
 
-    def get(self, key: str, target_location: Optional[torch.Tensor] = None,
-            target_sizes: Any = None) -> Optional[torch.Tensor]:
+    def get(self, key: str, target_location: torch.Tensor | None = None,
+            target_sizes: Any = None) -> torch.Tensor | None:
         key = self._key(key)
         if not isinstance(target_location, torch.Tensor) or not target_location.is_contiguous():
             raise StorageInputError("get needs a contiguous tensor target_location to read into")
@@ -168,7 +169,8 @@ class MooncakeStore(StorageBackend):
         if len(data) != nbytes:
             self._count(pages_missed=1)
             return None
-        target_location.reshape(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        target_location.reshape(-1).view(torch.uint8).copy_(
+            torch.frombuffer(bytearray(data), dtype=torch.uint8))
         self._count(pages_get=1, bytes_get=nbytes)
         return target_location
 
@@ -199,7 +201,7 @@ class MooncakeStore(StorageBackend):
                 except Exception as e:
                     logger.warning("mooncake: batch put failed: %s", e)
                     codes = [-1] * len(todo)
-                for j, c in zip(todo, codes):
+                for j, c in zip(todo, codes, strict=False):  # a short answer leaves the rest failed
                     ok[j] = c == 0
                 done = sum(1 for c in codes if c == 0)
                 self._count(pages_set=done, bytes_set=done * self.page_layout.page_bytes,
@@ -285,7 +287,7 @@ class MooncakeMaster:
     port (a restarted master has no objects).  `address` is what `MooncakeStore` takes.  The
     master's log goes to `log_path` when given, else nowhere."""
 
-    def __init__(self, port: Optional[int] = None, *, log_path: Optional[str] = None,
+    def __init__(self, port: int | None = None, *, log_path: str | None = None,
                  extra_args: Sequence[str] = ()) -> None:
         why = mooncake_available()
         if why is not None:
@@ -297,13 +299,13 @@ class MooncakeMaster:
         self.metrics_port = _free_port()
         self.log_path = log_path
         self.extra_args = list(extra_args)
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: subprocess.Popen | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 20.0) -> "MooncakeMaster":
+    def start(self, timeout_s: float = 20.0) -> MooncakeMaster:
         if self._proc is not None:
             raise RuntimeError("this mooncake_master is already running")
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -324,10 +326,11 @@ class MooncakeMaster:
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.2).close()
                 return self
-            except OSError:
+            except OSError as err:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise TimeoutError(f"mooncake_master did not listen on {self.address} in {timeout_s} s")
+                    raise TimeoutError(
+                        f"mooncake_master did not listen on {self.address} in {timeout_s} s") from err
                 time.sleep(0.05)
 
     def stop(self) -> None:
@@ -336,11 +339,11 @@ class MooncakeMaster:
             self._proc.wait()
             self._proc = None
 
-    def restart(self) -> "MooncakeMaster":
+    def restart(self) -> MooncakeMaster:
         self.stop()
         return self.start()
 
-    def __enter__(self) -> "MooncakeMaster":
+    def __enter__(self) -> MooncakeMaster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

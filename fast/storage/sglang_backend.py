@@ -21,7 +21,7 @@ MLA ranks share pages, so only the model (and pipeline stage) names them.  Every
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
@@ -71,7 +71,7 @@ class _ForSGLang:
 class UniradixFileStorage(_ForSGLang, FileStore, HiCacheStorage):
     """`FileStore` built the way SGLang's dynamic factory builds a backend: (storage_config, kwargs)."""
 
-    def __init__(self, storage_config: Any, kwargs: Optional[dict] = None) -> None:
+    def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
         s = _settings(storage_config, {"file_dir": str, "capacity_bytes": int, "fsync": bool})
         if "file_dir" not in s:
             raise StorageInputError("extra_config needs 'file_dir', the directory of the page files")
@@ -83,11 +83,12 @@ class UniradixFileStorage(_ForSGLang, FileStore, HiCacheStorage):
 class UniradixMooncakeStorage(_ForSGLang, MooncakeStore, HiCacheStorage):
     """`MooncakeStore` built the way SGLang's dynamic factory builds a backend."""
 
-    def __init__(self, storage_config: Any, kwargs: Optional[dict] = None) -> None:
+    def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
         s = _settings(storage_config, {
             "master_server_address": str, "local_hostname": str, "protocol": str, "device_name": str,
             "metadata_server": str, "global_segment_size": int, "namespace": str})
         if "master_server_address" not in s:
-            raise StorageInputError("extra_config needs 'master_server_address' (host:port of mooncake_master)")
+            raise StorageInputError(
+                "extra_config needs 'master_server_address' (host:port of mooncake_master)")
         MooncakeStore.__init__(self, s.pop("master_server_address"), **s)
         self.key_prefix = rank_namespace(storage_config)

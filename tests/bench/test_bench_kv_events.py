@@ -18,8 +18,14 @@ import zmq
 
 from uniradix.fast.event_fold import RouterView
 from uniradix.fast.kv_events import (
-    BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig, KVEventSubscriber,
-    NullEventPublisher, ZmqEventPublisher, encode_batch,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KVEventsConfig,
+    KVEventSubscriber,
+    NullEventPublisher,
+    ZmqEventPublisher,
+    encode_batch,
 )
 
 PAGE = 16
