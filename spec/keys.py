@@ -13,6 +13,7 @@ CrossHair in the test suite (tests/test_crosshair.py).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Any, Protocol, TypeVar
 
 Unit = Hashable  # an int token, or a (token, token) pair in bigram view
 # The same, spelled out for CrossHair: left as Hashable, it also draws elements of arbitrary
@@ -29,7 +30,7 @@ def bigram_view(tokens: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return tuple((tokens[i], tokens[i + 1]) for i in range(len(tokens) - 1))
 
 
-def to_units(tokens: Sequence[int], bigram: bool) -> tuple:
+def to_units(tokens: Sequence[int], bigram: bool) -> tuple[UnitValue, ...]:
     """The logical units of a token sequence: the tokens themselves, or their bigram view.
 
     post: len(__return__) == (max(0, len(tokens) - 1) if bigram else len(tokens))
@@ -37,7 +38,8 @@ def to_units(tokens: Sequence[int], bigram: bool) -> tuple:
     return bigram_view(tokens) if bigram else tuple(tokens)
 
 
-def units_to_tokens(units: Sequence, bigram: bool) -> list:
+# Any: the units are ints or (token, token) pairs as ``bigram`` says, which no static type can tie.
+def units_to_tokens(units: Sequence[Any], bigram: bool) -> list[int]:
     """Inverse of :func:`to_units` for a non-empty bigram key (the raw tokens it spans).
 
     pre: bigram == False or all(isinstance(u, tuple) and len(u) == 2 for u in units)
@@ -63,7 +65,7 @@ def page_aligned_len(n: int, page_size: int) -> int:
     return n - n % page_size
 
 
-def child_key(units: Sequence, page_size: int) -> tuple:
+def child_key(units: Sequence[UnitValue], page_size: int) -> tuple[UnitValue, ...]:
     """The first page of a key: what tells a node's children apart.
 
     pre: page_size >= 1
@@ -74,7 +76,8 @@ def child_key(units: Sequence, page_size: int) -> tuple:
     return tuple(units[:page_size])
 
 
-def namespaced_child_key(extra_key: str | None, units: Sequence, page_size: int) -> tuple:
+def namespaced_child_key(extra_key: str | None, units: Sequence[UnitValue],
+                         page_size: int) -> tuple[str | None, tuple[UnitValue, ...]]:
     """A child key within its ``extra_key`` namespace: keys with different extra_keys never
     share a node, because their child keys differ at the root.
 
@@ -112,8 +115,18 @@ def split_point_ok(key_len: int, split_len: int, page_size: int) -> bool:
     return 0 < split_len < key_len and split_len % page_size == 0 and key_len % page_size == 0
 
 
-def oldest(stamps: Sequence[tuple[int, int]]) -> int:
-    """Victim selection: the index of the oldest access stamp (stamps are distinct).
+class Ordered(Protocol):
+    """What :func:`oldest` compares: stamps, and the eviction keys made of them."""
+
+    def __lt__(self, other: Any, /) -> bool: ...
+
+
+StampT = TypeVar("StampT", bound=Ordered)
+
+
+def oldest(stamps: Sequence[StampT]) -> int:
+    """Victim selection: the index of the oldest access stamp (stamps are distinct), or of the
+    smallest eviction key (spec/policies.py).
 
     pre: len(stamps) > 0
     post: 0 <= __return__ < len(stamps)

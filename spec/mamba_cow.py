@@ -24,6 +24,7 @@ from . import cache as rules
 from . import components
 from .errors import InvalidInput
 from .state import CacheState, Node, all_nodes
+from .world import PagedPool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +34,20 @@ class CowOutcome:
     dst: int | None  # the request's own state slot; None: none could be had
 
 
-def check_request_slot(state: CacheState, slot) -> int | None:
+def mamba_pool(state: CacheState) -> PagedPool:
+    """The Mamba state pool; a state without the Mamba component has none."""
+    if state.mamba is None:
+        raise InvalidInput("match_prefix: cow_mamba needs the Mamba component")
+    return state.mamba
+
+
+def check_request_slot(state: CacheState, slot: object) -> int | None:
     """The request's current state slot (None: it has none) must be the request's own."""
     if slot is None:
         return None
     if isinstance(slot, bool) or not isinstance(slot, int):
         raise InvalidInput(f"match_prefix: mamba_slot must be null or an int, got {slot!r}")
-    if not state.mamba.is_allocated(slot):
+    if not mamba_pool(state).is_allocated(slot):
         raise InvalidInput(f"match_prefix: mamba_slot {slot} is not allocated")
     if any(components.has(n, "mamba") and n.aux["mamba"].value[0] == slot
            for n in all_nodes(state)):
@@ -67,10 +75,11 @@ def match_prefix_cow(state: CacheState, tokens: Sequence[int], extra_key: str | 
 def take_state_slot(state: CacheState, keep: Node) -> int | None:
     """A fresh Mamba state slot, evicting one state (never ``keep``'s) when the pool is empty;
     None when nothing could be evicted."""
-    if state.mamba.available_size() == 0:
+    pool = mamba_pool(state)
+    if pool.available_size() == 0:
         handle = rules.inc_lock_ref(state, keep)
         components.evict(state, 0, mamba_num=1)
         rules.dec_lock_ref(state, handle)
-    if state.mamba.available_size() == 0:
+    if pool.available_size() == 0:
         return None
-    return state.mamba.alloc(1)[0]
+    return pool.alloc(1)[0]

@@ -34,8 +34,11 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .errors import Unsupported
+from .state import CacheState, Node
 
-Stamp = tuple  # (tick, rank), see spec/cache.py
+Stamp = tuple[int, int]  # (tick, rank), see spec/cache.py
+# A place in an eviction order: ints and stamps, compared left to right (smallest goes first).
+EvictionKey = tuple[int | tuple[int, ...], ...]
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 # SLRU: a node with at least this many hits is in the protected segment (0.5.13.post1's default)
@@ -51,7 +54,7 @@ class NodeFacts(NamedTuple):
     priority: int
 
 
-def newest_first(stamp: Stamp) -> Stamp:
+def newest_first(stamp: tuple[int, ...]) -> tuple[int, ...]:
     """A stamp whose order is the reverse of ``stamp``'s (for MRU and FILO).
 
     post: len(__return__) == len(stamp)
@@ -60,7 +63,7 @@ def newest_first(stamp: Stamp) -> Stamp:
     return tuple(-x for x in stamp)
 
 
-def lru_key(f: NodeFacts) -> tuple:
+def lru_key(f: NodeFacts) -> EvictionKey:
     """Least recently used first.
 
     post: __return__ == (f.stamp,)
@@ -68,7 +71,7 @@ def lru_key(f: NodeFacts) -> tuple:
     return (f.stamp,)
 
 
-def lfu_key(f: NodeFacts) -> tuple:
+def lfu_key(f: NodeFacts) -> EvictionKey:
     """Fewest hits first; among equal counts, least recently used first.
 
     post: __return__[0] == f.hit_count
@@ -76,7 +79,7 @@ def lfu_key(f: NodeFacts) -> tuple:
     return (f.hit_count, f.stamp)
 
 
-def fifo_key(f: NodeFacts) -> tuple:
+def fifo_key(f: NodeFacts) -> EvictionKey:
     """Oldest creation first (a split keeps the creation of the data); ties by last access.
 
     post: __return__ == (f.created, f.stamp)
@@ -84,7 +87,7 @@ def fifo_key(f: NodeFacts) -> tuple:
     return (f.created, f.stamp)
 
 
-def mru_key(f: NodeFacts) -> tuple:
+def mru_key(f: NodeFacts) -> EvictionKey:
     """Most recently used first.
 
     post: __return__ == (newest_first(f.stamp),)
@@ -92,7 +95,7 @@ def mru_key(f: NodeFacts) -> tuple:
     return (newest_first(f.stamp),)
 
 
-def filo_key(f: NodeFacts) -> tuple:
+def filo_key(f: NodeFacts) -> EvictionKey:
     """Newest creation first; ties by last access, least recent first.
 
     post: __return__ == (newest_first(f.created), f.stamp)
@@ -100,7 +103,7 @@ def filo_key(f: NodeFacts) -> tuple:
     return (newest_first(f.created), f.stamp)
 
 
-def priority_key(f: NodeFacts) -> tuple:
+def priority_key(f: NodeFacts) -> EvictionKey:
     """Lowest priority first; within a priority, least recently used first.
 
     post: __return__[0] == f.priority
@@ -116,7 +119,7 @@ def slru_segment(hit_count: int) -> int:
     return 1 if hit_count >= SLRU_PROTECTED_HITS else 0
 
 
-def slru_key(f: NodeFacts) -> tuple:
+def slru_key(f: NodeFacts) -> EvictionKey:
     """The probationary segment before the protected one; least recently used first in each.
 
     post: __return__ == (slru_segment(f.hit_count), f.stamp)
@@ -124,7 +127,7 @@ def slru_key(f: NodeFacts) -> tuple:
     return (slru_segment(f.hit_count), f.stamp)
 
 
-KEYS: dict[str, Callable[[NodeFacts], tuple]] = {
+KEYS: dict[str, Callable[[NodeFacts], EvictionKey]] = {
     "lru": lru_key,
     "lfu": lfu_key,
     "fifo": fifo_key,
@@ -144,11 +147,11 @@ def check_policy(name: object) -> str:
     return name
 
 
-def facts(node) -> NodeFacts:
+def facts(node: Node) -> NodeFacts:
     return NodeFacts(node.stamp, node.created, node.hit_count, node.priority)
 
 
-def eviction_key(state, node) -> tuple:
+def eviction_key(state: CacheState, node: Node) -> EvictionKey:
     """The node's place in the eviction order of the cache's policy (smallest goes first)."""
     return KEYS[state.config.eviction_policy](facts(node))
 
@@ -158,13 +161,13 @@ def eviction_key(state, node) -> tuple:
 # ----------------------------------------------------------------------------------------------
 
 
-def follows_upstream_hit_counts(state) -> bool:
+def follows_upstream_hit_counts(state: CacheState) -> bool:
     """Whether hits follow 0.5.13.post1's rules (counted without a host tier, copied on a
     split) rather than the seed's: under every policy but ``lru``."""
     return state.config.eviction_policy != "lru"
 
 
-def inherit_on_split(state, upper, child) -> None:
+def inherit_on_split(state: CacheState, upper: Node, child: Node) -> None:
     """A split's upper node: the child's creation and priority (and, under 0.5.13.post1's
     hit rules, its hit count)."""
     upper.created = child.created
@@ -173,7 +176,7 @@ def inherit_on_split(state, upper, child) -> None:
         upper.hit_count = child.hit_count
 
 
-def raise_priority(node, priority: int) -> None:
+def raise_priority(node: Node, priority: int) -> None:
     """An insert walking through ``node`` raises its priority to the insert's."""
     if not node.is_root:
         node.priority = higher_priority(node.priority, priority)

@@ -32,7 +32,7 @@ def device_eviction_order(state: CacheState) -> list[Node]:
     return sorted(device_leaves(state), key=lambda n: eviction_key(state, n))
 
 
-def oldest_device_leaf(state: CacheState):
+def oldest_device_leaf(state: CacheState) -> Node | None:
     """The victim of the next device eviction, or None when nothing is evictable."""
     leaves = device_leaves(state)
     if not leaves:

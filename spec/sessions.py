@@ -28,9 +28,11 @@ as in the seed.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
 from . import cache as rules
 from .errors import InvalidInput
+from .queries import tree_slots
 from .state import CacheState, LockHandle
 
 
@@ -40,12 +42,29 @@ class SessionSlot:
 
     session: str
     extra_key: str | None
-    row: list                    # the parked row: the tree's prefix, then the session's own slots
-    tokens: list                 # the token ids of row[:committed]
+    row: list[int]               # the parked row: the tree's prefix, then the session's own slots
+    tokens: list[int]            # the token ids of row[:committed]
     committed: int
     lock: LockHandle | None   # the first turn's tree lock (None on a disabled cache)
     protected: int               # the first turn's protected length (the tree's slots)
     active: str | None = None  # the rid of the request restored from it, while it runs
+
+
+class SessionRequest(Protocol):
+    """What the session rules read and write of a request (spec/requests.py's ``Request``)."""
+
+    rid: str
+    input_ids: list[int]
+    extra_key: str | None
+    row: list[int]
+    committed: int
+    cache_protected_len: int
+    lock: LockHandle | None
+    admitted: bool
+    session: str | None
+
+    @property
+    def all_ids(self) -> list[int]: ...
 
 
 def ceil_pages(n: int, page_size: int) -> int:
@@ -58,13 +77,13 @@ def slot_of(state: CacheState, session: str | None) -> SessionSlot | None:
     return None if session is None else state.sessions.get(session)
 
 
-def check_session_arg(session) -> str | None:
+def check_session_arg(session: object) -> str | None:
     if session is not None and (not isinstance(session, str) or not session):
         raise InvalidInput(f"session must be null or a non-empty string, got {session!r}")
     return session
 
 
-def check_arrival(state: CacheState, session: str | None, tokens: list,
+def check_arrival(state: CacheState, session: str | None, tokens: list[int],
                   extra_key: str | None) -> None:
     """A session runs one request at a time; a request restored from a slot continues the
     slot's tokens under the slot's extra_key."""
@@ -88,7 +107,7 @@ def check_arrival(state: CacheState, session: str | None, tokens: list,
 # ----------------------------------------------------------------------------------------------
 
 
-def try_restore(state: CacheState, req) -> int | None:
+def try_restore(state: CacheState, req: SessionRequest) -> int | None:
     """Admission from the session's slot (the seed's ``try_match_prefix``): the prefix is the
     slot's committed tokens, at most the prompt minus its last token; the row's pages past the
     prefix go back to the pool.  None when the request has no slot to restore from."""
@@ -113,26 +132,34 @@ def try_restore(state: CacheState, req) -> int | None:
     return prefix
 
 
-def skips_tree_on_unfinished(state: CacheState, req, chunked: bool) -> bool:
+def skips_tree_on_unfinished(state: CacheState, req: SessionRequest, chunked: bool) -> bool:
     """``cache_unfinished_req`` of a session request skips the tree when the prefill is chunked
     or the session already has a slot; a first turn's final prefill goes through the tree (it
     sets up the lock the slot will keep)."""
     return req.session is not None and (chunked or slot_of(state, req.session) is not None)
 
 
-def park(state: CacheState, req) -> None:
+def session_of(req: SessionRequest) -> str:
+    """The session a request runs in; the session rules take only requests that name one."""
+    if req.session is None:
+        raise InvalidInput(f"req {req.rid!r} runs in no session")
+    return req.session
+
+
+def park(state: CacheState, req: SessionRequest) -> None:
     """A session request finishes: free the overshoot past its tokens (whole pages past them),
     then park its row in the slot (made on the first turn, with that turn's lock and protected
     length).  Nothing is inserted, the lock is kept."""
+    session = session_of(req)
     target = ceil_pages(len(req.all_ids), state.config.page_size)
     state.kv.free(req.row[target:])
     del req.row[target:]
     committed = min(req.committed, len(req.all_ids))
-    slot = slot_of(state, req.session)
+    slot = slot_of(state, session)
     if slot is None:
-        slot = SessionSlot(session=req.session, extra_key=req.extra_key, row=req.row, tokens=[],
+        slot = SessionSlot(session=session, extra_key=req.extra_key, row=req.row, tokens=[],
                            committed=0, lock=req.lock, protected=req.cache_protected_len)
-        state.sessions[req.session] = slot
+        state.sessions[session] = slot
     slot.row = req.row
     slot.committed = committed
     slot.tokens = req.all_ids[:committed]
@@ -140,23 +167,24 @@ def park(state: CacheState, req) -> None:
     del state.requests[req.rid]
 
 
-def abort_running(state: CacheState, req) -> None:
+def abort_running(state: CacheState, req: SessionRequest) -> None:
     """A session request aborted while running: the whole session goes (the seed's
     mid-processing abort): its lock is released, the row's own slots freed, the slot dropped;
     the session's next request starts from scratch."""
-    slot = slot_of(state, req.session)
+    session = session_of(req)
+    slot = slot_of(state, session)
     if slot is None:  # first turn: the request's own lock and row
-        slot = SessionSlot(session=req.session, extra_key=req.extra_key, row=req.row, tokens=[],
+        slot = SessionSlot(session=session, extra_key=req.extra_key, row=req.row, tokens=[],
                            committed=req.committed, lock=req.lock,
                            protected=req.cache_protected_len)
-        state.sessions[req.session] = slot
+        state.sessions[session] = slot
     slot.row = req.row
     slot.active = None
     del state.requests[req.rid]
-    release_session(state, req.session)
+    release_session(state, session)
 
 
-def release_session(state: CacheState, session) -> None:
+def release_session(state: CacheState, session: object) -> None:
     """End a session: release the first turn's lock and free the row's own slots."""
     session = check_session_arg(session)
     if session is None:
@@ -177,7 +205,7 @@ def release_session(state: CacheState, session) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def parked(state: CacheState) -> list:
+def parked(state: CacheState) -> list[SessionSlot]:
     """Slots whose row no running request holds."""
     return [s for s in state.sessions.values() if s.active is None]
 
@@ -196,10 +224,9 @@ def session_invariants(state: CacheState) -> list[str]:
     """A parked row starts with the tree's slots along its locked path, up to the protected
     length; its own slots are allocated, not the tree's, and held by no other row; a slot's
     lock is live; an active slot's request is running from it."""
-    from .queries import tree_slots
     errors: list[str] = []
     tree = set(tree_slots(state))
-    seen: dict = {}
+    seen: dict[int, str] = {}
     for r in state.requests.values():
         if r.admitted:
             for s in r.row[r.cache_protected_len:]:
@@ -211,11 +238,13 @@ def session_invariants(state: CacheState) -> list[str]:
                 errors.append(f"[session] {name}: active request {slot.active!r} is not "
                               "running from the slot")
             continue
-        if slot.lock is not None:
-            if state.handles.get(slot.lock.serial) is not slot.lock:
+        lock = slot.lock
+        if lock is not None:
+            locked = lock.node
+            if state.handles.get(lock.serial) is not lock:
                 errors.append(f"[session] {name}: its lock is not live")
                 continue
-            path = [s for n in reversed(list(slot.lock.node.ancestors_to_root()))
+            path = [s for n in reversed(list(locked.ancestors_to_root()))
                     if n.value is not None for s in n.value]
             if slot.row[: slot.protected] != path[: slot.protected] or len(path) < slot.protected:
                 errors.append(f"[session] {name}: protected prefix is not the tree's slots")
@@ -233,7 +262,7 @@ def session_invariants(state: CacheState) -> list[str]:
     return errors
 
 
-def sessions_view(state: CacheState) -> list:
+def sessions_view(state: CacheState) -> list[dict[str, Any]]:
     return [{"session": name, "row": list(s.row), "committed": s.committed,
              "protected": s.protected, "active": s.active}
             for name, s in sorted(state.sessions.items())]

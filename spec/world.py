@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
+from .config import CacheConfig
 from .errors import AllocatorError, InvalidInput
 
 
@@ -141,11 +142,11 @@ class HybridKVPool(PagedPool):
         self.full_to_swa.update(zip(full, swa, strict=True))
         return full
 
-    def translate(self, full_slots) -> tuple:
+    def translate(self, full_slots: Iterable[int]) -> tuple[int, ...]:
         """The SWA slot of each full slot (0 where it has none)."""
         return tuple(self.full_to_swa.get(s, 0) for s in full_slots)
 
-    def mapped_swa(self, full_slots) -> list[int]:
+    def mapped_swa(self, full_slots: Iterable[int]) -> list[int]:
         return [w for w in self.translate(full_slots) if w > 0]
 
     def free(self, slots: Iterable[int]) -> None:
@@ -168,7 +169,7 @@ class HybridKVPool(PagedPool):
         self.full_to_swa.clear()
 
 
-def hybrid_pools(config) -> tuple:
+def hybrid_pools(config: CacheConfig) -> tuple[PagedPool, PagedPool | None]:
     """The KV pool and the Mamba pool (or None) of a hybrid config: with SWA the KV pool is a
     :class:`HybridKVPool`; with Mamba a page-size-1 pool of ``mamba_slots`` states."""
     if "swa" in config.components:
