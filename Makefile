@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 
-.PHONY: run test bench check nightly install browser ibverbs upstream-venv corpus gpu-bench clean
+.PHONY: run test lint bench check nightly install browser ibverbs upstream-venv corpus gpu-bench clean
 
 # Editable: the tests and commands always run the working tree (fast/_core.c is rebuilt when it
 # or the build files change).
@@ -21,8 +21,18 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/uniradix run --json bench-results/run.json --dashboard bench-results/dashboard.html
 
-test: install browser ibverbs
+test: install browser ibverbs lint
 	$(PY) -m pytest -q
+
+# ruff over the tree, then mypy over the four packages (docs/LINT.md; settings in pyproject.toml).
+# mypy reads them by their installed names from links under build/typecheck/uniradix/; its
+# report names the files by their repo paths.
+lint: install
+	$(VENV)/bin/ruff check .
+	@mkdir -p build/typecheck/uniradix
+	@for p in spec fast kernels conformance; do ln -sfn ../../../$$p build/typecheck/uniradix/$$p; done
+	@out=$$($(VENV)/bin/mypy 2>&1); rc=$$?; \
+	  printf '%s\n' "$$out" | sed 's#^build/typecheck/uniradix/##'; exit $$rc
 
 # Headless Chromium for tests/test_dashboard_browser.py: Debian's package, installed only where
 # no chromium is on PATH (as root, with apt-get; otherwise the browser test skips and says why).

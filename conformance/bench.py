@@ -273,7 +273,9 @@ class ApiBundle:
     InsertParams: Any
     EvictParams: Any
     values: Any  # spec_api.TorchValues or ArrayValues: how the harness builds and joins values
-    build: Callable[[PagedPool], tuple]  # pool -> (cache, allocator)
+    # bench.py: pool -> (cache, allocator); bench_hybrid.py: (kv_slots, page_size) -> (cache,
+    # allocator, request pool)
+    build: Callable[..., tuple]
 
 
 def spec_bundle() -> ApiBundle:

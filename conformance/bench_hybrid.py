@@ -31,6 +31,7 @@ import struct
 import time
 import types
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from uniradix.conformance.bench import (
     OPS,
@@ -176,7 +177,8 @@ def run_hybrid_bench(bundle: ApiBundle, workload: BenchWorkload, kind: str) -> B
     """bench.py's loop with the SWA or Mamba additions (module docstring)."""
     ps = workload.page_size
     cache, alloc, req_pool = bundle.build(workload.kv_slots, ps)
-    mamba = req_pool.mamba_allocator if req_pool is not None else None
+    # Mamba's state allocator (used only when kind == "mamba"): upstream's or uniradix's, untyped
+    mamba: Any = req_pool.mamba_allocator if req_pool is not None else None
     RadixKey, MatchP, InsertP, EvictP = (bundle.RadixKey, bundle.MatchPrefixParams,
                                          bundle.InsertParams, bundle.EvictParams)
     values = bundle.values

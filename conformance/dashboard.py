@@ -181,21 +181,21 @@ def hbar_chart(rows: list[tuple[str, dict | None, str]], unit: str, log: bool = 
                width: int = 420, bar_h: int = 18) -> str:
     """Horizontal bars (median) with min–max whiskers; a log axis when the values span orders of
     magnitude."""
-    rows = [r for r in rows if r[1]]
-    if not rows:
+    bars = [(label, s, col) for label, s, col in rows if s]
+    if not bars:
         return ""
     label_w, right = 104, 84
     pw = width - label_w - right
-    height = 8 + len(rows) * (bar_h + 8)
-    hi = max(s["max"] for _, s, _ in rows) or 1.0
-    lo_pos = min((s["min"] for _, s, _ in rows if s["min"] > 0), default=hi) if log else 0.0
+    height = 8 + len(bars) * (bar_h + 8)
+    hi = max(s["max"] for _, s, _ in bars) or 1.0
+    lo_pos = min((s["min"] for _, s, _ in bars if s["min"] > 0), default=hi) if log else 0.0
     if log:
         a, b = math.log10(lo_pos) - 0.3, math.log10(hi)
         sx = lambda v: label_w + pw * (math.log10(max(v, 1e-12)) - a) / (b - a)  # noqa: E731
     else:
         sx = lambda v: label_w + pw * v / hi  # noqa: E731
     out = [f'<svg class=bars viewBox="0 0 {width} {height}" width="{width}" height="{height}">']
-    for k, (label, s, col) in enumerate(rows):
+    for k, (label, s, col) in enumerate(bars):
         y0 = 6 + k * (bar_h + 8)
         xm = sx(s["median"])
         out.append(f'<text x="{label_w - 8}" y="{y0 + bar_h - 5}" class=bl>{esc(label)}</text>'
@@ -341,10 +341,10 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                      f'outcomes identical: {sum(flags)}/{len(flags)} figures</span>')
     kern, kern_m, kern_commit = None, {}, None
     for g in reversed(history):  # the latest commit with a kernel run (GPU runs are rare)
-        k, km = g.kernels()
-        if k and (kern is None or (kern.get("smoke") and not k.get("smoke"))):
-            kern, kern_m, kern_commit = k, km, g
-            if not k.get("smoke"):
+        kr, km = g.kernels()
+        if kr and (kern is None or (kern.get("smoke") and not kr.get("smoke"))):
+            kern, kern_m, kern_commit = kr, km, g
+            if not kr.get("smoke"):
                 break
     pills.append('<span class=pill>' + (f"kernels: {esc(kern['device'])}" if kern else
                                          "kernels: no GPU run") + '</span>')
@@ -479,7 +479,7 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
 
     # ---- kernels
     body.append('<h2 id=kernels>HiCache copy kernels</h2>')
-    if kern:
+    if kern and kern_commit is not None:  # found together
         c = kern.get("ceilings_gbps", {})
         smoke = (' <span class=no>CPU smoke run: the numbers mean nothing</span>' if kern.get("smoke")
                  else "")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from uniradix.conformance.adapters import SpecAdapter
@@ -41,6 +42,8 @@ from uniradix.conformance.exhaustive import (
     spec_fingerprint,
 )
 from uniradix.spec.config import CacheConfig
+from uniradix.spec.host import HostTier
+from uniradix.spec.storage import StorageTier
 
 MAX_PREFETCHES = 2
 
@@ -79,7 +82,8 @@ class StorageSpecAdapter(SpecAdapter):
 
     def fingerprint(self) -> tuple:
         st = self.state
-        tier = st.storage
+        tier, host = st.storage, st.host
+        assert isinstance(tier, StorageTier) and isinstance(host, HostTier)  # a storage universe
         path = _node_path
 
         def op_view(op) -> tuple:
@@ -89,7 +93,7 @@ class StorageSpecAdapter(SpecAdapter):
                     op.transfer_done, op.slots[op.taken:end], tuple(op.loaded), op.start)
         env = tuple(op_view(op) for op in tier.prefetches)
         backups = tuple((path(b.node), b.keys, b.done) for b in tier.backups)
-        acks = tuple((path(a.node), a.done, a.lock is not None) for a in st.host.writes + st.host.loads)
+        acks = tuple((path(a.node), a.done, a.lock is not None) for a in host.writes + host.loads)
         frags = tuple(sorted(tuple(path(n) for n in v) for v in tier.fragments.values()))
         return (spec_fingerprint(self), env, backups, acks, frags, tier.next_serial)
 
@@ -107,17 +111,18 @@ def run_serve_settle(d: Driver, tokens: list) -> None:
         d.step(op, args)
 
 
-def run_flush(d: Driver, u: Universe) -> None:
+def run_flush(d: Driver, u: StorageUniverse) -> None:
     """Device and host eviction of everything unlocked (the store keeps its pages)."""
     d.step("evict", {"num_tokens": u.kv_slots})
     d.step("evict_host", {"num_tokens": u.host_slots})
 
 
 def t_serve(u: Universe, w: World) -> Iterator[Transition]:
+    assert isinstance(u, StorageUniverse)  # this family runs over storage universes only
     for toks, ek in u.keys():
-        yield Transition(f"serve {toks}", lambda d, t=toks, e=ek: run_serve(d, t, e))
-        yield Transition(f"serve+settle {toks}", lambda d, t=toks: run_serve_settle(d, t))
-    yield Transition("flush", lambda d: run_flush(d, u))
+        yield Transition(f"serve {toks}", partial(run_serve, tokens=toks, ek=ek))
+        yield Transition(f"serve+settle {toks}", partial(run_serve_settle, tokens=toks))
+    yield Transition("flush", partial(run_flush, u=u))
 
 
 def run_arrive(d: Driver, tokens: list, rid: str) -> None:
@@ -133,7 +138,7 @@ def t_arrive(u: Universe, w: World) -> Iterator[Transition]:
         return
     rid = next(f"p{k}" for k in range(10) if f"p{k}" not in w.storage_rids)
     for toks, _ in u.keys():
-        yield Transition(f"arrive {toks} {rid}", lambda d, t=toks, r=rid: run_arrive(d, t, r))
+        yield Transition(f"arrive {toks} {rid}", partial(run_arrive, tokens=toks, rid=rid))
 
 
 def run_progress(d: Driver, rid: str) -> None:
@@ -143,7 +148,7 @@ def run_progress(d: Driver, rid: str) -> None:
 
 def t_prefetch_steps(u: Universe, w: World) -> Iterator[Transition]:
     for rid in w.storage_rids:
-        yield Transition(f"progress {rid}", lambda d, r=rid: run_progress(d, r))
+        yield Transition(f"progress {rid}", partial(run_progress, rid=rid))
         yield Transition(f"terminate {rid}", single("terminate_prefetch", {"rid": rid}))
         yield Transition(f"abort {rid}", single("release_aborted_request", {"rid": rid}))
         yield Transition(f"load {rid} 1", single("storage_load", {"rid": rid, "pages": 1}))

@@ -81,6 +81,7 @@ def machine_info() -> dict:
         load = [round(x, 2) for x in os.getloadavg()]
     except (OSError, AttributeError):
         load = None
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -195,8 +196,9 @@ def _memory_row(m: dict) -> dict:
 
 
 def _from_run(data: dict) -> dict:
-    figures = {"throughput": [_throughput_from_comparison(c) for c in data.get("bench", [])],
-               "memory": [_memory_row(m) for m in data.get("memory", [])]}
+    figures: dict[str, Any] = {
+        "throughput": [_throughput_from_comparison(c) for c in data.get("bench", [])],
+        "memory": [_memory_row(m) for m in data.get("memory", [])]}
     conf: dict = {}
     if data.get("corpus"):
         conf["corpus"] = {impl: {k: c.get(k) for k in ("traces", "steps", "divergences")}
@@ -239,7 +241,8 @@ def _from_pytest_benchmark(data: dict) -> dict:
             else:
                 rps = stat([med], 1)
                 sources.add("none")
-            rounds = max(rounds, rps["n"])
+            if rps is not None:  # None: no round recorded a number
+                rounds = max(rounds, rps["n"])
             impls[x["impl"]] = {
                 "version": x.get("version"), "requests_per_s": rps,
                 "op_us": {op: stat([us], 2) for op, us in (x.get("op_median_us") or {}).items()},

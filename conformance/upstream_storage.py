@@ -342,7 +342,7 @@ class UpstreamStorageAdapter(UpstreamHostAdapter):
     def snapshot(self) -> dict:
         snap = super().snapshot()
         cache, cc = self.cache, self.controller
-        keys = []
+        keys: list[dict[str, Any]] = []
         for node in self._walk_nodes():
             if node is self.root:
                 continue

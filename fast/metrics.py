@@ -285,17 +285,19 @@ class CacheMetrics:
         """Per-I/O-batch figures a storage backend collected since the last call (upstream's
         ``StorageMetrics``): pages per prefetch / backup batch and their bandwidths in GB/s."""
         self._need_storage()
-        for name, vals in (("prefetch_pages", prefetch_pages), ("backup_pages", backup_pages)):
-            for v in vals:
+        for name, pages in (("prefetch_pages", prefetch_pages), ("backup_pages", backup_pages)):
+            for v in pages:
                 _check_count(name, v)
-        for name, vals in (("prefetch_gbps", prefetch_gbps), ("backup_gbps", backup_gbps)):
-            for v in vals:
-                _check_seconds(name, v)
+        for name, gbps in (("prefetch_gbps", prefetch_gbps), ("backup_gbps", backup_gbps)):
+            for x in gbps:
+                _check_seconds(name, x)
+        observed: tuple[tuple[Histogram, Sequence[float]], ...] = (
+            (self._prefetch_pgs, prefetch_pages), (self._backup_pgs, backup_pages),
+            (self._prefetch_bw, prefetch_gbps), (self._backup_bw, backup_gbps))
         with self._lock:
-            for h, vals in ((self._prefetch_pgs, prefetch_pages), (self._backup_pgs, backup_pages),
-                            (self._prefetch_bw, prefetch_gbps), (self._backup_bw, backup_gbps)):
-                for v in vals:
-                    h.observe(v)
+            for h, vals in observed:
+                for value in vals:
+                    h.observe(value)
 
 
 class MetricsServer:

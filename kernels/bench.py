@@ -105,7 +105,7 @@ class PerPageCopier:
         self._rt = None
         if cuda:
             try:
-                from cuda.bindings import runtime as rt  # type: ignore
+                from cuda.bindings import runtime as rt
                 self._rt = rt
                 self.mode = "cudaMemcpyAsync"
             except Exception:  # noqa: BLE001 - any import problem means: use torch
@@ -318,15 +318,16 @@ def main(argv=None) -> int:
         return 0
     if args.cpu_smoke and not cuda and not INTERPRET:
         # The interpreter must be chosen before triton is imported: run again with it set.
-        env = dict(os.environ, TRITON_INTERPRET="1")
         os.execve(sys.executable,
-                  [sys.executable, "-m", "uniradix.kernels.bench", *(argv or sys.argv[1:])], env)
+                  [sys.executable, "-m", "uniradix.kernels.bench", *(argv or sys.argv[1:])],
+                  dict(os.environ, TRITON_INTERPRET="1"))
     dev = torch.device("cuda" if cuda and not args.cpu_smoke else "cpu")
     if not available_for(dev):
         print(f"uniradix.kernels.bench: Triton cannot run on {dev} here (is triton installed?)",
               file=sys.stderr)
         return 1
     clock = Clock(dev.type == "cuda")
+    page_kib: tuple[int, ...]
     if args.cpu_smoke:
         payload, reps, ceil_bytes = 128 * KiB, 1, 4 * MiB
         page_sizes, page_kib, max_calls = (1, 16, 64), (4,), 64
@@ -351,17 +352,16 @@ def main(argv=None) -> int:
                     skipped.append(f"{layout.value}/page {P}/{kib} KiB")
                     continue
                 rows += bench_config(clock, dev, raw_dev, raw_host, layout, P, kib * KiB, payload, reps,
-                                     copier,
-                                     max_calls)
+                                     copier, max_calls)
                 print(f"  {layout.value} page {P} {kib} KiB done ({time.time() - started:.0f} s)",
                       file=sys.stderr)
     judge(rows, ceil)
     print_table(rows, ceil)
     if skipped:
         print(f"over the {args.budget:.0f} s budget, not measured: {', '.join(skipped)}")
-    env = {
+    env: dict[str, object] = {
         "device": (torch.cuda.get_device_name() if dev.type == "cuda"
-                  else "cpu (smoke run: numbers mean nothing)"),
+                   else "cpu (smoke run: numbers mean nothing)"),
         "torch": torch.__version__,
         "triton": _triton_version(),
         "memcpy_engine": copier.mode,

@@ -113,6 +113,7 @@ class KVGeometry:
             raise KernelInputError(
                 f"host pool tokens ({tokens}) must be a multiple of the page size ({self.page_size})")
         L, P, H, D = self.layers, self.page_size, self.heads, self.head_dim
+        inner: tuple[int, ...]
         if layout is Layout.LAYER_FIRST:
             inner = (L, tokens, H, D)
         elif layout is Layout.PAGE_FIRST:

@@ -98,10 +98,10 @@ def check_copy(device: DevicePool, host: HostPool, device_indices, host_indices,
              ("host_indices", host_indices, host.tokens, to_host)]
     stats = [_stats(idx, g.page_size) for _, idx, _, _ in sides]
     if stats[0].device == stats[1].device:
-        values = torch.stack(stats).tolist()
+        found = torch.stack(stats).tolist()
     else:
-        values = [s.tolist() for s in stats]
-    for (name, idx, bound, is_dst), (lo, hi, runs, distinct) in zip(sides, values, strict=True):
+        found = [s.tolist() for s in stats]
+    for (name, idx, bound, is_dst), (lo, hi, runs, distinct) in zip(sides, found, strict=True):
         if lo < 0 or hi >= bound:
             k = _first_bad(idx, bound)
             raise KernelIndexError(f"{name}[{k}] = {int(idx[k])} is outside the pool's slots [0, {bound})")

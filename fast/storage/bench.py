@@ -191,16 +191,17 @@ def main(argv=None) -> int:
                     master = MooncakeMaster().start()
             d = os.path.join(root, b)
             if b == "file":
-                st = FileStore(d)
-                st.register_mem_pool_host(pool)
-                w, r = zero_copy_runner(st)
-                results.append(measure(b, w, r, st.clear, args, page_bytes))
+                fs = FileStore(d)
+                fs.register_mem_pool_host(pool)
+                w, r = zero_copy_runner(fs)
+                results.append(measure(b, w, r, fs.clear, args, page_bytes))
             elif b == "mooncake":
-                st = MooncakeStore(master.address, global_segment_size=seg, namespace="bench")
-                st.register_mem_pool_host(pool)
-                w, r = zero_copy_runner(st)
-                results.append(measure(b, w, r, st.clear, args, page_bytes))
-                st.close()
+                assert master is not None  # started above for each Mooncake backend
+                ms = MooncakeStore(master.address, global_segment_size=seg, namespace="bench")
+                ms.register_mem_pool_host(pool)
+                w, r = zero_copy_runner(ms)
+                results.append(measure(b, w, r, ms.clear, args, page_bytes))
+                ms.close()
             elif b == "upstream-file":
                 from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
                 cfg = HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, args.layout != "layer_first",
@@ -211,6 +212,7 @@ def main(argv=None) -> int:
             else:
                 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
                 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore as Up
+                assert master is not None  # started above for each Mooncake backend
                 cfg = HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, args.layout != "layer_first",
                                            "bench",
                                            extra_config={"master_server_address": master.address,
@@ -232,9 +234,9 @@ def main(argv=None) -> int:
           f"best of {args.repeat} after {args.warmup} warm-up; "
           f"pool: {'sglang MHATokenToKVPoolHost' if mph else 'uniradix HostPool'}")
     print(f"{'backend':<18}{'set pages/s':>13}{'set GB/s':>10}{'get pages/s':>13}{'get GB/s':>10}")
-    for r in results:
-        print(f"{r['backend']:<18}{r['set_pages_per_s']:>13,.0f}{r['set_GB_per_s']:>10.2f}"
-              f"{r['get_pages_per_s']:>13,.0f}{r['get_GB_per_s']:>10.2f}")
+    for res in results:
+        print(f"{res['backend']:<18}{res['set_pages_per_s']:>13,.0f}{res['set_GB_per_s']:>10.2f}"
+              f"{res['get_pages_per_s']:>13,.0f}{res['get_GB_per_s']:>10.2f}")
     for b, why in skipped:
         print(f"{b:<18}skipped: {why}")
     if args.json:

@@ -149,7 +149,8 @@ class FaultyBackend(StorageBackend):
         k = self._through(self._take("exists", "batch_exists", len(keys)), len(keys))
         return self.inner.batch_exists(keys[:k], extra_info) if k else 0
 
-    def _pages(self, keys, host_indices, k):
+    def _pages(self, keys: Sequence[str], host_indices: torch.Tensor,
+               k: int) -> tuple[Sequence[str], torch.Tensor]:
         P = self.page_layout.page_size
         return keys[:k], torch.as_tensor(host_indices).reshape(-1)[:k * P]
 

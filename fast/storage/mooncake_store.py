@@ -82,10 +82,10 @@ class MooncakeStore(StorageBackend):
             raise StorageInputError(f"protocol must be 'tcp' or 'rdma', got {protocol!r}")
         if not namespace or "/" in namespace:
             raise StorageInputError(f"namespace must be a non-empty str without '/', got {namespace!r}")
-        for name, value in (("global_segment_size", global_segment_size),
-                            ("local_buffer_size", local_buffer_size)):
-            if not isinstance(value, int) or value <= 0:
-                raise StorageInputError(f"{name} must be a positive int, got {value!r}")
+        for name, size in (("global_segment_size", global_segment_size),
+                           ("local_buffer_size", local_buffer_size)):
+            if not isinstance(size, int) or size <= 0:
+                raise StorageInputError(f"{name} must be a positive int, got {size!r}")
         why = mooncake_available()
         if why is not None:
             raise ImportError(why)
@@ -308,15 +308,15 @@ class MooncakeMaster:
     def start(self, timeout_s: float = 20.0) -> MooncakeMaster:
         if self._proc is not None:
             raise RuntimeError("this mooncake_master is already running")
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        log = open(self.log_path, "ab") if self.log_path else None
         try:
             self._proc = subprocess.Popen(
                 [self.binary, f"--rpc_port={self.port}", "--rpc_address=127.0.0.1",
                  f"--metrics_port={self.metrics_port}", "--metrics_host=127.0.0.1",
                  "--enable_metric_reporting=false", *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT)
+                stdout=subprocess.DEVNULL if log is None else log, stderr=subprocess.STDOUT)
         finally:
-            if log is not subprocess.DEVNULL:
+            if log is not None:
                 log.close()
         deadline = time.monotonic() + timeout_s
         while True:

@@ -68,7 +68,7 @@ class _ForSGLang:
         return None
 
 
-class UniradixFileStorage(_ForSGLang, FileStore, HiCacheStorage):
+class UniradixFileStorage(_ForSGLang, FileStore, HiCacheStorage):  # type: ignore[misc]  # get_stats: None
     """`FileStore` built the way SGLang's dynamic factory builds a backend: (storage_config, kwargs)."""
 
     def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
@@ -80,7 +80,7 @@ class UniradixFileStorage(_ForSGLang, FileStore, HiCacheStorage):
         self.key_prefix = rank_namespace(storage_config)
 
 
-class UniradixMooncakeStorage(_ForSGLang, MooncakeStore, HiCacheStorage):
+class UniradixMooncakeStorage(_ForSGLang, MooncakeStore, HiCacheStorage):  # type: ignore[misc]  # as above
     """`MooncakeStore` built the way SGLang's dynamic factory builds a backend."""
 
     def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
