@@ -24,14 +24,14 @@ run: install
 test: install browser ibverbs lint
 	$(PY) -m pytest -q
 
-# ruff over the tree, then mypy over the four packages (docs/LINT.md; settings in pyproject.toml).
-# mypy reads them by their installed names from links under build/typecheck/uniradix/; its
-# report names the files by their repo paths.
+# ruff over the tree, then mypy over the four packages, both reported before either fails the
+# target (docs/LINT.md; settings in pyproject.toml). mypy reads the packages by their installed
+# names from links under build/typecheck/uniradix/; its report names files by their repo paths.
 lint: install
-	$(VENV)/bin/ruff check .
 	@mkdir -p build/typecheck/uniradix
 	@for p in spec fast kernels conformance; do ln -sfn ../../../$$p build/typecheck/uniradix/$$p; done
-	@out=$$($(VENV)/bin/mypy 2>&1); rc=$$?; \
+	@rc=0; echo "$(VENV)/bin/ruff check ."; $(VENV)/bin/ruff check . || rc=1; \
+	  echo "$(VENV)/bin/mypy"; out=$$($(VENV)/bin/mypy 2>&1) || rc=1; \
 	  printf '%s\n' "$$out" | sed 's#^build/typecheck/uniradix/##'; exit $$rc
 
 # Headless Chromium for tests/test_dashboard_browser.py: Debian's package, installed only where

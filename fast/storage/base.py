@@ -259,7 +259,8 @@ class StorageBackend(abc.ABC):
     def exists(self, key: str) -> bool:
         """Whether `key` is stored (by `set`); O(1) for the file store, one round trip for Mooncake."""
 
-    def batch_get(self, keys: Sequence[str], target_locations: Sequence[torch.Tensor] | None = None,
+    def batch_get(self, keys: Sequence[str],
+                  target_locations: Sequence[torch.Tensor | None] | None = None,
                   target_sizes: Any = None) -> list[torch.Tensor | None]:
         keys = check_keys(keys)         # get() adds the key prefix
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)

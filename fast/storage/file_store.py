@@ -286,7 +286,7 @@ class FileStore(StorageBackend):
         if self._adopt(key) is not None:
             return True
         data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        return self._write(key, self._tag_for(data.nbytes), [memoryview(data)])
+        return self._write(key, self._tag_for(data.nbytes), [data.data])  # the array's memoryview
 
     def get(self, key: str, target_location: torch.Tensor | None = None,
             target_sizes: Any = None) -> torch.Tensor | None:
