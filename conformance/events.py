@@ -1,0 +1,149 @@
+"""KV events in the conformance harness: who emits them, how a step's events are compared, and
+the router's invariant as a check.
+
+An adapter *emits events* when :func:`event_source` finds a source for it:
+
+* the spec (an adapter, or a wrapper's ``inner`` chain, holding a spec ``CacheState`` as
+  ``state``): :class:`SpecEvents`, the stream of :mod:`uniradix.spec.events` (derived from the
+  cached pages per medium after every step);
+* an adapter with ``take_events()`` and a true ``emits_kv_events`` (the upstream adapters of
+  the Full component drive sglang's own KV-event mixin):
+  :class:`TakenEvents`. Such an adapter declares ``event_key_mode`` (``"compat"`` for
+  0.5.13.post1, whose block hashes leave ``extra_key`` out), and the spec renders its hashes in
+  the same mode when it is compared with it;
+* anything else (the fast path today) does not emit: :func:`event_source` returns None and the
+  callers say so (``replay`` and ``lockstep`` never skip a comparison silently).
+
+Events travel as the wire's arrays (docs/EVENTS.md, JSON in traces). A step's events are
+compared as a multiset (:func:`uniradix.spec.events.canonical`): the order of the events of one
+step is an implementation's choice that a router's fold does not see.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from uniradix.fast.event_fold import RouterView
+from uniradix.spec.events import MEDIA, EventEmitter, canonical, from_wire, to_wire
+from uniradix.spec.state import CacheState
+
+__all__ = ["EventSource", "SpecEvents", "TakenEvents", "event_source", "spec_state",
+           "event_key_mode", "RouterCheck", "events_differ"]
+
+
+class EventSource(Protocol):
+    key_mode: str
+
+    def after_step(self, step: dict, obs: dict) -> list[list]: ...
+
+
+def _chain(adapter: Any):
+    seen = 0
+    while adapter is not None and seen < 8:
+        yield adapter
+        adapter, seen = getattr(adapter, "inner", None), seen + 1
+
+
+def spec_state(adapter: Any) -> CacheState | None:
+    """The spec state behind ``adapter`` (or a wrapper of it), or None."""
+    for a in _chain(adapter):
+        state = a.__dict__.get("state") if hasattr(a, "__dict__") else None
+        if isinstance(state, CacheState):
+            return state
+    return None
+
+
+def event_key_mode(adapter: Any) -> str | None:
+    """The key mode an emitting non-spec adapter hashes pages in (``event_key_mode``), or None."""
+    for a in _chain(adapter):
+        mode = getattr(type(a), "event_key_mode", None)
+        if isinstance(mode, str):
+            return mode
+    return None
+
+
+class SpecEvents:
+    """The spec's stream for the spec cache behind ``adapter`` (its hashes in ``key_mode``,
+    default the config's ``storage_key_mode``). ``after_step`` must see every step."""
+
+    def __init__(self, adapter: Any, key_mode: str | None = None) -> None:
+        self.adapter = adapter
+        state = spec_state(adapter)
+        if state is None:
+            raise TypeError("SpecEvents needs an adapter holding a spec CacheState")
+        self.emitter = EventEmitter(state, key_mode)
+        self.key_mode = self.emitter.key_mode
+
+    def after_step(self, step: dict, obs: dict) -> list[list]:
+        state = spec_state(self.adapter)
+        assert state is not None
+        cleared = step.get("op") == "reset" and "error" not in obs
+        return [to_wire(e) for e in self.emitter.step(state, cleared)]
+
+    def hashes(self) -> dict[str, frozenset[int]]:
+        return self.emitter.hashes()
+
+
+class TakenEvents:
+    """The events an adapter's ``take_events()`` hands over after each step."""
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter = adapter
+        self.key_mode = event_key_mode(adapter) or "namespaced"
+        self._take = next(a for a in _chain(adapter) if callable(getattr(a, "take_events", None))).take_events
+        self._take()  # anything emitted while the adapter was built belongs to no step
+
+    def after_step(self, step: dict, obs: dict) -> list[list]:
+        return [to_wire(e) for e in self._take()]
+
+
+def event_source(adapter: Any, key_mode: str | None = None) -> EventSource | None:
+    """The adapter's event stream, or None when it does not emit events. ``key_mode`` renders
+    the spec's hashes (a trace's ``event_key_mode``, or the peer's in a lockstep)."""
+    for a in _chain(adapter):
+        if callable(getattr(a, "take_events", None)) and getattr(a, "emits_kv_events", False):
+            return TakenEvents(adapter)
+    if spec_state(adapter) is not None:
+        return SpecEvents(adapter, key_mode)
+    return None
+
+
+def events_differ(expected: list, actual: list) -> tuple[list, list] | None:
+    """None when two steps' events are equal as multisets; else what only each side has."""
+    a, b = canonical(expected), canonical(actual)
+    if a == b:
+        return None
+    only_a, only_b = list(a), list(b)
+    for x in b:
+        if x in only_a:
+            only_a.remove(x)
+            only_b.remove(x)
+    return only_a, only_b
+
+
+class RouterCheck:
+    """The router's invariant as a check: fold every step's events (wire arrays) into a
+    :class:`RouterView` and compare its blocks per medium with the pages the cache holds."""
+
+    def __init__(self) -> None:
+        self.view = RouterView()
+        self.seq = 0
+
+    def fold(self, events: list) -> list[str]:
+        """Apply one step's events; the anomalies they caused, as messages."""
+        before = len(self.view.anomalies)
+        self.view.apply_batch(self.seq, [from_wire(e) for e in events])
+        self.seq += 1
+        return [f"{a.kind} medium {a.medium} hash {a.block_hash} {a.detail}".strip()
+                for a in self.view.anomalies[before:]]
+
+    def compare(self, cached: dict[str, frozenset[int]]) -> list[str]:
+        """Where the fold disagrees with ``cached`` (block hashes per medium), as messages."""
+        out = []
+        for m in MEDIA:
+            have, want = self.view.cached(m), cached.get(m, frozenset())
+            if have != want:
+                out.append(f"router view of {m}: {len(want - have)} cached block(s) missing "
+                           f"{sorted(want - have)[:4]}, {len(have - want)} not cached "
+                           f"{sorted(have - want)[:4]}")
+        return out
