@@ -107,8 +107,27 @@ class CachedPage:
 MediumPages = dict[str, CachedPage]
 
 
-def _node_keys(node: Node, prior: str | None, page_size: int) -> tuple[str, ...]:
-    return chain_keys(node.key, page_size, prior)
+# What a node's pages are, given where its chain starts: its pages by namespaced key (in
+# order), the last namespaced key, the last rendered key and the last page's hash.
+NodePages = tuple[dict[str, CachedPage], str | None, str | None, int | None]
+# (namespaced prior, rendered prior, parent page's hash, the node's units) -> its pages
+KeyMemo = dict[tuple[str | None, str | None, int | None, tuple[Any, ...]], NodePages]
+MEMO_LIMIT = 1 << 16  # entries a memo keeps before it starts over
+
+
+def _node_pages(node: Node, ns_prior: str | None, prior: str | None, parent_hash: int | None,
+                page: int, rendered: bool) -> NodePages:
+    """A node's pages, chained from ``ns_prior`` (namespaced keys, the pages' identity) and,
+    when ``rendered``, from ``prior`` (the keys the hashes are rendered from)."""
+    ns_keys = chain_keys(node.key, page, ns_prior)
+    keys = chain_keys(node.key, page, prior) if rendered else ns_keys
+    pages: dict[str, CachedPage] = {}
+    parent = parent_hash
+    for idx, (ns_key, key) in enumerate(zip(ns_keys, keys, strict=True)):
+        bh = block_hash(key)
+        pages[ns_key] = CachedPage(bh, parent, tuple(node.key[idx * page:(idx + 1) * page]))
+        parent = bh
+    return (pages, ns_keys[-1] if ns_keys else ns_prior, keys[-1] if keys else prior, parent)
 
 
 def _root_prior(extra_key: str | None, key_mode: str) -> str | None:
@@ -139,41 +158,49 @@ def pending_host_slots(state: CacheState, known: dict[int, tuple[Any, frozenset[
 
 
 def cached_pages(state: CacheState, key_mode: str | None = None,
-                 pending: frozenset[int] = frozenset()) -> dict[str, MediumPages]:
+                 pending: frozenset[int] = frozenset(),
+                 memo: KeyMemo | None = None) -> dict[str, MediumPages]:
     """The pages cached per medium (``GPU``, ``CPU_PINNED``), each keyed by its namespaced page
     key, in tree order.  ``key_mode`` renders the hashes (default: the config's
-    ``storage_key_mode``); ``pending``: host slots whose write is not acknowledged yet."""
+    ``storage_key_mode``); ``pending``: host slots whose write is not acknowledged yet;
+    ``memo``: a cache of nodes' pages kept across calls (a pure function of its key, so only a
+    cache)."""
     mode = key_mode if key_mode is not None else state.config.storage_key_mode
     if mode not in KEY_MODES:
         raise InvalidInput(f"key_mode must be one of {KEY_MODES}, got {mode!r}")
     page = state.config.page_size
-    out: dict[str, MediumPages] = {GPU: {}, CPU_PINNED: {}}
+    rendered = mode != "namespaced"
+    gpu: MediumPages = {}
+    cpu: MediumPages = {}
     # (node, namespaced prior, rendered prior, parent page's rendered hash)
     stack: list[tuple[Node, str | None, str | None, int | None]] = []
-    for child in _children(state.root):
-        ns = _root_prior(child.extra_key, "namespaced")
-        stack.append((child, ns, _root_prior(child.extra_key, mode), None))
+    for child in reversed(_children(state.root)):
+        stack.append((child, _root_prior(child.extra_key, "namespaced"),
+                      _root_prior(child.extra_key, mode), None))
     while stack:
         node, ns_prior, prior, parent_hash = stack.pop()
-        ns_keys = _node_keys(node, ns_prior, page)
-        keys = ns_keys if mode == "namespaced" else _node_keys(node, prior, page)
-        value: tuple[Any, ...] | None = node.value
+        k = (ns_prior, prior, parent_hash, node.key)
+        found = memo.get(k) if memo is not None else None
+        if found is None:
+            found = _node_pages(node, ns_prior, prior, parent_hash, page, rendered)
+            if memo is not None:
+                if len(memo) >= MEMO_LIMIT:
+                    memo.clear()
+                memo[k] = found
+        pages, next_ns, next_prior, last_hash = found
+        if node.value is not None:
+            gpu.update(pages)
         host_value: tuple[Any, ...] | None = node.host_value
-        parent = parent_hash
-        for idx, (ns_key, key) in enumerate(zip(ns_keys, keys, strict=False)):
-            units = tuple(node.key[idx * page:(idx + 1) * page])
-            bh = block_hash(key)
-            cp = CachedPage(bh, parent, units)
-            if value is not None:
-                out[GPU][ns_key] = cp
-            if host_value is not None and host_value[idx * page] not in pending:
-                out[CPU_PINNED][ns_key] = cp
-            parent = bh
-        next_ns = ns_keys[-1] if ns_keys else ns_prior
-        next_prior = keys[-1] if keys else prior
+        if host_value is not None:
+            if not pending or pending.isdisjoint(host_value):
+                cpu.update(pages)
+            else:
+                for idx, (ns_key, cp) in enumerate(pages.items()):
+                    if host_value[idx * page] not in pending:
+                        cpu[ns_key] = cp
         for child in reversed(_children(node)):
-            stack.append((child, next_ns, next_prior, parent))
-    return out
+            stack.append((child, next_ns, next_prior, last_hash))
+    return {GPU: gpu, CPU_PINNED: cpu}
 
 
 def _children(node: Node) -> list[Node]:
@@ -213,11 +240,12 @@ class EventEmitter:
         if self.key_mode not in KEY_MODES:
             raise InvalidInput(f"key_mode must be one of {KEY_MODES}, got {self.key_mode!r}")
         self._acks: dict[int, tuple[Any, frozenset[int]]] = {}
+        self._memo: KeyMemo = {}
         self._pages: dict[str, MediumPages] = {m: {} for m in MEDIA}
         self._pages = self.pages_of(state)
 
     def pages_of(self, state: CacheState) -> dict[str, MediumPages]:
-        return cached_pages(state, self.key_mode, pending_host_slots(state, self._acks))
+        return cached_pages(state, self.key_mode, pending_host_slots(state, self._acks), self._memo)
 
     def step(self, state: CacheState, cleared: bool = False) -> list[Event]:
         after = self.pages_of(state)
