@@ -9,8 +9,9 @@ An adapter *emits events* when :func:`event_source` finds a source for it:
 * an adapter with ``take_events()`` and a true ``emits_kv_events`` (the upstream adapters of
   the Full component drive sglang's own KV-event mixin):
   :class:`TakenEvents`. Such an adapter declares ``event_key_mode`` (``"compat"`` for
-  0.5.13.post1, whose block hashes leave ``extra_key`` out), and the spec renders its hashes in
-  the same mode when it is compared with it;
+  0.5.13.post1, whose block hashes leave ``extra_key`` out) and the documented differences of
+  its stream (``event_differences``, :data:`DIFFERENCES`), and the spec renders its stream the
+  same way when it is compared with it;
 * anything else (the fast path today) does not emit: :func:`event_source` returns None and the
   callers say so (``replay`` and ``lockstep`` never skip a comparison silently).
 
@@ -23,12 +24,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from uniradix.conformance.trace import EVENT_DIFFERENCES
 from uniradix.fast.event_fold import RouterView
-from uniradix.spec.events import MEDIA, EventEmitter, canonical, from_wire, to_wire
+from uniradix.spec.events import CPU_PINNED, MEDIA, BlockStored, EventEmitter, canonical, from_wire, to_wire
 from uniradix.spec.state import CacheState
 
 __all__ = ["EventSource", "SpecEvents", "TakenEvents", "event_source", "spec_state",
-           "event_key_mode", "RouterCheck", "events_differ"]
+           "event_key_mode", "event_differences", "DIFFERENCES", "RouterCheck", "events_differ"]
 
 
 class EventSource(Protocol):
@@ -53,6 +55,28 @@ def spec_state(adapter: Any) -> CacheState | None:
     return None
 
 
+#: The documented ways an implementation's stream differs from the spec's, by name; the spec
+#: renders its stream with the differences of the peer it is compared with (docs/SPEC.md,
+#: "KV events").  ``prefetch-inserts-unannounced``: no ``CPU_PINNED`` store for the host pages
+#: a storage prefetch inserts (``check_prefetch_progress``).
+DIFFERENCES = EVENT_DIFFERENCES
+
+
+def event_differences(adapter: Any) -> tuple[str, ...]:
+    """The documented stream differences an adapter declares (``event_differences``)."""
+    for a in _chain(adapter):
+        diffs = getattr(type(a), "event_differences", None)
+        if diffs is not None:
+            return tuple(diffs)
+    return ()
+
+
+def check_differences(diffs: Any) -> tuple[str, ...]:
+    if not isinstance(diffs, (list, tuple)) or any(d not in DIFFERENCES for d in diffs):
+        raise ValueError(f"event differences must be a list of {list(DIFFERENCES)}, got {diffs!r}")
+    return tuple(diffs)
+
+
 def event_key_mode(adapter: Any) -> str | None:
     """The key mode an emitting non-spec adapter hashes pages in (``event_key_mode``), or None."""
     for a in _chain(adapter):
@@ -66,19 +90,26 @@ class SpecEvents:
     """The spec's stream for the spec cache behind ``adapter`` (its hashes in ``key_mode``,
     default the config's ``storage_key_mode``). ``after_step`` must see every step."""
 
-    def __init__(self, adapter: Any, key_mode: str | None = None) -> None:
+    def __init__(self, adapter: Any, key_mode: str | None = None,
+                 differences: tuple[str, ...] = ()) -> None:
         self.adapter = adapter
         state = spec_state(adapter)
         if state is None:
             raise TypeError("SpecEvents needs an adapter holding a spec CacheState")
         self.emitter = EventEmitter(state, key_mode)
         self.key_mode = self.emitter.key_mode
+        self.differences = check_differences(differences)
 
     def after_step(self, step: dict, obs: dict) -> list[list]:
         state = spec_state(self.adapter)
         assert state is not None
         cleared = step.get("op") == "reset" and "error" not in obs
-        return [to_wire(e) for e in self.emitter.step(state, cleared)]
+        events = self.emitter.step(state, cleared)
+        if "prefetch-inserts-unannounced" in self.differences \
+                and step.get("op") == "check_prefetch_progress":
+            events = [e for e in events
+                      if not (isinstance(e, BlockStored) and e.medium == CPU_PINNED)]
+        return [to_wire(e) for e in events]
 
     def hashes(self) -> dict[str, frozenset[int]]:
         return self.emitter.hashes()
@@ -97,14 +128,16 @@ class TakenEvents:
         return [to_wire(e) for e in self._take()]
 
 
-def event_source(adapter: Any, key_mode: str | None = None) -> EventSource | None:
+def event_source(adapter: Any, key_mode: str | None = None,
+                 differences: tuple[str, ...] = ()) -> EventSource | None:
     """The adapter's event stream, or None when it does not emit events. ``key_mode`` renders
-    the spec's hashes (a trace's ``event_key_mode``, or the peer's in a lockstep)."""
+    the spec's hashes (a trace's ``event_key_mode``, or the peer's in a lockstep);
+    ``differences`` (:data:`DIFFERENCES`) renders the spec's stream as that peer's."""
     for a in _chain(adapter):
         if callable(getattr(a, "take_events", None)) and getattr(a, "emits_kv_events", False):
             return TakenEvents(adapter)
     if spec_state(adapter) is not None:
-        return SpecEvents(adapter, key_mode)
+        return SpecEvents(adapter, key_mode, differences)
     return None
 
 

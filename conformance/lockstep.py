@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable, Optional, Sequence, Union
 
 from uniradix.conformance.adapters import CacheUnderTest, make_adapter
-from uniradix.conformance.events import event_key_mode, event_source, events_differ
+from uniradix.conformance.events import event_differences, event_key_mode, event_source, events_differ
 from uniradix.conformance.trace import dump_trace, make_header
 from uniradix.spec.config import CacheConfig
 
@@ -60,9 +60,10 @@ class Finding:
     ``where`` says which check failed: ``crash`` (an adapter raised something other than a
     typed rejection; kind ``violation``), ``rejection`` (one side rejected the step, or the error
     types differ), ``observation``, ``unchanged`` (a rejected step changed the snapshot),
-    ``snapshot``, ``events`` (the values: the events only each side emitted) or ``violations``.  ``path`` is the first differing field inside it (e.g.
-    ``freed[2]`` or ``nodes[extra_key=None tokens=[1, 2]].lock_ref``).  ``values`` holds the
-    value each implementation had at that path (for ``unchanged``: ``before`` and ``after`` of
+    ``snapshot``, ``events`` (the values: the events only each side emitted) or ``violations``.
+    ``path`` is the first differing field inside it (e.g. ``freed[2]`` or
+    ``nodes[extra_key=None tokens=[1, 2]].lock_ref``).  ``values`` holds the value each
+    implementation had at that path (for ``unchanged``: ``before`` and ``after`` of
     the implementation that changed; for ``violations``: each implementation's messages).
     """
 
@@ -277,8 +278,11 @@ class Lockstep:
         self.event_sources: list = [None] * len(self.adapters)
         if events:
             mode = next((m for m in map(event_key_mode, self.adapters) if m is not None), None)
-            self.event_sources = [event_source(a, mode) for a in self.adapters]
+            diffs = tuple(sorted({d for a in self.adapters for d in event_differences(a)}))
+            self.event_sources = [event_source(a, mode, diffs) for a in self.adapters]
         emitting = [lb for lb, s in zip(self.labels, self.event_sources) if s is not None]
+        if len(emitting) < 2:  # nothing to compare: emit nothing (the spec's costs a page map)
+            self.event_sources = [None] * len(self.adapters)
         #: why events are not compared for some adapters (empty: compared for all, or off)
         self.events_note = "" if not events or len(emitting) == len(self.adapters) else (
             "KV events not compared for "

@@ -85,7 +85,8 @@ def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
     # KV events (conformance/events.py): compared on the steps that carry them, when the
     # implementation emits them (the spec renders its hashes in the trace's event_key_mode)
     with_events = any("events" in s for s in trace.steps)
-    source = event_source(adapter, trace.header.get("event_key_mode")) if with_events else None
+    source = event_source(adapter, trace.header.get("event_key_mode"),
+                          tuple(trace.header.get("event_differences", ()))) if with_events else None
     compared = not_compared = 0
     done = 0
     for idx, step in enumerate(trace.steps):

@@ -18,6 +18,10 @@ from uniradix.spec.errors import ConfigError, InvalidInput
 from uniradix.spec.events import from_wire
 from uniradix.spec.pagekeys import KEY_MODES
 
+# the documented differences of an implementation's KV-event stream a header may name
+# (conformance/events.py DIFFERENCES; kept here so reading a trace imports no adapter)
+EVENT_DIFFERENCES = ("prefetch-inserts-unannounced",)
+
 FORMAT = "uniradix-trace"
 VERSION = 1
 
@@ -55,6 +59,10 @@ def parse_header(header: Any, where: str = "<trace>") -> CacheConfig:
     mode = header.get("event_key_mode")
     if mode is not None and mode not in KEY_MODES:
         raise ConfigError(f"{where}: event_key_mode must be one of {KEY_MODES}, got {mode!r}")
+    diffs = header.get("event_differences", [])
+    if not isinstance(diffs, list) or any(d not in EVENT_DIFFERENCES for d in diffs):
+        raise ConfigError(f"{where}: event_differences must be a list of {list(EVENT_DIFFERENCES)}, "
+                          f"got {diffs!r}")
     return CacheConfig.from_dict(header.get("config", {}))
 
 
