@@ -279,6 +279,9 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
         n = segment_steps if left is None else min(segment_steps, left)
         bar.extra = f"[{name} p{cfg.page_size} kv={cfg.kv_slots}]"
         ls = Lockstep(adapters, labels, snapshot_every=snapshot_every)
+        if ls.events_note and ls.events_note not in res.notes:  # KV events (conformance/events.py)
+            res.notes.append(ls.events_note)
+            log(f"conform: {ls.events_note}")
         base = res.steps
 
         def on_step(k: int) -> None:

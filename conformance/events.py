@@ -134,7 +134,10 @@ def event_source(adapter: Any, key_mode: str | None = None,
     the spec's hashes (a trace's ``event_key_mode``, or the peer's in a lockstep);
     ``differences`` (:data:`DIFFERENCES`) renders the spec's stream as that peer's."""
     for a in _chain(adapter):
-        if callable(getattr(a, "take_events", None)) and getattr(a, "emits_kv_events", False):
+        declared = getattr(a, "emits_kv_events", None)
+        if declared is False:  # a declared capability: this implementation emits none
+            return None
+        if declared and callable(getattr(a, "take_events", None)):
             return TakenEvents(adapter)
     if spec_state(adapter) is not None:
         return SpecEvents(adapter, key_mode, differences)

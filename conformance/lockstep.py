@@ -281,14 +281,14 @@ class Lockstep:
             diffs = tuple(sorted({d for a in self.adapters for d in event_differences(a)}))
             self.event_sources = [event_source(a, mode, diffs) for a in self.adapters]
         emitting = [lb for lb, s in zip(self.labels, self.event_sources) if s is not None]
-        if len(emitting) < 2:  # nothing to compare: emit nothing (the spec's costs a page map)
-            self.event_sources = [None] * len(self.adapters)
         #: why events are not compared for some adapters (empty: compared for all, or off)
         self.events_note = "" if not events or len(emitting) == len(self.adapters) else (
             "KV events not compared for "
-            + ", ".join(lb for lb, s in zip(self.labels, self.event_sources) if s is None)
+            + ", ".join(lb for lb in self.labels if lb not in emitting)
             + " (does not emit them)"
             + ("" if len(emitting) >= 2 else "; fewer than two implementations emit them"))
+        if len(emitting) < 2:  # nothing to compare: emit nothing (the spec's costs a page map)
+            self.event_sources = [None] * len(self.adapters)
 
     @classmethod
     def from_impls(cls, impls: Sequence[ImplSpec], config: CacheConfig, **kw: Any) -> "Lockstep":

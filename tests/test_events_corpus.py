@@ -7,13 +7,11 @@ import glob
 import os
 
 import pytest
-
+from conftest import CORPUS
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.events import RouterCheck, event_source
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
-
-from conftest import CORPUS
 
 BASE = os.path.join(CORPUS, "upstream-events")
 CONFIGS = ("full-p1", "full-p16", "hicache-wt-p1", "hicache-wb-p4")

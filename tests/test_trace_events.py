@@ -123,3 +123,18 @@ def test_lockstep_says_which_implementations_do_not_emit_events():
     for step in record(make_adapter("spec", config), config, 4, 30):
         ls.apply(step)
     assert ls.stats["event_steps"] == 30
+
+
+def test_conform_compares_events_and_notes_who_does_not_emit_them():
+    from uniradix.conformance.conform import run_conform
+
+    logs = []
+    res = run_conform(["spec", "fast"], config="full-p1", steps=40, out=None, progress=False,
+                      log=logs.append)
+    assert res.divergences == 0
+    assert ("KV events not compared for fast (does not emit them); fewer than two "
+            "implementations emit them") in res.notes
+    logs = []
+    res = run_conform(["spec", "spec"], config="hicache-wt-p1", steps=60, out=None,
+                      progress=False, log=logs.append)
+    assert res.divergences == 0 and not any("KV events" in n for n in res.notes)

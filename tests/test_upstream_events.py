@@ -9,7 +9,6 @@ import glob
 import os
 
 import pytest
-
 from uniradix.conformance import upstream as upstream_mod
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.driver import make_config, record
