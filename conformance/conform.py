@@ -123,6 +123,7 @@ class ConformResult:
     config_name: Optional[str] = None
     skipped_configs: dict = dataclasses.field(default_factory=dict)  # name -> why
     notes: list = dataclasses.field(default_factory=list)  # what was not compared, and why
+    event_steps: int = 0  # steps whose KV events were compared (conformance/events.py)
 
     @property
     def steps_per_s(self) -> float:
@@ -279,6 +280,10 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
         n = segment_steps if left is None else min(segment_steps, left)
         bar.extra = f"[{name} p{cfg.page_size} kv={cfg.kv_slots}]"
         ls = Lockstep(adapters, labels, snapshot_every=snapshot_every)
+        events_note = f"config {name}: {ls.events_note}" if ls.events_note else ""
+        if events_note and events_note not in res.notes:  # KV events (conformance/events.py)
+            res.notes.append(events_note)
+            log(f"conform: {events_note}")
         base = res.steps
 
         def on_step(k: int) -> None:
@@ -298,6 +303,7 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
             break
         res.steps += len(taken)
         res.segments += 1
+        res.event_steps += ls.stats["event_steps"]
         if finding is not None:
             bar.close(res.steps)
             res.seconds = time.monotonic() - t0
@@ -435,6 +441,8 @@ def cmd_conform(args: argparse.Namespace) -> int:
         return 2
     if res.trace_path is not None:
         print(res.trace_path)
+    if res.event_steps:
+        print(f"conform: KV events compared on {res.event_steps} steps")
     print(res.summary(), flush=True)
     return 0 if res.finding is None else 1
 

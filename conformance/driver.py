@@ -35,7 +35,7 @@ from typing import Any, Optional, Sequence
 
 from uniradix.spec.config import CacheConfig
 
-CONFIG_NAMES = ("full-p1", "full-p4", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1",
+CONFIG_NAMES = ("full-p1", "full-p4", "full-p16", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1",
                 "hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4",
                 "mamba-cow-p1")
 # Mamba copy-on-write (spec/mamba_cow.py): mamba-p1's world, but a request's state slot comes
@@ -70,7 +70,7 @@ def make_config(name: str, seed: int) -> CacheConfig:
     if name in ("mamba-p1",) + COW_CONFIGS:
         return CacheConfig(page_size=1, components=("full", "mamba"), kv_slots=kv_slots,
                            mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
-    page_size = int(name[-1])
+    page_size = int(name.rsplit("-p", 1)[1])
     if name.startswith("hicache-"):
         # host tier: a host pool of 1 to 2 device pools (host eviction is frequent), the
         # write policy of the name, sometimes a load-back threshold
@@ -141,8 +141,15 @@ class Driver:
 
     def __init__(self, adapter: Any, config: CacheConfig, seed: int, steps: int,
                  check_violations: bool = True, collect_stats: bool = False,
-                 cow: bool = False) -> None:
+                 cow: bool = False, events: bool = False) -> None:
         self.adapter = adapter
+        # KV events (conformance/events.py): each step records the adapter's events
+        self.event_source = None
+        if events:
+            from uniradix.conformance.events import event_source
+            self.event_source = event_source(adapter)
+            if self.event_source is None:
+                raise RecordingError("events requested, but this implementation does not emit them")
         self.config = config
         self.page = config.page_size
         self.seed = seed
@@ -220,6 +227,8 @@ class Driver:
         ret = self.adapter.apply(step)
         if "error" in ret:
             raise RecordingError(f"step {step['i']} {op}: the implementation answered {ret}")
+        if self.event_source is not None:
+            step["events"] = self.event_source.after_step(step, ret)
         if self.check_violations:
             bad = self.adapter.violations()
             if bad:
@@ -600,14 +609,15 @@ class Driver:
 
 def record(adapter: Any, config: CacheConfig, seed: int, steps: int,
            check_violations: bool = True, stats: Optional[RecordStats] = None,
-           cow: bool = False) -> list[dict]:
+           cow: bool = False, events: bool = False) -> list[dict]:
     """Record ``steps`` steps of the seeded workload against ``adapter``.
 
     Raises :class:`RecordingError` if the implementation rejects a step or, with
     ``check_violations``, reports an invariant violation after any step. Pass a
-    :class:`RecordStats` to have it filled in (costs a snapshot per step)."""
+    :class:`RecordStats` to have it filled in (costs a snapshot per step). ``events``: each
+    step also carries the adapter's KV events (``"events"``, docs/TRACE.md)."""
     driver = Driver(adapter, config, seed, steps, check_violations=check_violations,
-                    collect_stats=stats is not None, cow=cow)
+                    collect_stats=stats is not None, cow=cow, events=events)
     out = driver.run()
     if stats is not None:
         for k, v in dataclasses.asdict(driver.stats).items():
@@ -675,6 +685,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "and invariant, and print what they exercise")
     p.add_argument("--no-check", action="store_true", help="skip violations() after each step")
     p.add_argument("--stats", action="store_true", help="print what the trace exercised")
+    p.add_argument("--events", action="store_true",
+                   help="record each step's KV events too (docs/TRACE.md)")
     args = p.parse_args(argv)
 
     from uniradix.conformance.adapters import make_adapter
@@ -690,12 +702,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         steps = record(adapter, config, args.seed, args.steps,
                        check_violations=not args.no_check, stats=stats,
-                       cow=args.config in COW_CONFIGS)
+                       cow=args.config in COW_CONFIGS, events=args.events)
     except RecordingError as e:
         print(f"recording failed: {e}", file=sys.stderr)
         return 1
+    extra = {}
+    if args.events:  # the block-hash chain of the recorded events
+        from uniradix.conformance.events import event_source
+        extra["event_key_mode"] = event_source(make_adapter(args.impl, config)).key_mode
     header = make_header(config, _source(args.impl, adapter, config_label(args.config, args.policy),
-                                         args.seed), seed=args.seed)
+                                         args.seed), seed=args.seed, **extra)
     dump_trace(args.out, header, steps)
     msg = f"{args.out}: {len(steps)} steps, kv_slots={config.kv_slots}"
     if stats is not None:

@@ -91,6 +91,9 @@ class FastAdapter(FastHostOps, StepAdapter):
     """Runs trace steps on the fast path."""
 
     rejections = REJECTIONS
+    #: capability (conformance/events.py): fast/ emits no KV events yet (issue 17), so replay
+    #: and lockstep say they did not compare them
+    emits_kv_events = False
 
     def __init__(self, config: CacheConfig) -> None:
         check_supported(config, host_tier=True)

@@ -9,6 +9,9 @@ For each step every adapter ``apply``s it, then the runner checks, in this order
 4. **snapshot**: the canonical snapshots are equal, except node fields an adapter declares
    ``uncompared_node_fields`` (a documented difference of that peer, left out of the
    comparisons that adapter is in; :func:`uncompared_node_fields`);
+   **events**: the step's KV events are equal as multisets among the adapters that emit them
+   (conformance/events.py; ``events=False`` turns this off, ``events_note`` says which adapters
+   do not emit them);
 5. **violations**: every adapter's own ``violations()`` is ``[]``.
 
 The first failed check is a :class:`Finding` (``kind`` ``divergence`` or ``violation``, the step
@@ -32,6 +35,7 @@ import time
 from typing import Any, Callable, Optional, Sequence, Union
 
 from uniradix.conformance.adapters import CacheUnderTest, make_adapter
+from uniradix.conformance.events import event_differences, event_key_mode, event_source, events_differ
 from uniradix.conformance.trace import dump_trace, make_header
 from uniradix.spec.config import CacheConfig
 
@@ -56,16 +60,17 @@ class Finding:
     ``where`` says which check failed: ``crash`` (an adapter raised something other than a
     typed rejection; kind ``violation``), ``rejection`` (one side rejected the step, or the error
     types differ), ``observation``, ``unchanged`` (a rejected step changed the snapshot),
-    ``snapshot`` or ``violations``.  ``path`` is the first differing field inside it (e.g.
-    ``freed[2]`` or ``nodes[extra_key=None tokens=[1, 2]].lock_ref``).  ``values`` holds the
-    value each implementation had at that path (for ``unchanged``: ``before`` and ``after`` of
+    ``snapshot``, ``events`` (the values: the events only each side emitted) or ``violations``.
+    ``path`` is the first differing field inside it (e.g. ``freed[2]`` or
+    ``nodes[extra_key=None tokens=[1, 2]].lock_ref``).  ``values`` holds the value each
+    implementation had at that path (for ``unchanged``: ``before`` and ``after`` of
     the implementation that changed; for ``violations``: each implementation's messages).
     """
 
     kind: str                      # DIVERGENCE | VIOLATION
     step: int                      # index of the step in the run (its "i")
     op: str
-    where: str                     # rejection | observation | unchanged | snapshot | violations
+    where: str                     # rejection | observation | unchanged | snapshot | events | violations
     path: str
     values: dict                   # impl label -> value at ``path``
     impls: tuple = ()              # the implementations the finding is about
@@ -252,7 +257,7 @@ class Lockstep:
 
     def __init__(self, adapters: Sequence[CacheUnderTest], labels: Optional[Sequence[str]] = None,
                  *, snapshot_every: int = 1, violations_every: Optional[int] = None,
-                 check_unchanged: bool = True) -> None:
+                 check_unchanged: bool = True, events: bool = True) -> None:
         if len(adapters) < 2:
             raise ValueError("lockstep needs at least two adapters")
         if snapshot_every < 1:
@@ -267,7 +272,23 @@ class Lockstep:
         self.steps_done = 0
         # the snapshots taken after the previous step (None: not taken, or stale)
         self._last_snaps: Optional[list] = None
-        self.stats = {"snapshots": 0, "violations": 0, "rejected": 0}
+        self.stats = {"snapshots": 0, "violations": 0, "rejected": 0, "event_steps": 0}
+        # KV events (conformance/events.py): the stream of every adapter that emits one, the
+        # spec's rendered in the block-hash mode of a peer that declares one (upstream: compat)
+        self.event_sources: list = [None] * len(self.adapters)
+        if events:
+            mode = next((m for m in map(event_key_mode, self.adapters) if m is not None), None)
+            diffs = tuple(sorted({d for a in self.adapters for d in event_differences(a)}))
+            self.event_sources = [event_source(a, mode, diffs) for a in self.adapters]
+        emitting = [lb for lb, s in zip(self.labels, self.event_sources) if s is not None]
+        #: why events are not compared for some adapters (empty: compared for all, or off)
+        self.events_note = "" if not events or len(emitting) == len(self.adapters) else (
+            "KV events not compared for "
+            + ", ".join(lb for lb in self.labels if lb not in emitting)
+            + " (does not emit them)"
+            + ("" if len(emitting) >= 2 else "; fewer than two implementations emit them"))
+        if len(emitting) < 2:  # nothing to compare: emit nothing (the spec's costs a page map)
+            self.event_sources = [None] * len(self.adapters)
 
     @classmethod
     def from_impls(cls, impls: Sequence[ImplSpec], config: CacheConfig, **kw: Any) -> "Lockstep":
@@ -297,6 +318,20 @@ class Lockstep:
                                (self.labels[0], self.labels[k]), args)
         return None
 
+    def _compare_events(self, events: list, i: int, op: Any, args: Any) -> Optional[Finding]:
+        have = [(lb, ev) for lb, ev in zip(self.labels, events) if ev is not None]
+        if len(have) < 2:
+            return None
+        self.stats["event_steps"] += 1
+        (ref_label, ref), rest = have[0], have[1:]
+        for label, ev in rest:
+            diff = events_differ(ref, ev)
+            if diff is not None:
+                return Finding(DIVERGENCE, i, op, "events", "", {
+                    f"{ref_label} only": diff[0], f"{label} only": diff[1]},
+                    (ref_label, label), args)
+        return None
+
     # -- one step ------------------------------------------------------------------------------
     def check(self, step: dict, *, full: Optional[bool] = None) -> tuple[dict, Optional[Finding]]:
         """Apply ``step`` to every adapter; return (the reference observation, the finding or
@@ -323,6 +358,8 @@ class Lockstep:
         if crashed:
             first = next(iter(crashed.values())).split(":")[0]
             return obs[0], Finding(VIOLATION, i, op, "crash", first, crashed, tuple(crashed), args)
+        events = [None if src is None else src.after_step(step, o)
+                  for src, o in zip(self.event_sources, obs)]
         cmp = [comparable(o) for o in obs]
         ref = cmp[0]
         rejected = "error" in ref
@@ -358,6 +395,10 @@ class Lockstep:
             if f is not None:
                 return obs[0], f
             self._last_snaps = snaps
+        # 4b. the KV events of the step, as multisets, among the adapters that emit them
+        f = self._compare_events(events, i, op, args)
+        if f is not None:
+            return obs[0], f
         # 5. each implementation's own invariants
         if want_viol:
             self.stats["violations"] += 1

@@ -4,6 +4,9 @@ After each step the observation must hold the recorded value of every field the 
 has (and only those are checked); a step recorded as rejected (``{"error": "T"}``) must be
 rejected with the same exception type and leave the canonical snapshot unchanged; a step
 recorded as accepted must not be rejected; and the implementation's own invariants must hold.
+A step that carries ``events`` (KV events, docs/TRACE.md) must produce the same events, as a
+multiset, when the implementation emits events; otherwise the summary says on how many steps
+they were not compared.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 from typing import Any, Callable, Iterable, Optional
 
 from uniradix.conformance.adapters import make_adapter
+from uniradix.conformance.events import event_source, events_differ
 from uniradix.conformance.trace import Trace, load_trace
 from uniradix.spec.errors import CacheError
 
@@ -39,6 +43,8 @@ class ReplayResult:
     steps: int
     divergence: Optional[Divergence] = None
     unsupported: Optional[str] = None
+    events_compared: int = 0       # steps whose recorded KV events were compared
+    events_not_compared: int = 0   # steps with recorded events the implementation cannot emit
 
 
 def short(x: Any, limit: int = 300) -> str:
@@ -76,6 +82,12 @@ def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
         if type(e).__name__ == "Unsupported":
             return ReplayResult(trace.name, 0, unsupported=str(e))
         raise
+    # KV events (conformance/events.py): compared on the steps that carry them, when the
+    # implementation emits them (the spec renders its hashes in the trace's event_key_mode)
+    with_events = any("events" in s for s in trace.steps)
+    source = event_source(adapter, trace.header.get("event_key_mode"),
+                          tuple(trace.header.get("event_differences", ()))) if with_events else None
+    compared = not_compared = 0
     done = 0
     for idx, step in enumerate(trace.steps):
         i = step.get("i", idx)
@@ -86,24 +98,38 @@ def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
             obs = adapter.apply(step)
         except Exception as e:  # noqa: BLE001 - an untyped failure is a finding, not a crash
             return ReplayResult(trace.name, done + 1, Divergence(
-                trace.name, i, op, "crash", None, f"{type(e).__name__}: {e}"))
+                trace.name, i, op, "crash", None, f"{type(e).__name__}: {e}"),
+                events_compared=compared, events_not_compared=not_compared)
         done += 1
         if on_step is not None:
             on_step(done)
         diff = compare(expected if expected is not None else {}, obs)
+        if source is not None:
+            actual = source.after_step(step, obs)
+            if diff is None and "events" in step:
+                compared += 1
+                ev_diff = events_differ(step["events"], actual)
+                if ev_diff is not None:
+                    diff = ("events (only recorded / only replayed)", ev_diff[0], ev_diff[1])
+        elif "events" in step:
+            not_compared += 1
         if diff is not None:
-            return ReplayResult(trace.name, done, Divergence(trace.name, i, op, *diff))
+            return ReplayResult(trace.name, done, Divergence(trace.name, i, op, *diff),
+                                events_compared=compared, events_not_compared=not_compared)
         if before is not None:
             after = adapter.snapshot()
             if after != before:
                 return ReplayResult(trace.name, done, Divergence(
-                    trace.name, i, op, "state unchanged after rejected op", before, after))
+                    trace.name, i, op, "state unchanged after rejected op", before, after),
+                    events_compared=compared, events_not_compared=not_compared)
         if check_invariants:
             bad = adapter.violations()
             if bad:
                 return ReplayResult(trace.name, done, Divergence(
-                    trace.name, i, op, "invariants", [], bad))
-    return ReplayResult(trace.name, done)
+                    trace.name, i, op, "invariants", [], bad),
+                    events_compared=compared, events_not_compared=not_compared)
+    return ReplayResult(trace.name, done, events_compared=compared,
+                        events_not_compared=not_compared)
 
 
 def replay_paths(paths: Iterable[str], impl: str, *, keep_going: bool = False,
@@ -112,11 +138,14 @@ def replay_paths(paths: Iterable[str], impl: str, *, keep_going: bool = False,
                  check_kv: bool = False) -> int:
     """Replay files; print divergences and the summary line; return the exit status."""
     steps = traces = divergences = failures = 0
+    ev_compared = ev_not_compared = 0
     for path in paths:
         trace = load_trace(path)
         result = replay_trace(trace, impl, check_invariants, check_kv=check_kv)
         traces += 1
         steps += result.steps
+        ev_compared += result.events_compared
+        ev_not_compared += result.events_not_compared
         if result.unsupported is not None:
             out(f"UNSUPPORTED {trace.name}: {result.unsupported}")
             if not skip_unsupported:
@@ -131,5 +160,9 @@ def replay_paths(paths: Iterable[str], impl: str, *, keep_going: bool = False,
                 break
         elif verbose:
             out(f"ok {trace.name}: {result.steps} steps")
+    if ev_compared:
+        out(f"KV events compared on {ev_compared} steps")
+    if ev_not_compared:
+        out(f"KV events NOT compared on {ev_not_compared} steps: {impl} does not emit KV events")
     out(f"replayed {steps} steps in {traces} traces: {divergences} divergences")
     return 1 if divergences or failures else 0

@@ -1,7 +1,9 @@
 """Reading and writing trace files (JSON Lines; docs/TRACE.md).
 
 A trace is one header line ``{"format": "uniradix-trace", "version": 1, "config": {...}, ...}``
-followed by one line per step ``{"i": n, "op": "...", "args": {...}, "ret": {...}}``.
+followed by one line per step ``{"i": n, "op": "...", "args": {...}, "ret": {...}}``, which
+may carry the step's KV events as ``"events": [[...], ...]`` (wire arrays; the header's optional
+``event_key_mode`` names the block-hash chain they use).
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ from typing import Any, Iterable, Optional
 
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError, InvalidInput
+from uniradix.spec.events import from_wire
+from uniradix.spec.pagekeys import KEY_MODES
+
+# the documented differences of an implementation's KV-event stream a header may name
+# (conformance/events.py DIFFERENCES; kept here so reading a trace imports no adapter)
+EVENT_DIFFERENCES = ("prefetch-inserts-unannounced",)
 
 FORMAT = "uniradix-trace"
 VERSION = 1
@@ -48,6 +56,13 @@ def parse_header(header: Any, where: str = "<trace>") -> CacheConfig:
     version = header.get("version")
     if version != VERSION:
         raise ConfigError(f"{where}: trace version {version!r} is not supported (this reader knows {VERSION})")
+    mode = header.get("event_key_mode")
+    if mode is not None and mode not in KEY_MODES:
+        raise ConfigError(f"{where}: event_key_mode must be one of {KEY_MODES}, got {mode!r}")
+    diffs = header.get("event_differences", [])
+    if not isinstance(diffs, list) or any(d not in EVENT_DIFFERENCES for d in diffs):
+        raise ConfigError(f"{where}: event_differences must be a list of {list(EVENT_DIFFERENCES)}, "
+                          f"got {diffs!r}")
     return CacheConfig.from_dict(header.get("config", {}))
 
 
@@ -61,6 +76,15 @@ def check_step(step: Any, where: str) -> Step:
         raise InvalidInput(f"{where}: 'args' must be an object")
     if "ret" in step and not isinstance(step["ret"], dict):
         raise InvalidInput(f"{where}: 'ret' must be an object")
+    if "events" in step:  # KV events (docs/TRACE.md): wire arrays, checked here once
+        events = step["events"]
+        if not isinstance(events, list):
+            raise InvalidInput(f"{where}: 'events' must be a list of event arrays")
+        for item in events:
+            try:
+                from_wire(item)
+            except InvalidInput as e:
+                raise InvalidInput(f"{where}: {e}") from None
     return step
 
 

@@ -338,8 +338,22 @@ class UpstreamAdapter:
             is_eagle=False,
             tree_components=self._tree_components(),
             eviction_policy=self.config.eviction_policy,
+            enable_kv_cache_events=True,  # its KV-event mixin (conformance/events.py)
         )
         return self.up.UnifiedRadixCache(params)
+
+    # -- KV events (conformance/events.py) ---------------------------------------------------
+    #: 0.5.13.post1 hashes pages without the request's extra_key (spec/pagekeys.py "compat")
+    event_key_mode = "compat"
+
+    @property
+    def emits_kv_events(self) -> bool:
+        """Only the caches built above enable the mixin (the hybrid adapter's do not)."""
+        return bool(getattr(self.cache, "enable_kv_cache_events", False))
+
+    def take_events(self) -> list:
+        """sglang's own events since the last call (its ``take_events``), in its order."""
+        return list(self.cache.take_events())
 
     # -- helpers -----------------------------------------------------------------------------
     @property

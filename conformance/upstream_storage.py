@@ -289,6 +289,8 @@ class UpstreamStorageAdapter(UpstreamHostAdapter):
     conformance/storage_ops.py) and a ``storage`` snapshot view like the spec's."""
 
     EFFECT_OPS = UpstreamHostAdapter.EFFECT_OPS + STORAGE_HOST_EFFECT_OPS
+    #: KV events: 0.5.13.post1 announces no host pages a prefetch inserts (docs/SPEC.md)
+    event_differences = ("prefetch-inserts-unannounced",)
 
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)

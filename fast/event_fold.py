@@ -15,10 +15,14 @@ Cost: O(hashes in the event) per event; memory O(blocks cached).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any
 
-__all__ = ["RouterView", "StoredBlock", "Anomaly", "FoldError"]
+__all__ = ["RouterView", "StoredBlock", "Anomaly", "FoldError", "MEDIUM_RANK"]
+
+# The media from the fastest on (SGLang's StorageMedium values); an unknown medium ranks last.
+MEDIUM_RANK = {"GPU": 0, "CPU_PINNED": 1, "DISK": 2, "EXTERNAL": 3}
 
 
 class FoldError(ValueError):
@@ -29,23 +33,24 @@ class FoldError(ValueError):
 class StoredBlock:
     """What a router learns about one cached block."""
 
-    parent: Optional[int]
+    parent: int | None
     token_ids: tuple[int, ...]
-    lora_id: Optional[int]
+    lora_id: int | None
 
 
 @dataclass(frozen=True)
 class Anomaly:
     """A point where the stream contradicts the router's view. ``kind`` is one of
     ``duplicate-store`` (a hash stored on a medium that already holds it), ``unknown-remove``
-    (removing a hash the medium does not hold), ``orphan-store`` (a parent the medium does not
-    hold), ``bad-store`` (``token_ids`` not ``block_size`` per hash), ``seq-gap`` (batches
-    missing: ``detail`` says which), ``unknown-event``."""
+    (removing a hash the medium does not hold), ``orphan-store`` (a parent held neither on the
+    medium nor on a faster one, :data:`MEDIUM_RANK`), ``bad-store`` (``token_ids`` not
+    ``block_size`` per hash), ``seq-gap`` (batches missing: ``detail`` says which),
+    ``unknown-event``."""
 
     kind: str
-    seq: Optional[int]
-    medium: Optional[str]
-    block_hash: Optional[int]
+    seq: int | None
+    medium: str | None
+    block_hash: int | None
     detail: str = ""
 
 
@@ -64,9 +69,9 @@ class RouterView:
         self.default_medium = default_medium
         self.strict = strict
         self.anomalies: list[Anomaly] = []
-        self.next_seq: Optional[int] = None  # the sequence number the next live batch should have
+        self.next_seq: int | None = None  # the sequence number the next live batch should have
         self._blocks: dict[str, dict[int, StoredBlock]] = {}
-        self._seq: Optional[int] = None
+        self._seq: int | None = None
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -78,7 +83,7 @@ class RouterView:
         """Every medium that holds a block, with its hashes."""
         return {m: frozenset(b) for m, b in self._blocks.items() if b}
 
-    def block(self, medium: str, block_hash: int) -> Optional[StoredBlock]:
+    def block(self, medium: str, block_hash: int) -> StoredBlock | None:
         return self._blocks.get(medium, {}).get(block_hash)
 
     def __len__(self) -> int:
@@ -86,7 +91,7 @@ class RouterView:
 
     # -- folding -----------------------------------------------------------------------------------
 
-    def apply_batch(self, seq: Optional[int], events: Iterable[Any]) -> bool:
+    def apply_batch(self, seq: int | None, events: Iterable[Any]) -> bool:
         """Apply one batch's events. With a ``seq``: a batch older than the next expected one is
         skipped (returns False); a newer one is applied after recording a ``seq-gap``."""
         if seq is not None:
@@ -135,7 +140,7 @@ class RouterView:
         found: list[tuple[str, int, str]] = []  # checked before anything changes (strict mode)
         parent, added = ev.parent_block_hash, set()
         for h in hashes:
-            if parent is not None and parent not in held and parent not in added:
+            if parent is not None and parent not in added and not self._parent_held(medium, parent):
                 found.append(("orphan-store", h, f"parent {parent}"))
             if h in held or h in added:
                 found.append(("duplicate-store", h, ""))
@@ -145,9 +150,17 @@ class RouterView:
             self._anomaly(kind, self._seq, medium, h, detail)
         held = self._blocks.setdefault(medium, {})
         parent = ev.parent_block_hash
-        for h, toks in zip(hashes, chunks):
+        for h, toks in zip(hashes, chunks, strict=False):
             held[h] = StoredBlock(parent, toks, ev.lora_id)
             parent = h
+
+    def _parent_held(self, medium: str, parent: int) -> bool:
+        """A stored block's parent must be held on its medium or a faster one: a host page may
+        follow a page that is on the device only (a write-back cache backs leaves up without
+        their parents), a device page never follows one that is on the host only."""
+        rank = MEDIUM_RANK.get(medium, len(MEDIUM_RANK))
+        return any(parent in self._blocks.get(m, ()) for m, r in MEDIUM_RANK.items() if r < rank) \
+            or parent in self._blocks.get(medium, ())
 
     def _removed(self, ev: Any) -> None:
         medium = self._medium(ev)
@@ -159,8 +172,8 @@ class RouterView:
         for h in hashes:
             held.pop(h, None)
 
-    def _anomaly(self, kind: str, seq: Optional[int], medium: Optional[str],
-                 block_hash: Optional[int], detail: str = "") -> None:
+    def _anomaly(self, kind: str, seq: int | None, medium: str | None,
+                 block_hash: int | None, detail: str = "") -> None:
         a = Anomaly(kind, seq, medium, block_hash, detail)
         if self.strict:
             raise FoldError(f"{kind} at seq {seq} medium {medium} hash {block_hash} {detail}".strip())

@@ -76,6 +76,18 @@ def test_anomalies_are_recorded_and_strict_mode_refuses_them_unchanged(events, k
     assert strict.snapshot() == before
 
 
+def test_a_host_block_may_follow_a_device_only_block_but_not_the_reverse():
+    # write-back backs a leaf up to the host while its parent stays on the device only
+    v = RouterView(strict=True)
+    v.apply(stored([1]))
+    v.apply(stored([2], parent=1, medium="CPU_PINNED"))
+    assert v.cached("CPU_PINNED") == {2} and not v.anomalies
+    w = RouterView()
+    w.apply(stored([1], medium="CPU_PINNED"))
+    w.apply(stored([2], parent=1))
+    assert [a.kind for a in w.anomalies] == ["orphan-store"]
+
+
 def test_sequence_numbers_skip_replayed_batches_and_report_gaps():
     v = RouterView()
     assert v.apply_batch(0, [stored([1])])
