@@ -96,6 +96,12 @@ def load_hybrid() -> types.SimpleNamespace:
         def clear(self) -> None:
             self.pool.reset()
 
+        def set_full_to_swa_mapping(self, full_indices, swa_indices) -> None:
+            # a load back pairs the full slots it took with the SWA slots it took
+            full, swa = self._slots(full_indices), self._slots(swa_indices)
+            assert len(full) == len(swa)
+            self.pool.full_to_swa.update(zip(full, swa))
+
     class MambaAllocator:
         def __init__(self, pool) -> None:
             self.pool = pool
@@ -177,8 +183,15 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             is_eagle=False, tree_components=self._tree_components(),
             sliding_window_size=self.config.sliding_window,
             component_registry_override=override,
-            eviction_policy=self.config.eviction_policy)
+            eviction_policy=self.config.eviction_policy,
+            enable_mamba_extra_buffer=self._mamba_extra_buffer())
         return self.up.UnifiedRadixCache(params)
+
+    def _mamba_extra_buffer(self) -> bool:
+        """Whether to tell upstream the Mamba extra buffer is on.  The flag only changes its
+        request path; in the tree it lifts the page-size-1 check (the host tier adapter,
+        conformance/upstream_host_aux.py, drives Mamba at page 4 with it)."""
+        return False
 
     # -- effects -------------------------------------------------------------------------------
     def _aux_pools(self) -> list:
@@ -287,6 +300,9 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         if "mamba" in self.config.components:
             b = result.mamba_branching_seqlen
             ret["mamba_branching_seqlen"] = None if b is None else int(b)
+        if self.config.has_host_tier:  # the aux part of the host hit (TRACE.md)
+            name = f"{self._aux}_host_hit_length"
+            ret[name] = int(getattr(result, name))
         if cow:  # Mamba copy-on-write (docs/TRACE.md): what the request got, and the effects
             src, dst = req.mamba_cow_src_index, req.mamba_pool_idx
             ret["mamba_cow_src"] = None if src is None else int(src.reshape(-1)[0])
