@@ -41,7 +41,7 @@ HOST_AUX_NAMES = tuple(f"host-{aux}-{wp}-p{ps}" for aux in ("swa", "mamba")
                        for wp in ("wt", "wb") for ps in (1, 4))
 CONFIG_NAMES = ("full-p1", "full-p4", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1",
                 "hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4",
-                "mamba-cow-p1") + HOST_AUX_NAMES
+                "mamba-cow-p1") + HOST_AUX_NAMES + ("full-swa-mamba-p1", "full-swa-mamba-p4")
 # Mamba copy-on-write (spec/mamba_cow.py): mamba-p1's world, but a request's state slot comes
 # from its admission match (match_prefix {cow_mamba: true}) when the match has a state
 COW_CONFIGS = ("mamba-cow-p1",)
@@ -75,6 +75,11 @@ def make_config(name: str, seed: int) -> CacheConfig:
         return CacheConfig(page_size=1, components=("full", "mamba"), kv_slots=kv_slots,
                            mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
     page_size = int(name[-1])
+    if name.startswith("full-swa-mamba-"):  # one tree with all three components
+        swa_slots = _round_down(int(kv_slots * rng.choice([0.5, 0.625, 0.75, 1.0])), page_size)
+        return CacheConfig(page_size=page_size, components=("full", "swa", "mamba"),
+                           kv_slots=kv_slots, sliding_window=8, swa_slots=swa_slots,
+                           mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
     if name in HOST_AUX_NAMES:
         return _host_aux_config(name, rng, kv_slots)
     if name.startswith("hicache-"):
@@ -545,8 +550,10 @@ class Driver:
             n = self.config.kv_slots
         if self.swa:  # hybrid models: a per-component request, sometimes alone
             w = self.rng.choice([0, 0, 1, self.config.sliding_window, self.config.swa_slots // 3])
-            self.emit("evict", {"num_tokens": n if self.rng.random() < 0.6 else 0,
-                                "swa_num_tokens": w})
+            args = {"num_tokens": n if self.rng.random() < 0.6 else 0, "swa_num_tokens": w}
+            if self.mamba:  # Full + SWA + Mamba: a state count too
+                args["mamba_num"] = self.rng.choice([0, 0, 1, 2, self.config.mamba_slots])
+            self.emit("evict", args)
             return
         if self.mamba:
             k = self.rng.choice([0, 0, 1, 2, self.config.mamba_slots])

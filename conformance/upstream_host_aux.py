@@ -174,6 +174,8 @@ class HostAuxUpstreamAdapter(UpstreamHostAdapter, HybridUpstreamAdapter):
         reasons = []
         if config.components == ("full",):
             reasons.append("no aux component (use UpstreamHostAdapter)")
+        if len(config.components) > 2:
+            reasons.append("SWA and Mamba together")
         if not config.has_host_tier:
             reasons.append("no host tier (use HybridUpstreamAdapter)")
         if config.eagle:

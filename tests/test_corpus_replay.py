@@ -95,6 +95,22 @@ def test_host_aux_corpora_are_there(folder, aux):
             assert is_awaiting_spec(t), t
 
 
+def test_full_swa_mamba_corpus_is_there():
+    """Golden traces of Full+SWA+Mamba in one tree: at least 20 per page size (1, 4), each of
+    at least 300 steps (counted, not loaded: the config check refuses three components until
+    the spec's Full+SWA+Mamba work is merged)."""
+    base = os.path.join(CORPUS, "upstream-full-swa-mamba")
+    for cfg in ("full-swa-mamba-p1", "full-swa-mamba-p4"):
+        found = glob.glob(os.path.join(base, f"{cfg}-s*.jsonl"))
+        assert len(found) >= 20, f"{cfg}: {len(found)} traces"
+        for t in found:
+            assert is_awaiting_spec(t), t
+            with open(t, encoding="utf-8") as f:
+                lines = [ln for ln in f if ln.strip()]
+            assert '"components":["full","swa","mamba"]' in lines[0], t
+            assert len(lines) - 1 >= 300, t
+
+
 def test_awaiting_spec_entries_exist():
     """Every AWAITING_SPEC entry names a folder or trace that is there (a stale entry would
     hide nothing, but says something false)."""
