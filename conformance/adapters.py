@@ -393,6 +393,9 @@ ADAPTERS["fast"] = _fast_adapter
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
     """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable)."""
     if impl == "upstream":
+        if config.components != ("full",) and config.has_host_tier:  # upstream_host_aux.py
+            from uniradix.conformance.upstream_host_aux import HostAuxUpstreamAdapter
+            return HostAuxUpstreamAdapter(config)
         if config.components != ("full",):  # hybrid models: SWA or Mamba
             from uniradix.conformance.upstream_hybrid import HybridUpstreamAdapter
             return HybridUpstreamAdapter(config)

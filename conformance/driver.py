@@ -35,9 +35,13 @@ from typing import Any, Optional, Sequence
 
 from uniradix.spec.config import CacheConfig
 
+# the host tier with SWA or Mamba: the names and fixed parts are HOST_AUX_CONFIGS of
+# conformance/upstream_host_aux.py (host-{swa,mamba}-{wt,wb}-p{1,4})
+HOST_AUX_NAMES = tuple(f"host-{aux}-{wp}-p{ps}" for aux in ("swa", "mamba")
+                       for wp in ("wt", "wb") for ps in (1, 4))
 CONFIG_NAMES = ("full-p1", "full-p4", "full-p16", "swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1",
                 "hicache-wt-p1", "hicache-wt-p4", "hicache-wb-p1", "hicache-wb-p4",
-                "mamba-cow-p1")
+                "mamba-cow-p1") + HOST_AUX_NAMES + ("full-swa-mamba-p1", "full-swa-mamba-p4")
 # Mamba copy-on-write (spec/mamba_cow.py): mamba-p1's world, but a request's state slot comes
 # from its admission match (match_prefix {cow_mamba: true}) when the match has a state
 COW_CONFIGS = ("mamba-cow-p1",)
@@ -71,6 +75,13 @@ def make_config(name: str, seed: int) -> CacheConfig:
         return CacheConfig(page_size=1, components=("full", "mamba"), kv_slots=kv_slots,
                            mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
     page_size = int(name.rsplit("-p", 1)[1])
+    if name.startswith("full-swa-mamba-"):  # one tree with all three components
+        swa_slots = _round_down(int(kv_slots * rng.choice([0.5, 0.625, 0.75, 1.0])), page_size)
+        return CacheConfig(page_size=page_size, components=("full", "swa", "mamba"),
+                           kv_slots=kv_slots, sliding_window=8, swa_slots=swa_slots,
+                           mamba_slots=rng.choice(MAMBA_SLOT_CHOICES), mamba_cache_chunk_size=4)
+    if name in HOST_AUX_NAMES:
+        return _host_aux_config(name, rng, kv_slots)
     if name.startswith("hicache-"):
         # host tier: a host pool of 1 to 2 device pools (host eviction is frequent), the
         # write policy of the name, sometimes a load-back threshold
@@ -81,6 +92,28 @@ def make_config(name: str, seed: int) -> CacheConfig:
                            write_through_threshold=1,
                            load_back_threshold=rng.choice((0, 0, 2 * page_size, 8)))
     return CacheConfig(page_size=page_size, components=("full",), kv_slots=kv_slots)
+
+
+def _host_aux_config(name: str, rng: random.Random, kv_slots: int) -> CacheConfig:
+    """A host tier with SWA or Mamba: HOST_AUX_CONFIGS' fixed part; a host pool of 1 to 2
+    device pools; an SWA pool of 50-100% of the KV pool and an SWA host pool of the host
+    pool or half of it; or a Mamba pool from MAMBA_SLOT_CHOICES and a Mamba host pool of the
+    default (2 x) or 1 x that; sometimes a load-back threshold."""
+    from uniradix.conformance.upstream_host_aux import HOST_AUX_CONFIGS
+    fixed = dict(HOST_AUX_CONFIGS[name])
+    page_size = fixed["page_size"]
+    host_slots = _round_down(int(kv_slots * rng.choice((1.0, 1.5, 2.0))), page_size)
+    extra: dict[str, Any] = {}
+    if "swa" in fixed["components"]:
+        extra["swa_slots"] = _round_down(int(kv_slots * rng.choice([0.5, 0.625, 0.75, 1.0])),
+                                         page_size)
+        extra["host_swa_slots"] = rng.choice((None, _round_down(host_slots // 2, page_size)))
+    else:
+        mamba_slots = rng.choice(MAMBA_SLOT_CHOICES)
+        extra["mamba_slots"] = mamba_slots
+        extra["host_mamba_slots"] = rng.choice((None, mamba_slots))
+    return CacheConfig(**fixed, kv_slots=kv_slots, host_slots=host_slots,
+                       load_back_threshold=rng.choice((0, 0, 2 * page_size, 8)), **extra)
 
 
 def with_policy(config: CacheConfig, policy: str) -> CacheConfig:
@@ -249,6 +282,10 @@ class Driver:
             self.free_slots = self.config.kv_slots
         elif op == "load_back":  # the cache took the loaded slots from the pool
             self.free_slots -= len(ret["device_indices"])
+            # with an aux component: the aux slots of the loaded nodes, the request's state
+            self.free_swa -= len(ret.get("swa_device_indices", ()))
+            self.free_mamba -= len(ret.get("mamba_device_indices", ()))
+            self.free_mamba -= ret.get("mamba_pool_idx") is not None
         elif op == "match_prefix" and args.get("cow_mamba") and args.get("mamba_slot") is None \
                 and ret.get("mamba_pool_idx") is not None:  # a fresh state for the request
             self.free_mamba -= 1
@@ -393,7 +430,13 @@ class Driver:
         self.inflight.append(req)
 
     def _load_back(self, req: _Request, prompt: list[int], best: int) -> None:
-        """The scheduler's init_load_back for the host part of a match."""
+        """The scheduler's init_load_back for the host part of a match.  With Mamba the load
+        back takes the request's state slot when the node has a host state, so one must be
+        free (evict one state first; no load back when none can be freed)."""
+        if self.mamba and self.free_mamba == 0:
+            self.emit("evict", {"num_tokens": 0, "mamba_num": 1})
+            if self.free_mamba == 0 or self.done():
+                return
         quota = None if self.rng.random() < 0.8 else self.rng.randint(0, 2 * best)
         ret = self.emit("load_back", {
             "node": {"tokens": prompt[:best], "extra_key": req.extra_key},
@@ -401,6 +444,8 @@ class Driver:
             "mem_quota": quota})
         req.prefix += list(ret["device_indices"])
         req.matched = ret["last_node"]
+        if ret.get("mamba_pool_idx") is not None:
+            req.mamba_slot = ret["mamba_pool_idx"]
 
     def _produced_capacity(self, req: _Request) -> int:
         """Output tokens that fit in the slots already held (the last prompt page's slack)."""
@@ -514,8 +559,10 @@ class Driver:
             n = self.config.kv_slots
         if self.swa:  # hybrid models: a per-component request, sometimes alone
             w = self.rng.choice([0, 0, 1, self.config.sliding_window, self.config.swa_slots // 3])
-            self.emit("evict", {"num_tokens": n if self.rng.random() < 0.6 else 0,
-                                "swa_num_tokens": w})
+            args = {"num_tokens": n if self.rng.random() < 0.6 else 0, "swa_num_tokens": w}
+            if self.mamba:  # Full + SWA + Mamba: a state count too
+                args["mamba_num"] = self.rng.choice([0, 0, 1, 2, self.config.mamba_slots])
+            self.emit("evict", args)
             return
         if self.mamba:
             k = self.rng.choice([0, 0, 1, 2, self.config.mamba_slots])
@@ -537,8 +584,12 @@ class Driver:
     def host_actions(self) -> tuple[list[str], list[float]]:
         if not self.host_tier:
             return [], []
+        # no host locks with an aux component: 0.5.13.post1's own sanity check fails on any
+        # host lock of a node with host-only SWA or Mamba data (its lock takes the node off
+        # the aux host LRU list, which the check says must hold every such node)
+        pins = not (self.swa or self.mamba)
         return (["io_complete", "events", "evict_host", "host_pin", "host_unpin"],
-                [2.5, 2.0, 0.6, 0.5 if len(self.host_pins) < 2 else 0,
+                [2.5, 2.0, 0.6, 0.5 if pins and len(self.host_pins) < 2 else 0,
                  0.5 if self.host_pins else 0])
 
     def act_io_complete(self) -> None:

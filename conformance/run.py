@@ -26,6 +26,19 @@ IMPLS = ("spec", "fast")
 # policies than lru, Mamba copy-on-write and the storage tier (fast refuses each by name).
 SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage")
 
+# Corpora the spec cannot replay yet: the host tier with SWA or Mamba and Full+SWA+Mamba in one
+# tree, recorded from upstream (the spec refuses those configs, and this branch's config check
+# refuses the three components, until that spec work is merged), and the reproductions of
+# upstream's defects with a host tier and an aux component (tests/corpus/regressions/README.md).
+# Folder names or trace file names; skipped, unread, by `uniradix run` and
+# tests/test_corpus_replay.py with this reason.  Take an entry off once the spec replays it.
+AWAITING_SPEC = ("upstream-host-swa", "upstream-host-mamba", "upstream-full-swa-mamba",
+                 "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl",
+                 "upstream-hang-host-mamba-wb-p1-evict-backup-fails.jsonl",
+                 "upstream-crash-host-mamba-wt-p1-load-back-all-slots-pinned.jsonl")
+AWAITING_SPEC_REASON = ("awaits the spec's host tier with SWA/Mamba or Full+SWA+Mamba "
+                        "(conformance/run.py AWAITING_SPEC)")
+
 
 def find_corpus(explicit: str | None) -> list[str]:
     folder = explicit or os.path.join("tests", "corpus")
@@ -36,6 +49,12 @@ def is_spec_only(path: str) -> bool:
     """Whether a corpus trace lies in a folder that only the spec replays so far."""
     parts = os.path.normpath(path).split(os.sep)
     return any(d in parts[:-1] for d in SPEC_ONLY_CORPORA)
+
+
+def is_awaiting_spec(path: str) -> bool:
+    """Whether a corpus trace is one the spec cannot replay yet (:data:`AWAITING_SPEC`)."""
+    parts = os.path.normpath(path).split(os.sep)
+    return any(d in parts[:-1] for d in AWAITING_SPEC) or parts[-1] in AWAITING_SPEC
 
 
 def progress_bar(label: str):
@@ -63,6 +82,10 @@ def main_run(args: argparse.Namespace) -> int:
     status = 0
 
     paths = find_corpus(args.corpus)
+    waiting = [p for p in paths if is_awaiting_spec(p)]
+    if waiting:
+        print(f"skipped {len(waiting)} corpus traces: {AWAITING_SPEC_REASON}", file=sys.stderr)
+        paths = [p for p in paths if not is_awaiting_spec(p)]
     for impl in IMPLS:
         steps = divergences = traces = 0
         bar = progress_bar(f"replay {impl}")

@@ -96,6 +96,11 @@ def load_hybrid() -> types.SimpleNamespace:
         def clear(self) -> None:
             self.pool.reset()
 
+        def set_full_to_swa_mapping(self, full_indices, swa_indices) -> None:
+            # a load back pairs the full slots it took with the SWA slots it took
+            full, swa = self._slots(full_indices), self._slots(swa_indices)
+            self.pool.full_to_swa.update(zip(full, swa, strict=True))
+
     class MambaAllocator:
         def __init__(self, pool) -> None:
             self.pool = pool
@@ -129,7 +134,9 @@ def load_hybrid() -> types.SimpleNamespace:
 
 
 class HybridUpstreamAdapter(UpstreamAdapter):
-    """:class:`UpstreamAdapter` for ``components: ["full", "swa"]`` and ``["full", "mamba"]``."""
+    """:class:`UpstreamAdapter` for ``components: ["full", "swa"]``, ``["full", "mamba"]`` and
+    ``["full", "swa", "mamba"]`` (both pools; a config the spec accepts once its Full+SWA+Mamba
+    work is merged)."""
 
     def __init__(self, config: CacheConfig) -> None:
         self.hy = load_hybrid()
@@ -147,7 +154,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             reasons.append("eagle bigram keys")
         if config.disable:
             reasons.append("a disabled cache")
-        if "mamba" in config.components and config.page_size != 1:
+        if config.components == ("full", "mamba") and config.page_size != 1:
             reasons.append("Mamba with page_size > 1 (upstream needs the extra buffer for it)")
         if reasons:
             raise Unsupported("HybridUpstreamAdapter supports SWA or Mamba on the device tier "
@@ -155,7 +162,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
 
     def _tree_components(self) -> tuple:
         ct = self.up.ComponentType
-        return (ct.FULL, ct.SWA) if "swa" in self.config.components else (ct.FULL, ct.MAMBA)
+        return (ct.FULL,) + tuple(getattr(ct, name.upper()) for name in self.config.components[1:])
 
     def _build_cache(self):
         self.pool, self.mamba = hybrid_pools(self.config)
@@ -168,6 +175,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             override = {ct.SWA: hy.SeedEraSWAComponent}
         else:
             self.allocator = PoolAllocator(self.pool, self.up.torch)
+        if "mamba" in self.config.components:
             req_pool = hy.MambaReqPool(self.mamba)
             hy.server_args._global_server_args = types.SimpleNamespace(
                 mamba_cache_chunk_size=self.config.mamba_cache_chunk_size)
@@ -177,8 +185,15 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             is_eagle=False, tree_components=self._tree_components(),
             sliding_window_size=self.config.sliding_window,
             component_registry_override=override,
-            eviction_policy=self.config.eviction_policy)
+            eviction_policy=self.config.eviction_policy,
+            enable_mamba_extra_buffer=self._mamba_extra_buffer())
         return self.up.UnifiedRadixCache(params)
+
+    def _mamba_extra_buffer(self) -> bool:
+        """Whether to tell upstream the Mamba extra buffer is on.  The flag only changes its
+        request path; in the tree it lifts the page-size-1 check (Full+SWA+Mamba and the host
+        tier adapter, conformance/upstream_host_aux.py, drive Mamba at page 4 with it)."""
+        return len(self.config.components) == 3 and self.config.page_size > 1
 
     # -- effects -------------------------------------------------------------------------------
     def _aux_pools(self) -> list:
@@ -287,6 +302,9 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         if "mamba" in self.config.components:
             b = result.mamba_branching_seqlen
             ret["mamba_branching_seqlen"] = None if b is None else int(b)
+        if self.config.has_host_tier:  # the aux part of the host hit (TRACE.md)
+            name = f"{self._aux}_host_hit_length"
+            ret[name] = int(getattr(result, name))
         if cow:  # Mamba copy-on-write (docs/TRACE.md): what the request got, and the effects
             src, dst = req.mamba_cow_src_index, req.mamba_pool_idx
             ret["mamba_cow_src"] = None if src is None else int(src.reshape(-1)[0])
@@ -359,7 +377,11 @@ class HybridUpstreamAdapter(UpstreamAdapter):
     # -- snapshot ------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         snap = super().snapshot()
-        name = self._aux
+        for name in self.config.components[1:]:
+            self._aux_snapshot(snap, name)
+        return snap
+
+    def _aux_snapshot(self, snap: dict, name: str) -> None:
         by_path = {}
         for node in self._walk_nodes():
             if node is self.root:
@@ -384,4 +406,3 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
         else:
             snap["mamba_pool"] = sorted(self.mamba.allocated_pages())
-        return snap

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from uniradix.conformance.replay import replay_trace
-from uniradix.conformance.run import is_spec_only
+from uniradix.conformance.run import AWAITING_SPEC_REASON, is_awaiting_spec, is_spec_only
 from uniradix.conformance.trace import load_trace
 
 from conftest import CORPUS
@@ -56,6 +56,8 @@ def test_host_tier_corpus_is_there():
 @pytest.mark.parametrize("impl", ["spec", "fast"])
 @pytest.mark.parametrize("path", TRACES, ids=[os.path.relpath(t, CORPUS) for t in TRACES])
 def test_replay(path, impl):
+    if is_awaiting_spec(path):
+        pytest.skip(AWAITING_SPEC_REASON)
     result = replay_trace(load_trace(path), impl)
     assert result.unsupported is None, result.unsupported
     assert result.divergence is None, str(result.divergence)
@@ -75,3 +77,45 @@ def test_spec_only_folders_are_the_ones_fast_refuses():
             r.divergence is not None and "Unsupported" in str(r.divergence))
         assert refused, f"fast replays {traces[0]}: take {folder} off SPEC_ONLY_CORPORA"
     assert not any(is_spec_only(t) for t in TRACES)
+
+
+@pytest.mark.parametrize("folder, aux", [("upstream-host-swa", "swa"),
+                                         ("upstream-host-mamba", "mamba")])
+def test_host_aux_corpora_are_there(folder, aux):
+    """Golden traces of the host tier with SWA / Mamba: at least 20 per config (write-through
+    and write-back, pages 1 and 4), each of at least 300 steps, every one awaiting the spec."""
+    base = os.path.join(CORPUS, folder)
+    for cfg in (f"host-{aux}-{wp}-p{ps}" for wp in ("wt", "wb") for ps in (1, 4)):
+        found = glob.glob(os.path.join(base, f"{cfg}-s*.jsonl"))
+        assert len(found) >= 20, f"{cfg}: {len(found)} traces"
+        for t in found:
+            trace = load_trace(t)
+            assert trace.config.has_host_tier and aux in trace.config.components, t
+            assert len(trace.steps) >= 300, t
+            assert is_awaiting_spec(t), t
+
+
+def test_full_swa_mamba_corpus_is_there():
+    """Golden traces of Full+SWA+Mamba in one tree: at least 20 per page size (1, 4), each of
+    at least 300 steps (counted, not loaded: the config check refuses three components until
+    the spec's Full+SWA+Mamba work is merged)."""
+    base = os.path.join(CORPUS, "upstream-full-swa-mamba")
+    for cfg in ("full-swa-mamba-p1", "full-swa-mamba-p4"):
+        found = glob.glob(os.path.join(base, f"{cfg}-s*.jsonl"))
+        assert len(found) >= 20, f"{cfg}: {len(found)} traces"
+        for t in found:
+            assert is_awaiting_spec(t), t
+            with open(t, encoding="utf-8") as f:
+                lines = [ln for ln in f if ln.strip()]
+            assert '"components":["full","swa","mamba"]' in lines[0], t
+            assert len(lines) - 1 >= 300, t
+
+
+def test_awaiting_spec_entries_exist():
+    """Every AWAITING_SPEC entry names a folder or trace that is there (a stale entry would
+    hide nothing, but says something false)."""
+    from uniradix.conformance.run import AWAITING_SPEC
+    everything = glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
+    for entry in AWAITING_SPEC:
+        assert any(is_awaiting_spec(t) and (os.sep + entry + os.sep in t or t.endswith(os.sep + entry))
+                   for t in everything), f"AWAITING_SPEC entry {entry!r} matches no trace"
