@@ -11,8 +11,10 @@ component on some nodes:
   ends; a match may only stop at a node that holds a state.  A lock protects that node only.
 
 The data of one component on one node is an :class:`AuxData` in ``node.aux[name]``.  Read in
-this order: data and pools, match validators, split, insert hooks, locks, eviction (priorities,
-cascade, per-component LRU), queries and invariants.
+this order: data and pools, the two plug-ins (:class:`SWAComponent`, :class:`MambaComponent`:
+their hooks of spec/core.py ``Plugin`` in rule order: match validators, split, insert hooks,
+locks, freeing their data), eviction (priorities, cascade, per-component LRU), queries and
+invariants.
 
 Each component's LRU order is *not* stored: the seed moves a node to the front of its aux LRU
 list exactly when it stamps the node (touch on the insert walk, the matched path, a split, a
@@ -27,14 +29,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+from . import cache as rules
+from .config import CacheConfig
+from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, Plugin, all_nodes
 from .errors import InvalidInput
-from .state import CacheState, LockHandle, Node, all_nodes
+from .queries import is_device_leaf, oldest_device_leaf
 
 AUX = ("swa", "mamba")
-
-# Eviction priority on a leaf / on an internal node: higher is evicted later, and evicting a
-# component on a node also evicts every component of lower or equal priority there (cascade).
-PRIORITY = {"full": (0, 2), "swa": (0, 1), "mamba": (0, 0)}
 
 
 @dataclasses.dataclass(eq=False)
@@ -46,8 +47,13 @@ class AuxData:
     boundary: Optional[int] = None  # SWA: the mark of the node where a window lock stopped
 
 
-def aux_names(state: CacheState) -> tuple:
-    return tuple(c for c in state.config.components if c in AUX)
+def aux_names(state: CacheState) -> tuple[str, ...]:
+    return tuple(c.name for c in aux_components(state))
+
+
+def aux_components(state: CacheState) -> list["AuxComponent"]:
+    """The configured aux components' plug-ins, in the config's order."""
+    return [p for p in state.plugins if isinstance(p, AuxComponent)]
 
 
 def data(node: Node, name: str) -> AuxData:
@@ -68,21 +74,242 @@ def any_aux_lock(node: Node) -> bool:
 
 
 def window(state: CacheState) -> int:
+    assert state.config.sliding_window is not None  # CacheConfig.validate: SWA needs one
     return state.config.sliding_window
+
+
+# ----------------------------------------------------------------------------------------------
+# The plug-ins
+# ----------------------------------------------------------------------------------------------
+
+
+class AuxComponent(Plugin):
+    """What the SWA and Mamba plug-ins share: a name (their key in ``node.aux``), an eviction
+    priority, how their device data on a node is freed and checked."""
+
+    name: str = ""
+    #: eviction priority on a leaf / on an internal node: higher is evicted later, and evicting
+    #: a component on a node also evicts every component of lower or equal priority there
+    #: (cascade; Full has (0, 2) and is only ever evicted with its leaf)
+    priority: tuple[int, int] = (0, 0)
+
+    def free_data(self, state: CacheState, node: Node, d: AuxData) -> None:
+        """Give the component's device data on ``node`` back to its pool."""
+        raise NotImplementedError
+
+    def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
+                    ) -> list[str]:
+        """The component's invariants on its data ``d`` on ``node`` (which has Full data)."""
+        return []
+
+    def drop_device_leaf(self, state: CacheState, leaf: Node, tracker: dict[str, int]) -> None:
+        drop_aux(state, leaf, self, tracker)
+
+
+class SWAComponent(AuxComponent):
+    name = "swa"
+    priority = (0, 1)
+    insert_args = frozenset({"swa_evicted_seqlen"})
+
+    def match_validator(self, state: CacheState) -> Callable[[Node], bool]:
+        return swa_validator(window(state))
+
+    def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
+        """The values are cut at the same point, the upper part inherits the lock count and
+        takes the lock-boundary mark (a window lock that stopped at the child stops at its top
+        part now)."""
+        if not child.aux:
+            return
+        c, u = data(child, "swa"), data(upper, "swa")
+        u.lock_ref = c.lock_ref
+        if c.value is not None:
+            u.value, c.value = c.value[:split_len], c.value[split_len:]
+        u.boundary, c.boundary = c.boundary, None
+
+    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]], value: tuple,
+                     args: InsertArgs) -> InsertArgs:
+        """An insert may not restore an SWA tombstone that ``prev_prefix_len`` cuts (its own
+        slots would be freed)."""
+        start = 0
+        for node, shared in plan:
+            inside = start < args.prev_prefix_len < start + shared
+            if inside and node.value is not None and not has(node, "swa") \
+                    and args.swa_evicted_seqlen < start + shared:
+                raise InvalidInput("insert: prev_prefix_len falls inside an SWA tombstone that "
+                                   "this insert would restore (its own slots would be freed)")
+            start += shared
+        return args
+
+    def insert_overlap(self, state: CacheState, node: Node, start: int, shared: int,
+                       fresh: tuple, args: InsertArgs) -> int:
+        """SWA overlap ownership: an SWA tombstone whose units the request computed itself
+        (past ``prev_prefix_len``) and that lie inside the request's window (from
+        ``swa_evicted_seqlen`` on) takes the request's slots: its old full slots are freed and
+        the fresh ones, with their SWA slots, become its data.  When the window starts inside
+        the node, the node is split there first and only the part inside takes them."""
+        if args.prev_prefix_len >= start + shared or has(node, "swa"):
+            return shared
+        assert node.value is not None
+        if args.swa_evicted_seqlen <= start:
+            state.kv.free(list(node.value))
+            restore_swa(state, node, fresh)
+            return 0
+        if args.swa_evicted_seqlen < start + shared:
+            cut = args.swa_evicted_seqlen - start
+            state.kv.free(list(node.value[cut:]))
+            rules.split_node(state, node, cut)
+            restore_swa(state, node, fresh[cut:])
+            return cut
+        return shared
+
+    def recover_after_unevict(self, state: CacheState, node: Node, start: int,
+                              args: InsertArgs) -> None:
+        """An evicted node an insert gave device data back gets its SWA data back from the
+        fresh slots too, for the part inside the request's window."""
+        if has(node, "swa"):
+            return
+        assert node.value is not None
+        if args.swa_evicted_seqlen <= start:
+            restore_swa(state, node, node.value)
+        elif args.swa_evicted_seqlen < start + len(node.key):
+            rules.split_node(state, node, args.swa_evicted_seqlen - start)
+            restore_swa(state, node, node.value)
+
+    def skip_leaf(self, state: CacheState, start: int, rest_len: int, args: InsertArgs) -> bool:
+        """A new leaf wholly outside the request's window would be born a tombstone; the
+        insert does not create it (and frees its slots)."""
+        return args.swa_evicted_seqlen >= start + rest_len
+
+    def commit_insert(self, state: CacheState, node: Node, is_new_leaf: bool, start: int,
+                      args: InsertArgs) -> bool:
+        """New leaves only: the part inside the window (from ``swa_evicted_seqlen`` on; the
+        leaf is split there when the window starts inside it) takes the mapped SWA slots."""
+        if not is_new_leaf:
+            return False
+        cut = args.swa_evicted_seqlen - start
+        if cut < len(node.key):
+            if cut > 0:
+                rules.split_node(state, node, cut)
+            data(node, "swa").value = state.kv.translate(node.value)
+        return False
+
+    def lock(self, state: CacheState, handle: LockHandle) -> None:
+        """Lock one window of SWA data above the node (skipping tombstones) and mark the node
+        where the window filled up."""
+        handle.aux["swa"] = lock_swa_window(state, handle.node)
+
+    def unlock(self, state: CacheState, handle: LockHandle) -> None:
+        if "swa" in handle.aux:
+            unlock_swa_window(handle.node, *handle.aux["swa"])
+
+    def free_data(self, state: CacheState, node: Node, d: AuxData) -> None:
+        assert node.value is not None
+        state.kv.free_swa(list(node.value))
+
+    def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
+                    ) -> list[str]:
+        """SWA data is the mapped SWA slots of the Full data, allocated."""
+        assert d.value is not None and node.value is not None
+        if d.value != state.kv.translate(node.value) or 0 in d.value:
+            return [f"[aux] {node!r} SWA slots are not the mapped ones"]
+        if any(not state.kv.swa.is_allocated(s) for s in d.value):
+            return [f"[aux] {node!r} holds SWA slots the pool says are free"]
+        return []
+
+
+class MambaComponent(AuxComponent):
+    name = "mamba"
+    priority = (0, 0)
+    insert_args = frozenset({"mamba_value"})
+
+    def match_validator(self, state: CacheState) -> Callable[[Node], bool]:
+        return mamba_validator
+
+    def finish_match(self, state: CacheState, outcome: MatchOutcome, walk: MatchWalk
+                     ) -> MatchOutcome:
+        branching = branching_seqlen(state, walk.walked_len, walk.best_chunks,
+                                     walk.walked_chunks)
+        return dataclasses.replace(outcome, mamba_branching_seqlen=branching)
+
+    def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
+        """The state stays on the child; the upper part has none and no lock."""
+        if not child.aux:
+            return
+        data(child, "mamba")
+        u = data(upper, "mamba")
+        u.value, u.lock_ref = None, 0
+
+    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]], value: tuple,
+                     args: InsertArgs) -> InsertArgs:
+        """The insert must carry one allocated state slot the tree does not hold."""
+        if args.mamba_value is None:
+            raise InvalidInput("insert: the Mamba component needs a mamba_value")
+        mv = tuple(rules.check_int_list("mamba_value", args.mamba_value))
+        if len(mv) != 1:
+            raise InvalidInput(f"insert: mamba_value must be one slot, got {list(mv)}")
+        assert state.mamba is not None
+        if not state.mamba.is_allocated(mv[0]):
+            raise InvalidInput(f"insert: mamba slot {mv[0]} is not allocated")
+        if any(has(n, "mamba") and n.aux["mamba"].value == mv for n in all_nodes(state)):
+            raise InvalidInput(f"insert: mamba slot {mv[0]} is already the tree's")
+        return dataclasses.replace(args, mamba_value=mv)
+
+    def commit_insert(self, state: CacheState, node: Node, is_new_leaf: bool, start: int,
+                      args: InsertArgs) -> bool:
+        """A new leaf, or a node without a state, takes ``mamba_value`` and becomes the most
+        recent; a node that has a state keeps it, becomes the most recent, and the insert
+        answers ``mamba_exist`` (the caller keeps its slot)."""
+        d = data(node, "mamba")
+        assert args.mamba_value is None or isinstance(args.mamba_value, tuple)
+        if is_new_leaf:
+            d.value = args.mamba_value
+        elif d.value is None:
+            d.value = args.mamba_value
+            rules.touch(state, node)
+        else:
+            rules.touch(state, node)
+            return True
+        return False
+
+    def lock(self, state: CacheState, handle: LockHandle) -> None:
+        """Lock the node itself."""
+        handle.aux["mamba"] = lock_mamba_node(handle.node)
+
+    def unlock(self, state: CacheState, handle: LockHandle) -> None:
+        if handle.aux.get("mamba"):
+            d = data(handle.node, "mamba")
+            if d.lock_ref > 0:
+                d.lock_ref -= 1
+
+    def free_data(self, state: CacheState, node: Node, d: AuxData) -> None:
+        assert state.mamba is not None and d.value is not None
+        state.mamba.free(list(d.value))
+
+    def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
+                    ) -> list[str]:
+        """A Mamba state is one allocated slot held once."""
+        assert state.mamba is not None and d.value is not None
+        if len(d.value) != 1 or not state.mamba.is_allocated(d.value[0]):
+            return [f"[aux] {node!r} Mamba state {d.value} is not one allocated slot"]
+        if d.value[0] in held:
+            return [f"[aux] Mamba slot {d.value[0]} held twice"]
+        held[d.value[0]] = node
+        return []
+
+
+SWA = SWAComponent()
+MAMBA = MambaComponent()
+COMPONENTS: dict[str, AuxComponent] = {"swa": SWA, "mamba": MAMBA}  # by config name
+
+
+def plugins_for(config: CacheConfig) -> tuple[AuxComponent, ...]:
+    """The aux components a config names, in its order (spec/state.py composes them)."""
+    return tuple(COMPONENTS[c] for c in config.components if c in COMPONENTS)
 
 
 # ----------------------------------------------------------------------------------------------
 # Match validators: may a match stop at this node?
 # ----------------------------------------------------------------------------------------------
-
-
-def match_validators(state: CacheState) -> list[Callable[[Node], bool]]:
-    """One predicate per aux component, fed the matched nodes top-down (Full needs nothing
-    more: the walk only visits nodes with device data)."""
-    out = []
-    for name in aux_names(state):
-        out.append(swa_validator(window(state)) if name == "swa" else mamba_validator)
-    return out
 
 
 def swa_validator(window_len: int) -> Callable[[Node], bool]:
@@ -120,181 +347,15 @@ def branching_seqlen(state: CacheState, walked_len: int, best_chunks: int, walke
     return aligned if aligned > 0 else None
 
 
-# ----------------------------------------------------------------------------------------------
-# Split: aux data follows the cut
-# ----------------------------------------------------------------------------------------------
-
-
-def split_aux(state: CacheState, upper: Node, child: Node, split_len: int) -> None:
-    """SWA: the values are cut at the same point, the upper part inherits the lock count and
-    takes the lock-boundary mark (a window lock that stopped at the child stops at its top
-    part now).  Mamba: the state stays on the child; the upper part has none and no lock."""
-    for name in aux_names(state):
-        c = data(child, name)
-        u = data(upper, name)
-        if name == "swa":
-            u.lock_ref = c.lock_ref
-            if c.value is not None:
-                u.value, c.value = c.value[:split_len], c.value[split_len:]
-            u.boundary, c.boundary = c.boundary, None
-        else:
-            u.value, u.lock_ref = None, 0
-
-
-# ----------------------------------------------------------------------------------------------
-# Insert hooks
-# ----------------------------------------------------------------------------------------------
-
-
-def check_aux_args(state: CacheState, mamba_value, swa_evicted_seqlen) -> int:
-    """The aux arguments an insert may carry at all in this config, checked even where the
-    insert then does nothing (a disabled cache): ``swa_evicted_seqlen`` a whole number of
-    pages and only with SWA, ``mamba_value`` only with Mamba.  Returns ``swa_evicted_seqlen``."""
-    from .cache import check_count
-    names = aux_names(state)
-    swa_evicted_seqlen = check_count("swa_evicted_seqlen", swa_evicted_seqlen)
-    if swa_evicted_seqlen and "swa" not in names:
-        raise InvalidInput("insert: swa_evicted_seqlen needs the SWA component")
-    if swa_evicted_seqlen % state.config.page_size:
-        raise InvalidInput(f"insert: swa_evicted_seqlen={swa_evicted_seqlen} is not whole pages")
-    if mamba_value is not None and "mamba" not in names:
-        raise InvalidInput("insert: mamba_value needs the Mamba component")
-    return swa_evicted_seqlen
-
-
-def check_insert_aux(state: CacheState, plan: list, prev_prefix_len: int,
-                     mamba_value, swa_evicted_seqlen) -> tuple:
-    """Check the aux arguments of an insert (nothing changes on failure); returns them
-    normalised: ``(mamba_value tuple or None, swa_evicted_seqlen int)``."""
-    from .cache import check_int_list
-    names = aux_names(state)
-    swa_evicted_seqlen = check_aux_args(state, mamba_value, swa_evicted_seqlen)
-    if "swa" in names:
-        start = 0
-        for node, shared in plan:
-            inside = start < prev_prefix_len < start + shared
-            if inside and node.value is not None and not has(node, "swa") \
-                    and swa_evicted_seqlen < start + shared:
-                raise InvalidInput("insert: prev_prefix_len falls inside an SWA tombstone that "
-                                   "this insert would restore (its own slots would be freed)")
-            start += shared
-    if "mamba" not in names:
-        if mamba_value is not None:
-            raise InvalidInput("insert: mamba_value needs the Mamba component")
-        return None, swa_evicted_seqlen
-    if mamba_value is None:
-        raise InvalidInput("insert: the Mamba component needs a mamba_value")
-    mv = tuple(check_int_list("mamba_value", mamba_value))
-    if len(mv) != 1:
-        raise InvalidInput(f"insert: mamba_value must be one slot, got {list(mv)}")
-    if not state.mamba.is_allocated(mv[0]):
-        raise InvalidInput(f"insert: mamba slot {mv[0]} is not allocated")
-    if any(has(n, "mamba") and n.aux["mamba"].value == mv for n in all_nodes(state)):
-        raise InvalidInput(f"insert: mamba slot {mv[0]} is already the tree's")
-    return mv, swa_evicted_seqlen
-
-
-def insert_overlap(state: CacheState, node: Node, start: int, shared: int, fresh: tuple,
-                   prev_prefix_len: int, swa_evicted_seqlen: int) -> int:
-    """An insert walks through ``node`` (device data, ``shared`` units from ``start``), where
-    ``fresh`` are the request's slots for those units.  Returns where in ``fresh`` a component
-    took the slots over (``shared`` when none did); the caller frees the duplicates before it.
-
-    SWA overlap ownership: an SWA tombstone whose units the request computed itself (past
-    ``prev_prefix_len``) and that lie inside the request's window (from
-    ``swa_evicted_seqlen`` on) takes the request's slots: its old full slots are freed and the
-    fresh ones, with their SWA slots, become its data.  When the window starts inside the node,
-    the node is split there first and only the part inside takes them.
-    """
-    if "swa" not in aux_names(state) or prev_prefix_len >= start + shared or has(node, "swa"):
-        return shared
-    from .cache import split_node
-    if swa_evicted_seqlen <= start:
-        state.kv.free(list(node.value))
-        restore_swa(state, node, fresh)
-        return 0
-    if swa_evicted_seqlen < start + shared:
-        cut = swa_evicted_seqlen - start
-        state.kv.free(list(node.value[cut:]))
-        split_node(state, node, cut)
-        restore_swa(state, node, fresh[cut:])
-        return cut
-    return shared
-
-
 def restore_swa(state: CacheState, node: Node, full_value: tuple) -> None:
     """A node takes ``full_value`` as its Full data and the mapped SWA slots as its SWA data."""
     node.value = tuple(full_value)
     data(node, "swa").value = state.kv.translate(node.value)
 
 
-def recover_after_unevict(state: CacheState, node: Node, start: int,
-                          swa_evicted_seqlen: int) -> None:
-    """An evicted node an insert gave device data back (``cache.unevict``) gets its SWA data
-    back from the fresh slots too, for the part inside the request's window."""
-    if "swa" not in aux_names(state) or has(node, "swa"):
-        return
-    from .cache import split_node
-    if swa_evicted_seqlen <= start:
-        restore_swa(state, node, node.value)
-    elif swa_evicted_seqlen < start + len(node.key):
-        split_node(state, node, swa_evicted_seqlen - start)
-        restore_swa(state, node, node.value)
-
-
-def skip_leaf(state: CacheState, start: int, rest_len: int, swa_evicted_seqlen: int) -> bool:
-    """SWA: a new leaf wholly outside the request's window would be born a tombstone; the
-    insert does not create it (and frees its slots)."""
-    return "swa" in aux_names(state) and swa_evicted_seqlen >= start + rest_len
-
-
-def commit_insert(state: CacheState, node: Node, is_new_leaf: bool, start: int,
-                  swa_evicted_seqlen: int, mamba_value: Optional[tuple]) -> bool:
-    """After the walk, the aux data of the insert's last node.  Returns ``mamba_exist``.
-
-    SWA (new leaves only): the part inside the window (from ``swa_evicted_seqlen`` on; the
-    leaf is split there when the window starts inside it) takes the mapped SWA slots.
-    Mamba: a new leaf, or a node without a state, takes ``mamba_value`` and becomes the most
-    recent; a node that has a state keeps it, becomes the most recent, and the insert answers
-    ``mamba_exist`` (the caller keeps its slot).
-    """
-    from .cache import split_node, touch
-    exist = False
-    for name in aux_names(state):
-        if name == "swa":
-            if not is_new_leaf:
-                continue
-            cut = swa_evicted_seqlen - start
-            if cut < len(node.key):
-                if cut > 0:
-                    split_node(state, node, cut)
-                data(node, "swa").value = state.kv.translate(node.value)
-        else:
-            d = data(node, "mamba")
-            if is_new_leaf:
-                d.value = mamba_value
-            elif d.value is None:
-                d.value = mamba_value
-                touch(state, node)
-            else:
-                touch(state, node)
-                exist = True
-    return exist
-
-
 # ----------------------------------------------------------------------------------------------
 # Locks
 # ----------------------------------------------------------------------------------------------
-
-
-def lock_aux(state: CacheState, handle: LockHandle) -> None:
-    """After the Full path lock: SWA locks one window of SWA data above the node (skipping
-    tombstones) and marks the node where the window filled up; Mamba locks the node itself."""
-    for name in aux_names(state):
-        if name == "swa":
-            handle.aux["swa"] = lock_swa_window(state, handle.node)
-        else:
-            handle.aux["mamba"] = lock_mamba_node(handle.node)
 
 
 def lock_swa_window(state: CacheState, node: Node) -> tuple:
@@ -325,18 +386,6 @@ def lock_mamba_node(node: Node) -> bool:
     return True
 
 
-def unlock_aux(state: CacheState, handle: LockHandle) -> None:
-    for name in aux_names(state):
-        if name not in handle.aux:
-            continue
-        if name == "swa":
-            unlock_swa_window(handle.node, *handle.aux["swa"])
-        elif handle.aux["mamba"]:
-            d = data(handle.node, "mamba")
-            if d.lock_ref > 0:
-                d.lock_ref -= 1
-
-
 def unlock_swa_window(node: Node, skipped: tuple, boundary: Optional[int]) -> None:
     """Walk up from the node: skip the nodes the lock skipped and nodes without an SWA lock,
     take one lock off the others, and stop after the node carrying the lock's boundary mark
@@ -364,67 +413,64 @@ def lru_order(state: CacheState, name: str) -> list[Node]:
                   key=lambda n: n.stamp)
 
 
-def drop_aux(state: CacheState, node: Node, name: str, tracker: dict) -> None:
+def drop_aux(state: CacheState, node: Node, comp: AuxComponent, tracker: dict[str, int]) -> None:
     """Free one component's device data on a node (it becomes a tombstone for it)."""
-    d = data(node, name)
+    d = data(node, comp.name)
     if d.value is None:
         return
     assert d.lock_ref == 0
-    tracker[name] = tracker.get(name, 0) + len(d.value)
-    if name == "swa":
-        state.kv.free_swa(list(node.value))
-    else:
-        state.mamba.free(list(d.value))
+    tracker[comp.name] = tracker.get(comp.name, 0) + len(d.value)
+    comp.free_data(state, node, d)
     d.value = None
 
 
-def drop_all_aux(state: CacheState, node: Node, tracker: dict) -> None:
+def drop_all_aux(state: CacheState, node: Node, tracker: dict[str, int]) -> None:
     """A device leaf leaves the tree: every aux component's data goes with it."""
-    for name in aux_names(state):
-        drop_aux(state, node, name, tracker)
+    for comp in aux_components(state):
+        drop_aux(state, node, comp, tracker)
 
 
-def cascade(state: CacheState, node: Node, trigger: str, is_leaf: bool, tracker: dict) -> None:
+def cascade(state: CacheState, node: Node, trigger: AuxComponent, is_leaf: bool,
+            tracker: dict[str, int]) -> None:
     """Evicting ``trigger`` on a node also evicts the other aux components of lower or equal
     priority there (Full is only ever evicted with its leaf)."""
     which = 0 if is_leaf else 1
-    for name in aux_names(state):
-        if name != trigger and PRIORITY[name][which] <= PRIORITY[trigger][which]:
-            drop_aux(state, node, name, tracker)
+    for comp in aux_components(state):
+        if comp is not trigger and comp.priority[which] <= trigger.priority[which]:
+            drop_aux(state, node, comp, tracker)
 
 
-def evict_aux(state: CacheState, name: str, request: int, tracker: dict) -> None:
+def evict_aux(state: CacheState, comp: AuxComponent, request: int, tracker: dict[str, int]
+              ) -> None:
     """Free at least ``request`` units of one component: walk its LRU list oldest first,
     skipping nodes it has locked; a device leaf is evicted whole (it leaves the tree), any
     other node becomes a tombstone for the component (cascading to lower priorities).  The
     order is the list's at the start: eviction changes no stamp and no lock."""
-    from .cache import evict_device_leaf
-    from .queries import is_device_leaf
+    name = comp.name
     for node in [n for n in lru_order(state, name) if data(n, name).lock_ref == 0]:
         if tracker.get(name, 0) >= request:
             return
         if not has(node, name):
             continue
         if is_device_leaf(node):
+            assert node.value is not None
             tracker["full"] = tracker.get("full", 0) + len(node.value)
             drop_all_aux(state, node, tracker)
-            evict_device_leaf(state, node)
+            rules.evict_device_leaf(state, node)
         else:
-            drop_aux(state, node, name, tracker)
-            cascade(state, node, name, False, tracker)
+            drop_aux(state, node, comp, tracker)
+            cascade(state, node, comp, False, tracker)
 
 
 def evict(state: CacheState, num_tokens: int, swa_num_tokens: int = 0, mamba_num: int = 0
-          ) -> dict:
+          ) -> dict[str, int]:
     """The seed's ``evict``: Full drives first (oldest device leaves, whole), then each aux
     component drives its own request from its LRU list.  Each component stops as soon as the
     units freed of it, by any driver, reach its request.  Returns the units freed per
     component."""
-    from .cache import check_count, evict_device_leaf
-    from .queries import oldest_device_leaf
-    check_count("num_tokens", num_tokens)
-    requests = {"swa": check_count("swa_num_tokens", swa_num_tokens),
-                "mamba": check_count("mamba_num", mamba_num)}
+    rules.check_count("num_tokens", num_tokens)
+    requests = {"swa": rules.check_count("swa_num_tokens", swa_num_tokens),
+                "mamba": rules.check_count("mamba_num", mamba_num)}
     tracker = {"full": 0, "swa": 0, "mamba": 0}
     if state.config.disable:
         return tracker
@@ -433,9 +479,9 @@ def evict(state: CacheState, num_tokens: int, swa_num_tokens: int = 0, mamba_num
         if victim is None:
             break
         drop_all_aux(state, victim, tracker)
-        tracker["full"] += evict_device_leaf(state, victim)
-    for name in aux_names(state):
-        evict_aux(state, name, requests[name], tracker)
+        tracker["full"] += rules.evict_device_leaf(state, victim)
+    for comp in aux_components(state):
+        evict_aux(state, comp, requests[comp.name], tracker)
     return tracker
 
 
@@ -451,7 +497,7 @@ def aux_size(state: CacheState, name: str, locked: bool) -> int:
                and (d.lock_ref > 0) == locked)
 
 
-def sizes(state: CacheState) -> dict:
+def sizes(state: CacheState) -> dict[str, int]:
     out = {}
     for name in aux_names(state):
         out[f"{name}_evictable"] = aux_size(state, name, False)
@@ -463,9 +509,9 @@ def aux_invariants(state: CacheState) -> list[str]:
     """Aux data needs Full data; SWA data is the mapped SWA slots of the Full data; a Mamba
     state is one allocated slot held once; locks are never negative, sit on data only and
     never exceed the Full lock on the same node; the root holds no aux data."""
-    errors = []
+    errors: list[str] = []
     names = aux_names(state)
-    held: dict = {}
+    held: dict[int, Node] = {}
     for node in all_nodes(state):
         for name, d in node.aux.items():
             if name not in names:
@@ -487,16 +533,5 @@ def aux_invariants(state: CacheState) -> list[str]:
             if node.value is None:
                 errors.append(f"[aux] {node!r} holds {name} data without Full data")
                 continue
-            if name == "swa":
-                if d.value != state.kv.translate(node.value) or 0 in d.value:
-                    errors.append(f"[aux] {node!r} SWA slots are not the mapped ones")
-                elif any(not state.kv.swa.is_allocated(s) for s in d.value):
-                    errors.append(f"[aux] {node!r} holds SWA slots the pool says are free")
-            else:
-                if len(d.value) != 1 or not state.mamba.is_allocated(d.value[0]):
-                    errors.append(f"[aux] {node!r} Mamba state {d.value} is not one allocated slot")
-                elif d.value[0] in held:
-                    errors.append(f"[aux] Mamba slot {d.value[0]} held twice")
-                else:
-                    held[d.value[0]] = node
+            errors.extend(COMPONENTS[name].data_errors(state, node, d, held))
     return errors

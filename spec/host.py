@@ -34,28 +34,16 @@ from collections import Counter
 from typing import Optional
 
 from . import cache as rules
+from .core import Ack, CacheState, MatchOutcome, MatchWalk, Node, Plugin, all_nodes
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .keys import oldest
 from .policies import eviction_key
 from .queries import device_leaves
-from .state import CacheState, LockHandle, Node, all_nodes
 from .world import PagedPool
 
 # ----------------------------------------------------------------------------------------------
 # State
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(eq=False)
-class Ack:
-    """One in-flight transfer: a backup of ``node`` (a write) or a load back ending at ``node``.
-
-    ``done`` belongs to the environment (``io_complete`` sets it); ``lock`` is the cache's: the
-    lock the transfer holds until its ack is processed (None for a write-back backup)."""
-
-    node: Node
-    lock: Optional[LockHandle]
-    done: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -164,65 +152,50 @@ def evicted_segment(node: Node) -> list[Node]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Hooks called from the device tier's rules
+# The plug-in: the host tier's hooks in the device tier's rules
 # ----------------------------------------------------------------------------------------------
 
 
-def match_outcome(state: CacheState, indices: tuple, best: Node) -> "rules.MatchOutcome":
-    """A match with a host tier walks through evicted nodes that have a host copy: ``best`` is
-    where the walk ended, the device match ends at its last device ancestor, and the host hit
-    length counts the host copies in between."""
-    last_device = last_device_ancestor(best)
-    return rules.MatchOutcome(indices, last_device, best, best,
-                              host_hit_length(best, last_device))
+class HostTierPlugin(Plugin):
+    drives_eviction = True
+
+    def finish_match(self, state: CacheState, outcome: MatchOutcome, walk: MatchWalk
+                     ) -> MatchOutcome:
+        """A match with a host tier walks through evicted nodes that have a host copy: the
+        walk's end is the best match, the device match ends at its last device ancestor, and
+        the host hit length counts the host copies in between."""
+        best = outcome.best_match_node
+        last_device = last_device_ancestor(best)
+        return dataclasses.replace(outcome, last_device_node=last_device,
+                                   host_hit_length=host_hit_length(best, last_device))
+
+    def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
+        """A split cuts the host copy at the same point as the key.  The host lock stays with
+        the lower part (the node it was taken on).  A device lock that skipped the evicted
+        ``child`` skips its new upper part too (both were evicted when the lock was taken)."""
+        if child.host_value is not None:
+            k = len(upper.key)
+            upper.host_value = child.host_value[:k]
+            child.host_value = child.host_value[k:]
+        for handle in state.handles.values():
+            if any(s is child for s in handle.skipped):
+                handle.skipped = handle.skipped + (upper,)
+
+    def on_hit(self, state: CacheState, node: Node) -> None:
+        """Write-through: a node whose hit count reached the threshold is backed up."""
+        if write_back_policy(state):
+            return
+        if not backed_up(node) and node.hit_count >= state.config.write_through_threshold:
+            write_backup(state, node)
+
+    def evict_device(self, state: CacheState, num_tokens: int) -> int:
+        return evict(state, num_tokens)
+
+    def reset(self, state: CacheState) -> None:
+        reset_host_tier(state)
 
 
-def split_host_data(state: CacheState, upper: Node, child: Node) -> None:
-    """A split cuts the host copy at the same point as the key.  The host lock stays with the
-    lower part (the node it was taken on).  A device lock that skipped the evicted ``child``
-    skips its new upper part too (both were evicted when the lock was taken)."""
-    if child.host_value is not None:
-        k = len(upper.key)
-        upper.host_value = child.host_value[:k]
-        child.host_value = child.host_value[k:]
-    for handle in state.handles.values():
-        if any(s is child for s in handle.skipped):
-            handle.skipped = handle.skipped + (upper,)
-
-
-def write_through_on_hit(state: CacheState, node: Node) -> None:
-    """Write-through: a node whose hit count reached the threshold is backed up."""
-    if state.host is None or write_back_policy(state):
-        return
-    if not backed_up(node) and node.hit_count >= state.config.write_through_threshold:
-        write_backup(state, node)
-
-
-def check_unevict_slots(state: CacheState, plan: list, value: tuple) -> None:
-    """An insert's slots for the evicted nodes on its path (they take them back) must be whole
-    allocated pages the tree does not hold, as a new leaf's (InvalidInput, nothing changed)."""
-    ps = state.config.page_size
-    held = None
-    start = 0
-    for node, shared in plan:
-        if node.value is None:
-            held = set(rules.tree_slots(state)) if held is None else held
-            for k in range(start, start + shared, ps):
-                page = value[k: k + ps]
-                first = page[0]
-                if first % ps or list(page) != list(range(first, first + ps)):
-                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
-                                       "one whole page")
-                if not state.kv.is_allocated(first) or any(s in held for s in page):
-                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
-                                       "the caller's allocated slots")
-        start += shared
-
-
-def tombstone_may_go(node: Node) -> bool:
-    """A childless tombstone is deleted only when nothing holds it: no device or host lock and
-    no data on either tier."""
-    return node.host_value is None and node.host_lock_ref == 0
+HOST_PLUGIN = HostTierPlugin()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,9 +409,8 @@ def writing_check(state: CacheState) -> None:
     while queue and queue[0].done:
         ack = queue.pop(0)
         release(state, ack)
-        if state.storage is not None:  # storage tier: back the node up (spec/storage.py)
-            from .storage import after_write_ack
-            after_write_ack(state, ack)
+        for plugin in state.plugins:  # the storage tier backs the node up
+            plugin.after_write_ack(state, ack)
 
 
 def wait_for_writes(state: CacheState) -> None:
@@ -458,9 +430,8 @@ def loading_check(state: CacheState) -> None:
 def check_hicache_events(state: CacheState) -> None:
     writing_check(state)
     loading_check(state)
-    if state.storage is not None:  # storage tier: its control queues (spec/storage.py)
-        from .storage import drain_storage_control_queues
-        drain_storage_control_queues(state)
+    for plugin in state.plugins:  # the storage tier: its control queues
+        plugin.check_events(state)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -571,9 +542,8 @@ def host_accounting(state: CacheState) -> list[str]:
     if any(not pool.is_allocated(s) for s in slots):
         errors.append("[host-size] the tree holds host slots the host pool says are free")
     tree_pages = {s // pool.page_size for s in slots}
-    if state.storage is not None:  # storage tier: prefetch slots and the release queue
-        from .storage import held_host_slots
-        tree_pages |= {s // pool.page_size for s in held_host_slots(state)}
+    for plugin in state.plugins:  # the storage tier: prefetch slots and the release queue
+        tree_pages |= {s // pool.page_size for s in plugin.held_host_slots(state)}
     leaked = sorted(pool.allocated_pages() - tree_pages)
     if leaked:
         errors.append(f"[host-size] host pages allocated but held by no node: {leaked[:8]}")

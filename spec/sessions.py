@@ -32,6 +32,7 @@ from typing import Optional
 
 from . import cache as rules
 from .errors import InvalidInput
+from .queries import tree_slots
 from .state import CacheState, LockHandle
 
 
@@ -197,7 +198,6 @@ def session_invariants(state: CacheState) -> list[str]:
     """A parked row starts with the tree's slots along its locked path, up to the protected
     length; its own slots are allocated, not the tree's, and held by no other row; a slot's
     lock is live; an active slot's request is running from it."""
-    from .queries import tree_slots
     errors: list[str] = []
     tree = set(tree_slots(state))
     seen: dict = {}

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import components, queries
+from .host import host_eviction_order
 from .keys import units_to_tokens
 from .sessions import sessions_view
-from .state import CacheState, Node
+from .state import CacheState, Node, all_nodes
 
 
 def path_of(state: CacheState, node: Node) -> dict[str, Any]:
@@ -59,7 +60,6 @@ def snapshot(state: CacheState) -> dict[str, Any]:
 def host_view(state: CacheState) -> dict[str, Any]:
     """The host tier: host copies and host locks by path, the host eviction order, the host
     pool, and the in-flight transfers in queue order."""
-    from .host import host_eviction_order
     nodes = [{"path": path_of(state, n), "host_value": list(n.host_value)
               if n.host_value is not None else None, "host_lock_ref": n.host_lock_ref}
              for n in queries.all_nodes(state)
@@ -145,5 +145,4 @@ def storage_view(state: CacheState) -> dict[str, Any]:
 
 
 def queries_all_nodes(state: CacheState) -> list:
-    from .state import all_nodes
     return all_nodes(state)

@@ -43,10 +43,10 @@ from typing import Optional
 
 from . import cache as rules
 from . import host
+from .core import Ack, CacheState, Node, Plugin, all_nodes
 from .errors import InvalidInput, Unsupported
 from .keys import common_prefix_len
 from .pagekeys import chain_keys, namespace_prior, split_keys
-from .state import CacheState, Node, all_nodes
 
 STOP_POLICIES = ("best_effort", "wait_complete", "timeout")
 
@@ -182,7 +182,7 @@ def node_expected_keys(state: CacheState, node: Node) -> tuple:
 # ----------------------------------------------------------------------------------------------
 
 
-def after_write_ack(state: CacheState, ack: "host.Ack") -> None:
+def after_write_ack(state: CacheState, ack: Ack) -> None:
     """A processed host write backs its node (every fragment, if it was split) up to storage."""
     frags = state.storage.fragments.pop(id(ack), [ack.node])
     for node in frags:
@@ -535,6 +535,34 @@ def reset_storage_tier(state: CacheState) -> None:
     tier = state.storage
     store, clock = tier.store, tier.clock
     state.storage = StorageTier(store=store, clock=clock)
+
+
+# ----------------------------------------------------------------------------------------------
+# The plug-in: the storage tier's hooks in the tree's and the host tier's rules
+# ----------------------------------------------------------------------------------------------
+
+
+class StorageTierPlugin(Plugin):
+    def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
+        split_node_keys(state, upper, child)
+
+    def new_leaf(self, state: CacheState, leaf: Node) -> None:
+        key_new_leaf(state, leaf)
+
+    def after_write_ack(self, state: CacheState, ack: Ack) -> None:
+        after_write_ack(state, ack)
+
+    def check_events(self, state: CacheState) -> None:
+        drain_storage_control_queues(state)
+
+    def held_host_slots(self, state: CacheState) -> list[int]:
+        return held_host_slots(state)
+
+    def reset(self, state: CacheState) -> None:
+        reset_storage_tier(state)
+
+
+STORAGE_PLUGIN = StorageTierPlugin()
 
 
 # ----------------------------------------------------------------------------------------------
