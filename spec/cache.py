@@ -18,9 +18,8 @@ from typing import Optional, Sequence
 from . import policies
 from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, new_root
 from .errors import AllocatorError, HandleError, InvalidInput, NodeNotFound
-from .keys import common_prefix_len, namespaced_child_key, page_aligned_len, split_point_ok, to_units
-from .queries import oldest_device_leaf, tree_slots
-
+from .keys import common_prefix_len, namespaced_child_key, oldest, page_aligned_len, split_point_ok, to_units
+from .queries import device_leaves, oldest_device_leaf, tree_slots
 
 # ----------------------------------------------------------------------------------------------
 # Input checks (all raise InvalidInput and touch nothing)
@@ -192,9 +191,21 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
     node = state.root
     chunks: list[tuple] = []
     rest = units
-    # Hybrid models: the match ends at the deepest node every aux validator accepts.
-    validators = [v for v in (p.match_validator(state) for p in state.plugins) if v is not None]
-    best, best_chunks = node, 0
+    # Hybrid models: the match ends at the deepest node every aux validator accepts, its
+    # device part at the deepest device node every validator accepts on the device alone.
+    validators = [v for v in (p.match_validator(state, False) for p in state.plugins)
+                  if v is not None]
+    device_validators = [v for v in (p.match_validator(state, True) for p in state.plugins)
+                         if v is not None]
+    best, best_device, best_chunks = node, node, 0
+
+    def consider(node: Node) -> None:
+        nonlocal best, best_device, best_chunks
+        if all([v(node) for v in validators]):
+            best = node
+        if all([v(node) for v in device_validators]) and node.value is not None:
+            best_device, best_chunks = node, len(chunks)
+
     while len(rest) > 0:
         child = find_child(state, node, extra_key, rest)
         if child is None or (child.value is None and child.host_value is None):
@@ -204,19 +215,17 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
             node = split_node(state, child, shared)
             if node.value is not None:
                 chunks.append(node.value)
-            if all([v(node) for v in validators]):
-                best, best_chunks = node, len(chunks)
+            consider(node)
             break
         if child.value is not None:
             chunks.append(child.value)
         node = child
         rest = rest[shared:]
-        if all([v(node) for v in validators]):
-            best, best_chunks = node, len(chunks)
+        consider(node)
 
     stamp_match_path(state, best)
     indices = tuple(s for chunk in chunks[:best_chunks] for s in chunk)
-    outcome = MatchOutcome(indices, best, best, best, 0)
+    outcome = MatchOutcome(indices, best_device, best, best, 0)
     walk = MatchWalk(sum(len(c) for c in chunks), len(chunks), best_chunks)
     for plugin in state.plugins:  # the host tier's hit length, Mamba's branching point
         outcome = plugin.finish_match(state, outcome, walk)
@@ -505,6 +514,14 @@ def evict(state: CacheState, num_tokens: int) -> int:
             break
         freed += evict_device_leaf(state, victim)
     return freed
+
+
+def oldest_device_leaf_except(state: CacheState, passed_over: list[Node]) -> Optional[Node]:
+    """The oldest device leaf (in the eviction policy's order) not in ``passed_over``."""
+    leaves = [n for n in device_leaves(state) if not any(n is p for p in passed_over)]
+    if not leaves:
+        return None
+    return leaves[oldest([policies.eviction_key(state, n) for n in leaves])]
 
 
 def evict_device_leaf(state: CacheState, leaf: Node) -> int:

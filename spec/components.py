@@ -30,10 +30,12 @@ import dataclasses
 from typing import Callable, Optional
 
 from . import cache as rules
+from . import host
 from .config import CacheConfig
 from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, Plugin, all_nodes
 from .errors import InvalidInput
-from .queries import is_device_leaf, oldest_device_leaf
+from .queries import is_device_leaf
+from .world import PagedPool
 
 AUX = ("swa", "mamba")
 
@@ -45,6 +47,12 @@ class AuxData:
     value: Optional[tuple] = None  # SWA: one SWA slot per unit; Mamba: (state slot,); None = none
     lock_ref: int = 0
     boundary: Optional[int] = None  # SWA: the mark of the node where a window lock stopped
+    # host tier (spec/host.py): the host copy (Mamba: (host state slot,)), host locks, and
+    # when the data joined the component's host LRU list (it is there while host-only and
+    # not host-locked; the list keeps the order the data joined in)
+    host_value: Optional[tuple] = None
+    host_lock_ref: int = 0
+    host_joined: int = 0
 
 
 def aux_names(state: CacheState) -> tuple[str, ...]:
@@ -111,7 +119,7 @@ class SWAComponent(AuxComponent):
     priority = (0, 1)
     insert_args = frozenset({"swa_evicted_seqlen"})
 
-    def match_validator(self, state: CacheState) -> Callable[[Node], bool]:
+    def match_validator(self, state: CacheState, device_only: bool) -> Callable[[Node], bool]:
         return swa_validator(window(state))
 
     def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
@@ -222,17 +230,27 @@ class MambaComponent(AuxComponent):
     priority = (0, 0)
     insert_args = frozenset({"mamba_value"})
 
-    def match_validator(self, state: CacheState) -> Callable[[Node], bool]:
-        return mamba_validator
+    def match_validator(self, state: CacheState, device_only: bool) -> Callable[[Node], bool]:
+        """The node holds a state (with a host tier and not ``device_only``: on the device or
+        on the host; a load back brings it back)."""
+        return mamba_validator if device_only else mamba_host_validator
 
     def finish_match(self, state: CacheState, outcome: MatchOutcome, walk: MatchWalk
                      ) -> MatchOutcome:
+        """The branching point (none with a host tier, as the seed); with a host tier, a
+        best node whose state is on the host only counts one state of host hit (a load back
+        brings it back)."""
+        if state.host is not None:
+            d = outcome.best_match_node.aux.get("mamba")
+            hit = 1 if d is not None and d.value is None and d.host_value is not None else 0
+            return dataclasses.replace(outcome, mamba_host_hit_length=hit)
         branching = branching_seqlen(state, walk.walked_len, walk.best_chunks,
                                      walk.walked_chunks)
         return dataclasses.replace(outcome, mamba_branching_seqlen=branching)
 
     def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
-        """The state stays on the child; the upper part has none and no lock."""
+        """The state (and its host copy) stays on the child; the upper part has none and no
+        lock."""
         if not child.aux:
             return
         data(child, "mamba")
@@ -285,6 +303,68 @@ class MambaComponent(AuxComponent):
         assert state.mamba is not None and d.value is not None
         state.mamba.free(list(d.value))
 
+    # the host tier (spec/host.py)
+    def backup(self, state: CacheState, node: Node) -> bool:
+        """A node's backup copies its state too, to a fresh host state slot (the oldest
+        host-only states are evicted for room); without one the backup fails."""
+        d = node.aux.get("mamba")
+        if d is None or d.value is None or d.host_value is not None:
+            return True
+        pool = host_mamba_pool(state)
+        if pool.available_size() < 1:
+            evict_mamba_host(state, 1)
+        if pool.available_size() < 1:
+            return False
+        d.host_value = tuple(pool.alloc(1))
+        assert state.host is not None
+        state.host.mamba_copies.append(("backup", list(d.value), list(d.host_value)))
+        return True
+
+    def drop_host(self, state: CacheState, node: Node, tracker: dict[str, int]) -> None:
+        d = node.aux.get("mamba")
+        if d is None or d.host_value is None:
+            return
+        assert d.host_lock_ref == 0
+        host_mamba_pool(state).free(list(d.host_value))
+        tracker["mamba"] = tracker.get("mamba", 0) + len(d.host_value)
+        d.host_value = None
+
+    def wants_load_back(self, state: CacheState, node: Node) -> bool:
+        """The matched node's state is on the host only."""
+        d = node.aux.get("mamba")
+        return d is not None and d.value is None and d.host_value is not None
+
+    def load_back(self, state: CacheState, node: Node) -> bool:
+        """The node's state comes back to a fresh device state slot (one state is evicted for
+        room when the pool is empty).  When none can be had (every device state locked, for
+        example by pending write-through acks), or the room-making took the node itself, the
+        load back fails: upstream asserts instead (docs/SPEC.md)."""
+        assert state.mamba is not None and state.host is not None
+        if state.mamba.available_size() < 1:
+            evict(state, 0, mamba_num=1)
+        if state.mamba.available_size() < 1 or not rules.is_in_tree(state, node):
+            return False
+        d = data(node, "mamba")
+        assert d.host_value is not None and d.value is None
+        d.value = tuple(state.mamba.alloc(1))
+        state.host.mamba_copies.append(("load", list(d.host_value), list(d.value)))
+        rules.touch(state, node)  # the state joins the Mamba list as its newest
+        return True
+
+    def host_lock(self, state: CacheState, node: Node) -> bool:
+        d = node.aux.get("mamba")
+        if node.is_root or d is None or d.host_value is None:
+            return False
+        d.host_lock_ref += 1
+        return True
+
+    def host_unlock(self, state: CacheState, node: Node) -> None:
+        d = data(node, "mamba")
+        assert d.host_lock_ref > 0
+        d.host_lock_ref -= 1
+        if d.host_lock_ref == 0 and d.value is None and d.host_value is not None:
+            join_host_lru(state, d)  # host-only and unlocked again: the newest of the list
+
     def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
                     ) -> list[str]:
         """A Mamba state is one allocated slot held once."""
@@ -330,6 +410,12 @@ def swa_validator(window_len: int) -> Callable[[Node], bool]:
 def mamba_validator(node: Node) -> bool:
     """Mamba: the node itself holds a state."""
     return has(node, "mamba")
+
+
+def mamba_host_validator(node: Node) -> bool:
+    """Mamba with a host tier: the node holds a state on the device or on the host."""
+    d = node.aux.get("mamba")
+    return d is not None and (d.value is not None or d.host_value is not None)
 
 
 def branching_seqlen(state: CacheState, walked_len: int, best_chunks: int, walked_chunks: int
@@ -422,6 +508,8 @@ def drop_aux(state: CacheState, node: Node, comp: AuxComponent, tracker: dict[st
     tracker[comp.name] = tracker.get(comp.name, 0) + len(d.value)
     comp.free_data(state, node, d)
     d.value = None
+    if d.host_value is not None and d.host_lock_ref == 0:  # host-only now: joins the host LRU
+        join_host_lru(state, d)
 
 
 def drop_all_aux(state: CacheState, node: Node, tracker: dict[str, int]) -> None:
@@ -453,10 +541,7 @@ def evict_aux(state: CacheState, comp: AuxComponent, request: int, tracker: dict
         if not has(node, name):
             continue
         if is_device_leaf(node):
-            assert node.value is not None
-            tracker["full"] = tracker.get("full", 0) + len(node.value)
-            drop_all_aux(state, node, tracker)
-            rules.evict_device_leaf(state, node)
+            evict_leaf(state, node, tracker)  # passed over: its data stays, the walk goes on
         else:
             drop_aux(state, node, comp, tracker)
             cascade(state, node, comp, False, tracker)
@@ -474,15 +559,78 @@ def evict(state: CacheState, num_tokens: int, swa_num_tokens: int = 0, mamba_num
     tracker = {"full": 0, "swa": 0, "mamba": 0}
     if state.config.disable:
         return tracker
+    passed_over: list[Node] = []
     while tracker["full"] < num_tokens:
-        victim = oldest_device_leaf(state)
+        victim = rules.oldest_device_leaf_except(state, passed_over)
         if victim is None:
             break
-        drop_all_aux(state, victim, tracker)
-        tracker["full"] += rules.evict_device_leaf(state, victim)
+        if not evict_leaf(state, victim, tracker):
+            passed_over.append(victim)
     for comp in aux_components(state):
         evict_aux(state, comp, requests[comp.name], tracker)
+    if state.host is not None and host.write_back_policy(state):
+        host.wait_for_writes(state)
     return tracker
+
+
+def evict_leaf(state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
+    """One device leaf leaves the device, with every component's data: deleted, or with a
+    host tier the host tier's way (evicted to the host, perhaps backed up first; False: passed
+    over, nothing changed)."""
+    for plugin in state.plugins:
+        if plugin.drives_eviction:
+            return plugin.evict_leaf(state, leaf, tracker)
+    assert leaf.value is not None
+    tracker["full"] = tracker.get("full", 0) + len(leaf.value)
+    drop_all_aux(state, leaf, tracker)
+    rules.evict_device_leaf(state, leaf)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# The host tier: the Mamba component's host data
+# ----------------------------------------------------------------------------------------------
+
+
+def host_mamba_pool(state: CacheState) -> PagedPool:
+    assert state.host is not None and state.host.mamba_pool is not None
+    return state.host.mamba_pool
+
+
+def join_host_lru(state: CacheState, d: AuxData) -> None:
+    """Data that became host-only (and is not host-locked) joins its component's host LRU
+    list as the newest member."""
+    assert state.host is not None
+    d.host_joined = state.host.next_join
+    state.host.next_join += 1
+
+
+def host_lru_order(state: CacheState, name: str) -> list[Node]:
+    """The component's host LRU list, oldest first: the nodes whose data of it is on the host
+    only and not host-locked, in the order they joined."""
+    members = [n for n in all_nodes(state) if not n.is_root for d in [n.aux.get(name)]
+               if d is not None and d.value is None and d.host_value is not None
+               and d.host_lock_ref == 0]
+    return sorted(members, key=lambda n: n.aux[name].host_joined)
+
+
+def evict_mamba_host(state: CacheState, num: int) -> int:
+    """Free at least ``num`` host states: walk the Mamba host LRU list oldest first; a host
+    leaf leaves the tree with all its host data, any other node only loses its host state.
+    Returns the host states freed."""
+    tracker: dict[str, int] = {"mamba": 0}
+    for node in host_lru_order(state, "mamba"):
+        if tracker["mamba"] >= num:
+            break
+        if not rules.is_in_tree(state, node):
+            continue
+        if host.is_host_leaf(node):
+            before = host_mamba_pool(state).available_size()
+            host.evict_host_leaf(state, node)
+            tracker["mamba"] += host_mamba_pool(state).available_size() - before
+        else:
+            MAMBA.drop_host(state, node, tracker)
+    return tracker["mamba"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -503,6 +651,38 @@ def sizes(state: CacheState) -> dict[str, int]:
         out[f"{name}_evictable"] = aux_size(state, name, False)
         out[f"{name}_protected"] = aux_size(state, name, True)
     return out
+
+
+def aux_host_invariants(state: CacheState) -> list[str]:
+    """The host side of the aux components: host data needs the node's Full host copy; a host
+    state is one host slot, allocated and held once, and the host state pool holds nothing
+    else; host locks are never negative and sit on host data only."""
+    if state.host is None or state.host.mamba_pool is None:
+        return []
+    errors: list[str] = []
+    pool = state.host.mamba_pool
+    held: dict[int, Node] = {}
+    for node in all_nodes(state):
+        for name, d in node.aux.items():
+            if d.host_lock_ref < 0 or (d.host_lock_ref > 0 and d.host_value is None):
+                errors.append(f"[aux-host] {node!r} {name} host_lock_ref={d.host_lock_ref} "
+                              "without host data")
+            if d.host_value is None:
+                continue
+            if node.host_value is None:
+                errors.append(f"[aux-host] {node!r} holds {name} host data without a Full "
+                              "host copy")
+            if len(d.host_value) != 1 or not pool.is_allocated(d.host_value[0]):
+                errors.append(f"[aux-host] {node!r} host state {d.host_value} is not one "
+                              "allocated host slot")
+            elif d.host_value[0] in held:
+                errors.append(f"[aux-host] host state slot {d.host_value[0]} held twice")
+            else:
+                held[d.host_value[0]] = node
+    leaked = sorted(pool.allocated_pages() - set(held))
+    if leaked:
+        errors.append(f"[aux-host] host state slots allocated but held by no node: {leaked[:8]}")
+    return errors
 
 
 def aux_invariants(state: CacheState) -> list[str]:

@@ -15,37 +15,37 @@ take part in the cache's rules (spec/cache.py), declared once as :class:`Plugin`
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .config import CacheConfig
 from .world import PagedPool
 
-Stamp = tuple  # (tick, rank): compared lexicographically; see cache.stamp_match_path
+Stamp = tuple[int, int]  # (tick, rank): compared lexicographically; see cache.stamp_match_path
 
 
 @dataclasses.dataclass(eq=False)
 class Node:
     """One radix-tree node: ``key`` holds the units from the parent's end to this node's end."""
 
-    key: tuple
+    key: tuple[Any, ...]  # units: tokens, or bigrams under EAGLE (spec/keys.py)
     extra_key: Optional[str]
     parent: Optional["Node"]
-    value: Optional[tuple]  # device KV slots, one per unit; None = evicted (a tombstone)
+    value: Optional[tuple[int, ...]]  # device KV slots, one per unit; None = evicted (a tombstone)
     stamp: Stamp
     lock_ref: int = 0
     hit_count: int = 0
-    children: dict = dataclasses.field(default_factory=dict)
-    # Hybrid models (spec/components.py): per aux component ("swa", "mamba") its data here.
-    aux: dict = dataclasses.field(default_factory=dict)
+    children: dict[Any, "Node"] = dataclasses.field(default_factory=dict)
+    # Hybrid models (spec/components.py): per aux component ("swa", "mamba") its AuxData here.
+    aux: dict[str, Any] = dataclasses.field(default_factory=dict)
     # host tier (spec/host.py): host KV slots, one per unit (None = no host copy), host locks
-    host_value: Optional[tuple] = None
+    host_value: Optional[tuple[int, ...]] = None
     host_lock_ref: int = 0
     # eviction policies (spec/policies.py): when the node's data was created, and the highest
     # priority of an insert through it
     created: Stamp = (0, 0)
     priority: int = 0
     # storage tier (spec/storage.py): the keys of this node's pages (None without storage)
-    page_keys: Optional[tuple] = None
+    page_keys: Optional[tuple[str, ...]] = None
 
     @property
     def is_root(self) -> bool:
@@ -55,7 +55,7 @@ class Node:
     def evicted(self) -> bool:
         return not self.is_root and self.value is None
 
-    def path_units(self) -> tuple:
+    def path_units(self) -> tuple[Any, ...]:
         """All units from the root to this node's end."""
         parts = []
         node: Optional[Node] = self
@@ -87,9 +87,9 @@ class LockHandle:
 
     serial: int
     node: Node
-    skipped: tuple
+    skipped: tuple[Node, ...]
     # Hybrid models (spec/components.py): per aux component, what its unlock needs.
-    aux: dict = dataclasses.field(default_factory=dict)
+    aux: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def locked_nodes(self) -> list[Node]:
         return [n for n in self.node.ancestors_to_root() if not any(n is s for s in self.skipped)]
@@ -101,18 +101,18 @@ class CacheState:
     kv: PagedPool
     root: Node
     clock: int = 0
-    handles: dict = dataclasses.field(default_factory=dict)  # serial -> LockHandle (live)
+    handles: dict[int, LockHandle] = dataclasses.field(default_factory=dict)  # serial -> live
     next_serial: int = 1
-    requests: dict = dataclasses.field(default_factory=dict)  # rid -> Request (the req_to_token table)
+    requests: dict[str, Any] = dataclasses.field(default_factory=dict)  # rid -> Request (spec/requests.py)
     # Hybrid models (spec/components.py): the Mamba state pool (None without Mamba) and the
     # next SWA lock-boundary mark.  With SWA, ``kv`` is a HybridKVPool (spec/world.py).
     mamba: Optional[PagedPool] = None
     next_boundary: int = 1
-    host: Optional[object] = None  # spec/host.py HostTier when config.host_slots > 0, else None
-    sessions: dict = dataclasses.field(default_factory=dict)  # streaming sessions: id -> SessionSlot
-    storage: Optional[object] = None  # spec/storage.py StorageTier when config.storage, else None
+    host: Any = None  # spec/host.py HostTier when config.host_slots > 0, else None
+    sessions: dict[str, Any] = dataclasses.field(default_factory=dict)  # id -> SessionSlot
+    storage: Any = None  # spec/storage.py StorageTier when config.storage, else None
     # The plug-ins of the configured components and tiers, composed once by spec/state.py
-    # ``new_state``: the cache's rules run their hooks in this order (spec/hooks.py).
+    # ``new_state``: the cache's rules run their hooks in this order (``Plugin`` below).
     plugins: tuple["Plugin", ...] = ()
 
 
@@ -137,12 +137,13 @@ def all_nodes(state: CacheState) -> list[Node]:
 
 @dataclasses.dataclass(frozen=True)
 class MatchOutcome:
-    device_indices: tuple
+    device_indices: tuple[int, ...]
     last_device_node: Node
     last_host_node: Node
     best_match_node: Node
     host_hit_length: int = 0
     mamba_branching_seqlen: Optional[int] = None  # hybrid models: Mamba only
+    mamba_host_hit_length: int = 0  # host tier with Mamba: 1 when the best node's state is host-only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,8 +196,10 @@ class Plugin:
     drives_eviction: bool = False
 
     # match
-    def match_validator(self, state: CacheState) -> Optional[Callable[[Node], bool]]:
-        """A fresh predicate fed the matched nodes top-down: may the match stop here?"""
+    def match_validator(self, state: CacheState, device_only: bool
+                        ) -> Optional[Callable[[Node], bool]]:
+        """A fresh predicate fed the matched nodes top-down: may the match stop here (on the
+        device only: may the device part of the match stop here)?"""
         return None
 
     def finish_match(self, state: CacheState, outcome: MatchOutcome, walk: MatchWalk
@@ -212,14 +215,14 @@ class Plugin:
         """An insert added ``leaf``."""
 
     # insert
-    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]], value: tuple,
-                     args: InsertArgs) -> InsertArgs:
+    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]],
+                     value: tuple[int, ...], args: InsertArgs) -> InsertArgs:
         """Refuse (InvalidInput, nothing changed) an insert this plug-in cannot take; returns
         ``args`` with this plug-in's arguments normalised."""
         return args
 
     def insert_overlap(self, state: CacheState, node: Node, start: int, shared: int,
-                       fresh: tuple, args: InsertArgs) -> int:
+                       fresh: tuple[int, ...], args: InsertArgs) -> int:
         """The insert walks through ``node``'s device data; returns where in ``fresh`` this
         plug-in took the request's slots over (``shared``: it took none)."""
         return shared
@@ -253,11 +256,40 @@ class Plugin:
         """Drive device eviction (only when ``drives_eviction``); returns the tokens freed."""
         raise NotImplementedError(f"{type(self).__name__} does not drive eviction")
 
+    def evict_leaf(self, state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
+        """Evict one device leaf the way this tier does (only when ``drives_eviction``);
+        False: the leaf was passed over and nothing changed."""
+        raise NotImplementedError(f"{type(self).__name__} does not drive eviction")
+
     def drop_device_leaf(self, state: CacheState, leaf: Node, tracker: dict[str, int]) -> None:
         """``leaf`` leaves the device: free this plug-in's device data on it (counted in
         ``tracker``)."""
 
-    # the host tier's transfers
+    # the host tier's transfers (spec/host.py): each plug-in builds and commits its own
+    def backup(self, state: CacheState, node: Node) -> bool:
+        """Back this plug-in's device data on ``node`` up to its host pool, as part of the
+        node's backup; False: no host room (nothing changed, the backup fails)."""
+        return True
+
+    def drop_host(self, state: CacheState, node: Node, tracker: dict[str, int]) -> None:
+        """Free this plug-in's host data on ``node`` (host eviction, a failed backup)."""
+
+    def wants_load_back(self, state: CacheState, node: Node) -> bool:
+        """Whether a load back of ``node`` has data of this plug-in to bring back."""
+        return False
+
+    def load_back(self, state: CacheState, node: Node) -> bool:
+        """Bring this plug-in's host data for ``node`` back to the device, as part of its load
+        back; False: no device room (nothing changed, the load back fails)."""
+        return True
+
+    def host_lock(self, state: CacheState, node: Node) -> bool:
+        """After a host lock of ``node``; returns whether this plug-in locked anything."""
+        return False
+
+    def host_unlock(self, state: CacheState, node: Node) -> None:
+        """Undo a ``host_lock`` that returned True."""
+
     def after_write_ack(self, state: CacheState, ack: Ack) -> None:
         """A host write was processed."""
 

@@ -54,6 +54,7 @@ class HostLockHandle:
     serial: int
     node: Node
     locked: bool
+    aux: tuple[Plugin, ...] = ()  # the plug-ins that host-locked their data on the node too
 
 
 @dataclasses.dataclass(eq=False)
@@ -66,14 +67,24 @@ class HostTier:
     # the environment's log of the copies it was asked for, in order (like the pools' freed
     # logs): ("backup", device slots, host slots) / ("load", host slots, device slots)
     copies: list = dataclasses.field(default_factory=list)
+    # Mamba (spec/components.py): the host state pool, its copies as above, and the counter
+    # that orders the component's host LRU list
+    mamba_pool: Optional[PagedPool] = None
+    mamba_copies: list = dataclasses.field(default_factory=list)
+    next_join: int = 1
 
 
 def attach_host_tier(state: CacheState) -> None:
     """Give a fresh cache its host tier (``config.host_slots`` usable host slots)."""
     config = state.config
-    if config.components != ("full",):
-        raise Unsupported("the host tier is modelled for the Full component only so far")
-    state.host = HostTier(pool=PagedPool(config.host_slots, config.page_size, "host"))
+    if "swa" in config.components:
+        raise Unsupported("the host tier is modelled for the Full and Mamba components only so far")
+    mamba_pool = None
+    if "mamba" in config.components:  # host state slots: host_mamba_slots, else mamba_slots
+        n = config.host_mamba_slots if config.host_mamba_slots is not None else config.mamba_slots
+        mamba_pool = PagedPool(n, 1, "host_mamba")
+    state.host = HostTier(pool=PagedPool(config.host_slots, config.page_size, "host"),
+                          mamba_pool=mamba_pool)
 
 
 def write_back_policy(state: CacheState) -> bool:
@@ -91,9 +102,10 @@ def backed_up(node: Node) -> bool:
 
 def is_host_leaf(node: Node) -> bool:
     """An evictable host leaf: not the root, evicted from the device, backed up, not
-    host-locked and childless."""
+    host-locked (by any component) and childless."""
     return (not node.is_root and node.value is None and node.host_value is not None
-            and node.host_lock_ref == 0 and not node.children)
+            and node.host_lock_ref == 0 and not node.children
+            and all(d.host_lock_ref == 0 for d in node.aux.values()))
 
 
 def host_leaves(state: CacheState) -> list[Node]:
@@ -119,14 +131,6 @@ def host_size(state: CacheState) -> int:
 
 def host_tree_slots(state: CacheState) -> list[int]:
     return [s for n in all_nodes(state) if n.host_value is not None for s in n.host_value]
-
-
-def last_device_ancestor(node: Node) -> Node:
-    """The deepest node at or above ``node`` holding device data (the root at worst)."""
-    cur = node
-    while not cur.is_root and cur.value is None:
-        cur = cur.parent
-    return cur
 
 
 def host_hit_length(best: Node, last_device: Node) -> int:
@@ -162,12 +166,10 @@ class HostTierPlugin(Plugin):
     def finish_match(self, state: CacheState, outcome: MatchOutcome, walk: MatchWalk
                      ) -> MatchOutcome:
         """A match with a host tier walks through evicted nodes that have a host copy: the
-        walk's end is the best match, the device match ends at its last device ancestor, and
-        the host hit length counts the host copies in between."""
-        best = outcome.best_match_node
-        last_device = last_device_ancestor(best)
-        return dataclasses.replace(outcome, last_device_node=last_device,
-                                   host_hit_length=host_hit_length(best, last_device))
+        walk's end is the best match, the device match ends above it (``cache.match_prefix``),
+        and the host hit length counts the host copies in between."""
+        best, last_device = outcome.best_match_node, outcome.last_device_node
+        return dataclasses.replace(outcome, host_hit_length=host_hit_length(best, last_device))
 
     def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
         """A split cuts the host copy at the same point as the key.  The host lock stays with
@@ -190,6 +192,9 @@ class HostTierPlugin(Plugin):
 
     def evict_device(self, state: CacheState, num_tokens: int) -> int:
         return evict(state, num_tokens)
+
+    def evict_leaf(self, state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
+        return evict_leaf(state, leaf, tracker)
 
     def reset(self, state: CacheState) -> None:
         reset_host_tier(state)
@@ -221,7 +226,16 @@ def write_backup(state: CacheState, node: Node, write_back: bool = False) -> int
         needed = n - avail
         if evict_host(state, needed) < needed:
             return 0
-    node.host_value = tuple(host.pool.alloc(n))
+    host_value = tuple(host.pool.alloc(n))
+    done: list[Plugin] = []
+    for plugin in state.plugins:  # each component backs its own data up (Mamba: the state)
+        if not plugin.backup(state, node):
+            for p in done:
+                p.drop_host(state, node, {})
+            host.pool.free(list(host_value))
+            return 0
+        done.append(plugin)
+    node.host_value = host_value
     host.copies.append(("backup", list(node.value), list(node.host_value)))
     lock = None if write_back else rules.inc_lock_ref(state, node)
     host.writes.append(Ack(node, lock))
@@ -234,46 +248,51 @@ def write_backup(state: CacheState, node: Node, write_back: bool = False) -> int
 
 
 def evict(state: CacheState, num_tokens: int) -> int:
-    """Free at least ``num_tokens`` device tokens, oldest device leaf first.
-
-    A backed-up leaf is evicted to the host (it stays in the tree).  Under write-back a leaf
-    without a copy is backed up first and the eviction waits for the write; a leaf whose backup
-    fails keeps its data and is passed over for the rest of this eviction.  Otherwise a leaf
-    without a copy is deleted (the device tier's rule).  Under write-back the eviction ends by
-    waiting for every pending write."""
-    freed = 0
+    """Free at least ``num_tokens`` device tokens, oldest device leaf first (``evict_leaf``;
+    a leaf it passes over is not taken again in this eviction).  Under write-back the eviction
+    ends by waiting for every pending write."""
+    tracker: dict[str, int] = {"full": 0}
     passed_over: list[Node] = []
-    while freed < num_tokens:
-        victim = oldest_leaf_except(state, passed_over)
+    while tracker["full"] < num_tokens:
+        victim = rules.oldest_device_leaf_except(state, passed_over)
         if victim is None:
             break
-        if backed_up(victim):
-            freed += evict_to_host(state, victim)
-        elif write_back_policy(state):
-            if write_backup(state, victim, write_back=True) == 0:
-                passed_over.append(victim)
-                continue
-            wait_for_writes(state)
-            freed += evict_to_host(state, victim)
-        else:
-            freed += rules.evict_device_leaf(state, victim)
+        if not evict_leaf(state, victim, tracker):
+            passed_over.append(victim)
     if write_back_policy(state):
         wait_for_writes(state)
-    return freed
+    return tracker["full"]
 
 
-def oldest_leaf_except(state: CacheState, passed_over: list) -> Optional[Node]:
-    leaves = [n for n in device_leaves(state) if not any(n is p for p in passed_over)]
-    if not leaves:
-        return None
-    return leaves[oldest([eviction_key(state, n) for n in leaves])]
+def evict_leaf(state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
+    """Evict one device leaf with a host tier; the units freed per component go to
+    ``tracker``.  A backed-up leaf is evicted to the host (it stays in the tree).  Under
+    write-back a leaf without a copy is backed up first and the eviction waits for the write;
+    a leaf whose backup fails (the host pools cannot make room) keeps its data: False, the
+    caller passes it over.  Otherwise a leaf without a copy is deleted (the device tier's
+    rule)."""
+    if not backed_up(leaf) and write_back_policy(state):
+        if write_backup(state, leaf, write_back=True) == 0:
+            return False
+        wait_for_writes(state)
+    if backed_up(leaf):
+        tracker["full"] = tracker.get("full", 0) + evict_to_host(state, leaf, tracker)
+        return True
+    assert leaf.value is not None
+    tracker["full"] = tracker.get("full", 0) + len(leaf.value)
+    for plugin in state.plugins:  # the aux components' data goes with the leaf
+        plugin.drop_device_leaf(state, leaf, tracker)
+    rules.evict_device_leaf(state, leaf)
+    return True
 
 
-def evict_to_host(state: CacheState, node: Node) -> int:
-    """Device -> host demotion: the device slots go back to the pool; the node stays, with its
-    host copy."""
+def evict_to_host(state: CacheState, node: Node, tracker: dict[str, int]) -> int:
+    """Device -> host demotion: the device slots go back to the pool, with every aux
+    component's device data on the node; the node stays, with its host copies."""
     assert node.value is not None and node.host_value is not None
     n = len(node.value)
+    for plugin in state.plugins:
+        plugin.drop_device_leaf(state, node, tracker)
     state.kv.free(list(node.value))
     node.value = None
     return n
@@ -301,6 +320,8 @@ def evict_host_leaf(state: CacheState, leaf: Node) -> int:
     """A host leaf's host slots go back to the host pool and it leaves the tree; ancestors left
     as childless tombstones go too."""
     n = len(leaf.host_value)
+    for plugin in state.plugins:  # every component's host data goes with it
+        plugin.drop_host(state, leaf, {})
     state.host.pool.free(list(leaf.host_value))
     leaf.host_value = None
     parent = leaf.parent
@@ -325,9 +346,10 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
     segment = evicted_segment(node)
     assert all(n.host_value is not None for n in segment)
     n_tokens = sum(len(n.host_value) for n in segment)
+    aux = [p for p in state.plugins if p.wants_load_back(state, node)]
     guard = rules.inc_lock_ref(state, node)
     delta = sum(len(n.value) for n in guard.locked_nodes() if n.lock_ref == 1)
-    if n_tokens < state.config.load_back_threshold or (
+    if (n_tokens < state.config.load_back_threshold and not aux) or (
             mem_quota is not None and n_tokens > mem_quota + delta):
         rules.dec_lock_ref(state, guard)
         return False
@@ -337,6 +359,10 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
         # write-back backups during this eviction may evict host leaves, ``node`` among them:
         # then there is nothing left to load
         if rules.evict(state, needed) < needed or not rules.is_in_tree(state, node):
+            rules.dec_lock_ref(state, guard)
+            return False
+    for plugin in aux:  # each component loads its own data (Mamba: the node's state)
+        if not plugin.load_back(state, node):  # no device room: the load back fails
             rules.dec_lock_ref(state, guard)
             return False
     device = state.kv.alloc(n_tokens)
@@ -358,7 +384,8 @@ def init_load_back(state: CacheState, node: Node, last_device_node: Node,
     check_ancestor(last_device_node, node)
     if mem_quota is not None:
         rules.check_count("mem_quota", mem_quota)
-    if node.evicted and load_back(state, node, mem_quota):
+    wanted = node.evicted or any([p.wants_load_back(state, node) for p in state.plugins])
+    if wanted and load_back(state, node, mem_quota):
         chunks, cur = [], node
         while cur is not last_device_node:
             chunks.append(cur.value)
@@ -446,7 +473,9 @@ def inc_host_lock_ref(state: CacheState, node: Node) -> HostLockHandle:
         raise NodeNotFound("inc_host_lock_ref: the node is not in the tree")
     host = state.host
     locked = not state.config.disable and node.host_value is not None
-    handle = HostLockHandle(host.next_serial, node, locked)
+    aux = () if state.config.disable else tuple(p for p in state.plugins
+                                                if p.host_lock(state, node))
+    handle = HostLockHandle(host.next_serial, node, locked, aux)
     host.next_serial += 1
     host.host_locks[handle.serial] = handle
     if locked:
@@ -462,6 +491,8 @@ def dec_host_lock_ref(state: CacheState, handle: HostLockHandle) -> None:
     if handle.locked:
         assert handle.node.host_lock_ref > 0
         handle.node.host_lock_ref -= 1
+    for plugin in handle.aux:
+        plugin.host_unlock(state, handle.node)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -476,6 +507,9 @@ def reset_host_tier(state: CacheState) -> None:
     state.host.loads.clear()
     state.host.host_locks.clear()
     state.host.copies.clear()
+    if state.host.mamba_pool is not None:
+        state.host.mamba_pool.reset()
+    state.host.mamba_copies.clear()
 
 
 # ----------------------------------------------------------------------------------------------

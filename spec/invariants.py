@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter
 
 from . import components, queries, sessions
-from .keys import namespaced_child_key
 from .host import host_invariants
-from .storage import storage_invariants
+from .keys import namespaced_child_key
 from .state import CacheState, all_nodes
+from .storage import storage_invariants
 
 
 def tree_structure(state: CacheState) -> list[str]:
@@ -132,7 +132,7 @@ def request_rows(state: CacheState) -> list[str]:
 
 INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting,
               request_rows, host_invariants)
-INVARIANTS += (components.aux_invariants,)  # hybrid models (spec/components.py)
+INVARIANTS += (components.aux_invariants, components.aux_host_invariants)  # hybrid models
 INVARIANTS += (sessions.session_invariants,)  # streaming sessions (spec/sessions.py)
 INVARIANTS += (storage_invariants,)  # storage tier (spec/storage.py)
 
