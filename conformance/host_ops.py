@@ -38,6 +38,14 @@ class SpecHostOps:
         self.state.host.copies.clear()
         return out
 
+    def take_state_copies(self) -> list:
+        """The Mamba state copies of the last step, in order (for the KV-integrity check)."""
+        if self.state.host is None:
+            return []
+        out = list(self.state.host.mamba_copies)
+        self.state.host.mamba_copies.clear()
+        return out
+
     def op_evict_host(self, step: dict) -> dict:
         self._host()
         (n,) = A.args_of(step, "num_tokens")
