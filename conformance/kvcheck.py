@@ -171,7 +171,7 @@ class StatePool:
     def run(self, copies: list) -> None:
         for kind, src, dst in copies:
             a, b = (self.device, self.host) if kind == "backup" else (self.host, self.device)
-            for s, d in zip(src, dst):
+            for s, d in zip(src, dst, strict=True):
                 b[d] = a.get(s)
 
 

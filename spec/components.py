@@ -32,10 +32,10 @@ from typing import Callable, Optional
 from . import cache as rules
 from . import host
 from .config import CacheConfig
-from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, Plugin, all_nodes
+from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, Plugin, all_nodes, up
 from .errors import InvalidInput
 from .queries import is_device_leaf
-from .world import PagedPool
+from .world import HybridKVPool, PagedPool
 
 AUX = ("swa", "mamba")
 
@@ -44,13 +44,13 @@ AUX = ("swa", "mamba")
 class AuxData:
     """One aux component's data on one node."""
 
-    value: Optional[tuple] = None  # SWA: one SWA slot per unit; Mamba: (state slot,); None = none
+    value: Optional[tuple[int, ...]] = None  # SWA: an SWA slot per unit; Mamba: (state slot,)
     lock_ref: int = 0
     boundary: Optional[int] = None  # SWA: the mark of the node where a window lock stopped
     # host tier (spec/host.py): the host copy (Mamba: (host state slot,)), host locks, and
     # when the data joined the component's host LRU list (it is there while host-only and
     # not host-locked; the list keeps the order the data joined in)
-    host_value: Optional[tuple] = None
+    host_value: Optional[tuple[int, ...]] = None
     host_lock_ref: int = 0
     host_joined: int = 0
 
@@ -134,8 +134,8 @@ class SWAComponent(AuxComponent):
             u.value, c.value = c.value[:split_len], c.value[split_len:]
         u.boundary, c.boundary = c.boundary, None
 
-    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]], value: tuple,
-                     args: InsertArgs) -> InsertArgs:
+    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]],
+                     value: tuple[int, ...], args: InsertArgs) -> InsertArgs:
         """An insert may not restore an SWA tombstone that ``prev_prefix_len`` cuts (its own
         slots would be freed)."""
         start = 0
@@ -149,7 +149,7 @@ class SWAComponent(AuxComponent):
         return args
 
     def insert_overlap(self, state: CacheState, node: Node, start: int, shared: int,
-                       fresh: tuple, args: InsertArgs) -> int:
+                       fresh: tuple[int, ...], args: InsertArgs) -> int:
         """SWA overlap ownership: an SWA tombstone whose units the request computed itself
         (past ``prev_prefix_len``) and that lie inside the request's window (from
         ``swa_evicted_seqlen`` on) takes the request's slots: its old full slots are freed and
@@ -198,7 +198,7 @@ class SWAComponent(AuxComponent):
         if cut < len(node.key):
             if cut > 0:
                 rules.split_node(state, node, cut)
-            data(node, "swa").value = state.kv.translate(node.value)
+            data(node, "swa").value = swa_pool(state).translate(node.value)
         return False
 
     def lock(self, state: CacheState, handle: LockHandle) -> None:
@@ -212,15 +212,15 @@ class SWAComponent(AuxComponent):
 
     def free_data(self, state: CacheState, node: Node, d: AuxData) -> None:
         assert node.value is not None
-        state.kv.free_swa(list(node.value))
+        swa_pool(state).free_swa(list(node.value))
 
     def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
                     ) -> list[str]:
         """SWA data is the mapped SWA slots of the Full data, allocated."""
         assert d.value is not None and node.value is not None
-        if d.value != state.kv.translate(node.value) or 0 in d.value:
+        if d.value != swa_pool(state).translate(node.value) or 0 in d.value:
             return [f"[aux] {node!r} SWA slots are not the mapped ones"]
-        if any(not state.kv.swa.is_allocated(s) for s in d.value):
+        if any(not swa_pool(state).swa.is_allocated(s) for s in d.value):
             return [f"[aux] {node!r} holds SWA slots the pool says are free"]
         return []
 
@@ -257,8 +257,8 @@ class MambaComponent(AuxComponent):
         u = data(upper, "mamba")
         u.value, u.lock_ref = None, 0
 
-    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]], value: tuple,
-                     args: InsertArgs) -> InsertArgs:
+    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]],
+                     value: tuple[int, ...], args: InsertArgs) -> InsertArgs:
         """The insert must carry one allocated state slot the tree does not hold."""
         if args.mamba_value is None:
             raise InvalidInput("insert: the Mamba component needs a mamba_value")
@@ -433,10 +433,10 @@ def branching_seqlen(state: CacheState, walked_len: int, best_chunks: int, walke
     return aligned if aligned > 0 else None
 
 
-def restore_swa(state: CacheState, node: Node, full_value: tuple) -> None:
+def restore_swa(state: CacheState, node: Node, full_value: tuple[int, ...]) -> None:
     """A node takes ``full_value`` as its Full data and the mapped SWA slots as its SWA data."""
     node.value = tuple(full_value)
-    data(node, "swa").value = state.kv.translate(node.value)
+    data(node, "swa").value = swa_pool(state).translate(node.value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -444,9 +444,10 @@ def restore_swa(state: CacheState, node: Node, full_value: tuple) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def lock_swa_window(state: CacheState, node: Node) -> tuple:
+def lock_swa_window(state: CacheState, node: Node) -> tuple[tuple[Node, ...], Optional[int]]:
     """Returns ``(skipped nodes, boundary mark or None)`` for the unlock."""
-    size, skipped, boundary = 0, [], None
+    size, boundary = 0, None
+    skipped: list[Node] = []
     cur = node
     while not cur.is_root and size < window(state):
         d = data(cur, "swa")
@@ -460,7 +461,7 @@ def lock_swa_window(state: CacheState, node: Node) -> tuple:
                     d.boundary = state.next_boundary
                     state.next_boundary += 1
                 boundary = d.boundary
-        cur = cur.parent
+        cur = up(cur)
     return tuple(skipped), boundary
 
 
@@ -472,7 +473,7 @@ def lock_mamba_node(node: Node) -> bool:
     return True
 
 
-def unlock_swa_window(node: Node, skipped: tuple, boundary: Optional[int]) -> None:
+def unlock_swa_window(node: Node, skipped: tuple[Node, ...], boundary: Optional[int]) -> None:
     """Walk up from the node: skip the nodes the lock skipped and nodes without an SWA lock,
     take one lock off the others, and stop after the node carrying the lock's boundary mark
     (at the root when the window never filled up)."""
@@ -480,12 +481,12 @@ def unlock_swa_window(node: Node, skipped: tuple, boundary: Optional[int]) -> No
     while not cur.is_root:
         d = data(cur, "swa")
         if any(cur is s for s in skipped) or d.lock_ref == 0:
-            cur = cur.parent
+            cur = up(cur)
             continue
         d.lock_ref -= 1
         if boundary is not None and d.boundary == boundary:
             return
-        cur = cur.parent
+        cur = up(cur)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -593,8 +594,16 @@ def evict_leaf(state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
 
 
 def host_mamba_pool(state: CacheState) -> PagedPool:
-    assert state.host is not None and state.host.mamba_pool is not None
-    return state.host.mamba_pool
+    assert state.host is not None
+    pool: Optional[PagedPool] = state.host.mamba_pool
+    assert pool is not None
+    return pool
+
+
+def swa_pool(state: CacheState) -> HybridKVPool:
+    """With SWA the KV pool is a HybridKVPool (spec/world.py): full slots mapped to SWA slots."""
+    assert isinstance(state.kv, HybridKVPool)
+    return state.kv
 
 
 def join_host_lru(state: CacheState, d: AuxData) -> None:

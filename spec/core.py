@@ -120,6 +120,12 @@ def new_root() -> Node:
     return Node(key=(), extra_key=None, parent=None, value=(), stamp=(0, 0))
 
 
+def up(node: Node) -> Node:
+    """The parent of a node that is not the root."""
+    assert node.parent is not None
+    return node.parent
+
+
 def all_nodes(state: CacheState) -> list[Node]:
     """Every node, root first, in depth-first order."""
     out, stack = [], [state.root]

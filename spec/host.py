@@ -34,7 +34,7 @@ from collections import Counter
 from typing import Optional
 
 from . import cache as rules
-from .core import Ack, CacheState, MatchOutcome, MatchWalk, Node, Plugin, all_nodes
+from .core import Ack, CacheState, MatchOutcome, MatchWalk, Node, Plugin, all_nodes, up
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .keys import oldest
 from .policies import eviction_key
@@ -60,17 +60,17 @@ class HostLockHandle:
 @dataclasses.dataclass(eq=False)
 class HostTier:
     pool: PagedPool                                   # the host KV pool (environment)
-    writes: list = dataclasses.field(default_factory=list)  # Ack, oldest first
-    loads: list = dataclasses.field(default_factory=list)   # Ack, oldest first
-    host_locks: dict = dataclasses.field(default_factory=dict)  # serial -> HostLockHandle
+    writes: list[Ack] = dataclasses.field(default_factory=list)  # oldest first
+    loads: list[Ack] = dataclasses.field(default_factory=list)   # oldest first
+    host_locks: dict[int, HostLockHandle] = dataclasses.field(default_factory=dict)  # by serial
     next_serial: int = 1
     # the environment's log of the copies it was asked for, in order (like the pools' freed
     # logs): ("backup", device slots, host slots) / ("load", host slots, device slots)
-    copies: list = dataclasses.field(default_factory=list)
+    copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
     # Mamba (spec/components.py): the host state pool, its copies as above, and the counter
     # that orders the component's host LRU list
     mamba_pool: Optional[PagedPool] = None
-    mamba_copies: list = dataclasses.field(default_factory=list)
+    mamba_copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
     next_join: int = 1
 
 
@@ -140,7 +140,7 @@ def host_hit_length(best: Node, last_device: Node) -> int:
     while cur is not last_device and not cur.is_root:
         if cur.host_value is not None:
             n += len(cur.host_value)
-        cur = cur.parent
+        cur = up(cur)
     return n
 
 
@@ -150,7 +150,7 @@ def evicted_segment(node: Node) -> list[Node]:
     seg, cur = [], node
     while cur.evicted:
         seg.append(cur)
-        cur = cur.parent
+        cur = up(cur)
     seg.reverse()
     return seg
 
@@ -216,8 +216,9 @@ def write_backup(state: CacheState, node: Node, write_back: bool = False) -> int
     is short, host leaves are evicted for room.  The write is queued as one ack; a write-through
     write locks the node (and its path) until the ack is processed."""
     assert node.value is not None and node.host_value is None
-    if not write_back and not node.parent.is_root and not backed_up(node.parent):
-        if write_backup(state, node.parent) <= 0:
+    parent = up(node)
+    if not write_back and not parent.is_root and not backed_up(parent):
+        if write_backup(state, parent) <= 0:
             return 0
     host = state.host
     n = len(node.value)
@@ -319,12 +320,14 @@ def evict_host(state: CacheState, num_tokens: int) -> int:
 def evict_host_leaf(state: CacheState, leaf: Node) -> int:
     """A host leaf's host slots go back to the host pool and it leaves the tree; ancestors left
     as childless tombstones go too."""
-    n = len(leaf.host_value)
+    host_value = leaf.host_value
+    assert host_value is not None
+    n = len(host_value)
     for plugin in state.plugins:  # every component's host data goes with it
         plugin.drop_host(state, leaf, {})
-    state.host.pool.free(list(leaf.host_value))
+    state.host.pool.free(list(host_value))
     leaf.host_value = None
-    parent = leaf.parent
+    parent = up(leaf)
     rules.remove_from_parent(state, leaf)
     rules.delete_tombstone_ancestors(state, parent)
     return n
@@ -345,10 +348,11 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
     ``node``'s path until the ack is processed."""
     segment = evicted_segment(node)
     assert all(n.host_value is not None for n in segment)
-    n_tokens = sum(len(n.host_value) for n in segment)
+    host_values = [n.host_value for n in segment if n.host_value is not None]
+    n_tokens = sum(len(hv) for hv in host_values)
     aux = [p for p in state.plugins if p.wants_load_back(state, node)]
     guard = rules.inc_lock_ref(state, node)
-    delta = sum(len(n.value) for n in guard.locked_nodes() if n.lock_ref == 1)
+    delta = sum(len(n.value or ()) for n in guard.locked_nodes() if n.lock_ref == 1)
     if (n_tokens < state.config.load_back_threshold and not aux) or (
             mem_quota is not None and n_tokens > mem_quota + delta):
         rules.dec_lock_ref(state, guard)
@@ -366,18 +370,18 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
             rules.dec_lock_ref(state, guard)
             return False
     device = state.kv.alloc(n_tokens)
-    state.host.copies.append(("load", [s for n in segment for s in n.host_value], list(device)))
+    state.host.copies.append(("load", [s for hv in host_values for s in hv], list(device)))
     rules.dec_lock_ref(state, guard)
     start = 0
-    for n in segment:
-        n.value = tuple(device[start: start + len(n.host_value)])
-        start += len(n.host_value)
+    for n, hv in zip(segment, host_values, strict=True):
+        n.value = tuple(device[start: start + len(hv)])
+        start += len(hv)
     state.host.loads.append(Ack(node, rules.inc_lock_ref(state, node)))
     return True
 
 
 def init_load_back(state: CacheState, node: Node, last_device_node: Node,
-                   mem_quota: Optional[int]) -> tuple[tuple, Node]:
+                   mem_quota: Optional[int]) -> tuple[tuple[int, ...], Node]:
     """The scheduler's entry: load ``node``'s evicted segment if there is one and return the
     device slots now between ``last_device_node`` and ``node`` with the new last device node;
     on no load, ``((), last_device_node)``."""
@@ -386,10 +390,12 @@ def init_load_back(state: CacheState, node: Node, last_device_node: Node,
         rules.check_count("mem_quota", mem_quota)
     wanted = node.evicted or any([p.wants_load_back(state, node) for p in state.plugins])
     if wanted and load_back(state, node, mem_quota):
-        chunks, cur = [], node
+        chunks: list[tuple[int, ...]] = []
+        cur = node
         while cur is not last_device_node:
+            assert cur.value is not None  # just loaded, or on the device already
             chunks.append(cur.value)
-            cur = cur.parent
+            cur = up(cur)
         indices = tuple(s for chunk in reversed(chunks) for s in chunk)
         if indices:
             return indices, node
@@ -537,8 +543,8 @@ def host_data(state: CacheState) -> list[str]:
         if node.host_value is not None and len(node.host_value) != len(node.key):
             errors.append(f"[host] {node!r}: {len(node.host_value)} host slots for "
                           f"{len(node.key)} units")
-        if (node.host_value is not None and not wb and not node.parent.is_root
-                and node.parent.host_value is None):
+        if (node.host_value is not None and not wb and not up(node).is_root
+                and up(node).host_value is None):
             errors.append(f"[host] {node!r} is backed up but its parent is not")
     dev = {id(n) for n in device_leaves(state)}
     both = [n for n in host_leaves(state) if id(n) in dev]
@@ -551,7 +557,7 @@ def host_locks(state: CacheState) -> list[str]:
     """Host lock counts equal the live host-lock handles that locked each node, and sit only on
     nodes with a host copy."""
     errors = []
-    expected: Counter = Counter()
+    expected: Counter[int] = Counter()
     for h in state.host.host_locks.values():
         if h.locked:
             expected[id(h.node)] += 1
