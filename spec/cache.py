@@ -13,10 +13,10 @@ and a match at tick T gives the node k steps above the matched node ``(T, -k)``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from . import policies
-from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, new_root
+from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, new_root, up
 from .errors import AllocatorError, HandleError, InvalidInput, NodeNotFound
 from .keys import common_prefix_len, namespaced_child_key, oldest, page_aligned_len, split_point_ok, to_units
 from .queries import device_leaves, oldest_device_leaf, tree_slots
@@ -26,7 +26,7 @@ from .queries import device_leaves, oldest_device_leaf, tree_slots
 # ----------------------------------------------------------------------------------------------
 
 
-def check_int_list(name: str, xs) -> list:
+def check_int_list(name: str, xs: Any) -> list[int]:
     if not isinstance(xs, (list, tuple)):
         raise InvalidInput(f"{name} must be a list of ints, got {type(xs).__name__}")
     for x in xs:
@@ -35,25 +35,25 @@ def check_int_list(name: str, xs) -> list:
     return list(xs)
 
 
-def check_extra_key(extra_key) -> Optional[str]:
+def check_extra_key(extra_key: Any) -> Optional[str]:
     if extra_key is not None and not isinstance(extra_key, str):
         raise InvalidInput(f"extra_key must be null or a string, got {extra_key!r}")
     return extra_key
 
 
-def check_count(name: str, n) -> int:
+def check_count(name: str, n: Any) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise InvalidInput(f"{name} must be a non-negative int, got {n!r}")
     return n
 
 
-def check_flag(name: str, b) -> bool:
+def check_flag(name: str, b: Any) -> bool:
     if not isinstance(b, bool):
         raise InvalidInput(f"{name} must be true or false, got {b!r}")
     return b
 
 
-def aligned_units(state: CacheState, tokens: Sequence[int]) -> tuple:
+def aligned_units(state: CacheState, tokens: Sequence[int]) -> tuple[Any, ...]:
     """The key the tree sees for a token list: bigram view under EAGLE, cut to whole pages."""
     units = to_units(tokens, state.config.eagle)
     return units[: page_aligned_len(len(units), state.config.page_size)]
@@ -91,11 +91,13 @@ def stamp_match_path(state: CacheState, node: Node) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def child_key_of(state: CacheState, extra_key: Optional[str], units: Sequence) -> tuple:
+def child_key_of(state: CacheState, extra_key: Optional[str], units: Sequence[Any]
+                 ) -> tuple[Any, ...]:
     return namespaced_child_key(extra_key, units, state.config.page_size)
 
 
-def find_child(state: CacheState, node: Node, extra_key: Optional[str], units: Sequence):
+def find_child(state: CacheState, node: Node, extra_key: Optional[str], units: Sequence[Any]
+               ) -> Optional[Node]:
     """The child of ``node`` whose first page equals the first page of ``units``, if any."""
     if len(units) < state.config.page_size:
         return None
@@ -132,8 +134,8 @@ def split_node(state: CacheState, child: Node, split_len: int) -> Node:
     return upper
 
 
-def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: tuple,
-             value: tuple, priority: int = 0) -> Node:
+def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: tuple[Any, ...],
+             value: tuple[int, ...], priority: int = 0) -> Node:
     """A new node for the unmatched remainder of an insert; it is the newest node, created
     now, with the insert's priority."""
     stamp = (tick(state), 0)
@@ -189,7 +191,7 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
         return empty_match(state)
 
     node = state.root
-    chunks: list[tuple] = []
+    chunks: list[tuple[int, ...]] = []
     rest = units
     # Hybrid models: the match ends at the deepest node every aux validator accepts, its
     # device part at the deepest device node every validator accepts on the device alone.
@@ -243,7 +245,8 @@ class InsertOutcome:
     mamba_exist: bool = False  # hybrid models: Mamba only
 
 
-def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple) -> list:
+def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple[Any, ...]
+                ) -> list[tuple[Node, int]]:
     """The existing nodes an insert of ``units`` walks through, as ``(node, shared)`` pairs;
     only the last pair can share less than the whole node (the insert will split it there)."""
     plan = []
@@ -260,12 +263,14 @@ def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple) -> li
     return plan
 
 
-def duplicate_slots(plan: list, value: tuple, prev_prefix_len: int) -> list:
+def duplicate_slots(plan: list[tuple[Node, int]], value: tuple[int, ...], prev_prefix_len: int
+                    ) -> list[int]:
     """The request's own slots for units the tree already holds on the device: from
     ``prev_prefix_len`` on (before it, the request's slots *are* the tree's), the copy in
     ``value`` is a duplicate and goes back to the allocator.  Evicted nodes are not
     duplicates: they take the fresh slots."""
-    dups, start = [], 0
+    dups: list[int] = []
+    start = 0
     for node, shared in plan:
         if node.value is not None:
             dups.extend(value[max(start, prev_prefix_len): start + shared])
@@ -273,7 +278,8 @@ def duplicate_slots(plan: list, value: tuple, prev_prefix_len: int) -> list:
     return dups
 
 
-def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_len: int) -> None:
+def check_insert_slots(state: CacheState, plan: list[tuple[Node, int]], value: tuple[int, ...],
+                       prev_prefix_len: int) -> None:
     """Reject an insert whose slots the tree could not own or the pool could not take back.
 
     From ``prev_prefix_len`` on, ``value`` holds the caller's own slots: none may be held by
@@ -302,7 +308,8 @@ def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_
     check_unevict_slots(state, plan, value)
 
 
-def check_unevict_slots(state: CacheState, plan: list, value: tuple) -> None:
+def check_unevict_slots(state: CacheState, plan: list[tuple[Node, int]], value: tuple[int, ...]
+                        ) -> None:
     """An insert's slots for the evicted nodes on its path (they take them back; only a host
     tier leaves evicted nodes in the tree) must be whole allocated pages the tree does not
     hold, as a new leaf's."""
@@ -415,7 +422,7 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
     return InsertOutcome(start, mamba_exist=exist)
 
 
-def unevict(node: Node, fresh: tuple) -> None:
+def unevict(node: Node, fresh: tuple[int, ...]) -> None:
     """An evicted node met by an insert holds device data again: the request's fresh slots."""
     assert len(fresh) == len(node.key)
     node.value = fresh
@@ -453,11 +460,12 @@ def inc_lock_ref(state: CacheState, node: Node) -> LockHandle:
     cur = node
     while not cur.is_root and cur.value is None:
         skipped.append(cur)
-        cur = cur.parent
+        cur = up(cur)
     return issue_handle(state, node, tuple(skipped), lock=True)
 
 
-def issue_handle(state: CacheState, node: Node, skipped: tuple, lock: bool) -> LockHandle:
+def issue_handle(state: CacheState, node: Node, skipped: tuple[Node, ...], lock: bool
+                 ) -> LockHandle:
     handle = LockHandle(serial=state.next_serial, node=node, skipped=skipped)
     state.next_serial += 1
     state.handles[handle.serial] = handle
@@ -527,20 +535,21 @@ def oldest_device_leaf_except(state: CacheState, passed_over: list[Node]) -> Opt
 def evict_device_leaf(state: CacheState, leaf: Node) -> int:
     """Without a host tier, an evicted leaf is deleted: its slots go back to the pool, it
     leaves the tree, and ancestors left as childless tombstones are deleted too."""
+    assert leaf.value is not None
     n = len(leaf.value)
     if leaf.aux:  # hybrid models: the leaf's aux data goes with it
         for plugin in state.plugins:
             plugin.drop_device_leaf(state, leaf, {})
     state.kv.free(list(leaf.value))
     leaf.value = None
-    parent = leaf.parent
+    parent = up(leaf)
     remove_from_parent(state, leaf)
     delete_tombstone_ancestors(state, parent)
     return n
 
 
 def remove_from_parent(state: CacheState, node: Node) -> None:
-    del node.parent.children[child_key_of(state, node.extra_key, node.key)]
+    del up(node).children[child_key_of(state, node.extra_key, node.key)]
 
 
 def delete_tombstone_ancestors(state: CacheState, node: Node) -> None:
@@ -549,7 +558,7 @@ def delete_tombstone_ancestors(state: CacheState, node: Node) -> None:
     that must stay."""
     while (not node.is_root and not node.children and node.lock_ref == 0 and node.value is None
            and node.host_value is None and node.host_lock_ref == 0):
-        parent = node.parent
+        parent = up(node)
         remove_from_parent(state, node)
         node = parent
 
