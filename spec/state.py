@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from . import components, host, storage
 from .config import CacheConfig
-from .core import CacheState, LockHandle, Node, Plugin, Stamp, all_nodes, new_root
+from .core import CacheState, LockHandle, Node, Plugin, Stamp, all_nodes, new_root, up
 from .world import PagedPool, hybrid_pools
 
 __all__ = ["CacheState", "LockHandle", "Node", "Stamp", "all_nodes", "compose", "new_root",
-           "new_state"]
+           "new_state", "up"]
 
 
 def compose(config: CacheConfig) -> tuple[Plugin, ...]:
