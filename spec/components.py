@@ -337,12 +337,15 @@ class MambaComponent(AuxComponent):
     def load_back(self, state: CacheState, node: Node) -> bool:
         """The node's state comes back to a fresh device state slot (one state is evicted for
         room when the pool is empty).  When none can be had (every device state locked, for
-        example by pending write-through acks), or the room-making took the node itself, the
-        load back fails: upstream asserts instead (docs/SPEC.md)."""
+        example by pending write-through acks), or the room-making took the node or its host
+        state (write-back backups make host room), the load back fails: upstream asserts
+        instead (docs/SPEC.md)."""
         assert state.mamba is not None and state.host is not None
         if state.mamba.available_size() < 1:
             evict(state, 0, mamba_num=1)
-        if state.mamba.available_size() < 1 or not rules.is_in_tree(state, node):
+        # under write-back that eviction's backups may have evicted host states, this one too
+        if state.mamba.available_size() < 1 or not rules.is_in_tree(state, node) \
+                or not self.wants_load_back(state, node):
             return False
         d = data(node, "mamba")
         assert d.host_value is not None and d.value is None
