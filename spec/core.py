@@ -15,7 +15,8 @@ take part in the cache's rules (spec/cache.py), declared once as :class:`Plugin`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .config import CacheConfig
 from .world import PagedPool
@@ -28,24 +29,24 @@ class Node:
     """One radix-tree node: ``key`` holds the units from the parent's end to this node's end."""
 
     key: tuple[Any, ...]  # units: tokens, or bigrams under EAGLE (spec/keys.py)
-    extra_key: Optional[str]
-    parent: Optional["Node"]
-    value: Optional[tuple[int, ...]]  # device KV slots, one per unit; None = evicted (a tombstone)
+    extra_key: str | None
+    parent: Node | None
+    value: tuple[int, ...] | None  # device KV slots, one per unit; None = evicted (a tombstone)
     stamp: Stamp
     lock_ref: int = 0
     hit_count: int = 0
-    children: dict[Any, "Node"] = dataclasses.field(default_factory=dict)
+    children: dict[Any, Node] = dataclasses.field(default_factory=dict)
     # Hybrid models (spec/components.py): per aux component ("swa", "mamba") its AuxData here.
     aux: dict[str, Any] = dataclasses.field(default_factory=dict)
     # host tier (spec/host.py): host KV slots, one per unit (None = no host copy), host locks
-    host_value: Optional[tuple[int, ...]] = None
+    host_value: tuple[int, ...] | None = None
     host_lock_ref: int = 0
     # eviction policies (spec/policies.py): when the node's data was created, and the highest
     # priority of an insert through it
     created: Stamp = (0, 0)
     priority: int = 0
     # storage tier (spec/storage.py): the keys of this node's pages (None without storage)
-    page_keys: Optional[tuple[str, ...]] = None
+    page_keys: tuple[str, ...] | None = None
 
     @property
     def is_root(self) -> bool:
@@ -58,15 +59,15 @@ class Node:
     def path_units(self) -> tuple[Any, ...]:
         """All units from the root to this node's end."""
         parts = []
-        node: Optional[Node] = self
+        node: Node | None = self
         while node is not None:
             parts.append(node.key)
             node = node.parent
         return tuple(u for part in reversed(parts) for u in part)
 
-    def ancestors_to_root(self) -> Iterator["Node"]:
+    def ancestors_to_root(self) -> Iterator[Node]:
         """This node, its parent, ... up to but excluding the root."""
-        node: Optional[Node] = self
+        node: Node | None = self
         while node is not None and not node.is_root:
             yield node
             node = node.parent
@@ -106,14 +107,14 @@ class CacheState:
     requests: dict[str, Any] = dataclasses.field(default_factory=dict)  # rid -> Request (spec/requests.py)
     # Hybrid models (spec/components.py): the Mamba state pool (None without Mamba) and the
     # next SWA lock-boundary mark.  With SWA, ``kv`` is a HybridKVPool (spec/world.py).
-    mamba: Optional[PagedPool] = None
+    mamba: PagedPool | None = None
     next_boundary: int = 1
     host: Any = None  # spec/host.py HostTier when config.host_slots > 0, else None
     sessions: dict[str, Any] = dataclasses.field(default_factory=dict)  # id -> SessionSlot
     storage: Any = None  # spec/storage.py StorageTier when config.storage, else None
     # The plug-ins of the configured components and tiers, composed once by spec/state.py
     # ``new_state``: the cache's rules run their hooks in this order (``Plugin`` below).
-    plugins: tuple["Plugin", ...] = ()
+    plugins: tuple[Plugin, ...] = ()
 
 
 def new_root() -> Node:
@@ -148,7 +149,7 @@ class MatchOutcome:
     last_host_node: Node
     best_match_node: Node
     host_hit_length: int = 0
-    mamba_branching_seqlen: Optional[int] = None  # hybrid models: Mamba only
+    mamba_branching_seqlen: int | None = None  # hybrid models: Mamba only
     mamba_host_hit_length: int = 0  # host tier with Mamba: 1 when the best node's state is host-only
 
 
@@ -181,7 +182,7 @@ class Ack:
     lock the transfer holds until its ack is processed (None for a write-back backup)."""
 
     node: Node
-    lock: Optional[LockHandle]
+    lock: LockHandle | None
     done: bool = False
 
 
@@ -203,7 +204,7 @@ class Plugin:
 
     # match
     def match_validator(self, state: CacheState, device_only: bool
-                        ) -> Optional[Callable[[Node], bool]]:
+                        ) -> Callable[[Node], bool] | None:
         """A fresh predicate fed the matched nodes top-down: may the match stop here (on the
         device only: may the device part of the match stop here)?"""
         return None
