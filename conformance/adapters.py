@@ -46,12 +46,15 @@ class CacheUnderTest(Protocol):
 
 
 def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool = False,
-                    storage: bool = False) -> None:
+                    storage: bool = False, host_mamba: bool = False) -> None:
     """What an implementation models: the Full component on the device tier always; with
-    ``hybrid`` the SWA and Mamba components too; with ``host_tier`` the host tier (HiCache).
-    A host tier together with an aux component is modelled by none yet."""
-    if config.components != ("full",) and config.has_host_tier:
-        raise Unsupported("a host tier with an aux component (SWA, Mamba) is not supported")
+    ``hybrid`` the SWA and Mamba components too; with ``host_tier`` the host tier (HiCache);
+    with ``host_mamba`` the host tier together with Mamba.  A host tier together with SWA is
+    modelled by none yet."""
+    if config.components != ("full",) and config.has_host_tier and not (
+            host_mamba and config.components == ("full", "mamba")):
+        raise Unsupported("a host tier with an aux component (SWA, Mamba) is not supported"
+                          + ("" if host_mamba else " here") + " (the spec models host + Mamba)")
     if config.components != ("full",) and not hybrid:
         raise Unsupported(f"components {list(config.components)}: only ['full'] is supported "
                           "so far (SWA and Mamba come with the hybrid-models work)")
@@ -135,6 +138,7 @@ class StepAdapter:
     pool: Any  # the environment's PagedPool
     aux_pools: tuple = ()  # hybrid models: the SWA and Mamba pools, whose logs are effects too
     host_pool: Any = None  # the host PagedPool, with a host tier
+    host_mamba_pool: Any = None  # the host state pool, with a host tier and Mamba
 
     def apply(self, step: Step) -> Observation:
         op = step.get("op")
@@ -143,6 +147,8 @@ class StepAdapter:
             p.take_freed()
         if self.host_pool is not None:
             self.host_pool.take_freed()
+        if self.host_mamba_pool is not None:
+            self.host_mamba_pool.take_freed()
         try:
             hybrid_request_check(self.config, op)
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
@@ -153,6 +159,8 @@ class StepAdapter:
             obs = handler(step)
             if self.host_pool is not None and op in HOST_EFFECT_OPS:
                 obs["host_freed"] = self.host_pool.take_freed()
+                if self.host_mamba_pool is not None:  # the host tier with Mamba
+                    obs["host_mamba_freed"] = self.host_mamba_pool.take_freed()
             return obs
         except self.rejections as e:
             self.pool.take_freed()
@@ -160,6 +168,8 @@ class StepAdapter:
                 p.take_freed()
             if self.host_pool is not None:
                 self.host_pool.take_freed()
+            if self.host_mamba_pool is not None:
+                self.host_mamba_pool.take_freed()
             return {"error": type(e).__name__, "message": str(e)}
 
 
@@ -167,13 +177,14 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
     """Runs trace steps on the executable specification."""
 
     def __init__(self, config: CacheConfig) -> None:
-        check_supported(config, hybrid=True, host_tier=True, storage=True)
+        check_supported(config, hybrid=True, host_tier=True, storage=True, host_mamba=True)
         self.config = config
         self.state: CacheState = new_state(config)
         self.pool = self.state.kv
         self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.state.mamba)
                                if p is not None)
         self.host_pool = self.state.host.pool if self.state.host is not None else None
+        self.host_mamba_pool = self.state.host.mamba_pool if self.state.host is not None else None
         self.handles: dict[int, Any] = {}  # trace handle (the lock step's i) -> LockHandle
         self.host_handles: dict[int, Any] = {}  # trace handle (the host_lock step's i)
 
@@ -256,6 +267,8 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
         }
         if "mamba" in self.config.components:
             obs["mamba_branching_seqlen"] = m.mamba_branching_seqlen
+            if self.config.has_host_tier:  # the host tier with Mamba
+                obs["mamba_host_hit_length"] = m.mamba_host_hit_length
         return obs
 
     def _match_prefix_cow(self, tokens, extra_key, mamba_slot) -> Observation:

@@ -49,6 +49,12 @@ NAMED_CONFIGS: dict[str, dict] = {
     "hicache-wt": {"page_size": (1, 4), "write_policy": ("write_through",
                                                          "write_through_selective")},
     "hicache-wb": {"page_size": (1, 4), "write_policy": "write_back"},
+    # the host tier with Mamba (the spec only, so far): a host state pool of 1/2 to 2 device
+    # state pools, drawn per segment with the Mamba pool (host_config)
+    "host-mamba-wt-p1": {"page_size": 1, "write_policy": "write_through",
+                         "components": ("full", "mamba")},
+    "host-mamba-wb-p4": {"page_size": 4, "write_policy": "write_back",
+                         "components": ("full", "mamba")},
 }
 # the storage tier (conformance/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
@@ -102,11 +108,18 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
     elif name == "mamba":
         base = dict(base, mamba_slots=rng.randint(2, 8),
                     mamba_cache_chunk_size=rng.randint(1, 4))
-    if name.startswith("hicache-"):
+    if name.startswith("hicache-") or name.startswith("host-"):
         policy = base["write_policy"]
         if isinstance(policy, tuple):
             policy = policy[(segment // 2) % len(policy)]
-        return name, host_config(RandomChooser(rng), ps, pages * ps, policy)
+        cfg = host_config(RandomChooser(rng), ps, pages * ps, policy)
+        if base.get("components") == ("full", "mamba"):
+            mamba_slots = rng.randint(2, 8)
+            cfg = dataclasses.replace(cfg, components=("full", "mamba"), mamba_slots=mamba_slots,
+                                      host_mamba_slots=max(1, mamba_slots * rng.randint(1, 4) // 2),
+                                      mamba_cache_chunk_size=rng.randint(1, 4))
+            cfg.validate()
+        return name, cfg
     return name, CacheConfig(**base, kv_slots=pages * ps)
 
 

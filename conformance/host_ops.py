@@ -24,6 +24,7 @@ class SpecHostOps:
 
     state: Any
     host_handles: dict
+    _effects: Any  # the aux pools' effects (conformance/adapters.py SpecAdapter)
 
     def _host(self) -> None:
         if self.state.host is None:
@@ -35,6 +36,14 @@ class SpecHostOps:
             return []
         out = list(self.state.host.copies)
         self.state.host.copies.clear()
+        return out
+
+    def take_state_copies(self) -> list:
+        """The Mamba state copies of the last step, in order (for the KV-integrity check)."""
+        if self.state.host is None:
+            return []
+        out = list(self.state.host.mamba_copies)
+        self.state.host.mamba_copies.clear()
         return out
 
     def op_evict_host(self, step: dict) -> dict:
@@ -49,8 +58,11 @@ class SpecHostOps:
         node = rules.find_node(self.state, *A.path_arg(node_path))
         last = rules.find_node(self.state, *A.path_arg(last_path))
         indices, last_node = host.init_load_back(self.state, node, last, mem_quota)
-        return {"device_indices": list(indices), "last_node": len(last_node.path_units()),
-                "freed": self.state.kv.take_freed()}
+        obs = {"device_indices": list(indices), "last_node": len(last_node.path_units()),
+               "freed": self.state.kv.take_freed()}
+        if self.state.mamba is not None:  # with Mamba: its room-making frees states too
+            obs.update(self._effects())
+        return obs
 
     def op_io_complete(self, step: dict) -> dict:
         self._host()

@@ -30,6 +30,15 @@ of ``uniradix.kernels`` (the torch reference by default; Triton under the interp
 ``impl="triton"``), then checks that every node's host slots hold the fingerprints of its path
 as well.  A host slot mix-up therefore shows when it happens, and a device slot mix-up is
 carried to the host and back and shows when the data comes back.
+
+With Mamba the checker keeps the **state pool** too (:class:`StatePool`: per state slot the
+fingerprint of the sequence whose state it holds, unknown at the start).  An ``insert`` whose
+state slot the tree takes (no ``mamba_exist``, a slot the tree did not hold before the step)
+computes the state of its page-aligned tokens into that slot; after every step every node's
+state slot must hold the state of the node's path.  With a host tier the state copies the
+implementation asked for (``take_state_copies()`` on the adapter: ``("backup", device slots,
+host slots)`` / ``("load", host slots, device slots)``) move the states between the device and
+the host state pools, and every node's host state slot is checked the same way.
 """
 
 from __future__ import annotations
@@ -151,6 +160,21 @@ class HostKV:
         return out.reshape(LAYERS, len(slots), HEADS, DIM)
 
 
+class StatePool:
+    """The Mamba state of every state slot, as the fingerprint of the sequence it was computed
+    for (None: never computed, or copied from a slot that held none)."""
+
+    def __init__(self) -> None:
+        self.device: dict[int, Optional[int]] = {}
+        self.host: dict[int, Optional[int]] = {}
+
+    def run(self, copies: list) -> None:
+        for kind, src, dst in copies:
+            a, b = (self.device, self.host) if kind == "backup" else (self.host, self.device)
+            for s, d in zip(src, dst, strict=True):
+                b[d] = a.get(s)
+
+
 class KVChecked:
     """An adapter with a KV pool that fingerprints computed tokens and checks every slot the
     cache hands out; see the module docstring.  ``host_layout`` / ``copy_impl``: the host
@@ -164,6 +188,7 @@ class KVChecked:
         self.kv = KVPool(config.kv_slots + config.page_size)
         self.host = HostKV(self.kv, config.host_slots, config.page_size, host_layout, copy_impl) \
             if config.has_host_tier else None
+        self.states = StatePool() if "mamba" in config.components else None
         self.tokens: dict[str, tuple] = {}  # rid -> (prompt tokens, extra_key)
         self.errors: list[str] = []
         self._fp_cache: dict = {}
@@ -181,6 +206,8 @@ class KVChecked:
         before = self.inner.snapshot() if op in ("insert", "req_chunk", "req_decode") else None
         if self.host is not None:
             self.inner.take_copies()
+            if self.states is not None:
+                self.inner.take_state_copies()
         obs = self.inner.apply(step)
         if "error" in obs:
             return obs
@@ -191,6 +218,8 @@ class KVChecked:
         elif op == "insert":
             self._compute(i, args.get("extra_key"), list(args["tokens"]), list(args["value"]),
                           0, _owned(before, obs))
+            if self.states is not None:
+                self._compute_state(args, before, obs)
         elif op in ("req_chunk", "req_decode") and obs.get("ok", True):
             self._compute_row(i, args["rid"], before, obs, after)
         elif op == "match_prefix":
@@ -200,7 +229,11 @@ class KVChecked:
         if self.host is not None:  # the step's trips between the tiers, in order
             self.host.run(self.inner.take_copies())
             self._check_host(i, after)
+            if self.states is not None:
+                self.states.run(self.inner.take_state_copies())
         self._check_state(i, after)
+        if self.states is not None:
+            self._check_states(i, after)
         return obs
 
     # computing tokens ----------------------------------------------------------------------
@@ -227,6 +260,21 @@ class KVChecked:
             self._expect_pairs(i, "slots the tree already held", old)
         if new:
             self.kv.write([s for s, _ in new], [f for _, f in new])
+
+    def _compute_state(self, args: dict, before: Optional[dict], obs: dict) -> None:
+        """An insert whose state slot the tree took: the caller computed the state of its
+        page-aligned tokens there (a slot the tree held before the step is never written)."""
+        value = args.get("mamba_value")
+        if obs.get("mamba_exist") or not isinstance(value, list) or len(value) != 1:
+            return
+        held = {s for node in (before or {}).get("nodes", [])
+                for s in ((node.get("mamba") or {}).get("value") or ())}
+        if value[0] in held:
+            return
+        tokens = list(args["tokens"])
+        n = len(tokens) // self.config.page_size * self.config.page_size
+        if n:
+            self.states.device[value[0]] = self._fps(args.get("extra_key"), tokens[:n])[-1]
 
     def _compute_row(self, i: Any, rid: str, before: dict, obs: dict, after: dict) -> None:
         was = {r["rid"]: r for r in before.get("requests", [])}
@@ -297,6 +345,19 @@ class KVChecked:
             self.errors.append(f"[kv] step {i}: {what} holds slot {slots[bad]} at position "
                                f"{start + bad - at}, which does not hold that token's KV")
 
+
+    def _check_states(self, i: Any, snap: dict) -> None:
+        """Every node's state slot (and host state slot) holds the state of the node's path."""
+        for node in snap.get("nodes", []):
+            data = node.get("mamba") or {}
+            path = node["path"]
+            want = self._fps(path["extra_key"], path["tokens"])[-1] if path["tokens"] else None
+            for where, pool in (("value", self.states.device), ("host_value", self.states.host)):
+                slots = data.get(where) or ()
+                if len(slots) == 1 and pool.get(slots[0]) != want:
+                    self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds "
+                                       f"{'host ' if where == 'host_value' else ''}state slot "
+                                       f"{slots[0]}, which does not hold the state of its path")
 
     def _check_host(self, i: Any, snap: dict) -> None:
         """Every node's host copy holds the fingerprints of its path."""

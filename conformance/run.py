@@ -23,8 +23,10 @@ from uniradix.conformance.trace import load_trace
 IMPLS = ("spec", "fast")
 
 # Corpus folders the fast path does not model yet, replayed on the spec only: other eviction
-# policies than lru, Mamba copy-on-write and the storage tier (fast refuses each by name).
-SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage")
+# policies than lru, Mamba copy-on-write, the storage tier and the host tier with Mamba (fast
+# refuses each by name).
+SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage",
+                     "regressions-host-aux")
 
 # Corpora the spec cannot replay yet: the host tier with SWA or Mamba and Full+SWA+Mamba in one
 # tree, recorded from upstream (the spec refuses those configs, and this branch's config check

@@ -13,21 +13,20 @@ and a match at tick T gives the node k steps above the matched node ``(T, -k)``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from .errors import AllocatorError, HandleError, InvalidInput, NodeNotFound
-from .keys import common_prefix_len, namespaced_child_key, page_aligned_len, split_point_ok, to_units
-from .queries import oldest_device_leaf, tree_slots
-from .state import CacheState, LockHandle, Node, new_root
-from . import components
 from . import policies
+from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, new_root, up
+from .errors import AllocatorError, HandleError, InvalidInput, NodeNotFound
+from .keys import common_prefix_len, namespaced_child_key, oldest, page_aligned_len, split_point_ok, to_units
+from .queries import device_leaves, oldest_device_leaf, tree_slots
 
 # ----------------------------------------------------------------------------------------------
 # Input checks (all raise InvalidInput and touch nothing)
 # ----------------------------------------------------------------------------------------------
 
 
-def check_int_list(name: str, xs) -> list:
+def check_int_list(name: str, xs: Any) -> list[int]:
     if not isinstance(xs, (list, tuple)):
         raise InvalidInput(f"{name} must be a list of ints, got {type(xs).__name__}")
     for x in xs:
@@ -36,25 +35,25 @@ def check_int_list(name: str, xs) -> list:
     return list(xs)
 
 
-def check_extra_key(extra_key) -> Optional[str]:
+def check_extra_key(extra_key: Any) -> Optional[str]:
     if extra_key is not None and not isinstance(extra_key, str):
         raise InvalidInput(f"extra_key must be null or a string, got {extra_key!r}")
     return extra_key
 
 
-def check_count(name: str, n) -> int:
+def check_count(name: str, n: Any) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise InvalidInput(f"{name} must be a non-negative int, got {n!r}")
     return n
 
 
-def check_flag(name: str, b) -> bool:
+def check_flag(name: str, b: Any) -> bool:
     if not isinstance(b, bool):
         raise InvalidInput(f"{name} must be true or false, got {b!r}")
     return b
 
 
-def aligned_units(state: CacheState, tokens: Sequence[int]) -> tuple:
+def aligned_units(state: CacheState, tokens: Sequence[int]) -> tuple[Any, ...]:
     """The key the tree sees for a token list: bigram view under EAGLE, cut to whole pages."""
     units = to_units(tokens, state.config.eagle)
     return units[: page_aligned_len(len(units), state.config.page_size)]
@@ -92,11 +91,13 @@ def stamp_match_path(state: CacheState, node: Node) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def child_key_of(state: CacheState, extra_key: Optional[str], units: Sequence) -> tuple:
+def child_key_of(state: CacheState, extra_key: Optional[str], units: Sequence[Any]
+                 ) -> tuple[Any, ...]:
     return namespaced_child_key(extra_key, units, state.config.page_size)
 
 
-def find_child(state: CacheState, node: Node, extra_key: Optional[str], units: Sequence):
+def find_child(state: CacheState, node: Node, extra_key: Optional[str], units: Sequence[Any]
+               ) -> Optional[Node]:
     """The child of ``node`` whose first page equals the first page of ``units``, if any."""
     if len(units) < state.config.page_size:
         return None
@@ -127,29 +128,22 @@ def split_node(state: CacheState, child: Node, split_len: int) -> Node:
         child.value = child.value[split_len:]
     child.parent = upper
     upper.children[child_key_of(state, child.extra_key, child.key)] = child
-    if child.aux:  # hybrid models: aux data follows the cut
-        components.split_aux(state, upper, child, split_len)
-    if state.host is not None:  # host tier: cut the host copy too (spec/host.py)
-        from .host import split_host_data
-        split_host_data(state, upper, child)
-    if state.storage is not None:  # storage tier: cut the page keys (spec/storage.py)
-        from .storage import split_node_keys
-        split_node_keys(state, upper, child)
+    for plugin in state.plugins:  # aux data, the host copy, the page keys follow the cut
+        plugin.split(state, upper, child, split_len)
     touch(state, child)
     return upper
 
 
-def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: tuple,
-             value: tuple, priority: int = 0) -> Node:
+def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: tuple[Any, ...],
+             value: tuple[int, ...], priority: int = 0) -> Node:
     """A new node for the unmatched remainder of an insert; it is the newest node, created
     now, with the insert's priority."""
     stamp = (tick(state), 0)
     leaf = Node(key=units, extra_key=extra_key, parent=parent, value=value,
                 stamp=stamp, created=stamp, priority=priority)
     parent.children[child_key_of(state, extra_key, units)] = leaf
-    if state.storage is not None:  # storage tier: the leaf's page keys (spec/storage.py)
-        from .storage import key_new_leaf
-        key_new_leaf(state, leaf)
+    for plugin in state.plugins:  # storage tier: the leaf's page keys
+        plugin.new_leaf(state, leaf)
     return leaf
 
 
@@ -176,16 +170,6 @@ def find_node(state: CacheState, tokens: Sequence[int], extra_key: Optional[str]
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class MatchOutcome:
-    device_indices: tuple
-    last_device_node: Node
-    last_host_node: Node
-    best_match_node: Node
-    host_hit_length: int = 0
-    mamba_branching_seqlen: Optional[int] = None  # hybrid models: Mamba only
-
-
 def empty_match(state: CacheState) -> MatchOutcome:
     return MatchOutcome((), state.root, state.root, state.root, 0)
 
@@ -198,7 +182,7 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
     inside a node splits it there, so the match always ends at a node end.  The matched path is
     stamped most recent.  Disabled caches, and keys shorter than a page, match nothing and
     change nothing.  With a host tier the walk goes on through evicted nodes that have a host
-    copy (only device data counts towards the indices; spec/host.py ``match_outcome``).
+    copy (only device data counts towards the indices; the host plug-in's ``finish_match``).
     """
     tokens = check_int_list("tokens", tokens)
     extra_key = check_extra_key(extra_key)
@@ -207,11 +191,23 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
         return empty_match(state)
 
     node = state.root
-    chunks: list[tuple] = []
+    chunks: list[tuple[int, ...]] = []
     rest = units
-    # Hybrid models: the match ends at the deepest node every aux validator accepts.
-    validators = components.match_validators(state)
-    best, best_chunks = node, 0
+    # Hybrid models: the match ends at the deepest node every aux validator accepts, its
+    # device part at the deepest device node every validator accepts on the device alone.
+    validators = [v for v in (p.match_validator(state, False) for p in state.plugins)
+                  if v is not None]
+    device_validators = [v for v in (p.match_validator(state, True) for p in state.plugins)
+                         if v is not None]
+    best, best_device, best_chunks = node, node, 0
+
+    def consider(node: Node) -> None:
+        nonlocal best, best_device, best_chunks
+        if all([v(node) for v in validators]):
+            best = node
+        if all([v(node) for v in device_validators]) and node.value is not None:
+            best_device, best_chunks = node, len(chunks)
+
     while len(rest) > 0:
         child = find_child(state, node, extra_key, rest)
         if child is None or (child.value is None and child.host_value is None):
@@ -221,26 +217,21 @@ def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[s
             node = split_node(state, child, shared)
             if node.value is not None:
                 chunks.append(node.value)
-            if all([v(node) for v in validators]):
-                best, best_chunks = node, len(chunks)
+            consider(node)
             break
         if child.value is not None:
             chunks.append(child.value)
         node = child
         rest = rest[shared:]
-        if all([v(node) for v in validators]):
-            best, best_chunks = node, len(chunks)
+        consider(node)
 
     stamp_match_path(state, best)
     indices = tuple(s for chunk in chunks[:best_chunks] for s in chunk)
-    if state.host is not None:  # the host tier (Full component only: best is node)
-        from .host import match_outcome
-        return match_outcome(state, indices, best)
-    branching = None
-    if "mamba" in state.config.components:
-        branching = components.branching_seqlen(state, sum(len(c) for c in chunks), best_chunks,
-                                                len(chunks))
-    return MatchOutcome(indices, best, best, best, 0, branching)
+    outcome = MatchOutcome(indices, best_device, best, best, 0)
+    walk = MatchWalk(sum(len(c) for c in chunks), len(chunks), best_chunks)
+    for plugin in state.plugins:  # the host tier's hit length, Mamba's branching point
+        outcome = plugin.finish_match(state, outcome, walk)
+    return outcome
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,7 +245,8 @@ class InsertOutcome:
     mamba_exist: bool = False  # hybrid models: Mamba only
 
 
-def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple) -> list:
+def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple[Any, ...]
+                ) -> list[tuple[Node, int]]:
     """The existing nodes an insert of ``units`` walks through, as ``(node, shared)`` pairs;
     only the last pair can share less than the whole node (the insert will split it there)."""
     plan = []
@@ -271,12 +263,14 @@ def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple) -> li
     return plan
 
 
-def duplicate_slots(plan: list, value: tuple, prev_prefix_len: int) -> list:
+def duplicate_slots(plan: list[tuple[Node, int]], value: tuple[int, ...], prev_prefix_len: int
+                    ) -> list[int]:
     """The request's own slots for units the tree already holds on the device: from
     ``prev_prefix_len`` on (before it, the request's slots *are* the tree's), the copy in
     ``value`` is a duplicate and goes back to the allocator.  Evicted nodes are not
     duplicates: they take the fresh slots."""
-    dups, start = [], 0
+    dups: list[int] = []
+    start = 0
     for node, shared in plan:
         if node.value is not None:
             dups.extend(value[max(start, prev_prefix_len): start + shared])
@@ -284,7 +278,8 @@ def duplicate_slots(plan: list, value: tuple, prev_prefix_len: int) -> list:
     return dups
 
 
-def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_len: int) -> None:
+def check_insert_slots(state: CacheState, plan: list[tuple[Node, int]], value: tuple[int, ...],
+                       prev_prefix_len: int) -> None:
     """Reject an insert whose slots the tree could not own or the pool could not take back.
 
     From ``prev_prefix_len`` on, ``value`` holds the caller's own slots: none may be held by
@@ -310,9 +305,47 @@ def check_insert_slots(state: CacheState, plan: list, value: tuple, prev_prefix_
             raise InvalidInput(f"insert: slots {list(page)} of the new leaf are not one whole page")
         if not state.kv.is_allocated(first):
             raise InvalidInput(f"insert: slot {first} is not allocated")
-    if state.host is not None:  # evicted nodes on the way take fresh slots (spec/host.py)
-        from .host import check_unevict_slots
-        check_unevict_slots(state, plan, value)
+    check_unevict_slots(state, plan, value)
+
+
+def check_unevict_slots(state: CacheState, plan: list[tuple[Node, int]], value: tuple[int, ...]
+                        ) -> None:
+    """An insert's slots for the evicted nodes on its path (they take them back; only a host
+    tier leaves evicted nodes in the tree) must be whole allocated pages the tree does not
+    hold, as a new leaf's."""
+    ps = state.config.page_size
+    held = None
+    start = 0
+    for node, shared in plan:
+        if node.value is None:
+            held = set(tree_slots(state)) if held is None else held
+            for k in range(start, start + shared, ps):
+                page = value[k: k + ps]
+                first = page[0]
+                if first % ps or list(page) != list(range(first, first + ps)):
+                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
+                                       "one whole page")
+                if not state.kv.is_allocated(first) or any(s in held for s in page):
+                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
+                                       "the caller's allocated slots")
+        start += shared
+
+
+def check_insert_args(state: CacheState, prev_prefix_len: int, mamba_value: object,
+                      swa_evicted_seqlen: object) -> InsertArgs:
+    """The aux arguments an insert may carry at all in this config, checked even where the
+    insert then does nothing (a disabled cache): each only when a plug-in reads it,
+    ``swa_evicted_seqlen`` a whole number of pages.  The plug-ins check the rest
+    (``Plugin.check_insert``)."""
+    accepted = frozenset().union(*(p.insert_args for p in state.plugins))
+    swa = check_count("swa_evicted_seqlen", swa_evicted_seqlen)
+    if swa and "swa_evicted_seqlen" not in accepted:
+        raise InvalidInput("insert: swa_evicted_seqlen needs the SWA component")
+    if swa % state.config.page_size:
+        raise InvalidInput(f"insert: swa_evicted_seqlen={swa} is not whole pages")
+    if mamba_value is not None and "mamba_value" not in accepted:
+        raise InvalidInput("insert: mamba_value needs the Mamba component")
+    return InsertArgs(prev_prefix_len, swa, mamba_value)
 
 
 def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
@@ -342,15 +375,15 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
         raise InvalidInput(f"insert: priority must be an int, got {priority!r}")
     if len(value) != len(tokens):
         raise InvalidInput(f"insert: value has {len(value)} slots for {len(tokens)} tokens")
-    components.check_aux_args(state, mamba_value, swa_evicted_seqlen)  # even when disabled
+    args = check_insert_args(state, prev_prefix_len, mamba_value, swa_evicted_seqlen)
     if state.config.disable:
         return InsertOutcome(0)
     units = aligned_units(state, tokens)
     value_t = tuple(value[: len(units)])
     plan = insert_plan(state, extra_key, units)
     check_insert_slots(state, plan, value_t, prev_prefix_len)
-    mamba_value, swa_evicted_seqlen = components.check_insert_aux(
-        state, plan, prev_prefix_len, mamba_value, swa_evicted_seqlen)
+    for plugin in state.plugins:  # each plug-in's own checks; they normalise its arguments
+        args = plugin.check_insert(state, plan, value_t, args)
 
     touch(state, state.root)
     if len(units) == 0:  # nothing to cache; a Mamba caller keeps its state slot
@@ -364,29 +397,32 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
         fresh = value_t[start: start + shared]
         if child.value is None:
             unevict(child, fresh)
-            components.recover_after_unevict(state, child, start, swa_evicted_seqlen)
+            for plugin in state.plugins:
+                plugin.recover_after_unevict(state, child, start, args)
         else:
-            taken = components.insert_overlap(state, child, start, shared, fresh,
-                                              prev_prefix_len, swa_evicted_seqlen)
+            taken = shared
+            for plugin in state.plugins:  # where a plug-in took the request's slots over
+                taken = min(taken, plugin.insert_overlap(state, child, start, shared, fresh, args))
             state.kv.free(list(fresh[max(0, prev_prefix_len - start): taken]))
         count_hit(state, child, chunked)
         node, start = child, start + shared
     target, is_new_leaf = node, False
     if start < len(units):
-        if components.skip_leaf(state, start, len(units) - start, swa_evicted_seqlen):
+        if any([p.skip_leaf(state, start, len(units) - start, args) for p in state.plugins]):
             state.kv.free(list(value_t[start:]))
             return InsertOutcome(start)
         target = leaf = add_leaf(state, node, extra_key, units[start:], value_t[start:],
                                  priority)
         is_new_leaf = True
-    exist = components.commit_insert(state, target, is_new_leaf, start, swa_evicted_seqlen,
-                                     mamba_value)
+    exist = False
+    for plugin in state.plugins:
+        exist = plugin.commit_insert(state, target, is_new_leaf, start, args) or exist
     if is_new_leaf:
         count_hit(state, leaf, chunked)
     return InsertOutcome(start, mamba_exist=exist)
 
 
-def unevict(node: Node, fresh: tuple) -> None:
+def unevict(node: Node, fresh: tuple[int, ...]) -> None:
     """An evicted node met by an insert holds device data again: the request's fresh slots."""
     assert len(fresh) == len(node.key)
     node.value = fresh
@@ -404,10 +440,8 @@ def count_hit(state: CacheState, node: Node, chunked: bool) -> None:
     if state.config.has_host_tier and state.config.write_policy == "write_back":
         return
     node.hit_count += 1
-    if not state.config.has_host_tier:
-        return
-    from .host import write_through_on_hit  # write-through once the threshold is reached
-    write_through_on_hit(state, node)
+    for plugin in state.plugins:  # the host tier: write-through once the threshold is reached
+        plugin.on_hit(state, node)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,18 +460,20 @@ def inc_lock_ref(state: CacheState, node: Node) -> LockHandle:
     cur = node
     while not cur.is_root and cur.value is None:
         skipped.append(cur)
-        cur = cur.parent
+        cur = up(cur)
     return issue_handle(state, node, tuple(skipped), lock=True)
 
 
-def issue_handle(state: CacheState, node: Node, skipped: tuple, lock: bool) -> LockHandle:
+def issue_handle(state: CacheState, node: Node, skipped: tuple[Node, ...], lock: bool
+                 ) -> LockHandle:
     handle = LockHandle(serial=state.next_serial, node=node, skipped=skipped)
     state.next_serial += 1
     state.handles[handle.serial] = handle
     if lock:
         for n in handle.locked_nodes():
             n.lock_ref += 1
-        components.lock_aux(state, handle)  # hybrid models: SWA window, Mamba node
+        for plugin in state.plugins:  # hybrid models: SWA window, Mamba node
+            plugin.lock(state, handle)
     return handle
 
 
@@ -450,7 +486,8 @@ def dec_lock_ref(state: CacheState, handle: LockHandle) -> None:
     for n in locked:
         assert n.lock_ref > 0, "lock count would go negative"
         n.lock_ref -= 1
-    components.unlock_aux(state, handle)  # hybrid models
+    for plugin in state.plugins:  # hybrid models
+        plugin.unlock(state, handle)
 
 
 def is_in_tree(state: CacheState, node: Node) -> bool:
@@ -475,9 +512,9 @@ def evict(state: CacheState, num_tokens: int) -> int:
     check_count("num_tokens", num_tokens)
     if state.config.disable:
         return 0
-    if state.host is not None:  # eviction to host, write-back (spec/host.py)
-        from .host import evict as evict_with_host_tier
-        return evict_with_host_tier(state, num_tokens)
+    for plugin in state.plugins:  # the host tier drives: eviction to host, write-back
+        if plugin.drives_eviction:
+            return plugin.evict_device(state, num_tokens)
     freed = 0
     while freed < num_tokens:
         victim = oldest_device_leaf(state)
@@ -487,22 +524,32 @@ def evict(state: CacheState, num_tokens: int) -> int:
     return freed
 
 
+def oldest_device_leaf_except(state: CacheState, passed_over: list[Node]) -> Optional[Node]:
+    """The oldest device leaf (in the eviction policy's order) not in ``passed_over``."""
+    leaves = [n for n in device_leaves(state) if not any(n is p for p in passed_over)]
+    if not leaves:
+        return None
+    return leaves[oldest([policies.eviction_key(state, n) for n in leaves])]
+
+
 def evict_device_leaf(state: CacheState, leaf: Node) -> int:
     """Without a host tier, an evicted leaf is deleted: its slots go back to the pool, it
     leaves the tree, and ancestors left as childless tombstones are deleted too."""
+    assert leaf.value is not None
     n = len(leaf.value)
     if leaf.aux:  # hybrid models: the leaf's aux data goes with it
-        components.drop_all_aux(state, leaf, {})
+        for plugin in state.plugins:
+            plugin.drop_device_leaf(state, leaf, {})
     state.kv.free(list(leaf.value))
     leaf.value = None
-    parent = leaf.parent
+    parent = up(leaf)
     remove_from_parent(state, leaf)
     delete_tombstone_ancestors(state, parent)
     return n
 
 
 def remove_from_parent(state: CacheState, node: Node) -> None:
-    del node.parent.children[child_key_of(state, node.extra_key, node.key)]
+    del up(node).children[child_key_of(state, node.extra_key, node.key)]
 
 
 def delete_tombstone_ancestors(state: CacheState, node: Node) -> None:
@@ -511,7 +558,7 @@ def delete_tombstone_ancestors(state: CacheState, node: Node) -> None:
     that must stay."""
     while (not node.is_root and not node.children and node.lock_ref == 0 and node.value is None
            and node.host_value is None and node.host_lock_ref == 0):
-        parent = node.parent
+        parent = up(node)
         remove_from_parent(state, node)
         node = parent
 
@@ -531,9 +578,5 @@ def reset(state: CacheState) -> None:
     state.kv.reset()
     if state.mamba is not None:  # hybrid models: the Mamba pool is cleared too
         state.mamba.reset()
-    if state.host is not None:
-        from .host import reset_host_tier
-        reset_host_tier(state)
-    if state.storage is not None:
-        from .storage import reset_storage_tier
-        reset_storage_tier(state)
+    for plugin in state.plugins:  # the host and storage tiers
+        plugin.reset(state)

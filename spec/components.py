@@ -11,8 +11,10 @@ component on some nodes:
   ends; a match may only stop at a node that holds a state.  A lock protects that node only.
 
 The data of one component on one node is an :class:`AuxData` in ``node.aux[name]``.  Read in
-this order: data and pools, match validators, split, insert hooks, locks, eviction (priorities,
-cascade, per-component LRU), queries and invariants.
+this order: data and pools, the two plug-ins (:class:`SWAComponent`, :class:`MambaComponent`:
+their hooks of spec/core.py ``Plugin`` in rule order: match validators, split, insert hooks,
+locks, freeing their data), eviction (priorities, cascade, per-component LRU), queries and
+invariants.
 
 Each component's LRU order is *not* stored: the seed moves a node to the front of its aux LRU
 list exactly when it stamps the node (touch on the insert walk, the matched path, a split, a
@@ -27,27 +29,39 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+from . import cache as rules
+from . import host
+from .config import CacheConfig
+from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, Plugin, all_nodes, up
 from .errors import InvalidInput
-from .state import CacheState, LockHandle, Node, all_nodes
+from .queries import is_device_leaf
+from .world import HybridKVPool, PagedPool
 
 AUX = ("swa", "mamba")
-
-# Eviction priority on a leaf / on an internal node: higher is evicted later, and evicting a
-# component on a node also evicts every component of lower or equal priority there (cascade).
-PRIORITY = {"full": (0, 2), "swa": (0, 1), "mamba": (0, 0)}
 
 
 @dataclasses.dataclass(eq=False)
 class AuxData:
     """One aux component's data on one node."""
 
-    value: Optional[tuple] = None  # SWA: one SWA slot per unit; Mamba: (state slot,); None = none
+    value: Optional[tuple[int, ...]] = None  # SWA: an SWA slot per unit; Mamba: (state slot,)
     lock_ref: int = 0
     boundary: Optional[int] = None  # SWA: the mark of the node where a window lock stopped
+    # host tier (spec/host.py): the host copy (Mamba: (host state slot,)), host locks, and
+    # when the data joined the component's host LRU list (it is there while host-only and
+    # not host-locked; the list keeps the order the data joined in)
+    host_value: Optional[tuple[int, ...]] = None
+    host_lock_ref: int = 0
+    host_joined: int = 0
 
 
-def aux_names(state: CacheState) -> tuple:
-    return tuple(c for c in state.config.components if c in AUX)
+def aux_names(state: CacheState) -> tuple[str, ...]:
+    return tuple(c.name for c in aux_components(state))
+
+
+def aux_components(state: CacheState) -> list["AuxComponent"]:
+    """The configured aux components' plug-ins, in the config's order."""
+    return [p for p in state.plugins if isinstance(p, AuxComponent)]
 
 
 def data(node: Node, name: str) -> AuxData:
@@ -68,21 +82,317 @@ def any_aux_lock(node: Node) -> bool:
 
 
 def window(state: CacheState) -> int:
+    assert state.config.sliding_window is not None  # CacheConfig.validate: SWA needs one
     return state.config.sliding_window
+
+
+# ----------------------------------------------------------------------------------------------
+# The plug-ins
+# ----------------------------------------------------------------------------------------------
+
+
+class AuxComponent(Plugin):
+    """What the SWA and Mamba plug-ins share: a name (their key in ``node.aux``), an eviction
+    priority, how their device data on a node is freed and checked."""
+
+    name: str = ""
+    #: eviction priority on a leaf / on an internal node: higher is evicted later, and evicting
+    #: a component on a node also evicts every component of lower or equal priority there
+    #: (cascade; Full has (0, 2) and is only ever evicted with its leaf)
+    priority: tuple[int, int] = (0, 0)
+
+    def free_data(self, state: CacheState, node: Node, d: AuxData) -> None:
+        """Give the component's device data on ``node`` back to its pool."""
+        raise NotImplementedError
+
+    def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
+                    ) -> list[str]:
+        """The component's invariants on its data ``d`` on ``node`` (which has Full data)."""
+        return []
+
+    def drop_device_leaf(self, state: CacheState, leaf: Node, tracker: dict[str, int]) -> None:
+        drop_aux(state, leaf, self, tracker)
+
+
+class SWAComponent(AuxComponent):
+    name = "swa"
+    priority = (0, 1)
+    insert_args = frozenset({"swa_evicted_seqlen"})
+
+    def match_validator(self, state: CacheState, device_only: bool) -> Callable[[Node], bool]:
+        return swa_validator(window(state))
+
+    def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
+        """The values are cut at the same point, the upper part inherits the lock count and
+        takes the lock-boundary mark (a window lock that stopped at the child stops at its top
+        part now)."""
+        if not child.aux:
+            return
+        c, u = data(child, "swa"), data(upper, "swa")
+        u.lock_ref = c.lock_ref
+        if c.value is not None:
+            u.value, c.value = c.value[:split_len], c.value[split_len:]
+        u.boundary, c.boundary = c.boundary, None
+
+    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]],
+                     value: tuple[int, ...], args: InsertArgs) -> InsertArgs:
+        """An insert may not restore an SWA tombstone that ``prev_prefix_len`` cuts (its own
+        slots would be freed)."""
+        start = 0
+        for node, shared in plan:
+            inside = start < args.prev_prefix_len < start + shared
+            if inside and node.value is not None and not has(node, "swa") \
+                    and args.swa_evicted_seqlen < start + shared:
+                raise InvalidInput("insert: prev_prefix_len falls inside an SWA tombstone that "
+                                   "this insert would restore (its own slots would be freed)")
+            start += shared
+        return args
+
+    def insert_overlap(self, state: CacheState, node: Node, start: int, shared: int,
+                       fresh: tuple[int, ...], args: InsertArgs) -> int:
+        """SWA overlap ownership: an SWA tombstone whose units the request computed itself
+        (past ``prev_prefix_len``) and that lie inside the request's window (from
+        ``swa_evicted_seqlen`` on) takes the request's slots: its old full slots are freed and
+        the fresh ones, with their SWA slots, become its data.  When the window starts inside
+        the node, the node is split there first and only the part inside takes them."""
+        if args.prev_prefix_len >= start + shared or has(node, "swa"):
+            return shared
+        assert node.value is not None
+        if args.swa_evicted_seqlen <= start:
+            state.kv.free(list(node.value))
+            restore_swa(state, node, fresh)
+            return 0
+        if args.swa_evicted_seqlen < start + shared:
+            cut = args.swa_evicted_seqlen - start
+            state.kv.free(list(node.value[cut:]))
+            rules.split_node(state, node, cut)
+            restore_swa(state, node, fresh[cut:])
+            return cut
+        return shared
+
+    def recover_after_unevict(self, state: CacheState, node: Node, start: int,
+                              args: InsertArgs) -> None:
+        """An evicted node an insert gave device data back gets its SWA data back from the
+        fresh slots too, for the part inside the request's window."""
+        if has(node, "swa"):
+            return
+        assert node.value is not None
+        if args.swa_evicted_seqlen <= start:
+            restore_swa(state, node, node.value)
+        elif args.swa_evicted_seqlen < start + len(node.key):
+            rules.split_node(state, node, args.swa_evicted_seqlen - start)
+            restore_swa(state, node, node.value)
+
+    def skip_leaf(self, state: CacheState, start: int, rest_len: int, args: InsertArgs) -> bool:
+        """A new leaf wholly outside the request's window would be born a tombstone; the
+        insert does not create it (and frees its slots)."""
+        return args.swa_evicted_seqlen >= start + rest_len
+
+    def commit_insert(self, state: CacheState, node: Node, is_new_leaf: bool, start: int,
+                      args: InsertArgs) -> bool:
+        """New leaves only: the part inside the window (from ``swa_evicted_seqlen`` on; the
+        leaf is split there when the window starts inside it) takes the mapped SWA slots."""
+        if not is_new_leaf:
+            return False
+        cut = args.swa_evicted_seqlen - start
+        if cut < len(node.key):
+            if cut > 0:
+                rules.split_node(state, node, cut)
+            data(node, "swa").value = swa_pool(state).translate(node.value)
+        return False
+
+    def lock(self, state: CacheState, handle: LockHandle) -> None:
+        """Lock one window of SWA data above the node (skipping tombstones) and mark the node
+        where the window filled up."""
+        handle.aux["swa"] = lock_swa_window(state, handle.node)
+
+    def unlock(self, state: CacheState, handle: LockHandle) -> None:
+        if "swa" in handle.aux:
+            unlock_swa_window(handle.node, *handle.aux["swa"])
+
+    def free_data(self, state: CacheState, node: Node, d: AuxData) -> None:
+        assert node.value is not None
+        swa_pool(state).free_swa(list(node.value))
+
+    def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
+                    ) -> list[str]:
+        """SWA data is the mapped SWA slots of the Full data, allocated."""
+        assert d.value is not None and node.value is not None
+        if d.value != swa_pool(state).translate(node.value) or 0 in d.value:
+            return [f"[aux] {node!r} SWA slots are not the mapped ones"]
+        if any(not swa_pool(state).swa.is_allocated(s) for s in d.value):
+            return [f"[aux] {node!r} holds SWA slots the pool says are free"]
+        return []
+
+
+class MambaComponent(AuxComponent):
+    name = "mamba"
+    priority = (0, 0)
+    insert_args = frozenset({"mamba_value"})
+
+    def match_validator(self, state: CacheState, device_only: bool) -> Callable[[Node], bool]:
+        """The node holds a state (with a host tier and not ``device_only``: on the device or
+        on the host; a load back brings it back)."""
+        return mamba_validator if device_only else mamba_host_validator
+
+    def finish_match(self, state: CacheState, outcome: MatchOutcome, walk: MatchWalk
+                     ) -> MatchOutcome:
+        """The branching point (none with a host tier, as the seed); with a host tier, a
+        best node whose state is on the host only counts one state of host hit (a load back
+        brings it back)."""
+        if state.host is not None:
+            d = outcome.best_match_node.aux.get("mamba")
+            hit = 1 if d is not None and d.value is None and d.host_value is not None else 0
+            return dataclasses.replace(outcome, mamba_host_hit_length=hit)
+        branching = branching_seqlen(state, walk.walked_len, walk.best_chunks,
+                                     walk.walked_chunks)
+        return dataclasses.replace(outcome, mamba_branching_seqlen=branching)
+
+    def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
+        """The state (and its host copy) stays on the child; the upper part has none and no
+        lock."""
+        if not child.aux:
+            return
+        data(child, "mamba")
+        u = data(upper, "mamba")
+        u.value, u.lock_ref = None, 0
+
+    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]],
+                     value: tuple[int, ...], args: InsertArgs) -> InsertArgs:
+        """The insert must carry one allocated state slot the tree does not hold."""
+        if args.mamba_value is None:
+            raise InvalidInput("insert: the Mamba component needs a mamba_value")
+        mv = tuple(rules.check_int_list("mamba_value", args.mamba_value))
+        if len(mv) != 1:
+            raise InvalidInput(f"insert: mamba_value must be one slot, got {list(mv)}")
+        assert state.mamba is not None
+        if not state.mamba.is_allocated(mv[0]):
+            raise InvalidInput(f"insert: mamba slot {mv[0]} is not allocated")
+        if any(has(n, "mamba") and n.aux["mamba"].value == mv for n in all_nodes(state)):
+            raise InvalidInput(f"insert: mamba slot {mv[0]} is already the tree's")
+        return dataclasses.replace(args, mamba_value=mv)
+
+    def commit_insert(self, state: CacheState, node: Node, is_new_leaf: bool, start: int,
+                      args: InsertArgs) -> bool:
+        """A new leaf, or a node without a state, takes ``mamba_value`` and becomes the most
+        recent; a node that has a state keeps it, becomes the most recent, and the insert
+        answers ``mamba_exist`` (the caller keeps its slot)."""
+        d = data(node, "mamba")
+        assert args.mamba_value is None or isinstance(args.mamba_value, tuple)
+        if is_new_leaf:
+            d.value = args.mamba_value
+        elif d.value is None:
+            d.value = args.mamba_value
+            rules.touch(state, node)
+        else:
+            rules.touch(state, node)
+            return True
+        return False
+
+    def lock(self, state: CacheState, handle: LockHandle) -> None:
+        """Lock the node itself."""
+        handle.aux["mamba"] = lock_mamba_node(handle.node)
+
+    def unlock(self, state: CacheState, handle: LockHandle) -> None:
+        if handle.aux.get("mamba"):
+            d = data(handle.node, "mamba")
+            if d.lock_ref > 0:
+                d.lock_ref -= 1
+
+    def free_data(self, state: CacheState, node: Node, d: AuxData) -> None:
+        assert state.mamba is not None and d.value is not None
+        state.mamba.free(list(d.value))
+
+    # the host tier (spec/host.py)
+    def backup(self, state: CacheState, node: Node) -> bool:
+        """A node's backup copies its state too, to a fresh host state slot (the oldest
+        host-only states are evicted for room); without one the backup fails."""
+        d = node.aux.get("mamba")
+        if d is None or d.value is None or d.host_value is not None:
+            return True
+        pool = host_mamba_pool(state)
+        if pool.available_size() < 1:
+            evict_mamba_host(state, 1)
+        if pool.available_size() < 1:
+            return False
+        d.host_value = tuple(pool.alloc(1))
+        assert state.host is not None
+        state.host.mamba_copies.append(("backup", list(d.value), list(d.host_value)))
+        return True
+
+    def drop_host(self, state: CacheState, node: Node, tracker: dict[str, int]) -> None:
+        d = node.aux.get("mamba")
+        if d is None or d.host_value is None:
+            return
+        assert d.host_lock_ref == 0
+        host_mamba_pool(state).free(list(d.host_value))
+        tracker["mamba"] = tracker.get("mamba", 0) + len(d.host_value)
+        d.host_value = None
+
+    def wants_load_back(self, state: CacheState, node: Node) -> bool:
+        """The matched node's state is on the host only."""
+        d = node.aux.get("mamba")
+        return d is not None and d.value is None and d.host_value is not None
+
+    def load_back(self, state: CacheState, node: Node) -> bool:
+        """The node's state comes back to a fresh device state slot (one state is evicted for
+        room when the pool is empty).  When none can be had (every device state locked, for
+        example by pending write-through acks), or the room-making took the node or its host
+        state (write-back backups make host room), the load back fails: upstream asserts
+        instead (docs/SPEC.md)."""
+        assert state.mamba is not None and state.host is not None
+        if state.mamba.available_size() < 1:
+            evict(state, 0, mamba_num=1)
+        # under write-back that eviction's backups may have evicted host states, this one too
+        if state.mamba.available_size() < 1 or not rules.is_in_tree(state, node) \
+                or not self.wants_load_back(state, node):
+            return False
+        d = data(node, "mamba")
+        assert d.host_value is not None and d.value is None
+        d.value = tuple(state.mamba.alloc(1))
+        state.host.mamba_copies.append(("load", list(d.host_value), list(d.value)))
+        rules.touch(state, node)  # the state joins the Mamba list as its newest
+        return True
+
+    def host_lock(self, state: CacheState, node: Node) -> bool:
+        d = node.aux.get("mamba")
+        if node.is_root or d is None or d.host_value is None:
+            return False
+        d.host_lock_ref += 1
+        return True
+
+    def host_unlock(self, state: CacheState, node: Node) -> None:
+        d = data(node, "mamba")
+        assert d.host_lock_ref > 0
+        d.host_lock_ref -= 1
+        if d.host_lock_ref == 0 and d.value is None and d.host_value is not None:
+            join_host_lru(state, d)  # host-only and unlocked again: the newest of the list
+
+    def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
+                    ) -> list[str]:
+        """A Mamba state is one allocated slot held once."""
+        assert state.mamba is not None and d.value is not None
+        if len(d.value) != 1 or not state.mamba.is_allocated(d.value[0]):
+            return [f"[aux] {node!r} Mamba state {d.value} is not one allocated slot"]
+        if d.value[0] in held:
+            return [f"[aux] Mamba slot {d.value[0]} held twice"]
+        held[d.value[0]] = node
+        return []
+
+
+SWA = SWAComponent()
+MAMBA = MambaComponent()
+COMPONENTS: dict[str, AuxComponent] = {"swa": SWA, "mamba": MAMBA}  # by config name
+
+
+def plugins_for(config: CacheConfig) -> tuple[AuxComponent, ...]:
+    """The aux components a config names, in its order (spec/state.py composes them)."""
+    return tuple(COMPONENTS[c] for c in config.components if c in COMPONENTS)
 
 
 # ----------------------------------------------------------------------------------------------
 # Match validators: may a match stop at this node?
 # ----------------------------------------------------------------------------------------------
-
-
-def match_validators(state: CacheState) -> list[Callable[[Node], bool]]:
-    """One predicate per aux component, fed the matched nodes top-down (Full needs nothing
-    more: the walk only visits nodes with device data)."""
-    out = []
-    for name in aux_names(state):
-        out.append(swa_validator(window(state)) if name == "swa" else mamba_validator)
-    return out
 
 
 def swa_validator(window_len: int) -> Callable[[Node], bool]:
@@ -105,6 +415,12 @@ def mamba_validator(node: Node) -> bool:
     return has(node, "mamba")
 
 
+def mamba_host_validator(node: Node) -> bool:
+    """Mamba with a host tier: the node holds a state on the device or on the host."""
+    d = node.aux.get("mamba")
+    return d is not None and (d.value is not None or d.host_value is not None)
+
+
 def branching_seqlen(state: CacheState, walked_len: int, best_chunks: int, walked_chunks: int
                      ) -> Optional[int]:
     """Mamba: when the walk went past the last node holding a state, the matched length
@@ -120,166 +436,10 @@ def branching_seqlen(state: CacheState, walked_len: int, best_chunks: int, walke
     return aligned if aligned > 0 else None
 
 
-# ----------------------------------------------------------------------------------------------
-# Split: aux data follows the cut
-# ----------------------------------------------------------------------------------------------
-
-
-def split_aux(state: CacheState, upper: Node, child: Node, split_len: int) -> None:
-    """SWA: the values are cut at the same point, the upper part inherits the lock count and
-    takes the lock-boundary mark (a window lock that stopped at the child stops at its top
-    part now).  Mamba: the state stays on the child; the upper part has none and no lock."""
-    for name in aux_names(state):
-        c = data(child, name)
-        u = data(upper, name)
-        if name == "swa":
-            u.lock_ref = c.lock_ref
-            if c.value is not None:
-                u.value, c.value = c.value[:split_len], c.value[split_len:]
-            u.boundary, c.boundary = c.boundary, None
-        else:
-            u.value, u.lock_ref = None, 0
-
-
-# ----------------------------------------------------------------------------------------------
-# Insert hooks
-# ----------------------------------------------------------------------------------------------
-
-
-def check_aux_args(state: CacheState, mamba_value, swa_evicted_seqlen) -> int:
-    """The aux arguments an insert may carry at all in this config, checked even where the
-    insert then does nothing (a disabled cache): ``swa_evicted_seqlen`` a whole number of
-    pages and only with SWA, ``mamba_value`` only with Mamba.  Returns ``swa_evicted_seqlen``."""
-    from .cache import check_count
-    names = aux_names(state)
-    swa_evicted_seqlen = check_count("swa_evicted_seqlen", swa_evicted_seqlen)
-    if swa_evicted_seqlen and "swa" not in names:
-        raise InvalidInput("insert: swa_evicted_seqlen needs the SWA component")
-    if swa_evicted_seqlen % state.config.page_size:
-        raise InvalidInput(f"insert: swa_evicted_seqlen={swa_evicted_seqlen} is not whole pages")
-    if mamba_value is not None and "mamba" not in names:
-        raise InvalidInput("insert: mamba_value needs the Mamba component")
-    return swa_evicted_seqlen
-
-
-def check_insert_aux(state: CacheState, plan: list, prev_prefix_len: int,
-                     mamba_value, swa_evicted_seqlen) -> tuple:
-    """Check the aux arguments of an insert (nothing changes on failure); returns them
-    normalised: ``(mamba_value tuple or None, swa_evicted_seqlen int)``."""
-    from .cache import check_int_list
-    names = aux_names(state)
-    swa_evicted_seqlen = check_aux_args(state, mamba_value, swa_evicted_seqlen)
-    if "swa" in names:
-        start = 0
-        for node, shared in plan:
-            inside = start < prev_prefix_len < start + shared
-            if inside and node.value is not None and not has(node, "swa") \
-                    and swa_evicted_seqlen < start + shared:
-                raise InvalidInput("insert: prev_prefix_len falls inside an SWA tombstone that "
-                                   "this insert would restore (its own slots would be freed)")
-            start += shared
-    if "mamba" not in names:
-        if mamba_value is not None:
-            raise InvalidInput("insert: mamba_value needs the Mamba component")
-        return None, swa_evicted_seqlen
-    if mamba_value is None:
-        raise InvalidInput("insert: the Mamba component needs a mamba_value")
-    mv = tuple(check_int_list("mamba_value", mamba_value))
-    if len(mv) != 1:
-        raise InvalidInput(f"insert: mamba_value must be one slot, got {list(mv)}")
-    if not state.mamba.is_allocated(mv[0]):
-        raise InvalidInput(f"insert: mamba slot {mv[0]} is not allocated")
-    if any(has(n, "mamba") and n.aux["mamba"].value == mv for n in all_nodes(state)):
-        raise InvalidInput(f"insert: mamba slot {mv[0]} is already the tree's")
-    return mv, swa_evicted_seqlen
-
-
-def insert_overlap(state: CacheState, node: Node, start: int, shared: int, fresh: tuple,
-                   prev_prefix_len: int, swa_evicted_seqlen: int) -> int:
-    """An insert walks through ``node`` (device data, ``shared`` units from ``start``), where
-    ``fresh`` are the request's slots for those units.  Returns where in ``fresh`` a component
-    took the slots over (``shared`` when none did); the caller frees the duplicates before it.
-
-    SWA overlap ownership: an SWA tombstone whose units the request computed itself (past
-    ``prev_prefix_len``) and that lie inside the request's window (from
-    ``swa_evicted_seqlen`` on) takes the request's slots: its old full slots are freed and the
-    fresh ones, with their SWA slots, become its data.  When the window starts inside the node,
-    the node is split there first and only the part inside takes them.
-    """
-    if "swa" not in aux_names(state) or prev_prefix_len >= start + shared or has(node, "swa"):
-        return shared
-    from .cache import split_node
-    if swa_evicted_seqlen <= start:
-        state.kv.free(list(node.value))
-        restore_swa(state, node, fresh)
-        return 0
-    if swa_evicted_seqlen < start + shared:
-        cut = swa_evicted_seqlen - start
-        state.kv.free(list(node.value[cut:]))
-        split_node(state, node, cut)
-        restore_swa(state, node, fresh[cut:])
-        return cut
-    return shared
-
-
-def restore_swa(state: CacheState, node: Node, full_value: tuple) -> None:
+def restore_swa(state: CacheState, node: Node, full_value: tuple[int, ...]) -> None:
     """A node takes ``full_value`` as its Full data and the mapped SWA slots as its SWA data."""
     node.value = tuple(full_value)
-    data(node, "swa").value = state.kv.translate(node.value)
-
-
-def recover_after_unevict(state: CacheState, node: Node, start: int,
-                          swa_evicted_seqlen: int) -> None:
-    """An evicted node an insert gave device data back (``cache.unevict``) gets its SWA data
-    back from the fresh slots too, for the part inside the request's window."""
-    if "swa" not in aux_names(state) or has(node, "swa"):
-        return
-    from .cache import split_node
-    if swa_evicted_seqlen <= start:
-        restore_swa(state, node, node.value)
-    elif swa_evicted_seqlen < start + len(node.key):
-        split_node(state, node, swa_evicted_seqlen - start)
-        restore_swa(state, node, node.value)
-
-
-def skip_leaf(state: CacheState, start: int, rest_len: int, swa_evicted_seqlen: int) -> bool:
-    """SWA: a new leaf wholly outside the request's window would be born a tombstone; the
-    insert does not create it (and frees its slots)."""
-    return "swa" in aux_names(state) and swa_evicted_seqlen >= start + rest_len
-
-
-def commit_insert(state: CacheState, node: Node, is_new_leaf: bool, start: int,
-                  swa_evicted_seqlen: int, mamba_value: Optional[tuple]) -> bool:
-    """After the walk, the aux data of the insert's last node.  Returns ``mamba_exist``.
-
-    SWA (new leaves only): the part inside the window (from ``swa_evicted_seqlen`` on; the
-    leaf is split there when the window starts inside it) takes the mapped SWA slots.
-    Mamba: a new leaf, or a node without a state, takes ``mamba_value`` and becomes the most
-    recent; a node that has a state keeps it, becomes the most recent, and the insert answers
-    ``mamba_exist`` (the caller keeps its slot).
-    """
-    from .cache import split_node, touch
-    exist = False
-    for name in aux_names(state):
-        if name == "swa":
-            if not is_new_leaf:
-                continue
-            cut = swa_evicted_seqlen - start
-            if cut < len(node.key):
-                if cut > 0:
-                    split_node(state, node, cut)
-                data(node, "swa").value = state.kv.translate(node.value)
-        else:
-            d = data(node, "mamba")
-            if is_new_leaf:
-                d.value = mamba_value
-            elif d.value is None:
-                d.value = mamba_value
-                touch(state, node)
-            else:
-                touch(state, node)
-                exist = True
-    return exist
+    data(node, "swa").value = swa_pool(state).translate(node.value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,19 +447,10 @@ def commit_insert(state: CacheState, node: Node, is_new_leaf: bool, start: int,
 # ----------------------------------------------------------------------------------------------
 
 
-def lock_aux(state: CacheState, handle: LockHandle) -> None:
-    """After the Full path lock: SWA locks one window of SWA data above the node (skipping
-    tombstones) and marks the node where the window filled up; Mamba locks the node itself."""
-    for name in aux_names(state):
-        if name == "swa":
-            handle.aux["swa"] = lock_swa_window(state, handle.node)
-        else:
-            handle.aux["mamba"] = lock_mamba_node(handle.node)
-
-
-def lock_swa_window(state: CacheState, node: Node) -> tuple:
+def lock_swa_window(state: CacheState, node: Node) -> tuple[tuple[Node, ...], Optional[int]]:
     """Returns ``(skipped nodes, boundary mark or None)`` for the unlock."""
-    size, skipped, boundary = 0, [], None
+    size, boundary = 0, None
+    skipped: list[Node] = []
     cur = node
     while not cur.is_root and size < window(state):
         d = data(cur, "swa")
@@ -313,7 +464,7 @@ def lock_swa_window(state: CacheState, node: Node) -> tuple:
                     d.boundary = state.next_boundary
                     state.next_boundary += 1
                 boundary = d.boundary
-        cur = cur.parent
+        cur = up(cur)
     return tuple(skipped), boundary
 
 
@@ -325,19 +476,7 @@ def lock_mamba_node(node: Node) -> bool:
     return True
 
 
-def unlock_aux(state: CacheState, handle: LockHandle) -> None:
-    for name in aux_names(state):
-        if name not in handle.aux:
-            continue
-        if name == "swa":
-            unlock_swa_window(handle.node, *handle.aux["swa"])
-        elif handle.aux["mamba"]:
-            d = data(handle.node, "mamba")
-            if d.lock_ref > 0:
-                d.lock_ref -= 1
-
-
-def unlock_swa_window(node: Node, skipped: tuple, boundary: Optional[int]) -> None:
+def unlock_swa_window(node: Node, skipped: tuple[Node, ...], boundary: Optional[int]) -> None:
     """Walk up from the node: skip the nodes the lock skipped and nodes without an SWA lock,
     take one lock off the others, and stop after the node carrying the lock's boundary mark
     (at the root when the window never filled up)."""
@@ -345,12 +484,12 @@ def unlock_swa_window(node: Node, skipped: tuple, boundary: Optional[int]) -> No
     while not cur.is_root:
         d = data(cur, "swa")
         if any(cur is s for s in skipped) or d.lock_ref == 0:
-            cur = cur.parent
+            cur = up(cur)
             continue
         d.lock_ref -= 1
         if boundary is not None and d.boundary == boundary:
             return
-        cur = cur.parent
+        cur = up(cur)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,79 +503,146 @@ def lru_order(state: CacheState, name: str) -> list[Node]:
                   key=lambda n: n.stamp)
 
 
-def drop_aux(state: CacheState, node: Node, name: str, tracker: dict) -> None:
+def drop_aux(state: CacheState, node: Node, comp: AuxComponent, tracker: dict[str, int]) -> None:
     """Free one component's device data on a node (it becomes a tombstone for it)."""
-    d = data(node, name)
+    d = data(node, comp.name)
     if d.value is None:
         return
     assert d.lock_ref == 0
-    tracker[name] = tracker.get(name, 0) + len(d.value)
-    if name == "swa":
-        state.kv.free_swa(list(node.value))
-    else:
-        state.mamba.free(list(d.value))
+    tracker[comp.name] = tracker.get(comp.name, 0) + len(d.value)
+    comp.free_data(state, node, d)
     d.value = None
+    if d.host_value is not None and d.host_lock_ref == 0:  # host-only now: joins the host LRU
+        join_host_lru(state, d)
 
 
-def drop_all_aux(state: CacheState, node: Node, tracker: dict) -> None:
+def drop_all_aux(state: CacheState, node: Node, tracker: dict[str, int]) -> None:
     """A device leaf leaves the tree: every aux component's data goes with it."""
-    for name in aux_names(state):
-        drop_aux(state, node, name, tracker)
+    for comp in aux_components(state):
+        drop_aux(state, node, comp, tracker)
 
 
-def cascade(state: CacheState, node: Node, trigger: str, is_leaf: bool, tracker: dict) -> None:
+def cascade(state: CacheState, node: Node, trigger: AuxComponent, is_leaf: bool,
+            tracker: dict[str, int]) -> None:
     """Evicting ``trigger`` on a node also evicts the other aux components of lower or equal
     priority there (Full is only ever evicted with its leaf)."""
     which = 0 if is_leaf else 1
-    for name in aux_names(state):
-        if name != trigger and PRIORITY[name][which] <= PRIORITY[trigger][which]:
-            drop_aux(state, node, name, tracker)
+    for comp in aux_components(state):
+        if comp is not trigger and comp.priority[which] <= trigger.priority[which]:
+            drop_aux(state, node, comp, tracker)
 
 
-def evict_aux(state: CacheState, name: str, request: int, tracker: dict) -> None:
+def evict_aux(state: CacheState, comp: AuxComponent, request: int, tracker: dict[str, int]
+              ) -> None:
     """Free at least ``request`` units of one component: walk its LRU list oldest first,
     skipping nodes it has locked; a device leaf is evicted whole (it leaves the tree), any
     other node becomes a tombstone for the component (cascading to lower priorities).  The
     order is the list's at the start: eviction changes no stamp and no lock."""
-    from .cache import evict_device_leaf
-    from .queries import is_device_leaf
+    name = comp.name
     for node in [n for n in lru_order(state, name) if data(n, name).lock_ref == 0]:
         if tracker.get(name, 0) >= request:
             return
         if not has(node, name):
             continue
         if is_device_leaf(node):
-            tracker["full"] = tracker.get("full", 0) + len(node.value)
-            drop_all_aux(state, node, tracker)
-            evict_device_leaf(state, node)
+            evict_leaf(state, node, tracker)  # passed over: its data stays, the walk goes on
         else:
-            drop_aux(state, node, name, tracker)
-            cascade(state, node, name, False, tracker)
+            drop_aux(state, node, comp, tracker)
+            cascade(state, node, comp, False, tracker)
 
 
 def evict(state: CacheState, num_tokens: int, swa_num_tokens: int = 0, mamba_num: int = 0
-          ) -> dict:
+          ) -> dict[str, int]:
     """The seed's ``evict``: Full drives first (oldest device leaves, whole), then each aux
     component drives its own request from its LRU list.  Each component stops as soon as the
     units freed of it, by any driver, reach its request.  Returns the units freed per
     component."""
-    from .cache import check_count, evict_device_leaf
-    from .queries import oldest_device_leaf
-    check_count("num_tokens", num_tokens)
-    requests = {"swa": check_count("swa_num_tokens", swa_num_tokens),
-                "mamba": check_count("mamba_num", mamba_num)}
+    rules.check_count("num_tokens", num_tokens)
+    requests = {"swa": rules.check_count("swa_num_tokens", swa_num_tokens),
+                "mamba": rules.check_count("mamba_num", mamba_num)}
     tracker = {"full": 0, "swa": 0, "mamba": 0}
     if state.config.disable:
         return tracker
+    passed_over: list[Node] = []
     while tracker["full"] < num_tokens:
-        victim = oldest_device_leaf(state)
+        victim = rules.oldest_device_leaf_except(state, passed_over)
         if victim is None:
             break
-        drop_all_aux(state, victim, tracker)
-        tracker["full"] += evict_device_leaf(state, victim)
-    for name in aux_names(state):
-        evict_aux(state, name, requests[name], tracker)
+        if not evict_leaf(state, victim, tracker):
+            passed_over.append(victim)
+    for comp in aux_components(state):
+        evict_aux(state, comp, requests[comp.name], tracker)
+    if state.host is not None and host.write_back_policy(state):
+        host.wait_for_writes(state)
     return tracker
+
+
+def evict_leaf(state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
+    """One device leaf leaves the device, with every component's data: deleted, or with a
+    host tier the host tier's way (evicted to the host, perhaps backed up first; False: passed
+    over, nothing changed)."""
+    for plugin in state.plugins:
+        if plugin.drives_eviction:
+            return plugin.evict_leaf(state, leaf, tracker)
+    assert leaf.value is not None
+    tracker["full"] = tracker.get("full", 0) + len(leaf.value)
+    drop_all_aux(state, leaf, tracker)
+    rules.evict_device_leaf(state, leaf)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# The host tier: the Mamba component's host data
+# ----------------------------------------------------------------------------------------------
+
+
+def host_mamba_pool(state: CacheState) -> PagedPool:
+    assert state.host is not None
+    pool: Optional[PagedPool] = state.host.mamba_pool
+    assert pool is not None
+    return pool
+
+
+def swa_pool(state: CacheState) -> HybridKVPool:
+    """With SWA the KV pool is a HybridKVPool (spec/world.py): full slots mapped to SWA slots."""
+    assert isinstance(state.kv, HybridKVPool)
+    return state.kv
+
+
+def join_host_lru(state: CacheState, d: AuxData) -> None:
+    """Data that became host-only (and is not host-locked) joins its component's host LRU
+    list as the newest member."""
+    assert state.host is not None
+    d.host_joined = state.host.next_join
+    state.host.next_join += 1
+
+
+def host_lru_order(state: CacheState, name: str) -> list[Node]:
+    """The component's host LRU list, oldest first: the nodes whose data of it is on the host
+    only and not host-locked, in the order they joined."""
+    members = [n for n in all_nodes(state) if not n.is_root for d in [n.aux.get(name)]
+               if d is not None and d.value is None and d.host_value is not None
+               and d.host_lock_ref == 0]
+    return sorted(members, key=lambda n: n.aux[name].host_joined)
+
+
+def evict_mamba_host(state: CacheState, num: int) -> int:
+    """Free at least ``num`` host states: walk the Mamba host LRU list oldest first; a host
+    leaf leaves the tree with all its host data, any other node only loses its host state.
+    Returns the host states freed."""
+    tracker: dict[str, int] = {"mamba": 0}
+    for node in host_lru_order(state, "mamba"):
+        if tracker["mamba"] >= num:
+            break
+        if not rules.is_in_tree(state, node):
+            continue
+        if host.is_host_leaf(node):
+            before = host_mamba_pool(state).available_size()
+            host.evict_host_leaf(state, node)
+            tracker["mamba"] += host_mamba_pool(state).available_size() - before
+        else:
+            MAMBA.drop_host(state, node, tracker)
+    return tracker["mamba"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -451,7 +657,7 @@ def aux_size(state: CacheState, name: str, locked: bool) -> int:
                and (d.lock_ref > 0) == locked)
 
 
-def sizes(state: CacheState) -> dict:
+def sizes(state: CacheState) -> dict[str, int]:
     out = {}
     for name in aux_names(state):
         out[f"{name}_evictable"] = aux_size(state, name, False)
@@ -459,13 +665,45 @@ def sizes(state: CacheState) -> dict:
     return out
 
 
+def aux_host_invariants(state: CacheState) -> list[str]:
+    """The host side of the aux components: host data needs the node's Full host copy; a host
+    state is one host slot, allocated and held once, and the host state pool holds nothing
+    else; host locks are never negative and sit on host data only."""
+    if state.host is None or state.host.mamba_pool is None:
+        return []
+    errors: list[str] = []
+    pool = state.host.mamba_pool
+    held: dict[int, Node] = {}
+    for node in all_nodes(state):
+        for name, d in node.aux.items():
+            if d.host_lock_ref < 0 or (d.host_lock_ref > 0 and d.host_value is None):
+                errors.append(f"[aux-host] {node!r} {name} host_lock_ref={d.host_lock_ref} "
+                              "without host data")
+            if d.host_value is None:
+                continue
+            if node.host_value is None:
+                errors.append(f"[aux-host] {node!r} holds {name} host data without a Full "
+                              "host copy")
+            if len(d.host_value) != 1 or not pool.is_allocated(d.host_value[0]):
+                errors.append(f"[aux-host] {node!r} host state {d.host_value} is not one "
+                              "allocated host slot")
+            elif d.host_value[0] in held:
+                errors.append(f"[aux-host] host state slot {d.host_value[0]} held twice")
+            else:
+                held[d.host_value[0]] = node
+    leaked = sorted(pool.allocated_pages() - set(held))
+    if leaked:
+        errors.append(f"[aux-host] host state slots allocated but held by no node: {leaked[:8]}")
+    return errors
+
+
 def aux_invariants(state: CacheState) -> list[str]:
     """Aux data needs Full data; SWA data is the mapped SWA slots of the Full data; a Mamba
     state is one allocated slot held once; locks are never negative, sit on data only and
     never exceed the Full lock on the same node; the root holds no aux data."""
-    errors = []
+    errors: list[str] = []
     names = aux_names(state)
-    held: dict = {}
+    held: dict[int, Node] = {}
     for node in all_nodes(state):
         for name, d in node.aux.items():
             if name not in names:
@@ -487,16 +725,5 @@ def aux_invariants(state: CacheState) -> list[str]:
             if node.value is None:
                 errors.append(f"[aux] {node!r} holds {name} data without Full data")
                 continue
-            if name == "swa":
-                if d.value != state.kv.translate(node.value) or 0 in d.value:
-                    errors.append(f"[aux] {node!r} SWA slots are not the mapped ones")
-                elif any(not state.kv.swa.is_allocated(s) for s in d.value):
-                    errors.append(f"[aux] {node!r} holds SWA slots the pool says are free")
-            else:
-                if len(d.value) != 1 or not state.mamba.is_allocated(d.value[0]):
-                    errors.append(f"[aux] {node!r} Mamba state {d.value} is not one allocated slot")
-                elif d.value[0] in held:
-                    errors.append(f"[aux] Mamba slot {d.value[0]} held twice")
-                else:
-                    held[d.value[0]] = node
+            errors.extend(COMPONENTS[name].data_errors(state, node, d, held))
     return errors

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from .errors import ConfigError
+from .policies import check_policy
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 COMPONENT_SETS = (("full",), ("full", "swa"), ("full", "mamba"))
@@ -100,7 +101,6 @@ class CacheConfig:
                 f"got {list(self.components)}")
         if not isinstance(self.eviction_policy, str):
             raise ConfigError(f"eviction_policy must be a string, got {self.eviction_policy!r}")
-        from .policies import check_policy
         check_policy(self.eviction_policy)  # an unknown policy is Unsupported, by name
         if self.write_policy not in WRITE_POLICIES:
             raise ConfigError(f"write_policy must be one of {WRITE_POLICIES}, got {self.write_policy!r}")

@@ -34,28 +34,16 @@ from collections import Counter
 from typing import Optional
 
 from . import cache as rules
+from .core import Ack, CacheState, MatchOutcome, MatchWalk, Node, Plugin, all_nodes, up
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .keys import oldest
 from .policies import eviction_key
 from .queries import device_leaves
-from .state import CacheState, LockHandle, Node, all_nodes
 from .world import PagedPool
 
 # ----------------------------------------------------------------------------------------------
 # State
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(eq=False)
-class Ack:
-    """One in-flight transfer: a backup of ``node`` (a write) or a load back ending at ``node``.
-
-    ``done`` belongs to the environment (``io_complete`` sets it); ``lock`` is the cache's: the
-    lock the transfer holds until its ack is processed (None for a write-back backup)."""
-
-    node: Node
-    lock: Optional[LockHandle]
-    done: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -66,26 +54,37 @@ class HostLockHandle:
     serial: int
     node: Node
     locked: bool
+    aux: tuple[Plugin, ...] = ()  # the plug-ins that host-locked their data on the node too
 
 
 @dataclasses.dataclass(eq=False)
 class HostTier:
     pool: PagedPool                                   # the host KV pool (environment)
-    writes: list = dataclasses.field(default_factory=list)  # Ack, oldest first
-    loads: list = dataclasses.field(default_factory=list)   # Ack, oldest first
-    host_locks: dict = dataclasses.field(default_factory=dict)  # serial -> HostLockHandle
+    writes: list[Ack] = dataclasses.field(default_factory=list)  # oldest first
+    loads: list[Ack] = dataclasses.field(default_factory=list)   # oldest first
+    host_locks: dict[int, HostLockHandle] = dataclasses.field(default_factory=dict)  # by serial
     next_serial: int = 1
     # the environment's log of the copies it was asked for, in order (like the pools' freed
     # logs): ("backup", device slots, host slots) / ("load", host slots, device slots)
-    copies: list = dataclasses.field(default_factory=list)
+    copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
+    # Mamba (spec/components.py): the host state pool, its copies as above, and the counter
+    # that orders the component's host LRU list
+    mamba_pool: Optional[PagedPool] = None
+    mamba_copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
+    next_join: int = 1
 
 
 def attach_host_tier(state: CacheState) -> None:
     """Give a fresh cache its host tier (``config.host_slots`` usable host slots)."""
     config = state.config
-    if config.components != ("full",):
-        raise Unsupported("the host tier is modelled for the Full component only so far")
-    state.host = HostTier(pool=PagedPool(config.host_slots, config.page_size, "host"))
+    if "swa" in config.components:
+        raise Unsupported("the host tier is modelled for the Full and Mamba components only so far")
+    mamba_pool = None
+    if "mamba" in config.components:  # host state slots: host_mamba_slots, else mamba_slots
+        n = config.host_mamba_slots if config.host_mamba_slots is not None else config.mamba_slots
+        mamba_pool = PagedPool(n, 1, "host_mamba")
+    state.host = HostTier(pool=PagedPool(config.host_slots, config.page_size, "host"),
+                          mamba_pool=mamba_pool)
 
 
 def write_back_policy(state: CacheState) -> bool:
@@ -103,9 +102,10 @@ def backed_up(node: Node) -> bool:
 
 def is_host_leaf(node: Node) -> bool:
     """An evictable host leaf: not the root, evicted from the device, backed up, not
-    host-locked and childless."""
+    host-locked (by any component) and childless."""
     return (not node.is_root and node.value is None and node.host_value is not None
-            and node.host_lock_ref == 0 and not node.children)
+            and node.host_lock_ref == 0 and not node.children
+            and all(d.host_lock_ref == 0 for d in node.aux.values()))
 
 
 def host_leaves(state: CacheState) -> list[Node]:
@@ -133,14 +133,6 @@ def host_tree_slots(state: CacheState) -> list[int]:
     return [s for n in all_nodes(state) if n.host_value is not None for s in n.host_value]
 
 
-def last_device_ancestor(node: Node) -> Node:
-    """The deepest node at or above ``node`` holding device data (the root at worst)."""
-    cur = node
-    while not cur.is_root and cur.value is None:
-        cur = cur.parent
-    return cur
-
-
 def host_hit_length(best: Node, last_device: Node) -> int:
     """Host tokens between the device match and the full match: the host copies of the evicted
     nodes from ``best`` up to (excluding) ``last_device``."""
@@ -148,7 +140,7 @@ def host_hit_length(best: Node, last_device: Node) -> int:
     while cur is not last_device and not cur.is_root:
         if cur.host_value is not None:
             n += len(cur.host_value)
-        cur = cur.parent
+        cur = up(cur)
     return n
 
 
@@ -158,71 +150,57 @@ def evicted_segment(node: Node) -> list[Node]:
     seg, cur = [], node
     while cur.evicted:
         seg.append(cur)
-        cur = cur.parent
+        cur = up(cur)
     seg.reverse()
     return seg
 
 
 # ----------------------------------------------------------------------------------------------
-# Hooks called from the device tier's rules
+# The plug-in: the host tier's hooks in the device tier's rules
 # ----------------------------------------------------------------------------------------------
 
 
-def match_outcome(state: CacheState, indices: tuple, best: Node) -> "rules.MatchOutcome":
-    """A match with a host tier walks through evicted nodes that have a host copy: ``best`` is
-    where the walk ended, the device match ends at its last device ancestor, and the host hit
-    length counts the host copies in between."""
-    last_device = last_device_ancestor(best)
-    return rules.MatchOutcome(indices, last_device, best, best,
-                              host_hit_length(best, last_device))
+class HostTierPlugin(Plugin):
+    drives_eviction = True
+
+    def finish_match(self, state: CacheState, outcome: MatchOutcome, walk: MatchWalk
+                     ) -> MatchOutcome:
+        """A match with a host tier walks through evicted nodes that have a host copy: the
+        walk's end is the best match, the device match ends above it (``cache.match_prefix``),
+        and the host hit length counts the host copies in between."""
+        best, last_device = outcome.best_match_node, outcome.last_device_node
+        return dataclasses.replace(outcome, host_hit_length=host_hit_length(best, last_device))
+
+    def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
+        """A split cuts the host copy at the same point as the key.  The host lock stays with
+        the lower part (the node it was taken on).  A device lock that skipped the evicted
+        ``child`` skips its new upper part too (both were evicted when the lock was taken)."""
+        if child.host_value is not None:
+            k = len(upper.key)
+            upper.host_value = child.host_value[:k]
+            child.host_value = child.host_value[k:]
+        for handle in state.handles.values():
+            if any(s is child for s in handle.skipped):
+                handle.skipped = handle.skipped + (upper,)
+
+    def on_hit(self, state: CacheState, node: Node) -> None:
+        """Write-through: a node whose hit count reached the threshold is backed up."""
+        if write_back_policy(state):
+            return
+        if not backed_up(node) and node.hit_count >= state.config.write_through_threshold:
+            write_backup(state, node)
+
+    def evict_device(self, state: CacheState, num_tokens: int) -> int:
+        return evict(state, num_tokens)
+
+    def evict_leaf(self, state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
+        return evict_leaf(state, leaf, tracker)
+
+    def reset(self, state: CacheState) -> None:
+        reset_host_tier(state)
 
 
-def split_host_data(state: CacheState, upper: Node, child: Node) -> None:
-    """A split cuts the host copy at the same point as the key.  The host lock stays with the
-    lower part (the node it was taken on).  A device lock that skipped the evicted ``child``
-    skips its new upper part too (both were evicted when the lock was taken)."""
-    if child.host_value is not None:
-        k = len(upper.key)
-        upper.host_value = child.host_value[:k]
-        child.host_value = child.host_value[k:]
-    for handle in state.handles.values():
-        if any(s is child for s in handle.skipped):
-            handle.skipped = handle.skipped + (upper,)
-
-
-def write_through_on_hit(state: CacheState, node: Node) -> None:
-    """Write-through: a node whose hit count reached the threshold is backed up."""
-    if state.host is None or write_back_policy(state):
-        return
-    if not backed_up(node) and node.hit_count >= state.config.write_through_threshold:
-        write_backup(state, node)
-
-
-def check_unevict_slots(state: CacheState, plan: list, value: tuple) -> None:
-    """An insert's slots for the evicted nodes on its path (they take them back) must be whole
-    allocated pages the tree does not hold, as a new leaf's (InvalidInput, nothing changed)."""
-    ps = state.config.page_size
-    held = None
-    start = 0
-    for node, shared in plan:
-        if node.value is None:
-            held = set(rules.tree_slots(state)) if held is None else held
-            for k in range(start, start + shared, ps):
-                page = value[k: k + ps]
-                first = page[0]
-                if first % ps or list(page) != list(range(first, first + ps)):
-                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
-                                       "one whole page")
-                if not state.kv.is_allocated(first) or any(s in held for s in page):
-                    raise InvalidInput(f"insert: slots {list(page)} for an evicted node are not "
-                                       "the caller's allocated slots")
-        start += shared
-
-
-def tombstone_may_go(node: Node) -> bool:
-    """A childless tombstone is deleted only when nothing holds it: no device or host lock and
-    no data on either tier."""
-    return node.host_value is None and node.host_lock_ref == 0
+HOST_PLUGIN = HostTierPlugin()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,8 +216,9 @@ def write_backup(state: CacheState, node: Node, write_back: bool = False) -> int
     is short, host leaves are evicted for room.  The write is queued as one ack; a write-through
     write locks the node (and its path) until the ack is processed."""
     assert node.value is not None and node.host_value is None
-    if not write_back and not node.parent.is_root and not backed_up(node.parent):
-        if write_backup(state, node.parent) <= 0:
+    parent = up(node)
+    if not write_back and not parent.is_root and not backed_up(parent):
+        if write_backup(state, parent) <= 0:
             return 0
     host = state.host
     n = len(node.value)
@@ -248,7 +227,16 @@ def write_backup(state: CacheState, node: Node, write_back: bool = False) -> int
         needed = n - avail
         if evict_host(state, needed) < needed:
             return 0
-    node.host_value = tuple(host.pool.alloc(n))
+    host_value = tuple(host.pool.alloc(n))
+    done: list[Plugin] = []
+    for plugin in state.plugins:  # each component backs its own data up (Mamba: the state)
+        if not plugin.backup(state, node):
+            for p in done:
+                p.drop_host(state, node, {})
+            host.pool.free(list(host_value))
+            return 0
+        done.append(plugin)
+    node.host_value = host_value
     host.copies.append(("backup", list(node.value), list(node.host_value)))
     lock = None if write_back else rules.inc_lock_ref(state, node)
     host.writes.append(Ack(node, lock))
@@ -261,46 +249,51 @@ def write_backup(state: CacheState, node: Node, write_back: bool = False) -> int
 
 
 def evict(state: CacheState, num_tokens: int) -> int:
-    """Free at least ``num_tokens`` device tokens, oldest device leaf first.
-
-    A backed-up leaf is evicted to the host (it stays in the tree).  Under write-back a leaf
-    without a copy is backed up first and the eviction waits for the write; a leaf whose backup
-    fails keeps its data and is passed over for the rest of this eviction.  Otherwise a leaf
-    without a copy is deleted (the device tier's rule).  Under write-back the eviction ends by
-    waiting for every pending write."""
-    freed = 0
+    """Free at least ``num_tokens`` device tokens, oldest device leaf first (``evict_leaf``;
+    a leaf it passes over is not taken again in this eviction).  Under write-back the eviction
+    ends by waiting for every pending write."""
+    tracker: dict[str, int] = {"full": 0}
     passed_over: list[Node] = []
-    while freed < num_tokens:
-        victim = oldest_leaf_except(state, passed_over)
+    while tracker["full"] < num_tokens:
+        victim = rules.oldest_device_leaf_except(state, passed_over)
         if victim is None:
             break
-        if backed_up(victim):
-            freed += evict_to_host(state, victim)
-        elif write_back_policy(state):
-            if write_backup(state, victim, write_back=True) == 0:
-                passed_over.append(victim)
-                continue
-            wait_for_writes(state)
-            freed += evict_to_host(state, victim)
-        else:
-            freed += rules.evict_device_leaf(state, victim)
+        if not evict_leaf(state, victim, tracker):
+            passed_over.append(victim)
     if write_back_policy(state):
         wait_for_writes(state)
-    return freed
+    return tracker["full"]
 
 
-def oldest_leaf_except(state: CacheState, passed_over: list) -> Optional[Node]:
-    leaves = [n for n in device_leaves(state) if not any(n is p for p in passed_over)]
-    if not leaves:
-        return None
-    return leaves[oldest([eviction_key(state, n) for n in leaves])]
+def evict_leaf(state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
+    """Evict one device leaf with a host tier; the units freed per component go to
+    ``tracker``.  A backed-up leaf is evicted to the host (it stays in the tree).  Under
+    write-back a leaf without a copy is backed up first and the eviction waits for the write;
+    a leaf whose backup fails (the host pools cannot make room) keeps its data: False, the
+    caller passes it over.  Otherwise a leaf without a copy is deleted (the device tier's
+    rule)."""
+    if not backed_up(leaf) and write_back_policy(state):
+        if write_backup(state, leaf, write_back=True) == 0:
+            return False
+        wait_for_writes(state)
+    if backed_up(leaf):
+        tracker["full"] = tracker.get("full", 0) + evict_to_host(state, leaf, tracker)
+        return True
+    assert leaf.value is not None
+    tracker["full"] = tracker.get("full", 0) + len(leaf.value)
+    for plugin in state.plugins:  # the aux components' data goes with the leaf
+        plugin.drop_device_leaf(state, leaf, tracker)
+    rules.evict_device_leaf(state, leaf)
+    return True
 
 
-def evict_to_host(state: CacheState, node: Node) -> int:
-    """Device -> host demotion: the device slots go back to the pool; the node stays, with its
-    host copy."""
+def evict_to_host(state: CacheState, node: Node, tracker: dict[str, int]) -> int:
+    """Device -> host demotion: the device slots go back to the pool, with every aux
+    component's device data on the node; the node stays, with its host copies."""
     assert node.value is not None and node.host_value is not None
     n = len(node.value)
+    for plugin in state.plugins:
+        plugin.drop_device_leaf(state, node, tracker)
     state.kv.free(list(node.value))
     node.value = None
     return n
@@ -327,10 +320,14 @@ def evict_host(state: CacheState, num_tokens: int) -> int:
 def evict_host_leaf(state: CacheState, leaf: Node) -> int:
     """A host leaf's host slots go back to the host pool and it leaves the tree; ancestors left
     as childless tombstones go too."""
-    n = len(leaf.host_value)
-    state.host.pool.free(list(leaf.host_value))
+    host_value = leaf.host_value
+    assert host_value is not None
+    n = len(host_value)
+    for plugin in state.plugins:  # every component's host data goes with it
+        plugin.drop_host(state, leaf, {})
+    state.host.pool.free(list(host_value))
     leaf.host_value = None
-    parent = leaf.parent
+    parent = up(leaf)
     rules.remove_from_parent(state, leaf)
     rules.delete_tombstone_ancestors(state, parent)
     return n
@@ -351,10 +348,12 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
     ``node``'s path until the ack is processed."""
     segment = evicted_segment(node)
     assert all(n.host_value is not None for n in segment)
-    n_tokens = sum(len(n.host_value) for n in segment)
+    host_values = [n.host_value for n in segment if n.host_value is not None]
+    n_tokens = sum(len(hv) for hv in host_values)
+    aux = [p for p in state.plugins if p.wants_load_back(state, node)]
     guard = rules.inc_lock_ref(state, node)
-    delta = sum(len(n.value) for n in guard.locked_nodes() if n.lock_ref == 1)
-    if n_tokens < state.config.load_back_threshold or (
+    delta = sum(len(n.value or ()) for n in guard.locked_nodes() if n.lock_ref == 1)
+    if (n_tokens < state.config.load_back_threshold and not aux) or (
             mem_quota is not None and n_tokens > mem_quota + delta):
         rules.dec_lock_ref(state, guard)
         return False
@@ -366,30 +365,37 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
         if rules.evict(state, needed) < needed or not rules.is_in_tree(state, node):
             rules.dec_lock_ref(state, guard)
             return False
+    for plugin in aux:  # each component loads its own data (Mamba: the node's state)
+        if not plugin.load_back(state, node):  # no device room: the load back fails
+            rules.dec_lock_ref(state, guard)
+            return False
     device = state.kv.alloc(n_tokens)
-    state.host.copies.append(("load", [s for n in segment for s in n.host_value], list(device)))
+    state.host.copies.append(("load", [s for hv in host_values for s in hv], list(device)))
     rules.dec_lock_ref(state, guard)
     start = 0
-    for n in segment:
-        n.value = tuple(device[start: start + len(n.host_value)])
-        start += len(n.host_value)
+    for n, hv in zip(segment, host_values, strict=True):
+        n.value = tuple(device[start: start + len(hv)])
+        start += len(hv)
     state.host.loads.append(Ack(node, rules.inc_lock_ref(state, node)))
     return True
 
 
 def init_load_back(state: CacheState, node: Node, last_device_node: Node,
-                   mem_quota: Optional[int]) -> tuple[tuple, Node]:
+                   mem_quota: Optional[int]) -> tuple[tuple[int, ...], Node]:
     """The scheduler's entry: load ``node``'s evicted segment if there is one and return the
     device slots now between ``last_device_node`` and ``node`` with the new last device node;
     on no load, ``((), last_device_node)``."""
     check_ancestor(last_device_node, node)
     if mem_quota is not None:
         rules.check_count("mem_quota", mem_quota)
-    if node.evicted and load_back(state, node, mem_quota):
-        chunks, cur = [], node
+    wanted = node.evicted or any([p.wants_load_back(state, node) for p in state.plugins])
+    if wanted and load_back(state, node, mem_quota):
+        chunks: list[tuple[int, ...]] = []
+        cur = node
         while cur is not last_device_node:
+            assert cur.value is not None  # just loaded, or on the device already
             chunks.append(cur.value)
-            cur = cur.parent
+            cur = up(cur)
         indices = tuple(s for chunk in reversed(chunks) for s in chunk)
         if indices:
             return indices, node
@@ -436,9 +442,8 @@ def writing_check(state: CacheState) -> None:
     while queue and queue[0].done:
         ack = queue.pop(0)
         release(state, ack)
-        if state.storage is not None:  # storage tier: back the node up (spec/storage.py)
-            from .storage import after_write_ack
-            after_write_ack(state, ack)
+        for plugin in state.plugins:  # the storage tier backs the node up
+            plugin.after_write_ack(state, ack)
 
 
 def wait_for_writes(state: CacheState) -> None:
@@ -458,9 +463,8 @@ def loading_check(state: CacheState) -> None:
 def check_hicache_events(state: CacheState) -> None:
     writing_check(state)
     loading_check(state)
-    if state.storage is not None:  # storage tier: its control queues (spec/storage.py)
-        from .storage import drain_storage_control_queues
-        drain_storage_control_queues(state)
+    for plugin in state.plugins:  # the storage tier: its control queues
+        plugin.check_events(state)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -475,7 +479,9 @@ def inc_host_lock_ref(state: CacheState, node: Node) -> HostLockHandle:
         raise NodeNotFound("inc_host_lock_ref: the node is not in the tree")
     host = state.host
     locked = not state.config.disable and node.host_value is not None
-    handle = HostLockHandle(host.next_serial, node, locked)
+    aux = () if state.config.disable else tuple(p for p in state.plugins
+                                                if p.host_lock(state, node))
+    handle = HostLockHandle(host.next_serial, node, locked, aux)
     host.next_serial += 1
     host.host_locks[handle.serial] = handle
     if locked:
@@ -491,6 +497,8 @@ def dec_host_lock_ref(state: CacheState, handle: HostLockHandle) -> None:
     if handle.locked:
         assert handle.node.host_lock_ref > 0
         handle.node.host_lock_ref -= 1
+    for plugin in handle.aux:
+        plugin.host_unlock(state, handle.node)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -505,6 +513,9 @@ def reset_host_tier(state: CacheState) -> None:
     state.host.loads.clear()
     state.host.host_locks.clear()
     state.host.copies.clear()
+    if state.host.mamba_pool is not None:
+        state.host.mamba_pool.reset()
+    state.host.mamba_copies.clear()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -532,8 +543,8 @@ def host_data(state: CacheState) -> list[str]:
         if node.host_value is not None and len(node.host_value) != len(node.key):
             errors.append(f"[host] {node!r}: {len(node.host_value)} host slots for "
                           f"{len(node.key)} units")
-        if (node.host_value is not None and not wb and not node.parent.is_root
-                and node.parent.host_value is None):
+        if (node.host_value is not None and not wb and not up(node).is_root
+                and up(node).host_value is None):
             errors.append(f"[host] {node!r} is backed up but its parent is not")
     dev = {id(n) for n in device_leaves(state)}
     both = [n for n in host_leaves(state) if id(n) in dev]
@@ -546,7 +557,7 @@ def host_locks(state: CacheState) -> list[str]:
     """Host lock counts equal the live host-lock handles that locked each node, and sit only on
     nodes with a host copy."""
     errors = []
-    expected: Counter = Counter()
+    expected: Counter[int] = Counter()
     for h in state.host.host_locks.values():
         if h.locked:
             expected[id(h.node)] += 1
@@ -571,9 +582,8 @@ def host_accounting(state: CacheState) -> list[str]:
     if any(not pool.is_allocated(s) for s in slots):
         errors.append("[host-size] the tree holds host slots the host pool says are free")
     tree_pages = {s // pool.page_size for s in slots}
-    if state.storage is not None:  # storage tier: prefetch slots and the release queue
-        from .storage import held_host_slots
-        tree_pages |= {s // pool.page_size for s in held_host_slots(state)}
+    for plugin in state.plugins:  # the storage tier: prefetch slots and the release queue
+        tree_pages |= {s // pool.page_size for s in plugin.held_host_slots(state)}
     leaked = sorted(pool.allocated_pages() - tree_pages)
     if leaked:
         errors.append(f"[host-size] host pages allocated but held by no node: {leaked[:8]}")

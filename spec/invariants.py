@@ -7,12 +7,13 @@ exception).  An empty list means the state is sound.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from . import components, queries, sessions
-from .keys import namespaced_child_key
 from .host import host_invariants
+from .keys import namespaced_child_key
+from .state import CacheState, all_nodes, up
 from .storage import storage_invariants
-from .state import CacheState, all_nodes
 
 
 def tree_structure(state: CacheState) -> list[str]:
@@ -48,7 +49,7 @@ def data_presence(state: CacheState) -> list[str]:
             continue
         if node.value is None and node.host_value is None:
             errors.append(f"[data] {node!r} is dead: no device data and no host copy")
-        elif node.value is not None and not node.parent.is_root and node.parent.value is None:
+        elif node.value is not None and not up(node).is_root and up(node).value is None:
             errors.append(f"[data] {node!r} holds device data below an evicted parent")
     return errors
 
@@ -57,7 +58,7 @@ def lock_hierarchy(state: CacheState) -> list[str]:
     """Lock counts are never negative, never sit on evicted data, never exceed the parent's,
     and equal exactly the number of live handles whose locked path runs through the node."""
     errors = []
-    expected: Counter = Counter()
+    expected: Counter[int] = Counter()
     for handle in state.handles.values():
         for n in ([] if state.config.disable else handle.locked_nodes()):
             expected[id(n)] += 1
@@ -68,9 +69,9 @@ def lock_hierarchy(state: CacheState) -> list[str]:
             errors.append(f"[lock] {node!r} lock_ref={node.lock_ref} < 0")
         if node.value is None and node.lock_ref > 0:
             errors.append(f"[lock] {node!r} is evicted but lock_ref={node.lock_ref}")
-        if not node.parent.is_root and node.parent.lock_ref < node.lock_ref:
+        if not up(node).is_root and up(node).lock_ref < node.lock_ref:
             errors.append(f"[lock] {node!r} lock_ref={node.lock_ref} exceeds its parent's "
-                          f"{node.parent.lock_ref}")
+                          f"{up(node).lock_ref}")
         if node.lock_ref != expected[id(node)]:
             errors.append(f"[lock] {node!r} lock_ref={node.lock_ref} but {expected[id(node)]} "
                           f"live handle(s) lock it")
@@ -130,9 +131,10 @@ def request_rows(state: CacheState) -> list[str]:
     return errors
 
 
-INVARIANTS = (tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting,
-              request_rows, host_invariants)
-INVARIANTS += (components.aux_invariants,)  # hybrid models (spec/components.py)
+INVARIANTS: tuple[Callable[[CacheState], list[str]], ...] = (
+    tree_structure, data_presence, lock_hierarchy, leaf_qualification, size_accounting,
+    request_rows, host_invariants)
+INVARIANTS += (components.aux_invariants, components.aux_host_invariants)  # hybrid models
 INVARIANTS += (sessions.session_invariants,)  # streaming sessions (spec/sessions.py)
 INVARIANTS += (storage_invariants,)  # storage tier (spec/storage.py)
 

@@ -6,9 +6,9 @@ the spec recomputes them on every question so that there is nothing to get out o
 
 from __future__ import annotations
 
+from .core import CacheState, Node, all_nodes
 from .keys import oldest
 from .policies import eviction_key
-from .state import CacheState, Node, all_nodes
 
 
 def is_device_leaf(node: Node) -> bool:

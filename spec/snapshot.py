@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from . import components, queries
+from .core import Ack
+from .host import host_eviction_order
 from .keys import units_to_tokens
 from .sessions import sessions_view
-from .state import CacheState, Node
+from .state import CacheState, Node, all_nodes
 
 
 def path_of(state: CacheState, node: Node) -> dict[str, Any]:
@@ -19,14 +21,14 @@ def path_of(state: CacheState, node: Node) -> dict[str, Any]:
             "extra_key": node.extra_key}
 
 
-def path_sort_key(path: dict[str, Any]) -> tuple:
+def path_sort_key(path: dict[str, Any]) -> tuple[bool, str, Any]:
     ek = path["extra_key"]
     return (ek is not None, ek or "", path["tokens"])
 
 
 def snapshot(state: CacheState) -> dict[str, Any]:
-    nodes = []
-    stack = [(child, ()) for child in state.root.children.values()]
+    nodes: list[dict[str, Any]] = []
+    stack: list[tuple[Node, tuple[Any, ...]]] = [(c, ()) for c in state.root.children.values()]
     while stack:  # depth first, carrying each node's path units
         node, above = stack.pop()
         units = above + node.key
@@ -59,14 +61,14 @@ def snapshot(state: CacheState) -> dict[str, Any]:
 def host_view(state: CacheState) -> dict[str, Any]:
     """The host tier: host copies and host locks by path, the host eviction order, the host
     pool, and the in-flight transfers in queue order."""
-    from .host import host_eviction_order
-    nodes = [{"path": path_of(state, n), "host_value": list(n.host_value)
-              if n.host_value is not None else None, "host_lock_ref": n.host_lock_ref}
-             for n in queries.all_nodes(state)
+    nodes: list[dict[str, Any]] = [
+        {"path": path_of(state, n), "host_value": list(n.host_value)
+         if n.host_value is not None else None, "host_lock_ref": n.host_lock_ref}
+        for n in all_nodes(state)
              if not n.is_root and (n.host_value is not None or n.host_lock_ref)]
     nodes.sort(key=lambda n: path_sort_key(n["path"]))
 
-    def acks(queue) -> list:
+    def acks(queue: list[Ack]) -> list[dict[str, Any]]:
         return [{"node": path_of(state, a.node), "done": a.done, "locked": a.lock is not None}
                 for a in queue]
     return {
@@ -78,7 +80,7 @@ def host_view(state: CacheState) -> dict[str, Any]:
     }
 
 
-def request_view(req) -> dict[str, Any]:
+def request_view(req: Any) -> dict[str, Any]:
     """A running request as the world sees it: its row and how much of it is computed and
     protected."""
     return {"rid": req.rid, "admitted": req.admitted, "row": list(req.row),
@@ -92,16 +94,20 @@ def aux_view(state: CacheState, node: Node) -> dict[str, Any]:
         d = node.aux.get(name)
         out[name] = {"value": None if d is None or d.value is None else list(d.value),
                      "lock_ref": 0 if d is None else d.lock_ref}
+        if state.host is not None:  # the host tier with Mamba: the host copy and its locks
+            out[name]["host_value"] = None if d is None or d.host_value is None \
+                else list(d.host_value)
+            out[name]["host_lock_ref"] = 0 if d is None else d.host_lock_ref
     return out
 
 
-def hybrid_snapshot(state: CacheState, nodes: list) -> dict[str, Any]:
+def hybrid_snapshot(state: CacheState, nodes: list[dict[str, Any]]) -> dict[str, Any]:
     """The snapshot of a hybrid model: the Full part plus, per aux component, its LRU order,
     sizes and pool."""
     sizes = {"full_evictable": queries.evictable_size(state),
              "full_protected": queries.protected_size(state)}
     sizes.update(components.sizes(state))
-    out = {
+    out: dict[str, Any] = {
         "nodes": nodes,
         "device_leaf_order": [path_of(state, n) for n in queries.device_eviction_order(state)],
         "sizes": sizes,
@@ -111,9 +117,14 @@ def hybrid_snapshot(state: CacheState, nodes: list) -> dict[str, Any]:
     for name in components.aux_names(state):
         out[f"{name}_lru_order"] = [path_of(state, n) for n in components.lru_order(state, name)]
     if "swa" in state.config.components:
-        out["swa_pool"] = sorted(state.kv.swa.allocated_pages())
-    if "mamba" in state.config.components:
+        out["swa_pool"] = sorted(components.swa_pool(state).swa.allocated_pages())
+    if state.mamba is not None:
         out["mamba_pool"] = sorted(state.mamba.allocated_pages())
+    if state.host is not None and state.host.mamba_pool is not None:  # host tier with Mamba
+        out["host"] = host_view(state)
+        out["host_mamba_pool"] = sorted(state.host.mamba_pool.allocated_pages())
+        out["mamba_host_lru_order"] = [path_of(state, n)
+                                       for n in components.host_lru_order(state, "mamba")]
     return out
 
 
@@ -123,11 +134,11 @@ def storage_view(state: CacheState) -> dict[str, Any]:
     revoke and release queues, the tokens loaded per request, the occupancy and the clock.
     (The environment's internal queues are not part of it.)"""
     tier = state.storage
-    keys = [{"path": path_of(state, n), "page_keys": list(n.page_keys or ())}
-            for n in queries_all_nodes(state) if not n.is_root]
+    keys: list[dict[str, Any]] = [{"path": path_of(state, n), "page_keys": list(n.page_keys or ())}
+                                  for n in queries_all_nodes(state) if not n.is_root]
     keys.sort(key=lambda e: path_sort_key(e["path"]))
 
-    def prefetch(op) -> dict[str, Any]:
+    def prefetch(op: Any) -> dict[str, Any]:
         return {"rid": op.rid, "anchor": path_of(state, op.anchor), "tokens": len(op.units),
                 "host_slots": list(op.slots), "hit_pages": len(op.keys),
                 "completed": op.completed, "terminated": op.terminated}
@@ -144,6 +155,5 @@ def storage_view(state: CacheState) -> dict[str, Any]:
     }
 
 
-def queries_all_nodes(state: CacheState) -> list:
-    from .state import all_nodes
+def queries_all_nodes(state: CacheState) -> list[Node]:
     return all_nodes(state)

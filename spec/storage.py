@@ -39,14 +39,14 @@ is refused.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 from . import cache as rules
 from . import host
+from .core import Ack, CacheState, Node, Plugin, all_nodes, up
 from .errors import InvalidInput, Unsupported
 from .keys import common_prefix_len
 from .pagekeys import chain_keys, namespace_prior, split_keys
-from .state import CacheState, Node, all_nodes
 
 STOP_POLICIES = ("best_effort", "wait_complete", "timeout")
 
@@ -61,8 +61,8 @@ class Backup:
 
     serial: int
     node: Node
-    keys: tuple
-    units: tuple          # the node's units, page by page what is stored under each key
+    keys: tuple[str, ...]
+    units: tuple[Any, ...]  # the node's units, page by page what is stored under each key
     lock: object          # the host lock it holds until its ack is drained
     done: bool = False
 
@@ -74,38 +74,38 @@ class Prefetch:
     serial: int
     rid: str
     anchor: Node
-    units: tuple          # the page-aligned units to fetch (the prefetch key)
+    units: tuple[Any, ...]  # the page-aligned units to fetch (the prefetch key)
     extra_key: Optional[str]
-    slots: tuple          # the host slots taken for it, one per unit
+    slots: tuple[int, ...]  # the host slots taken for it, one per unit
     last_key: Optional[str]
     anchor_lock: object
     start: int            # the logical clock at submission
     queried: bool = False
-    keys: tuple = ()      # the keys of the hit pages (set by the hit query)
+    keys: tuple[str, ...] = ()  # the keys of the hit pages (set by the hit query)
     completed: int = 0    # tokens loaded so far
     terminated: bool = False
     transfer_done: bool = False  # the environment released what it will release
     released_from: Optional[int] = None  # slots[released_from:] went to the release queue
     taken: int = 0        # slots[:taken] were handed to the cache (inserted, freed, released)
-    loaded: list = dataclasses.field(default_factory=list)  # (key, stored units) per page read
+    loaded: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (key, units) read
 
 
 @dataclasses.dataclass(eq=False)
 class StorageTier:
-    store: dict = dataclasses.field(default_factory=dict)       # key -> units of the page
-    backups: list = dataclasses.field(default_factory=list)     # Backup, submission order
-    prefetches: list = dataclasses.field(default_factory=list)  # Prefetch the environment holds
-    ongoing: dict = dataclasses.field(default_factory=dict)     # rid -> Prefetch (the cache's)
-    ongoing_backup: dict = dataclasses.field(default_factory=dict)  # serial -> Backup
-    revoke_queue: list = dataclasses.field(default_factory=list)    # rids
-    ack_backup_queue: list = dataclasses.field(default_factory=list)  # Backup
-    release_queue: list = dataclasses.field(default_factory=list)   # host slot pages
-    loaded_tokens: dict = dataclasses.field(default_factory=dict)   # rid -> tokens loaded
+    store: dict[str, Any] = dataclasses.field(default_factory=dict)  # key -> units of the page
+    backups: list[Backup] = dataclasses.field(default_factory=list)  # submission order
+    prefetches: list[Prefetch] = dataclasses.field(default_factory=list)  # the environment's
+    ongoing: dict[str, Prefetch] = dataclasses.field(default_factory=dict)  # rid -> the cache's
+    ongoing_backup: dict[int, Backup] = dataclasses.field(default_factory=dict)  # by serial
+    revoke_queue: list[str] = dataclasses.field(default_factory=list)    # rids
+    ack_backup_queue: list[Backup] = dataclasses.field(default_factory=list)
+    release_queue: list[Any] = dataclasses.field(default_factory=list)   # host slot pages
+    loaded_tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # rid -> loaded
     occupied: int = 0     # prefetch_tokens_occupied
     clock: int = 0        # the environment's logical clock
     next_serial: int = 1
     # pending write-through acks split in flight: id(Ack) -> the fragments, top-down
-    fragments: dict = dataclasses.field(default_factory=dict)
+    fragments: dict[int, list[Node]] = dataclasses.field(default_factory=dict)
 
 
 def attach_storage_tier(state: CacheState) -> None:
@@ -149,7 +149,7 @@ def prior_of(state: CacheState, parent: Node, extra_key: Optional[str]) -> Optio
 def key_new_leaf(state: CacheState, leaf: Node) -> None:
     """A new node's page keys, chained from its parent."""
     leaf.page_keys = chain_keys(leaf.key, state.config.page_size,
-                                prior_of(state, leaf.parent, leaf.extra_key))
+                                prior_of(state, up(leaf), leaf.extra_key))
 
 
 def split_node_keys(state: CacheState, upper: Node, child: Node) -> None:
@@ -168,7 +168,7 @@ def split_node_keys(state: CacheState, upper: Node, child: Node) -> None:
             tier.fragments[id(ack)] = out
 
 
-def node_expected_keys(state: CacheState, node: Node) -> tuple:
+def node_expected_keys(state: CacheState, node: Node) -> tuple[str, ...]:
     """The keys a node's pages must carry: the chain over its whole path, this node's part."""
     ps = state.config.page_size
     path = node.path_units()
@@ -182,7 +182,7 @@ def node_expected_keys(state: CacheState, node: Node) -> tuple:
 # ----------------------------------------------------------------------------------------------
 
 
-def after_write_ack(state: CacheState, ack: "host.Ack") -> None:
+def after_write_ack(state: CacheState, ack: Ack) -> None:
     """A processed host write backs its node (every fragment, if it was split) up to storage."""
     frags = state.storage.fragments.pop(id(ack), [ack.node])
     for node in frags:
@@ -195,6 +195,7 @@ def write_backup_storage(state: CacheState, node: Node) -> None:
     if not enabled(state) or node.host_value is None or not rules.is_in_tree(state, node):
         return
     tier = state.storage
+    assert node.page_keys is not None  # every node has its keys with a storage tier
     backup = Backup(tier.next_serial, node, tuple(node.page_keys), tuple(node.key),
                     host.inc_host_lock_ref(state, node))
     tier.next_serial += 1
@@ -207,7 +208,7 @@ def write_backup_storage(state: CacheState, node: Node) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def prefetch_from_storage(state: CacheState, rid: str, anchor: Node, tokens: list,
+def prefetch_from_storage(state: CacheState, rid: str, anchor: Node, tokens: list[int],
                           extra_key: Optional[str]) -> int:
     """Start prefetching ``tokens`` (what follows ``anchor``'s path) for request ``rid``.
 
@@ -260,8 +261,8 @@ def completed_all(state: CacheState, op: Prefetch) -> bool:
 
 def timed_out(state: CacheState, op: Prefetch) -> bool:
     c = state.config
-    return (state.storage.clock - op.start
-            > c.prefetch_timeout_base + len(op.keys) * c.prefetch_timeout_per_page)
+    clock: int = state.storage.clock
+    return clock - op.start > c.prefetch_timeout_base + len(op.keys) * c.prefetch_timeout_per_page
 
 
 def can_terminate_prefetch(state: CacheState, op: Prefetch) -> bool:
@@ -302,8 +303,8 @@ def check_prefetch_progress(state: CacheState, rid: str) -> bool:
     return True
 
 
-def insert_host(state: CacheState, node: Node, extra_key: Optional[str], units: tuple,
-                slots: tuple, keys: tuple) -> int:
+def insert_host(state: CacheState, node: Node, extra_key: Optional[str], units: tuple[Any, ...],
+                slots: tuple[int, ...], keys: tuple[str, ...]) -> int:
     """Insert host-only pages below ``node`` (the seed's ``_insert_helper_host``): walk the
     matching children (touching each, splitting a partial match); the rest becomes one new
     evicted node holding the host slots and keys.  Returns the length the tree already had."""
@@ -338,7 +339,8 @@ def terminate_prefetch(state: CacheState, rid: str) -> None:
 
 
 def pop_prefetch_loaded_tokens(state: CacheState, rid: str) -> int:
-    return state.storage.loaded_tokens.pop(rid, 0)
+    loaded: int = state.storage.loaded_tokens.pop(rid, 0)
+    return loaded
 
 
 def release_aborted_request(state: CacheState, rid: str) -> None:
@@ -358,7 +360,7 @@ def release_aborted_request(state: CacheState, rid: str) -> None:
     forget_if_finished(tier, op)
 
 
-def release(state: CacheState, slots: tuple) -> None:
+def release(state: CacheState, slots: tuple[int, ...]) -> None:
     """Host slots go to the release queue, page by page."""
     ps = state.config.page_size
     for k in range(0, len(slots), ps):
@@ -538,11 +540,39 @@ def reset_storage_tier(state: CacheState) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# The plug-in: the storage tier's hooks in the tree's and the host tier's rules
+# ----------------------------------------------------------------------------------------------
+
+
+class StorageTierPlugin(Plugin):
+    def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
+        split_node_keys(state, upper, child)
+
+    def new_leaf(self, state: CacheState, leaf: Node) -> None:
+        key_new_leaf(state, leaf)
+
+    def after_write_ack(self, state: CacheState, ack: Ack) -> None:
+        after_write_ack(state, ack)
+
+    def check_events(self, state: CacheState) -> None:
+        drain_storage_control_queues(state)
+
+    def held_host_slots(self, state: CacheState) -> list[int]:
+        return held_host_slots(state)
+
+    def reset(self, state: CacheState) -> None:
+        reset_storage_tier(state)
+
+
+STORAGE_PLUGIN = StorageTierPlugin()
+
+
+# ----------------------------------------------------------------------------------------------
 # Queries and invariants
 # ----------------------------------------------------------------------------------------------
 
 
-def held_host_slots(state: CacheState) -> list:
+def held_host_slots(state: CacheState) -> list[int]:
     """Host slots the storage tier holds outside the tree: the prefetches' not yet handed over
     or released, and the release queue's."""
     tier = state.storage

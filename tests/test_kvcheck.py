@@ -109,3 +109,38 @@ def test_upstream_corpus_keeps_every_slot_right(impl, capsys):
     assert traces
     assert cli_main(["replay", *traces, "--impl", impl, "--check-kv"]) == 0
     assert "0 divergences" in capsys.readouterr().out
+
+
+def _swap_state_copies(monkeypatch):
+    """A planted host-tier bug on the spec: every load of a Mamba state reads the host state
+    slot after the right one (the tree's slot numbers all stay right)."""
+    from uniradix.spec import components
+
+    orig = components.MambaComponent.load_back
+
+    def shifted(self, state, node):
+        ok = orig(self, state, node)
+        if ok:
+            kind, src, dst = state.host.mamba_copies[-1]
+            state.host.mamba_copies[-1] = (kind, [src[0] + 1], dst)
+        return ok
+
+    monkeypatch.setattr(components.MambaComponent, "load_back", shifted)
+
+
+def test_host_mamba_states_keep_their_sequence_through_host_trips():
+    res = run_conform([kv_checked("spec"), kv_checked("spec")], config="host-mamba-wb-p4",
+                      steps=800, seed=3, out=None, progress=False, log=lambda m: None)
+    assert res.finding is None, str(res.finding)
+
+
+def test_a_state_mixup_on_the_host_trip_is_found_by_the_kv_check(monkeypatch):
+    _swap_state_copies(monkeypatch)
+    plain = run_conform(["spec", "spec"], config="host-mamba-wb-p4", steps=600, seed=3,
+                        out=None, progress=False, log=lambda m: None)
+    assert plain.finding is None
+    res = run_conform([kv_checked("spec"), kv_checked("spec")], config="host-mamba-wb-p4",
+                      steps=600, seed=3, out=None, progress=False, log=lambda m: None,
+                      shrink_seconds=5)
+    assert res.finding is not None and res.finding.kind == VIOLATION
+    assert "state slot" in str(res.finding)

@@ -253,9 +253,10 @@ def test_reset_clears_the_host_tier():
     assert queries.total_size(s) == 0
 
 
-def test_host_tier_with_an_aux_component_is_unsupported():
-    with pytest.raises(Unsupported):
-        new_state(CacheConfig(components=("full", "mamba"), host_slots=8, mamba_slots=4))
+def test_host_tier_with_swa_is_unsupported():
+    with pytest.raises(Unsupported, match="Full and Mamba"):
+        new_state(CacheConfig(components=("full", "swa"), host_slots=8, swa_slots=8,
+                              sliding_window=4))
 
 
 def test_adapter_effects_carry_host_freed():
