@@ -58,7 +58,7 @@ from typing import Any
 
 from .errors import InvalidInput
 from .pagekeys import KEY_MODES, block_hash, chain_keys, namespace_prior
-from .state import CacheState, Node
+from .core import CacheState, Node
 
 __all__ = ["GPU", "CPU_PINNED", "MEDIA", "BlockStored", "BlockRemoved", "AllBlocksCleared",
            "Event", "CachedPage", "cached_pages", "pending_host_slots", "EventEmitter",

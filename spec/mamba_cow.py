@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from . import cache as rules
 from . import components
 from .errors import InvalidInput
-from .state import CacheState, Node, all_nodes
+from .core import CacheState, Node, all_nodes
 from .world import PagedPool
 
 

@@ -7,7 +7,7 @@ and the victim is the smallest.  Every key ends with the access stamp, which is 
 falls back on when two keys tie (its heap holds ``(key, node)`` pairs and nodes compare by last
 access), and which makes every key distinct.
 
-What a node carries for the policies (spec/state.py ``Node``):
+What a node carries for the policies (spec/core.py ``Node``):
 
 - ``stamp``: the last access (the logical clock, spec/cache.py);
 - ``created``: when the node was made; a split's upper node takes the child's (both parts
@@ -31,10 +31,12 @@ was.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import Unsupported
-from .state import CacheState, Node
+
+if TYPE_CHECKING:  # annotations only: config.py imports this module, and core.py imports config
+    from .core import CacheState, Node
 
 Stamp = tuple[int, int]  # (tick, rank), see spec/cache.py
 # A place in an eviction order: ints and stamps, compared left to right (smallest goes first).

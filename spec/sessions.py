@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from . import cache as rules
 from .errors import InvalidInput
 from .queries import tree_slots
-from .state import CacheState, LockHandle
+from .core import CacheState, LockHandle
 
 
 @dataclasses.dataclass(eq=False)
