@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional
 
-from .errors import ConfigError
-from .policies import check_policy
+from .errors import ConfigError, Unsupported
 
+# the eviction policies (their orders: spec/policies.py, which checks it has one for each)
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 COMPONENT_SETS = (("full",), ("full", "swa"), ("full", "mamba"))
 
@@ -127,6 +128,14 @@ class CacheConfig:
                 raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
         if self.storage and (self.host_slots == 0 or self.components != ("full",)):
             raise ConfigError("storage needs a host tier (host_slots > 0) and components ['full']")
+
+
+def check_policy(name: object) -> str:
+    """A policy name the spec knows, or Unsupported naming it (and the setting)."""
+    if not isinstance(name, str) or name not in POLICIES:
+        raise Unsupported(f"eviction_policy {name!r} is not supported; "
+                          f"known: {', '.join(POLICIES)}")
+    return name
 
 
 STORAGE_FIELDS = tuple(f for f in dataclasses.fields(CacheConfig)

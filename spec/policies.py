@@ -31,18 +31,15 @@ was.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from .errors import Unsupported
-
-if TYPE_CHECKING:  # annotations only: config.py imports this module, and core.py imports config
-    from .core import CacheState, Node
+from .config import POLICIES, check_policy
+from .core import CacheState, Node
 
 Stamp = tuple[int, int]  # (tick, rank), see spec/cache.py
 # A place in an eviction order: ints and stamps, compared left to right (smallest goes first).
 EvictionKey = tuple[int | tuple[int, ...], ...]
 
-POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 # SLRU: a node with at least this many hits is in the protected segment (0.5.13.post1's default)
 SLRU_PROTECTED_HITS = 2
 
@@ -139,14 +136,6 @@ KEYS: dict[str, Callable[[NodeFacts], EvictionKey]] = {
     "slru": slru_key,
 }
 assert tuple(KEYS) == POLICIES
-
-
-def check_policy(name: object) -> str:
-    """A policy name the spec knows, or Unsupported naming it (and the setting)."""
-    if not isinstance(name, str) or name not in KEYS:
-        raise Unsupported(f"eviction_policy {name!r} is not supported; "
-                          f"known: {', '.join(POLICIES)}")
-    return name
 
 
 def facts(node: Node) -> NodeFacts:
