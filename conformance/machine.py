@@ -145,6 +145,18 @@ def draw_hybrid_config(ch: Any) -> CacheConfig:
                        disable=ch.chance(0.03))
 
 
+def draw_swa_mamba_config(ch: Any) -> CacheConfig:
+    """Full + SWA + Mamba in one tree: page 1 or 4, a window of 1..12 units, an SWA pool of
+    50-100% of the KV pool, 2..8 state slots, chunk size 1..4; a disabled cache rarely."""
+    ps = ch.choice([1, 4])
+    pages = ch.integer(16 // ps, 96 // ps)
+    swa_pages = ch.integer(max(1, pages // 2), pages)
+    return CacheConfig(page_size=ps, kv_slots=pages * ps, components=("full", "swa", "mamba"),
+                       sliding_window=ch.integer(1, 12), swa_slots=swa_pages * ps,
+                       mamba_slots=ch.integer(2, 8), mamba_cache_chunk_size=ch.integer(1, 4),
+                       disable=ch.chance(0.03))
+
+
 def draw_config(ch: Any) -> CacheConfig:
     """page_size 1/2/4, kv_slots 16..96 in whole pages (eviction is frequent), EAGLE on or off,
     a disabled cache rarely; a host tier in about a third of the runs (host_config)."""
@@ -543,6 +555,10 @@ class Scenario:
             n = ch.integer(1, max(1, self.config.kv_slots // 3))
         else:
             n = self.config.kv_slots
+        if self.swa and self.mamba and ch.chance(0.7):  # Full + SWA + Mamba: one or both
+            return {"op": "evict", "args": {"num_tokens": n if ch.chance(0.5) else 0,
+                                            "swa_num_tokens": ch.integer(0, 3 * self.ps + 8),
+                                            "mamba_num": ch.integer(0, 3)}}
         if self.swa and ch.chance(0.6):  # hybrid models: a per-component request too
             return {"op": "evict", "args": {"num_tokens": n if ch.chance(0.5) else 0,
                                             "swa_num_tokens": ch.integer(0, 3 * self.ps + 8)}}

@@ -129,7 +129,8 @@ def load_hybrid() -> types.SimpleNamespace:
 
 
 class HybridUpstreamAdapter(UpstreamAdapter):
-    """:class:`UpstreamAdapter` for ``components: ["full", "swa"]`` and ``["full", "mamba"]``."""
+    """:class:`UpstreamAdapter` for ``components: ["full", "swa"]``, ``["full", "mamba"]`` and
+    ``["full", "swa", "mamba"]``."""
 
     def __init__(self, config: CacheConfig) -> None:
         self.hy = load_hybrid()
@@ -155,7 +156,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
 
     def _tree_components(self) -> tuple:
         ct = self.up.ComponentType
-        return (ct.FULL, ct.SWA) if "swa" in self.config.components else (ct.FULL, ct.MAMBA)
+        named = {"full": ct.FULL, "swa": ct.SWA, "mamba": ct.MAMBA}
+        return tuple(named[c] for c in self.config.components)
 
     def _build_cache(self):
         self.pool, self.mamba = hybrid_pools(self.config)
@@ -168,6 +170,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             override = {ct.SWA: hy.SeedEraSWAComponent}
         else:
             self.allocator = PoolAllocator(self.pool, self.up.torch)
+        if "mamba" in self.config.components:  # Full + Mamba, or Full + SWA + Mamba
             req_pool = hy.MambaReqPool(self.mamba)
             hy.server_args._global_server_args = types.SimpleNamespace(
                 mamba_cache_chunk_size=self.config.mamba_cache_chunk_size)
@@ -206,8 +209,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         return node.component_data[ct.SWA if name == "swa" else ct.MAMBA]
 
     @property
-    def _aux(self) -> str:
-        return "swa" if "swa" in self.config.components else "mamba"
+    def _aux_names(self) -> tuple:
+        return tuple(c for c in self.config.components if c != "full")
 
     # -- ops -----------------------------------------------------------------------------------
     def _op_alloc(self, step: dict, args: dict) -> dict:
@@ -359,7 +362,11 @@ class HybridUpstreamAdapter(UpstreamAdapter):
     # -- snapshot ------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         snap = super().snapshot()
-        name = self._aux
+        for name in self._aux_names:
+            self._aux_snapshot(snap, name)
+        return snap
+
+    def _aux_snapshot(self, snap: dict, name: str) -> None:
         by_path = {}
         for node in self._walk_nodes():
             if node is self.root:
@@ -384,4 +391,3 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
         else:
             snap["mamba_pool"] = sorted(self.mamba.allocated_pages())
-        return snap

@@ -19,7 +19,8 @@ list exactly when it stamps the node (touch on the insert walk, the matched path
 new leaf, a Mamba state committed), and a node joins a list only at a moment its stamp is the
 newest among the list's members.  So the LRU order of a component is the order of the access
 stamps among the nodes holding its data (:func:`lru_order`); fast keeps real lists, and the
-lockstep run compares them with this query.
+lockstep run compares them with this query.  One exception, with SWA and Mamba in one tree: a
+state committed to an existing node moves it in the Mamba list only (:func:`refresh_mamba_only`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class AuxData:
     value: Optional[tuple] = None  # SWA: one SWA slot per unit; Mamba: (state slot,); None = none
     lock_ref: int = 0
     boundary: Optional[int] = None  # SWA: the mark of the node where a window lock stopped
+    # Full + SWA + Mamba: (the stamp the node's place in this list dates from, the node stamp
+    # it holds for); see refresh_mamba_only.  Outdated as soon as the node is stamped again.
+    lru_pin: Optional[tuple[tuple[int, int], tuple[int, int]]] = None
 
 
 def aux_names(state: CacheState) -> tuple:
@@ -258,7 +262,7 @@ def commit_insert(state: CacheState, node: Node, is_new_leaf: bool, start: int,
     recent; a node that has a state keeps it, becomes the most recent, and the insert answers
     ``mamba_exist`` (the caller keeps its slot).
     """
-    from .cache import split_node, touch
+    from .cache import split_node
     exist = False
     for name in aux_names(state):
         if name == "swa":
@@ -275,11 +279,26 @@ def commit_insert(state: CacheState, node: Node, is_new_leaf: bool, start: int,
                 d.value = mamba_value
             elif d.value is None:
                 d.value = mamba_value
-                touch(state, node)
+                refresh_mamba_only(state, node)
             else:
-                touch(state, node)
+                refresh_mamba_only(state, node)
                 exist = True
     return exist
+
+
+def refresh_mamba_only(state: CacheState, node: Node) -> None:
+    """A state committed to an existing node stamps it and moves it to the front of the Mamba
+    list only: with SWA too, the node keeps its place in the SWA list (a split on the insert's
+    way may have put another node in front of it there since its last stamp).  That place is
+    pinned to the stamp it dates from, for as long as the node keeps the new stamp."""
+    from .cache import touch
+    swa = node.aux.get("swa")
+    since = None
+    if swa is not None and swa.value is not None:
+        since = lru_key(node, "swa")
+    touch(state, node)
+    if swa is not None and since is not None:
+        swa.lru_pin = (since, node.stamp)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,7 +380,16 @@ def unlock_swa_window(node: Node, skipped: tuple, boundary: Optional[int]) -> No
 def lru_order(state: CacheState, name: str) -> list[Node]:
     """The component's LRU list, oldest first: the nodes holding its data, by access stamp."""
     return sorted((n for n in all_nodes(state) if not n.is_root and has(n, name)),
-                  key=lambda n: n.stamp)
+                  key=lambda n: lru_key(n, name))
+
+
+def lru_key(node: Node, name: str) -> tuple[int, int]:
+    """Where the node stands in the component's LRU list: its access stamp, unless a Mamba-only
+    refresh pinned its SWA place to an older one (:func:`refresh_mamba_only`)."""
+    d = node.aux.get(name)
+    if d is not None and d.lru_pin is not None and d.lru_pin[1] == node.stamp:
+        return d.lru_pin[0]
+    return node.stamp
 
 
 def drop_aux(state: CacheState, node: Node, name: str, tracker: dict) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 from .errors import ConfigError
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-COMPONENT_SETS = (("full",), ("full", "swa"), ("full", "mamba"))
+COMPONENT_SETS = (("full",), ("full", "swa"), ("full", "mamba"), ("full", "swa", "mamba"))
 
 
 @dataclasses.dataclass(frozen=True)

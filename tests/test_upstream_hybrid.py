@@ -45,7 +45,7 @@ def test_committed_hybrid_trace_replays_on_upstream_and_is_re_recorded(folder, p
     assert steps == trace.steps
 
 
-@pytest.mark.parametrize("config", ["swa", "mamba"])
+@pytest.mark.parametrize("config", ["swa", "mamba", "full-swa-mamba-p1"])
 def test_spec_and_upstream_in_lockstep(config, tmp_path):
     # misuse steps included (the adapter gives the spec's error names); the hit counts, which
     # 0.5.13.post1 keeps without a host tier (docs/SPEC.md), are left out by the adapter's rule
