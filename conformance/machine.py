@@ -257,12 +257,11 @@ class Scenario:
         self.ctx: dict = {}                         # what observe() needs about the pending step
         self.queue: list[str] = []                  # follow-up actions of a compound one
         self.serving: dict = {}                     # the prompt being served (``serve``)
-        # hybrid models: no request model for them yet; Mamba state slots held by the driver
+        # hybrid models: Mamba state slots held by the driver (request-level ops only where
+        # every implementation's request model covers them: see runner_actions)
         self.swa = "swa" in config.components
         self.mamba = "mamba" in config.components
         self.mamba_held: list[int] = []
-        if self.swa or self.mamba:
-            self.actions = frozenset(a for a in self.actions if not a.startswith("req_"))
         self.host = config.has_host_tier
         self.host_handles: list[int] = []           # live host_lock handles
 
@@ -767,6 +766,10 @@ class Scenario:
         if op == "insert" and self.mamba and "error" not in obs and "mamba_slot" in ctx \
                 and not obs.get("mamba_exist"):
             self.mamba_held.remove(ctx["mamba_slot"])  # the tree took the state slot
+        if self.swa and op in ("insert", "req_chunk", "req_finish") and obs.get("freed"):
+            # an SWA tombstone that took the caller's slots freed its own: unpinned matches
+            # seen before may hold them
+            self.epoch += 1
         if "error" in obs:
             if op == "alloc":
                 self.last_alloc_failed = True
@@ -837,9 +840,10 @@ class Scenario:
             self.reqs[args["rid"]] = ReqModel(args["rid"], list(args["tokens"]),
                                               args.get("extra_key"))
             self._remember(args["tokens"], args.get("extra_key"))
-        elif op == "req_admit":
+        elif op == "req_admit":  # with Mamba, no state slot (null) leaves it waiting
             r = self.reqs[args["rid"]]
-            r.admitted, r.committed = True, obs["prefix_len"]
+            if obs.get("mamba_pool_idx", 0) is not None:
+                r.admitted, r.committed = True, obs["prefix_len"]
         elif op in ("req_chunk", "req_decode"):
             if obs.get("evicted", 0) > 0:
                 self.epoch += 1
@@ -948,6 +952,15 @@ def host_observe(sc: Scenario, op: str, args: dict, ctx: dict, obs: dict) -> Non
         sc.host_handles.remove(ctx["host_handle"])
 
 
+def runner_actions(runner: Any, actions: Optional[Sequence[str]]) -> Optional[Sequence[str]]:
+    """``actions``, or when None: :data:`TREE_ACTIONS` if an implementation of the runner has
+    only the tree-level API in its config (``tree_only``), else all of them."""
+    from uniradix.conformance.lockstep import tree_only
+    if actions is None and any(tree_only(a) for a in getattr(runner, "adapters", ())):
+        return TREE_ACTIONS
+    return actions
+
+
 def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
                    on_step: Optional[Callable[[int], None]] = None,
                    invalid_weight: Optional[float] = None,
@@ -958,7 +971,7 @@ def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
     request-level ops out, for implementations that have only the tree-level API)."""
     rng = random.Random(f"conform:{seed}")
     ch = RandomChooser(rng)
-    sc = Scenario(config, ch, actions=actions)
+    sc = Scenario(config, ch, actions=runner_actions(runner, actions))
     if invalid_weight is not None:
         sc.WEIGHTS = dict(sc.WEIGHTS, invalid=invalid_weight)
     taken: list[dict] = []
@@ -1033,8 +1046,8 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
         def configure(self, data: Any) -> None:
             ch = HypothesisChooser(data)
             self.config = draw(ch)
-            self.sc = Scenario(self.config, ch)
             self.ls = Lockstep.from_impls(self.IMPLS, self.config, snapshot_every=snapshot_every)
+            self.sc = Scenario(self.config, ch, actions=runner_actions(self.ls, None))
             self.ls.prime()
             note(f"config {self.config.to_dict()}, alphabet {self.sc.alphabet}")
 

@@ -375,7 +375,8 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
     if start < len(units):
         if components.skip_leaf(state, start, len(units) - start, swa_evicted_seqlen):
             state.kv.free(list(value_t[start:]))
-            return InsertOutcome(start)
+            # the tree took no state: a Mamba caller keeps (frees) its slot (the seed: a TODO)
+            return InsertOutcome(start, mamba_exist="mamba" in state.config.components)
         target = leaf = add_leaf(state, node, extra_key, units[start:], value_t[start:],
                                  priority)
         is_new_leaf = True

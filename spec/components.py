@@ -226,6 +226,12 @@ def insert_overlap(state: CacheState, node: Node, start: int, shared: int, fresh
     return shared
 
 
+def swa_tombstone_held(node: Node) -> bool:
+    """An SWA tombstone (Full data, no SWA data) that a lock holds: some holder's matched
+    prefix runs through it and reads its full slots."""
+    return node.value is not None and not has(node, "swa") and node.lock_ref > 0
+
+
 def restore_swa(state: CacheState, node: Node, full_value: tuple) -> None:
     """A node takes ``full_value`` as its Full data and the mapped SWA slots as its SWA data."""
     node.value = tuple(full_value)
