@@ -209,8 +209,15 @@ def insert_overlap(state: CacheState, node: Node, start: int, shared: int, fresh
     ``swa_evicted_seqlen`` on) takes the request's slots: its old full slots are freed and the
     fresh ones, with their SWA slots, become its data.  When the window starts inside the node,
     the node is split there first and only the part inside takes them.
+
+    Except where a lock holds the tombstone (``swa_tombstone_held``): another request's matched
+    prefix runs through it and reads its full slots, so they are never freed; the tombstone
+    keeps them and stays a tombstone, and the request's slots are duplicates, freed as in Full.
+    (The seed frees them: issue 18; docs/SPEC.md.)
     """
     if "swa" not in aux_names(state) or prev_prefix_len >= start + shared or has(node, "swa"):
+        return shared
+    if swa_tombstone_held(node):
         return shared
     from .cache import split_node
     if swa_evicted_seqlen <= start:

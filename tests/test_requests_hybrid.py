@@ -123,3 +123,29 @@ def test_full_swa_mamba_request_holds_both():
     assert r["mamba_freed"] == []
     snap = s.a.snapshot()
     assert snap["requests"] == [] and snap["mamba_pool"] == [1, 2]
+
+
+def test_a_chunk_stops_before_an_swa_tombstone_another_request_holds():
+    """r1 holds [1,2,3,4] -> [5,6,7,8], whose upper node became an SWA tombstone; r2 computes
+    [1,2,3,4] itself (its match stops at the tombstone).  Its chunk caches nothing (the
+    tombstone starts at its protected length 0) and keeps its own slots; its finish frees them
+    as duplicates: r1's slots 1..4 stay (issue 18; the seed frees them)."""
+    s = Story(**SWA)
+    s.step("alloc", n=8)
+    s.step("insert", tokens=[1, 2, 3, 4], value=[1, 2, 3, 4])
+    s.step("insert", tokens=[1, 2, 3, 4, 5, 6, 7, 8], value=[1, 2, 3, 4, 5, 6, 7, 8],
+           prev_prefix_len=4)
+    assert s.step("evict", num_tokens=0, swa_num_tokens=1)["swa_freed"] == [1, 2, 3, 4]
+    s.step("req_arrive", rid="r1", tokens=[1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert s.step("req_admit", rid="r1")["prefix_len"] == 8
+    s.step("req_arrive", rid="r2", tokens=[1, 2, 3, 4, 7, 7])
+    assert s.step("req_admit", rid="r2")["prefix_len"] == 0
+    r = s.step("req_chunk", rid="r2", n=6, chunked=True)
+    assert (r["ok"], r["freed"]) == (True, [])
+    assert req(s, "r2")["protected"] == 0 and req(s, "r2")["row"] == [9, 10, 11, 12, 13, 14]
+    r = s.step("req_finish", rid="r2")
+    assert r["freed"] == [9, 10, 11, 12]
+    assert node(s, [1, 2, 3, 4])["value"] == [1, 2, 3, 4]
+    assert node(s, [1, 2, 3, 4])["swa"]["value"] is None
+    # (r2's full slots 9..14 took the SWA slots 1..4, 9, 10: lowest first)
+    assert node(s, [1, 2, 3, 4, 7, 7])["swa"]["value"] == [9, 10]
