@@ -770,6 +770,8 @@ class Scenario:
             # an SWA tombstone that took the caller's slots freed its own: unpinned matches
             # seen before may hold them
             self.epoch += 1
+        if (self.swa or self.mamba) and op.startswith("req_") and obs.get("freed"):
+            self.epoch += 1  # a state taken for a request may have evicted a leaf with it
         if "error" in obs:
             if op == "alloc":
                 self.last_alloc_failed = True
