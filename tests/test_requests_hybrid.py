@@ -8,6 +8,7 @@ a prompt ``p`` is ``(p[k % len(p)] * 7 + k) % 50000``.
 
 from __future__ import annotations
 
+import pytest
 from stories import Story
 
 SWA = dict(components=("full", "swa"), kv_slots=32, swa_slots=32, sliding_window=2)
@@ -149,3 +150,28 @@ def test_a_chunk_stops_before_an_swa_tombstone_another_request_holds():
     assert node(s, [1, 2, 3, 4])["swa"]["value"] is None
     # (r2's full slots 9..14 took the SWA slots 1..4, 9, 10: lowest first)
     assert node(s, [1, 2, 3, 4, 7, 7])["swa"]["value"] == [9, 10]
+
+
+@pytest.mark.parametrize("components", [("full", "swa"), ("full", "mamba"),
+                                        ("full", "swa", "mamba")])
+def test_the_shared_prefix_workload_runs_the_hybrid_request_path(components):
+    """conformance/workload.py drives SWA and Mamba requests through the request-level ops;
+    every step accepted, the spec's invariants hold at the end, and the pools are used.
+    (Mamba matches only end at a node with a state, so shared prompts hit with SWA only.)"""
+    from uniradix.conformance.adapters import SpecAdapter
+    from uniradix.conformance.workload import SharedPrefix, run_shared_prefix
+    w = SharedPrefix(requests=40, prompts=5, prompt_min=10, prompt_max=40, question_min=2,
+                     question_max=8, decode_min=1, decode_max=24, kv_slots=400, inflight=4,
+                     components=components, sliding_window=4, mamba_slots=6)
+    a = SpecAdapter(w.config())
+    record: list = []
+    stats = run_shared_prefix(a, w, record=record)
+    assert stats.requests == 40 and stats.aborted == 0
+    assert a.violations() == []
+    if "mamba" not in components:
+        assert stats.hit_tokens > 0
+    if "swa" in components:
+        assert any(s["ret"].get("swa_freed") for s in record if s["op"] == "req_decode")
+    if "mamba" in components:
+        assert any(s["ret"].get("mamba_freed") for s in record)
+        assert any(s["ret"]["mamba_pool_idx"] is None for s in record if s["op"] == "req_admit")
