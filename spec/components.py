@@ -400,9 +400,11 @@ def lru_key(node: Node, name: str) -> tuple[int, int]:
     """Where the node stands in the component's LRU list: its access stamp, unless a Mamba-only
     refresh pinned its SWA place to an older one (:func:`refresh_mamba_only`)."""
     d = node.aux.get(name)
-    if d is not None and d.lru_pin is not None and d.lru_pin[1] == node.stamp:
-        return d.lru_pin[0]
-    return node.stamp
+    stamp: tuple[int, int] = node.stamp
+    if d is not None and d.lru_pin is not None and d.lru_pin[1] == stamp:
+        pinned: tuple[int, int] = d.lru_pin[0]
+        return pinned
+    return stamp
 
 
 def drop_aux(state: CacheState, node: Node, name: str, tracker: dict) -> None:

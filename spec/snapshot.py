@@ -79,7 +79,7 @@ def host_view(state: CacheState) -> dict[str, Any]:
     }
 
 
-def request_view(req, aux: tuple = ()) -> dict[str, Any]:
+def request_view(req, aux: tuple[str, ...] = ()) -> dict[str, Any]:
     """A running request as the world sees it: its row and how much of it is computed and
     protected; with SWA where its own SWA data starts, with Mamba its state slot."""
     out = {"rid": req.rid, "admitted": req.admitted, "row": list(req.row),
