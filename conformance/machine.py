@@ -257,11 +257,13 @@ class Scenario:
         self.ctx: dict = {}                         # what observe() needs about the pending step
         self.queue: list[str] = []                  # follow-up actions of a compound one
         self.serving: dict = {}                     # the prompt being served (``serve``)
-        # hybrid models: Mamba state slots held by the driver (request-level ops only where
-        # every implementation's request model covers them: see runner_actions)
+        # hybrid models: Mamba state slots held by the driver; request-level ops only when the
+        # actions are given (runner_actions: every implementation's request model covers them)
         self.swa = "swa" in config.components
         self.mamba = "mamba" in config.components
         self.mamba_held: list[int] = []
+        if (self.swa or self.mamba) and actions is None:
+            self.actions = frozenset(a for a in self.actions if not a.startswith("req_"))
         self.host = config.has_host_tier
         self.host_handles: list[int] = []           # live host_lock handles
 
@@ -954,13 +956,17 @@ def host_observe(sc: Scenario, op: str, args: dict, ctx: dict, obs: dict) -> Non
         sc.host_handles.remove(ctx["host_handle"])
 
 
-def runner_actions(runner: Any, actions: Optional[Sequence[str]]) -> Optional[Sequence[str]]:
+def runner_actions(runner: Any, actions: Optional[Sequence[str]]) -> Sequence[str]:
     """``actions``, or when None: :data:`TREE_ACTIONS` if an implementation of the runner has
-    only the tree-level API in its config (``tree_only``), else all of them."""
+    only the tree-level API in its config (``tree_only``), else all of them (request-level
+    ops with SWA and Mamba too).  The Hypothesis machine leaves request-level ops out for
+    SWA and Mamba (Scenario's default)."""
     from uniradix.conformance.lockstep import tree_only
-    if actions is None and any(tree_only(a) for a in getattr(runner, "adapters", ())):
+    if actions is not None:
+        return actions
+    if any(tree_only(a) for a in getattr(runner, "adapters", ())):
         return TREE_ACTIONS
-    return actions
+    return ACTIONS
 
 
 def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
@@ -1048,8 +1054,8 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
         def configure(self, data: Any) -> None:
             ch = HypothesisChooser(data)
             self.config = draw(ch)
+            self.sc = Scenario(self.config, ch)
             self.ls = Lockstep.from_impls(self.IMPLS, self.config, snapshot_every=snapshot_every)
-            self.sc = Scenario(self.config, ch, actions=runner_actions(self.ls, None))
             self.ls.prime()
             note(f"config {self.config.to_dict()}, alphabet {self.sc.alphabet}")
 
