@@ -120,8 +120,10 @@ def test_a_state_committed_to_a_split_node_moves_it_in_the_mamba_list_only():
 
 
 def test_hypothesis_machine_on_full_swa_mamba():
-    """Lockstep spec vs spec (the fast path's Full + SWA + Mamba is built separately): every
-    step's invariants, rejections leave the state unchanged, both runs agree."""
+    """Lockstep spec vs spec (the fast path's Full + SWA + Mamba is built separately), tree-level
+    ops (the machine leaves request-level ops out with SWA and Mamba; conform's segments and
+    tests/test_requests_hybrid.py run them): every step's invariants, rejections leave the
+    state unchanged, both runs agree."""
     Machine = make_machine(["spec", "spec"], name="SwaMambaMachine", draw=draw_swa_mamba_config)
     run_state_machine_as_test(Machine, settings=settings(
         max_examples=15, stateful_step_count=50, deadline=None, database=None,
