@@ -124,7 +124,8 @@ def aux_effects(config: CacheConfig, kv: Any, mamba: Any) -> dict:
 
 
 def hybrid_request_check(config: CacheConfig, op: Any) -> None:
-    """The request model (spec/requests.py) has no Mamba states or SWA windows yet."""
+    """For an adapter whose request model has no Mamba states or SWA windows (the spec's has:
+    :attr:`StepAdapter.hybrid_requests`)."""
     if config.components != ("full",) and op in REQUEST_OPS:
         raise Unsupported(f"op {op!r}: the request model does not cover SWA or Mamba yet")
 
@@ -139,6 +140,15 @@ class StepAdapter:
     aux_pools: tuple = ()  # hybrid models: the SWA and Mamba pools, whose logs are effects too
     host_pool: Any = None  # the host PagedPool, with a host tier
     host_mamba_pool: Any = None  # the host state pool, with a host tier and Mamba
+    hybrid_requests: bool = False  # the request-level ops (req_*) run with SWA and Mamba too
+
+    @property
+    def tree_only(self) -> bool:
+        """No request-level ops in this config (lockstep runs then leave them out): with an aux
+        component unless the adapter's request model covers it (and EAGLE keys)."""
+        if self.config.components == ("full",):
+            return False
+        return not self.hybrid_requests or self.config.eagle
 
     def apply(self, step: Step) -> Observation:
         op = step.get("op")
@@ -150,7 +160,8 @@ class StepAdapter:
         if self.host_mamba_pool is not None:
             self.host_mamba_pool.take_freed()
         try:
-            hybrid_request_check(self.config, op)
+            if not self.hybrid_requests:
+                hybrid_request_check(self.config, op)
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
             if handler is None:
                 if op in HOST_TIER_OPS or op in AUX_OPS or op in SESSION_OPS or op in STORAGE_OPS:
@@ -175,6 +186,8 @@ class StepAdapter:
 
 class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
     """Runs trace steps on the executable specification."""
+
+    hybrid_requests = True
 
     def __init__(self, config: CacheConfig) -> None:
         check_supported(config, hybrid=True, host_tier=True, storage=True, host_mamba=True)
@@ -216,8 +229,10 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
         slots = rules.check_int_list("slots", slots)
         held = {s for n in all_nodes(self.state) if components.has(n, "mamba")
                 for s in n.aux["mamba"].value}
+        held |= {r.mamba_slot for r in self.state.requests.values() if r.mamba_slot is not None}
         if held.intersection(slots):
-            raise InvalidInput(f"mamba_free: slots {sorted(held.intersection(slots))} are the tree's")
+            raise InvalidInput(f"mamba_free: slots {sorted(held.intersection(slots))} are the "
+                               "tree's or a request's")
         self._mamba_pool().free(slots)
         return {}
 
@@ -339,12 +354,18 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
         reqs.arrive(self.state, rid, tokens, extra_key, priority, session)
         return {}
 
+    def _no_hybrid_sessions(self) -> None:
+        if self.config.components != ("full",):
+            raise Unsupported("streaming sessions with SWA or Mamba are not modelled")
+
     def op_release_session(self, step: Step) -> Observation:
+        self._no_hybrid_sessions()
         (session,) = args_of(step, "session")
         sessions.release_session(self.state, session)
         return {"freed": self.state.kv.take_freed()}
 
     def op_session_held(self, step: Step) -> Observation:
+        self._no_hybrid_sessions()
         args_of(step)
         return {"tokens": sessions.session_held_tokens(self.state),
                 "full_tokens": sessions.session_held_tokens(self.state),
@@ -353,7 +374,18 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
     def op_req_admit(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")
         req = reqs.get_request(self.state, rid, admitted=False)
-        return {"prefix_len": reqs.admit(self.state, req)}
+        obs: Observation = {"prefix_len": reqs.admit(self.state, req)}
+        if "mamba" in self.config.components:  # null: no state slot, the request still waits
+            obs["mamba_pool_idx"] = req.mamba_slot
+        return self._req_effects(obs, always=False)
+
+    def _req_effects(self, obs: Observation, always: bool = True) -> Observation:
+        """A request-level step's pool effects: ``freed`` (always, or with an aux component),
+        and with an aux component ``swa_freed`` / ``mamba_freed`` (TRACE.md)."""
+        if always or self.config.components != ("full",):
+            obs["freed"] = self.state.kv.take_freed()
+        obs.update(self._effects())
+        return obs
 
     def op_req_chunk(self, step: Step) -> Observation:
         rid, n, chunked = args_of(step, "rid", "n", chunked=True)
@@ -362,19 +394,19 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
         r = reqs.extend(self.state, req, n)
         if r.ok:
             reqs.cache_unfinished_req(self.state, req, chunked)
-        return {"ok": r.ok, "evicted": r.evicted, "freed": self.state.kv.take_freed()}
+        return self._req_effects({"ok": r.ok, "evicted": r.evicted})
 
     def op_req_decode(self, step: Step) -> Observation:
         rid, n = args_of(step, "rid", "n")
         req = reqs.get_request(self.state, rid, admitted=True)
         r = reqs.decode(self.state, req, n)
-        return {"ok": r.ok, "evicted": r.evicted, "freed": self.state.kv.take_freed()}
+        return self._req_effects({"ok": r.ok, "evicted": r.evicted})
 
     def op_req_finish(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")
         req = reqs.get_request(self.state, rid, admitted=True)
         reqs.cache_finished_req(self.state, req)
-        return {"freed": self.state.kv.take_freed()}
+        return self._req_effects({})
 
     def op_req_abort(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")
@@ -383,7 +415,7 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
             reqs.cache_finished_req(self.state, req, is_insert=False)
         else:
             reqs.release(self.state, req)
-        return {"freed": self.state.kv.take_freed()}
+        return self._req_effects({})
 
 
 ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdapter}

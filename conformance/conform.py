@@ -40,6 +40,9 @@ NAMED_CONFIGS: dict[str, dict] = {
     # hybrid models: the window / SWA pool / Mamba pool are drawn per segment too
     "swa": {"components": ("full", "swa")},
     "mamba": {"page_size": 1, "components": ("full", "mamba")},
+    # Full + SWA + Mamba in one tree: both aux components' draws
+    "full-swa-mamba-p1": {"page_size": 1, "components": ("full", "swa", "mamba")},
+    "full-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
     # host tier (HiCache); host_slots and thresholds are drawn per segment too (host_config)
     "hicache-wt-p1": {"page_size": 1, "write_policy": "write_through"},
     "hicache-wt-p4": {"page_size": 4, "write_policy": "write_through"},
@@ -99,13 +102,15 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
     rng = random.Random(f"conform-config:{seed}:{segment}")
     if name == "swa":  # page 1/2/4, window 1..12, an SWA pool of 50-100% of the KV pool
         base = dict(base, page_size=rng.choice([1, 2, 4]), sliding_window=rng.randint(1, 12))
+    elif "swa" in base.get("components", ()):  # Full + SWA + Mamba: its own page size
+        base = dict(base, sliding_window=rng.randint(1, 12))
     ps = base.get("page_size", 1)
     if isinstance(ps, tuple):  # the host-tier configs alternate page sizes by segment
         ps = ps[segment % len(ps)]
     pages = rng.randint(16 // ps, 96 // ps)
-    if name == "swa":
+    if "swa" in base.get("components", ()):
         base["swa_slots"] = rng.randint(max(1, pages // 2), pages) * ps
-    elif name == "mamba":
+    if "mamba" in base.get("components", ()):
         base = dict(base, mamba_slots=rng.randint(2, 8),
                     mamba_cache_chunk_size=rng.randint(1, 4))
     if name.startswith("hicache-") or name.startswith("host-"):

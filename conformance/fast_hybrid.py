@@ -70,6 +70,8 @@ class HybridFastAdapter(FastAdapter):
         check_supported(config, hybrid=True)
         if config.eagle:
             raise Unsupported("EAGLE keys with SWA or Mamba are not supported by the fast path")
+        if len(config.components) > 2:  # drop once fast/ builds Full + SWA + Mamba
+            raise Unsupported("Full + SWA + Mamba in one tree is modelled by the spec only so far")
         self.config = config
         self.pool, self.mamba = hybrid_pools(config)
         self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.mamba)
@@ -77,7 +79,7 @@ class HybridFastAdapter(FastAdapter):
         swa = "swa" in config.components
         self.alloc = (SwaPoolAllocator if swa else PoolAllocator)(self.pool, torch)
         self.rtt = ReqToTokenPool() if swa else MambaReqPool(self.mamba)
-        comps = ("full", "swa") if swa else ("full", "mamba")
+        comps = tuple(config.components)  # the fast cache refuses a set it does not model
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,

@@ -145,6 +145,18 @@ def draw_hybrid_config(ch: Any) -> CacheConfig:
                        disable=ch.chance(0.03))
 
 
+def draw_swa_mamba_config(ch: Any) -> CacheConfig:
+    """Full + SWA + Mamba in one tree: page 1 or 4, a window of 1..12 units, an SWA pool of
+    50-100% of the KV pool, 2..8 state slots, chunk size 1..4; a disabled cache rarely."""
+    ps = ch.choice([1, 4])
+    pages = ch.integer(16 // ps, 96 // ps)
+    swa_pages = ch.integer(max(1, pages // 2), pages)
+    return CacheConfig(page_size=ps, kv_slots=pages * ps, components=("full", "swa", "mamba"),
+                       sliding_window=ch.integer(1, 12), swa_slots=swa_pages * ps,
+                       mamba_slots=ch.integer(2, 8), mamba_cache_chunk_size=ch.integer(1, 4),
+                       disable=ch.chance(0.03))
+
+
 def draw_config(ch: Any) -> CacheConfig:
     """page_size 1/2/4, kv_slots 16..96 in whole pages (eviction is frequent), EAGLE on or off,
     a disabled cache rarely; a host tier in about a third of the runs (host_config)."""
@@ -245,11 +257,12 @@ class Scenario:
         self.ctx: dict = {}                         # what observe() needs about the pending step
         self.queue: list[str] = []                  # follow-up actions of a compound one
         self.serving: dict = {}                     # the prompt being served (``serve``)
-        # hybrid models: no request model for them yet; Mamba state slots held by the driver
+        # hybrid models: Mamba state slots held by the driver; request-level ops only when the
+        # actions are given (runner_actions: every implementation's request model covers them)
         self.swa = "swa" in config.components
         self.mamba = "mamba" in config.components
         self.mamba_held: list[int] = []
-        if self.swa or self.mamba:
+        if (self.swa or self.mamba) and actions is None:
             self.actions = frozenset(a for a in self.actions if not a.startswith("req_"))
         self.host = config.has_host_tier
         self.host_handles: list[int] = []           # live host_lock handles
@@ -543,6 +556,10 @@ class Scenario:
             n = ch.integer(1, max(1, self.config.kv_slots // 3))
         else:
             n = self.config.kv_slots
+        if self.swa and self.mamba and ch.chance(0.7):  # Full + SWA + Mamba: one or both
+            return {"op": "evict", "args": {"num_tokens": n if ch.chance(0.5) else 0,
+                                            "swa_num_tokens": ch.integer(0, 3 * self.ps + 8),
+                                            "mamba_num": ch.integer(0, 3)}}
         if self.swa and ch.chance(0.6):  # hybrid models: a per-component request too
             return {"op": "evict", "args": {"num_tokens": n if ch.chance(0.5) else 0,
                                             "swa_num_tokens": ch.integer(0, 3 * self.ps + 8)}}
@@ -751,6 +768,12 @@ class Scenario:
         if op == "insert" and self.mamba and "error" not in obs and "mamba_slot" in ctx \
                 and not obs.get("mamba_exist"):
             self.mamba_held.remove(ctx["mamba_slot"])  # the tree took the state slot
+        if self.swa and op in ("insert", "req_chunk", "req_finish") and obs.get("freed"):
+            # an SWA tombstone that took the caller's slots freed its own: unpinned matches
+            # seen before may hold them
+            self.epoch += 1
+        if (self.swa or self.mamba) and op.startswith("req_") and obs.get("freed"):
+            self.epoch += 1  # a state taken for a request may have evicted a leaf with it
         if "error" in obs:
             if op == "alloc":
                 self.last_alloc_failed = True
@@ -821,9 +844,10 @@ class Scenario:
             self.reqs[args["rid"]] = ReqModel(args["rid"], list(args["tokens"]),
                                               args.get("extra_key"))
             self._remember(args["tokens"], args.get("extra_key"))
-        elif op == "req_admit":
+        elif op == "req_admit":  # with Mamba, no state slot (null) leaves it waiting
             r = self.reqs[args["rid"]]
-            r.admitted, r.committed = True, obs["prefix_len"]
+            if obs.get("mamba_pool_idx", 0) is not None:
+                r.admitted, r.committed = True, obs["prefix_len"]
         elif op in ("req_chunk", "req_decode"):
             if obs.get("evicted", 0) > 0:
                 self.epoch += 1
@@ -932,6 +956,19 @@ def host_observe(sc: Scenario, op: str, args: dict, ctx: dict, obs: dict) -> Non
         sc.host_handles.remove(ctx["host_handle"])
 
 
+def runner_actions(runner: Any, actions: Optional[Sequence[str]]) -> Sequence[str]:
+    """``actions``, or when None: :data:`TREE_ACTIONS` if an implementation of the runner has
+    only the tree-level API in its config (``tree_only``), else all of them (request-level
+    ops with SWA and Mamba too).  The Hypothesis machine leaves request-level ops out for
+    SWA and Mamba (Scenario's default)."""
+    from uniradix.conformance.lockstep import tree_only
+    if actions is not None:
+        return actions
+    if any(tree_only(a) for a in getattr(runner, "adapters", ())):
+        return TREE_ACTIONS
+    return ACTIONS
+
+
 def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
                    on_step: Optional[Callable[[int], None]] = None,
                    invalid_weight: Optional[float] = None,
@@ -942,7 +979,7 @@ def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
     request-level ops out, for implementations that have only the tree-level API)."""
     rng = random.Random(f"conform:{seed}")
     ch = RandomChooser(rng)
-    sc = Scenario(config, ch, actions=actions)
+    sc = Scenario(config, ch, actions=runner_actions(runner, actions))
     if invalid_weight is not None:
         sc.WEIGHTS = dict(sc.WEIGHTS, invalid=invalid_weight)
     taken: list[dict] = []

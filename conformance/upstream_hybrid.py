@@ -56,6 +56,18 @@ def load_hybrid() -> types.SimpleNamespace:
         def _maybe_split_leaf_for_swa_lock(self, leaf) -> None:
             return None
 
+    class HeldTombstoneSWAComponent(SeedEraSWAComponent):
+        """The seed-era component with the spec's rule for an SWA tombstone a lock holds
+        (issue 18, docs/SPEC.md): the insert leaves it and its slots alone."""
+
+        def update_component_on_insert_overlap(self, node, prefix_len, total_prefix_len,
+                                               value_slice, params):
+            full = node.component_data[up.ComponentType.FULL]
+            if full.lock_ref > 0 and node.component_data[self.component_type].value is None:
+                return prefix_len
+            return super().update_component_on_insert_overlap(
+                node, prefix_len, total_prefix_len, value_slice, params)
+
     class SwaPoolAllocator(SWATokenToKVPoolAllocator):
         """The hybrid KV pool model behind upstream's SWA allocator interface."""
 
@@ -129,17 +141,18 @@ def load_hybrid() -> types.SimpleNamespace:
 
     _HYBRID = types.SimpleNamespace(
         up=up, server_args=server_args, SeedEraSWAComponent=SeedEraSWAComponent,
+        HeldTombstoneSWAComponent=HeldTombstoneSWAComponent,
         SwaPoolAllocator=SwaPoolAllocator, MambaReqPool=MambaReqPool)
     return _HYBRID
 
 
 class HybridUpstreamAdapter(UpstreamAdapter):
     """:class:`UpstreamAdapter` for ``components: ["full", "swa"]``, ``["full", "mamba"]`` and
-    ``["full", "swa", "mamba"]`` (both pools; a config the spec accepts once its Full+SWA+Mamba
-    work is merged)."""
+    ``["full", "swa", "mamba"]``."""
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, keep_held_tombstones: bool = False) -> None:
         self.hy = load_hybrid()
+        self.keep_held_tombstones = keep_held_tombstones
         super().__init__(config)
         self._ops.update({"mamba_alloc": self._op_mamba_alloc, "mamba_free": self._op_mamba_free})
 
@@ -162,7 +175,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
 
     def _tree_components(self) -> tuple:
         ct = self.up.ComponentType
-        return (ct.FULL,) + tuple(getattr(ct, name.upper()) for name in self.config.components[1:])
+        named = {"full": ct.FULL, "swa": ct.SWA, "mamba": ct.MAMBA}
+        return tuple(named[c] for c in self.config.components)
 
     def _build_cache(self):
         self.pool, self.mamba = hybrid_pools(self.config)
@@ -172,10 +186,11 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         override = None
         if "swa" in self.config.components:
             self.allocator = hy.SwaPoolAllocator(self.pool)
-            override = {ct.SWA: hy.SeedEraSWAComponent}
+            override = {ct.SWA: hy.HeldTombstoneSWAComponent if self.keep_held_tombstones
+                        else hy.SeedEraSWAComponent}
         else:
             self.allocator = PoolAllocator(self.pool, self.up.torch)
-        if "mamba" in self.config.components:
+        if "mamba" in self.config.components:  # Full + Mamba, or Full + SWA + Mamba
             req_pool = hy.MambaReqPool(self.mamba)
             hy.server_args._global_server_args = types.SimpleNamespace(
                 mamba_cache_chunk_size=self.config.mamba_cache_chunk_size)
@@ -221,8 +236,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         return node.component_data[ct.SWA if name == "swa" else ct.MAMBA]
 
     @property
-    def _aux(self) -> str:
-        return "swa" if "swa" in self.config.components else "mamba"
+    def _aux_names(self) -> tuple:
+        return tuple(c for c in self.config.components if c != "full")
 
     # -- ops -----------------------------------------------------------------------------------
     def _op_alloc(self, step: dict, args: dict) -> dict:
@@ -377,7 +392,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
     # -- snapshot ------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         snap = super().snapshot()
-        for name in self.config.components[1:]:
+        for name in self._aux_names:
             self._aux_snapshot(snap, name)
         return snap
 
@@ -406,3 +421,13 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
         else:
             snap["mamba_pool"] = sorted(self.mamba.allocated_pages())
+
+
+def upstream_keeping_held_tombstones(config: CacheConfig) -> HybridUpstreamAdapter:
+    """Upstream with the spec's rule for an SWA tombstone a lock holds (issue 18), for lockstep
+    runs that compare everything else: the plain ``upstream`` adapter reaches that known
+    difference within a few thousand SWA steps."""
+    return HybridUpstreamAdapter(config, keep_held_tombstones=True)
+
+
+upstream_keeping_held_tombstones.impl_name = "upstream"  # type: ignore[attr-defined]

@@ -6,6 +6,10 @@ fixed number of requests in flight; the pool is bounded, so the cache evicts on 
 
 The driver decides each next step from the previous observations only (an ``ok: false``
 reservation aborts the request), so every conforming implementation produces the same steps.
+
+Hybrid models: with ``components`` naming SWA and/or Mamba the same workload runs through the
+request model's SWA windows and Mamba states (spec/requests.py); an admission that gets no
+Mamba state slot (``mamba_pool_idx`` null) aborts the request.
 """
 
 from __future__ import annotations
@@ -32,9 +36,27 @@ class SharedPrefix:
     zipf_s: float = 1.1
     page_size: int = 1
     seed: int = 0
+    # hybrid models: the components; SWA's window and its pool as a share of the KV pool;
+    # Mamba's state slots (0: two per request in flight) and chunk size
+    components: tuple = ("full",)
+    sliding_window: int = 64
+    swa_share: float = 0.5
+    mamba_slots: int = 0
+    mamba_cache_chunk_size: int = 4
 
     def config(self) -> CacheConfig:
-        return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots)
+        if tuple(self.components) == ("full",):
+            return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots)
+        ps = self.page_size
+        extra: dict = {}
+        if "swa" in self.components:
+            extra.update(sliding_window=self.sliding_window,
+                         swa_slots=max(ps, int(self.kv_slots * self.swa_share) // ps * ps))
+        if "mamba" in self.components:
+            extra.update(mamba_slots=self.mamba_slots or 2 * self.inflight,
+                         mamba_cache_chunk_size=self.mamba_cache_chunk_size)
+        return CacheConfig(page_size=ps, kv_slots=self.kv_slots,
+                           components=tuple(self.components), **extra)
 
     def scaled(self, requests: int) -> "SharedPrefix":
         """The same workload with fewer requests and a pool and prompt set shrunk to match,
@@ -98,14 +120,26 @@ def run_shared_prefix(adapter, w: SharedPrefix, progress: Optional[Callable[[int
     inflight: list[list] = []  # [rid, decode tokens left]
     source = shared_prefix_requests(w)
     done = 0
+    waiting = None  # Mamba: a request that arrived but got no state slot yet
     while done < w.requests:
         while len(inflight) < w.inflight:
-            nxt = next(source, None)
+            nxt = waiting or next(source, None)
             if nxt is None:
                 break
             rid, tokens, n_decode = nxt
-            step("req_arrive", rid=rid, tokens=tokens, extra_key=None)
-            prefix = step("req_admit", rid=rid)["prefix_len"]
+            if waiting is None:
+                step("req_arrive", rid=rid, tokens=tokens, extra_key=None)
+            waiting = None
+            admitted = step("req_admit", rid=rid)
+            if admitted.get("mamba_pool_idx", 0) is None:  # no Mamba state slot to be had
+                if inflight:  # wait until a running request finishes
+                    waiting = nxt
+                    break
+                step("req_abort", rid=rid)
+                stats.aborted += 1
+                done += 1
+                continue
+            prefix = admitted["prefix_len"]
             stats.prompt_tokens += len(tokens)
             stats.hit_tokens += prefix
             r = step("req_chunk", rid=rid, n=len(tokens) - prefix, chunked=False)

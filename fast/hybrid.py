@@ -515,7 +515,8 @@ class HybridRadixCache(UnifiedRadixCache):
             if shared < len(child.key):
                 child = self._split(child, shared)
             end = pos + shared
-            if is_swa and prev < end and child.aux is None:
+            # a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md)
+            if is_swa and prev < end and child.aux is None and child.lock_ref == 0:
                 if dup_lo < dup_hi:  # (the frees keep their order)
                     self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
                     dup_lo = dup_hi = 0

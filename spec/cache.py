@@ -410,7 +410,8 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
     if start < len(units):
         if any([p.skip_leaf(state, start, len(units) - start, args) for p in state.plugins]):
             state.kv.free(list(value_t[start:]))
-            return InsertOutcome(start)
+            # the tree took no state: a Mamba caller keeps (frees) its slot (the seed: a TODO)
+            return InsertOutcome(start, mamba_exist="mamba" in state.config.components)
         target = leaf = add_leaf(state, node, extra_key, units[start:], value_t[start:],
                                  priority)
         is_new_leaf = True

@@ -21,7 +21,8 @@ list exactly when it stamps the node (touch on the insert walk, the matched path
 new leaf, a Mamba state committed), and a node joins a list only at a moment its stamp is the
 newest among the list's members.  So the LRU order of a component is the order of the access
 stamps among the nodes holding its data (:func:`lru_order`); fast keeps real lists, and the
-lockstep run compares them with this query.
+lockstep run compares them with this query.  One exception, with SWA and Mamba in one tree: a
+state committed to an existing node moves it in the Mamba list only (:func:`refresh_mamba_only`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class AuxData:
     host_value: Optional[tuple[int, ...]] = None
     host_lock_ref: int = 0
     host_joined: int = 0
+    # Full + SWA + Mamba: (the stamp the node's place in this list dates from, the node stamp
+    # it holds for); see refresh_mamba_only.  Outdated as soon as the node is stamped again.
+    lru_pin: Optional[tuple[tuple[int, int], tuple[int, int]]] = None
 
 
 def aux_names(state: CacheState) -> tuple[str, ...]:
@@ -154,8 +158,14 @@ class SWAComponent(AuxComponent):
         (past ``prev_prefix_len``) and that lie inside the request's window (from
         ``swa_evicted_seqlen`` on) takes the request's slots: its old full slots are freed and
         the fresh ones, with their SWA slots, become its data.  When the window starts inside
-        the node, the node is split there first and only the part inside takes them."""
-        if args.prev_prefix_len >= start + shared or has(node, "swa"):
+        the node, the node is split there first and only the part inside takes them.
+
+        Except where a lock holds the tombstone (:func:`swa_tombstone_held`): another
+        request's matched prefix runs through it and reads its full slots, so they are never
+        freed; the tombstone keeps them and stays a tombstone, and the request's slots are
+        duplicates, freed as in Full.  (The seed frees them: issue 18; docs/SPEC.md.)"""
+        if args.prev_prefix_len >= start + shared or has(node, "swa") \
+                or swa_tombstone_held(node):
             return shared
         assert node.value is not None
         if args.swa_evicted_seqlen <= start:
@@ -283,9 +293,9 @@ class MambaComponent(AuxComponent):
             d.value = args.mamba_value
         elif d.value is None:
             d.value = args.mamba_value
-            rules.touch(state, node)
+            refresh_mamba_only(state, node)
         else:
-            rules.touch(state, node)
+            refresh_mamba_only(state, node)
             return True
         return False
 
@@ -436,10 +446,30 @@ def branching_seqlen(state: CacheState, walked_len: int, best_chunks: int, walke
     return aligned if aligned > 0 else None
 
 
+def swa_tombstone_held(node: Node) -> bool:
+    """An SWA tombstone (Full data, no SWA data) that a lock holds: some holder's matched
+    prefix runs through it and reads its full slots."""
+    return node.value is not None and not has(node, "swa") and node.lock_ref > 0
+
+
 def restore_swa(state: CacheState, node: Node, full_value: tuple[int, ...]) -> None:
     """A node takes ``full_value`` as its Full data and the mapped SWA slots as its SWA data."""
     node.value = tuple(full_value)
     data(node, "swa").value = swa_pool(state).translate(node.value)
+
+
+def refresh_mamba_only(state: CacheState, node: Node) -> None:
+    """A state committed to an existing node stamps it and moves it to the front of the Mamba
+    list only: with SWA too, the node keeps its place in the SWA list (a split on the insert's
+    way may have put another node in front of it there since its last stamp).  That place is
+    pinned to the stamp it dates from, for as long as the node keeps the new stamp."""
+    swa = node.aux.get("swa")
+    since = None
+    if swa is not None and swa.value is not None:
+        since = lru_key(node, "swa")
+    rules.touch(state, node)
+    if swa is not None and since is not None:
+        swa.lru_pin = (since, node.stamp)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -500,7 +530,18 @@ def unlock_swa_window(node: Node, skipped: tuple[Node, ...], boundary: Optional[
 def lru_order(state: CacheState, name: str) -> list[Node]:
     """The component's LRU list, oldest first: the nodes holding its data, by access stamp."""
     return sorted((n for n in all_nodes(state) if not n.is_root and has(n, name)),
-                  key=lambda n: n.stamp)
+                  key=lambda n: lru_key(n, name))
+
+
+def lru_key(node: Node, name: str) -> tuple[int, int]:
+    """Where the node stands in the component's LRU list: its access stamp, unless a Mamba-only
+    refresh pinned its SWA place to an older one (:func:`refresh_mamba_only`)."""
+    d = node.aux.get(name)
+    stamp: tuple[int, int] = node.stamp
+    if d is not None and d.lru_pin is not None and d.lru_pin[1] == stamp:
+        pinned: tuple[int, int] = d.lru_pin[0]
+        return pinned
+    return stamp
 
 
 def drop_aux(state: CacheState, node: Node, comp: AuxComponent, tracker: dict[str, int]) -> None:

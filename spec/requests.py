@@ -9,6 +9,16 @@ rules therefore read ``row[:committed]`` only, and a free of a partial last page
 whole page, as SGLang's paged allocator does.  Here that page is ``row[:round_up(committed)]``.)  Ownership of the row is split at
 ``cache_protected_len``: positions before it are the tree's slots (matched, and locked through
 ``lock``), positions from it on are the request's own and must be freed or handed to the tree.
+
+Hybrid models (spec/components.py; docs/SPEC.md, "The request path for SWA and Mamba"): with
+SWA a request also holds ``swa_evicted_seqlen``, where its sliding window starts: before each
+decode step the scheduler frees the SWA slots of its own positions that fell out of the window
+(:func:`evict_swa_window`), and its finishing insert passes that length, so the part before it
+is cached without SWA data.  With Mamba a request holds one state slot of its own from
+admission (one state evicted when the pool is empty); a prefill chunk caches a copy of it (a
+fresh slot, kept by the tree unless the node already had a state), and its finishing insert
+hands the slot itself to the tree, which keeps it unless the node already had one
+(``mamba_exist``): then, as on abort, it is freed.
 """
 
 from __future__ import annotations
@@ -17,8 +27,8 @@ import dataclasses
 from typing import Optional
 
 from . import cache as rules
-from . import sessions
-from .errors import AllocatorError, InvalidInput
+from . import components, sessions
+from .errors import AllocatorError, InvalidInput, Unsupported
 from .state import CacheState, LockHandle
 
 
@@ -35,6 +45,10 @@ class Request:
     admitted: bool = False
     priority: int = 0  # the request's priority, given to its inserts (spec/policies.py)
     session: Optional[str] = None  # streaming sessions (spec/sessions.py)
+    # hybrid models: where the request's own SWA data starts (page-aligned; its SWA slots before
+    # it and from cache_protected_len on are freed), and its own Mamba state slot
+    swa_evicted_seqlen: int = 0
+    mamba_slot: Optional[int] = None
 
     @property
     def all_ids(self) -> list:
@@ -63,11 +77,23 @@ def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidInput(f"req_arrive: priority must be an int, got {priority!r}")
     session = sessions.check_session_arg(session)
+    check_hybrid_arrival(state, session)
     sessions.check_arrival(state, session, tokens, extra_key)
     req = Request(rid=rid, input_ids=tokens, extra_key=extra_key, priority=priority,
                   session=session)
     state.requests[rid] = req
     return req
+
+
+def check_hybrid_arrival(state: CacheState, session: Optional[str]) -> None:
+    """What the request model does not cover with an aux component: EAGLE keys (its cuts are
+    in tokens, not bigram units) and streaming sessions (no SWA or Mamba session state)."""
+    if not components.aux_names(state):
+        return
+    if state.config.eagle:
+        raise Unsupported("req_arrive: the request model with SWA or Mamba takes no EAGLE keys")
+    if session is not None:
+        raise Unsupported("req_arrive: streaming sessions with SWA or Mamba are not modelled")
 
 
 def get_request(state: CacheState, rid, admitted: Optional[bool] = None) -> Request:
@@ -91,9 +117,27 @@ def admit(state: CacheState, req: Request) -> int:
                            req.extra_key)
     req.row = list(m.device_indices)
     req.committed = req.cache_protected_len = len(m.device_indices)
-    req.lock = rules.inc_lock_ref(state, m.last_device_node)
+    req.lock = lock = rules.inc_lock_ref(state, m.last_device_node)
+    if "mamba" in components.aux_names(state):  # the request's own state slot
+        slot = new_state_slot(state)
+        if slot is None:  # every state is locked: the request waits, holding nothing
+            rules.dec_lock_ref(state, lock)
+            req.lock, req.row, req.committed, req.cache_protected_len = None, [], 0, 0
+            return 0
+        req.mamba_slot = slot
     req.admitted = True
     return req.committed
+
+
+def new_state_slot(state: CacheState) -> Optional[int]:
+    """A fresh Mamba state slot, evicting one state first when the pool is empty; None when
+    nothing could be evicted (upstream's ``_alloc_mamba_slot`` asserts there)."""
+    assert state.mamba is not None
+    if state.mamba.available_size() == 0:
+        components.evict(state, 0, mamba_num=1)
+    if state.mamba.available_size() == 0:
+        return None
+    return state.mamba.alloc(1)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +153,12 @@ def reserve(state: CacheState, req: Request, new_tokens: int) -> Reservation:
     if need <= 0:
         return Reservation(True, 0)
     short = need - state.kv.available_size()
-    evicted = rules.evict(state, short) if short > 0 else 0
+    if "swa" in components.aux_names(state):  # SWA slots come with the full ones
+        swa_short = need - state.kv.swa.available_size()  # type: ignore[attr-defined]
+        evicted = components.evict(state, max(short, 0), max(swa_short, 0))["full"] \
+            if short > 0 or swa_short > 0 else 0
+    else:
+        evicted = rules.evict(state, short) if short > 0 else 0
     try:
         req.row.extend(state.kv.alloc(need))
     except AllocatorError:
@@ -138,12 +187,28 @@ def decode(state: CacheState, req: Request, n: int) -> Reservation:
     n = rules.check_count("n", n)
     if req.committed < len(req.input_ids):
         raise InvalidInput(f"req {req.rid!r}: decode before the prompt is computed")
+    evict_swa_window(state, req)
     r = reserve(state, req, n)
     if r.ok:
         base = len(req.output_ids)
         req.output_ids.extend(output_token(req, base + j) for j in range(n))
         req.committed += n
     return r
+
+
+def evict_swa_window(state: CacheState, req: Request) -> None:
+    """SWA, before a decode step (schedule_batch's ``_evict_swa`` with the computed length):
+    the request's own positions more than one window and one page behind the computed length
+    drop their SWA slots (the full slots stay).  Its window start first moves up to the
+    protected length (what lies before is the tree's), then to that bound, page-aligned."""
+    if "swa" not in components.aux_names(state) or state.config.disable:
+        return
+    ps = state.config.page_size
+    req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.cache_protected_len)
+    new = max(req.swa_evicted_seqlen, req.committed - components.window(state) - ps) // ps * ps
+    if new > req.swa_evicted_seqlen:
+        state.kv.free_swa(req.row[req.swa_evicted_seqlen: new])  # type: ignore[attr-defined]
+        req.swa_evicted_seqlen = new
 
 
 def output_token(req: Request, k: int) -> int:
@@ -179,15 +244,59 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
         return
     tokens = req.all_ids[: req.committed]
     kv = req.row[: req.committed]
-    rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
-                 priority=req.priority)
+    if components.aux_names(state):  # hybrid models: maybe a shorter length, a state copy
+        cut = unfinished_cache_len(state, req, tokens)
+        if cut is None:
+            return
+        tokens, kv = tokens[:cut[0]], kv[:cut[0]]
+        out = rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
+                           mamba_value=cut[1], priority=req.priority)
+        if cut[1] is not None and out.mamba_exist:  # the node had a state: the copy goes
+            state.mamba.free(list(cut[1]))  # type: ignore[union-attr]
+    else:
+        rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
+                     priority=req.priority)
     m = rules.match_prefix(state, tokens, req.extra_key)
     new = list(m.device_indices)
+    assert not components.aux_names(state) or len(new) == len(tokens)
     assert req.cache_protected_len <= len(new) + state.config.page_size - 1
     req.row[req.cache_protected_len: len(new)] = new[req.cache_protected_len:]
     rules.dec_lock_ref(state, req.lock)
     req.lock = rules.inc_lock_ref(state, m.last_device_node)
     req.cache_protected_len = len(new)
+
+
+def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
+                         ) -> Optional[tuple[int, Optional[tuple[int, ...]]]]:
+    """Hybrid models, ``cache_unfinished_req``: how many of the computed tokens go into the tree
+    and the Mamba state copy that goes with them; None: nothing is cached this time.
+
+    SWA: up to the first SWA tombstone past the protected length that a lock holds (another
+    request's matched prefix runs through it): the insert would not give it the request's
+    slots (``components.insert_overlap``), the re-match would stop above it, and the request
+    keeps its own slots from there on.  Mamba: the copy is a fresh state slot (one state
+    evicted when the pool is empty); with none to be had, or with a cut below the page-aligned
+    length (the state is the whole computed length's), the chunk is not cached."""
+    n = len(rules.aligned_units(state, tokens))
+    names = components.aux_names(state)
+    slot: Optional[tuple[int, ...]] = None
+    if "mamba" in names:
+        got = new_state_slot(state)
+        if got is None:
+            return None
+        slot = (got,)
+    cut = n
+    if "swa" in names:
+        start = 0
+        for node, shared in rules.insert_plan(state, req.extra_key, tuple(tokens[:n])):
+            if start >= req.cache_protected_len and components.swa_tombstone_held(node):
+                cut = start
+                break
+            start += shared
+    if slot is not None and cut < n:
+        state.mamba.free(list(slot))  # type: ignore[union-attr]
+        return None
+    return cut, slot
 
 
 def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) -> None:
@@ -207,21 +316,34 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
             sessions.abort_running(state, req)
         return
     end = round_up(req.committed, state.config.page_size)
+    state_kept = False  # Mamba: the tree took the request's state slot
     if state.config.disable:
         state.kv.free(req.row[:end])
+        free_state_slot(state, req, state_kept)
         release(state, req)
         return
     tokens = req.all_ids[: req.committed]
     kv = req.row[: req.committed]
     free_from = req.cache_protected_len
     if is_insert:
-        rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, False,
-                     priority=req.priority)
+        mamba_value = None if req.mamba_slot is None else [req.mamba_slot]
+        out = rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, False,
+                           mamba_value=mamba_value, swa_evicted_seqlen=req.swa_evicted_seqlen,
+                           priority=req.priority)
+        state_kept = mamba_value is not None and not out.mamba_exist
         aligned = len(rules.aligned_units(state, tokens))
         # NOTE: the seed frees from the aligned length; it is never below the protected length
         # for a request admitted through match_prefix, and freeing below it would free the
         # tree's own slots, so the spec states the intended bound.
         free_from = max(aligned, req.cache_protected_len)
     state.kv.free(req.row[free_from:end])
+    free_state_slot(state, req, state_kept)
     rules.dec_lock_ref(state, req.lock)
     release(state, req)
+
+
+def free_state_slot(state: CacheState, req: Request, kept: bool) -> None:
+    """Mamba: the request's state slot goes back to the pool unless the tree took it."""
+    if req.mamba_slot is not None and not kept:
+        state.mamba.free([req.mamba_slot])  # type: ignore[union-attr]
+    req.mamba_slot = None

@@ -51,7 +51,8 @@ def snapshot(state: CacheState) -> dict[str, Any]:
         "sizes": {"full_evictable": queries.evictable_size(state),
                   "full_protected": queries.protected_size(state)},
         "pool": sorted(state.kv.allocated_pages()),
-        "requests": [request_view(r) for _, r in sorted(state.requests.items())],
+        "requests": [request_view(r, components.aux_names(state))
+                     for _, r in sorted(state.requests.items())],
         **({"host": host_view(state)} if state.host is not None else {}),
         **({"sessions": sessions_view(state)} if state.sessions else {}),
         **({"storage": storage_view(state)} if state.storage is not None else {}),
@@ -80,11 +81,16 @@ def host_view(state: CacheState) -> dict[str, Any]:
     }
 
 
-def request_view(req: Any) -> dict[str, Any]:
+def request_view(req: Any, aux: tuple[str, ...] = ()) -> dict[str, Any]:
     """A running request as the world sees it: its row and how much of it is computed and
-    protected."""
-    return {"rid": req.rid, "admitted": req.admitted, "row": list(req.row),
-            "committed": req.committed, "protected": req.cache_protected_len}
+    protected; with SWA where its own SWA data starts, with Mamba its state slot."""
+    out = {"rid": req.rid, "admitted": req.admitted, "row": list(req.row),
+           "committed": req.committed, "protected": req.cache_protected_len}
+    if "swa" in aux:
+        out["swa_evicted_seqlen"] = req.swa_evicted_seqlen
+    if "mamba" in aux:
+        out["mamba_slot"] = req.mamba_slot
+    return out
 
 
 def aux_view(state: CacheState, node: Node) -> dict[str, Any]:
@@ -112,7 +118,8 @@ def hybrid_snapshot(state: CacheState, nodes: list[dict[str, Any]]) -> dict[str,
         "device_leaf_order": [path_of(state, n) for n in queries.device_eviction_order(state)],
         "sizes": sizes,
         "pool": sorted(state.kv.allocated_pages()),
-        "requests": [request_view(r) for _, r in sorted(state.requests.items())],
+        "requests": [request_view(r, components.aux_names(state))
+                     for _, r in sorted(state.requests.items())],
     }
     for name in components.aux_names(state):
         out[f"{name}_lru_order"] = [path_of(state, n) for n in components.lru_order(state, name)]

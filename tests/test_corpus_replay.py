@@ -1,12 +1,14 @@
-"""Every committed trace replays on the spec and on the fast path with 0 divergences and sound invariants after
-every step (the golden corpus recorded from upstream, and the regression traces)."""
+"""Every committed trace replays on the spec and on the fast path with 0 divergences and sound
+invariants after every step (the golden corpus recorded from upstream, and the regression
+traces), except the known divergences at one listed step each (issue 18, docs/SPEC.md)."""
 
 import glob
 import os
 
 import pytest
 
-from uniradix.conformance.replay import replay_trace
+from uniradix.conformance.replay import (KNOWN_DIVERGENCES, expected_divergence,
+                                         held_swa_tombstone_takeover, replay_trace)
 from uniradix.conformance.run import AWAITING_SPEC_REASON, is_awaiting_spec, is_spec_only
 from uniradix.conformance.trace import load_trace
 
@@ -58,9 +60,27 @@ def test_host_tier_corpus_is_there():
 def test_replay(path, impl):
     if is_awaiting_spec(path):
         pytest.skip(AWAITING_SPEC_REASON)
-    result = replay_trace(load_trace(path), impl)
+    trace = load_trace(path)
+    result = replay_trace(trace, impl)
     assert result.unsupported is None, result.unsupported
-    assert result.divergence is None, str(result.divergence)
+    check_divergence(path, trace, result)
+
+
+def check_divergence(path, trace, result) -> None:
+    """No divergence, except the known ones (docs/SPEC.md, issue 18): exactly at the listed
+    step, an insert over an SWA tombstone a lock holds (upstream freed its slots there)."""
+    step = expected_divergence(path)
+    if step is None:
+        assert result.divergence is None, str(result.divergence)
+        return
+    d = result.divergence
+    assert d is not None and (d.step, d.op, d.field) == (step, "insert", "freed"), str(d)
+    assert held_swa_tombstone_takeover(trace, step)
+
+
+def test_known_divergences_are_corpus_traces():
+    for rel in KNOWN_DIVERGENCES:
+        assert os.path.exists(os.path.join(CORPUS, *rel.split("/"))), rel
 
 
 def test_spec_only_folders_are_the_ones_fast_refuses():

@@ -322,7 +322,11 @@ def test_conform_cli_finding_writes_trace_and_exits_1(broken_registered, tmp_pat
     assert rc == 1
     m = SUMMARY.match(lines[-1])
     assert m and (m.group(2), m.group(3)) == ("1", "0")
-    path = lines[-2]
+    # the trace's path, then (when the run compared KV events) the events line
+    rest = lines[:-1]
+    if rest and rest[-1].startswith("conform: KV events compared on "):
+        rest = rest[:-1]
+    path = rest[-1]
     assert path.startswith(str(tmp_path)) and path.endswith(".jsonl")
     assert_trace_reproduces(path, "broken-match")
 
