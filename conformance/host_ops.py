@@ -57,9 +57,15 @@ class SpecHostOps:
                                                     mem_quota=None)
         node = rules.find_node(self.state, *A.path_arg(node_path))
         last = rules.find_node(self.state, *A.path_arg(last_path))
+        copies = len(self.state.host.mamba_copies)
         indices, last_node = host.init_load_back(self.state, node, last, mem_quota)
-        obs = {"device_indices": list(indices), "last_node": len(last_node.path_units()),
-               "freed": self.state.kv.take_freed()}
+        obs = {"device_indices": list(indices), "last_node": len(last_node.path_units())}
+        if self.state.mamba is not None:  # with Mamba: the state slots it took (TRACE.md)
+            req_slot = self.state.host.request_state
+            obs["mamba_device_indices"] = [s for kind, _, dst in self.state.host.mamba_copies[copies:]
+                                           if kind == "load" and dst != [req_slot] for s in dst]
+            obs["mamba_pool_idx"] = req_slot
+        obs["freed"] = self.state.kv.take_freed()
         if self.state.mamba is not None:  # with Mamba: its room-making frees states too
             obs.update(self._effects())
         return obs
@@ -74,7 +80,10 @@ class SpecHostOps:
         self._host()
         A.args_of(step)
         host.check_hicache_events(self.state)
-        return {"freed": self.state.kv.take_freed()}
+        obs = {"freed": self.state.kv.take_freed()}
+        if self.state.mamba is not None:  # with Mamba: the aux device effects too
+            obs.update(self._effects())
+        return obs
 
     def op_host_lock(self, step: dict) -> dict:
         self._host()

@@ -23,23 +23,22 @@ from uniradix.conformance.trace import load_trace
 IMPLS = ("spec", "fast")
 
 # Corpus folders the fast path does not model yet, replayed on the spec only: other eviction
-# policies than lru, Mamba copy-on-write, the storage tier and the host tier with Mamba (fast
-# refuses each by name).
+# policies than lru, Mamba copy-on-write, the storage tier, the host tier with Mamba and
+# Full+SWA+Mamba in one tree (fast refuses each by name).
 SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage",
-                     "regressions-host-aux")
+                     "regressions-host-aux", "upstream-host-mamba", "upstream-full-swa-mamba")
 
-# Corpora the spec cannot replay yet: the host tier with SWA or Mamba and Full+SWA+Mamba in one
-# tree, recorded from upstream (the spec refuses those configs, and this branch's config check
-# refuses the three components, until that spec work is merged), and the reproductions of
-# upstream's defects with a host tier and an aux component (tests/corpus/regressions/README.md).
+# Corpora the spec cannot replay yet: the host tier with SWA, recorded from upstream (the spec
+# refuses a host tier with SWA until it models one), and the reproductions of upstream's defects
+# with a host tier and an aux component, whose last step has no `ret` yet
+# (tests/corpus/regressions/README.md).
 # Folder names or trace file names; skipped, unread, by `uniradix run` and
 # tests/test_corpus_replay.py with this reason.  Take an entry off once the spec replays it.
-AWAITING_SPEC = ("upstream-host-swa", "upstream-host-mamba", "upstream-full-swa-mamba",
-                 "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl",
+AWAITING_SPEC = ("upstream-host-swa", "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl",
                  "upstream-hang-host-mamba-wb-p1-evict-backup-fails.jsonl",
                  "upstream-crash-host-mamba-wt-p1-load-back-all-slots-pinned.jsonl")
-AWAITING_SPEC_REASON = ("awaits the spec's host tier with SWA/Mamba or Full+SWA+Mamba "
-                        "(conformance/run.py AWAITING_SPEC)")
+AWAITING_SPEC_REASON = ("awaits the spec's host tier with SWA, or the spec's expected last "
+                        "step (conformance/run.py AWAITING_SPEC)")
 
 
 def find_corpus(explicit: str | None) -> list[str]:

@@ -44,7 +44,7 @@ def main() -> None:
     record(
         "host-mamba-wb-evict-passes-over-failed-backup.jsonl",
         CacheConfig(page_size=1, components=("full", "mamba"), kv_slots=16, host_slots=4,
-                    mamba_slots=4, write_policy="write_back"),
+                    mamba_slots=4, host_mamba_slots=4, write_policy="write_back"),
         "uniradix spec, hand-written: write-back with Mamba; the host pool is full of a backup "
         "whose node is back on the device, and the least recently used Mamba leaf cannot be "
         "backed up; a Mamba eviction passes it over, evicts the next leaf and ends (upstream "

@@ -344,6 +344,18 @@ class MambaComponent(AuxComponent):
         d = node.aux.get("mamba")
         return d is not None and d.value is None and d.host_value is not None
 
+    def reserve_load_back(self, state: CacheState, node: Node) -> bool:
+        """The requester's own state slot, taken before the load back weighs its size (one
+        state is evicted for room when the pool is empty); none to be had: the load back fails
+        (upstream asserts instead, docs/SPEC.md)."""
+        assert state.mamba is not None and state.host is not None
+        if state.mamba.available_size() < 1:
+            evict(state, 0, mamba_num=1)
+        if state.mamba.available_size() < 1:
+            return False
+        state.host.request_state = state.mamba.alloc(1)[0]
+        return True
+
     def load_back(self, state: CacheState, node: Node) -> bool:
         """The node's state comes back to a fresh device state slot (one state is evicted for
         room when the pool is empty).  When none can be had (every device state locked, for
@@ -361,6 +373,8 @@ class MambaComponent(AuxComponent):
         assert d.host_value is not None and d.value is None
         d.value = tuple(state.mamba.alloc(1))
         state.host.mamba_copies.append(("load", list(d.host_value), list(d.value)))
+        if state.host.request_state is not None:  # and into the requester's own slot
+            state.host.mamba_copies.append(("load", list(d.host_value), [state.host.request_state]))
         rules.touch(state, node)  # the state joins the Mamba list as its newest
         return True
 

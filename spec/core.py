@@ -285,6 +285,12 @@ class Plugin:
         """Whether a load back of ``node`` has data of this plug-in to bring back."""
         return False
 
+    def reserve_load_back(self, state: CacheState, node: Node) -> bool:
+        """Before a load back of ``node`` weighs its size (the path locked): take what the
+        requester needs of this plug-in's device data; False: none can be had (the load back
+        fails; what was taken stays the requester's)."""
+        return True
+
     def load_back(self, state: CacheState, node: Node) -> bool:
         """Bring this plug-in's host data for ``node`` back to the device, as part of its load
         back; False: no device room (nothing changed, the load back fails)."""

@@ -72,6 +72,9 @@ class HostTier:
     mamba_pool: Optional[PagedPool] = None
     mamba_copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
     next_join: int = 1
+    # Mamba: the state slot the last load back took for the requester (its own copy of the
+    # loaded state; None when it took none); the requester's from then on, like alloc's slots
+    request_state: Optional[int] = None
 
 
 def attach_host_tier(state: CacheState) -> None:
@@ -80,8 +83,9 @@ def attach_host_tier(state: CacheState) -> None:
     if "swa" in config.components:
         raise Unsupported("the host tier is modelled for the Full and Mamba components only so far")
     mamba_pool = None
-    if "mamba" in config.components:  # host state slots: host_mamba_slots, else mamba_slots
-        n = config.host_mamba_slots if config.host_mamba_slots is not None else config.mamba_slots
+    if "mamba" in config.components:  # host state slots: host_mamba_slots, else 2 x mamba_slots
+        n = config.host_mamba_slots if config.host_mamba_slots is not None \
+            else 2 * config.mamba_slots  # the default of docs/TRACE.md (upstream's)
         mamba_pool = PagedPool(n, 1, "host_mamba")
     state.host = HostTier(pool=PagedPool(config.host_slots, config.page_size, "host"),
                           mamba_pool=mamba_pool)
@@ -353,6 +357,10 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
     aux = [p for p in state.plugins if p.wants_load_back(state, node)]
     guard = rules.inc_lock_ref(state, node)
     delta = sum(len(n.value or ()) for n in guard.locked_nodes() if n.lock_ref == 1)
+    for plugin in aux:  # what the requester takes first (Mamba: its own state slot)
+        if not plugin.reserve_load_back(state, node):
+            rules.dec_lock_ref(state, guard)
+            return False
     if (n_tokens < state.config.load_back_threshold and not aux) or (
             mem_quota is not None and n_tokens > mem_quota + delta):
         rules.dec_lock_ref(state, guard)
@@ -388,8 +396,11 @@ def init_load_back(state: CacheState, node: Node, last_device_node: Node,
     check_ancestor(last_device_node, node)
     if mem_quota is not None:
         rules.check_count("mem_quota", mem_quota)
-    wanted = node.evicted or any([p.wants_load_back(state, node) for p in state.plugins])
-    if wanted and load_back(state, node, mem_quota):
+    assert state.host is not None
+    state.host.request_state = None
+    # the seed's guard: only an evicted node is loaded back (a state on the host only under a
+    # node still on the device stays there; docs/SPEC.md)
+    if node.evicted and load_back(state, node, mem_quota):
         chunks: list[tuple[int, ...]] = []
         cur = node
         while cur is not last_device_node:
