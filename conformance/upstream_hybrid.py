@@ -239,6 +239,11 @@ class HybridUpstreamAdapter(UpstreamAdapter):
     def _aux_names(self) -> tuple:
         return tuple(c for c in self.config.components if c != "full")
 
+    @property
+    def _aux(self) -> str:
+        """The one aux component of a host-tier config (conformance/upstream_host_aux.py)."""
+        return "swa" if "swa" in self.config.components else "mamba"
+
     # -- ops -----------------------------------------------------------------------------------
     def _op_alloc(self, step: dict, args: dict) -> dict:
         slots = self.pool.alloc(_count(args.get("n"), "n"))
