@@ -29,16 +29,12 @@ SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storag
                      "regressions-host-aux", "upstream-host-mamba", "upstream-full-swa-mamba")
 
 # Corpora the spec cannot replay yet: the host tier with SWA, recorded from upstream (the spec
-# refuses a host tier with SWA until it models one), and the reproductions of upstream's defects
-# with a host tier and an aux component, whose last step has no `ret` yet
-# (tests/corpus/regressions/README.md).
+# refuses a host tier with SWA until it models one), and the reproduction of upstream's hang
+# there (tests/corpus/regressions/README.md).
 # Folder names or trace file names; skipped, unread, by `uniradix run` and
 # tests/test_corpus_replay.py with this reason.  Take an entry off once the spec replays it.
-AWAITING_SPEC = ("upstream-host-swa", "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl",
-                 "upstream-hang-host-mamba-wb-p1-evict-backup-fails.jsonl",
-                 "upstream-crash-host-mamba-wt-p1-load-back-all-slots-pinned.jsonl")
-AWAITING_SPEC_REASON = ("awaits the spec's host tier with SWA, or the spec's expected last "
-                        "step (conformance/run.py AWAITING_SPEC)")
+AWAITING_SPEC = ("upstream-host-swa", "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl")
+AWAITING_SPEC_REASON = "awaits the spec's host tier with SWA (conformance/run.py AWAITING_SPEC)"
 
 
 def find_corpus(explicit: str | None) -> list[str]:

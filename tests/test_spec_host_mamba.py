@@ -183,8 +183,8 @@ REGRESSIONS = sorted(glob.glob(os.path.join(CORPUS, "regressions-host-aux", "*.j
 
 def test_the_host_aux_regressions_are_there():
     names = {os.path.basename(t) for t in REGRESSIONS}
-    assert {"host-mamba-wb-evict-passes-over-failed-backup.jsonl",
-            "host-mamba-load-back-with-every-state-locked.jsonl"} <= names
+    assert {"upstream-hang-host-mamba-wb-p1-evict-backup-fails.jsonl",
+            "upstream-crash-host-mamba-wt-p1-load-back-all-slots-pinned.jsonl"} <= names
 
 
 @pytest.mark.parametrize("path", REGRESSIONS, ids=[os.path.basename(t) for t in REGRESSIONS])
