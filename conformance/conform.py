@@ -457,10 +457,10 @@ def cmd_conform(args: argparse.Namespace) -> int:
     except ConformUnsupported as e:  # e.g. --config eagle-p1 with upstream
         print(f"uniradix conform: not run: {e}", file=sys.stderr)
         return 2
-    if res.trace_path is not None:
-        print(res.trace_path)
     if res.event_steps:
         print(f"conform: KV events compared on {res.event_steps} steps")
+    if res.trace_path is not None:
+        print(res.trace_path)
     print(res.summary(), flush=True)
     return 0 if res.finding is None else 1
 
