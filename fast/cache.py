@@ -755,6 +755,15 @@ class UnifiedRadixCache(compat.EngineDefaults):
         (``compat.cache_unfinished_req``)."""
         compat.cache_unfinished_req(self, req, chunked)
 
+    def _prepare_caching_req(self, req: Any, params: InsertParams, finished: bool) -> None:
+        """The request path's hook before its insert: the aux components fill their insert
+        data from the request (none here)."""
+
+    def _cleanup_caching_req(self, req: Any, finished: bool, result: Optional[InsertResult],
+                             params: Optional[InsertParams]) -> None:
+        """The request path's hook at its end: the aux components release what the request
+        no longer needs (none here)."""
+
     def init_hicache(self, server_args: Any, params: Any) -> None:
         """Attach a host tier after construction, as SGLang's cache registry does: this cache
         becomes the :class:`~uniradix.fast.hicache.HiCacheRadixCache` that

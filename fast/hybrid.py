@@ -145,7 +145,7 @@ class HybridRadixCache(UnifiedRadixCache):
             raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
         if params.is_eagle:
             raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
-        compat.check_settings(params, finished_insert=False, multi_rank=True)
+        compat.check_settings(params, finished_insert=True, multi_rank=True)
         settings = compat.read_settings(params)
         self.component_names = names
         self.req_to_token_pool = params.req_to_token_pool
@@ -153,6 +153,7 @@ class HybridRadixCache(UnifiedRadixCache):
         self.page_size = params.page_size
         self.disable = params.disable
         self.is_eagle = False
+        self.disable_finished_insert = bool(getattr(params, "disable_finished_insert", False))
         alloc = self.token_to_kv_pool_allocator
         self.swa: SwaComponent | None = None
         self.mamba: MambaComponent | None = None
@@ -646,16 +647,31 @@ class HybridRadixCache(UnifiedRadixCache):
                            mamba_num_evicted=got.get("mamba", 0))
 
     # ------------------------------------------------------------------------------------------
-    # Requests: the request model of the conformance runs has no Mamba states or SWA windows
+    # Requests: fast/compat.py's shared path, with each component's hooks
     # ------------------------------------------------------------------------------------------
 
     def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
-        raise Unsupported("cache_finished_req with SWA or Mamba is not implemented; "
-                          "drive insert / dec_lock_ref directly")
+        """Cache a finished request's committed tokens (page-aligned) with its SWA window
+        (``req.swa_evicted_seqlen``) and its Mamba state (``req.mamba_pool_idx``, given to the
+        tree unless the node has one, then freed), release its lock; the rest of its
+        committed slots go back (``compat.cache_finished_req``)."""
+        compat.cache_finished_req(self, req, is_insert)
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
-        raise Unsupported("cache_unfinished_req with SWA or Mamba is not implemented; "
-                          "drive insert / match_prefix / locks directly")
+        """Cache what a running request has computed so far; Mamba: a copy of its state in a
+        fresh slot goes to the tree (freed again when the node has one); its row then points
+        at the tree's slots up to the new match, which it locks instead of the old last node
+        (``compat.cache_unfinished_req``)."""
+        compat.cache_unfinished_req(self, req, chunked)
+
+    def _prepare_caching_req(self, req: Any, params: InsertParams, finished: bool) -> None:
+        for comp in self.components:
+            comp.prepare_caching_req(req, params, finished)
+
+    def _cleanup_caching_req(self, req: Any, finished: bool, result: InsertResult | None,
+                             params: InsertParams | None) -> None:
+        for comp in self.components:
+            comp.cleanup_caching_req(req, finished, result, params)
 
     def init_hicache(self, server_args: Any, params: Any) -> None:
         """Refused: a host tier with SWA or Mamba is not supported (yet)."""

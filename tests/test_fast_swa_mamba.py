@@ -16,6 +16,7 @@ import pytest
 import torch
 from uniradix import fast
 from uniradix.conformance.fast_hybrid import MambaReqPool, SwaPoolAllocator
+from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.world import HybridKVPool, PagedPool
 
 
@@ -206,3 +207,149 @@ def test_random_workloads_keep_every_invariant(page_size, window, seed):
     w.evict(full=1000, swa=1000, mamba=1000)
     w.check()
     assert w.pool.allocated_pages() == frozenset() and w.mpool.allocated_pages() == frozenset()
+
+
+# ----------------------------------------------------------------------------------------------
+# The request path (cache_unfinished_req / cache_finished_req) with SWA, Mamba and both
+# ----------------------------------------------------------------------------------------------
+
+
+class Req:
+    """The fields SGLang 0.5.13.post1's Req has for a hybrid cache."""
+
+    def __init__(self, tokens, row: int, root) -> None:
+        self.origin_input_ids = list(tokens)
+        self.output_ids: list = []
+        self.extra_key = None
+        self.req_pool_idx = row
+        self.kv_committed_len = 0
+        self.fill_len = 0
+        self.cache_protected_len = 0
+        self.last_node = root
+        self.swa_uuid_for_lock = None
+        self.swa_evicted_seqlen = 0
+        self.mamba_pool_idx = None
+
+    def get_fill_ids(self) -> list:
+        return (self.origin_input_ids + self.output_ids)[: self.fill_len]
+
+    def pop_committed_kv_cache(self) -> int:
+        return self.kv_committed_len
+
+
+class ReqWorld(World):
+    """A World for one of the component sets; requests admitted as a scheduler does."""
+
+    def __init__(self, comps: tuple, page_size: int = 1, window: int = 2) -> None:
+        self.pool = HybridKVPool(64, 64, page_size) if "swa" in comps else PagedPool(64, page_size)
+        self.mpool = PagedPool(8, 1, "mamba")
+        self.alloc = (SwaPoolAllocator if "swa" in comps else PoolAllocator)(self.pool, torch)
+        self.rtt = MambaReqPool(self.mpool)
+        self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+            disable=False, req_to_token_pool=self.rtt, token_to_kv_pool_allocator=self.alloc,
+            page_size=page_size, tree_components=("full",) + comps,
+            sliding_window_size=window if "swa" in comps else None, mamba_cache_chunk_size=2))
+        self.rows = list(range(16))  # free rows of the request table
+
+    def admit(self, tokens) -> Req:
+        c = self.cache
+        req = Req(tokens, self.rows.pop(0), c.root_node)
+        m = self.match(tokens)
+        p = len(m.device_indices)
+        lock = c.inc_lock_ref(m.last_device_node)
+        req.last_node, req.dec_lock_params = m.last_device_node, lock.to_dec_params()
+        req.swa_uuid_for_lock = lock.swa_uuid_for_lock
+        req.cache_protected_len = p
+        row = self.rtt.req_to_token[req.req_pool_idx]
+        row[:p] = m.device_indices
+        row[p:len(tokens)] = self.t(self.pool.alloc(len(tokens) - p))
+        if c.mamba is not None:
+            req.mamba_pool_idx = self.t(self.mpool.alloc(1))[0]
+        return req
+
+    def states(self) -> set:
+        if self.cache.mamba is None:
+            return set()
+        return super().states()
+
+    def check(self, reqs=()) -> None:
+        """Invariants, and each pool's slots held by the tree or a running request."""
+        c = self.cache
+        assert c.violations() == []
+        full = set()
+        for n in c.all_nodes():
+            if n is not c.root_node:
+                full.update(n.value.tolist())
+        states = self.states()
+        for r in reqs:
+            full.update(self.rtt.req_to_token[r.req_pool_idx, :len(r.origin_input_ids)].tolist())
+            if r.mamba_pool_idx is not None:
+                states.add(int(r.mamba_pool_idx))
+        ps = self.pool.page_size
+        assert {s // ps for s in full} == set(self.pool.allocated_pages())
+        assert states == set(self.mpool.allocated_pages())
+
+
+@pytest.mark.parametrize("comps", [("swa",), ("mamba",), ("swa", "mamba")])
+def test_requests_go_through_the_request_path(comps):
+    w = ReqWorld(comps)
+    a = w.admit([1, 2, 3, 4, 5, 6])
+    a.kv_committed_len = a.fill_len = 6
+    w.cache.cache_finished_req(a)  # A's state (if any) now the tree's
+    assert w.match([1, 2, 3, 4, 5, 6]).device_indices.tolist() == [1, 2, 3, 4, 5, 6]
+    w.check()
+    b = w.admit([1, 2, 3, 4, 5, 6, 7, 8])
+    assert b.cache_protected_len == 6
+    b.fill_len = 8
+    w.cache.cache_unfinished_req(b, chunked=True)  # a copy of B's state goes to the tree
+    assert b.cache_protected_len == 8 and len(b.last_node.key) == 2
+    if "mamba" in comps:
+        assert w.mamba([1, 2, 3, 4, 5, 6, 7, 8]) is not None
+        assert int(b.mamba_pool_idx) not in w.states()  # the tree holds a copy
+    w.check([b])
+    b.kv_committed_len = 8
+    w.cache.cache_finished_req(b)  # the node has a state: B's own is freed
+    assert b.mamba_pool_idx is None
+    w.check()
+    assert w.cache.full_protected_size() == 0
+
+
+def test_a_finished_request_hands_its_window_over():
+    w = ReqWorld(("swa", "mamba"), window=2)
+    a = w.admit([1, 2, 3, 4, 5, 6])
+    row = w.rtt.req_to_token[a.req_pool_idx]
+    w.alloc.free_swa(row[:4])  # the scheduler freed the SWA slots that left the window
+    a.swa_evicted_seqlen = 4
+    a.kv_committed_len = a.fill_len = 6
+    w.cache.cache_finished_req(a)
+    assert (w.swa([1, 2, 3, 4]), w.swa([1, 2, 3, 4, 5, 6])) == (None, [5, 6])
+    assert w.mamba([1, 2, 3, 4, 5, 6]) == [1]
+    w.check()
+
+
+@pytest.mark.parametrize("comps,seed", [(("swa",), 1), (("mamba",), 2), (("swa", "mamba"), 3)])
+def test_random_requests_keep_every_invariant(comps, seed):
+    rng = random.Random(seed)
+    w = ReqWorld(comps, page_size=rng.choice([1, 2]))
+    ps = w.pool.page_size
+    running: list = []
+    for _ in range(80):
+        if running and (rng.random() < 0.5 or len(running) > 3):
+            r = running.pop(rng.randrange(len(running)))
+            n = len(r.origin_input_ids)
+            if r.fill_len < n and rng.random() < 0.5:
+                r.fill_len = rng.randrange(r.fill_len, n + 1)
+                w.cache.cache_unfinished_req(r, chunked=True)
+                running.append(r)
+            else:
+                r.kv_committed_len = r.fill_len = n
+                w.cache.cache_finished_req(r, is_insert=rng.random() < 0.9)
+                w.rows.append(r.req_pool_idx)
+        else:
+            n = rng.randrange(1, 6) * ps
+            w.evict(full=n, swa=n, mamba=1)
+            if w.pool.available_size() < n or w.mpool.available_size() < 2:
+                continue
+            running.append(w.admit([rng.randrange(2) for _ in range(n)]))
+            running[-1].fill_len = running[-1].cache_protected_len
+        w.check(running)

@@ -141,6 +141,15 @@ class AuxComponent:
                result: dict) -> None:
         """Attach the component's data to the insert's last node ``target``."""
 
+    # -- requests --------------------------------------------------------------------------
+    def prepare_caching_req(self, req: Any, params: Any, finished: bool) -> None:
+        """Fill this component's insert data in ``params`` from the request (the request
+        path, fast/compat.py, before its insert)."""
+
+    def cleanup_caching_req(self, req: Any, finished: bool, result: Any, params: Any) -> None:
+        """Release what the request no longer needs (after the request path's insert;
+        ``result`` None: no insert happened)."""
+
     # -- locks -----------------------------------------------------------------------------
     def lock(self, node: Any, result: Any) -> None:
         raise NotImplementedError

@@ -9,6 +9,7 @@ import torch
 
 from ..errors import InvalidInput
 from ..frees import FreeBatch
+from ..params import EvictParams
 from . import MAMBA_ID, AuxComponent, Validator
 
 _INT64 = torch.int64
@@ -90,6 +91,59 @@ class MambaComponent(AuxComponent):
             self.lru.move_to_front(rec)
             self.cache._stamp(target)
             result["mamba_exist"] = True
+
+    # -- requests --------------------------------------------------------------------------
+    def _request_state(self, req: Any) -> torch.Tensor:
+        idx = getattr(req, "mamba_pool_idx", None)
+        if idx is None:
+            raise InvalidInput("the request holds no Mamba state (req.mamba_pool_idx is None)")
+        t = idx if isinstance(idx, torch.Tensor) else torch.tensor(int(idx))
+        return t.reshape(1).to(_INT64)
+
+    def _alloc_slot(self) -> torch.Tensor:
+        """One free Mamba slot, evicting one state when there is none."""
+        slot = self.allocator.alloc(1)
+        if slot is None:
+            self.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+            slot = self.allocator.alloc(1)
+            if slot is None:
+                raise InvalidInput("no Mamba slot for the request's state copy: every state "
+                                   "in the tree is locked and the pool is full")
+        return slot.reshape(1).to(_INT64)
+
+    def prepare_caching_req(self, req: Any, params: Any, finished: bool) -> None:
+        """Finished: the request's own state goes to the tree.  Unfinished: the request keeps
+        computing in its state, so a copy in a fresh slot goes to the tree (the pool's
+        ``copy_from`` copies the data where the pool has any)."""
+        src = self._request_state(req)
+        if finished:
+            params.mamba_value = src.clone()
+            return
+        dst = self._alloc_slot()
+        pool = getattr(self.cache.req_to_token_pool, "mamba_pool", None)
+        copy_from = getattr(pool, "copy_from", None)
+        if copy_from is not None:
+            copy_from(src, dst)
+        params.mamba_value = dst
+
+    def cleanup_caching_req(self, req: Any, finished: bool, result: Any, params: Any) -> None:
+        """A state the tree did not take goes back: finished, the request's own (through the
+        request pool's ``free_mamba_cache`` where it has one); unfinished, the copy."""
+        exist = result.mamba_exist if result is not None else True
+        if finished:
+            if not exist:
+                return  # the tree holds the request's state now
+            free = getattr(self.cache.req_to_token_pool, "free_mamba_cache", None)
+            if free is not None:
+                free(req)
+            elif getattr(req, "mamba_pool_idx", None) is not None:
+                self.allocator.free(self._request_state(req))
+                req.mamba_pool_idx = None
+        else:
+            value = params.mamba_value if params is not None else None
+            if value is not None and exist:
+                self.allocator.free(value)
+            req.mamba_last_track_seqlen = None
 
     # -- locks -----------------------------------------------------------------------------
     def lock(self, node: Any, result: Any) -> None:

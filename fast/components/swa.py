@@ -123,6 +123,13 @@ class SwaComponent(AuxComponent):
                 self.cache._split(target, e - pos)
             self.set(target, self.translate(target.value))
 
+    # -- requests --------------------------------------------------------------------------
+    def prepare_caching_req(self, req: Any, params: Any, finished: bool) -> None:
+        """A finished request's SWA slots before ``req.swa_evicted_seqlen`` are gone already
+        (the scheduler frees them as the window slides): the insert is told so."""
+        if finished:
+            params.swa_evicted_seqlen = int(getattr(req, "swa_evicted_seqlen", 0) or 0)
+
     # -- locks -----------------------------------------------------------------------------
     def lock(self, node: Any, result: Any) -> None:
         """One window of SWA data above ``node`` (tombstones skipped and remembered), marking
