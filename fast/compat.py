@@ -139,6 +139,25 @@ def as_radix_key(key: Any) -> RadixKey:
     return RadixKey(toks, ek, is_bigram=bigram)
 
 
+_COMPONENT_IDS = {0: "full", 1: "swa", 2: "mamba"}  # upstream's ComponentType values
+
+
+def component_names(tree_components: Any) -> list[str]:
+    """``tree_components`` (upstream's enum members, their names, or their int values) as
+    lower-case names; None (upstream's default) is Full only."""
+    if tree_components is None:
+        return ["full"]
+    out = []
+    for c in tree_components:
+        name = getattr(c, "name", c)
+        if isinstance(name, int) and not isinstance(name, bool):
+            name = _COMPONENT_IDS.get(name, str(name))
+        elif isinstance(name, str) and name.isdigit():
+            name = _COMPONENT_IDS.get(int(name), name)
+        out.append(str(name).lower())
+    return out
+
+
 def available_and_evictable_str(cache: Any) -> str:
     """Free plus evictable tokens per component, one line each, in upstream's wording (what
     SGLang prints on its out-of-memory paths)."""

@@ -38,32 +38,21 @@ window); ``evict`` O(k log L) for k Full victims, O(1) per list step.
 from __future__ import annotations
 
 import heapq
-import itertools
 from array import array
 from typing import Any
 
 import torch
 
 from . import compat
+from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache
 from .components import AuxComponent, AuxData
 from .components.mamba import MambaComponent
 from .components.swa import SwaComponent
-from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .errors import InvalidInput, Unsupported
 from .frees import FreeBatch, release
 from .keys import step_len
-from .params import (
-    CacheInitParams,
-    DecLockRefParams,
-    DecLockRefResult,
-    EvictParams,
-    EvictResult,
-    IncLockRefResult,
-    InsertParams,
-    InsertResult,
-    MatchPrefixParams,
-    MatchResult,
-)
+from .node import Node
 from .radix_key import RadixKey
 from .structures import LazyHeap
 
@@ -71,51 +60,9 @@ STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fit
 FULL, SWA, MAMBA = 0, 1, 2  # component ids in skip_lock_node_ids (upstream's ComponentType)
 _INT64 = torch.int64
 _narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per slice / copy
-_ids = itertools.count(1)
 
 
-def component_names(tree_components) -> list:
-    """``tree_components`` (upstream's enum members, their names or ints) as lower-case names."""
-    out = []
-    for c in tree_components:
-        name = getattr(c, "name", c)
-        if isinstance(name, int) and not isinstance(name, bool):
-            name = {FULL: "full", SWA: "swa", MAMBA: "mamba"}.get(name, str(name))
-        out.append(str(name).lower())
-    return out
-
-
-
-class HybridNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
-                 "hit_count", "extra_key", "dev_children", "id", "ck", "aux", "aux_lock")
-
-    def __init__(self, key, value, parent, extra_key, stamp: int, ck=None, n_aux: int = 0) -> None:
-        self.children: dict = {}
-        self.parent: HybridNode | None = parent
-        self.key = key
-        self.value: torch.Tensor | None = value
-        self.lock_ref = 0
-        self.last_access_time = stamp
-        self.hit_count = 0
-        self.extra_key = extra_key
-        self.dev_children = 0
-        self.id = next(_ids)
-        self.ck = ck
-        self.aux = tuple(AuxData(self) for _ in range(n_aux))  # one record per aux component
-        self.aux_lock = 0  # the sum of the records' lock counts
-
-    def __lt__(self, other: HybridNode) -> bool:
-        return self.id < other.id
-
-    @property
-    def evicted(self) -> bool:
-        return self.parent is not None and self.value is None
-
-    def __repr__(self) -> str:
-        aux = ",".join("-" if r.value is None else str(len(r.value)) for r in self.aux)
-        return (f"HybridNode(id={self.id}, key_len={len(self.key)}, lock_ref={self.lock_ref}, "
-                f"aux={aux}, aux_lock={self.aux_lock})")
+HybridNode = Node  # the one pure-Python node type (fast/node.py): its aux fields
 
 
 def _count_arg(name: str, x) -> int:
@@ -135,25 +82,17 @@ class HybridRadixCache(UnifiedRadixCache):
     core_reason = "a hybrid cache (SWA or Mamba): the C core covers the device-only Full path"
     _node_type = HybridNode
 
-    def __init__(self, params: CacheInitParams) -> None:
-        names = component_names(params.tree_components)
+    def __init__(self, params: api.CacheInitParams) -> None:
+        names = compat.component_names(params.tree_components)
         if names[:1] != ["full"] or len(names) < 2 or any(n not in ("swa", "mamba") for n in names[1:]) \
                 or len(set(names)) != len(names):
             raise Unsupported(f"tree_components {names}: a hybrid cache is Full plus SWA and/or "
                               "Mamba, each once, Full first")
-        if params.page_size < 1:
-            raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
         if params.is_eagle:
             raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
-        compat.check_settings(params, finished_insert=True, multi_rank=True)
+        self._setup(params, multi_rank=True)
         settings = compat.read_settings(params)
         self.component_names = names
-        self.req_to_token_pool = params.req_to_token_pool
-        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
-        self.page_size = params.page_size
-        self.disable = params.disable
-        self.is_eagle = False
-        self.disable_finished_insert = bool(getattr(params, "disable_finished_insert", False))
         alloc = self.token_to_kv_pool_allocator
         self.swa: SwaComponent | None = None
         self.mamba: MambaComponent | None = None
@@ -175,26 +114,25 @@ class HybridRadixCache(UnifiedRadixCache):
                 if mamba_alloc is None:
                     raise InvalidInput("Mamba needs a req_to_token_pool with a mamba_allocator")
                 self.mamba_allocator = mamba_alloc
-                self.mamba = MambaComponent(self, len(comps), mamba_alloc)
+                self.mamba = MambaComponent(self, len(comps))
                 comps.append(self.mamba)
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
-        self.device = getattr(alloc, "device", None) or torch.device("cpu")
-        self.validate_slots = compat.validate_slots_for(settings.validate_slots, alloc)
-        self._empty = torch.empty((0,), dtype=_INT64, device=self.device)
         self.reset()
 
     # ------------------------------------------------------------------------------------------
     # State
     # ------------------------------------------------------------------------------------------
 
-    def _node(self, key, value, parent, extra_key, stamp: int, ck=None) -> HybridNode:
-        return HybridNode(key, value, parent, extra_key, stamp, ck, len(self.components))
+    def _new_node(self, key, value, parent, extra_key, stamp: int, ck=None) -> Node:
+        node = Node(key, value, parent, extra_key, stamp, ck)
+        node.aux = tuple(AuxData(node) for _ in self.components)  # one record per component
+        return node
 
     def reset(self) -> None:
         """Forget the whole tree (the allocators are the caller's to clear, as upstream)."""
         self._clock = 0
-        self.root_node = self._node(array("q"), self._empty, None, None, 0)
+        self.root_node = self._new_node(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
         self._leaf_heap = LazyHeap()  # (stamp, node): evictable device leaves, lazily deleted
         self._heap: list = self._leaf_heap.entries
@@ -268,36 +206,11 @@ class HybridRadixCache(UnifiedRadixCache):
     def _split(self, child: HybridNode, k: int) -> HybridNode:
         """Cut ``child`` after ``k`` units; the new upper node takes its place (each component
         then splits its own data, ``AuxComponent.split``)."""
-        parent = child.parent
-        self._clock += STRIDE
-        value = child.value
-        upper = self._node(child.key[:k], _narrow_copy(value, 0, 0, k), parent, child.extra_key,
-                           self._clock, child.ck)
-        upper.lock_ref = child.lock_ref
-        parent.children[child.ck] = upper
-        child.key = child.key[k:]
-        child.value = _narrow_copy(value, 0, k, len(child.key))
-        upper.dev_children = 1
-        child.parent = upper
-        child.ck = self._ck(child.extra_key, child.key, 0)
-        upper.children[child.ck] = child
+        upper = self._cut(child, k)
         for comp in self.components:
             comp.split(upper, child, k)
         self._stamp(child)
         return upper
-
-    def find_node(self, key: RadixKey) -> HybridNode:
-        """The node whose path is exactly ``key`` (the root for an empty key)."""
-        units = key.token_ids
-        node, pos, n = self.root_node, 0, len(units)
-        while pos < n:
-            child = node.children.get(self._ck(key.extra_key, units, pos)) \
-                if n - pos >= self.page_size else None
-            if child is None or units[pos: pos + len(child.key)] != child.key:
-                raise NodeNotFound(f"no node ends at this path ({n} units, "
-                                   f"extra_key={key.extra_key!r})")
-            node, pos = child, pos + len(child.key)
-        return node
 
     def _units(self, key) -> Any:
         if type(key) is not RadixKey:
@@ -311,7 +224,7 @@ class HybridRadixCache(UnifiedRadixCache):
     # match_prefix
     # ------------------------------------------------------------------------------------------
 
-    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+    def match_prefix(self, params: api.MatchPrefixParams) -> api.MatchResult:
         """Longest cached prefix of ``params.key`` (whole pages) that ends at a node every aux
         component's validator accepts: SWA, a contiguous run of SWA data of one window up to
         it (unbounded from the root, restarted at a tombstone); Mamba, a state on the node.
@@ -329,7 +242,7 @@ class HybridRadixCache(UnifiedRadixCache):
         ps = self.page_size
         n = len(units) - len(units) % ps
         if self.disable or n == 0:
-            return MatchResult(self._empty, root, root, root, 0, 0, 0, None, None)
+            return api.MatchResult(self._empty, root, root, root, 0, 0, 0, None, None)
         if key.__class__ is not RadixKey:
             key = compat.as_radix_key(key)
         ek = key.extra_key
@@ -356,46 +269,22 @@ class HybridRadixCache(UnifiedRadixCache):
                 break
         for comp in self.components:
             comp.path_to_front(best)
-        clock = self._clock + STRIDE
-        self._clock = clock
-        cur = best
-        while cur is not None:
-            cur.last_access_time = clock
-            clock -= 1
-            cur = cur.parent
+        self._stamp_path(best)
         if best is not root:
             self._push_if_leaf(best)
-        if best_chunks == 0:
-            indices = self._empty
-        elif best_chunks == 1:
-            indices = chunks[0]
-        else:
-            indices = torch.cat(chunks[:best_chunks])
+        indices = self._indices(chunks[:best_chunks])
         branching = None
         if self.mamba is not None and len(chunks) > best_chunks:
             c = self.mamba_cache_chunk_size
             aligned = pos // c * c
             branching = aligned if aligned > 0 else None
-        return MatchResult(indices, best, best, best, 0, 0, 0, branching, None)
+        return api.MatchResult(indices, best, best, best, 0, 0, 0, branching, None)
 
     # ------------------------------------------------------------------------------------------
     # insert
     # ------------------------------------------------------------------------------------------
 
-    def _plan(self, ek, units, n: int) -> list:
-        node, pos, plan = self.root_node, 0, []
-        while pos < n:
-            child = node.children.get(self._ck(ek, units, pos))
-            if child is None:
-                break
-            k = step_len(child.key, units, pos, n, self.page_size)
-            plan.append((child, k))
-            if k < len(child.key):
-                break
-            node, pos = child, pos + k
-        return plan
-
-    def _check_aux(self, plan: list, prev: int, params: InsertParams) -> tuple:
+    def _check_aux(self, plan: list, prev: int, params: api.InsertParams) -> tuple:
         """The spec's aux checks (spec/components.py check_insert_aux): the settings that need
         a component, then each component's own (``check_insert``)."""
         e = params.swa_evicted_seqlen
@@ -409,22 +298,7 @@ class HybridRadixCache(UnifiedRadixCache):
             raise InvalidInput("insert: mamba_value needs the Mamba component")
         return [comp.check_insert(plan, prev, params, e) for comp in self.components], e
 
-    _deferred: list | None = None  # an insert's frees, handed back together at its end
-
-    def _free(self, slots: torch.Tensor) -> None:
-        if slots.shape[0]:
-            if self._deferred is not None:
-                self._deferred.append(slots)
-            else:
-                self.token_to_kv_pool_allocator.free(slots)
-            if self.validate_slots:
-                self._owned.difference_update(slots.tolist())
-
-    def _own(self, slots: torch.Tensor) -> None:
-        if self.validate_slots:
-            self._owned.update(slots.tolist())
-
-    def insert(self, params: InsertParams) -> InsertResult:
+    def insert(self, params: api.InsertParams) -> api.InsertResult:
         """See :meth:`_insert`; the slots it frees (the caller's duplicates, a tombstone's
         slots taken over, a remainder outside the window) go back in the order it frees them,
         in as few allocator calls as the allocator allows (fast/frees.py)."""
@@ -435,7 +309,7 @@ class HybridRadixCache(UnifiedRadixCache):
             pieces, self._deferred = self._deferred, None
             release(self.token_to_kv_pool_allocator, pieces)
 
-    def _insert(self, params: InsertParams) -> InsertResult:
+    def _insert(self, params: api.InsertParams) -> api.InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, free the caller's
         duplicates from ``prev_prefix_len`` on (an SWA tombstone inside the caller's window
         takes its slots instead), add the remainder as a new leaf, then each component commits
@@ -450,21 +324,21 @@ class HybridRadixCache(UnifiedRadixCache):
         if params.chunked is not True and params.chunked is not False:
             raise InvalidInput(f"chunked must be a bool, got {params.chunked!r}")
         if self.disable:
-            return InsertResult(prefix_len=0)
+            return api.InsertResult(prefix_len=0)
         if key.__class__ is not RadixKey:
             key = compat.as_radix_key(key)
         n = len(units) - len(units) % self.page_size
         if n < len(units):
             units, value = units[:n], _narrow(value, 0, 0, n)
         ek = key.extra_key
-        plan = self._plan(ek, units, n)
+        plan = self._plan(ek, units)  # (units cut to whole pages)
         if self.validate_slots:
             self._check_slot_list(plan, value.tolist(), prev)
         prepared, e = self._check_aux(plan, prev, params)
 
         self._stamp(self.root_node)
         if n == 0:
-            return InsertResult(prefix_len=0, mamba_exist=True)
+            return api.InsertResult(prefix_len=0, mamba_exist=True)
         node, pos = self.root_node, 0
         swa = self.swa
         swa_i = swa.i if swa is not None else -1
@@ -497,11 +371,11 @@ class HybridRadixCache(UnifiedRadixCache):
         if pos < n:
             if any(comp.skips_leaf(pos, n, e) for comp in self.components):
                 self._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
-                return InsertResult(prefix_len=pos)
+                return api.InsertResult(prefix_len=pos)
             self._clock += STRIDE
             rest = units[pos:]
             ck = self._ck(ek, rest, 0)
-            leaf = self._node(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, self._clock, ck)
+            leaf = self._new_node(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, self._clock, ck)
             node.children[ck] = leaf
             node.dev_children += 1
             self._evictable += n - pos
@@ -511,20 +385,20 @@ class HybridRadixCache(UnifiedRadixCache):
         result = {"mamba_exist": False}
         for comp, prep in zip(self.components, prepared, strict=True):
             comp.commit(target, is_new, pos, prep, e, result)
-        return InsertResult(prefix_len=pos, total_len=len(key.token_ids),
+        return api.InsertResult(prefix_len=pos, total_len=len(key.token_ids),
                             mamba_exist=result["mamba_exist"])
 
     # ------------------------------------------------------------------------------------------
     # Locks
     # ------------------------------------------------------------------------------------------
 
-    def inc_lock_ref(self, node: HybridNode) -> IncLockRefResult:
+    def inc_lock_ref(self, node: HybridNode) -> api.IncLockRefResult:
         """Lock ``node``'s Full path up to the root, then each component its own part (SWA:
         one window of SWA data above the node, tombstones skipped, marking where the window
         filled up; Mamba: the node's state).  Skipped nodes are remembered in the result
         (pass ``to_dec_params()`` back)."""
         self._check_attached(node)
-        result = IncLockRefResult()
+        result = api.IncLockRefResult()
         if self.disable:
             return result
         delta = self._inc_lock_py(self.root_node, node, result)
@@ -536,34 +410,18 @@ class HybridRadixCache(UnifiedRadixCache):
         return result
 
     def dec_lock_ref(self, node: HybridNode,
-                     params: DecLockRefParams | None = None) -> DecLockRefResult:
+                     params: api.DecLockRefParams | None = None) -> api.DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
         self._check_attached(node)
         if self.disable:
-            return DecLockRefResult()
-        root = self.root_node
+            return api.DecLockRefResult()
         skip = params.skip_lock_node_ids.get(FULL, ()) if params is not None else ()
-        cur = node
-        while cur is not root:  # check first: a refused unlock changes nothing
-            if cur.id not in skip and cur.lock_ref <= 0:
-                raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
-            cur = cur.parent
-        unlocked: list = []
-        cur, delta = node, 0
-        while cur is not root:
-            if cur.id not in skip:
-                cur.lock_ref -= 1
-                if cur.lock_ref == 0:
-                    delta += len(cur.key)
-                    unlocked.append(cur)
-            cur = cur.parent
-        self._evictable += delta
-        self._protected -= delta
+        delta, unlocked = self._dec_full_lock(node, skip)
         for comp in self.components:
             comp.unlock(node, params, unlocked)
         for n in unlocked:
             self._push_if_leaf(n)
-        return DecLockRefResult(delta=delta)
+        return api.DecLockRefResult(delta=delta)
 
     # ------------------------------------------------------------------------------------------
     # Eviction: one driver, one batch of frees
@@ -580,11 +438,7 @@ class HybridRadixCache(UnifiedRadixCache):
         k = len(node.key)
         tracker[0] += k
         self._evictable -= k
-        node.value = None
-        parent = node.parent
-        del parent.children[node.ck]
-        node.parent = None
-        parent.dev_children -= 1
+        parent = self._detach_leaf(node)
         if parent is not self.root_node and parent.dev_children == 0:
             self._push_if_leaf(parent)
 
@@ -613,7 +467,7 @@ class HybridRadixCache(UnifiedRadixCache):
             if mamba is not None:
                 mamba.released(batch.states)
 
-    def evict(self, params: EvictParams) -> EvictResult:
+    def evict(self, params: api.EvictParams) -> api.EvictResult:
         """Full first: the oldest evictable device leaves, whole, until ``num_tokens`` Full
         units are freed.  Then each component in order (``AuxComponent.drive``) until
         ``swa_num_tokens`` / ``mamba_num`` of its units are freed (by any driver).  The slots
@@ -622,7 +476,7 @@ class HybridRadixCache(UnifiedRadixCache):
         wants = {"swa": _count_arg("swa_num_tokens", params.swa_num_tokens),
                  "mamba": _count_arg("mamba_num", params.mamba_num)}
         if self.disable:
-            return EvictResult()
+            return api.EvictResult()
         tracker = [0] * (1 + len(self.components))  # Full units, then each component's
         batch = FreeBatch()
         heap = self._heap
@@ -642,7 +496,7 @@ class HybridRadixCache(UnifiedRadixCache):
         if self._leaf_heap.needs_compaction(self._evictable // self.page_size):
             self._leaf_heap.compact(self._is_leaf)
         got = {comp.name: tracker[comp.i + 1] for comp in self.components}
-        return EvictResult(num_tokens_evicted=tracker[0],
+        return api.EvictResult(num_tokens_evicted=tracker[0],
                            swa_num_tokens_evicted=got.get("swa", 0),
                            mamba_num_evicted=got.get("mamba", 0))
 
@@ -664,12 +518,12 @@ class HybridRadixCache(UnifiedRadixCache):
         (``compat.cache_unfinished_req``)."""
         compat.cache_unfinished_req(self, req, chunked)
 
-    def _prepare_caching_req(self, req: Any, params: InsertParams, finished: bool) -> None:
+    def _prepare_caching_req(self, req: Any, params: api.InsertParams, finished: bool) -> None:
         for comp in self.components:
             comp.prepare_caching_req(req, params, finished)
 
-    def _cleanup_caching_req(self, req: Any, finished: bool, result: InsertResult | None,
-                             params: InsertParams | None) -> None:
+    def _cleanup_caching_req(self, req: Any, finished: bool, result: api.InsertResult | None,
+                             params: api.InsertParams | None) -> None:
         for comp in self.components:
             comp.cleanup_caching_req(req, finished, result, params)
 
@@ -681,44 +535,26 @@ class HybridRadixCache(UnifiedRadixCache):
     # Introspection
     # ------------------------------------------------------------------------------------------
 
-    def violations(self) -> list[str]:
-        """Every incremental structure checked against a recomputation from the tree."""
-        errors: list = []
+    def _root_violations(self, errors: list) -> None:
         root = self.root_node
-        ev = pr = 0
-        owned: list = []
-        leaves = set()
-        accs = [{"ev": 0, "pr": 0, "members": set(), "values": []} for _ in self.components]
-        for node in self.all_nodes():
-            self._child_violations(node, errors)
-            if node is root:
-                if any(r.value is not None or r.lock for r in node.aux) or node.aux_lock:
-                    errors.append("[aux] the root holds aux data or an aux lock")
-                continue
-            if node.value is None:
-                errors.append(f"[data] {node!r} holds no device data (no host tier)")
-                continue
-            if len(node.value) != len(node.key) or len(node.key) % self.page_size or not len(node.key):
-                errors.append(f"[tree] {node!r}: key/value lengths {len(node.key)}/{len(node.value)}")
-            if node.lock_ref < 0:
-                errors.append(f"[lock] {node!r}: a lock count < 0")
-            if node.parent is not root and node.parent.lock_ref < node.lock_ref:
-                errors.append(f"[lock] {node!r}: lock_ref exceeds its parent's")
-            if node.aux_lock != sum(r.lock for r in node.aux):
-                errors.append(f"[lock] {node!r}: aux_lock is not the sum of the aux locks")
-            if node.lock_ref > 0:
-                pr += len(node.value)
-            else:
-                ev += len(node.value)
-            owned.extend(node.value.tolist())
-            for comp, acc in zip(self.components, accs, strict=True):
-                comp.violations(node, errors, acc)
-            if self._is_leaf(node):
-                leaves.add(id(node))
-        if (ev, pr) != (self._evictable, self._protected):
-            errors.append(f"[size] Full counters {self._evictable}/{self._protected}, "
-                          f"recomputed {ev}/{pr}")
-        self._slot_and_leaf_violations(owned, leaves, errors)
-        for comp, acc in zip(self.components, accs, strict=True):
-            comp.tree_violations(acc, errors)
-        return errors
+        if any(r.value is not None or r.lock for r in root.aux) or root.aux_lock:
+            errors.append("[aux] the root holds aux data or an aux lock")
+
+    def _node_violations(self, node: HybridNode, errors: list, acc: dict) -> None:
+        """The Full checks (``UnifiedRadixCache._node_violations``), then each component's
+        record (``AuxComponent.violations``, recounted into ``acc["aux"]``)."""
+        super()._node_violations(node, errors, acc)
+        if node.value is None:
+            return
+        if node.aux_lock != sum(r.lock for r in node.aux):
+            errors.append(f"[lock] {node!r}: aux_lock is not the sum of the aux locks")
+        accs = acc.setdefault("aux", [{"ev": 0, "pr": 0, "members": set(), "values": []}
+                                      for _ in self.components])
+        for comp, comp_acc in zip(self.components, accs, strict=True):
+            comp.violations(node, errors, comp_acc)
+
+    def _total_violations(self, acc: dict, errors: list) -> None:
+        accs = acc.get("aux") or [{"ev": 0, "pr": 0, "members": set(), "values": []}
+                                  for _ in self.components]
+        for comp, comp_acc in zip(self.components, accs, strict=True):
+            comp.tree_violations(comp_acc, errors)

@@ -53,9 +53,7 @@ class AuxComponent:
     def __init__(self, cache: Any, i: int) -> None:
         self.cache = cache
         self.i = i
-        self.lru = LruList()  # the records holding data, newest first
-        self.evictable = 0
-        self.protected = 0
+        self.reset()
 
     # -- sizes -----------------------------------------------------------------------------
     def units(self, node: Any) -> int:
@@ -63,8 +61,10 @@ class AuxComponent:
         raise NotImplementedError
 
     def reset(self) -> None:
-        self.lru = LruList()
-        self.evictable = self.protected = 0
+        """Forget every record (the cache's ``reset``)."""
+        self.lru = LruList()  # the records holding data, newest first
+        self.evictable = 0
+        self.protected = 0
 
     # -- data ------------------------------------------------------------------------------
     def set(self, node: Any, value: torch.Tensor) -> None:

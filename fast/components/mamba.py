@@ -23,14 +23,10 @@ class MambaComponent(AuxComponent):
     component_id = MAMBA_ID
     internal_priority = 0
 
-    def __init__(self, cache: Any, i: int, allocator: Any) -> None:
-        super().__init__(cache, i)
-        self.allocator = allocator
-        self.owned: set = set()  # state slots the tree holds (validate_slots)
-
     def reset(self) -> None:
         super().reset()
-        self.owned = set()
+        self.allocator = self.cache.mamba_allocator
+        self.owned: set = set()  # state slots the tree holds (validate_slots)
 
     def units(self, node: Any) -> int:
         return 1

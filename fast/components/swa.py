@@ -25,9 +25,8 @@ class SwaComponent(AuxComponent):
     internal_priority = 1
 
     def __init__(self, cache: Any, i: int, window: int) -> None:
-        super().__init__(cache, i)
         self.window = window
-        self._next_boundary = 1
+        super().__init__(cache, i)
 
     def reset(self) -> None:
         super().reset()
