@@ -77,7 +77,7 @@ from .params import (
     MatchResult,
 )
 from .frees import release
-from .keys import child_key, shared_len
+from .keys import child_key, shared_len, step_len
 from .node import Node
 from .structures import LazyHeap
 from .radix_key import RadixKey
@@ -425,8 +425,21 @@ class UnifiedRadixCache(compat.EngineDefaults):
             return
 
     def _plan(self, ek, units) -> list:
-        """The whole walk of an insert, before anything changes (for the slot checks)."""
-        return list(self._walk(ek, units))
+        """The whole walk of an insert, before anything changes, as a list of (node, shared
+        units): ``_walk`` written as a loop (the hybrid cache's insert plans every time)."""
+        node, pos, n = self.root_node, 0, len(units)
+        ps = self.page_size
+        plan = []
+        while pos < n:
+            child = node.children.get(self._ck(ek, units, pos))
+            if child is None:
+                break
+            k = step_len(child.key, units, pos, n, ps)
+            plan.append((child, k))
+            if k < len(child.key):
+                break
+            node, pos = child, pos + k
+        return plan
 
     def _check_value(self, key: RadixKey, value) -> None:
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:

@@ -57,7 +57,7 @@ from .radix_key import RadixKey
 from .structures import LazyHeap
 
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
-FULL, SWA, MAMBA = 0, 1, 2  # component ids in skip_lock_node_ids (upstream's ComponentType)
+FULL = 0  # the Full component's id in skip_lock_node_ids (upstream's ComponentType)
 _INT64 = torch.int64
 _narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per slice / copy
 
@@ -117,6 +117,7 @@ class HybridRadixCache(UnifiedRadixCache):
                 self.mamba = MambaComponent(self, len(comps))
                 comps.append(self.mamba)
         self.components: tuple[AuxComponent, ...] = tuple(comps)
+        self._n_aux = len(comps)  # 1 or 2
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
         self.reset()
 
@@ -126,7 +127,8 @@ class HybridRadixCache(UnifiedRadixCache):
 
     def _new_node(self, key, value, parent, extra_key, stamp: int, ck=None) -> Node:
         node = Node(key, value, parent, extra_key, stamp, ck)
-        node.aux = tuple(AuxData(node) for _ in self.components)  # one record per component
+        # one record per component (written out: this runs for every new node)
+        node.aux = (AuxData(node),) if self._n_aux == 1 else (AuxData(node), AuxData(node))
         return node
 
     def reset(self) -> None:
@@ -185,8 +187,9 @@ class HybridRadixCache(UnifiedRadixCache):
         """A node on an insert's walk: newest stamp, front of the aux lists."""
         self._stamp(node)
         if node is not self.root_node:
-            for comp in self.components:
-                comp.touch(node)
+            for comp, rec in zip(self.components, node.aux, strict=True):
+                if rec.value is not None:
+                    comp.lru.move_to_front(rec)
 
     def lru_order(self, name: str | None = None) -> list[HybridNode]:
         """Component ``name``'s LRU list (the only one when None), oldest first."""
@@ -249,6 +252,7 @@ class HybridRadixCache(UnifiedRadixCache):
         node, pos, chunks = root, 0, []
         best, best_chunks = root, 0
         validators = [comp.validator() for comp in self.components]
+        one = validators[0] if len(validators) == 1 else None
         while pos < n:
             child = node.children.get(self._ck(ek, units, pos))
             if child is None or child.value is None:
@@ -259,10 +263,13 @@ class HybridRadixCache(UnifiedRadixCache):
                 child = self._split(child, k)
             chunks.append(child.value)
             node, pos = child, pos + k
-            ok = True
-            for v in validators:  # every validator sees every node (SWA counts its run)
-                if not v(child, k):
-                    ok = False
+            if one is not None:
+                ok = one(child, k)
+            else:
+                ok = True
+                for v in validators:  # every validator sees every node (SWA counts its run)
+                    if not v(child, k):
+                        ok = False
             if ok:
                 best, best_chunks = child, len(chunks)
             if split:  # the match ends inside the old node
@@ -369,7 +376,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
         target, is_new = node, False
         if pos < n:
-            if any(comp.skips_leaf(pos, n, e) for comp in self.components):
+            if any([comp.skips_leaf(pos, n, e) for comp in self.components]):
                 self._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
                 return api.InsertResult(prefix_len=pos)
             self._clock += STRIDE

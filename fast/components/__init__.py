@@ -76,7 +76,10 @@ class AuxComponent:
             self.protected += self.units(node)
         else:
             self.evictable += self.units(node)
-        self.on_set(value)
+        if self.tracks_slots:
+            self.on_set(value)
+
+    tracks_slots = False  # True: ``on_set`` keeps a slot ledger (Mamba with validate_slots)
 
     def on_set(self, value: torch.Tensor) -> None:
         """Slot bookkeeping when data enters the tree (Mamba: the owned-state set)."""

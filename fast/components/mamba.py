@@ -27,13 +27,13 @@ class MambaComponent(AuxComponent):
         super().reset()
         self.allocator = self.cache.mamba_allocator
         self.owned: set = set()  # state slots the tree holds (validate_slots)
+        self.tracks_slots = self.cache.validate_slots
 
     def units(self, node: Any) -> int:
         return 1
 
     def on_set(self, value: torch.Tensor) -> None:
-        if self.cache.validate_slots:
-            self.owned.add(int(value[0]))
+        self.owned.add(int(value[0]))
 
     def queue_free(self, node: Any, value: torch.Tensor, batch: FreeBatch, leaf: bool) -> None:
         batch.states.append(value)
