@@ -565,24 +565,6 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # insert
     # ------------------------------------------------------------------------------------------
 
-    def _plan(self, ek, units) -> list:
-        node, pos, n = self.root_node, 0, len(units)
-        ps = self.page_size
-        plan = []
-        while pos < n:
-            child = node.children.get(self._ck(ek, units, pos))
-            if child is None:
-                break
-            ckey = child.key
-            end = pos + len(ckey)
-            if end <= n and units[pos:end] == ckey:
-                plan.append((child, len(ckey)))
-                node, pos = child, end
-                continue
-            plan.append((child, shared_len(ckey, units, pos, n, ps)))
-            break
-        return plan
-
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
         """The base's checks, and the slots for evicted nodes on the way."""
         slots = value.tolist()
