@@ -117,6 +117,7 @@ class HybridRadixCache(UnifiedRadixCache):
                 self.mamba = MambaComponent(self, len(comps))
                 comps.append(self.mamba)
         self.components: tuple[AuxComponent, ...] = tuple(comps)
+        self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 1 or 2
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
         self.reset()
@@ -380,7 +381,9 @@ class HybridRadixCache(UnifiedRadixCache):
         if pos < n:
             if any([comp.skips_leaf(pos, n, e) for comp in self.components]):
                 self._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
-                return api.InsertResult(prefix_len=pos)
+                # the tree took no state either: a Mamba caller keeps (frees) its slot, as the
+                # spec says (the seed leaks it here; docs/SPEC.md)
+                return api.InsertResult(prefix_len=pos, mamba_exist=self._has_mamba)
             self._clock += STRIDE
             rest = units[pos:]
             ck = self._ck(ek, rest, 0)
