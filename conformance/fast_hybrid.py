@@ -1,5 +1,5 @@
 """``HybridFastAdapter``: trace steps on ``uniradix.fast.UnifiedRadixCache`` built for a hybrid
-model (Full plus SWA or Mamba; fast/hybrid.py), over the spec's environment models
+model (Full plus SWA and/or Mamba; fast/hybrid.py), over the spec's environment models
 (spec/world.py: the SWA allocator's ``HybridKVPool`` and the Mamba pool) behind SGLang's
 allocator interfaces.  Observations and snapshots have the spec's shape (spec/snapshot.py), the
 aux LRU order being the fast path's real list."""
@@ -70,15 +70,13 @@ class HybridFastAdapter(FastAdapter):
         check_supported(config, hybrid=True)
         if config.eagle:
             raise Unsupported("EAGLE keys with SWA or Mamba are not supported by the fast path")
-        if len(config.components) > 2:  # drop once fast/ builds Full + SWA + Mamba
-            raise Unsupported("Full + SWA + Mamba in one tree is modelled by the spec only so far")
         self.config = config
         self.pool, self.mamba = hybrid_pools(config)
         self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.mamba)
                                if p is not None)
         swa = "swa" in config.components
         self.alloc = (SwaPoolAllocator if swa else PoolAllocator)(self.pool, torch)
-        self.rtt = ReqToTokenPool() if swa else MambaReqPool(self.mamba)
+        self.rtt = ReqToTokenPool() if self.mamba is None else MambaReqPool(self.mamba)
         comps = tuple(config.components)  # the fast cache refuses a set it does not model
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
@@ -95,7 +93,6 @@ class HybridFastAdapter(FastAdapter):
 
     def snapshot(self) -> dict[str, Any]:
         snap = FastAdapter.snapshot(self)
-        name = self.cache.kind
         paths = {}
         for node in self.cache.all_nodes():
             if node is self.cache.root_node:
@@ -104,13 +101,16 @@ class HybridFastAdapter(FastAdapter):
             paths[(p["extra_key"], tuple(p["tokens"]))] = node
         for n in snap["nodes"]:
             node = paths[(n["path"]["extra_key"], tuple(n["path"]["tokens"]))]
-            n[name] = {"value": None if node.aux is None else node.aux.tolist(),
-                       "lock_ref": node.aux_lock}
+            for comp in self.cache.components:
+                rec = node.aux[comp.i]
+                n[comp.name] = {"value": None if rec.value is None else rec.value.tolist(),
+                                "lock_ref": rec.lock}
         snap["sizes"] = self.op_sizes({"op": "sizes", "args": {}})
-        snap[f"{name}_lru_order"] = [self._path(n) for n in self.cache.lru_order()]
-        if name == "swa":
+        for comp in self.cache.components:
+            snap[f"{comp.name}_lru_order"] = [self._path(n) for n in self.cache.lru_order(comp.name)]
+        if self.cache.swa is not None:
             snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
-        else:
+        if self.cache.mamba is not None:
             snap["mamba_pool"] = sorted(self.mamba.allocated_pages())
         return snap
 
@@ -136,7 +136,8 @@ class HybridFastAdapter(FastAdapter):
         pool = self._mamba_pool()
         (slots,) = args_of(step, "slots")
         slots = list(ints("slots", slots))
-        held = {int(n.aux[0]) for n in self.cache.all_nodes() if n.aux is not None}
+        i = self.cache.mamba.i
+        held = {int(n.aux[i].value[0]) for n in self.cache.all_nodes() if n.aux[i].value is not None}
         if held.intersection(slots):
             raise InvalidInput(f"mamba_free: slots {sorted(held.intersection(slots))} are the tree's")
         pool.free(slots)
@@ -194,7 +195,7 @@ class HybridFastAdapter(FastAdapter):
         out = {"full_evictable": c.full_evictable_size(), "full_protected": c.full_protected_size()}
         if "swa" in self.config.components:
             out.update(swa_evictable=c.swa_evictable_size(), swa_protected=c.swa_protected_size())
-        else:
+        if "mamba" in self.config.components:
             out.update(mamba_evictable=c.mamba_evictable_size(),
                        mamba_protected=c.mamba_protected_size())
         return out

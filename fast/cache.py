@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import itertools
 import os
 from array import array
 from typing import Any, Optional
@@ -78,7 +77,8 @@ from .params import (
     MatchResult,
 )
 from .frees import release
-from .keys import child_key, shared_len
+from .keys import child_key, shared_len, step_len
+from .node import Node
 from .structures import LazyHeap
 from .radix_key import RadixKey
 
@@ -91,8 +91,6 @@ _narrow_copy = torch.narrow_copy
 STRIDE = 1 << 20  # clock step per touch; a match path of up to STRIDE nodes fits below it
 FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FULL)
 
-
-_node_ids = itertools.count(1)
 
 # The C core (fast/_core.c), unless it is missing (no compiler at install time) or
 # UNIRADIX_PURE_PYTHON=1 asks for the pure-Python code at import.
@@ -109,34 +107,7 @@ else:
 NATIVE: bool = _core is not None
 
 
-class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
-                 "hit_count", "extra_key", "dev_children", "id", "ck")
-
-    def __init__(self, key, value, parent, extra_key, stamp: int, ck=None) -> None:
-        self.ck = ck  # the key this node is filed under in its parent's children
-        self.children: dict = {}
-        self.parent: Optional[TreeNode] = parent
-        self.key = key
-        self.value: Optional[torch.Tensor] = value  # device slots; None when evicted
-        self.lock_ref = 0
-        self.last_access_time = stamp
-        self.hit_count = 0
-        self.extra_key = extra_key
-        self.dev_children = 0  # children holding device data
-        self.id = next(_node_ids)
-
-    def __lt__(self, other: "TreeNode") -> bool:  # heap ties: same node pushed twice
-        return self.id < other.id
-
-    @property
-    def evicted(self) -> bool:
-        return self.parent is not None and self.value is None
-
-    def __repr__(self) -> str:
-        return f"TreeNode(id={self.id}, key_len={len(self.key)}, lock_ref={self.lock_ref})"
-
-
+TreeNode: Any = Node  # the pure-Python node (fast/node.py), unless the C core has its own
 PyTreeNode = TreeNode  # the pure-Python node, whichever is in use
 
 if NATIVE:
@@ -196,12 +167,20 @@ class UnifiedRadixCache(compat.EngineDefaults):
     def __init__(self, params: CacheInitParams) -> None:
         """``params``: uniradix's or SGLang's ``CacheInitParams`` (fast/compat.py says how
         the uniradix-only settings are read and which upstream settings are refused)."""
-        comps = params.tree_components
-        if comps is not None and [str(getattr(c, "name", c)).lower() for c in comps] not in (["full"], ["0"]):
-            raise Unsupported(f"tree_components {comps}: only the Full component is supported so far")
+        if compat.component_names(params.tree_components) != ["full"]:
+            raise Unsupported(f"tree_components {params.tree_components}: only the Full component "
+                              "is supported so far")
+        self._setup(params, multi_rank=True)
+        self.reset()
+
+    def _setup(self, params: Any, multi_rank: bool) -> None:
+        """What every cache checks and reads from its params the same way: the page size, the
+        refused settings (``compat.check_settings``), the allocators, flags, device, slot
+        validation."""
         if params.page_size < 1:
             raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
-        compat.check_settings(params, finished_insert=True, multi_rank=True)
+        compat.check_settings(params, finished_insert=True, multi_rank=multi_rank)
+        settings = compat.read_settings(params)
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = params.page_size
@@ -210,10 +189,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self.disable_finished_insert = bool(getattr(params, "disable_finished_insert", False))
         alloc = self.token_to_kv_pool_allocator
         self.device = getattr(alloc, "device", None) or torch.device("cpu")
-        self.validate_slots = compat.validate_slots_for(compat.read_settings(params).validate_slots,
-                                                        alloc)
+        self.validate_slots = compat.validate_slots_for(settings.validate_slots, alloc)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
-        self.reset()
 
     # ------------------------------------------------------------------------------------------
     # State
@@ -291,17 +268,24 @@ class UnifiedRadixCache(compat.EngineDefaults):
     # Tree structure
     # ------------------------------------------------------------------------------------------
 
-    def _split(self, child: TreeNode, split_len: int) -> TreeNode:
-        """Cut ``child`` after ``split_len`` units; the new upper node takes its place."""
+    def _new_node(self, key: Any, value: Optional[torch.Tensor], parent: Any, extra_key: Any,
+                  stamp: int, ck: Any = None) -> Any:
+        """A node of this cache's type (the C core's, or fast/node.py's)."""
+        return TreeNode(key, value, parent, extra_key, stamp, ck)
+
+    def _cut(self, child: Any, split_len: int) -> Any:
+        """Cut ``child`` after ``split_len`` units: a new upper node (stamped now, with the
+        child's Full lock count and the first part of its device slots) takes its place in the
+        parent and has the child below it.  The plug-ins' data is the caller's to split."""
         parent = child.parent
         ek = child.extra_key
         ckey = child.key
         value = child.value
         self._clock += STRIDE
         # narrow_copy: one torch call per copy instead of a slice and a clone
-        upper = TreeNode(ckey[:split_len],
-                         None if value is None else _narrow_copy(value, 0, 0, split_len),
-                         parent, ek, self._clock, child.ck)
+        upper = self._new_node(ckey[:split_len],
+                               None if value is None else _narrow_copy(value, 0, 0, split_len),
+                               parent, ek, self._clock, child.ck)
         upper.lock_ref = child.lock_ref
         parent.children[child.ck] = upper
         child.key = ckey[split_len:]
@@ -311,6 +295,11 @@ class UnifiedRadixCache(compat.EngineDefaults):
         child.parent = upper
         child.ck = self._ck(ek, child.key, 0)
         upper.children[child.ck] = child
+        return upper
+
+    def _split(self, child: TreeNode, split_len: int) -> TreeNode:
+        """Cut ``child`` after ``split_len`` units; the new upper node takes its place."""
+        upper = self._cut(child, split_len)
         self._touch(child)
         return upper
 
@@ -382,27 +371,34 @@ class UnifiedRadixCache(compat.EngineDefaults):
             node = self._split(child, self._shared(ckey, units, pos, n))
             chunks.append(node.value)
             break
-        # Stamp the path: the matched node newest, each ancestor one step older.
-        clock = self._clock + STRIDE
-        self._clock = clock
-        cur = node
-        while cur is not None:
-            cur.last_access_time = clock
-            clock -= 1
-            cur = cur.parent
+        self._stamp_path(node)
         # NOTE: ancestors on a match path have a device child (the path), so only the matched
         # node itself can be an evictable leaf.
         if node.lock_ref == 0 and node.dev_children == 0 and node is not root:
             heapq.heappush(self._heap, (node.last_access_time, node))
         # NOTE: a one-node match returns the node's own slots (no copy); values are never
         # modified in place by the cache, and callers must not modify device_indices either.
+        return _match_result((self._indices(chunks), node, node, node, 0, 0, 0, None, None))
+
+    def _stamp_path(self, node: TreeNode) -> None:
+        """A match's stamps: the matched node newest, each ancestor one step older, up to and
+        including the root.  O(depth)."""
+        clock = self._clock + STRIDE
+        self._clock = clock
+        cur: Optional[TreeNode] = node
+        while cur is not None:
+            cur.last_access_time = clock
+            clock -= 1
+            cur = cur.parent
+
+    def _indices(self, chunks: list) -> torch.Tensor:
+        """A match's device indices: its nodes' slot tensors in path order, as one tensor (a
+        one-node match returns the node's own tensor, no copy)."""
         if not chunks:
-            indices = self._empty
-        elif len(chunks) == 1:
-            indices = chunks[0]
-        else:
-            indices = torch.cat(chunks)
-        return _match_result((indices, node, node, node, 0, 0, 0, None, None))
+            return self._empty
+        if len(chunks) == 1:
+            return chunks[0]
+        return torch.cat(chunks)
 
     # ------------------------------------------------------------------------------------------
     # insert
@@ -429,8 +425,21 @@ class UnifiedRadixCache(compat.EngineDefaults):
             return
 
     def _plan(self, ek, units) -> list:
-        """The whole walk of an insert, before anything changes (for the slot checks)."""
-        return list(self._walk(ek, units))
+        """The whole walk of an insert, before anything changes, as a list of (node, shared
+        units): ``_walk`` written as a loop (the hybrid cache's insert plans every time)."""
+        node, pos, n = self.root_node, 0, len(units)
+        ps = self.page_size
+        plan = []
+        while pos < n:
+            child = node.children.get(self._ck(ek, units, pos))
+            if child is None:
+                break
+            k = step_len(child.key, units, pos, n, ps)
+            plan.append((child, k))
+            if k < len(child.key):
+                break
+            node, pos = child, pos + k
+        return plan
 
     def _check_value(self, key: RadixKey, value) -> None:
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
@@ -552,9 +561,23 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._clock = clock
         return InsertResult(prefix_len=pos)
 
+    _deferred: Optional[list] = None  # frees held back by the running call, batched at its end
+
     def _free(self, slots: torch.Tensor) -> None:
-        if len(slots):
-            self.token_to_kv_pool_allocator.free(slots)
+        """Slots the tree gives up go back to the allocator (queued on ``_deferred`` while a
+        call batches its frees) and leave the owned-slot set."""
+        if slots.shape[0]:
+            if self._deferred is not None:
+                self._deferred.append(slots)
+            else:
+                self.token_to_kv_pool_allocator.free(slots)
+            if self.validate_slots:
+                self._owned.difference_update(slots.tolist())
+
+    def _own(self, slots: torch.Tensor) -> None:
+        """Slots the tree takes (the owned-slot set, with ``validate_slots``)."""
+        if self.validate_slots:
+            self._owned.update(slots.tolist())
 
     # ------------------------------------------------------------------------------------------
     # Locks
@@ -611,23 +634,33 @@ class UnifiedRadixCache(compat.EngineDefaults):
             self._evictable += delta
             self._protected -= delta
             return DecLockRefResult(delta=delta)
+        delta, unlocked = self._dec_full_lock(node, skip)
+        for n in unlocked:
+            self._push_if_leaf(n)
+        return DecLockRefResult(delta=delta)
+
+    def _dec_full_lock(self, node: TreeNode, skip: Any) -> tuple[int, list]:
+        """Undo the Full lock of ``node``'s path (the ids in ``skip`` were not locked), after
+        checking every count first (a refused unlock changes nothing).  Returns the units
+        unlocked and the nodes whose count reached 0 (the caller pushes the new leaves)."""
+        root = self.root_node
         cur = node
-        while cur is not root:  # check first: a refused unlock changes nothing
+        while cur is not root:
             if cur.id not in skip and cur.lock_ref <= 0:
                 raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
             cur = cur.parent
-        cur = node
-        delta = 0
+        unlocked: list = []
+        cur, delta = node, 0
         while cur is not root:
             if cur.id not in skip:
                 cur.lock_ref -= 1
                 if cur.lock_ref == 0:
                     delta += len(cur.key)
-                    self._push_if_leaf(cur)
+                    unlocked.append(cur)
             cur = cur.parent
         self._evictable += delta
         self._protected -= delta
-        return DecLockRefResult(delta=delta)
+        return delta, unlocked
 
     # ------------------------------------------------------------------------------------------
     # Eviction
@@ -662,6 +695,17 @@ class UnifiedRadixCache(compat.EngineDefaults):
             self._free_values(batch)
         return freed
 
+    @staticmethod
+    def _detach_leaf(node: Any) -> Any:
+        """An evicted device leaf leaves the tree (its device data dropped, its counters the
+        caller's); returns its former parent.  O(1)."""
+        node.value = None
+        parent = node.parent
+        del parent.children[node.ck]
+        node.parent = None
+        parent.dev_children -= 1
+        return parent
+
     def _evict_loop(self, want, heap, pop, push, batch, owned, root) -> int:
         freed = 0
         # NOTE: the per-leaf work is inline (no Python call per evicted leaf).
@@ -677,11 +721,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             k = len(node.key)
             freed += k
             self._evictable -= k
-            node.value = None
-            parent = node.parent
-            del parent.children[node.ck]
-            node.parent = None
-            parent.dev_children -= 1
+            parent = self._detach_leaf(node)
             while parent is not root and not parent.children and parent.lock_ref == 0 \
                     and parent.value is None:
                 up = parent.parent
@@ -755,6 +795,15 @@ class UnifiedRadixCache(compat.EngineDefaults):
         (``compat.cache_unfinished_req``)."""
         compat.cache_unfinished_req(self, req, chunked)
 
+    def _prepare_caching_req(self, req: Any, params: InsertParams, finished: bool) -> None:
+        """The request path's hook before its insert: the aux components fill their insert
+        data from the request (none here)."""
+
+    def _cleanup_caching_req(self, req: Any, finished: bool, result: Optional[InsertResult],
+                             params: Optional[InsertParams]) -> None:
+        """The request path's hook at its end: the aux components release what the request
+        no longer needs (none here)."""
+
     def init_hicache(self, server_args: Any, params: Any) -> None:
         """Attach a host tier after construction, as SGLang's cache registry does: this cache
         becomes the :class:`~uniradix.fast.hicache.HiCacheRadixCache` that
@@ -814,37 +863,53 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if in_heap != leaves:
             errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
 
-    def violations(self) -> list[str]:
-        """Every incremental structure checked against a recomputation from the tree."""
-        errors = []
+    def _device_violations(self, node: TreeNode, errors: list, acc: dict) -> None:
+        """A node's device data (it has some): key/value lengths, the lock counts along the
+        path, counted into ``acc`` (``ev``, ``pr``, ``owned``).  O(slots of the node)."""
         root = self.root_node
-        ev = pr = 0
-        owned: list = []
-        leaves = set()
+        if len(node.value) != len(node.key) or len(node.key) % self.page_size or not len(node.key):
+            errors.append(f"[tree] {node!r}: key/value lengths {len(node.key)}/{len(node.value)}")
+        if node.lock_ref < 0:
+            errors.append(f"[lock] {node!r}: lock_ref < 0")
+        if node.parent is not root and node.parent.lock_ref < node.lock_ref:
+            errors.append(f"[lock] {node!r}: lock_ref exceeds its parent's")
+        acc["pr" if node.lock_ref > 0 else "ev"] += len(node.value)
+        acc["owned"].extend(node.value.tolist())
+
+    def _node_violations(self, node: TreeNode, errors: list, acc: dict) -> None:
+        """Everything checked on one node other than the root (each cache adds its own)."""
+        if node.value is None:
+            errors.append(f"[data] {node!r} holds no device data (no host tier)")
+            return
+        self._device_violations(node, errors, acc)
+        if self._is_leaf(node):
+            acc["leaves"].add(id(node))
+
+    def _root_violations(self, errors: list) -> None:
+        """What the root must not hold (each cache adds its own)."""
+
+    def _total_violations(self, acc: dict, errors: list) -> None:
+        """The counters and structures of the whole tree against the recounts in ``acc``
+        (each cache adds its own)."""
+
+    def violations(self) -> list[str]:
+        """Every incremental structure checked against a recomputation from the tree: the
+        tree around each node, each node (``_node_violations``), the counters and the leaf
+        order, then what each cache adds (``_total_violations``)."""
+        errors: list = []
+        root = self.root_node
+        acc: dict = {"ev": 0, "pr": 0, "owned": [], "leaves": set()}
         for node in self.all_nodes():
             self._child_violations(node, errors)
             if node is root:
-                continue
-            if node.value is None:
-                errors.append(f"[data] {node!r} holds no device data (no host tier)")
-                continue
-            if len(node.value) != len(node.key) or len(node.key) % self.page_size or not len(node.key):
-                errors.append(f"[tree] {node!r}: key/value lengths {len(node.key)}/{len(node.value)}")
-            if node.lock_ref < 0:
-                errors.append(f"[lock] {node!r}: lock_ref < 0")
-            if node.parent is not root and node.parent.lock_ref < node.lock_ref:
-                errors.append(f"[lock] {node!r}: lock_ref exceeds its parent's")
-            if node.lock_ref > 0:
-                pr += len(node.value)
+                self._root_violations(errors)
             else:
-                ev += len(node.value)
-            owned.extend(node.value.tolist())
-            if self._is_leaf(node):
-                leaves.add(id(node))
-        if (ev, pr) != (self._evictable, self._protected):
+                self._node_violations(node, errors, acc)
+        if (acc["ev"], acc["pr"]) != (self._evictable, self._protected):
             errors.append(f"[size] counters evictable={self._evictable} protected={self._protected}, "
-                          f"recomputed {ev}/{pr}")
-        self._slot_and_leaf_violations(owned, leaves, errors)
+                          f"recomputed {acc['ev']}/{acc['pr']}")
+        self._slot_and_leaf_violations(acc["owned"], acc["leaves"], errors)
+        self._total_violations(acc, errors)
         return errors
 
     def sanity_check(self) -> None:

@@ -139,6 +139,25 @@ def as_radix_key(key: Any) -> RadixKey:
     return RadixKey(toks, ek, is_bigram=bigram)
 
 
+_COMPONENT_IDS = {0: "full", 1: "swa", 2: "mamba"}  # upstream's ComponentType values
+
+
+def component_names(tree_components: Any) -> list[str]:
+    """``tree_components`` (upstream's enum members, their names, or their int values) as
+    lower-case names; None (upstream's default) is Full only."""
+    if tree_components is None:
+        return ["full"]
+    out = []
+    for c in tree_components:
+        name = getattr(c, "name", c)
+        if isinstance(name, int) and not isinstance(name, bool):
+            name = _COMPONENT_IDS.get(name, str(name))
+        elif isinstance(name, str) and name.isdigit():
+            name = _COMPONENT_IDS.get(int(name), name)
+        out.append(str(name).lower())
+    return out
+
+
 def available_and_evictable_str(cache: Any) -> str:
     """Free plus evictable tokens per component, one line each, in upstream's wording (what
     SGLang prints on its out-of-memory paths)."""
@@ -200,8 +219,10 @@ class EngineDefaults:
 
 
 # ----------------------------------------------------------------------------------------------
-# The request path (upstream's cache_finished_req / cache_unfinished_req), for the device-tier
-# and host-tier caches alike: it uses only their public calls.
+# The request path (upstream's cache_finished_req / cache_unfinished_req), for the device-tier,
+# host-tier and hybrid caches alike: it uses their public calls and two hooks,
+# ``_prepare_caching_req`` (fill the components' insert data) and ``_cleanup_caching_req``
+# (release what the request no longer needs), no-ops without aux components.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -236,18 +257,23 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
     kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, :committed]
     if cache.disable:
         _free(cache, kv)
+        cache._cleanup_caching_req(req, True, None, None)
         return
     if cache.disable_finished_insert:
         is_insert = False
     protected = req.cache_protected_len
     free_from = protected
+    params = result = None
     if is_insert:
         tokens = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
-        cache.insert(InsertParams(key=_key_for(cache, tokens, req.extra_key),
-                                  value=kv.to(torch.int64), prev_prefix_len=protected))
+        params = InsertParams(key=_key_for(cache, tokens, req.extra_key),
+                              value=kv.to(torch.int64), prev_prefix_len=protected)
+        cache._prepare_caching_req(req, params, True)  # the components' insert data
+        result = cache.insert(params)
         free_from = max(_aligned_len(cache, committed), protected)
     _free(cache, kv[free_from:])
     cache.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+    cache._cleanup_caching_req(req, True, result, params)
 
 
 def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
@@ -264,8 +290,14 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
         req.prefix_indices = kv
         return
     key = _key_for(cache, tokens, req.extra_key)
-    cache.insert(InsertParams(key=key, value=kv.to(torch.int64),
-                              prev_prefix_len=req.cache_protected_len, chunked=chunked))
+    params = InsertParams(key=key, value=kv.to(torch.int64),
+                          prev_prefix_len=req.cache_protected_len, chunked=chunked)
+    cache._prepare_caching_req(req, params, False)  # the components' insert data
+    try:
+        result = cache.insert(params)
+    except BaseException:
+        cache._cleanup_caching_req(req, False, None, params)  # what prepare took goes back
+        raise
     m = cache.match_prefix(MatchPrefixParams(key=key))
     new = m.device_indices
     p = req.cache_protected_len
@@ -278,3 +310,4 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     req.prefix_indices = torch.cat([new, kv[len(new):]]) if len(new) < len(kv) else new
     req.cache_protected_len = len(new)
     req.last_node = m.last_device_node
+    cache._cleanup_caching_req(req, False, result, params)

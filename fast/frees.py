@@ -31,7 +31,8 @@ slots it is given (the conformance runs' ``freed`` effects) sees the same sequen
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -95,3 +96,35 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
         fn(p)
     return k
 
+
+
+class FreeBatch:
+    """The named batch of frees one eviction emits, in free order, handed back at its end.
+
+    ``runs``: the KV allocator's pieces as runs of ``(method, [slots, ...])``, a new run each
+    time the method changes (``"free"``: a leaf's Full slots, with their SWA slots through the
+    allocator's map; ``"free_swa"``: the SWA slots of a node that becomes an SWA tombstone), so
+    the runs keep the order of the frees.  ``states``: the Mamba state slots, for the Mamba
+    allocator.  ``release`` hands each run and the states back through :func:`release`."""
+
+    __slots__ = ("runs", "states")
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, list[torch.Tensor]]] = []
+        self.states: list[torch.Tensor] = []
+
+    def add(self, method: str, slots: torch.Tensor) -> None:
+        """Queue ``slots`` for ``alloc.<method>``.  O(1)."""
+        runs = self.runs
+        if runs and runs[-1][0] == method:
+            runs[-1][1].append(slots)
+        else:
+            runs.append((method, [slots]))
+
+    def release(self, alloc: Any, state_alloc: Any = None) -> None:
+        """Free every run through ``alloc`` and the states through ``state_alloc``, in as few
+        calls as each allocator allows."""
+        for method, pieces in self.runs:
+            release(alloc, pieces, method)
+        if self.states:
+            release(state_alloc, self.states)

@@ -38,36 +38,25 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 from array import array
 from typing import Any, NamedTuple, Optional
 
 import torch
 
+from . import compat
+from . import params as api  # the API types, named api.X
+from .cache import UnifiedRadixCache
 from .errors import HandleError, InvalidInput, Unsupported
 from .frees import APPEND, release
-from .structures import LazyHeap
 from .keys import shared_len
-from .params import (
-    DecLockRefParams,
-    DecLockRefResult,
-    EvictParams,
-    EvictResult,
-    IncLockRefResult,
-    InsertParams,
-    InsertResult,
-    MatchPrefixParams,
-    MatchResult,
-)
+from .node import Node
 from .radix_key import RadixKey
-from .cache import UnifiedRadixCache
-from . import compat
+from .structures import LazyHeap
 
 STRIDE = 1 << 20
 FULL = 0
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 IO_MODES = ("sync", "manual", "cuda")
-_node_ids = itertools.count(1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,7 +210,7 @@ class InFlight(NamedTuple):
     (``dec_lock_ref`` params; None for a write-through backup that took no lock)."""
 
     node: Any  # a HostNode
-    lock: Any  # Optional[DecLockRefParams]
+    lock: Any  # Optional[api.DecLockRefParams]
 
 
 class HiCacheController:
@@ -341,43 +330,11 @@ class HiCacheController:
 # ----------------------------------------------------------------------------------------------
 
 
-class HostNode:
-    __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_lock_ref",
-                 "last_access_time", "hit_count", "extra_key", "dev_children", "id", "ck")
-
-    def __init__(self, key, value, parent, extra_key, stamp: int, ck=None) -> None:
-        self.ck = ck
-        self.children: dict = {}
-        self.parent = parent
-        self.key = key
-        self.value: Optional[torch.Tensor] = value
-        self.host_value: Optional[torch.Tensor] = None
-        self.lock_ref = 0
-        self.host_lock_ref = 0
-        self.last_access_time = stamp
-        self.hit_count = 0
-        self.extra_key = extra_key
-        self.dev_children = 0
-        self.id = next(_node_ids)
-
-    def __lt__(self, other: "HostNode") -> bool:
-        return self.id < other.id
-
-    @property
-    def evicted(self) -> bool:
-        return self.parent is not None and self.value is None
-
-    @property
-    def backuped(self) -> bool:
-        return self.host_value is not None
-
-    def __repr__(self) -> str:
-        return (f"HostNode(id={self.id}, key_len={len(self.key)}, lock_ref={self.lock_ref}, "
-                f"device={self.value is not None}, host={self.host_value is not None})")
+HostNode = Node  # the one pure-Python node type (fast/node.py): its host fields
 
 
 @dataclasses.dataclass(slots=True)
-class HostDecLockRefParams(DecLockRefParams):
+class HostDecLockRefParams(api.DecLockRefParams):
     """Upstream's unlock parameters plus ``anchor``: the first node the lock counted (the one
     above the evicted bottom segment it skipped).  Everything below the anchor is skipped at
     unlock, which stays right when a skipped node is split or loaded back meanwhile."""
@@ -386,7 +343,7 @@ class HostDecLockRefParams(DecLockRefParams):
 
 
 @dataclasses.dataclass(slots=True)
-class HostIncLockRefResult(IncLockRefResult):
+class HostIncLockRefResult(api.IncLockRefResult):
     anchor: Any = None
 
     def to_dec_params(self) -> HostDecLockRefParams:
@@ -427,28 +384,17 @@ class HiCacheRadixCache(UnifiedRadixCache):
     def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:
         settings = compat.read_settings(params)
         hicache = hicache if hicache is not None else settings.hicache
-        comps = params.tree_components
-        if comps is not None and [str(getattr(c, "name", c)).lower() for c in comps] not in (["full"], ["0"]):
-            raise Unsupported(f"tree_components {comps}: the host tier supports the Full component only")
-        if params.page_size < 1:
-            raise InvalidInput(f"page_size must be >= 1, got {params.page_size}")
-        compat.check_settings(params, finished_insert=True, multi_rank=False)
-        self.req_to_token_pool = params.req_to_token_pool
-        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
-        self.page_size = params.page_size
-        self.disable = params.disable
-        self.is_eagle = params.is_eagle
-        self.disable_finished_insert = bool(getattr(params, "disable_finished_insert", False))
+        if compat.component_names(params.tree_components) != ["full"]:
+            raise Unsupported(f"tree_components {params.tree_components}: the host tier supports "
+                              "the Full component only")
+        self._setup(params, multi_rank=False)
         alloc = self.token_to_kv_pool_allocator
-        self.device = getattr(alloc, "device", None) or torch.device("cpu")
-        self.validate_slots = compat.validate_slots_for(settings.validate_slots, alloc)
         self.cache_controller = HiCacheController(hicache, alloc, self.page_size)
         self.write_policy = hicache.write_policy
         self.write_through_threshold = hicache.write_through_threshold \
             if hicache.write_through_threshold is not None \
             else (1 if hicache.write_policy == "write_through" else 2)
         self.load_back_threshold = hicache.load_back_threshold
-        self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.reset()
 
     # ------------------------------------------------------------------------------------------
@@ -526,28 +472,18 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # Tree structure
     # ------------------------------------------------------------------------------------------
 
+    def _new_node(self, key: Any, value: Optional[torch.Tensor], parent: Any, extra_key: Any,
+                  stamp: int, ck: Any = None) -> HostNode:
+        return Node(key, value, parent, extra_key, stamp, ck)
+
     def _split(self, child: HostNode, split_len: int) -> HostNode:
         """Cut ``child`` after ``split_len`` units (device and host copies alike); the new upper
         node takes its place and inherits its lock count (not its host lock)."""
-        parent = child.parent
-        ek = child.extra_key
-        ckey = child.key
-        self._clock += STRIDE
-        value = child.value
-        upper = HostNode(ckey[:split_len], None if value is None else value[:split_len].clone(),
-                         parent, ek, self._clock, child.ck)
-        upper.lock_ref = child.lock_ref
-        if child.host_value is not None:
-            upper.host_value = child.host_value[:split_len].clone()
-            child.host_value = child.host_value[split_len:].clone()
-        parent.children[child.ck] = upper
-        child.key = ckey[split_len:]
-        if value is not None:
-            child.value = value[split_len:].clone()
-            upper.dev_children = 1
-        child.parent = upper
-        child.ck = self._ck(ek, child.key, 0)
-        upper.children[child.ck] = child
+        upper = self._cut(child, split_len)
+        host = child.host_value
+        if host is not None:
+            upper.host_value = host[:split_len].clone()
+            child.host_value = host[split_len:].clone()
         self._touch(child)
         return upper
 
@@ -575,7 +511,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # match_prefix
     # ------------------------------------------------------------------------------------------
 
-    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+    def match_prefix(self, params: api.MatchPrefixParams) -> api.MatchResult:
         """Longest cached prefix of ``params.key`` in whole pages, on the device or the host:
         the walk goes through evicted nodes with a host copy; a match ending inside a node
         splits it; the path becomes the most recent.  ``device_indices`` are the device part,
@@ -589,7 +525,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         n = len(units)
         n -= n % ps
         if self.disable or n == 0:
-            return MatchResult(self._empty, root, root, root, 0)
+            return api.MatchResult(self._empty, root, root, root, 0)
         ek = key.extra_key
         node, pos, chunks = root, 0, []
         while pos < n:
@@ -623,35 +559,11 @@ class HiCacheRadixCache(UnifiedRadixCache):
         while last_device is not root and last_device.value is None:
             host_hit += len(last_device.host_value)
             last_device = last_device.parent
-        if not chunks:
-            indices = self._empty
-        elif len(chunks) == 1:
-            indices = chunks[0]
-        else:
-            indices = torch.cat(chunks)
-        return MatchResult(indices, last_device, node, node, host_hit)
+        return api.MatchResult(self._indices(chunks), last_device, node, node, host_hit)
 
     # ------------------------------------------------------------------------------------------
     # insert
     # ------------------------------------------------------------------------------------------
-
-    def _plan(self, ek, units) -> list:
-        node, pos, n = self.root_node, 0, len(units)
-        ps = self.page_size
-        plan = []
-        while pos < n:
-            child = node.children.get(self._ck(ek, units, pos))
-            if child is None:
-                break
-            ckey = child.key
-            end = pos + len(ckey)
-            if end <= n and units[pos:end] == ckey:
-                plan.append((child, len(ckey)))
-                node, pos = child, end
-                continue
-            plan.append((child, shared_len(ckey, units, pos, n, ps)))
-            break
-        return plan
 
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
         """The base's checks, and the slots for evicted nodes on the way."""
@@ -673,7 +585,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
                                            "the caller's allocated slots")
             start += shared
 
-    def insert(self, params: InsertParams) -> InsertResult:
+    def insert(self, params: api.InsertParams) -> api.InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
         nodes from the fresh slots (their host copies stay), free the caller's duplicates from
         ``prev_prefix_len`` on, add the remainder as a new leaf; count hits (write-through
@@ -690,7 +602,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         if chunked is not True and chunked is not False:
             raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
         if self.disable:
-            return InsertResult(prefix_len=0)
+            return api.InsertResult(prefix_len=0)
         units = self._units(key)
         n = len(units)
         n -= n % self.page_size
@@ -728,19 +640,13 @@ class HiCacheRadixCache(UnifiedRadixCache):
             self._push_if_leaf(leaf)
             self._update_host_leaf(node)
             self._count_hit(leaf, chunked)
-        return InsertResult(prefix_len=pos, total_len=len(toks))
+        return api.InsertResult(prefix_len=pos, total_len=len(toks))
 
     def _unevict(self, node: HostNode, value: torch.Tensor, pos: int) -> None:
-        node.value = value[pos: pos + len(node.key)].clone()
-        node.parent.dev_children += 1
-        if node.lock_ref == 0:
-            self._evictable += len(node.key)
-        else:
-            self._protected += len(node.key)
-        if self.validate_slots:
-            self._owned.update(node.value.tolist())
+        """The base's (device data again from the fresh slots); the node holds device data, so
+        it is no host leaf."""
         self.host_leaves.discard(node)
-        self._push_if_leaf(node)
+        super()._unevict(node, value, pos)
 
     def _count_hit(self, node: HostNode, chunked: bool) -> None:
         if chunked or node.value is None or self.write_policy == "write_back":
@@ -761,23 +667,17 @@ class HiCacheRadixCache(UnifiedRadixCache):
         if self.disable:
             return result
         root = self.root_node
-        cur = node
-        while cur is not root and cur.value is None:
-            result.skip_lock_node_ids.setdefault(FULL, set()).add(cur.id)
-            cur = cur.parent
-        result.anchor = cur
-        delta = 0
-        while cur is not root:
-            if cur.lock_ref == 0:
-                delta += len(cur.key)
-            cur.lock_ref += 1
-            cur = cur.parent
+        delta = self._inc_lock_py(root, node, result)
+        anchor = node
+        while anchor is not root and anchor.value is None:
+            anchor = anchor.parent
+        result.anchor = anchor
         self._evictable -= delta
         self._protected += delta
         result.delta = delta
         return result
 
-    def _locked_path(self, node: HostNode, params: Optional[DecLockRefParams]) -> list:
+    def _locked_path(self, node: HostNode, params: Optional[api.DecLockRefParams]) -> list:
         root = self.root_node
         anchor = getattr(params, "anchor", None) if params is not None else None
         cur = node
@@ -793,13 +693,13 @@ class HiCacheRadixCache(UnifiedRadixCache):
             cur = cur.parent
         return out
 
-    def dec_lock_ref(self, node: HostNode, params: Optional[DecLockRefParams] = None
-                     ) -> DecLockRefResult:
+    def dec_lock_ref(self, node: HostNode, params: Optional[api.DecLockRefParams] = None
+                     ) -> api.DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
         if getattr(params, "anchor", None) is None:
             self._check_attached(node)
         if self.disable:
-            return DecLockRefResult()
+            return api.DecLockRefResult()
         path = self._locked_path(node, params)
         if any(n.lock_ref <= 0 for n in path):
             raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
@@ -811,24 +711,24 @@ class HiCacheRadixCache(UnifiedRadixCache):
                 self._push_if_leaf(n)
         self._evictable += delta
         self._protected -= delta
-        return DecLockRefResult(delta=delta)
+        return api.DecLockRefResult(delta=delta)
 
-    def inc_host_lock_ref(self, node: HostNode) -> IncLockRefResult:
+    def inc_host_lock_ref(self, node: HostNode) -> api.IncLockRefResult:
         """Protect ``node``'s host copy from host eviction (a node without one is left as it
         is)."""
         self._check_attached(node)
         if not self.disable and node.host_value is not None:
             node.host_lock_ref += 1
             self._update_host_leaf(node)
-        return IncLockRefResult()
+        return api.IncLockRefResult()
 
-    def dec_host_lock_ref(self, node: HostNode, params: Optional[DecLockRefParams] = None
-                          ) -> DecLockRefResult:
+    def dec_host_lock_ref(self, node: HostNode, params: Optional[api.DecLockRefParams] = None
+                          ) -> api.DecLockRefResult:
         self._check_attached(node)
         if not self.disable and node.host_value is not None and node.host_lock_ref > 0:
             node.host_lock_ref -= 1
             self._update_host_leaf(node)
-        return DecLockRefResult()
+        return api.DecLockRefResult()
 
     # ------------------------------------------------------------------------------------------
     # Backup (device -> host)
@@ -861,17 +761,16 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # Eviction
     # ------------------------------------------------------------------------------------------
 
-    def evict(self, params: EvictParams) -> EvictResult:
+    def evict(self, params: api.EvictParams) -> api.EvictResult:
         """Free at least ``num_tokens`` device tokens, oldest device leaf first: a backed-up
         leaf goes to the host (it stays in the tree); under write-back one without a copy is
         backed up first (a failed backup passes it over); otherwise it is deleted.  Write-back
         ends by waiting for every pending write."""
         want = _count_arg("num_tokens", params.num_tokens)
         if self.disable:
-            return EvictResult()
-        return EvictResult(num_tokens_evicted=self._evict(want))
+            return api.EvictResult()
+        return api.EvictResult(num_tokens_evicted=self._evict(want))
 
-    _deferred: Optional[list] = None  # device slots an evict took, freed together at its end
 
     def _evict(self, want: int) -> int:
         outer, self._deferred = self._deferred, []
@@ -909,13 +808,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         return freed
 
     def _release_device(self, node: HostNode) -> int:
-        value = node.value
-        if self._deferred is not None:
-            self._deferred.append(value)
-        else:
-            self.token_to_kv_pool_allocator.free(value)
-        if self.validate_slots:
-            self._owned.difference_update(value.tolist())
+        self._free(node.value)
         k = len(node.key)
         self._evictable -= k
         node.value = None
@@ -1081,53 +974,39 @@ class HiCacheRadixCache(UnifiedRadixCache):
         """The host leaves in the order ``evict_host`` would take them."""
         return self._host_leaf_heap.ordered(self.host_leaves.__contains__)
 
-    def violations(self) -> list[str]:
-        """Every incremental structure checked against a recomputation from the tree."""
-        errors = []
+    def _node_violations(self, node: HostNode, errors: list, acc: dict) -> None:
+        """One node on both tiers: data somewhere, backups above backups (write-through),
+        lock counts, the host copy, the device data (``_device_violations``), the leaf sets."""
         root = self.root_node
-        ev = pr = host = 0
-        owned: list = []
-        leaves, host_leaves = set(), set()
-        write_back = self.write_policy == "write_back"
-        for node in self.all_nodes():
-            self._child_violations(node, errors)
-            if node is root:
-                continue
-            if node.value is None and node.host_value is None:
-                errors.append(f"[data] {node!r} holds no data on either tier")
-            if node.value is not None and node.parent is not root and node.parent.value is None:
-                errors.append(f"[data] {node!r} holds device data below an evicted parent")
-            if (node.host_value is not None and not write_back and node.parent is not root
-                    and node.parent.host_value is None):
-                errors.append(f"[host] {node!r} is backed up but its parent is not")
-            if node.lock_ref < 0 or node.host_lock_ref < 0:
-                errors.append(f"[lock] {node!r}: negative lock count")
-            if node.value is None and node.lock_ref > 0:
-                errors.append(f"[lock] {node!r}: evicted but locked")
-            if node.parent is not root and node.parent.lock_ref < node.lock_ref:
-                errors.append(f"[lock] {node!r}: lock_ref exceeds its parent's")
-            if node.host_value is not None:
-                host += len(node.host_value)
-                if len(node.host_value) != len(node.key):
-                    errors.append(f"[host] {node!r}: host copy length")
-            if node.value is not None:
-                if len(node.value) != len(node.key) or len(node.key) % self.page_size:
-                    errors.append(f"[tree] {node!r}: key/value lengths")
-                if node.lock_ref > 0:
-                    pr += len(node.value)
-                else:
-                    ev += len(node.value)
-                owned.extend(node.value.tolist())
-            if self._is_leaf(node):
-                leaves.add(id(node))
-            if self._is_host_leaf(node):
-                host_leaves.add(id(node))
-        if (ev, pr) != (self._evictable, self._protected):
-            errors.append(f"[size] counters evictable={self._evictable} protected={self._protected}, "
-                          f"recomputed {ev}/{pr}")
+        if node.value is None and node.host_value is None:
+            errors.append(f"[data] {node!r} holds no data on either tier")
+        if node.value is not None and node.parent is not root and node.parent.value is None:
+            errors.append(f"[data] {node!r} holds device data below an evicted parent")
+        if (node.host_value is not None and self.write_policy != "write_back"
+                and node.parent is not root and node.parent.host_value is None):
+            errors.append(f"[host] {node!r} is backed up but its parent is not")
+        if node.host_lock_ref < 0:
+            errors.append(f"[lock] {node!r}: negative host lock count")
+        if node.value is None:
+            if node.lock_ref != 0:
+                errors.append(f"[lock] {node!r}: evicted but lock_ref={node.lock_ref}")
+        else:
+            self._device_violations(node, errors, acc)
+        if node.host_value is not None:
+            acc["host"] = acc.get("host", 0) + len(node.host_value)
+            if len(node.host_value) != len(node.key):
+                errors.append(f"[host] {node!r}: host copy length")
+        if self._is_leaf(node):
+            acc["leaves"].add(id(node))
+        if self._is_host_leaf(node):
+            acc.setdefault("host_leaves", set()).add(id(node))
+
+    def _total_violations(self, acc: dict, errors: list) -> None:
+        """The host counter, the host leaf set and heap, the in-flight records' nodes."""
+        root = self.root_node
+        host, host_leaves = acc.get("host", 0), acc.get("host_leaves", set())
         if host != self._host_tokens:
             errors.append(f"[host-size] counter {self._host_tokens}, recomputed {host}")
-        self._slot_and_leaf_violations(owned, leaves, errors)
         if {id(n) for n in self.host_leaves} != host_leaves:
             errors.append("[host-leaf] the host leaf set differs from the tree's host leaves")
         in_host_heap = self._host_leaf_heap.live_ids(self.host_leaves.__contains__)
@@ -1139,4 +1018,3 @@ class HiCacheRadixCache(UnifiedRadixCache):
                     errors.append(f"[in-flight] {kind} of a node not in the tree")
                 elif lock is not None and node.lock_ref <= 0:
                     errors.append(f"[in-flight] {kind} of {node!r} without its lock")
-        return errors

@@ -267,12 +267,12 @@ def test_sglang_allocators_end_as_upstream_leaves_them(page_size):
 
 
 def test_hybrid_runs_keep_the_order_of_the_frees():
-    from uniradix.fast.hybrid import _queue
+    from uniradix.fast.frees import FreeBatch
     a, b, c, d = (torch.tensor([i]) for i in range(4))
-    runs: list = []
+    batch = FreeBatch()
     for method, t in (("free", a), ("free", b), ("free_swa", c), ("free", d)):
-        _queue(runs, method, t)
-    assert [(m, [int(x) for x in ts]) for m, ts in runs] == [
+        batch.add(method, t)
+    assert [(m, [int(x) for x in ts]) for m, ts in batch.runs] == [
         ("free", [0, 1]), ("free_swa", [2]), ("free", [3])]
 
 

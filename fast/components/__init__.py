@@ -1,0 +1,227 @@
+"""Component plug-ins of the hybrid cache (fast/hybrid.py): SWA (``swa.py``) and Mamba
+(``mamba.py``), each with the hooks of the seed's vocabulary (match validator, split, insert
+overlap, commit insert, locks, eviction priority and drive).
+
+The tree (fast/hybrid.py) owns the Full component; each aux component owns its data on every
+node (an :class:`AuxData` record, at the component's position in ``node.aux``), its LRU list
+of the records holding data, its evictable / protected counters, and its checks.  Adding a
+component is adding a plug-in here: the tree calls the hooks in component order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..frees import FreeBatch
+from ..structures import LruList
+
+SWA_ID, MAMBA_ID = 1, 2  # component ids in skip_lock_node_ids (upstream's ComponentType)
+
+
+class AuxData:
+    """One aux component's data on one node: ``value`` (SWA slots, or the Mamba state as a
+    one-slot tensor; None on a tombstone), its lock count, the SWA lock-boundary mark, and the
+    links of the component's LRU list (the list holds exactly the records with a value)."""
+
+    __slots__ = ("node", "value", "lock", "boundary", "lru_prev", "lru_next")
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.value: torch.Tensor | None = None
+        self.lock = 0
+        self.boundary: int | None = None
+        self.lru_prev: Any = None
+        self.lru_next: Any = None
+
+    def __repr__(self) -> str:
+        return f"AuxData(node={self.node!r})"
+
+
+Validator = Callable[[Any, int], bool]
+
+
+class AuxComponent:
+    """The hooks one aux component gives the tree; ``i`` is its position in ``node.aux``."""
+
+    name = ""
+    component_id = 0
+    internal_priority = 0  # eviction priority on an internal node (Full's is 2; a leaf: all 0)
+
+    def __init__(self, cache: Any, i: int) -> None:
+        self.cache = cache
+        self.i = i
+        self.reset()
+
+    # -- sizes -----------------------------------------------------------------------------
+    def units(self, node: Any) -> int:
+        """Units of this component's data on ``node`` (which has some)."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget every record (the cache's ``reset``)."""
+        self.lru = LruList()  # the records holding data, newest first
+        self.evictable = 0
+        self.protected = 0
+
+    # -- data ------------------------------------------------------------------------------
+    def set(self, node: Any, value: torch.Tensor) -> None:
+        """``node`` takes data (it had none): front of the list, counted by its lock."""
+        rec = node.aux[self.i]
+        rec.value = value
+        self.lru.push_front(rec)
+        if rec.lock:
+            self.protected += self.units(node)
+        else:
+            self.evictable += self.units(node)
+        if self.tracks_slots:
+            self.on_set(value)
+
+    tracks_slots = False  # True: ``on_set`` keeps a slot ledger (Mamba with validate_slots)
+
+    def on_set(self, value: torch.Tensor) -> None:
+        """Slot bookkeeping when data enters the tree (Mamba: the owned-state set)."""
+
+    def drop(self, node: Any, tracker: list, batch: FreeBatch, leaf: bool) -> None:
+        """Evict this component's data from ``node`` (unlocked): counted in ``tracker``, off
+        the list, its slots queued on ``batch`` (``leaf``: the node leaves the tree with its
+        Full slots)."""
+        rec = node.aux[self.i]
+        k = self.units(node)
+        tracker[self.i + 1] += k
+        self.evictable -= k
+        self.lru.remove(rec)
+        self.queue_free(node, rec.value, batch, leaf)
+        rec.value = None
+
+    def queue_free(self, node: Any, value: torch.Tensor, batch: FreeBatch, leaf: bool) -> None:
+        raise NotImplementedError
+
+    # -- match -----------------------------------------------------------------------------
+    def validator(self) -> Validator:
+        """A fresh match validator: called for each node of the walk in order with the units
+        walked into it; True where a match may end there for this component."""
+        raise NotImplementedError
+
+    def path_to_front(self, node: Any) -> None:
+        """The matched node and its ancestors holding data to the front of the list, node
+        first."""
+        lru = self.lru
+        prev = lru.head
+        root = self.cache.root_node
+        i = self.i
+        while node is not root:
+            rec = node.aux[i]
+            if rec.value is not None:
+                lru.move_after(prev, rec)
+                prev = rec
+            node = node.parent
+
+    def touch(self, node: Any) -> None:
+        """A node on an insert's walk: front of the list where it holds data."""
+        rec = node.aux[self.i]
+        if rec.value is not None:
+            self.lru.move_to_front(rec)
+
+    # -- split -----------------------------------------------------------------------------
+    def split(self, upper: Any, child: Any, k: int) -> None:
+        """``upper`` (new) took ``child``'s first ``k`` units."""
+        raise NotImplementedError
+
+    # -- insert ----------------------------------------------------------------------------
+    def check_insert(self, plan: list, prev: int, params: Any, e: int) -> Any:
+        """The component's checks of an insert before anything changes; returns what
+        ``commit`` needs."""
+        return None
+
+    def skips_leaf(self, pos: int, n: int, e: int) -> bool:
+        """True when no leaf may be made for ``units[pos:n]``."""
+        return False
+
+    def commit(self, target: Any, is_new: bool, pos: int, prepared: Any, e: int,
+               result: dict) -> None:
+        """Attach the component's data to the insert's last node ``target``."""
+
+    # -- requests --------------------------------------------------------------------------
+    def prepare_caching_req(self, req: Any, params: Any, finished: bool) -> None:
+        """Fill this component's insert data in ``params`` from the request (the request
+        path, fast/compat.py, before its insert)."""
+
+    def cleanup_caching_req(self, req: Any, finished: bool, result: Any, params: Any) -> None:
+        """Release what the request no longer needs (after the request path's insert;
+        ``result`` None: no insert happened)."""
+
+    # -- locks -----------------------------------------------------------------------------
+    def lock(self, node: Any, result: Any) -> None:
+        raise NotImplementedError
+
+    def unlock(self, node: Any, params: Any, unlocked: list) -> None:
+        """Undo ``lock``; nodes whose lock count reached 0 go on ``unlocked``."""
+        raise NotImplementedError
+
+    def _lock_rec(self, node: Any, rec: AuxData, k: int) -> None:
+        if rec.lock == 0:
+            self.evictable -= k
+            self.protected += k
+        rec.lock += 1
+        node.aux_lock += 1
+
+    def _unlock_rec(self, node: Any, rec: AuxData, k: int, unlocked: list) -> None:
+        if rec.lock == 1:
+            self.evictable += k
+            self.protected -= k
+            unlocked.append(node)
+        rec.lock -= 1
+        node.aux_lock -= 1
+
+    # -- eviction --------------------------------------------------------------------------
+    def drive(self, want: int, tracker: list, batch: FreeBatch) -> None:
+        """Evict from the list's oldest end, skipping records this component has locked, until
+        ``want`` units of it are freed: an evictable device leaf leaves the tree with all its
+        data; any other node loses this component's data and, by priority, that of the
+        components below it (``cache._cascade``)."""
+        cache = self.cache
+        i = self.i
+        head = self.lru.head
+        x = self.lru.tail.lru_prev
+        while tracker[i + 1] < want and x is not head:
+            nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of this list
+            if x.lock == 0:
+                node = x.node
+                if cache._is_leaf(node):
+                    cache._evict_leaf(node, tracker, batch)
+                else:
+                    self.drop(node, tracker, batch, False)
+                    cache._cascade(node, self, tracker, batch)
+            x = nxt
+
+    # -- checks ----------------------------------------------------------------------------
+    def violations(self, node: Any, errors: list, acc: dict) -> None:
+        """Check this component's record on ``node`` (attached, holds Full data); ``acc``
+        collects the recounts (``ev``, ``pr``, ``members``, ``values``)."""
+        rec = node.aux[self.i]
+        if rec.node is not node:
+            errors.append(f"[aux] {node!r}: {self.name} record belongs to another node")
+        if rec.lock < 0:
+            errors.append(f"[lock] {node!r}: {self.name} lock count < 0")
+        if rec.lock > node.lock_ref:
+            errors.append(f"[lock] {node!r}: {self.name} lock exceeds the Full lock")
+        if rec.value is None:
+            if rec.lock:
+                errors.append(f"[aux] {node!r}: a {self.name} tombstone is locked")
+            return
+        acc["members"].add(id(rec))
+        acc["values"].append(rec.value)
+        acc["pr" if rec.lock else "ev"] += len(rec.value)
+        self.value_violations(node, rec.value, errors)
+
+    def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:
+        """The component's own checks of a value it holds."""
+
+    def tree_violations(self, acc: dict, errors: list) -> None:
+        if (acc["ev"], acc["pr"]) != (self.evictable, self.protected):
+            errors.append(f"[size] {self.name} counters {self.evictable}/{self.protected}, "
+                          f"recomputed {acc['ev']}/{acc['pr']}")
+        errors.extend(self.lru.violations(acc["members"]))
