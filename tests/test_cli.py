@@ -42,11 +42,12 @@ def test_replay_divergence_exits_1_and_names_everything(tmp_path):
 def test_unsupported_config_is_reported(tmp_path):
     t = tmp_path / "host.jsonl"
     t.write_text(json.dumps({"format": "uniradix-trace", "version": 1, "source": "test",
-                             "config": {"host_slots": 64, "components": ["full", "mamba"]}})
+                             "config": {"host_slots": 64, "components": ["full", "swa"],
+                                        "sliding_window": 4}})
                  + "\n" + json.dumps({"i": 0, "op": "evict_host", "args": {"num_tokens": 1}})
                  + "\n")
     r = uniradix("replay", str(t))
-    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "aux component" in r.stdout
+    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "host tier" in r.stdout
     r = uniradix("replay", str(t), "--skip-unsupported")
     assert r.returncode == 0
 

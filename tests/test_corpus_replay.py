@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from uniradix.conformance.replay import (KNOWN_DIVERGENCES, expected_divergence,
-                                         held_swa_tombstone_takeover, replay_trace)
+from uniradix.conformance.replay import KNOWN_DIVERGENCES, replay_trace
 from uniradix.conformance.run import AWAITING_SPEC_REASON, is_awaiting_spec, is_spec_only
 from uniradix.conformance.trace import load_trace
 
 from conftest import CORPUS
+from corpus_checks import check_divergence
 
 # Traces under other eviction policies than lru, of Mamba copy-on-write and of the storage tier
 # replay in tests/test_spec_policies.py, tests/test_spec_mamba_cow.py and
@@ -64,18 +64,6 @@ def test_replay(path, impl):
     result = replay_trace(trace, impl)
     assert result.unsupported is None, result.unsupported
     check_divergence(path, trace, result)
-
-
-def check_divergence(path, trace, result) -> None:
-    """No divergence, except the known ones (docs/SPEC.md, issue 18): exactly at the listed
-    step, an insert over an SWA tombstone a lock holds (upstream freed its slots there)."""
-    step = expected_divergence(path)
-    if step is None:
-        assert result.divergence is None, str(result.divergence)
-        return
-    d = result.divergence
-    assert d is not None and (d.step, d.op, d.field) == (step, "insert", "freed"), str(d)
-    assert held_swa_tombstone_takeover(trace, step)
 
 
 def test_known_divergences_are_corpus_traces():

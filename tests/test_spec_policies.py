@@ -18,6 +18,7 @@ import os
 import pytest
 
 from conftest import CORPUS
+from corpus_checks import check_divergence  # the known divergences (issue 18) expected
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
@@ -322,7 +323,6 @@ def test_policy_corpus_is_there(policy):
 @pytest.mark.parametrize("path", POLICY_TRACES,
                          ids=[os.path.basename(t) for t in POLICY_TRACES])
 def test_policy_corpus_replays_on_the_spec(path):
-    from test_corpus_replay import check_divergence  # the known ones (issue 18) expected
     trace = load_trace(path)
     result = replay_trace(trace, "spec")
     assert result.unsupported is None, result.unsupported

@@ -1,0 +1,16 @@
+"""Checks shared by the corpus replay tests (tests/test_corpus_replay.py and the policy corpus in
+tests/test_spec_policies.py): what a replay of a committed trace must show."""
+
+from uniradix.conformance.replay import expected_divergence, held_swa_tombstone_takeover
+
+
+def check_divergence(path, trace, result) -> None:
+    """No divergence, except the known ones (docs/SPEC.md, issue 18): exactly at the listed
+    step, an insert over an SWA tombstone a lock holds (upstream freed its slots there)."""
+    step = expected_divergence(path)
+    if step is None:
+        assert result.divergence is None, str(result.divergence)
+        return
+    d = result.divergence
+    assert d is not None and (d.step, d.op, d.field) == (step, "insert", "freed"), str(d)
+    assert held_swa_tombstone_takeover(trace, step)
