@@ -58,12 +58,15 @@ import functools
 import heapq
 import os
 from array import array
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from . import compat
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .frees import release
+from .keys import child_key, shared_len, step_len
+from .node import Node
 from .params import (
     CacheInitParams,
     DecLockRefParams,
@@ -76,11 +79,8 @@ from .params import (
     MatchPrefixParams,
     MatchResult,
 )
-from .frees import release
-from .keys import child_key, shared_len, step_len
-from .node import Node
-from .structures import LazyHeap
 from .radix_key import RadixKey
+from .structures import LazyHeap
 
 # MatchResult is a NamedTuple; building it through tuple.__new__ skips its Python-level
 # __new__ (all nine fields are given).
@@ -152,7 +152,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
     core_reason: str = CORE_REASON
     _node_type: Any = TreeNode  # this cache's node class (each subclass has its own)
 
-    def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):
+    def __new__(cls, params: CacheInitParams | None = None, *args: Any, **kwargs: Any):
         # NOTE: the subclass instance is returned uninitialised: type.__call__ then runs the
         # subclass's __init__ (once), because the object is an instance of this class.
         if cls is UnifiedRadixCache and compat.read_settings(params).hicache is not None:
@@ -268,7 +268,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
     # Tree structure
     # ------------------------------------------------------------------------------------------
 
-    def _new_node(self, key: Any, value: Optional[torch.Tensor], parent: Any, extra_key: Any,
+    def _new_node(self, key: Any, value: torch.Tensor | None, parent: Any, extra_key: Any,
                   stamp: int, ck: Any = None) -> Any:
         """A node of this cache's type (the C core's, or fast/node.py's)."""
         return TreeNode(key, value, parent, extra_key, stamp, ck)
@@ -322,7 +322,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
         bigram = self.is_eagle or key.is_bigram
         if bigram and len(toks) == 1:
             raise NodeNotFound("under EAGLE a node path has no tokens (the root) or at least two")
-        units = list(zip(toks, toks[1:])) if bigram else toks
+        # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+        units = list(zip(toks, toks[1:], strict=False)) if bigram else toks
         node, pos, n = self.root_node, 0, len(units)
         while pos < n:
             child = node.children.get(self._ck(key.extra_key, units, pos)) \
@@ -345,7 +346,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
             key = compat.as_radix_key(key)
         root = self.root_node
         toks = key.token_ids
-        units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+        # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+        units = list(zip(toks, toks[1:], strict=False)) if (self.is_eagle or key.is_bigram) else toks
         ps = self.page_size
         n = len(units)
         n -= n % ps
@@ -385,7 +387,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         including the root.  O(depth)."""
         clock = self._clock + STRIDE
         self._clock = clock
-        cur: Optional[TreeNode] = node
+        cur: TreeNode | None = node
         while cur is not None:
             cur.last_access_time = clock
             clock -= 1
@@ -500,7 +502,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
             raise InvalidInput(f"chunked must be a bool, got {params.chunked!r}")
         if self.disable:
             return InsertResult(prefix_len=0)
-        units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+        # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+        units = list(zip(toks, toks[1:], strict=False)) if (self.is_eagle or key.is_bigram) else toks
         n = len(units)
         cut = n % self.page_size
         if cut:
@@ -561,7 +564,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._clock = clock
         return InsertResult(prefix_len=pos)
 
-    _deferred: Optional[list] = None  # frees held back by the running call, batched at its end
+    _deferred: list | None = None  # frees held back by the running call, batched at its end
 
     def _free(self, slots: torch.Tensor) -> None:
         """Slots the tree gives up go back to the allocator (queued on ``_deferred`` while a
@@ -620,7 +623,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             cur = cur.parent
         return delta
 
-    def _dec_lock_ref_py(self, node: TreeNode, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+    def _dec_lock_ref_py(self, node: TreeNode, params: DecLockRefParams | None = None) -> DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
         self._check_attached(node)
         if self.disable:
@@ -762,7 +765,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             return self._inc_lock_ref_py(node) if r is None else r
 
         def dec_lock_ref(self, node: TreeNode,
-                         params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+                         params: DecLockRefParams | None = None) -> DecLockRefResult:
             """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
             r = _api_dec(self, node, params)
             return self._dec_lock_ref_py(node, params) if r is None else r
@@ -799,8 +802,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
         """The request path's hook before its insert: the aux components fill their insert
         data from the request (none here)."""
 
-    def _cleanup_caching_req(self, req: Any, finished: bool, result: Optional[InsertResult],
-                             params: Optional[InsertParams]) -> None:
+    def _cleanup_caching_req(self, req: Any, finished: bool, result: InsertResult | None,
+                             params: InsertParams | None) -> None:
         """The request path's hook at its end: the aux components release what the request
         no longer needs (none here)."""
 

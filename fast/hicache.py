@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from array import array
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
@@ -81,7 +81,7 @@ class HostSlotAllocator:
     def available_size(self) -> int:
         return len(self._free) * self.page_size
 
-    def alloc(self, n: int) -> Optional[torch.Tensor]:
+    def alloc(self, n: int) -> torch.Tensor | None:
         ps = self.page_size
         if n % ps or n // ps > len(self._free):
             return None
@@ -114,7 +114,7 @@ class HiCacheConfig:
     host_slots: int = 0
     host_allocator: Any = None
     write_policy: str = "write_through"
-    write_through_threshold: Optional[int] = None
+    write_through_threshold: int | None = None
     load_back_threshold: int = 10
     io: str = "sync"
     device_kv: Any = None
@@ -231,7 +231,7 @@ class HiCacheController:
         self.device_allocator = device_allocator
         self.device_kv, self.host_kv = config.device_kv, config.host_kv
         self.copy_impl = config.copy_impl
-        self.copies: Optional[list] = [] if config.log_copies else None
+        self.copies: list | None = [] if config.log_copies else None
         self.stream = None
         if self.io == "cuda":
             if not torch.cuda.is_available() or self.device_kv is None:
@@ -356,7 +356,7 @@ class HostIncLockRefResult(api.IncLockRefResult):
 class InitLoadBackParams:
     best_match_node: Any
     host_hit_length: int = 0
-    mem_quota: Optional[int] = None
+    mem_quota: int | None = None
     req: Any = None
 
 
@@ -381,7 +381,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     core_reason = "a host tier: the C core covers the device-only Full path"
     _node_type = HostNode
 
-    def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:
+    def __init__(self, params: Any, hicache: HiCacheConfig | None = None) -> None:
         settings = compat.read_settings(params)
         hicache = hicache if hicache is not None else settings.hicache
         if compat.component_names(params.tree_components) != ["full"]:
@@ -438,7 +438,8 @@ class HiCacheRadixCache(UnifiedRadixCache):
 
     def _units(self, key: RadixKey):
         toks = key.token_ids
-        return list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+        # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+        return list(zip(toks, toks[1:], strict=False)) if (self.is_eagle or key.is_bigram) else toks
 
     def _is_leaf(self, node: HostNode) -> bool:
         return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
@@ -472,7 +473,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # Tree structure
     # ------------------------------------------------------------------------------------------
 
-    def _new_node(self, key: Any, value: Optional[torch.Tensor], parent: Any, extra_key: Any,
+    def _new_node(self, key: Any, value: torch.Tensor | None, parent: Any, extra_key: Any,
                   stamp: int, ck: Any = None) -> HostNode:
         return Node(key, value, parent, extra_key, stamp, ck)
 
@@ -677,7 +678,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         result.delta = delta
         return result
 
-    def _locked_path(self, node: HostNode, params: Optional[api.DecLockRefParams]) -> list:
+    def _locked_path(self, node: HostNode, params: api.DecLockRefParams | None) -> list:
         root = self.root_node
         anchor = getattr(params, "anchor", None) if params is not None else None
         cur = node
@@ -693,7 +694,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
             cur = cur.parent
         return out
 
-    def dec_lock_ref(self, node: HostNode, params: Optional[api.DecLockRefParams] = None
+    def dec_lock_ref(self, node: HostNode, params: api.DecLockRefParams | None = None
                      ) -> api.DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
         if getattr(params, "anchor", None) is None:
@@ -722,7 +723,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
             self._update_host_leaf(node)
         return api.IncLockRefResult()
 
-    def dec_host_lock_ref(self, node: HostNode, params: Optional[api.DecLockRefParams] = None
+    def dec_host_lock_ref(self, node: HostNode, params: api.DecLockRefParams | None = None
                           ) -> api.DecLockRefResult:
         self._check_attached(node)
         if not self.disable and node.host_value is not None and node.host_lock_ref > 0:
@@ -859,7 +860,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # Load back (host -> device)
     # ------------------------------------------------------------------------------------------
 
-    def load_back(self, node: HostNode, mem_quota: Optional[int] = None, req: Any = None) -> bool:
+    def load_back(self, node: HostNode, mem_quota: int | None = None, req: Any = None) -> bool:
         """Copy the evicted segment ending at ``node`` back to fresh device slots (evicting
         device leaves for room); the node's path stays locked until the load's ack.  False
         when nothing is loaded (below ``load_back_threshold``, over ``mem_quota``, or no
@@ -910,7 +911,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         return the device slots now between the request's last device node and it, with the
         new last node; ``(empty, last device node)`` when nothing was loaded."""
         node = params.best_match_node
-        last = params.req.last_node if params.req is not None else getattr(params, "last_node")
+        last = params.req.last_node if params.req is not None else params.last_node
         self._check_attached(node)
         self._check_attached(last)
         cur = node

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from . import cache as rules
 from . import components
-from .errors import InvalidInput
 from .core import CacheState, Node, all_nodes
+from .errors import InvalidInput
 from .world import PagedPool
 
 

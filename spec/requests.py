@@ -6,9 +6,10 @@ position, in whole pages: ``row[:committed]`` are the tokens computed so far, th
 last page is allocated but not yet used.  (In SGLang the table's row holds only the computed
 positions, and a reused row keeps the previous request's stale slots past them; the cache's
 rules therefore read ``row[:committed]`` only, and a free of a partial last page releases the
-whole page, as SGLang's paged allocator does.  Here that page is ``row[:round_up(committed)]``.)  Ownership of the row is split at
-``cache_protected_len``: positions before it are the tree's slots (matched, and locked through
-``lock``), positions from it on are the request's own and must be freed or handed to the tree.
+whole page, as SGLang's paged allocator does.  Here that page is ``row[:round_up(committed)]``.)
+Ownership of the row is split at ``cache_protected_len``: positions before it are the tree's
+slots (matched, and locked through ``lock``), positions from it on are the request's own and
+must be freed or handed to the tree.
 
 Hybrid models (spec/components.py; docs/SPEC.md, "The request path for SWA and Mamba"): with
 SWA a request also holds ``swa_evicted_seqlen``, where its sliding window starts: before each
@@ -24,7 +25,6 @@ hands the slot itself to the tree, which keeps it unless the node already had on
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from . import cache as rules
 from . import components, sessions
@@ -36,19 +36,19 @@ from .state import CacheState, LockHandle
 class Request:
     rid: str
     input_ids: list
-    extra_key: Optional[str]
+    extra_key: str | None
     output_ids: list = dataclasses.field(default_factory=list)
     row: list = dataclasses.field(default_factory=list)
     committed: int = 0  # tokens whose KV is in the row (prefix included)
     cache_protected_len: int = 0
-    lock: Optional[LockHandle] = None
+    lock: LockHandle | None = None
     admitted: bool = False
     priority: int = 0  # the request's priority, given to its inserts (spec/policies.py)
-    session: Optional[str] = None  # streaming sessions (spec/sessions.py)
+    session: str | None = None  # streaming sessions (spec/sessions.py)
     # hybrid models: where the request's own SWA data starts (page-aligned; its SWA slots before
     # it and from cache_protected_len on are freed), and its own Mamba state slot
     swa_evicted_seqlen: int = 0
-    mamba_slot: Optional[int] = None
+    mamba_slot: int | None = None
 
     @property
     def all_ids(self) -> list:
@@ -66,8 +66,8 @@ def round_up(n: int, page_size: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
-           priority: int = 0, session: Optional[str] = None) -> Request:
+def arrive(state: CacheState, rid: str, tokens, extra_key: str | None,
+           priority: int = 0, session: str | None = None) -> Request:
     if not isinstance(rid, str) or rid in state.requests:
         raise InvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
     tokens = rules.check_int_list("tokens", tokens)
@@ -85,7 +85,7 @@ def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
     return req
 
 
-def check_hybrid_arrival(state: CacheState, session: Optional[str]) -> None:
+def check_hybrid_arrival(state: CacheState, session: str | None) -> None:
     """What the request model does not cover with an aux component: EAGLE keys (its cuts are
     in tokens, not bigram units) and streaming sessions (no SWA or Mamba session state)."""
     if not components.aux_names(state):
@@ -96,7 +96,7 @@ def check_hybrid_arrival(state: CacheState, session: Optional[str]) -> None:
         raise Unsupported("req_arrive: streaming sessions with SWA or Mamba are not modelled")
 
 
-def get_request(state: CacheState, rid, admitted: Optional[bool] = None) -> Request:
+def get_request(state: CacheState, rid, admitted: bool | None = None) -> Request:
     req = state.requests.get(rid) if isinstance(rid, str) else None
     if req is None:
         raise InvalidInput(f"no request {rid!r}")
@@ -129,7 +129,7 @@ def admit(state: CacheState, req: Request) -> int:
     return req.committed
 
 
-def new_state_slot(state: CacheState) -> Optional[int]:
+def new_state_slot(state: CacheState) -> int | None:
     """A fresh Mamba state slot, evicting one state first when the pool is empty; None when
     nothing could be evicted (upstream's ``_alloc_mamba_slot`` asserts there)."""
     assert state.mamba is not None
@@ -267,7 +267,7 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
 
 
 def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
-                         ) -> Optional[tuple[int, Optional[tuple[int, ...]]]]:
+                         ) -> tuple[int, tuple[int, ...] | None] | None:
     """Hybrid models, ``cache_unfinished_req``: how many of the computed tokens go into the tree
     and the Mamba state copy that goes with them; None: nothing is cached this time.
 
@@ -279,7 +279,7 @@ def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
     length (the state is the whole computed length's), the chunk is not cached."""
     n = len(rules.aligned_units(state, tokens))
     names = components.aux_names(state)
-    slot: Optional[tuple[int, ...]] = None
+    slot: tuple[int, ...] | None = None
     if "mamba" in names:
         got = new_state_slot(state)
         if got is None:
