@@ -25,6 +25,8 @@ hands the slot itself to the tree, which keeps it unless the node already had on
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 from . import cache as rules
 from . import components, sessions
@@ -35,10 +37,10 @@ from .state import CacheState, LockHandle
 @dataclasses.dataclass(eq=False)
 class Request:
     rid: str
-    input_ids: list
+    input_ids: list[int]
     extra_key: str | None
-    output_ids: list = dataclasses.field(default_factory=list)
-    row: list = dataclasses.field(default_factory=list)
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    row: list[int] = dataclasses.field(default_factory=list)
     committed: int = 0  # tokens whose KV is in the row (prefix included)
     cache_protected_len: int = 0
     lock: LockHandle | None = None
@@ -51,7 +53,7 @@ class Request:
     mamba_slot: int | None = None
 
     @property
-    def all_ids(self) -> list:
+    def all_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
 
 
@@ -66,7 +68,7 @@ def round_up(n: int, page_size: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def arrive(state: CacheState, rid: str, tokens, extra_key: str | None,
+def arrive(state: CacheState, rid: str, tokens: Any, extra_key: str | None,
            priority: int = 0, session: str | None = None) -> Request:
     if not isinstance(rid, str) or rid in state.requests:
         raise InvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
@@ -96,8 +98,8 @@ def check_hybrid_arrival(state: CacheState, session: str | None) -> None:
         raise Unsupported("req_arrive: streaming sessions with SWA or Mamba are not modelled")
 
 
-def get_request(state: CacheState, rid, admitted: bool | None = None) -> Request:
-    req = state.requests.get(rid) if isinstance(rid, str) else None
+def get_request(state: CacheState, rid: object, admitted: bool | None = None) -> Request:
+    req: Request | None = state.requests.get(rid) if isinstance(rid, str) else None
     if req is None:
         raise InvalidInput(f"no request {rid!r}")
     if admitted is not None and req.admitted != admitted:
@@ -216,7 +218,7 @@ def output_token(req: Request, k: int) -> int:
     return output_token_id(req.input_ids, k)
 
 
-def output_token_id(input_ids, k: int) -> int:
+def output_token_id(input_ids: Sequence[int], k: int) -> int:
     return (input_ids[k % len(input_ids)] * 7 + k) % 50000
 
 
@@ -261,6 +263,7 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
     assert not components.aux_names(state) or len(new) == len(tokens)
     assert req.cache_protected_len <= len(new) + state.config.page_size - 1
     req.row[req.cache_protected_len: len(new)] = new[req.cache_protected_len:]
+    assert req.lock is not None, "an admitted request holds a lock"
     rules.dec_lock_ref(state, req.lock)
     req.lock = rules.inc_lock_ref(state, m.last_device_node)
     req.cache_protected_len = len(new)
@@ -338,6 +341,7 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
         free_from = max(aligned, req.cache_protected_len)
     state.kv.free(req.row[free_from:end])
     free_state_slot(state, req, state_kept)
+    assert req.lock is not None, "an admitted request holds a lock"
     rules.dec_lock_ref(state, req.lock)
     release(state, req)
 
