@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import importlib
 import os
 from array import array
 from typing import Any
@@ -97,7 +98,7 @@ FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FU
 _core: Any = None
 if os.environ.get("UNIRADIX_PURE_PYTHON", "") != "1":
     try:
-        from . import _core
+        _core = importlib.import_module("._core", __package__)  # compiled: mypy sees no module
         CORE_REASON = "the C core (fast/_core.c) is built and UNIRADIX_PURE_PYTHON is not 1"
     except ImportError as e:
         _core = None
@@ -113,7 +114,7 @@ PyTreeNode = TreeNode  # the pure-Python node, whichever is in use
 if NATIVE:
     # The C node type: the same attributes, property, ordering and repr as the class above,
     # which stays the pure-Python implementation.
-    TreeNode = _core.TreeNode  # type: ignore[misc]  # noqa: F811
+    TreeNode = _core.TreeNode  # noqa: F811
     _core.setup(torch.narrow_copy, torch.cat, STRIDE)
     _core.setup_api(RadixKey, MatchResult, InsertResult, IncLockRefResult, DecLockRefResult,
                     EvictResult, torch.Tensor, torch.int64, array)
@@ -443,7 +444,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             node, pos = child, pos + k
         return plan
 
-    def _check_value(self, key: RadixKey, value) -> None:
+    def _check_value(self, key: RadixKey, value: object) -> torch.Tensor:
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
             raise InvalidInput("value must be a 1-D int64 tensor")
         shape = value.shape
@@ -451,6 +452,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             raise InvalidInput("value must be a 1-D int64 tensor")
         if shape[0] != len(key.token_ids):
             raise InvalidInput(f"insert: value has {shape[0]} slots for {len(key.token_ids)} tokens")
+        return value
 
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
         """The spec's slot-ownership checks (spec/cache.py check_insert_slots)."""
@@ -494,7 +496,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         toks = key.token_ids
         if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 \
                 or value.shape != (len(toks),):
-            self._check_value(key, value)
+            value = self._check_value(key, value)
         prev = params.prev_prefix_len
         if type(prev) is not int or prev < 0:
             _int_arg("prev_prefix_len", prev)
@@ -817,7 +819,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
             raise InvalidInput("init_hicache: the cache already holds data")
         config = hicache_config_from_server_args(server_args, params)
         self.__class__ = HiCacheRadixCache  # same instance, now the host-tier cache
-        HiCacheRadixCache.__init__(self, params, config)  # type: ignore[misc]
+        assert isinstance(self, HiCacheRadixCache)
+        HiCacheRadixCache.__init__(self, params, config)
 
     def available_and_evictable_str(self) -> str:
         """Free plus evictable device tokens, in upstream's words (its out-of-memory

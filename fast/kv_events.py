@@ -136,16 +136,19 @@ class _MapAllBlocksCleared(_MapEvent, tag="AllBlocksCleared"):
     pass
 
 
+_MapUnion = _MapBlockStored | _MapBlockRemoved | _MapAllBlocksCleared
+
+
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
-    events: list[_MapBlockStored | _MapBlockRemoved | _MapAllBlocksCleared]
+    events: list[_MapUnion]
     attn_dp_rank: int | None = None
 
 
 _MAP_CLEARED = _MapAllBlocksCleared()
 
 
-def _to_map(ev: KVCacheEvent) -> _MapEvent:
+def _to_map(ev: KVCacheEvent) -> _MapUnion:
     if type(ev) is BlockStored:
         return _MapBlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids,
                                ev.block_size, ev.lora_id, ev.medium)
@@ -154,7 +157,7 @@ def _to_map(ev: KVCacheEvent) -> _MapEvent:
     return _MAP_CLEARED
 
 
-def _from_map(ev: _MapEvent) -> KVCacheEvent:
+def _from_map(ev: _MapEvent) -> _EventUnion:
     if type(ev) is _MapBlockStored:
         return BlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size,
                            ev.lora_id, ev.medium)
@@ -438,13 +441,15 @@ class ZmqEventPublisher(EventPublisher):
             raise InvalidInput("publish on a closed ZmqEventPublisher")
         if not events:
             return True
+        evs: list[_EventUnion] = []
         for i, ev in enumerate(events):
-            if type(ev) not in _EVENT_TYPES:
+            # exactly these types (a subclass would not round-trip); isinstance narrows the type
+            if type(ev) not in _EVENT_TYPES or not isinstance(ev, _EVENT_TYPES):
                 raise InvalidInput(f"events[{i}] is a {type(ev).__name__}, not BlockStored, "
                                    f"BlockRemoved or AllBlocksCleared")
+            evs.append(ev)
         stamp = time.time() if ts is None else ts
         with self._lock:
-            evs = list(events)
             if self._reset_pending:
                 evs.insert(0, AllBlocksCleared())
             payload = self._encode(KVEventBatch(stamp, evs, self.attn_dp_rank))
