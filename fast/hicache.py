@@ -490,6 +490,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
 
     def _detach(self, node: HostNode) -> None:
         parent = node.parent
+        assert parent is not None, "detach of a detached node"
         del parent.children[node.ck]
         node.parent = None
         self.host_leaves.discard(node)
@@ -501,6 +502,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         while (node is not root and not node.children and node.lock_ref == 0
                and node.value is None and node.host_value is None and node.host_lock_ref == 0):
             up = node.parent
+            assert up is not None  # attached: only the root has no parent
             self._detach(node)
             node = up
         if node is not root:
@@ -671,7 +673,9 @@ class HiCacheRadixCache(UnifiedRadixCache):
         delta = self._inc_lock_py(root, node, result)
         anchor = node
         while anchor is not root and anchor.value is None:
-            anchor = anchor.parent
+            up = anchor.parent
+            assert up is not None  # the path ends at the root
+            anchor = up
         result.anchor = anchor
         self._evictable -= delta
         self._protected += delta
@@ -691,7 +695,9 @@ class HiCacheRadixCache(UnifiedRadixCache):
         while cur is not root:
             if cur.id not in skip:
                 out.append(cur)
-            cur = cur.parent
+            up = cur.parent
+            assert up is not None  # the path ends at the root
+            cur = up
         return out
 
     def dec_lock_ref(self, node: HostNode, params: api.DecLockRefParams | None = None
@@ -739,8 +745,10 @@ class HiCacheRadixCache(UnifiedRadixCache):
         """Copy ``node``'s device data to fresh host slots (the parent first under
         write-through), evicting host leaves for room; returns the slots written (0: none).
         A write-through write keeps the node locked until its ack is processed."""
-        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
-            if self.write_backup(node.parent) <= 0:
+        parent = node.parent
+        assert parent is not None, "write_backup of the root or a detached node"
+        if not write_back and parent is not self.root_node and parent.host_value is None:
+            if self.write_backup(parent) <= 0:
                 return 0
         cc = self.cache_controller
         n = len(node.value)
@@ -776,12 +784,12 @@ class HiCacheRadixCache(UnifiedRadixCache):
     def _evict(self, want: int) -> int:
         outer, self._deferred = self._deferred, []
         try:
-            return self._evict_loop(want)
+            return self._evict_tiered(want)
         finally:
             pieces, self._deferred = self._deferred, outer
             release(self.token_to_kv_pool_allocator, pieces)
 
-    def _evict_loop(self, want: int) -> int:
+    def _evict_tiered(self, want: int) -> int:
         heap = self._heap
         write_back = self.write_policy == "write_back"
         passed_over = []
@@ -813,7 +821,9 @@ class HiCacheRadixCache(UnifiedRadixCache):
         k = len(node.key)
         self._evictable -= k
         node.value = None
-        node.parent.dev_children -= 1
+        parent = node.parent
+        assert parent is not None  # a cached node is attached
+        parent.dev_children -= 1
         return k
 
     def _evict_to_host(self, node: HostNode) -> int:
@@ -825,6 +835,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     def _delete_device_leaf(self, node: HostNode) -> int:
         k = self._release_device(node)
         parent = node.parent
+        assert parent is not None  # a cached node is attached
         self._detach(node)
         self._delete_tombstones(parent)
         return k
@@ -869,12 +880,15 @@ class HiCacheRadixCache(UnifiedRadixCache):
         cur = node
         while cur.evicted:
             segment.append(cur)
-            cur = cur.parent
+            up = cur.parent
+            assert up is not None  # evicted: attached
+            cur = up
         if not segment:
             return False
         segment.reverse()
         n_tokens = sum(len(s.host_value) for s in segment)
         guard = self.inc_lock_ref(node)
+        assert guard.delta is not None  # set unless the cache is disabled (then nothing is evicted)
         if n_tokens < self.load_back_threshold or (
                 mem_quota is not None and n_tokens > mem_quota + guard.delta):
             self.dec_lock_ref(node, guard.to_dec_params())
@@ -897,6 +911,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
             k = len(s.host_value)
             s.value = device_indices[pos: pos + k].clone()
             pos += k
+            assert s.parent is not None  # evicted: attached
             s.parent.dev_children += 1
             self._evictable += k
             if self.validate_slots:
@@ -909,11 +924,17 @@ class HiCacheRadixCache(UnifiedRadixCache):
     def init_load_back(self, params: InitLoadBackParams) -> tuple[torch.Tensor, HostNode]:
         """The scheduler's entry: load the host part of a match (``best_match_node``) and
         return the device slots now between the request's last device node and it, with the
-        new last node; ``(empty, last device node)`` when nothing was loaded."""
+        new last node; ``(empty, last device node)`` when nothing was loaded.  Without ``req``
+        the last device node is the nearest ancestor of ``best_match_node`` not evicted."""
         node = params.best_match_node
-        last = params.req.last_node if params.req is not None else params.last_node
         self._check_attached(node)
-        self._check_attached(last)
+        if params.req is not None:
+            last = params.req.last_node
+            self._check_attached(last)
+        else:  # no request: the match's last device node, the nearest ancestor not evicted
+            last = node
+            while last.evicted:
+                last = last.parent
         cur = node
         while cur is not None and cur is not last:
             cur = cur.parent
@@ -979,12 +1000,14 @@ class HiCacheRadixCache(UnifiedRadixCache):
         """One node on both tiers: data somewhere, backups above backups (write-through),
         lock counts, the host copy, the device data (``_device_violations``), the leaf sets."""
         root = self.root_node
+        parent = node.parent
+        assert parent is not None  # the walk visits attached non-root nodes
         if node.value is None and node.host_value is None:
             errors.append(f"[data] {node!r} holds no data on either tier")
-        if node.value is not None and node.parent is not root and node.parent.value is None:
+        if node.value is not None and parent is not root and parent.value is None:
             errors.append(f"[data] {node!r} holds device data below an evicted parent")
         if (node.host_value is not None and self.write_policy != "write_back"
-                and node.parent is not root and node.parent.host_value is None):
+                and parent is not root and parent.host_value is None):
             errors.append(f"[host] {node!r} is backed up but its parent is not")
         if node.host_lock_ref < 0:
             errors.append(f"[lock] {node!r}: negative host lock count")
