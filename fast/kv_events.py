@@ -227,7 +227,7 @@ class KVEventsConfig:
     hwm: int = 100_000
     max_queue_size: int = 100_000
     topic: str = ""
-    encoding: str = "array"
+    encoding: Encoding = "array"  # checked in __post_init__ (from_dict passes any string)
     bind: bool | None = None
 
     def __post_init__(self) -> None:
@@ -467,11 +467,11 @@ class ZmqEventPublisher(EventPublisher):
 
     def _encode(self, batch: KVEventBatch) -> bytes:
         try:
-            payload = encode_batch(batch, self._encoding)  # type: ignore[arg-type]
+            payload = encode_batch(batch, self._encoding)
         except (TypeError, OverflowError, msgspec.EncodeError) as exc:
             raise InvalidInput(f"kv events: cannot encode the batch: {exc}") from None
         if self.validate:
-            decode_batch(payload, self._encoding)  # type: ignore[arg-type]
+            decode_batch(payload, self._encoding)
         return payload
 
     def close(self, timeout_s: float = 1.0) -> None:

@@ -156,7 +156,7 @@ def reserve(state: CacheState, req: Request, new_tokens: int) -> Reservation:
         return Reservation(True, 0)
     short = need - state.kv.available_size()
     if "swa" in components.aux_names(state):  # SWA slots come with the full ones
-        swa_short = need - state.kv.swa.available_size()  # type: ignore[attr-defined]
+        swa_short = need - components.swa_pool(state).swa.available_size()
         evicted = components.evict(state, max(short, 0), max(swa_short, 0))["full"] \
             if short > 0 or swa_short > 0 else 0
     else:
@@ -209,7 +209,7 @@ def evict_swa_window(state: CacheState, req: Request) -> None:
     req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.cache_protected_len)
     new = max(req.swa_evicted_seqlen, req.committed - components.window(state) - ps) // ps * ps
     if new > req.swa_evicted_seqlen:
-        state.kv.free_swa(req.row[req.swa_evicted_seqlen: new])  # type: ignore[attr-defined]
+        components.swa_pool(state).free_swa(req.row[req.swa_evicted_seqlen: new])
         req.swa_evicted_seqlen = new
 
 
@@ -254,7 +254,8 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
         out = rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
                            mamba_value=cut[1], priority=req.priority)
         if cut[1] is not None and out.mamba_exist:  # the node had a state: the copy goes
-            state.mamba.free(list(cut[1]))  # type: ignore[union-attr]
+            assert state.mamba is not None  # a state copy implies the Mamba component
+            state.mamba.free(list(cut[1]))
     else:
         rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
                      priority=req.priority)
@@ -297,7 +298,8 @@ def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
                 break
             start += shared
     if slot is not None and cut < n:
-        state.mamba.free(list(slot))  # type: ignore[union-attr]
+        assert state.mamba is not None  # a state slot implies the Mamba component
+        state.mamba.free(list(slot))
         return None
     return cut, slot
 
@@ -349,5 +351,6 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
 def free_state_slot(state: CacheState, req: Request, kept: bool) -> None:
     """Mamba: the request's state slot goes back to the pool unless the tree took it."""
     if req.mamba_slot is not None and not kept:
-        state.mamba.free([req.mamba_slot])  # type: ignore[union-attr]
+        assert state.mamba is not None  # a state slot implies the Mamba component
+        state.mamba.free([req.mamba_slot])
     req.mamba_slot = None
