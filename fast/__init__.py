@@ -3,8 +3,9 @@
     from uniradix.fast import UnifiedRadixCache, CacheInitParams, RadixKey, MatchPrefixParams
 """
 
-from .cache import UnifiedRadixCache, TreeNode
+from .cache import TreeNode, UnifiedRadixCache
 from .errors import CacheError, HandleError, InvalidInput, NodeNotFound, Unsupported
+from .hicache import HiCacheConfig, HiCacheRadixCache, InitLoadBackParams
 from .params import (
     CacheInitParams,
     DecLockRefParams,
@@ -18,7 +19,6 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
-from .hicache import HiCacheConfig, HiCacheRadixCache, InitLoadBackParams
 
 __all__ = [
     "UnifiedRadixCache", "TreeNode", "RadixKey", "CacheInitParams", "MatchPrefixParams",

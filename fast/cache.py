@@ -56,14 +56,18 @@ from __future__ import annotations
 
 import functools
 import heapq
+import importlib
 import os
 from array import array
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from . import compat
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .frees import release
+from .keys import child_key, shared_len, step_len
+from .node import Node
 from .params import (
     CacheInitParams,
     DecLockRefParams,
@@ -76,11 +80,8 @@ from .params import (
     MatchPrefixParams,
     MatchResult,
 )
-from .frees import release
-from .keys import child_key, shared_len, step_len
-from .node import Node
-from .structures import LazyHeap
 from .radix_key import RadixKey
+from .structures import LazyHeap
 
 # MatchResult is a NamedTuple; building it through tuple.__new__ skips its Python-level
 # __new__ (all nine fields are given).
@@ -97,7 +98,7 @@ FULL = 0  # component id used in skip_lock_node_ids (upstream's ComponentType.FU
 _core: Any = None
 if os.environ.get("UNIRADIX_PURE_PYTHON", "") != "1":
     try:
-        from . import _core
+        _core = importlib.import_module("._core", __package__)  # compiled: mypy sees no module
         CORE_REASON = "the C core (fast/_core.c) is built and UNIRADIX_PURE_PYTHON is not 1"
     except ImportError as e:
         _core = None
@@ -113,7 +114,7 @@ PyTreeNode = TreeNode  # the pure-Python node, whichever is in use
 if NATIVE:
     # The C node type: the same attributes, property, ordering and repr as the class above,
     # which stays the pure-Python implementation.
-    TreeNode = _core.TreeNode  # type: ignore[misc]  # noqa: F811
+    TreeNode = _core.TreeNode  # noqa: F811
     _core.setup(torch.narrow_copy, torch.cat, STRIDE)
     _core.setup_api(RadixKey, MatchResult, InsertResult, IncLockRefResult, DecLockRefResult,
                     EvictResult, torch.Tensor, torch.int64, array)
@@ -152,7 +153,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
     core_reason: str = CORE_REASON
     _node_type: Any = TreeNode  # this cache's node class (each subclass has its own)
 
-    def __new__(cls, params: Optional[CacheInitParams] = None, *args: Any, **kwargs: Any):
+    def __new__(cls, params: CacheInitParams | None = None, *args: Any, **kwargs: Any):
         # NOTE: the subclass instance is returned uninitialised: type.__call__ then runs the
         # subclass's __init__ (once), because the object is an instance of this class.
         if cls is UnifiedRadixCache and compat.read_settings(params).hicache is not None:
@@ -268,7 +269,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
     # Tree structure
     # ------------------------------------------------------------------------------------------
 
-    def _new_node(self, key: Any, value: Optional[torch.Tensor], parent: Any, extra_key: Any,
+    def _new_node(self, key: Any, value: torch.Tensor | None, parent: Any, extra_key: Any,
                   stamp: int, ck: Any = None) -> Any:
         """A node of this cache's type (the C core's, or fast/node.py's)."""
         return TreeNode(key, value, parent, extra_key, stamp, ck)
@@ -322,7 +323,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
         bigram = self.is_eagle or key.is_bigram
         if bigram and len(toks) == 1:
             raise NodeNotFound("under EAGLE a node path has no tokens (the root) or at least two")
-        units = list(zip(toks, toks[1:])) if bigram else toks
+        # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+        units = list(zip(toks, toks[1:], strict=False)) if bigram else toks
         node, pos, n = self.root_node, 0, len(units)
         while pos < n:
             child = node.children.get(self._ck(key.extra_key, units, pos)) \
@@ -345,7 +347,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
             key = compat.as_radix_key(key)
         root = self.root_node
         toks = key.token_ids
-        units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+        # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+        units = list(zip(toks, toks[1:], strict=False)) if (self.is_eagle or key.is_bigram) else toks
         ps = self.page_size
         n = len(units)
         n -= n % ps
@@ -385,7 +388,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         including the root.  O(depth)."""
         clock = self._clock + STRIDE
         self._clock = clock
-        cur: Optional[TreeNode] = node
+        cur: TreeNode | None = node
         while cur is not None:
             cur.last_access_time = clock
             clock -= 1
@@ -441,7 +444,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             node, pos = child, pos + k
         return plan
 
-    def _check_value(self, key: RadixKey, value) -> None:
+    def _check_value(self, key: RadixKey, value: object) -> torch.Tensor:
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
             raise InvalidInput("value must be a 1-D int64 tensor")
         shape = value.shape
@@ -449,6 +452,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             raise InvalidInput("value must be a 1-D int64 tensor")
         if shape[0] != len(key.token_ids):
             raise InvalidInput(f"insert: value has {shape[0]} slots for {len(key.token_ids)} tokens")
+        return value
 
     def _check_slots(self, plan: list, value: torch.Tensor, prev: int) -> None:
         """The spec's slot-ownership checks (spec/cache.py check_insert_slots)."""
@@ -492,7 +496,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         toks = key.token_ids
         if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 \
                 or value.shape != (len(toks),):
-            self._check_value(key, value)
+            value = self._check_value(key, value)
         prev = params.prev_prefix_len
         if type(prev) is not int or prev < 0:
             _int_arg("prev_prefix_len", prev)
@@ -500,7 +504,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
             raise InvalidInput(f"chunked must be a bool, got {params.chunked!r}")
         if self.disable:
             return InsertResult(prefix_len=0)
-        units = list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+        # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+        units = list(zip(toks, toks[1:], strict=False)) if (self.is_eagle or key.is_bigram) else toks
         n = len(units)
         cut = n % self.page_size
         if cut:
@@ -561,7 +566,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._clock = clock
         return InsertResult(prefix_len=pos)
 
-    _deferred: Optional[list] = None  # frees held back by the running call, batched at its end
+    _deferred: list | None = None  # frees held back by the running call, batched at its end
 
     def _free(self, slots: torch.Tensor) -> None:
         """Slots the tree gives up go back to the allocator (queued on ``_deferred`` while a
@@ -620,7 +625,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             cur = cur.parent
         return delta
 
-    def _dec_lock_ref_py(self, node: TreeNode, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+    def _dec_lock_ref_py(self, node: TreeNode, params: DecLockRefParams | None = None) -> DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
         self._check_attached(node)
         if self.disable:
@@ -762,7 +767,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             return self._inc_lock_ref_py(node) if r is None else r
 
         def dec_lock_ref(self, node: TreeNode,
-                         params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+                         params: DecLockRefParams | None = None) -> DecLockRefResult:
             """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
             r = _api_dec(self, node, params)
             return self._dec_lock_ref_py(node, params) if r is None else r
@@ -799,8 +804,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
         """The request path's hook before its insert: the aux components fill their insert
         data from the request (none here)."""
 
-    def _cleanup_caching_req(self, req: Any, finished: bool, result: Optional[InsertResult],
-                             params: Optional[InsertParams]) -> None:
+    def _cleanup_caching_req(self, req: Any, finished: bool, result: InsertResult | None,
+                             params: InsertParams | None) -> None:
         """The request path's hook at its end: the aux components release what the request
         no longer needs (none here)."""
 
@@ -814,7 +819,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
             raise InvalidInput("init_hicache: the cache already holds data")
         config = hicache_config_from_server_args(server_args, params)
         self.__class__ = HiCacheRadixCache  # same instance, now the host-tier cache
-        HiCacheRadixCache.__init__(self, params, config)  # type: ignore[misc]
+        assert isinstance(self, HiCacheRadixCache)
+        HiCacheRadixCache.__init__(self, params, config)
 
     def available_and_evictable_str(self) -> str:
         """Free plus evictable device tokens, in upstream's words (its out-of-memory

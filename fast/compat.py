@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from array import array
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -35,8 +35,8 @@ from .radix_key import RadixKey
 class Settings:
     """The uniradix-only settings of one cache, with their defaults applied."""
 
-    validate_slots: Optional[bool]
-    mamba_cache_chunk_size: Optional[int]
+    validate_slots: bool | None
+    mamba_cache_chunk_size: int | None
     hicache: Any
 
 
@@ -47,7 +47,7 @@ def read_settings(params: Any) -> Settings:
                     hicache=getattr(params, "hicache", None))
 
 
-def validate_slots_for(setting: Optional[bool], allocator: Any) -> bool:
+def validate_slots_for(setting: bool | None, allocator: Any) -> bool:
     """``validate_slots``: None = check slot ownership when the allocator can answer
     (``check_free`` and ``is_allocated``, the conformance environment's models)."""
     if setting is None:
@@ -55,7 +55,7 @@ def validate_slots_for(setting: Optional[bool], allocator: Any) -> bool:
     return bool(setting)
 
 
-def mamba_chunk_size(setting: Optional[int]) -> int:
+def mamba_chunk_size(setting: int | None) -> int:
     """The chunk size behind ``mamba_branching_seqlen``: the uniradix setting; else, as
     upstream, the global server argument when an SGLang process has set one; else 64."""
     if setting is not None:
@@ -202,19 +202,19 @@ class EngineDefaults:
     def take_events(self) -> list:
         return []
 
-    def session_held_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+    def session_held_tokens(self, active_pool_idxs: set | None = None) -> int:
         return 0
 
-    def session_held_full_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+    def session_held_full_tokens(self, active_pool_idxs: set | None = None) -> int:
         return 0
 
-    def session_held_swa_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+    def session_held_swa_tokens(self, active_pool_idxs: set | None = None) -> int:
         return 0
 
-    def session_held_req_count(self, active_pool_idxs: Optional[set] = None) -> int:
+    def session_held_req_count(self, active_pool_idxs: set | None = None) -> int:
         return 0
 
-    def session_held_mamba_slots(self, active_pool_idxs: Optional[set] = None) -> int:
+    def session_held_mamba_slots(self, active_pool_idxs: set | None = None) -> int:
         return 0
 
 

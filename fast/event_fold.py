@@ -150,7 +150,7 @@ class RouterView:
             self._anomaly(kind, self._seq, medium, h, detail)
         held = self._blocks.setdefault(medium, {})
         parent = ev.parent_block_hash
-        for h, toks in zip(hashes, chunks, strict=False):
+        for h, toks in zip(hashes, chunks, strict=True):
             held[h] = StoredBlock(parent, toks, ev.lora_id)
             parent = h
 

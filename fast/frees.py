@@ -43,7 +43,7 @@ _ORDERS = (APPEND, PER_CALL)
 
 # sglang's free methods whose semantics are known (module, qualified name) -> order; "swa" ones
 # depend on the SWA allocator's sub-allocators (see free_order).
-_KNOWN = {
+_KNOWN: dict[tuple[str | None, str | None], str] = {
     ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator.free"): APPEND,
     ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator.free"): PER_CALL,
     ("sglang.srt.mem_cache.allocator.mamba", "MambaSlotAllocator.free"): APPEND,
@@ -90,7 +90,7 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
         return 1
     order = free_order(alloc, method)
     if order == APPEND:
-        fn(torch.cat(pieces))
+        fn(torch.cat(list(pieces)))  # torch.cat takes a list or tuple, not any Sequence
         return 1
     for p in pieces:
         fn(p)

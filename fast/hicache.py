@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from array import array
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
@@ -81,7 +81,7 @@ class HostSlotAllocator:
     def available_size(self) -> int:
         return len(self._free) * self.page_size
 
-    def alloc(self, n: int) -> Optional[torch.Tensor]:
+    def alloc(self, n: int) -> torch.Tensor | None:
         ps = self.page_size
         if n % ps or n // ps > len(self._free):
             return None
@@ -114,7 +114,7 @@ class HiCacheConfig:
     host_slots: int = 0
     host_allocator: Any = None
     write_policy: str = "write_through"
-    write_through_threshold: Optional[int] = None
+    write_through_threshold: int | None = None
     load_back_threshold: int = 10
     io: str = "sync"
     device_kv: Any = None
@@ -231,7 +231,7 @@ class HiCacheController:
         self.device_allocator = device_allocator
         self.device_kv, self.host_kv = config.device_kv, config.host_kv
         self.copy_impl = config.copy_impl
-        self.copies: Optional[list] = [] if config.log_copies else None
+        self.copies: list | None = [] if config.log_copies else None
         self.stream = None
         if self.io == "cuda":
             if not torch.cuda.is_available() or self.device_kv is None:
@@ -356,7 +356,7 @@ class HostIncLockRefResult(api.IncLockRefResult):
 class InitLoadBackParams:
     best_match_node: Any
     host_hit_length: int = 0
-    mem_quota: Optional[int] = None
+    mem_quota: int | None = None
     req: Any = None
 
 
@@ -381,7 +381,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     core_reason = "a host tier: the C core covers the device-only Full path"
     _node_type = HostNode
 
-    def __init__(self, params: Any, hicache: Optional[HiCacheConfig] = None) -> None:
+    def __init__(self, params: Any, hicache: HiCacheConfig | None = None) -> None:
         settings = compat.read_settings(params)
         hicache = hicache if hicache is not None else settings.hicache
         if compat.component_names(params.tree_components) != ["full"]:
@@ -438,7 +438,8 @@ class HiCacheRadixCache(UnifiedRadixCache):
 
     def _units(self, key: RadixKey):
         toks = key.token_ids
-        return list(zip(toks, toks[1:])) if (self.is_eagle or key.is_bigram) else toks
+        # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+        return list(zip(toks, toks[1:], strict=False)) if (self.is_eagle or key.is_bigram) else toks
 
     def _is_leaf(self, node: HostNode) -> bool:
         return (node.lock_ref == 0 and node.dev_children == 0 and node.value is not None
@@ -472,7 +473,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # Tree structure
     # ------------------------------------------------------------------------------------------
 
-    def _new_node(self, key: Any, value: Optional[torch.Tensor], parent: Any, extra_key: Any,
+    def _new_node(self, key: Any, value: torch.Tensor | None, parent: Any, extra_key: Any,
                   stamp: int, ck: Any = None) -> HostNode:
         return Node(key, value, parent, extra_key, stamp, ck)
 
@@ -489,6 +490,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
 
     def _detach(self, node: HostNode) -> None:
         parent = node.parent
+        assert parent is not None, "detach of a detached node"
         del parent.children[node.ck]
         node.parent = None
         self.host_leaves.discard(node)
@@ -500,6 +502,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
         while (node is not root and not node.children and node.lock_ref == 0
                and node.value is None and node.host_value is None and node.host_lock_ref == 0):
             up = node.parent
+            assert up is not None  # attached: only the root has no parent
             self._detach(node)
             node = up
         if node is not root:
@@ -670,14 +673,16 @@ class HiCacheRadixCache(UnifiedRadixCache):
         delta = self._inc_lock_py(root, node, result)
         anchor = node
         while anchor is not root and anchor.value is None:
-            anchor = anchor.parent
+            up = anchor.parent
+            assert up is not None  # the path ends at the root
+            anchor = up
         result.anchor = anchor
         self._evictable -= delta
         self._protected += delta
         result.delta = delta
         return result
 
-    def _locked_path(self, node: HostNode, params: Optional[api.DecLockRefParams]) -> list:
+    def _locked_path(self, node: HostNode, params: api.DecLockRefParams | None) -> list:
         root = self.root_node
         anchor = getattr(params, "anchor", None) if params is not None else None
         cur = node
@@ -690,10 +695,12 @@ class HiCacheRadixCache(UnifiedRadixCache):
         while cur is not root:
             if cur.id not in skip:
                 out.append(cur)
-            cur = cur.parent
+            up = cur.parent
+            assert up is not None  # the path ends at the root
+            cur = up
         return out
 
-    def dec_lock_ref(self, node: HostNode, params: Optional[api.DecLockRefParams] = None
+    def dec_lock_ref(self, node: HostNode, params: api.DecLockRefParams | None = None
                      ) -> api.DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
         if getattr(params, "anchor", None) is None:
@@ -722,7 +729,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
             self._update_host_leaf(node)
         return api.IncLockRefResult()
 
-    def dec_host_lock_ref(self, node: HostNode, params: Optional[api.DecLockRefParams] = None
+    def dec_host_lock_ref(self, node: HostNode, params: api.DecLockRefParams | None = None
                           ) -> api.DecLockRefResult:
         self._check_attached(node)
         if not self.disable and node.host_value is not None and node.host_lock_ref > 0:
@@ -738,8 +745,10 @@ class HiCacheRadixCache(UnifiedRadixCache):
         """Copy ``node``'s device data to fresh host slots (the parent first under
         write-through), evicting host leaves for room; returns the slots written (0: none).
         A write-through write keeps the node locked until its ack is processed."""
-        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
-            if self.write_backup(node.parent) <= 0:
+        parent = node.parent
+        assert parent is not None, "write_backup of the root or a detached node"
+        if not write_back and parent is not self.root_node and parent.host_value is None:
+            if self.write_backup(parent) <= 0:
                 return 0
         cc = self.cache_controller
         n = len(node.value)
@@ -775,12 +784,12 @@ class HiCacheRadixCache(UnifiedRadixCache):
     def _evict(self, want: int) -> int:
         outer, self._deferred = self._deferred, []
         try:
-            return self._evict_loop(want)
+            return self._evict_tiered(want)
         finally:
             pieces, self._deferred = self._deferred, outer
             release(self.token_to_kv_pool_allocator, pieces)
 
-    def _evict_loop(self, want: int) -> int:
+    def _evict_tiered(self, want: int) -> int:
         heap = self._heap
         write_back = self.write_policy == "write_back"
         passed_over = []
@@ -812,7 +821,9 @@ class HiCacheRadixCache(UnifiedRadixCache):
         k = len(node.key)
         self._evictable -= k
         node.value = None
-        node.parent.dev_children -= 1
+        parent = node.parent
+        assert parent is not None  # a cached node is attached
+        parent.dev_children -= 1
         return k
 
     def _evict_to_host(self, node: HostNode) -> int:
@@ -824,6 +835,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     def _delete_device_leaf(self, node: HostNode) -> int:
         k = self._release_device(node)
         parent = node.parent
+        assert parent is not None  # a cached node is attached
         self._detach(node)
         self._delete_tombstones(parent)
         return k
@@ -859,7 +871,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
     # Load back (host -> device)
     # ------------------------------------------------------------------------------------------
 
-    def load_back(self, node: HostNode, mem_quota: Optional[int] = None, req: Any = None) -> bool:
+    def load_back(self, node: HostNode, mem_quota: int | None = None, req: Any = None) -> bool:
         """Copy the evicted segment ending at ``node`` back to fresh device slots (evicting
         device leaves for room); the node's path stays locked until the load's ack.  False
         when nothing is loaded (below ``load_back_threshold``, over ``mem_quota``, or no
@@ -868,12 +880,15 @@ class HiCacheRadixCache(UnifiedRadixCache):
         cur = node
         while cur.evicted:
             segment.append(cur)
-            cur = cur.parent
+            up = cur.parent
+            assert up is not None  # evicted: attached
+            cur = up
         if not segment:
             return False
         segment.reverse()
         n_tokens = sum(len(s.host_value) for s in segment)
         guard = self.inc_lock_ref(node)
+        assert guard.delta is not None  # set unless the cache is disabled (then nothing is evicted)
         if n_tokens < self.load_back_threshold or (
                 mem_quota is not None and n_tokens > mem_quota + guard.delta):
             self.dec_lock_ref(node, guard.to_dec_params())
@@ -896,6 +911,7 @@ class HiCacheRadixCache(UnifiedRadixCache):
             k = len(s.host_value)
             s.value = device_indices[pos: pos + k].clone()
             pos += k
+            assert s.parent is not None  # evicted: attached
             s.parent.dev_children += 1
             self._evictable += k
             if self.validate_slots:
@@ -908,11 +924,17 @@ class HiCacheRadixCache(UnifiedRadixCache):
     def init_load_back(self, params: InitLoadBackParams) -> tuple[torch.Tensor, HostNode]:
         """The scheduler's entry: load the host part of a match (``best_match_node``) and
         return the device slots now between the request's last device node and it, with the
-        new last node; ``(empty, last device node)`` when nothing was loaded."""
+        new last node; ``(empty, last device node)`` when nothing was loaded.  Without ``req``
+        the last device node is the nearest ancestor of ``best_match_node`` not evicted."""
         node = params.best_match_node
-        last = params.req.last_node if params.req is not None else getattr(params, "last_node")
         self._check_attached(node)
-        self._check_attached(last)
+        if params.req is not None:
+            last = params.req.last_node
+            self._check_attached(last)
+        else:  # no request: the match's last device node, the nearest ancestor not evicted
+            last = node
+            while last.evicted:
+                last = last.parent
         cur = node
         while cur is not None and cur is not last:
             cur = cur.parent
@@ -978,12 +1000,14 @@ class HiCacheRadixCache(UnifiedRadixCache):
         """One node on both tiers: data somewhere, backups above backups (write-through),
         lock counts, the host copy, the device data (``_device_violations``), the leaf sets."""
         root = self.root_node
+        parent = node.parent
+        assert parent is not None  # the walk visits attached non-root nodes
         if node.value is None and node.host_value is None:
             errors.append(f"[data] {node!r} holds no data on either tier")
-        if node.value is not None and node.parent is not root and node.parent.value is None:
+        if node.value is not None and parent is not root and parent.value is None:
             errors.append(f"[data] {node!r} holds device data below an evicted parent")
         if (node.host_value is not None and self.write_policy != "write_back"
-                and node.parent is not root and node.parent.host_value is None):
+                and parent is not root and parent.host_value is None):
             errors.append(f"[host] {node!r} is backed up but its parent is not")
         if node.host_lock_ref < 0:
             errors.append(f"[lock] {node!r}: negative host lock count")

@@ -11,10 +11,11 @@ spec's (tests/test_crosshair_equiv.py).
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Hashable, Optional, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 
-def child_key(extra_key: Optional[Hashable], units: Sequence, pos: int, page_size: int) -> Any:
+def child_key(extra_key: Hashable | None, units: Sequence, pos: int, page_size: int) -> Any:
     """The child key of the page of ``units`` starting at ``pos``."""
     ck = units[pos] if page_size == 1 else tuple(units[pos: pos + page_size])
     return ck if extra_key is None else (extra_key, ck)
@@ -43,7 +44,8 @@ def shared_len(ckey: Sequence, units: Sequence, pos: int, n: int, page_size: int
 def bigram_units(tokens: Sequence[int], bigram: bool) -> Sequence:
     """The tree's units of a token sequence: the tokens themselves, or under EAGLE the list of
     consecutive pairs (``n`` tokens give ``n - 1`` units)."""
-    return list(zip(tokens, tokens[1:])) if bigram else tokens
+    # EAGLE bigram units pair each token with the next: the shifted side is one shorter.
+    return list(zip(tokens, tokens[1:], strict=False)) if bigram else tokens
 
 
 def aligned_units_len(n_tokens: int, page_size: int, bigram: bool) -> int:

@@ -29,8 +29,9 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, Sequence, Union
+from typing import Annotated, Any, Literal
 
 import msgspec
 import zmq
@@ -78,25 +79,25 @@ class BlockStored(KVCacheEvent):
     it; ``token_ids`` are the pages' tokens in order and ``block_size`` tokens make one page."""
 
     block_hashes: list[_Hash]
-    parent_block_hash: Optional[_Hash]
+    parent_block_hash: _Hash | None
     token_ids: list[int]
     block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str] = None
+    lora_id: int | None
+    medium: str | None = None
 
 
 class BlockRemoved(KVCacheEvent):
     """Pages that are no longer cached on ``medium``."""
 
     block_hashes: list[_Hash]
-    medium: Optional[str] = None
+    medium: str | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
     """Every block on every medium is gone (the cache was reset)."""
 
 
-_EventUnion = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+_EventUnion = BlockStored | BlockRemoved | AllBlocksCleared
 _EVENT_TYPES = (BlockStored, BlockRemoved, AllBlocksCleared)
 
 
@@ -105,7 +106,7 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
     ts: float
     events: list[_EventUnion]
-    attn_dp_rank: Optional[int] = None
+    attn_dp_rank: int | None = None
 
 
 # The map encoding of the newer SGLang releases (and vLLM): each event a map with a "type" key
@@ -119,32 +120,35 @@ class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag_field="type"):
 
 class _MapBlockStored(_MapEvent, tag="BlockStored"):
     block_hashes: list[_Hash]
-    parent_block_hash: Optional[_Hash]
+    parent_block_hash: _Hash | None
     token_ids: list[int]
     block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str] = None
+    lora_id: int | None
+    medium: str | None = None
 
 
 class _MapBlockRemoved(_MapEvent, tag="BlockRemoved"):
     block_hashes: list[_Hash]
-    medium: Optional[str] = None
+    medium: str | None = None
 
 
 class _MapAllBlocksCleared(_MapEvent, tag="AllBlocksCleared"):
     pass
 
 
+_MapUnion = _MapBlockStored | _MapBlockRemoved | _MapAllBlocksCleared
+
+
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
-    events: list[Union[_MapBlockStored, _MapBlockRemoved, _MapAllBlocksCleared]]
-    attn_dp_rank: Optional[int] = None
+    events: list[_MapUnion]
+    attn_dp_rank: int | None = None
 
 
 _MAP_CLEARED = _MapAllBlocksCleared()
 
 
-def _to_map(ev: KVCacheEvent) -> _MapEvent:
+def _to_map(ev: KVCacheEvent) -> _MapUnion:
     if type(ev) is BlockStored:
         return _MapBlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids,
                                ev.block_size, ev.lora_id, ev.medium)
@@ -153,7 +157,7 @@ def _to_map(ev: KVCacheEvent) -> _MapEvent:
     return _MAP_CLEARED
 
 
-def _from_map(ev: _MapEvent) -> KVCacheEvent:
+def _from_map(ev: _MapEvent) -> _EventUnion:
     if type(ev) is _MapBlockStored:
         return BlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size,
                            ev.lora_id, ev.medium)
@@ -218,13 +222,13 @@ class KVEventsConfig:
 
     publisher: str = "null"
     endpoint: str = "tcp://*:5557"
-    replay_endpoint: Optional[str] = None
+    replay_endpoint: str | None = None
     buffer_steps: int = 10_000
     hwm: int = 100_000
     max_queue_size: int = 100_000
     topic: str = ""
-    encoding: str = "array"
-    bind: Optional[bool] = None
+    encoding: Encoding = "array"  # checked in __post_init__ (from_dict passes any string)
+    bind: bool | None = None
 
     def __post_init__(self) -> None:
         if self.publisher not in ("null", "zmq"):
@@ -253,7 +257,7 @@ class KVEventsConfig:
                                f"got {self.bind!r}")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "KVEventsConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> KVEventsConfig:
         if not isinstance(data, Mapping):
             raise InvalidInput(f"kv-events-config must be a JSON object, got {data!r}")
         known = {f.name for f in fields(cls)}
@@ -264,7 +268,7 @@ class KVEventsConfig:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text: str) -> "KVEventsConfig":
+    def from_json(cls, text: str) -> KVEventsConfig:
         """Parse the ``--kv-events-config`` value."""
         try:
             data = json.loads(text)
@@ -298,7 +302,7 @@ def offset_endpoint(endpoint: str, attn_dp_rank: int) -> str:
     return f"{endpoint}_dp{attn_dp_rank}"
 
 
-def _should_bind(endpoint: str, bind: Optional[bool]) -> bool:
+def _should_bind(endpoint: str, bind: bool | None) -> bool:
     if bind is not None:
         return bind
     if endpoint.startswith(("ipc://", "inproc://")):
@@ -325,7 +329,7 @@ class PublisherStats:
 class EventPublisher:
     """What the cache talks to: ``publish`` a step's events, ``close`` at the end."""
 
-    def publish(self, events: Sequence[KVCacheEvent], ts: Optional[float] = None) -> bool:
+    def publish(self, events: Sequence[KVCacheEvent], ts: float | None = None) -> bool:
         raise NotImplementedError
 
     def close(self, timeout_s: float = 1.0) -> None:
@@ -341,7 +345,7 @@ class EventPublisher:
 class NullEventPublisher(EventPublisher):
     """``publisher: "null"``: accepts every batch and sends nothing."""
 
-    def publish(self, events: Sequence[KVCacheEvent], ts: Optional[float] = None) -> bool:
+    def publish(self, events: Sequence[KVCacheEvent], ts: float | None = None) -> bool:
         return True
 
     def close(self, timeout_s: float = 1.0) -> None:
@@ -370,7 +374,7 @@ class ZmqEventPublisher(EventPublisher):
     """
 
     def __init__(self, config: KVEventsConfig, attn_dp_rank: int = 0,
-                 context: Optional[zmq.Context] = None, validate: bool = True,
+                 context: zmq.Context | None = None, validate: bool = True,
                  poll_interval_s: float = 0.01) -> None:
         if not isinstance(config, KVEventsConfig):
             raise InvalidInput(f"config must be a KVEventsConfig, got {type(config).__name__}")
@@ -384,7 +388,7 @@ class ZmqEventPublisher(EventPublisher):
         self.stats = PublisherStats()
         self._encoding = config.encoding
         self._topic = config.topic.encode("utf-8")
-        self._queue: "queue.Queue[Optional[bytes]]" = queue.Queue(maxsize=config.max_queue_size)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._lock = threading.Lock()
         self._reset_pending = False
@@ -394,8 +398,8 @@ class ZmqEventPublisher(EventPublisher):
         self._drain_s = 1.0
         self._own_ctx = context is None
         self._ctx = zmq.Context() if context is None else context
-        self._pub: Optional[zmq.Socket] = None
-        self._replay: Optional[zmq.Socket] = None
+        self._pub: zmq.Socket | None = None
+        self._replay: zmq.Socket | None = None
         try:
             self._pub = self._ctx.socket(zmq.PUB)
             self._pub.setsockopt(zmq.LINGER, 0)
@@ -407,7 +411,7 @@ class ZmqEventPublisher(EventPublisher):
             else:
                 self._pub.connect(endpoint)
                 self.endpoint = endpoint
-            self.replay_endpoint: Optional[str] = None
+            self.replay_endpoint: str | None = None
             if config.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
@@ -423,7 +427,7 @@ class ZmqEventPublisher(EventPublisher):
 
     # -- caller side -------------------------------------------------------------------------------
 
-    def publish(self, events: Sequence[KVCacheEvent], ts: Optional[float] = None) -> bool:
+    def publish(self, events: Sequence[KVCacheEvent], ts: float | None = None) -> bool:
         """Queue one step's events as a batch ``[ts, events, attn_dp_rank]`` (``ts`` defaults to
         ``time.time()``). An empty ``events`` publishes nothing (as upstream's scheduler).
 
@@ -437,13 +441,15 @@ class ZmqEventPublisher(EventPublisher):
             raise InvalidInput("publish on a closed ZmqEventPublisher")
         if not events:
             return True
+        evs: list[_EventUnion] = []
         for i, ev in enumerate(events):
-            if type(ev) not in _EVENT_TYPES:
+            # exactly these types (a subclass would not round-trip); isinstance narrows the type
+            if type(ev) not in _EVENT_TYPES or not isinstance(ev, _EVENT_TYPES):
                 raise InvalidInput(f"events[{i}] is a {type(ev).__name__}, not BlockStored, "
                                    f"BlockRemoved or AllBlocksCleared")
+            evs.append(ev)
         stamp = time.time() if ts is None else ts
         with self._lock:
-            evs = list(events)
             if self._reset_pending:
                 evs.insert(0, AllBlocksCleared())
             payload = self._encode(KVEventBatch(stamp, evs, self.attn_dp_rank))
@@ -461,11 +467,11 @@ class ZmqEventPublisher(EventPublisher):
 
     def _encode(self, batch: KVEventBatch) -> bytes:
         try:
-            payload = encode_batch(batch, self._encoding)  # type: ignore[arg-type]
+            payload = encode_batch(batch, self._encoding)
         except (TypeError, OverflowError, msgspec.EncodeError) as exc:
             raise InvalidInput(f"kv events: cannot encode the batch: {exc}") from None
         if self.validate:
-            decode_batch(payload, self._encoding)  # type: ignore[arg-type]
+            decode_batch(payload, self._encoding)
         return payload
 
     def close(self, timeout_s: float = 1.0) -> None:
@@ -492,7 +498,7 @@ class ZmqEventPublisher(EventPublisher):
         assert self._pub is not None
         pub, replay, q, buf = self._pub, self._replay, self._queue, self._buffer
         topic, seq = self._topic, 0
-        deadline: Optional[float] = None
+        deadline: float | None = None
         try:
             while True:
                 if replay is not None and replay.poll(0):
@@ -557,7 +563,7 @@ class ZmqEventPublisher(EventPublisher):
                 s.close(linger=0)
 
 
-def create_publisher(config: Union[KVEventsConfig, str, None], attn_dp_rank: int = 0,
+def create_publisher(config: KVEventsConfig | str | None, attn_dp_rank: int = 0,
                      **kwargs: Any) -> EventPublisher:
     """The publisher ``config`` asks for: a :class:`NullEventPublisher` for no config or
     ``publisher: "null"``, else a :class:`ZmqEventPublisher` (``kwargs`` go to it)."""
@@ -578,8 +584,8 @@ class KVEventSubscriber:
     replay endpoint. Decodes with the typed structs above (so a malformed batch raises
     :class:`InvalidInput`). Not thread-safe; close it (or use ``with``)."""
 
-    def __init__(self, endpoint: str, topic: str = "", replay_endpoint: Optional[str] = None,
-                 encoding: Encoding = "array", context: Optional[zmq.Context] = None,
+    def __init__(self, endpoint: str, topic: str = "", replay_endpoint: str | None = None,
+                 encoding: Encoding = "array", context: zmq.Context | None = None,
                  rcvhwm: int = 100_000) -> None:
         _check_encoding(encoding)
         self.encoding = encoding
@@ -590,13 +596,13 @@ class KVEventSubscriber:
         self._sub.setsockopt(zmq.RCVHWM, rcvhwm)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
         self._sub.connect(endpoint)
-        self._dealer: Optional[zmq.Socket] = None
+        self._dealer: zmq.Socket | None = None
         if replay_endpoint is not None:
             self._dealer = self._ctx.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.LINGER, 0)
             self._dealer.connect(replay_endpoint)
 
-    def recv(self, timeout_s: float = 1.0) -> Optional[tuple[int, KVEventBatch]]:
+    def recv(self, timeout_s: float = 1.0) -> tuple[int, KVEventBatch] | None:
         """The next ``(seq, batch)``, or None when nothing came within ``timeout_s``."""
         if not self._sub.poll(int(timeout_s * 1000)):
             return None
@@ -638,7 +644,7 @@ class KVEventSubscriber:
         if self._own_ctx:
             self._ctx.term()
 
-    def __enter__(self) -> "KVEventSubscriber":
+    def __enter__(self) -> KVEventSubscriber:
         return self
 
     def __exit__(self, *exc: object) -> None:

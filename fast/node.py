@@ -17,7 +17,7 @@ fields, the same ordering and repr; it serves the device-only Full cache only.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Optional
+from typing import Any
 
 _ids = itertools.count(1)
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,17 +34,17 @@ class CacheInitParams:
     pp_size: int = 1
     attn_cp_rank: int = 0
     attn_cp_size: int = 1
-    chunked_prefill_size: Optional[int] = None
-    sliding_window_size: Optional[int] = None
-    cache_ttl_seconds: Optional[float] = None
-    tree_components: Optional[tuple] = None
-    component_registry_override: Optional[dict] = None
+    chunked_prefill_size: int | None = None
+    sliding_window_size: int | None = None
+    cache_ttl_seconds: float | None = None
+    tree_components: tuple | None = None
+    component_registry_override: dict | None = None
     # uniradix: check slot ownership on insert (see UnifiedRadixCache).  None = check when the
     # allocator can answer (it has ``check_free`` and ``is_allocated``).
-    validate_slots: Optional[bool] = None
+    validate_slots: bool | None = None
     # uniradix: the chunk size of Mamba's branching seqlen (upstream reads it from the global
     # server args; None = 64)
-    mamba_cache_chunk_size: Optional[int] = None
+    mamba_cache_chunk_size: int | None = None
     # uniradix: a host tier (HiCache): a ``uniradix.fast.hicache.HiCacheConfig``; the cache is
     # then a ``HiCacheRadixCache`` (fast/hicache.py)
     hicache: Any = None
@@ -60,8 +60,8 @@ class MatchPrefixParams:
 @dataclasses.dataclass(slots=True)
 class InsertParams:
     key: Any = None
-    value: Optional[torch.Tensor] = None
-    mamba_value: Optional[torch.Tensor] = None
+    value: torch.Tensor | None = None
+    mamba_value: torch.Tensor | None = None
     prev_prefix_len: int = 0
     swa_evicted_seqlen: int = 0
     chunked: bool = False
@@ -92,16 +92,16 @@ class EvictResult:
 
 @dataclasses.dataclass(slots=True)
 class DecLockRefParams:
-    swa_uuid_for_lock: Optional[int] = None
-    swa_uuid_for_host_lock: Optional[int] = None
+    swa_uuid_for_lock: int | None = None
+    swa_uuid_for_host_lock: int | None = None
     skip_lock_node_ids: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(slots=True)
 class IncLockRefResult:
-    delta: Optional[int] = None
-    swa_uuid_for_lock: Optional[int] = None
-    swa_uuid_for_host_lock: Optional[int] = None
+    delta: int | None = None
+    swa_uuid_for_lock: int | None = None
+    swa_uuid_for_host_lock: int | None = None
     skip_lock_node_ids: dict = dataclasses.field(default_factory=dict)
 
     def to_dec_params(self) -> DecLockRefParams:
@@ -114,7 +114,7 @@ class IncLockRefResult:
 
 @dataclasses.dataclass(slots=True)
 class DecLockRefResult:
-    delta: Optional[int] = None
+    delta: int | None = None
 
 
 class MatchResult(NamedTuple):
@@ -125,5 +125,5 @@ class MatchResult(NamedTuple):
     host_hit_length: int = 0
     swa_host_hit_length: int = 0
     mamba_host_hit_length: int = 0
-    mamba_branching_seqlen: Optional[int] = None
-    cache_protected_len: Optional[int] = None
+    mamba_branching_seqlen: int | None = None
+    cache_protected_len: int | None = None

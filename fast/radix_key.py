@@ -9,7 +9,6 @@ token).  A list is converted once, at construction, and checked to hold ints onl
 from __future__ import annotations
 
 from array import array
-from typing import Optional
 
 from .errors import InvalidInput
 
@@ -39,7 +38,7 @@ class RadixKey:
 
     __slots__ = ("token_ids", "extra_key", "is_bigram")
 
-    def __init__(self, token_ids, extra_key: Optional[str] = None, is_bigram: bool = False):
+    def __init__(self, token_ids, extra_key: str | None = None, is_bigram: bool = False):
         if extra_key is not None and not isinstance(extra_key, str):
             raise InvalidInput(f"extra_key must be None or a string, got {extra_key!r}")
         self.token_ids = as_token_array(token_ids)
@@ -54,10 +53,10 @@ class RadixKey:
         """The units: the tokens, or under EAGLE the consecutive token pairs."""
         t = self.token_ids
         if self.is_bigram:
-            return zip(t, t[1:])
+            return zip(t, t[1:], strict=False)  # consecutive pairs: one fewer than tokens
         return iter(t)
 
-    def __getitem__(self, idx) -> "RadixKey":
+    def __getitem__(self, idx) -> RadixKey:
         """The key of units ``idx`` (an int or a step-1 slice), same ``extra_key``.  Under
         EAGLE, units ``[a, b)`` span tokens ``[a, b + 1)`` (an empty slice has no tokens)."""
         n = len(self)
@@ -78,7 +77,7 @@ class RadixKey:
             toks = self.token_ids[start:stop]
         return RadixKey(toks, self.extra_key, self.is_bigram)
 
-    def page_aligned(self, page_size: int) -> "RadixKey":
+    def page_aligned(self, page_size: int) -> RadixKey:
         """The key cut to whole pages of units (upstream's meaning: itself at page size 1)."""
         if page_size == 1:
             return self

@@ -24,7 +24,8 @@ Costs below use n = entries in the heap (live and stale), m = members of the lis
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 #: ``is_member(node)``: whether a node belongs to the order now (its entry is live when it
 #: also still carries the entry's stamp as ``last_access_time``).
@@ -169,7 +170,7 @@ class LruList:
         node.lru_prev, node.lru_next = prev, nxt
         prev.lru_next = nxt.lru_prev = node
 
-    def oldest(self) -> Optional[Any]:
+    def oldest(self) -> Any | None:
         """The oldest member, or None when empty.  O(1)."""
         x = self.tail.lru_prev
         return None if x is self.head else x

@@ -22,14 +22,14 @@ from collections.abc import Sequence
 
 from . import cache as rules
 from . import components
+from .core import CacheState, MatchOutcome, Node, all_nodes
 from .errors import InvalidInput
-from .core import CacheState, Node, all_nodes
 from .world import PagedPool
 
 
 @dataclasses.dataclass(frozen=True)
 class CowOutcome:
-    match: rules.MatchOutcome
+    match: MatchOutcome
     src: int | None  # the state slot to copy from: the best match node's; None: no state
     dst: int | None  # the request's own state slot; None: none could be had
 

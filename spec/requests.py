@@ -6,9 +6,10 @@ position, in whole pages: ``row[:committed]`` are the tokens computed so far, th
 last page is allocated but not yet used.  (In SGLang the table's row holds only the computed
 positions, and a reused row keeps the previous request's stale slots past them; the cache's
 rules therefore read ``row[:committed]`` only, and a free of a partial last page releases the
-whole page, as SGLang's paged allocator does.  Here that page is ``row[:round_up(committed)]``.)  Ownership of the row is split at
-``cache_protected_len``: positions before it are the tree's slots (matched, and locked through
-``lock``), positions from it on are the request's own and must be freed or handed to the tree.
+whole page, as SGLang's paged allocator does.  Here that page is ``row[:round_up(committed)]``.)
+Ownership of the row is split at ``cache_protected_len``: positions before it are the tree's
+slots (matched, and locked through ``lock``), positions from it on are the request's own and
+must be freed or handed to the tree.
 
 Hybrid models (spec/components.py; docs/SPEC.md, "The request path for SWA and Mamba"): with
 SWA a request also holds ``swa_evicted_seqlen``, where its sliding window starts: before each
@@ -24,7 +25,8 @@ hands the slot itself to the tree, which keeps it unless the node already had on
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from collections.abc import Sequence
+from typing import Any
 
 from . import cache as rules
 from . import components, sessions
@@ -35,23 +37,23 @@ from .state import CacheState, LockHandle
 @dataclasses.dataclass(eq=False)
 class Request:
     rid: str
-    input_ids: list
-    extra_key: Optional[str]
-    output_ids: list = dataclasses.field(default_factory=list)
-    row: list = dataclasses.field(default_factory=list)
+    input_ids: list[int]
+    extra_key: str | None
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    row: list[int] = dataclasses.field(default_factory=list)
     committed: int = 0  # tokens whose KV is in the row (prefix included)
     cache_protected_len: int = 0
-    lock: Optional[LockHandle] = None
+    lock: LockHandle | None = None
     admitted: bool = False
     priority: int = 0  # the request's priority, given to its inserts (spec/policies.py)
-    session: Optional[str] = None  # streaming sessions (spec/sessions.py)
+    session: str | None = None  # streaming sessions (spec/sessions.py)
     # hybrid models: where the request's own SWA data starts (page-aligned; its SWA slots before
     # it and from cache_protected_len on are freed), and its own Mamba state slot
     swa_evicted_seqlen: int = 0
-    mamba_slot: Optional[int] = None
+    mamba_slot: int | None = None
 
     @property
-    def all_ids(self) -> list:
+    def all_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
 
 
@@ -66,8 +68,8 @@ def round_up(n: int, page_size: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
-           priority: int = 0, session: Optional[str] = None) -> Request:
+def arrive(state: CacheState, rid: str, tokens: Any, extra_key: str | None,
+           priority: int = 0, session: str | None = None) -> Request:
     if not isinstance(rid, str) or rid in state.requests:
         raise InvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
     tokens = rules.check_int_list("tokens", tokens)
@@ -85,7 +87,7 @@ def arrive(state: CacheState, rid: str, tokens, extra_key: Optional[str],
     return req
 
 
-def check_hybrid_arrival(state: CacheState, session: Optional[str]) -> None:
+def check_hybrid_arrival(state: CacheState, session: str | None) -> None:
     """What the request model does not cover with an aux component: EAGLE keys (its cuts are
     in tokens, not bigram units) and streaming sessions (no SWA or Mamba session state)."""
     if not components.aux_names(state):
@@ -96,8 +98,8 @@ def check_hybrid_arrival(state: CacheState, session: Optional[str]) -> None:
         raise Unsupported("req_arrive: streaming sessions with SWA or Mamba are not modelled")
 
 
-def get_request(state: CacheState, rid, admitted: Optional[bool] = None) -> Request:
-    req = state.requests.get(rid) if isinstance(rid, str) else None
+def get_request(state: CacheState, rid: object, admitted: bool | None = None) -> Request:
+    req: Request | None = state.requests.get(rid) if isinstance(rid, str) else None
     if req is None:
         raise InvalidInput(f"no request {rid!r}")
     if admitted is not None and req.admitted != admitted:
@@ -129,7 +131,7 @@ def admit(state: CacheState, req: Request) -> int:
     return req.committed
 
 
-def new_state_slot(state: CacheState) -> Optional[int]:
+def new_state_slot(state: CacheState) -> int | None:
     """A fresh Mamba state slot, evicting one state first when the pool is empty; None when
     nothing could be evicted (upstream's ``_alloc_mamba_slot`` asserts there)."""
     assert state.mamba is not None
@@ -154,7 +156,7 @@ def reserve(state: CacheState, req: Request, new_tokens: int) -> Reservation:
         return Reservation(True, 0)
     short = need - state.kv.available_size()
     if "swa" in components.aux_names(state):  # SWA slots come with the full ones
-        swa_short = need - state.kv.swa.available_size()  # type: ignore[attr-defined]
+        swa_short = need - components.swa_pool(state).swa.available_size()
         evicted = components.evict(state, max(short, 0), max(swa_short, 0))["full"] \
             if short > 0 or swa_short > 0 else 0
     else:
@@ -207,7 +209,7 @@ def evict_swa_window(state: CacheState, req: Request) -> None:
     req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.cache_protected_len)
     new = max(req.swa_evicted_seqlen, req.committed - components.window(state) - ps) // ps * ps
     if new > req.swa_evicted_seqlen:
-        state.kv.free_swa(req.row[req.swa_evicted_seqlen: new])  # type: ignore[attr-defined]
+        components.swa_pool(state).free_swa(req.row[req.swa_evicted_seqlen: new])
         req.swa_evicted_seqlen = new
 
 
@@ -216,7 +218,7 @@ def output_token(req: Request, k: int) -> int:
     return output_token_id(req.input_ids, k)
 
 
-def output_token_id(input_ids, k: int) -> int:
+def output_token_id(input_ids: Sequence[int], k: int) -> int:
     return (input_ids[k % len(input_ids)] * 7 + k) % 50000
 
 
@@ -252,7 +254,8 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
         out = rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
                            mamba_value=cut[1], priority=req.priority)
         if cut[1] is not None and out.mamba_exist:  # the node had a state: the copy goes
-            state.mamba.free(list(cut[1]))  # type: ignore[union-attr]
+            assert state.mamba is not None  # a state copy implies the Mamba component
+            state.mamba.free(list(cut[1]))
     else:
         rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, chunked,
                      priority=req.priority)
@@ -261,13 +264,14 @@ def cache_unfinished_req(state: CacheState, req: Request, chunked: bool = False)
     assert not components.aux_names(state) or len(new) == len(tokens)
     assert req.cache_protected_len <= len(new) + state.config.page_size - 1
     req.row[req.cache_protected_len: len(new)] = new[req.cache_protected_len:]
+    assert req.lock is not None, "an admitted request holds a lock"
     rules.dec_lock_ref(state, req.lock)
     req.lock = rules.inc_lock_ref(state, m.last_device_node)
     req.cache_protected_len = len(new)
 
 
 def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
-                         ) -> Optional[tuple[int, Optional[tuple[int, ...]]]]:
+                         ) -> tuple[int, tuple[int, ...] | None] | None:
     """Hybrid models, ``cache_unfinished_req``: how many of the computed tokens go into the tree
     and the Mamba state copy that goes with them; None: nothing is cached this time.
 
@@ -279,7 +283,7 @@ def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
     length (the state is the whole computed length's), the chunk is not cached."""
     n = len(rules.aligned_units(state, tokens))
     names = components.aux_names(state)
-    slot: Optional[tuple[int, ...]] = None
+    slot: tuple[int, ...] | None = None
     if "mamba" in names:
         got = new_state_slot(state)
         if got is None:
@@ -294,7 +298,8 @@ def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
                 break
             start += shared
     if slot is not None and cut < n:
-        state.mamba.free(list(slot))  # type: ignore[union-attr]
+        assert state.mamba is not None  # a state slot implies the Mamba component
+        state.mamba.free(list(slot))
         return None
     return cut, slot
 
@@ -338,6 +343,7 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
         free_from = max(aligned, req.cache_protected_len)
     state.kv.free(req.row[free_from:end])
     free_state_slot(state, req, state_kept)
+    assert req.lock is not None, "an admitted request holds a lock"
     rules.dec_lock_ref(state, req.lock)
     release(state, req)
 
@@ -345,5 +351,6 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
 def free_state_slot(state: CacheState, req: Request, kept: bool) -> None:
     """Mamba: the request's state slot goes back to the pool unless the tree took it."""
     if req.mamba_slot is not None and not kept:
-        state.mamba.free([req.mamba_slot])  # type: ignore[union-attr]
+        assert state.mamba is not None  # a state slot implies the Mamba component
+        state.mamba.free([req.mamba_slot])
     req.mamba_slot = None
