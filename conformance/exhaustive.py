@@ -40,12 +40,20 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TextIO
 
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.conformance.conform import Progress
 from uniradix.conformance.lockstep import (
-    VIOLATION, Finding, ImplSpec, Lockstep, build_adapters, impl_labels, impl_name)
+    VIOLATION,
+    Finding,
+    ImplSpec,
+    Lockstep,
+    build_adapters,
+    impl_labels,
+    impl_name,
+)
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError
 from uniradix.spec.state import all_nodes
@@ -87,7 +95,7 @@ class Universe:
         return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots, eagle=self.eagle,
                            disable=self.disable)
 
-    def keys(self) -> list[tuple[list, Optional[str]]]:
+    def keys(self) -> list[tuple[list, str | None]]:
         """Every key of the universe: (tokens, extra_key), shortest first."""
         out = []
         for ek in self.extra_keys:
@@ -108,7 +116,7 @@ class Universe:
         return d
 
     @classmethod
-    def from_dict(cls, raw: dict, name: str = "custom") -> "Universe":
+    def from_dict(cls, raw: dict, name: str = "custom") -> Universe:
         if not isinstance(raw, dict):
             raise ConfigError(f"a universe must be a JSON object, got {raw!r}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -199,7 +207,7 @@ class World:
     storage_rids: tuple = ()  # storage tier: request ids with a prefetch in flight
 
     @classmethod
-    def of(cls, universe: Universe, adapter: SpecAdapter) -> "World":
+    def of(cls, universe: Universe, adapter: SpecAdapter) -> World:
         st = adapter.state
         eagle = st.config.eagle
         nodes, slots = [], []
@@ -240,7 +248,7 @@ def _path_sort(p: dict) -> tuple:
     return (p["extra_key"] is not None, p["extra_key"] or "", p["tokens"])
 
 
-def _pkey(extra_key: Optional[str], units: Sequence) -> tuple:
+def _pkey(extra_key: str | None, units: Sequence) -> tuple:
     """A node path as a sortable tuple (None sorts before the namespaces)."""
     return (extra_key is not None, extra_key or "", tuple(units))
 
@@ -322,11 +330,11 @@ class Transition:
 # -- the transitions, one function per kind -----------------------------------------------------
 
 
-def _args_key(tokens: list, ek: Optional[str]) -> dict:
+def _args_key(tokens: list, ek: str | None) -> dict:
     return {"tokens": list(tokens), "extra_key": ek}
 
 
-def run_insert_fresh(d: Driver, tokens: list, ek: Optional[str], chunked: bool) -> None:
+def run_insert_fresh(d: Driver, tokens: list, ek: str | None, chunked: bool) -> None:
     """Fresh pages for the whole key, ``prev_prefix_len`` 0: what the tree holds already comes
     back as duplicates; the pages past the aligned length are freed after."""
     n = len(tokens)
@@ -341,7 +349,7 @@ def run_insert_fresh(d: Driver, tokens: list, ek: Optional[str], chunked: bool) 
         d.step("free", {"slots": rest})
 
 
-def run_serve(d: Driver, tokens: list, ek: Optional[str]) -> None:
+def run_serve(d: Driver, tokens: list, ek: str | None) -> None:
     """A prompt served the scheduler's way: match, lock the match, make room (evicting),
     allocate the rest, insert with ``prev_prefix_len`` = the match, free the tail, unlock."""
     m = d.step("match_prefix", _args_key(tokens, ek))
@@ -602,8 +610,8 @@ def state_key(snapshots: Sequence[dict], adapters: Sequence[Any]) -> bytes:
 class Child:
     label: str
     steps: str                 # the transition's steps, JSON
-    key: Optional[bytes]       # None at a finding
-    finding: Optional[Finding] = None
+    key: bytes | None       # None at a finding
+    finding: Finding | None = None
 
 
 def _fresh(impls: Sequence[ImplSpec], config: CacheConfig, labels: Sequence[str],
@@ -638,7 +646,7 @@ def expand(universe: Universe, impls: Sequence[ImplSpec], path: Sequence[dict],
     return out
 
 
-def initial_key(universe: Universe, impls: Sequence[ImplSpec]) -> tuple[bytes, Optional[Finding]]:
+def initial_key(universe: Universe, impls: Sequence[ImplSpec]) -> tuple[bytes, Finding | None]:
     """The key of the empty state, and a finding if it already breaks an invariant."""
     ls = _fresh(impls, universe.config(), impl_labels([impl_name(i) for i in impls]), [])
     bad = {lab: v for lab, a in zip(ls.labels, ls.adapters) if (v := a.violations())}
@@ -682,10 +690,10 @@ class CheckResult:
     levels: list = dataclasses.field(default_factory=list)  # new states per level
     seconds: float = 0.0
     complete: bool = True              # False: stopped by the time limit
-    finding: Optional[Finding] = None
-    counterexample: Optional[list] = None   # the steps, numbered from 0
-    labels: Optional[list] = None      # the transitions of the counterexample
-    trace_path: Optional[str] = None
+    finding: Finding | None = None
+    counterexample: list | None = None   # the steps, numbered from 0
+    labels: list | None = None      # the transitions of the counterexample
+    trace_path: str | None = None
 
     def summary(self, prefix: str = "check") -> str:
         head = (f"{prefix}: {self.states} states, {self.transitions} transitions, depth "
@@ -699,7 +707,7 @@ class Bar(Progress):
     """The progress bar of ``uniradix conform`` (stderr; ``\\r`` on a terminal, a line every few
     seconds otherwise), counting depth levels and states instead of steps."""
 
-    def __init__(self, label: str, depth: int, stream: Optional[TextIO], enabled: bool) -> None:
+    def __init__(self, label: str, depth: int, stream: TextIO | None, enabled: bool) -> None:
         super().__init__(label, None, None, stream, enabled)
         self.depth = depth
 
@@ -720,10 +728,10 @@ class Bar(Progress):
 
 
 def explore(universe: Universe, impls: Sequence[ImplSpec] = ("spec", "fast"), *,
-            depth: Optional[int] = None, seconds: Optional[float] = None, jobs: int = 1,
-            progress: bool = True, stream: Optional[TextIO] = None,
+            depth: int | None = None, seconds: float | None = None, jobs: int = 1,
+            progress: bool = True, stream: TextIO | None = None,
             kinds: Sequence[OpKind] = OP_KINDS,
-            pool: Optional[concurrent.futures.ProcessPoolExecutor] = None) -> CheckResult:
+            pool: concurrent.futures.ProcessPoolExecutor | None = None) -> CheckResult:
     """Breadth-first search up to ``depth`` transitions (default: the universe's); stop at the
     first finding (its counterexample is a shortest one in transitions) or at ``seconds``.
     ``jobs > 1`` (or a ``pool`` of :func:`worker_pool`) expands each level in worker
@@ -860,9 +868,9 @@ def write_counterexample(out_dir: str, universe: Universe, impls: Sequence[ImplS
 
 
 def run_check(universes: Sequence[Universe], impls: Sequence[ImplSpec], *,
-              depth: Optional[int] = None, seconds: Optional[float] = None, jobs: int = 1,
-              out: Optional[str] = DEFAULT_OUT, progress: bool = True,
-              stream: Optional[TextIO] = None,
+              depth: int | None = None, seconds: float | None = None, jobs: int = 1,
+              out: str | None = DEFAULT_OUT, progress: bool = True,
+              stream: TextIO | None = None,
               log: Callable[[str], None] = lambda m: print(m, flush=True)) -> list[CheckResult]:
     """Explore each universe in turn (``seconds`` is the limit for all together); stop at the
     first finding, write its counterexample under ``out``."""
@@ -888,7 +896,7 @@ def run_check(universes: Sequence[Universe], impls: Sequence[ImplSpec], *,
     return results
 
 
-def _report(res: CheckResult, u: Universe, impls: Sequence[ImplSpec], out: Optional[str],
+def _report(res: CheckResult, u: Universe, impls: Sequence[ImplSpec], out: str | None,
             log: Callable[[str], None]) -> bool:
     """Log one universe's result (writing its counterexample); False: stop here."""
     log(res.summary(f"check {u.name}") + f" (new states per level {res.levels})")

@@ -6,18 +6,17 @@ scheduler rules for requests as spec/requests.py)."""
 from __future__ import annotations
 
 from array import array
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from uniradix import fast
-from uniradix.conformance.pools import PoolAllocator
-from uniradix.conformance.adapters import (StepAdapter, args_of, check_cow_args, check_supported,
-                                          path_arg)
+from uniradix.conformance.adapters import StepAdapter, args_of, check_cow_args, check_supported, path_arg
 from uniradix.conformance.host_ops import FastHostOps
+from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import CacheError as SpecCacheError
+from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import InvalidInput as SpecInvalidInput
 from uniradix.spec.errors import Unsupported as SpecUnsupported
 from uniradix.spec.requests import output_token_id
@@ -54,7 +53,7 @@ class ReqToTokenPool:
 class Req:
     """The request fields the cache reads (SGLang's Req, reduced)."""
 
-    def __init__(self, rid: str, tokens: list, extra_key: Optional[str]) -> None:
+    def __init__(self, rid: str, tokens: list, extra_key: str | None) -> None:
         self.rid = rid
         self.origin_input_ids = tokens
         self.output_ids: list = []
@@ -237,7 +236,7 @@ class FastAdapter(FastHostOps, StepAdapter):
         return {}
 
     # -- request-level ops (docs/TRACE.md) -----------------------------------------------------
-    def _get(self, rid, admitted: Optional[bool] = None) -> Req:
+    def _get(self, rid, admitted: bool | None = None) -> Req:
         req = self.requests.get(rid) if isinstance(rid, str) else None
         if req is None:
             raise SpecInvalidInput(f"no request {rid!r}")

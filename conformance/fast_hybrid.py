@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from uniradix import fast
-from uniradix.conformance.adapters import aux_effects, args_of, check_cow_args, check_supported
+from uniradix.conformance.adapters import args_of, aux_effects, check_cow_args, check_supported
 from uniradix.conformance.fast_adapter import FastAdapter, ReqToTokenPool, ints
 from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig

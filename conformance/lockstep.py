@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, Union
 
 from uniradix.conformance.adapters import CacheUnderTest, make_adapter
 from uniradix.conformance.events import event_differences, event_key_mode, event_source, events_differ
@@ -74,7 +75,7 @@ class Finding:
     path: str
     values: dict                   # impl label -> value at ``path``
     impls: tuple = ()              # the implementations the finding is about
-    args: Optional[dict] = None    # the step's args (for the report)
+    args: dict | None = None    # the step's args (for the report)
 
     @property
     def field(self) -> str:
@@ -115,7 +116,7 @@ def _short(x: Any, limit: int = 240) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _node_label(item: Any) -> Optional[str]:
+def _node_label(item: Any) -> str | None:
     """Snapshot list items that name a node are keyed by their path, not their position."""
     if isinstance(item, dict):
         p = item.get("path", item if "tokens" in item else None)
@@ -128,7 +129,7 @@ def _is_path(x: dict) -> bool:
     return set(x) == {"tokens", "extra_key"}
 
 
-def first_difference(a: Any, b: Any, path: str = "") -> Optional[tuple[str, Any, Any]]:
+def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
     """The first place where ``a`` and ``b`` differ, as ``(path, value_in_a, value_in_b)``;
     None when they are equal.  Dicts are walked key by key (in ``a``'s order), lists element by element,
     except lists of node entries, which are matched by node path (so one extra node is reported
@@ -255,8 +256,8 @@ class Lockstep:
     a written trace records as ``ret``.
     """
 
-    def __init__(self, adapters: Sequence[CacheUnderTest], labels: Optional[Sequence[str]] = None,
-                 *, snapshot_every: int = 1, violations_every: Optional[int] = None,
+    def __init__(self, adapters: Sequence[CacheUnderTest], labels: Sequence[str] | None = None,
+                 *, snapshot_every: int = 1, violations_every: int | None = None,
                  check_unchanged: bool = True, events: bool = True) -> None:
         if len(adapters) < 2:
             raise ValueError("lockstep needs at least two adapters")
@@ -271,7 +272,7 @@ class Lockstep:
         self.check_unchanged = check_unchanged
         self.steps_done = 0
         # the snapshots taken after the previous step (None: not taken, or stale)
-        self._last_snaps: Optional[list] = None
+        self._last_snaps: list | None = None
         self.stats = {"snapshots": 0, "violations": 0, "rejected": 0, "event_steps": 0}
         # KV events (conformance/events.py): the stream of every adapter that emits one, the
         # spec's rendered in the block-hash mode of a peer that declares one (upstream: compat)
@@ -291,7 +292,7 @@ class Lockstep:
             self.event_sources = [None] * len(self.adapters)
 
     @classmethod
-    def from_impls(cls, impls: Sequence[ImplSpec], config: CacheConfig, **kw: Any) -> "Lockstep":
+    def from_impls(cls, impls: Sequence[ImplSpec], config: CacheConfig, **kw: Any) -> Lockstep:
         """Build the adapters (names via ``make_adapter``, or factories ``config -> adapter``)."""
         return cls(build_adapters(impls, config), impl_labels([impl_name(i) for i in impls]), **kw)
 
@@ -300,7 +301,7 @@ class Lockstep:
         self.stats["snapshots"] += 1
         return [a.snapshot() for a in self.adapters]
 
-    def _compare_snapshots(self, snaps: list, i: int, op: str, args: Any) -> Optional[Finding]:
+    def _compare_snapshots(self, snaps: list, i: int, op: str, args: Any) -> Finding | None:
         ref = snaps[0]
         ref_fields = uncompared_node_fields(self.adapters[0])
         for k in range(1, len(snaps)):
@@ -318,7 +319,7 @@ class Lockstep:
                                (self.labels[0], self.labels[k]), args)
         return None
 
-    def _compare_events(self, events: list, i: int, op: Any, args: Any) -> Optional[Finding]:
+    def _compare_events(self, events: list, i: int, op: Any, args: Any) -> Finding | None:
         have = [(lb, ev) for lb, ev in zip(self.labels, events) if ev is not None]
         if len(have) < 2:
             return None
@@ -333,7 +334,7 @@ class Lockstep:
         return None
 
     # -- one step ------------------------------------------------------------------------------
-    def check(self, step: dict, *, full: Optional[bool] = None) -> tuple[dict, Optional[Finding]]:
+    def check(self, step: dict, *, full: bool | None = None) -> tuple[dict, Finding | None]:
         """Apply ``step`` to every adapter; return (the reference observation, the finding or
         None).  ``full`` forces (True) or skips (False) the snapshot and violation checks of this
         step, overriding the ``*_every`` schedule (a rejection still compares snapshots)."""
@@ -465,8 +466,8 @@ def renumber(steps: Sequence[dict]) -> list[dict]:
 
 
 def run_steps(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict], *,
-              full_ops: Optional[set] = None, snapshot_every: int = 1,
-              record: Optional[list] = None) -> Optional[Finding]:
+              full_ops: set | None = None, snapshot_every: int = 1,
+              record: list | None = None) -> Finding | None:
     """Replay ``steps`` (already numbered) in lockstep on fresh adapters; return the first
     finding or None.  ``full_ops``: check snapshots and violations only at steps with these
     ops (and at rejected steps) — cheap trial runs while shrinking.  ``record``: filled with
@@ -496,7 +497,7 @@ class ShrinkResult:
 
 def shrink(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict],
            finding: Finding, *, max_seconds: float = 120.0,
-           on_progress: Optional[Callable[[int, int], None]] = None) -> ShrinkResult:
+           on_progress: Callable[[int, int], None] | None = None) -> ShrinkResult:
     """Delta debugging: drop chunks of steps (halves, quarters, ... single steps) while a
     finding of the same kind (:meth:`Finding.signature`) still reproduces; cut everything after
     the failing step.  Handle references are renumbered (:func:`renumber`); a step whose context
@@ -509,7 +510,7 @@ def shrink(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict]
     cur = renumber(list(steps)[: _index_of(steps, finding.step) + 1])
     cur_finding = finding
 
-    def trial(candidate: list) -> Optional[tuple[list, Finding]]:
+    def trial(candidate: list) -> tuple[list, Finding] | None:
         nonlocal trials
         trials += 1
         numbered = renumber(candidate)
@@ -558,7 +559,7 @@ def _index_of(steps: Sequence[dict], i: int) -> int:
 
 
 def write_trace(path: str, impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict],
-                source: str, seed: Optional[int] = None, **header_extra: Any) -> list[dict]:
+                source: str, seed: int | None = None, **header_extra: Any) -> list[dict]:
     """Write ``steps`` as a replayable trace with the reference implementation's (the first
     impl's) observations as ``ret``; return the recorded steps.  The lockstep run stops at the
     first finding, so later steps (none, for a shrunk list) are recorded from the reference

@@ -15,7 +15,7 @@ Only the Full component is driven (host tier + SWA/Mamba stays unsupported).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.upstream import (

@@ -24,7 +24,6 @@ and each aux component's LRU list, oldest first.
 from __future__ import annotations
 
 import types
-from typing import Any, Optional
 
 from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.upstream import UpstreamAdapter, _count, _int_list, load_upstream
@@ -32,7 +31,7 @@ from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
 from uniradix.spec.world import hybrid_pools
 
-_HYBRID: Optional[types.SimpleNamespace] = None
+_HYBRID: types.SimpleNamespace | None = None
 
 
 def load_hybrid() -> types.SimpleNamespace:

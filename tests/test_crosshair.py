@@ -31,7 +31,6 @@ import re
 import subprocess
 import sys
 import time
-from typing import Optional
 
 import pytest
 
@@ -88,7 +87,7 @@ def parse_call(report: str) -> tuple[str, list, dict]:
     raise ValueError(f"cannot parse the call in report: {report!r}")
 
 
-def concrete_violation(report: str) -> Optional[str]:
+def concrete_violation(report: str) -> str | None:
     """Re-run a reported counterexample with the real function; the violation it shows, or
     None when the contract holds concretely (a CrossHair false alarm)."""
     try:

@@ -30,7 +30,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -171,7 +171,7 @@ def test_every_pair_has_both_sides_and_a_domain():
 # ----------------------------------------------------------------------------------------------
 
 
-def planted_aligned_len(n: int, page_size: int) -> Optional[int]:
+def planted_aligned_len(n: int, page_size: int) -> int | None:
     """``fast_aligned_len`` with an off-by-one at a page boundary."""
     r = targets.fast_aligned_len(n, page_size)
     return r + 1 if r is not None and n == 5 and page_size == 2 else r

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+
 from stories import Story
 from uniradix.conformance.machine import draw_swa_mamba_config, make_machine
 from uniradix.spec.config import CacheConfig

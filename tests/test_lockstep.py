@@ -20,7 +20,14 @@ import pytest
 from uniradix.conformance import conform as conform_mod
 from uniradix.conformance.adapters import ADAPTERS, SpecAdapter, args_of
 from uniradix.conformance.lockstep import (
-    DIVERGENCE, VIOLATION, Lockstep, LockstepError, first_difference, renumber, shrink)
+    DIVERGENCE,
+    VIOLATION,
+    Lockstep,
+    LockstepError,
+    first_difference,
+    renumber,
+    shrink,
+)
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
 from uniradix.spec import cache as rules

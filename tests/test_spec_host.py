@@ -11,8 +11,7 @@ import pytest
 
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.spec import cache as rules
-from uniradix.spec import host
-from uniradix.spec import queries
+from uniradix.spec import host, queries
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import HandleError, InvalidInput, Unsupported
 from uniradix.spec.invariants import sanity_check
