@@ -171,7 +171,7 @@ def _build_segment_adapters(impls: Sequence[ImplSpec], labels: Sequence[str],
                             cfg: CacheConfig) -> list:
     """The adapters of one segment; Unsupported names the implementation that refused."""
     out = []
-    for label, impl in zip(labels, impls):
+    for label, impl in zip(labels, impls, strict=True):
         try:
             out.extend(build_adapters([impl], cfg))
         except Unsupported as e:
@@ -184,11 +184,11 @@ def comparison_notes(labels: Sequence[str], adapters: Sequence[Any],
     """What a segment with these adapters does not generate or compare, one line each (the
     rules are declared by the adapters: ``tree_only``, ``uncompared_node_fields``)."""
     notes = []
-    narrow = [lab for lab, a in zip(labels, adapters) if adapter_tree_only(a)]
+    narrow = [lab for lab, a in zip(labels, adapters, strict=True) if adapter_tree_only(a)]
     if narrow and not tree_only_asked:
         notes.append(f"{', '.join(narrow)}: tree-level API only; request-level ops (req_*) "
                      "are not generated")
-    for lab, a in zip(labels, adapters):
+    for lab, a in zip(labels, adapters, strict=True):
         fields = sorted(uncompared_node_fields(a))
         if fields:
             notes.append(f"{lab}: snapshot node field(s) {', '.join(fields)} not compared "
@@ -316,7 +316,7 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
             log(f"conform: {events_note}")
         base = res.steps
 
-        def on_step(k: int) -> None:
+        def on_step(k: int, base: int = base) -> None:
             bar.update(base + k)
             if seconds is not None and k % 64 == 0 and time.monotonic() - t0 >= seconds:
                 raise _OutOfTime(k)

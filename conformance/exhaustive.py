@@ -527,7 +527,7 @@ def spec_fingerprint(adapter: SpecAdapter) -> tuple:
     nodes = [n for n in all_nodes(st) if not n.is_root]
     order = tuple(_node_path(n) for n in sorted(nodes, key=lambda n: n.stamp))
     driver = []
-    for h_no, handle in adapter.handles.items():
+    for handle in adapter.handles.values():
         if st.handles.get(handle.serial) is handle:
             driver.append(_handle_meaning(st, handle))
     reqs = tuple((r.rid, tuple(r.input_ids), r.extra_key, tuple(r.output_ids), r.admitted,
@@ -649,7 +649,7 @@ def expand(universe: Universe, impls: Sequence[ImplSpec], path: Sequence[dict],
 def initial_key(universe: Universe, impls: Sequence[ImplSpec]) -> tuple[bytes, Finding | None]:
     """The key of the empty state, and a finding if it already breaks an invariant."""
     ls = _fresh(impls, universe.config(), impl_labels([impl_name(i) for i in impls]), [])
-    bad = {lab: v for lab, a in zip(ls.labels, ls.adapters) if (v := a.violations())}
+    bad = {lab: v for lab, a in zip(ls.labels, ls.adapters, strict=True) if (v := a.violations())}
     finding = None
     if bad:
         finding = Finding(VIOLATION, -1, "(initial state)", "violations", "", bad, tuple(bad))

@@ -23,12 +23,13 @@ from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import PagedPool
 
 REJECTIONS = (SpecCacheError, fast.CacheError)
+_CPU = torch.device("cpu")
 
 
 class ReqToTokenPool:
     """SGLang's req_to_token table: one row of KV slots per running request (grows)."""
 
-    def __init__(self, rows: int = 16, cols: int = 256, device=torch.device("cpu")) -> None:
+    def __init__(self, rows: int = 16, cols: int = 256, device: torch.device = _CPU) -> None:
         self.req_to_token = torch.zeros((rows, cols), dtype=torch.int64, device=device)
         self.free_rows = list(range(rows))
 
@@ -200,6 +201,8 @@ class FastAdapter(FastHostOps, StepAdapter):
         tokens, extra_key = path_arg(path)
         node = self.cache.find_node(self._key(tokens, extra_key))
         i = step.get("i")
+        if isinstance(i, bool) or not isinstance(i, int):  # as the upstream adapter
+            raise SpecInvalidInput("a lock step needs an integer 'i' (the handle)")
         if i in self.handles:
             raise HandleError(f"lock: handle {i} is already in use")
         self.handles[i] = (node, self.cache.inc_lock_ref(node).to_dec_params())

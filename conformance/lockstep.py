@@ -33,7 +33,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 from uniradix.conformance.adapters import CacheUnderTest, make_adapter
 from uniradix.conformance.events import event_differences, event_key_mode, event_source, events_differ
@@ -41,7 +41,7 @@ from uniradix.conformance.trace import dump_trace, make_header
 from uniradix.spec.config import CacheConfig
 
 AdapterFactory = Callable[[CacheConfig], CacheUnderTest]
-ImplSpec = Union[str, AdapterFactory]
+ImplSpec = str | AdapterFactory
 
 MISSING = "<missing>"
 
@@ -154,8 +154,8 @@ def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | N
                  and len(set(labels_a)) == len(a) and len(set(labels_b)) == len(b)
                  and all(isinstance(x, dict) and "path" in x for x in a + b))
         if keyed:  # node entries: compare by node path
-            da = dict(zip(labels_a, a))
-            db = dict(zip(labels_b, b))
+            da = dict(zip(labels_a, a, strict=True))
+            db = dict(zip(labels_b, b, strict=True))
             for lab in sorted(set(da) | set(db), key=lambda s: (labels_a + labels_b).index(s)):
                 sub = f"{path}[{lab}]"
                 if lab not in da:
@@ -281,7 +281,7 @@ class Lockstep:
             mode = next((m for m in map(event_key_mode, self.adapters) if m is not None), None)
             diffs = tuple(sorted({d for a in self.adapters for d in event_differences(a)}))
             self.event_sources = [event_source(a, mode, diffs) for a in self.adapters]
-        emitting = [lb for lb, s in zip(self.labels, self.event_sources) if s is not None]
+        emitting = [lb for lb, s in zip(self.labels, self.event_sources, strict=True) if s is not None]
         #: why events are not compared for some adapters (empty: compared for all, or off)
         self.events_note = "" if not events or len(emitting) == len(self.adapters) else (
             "KV events not compared for "
@@ -320,7 +320,7 @@ class Lockstep:
         return None
 
     def _compare_events(self, events: list, i: int, op: Any, args: Any) -> Finding | None:
-        have = [(lb, ev) for lb, ev in zip(self.labels, events) if ev is not None]
+        have = [(lb, ev) for lb, ev in zip(self.labels, events, strict=True) if ev is not None]
         if len(have) < 2:
             return None
         self.stats["event_steps"] += 1
@@ -350,7 +350,7 @@ class Lockstep:
         self._last_snaps = None
         obs = []
         crashed = {}
-        for label, a in zip(self.labels, self.adapters):
+        for label, a in zip(self.labels, self.adapters, strict=True):
             try:
                 obs.append(a.apply(step))
             except Exception as e:  # not a typed rejection: the implementation broke
@@ -360,7 +360,7 @@ class Lockstep:
             first = next(iter(crashed.values())).split(":")[0]
             return obs[0], Finding(VIOLATION, i, op, "crash", first, crashed, tuple(crashed), args)
         events = [None if src is None else src.after_step(step, o)
-                  for src, o in zip(self.event_sources, obs)]
+                  for src, o in zip(self.event_sources, obs, strict=True)]
         cmp = [comparable(o) for o in obs]
         ref = cmp[0]
         rejected = "error" in ref
@@ -385,7 +385,7 @@ class Lockstep:
         if rejected or want_snap:
             snaps = self.snapshots()
             if rejected and self.check_unchanged and before is not None:
-                for k, (b, s) in enumerate(zip(before, snaps)):
+                for k, (b, s) in enumerate(zip(before, snaps, strict=True)):
                     if b != s:
                         path, vb, va = first_difference(b, s)  # type: ignore[misc]
                         return obs[0], Finding(
@@ -404,7 +404,7 @@ class Lockstep:
         if want_viol:
             self.stats["violations"] += 1
             bad = {}
-            for label, a in zip(self.labels, self.adapters):
+            for label, a in zip(self.labels, self.adapters, strict=True):
                 v = a.violations()
                 if v:
                     bad[label] = list(v)

@@ -56,7 +56,8 @@ def parse_header(header: Any, where: str = "<trace>") -> CacheConfig:
         raise ConfigError(f"{where}: line 1 is not a uniradix-trace header")
     version = header.get("version")
     if version != VERSION:
-        raise ConfigError(f"{where}: trace version {version!r} is not supported (this reader knows {VERSION})")
+        raise ConfigError(
+            f"{where}: trace version {version!r} is not supported (this reader knows {VERSION})")
     mode = header.get("event_key_mode")
     if mode is not None and mode not in KEY_MODES:
         raise ConfigError(f"{where}: event_key_mode must be one of {KEY_MODES}, got {mode!r}")

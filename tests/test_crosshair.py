@@ -148,7 +148,7 @@ def crosshair_results():
     workers = max(1, min(len(names), os.cpu_count() or 1))
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        results = dict(zip(names, pool.map(run_crosshair, names)))
+        results = dict(zip(names, pool.map(run_crosshair, names), strict=True))
     total = time.monotonic() - start
     print(f"\ncrosshair: {len(names)} functions, {workers} at a time, {total:.1f} s wall: "
           + ", ".join(f"{n} {r['seconds']:.1f}s" for n, r in results.items()))

@@ -147,8 +147,8 @@ def test_pairs_agree_on_every_input_of_a_small_domain(name):
     assert len(domain) > 20
     checked = 0
     for args in domain:
-        a = outcome(spec, dict(zip(_params(spec), args)))
-        b = outcome(fast, dict(zip(_params(fast), args)))
+        a = outcome(spec, dict(zip(_params(spec), args, strict=True)))
+        b = outcome(fast, dict(zip(_params(fast), args, strict=True)))
         assert a == b, f"{name}{args}: spec {a}, fast {b}"
         checked += a != ("returns", None)
     assert checked > 0, f"{name}: every input of the domain was outside the guard"

@@ -245,7 +245,7 @@ def test_tree_workload_same_outcomes(kind, ps):
     ours = tree_workload(kind, ps, "fast")
     theirs = tree_workload(kind, ps, "upstream")
     assert len(ours["log"]) == len(theirs["log"])
-    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"])):
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
         assert a == b, f"request event {k}: fast {a} != sglang {b}"
     assert ours == theirs
     hits = sum(e[1] for e in ours["log"] if e[0] == "admit")
@@ -375,7 +375,7 @@ REQUEST_CONFIGS = [("full", 1), ("full", 16), ("host", 1), ("host", 16)]
 def test_request_path_same_outcomes(kind, ps):
     ours = request_workload(kind, ps, "fast")
     theirs = request_workload(kind, ps, "upstream")
-    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"])):
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
         assert a == b, f"request event {k}: fast {a} != sglang {b}"
     assert ours == theirs
     assert any(e[0] == "chunk" for e in ours["log"]) and any(e[0] == "evict" for e in ours["log"])

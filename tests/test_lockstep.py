@@ -415,7 +415,7 @@ def test_registered_impl_matches_spec_in_lockstep(impl, tmp_path):
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
         futs = [ex.submit(_conform_worker, impl, 100 + k, per, str(tmp_path)) for k in range(jobs)]
         results = [f.result() for f in futs]
-    for steps, finding, path in results:
+    for _steps, finding, path in results:
         assert finding is None, f"{finding}\nshrunk trace: {path}"
     assert sum(r[0] for r in results) >= FAST_STEPS
 
