@@ -418,10 +418,10 @@ class UpstreamAdapter:
     def apply(self, step: dict) -> dict:
         op = step.get("op")
         args = step.get("args") or {}
-        handler = self._ops.get(op)
+        handler = self._ops.get(op) if isinstance(op, str) else None
         self.pool.take_freed()  # effects are per step
         try:
-            if handler is None:
+            if handler is None or not isinstance(op, str):
                 # an op of a tier or component this adapter does not drive: the spec's name
                 if op in _NOT_DRIVEN_OPS:
                     if op in ("mamba_alloc", "mamba_free"):  # the spec checks their args first
@@ -439,7 +439,7 @@ class UpstreamAdapter:
     def snapshot(self) -> dict:
         """Canonical state (docs/DESIGN.md): nodes sorted by path with device value, lock_ref and
         hit_count; the evictable device leaves, oldest access first; the Full sizes."""
-        nodes = []
+        nodes: list[dict[str, Any]] = []
         for node in self._walk_nodes():
             if node is self.root:
                 continue
