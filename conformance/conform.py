@@ -38,7 +38,7 @@ from uniradix.conformance.lockstep import (
 )
 from uniradix.conformance.lockstep import tree_only as adapter_tree_only
 from uniradix.conformance.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
-from uniradix.spec.config import CacheConfig
+from uniradix.spec.config import POLICIES, CacheConfig
 from uniradix.spec.errors import ConfigError, Unsupported
 
 # name -> the fixed part of the config; kv_slots is drawn per segment (16..96, whole pages)
@@ -509,7 +509,6 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="each implementation keeps a fingerprinted KV pool; every slot a cache "
                         "hands out must hold its token's KV (conformance/kvcheck.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    from uniradix.spec.policies import POLICIES
     p.add_argument("--policy", default=None, choices=list(POLICIES),
                    help="eviction policy for every segment's config (default: the config's, lru)")
     p.set_defaults(func=cmd_conform)

@@ -330,7 +330,9 @@ class Driver:
         ret = self.emit("lock", {"node": {"tokens": list(tokens), "extra_key": extra_key}})
         return ret["handle"]
 
-    def _unlock(self, handle: int) -> None:
+    def _unlock(self, handle: int | None) -> None:
+        if handle is None:  # a request holds its lock from admission to finish
+            raise RecordingError("unlock of a request that holds no lock")
         self.emit("unlock", {"handle": handle})
 
     def _make_room(self, need: int) -> bool:
@@ -761,7 +763,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = {}
     if args.events:  # the block-hash chain of the recorded events
         from uniradix.conformance.events import event_source
-        extra["event_key_mode"] = event_source(make_adapter(args.impl, config)).key_mode
+        src = event_source(make_adapter(args.impl, config))
+        if src is None:
+            print(f"recording failed: --events: {args.impl} emits no KV events", file=sys.stderr)
+            return 1
+        extra["event_key_mode"] = src.key_mode
     header = make_header(config, _source(args.impl, adapter, config_label(args.config, args.policy),
                                          args.seed), seed=args.seed, **extra)
     dump_trace(args.out, header, steps)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -56,7 +57,7 @@ from uniradix.conformance.lockstep import (
 )
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError
-from uniradix.spec.state import all_nodes
+from uniradix.spec.state import Node, all_nodes
 
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
 
@@ -215,8 +216,8 @@ class World:
             units = node.path_units()
             toks = [units[0][0]] + [u[1] for u in units] if eagle else list(units)
             nodes.append({"tokens": toks, "extra_key": node.extra_key})
-            path_slots = []
-            cur = node
+            path_slots: list[int] = []
+            cur: Node | None = node
             while cur is not None and not cur.is_root:
                 path_slots[:0] = list(cur.value or ())
                 cur = cur.parent
@@ -290,7 +291,7 @@ class Driver:
         return self.ls.adapters[0].pool
 
     def step(self, op: str, args: dict, must_reject: bool = False) -> dict:
-        s = {"i": self.next_i, "op": op, "args": args}
+        s: dict[str, Any] = {"i": self.next_i, "op": op, "args": args}
         self.next_i += 1
         self.steps.append(s)
         obs, finding = self.ls.check(s, full=True)
@@ -390,12 +391,12 @@ def t_insert(u: Universe, w: World) -> Iterator[Transition]:
     for toks, ek in u.keys():
         for chunked in ((False, True) if u.chunked else (False,)):
             yield Transition(f"insert {toks} {ek}" + (" chunked" if chunked else ""),
-                             lambda d, t=toks, e=ek, c=chunked: run_insert_fresh(d, t, e, c))
+                             functools.partial(run_insert_fresh, tokens=toks, ek=ek, chunked=chunked))
 
 
 def t_serve(u: Universe, w: World) -> Iterator[Transition]:
     for toks, ek in u.keys():
-        yield Transition(f"serve {toks} {ek}", lambda d, t=toks, e=ek: run_serve(d, t, e))
+        yield Transition(f"serve {toks} {ek}", functools.partial(run_serve, tokens=toks, ek=ek))
 
 
 def t_lock(u: Universe, w: World) -> Iterator[Transition]:
@@ -586,8 +587,8 @@ def fingerprint(adapter: Any) -> tuple:
     try:
         from uniradix.conformance.fast_adapter import FastAdapter
     except ImportError:  # pragma: no cover - no torch
-        FastAdapter = None  # type: ignore[assignment]
-    if FastAdapter is not None and isinstance(adapter, FastAdapter):
+        return (type(adapter).__name__,)
+    if isinstance(adapter, FastAdapter):
         return fast_fingerprint(adapter)
     return (type(adapter).__name__,)
 
@@ -642,7 +643,7 @@ def expand(universe: Universe, impls: Sequence[ImplSpec], path: Sequence[dict],
         except FoundIt as e:
             out.append(Child(t.label, json.dumps(d.steps), None, e.finding))
             return out
-        out.append(Child(t.label, json.dumps(d.steps), state_key(ls._last_snaps, ls.adapters)))
+        out.append(Child(t.label, json.dumps(d.steps), state_key(_snaps(ls), ls.adapters)))
     return out
 
 
@@ -654,9 +655,16 @@ def initial_key(universe: Universe, impls: Sequence[ImplSpec]) -> tuple[bytes, F
     if bad:
         finding = Finding(VIOLATION, -1, "(initial state)", "violations", "", bad, tuple(bad))
     else:
-        f = ls._compare_snapshots(ls._last_snaps, -1, "(initial state)", None)
+        f = ls._compare_snapshots(_snaps(ls), -1, "(initial state)", None)
         finding = f
-    return state_key(ls._last_snaps, ls.adapters), finding
+    return state_key(_snaps(ls), ls.adapters), finding
+
+
+def _snaps(ls: Lockstep) -> list:
+    """The snapshots of the last step (``prime`` and every full check take them)."""
+    if ls._last_snaps is None:
+        raise RuntimeError("the last lockstep step took no snapshots")
+    return ls._last_snaps
 
 
 def _worker_expand(universe: Universe, impls: Sequence[str], paths: list[str]) -> list[list[Child]]:
@@ -821,7 +829,7 @@ def explore(universe: Universe, impls: Sequence[ImplSpec] = ("spec", "fast"), *,
             if not frontier:
                 break
     finally:
-        if own_pool:
+        if own_pool and pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     bar.update(res.depth, 1, 1, res, force=True)
     return _finish(res, t0, bar)
@@ -881,7 +889,9 @@ def run_check(universes: Sequence[Universe], impls: Sequence[ImplSpec], *,
         for u in universes:
             left = None if seconds is None else max(0.0, seconds - (time.monotonic() - t0))
             if u.name.startswith("storage-"):  # conformance/exhaustive_storage.py
-                from uniradix.conformance.exhaustive_storage import explore_storage
+                from uniradix.conformance.exhaustive_storage import StorageUniverse, explore_storage
+                if not isinstance(u, StorageUniverse):
+                    raise TypeError(f"universe {u.name} is not a storage universe")
                 res = explore_storage(u, impls, depth=depth, seconds=left, progress=progress,
                                       stream=stream)
             else:

@@ -339,7 +339,7 @@ class Lockstep:
         None).  ``full`` forces (True) or skips (False) the snapshot and violation checks of this
         step, overriding the ``*_every`` schedule (a rejection still compares snapshots)."""
         i = step.get("i", self.steps_done)
-        op = step.get("op")
+        op = str(step.get("op", ""))  # the name findings report (the adapters read the step)
         args = step.get("args")
         n = self.steps_done
         self.steps_done += 1

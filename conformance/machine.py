@@ -642,6 +642,7 @@ class Scenario:
         kind = ch.choice(self.invalid_kinds())
         must = True
         big = self.config.kv_slots + 10 * self.ps
+        step: dict[str, Any]
         if kind == "alloc_type":
             step = {"op": "alloc", "args": {"n": str(self.ps)}}
         elif kind == "alloc_negative":
@@ -858,9 +859,9 @@ class Scenario:
                 if op == "req_chunk":
                     self._remember(r.tokens[: r.committed], r.extra_key, cached=True)
         elif op in ("req_finish", "req_abort"):
-            r = self.reqs.pop(args["rid"], None)
-            if r is not None and op == "req_finish":
-                self._remember(r.tokens, r.extra_key, cached=True)
+            done_req = self.reqs.pop(args["rid"], None)
+            if done_req is not None and op == "req_finish":
+                self._remember(done_req.tokens, done_req.extra_key, cached=True)
 
     def _after_invalid_insert(self, args: dict) -> None:
         """An "invalid" insert that was accepted (disabled cache, or nothing of it new): the
@@ -1061,7 +1062,7 @@ def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
             note(f"config {self.config.to_dict()}, alphabet {self.sc.alphabet}")
 
         def _do(self, action: str, seed: int) -> None:
-            assert self.sc is not None and self.ls is not None
+            assert self.sc is not None and self.ls is not None and self.config is not None
             step = self.sc.propose(action, RandomChooser(random.Random(seed)))
             if step is None:
                 return
