@@ -20,13 +20,25 @@ import os
 import random
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from uniradix.conformance.lockstep import (
-    VIOLATION, Finding, ImplSpec, Lockstep, comparable, impl_labels, impl_name,
-    build_adapters, shrink, tree_only as adapter_tree_only, uncompared_node_fields, write_trace)
+    VIOLATION,
+    Finding,
+    ImplSpec,
+    Lockstep,
+    build_adapters,
+    comparable,
+    impl_labels,
+    impl_name,
+    shrink,
+    uncompared_node_fields,
+    write_trace,
+)
+from uniradix.conformance.lockstep import tree_only as adapter_tree_only
 from uniradix.conformance.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
-from uniradix.spec.config import CacheConfig
+from uniradix.spec.config import POLICIES, CacheConfig
 from uniradix.spec.errors import ConfigError, Unsupported
 
 # name -> the fixed part of the config; kv_slots is drawn per segment (16..96, whole pages)
@@ -72,7 +84,7 @@ DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
 # ----------------------------------------------------------------------------------------------
 
 
-def parse_config_arg(raw: Optional[str]) -> Optional[Any]:
+def parse_config_arg(raw: str | None) -> Any | None:
     """``--config``: a name of :data:`NAMED_CONFIGS` or a JSON config object (fixed)."""
     if raw is None:
         return None
@@ -135,10 +147,10 @@ class ConformResult:
     violations: int = 0
     segments: int = 0
     seconds: float = 0.0
-    finding: Optional[Finding] = None
-    trace_path: Optional[str] = None
-    shrunk_steps: Optional[int] = None
-    config_name: Optional[str] = None
+    finding: Finding | None = None
+    trace_path: str | None = None
+    shrunk_steps: int | None = None
+    config_name: str | None = None
     skipped_configs: dict = dataclasses.field(default_factory=dict)  # name -> why
     notes: list = dataclasses.field(default_factory=list)  # what was not compared, and why
     event_steps: int = 0  # steps whose KV events were compared (conformance/events.py)
@@ -159,7 +171,7 @@ def _build_segment_adapters(impls: Sequence[ImplSpec], labels: Sequence[str],
                             cfg: CacheConfig) -> list:
     """The adapters of one segment; Unsupported names the implementation that refused."""
     out = []
-    for label, impl in zip(labels, impls):
+    for label, impl in zip(labels, impls, strict=True):
         try:
             out.extend(build_adapters([impl], cfg))
         except Unsupported as e:
@@ -172,11 +184,11 @@ def comparison_notes(labels: Sequence[str], adapters: Sequence[Any],
     """What a segment with these adapters does not generate or compare, one line each (the
     rules are declared by the adapters: ``tree_only``, ``uncompared_node_fields``)."""
     notes = []
-    narrow = [lab for lab, a in zip(labels, adapters) if adapter_tree_only(a)]
+    narrow = [lab for lab, a in zip(labels, adapters, strict=True) if adapter_tree_only(a)]
     if narrow and not tree_only_asked:
         notes.append(f"{', '.join(narrow)}: tree-level API only; request-level ops (req_*) "
                      "are not generated")
-    for lab, a in zip(labels, adapters):
+    for lab, a in zip(labels, adapters, strict=True):
         fields = sorted(uncompared_node_fields(a))
         if fields:
             notes.append(f"{lab}: snapshot node field(s) {', '.join(fields)} not compared "
@@ -188,8 +200,8 @@ class Progress:
     """A one-line progress bar on stderr (``\\r`` updates on a terminal, a line every few
     seconds otherwise)."""
 
-    def __init__(self, label: str, total: Optional[int], seconds: Optional[float],
-                 stream: Optional[TextIO] = None, enabled: bool = True) -> None:
+    def __init__(self, label: str, total: int | None, seconds: float | None,
+                 stream: TextIO | None = None, enabled: bool = True) -> None:
         self.label, self.total, self.seconds = label, total, seconds
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
@@ -242,13 +254,13 @@ class Progress:
                 self.stream.flush()
 
 
-def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optional[int] = None,
-                seconds: Optional[float] = None, seed: int = 0, out: Optional[str] = DEFAULT_OUT,
+def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | None = None,
+                seconds: float | None = None, seed: int = 0, out: str | None = DEFAULT_OUT,
                 segment_steps: int = SEGMENT_STEPS, shrink_seconds: float = 120.0,
-                progress: bool = True, stream: Optional[TextIO] = None,
+                progress: bool = True, stream: TextIO | None = None,
                 log: Callable[[str], None] = lambda m: print(m, flush=True),
                 snapshot_every: int = 1, tree_only: bool = False,
-                policy: Optional[str] = None) -> ConformResult:
+                policy: str | None = None) -> ConformResult:
     """The ``conform`` loop; returns counts and, at a finding, the written trace's path.
     ``config``: None (cycle through :data:`NAMED_CONFIGS`), a name, or a CacheConfig;
     ``policy``: an eviction policy every segment's config takes (None: the config's own)."""
@@ -260,7 +272,7 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
     t0 = time.monotonic()
     segment = 0
 
-    def budget_left() -> Optional[int]:
+    def budget_left() -> int | None:
         if steps is not None:
             return steps - res.steps
         return None
@@ -304,7 +316,7 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: Optiona
             log(f"conform: {events_note}")
         base = res.steps
 
-        def on_step(k: int) -> None:
+        def on_step(k: int, base: int = base) -> None:
             bar.update(base + k)
             if seconds is not None and k % 64 == 0 and time.monotonic() - t0 >= seconds:
                 raise _OutOfTime(k)
@@ -369,13 +381,13 @@ def probe_steps(first_i: int, config: CacheConfig, n_evicts: int) -> list[dict]:
 
 
 def replay_divergence_at(impls: Sequence[ImplSpec], config: CacheConfig,
-                         recorded: Sequence[dict]) -> Optional[int]:
+                         recorded: Sequence[dict]) -> int | None:
     """Where would ``uniradix replay`` of these recorded steps (``ret`` from impls[0]) first
     flag one of the other implementations (the largest such index over them), or None?
     The same checks as replay: every ret field, rejections leave the state unchanged,
     invariants."""
     from uniradix.conformance.replay import compare
-    worst: Optional[int] = None
+    worst: int | None = None
     for impl in impls[1:]:
         a = build_adapters([impl], config)[0]
         for k, s in enumerate(recorded):
@@ -497,7 +509,6 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="each implementation keeps a fingerprinted KV pool; every slot a cache "
                         "hands out must hold its token's KV (conformance/kvcheck.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    from uniradix.spec.policies import POLICIES
     p.add_argument("--policy", default=None, choices=list(POLICIES),
                    help="eviction policy for every segment's config (default: the config's, lru)")
     p.set_defaults(func=cmd_conform)
@@ -585,7 +596,7 @@ def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry point (until cli.py registers the subcommands)."""
     from uniradix.spec.errors import CacheError
     p = argparse.ArgumentParser(prog="uniradix")

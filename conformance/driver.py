@@ -31,7 +31,8 @@ import argparse
 import dataclasses
 import random
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from uniradix.spec.config import CacheConfig
 
@@ -139,17 +140,17 @@ def _round_down(n: int, page: int) -> int:
 @dataclasses.dataclass
 class _Request:
     tokens: list[int]          # prompt + all output tokens it may produce
-    extra_key: Optional[str]
+    extra_key: str | None
     prompt_len: int
     matched: int = 0           # tokens covered by the tree (locked), page-aligned
     prefix: list[int] = dataclasses.field(default_factory=list)  # tree slots for [0, matched)
     fresh: list[int] = dataclasses.field(default_factory=list)   # own slots for [matched, ...)
-    handle: Optional[int] = None
+    handle: int | None = None
     decoded: bool = False      # output slots allocated
     produced: int = 0          # output tokens that have KV (0 until decode)
     chunked_once: bool = False
-    mamba_slot: Optional[int] = None  # Mamba: the request's own state slot
-    priority: Optional[int] = None  # eviction policies: the request's priority, on its inserts
+    mamba_slot: int | None = None  # Mamba: the request's own state slot
+    priority: int | None = None  # eviction policies: the request's priority, on its inserts
 
 
 @dataclasses.dataclass
@@ -212,7 +213,7 @@ class Driver:
     def _setup_world(self) -> None:
         rng = self.rng
         self.alphabet = rng.sample(range(2, 200), rng.randint(3, 6))
-        self.namespaces: list[Optional[str]] = [None, "tenant-b"]
+        self.namespaces: list[str | None] = [None, "tenant-b"]
         if rng.random() < 0.5:
             self.namespaces.append("tenant-c")
         self.ns_weights = [6, 3, 1][: len(self.namespaces)]
@@ -247,7 +248,7 @@ class Driver:
         prompt = prefix + self._random_tokens(suffix_len)
         return prompt[: max(4, self.config.kv_slots // 2)]  # most requests must fit the pool
 
-    def _namespace(self) -> Optional[str]:
+    def _namespace(self) -> str | None:
         return self.rng.choices(self.namespaces, weights=self.ns_weights)[0]
 
     # -- emitting steps ----------------------------------------------------------------------
@@ -322,14 +323,16 @@ class Driver:
             s.resets += 1
 
     # -- building blocks ---------------------------------------------------------------------
-    def _match(self, tokens: list[int], extra_key: Optional[str]) -> dict:
+    def _match(self, tokens: list[int], extra_key: str | None) -> dict:
         return self.emit("match_prefix", {"tokens": list(tokens), "extra_key": extra_key})
 
-    def _lock(self, tokens: list[int], extra_key: Optional[str]) -> int:
+    def _lock(self, tokens: list[int], extra_key: str | None) -> int:
         ret = self.emit("lock", {"node": {"tokens": list(tokens), "extra_key": extra_key}})
         return ret["handle"]
 
-    def _unlock(self, handle: int) -> None:
+    def _unlock(self, handle: int | None) -> None:
+        if handle is None:  # a request holds its lock from admission to finish
+            raise RecordingError("unlock of a request that holds no lock")
         self.emit("unlock", {"handle": handle})
 
     def _make_room(self, need: int) -> bool:
@@ -354,7 +357,7 @@ class Driver:
                             "swa_num_tokens": short_swa + (jitter if short_swa else 0)})
         return need <= self.free_slots and need <= self.free_swa
 
-    def _mamba_slot(self) -> Optional[int]:
+    def _mamba_slot(self) -> int | None:
         """Mamba: one state slot, evicting one state first when none is free."""
         if self.free_mamba == 0:
             self.emit("evict", {"num_tokens": 0, "mamba_num": 1})
@@ -362,8 +365,8 @@ class Driver:
                 return None
         return self.emit("mamba_alloc", {"n": 1})["slots"][0]
 
-    def _insert(self, args: dict, mamba_slot: Optional[int],
-                priority: Optional[int] = None) -> dict:
+    def _insert(self, args: dict, mamba_slot: int | None,
+                priority: int | None = None) -> dict:
         """An insert; with Mamba it carries a state slot, freed by the caller when the tree
         already had a state there (``mamba_exist``); with a priority, the request's."""
         if priority is not None:
@@ -659,7 +662,7 @@ class Driver:
 
 
 def record(adapter: Any, config: CacheConfig, seed: int, steps: int,
-           check_violations: bool = True, stats: Optional[RecordStats] = None,
+           check_violations: bool = True, stats: RecordStats | None = None,
            cow: bool = False, events: bool = False) -> list[dict]:
     """Record ``steps`` steps of the seeded workload against ``adapter``.
 
@@ -721,7 +724,7 @@ def _source(impl: str, adapter: Any, config_name: str, seed: int) -> str:
     return f"uniradix {impl} ({where})"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m uniradix.conformance.driver",
                                 description="Record a random scheduler-like trace.")
     p.add_argument("--impl", default="upstream", help="implementation: upstream or spec")
@@ -760,7 +763,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     extra = {}
     if args.events:  # the block-hash chain of the recorded events
         from uniradix.conformance.events import event_source
-        extra["event_key_mode"] = event_source(make_adapter(args.impl, config)).key_mode
+        src = event_source(make_adapter(args.impl, config))
+        if src is None:
+            print(f"recording failed: --events: {args.impl} emits no KV events", file=sys.stderr)
+            return 1
+        extra["event_key_mode"] = src.key_mode
     header = make_header(config, _source(args.impl, adapter, config_label(args.config, args.policy),
                                          args.seed), seed=args.seed, **extra)
     dump_trace(args.out, header, steps)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -40,15 +41,23 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TextIO
 
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.conformance.conform import Progress
 from uniradix.conformance.lockstep import (
-    VIOLATION, Finding, ImplSpec, Lockstep, build_adapters, impl_labels, impl_name)
+    VIOLATION,
+    Finding,
+    ImplSpec,
+    Lockstep,
+    build_adapters,
+    impl_labels,
+    impl_name,
+)
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError
-from uniradix.spec.state import all_nodes
+from uniradix.spec.state import Node, all_nodes
 
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
 
@@ -87,7 +96,7 @@ class Universe:
         return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots, eagle=self.eagle,
                            disable=self.disable)
 
-    def keys(self) -> list[tuple[list, Optional[str]]]:
+    def keys(self) -> list[tuple[list, str | None]]:
         """Every key of the universe: (tokens, extra_key), shortest first."""
         out = []
         for ek in self.extra_keys:
@@ -108,7 +117,7 @@ class Universe:
         return d
 
     @classmethod
-    def from_dict(cls, raw: dict, name: str = "custom") -> "Universe":
+    def from_dict(cls, raw: dict, name: str = "custom") -> Universe:
         if not isinstance(raw, dict):
             raise ConfigError(f"a universe must be a JSON object, got {raw!r}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -199,7 +208,7 @@ class World:
     storage_rids: tuple = ()  # storage tier: request ids with a prefetch in flight
 
     @classmethod
-    def of(cls, universe: Universe, adapter: SpecAdapter) -> "World":
+    def of(cls, universe: Universe, adapter: SpecAdapter) -> World:
         st = adapter.state
         eagle = st.config.eagle
         nodes, slots = [], []
@@ -207,8 +216,8 @@ class World:
             units = node.path_units()
             toks = [units[0][0]] + [u[1] for u in units] if eagle else list(units)
             nodes.append({"tokens": toks, "extra_key": node.extra_key})
-            path_slots = []
-            cur = node
+            path_slots: list[int] = []
+            cur: Node | None = node
             while cur is not None and not cur.is_root:
                 path_slots[:0] = list(cur.value or ())
                 cur = cur.parent
@@ -240,7 +249,7 @@ def _path_sort(p: dict) -> tuple:
     return (p["extra_key"] is not None, p["extra_key"] or "", p["tokens"])
 
 
-def _pkey(extra_key: Optional[str], units: Sequence) -> tuple:
+def _pkey(extra_key: str | None, units: Sequence) -> tuple:
     """A node path as a sortable tuple (None sorts before the namespaces)."""
     return (extra_key is not None, extra_key or "", tuple(units))
 
@@ -282,7 +291,7 @@ class Driver:
         return self.ls.adapters[0].pool
 
     def step(self, op: str, args: dict, must_reject: bool = False) -> dict:
-        s = {"i": self.next_i, "op": op, "args": args}
+        s: dict[str, Any] = {"i": self.next_i, "op": op, "args": args}
         self.next_i += 1
         self.steps.append(s)
         obs, finding = self.ls.check(s, full=True)
@@ -322,11 +331,11 @@ class Transition:
 # -- the transitions, one function per kind -----------------------------------------------------
 
 
-def _args_key(tokens: list, ek: Optional[str]) -> dict:
+def _args_key(tokens: list, ek: str | None) -> dict:
     return {"tokens": list(tokens), "extra_key": ek}
 
 
-def run_insert_fresh(d: Driver, tokens: list, ek: Optional[str], chunked: bool) -> None:
+def run_insert_fresh(d: Driver, tokens: list, ek: str | None, chunked: bool) -> None:
     """Fresh pages for the whole key, ``prev_prefix_len`` 0: what the tree holds already comes
     back as duplicates; the pages past the aligned length are freed after."""
     n = len(tokens)
@@ -341,7 +350,7 @@ def run_insert_fresh(d: Driver, tokens: list, ek: Optional[str], chunked: bool) 
         d.step("free", {"slots": rest})
 
 
-def run_serve(d: Driver, tokens: list, ek: Optional[str]) -> None:
+def run_serve(d: Driver, tokens: list, ek: str | None) -> None:
     """A prompt served the scheduler's way: match, lock the match, make room (evicting),
     allocate the rest, insert with ``prev_prefix_len`` = the match, free the tail, unlock."""
     m = d.step("match_prefix", _args_key(tokens, ek))
@@ -382,12 +391,12 @@ def t_insert(u: Universe, w: World) -> Iterator[Transition]:
     for toks, ek in u.keys():
         for chunked in ((False, True) if u.chunked else (False,)):
             yield Transition(f"insert {toks} {ek}" + (" chunked" if chunked else ""),
-                             lambda d, t=toks, e=ek, c=chunked: run_insert_fresh(d, t, e, c))
+                             functools.partial(run_insert_fresh, tokens=toks, ek=ek, chunked=chunked))
 
 
 def t_serve(u: Universe, w: World) -> Iterator[Transition]:
     for toks, ek in u.keys():
-        yield Transition(f"serve {toks} {ek}", lambda d, t=toks, e=ek: run_serve(d, t, e))
+        yield Transition(f"serve {toks} {ek}", functools.partial(run_serve, tokens=toks, ek=ek))
 
 
 def t_lock(u: Universe, w: World) -> Iterator[Transition]:
@@ -519,7 +528,7 @@ def spec_fingerprint(adapter: SpecAdapter) -> tuple:
     nodes = [n for n in all_nodes(st) if not n.is_root]
     order = tuple(_node_path(n) for n in sorted(nodes, key=lambda n: n.stamp))
     driver = []
-    for h_no, handle in adapter.handles.items():
+    for handle in adapter.handles.values():
         if st.handles.get(handle.serial) is handle:
             driver.append(_handle_meaning(st, handle))
     reqs = tuple((r.rid, tuple(r.input_ids), r.extra_key, tuple(r.output_ids), r.admitted,
@@ -578,8 +587,8 @@ def fingerprint(adapter: Any) -> tuple:
     try:
         from uniradix.conformance.fast_adapter import FastAdapter
     except ImportError:  # pragma: no cover - no torch
-        FastAdapter = None  # type: ignore[assignment]
-    if FastAdapter is not None and isinstance(adapter, FastAdapter):
+        return (type(adapter).__name__,)
+    if isinstance(adapter, FastAdapter):
         return fast_fingerprint(adapter)
     return (type(adapter).__name__,)
 
@@ -602,8 +611,8 @@ def state_key(snapshots: Sequence[dict], adapters: Sequence[Any]) -> bytes:
 class Child:
     label: str
     steps: str                 # the transition's steps, JSON
-    key: Optional[bytes]       # None at a finding
-    finding: Optional[Finding] = None
+    key: bytes | None       # None at a finding
+    finding: Finding | None = None
 
 
 def _fresh(impls: Sequence[ImplSpec], config: CacheConfig, labels: Sequence[str],
@@ -634,21 +643,28 @@ def expand(universe: Universe, impls: Sequence[ImplSpec], path: Sequence[dict],
         except FoundIt as e:
             out.append(Child(t.label, json.dumps(d.steps), None, e.finding))
             return out
-        out.append(Child(t.label, json.dumps(d.steps), state_key(ls._last_snaps, ls.adapters)))
+        out.append(Child(t.label, json.dumps(d.steps), state_key(_snaps(ls), ls.adapters)))
     return out
 
 
-def initial_key(universe: Universe, impls: Sequence[ImplSpec]) -> tuple[bytes, Optional[Finding]]:
+def initial_key(universe: Universe, impls: Sequence[ImplSpec]) -> tuple[bytes, Finding | None]:
     """The key of the empty state, and a finding if it already breaks an invariant."""
     ls = _fresh(impls, universe.config(), impl_labels([impl_name(i) for i in impls]), [])
-    bad = {lab: v for lab, a in zip(ls.labels, ls.adapters) if (v := a.violations())}
+    bad = {lab: v for lab, a in zip(ls.labels, ls.adapters, strict=True) if (v := a.violations())}
     finding = None
     if bad:
         finding = Finding(VIOLATION, -1, "(initial state)", "violations", "", bad, tuple(bad))
     else:
-        f = ls._compare_snapshots(ls._last_snaps, -1, "(initial state)", None)
+        f = ls._compare_snapshots(_snaps(ls), -1, "(initial state)", None)
         finding = f
-    return state_key(ls._last_snaps, ls.adapters), finding
+    return state_key(_snaps(ls), ls.adapters), finding
+
+
+def _snaps(ls: Lockstep) -> list:
+    """The snapshots of the last step (``prime`` and every full check take them)."""
+    if ls._last_snaps is None:
+        raise RuntimeError("the last lockstep step took no snapshots")
+    return ls._last_snaps
 
 
 def _worker_expand(universe: Universe, impls: Sequence[str], paths: list[str]) -> list[list[Child]]:
@@ -682,10 +698,10 @@ class CheckResult:
     levels: list = dataclasses.field(default_factory=list)  # new states per level
     seconds: float = 0.0
     complete: bool = True              # False: stopped by the time limit
-    finding: Optional[Finding] = None
-    counterexample: Optional[list] = None   # the steps, numbered from 0
-    labels: Optional[list] = None      # the transitions of the counterexample
-    trace_path: Optional[str] = None
+    finding: Finding | None = None
+    counterexample: list | None = None   # the steps, numbered from 0
+    labels: list | None = None      # the transitions of the counterexample
+    trace_path: str | None = None
 
     def summary(self, prefix: str = "check") -> str:
         head = (f"{prefix}: {self.states} states, {self.transitions} transitions, depth "
@@ -699,7 +715,7 @@ class Bar(Progress):
     """The progress bar of ``uniradix conform`` (stderr; ``\\r`` on a terminal, a line every few
     seconds otherwise), counting depth levels and states instead of steps."""
 
-    def __init__(self, label: str, depth: int, stream: Optional[TextIO], enabled: bool) -> None:
+    def __init__(self, label: str, depth: int, stream: TextIO | None, enabled: bool) -> None:
         super().__init__(label, None, None, stream, enabled)
         self.depth = depth
 
@@ -720,10 +736,10 @@ class Bar(Progress):
 
 
 def explore(universe: Universe, impls: Sequence[ImplSpec] = ("spec", "fast"), *,
-            depth: Optional[int] = None, seconds: Optional[float] = None, jobs: int = 1,
-            progress: bool = True, stream: Optional[TextIO] = None,
+            depth: int | None = None, seconds: float | None = None, jobs: int = 1,
+            progress: bool = True, stream: TextIO | None = None,
             kinds: Sequence[OpKind] = OP_KINDS,
-            pool: Optional[concurrent.futures.ProcessPoolExecutor] = None) -> CheckResult:
+            pool: concurrent.futures.ProcessPoolExecutor | None = None) -> CheckResult:
     """Breadth-first search up to ``depth`` transitions (default: the universe's); stop at the
     first finding (its counterexample is a shortest one in transitions) or at ``seconds``.
     ``jobs > 1`` (or a ``pool`` of :func:`worker_pool`) expands each level in worker
@@ -813,7 +829,7 @@ def explore(universe: Universe, impls: Sequence[ImplSpec] = ("spec", "fast"), *,
             if not frontier:
                 break
     finally:
-        if own_pool:
+        if own_pool and pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     bar.update(res.depth, 1, 1, res, force=True)
     return _finish(res, t0, bar)
@@ -860,9 +876,9 @@ def write_counterexample(out_dir: str, universe: Universe, impls: Sequence[ImplS
 
 
 def run_check(universes: Sequence[Universe], impls: Sequence[ImplSpec], *,
-              depth: Optional[int] = None, seconds: Optional[float] = None, jobs: int = 1,
-              out: Optional[str] = DEFAULT_OUT, progress: bool = True,
-              stream: Optional[TextIO] = None,
+              depth: int | None = None, seconds: float | None = None, jobs: int = 1,
+              out: str | None = DEFAULT_OUT, progress: bool = True,
+              stream: TextIO | None = None,
               log: Callable[[str], None] = lambda m: print(m, flush=True)) -> list[CheckResult]:
     """Explore each universe in turn (``seconds`` is the limit for all together); stop at the
     first finding, write its counterexample under ``out``."""
@@ -873,7 +889,9 @@ def run_check(universes: Sequence[Universe], impls: Sequence[ImplSpec], *,
         for u in universes:
             left = None if seconds is None else max(0.0, seconds - (time.monotonic() - t0))
             if u.name.startswith("storage-"):  # conformance/exhaustive_storage.py
-                from uniradix.conformance.exhaustive_storage import explore_storage
+                from uniradix.conformance.exhaustive_storage import StorageUniverse, explore_storage
+                if not isinstance(u, StorageUniverse):
+                    raise TypeError(f"universe {u.name} is not a storage universe")
                 res = explore_storage(u, impls, depth=depth, seconds=left, progress=progress,
                                       stream=stream)
             else:
@@ -888,7 +906,7 @@ def run_check(universes: Sequence[Universe], impls: Sequence[ImplSpec], *,
     return results
 
 
-def _report(res: CheckResult, u: Universe, impls: Sequence[ImplSpec], out: Optional[str],
+def _report(res: CheckResult, u: Universe, impls: Sequence[ImplSpec], out: str | None,
             log: Callable[[str], None]) -> bool:
     """Log one universe's result (writing its counterexample); False: stop here."""
     log(res.summary(f"check {u.name}") + f" (new states per level {res.levels})")

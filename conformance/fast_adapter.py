@@ -6,30 +6,30 @@ scheduler rules for requests as spec/requests.py)."""
 from __future__ import annotations
 
 from array import array
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from uniradix import fast
-from uniradix.conformance.pools import PoolAllocator
-from uniradix.conformance.adapters import (StepAdapter, args_of, check_cow_args, check_supported,
-                                          path_arg)
+from uniradix.conformance.adapters import StepAdapter, args_of, check_cow_args, check_supported, path_arg
 from uniradix.conformance.host_ops import FastHostOps
+from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import CacheError as SpecCacheError
+from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import InvalidInput as SpecInvalidInput
 from uniradix.spec.errors import Unsupported as SpecUnsupported
 from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import PagedPool
 
 REJECTIONS = (SpecCacheError, fast.CacheError)
+_CPU = torch.device("cpu")
 
 
 class ReqToTokenPool:
     """SGLang's req_to_token table: one row of KV slots per running request (grows)."""
 
-    def __init__(self, rows: int = 16, cols: int = 256, device=torch.device("cpu")) -> None:
+    def __init__(self, rows: int = 16, cols: int = 256, device: torch.device = _CPU) -> None:
         self.req_to_token = torch.zeros((rows, cols), dtype=torch.int64, device=device)
         self.free_rows = list(range(rows))
 
@@ -54,7 +54,7 @@ class ReqToTokenPool:
 class Req:
     """The request fields the cache reads (SGLang's Req, reduced)."""
 
-    def __init__(self, rid: str, tokens: list, extra_key: Optional[str]) -> None:
+    def __init__(self, rid: str, tokens: list, extra_key: str | None) -> None:
         self.rid = rid
         self.origin_input_ids = tokens
         self.output_ids: list = []
@@ -201,6 +201,8 @@ class FastAdapter(FastHostOps, StepAdapter):
         tokens, extra_key = path_arg(path)
         node = self.cache.find_node(self._key(tokens, extra_key))
         i = step.get("i")
+        if isinstance(i, bool) or not isinstance(i, int):  # as the upstream adapter
+            raise SpecInvalidInput("a lock step needs an integer 'i' (the handle)")
         if i in self.handles:
             raise HandleError(f"lock: handle {i} is already in use")
         self.handles[i] = (node, self.cache.inc_lock_ref(node).to_dec_params())
@@ -237,7 +239,7 @@ class FastAdapter(FastHostOps, StepAdapter):
         return {}
 
     # -- request-level ops (docs/TRACE.md) -----------------------------------------------------
-    def _get(self, rid, admitted: Optional[bool] = None) -> Req:
+    def _get(self, rid, admitted: bool | None = None) -> Req:
         req = self.requests.get(rid) if isinstance(rid, str) else None
         if req is None:
             raise SpecInvalidInput(f"no request {rid!r}")

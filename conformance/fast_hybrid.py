@@ -11,23 +11,28 @@ from typing import Any
 import torch
 
 from uniradix import fast
-from uniradix.conformance.adapters import aux_effects, args_of, check_cow_args, check_supported
+from uniradix.conformance.adapters import args_of, aux_effects, check_cow_args, check_supported
 from uniradix.conformance.fast_adapter import FastAdapter, ReqToTokenPool, ints
 from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
-from uniradix.spec.world import hybrid_pools
+from uniradix.spec.world import HybridKVPool, PagedPool, hybrid_pools
 
 
 class SwaPoolAllocator(PoolAllocator):
     """SGLang's SWA allocator interface over a ``HybridKVPool``: ``free`` releases full and
     mapped SWA slots, ``free_swa`` only the SWA ones, ``translate_loc_from_full_to_swa`` maps."""
 
+    def _kv(self) -> HybridKVPool:
+        if not isinstance(self.pool, HybridKVPool):
+            raise TypeError("SwaPoolAllocator needs a HybridKVPool (spec/world.py)")
+        return self.pool
+
     def free_swa(self, free_index) -> None:
-        self.pool.free_swa(free_index.tolist())
+        self._kv().free_swa(free_index.tolist())
 
     def translate_loc_from_full_to_swa(self, kv_indices) -> torch.Tensor:
-        return torch.tensor(self.pool.translate(kv_indices.tolist()), dtype=torch.int64)
+        return torch.tensor(self._kv().translate(kv_indices.tolist()), dtype=torch.int64)
 
 
 class MambaAllocator:
@@ -111,7 +116,7 @@ class HybridFastAdapter(FastAdapter):
         if self.cache.swa is not None:
             snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
         if self.cache.mamba is not None:
-            snap["mamba_pool"] = sorted(self.mamba.allocated_pages())
+            snap["mamba_pool"] = sorted(self._mamba_pool().allocated_pages())
         return snap
 
     # -- ops -------------------------------------------------------------------------------------
@@ -122,7 +127,7 @@ class HybridFastAdapter(FastAdapter):
             return {"slots": slots, "swa_slots": list(self.pool.translate(slots))}
         return {"slots": slots}
 
-    def _mamba_pool(self):
+    def _mamba_pool(self) -> PagedPool:
         if self.mamba is None:
             raise Unsupported("Mamba pool ops need the Mamba component")
         return self.mamba

@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from uniradix.conformance.adapters import CacheUnderTest, make_adapter
 from uniradix.conformance.events import event_differences, event_key_mode, event_source, events_differ
@@ -40,7 +41,7 @@ from uniradix.conformance.trace import dump_trace, make_header
 from uniradix.spec.config import CacheConfig
 
 AdapterFactory = Callable[[CacheConfig], CacheUnderTest]
-ImplSpec = Union[str, AdapterFactory]
+ImplSpec = str | AdapterFactory
 
 MISSING = "<missing>"
 
@@ -74,7 +75,7 @@ class Finding:
     path: str
     values: dict                   # impl label -> value at ``path``
     impls: tuple = ()              # the implementations the finding is about
-    args: Optional[dict] = None    # the step's args (for the report)
+    args: dict | None = None    # the step's args (for the report)
 
     @property
     def field(self) -> str:
@@ -115,7 +116,7 @@ def _short(x: Any, limit: int = 240) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _node_label(item: Any) -> Optional[str]:
+def _node_label(item: Any) -> str | None:
     """Snapshot list items that name a node are keyed by their path, not their position."""
     if isinstance(item, dict):
         p = item.get("path", item if "tokens" in item else None)
@@ -128,7 +129,7 @@ def _is_path(x: dict) -> bool:
     return set(x) == {"tokens", "extra_key"}
 
 
-def first_difference(a: Any, b: Any, path: str = "") -> Optional[tuple[str, Any, Any]]:
+def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
     """The first place where ``a`` and ``b`` differ, as ``(path, value_in_a, value_in_b)``;
     None when they are equal.  Dicts are walked key by key (in ``a``'s order), lists element by element,
     except lists of node entries, which are matched by node path (so one extra node is reported
@@ -153,8 +154,8 @@ def first_difference(a: Any, b: Any, path: str = "") -> Optional[tuple[str, Any,
                  and len(set(labels_a)) == len(a) and len(set(labels_b)) == len(b)
                  and all(isinstance(x, dict) and "path" in x for x in a + b))
         if keyed:  # node entries: compare by node path
-            da = dict(zip(labels_a, a))
-            db = dict(zip(labels_b, b))
+            da = dict(zip(labels_a, a, strict=True))
+            db = dict(zip(labels_b, b, strict=True))
             for lab in sorted(set(da) | set(db), key=lambda s: (labels_a + labels_b).index(s)):
                 sub = f"{path}[{lab}]"
                 if lab not in da:
@@ -255,8 +256,8 @@ class Lockstep:
     a written trace records as ``ret``.
     """
 
-    def __init__(self, adapters: Sequence[CacheUnderTest], labels: Optional[Sequence[str]] = None,
-                 *, snapshot_every: int = 1, violations_every: Optional[int] = None,
+    def __init__(self, adapters: Sequence[CacheUnderTest], labels: Sequence[str] | None = None,
+                 *, snapshot_every: int = 1, violations_every: int | None = None,
                  check_unchanged: bool = True, events: bool = True) -> None:
         if len(adapters) < 2:
             raise ValueError("lockstep needs at least two adapters")
@@ -271,7 +272,7 @@ class Lockstep:
         self.check_unchanged = check_unchanged
         self.steps_done = 0
         # the snapshots taken after the previous step (None: not taken, or stale)
-        self._last_snaps: Optional[list] = None
+        self._last_snaps: list | None = None
         self.stats = {"snapshots": 0, "violations": 0, "rejected": 0, "event_steps": 0}
         # KV events (conformance/events.py): the stream of every adapter that emits one, the
         # spec's rendered in the block-hash mode of a peer that declares one (upstream: compat)
@@ -280,7 +281,7 @@ class Lockstep:
             mode = next((m for m in map(event_key_mode, self.adapters) if m is not None), None)
             diffs = tuple(sorted({d for a in self.adapters for d in event_differences(a)}))
             self.event_sources = [event_source(a, mode, diffs) for a in self.adapters]
-        emitting = [lb for lb, s in zip(self.labels, self.event_sources) if s is not None]
+        emitting = [lb for lb, s in zip(self.labels, self.event_sources, strict=True) if s is not None]
         #: why events are not compared for some adapters (empty: compared for all, or off)
         self.events_note = "" if not events or len(emitting) == len(self.adapters) else (
             "KV events not compared for "
@@ -291,7 +292,7 @@ class Lockstep:
             self.event_sources = [None] * len(self.adapters)
 
     @classmethod
-    def from_impls(cls, impls: Sequence[ImplSpec], config: CacheConfig, **kw: Any) -> "Lockstep":
+    def from_impls(cls, impls: Sequence[ImplSpec], config: CacheConfig, **kw: Any) -> Lockstep:
         """Build the adapters (names via ``make_adapter``, or factories ``config -> adapter``)."""
         return cls(build_adapters(impls, config), impl_labels([impl_name(i) for i in impls]), **kw)
 
@@ -300,7 +301,7 @@ class Lockstep:
         self.stats["snapshots"] += 1
         return [a.snapshot() for a in self.adapters]
 
-    def _compare_snapshots(self, snaps: list, i: int, op: str, args: Any) -> Optional[Finding]:
+    def _compare_snapshots(self, snaps: list, i: int, op: str, args: Any) -> Finding | None:
         ref = snaps[0]
         ref_fields = uncompared_node_fields(self.adapters[0])
         for k in range(1, len(snaps)):
@@ -318,8 +319,8 @@ class Lockstep:
                                (self.labels[0], self.labels[k]), args)
         return None
 
-    def _compare_events(self, events: list, i: int, op: Any, args: Any) -> Optional[Finding]:
-        have = [(lb, ev) for lb, ev in zip(self.labels, events) if ev is not None]
+    def _compare_events(self, events: list, i: int, op: Any, args: Any) -> Finding | None:
+        have = [(lb, ev) for lb, ev in zip(self.labels, events, strict=True) if ev is not None]
         if len(have) < 2:
             return None
         self.stats["event_steps"] += 1
@@ -333,12 +334,12 @@ class Lockstep:
         return None
 
     # -- one step ------------------------------------------------------------------------------
-    def check(self, step: dict, *, full: Optional[bool] = None) -> tuple[dict, Optional[Finding]]:
+    def check(self, step: dict, *, full: bool | None = None) -> tuple[dict, Finding | None]:
         """Apply ``step`` to every adapter; return (the reference observation, the finding or
         None).  ``full`` forces (True) or skips (False) the snapshot and violation checks of this
         step, overriding the ``*_every`` schedule (a rejection still compares snapshots)."""
         i = step.get("i", self.steps_done)
-        op = step.get("op")
+        op = str(step.get("op", ""))  # the name findings report (the adapters read the step)
         args = step.get("args")
         n = self.steps_done
         self.steps_done += 1
@@ -349,7 +350,7 @@ class Lockstep:
         self._last_snaps = None
         obs = []
         crashed = {}
-        for label, a in zip(self.labels, self.adapters):
+        for label, a in zip(self.labels, self.adapters, strict=True):
             try:
                 obs.append(a.apply(step))
             except Exception as e:  # not a typed rejection: the implementation broke
@@ -359,7 +360,7 @@ class Lockstep:
             first = next(iter(crashed.values())).split(":")[0]
             return obs[0], Finding(VIOLATION, i, op, "crash", first, crashed, tuple(crashed), args)
         events = [None if src is None else src.after_step(step, o)
-                  for src, o in zip(self.event_sources, obs)]
+                  for src, o in zip(self.event_sources, obs, strict=True)]
         cmp = [comparable(o) for o in obs]
         ref = cmp[0]
         rejected = "error" in ref
@@ -384,7 +385,7 @@ class Lockstep:
         if rejected or want_snap:
             snaps = self.snapshots()
             if rejected and self.check_unchanged and before is not None:
-                for k, (b, s) in enumerate(zip(before, snaps)):
+                for k, (b, s) in enumerate(zip(before, snaps, strict=True)):
                     if b != s:
                         path, vb, va = first_difference(b, s)  # type: ignore[misc]
                         return obs[0], Finding(
@@ -403,7 +404,7 @@ class Lockstep:
         if want_viol:
             self.stats["violations"] += 1
             bad = {}
-            for label, a in zip(self.labels, self.adapters):
+            for label, a in zip(self.labels, self.adapters, strict=True):
                 v = a.violations()
                 if v:
                     bad[label] = list(v)
@@ -465,8 +466,8 @@ def renumber(steps: Sequence[dict]) -> list[dict]:
 
 
 def run_steps(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict], *,
-              full_ops: Optional[set] = None, snapshot_every: int = 1,
-              record: Optional[list] = None) -> Optional[Finding]:
+              full_ops: set | None = None, snapshot_every: int = 1,
+              record: list | None = None) -> Finding | None:
     """Replay ``steps`` (already numbered) in lockstep on fresh adapters; return the first
     finding or None.  ``full_ops``: check snapshots and violations only at steps with these
     ops (and at rejected steps) — cheap trial runs while shrinking.  ``record``: filled with
@@ -496,7 +497,7 @@ class ShrinkResult:
 
 def shrink(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict],
            finding: Finding, *, max_seconds: float = 120.0,
-           on_progress: Optional[Callable[[int, int], None]] = None) -> ShrinkResult:
+           on_progress: Callable[[int, int], None] | None = None) -> ShrinkResult:
     """Delta debugging: drop chunks of steps (halves, quarters, ... single steps) while a
     finding of the same kind (:meth:`Finding.signature`) still reproduces; cut everything after
     the failing step.  Handle references are renumbered (:func:`renumber`); a step whose context
@@ -509,7 +510,7 @@ def shrink(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict]
     cur = renumber(list(steps)[: _index_of(steps, finding.step) + 1])
     cur_finding = finding
 
-    def trial(candidate: list) -> Optional[tuple[list, Finding]]:
+    def trial(candidate: list) -> tuple[list, Finding] | None:
         nonlocal trials
         trials += 1
         numbered = renumber(candidate)
@@ -558,7 +559,7 @@ def _index_of(steps: Sequence[dict], i: int) -> int:
 
 
 def write_trace(path: str, impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict],
-                source: str, seed: Optional[int] = None, **header_extra: Any) -> list[dict]:
+                source: str, seed: int | None = None, **header_extra: Any) -> list[dict]:
     """Write ``steps`` as a replayable trace with the reference implementation's (the first
     impl's) observations as ``ret``; return the recorded steps.  The lockstep run stops at the
     first finding, so later steps (none, for a shrunk list) are recorded from the reference

@@ -38,7 +38,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from uniradix.conformance.adapters import ADAPTERS
 from uniradix.spec.config import CacheConfig
@@ -195,7 +196,7 @@ def host_config(ch: Any, ps: int, kv_slots: int, policy: str) -> CacheConfig:
 @dataclasses.dataclass
 class MatchSeen:
     tokens: list
-    extra_key: Optional[str]
+    extra_key: str | None
     length: int            # last_device_node: matched units
     indices: list          # device_indices
     epoch: int             # the eviction epoch it was taken in
@@ -212,15 +213,15 @@ class MatchSeen:
 class HandleHeld:
     handle: int
     tokens: list
-    extra_key: Optional[str]
-    pins: Optional[MatchSeen]  # the match whose path this lock protects (taken in its epoch)
+    extra_key: str | None
+    pins: MatchSeen | None  # the match whose path this lock protects (taken in its epoch)
 
 
 @dataclasses.dataclass
 class ReqModel:
     rid: str
     tokens: list
-    extra_key: Optional[str]
+    extra_key: str | None
     admitted: bool = False
     committed: int = 0
 
@@ -234,7 +235,7 @@ class Scenario:
     """The driver's model of the world; proposes steps and learns from observations."""
 
     def __init__(self, config: CacheConfig, ch: Any, namespaces: Sequence = NAMESPACES,
-                 actions: Optional[Sequence[str]] = None) -> None:
+                 actions: Sequence[str] | None = None) -> None:
         self.config = config
         self.actions = frozenset(ACTIONS if actions is None else actions)
         self.ps = config.page_size
@@ -279,7 +280,7 @@ class Scenario:
     def _tokens(self, ch: Any, n: int) -> list:
         return [ch.choice(self.alphabet) for _ in range(n)]
 
-    def query(self, ch: Any, min_len: int = 0) -> tuple[list, Optional[str]]:
+    def query(self, ch: Any, min_len: int = 0) -> tuple[list, str | None]:
         """A token sequence over the small alphabet and its namespace: usually a cut of one
         seen before (mostly in the same namespace) plus a few new tokens, so that prefixes are
         shared and nodes split."""
@@ -297,7 +298,7 @@ class Scenario:
             t.append(ch.choice(self.alphabet))
         return t, ek
 
-    def _remember(self, tokens: list, extra_key: Optional[str], cached: bool = False) -> None:
+    def _remember(self, tokens: list, extra_key: str | None, cached: bool = False) -> None:
         """Sequences seen (queries, prompts) and those handed to the cache, for later queries
         to share prefixes with."""
         entry = (list(tokens), extra_key)
@@ -380,7 +381,7 @@ class Scenario:
         return rng.choices(names, weights)[0]
 
     # -- proposing steps -----------------------------------------------------------------------
-    def propose(self, action: str, ch: Any) -> Optional[dict]:
+    def propose(self, action: str, ch: Any) -> dict | None:
         """The next step (``{"op", "args"}``, no ``i`` yet) for ``action``, or None when the
         action has nothing to do now.  Call :meth:`observe` with its observation next.  An
         action may queue follow-up actions (``serve``); run :attr:`queue` empty before picking
@@ -413,15 +414,15 @@ class Scenario:
         self.ctx = {"pages": pages}
         return {"op": "free", "args": {"slots": [s for p in pages for s in p]}}
 
-    def _take_pages(self, n_slots: int) -> Optional[list]:
+    def _take_pages(self, n_slots: int) -> list | None:
         k = -(-n_slots // self.ps)
         if k > len(self.pages):
             return None
         return self.pages[:k]
 
-    def _p_insert(self, ch: Any) -> Optional[dict]:
+    def _p_insert(self, ch: Any) -> dict | None:
         usable = [m for m in self.matches if self.usable(m)]
-        ek: Optional[str]
+        ek: str | None
         if usable and ch.chance(0.6):
             m = ch.choice(usable)
             lo = len(m.path_tokens(self.eagle))
@@ -446,8 +447,8 @@ class Scenario:
             prev, prefix = 0, []
         return self._insert_step(tokens, ek, prev, prefix, ch.chance(0.3))
 
-    def _insert_step(self, tokens: list, ek: Optional[str], prev: int, prefix: list,
-                     chunked: bool) -> Optional[dict]:
+    def _insert_step(self, tokens: list, ek: str | None, prev: int, prefix: list,
+                     chunked: bool) -> dict | None:
         """insert ``tokens``: ``prefix`` (the tree's slots, ``prev`` of them) then fresh held
         pages; the pages inside ``[prev, aligned length)`` stop being the driver's."""
         fresh_n = len(tokens) - len(prefix)
@@ -488,7 +489,7 @@ class Scenario:
         need = len(m.tokens) - m.length - self.fresh_slots()
         return -(-need // self.ps) * self.ps if need > 0 else 0
 
-    def _p_serve_lock(self, ch: Any) -> Optional[dict]:
+    def _p_serve_lock(self, ch: Any) -> dict | None:
         m = self.serving.get("match")
         if m is None or len(self.handles) >= MAX_HANDLES:
             return None
@@ -496,13 +497,13 @@ class Scenario:
         self.ctx = {"tokens": tokens, "extra_key": m.extra_key, "pins": m, "serve": True}
         return {"op": "lock", "args": {"node": {"tokens": tokens, "extra_key": m.extra_key}}}
 
-    def _p_serve_alloc(self, ch: Any) -> Optional[dict]:
+    def _p_serve_alloc(self, ch: Any) -> dict | None:
         if "match" not in self.serving or self._serve_need() == 0:
             return None
         self.ctx = {"serve": True}
         return {"op": "alloc", "args": {"n": self._serve_need()}}
 
-    def _p_serve_evict(self, ch: Any) -> Optional[dict]:
+    def _p_serve_evict(self, ch: Any) -> dict | None:
         if "match" not in self.serving:
             return None
         if self.swa:  # the SWA slots of the alloc are short as well, perhaps
@@ -510,14 +511,14 @@ class Scenario:
                                             "swa_num_tokens": self._serve_need()}}
         return {"op": "evict", "args": {"num_tokens": self._serve_need()}}
 
-    def _p_serve_insert(self, ch: Any) -> Optional[dict]:
+    def _p_serve_insert(self, ch: Any) -> dict | None:
         m = self.serving.get("match")
         if m is None or not self.usable(m):
             return None
         return self._insert_step(list(m.tokens), m.extra_key, m.length, list(m.indices),
                                  ch.chance(0.2))
 
-    def _p_serve_unlock(self, ch: Any) -> Optional[dict]:
+    def _p_serve_unlock(self, ch: Any) -> dict | None:
         h = self.serving.get("handle")
         self.serving = {}
         if h is None or h not in self.handles or ch.chance(0.25):  # sometimes kept: a pin
@@ -641,6 +642,7 @@ class Scenario:
         kind = ch.choice(self.invalid_kinds())
         must = True
         big = self.config.kv_slots + 10 * self.ps
+        step: dict[str, Any]
         if kind == "alloc_type":
             step = {"op": "alloc", "args": {"n": str(self.ps)}}
         elif kind == "alloc_negative":
@@ -857,9 +859,9 @@ class Scenario:
                 if op == "req_chunk":
                     self._remember(r.tokens[: r.committed], r.extra_key, cached=True)
         elif op in ("req_finish", "req_abort"):
-            r = self.reqs.pop(args["rid"], None)
-            if r is not None and op == "req_finish":
-                self._remember(r.tokens, r.extra_key, cached=True)
+            done_req = self.reqs.pop(args["rid"], None)
+            if done_req is not None and op == "req_finish":
+                self._remember(done_req.tokens, done_req.extra_key, cached=True)
 
     def _after_invalid_insert(self, args: dict) -> None:
         """An "invalid" insert that was accepted (disabled cache, or nothing of it new): the
@@ -956,7 +958,7 @@ def host_observe(sc: Scenario, op: str, args: dict, ctx: dict, obs: dict) -> Non
         sc.host_handles.remove(ctx["host_handle"])
 
 
-def runner_actions(runner: Any, actions: Optional[Sequence[str]]) -> Sequence[str]:
+def runner_actions(runner: Any, actions: Sequence[str] | None) -> Sequence[str]:
     """``actions``, or when None: :data:`TREE_ACTIONS` if an implementation of the runner has
     only the tree-level API in its config (``tree_only``), else all of them (request-level
     ops with SWA and Mamba too).  The Hypothesis machine leaves request-level ops out for
@@ -970,9 +972,9 @@ def runner_actions(runner: Any, actions: Optional[Sequence[str]]) -> Sequence[st
 
 
 def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
-                   on_step: Optional[Callable[[int], None]] = None,
-                   invalid_weight: Optional[float] = None,
-                   actions: Optional[Sequence[str]] = None) -> tuple[list, Any]:
+                   on_step: Callable[[int], None] | None = None,
+                   invalid_weight: float | None = None,
+                   actions: Sequence[str] | None = None) -> tuple[list, Any]:
     """Drive ``runner`` (a :class:`~uniradix.conformance.lockstep.Lockstep`) through ``steps``
     random steps from a fresh :class:`Scenario`; return (the steps taken, the first finding or
     None).  ``actions``: only these (default :data:`ACTIONS`; :data:`TREE_ACTIONS` leaves the
@@ -1011,8 +1013,8 @@ def draw_host_config(ch: Any) -> CacheConfig:
     return host_config(ch, ps, ch.integer(16 // ps, 64 // ps) * ps, ch.choice(WRITE_POLICIES))
 
 
-def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int = 1,
-                 trace_path: Optional[str] = None, name: str = "CacheMachine",
+def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
+                 trace_path: str | None = None, name: str = "CacheMachine",
                  draw: Callable[[Any], CacheConfig] = draw_config) -> type:
     """A ``RuleBasedStateMachine`` class running ``impls`` (names for ``make_adapter`` or
     factories ``config -> adapter``; default :func:`default_impls`) in lockstep.
@@ -1029,7 +1031,7 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-    from uniradix.conformance.lockstep import LockstepError, Lockstep, write_trace
+    from uniradix.conformance.lockstep import Lockstep, LockstepError, write_trace
 
     chosen = list(impls) if impls is not None else default_impls()
     # Each rule draws one integer that seeds its choices: a draw through st.data() costs about
@@ -1045,9 +1047,9 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
 
         def __init__(self) -> None:
             super().__init__()
-            self.sc: Optional[Scenario] = None
-            self.ls: Optional[Lockstep] = None
-            self.config: Optional[CacheConfig] = None
+            self.sc: Scenario | None = None
+            self.ls: Lockstep | None = None
+            self.config: CacheConfig | None = None
             self.steps: list[dict] = []
 
         @initialize(data=st.data())
@@ -1060,7 +1062,7 @@ def make_machine(impls: Optional[Sequence[Any]] = None, *, snapshot_every: int =
             note(f"config {self.config.to_dict()}, alphabet {self.sc.alphabet}")
 
         def _do(self, action: str, seed: int) -> None:
-            assert self.sc is not None and self.ls is not None
+            assert self.sc is not None and self.ls is not None and self.config is not None
             step = self.sc.propose(action, RandomChooser(random.Random(seed)))
             if step is None:
                 return

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError, InvalidInput
@@ -40,7 +41,7 @@ class Trace:
         return os.path.basename(self.path)
 
 
-def make_header(config: CacheConfig, source: str, seed: Optional[int] = None,
+def make_header(config: CacheConfig, source: str, seed: int | None = None,
                 **extra: Any) -> dict[str, Any]:
     header: dict[str, Any] = {"format": FORMAT, "version": VERSION, "source": source,
                               "config": config.to_dict()}
@@ -55,7 +56,8 @@ def parse_header(header: Any, where: str = "<trace>") -> CacheConfig:
         raise ConfigError(f"{where}: line 1 is not a uniradix-trace header")
     version = header.get("version")
     if version != VERSION:
-        raise ConfigError(f"{where}: trace version {version!r} is not supported (this reader knows {VERSION})")
+        raise ConfigError(
+            f"{where}: trace version {version!r} is not supported (this reader knows {VERSION})")
     mode = header.get("event_key_mode")
     if mode is not None and mode not in KEY_MODES:
         raise ConfigError(f"{where}: event_key_mode must be one of {KEY_MODES}, got {mode!r}")
@@ -90,7 +92,7 @@ def check_step(step: Any, where: str) -> Step:
 
 def load_trace(path: str) -> Trace:
     """Parse a trace file; raises ConfigError / InvalidInput naming the file and line."""
-    with open(path, "r", encoding="utf-8") as f:
+    with open(path, encoding="utf-8") as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip()]
     if not lines:
         raise ConfigError(f"{path}: empty trace")

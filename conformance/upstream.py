@@ -23,8 +23,10 @@ import sys
 import types
 import warnings
 from array import array
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
+from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import (
     CacheError,
@@ -34,7 +36,6 @@ from uniradix.spec.errors import (
     UnknownOp,
     Unsupported,
 )
-from uniradix.conformance.pools import PoolAllocator
 from uniradix.spec.world import PagedPool
 
 UPSTREAM_VERSION = "0.5.13.post1"
@@ -102,7 +103,7 @@ class _TorchvisionPlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.
         return None
 
 
-_IMPORTED: Optional[types.SimpleNamespace] = None
+_IMPORTED: types.SimpleNamespace | None = None
 
 
 def _stub_torchvision() -> None:
@@ -199,7 +200,7 @@ def _int_list(value: Any, what: str) -> list[int]:
     return list(value)
 
 
-def _extra_key(value: Any) -> Optional[str]:
+def _extra_key(value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise InvalidInput("extra_key must be null or a string")
     return value
@@ -211,7 +212,7 @@ def _count(value: Any, what: str) -> int:
     return value
 
 
-def _path(node: Any) -> tuple[list[int], Optional[str]]:
+def _path(node: Any) -> tuple[list[int], str | None]:
     if not isinstance(node, dict) or set(node) - {"tokens", "extra_key"} or "tokens" not in node:
         raise InvalidInput("a node path must be an object {tokens, extra_key}")
     return _int_list(node.get("tokens", []), "node.tokens"), _extra_key(node.get("extra_key"))
@@ -360,7 +361,7 @@ class UpstreamAdapter:
     def root(self):
         return self.cache.root_node
 
-    def _key(self, tokens: list[int], extra_key: Optional[str]):
+    def _key(self, tokens: list[int], extra_key: str | None):
         return self.up.RadixKey(array("q", tokens), extra_key)
 
     def _tensor(self, values: list[int]):
@@ -375,7 +376,7 @@ class UpstreamAdapter:
             node = node.parent
         return n
 
-    def _path_of(self, node) -> tuple[Optional[str], list[int]]:
+    def _path_of(self, node) -> tuple[str | None, list[int]]:
         parts = []
         extra = None
         while node is not None and node is not self.root:
@@ -387,7 +388,7 @@ class UpstreamAdapter:
             tokens.extend(p)
         return extra, tokens
 
-    def _find_node(self, tokens: list[int], extra_key: Optional[str]):
+    def _find_node(self, tokens: list[int], extra_key: str | None):
         """The node whose path is exactly (extra_key, tokens); NodeNotFound otherwise."""
         node = self.root
         rest = tokens
@@ -417,10 +418,10 @@ class UpstreamAdapter:
     def apply(self, step: dict) -> dict:
         op = step.get("op")
         args = step.get("args") or {}
-        handler = self._ops.get(op)
+        handler = self._ops.get(op) if isinstance(op, str) else None
         self.pool.take_freed()  # effects are per step
         try:
-            if handler is None:
+            if handler is None or not isinstance(op, str):
                 # an op of a tier or component this adapter does not drive: the spec's name
                 if op in _NOT_DRIVEN_OPS:
                     if op in ("mamba_alloc", "mamba_free"):  # the spec checks their args first
@@ -438,7 +439,7 @@ class UpstreamAdapter:
     def snapshot(self) -> dict:
         """Canonical state (docs/DESIGN.md): nodes sorted by path with device value, lock_ref and
         hit_count; the evictable device leaves, oldest access first; the Full sizes."""
-        nodes = []
+        nodes: list[dict[str, Any]] = []
         for node in self._walk_nodes():
             if node is self.root:
                 continue

@@ -15,7 +15,7 @@ Only the Full component is driven (host tier + SWA/Mamba stays unsupported).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.upstream import (
@@ -121,12 +121,14 @@ class UpstreamHostAdapter(UpstreamAdapter):
     ``io_complete``, ``check_hicache_events``, ``host_lock`` / ``host_unlock``, and
     ``host_freed`` effects."""
 
-    EFFECT_OPS = ("insert", "evict", "load_back", "check_hicache_events", "evict_host")
+    EFFECT_OPS: tuple[str, ...] = ("insert", "evict", "load_back", "check_hicache_events", "evict_host")
 
     def __init__(self, config: CacheConfig) -> None:
         self.host_pool = PagedPool(config.host_slots, config.page_size, name="host")
         super().__init__(config)
-        self._host_handles: dict[int, tuple[Any, bool]] = {}
+        # handle -> (node, locked); the host tier with SWA or Mamba (upstream_host_aux.py) adds
+        # the lock's dec params
+        self._host_handles: dict[int, tuple[Any, ...]] = {}
         self._ops.update({
             "evict_host": self._op_evict_host,
             "load_back": self._op_load_back,
@@ -165,7 +167,7 @@ class UpstreamHostAdapter(UpstreamAdapter):
     def snapshot(self) -> dict:
         snap = super().snapshot()
         full = self.up.ComponentType.FULL
-        nodes = []
+        nodes: list[dict[str, Any]] = []
         for node in self._walk_nodes():
             cd = node.component_data[full]
             if node is self.root or (cd.host_value is None and not cd.host_lock_ref):

@@ -188,6 +188,11 @@ class HostAuxUpstreamAdapter(UpstreamHostAdapter, HybridUpstreamAdapter):
             raise Unsupported("HostAuxUpstreamAdapter drives the host tier with SWA or Mamba, "
                               "not " + ", ".join(reasons))
 
+    @property
+    def _aux(self) -> str:
+        """The one aux component (SWA and Mamba together are refused above)."""
+        return "swa" if "swa" in self.config.components else "mamba"
+
     def _mamba_extra_buffer(self) -> bool:
         return self.config.page_size > 1
 

@@ -24,15 +24,15 @@ and each aux component's LRU list, oldest first.
 from __future__ import annotations
 
 import types
-from typing import Any, Optional
+from typing import Any
 
 from uniradix.conformance.pools import PoolAllocator
 from uniradix.conformance.upstream import UpstreamAdapter, _count, _int_list, load_upstream
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
-from uniradix.spec.world import hybrid_pools
+from uniradix.spec.world import HybridKVPool, hybrid_pools
 
-_HYBRID: Optional[types.SimpleNamespace] = None
+_HYBRID: types.SimpleNamespace | None = None
 
 
 def load_hybrid() -> types.SimpleNamespace:
@@ -76,7 +76,7 @@ def load_hybrid() -> types.SimpleNamespace:
             self.page_size = pool.page_size
             self.device = torch.device("cpu")
             self.is_not_in_free_group = True
-            self.free_group = []
+            self.free_group: list[Any] = []
             self.full_attn_allocator = types.SimpleNamespace(
                 free=self.free, available_size=pool.available_size)
 
@@ -211,10 +211,16 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         return len(self.config.components) == 3 and self.config.page_size > 1
 
     # -- effects -------------------------------------------------------------------------------
+    def _swa_kv(self) -> HybridKVPool:
+        """The KV pool of an SWA config: hybrid_pools (spec/world.py) builds a HybridKVPool."""
+        if not isinstance(self.pool, HybridKVPool):
+            raise TypeError(f"components {self.config.components} have no SWA pool")
+        return self.pool
+
     def _aux_pools(self) -> list:
         out = []
         if "swa" in self.config.components:
-            out.append(("swa_freed", self.pool.swa))
+            out.append(("swa_freed", self._swa_kv().swa))
         if "mamba" in self.config.components:
             out.append(("mamba_freed", self.mamba))
         return out
@@ -248,7 +254,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
     def _op_alloc(self, step: dict, args: dict) -> dict:
         slots = self.pool.alloc(_count(args.get("n"), "n"))
         if "swa" in self.config.components:
-            return {"slots": slots, "swa_slots": list(self.pool.translate(slots))}
+            return {"slots": slots, "swa_slots": list(self._swa_kv().translate(slots))}
         return {"slots": slots}
 
     def _op_free(self, step: dict, args: dict) -> dict:
@@ -297,7 +303,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             params.swa_evicted_seqlen = _count(args.get("swa_evicted_seqlen", 0),
                                                "swa_evicted_seqlen")
         result = self.cache.insert(params)
-        ret = {"prefix_len": int(result.prefix_len)}
+        ret: dict[str, Any] = {"prefix_len": int(result.prefix_len)}
         if "mamba" in self.config.components:
             ret["mamba_exist"] = bool(result.mamba_exist)
         ret["freed"] = self.pool.take_freed()
@@ -312,7 +318,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         cow, req = self._cow_request(args)
         result = self.cache.match_prefix(self.up.MatchPrefixParams(
             key=self._key(tokens, extra), cow_mamba=cow, req=req))
-        ret = {
+        ret: dict[str, Any] = {
             "device_indices": [int(v) for v in result.device_indices.tolist()],
             "host_hit_length": int(result.host_hit_length),
             "last_device_node": self._depth(result.last_device_node),
@@ -323,8 +329,9 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             b = result.mamba_branching_seqlen
             ret["mamba_branching_seqlen"] = None if b is None else int(b)
         if self.config.has_host_tier:  # the aux part of the host hit (TRACE.md)
-            name = f"{self._aux}_host_hit_length"
-            ret[name] = int(getattr(result, name))
+            for aux in self._aux_names:
+                name = f"{aux}_host_hit_length"
+                ret[name] = int(getattr(result, name))
         if cow:  # Mamba copy-on-write (docs/TRACE.md): what the request got, and the effects
             src, dst = req.mamba_cow_src_index, req.mamba_pool_idx
             ret["mamba_cow_src"] = None if src is None else int(src.reshape(-1)[0])
@@ -369,7 +376,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         if "mamba" in self.config.components:
             kw["mamba_num"] = _count(args.get("mamba_num", 0), "mamba_num")
         result = self.cache.evict(self.up.EvictParams(**kw))
-        ret = {"num_tokens_evicted": int(result.num_tokens_evicted)}
+        ret: dict[str, Any] = {"num_tokens_evicted": int(result.num_tokens_evicted)}
         if "swa" in self.config.components:
             ret["swa_num_tokens_evicted"] = int(result.swa_num_tokens_evicted)
         if "mamba" in self.config.components:
@@ -423,7 +430,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             x = x.lru_prev[lru._pt]
         snap[f"{name}_lru_order"] = order
         if name == "swa":
-            snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
+            snap["swa_pool"] = sorted(self._swa_kv().swa.allocated_pages())
         else:
             snap["mamba_pool"] = sorted(self.mamba.allocated_pages())
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 from uniradix.spec.config import CacheConfig
 
@@ -58,7 +58,7 @@ class SharedPrefix:
         return CacheConfig(page_size=ps, kv_slots=self.kv_slots,
                            components=tuple(self.components), **extra)
 
-    def scaled(self, requests: int) -> "SharedPrefix":
+    def scaled(self, requests: int) -> SharedPrefix:
         """The same workload with fewer requests and a pool and prompt set shrunk to match,
         so that eviction stays about as frequent."""
         f = max(requests / self.requests, 0.01)
@@ -98,8 +98,8 @@ class WorkloadStats:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def run_shared_prefix(adapter, w: SharedPrefix, progress: Optional[Callable[[int, int], None]] = None,
-                      record: Optional[list] = None) -> WorkloadStats:
+def run_shared_prefix(adapter, w: SharedPrefix, progress: Callable[[int, int], None] | None = None,
+                      record: list | None = None) -> WorkloadStats:
     """Drive ``adapter`` through the workload as request-level trace steps (``record``, when
     given, receives each step with its ``ret``)."""
     stats = WorkloadStats()

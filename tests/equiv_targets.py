@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Optional
 
 import uniradix.fast.keys as fk
 import uniradix.spec.keys as sk
@@ -27,7 +26,7 @@ import uniradix.spec.keys as sk
 MAX_LEN = 5     # units in a key (fixed shapes below)
 
 
-def _cut(xs: list, k: int) -> Optional[list]:
+def _cut(xs: list, k: int) -> list | None:
     return xs[:k] if 0 <= k <= len(xs) else None
 
 
@@ -36,19 +35,19 @@ def _cut(xs: list, k: int) -> Optional[list]:
 # ----------------------------------------------------------------------------------------------
 
 
-def spec_aligned_len(n: int, page_size: int) -> Optional[int]:
+def spec_aligned_len(n: int, page_size: int) -> int | None:
     if not (0 <= n and 1 <= page_size <= 4):
         return None
     return sk.page_aligned_len(n, page_size)
 
 
-def fast_aligned_len(n: int, page_size: int) -> Optional[int]:
+def fast_aligned_len(n: int, page_size: int) -> int | None:
     if not (0 <= n and 1 <= page_size <= 4):
         return None
     return fk.aligned_len(n, page_size)
 
 
-def spec_aligned_units_len(n_tokens: int, page_size: int, bigram: bool) -> Optional[int]:
+def spec_aligned_units_len(n_tokens: int, page_size: int, bigram: bool) -> int | None:
     """The units of a key the tree keeps (spec/cache.py ``aligned_units``, its length)."""
     if not (0 <= n_tokens <= 8 and 1 <= page_size <= 4):
         return None
@@ -56,7 +55,7 @@ def spec_aligned_units_len(n_tokens: int, page_size: int, bigram: bool) -> Optio
     return sk.page_aligned_len(len(sk.to_units(tokens, bigram)), page_size)
 
 
-def fast_aligned_units_len(n_tokens: int, page_size: int, bigram: bool) -> Optional[int]:
+def fast_aligned_units_len(n_tokens: int, page_size: int, bigram: bool) -> int | None:
     if not (0 <= n_tokens <= 8 and 1 <= page_size <= 4):
         return None
     return fk.aligned_units_len(n_tokens, page_size, bigram)
@@ -67,14 +66,14 @@ def fast_aligned_units_len(n_tokens: int, page_size: int, bigram: bool) -> Optio
 # ----------------------------------------------------------------------------------------------
 
 
-def spec_units(t0: int, t1: int, t2: int, t3: int, n: int, bigram: bool) -> Optional[tuple]:
+def spec_units(t0: int, t1: int, t2: int, t3: int, n: int, bigram: bool) -> tuple | None:
     tokens = _cut([t0, t1, t2, t3], n)
     if tokens is None:
         return None
     return tuple(sk.to_units(tokens, bigram))
 
 
-def fast_units(t0: int, t1: int, t2: int, t3: int, n: int, bigram: bool) -> Optional[tuple]:
+def fast_units(t0: int, t1: int, t2: int, t3: int, n: int, bigram: bool) -> tuple | None:
     tokens = _cut([t0, t1, t2, t3], n)
     if tokens is None:
         return None
@@ -86,7 +85,7 @@ def fast_units(t0: int, t1: int, t2: int, t3: int, n: int, bigram: bool) -> Opti
 # ----------------------------------------------------------------------------------------------
 
 
-def as_spec_child_key(ck, extra_key: Optional[str], page_size: int) -> tuple:
+def as_spec_child_key(ck, extra_key: str | None, page_size: int) -> tuple:
     """A fast child key in the spec's form ``(extra_key, page)``."""
     if extra_key is not None:
         ck = ck[1]
@@ -105,38 +104,38 @@ def _fast_child_key(extra_key, units, pos, ps):
     return as_spec_child_key(fk.child_key(extra_key, units, pos, ps), extra_key, ps)
 
 
-def spec_child_key_p1(extra_key: Optional[str], u0: int, u1: int, u2: int,
-                      pos: int) -> Optional[tuple]:
+def spec_child_key_p1(extra_key: str | None, u0: int, u1: int, u2: int,
+                      pos: int) -> tuple | None:
     return _spec_child_key(extra_key, [u0, u1, u2], pos, 1)
 
 
-def fast_child_key_p1(extra_key: Optional[str], u0: int, u1: int, u2: int,
-                      pos: int) -> Optional[tuple]:
+def fast_child_key_p1(extra_key: str | None, u0: int, u1: int, u2: int,
+                      pos: int) -> tuple | None:
     return _fast_child_key(extra_key, [u0, u1, u2], pos, 1)
 
 
-def spec_child_key_p2(extra_key: Optional[str], u0: int, u1: int, u2: int, u3: int,
-                      pos: int) -> Optional[tuple]:
+def spec_child_key_p2(extra_key: str | None, u0: int, u1: int, u2: int, u3: int,
+                      pos: int) -> tuple | None:
     return _spec_child_key(extra_key, [u0, u1, u2, u3], pos, 2)
 
 
-def fast_child_key_p2(extra_key: Optional[str], u0: int, u1: int, u2: int, u3: int,
-                      pos: int) -> Optional[tuple]:
+def fast_child_key_p2(extra_key: str | None, u0: int, u1: int, u2: int, u3: int,
+                      pos: int) -> tuple | None:
     return _fast_child_key(extra_key, [u0, u1, u2, u3], pos, 2)
 
 
-def spec_same_child_p2(ek1: Optional[str], a0: int, a1: int, ek2: Optional[str], b0: int,
+def spec_same_child_p2(ek1: str | None, a0: int, a1: int, ek2: str | None, b0: int,
                        b1: int) -> bool:
     """Do two keys land on the same child (what a children dict decides)?"""
     return sk.namespaced_child_key(ek1, [a0, a1], 2) == sk.namespaced_child_key(ek2, [b0, b1], 2)
 
 
-def fast_same_child_p2(ek1: Optional[str], a0: int, a1: int, ek2: Optional[str], b0: int,
+def fast_same_child_p2(ek1: str | None, a0: int, a1: int, ek2: str | None, b0: int,
                        b1: int) -> bool:
     return fk.child_key(ek1, [a0, a1], 0, 2) == fk.child_key(ek2, [b0, b1], 0, 2)
 
 
-def spec_same_child_bigram_p1(ek1: Optional[str], a0: int, a1: int, ek2: Optional[str], b0: int,
+def spec_same_child_bigram_p1(ek1: str | None, a0: int, a1: int, ek2: str | None, b0: int,
                               b1: int) -> bool:
     """The same under EAGLE at page size 1, where the fast key of a unit is the bare pair,
     which must never equal a namespaced ``(extra_key, pair)``."""
@@ -144,7 +143,7 @@ def spec_same_child_bigram_p1(ek1: Optional[str], a0: int, a1: int, ek2: Optiona
             == sk.namespaced_child_key(ek2, [(b0, b1)], 1))
 
 
-def fast_same_child_bigram_p1(ek1: Optional[str], a0: int, a1: int, ek2: Optional[str], b0: int,
+def fast_same_child_bigram_p1(ek1: str | None, a0: int, a1: int, ek2: str | None, b0: int,
                               b1: int) -> bool:
     return fk.child_key(ek1, [(a0, a1)], 0, 1) == fk.child_key(ek2, [(b0, b1)], 0, 1)
 
@@ -154,7 +153,7 @@ def fast_same_child_bigram_p1(ek1: Optional[str], a0: int, a1: int, ek2: Optiona
 # ----------------------------------------------------------------------------------------------
 
 
-def _walk(c: list, clen: int, u: list, pos: int, n: int, ps: int) -> Optional[tuple]:
+def _walk(c: list, clen: int, u: list, pos: int, n: int, ps: int) -> tuple | None:
     """A walk at ``pos`` over ``units[pos:n]`` meets a child ``ckey`` whose first page it
     shares (what finding the child by its child key guarantees)."""
     ckey = _cut(c, clen)
@@ -166,31 +165,31 @@ def _walk(c: list, clen: int, u: list, pos: int, n: int, ps: int) -> Optional[tu
 
 
 def spec_shared_len_p1(c0: int, c1: int, c2: int, c3: int, clen: int, u0: int, u1: int, u2: int,
-                       u3: int, u4: int, pos: int, n: int) -> Optional[int]:
+                       u3: int, u4: int, pos: int, n: int) -> int | None:
     w = _walk([c0, c1, c2, c3], clen, [u0, u1, u2, u3, u4], pos, n, 1)
     return None if w is None else sk.common_prefix_len(w[0], w[1][pos:n], 1)
 
 
 def fast_shared_len_p1(c0: int, c1: int, c2: int, c3: int, clen: int, u0: int, u1: int, u2: int,
-                       u3: int, u4: int, pos: int, n: int) -> Optional[int]:
+                       u3: int, u4: int, pos: int, n: int) -> int | None:
     w = _walk([c0, c1, c2, c3], clen, [u0, u1, u2, u3, u4], pos, n, 1)
     return None if w is None else fk.shared_len(w[0], w[1], pos, n, 1)
 
 
 def spec_shared_len_p2(c0: int, c1: int, c2: int, c3: int, clen: int, u0: int, u1: int, u2: int,
-                       u3: int, u4: int, pos: int, n: int) -> Optional[int]:
+                       u3: int, u4: int, pos: int, n: int) -> int | None:
     w = _walk([c0, c1, c2, c3], clen, [u0, u1, u2, u3, u4], pos, n, 2)
     return None if w is None else sk.common_prefix_len(w[0], w[1][pos:n], 2)
 
 
 def fast_shared_len_p2(c0: int, c1: int, c2: int, c3: int, clen: int, u0: int, u1: int, u2: int,
-                       u3: int, u4: int, pos: int, n: int) -> Optional[int]:
+                       u3: int, u4: int, pos: int, n: int) -> int | None:
     w = _walk([c0, c1, c2, c3], clen, [u0, u1, u2, u3, u4], pos, n, 2)
     return None if w is None else fk.shared_len(w[0], w[1], pos, n, 2)
 
 
 def spec_walk_step_p2(c0: int, c1: int, c2: int, c3: int, clen: int, u0: int, u1: int, u2: int,
-                      u3: int, u4: int, pos: int, n: int) -> Optional[tuple]:
+                      u3: int, u4: int, pos: int, n: int) -> tuple | None:
     """How far the walk goes into the child, and whether it splits it there (a node key is
     whole pages; a split must leave whole pages on both sides)."""
     w = _walk([c0, c1, c2, c3], clen, [u0, u1, u2, u3, u4], pos, n, 2)
@@ -204,7 +203,7 @@ def spec_walk_step_p2(c0: int, c1: int, c2: int, c3: int, clen: int, u0: int, u1
 
 
 def fast_walk_step_p2(c0: int, c1: int, c2: int, c3: int, clen: int, u0: int, u1: int, u2: int,
-                      u3: int, u4: int, pos: int, n: int) -> Optional[tuple]:
+                      u3: int, u4: int, pos: int, n: int) -> tuple | None:
     w = _walk([c0, c1, c2, c3], clen, [u0, u1, u2, u3, u4], pos, n, 2)
     if w is None or clen % 2:
         return None
@@ -218,7 +217,7 @@ def fast_walk_step_p2(c0: int, c1: int, c2: int, c3: int, clen: int, u0: int, u1
 
 
 def _nodes(s0: int, s1: int, s2: int, l0: bool, l1: bool, l2: bool, x0: int, i0: int, x1: int,
-           i1: int, n_stale: int) -> Optional[tuple]:
+           i1: int, n_stale: int) -> tuple | None:
     """Three nodes with distinct current stamps ``s*``, evictable leaves where ``l*``, and up
     to two stale heap entries ``(x, i)`` naming existing nodes."""
     stamps, leaf = [s0, s1, s2], [l0, l1, l2]
@@ -236,7 +235,7 @@ def _heap(stamps: list, leaf: list, stale: list) -> list:
 
 
 def spec_victim(s0: int, s1: int, s2: int, l0: bool, l1: bool, l2: bool, x0: int, i0: int,
-                x1: int, i1: int, n_stale: int) -> Optional[int]:
+                x1: int, i1: int, n_stale: int) -> int | None:
     nodes = _nodes(s0, s1, s2, l0, l1, l2, x0, i0, x1, i1, n_stale)
     if nodes is None:
         return None
@@ -248,7 +247,7 @@ def spec_victim(s0: int, s1: int, s2: int, l0: bool, l1: bool, l2: bool, x0: int
 
 
 def fast_victim(s0: int, s1: int, s2: int, l0: bool, l1: bool, l2: bool, x0: int, i0: int,
-                x1: int, i1: int, n_stale: int) -> Optional[int]:
+                x1: int, i1: int, n_stale: int) -> int | None:
     nodes = _nodes(s0, s1, s2, l0, l1, l2, x0, i0, x1, i1, n_stale)
     if nodes is None:
         return None
@@ -257,7 +256,7 @@ def fast_victim(s0: int, s1: int, s2: int, l0: bool, l1: bool, l2: bool, x0: int
 
 
 def spec_leaf_order(s0: int, s1: int, s2: int, l0: bool, l1: bool, l2: bool, x0: int, i0: int,
-                    x1: int, i1: int, n_stale: int) -> Optional[list]:
+                    x1: int, i1: int, n_stale: int) -> list | None:
     """The eviction order of the current leaves (spec/queries.py device_eviction_order)."""
     nodes = _nodes(s0, s1, s2, l0, l1, l2, x0, i0, x1, i1, n_stale)
     if nodes is None:
@@ -267,7 +266,7 @@ def spec_leaf_order(s0: int, s1: int, s2: int, l0: bool, l1: bool, l2: bool, x0:
 
 
 def fast_leaf_order(s0: int, s1: int, s2: int, l0: bool, l1: bool, l2: bool, x0: int, i0: int,
-                    x1: int, i1: int, n_stale: int) -> Optional[list]:
+                    x1: int, i1: int, n_stale: int) -> list | None:
     nodes = _nodes(s0, s1, s2, l0, l1, l2, x0, i0, x1, i1, n_stale)
     if nodes is None:
         return None

@@ -7,12 +7,11 @@ import os
 
 import pytest
 
+from conftest import CORPUS
+from corpus_checks import check_divergence
 from uniradix.conformance.replay import KNOWN_DIVERGENCES, replay_trace
 from uniradix.conformance.run import AWAITING_SPEC_REASON, is_awaiting_spec, is_spec_only
 from uniradix.conformance.trace import load_trace
-
-from conftest import CORPUS
-from corpus_checks import check_divergence
 
 # Traces under other eviction policies than lru, of Mamba copy-on-write and of the storage tier
 # replay in tests/test_spec_policies.py, tests/test_spec_mamba_cow.py and

@@ -31,7 +31,6 @@ import re
 import subprocess
 import sys
 import time
-from typing import Optional
 
 import pytest
 
@@ -88,7 +87,7 @@ def parse_call(report: str) -> tuple[str, list, dict]:
     raise ValueError(f"cannot parse the call in report: {report!r}")
 
 
-def concrete_violation(report: str) -> Optional[str]:
+def concrete_violation(report: str) -> str | None:
     """Re-run a reported counterexample with the real function; the violation it shows, or
     None when the contract holds concretely (a CrossHair false alarm)."""
     try:
@@ -149,7 +148,7 @@ def crosshair_results():
     workers = max(1, min(len(names), os.cpu_count() or 1))
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        results = dict(zip(names, pool.map(run_crosshair, names)))
+        results = dict(zip(names, pool.map(run_crosshair, names), strict=True))
     total = time.monotonic() - start
     print(f"\ncrosshair: {len(names)} functions, {workers} at a time, {total:.1f} s wall: "
           + ", ".join(f"{n} {r['seconds']:.1f}s" for n, r in results.items()))

@@ -30,7 +30,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -147,8 +147,8 @@ def test_pairs_agree_on_every_input_of_a_small_domain(name):
     assert len(domain) > 20
     checked = 0
     for args in domain:
-        a = outcome(spec, dict(zip(_params(spec), args)))
-        b = outcome(fast, dict(zip(_params(fast), args)))
+        a = outcome(spec, dict(zip(_params(spec), args, strict=True)))
+        b = outcome(fast, dict(zip(_params(fast), args, strict=True)))
         assert a == b, f"{name}{args}: spec {a}, fast {b}"
         checked += a != ("returns", None)
     assert checked > 0, f"{name}: every input of the domain was outside the guard"
@@ -171,7 +171,7 @@ def test_every_pair_has_both_sides_and_a_domain():
 # ----------------------------------------------------------------------------------------------
 
 
-def planted_aligned_len(n: int, page_size: int) -> Optional[int]:
+def planted_aligned_len(n: int, page_size: int) -> int | None:
     """``fast_aligned_len`` with an off-by-one at a page boundary."""
     r = targets.fast_aligned_len(n, page_size)
     return r + 1 if r is not None and n == 5 and page_size == 2 else r

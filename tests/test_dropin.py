@@ -80,8 +80,9 @@ def run_request(cache, alloc, tokens, committed):
 @pytest.mark.parametrize("mode", ["insert", "no_insert", "disabled"])
 def test_finished_req_frees_only_its_committed_slots_from_a_reused_row(mode):
     """Row 0 first holds request A's 8 slots (cached by the tree, or freed when the cache is
-    disabled), then request B's 6: the row's positions 6 and 7 still name A's slots.  Finishing B must free B's own pages only
-    (page 4, 6 committed: its second page), never A's, which the tree holds."""
+    disabled), then request B's 6: the row's positions 6 and 7 still name A's slots.  Finishing B
+    must free B's own pages only (page 4, 6 committed: its second page), never A's, which the tree
+    holds."""
     cache, alloc, pool = make(disable=(mode == "disabled"))
     a = run_request(cache, alloc, [1, 2, 3, 4, 5, 6, 7, 8], 8)
     cache.cache_finished_req(a)

@@ -36,18 +36,17 @@ if not upstream_mod.upstream_available():
 up = upstream_mod.load_upstream()
 torch = up.torch
 
-import uniradix.fast as fast  # noqa: E402
 from sglang.srt import server_args as sglang_server_args  # noqa: E402
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req  # noqa: E402
-from sglang.srt.mem_cache.allocator import (  # noqa: E402
-    PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator)
+from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams  # noqa: E402
 from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
+import uniradix.fast as fast  # noqa: E402
 from uniradix.conformance.upstream_host import ModelController  # noqa: E402
 from uniradix.conformance.upstream_hybrid import load_hybrid  # noqa: E402
 
@@ -246,7 +245,7 @@ def test_tree_workload_same_outcomes(kind, ps):
     ours = tree_workload(kind, ps, "fast")
     theirs = tree_workload(kind, ps, "upstream")
     assert len(ours["log"]) == len(theirs["log"])
-    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"])):
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
         assert a == b, f"request event {k}: fast {a} != sglang {b}"
     assert ours == theirs
     hits = sum(e[1] for e in ours["log"] if e[0] == "admit")
@@ -376,7 +375,7 @@ REQUEST_CONFIGS = [("full", 1), ("full", 16), ("host", 1), ("host", 16)]
 def test_request_path_same_outcomes(kind, ps):
     ours = request_workload(kind, ps, "fast")
     theirs = request_workload(kind, ps, "upstream")
-    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"])):
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
         assert a == b, f"request event {k}: fast {a} != sglang {b}"
     assert ours == theirs
     assert any(e[0] == "chunk" for e in ours["log"]) and any(e[0] == "evict" for e in ours["log"])

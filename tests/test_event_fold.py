@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional
 
 import pytest
 
@@ -139,11 +138,11 @@ def test_the_fold_reproduces_a_model_cache_at_every_step():
 @dataclass
 class BlockStoredLike:  # another producer's class with the same name folds the same way
     block_hashes: list
-    parent_block_hash: Optional[int]
+    parent_block_hash: int | None
     token_ids: list
     block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str] = None
+    lora_id: int | None
+    medium: str | None = None
 
 
 def test_events_are_told_apart_by_class_name():

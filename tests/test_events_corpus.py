@@ -7,6 +7,7 @@ import glob
 import os
 
 import pytest
+
 from conftest import CORPUS
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.events import RouterCheck, event_source

@@ -40,7 +40,7 @@ def test_default_suite_finds_nothing():
     seconds = time.monotonic() - t0
     print(ex.total_line(results, seconds))
     assert [r.universe for r in results] == list(ex.UNIVERSES)
-    for r, u in zip(results, ex.UNIVERSES.values()):
+    for r, u in zip(results, ex.UNIVERSES.values(), strict=True):
         assert r.finding is None, f"{u.name}: {r.finding}\n{r.labels}"
         assert r.complete and r.depth == u.depth, (u.name, r.depth, r.levels)
         assert r.states > 1 and r.transitions >= r.states - 1

@@ -5,8 +5,7 @@ sees the storage environment."""
 from __future__ import annotations
 
 from uniradix.conformance.exhaustive import parse_universe
-from uniradix.conformance.exhaustive_storage import (
-    STORAGE_UNIVERSES, StorageSpecAdapter, explore_storage)
+from uniradix.conformance.exhaustive_storage import STORAGE_UNIVERSES, StorageSpecAdapter, explore_storage
 
 
 def test_storage_universe_depth_3_is_clean():

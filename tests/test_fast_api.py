@@ -157,8 +157,10 @@ def test_bad_input_rejected_alike_through_the_lockstep_runner(page_size):
     ls = Lockstep.from_impls(["spec", "fast"], CacheConfig(page_size=page_size, kv_slots=32))
     ls.prime()
     ls.apply({"i": 0, "op": "alloc", "args": {"n": 4}})
-    ls.apply({"i": 1, "op": "insert", "args": {"tokens": [1, 2, 3, 4], "value": [page_size, page_size + 1, page_size + 2, page_size + 3]}})
-    assert ls.apply({"i": 2, "op": "lock", "args": {"node": {"tokens": [1, 2, 3, 4], "extra_key": None}}}) == {"handle": 2}
+    ls.apply({"i": 1, "op": "insert", "args": {"tokens": [1, 2, 3, 4],
+                                                "value": [page_size + j for j in range(4)]}})
+    node = {"tokens": [1, 2, 3, 4], "extra_key": None}
+    assert ls.apply({"i": 2, "op": "lock", "args": {"node": node}}) == {"handle": 2}
     ls.apply({"i": 3, "op": "unlock", "args": {"handle": 2}})
     for k, (op, args) in enumerate(BAD_STEPS, start=4):
         if op == "insert" and args.get("value") == [1, 2]:

@@ -14,6 +14,7 @@ import random
 
 import pytest
 import torch
+
 from uniradix import fast
 from uniradix.conformance.fast_hybrid import MambaReqPool, SwaPoolAllocator
 from uniradix.conformance.pools import PoolAllocator

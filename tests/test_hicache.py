@@ -7,13 +7,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from uniradix import fast  # noqa: E402
+from uniradix.conformance.adapters import make_adapter  # noqa: E402
 from uniradix.conformance.conform import run_conform  # noqa: E402
 from uniradix.conformance.kvcheck import KVChecked, kv_checked  # noqa: E402
 from uniradix.conformance.lockstep import VIOLATION  # noqa: E402
-from uniradix.conformance.adapters import make_adapter  # noqa: E402
 from uniradix.conformance.pools import PoolAllocator  # noqa: E402
-from uniradix.fast.hicache import (  # noqa: E402
-    Ack, HiCacheConfig, HiCacheRadixCache, InFlight, InitLoadBackParams)
+from uniradix.fast.hicache import Ack, HiCacheConfig, HiCacheRadixCache, InFlight, InitLoadBackParams  # noqa: E402
 from uniradix.spec.config import CacheConfig  # noqa: E402
 from uniradix.spec.world import PagedPool  # noqa: E402
 

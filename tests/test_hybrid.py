@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from uniradix import fast
-from uniradix.fast import cache as cache_mod
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.conformance.fast_hybrid import HybridFastAdapter
 from uniradix.conformance.machine import draw_hybrid_config, make_machine
+from uniradix.fast import cache as cache_mod
 from uniradix.spec.config import CacheConfig
 
 SWA = dict(components=("full", "swa"), kv_slots=32, swa_slots=32, sliding_window=4)

@@ -17,6 +17,7 @@ import pytest
 from conftest import CORPUS
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+
 from stories import Story
 from uniradix.conformance.machine import draw_swa_mamba_config, make_machine
 from uniradix.conformance.replay import replay_trace

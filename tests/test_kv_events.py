@@ -13,9 +13,19 @@ import zmq
 from uniradix.fast.errors import InvalidInput
 from uniradix.fast.event_fold import RouterView
 from uniradix.fast.kv_events import (
-    END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig,
-    KVEventSubscriber, NullEventPublisher, ZmqEventPublisher, create_publisher, decode_batch,
-    encode_batch, offset_endpoint,
+    END_SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KVEventsConfig,
+    KVEventSubscriber,
+    NullEventPublisher,
+    ZmqEventPublisher,
+    create_publisher,
+    decode_batch,
+    encode_batch,
+    offset_endpoint,
 )
 
 LOOP = "tcp://127.0.0.1:*"

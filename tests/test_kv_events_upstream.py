@@ -15,8 +15,14 @@ import zmq
 from uniradix.conformance import upstream as upstream_mod
 from uniradix.fast.event_fold import RouterView
 from uniradix.fast.kv_events import (
-    AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig, KVEventSubscriber,
-    ZmqEventPublisher, encode_batch,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KVEventsConfig,
+    KVEventSubscriber,
+    ZmqEventPublisher,
+    encode_batch,
 )
 
 pytestmark = pytest.mark.upstream

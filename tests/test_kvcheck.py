@@ -10,13 +10,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import CORPUS  # noqa: E402
 from uniradix.conformance.cli import main as cli_main  # noqa: E402
 from uniradix.conformance.conform import run_conform  # noqa: E402
-from uniradix.conformance.kvcheck import (  # noqa: E402
-    KVPool, fingerprints, kv_checked, slot_contents)
+from uniradix.conformance.kvcheck import KVPool, fingerprints, kv_checked, slot_contents  # noqa: E402
 from uniradix.conformance.lockstep import VIOLATION  # noqa: E402
-
-from conftest import CORPUS  # noqa: E402
 
 
 def test_fingerprints_name_the_extra_key_and_the_whole_prefix():

@@ -20,7 +20,14 @@ import pytest
 from uniradix.conformance import conform as conform_mod
 from uniradix.conformance.adapters import ADAPTERS, SpecAdapter, args_of
 from uniradix.conformance.lockstep import (
-    DIVERGENCE, VIOLATION, Lockstep, LockstepError, first_difference, renumber, shrink)
+    DIVERGENCE,
+    VIOLATION,
+    Lockstep,
+    LockstepError,
+    first_difference,
+    renumber,
+    shrink,
+)
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace
 from uniradix.spec import cache as rules
@@ -408,7 +415,7 @@ def test_registered_impl_matches_spec_in_lockstep(impl, tmp_path):
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
         futs = [ex.submit(_conform_worker, impl, 100 + k, per, str(tmp_path)) for k in range(jobs)]
         results = [f.result() for f in futs]
-    for steps, finding, path in results:
+    for _steps, finding, path in results:
         assert finding is None, f"{finding}\nshrunk trace: {path}"
     assert sum(r[0] for r in results) >= FAST_STEPS
 

@@ -130,7 +130,7 @@ def test_no_growth_across_rounds_and_resets(page_size):
     rng = random.Random(11)
     cache = make(page_size)
     counts, nodes = [], []
-    for r in range(8):
+    for _r in range(8):
         _workload(cache, rng, page_size=page_size)
         cache.evict(fast.EvictParams(num_tokens=1 << 62))
         assert cache.evictable_size() == 0 and cache.protected_size() == 0
@@ -163,7 +163,8 @@ def test_value_tensor_refcounts_come_back():
     in_tree = sys.getrefcount(held)
 
     def node_refs():  # references to node, less the heap's (stale entries are expected)
-        return sys.getrefcount(node) - sum(1 for _, n in cache._heap if n is node)
+        # node_refs is not called after `del node` below
+        return sys.getrefcount(node) - sum(1 for _, n in cache._heap if n is node)  # noqa: F821
 
     before = node_refs()
     # splitting replaces the node's tensor: the old one is dropped by the tree
@@ -244,7 +245,8 @@ def test_c_paths_step_for_step_with_the_python_paths(page_size, monkeypatch):
         for cache, py in ((a, False), (b, True)):
             fn = getattr(cache, "_" + name + "_py" if py and name != "evict" else name) \
                 if not (py and name == "evict") else cache._evict_py_api
-            xargs = [x[py] if isinstance(x, tuple) and len(x) == 2 and x and isinstance(x[0], (cache_mod.TreeNode,)) else x for x in args]
+            xargs = [x[py] if isinstance(x, tuple) and len(x) == 2 and x
+                     and isinstance(x[0], (cache_mod.TreeNode,)) else x for x in args]
             if py:
                 monkeypatch.setattr(cache_mod, "NATIVE", False)
             try:
@@ -266,7 +268,8 @@ def test_c_paths_step_for_step_with_the_python_paths(page_size, monkeypatch):
             if rng.random() < 0.4:
                 (_, la), (_, lb) = both("inc_lock_ref", (ma.last_device_node, mb.last_device_node))
                 assert la.delta == lb.delta
-                locks.append(((ma.last_device_node, mb.last_device_node), (la.to_dec_params(), lb.to_dec_params())))
+                locks.append(((ma.last_device_node, mb.last_device_node),
+                              (la.to_dec_params(), lb.to_dec_params())))
         elif r < 0.7:
             n = len(toks)
             v = torch.arange(slot[0], slot[0] + n, dtype=torch.int64)

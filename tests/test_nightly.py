@@ -18,7 +18,8 @@ import importlib.util
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import settings, strategies as st  # noqa: E402
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 from uniradix.conformance import machine  # noqa: E402

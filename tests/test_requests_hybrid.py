@@ -9,6 +9,7 @@ a prompt ``p`` is ``(p[k % len(p)] * 7 + k) % 50000``.
 from __future__ import annotations
 
 import pytest
+
 from stories import Story
 
 SWA = dict(components=("full", "swa"), kv_slots=32, swa_slots=32, sliding_window=2)

@@ -3,6 +3,8 @@ cached where, and the router's invariant as a checked property over recorded wor
 the stream from the start gives exactly the cached pages per medium after every step."""
 
 import pytest
+
+from tests.stories import Story
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.driver import Driver, make_config
 from uniradix.conformance.events import RouterCheck, event_source, events_differ
@@ -17,8 +19,6 @@ from uniradix.spec.events import (
     to_wire,
 )
 from uniradix.spec.pagekeys import block_hash, path_keys
-
-from tests.stories import Story
 
 
 class EventStory(Story):

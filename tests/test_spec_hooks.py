@@ -8,6 +8,7 @@ import inspect
 import os
 
 import pytest
+
 from uniradix.spec import components, host, storage
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.core import Plugin

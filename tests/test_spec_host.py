@@ -11,8 +11,7 @@ import pytest
 
 from uniradix.conformance.adapters import SpecAdapter
 from uniradix.spec import cache as rules
-from uniradix.spec import host
-from uniradix.spec import queries
+from uniradix.spec import host, queries
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import HandleError, InvalidInput, Unsupported
 from uniradix.spec.invariants import sanity_check
@@ -233,9 +232,9 @@ def test_io_complete_and_load_back_reject_bad_input_unchanged():
     s = make(write_through_threshold=1)
     put(s, [1, 2])
     before = snapshot(s)
-    for w, l in ((-2, 0), (0, "1"), (True, 0)):
+    for w, loads in ((-2, 0), (0, "1"), (True, 0)):
         with pytest.raises(InvalidInput):
-            host.io_complete(s, w, l)
+            host.io_complete(s, w, loads)
     a = node_at(s, [1, 2])
     with pytest.raises(InvalidInput):
         host.init_load_back(s, s.root, a, None)     # last_device_node below the node

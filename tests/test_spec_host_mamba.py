@@ -13,6 +13,7 @@ import glob
 import os
 
 import pytest
+
 from conftest import CORPUS
 from uniradix.conformance.replay import replay_trace
 from uniradix.conformance.trace import load_trace

@@ -18,7 +18,7 @@ class Item:
         self.id, self.last_access_time, self.member = i, 0, False
         self.lru_prev = self.lru_next = None
 
-    def __lt__(self, other: "Item") -> bool:
+    def __lt__(self, other: Item) -> bool:
         return self.id < other.id
 
     def __repr__(self) -> str:

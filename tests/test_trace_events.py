@@ -6,6 +6,7 @@ implementations that emit them."""
 import json
 
 import pytest
+
 from uniradix.conformance.adapters import SpecAdapter, make_adapter
 from uniradix.conformance.driver import make_config, record
 from uniradix.conformance.lockstep import Lockstep, run_steps

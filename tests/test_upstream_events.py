@@ -9,6 +9,7 @@ import glob
 import os
 
 import pytest
+
 from uniradix.conformance import upstream as upstream_mod
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.driver import make_config, record

@@ -2,7 +2,8 @@
 the committed hybrid corpora replay on upstream, the recorder reproduces a committed trace, and
 the spec runs in lockstep with upstream's SWA and Mamba caches on random scenarios.
 
-Run with the upstream venv's python: ``VENV/bin/python -m pytest -o addopts="" tests/test_upstream_hybrid.py``.
+Run with the upstream venv's python:
+``VENV/bin/python -m pytest -o addopts="" tests/test_upstream_hybrid.py``.
 """
 
 from __future__ import annotations

@@ -12,15 +12,13 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from test_storage_machine import make_machine, storage_configs
 from uniradix.conformance import upstream as upstream_mod
 from uniradix.conformance.adapters import make_adapter
 from uniradix.conformance.lockstep import Lockstep
 from uniradix.conformance.replay import replay_trace
-from uniradix.conformance.storage_driver import STORAGE_CONFIG_NAMES, make_storage_config, \
-    storage_segment
+from uniradix.conformance.storage_driver import STORAGE_CONFIG_NAMES, make_storage_config, storage_segment
 from uniradix.conformance.trace import load_trace
-
-from test_storage_machine import make_machine, storage_configs
 
 pytestmark = pytest.mark.upstream
 
