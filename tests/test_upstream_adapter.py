@@ -13,6 +13,7 @@ import pytest
 
 from uniradix.conformance import upstream as upstream_mod
 from uniradix.conformance.driver import RecordStats, make_config, record
+from uniradix.conformance.replay import held_swa_tombstone_takeover
 from uniradix.conformance.trace import load_trace
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import Unsupported
@@ -104,7 +105,16 @@ def test_conform_spec_vs_upstream_is_clean(config, tmp_path):
     res = conform_mod.run_conform(["spec", "upstream"], config=config, steps=3000, seed=3,
                                   out=str(tmp_path), progress=False, log=logged.append,
                                   segment_steps=500)
-    assert res.finding is None, f"{res.finding}\nshrunk trace: {res.trace_path}"
+    if res.finding is not None:
+        # the one documented difference (issue 18, docs/SPEC.md): upstream frees the full slots
+        # of an SWA tombstone another holder has locked; the spec keeps them.  The run stops
+        # there, so the finding must be exactly that insert, and nothing else.
+        f = res.finding
+        assert (f.kind, f.op, f.path) == ("divergence", "insert", "freed[0]"), str(f)
+        shrunk = load_trace(res.trace_path)
+        assert held_swa_tombstone_takeover(shrunk, shrunk.steps[-1]["i"]), \
+            f"{f}\nshrunk trace: {res.trace_path}"
+        return
     assert res.steps == 3000
     assert any("req_*" in m for m in logged) and any("hit_count" in m for m in logged)
     if config is None:  # cycling: the configs upstream's adapter cannot build are skipped
