@@ -34,7 +34,7 @@ lint: install
 	  echo "$(VENV)/bin/mypy"; out=$$($(VENV)/bin/mypy 2>&1) || rc=1; \
 	  printf '%s\n' "$$out" | sed 's#^build/typecheck/uniradix/##'; exit $$rc
 
-# Headless Chromium for tests/test_dashboard_browser.py: Debian's package, installed only where
+# Headless Chromium for tests/conformance/bench/test_dashboard_browser.py: Debian's package, installed only where
 # no chromium is on PATH (as root, with apt-get; otherwise the browser test skips and says why).
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
@@ -46,7 +46,7 @@ browser:
 	  echo "make: no chromium and no root apt-get to install it: the browser test will skip"; \
 	fi
 
-# Debian's libibverbs1, which the Mooncake store's wheel links against (tests/test_mooncake_store.py),
+# Debian's libibverbs1, which the Mooncake store's wheel links against (tests/fast/storage/test_mooncake_store.py),
 # installed only where the loader cannot find it.
 ibverbs:
 	@ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' || { S=$$([ "$$(id -u)" = 0 ] || echo sudo); ($$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq libibverbs1) >/dev/null 2>&1 || echo "libibverbs1 could not be installed: the Mooncake tests will skip"; }
@@ -62,7 +62,7 @@ check: install
 
 # The Hypothesis lockstep machine with the CrossHair backend, 2,000 runs of 200 steps.
 nightly: install
-	$(PY) -m pytest tests/test_nightly.py --hypothesis-profile=nightly -q
+	$(PY) -m pytest tests/conformance/explore/test_nightly.py --hypothesis-profile=nightly -q
 
 # On a GPU machine: kernel tests on the GPU, then GB/s of the HiCache copy kernels
 # (docs/KERNELS.md); needs no network, under 10 minutes.

@@ -22,7 +22,7 @@ DESCRIPTION = ("uniradix: the unified radix prefix cache: its executable spec, f
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from uniradix.conformance.replay import replay_paths
+    from uniradix.conformance.traces.replay import replay_paths
     return replay_paths(args.traces, args.impl, keep_going=args.keep_going,
                         skip_unsupported=args.skip_unsupported,
                         check_invariants=not args.no_invariants, verbose=args.verbose,
@@ -50,18 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not run the implementation's invariants after each step")
     r.add_argument("--check-kv", action="store_true",
                    help="keep a fingerprinted KV pool and check every slot the cache hands out "
-                        "(conformance/kvcheck.py); a wrong slot fails like an invariant")
+                        "(conformance/env/kvcheck.py); a wrong slot fails like an invariant")
     r.add_argument("-v", "--verbose", action="store_true", help="one line per trace")
     r.set_defaults(func=cmd_replay)
 
-    from uniradix.conformance.bench import add_bench_parser
-    from uniradix.conformance.conform import add_conform_parser, add_record_parser
+    from uniradix.conformance.bench.loop import add_bench_parser
+    from uniradix.conformance.explore.conform import add_conform_parser, add_record_parser
     add_conform_parser(sub)
     add_record_parser(sub)
     add_bench_parser(sub)
-    from uniradix.conformance.exhaustive import add_check_parser
+    from uniradix.conformance.explore.exhaustive import add_check_parser
     add_check_parser(sub)
-    from uniradix.conformance.dashboard import add_dashboard_parser
+    from uniradix.conformance.bench.dashboard import add_dashboard_parser
     add_dashboard_parser(sub)
 
     w = sub.add_parser("run", help="the main job: conformance (corpus replay, lockstep) and a "

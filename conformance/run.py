@@ -15,10 +15,10 @@ import os
 import sys
 import time
 
-from uniradix.conformance.bench import compare, print_comparison, shared_prefix_workload, write_json
-from uniradix.conformance.conform import run_conform
-from uniradix.conformance.replay import expected_divergence, replay_trace
-from uniradix.conformance.trace import load_trace
+from uniradix.conformance.bench.loop import compare, print_comparison, shared_prefix_workload, write_json
+from uniradix.conformance.explore.conform import run_conform
+from uniradix.conformance.traces.replay import expected_divergence, replay_trace
+from uniradix.conformance.traces.trace import load_trace
 
 IMPLS = ("spec", "fast")
 
@@ -32,7 +32,8 @@ SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storag
 # refuses a host tier with SWA until it models one), and the reproduction of upstream's hang
 # there (tests/corpus/regressions/README.md).
 # Folder names or trace file names; skipped, unread, by `uniradix run` and
-# tests/test_corpus_replay.py with this reason.  Take an entry off once the spec replays it.
+# tests/conformance/traces/test_corpus_replay.py with this reason.  Take an entry off once the spec replays
+# it.
 AWAITING_SPEC = ("upstream-host-swa", "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl")
 AWAITING_SPEC_REASON = "awaits the spec's host tier with SWA (conformance/run.py AWAITING_SPEC)"
 
@@ -74,7 +75,7 @@ def progress_bar(label: str):
 
 
 def main_run(args: argparse.Namespace) -> int:
-    from uniradix.conformance.results import machine_info
+    from uniradix.conformance.bench.results import machine_info
     results: dict = {"corpus": {}, "lockstep": {}, "bench": [], "machine": machine_info()}
     status = 0
 
@@ -96,7 +97,7 @@ def main_run(args: argparse.Namespace) -> int:
             traces += 1
             steps += r.steps
             if r.divergence is not None and r.divergence.step == expected_divergence(path):
-                continue  # on purpose (docs/SPEC.md, issue 18); tests/test_corpus_replay.py
+                continue  # on purpose (docs/SPEC.md, issue 18); tests/conformance/traces/test_corpus_replay.py
             if r.divergence is not None:
                 divergences += 1
                 print(str(r.divergence))
@@ -138,6 +139,6 @@ def main_run(args: argparse.Namespace) -> int:
         print()
         write_json(args.json, results)
     if getattr(args, "dashboard", None):
-        from uniradix.conformance.dashboard import record_run
+        from uniradix.conformance.bench.dashboard import record_run
         record_run(results, args.dashboard)
     return status

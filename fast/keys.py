@@ -5,7 +5,7 @@ otherwise, namespaced as ``(extra_key, page)`` when the key has an ``extra_key``
 
 The cache inlines these on its hottest paths (a call costs as much as the work); the lockstep
 runs check those copies, and CrossHair's ``diffbehavior`` checks these functions against the
-spec's (tests/test_crosshair_equiv.py).
+spec's (tests/fast/test_crosshair_equiv.py).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ cd "$root"
 tests_rc=0
 if [ "$run_tests" = 1 ]; then
   echo "gpu-bench: kernel tests on the GPU (slow ones included)"
-  timeout 150 "$py" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_kernels.py || tests_rc=$?
+  timeout 150 "$py" -m pytest -q -p no:cacheprovider -o addopts="" tests/kernels/test_kernels.py || tests_rc=$?
   [ "$tests_rc" = 0 ] || echo "gpu-bench: kernel tests FAILED or timed out (status $tests_rc); benchmarking anyway"
 fi
 echo "gpu-bench: benchmark"
@@ -115,10 +115,10 @@ if [ "$run_sched" = 1 ]; then
   sched_json="$root/bench-results/scheduler-$device.json"
   echo "gpu-bench: scheduler loop with the cache's index tensors on $device"
   rm -f "$sched_json"
-  timeout 70 "$py" -m uniradix.conformance.bench --impl fast,upstream --device "$device" \
+  timeout 70 "$py" -m uniradix.conformance.bench.loop --impl fast,upstream --device "$device" \
     "${sched[@]}" --budget 45 --json "$sched_json" || sched_rc=$?
   if [ "$cpu_smoke" != 1 ]; then
-    timeout 40 "$py" -m uniradix.conformance.bench --impl fast,upstream --device "$device" \
+    timeout 40 "$py" -m uniradix.conformance.bench.loop --impl fast,upstream --device "$device" \
       --workload mooncake --page-size 16 --requests 500 --repeat 3 \
       --json "$root/bench-results/scheduler-$device-mooncake.json" || sched_rc=$?
   fi

@@ -4,11 +4,11 @@ Usage (with the upstream virtualenv's python, uniradix importable there):
 
     python scripts/record-upstream-events.py OUT_DIR "CONFIG..." FIRST-LAST [STEPS]
 
-For each config (conformance/driver.py's CONFIG_NAMES) and seed it runs the scheduler-like
+For each config (conformance/explore/driver.py's CONFIG_NAMES) and seed it runs the scheduler-like
 driver against 0.5.13.post1's ``UnifiedRadixCache`` with its KV-event mixin on
-(conformance/upstream.py) and writes OUT_DIR/<config>-s<seed, 3 digits>.jsonl: every step with
+(conformance/adapters/upstream.py) and writes OUT_DIR/<config>-s<seed, 3 digits>.jsonl: every step with
 its ``ret`` and the events upstream emitted during it (docs/TRACE.md, "KV events"), the header
-with ``event_key_mode: "compat"``. It is ``python -m uniradix.conformance.driver --impl upstream
+with ``event_key_mode: "compat"``. It is ``python -m uniradix.conformance.explore.driver --impl upstream
 --config C --seed K --steps N --events`` per trace, in one process (sglang is imported once).
 """
 
@@ -25,10 +25,10 @@ def main(argv: list[str]) -> int:
     out, configs, seeds = argv[0], argv[1].split(), argv[2]
     steps = int(argv[3]) if len(argv) == 4 else 300
     first, last = (int(x) for x in seeds.split("-"))
-    from uniradix.conformance.adapters import make_adapter
-    from uniradix.conformance.driver import _source, make_config, record
-    from uniradix.conformance.events import event_source
-    from uniradix.conformance.trace import dump_trace, make_header
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.explore.driver import _source, make_config, record
+    from uniradix.conformance.traces.events import event_source
+    from uniradix.conformance.traces.trace import dump_trace, make_header
 
     os.makedirs(out, exist_ok=True)
     for name in configs:

@@ -6,9 +6,9 @@ Usage (with the upstream virtualenv's python, uniradix importable there):
 
 e.g. ``python scripts/record-upstream-host-aux.py tests/corpus/upstream-host-swa
 host-swa-wt-p1,host-swa-wb-p1 20 300``.  CONFIGS is comma-separated (``host-{swa,mamba}-{wt,wb}-
-p{1,4}``, conformance/driver.py's HOST_AUX_NAMES).  For each config, seeds 1, 2, ... until COUNT
+p{1,4}``, conformance/explore/driver.py's HOST_AUX_NAMES).  For each config, seeds 1, 2, ... until COUNT
 traces are written; STEPS default 300.  Each trace is what ``python -m
-uniradix.conformance.driver --impl upstream --config C --seed K --steps STEPS`` records
+uniradix.conformance.explore.driver --impl upstream --config C --seed K --steps STEPS`` records
 (upstream's sanity_check() after every step).  A seed upstream fails on (an assertion, a
 sanity-check violation, a crash) or that runs past TIMEOUT_S seconds (default 20; a trace takes
 a few; 0.5.13.post1's SWA and Mamba eviction can loop forever under write-back, docs/SPEC.md)
@@ -20,9 +20,9 @@ import signal
 import sys
 import time
 
-from uniradix.conformance.adapters import make_adapter
-from uniradix.conformance.driver import RecordingError, _source, make_config, record
-from uniradix.conformance.trace import dump_trace, make_header
+from uniradix.conformance.adapters.base import make_adapter
+from uniradix.conformance.explore.driver import RecordingError, _source, make_config, record
+from uniradix.conformance.traces.trace import dump_trace, make_header
 
 
 class _Timeout(Exception):

@@ -6,18 +6,18 @@ Usage (with the upstream virtualenv's python, uniradix importable there):
 
 e.g. ``python scripts/record-upstream-policies.py tests/corpus/upstream-policies
 full-p1 lfu,fifo,mru,filo,priority,slru 1-20``.  CONFIGS and POLICIES are comma-separated
-(conformance/driver.py's CONFIG_NAMES and POLICY_CHOICES); seeds FIRST..LAST; STEPS default 400.
+(conformance/explore/driver.py's CONFIG_NAMES and POLICY_CHOICES); seeds FIRST..LAST; STEPS default 400.
 Files: OUT_DIR/<config>-<policy>-s<seed, 3 digits>.jsonl (for ``lru``: <config>-s<seed>.jsonl;
 ``mamba-cow-p1`` under ``lru`` records tests/corpus/upstream-mamba-cow).  Each trace is what
-``python -m uniradix.conformance.driver --impl upstream --config C --policy P --seed K`` records
+``python -m uniradix.conformance.explore.driver --impl upstream --config C --policy P --seed K`` records
 (upstream's sanity_check() after every step); one process saves importing sglang per trace.
 A recording upstream rejects or crashes on is reported (no file) and the others go on.
 """
 
 import sys
 
-from uniradix.conformance.driver import config_label
-from uniradix.conformance.driver import main as record
+from uniradix.conformance.explore.driver import config_label
+from uniradix.conformance.explore.driver import main as record
 
 
 def run(argv: list) -> int:

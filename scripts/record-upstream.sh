@@ -5,7 +5,7 @@
 #   OUT_DIR  where the traces go (default tests/corpus/upstream)
 #   COUNT    traces per config (default 24), seeds 1..COUNT
 #   STEPS    steps per trace (default 400)
-# Configs: full-p1, full-p4 (default), or CONFIGS="..." with any of conformance/driver.py's
+# Configs: full-p1, full-p4 (default), or CONFIGS="..." with any of conformance/explore/driver.py's
 # CONFIG_NAMES (the hybrid models: swa-w8-p1 swa-w8-p4 swa-w32-p1 mamba-p1).
 # Files: OUT_DIR/<config>-s<seed, 3 digits>.jsonl
 # Every step is followed by upstream's sanity_check(); a violation fails the recording.
@@ -21,7 +21,7 @@ configs=${CONFIGS:-"full-p1 full-p4"}
 if ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import importlib.metadata as m; m.version("sglang")' 2>/dev/null; }; then
   scripts/upstream-venv.sh "$venv"
 fi
-if ! "$venv/bin/python" -c 'import uniradix.conformance.driver' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import uniradix.conformance.explore.driver' 2>/dev/null; then
   "$venv/bin/pip" install -q --no-deps -e .
 fi
 
@@ -29,7 +29,7 @@ mkdir -p "$out"
 for config in $configs; do
   for seed in $(seq 1 "$count"); do
     file=$(printf '%s/%s-s%03d.jsonl' "$out" "$config" "$seed")
-    "$venv/bin/python" -m uniradix.conformance.driver --impl upstream --config "$config" \
+    "$venv/bin/python" -m uniradix.conformance.explore.driver --impl upstream --config "$config" \
       --seed "$seed" --steps "$steps" --out "$file"
   done
 done

@@ -15,7 +15,7 @@ import time
 import torch
 
 import uniradix.fast.cache as fast_cache
-from uniradix.conformance import bench
+from uniradix.conformance.bench import loop as bench
 
 _orig = torch.narrow_copy
 _calls: list[tuple[int, int]] = []

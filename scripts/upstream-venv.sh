@@ -26,7 +26,7 @@ echo "torch==2.13.0" > "$cons"
 # pytest-benchmark and pytest-timeout)
 "$venv/bin/pip" install -q -c "$cons" pytest pytest-benchmark pytest-timeout hypothesis
 # later releases import xgrammar at module level (transformers stays at 5.8.1: the torchvision
-# placeholder of conformance/upstream.py satisfies it)
+# placeholder of conformance/adapters/upstream.py satisfies it)
 [ "$version" = 0.5.13.post1 ] || "$venv/bin/pip" install -q -c "$cons" xgrammar
 # this project's own package too, so the adapter and recorder run inside it
 [ -f pyproject.toml ] && "$venv/bin/pip" install -q -c "$cons" --no-deps -e .

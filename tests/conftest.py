@@ -14,9 +14,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 
 # Hypothesis profiles.  The default profile is Hypothesis's own (each test sets what it needs).
-# ``nightly`` (docs/CHECKS.md): the lockstep machine of tests/test_nightly.py with the CrossHair
-# backend (needs the hypothesis-crosshair package) and many more steps; run it with
-#   .venv/bin/python -m pytest tests/test_nightly.py --hypothesis-profile=nightly
+# ``nightly`` (docs/CHECKS.md): the lockstep machine of tests/conformance/explore/test_nightly.py with the
+# CrossHair backend (needs the hypothesis-crosshair package) and many more steps; run it with
+#   .venv/bin/python -m pytest tests/conformance/explore/test_nightly.py --hypothesis-profile=nightly
 # (or HYPOTHESIS_PROFILE=nightly in the environment).
 try:
     from hypothesis import HealthCheck as _HealthCheck

@@ -1,7 +1,7 @@
-"""Checks shared by the corpus replay tests (tests/test_corpus_replay.py and the policy corpus in
-tests/test_spec_policies.py): what a replay of a committed trace must show."""
+"""Checks shared by the corpus replay tests (tests/conformance/traces/test_corpus_replay.py and the policy
+corpus in tests/spec/test_spec_policies.py): what a replay of a committed trace must show."""
 
-from uniradix.conformance.replay import expected_divergence, held_swa_tombstone_takeover
+from uniradix.conformance.traces.replay import expected_divergence, held_swa_tombstone_takeover
 
 
 def check_divergence(path, trace, result) -> None:

@@ -1,6 +1,6 @@
-"""A small bench-results history for the dashboard tests (tests/test_dashboard.py and
-tests/test_dashboard_browser.py): real ``uniradix bench`` numbers from a tiny workload, in the
-JSON shapes the producers write, stored for two commits."""
+"""A small bench-results history for the dashboard tests (tests/conformance/bench/test_dashboard.py and
+tests/conformance/bench/test_dashboard_browser.py): real ``uniradix bench`` numbers from a tiny workload, in
+the JSON shapes the producers write, stored for two commits."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import copy
 import json
 import os
 
-from uniradix.conformance import bench
-from uniradix.conformance import results as R
+from uniradix.conformance.bench import loop as bench
+from uniradix.conformance.bench import results as R
 
 COMMIT_A = {"sha": "a1" * 20, "date": "2026-11-20T09:00:00+00:00", "subject": "older commit",
             "dirty": False}

@@ -1,5 +1,5 @@
 """Like-for-like pairs of the spec's and the fast path's pure helpers, for ``crosshair
-diffbehavior`` and for the bounded exhaustive comparison (tests/test_crosshair_equiv.py).
+diffbehavior`` and for the bounded exhaustive comparison (tests/fast/test_crosshair_equiv.py).
 
 Each pair ``spec_<name>`` / ``fast_<name>`` has one signature and one guard: arguments outside
 the bounds, or outside the helper's precondition, give ``None`` on both sides.  The fast side

@@ -1,7 +1,7 @@
 """One story driver for the spec's hand-worked tests: each step goes through an adapter, the
 adapter's own invariants must hold after it, and a rejected step must leave the state as it was."""
 
-from uniradix.conformance.adapters import make_adapter
+from uniradix.conformance.adapters.base import make_adapter
 from uniradix.spec.config import CacheConfig
 
 

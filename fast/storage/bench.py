@@ -42,7 +42,7 @@ ALL = ("file", "mooncake", "upstream-file", "upstream-mooncake")
 
 def _sglang():
     try:
-        from uniradix.conformance import upstream as up
+        from uniradix.conformance.adapters import upstream as up
         up.load_upstream()
         import sglang.srt.mem_cache.memory_pool_host as mph
         return mph

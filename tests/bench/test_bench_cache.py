@@ -1,11 +1,11 @@
-"""pytest-benchmark runs of the benchmark harness (conformance/bench.py) for spec, fast and
+"""pytest-benchmark runs of the benchmark harness (conformance/bench/loop.py) for spec, fast and
 upstream (each skipped where it cannot be built: fast until it exists, upstream outside the
 throwaway sglang venv). Skipped by default (``--benchmark-skip``); ``make bench`` runs them and
 writes the JSON.
 
 pytest-benchmark's own timings are the whole run's wall time (workload generation and harness
 included); the number to compare is ``extra_info["requests_per_s"]``: finished requests over the
-time of the cache calls only, the median over the rounds (see conformance/bench.py). Each test
+time of the cache calls only, the median over the rounds (see conformance/bench/loop.py). Each test
 also records the outcome every implementation must share (hit rate, evicted tokens, digest).
 
 Sizes keep the whole file to a few minutes: shared-prefix scaled to 1,000 requests (page 1 and
@@ -17,7 +17,7 @@ import statistics
 
 import pytest
 
-from uniradix.conformance import bench
+from uniradix.conformance.bench import loop as bench
 
 CASES = {
     "shared-prefix-p1": lambda: bench.shared_prefix_workload(1, 1000),

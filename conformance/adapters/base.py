@@ -1,0 +1,453 @@
+"""Adapters: one trace step in, one observation out (docs/DESIGN.md, ``CacheUnderTest``).
+
+An observation is the full ``ret`` object TRACE.md defines for the op (effects included), or
+``{"error": "<ExceptionType>"}`` when the implementation rejected the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from uniradix.conformance.adapters.host_ops import SpecHostOps
+from uniradix.conformance.adapters.storage_ops import STORAGE_HOST_EFFECT_OPS, STORAGE_OPS, SpecStorageOps
+from uniradix.spec import cache as rules
+from uniradix.spec import components, mamba_cow, queries, sessions
+from uniradix.spec import requests as reqs
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import CacheError, HandleError, InvalidInput, UnknownOp, Unsupported
+from uniradix.spec.invariants import sanity_check
+from uniradix.spec.snapshot import snapshot
+from uniradix.spec.state import CacheState, Node, all_nodes, new_state
+
+Step = dict
+Observation = dict
+
+# Ops of TRACE.md version 1 that belong to tiers not built yet.
+HOST_TIER_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events", "host_lock",
+                 "host_unlock")
+# Ops whose observation carries the host pool's effects (host_freed) when there is a host tier.
+HOST_EFFECT_OPS = ("insert", "evict", "load_back", "check_hicache_events", "evict_host")
+HOST_EFFECT_OPS += STORAGE_HOST_EFFECT_OPS  # storage tier (conformance/adapters/storage_ops.py)
+AUX_OPS = ("mamba_alloc", "mamba_free")
+
+
+class CacheUnderTest(Protocol):
+    config: CacheConfig
+
+    def apply(self, step: Step) -> Observation: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def violations(self) -> list[str]: ...
+
+
+def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool = False,
+                    storage: bool = False, host_mamba: bool = False) -> None:
+    """What an implementation models: the Full component on the device tier always; with
+    ``hybrid`` the SWA and Mamba components too; with ``host_tier`` the host tier (HiCache);
+    with ``host_mamba`` the host tier together with Mamba.  A host tier together with SWA is
+    modelled by none yet."""
+    if config.components != ("full",) and config.has_host_tier and not (
+            host_mamba and config.components == ("full", "mamba")):
+        raise Unsupported("a host tier with an aux component (SWA, Mamba) is not supported"
+                          + ("" if host_mamba else " here") + " (the spec models host + Mamba)")
+    if config.components != ("full",) and not hybrid:
+        raise Unsupported(f"components {list(config.components)}: only ['full'] is supported "
+                          "so far (SWA and Mamba come with the hybrid-models work)")
+    if config.has_host_tier and not host_tier:
+        raise Unsupported("host_slots > 0: the host tier (HiCache) is not supported yet")
+    if config.storage and not storage:
+        raise Unsupported("storage: true: the storage tier is not supported here yet")
+
+
+def check_cow_args(config: CacheConfig, cow: Any, mamba_slot: Any) -> None:
+    """``match_prefix``'s Mamba copy-on-write arguments on an implementation that does not
+    model it yet: ``cow_mamba`` true is Unsupported (InvalidInput without Mamba, as the spec
+    says); ``mamba_slot`` goes with it."""
+    if not isinstance(cow, bool):
+        raise InvalidInput(f"cow_mamba must be true or false, got {cow!r}")
+    if cow and "mamba" not in config.components:
+        raise InvalidInput("match_prefix: cow_mamba needs the Mamba component")
+    if cow:
+        raise Unsupported("cow_mamba: Mamba copy-on-write is modelled by the spec only so far")
+    if mamba_slot is not None:
+        raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
+
+
+def args_of(step: Step, *names: str, **defaults: Any) -> list:
+    """The named args of a step; a missing required arg is InvalidInput."""
+    args = step.get("args", {})
+    known = set(names) | set(defaults)
+    extra = sorted(set(args) - known)
+    if extra:
+        raise InvalidInput(f"{step['op']}: unknown argument(s) {extra}")
+    out = []
+    for n in names:
+        if n not in args:
+            raise InvalidInput(f"{step['op']}: missing argument {n!r}")
+        out.append(args[n])
+    for n, d in defaults.items():
+        out.append(args.get(n, d))
+    return out
+
+
+def path_arg(raw: Any) -> tuple:
+    if not isinstance(raw, dict) or set(raw) - {"tokens", "extra_key"} or "tokens" not in raw:
+        raise InvalidInput(f"a node path must be {{'tokens': [...], 'extra_key': ...}}, got {raw!r}")
+    return raw["tokens"], raw.get("extra_key")
+
+
+OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
+       "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
+       "mamba_alloc", "mamba_free") + HOST_TIER_OPS
+# Streaming sessions (spec/sessions.py; docs/TRACE.md): spec only so far.
+SESSION_OPS = ("release_session", "session_held")
+OPS += SESSION_OPS
+OPS += STORAGE_OPS  # storage tier (conformance/adapters/storage_ops.py)
+REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort"
+               ) + SESSION_OPS
+
+
+def aux_effects(config: CacheConfig, kv: Any, mamba: Any) -> dict:
+    """The step effects of the aux pools (TRACE.md): ``swa_freed`` with SWA, ``mamba_freed``
+    with Mamba; ``kv`` is a HybridKVPool with SWA, ``mamba`` the Mamba pool."""
+    out = {}
+    if "swa" in config.components:
+        out["swa_freed"] = kv.swa.take_freed()
+    if "mamba" in config.components:
+        out["mamba_freed"] = mamba.take_freed()
+    return out
+
+
+def hybrid_request_check(config: CacheConfig, op: Any) -> None:
+    """For an adapter whose request model has no Mamba states or SWA windows (the spec's has:
+    :attr:`StepAdapter.hybrid_requests`)."""
+    if config.components != ("full",) and op in REQUEST_OPS:
+        raise Unsupported(f"op {op!r}: the request model does not cover SWA or Mamba yet")
+
+
+class StepAdapter:
+    """Dispatch of trace steps shared by the adapters: an op ``x`` is the method ``op_x``;
+    an exception of ``rejections`` becomes the observation ``{"error": TypeName}``; the KV
+    pool's freed-slot log is cleared around every step so effects belong to one step."""
+
+    rejections: tuple = (CacheError,)
+    pool: Any  # the environment's PagedPool
+    aux_pools: tuple = ()  # hybrid models: the SWA and Mamba pools, whose logs are effects too
+    host_pool: Any = None  # the host PagedPool, with a host tier
+    host_mamba_pool: Any = None  # the host state pool, with a host tier and Mamba
+    hybrid_requests: bool = False  # the request-level ops (req_*) run with SWA and Mamba too
+
+    @property
+    def tree_only(self) -> bool:
+        """No request-level ops in this config (lockstep runs then leave them out): with an aux
+        component unless the adapter's request model covers it (and EAGLE keys)."""
+        if self.config.components == ("full",):
+            return False
+        return not self.hybrid_requests or self.config.eagle
+
+    def apply(self, step: Step) -> Observation:
+        op = step.get("op")
+        self.pool.take_freed()
+        for p in self.aux_pools:
+            p.take_freed()
+        if self.host_pool is not None:
+            self.host_pool.take_freed()
+        if self.host_mamba_pool is not None:
+            self.host_mamba_pool.take_freed()
+        try:
+            if not self.hybrid_requests:
+                hybrid_request_check(self.config, op)
+            handler = getattr(self, f"op_{op}", None) if op in OPS else None
+            if handler is None:
+                if op in HOST_TIER_OPS or op in AUX_OPS or op in SESSION_OPS or op in STORAGE_OPS:
+                    raise Unsupported(f"op {op!r} needs a tier or component not supported yet")
+                raise UnknownOp(f"unknown op {op!r}")
+            obs = handler(step)
+            if self.host_pool is not None and op in HOST_EFFECT_OPS:
+                obs["host_freed"] = self.host_pool.take_freed()
+                if self.host_mamba_pool is not None:  # the host tier with Mamba
+                    obs["host_mamba_freed"] = self.host_mamba_pool.take_freed()
+            return obs
+        except self.rejections as e:
+            self.pool.take_freed()
+            for p in self.aux_pools:
+                p.take_freed()
+            if self.host_pool is not None:
+                self.host_pool.take_freed()
+            if self.host_mamba_pool is not None:
+                self.host_mamba_pool.take_freed()
+            return {"error": type(e).__name__, "message": str(e)}
+
+
+class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
+    """Runs trace steps on the executable specification."""
+
+    hybrid_requests = True
+
+    def __init__(self, config: CacheConfig) -> None:
+        check_supported(config, hybrid=True, host_tier=True, storage=True, host_mamba=True)
+        self.config = config
+        self.state: CacheState = new_state(config)
+        self.pool = self.state.kv
+        self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.state.mamba)
+                               if p is not None)
+        self.host_pool = self.state.host.pool if self.state.host is not None else None
+        self.host_mamba_pool = self.state.host.mamba_pool if self.state.host is not None else None
+        self.handles: dict[int, Any] = {}  # trace handle (the lock step's i) -> LockHandle
+        self.host_handles: dict[int, Any] = {}  # trace handle (the host_lock step's i)
+
+    def snapshot(self) -> dict[str, Any]:
+        return snapshot(self.state)
+
+    def violations(self) -> list[str]:
+        return sanity_check(self.state)
+
+    # -- ops -----------------------------------------------------------------------------------
+    def _path_len(self, node: Node) -> int:
+        return len(node.path_units())
+
+    def op_alloc(self, step: Step) -> Observation:
+        (n,) = args_of(step, "n")
+        slots = self.state.kv.alloc(n)
+        if "swa" in self.config.components:
+            return {"slots": slots, "swa_slots": list(self.state.kv.translate(slots))}
+        return {"slots": slots}
+
+    def op_mamba_alloc(self, step: Step) -> Observation:
+        pool = self._mamba_pool()
+        (n,) = args_of(step, "n")
+        return {"slots": pool.alloc(n)}
+
+    def op_mamba_free(self, step: Step) -> Observation:
+        self._mamba_pool()
+        (slots,) = args_of(step, "slots")
+        slots = rules.check_int_list("slots", slots)
+        held = {s for n in all_nodes(self.state) if components.has(n, "mamba")
+                for s in n.aux["mamba"].value}
+        held |= {r.mamba_slot for r in self.state.requests.values() if r.mamba_slot is not None}
+        if held.intersection(slots):
+            raise InvalidInput(f"mamba_free: slots {sorted(held.intersection(slots))} are the "
+                               "tree's or a request's")
+        self._mamba_pool().free(slots)
+        return {}
+
+    def _mamba_pool(self):
+        if self.state.mamba is None:
+            raise Unsupported("Mamba pool ops need the Mamba component")
+        return self.state.mamba
+
+    def _effects(self) -> dict:
+        return aux_effects(self.config, self.state.kv, self.state.mamba)
+
+    def op_free(self, step: Step) -> Observation:
+        (slots,) = args_of(step, "slots")
+        self.state.kv.free(rules.check_int_list("slots", slots))
+        return {}
+
+    def op_insert(self, step: Step) -> Observation:
+        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen, priority = \
+            args_of(step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
+                    mamba_value=None, swa_evicted_seqlen=0, priority=0)
+        out = rules.insert(self.state, tokens, extra_key, value, prev, chunked,
+                           mamba_value=mamba_value, swa_evicted_seqlen=swa_evicted_seqlen,
+                           priority=priority)
+        ret = {"prefix_len": out.prefix_len, "freed": self.state.kv.take_freed()}
+        if "mamba" in self.config.components:
+            ret["mamba_exist"] = out.mamba_exist
+        ret.update(self._effects())
+        return ret
+
+    def op_match_prefix(self, step: Step) -> Observation:
+        tokens, extra_key, cow, mamba_slot = args_of(step, "tokens", extra_key=None,
+                                                     cow_mamba=False, mamba_slot=None)
+        if rules.check_flag("cow_mamba", cow):
+            return self._match_prefix_cow(tokens, extra_key, mamba_slot)
+        if mamba_slot is not None:
+            raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
+        return self._match_obs(rules.match_prefix(self.state, tokens, extra_key))
+
+    def _match_obs(self, m: Any) -> Observation:
+        """A match result as the trace records it (``mamba_branching_seqlen`` with Mamba)."""
+        obs = {
+            "device_indices": list(m.device_indices),
+            "host_hit_length": m.host_hit_length,
+            "last_device_node": self._path_len(m.last_device_node),
+            "last_host_node": self._path_len(m.last_host_node),
+            "best_match_node": self._path_len(m.best_match_node),
+        }
+        if "mamba" in self.config.components:
+            obs["mamba_branching_seqlen"] = m.mamba_branching_seqlen
+            if self.config.has_host_tier:  # the host tier with Mamba
+                obs["mamba_host_hit_length"] = m.mamba_host_hit_length
+        return obs
+
+    def _match_prefix_cow(self, tokens, extra_key, mamba_slot) -> Observation:
+        """Mamba copy-on-write (spec/mamba_cow.py): the match, then the copy source and the
+        request's state slot, with the effects of the eviction that may have made room."""
+        out = mamba_cow.match_prefix_cow(self.state, tokens, extra_key, mamba_slot)
+        obs = self._match_obs(out.match)
+        obs.update({"mamba_cow_src": out.src, "mamba_pool_idx": out.dst,
+                    "freed": self.state.kv.take_freed()})
+        obs.update(self._effects())
+        return obs
+
+    def op_lock(self, step: Step) -> Observation:
+        (path,) = args_of(step, "node")
+        tokens, extra_key = path_arg(path)
+        node = rules.find_node(self.state, tokens, extra_key)
+        i = step.get("i")
+        if i in self.handles:
+            raise HandleError(f"lock: handle {i} is already in use")
+        self.handles[i] = rules.inc_lock_ref(self.state, node)
+        return {"handle": i}
+
+    def op_unlock(self, step: Step) -> Observation:
+        (h,) = args_of(step, "handle")
+        handle = self.handles.get(h) if isinstance(h, int) and not isinstance(h, bool) else None
+        if handle is None:
+            raise HandleError(f"unlock: handle {h!r} was never issued")
+        rules.dec_lock_ref(self.state, handle)  # raises HandleError when released already
+        return {}
+
+    def op_evict(self, step: Step) -> Observation:
+        if self.config.components != ("full",):
+            return self._evict_hybrid(step)
+        (n,) = args_of(step, "num_tokens")
+        evicted = rules.evict(self.state, n)
+        return {"num_tokens_evicted": evicted, "freed": self.state.kv.take_freed()}
+
+    def _evict_hybrid(self, step: Step) -> Observation:
+        n, swa_n, mamba_n = args_of(step, "num_tokens", swa_num_tokens=0, mamba_num=0)
+        freed = components.evict(self.state, n, swa_n, mamba_n)
+        ret = {"num_tokens_evicted": freed["full"]}
+        if "swa" in self.config.components:
+            ret["swa_num_tokens_evicted"] = freed["swa"]
+        if "mamba" in self.config.components:
+            ret["mamba_num_evicted"] = freed["mamba"]
+        ret["freed"] = self.state.kv.take_freed()
+        ret.update(self._effects())
+        return ret
+
+    def op_sizes(self, step: Step) -> Observation:
+        args_of(step)
+        out = {"full_evictable": queries.evictable_size(self.state),
+               "full_protected": queries.protected_size(self.state)}
+        out.update(components.sizes(self.state))
+        return out
+
+    def op_reset(self, step: Step) -> Observation:
+        args_of(step)
+        rules.reset(self.state)
+        self.handles.clear()
+        self.host_handles.clear()
+        return {}
+
+    # -- request-level ops (docs/TRACE.md, "Request-level ops") ------------------------------
+    def op_req_arrive(self, step: Step) -> Observation:
+        rid, tokens, extra_key, priority, session = args_of(
+            step, "rid", "tokens", extra_key=None, priority=0, session=None)
+        reqs.arrive(self.state, rid, tokens, extra_key, priority, session)
+        return {}
+
+    def _no_hybrid_sessions(self) -> None:
+        if self.config.components != ("full",):
+            raise Unsupported("streaming sessions with SWA or Mamba are not modelled")
+
+    def op_release_session(self, step: Step) -> Observation:
+        self._no_hybrid_sessions()
+        (session,) = args_of(step, "session")
+        sessions.release_session(self.state, session)
+        return {"freed": self.state.kv.take_freed()}
+
+    def op_session_held(self, step: Step) -> Observation:
+        self._no_hybrid_sessions()
+        args_of(step)
+        return {"tokens": sessions.session_held_tokens(self.state),
+                "full_tokens": sessions.session_held_tokens(self.state),
+                "req_count": sessions.session_held_req_count(self.state)}
+
+    def op_req_admit(self, step: Step) -> Observation:
+        (rid,) = args_of(step, "rid")
+        req = reqs.get_request(self.state, rid, admitted=False)
+        obs: Observation = {"prefix_len": reqs.admit(self.state, req)}
+        if "mamba" in self.config.components:  # null: no state slot, the request still waits
+            obs["mamba_pool_idx"] = req.mamba_slot
+        return self._req_effects(obs, always=False)
+
+    def _req_effects(self, obs: Observation, always: bool = True) -> Observation:
+        """A request-level step's pool effects: ``freed`` (always, or with an aux component),
+        and with an aux component ``swa_freed`` / ``mamba_freed`` (TRACE.md)."""
+        if always or self.config.components != ("full",):
+            obs["freed"] = self.state.kv.take_freed()
+        obs.update(self._effects())
+        return obs
+
+    def op_req_chunk(self, step: Step) -> Observation:
+        rid, n, chunked = args_of(step, "rid", "n", chunked=True)
+        rules.check_flag("chunked", chunked)
+        req = reqs.get_request(self.state, rid, admitted=True)
+        r = reqs.extend(self.state, req, n)
+        if r.ok:
+            reqs.cache_unfinished_req(self.state, req, chunked)
+        return self._req_effects({"ok": r.ok, "evicted": r.evicted})
+
+    def op_req_decode(self, step: Step) -> Observation:
+        rid, n = args_of(step, "rid", "n")
+        req = reqs.get_request(self.state, rid, admitted=True)
+        r = reqs.decode(self.state, req, n)
+        return self._req_effects({"ok": r.ok, "evicted": r.evicted})
+
+    def op_req_finish(self, step: Step) -> Observation:
+        (rid,) = args_of(step, "rid")
+        req = reqs.get_request(self.state, rid, admitted=True)
+        reqs.cache_finished_req(self.state, req)
+        return self._req_effects({})
+
+    def op_req_abort(self, step: Step) -> Observation:
+        (rid,) = args_of(step, "rid")
+        req = reqs.get_request(self.state, rid)
+        if req.admitted:
+            reqs.cache_finished_req(self.state, req, is_insert=False)
+        else:
+            reqs.release(self.state, req)
+        return self._req_effects({})
+
+
+ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdapter}
+
+
+def _fast_adapter(config: CacheConfig) -> CacheUnderTest:
+    if config.eviction_policy != "lru":  # issue 18: drop this once fast/ honours the policies
+        raise Unsupported(f"eviction_policy {config.eviction_policy!r}: the fast path evicts "
+                          "by 'lru' only so far")
+    if config.components != ("full",):  # hybrid models: fast/hybrid.py
+        from uniradix.conformance.adapters.fast_hybrid import HybridFastAdapter
+        return HybridFastAdapter(config)
+    from uniradix.conformance.adapters.fast_adapter import FastAdapter
+    return FastAdapter(config)
+
+
+ADAPTERS["fast"] = _fast_adapter
+
+
+def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
+    """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable)."""
+    if impl == "upstream":
+        if config.components != ("full",) and config.has_host_tier:  # upstream_host_aux.py
+            from uniradix.conformance.adapters.upstream_host_aux import HostAuxUpstreamAdapter
+            return HostAuxUpstreamAdapter(config)
+        if config.components != ("full",):  # hybrid models: SWA or Mamba
+            from uniradix.conformance.adapters.upstream_hybrid import HybridUpstreamAdapter
+            return HybridUpstreamAdapter(config)
+        if config.storage:  # the storage tier (conformance/adapters/upstream_storage.py)
+            from uniradix.conformance.adapters.upstream_storage import UpstreamStorageAdapter
+            return UpstreamStorageAdapter(config)
+        if config.has_host_tier:
+            from uniradix.conformance.adapters.upstream_host import UpstreamHostAdapter
+            return UpstreamHostAdapter(config)
+        from uniradix.conformance.adapters.upstream import UpstreamAdapter
+        return UpstreamAdapter(config)
+    if impl not in ADAPTERS:
+        raise Unsupported(f"unknown implementation {impl!r}; known: {sorted(ADAPTERS) + ['upstream']}")
+    return ADAPTERS[impl](config)

@@ -1,0 +1,215 @@
+"""``HybridFastAdapter``: trace steps on ``uniradix.fast.UnifiedRadixCache`` built for a hybrid
+model (Full plus SWA and/or Mamba; fast/hybrid.py), over the spec's environment models
+(spec/world.py: the SWA allocator's ``HybridKVPool`` and the Mamba pool) behind SGLang's
+allocator interfaces.  Observations and snapshots have the spec's shape (spec/snapshot.py), the
+aux LRU order being the fast path's real list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from uniradix import fast
+from uniradix.conformance.adapters.base import args_of, aux_effects, check_cow_args, check_supported
+from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPool, ints
+from uniradix.conformance.env.pools import PoolAllocator
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
+from uniradix.spec.world import HybridKVPool, PagedPool, hybrid_pools
+
+
+class SwaPoolAllocator(PoolAllocator):
+    """SGLang's SWA allocator interface over a ``HybridKVPool``: ``free`` releases full and
+    mapped SWA slots, ``free_swa`` only the SWA ones, ``translate_loc_from_full_to_swa`` maps."""
+
+    def _kv(self) -> HybridKVPool:
+        if not isinstance(self.pool, HybridKVPool):
+            raise TypeError("SwaPoolAllocator needs a HybridKVPool (spec/world.py)")
+        return self.pool
+
+    def free_swa(self, free_index) -> None:
+        self._kv().free_swa(free_index.tolist())
+
+    def translate_loc_from_full_to_swa(self, kv_indices) -> torch.Tensor:
+        return torch.tensor(self._kv().translate(kv_indices.tolist()), dtype=torch.int64)
+
+
+class MambaAllocator:
+    """The Mamba state pool behind SGLang's ``mamba_allocator`` interface."""
+
+    uniradix_free_order = "append"  # lowest-first, logs every slot (see PoolAllocator)
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    def alloc(self, n: int):
+        try:
+            return torch.tensor(self.pool.alloc(int(n)), dtype=torch.int64)
+        except AllocatorError:
+            return None
+
+    def free(self, idx) -> None:
+        slots = idx.tolist()
+        if slots:
+            self.pool.free(slots)
+
+    def available_size(self) -> int:
+        return self.pool.available_size()
+
+    def is_allocated(self, slot: int) -> bool:
+        return self.pool.is_allocated(slot)
+
+
+class MambaReqPool(ReqToTokenPool):
+    def __init__(self, mamba_pool) -> None:
+        super().__init__()
+        self.mamba_allocator = MambaAllocator(mamba_pool)
+        self.mamba_pool = self.mamba_allocator
+
+
+class HybridFastAdapter(FastAdapter):
+    """Runs trace steps on the fast path's hybrid cache."""
+
+    def __init__(self, config: CacheConfig) -> None:  # no super().__init__: other pools
+        check_supported(config, hybrid=True)
+        if config.eagle:
+            raise Unsupported("EAGLE keys with SWA or Mamba are not supported by the fast path")
+        self.config = config
+        self.pool, self.mamba = hybrid_pools(config)
+        self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.mamba)
+                               if p is not None)
+        swa = "swa" in config.components
+        self.alloc = (SwaPoolAllocator if swa else PoolAllocator)(self.pool, torch)
+        self.rtt = ReqToTokenPool() if self.mamba is None else MambaReqPool(self.mamba)
+        comps = tuple(config.components)  # the fast cache refuses a set it does not model
+        self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+            disable=config.disable, req_to_token_pool=self.rtt,
+            token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
+            is_eagle=config.eagle, tree_components=comps,
+            sliding_window_size=config.sliding_window,
+            mamba_cache_chunk_size=config.mamba_cache_chunk_size,
+            eviction_policy=config.eviction_policy))
+        self.handles: dict[int, tuple] = {}
+        self.requests: dict = {}
+
+    def _effects(self) -> dict:
+        return aux_effects(self.config, self.pool, self.mamba)
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = FastAdapter.snapshot(self)
+        paths = {}
+        for node in self.cache.all_nodes():
+            if node is self.cache.root_node:
+                continue
+            p = self._path(node)
+            paths[(p["extra_key"], tuple(p["tokens"]))] = node
+        for n in snap["nodes"]:
+            node = paths[(n["path"]["extra_key"], tuple(n["path"]["tokens"]))]
+            for comp in self.cache.components:
+                rec = node.aux[comp.i]
+                n[comp.name] = {"value": None if rec.value is None else rec.value.tolist(),
+                                "lock_ref": rec.lock}
+        snap["sizes"] = self.op_sizes({"op": "sizes", "args": {}})
+        for comp in self.cache.components:
+            snap[f"{comp.name}_lru_order"] = [self._path(n) for n in self.cache.lru_order(comp.name)]
+        if self.cache.swa is not None:
+            snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
+        if self.cache.mamba is not None:
+            snap["mamba_pool"] = sorted(self._mamba_pool().allocated_pages())
+        return snap
+
+    # -- ops -------------------------------------------------------------------------------------
+    def op_alloc(self, step: dict) -> dict:
+        (n,) = args_of(step, "n")
+        slots = self.pool.alloc(n)
+        if "swa" in self.config.components:
+            return {"slots": slots, "swa_slots": list(self.pool.translate(slots))}
+        return {"slots": slots}
+
+    def _mamba_pool(self) -> PagedPool:
+        if self.mamba is None:
+            raise Unsupported("Mamba pool ops need the Mamba component")
+        return self.mamba
+
+    def op_mamba_alloc(self, step: dict) -> dict:
+        pool = self._mamba_pool()
+        (n,) = args_of(step, "n")
+        return {"slots": pool.alloc(n)}
+
+    def op_mamba_free(self, step: dict) -> dict:
+        pool = self._mamba_pool()
+        (slots,) = args_of(step, "slots")
+        slots = list(ints("slots", slots))
+        i = self.cache.mamba.i
+        held = {int(n.aux[i].value[0]) for n in self.cache.all_nodes() if n.aux[i].value is not None}
+        if held.intersection(slots):
+            raise InvalidInput(f"mamba_free: slots {sorted(held.intersection(slots))} are the tree's")
+        pool.free(slots)
+        return {}
+
+    def op_insert(self, step: dict) -> dict:
+        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen = args_of(
+            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
+            mamba_value=None, swa_evicted_seqlen=0)
+        key = self._key(tokens, extra_key)
+        v = torch.frombuffer(bytearray(ints("value", value)), dtype=torch.int64) if len(value) \
+            else torch.empty((0,), dtype=torch.int64)
+        mv = None
+        if mamba_value is not None:
+            mv = torch.tensor(list(ints("mamba_value", mamba_value)), dtype=torch.int64)
+        res = self.cache.insert(fast.InsertParams(
+            key=key, value=v, prev_prefix_len=prev, chunked=chunked, mamba_value=mv,
+            swa_evicted_seqlen=swa_evicted_seqlen))
+        ret = {"prefix_len": res.prefix_len, "freed": self.pool.take_freed()}
+        if "mamba" in self.config.components:
+            ret["mamba_exist"] = res.mamba_exist
+        ret.update(self._effects())
+        return ret
+
+    def op_match_prefix(self, step: dict) -> dict:
+        tokens, extra_key, cow, mamba_slot = args_of(step, "tokens", extra_key=None,
+                                                     cow_mamba=False, mamba_slot=None)
+        check_cow_args(self.config, cow, mamba_slot)
+        m = self.cache.match_prefix(fast.MatchPrefixParams(key=self._key(tokens, extra_key)))
+        ret = {"device_indices": m.device_indices.tolist(),
+               "host_hit_length": m.host_hit_length,
+               "last_device_node": self._units_len(m.last_device_node),
+               "last_host_node": self._units_len(m.last_host_node),
+               "best_match_node": self._units_len(m.best_match_node)}
+        if "mamba" in self.config.components:
+            ret["mamba_branching_seqlen"] = m.mamba_branching_seqlen
+        return ret
+
+    def op_evict(self, step: dict) -> dict:
+        n, swa_n, mamba_n = args_of(step, "num_tokens", swa_num_tokens=0, mamba_num=0)
+        res = self.cache.evict(fast.EvictParams(num_tokens=n, swa_num_tokens=swa_n,
+                                                mamba_num=mamba_n))
+        ret = {"num_tokens_evicted": res.num_tokens_evicted}
+        if "swa" in self.config.components:
+            ret["swa_num_tokens_evicted"] = res.swa_num_tokens_evicted
+        if "mamba" in self.config.components:
+            ret["mamba_num_evicted"] = res.mamba_num_evicted
+        ret["freed"] = self.pool.take_freed()
+        ret.update(self._effects())
+        return ret
+
+    def op_sizes(self, step: dict) -> dict:
+        args_of(step)
+        c = self.cache
+        out = {"full_evictable": c.full_evictable_size(), "full_protected": c.full_protected_size()}
+        if "swa" in self.config.components:
+            out.update(swa_evictable=c.swa_evictable_size(), swa_protected=c.swa_protected_size())
+        if "mamba" in self.config.components:
+            out.update(mamba_evictable=c.mamba_evictable_size(),
+                       mamba_protected=c.mamba_protected_size())
+        return out
+
+    def op_reset(self, step: dict) -> dict:
+        args_of(step)
+        self.cache.reset()
+        self.pool.reset()
+        if self.mamba is not None:
+            self.mamba.reset()
+        self.handles.clear()
+        return {}

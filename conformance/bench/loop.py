@@ -1,0 +1,1333 @@
+"""``uniradix bench``: requests/s of cache work, measured the same way for every implementation.
+
+One scheduler loop (:func:`run_bench`) drives any implementation through upstream SGLang's
+*native* tree-level API. Only the names differ between implementations, and they come from an
+:class:`ApiBundle`: ``RadixKey``, ``MatchPrefixParams``, ``InsertParams``, ``EvictParams`` and
+how to build the cache over an allocator. Implementations by name:
+
+* ``spec``: the executable spec behind :mod:`uniradix.conformance.adapters.spec_api`;
+* ``fast``: ``uniradix.fast`` (imported lazily; :class:`ImplMissing` while it lacks the API);
+* ``upstream``: sglang's own ``UnifiedRadixCache`` (Full component, device tier), only where
+  sglang imports (:func:`uniradix.conformance.adapters.upstream.load_upstream`).
+
+The scheduler, per request, in arrival order, with ``inflight`` (16) requests running, FIFO::
+
+    m = match_prefix(MatchPrefixParams(key=RadixKey(prompt)))        # array('q') token ids
+    r = inc_lock_ref(m.last_device_node)
+    need = round_up(len(prompt) + n_output - len(m.device_indices), page_size)
+    if free slots < need: evict(EvictParams(num_tokens=need - free))
+    slots = allocator.alloc(need)            # abort (dec_lock_ref) when still too few
+    ... when the request is the oldest of a full batch, or at the end, it finishes:
+    insert(InsertParams(key=RadixKey(tokens[:aligned]), value=slots[:aligned],
+                        prev_prefix_len=len(m.device_indices)))
+    allocator.free(slots[aligned:])          # the unaligned tail page, if any
+    dec_lock_ref(m.last_device_node, r.to_dec_params())
+
+``tokens`` is the prompt followed by the request's output tokens, ``aligned`` its length rounded
+down to whole pages. The allocator of ``fast`` and ``upstream`` is :class:`FreeListAllocator`, a
+production-style free list over a tensor (no per-slot Python work, as SGLang's own allocators);
+the spec's wrapper needs the slot checks of the environment's
+:class:`~uniradix.spec.world.PagedPool` and runs over it (``array('q')`` values instead of
+tensors when torch is not installed). Slot numbers may differ between the two allocators; no
+cache decision depends on them, and :func:`compare` checks that the outcomes agree.
+
+**What is timed** (``time.perf_counter`` around each call, nothing else): the five cache calls
+``match_prefix``, ``inc_lock_ref``, ``evict``, ``insert`` and ``dec_lock_ref``, including the pool
+frees they trigger (an insert frees duplicate slots; an evict frees the evicted nodes' slots).
+Not timed: building keys, values and parameter objects, the harness's own ``alloc`` and tail
+``free``, concatenating slot tensors, and the workload generator. ``requests/s`` is finished
+requests divided by the summed time of those calls; per-op times are kept as lists and reported
+as medians. For the spec the conversion between tensors/arrays and the lists it takes happens
+inside the wrapper and is timed with it. Python's garbage collector stays on (it is part of
+each implementation's cost); a full collection runs before each measured run.
+
+Where the allocator runs over the pool model (the spec), the pool's ``free`` (a per-slot Python
+check in :class:`~uniradix.spec.world.PagedPool`) is the environment's work, yet inside the timed
+evict and insert calls; it is timed on its own too and reported as ``pool%`` (its share of the
+timed time) and ``ex-pool`` (requests/s without it), so
+that the cache's own speed can be read apart from the world model's. Hit rate counts every
+request that was matched, aborted ones included.
+
+**What must agree**: hit rate (matched prompt tokens / prompt tokens), evicted tokens (the sum of
+``num_tokens_evicted``), aborted requests and a digest of every request's (matched length,
+tokens evicted for it, insert ``prefix_len``). Every conforming implementation gives identical
+numbers on the same workload; :func:`compare` raises :class:`ConformanceMismatch` otherwise.
+
+Workloads:
+
+* ``shared-prefix``: the request stream of :func:`uniradix.conformance.env.workload.shared_prefix_requests`
+  (20k requests, 300 system prompts with Zipf popularity, 100-2,000 tokens each plus an 8-64 token
+  question, 1-32 output tokens, a 200k-token pool, 16 in flight). ``requests`` below 20k uses
+  ``SharedPrefix.scaled`` (pool and prompt set shrunk to keep eviction about as frequent). Output
+  token ids are a fixed function of (request index, position).
+* ``mooncake``: the conversation trace of the Mooncake FAST'25 release (kvcache-ai/Mooncake,
+  FAST25-release/traces, Apache-2.0), packaged as ``data/mooncake_conversation.jsonl.gz``
+  (12,031 requests). Block id ``b`` (512 tokens) expands to token ids ``b * 512 + j + 1`` for
+  position ``j``, cut to ``input_length``, so two requests share exactly the prefix their shared
+  blocks describe; request ``r`` decodes ``output_length`` tokens with ids ``2**40 + r * 4096 + t``
+  (never a prompt token). Pool: :data:`MOONCAKE_KV_SLOTS` = 4,194,304 tokens (8,192 blocks),
+  under 5% of the trace's ~94M distinct prefix tokens, so the cache evicts from about the 350th
+  request on, yet large enough for 16 requests in flight (the longest request is 126,527 tokens
+  with its output) and for a useful hit rate: on the first 3,000 requests it gives 0.18, against
+  0.05 for a 1M-token pool and about 0.31 (counted in blocks) for an unbounded one. ``requests``
+  (``--limit``) takes the first N requests.
+
+Memory (:func:`memory_per_token`) is a deep ``sys.getsizeof`` walk, described there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import gc
+import gzip
+import hashlib
+import importlib.resources
+import json
+import os
+import statistics
+import struct
+import sys
+import time
+import types
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from uniradix.conformance.adapters import spec_api
+from uniradix.conformance.env.pools import PoolAllocator
+from uniradix.conformance.env.workload import SharedPrefix, shared_prefix_requests
+from uniradix.spec.world import PagedPool
+
+IMPLS = ("spec", "fast", "upstream")  # the default set
+# Conforming implementations outside the default set: upstream's UnifiedRadixCache on its Rust
+# tree core (sglang 0.5.17+; build a venv with that release to measure it).
+EXTRA_IMPLS = ("upstream-rust",)
+# Speed peers that are not conforming implementations: measured side by side and their outcomes
+# shown, but not required to match (upstream's C++ tree keeps its own LRU order).
+PEERS = ("upstream-cpp",)
+KNOWN_IMPLS = IMPLS + EXTRA_IMPLS + PEERS
+WORKLOADS = ("shared-prefix", "mooncake")
+OPS = ("match", "lock", "evict", "insert", "unlock")
+# the KV allocator under fast / upstream (--allocator): the bench's FreeListAllocator, or
+# sglang's own (TokenToKVPoolAllocator at page 1, PagedTokenToKVPoolAllocator above; only where
+# sglang imports).  The spec always runs over the environment's pool model.
+ALLOCATORS = ("freelist", "sglang")
+# where the scheduler loop's value tensors (the slots it allocates and inserts) and the KV
+# allocator of fast / upstream live (--device): production keeps them on the GPU.  The spec
+# runs over the environment's pool model, on the CPU only.
+DEVICES = ("cpu", "cuda")
+
+MOONCAKE_FILE = "mooncake_conversation.jsonl.gz"
+MOONCAKE_BLOCK = 512
+MOONCAKE_KV_SLOTS = 1 << 22
+MOONCAKE_OUT_BASE = 1 << 40
+MOONCAKE_OUT_STRIDE = 4096  # > the trace's longest output (2,000 tokens)
+
+
+class ImplMissing(ImportError):
+    """The implementation cannot be built in this interpreter (the message says why)."""
+
+
+class ConformanceMismatch(AssertionError):
+    """Two implementations disagreed on hit rate, evictions, aborts or the per-request digest."""
+
+
+# --------------------------------------------------------------------------------------------
+# Allocators over the environment's pool
+# --------------------------------------------------------------------------------------------
+
+
+class FreeListAllocator:
+    """A production-style KV allocator (as SGLang's token-to-KV allocators work): free slots in
+    a tensor, ``alloc`` takes slots from its front, ``free`` queues the freed tensor and the
+    queue is merged only when the front runs short.  No per-slot Python work, so the timed cache
+    calls measure the cache, not the world model.  Frees are whole pages in order (the cache
+    frees node values, which are), so the free list stays a run of whole pages and the front
+    ``need`` slots always are whole pages.  Slot numbers differ from the lowest-first
+    :class:`PagedPool`; a cache's decisions do not depend on them, so hit rate and evictions are
+    the same as over the pool (``compare`` checks the outcomes agree)."""
+
+    # frees are appended in order: one free of a concatenation is the same as one per piece
+    # (fast/frees.py batches the cache's frees for it)
+    uniradix_free_order = "append"
+
+    def __init__(self, usable_slots: int, page_size: int, torch_module,
+                 device: str = "cpu") -> None:
+        self.torch = torch_module
+        self.page_size = page_size
+        self.device = torch_module.device(device)
+        self._free = torch_module.arange(page_size, usable_slots + page_size,
+                                         dtype=torch_module.int64, device=self.device)
+        self._released: list = []
+        self._released_slots = 0
+
+    def available_size(self) -> int:
+        return len(self._free) + self._released_slots
+
+    def alloc(self, need_size: int):
+        if need_size > len(self._free) + self._released_slots:
+            return None
+        if need_size > len(self._free):
+            self._free = self.torch.cat([self._free] + self._released)
+            self._released, self._released_slots = [], 0
+        taken, self._free = self._free[:need_size], self._free[need_size:]
+        return taken
+
+    def free(self, free_index) -> None:
+        n = free_index.numel()  # as SGLang's allocators do; len() is a Python-level wrapper
+        if n:
+            self._released.append(free_index)
+            self._released_slots += n
+
+    def free_segment(self, free_index, *, start_pos: int) -> None:
+        """SGLang 0.5.17+'s name for freeing part of a request's row (``start_pos`` lets a
+        paged allocator skip its page dedup); here the same as :meth:`free`."""
+        self.free(free_index)
+
+
+class TimedPagedPool(PagedPool):
+    """The environment's pool, keeping the time spent in :meth:`free` (``free_seconds``): the
+    part of the timed cache calls that is the world's, not the cache's, reported separately."""
+
+    def __init__(self, usable_slots: int, page_size: int = 1, name: str = "kv") -> None:
+        super().__init__(usable_slots, page_size, name)
+        self.free_seconds = 0.0
+
+    def free(self, slots) -> None:
+        t0 = time.perf_counter()
+        try:
+            super().free(slots)
+        finally:
+            self.free_seconds += time.perf_counter() - t0
+
+
+def sglang_allocator(usable_slots: int, page_size: int, device: str = "cpu"):
+    """sglang's own KV allocator for ``page_size`` on ``device``, as its model runner builds it
+    (``need_sort`` off: no disaggregation; no KV pool behind it, which alloc/free never read).
+    :class:`ImplMissing` where sglang does not import."""
+    from uniradix.conformance.adapters.upstream import UpstreamMissing, load_upstream
+    try:
+        torch = load_upstream().torch  # (the import workarounds sglang needs on a CPU box)
+        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    except (UpstreamMissing, Exception) as e:  # absent, or an install that fails at import
+        raise ImplMissing(f"--allocator sglang: sglang's allocators do not import here "
+                          f"({type(e).__name__}: {e})") from e
+    if page_size == 1:
+        return TokenToKVPoolAllocator(usable_slots, torch.float16, device, None, False)
+    return PagedTokenToKVPoolAllocator(usable_slots, page_size, torch.float16, device, None, False)
+
+
+def make_allocator(kind: str, usable_slots: int, page_size: int, torch_module,
+                   device: str = "cpu"):
+    """The KV allocator ``kind`` (:data:`ALLOCATORS`) on ``device`` for a fast or upstream cache, its
+    ``free`` calls counted (:func:`count_frees`; before the cache is built, since a cache may
+    keep the bound method)."""
+    if kind == "freelist":
+        alloc = FreeListAllocator(usable_slots, page_size, torch_module, device)
+    elif kind == "sglang":
+        alloc = sglang_allocator(usable_slots, page_size, device)
+    else:
+        raise ValueError(f"unknown allocator {kind!r}; known: {', '.join(ALLOCATORS)}")
+    count_frees(alloc)
+    return alloc
+
+
+def count_frees(alloc: Any) -> None:
+    """Count the calls to ``alloc.free`` from now on in ``alloc._bench_free_calls`` (a
+    one-item list), through an instance attribute wrapping the bound method (the class is
+    untouched, so fast/frees.py still recognises the allocator); the unwrapped method stays
+    in ``alloc._bench_raw_free`` for the harness's own frees."""
+    raw = alloc.free
+    box = [0]
+
+    def free(free_index):
+        box[0] += 1
+        return raw(free_index)
+
+    alloc.free = free
+    alloc._bench_free_calls = box
+    alloc._bench_raw_free = raw
+
+
+def _torch_or_none():
+    try:
+        import torch
+    except (ImportError, OSError):  # absent, or a broken install: run without it
+        return None
+    return torch
+
+
+# --------------------------------------------------------------------------------------------
+# API bundles: what differs between implementations
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ApiBundle:
+    name: str
+    version: str
+    RadixKey: Any
+    MatchPrefixParams: Any
+    InsertParams: Any
+    EvictParams: Any
+    values: Any  # spec_api.TorchValues or ArrayValues: how the harness builds and joins values
+    # loop.py: pool -> (cache, allocator); bench_hybrid.py: (kv_slots, page_size) -> (cache,
+    # allocator, request pool)
+    build: Callable[..., tuple]
+
+
+def spec_bundle() -> ApiBundle:
+    torch = _torch_or_none()
+    values = spec_api.TorchValues(torch) if torch is not None else spec_api.ArrayValues()
+
+    def build(pool: PagedPool):
+        alloc = PoolAllocator(pool, torch)
+        params = spec_api.CacheInitParams(disable=False, req_to_token_pool=None,
+                                          token_to_kv_pool_allocator=alloc,
+                                          page_size=pool.page_size)
+        return spec_api.UnifiedRadixCache(params, values), alloc
+
+    return ApiBundle("spec", "spec", spec_api.RadixKey, spec_api.MatchPrefixParams,
+                     spec_api.InsertParams, spec_api.EvictParams, values, build)
+
+
+FAST_NAMES = ("UnifiedRadixCache", "CacheInitParams", "RadixKey", "MatchPrefixParams",
+              "InsertParams", "EvictParams")
+
+
+def fast_bundle(allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
+    try:
+        import uniradix.fast as fast
+    except ImportError as e:
+        raise ImplMissing(f"fast: uniradix.fast does not import ({type(e).__name__}: {e})") from e
+    missing = [n for n in FAST_NAMES if not hasattr(fast, n)]
+    if missing:
+        raise ImplMissing("fast: uniradix.fast does not exist yet (it does not provide "
+                          + ", ".join(missing) + ")")
+    torch = _torch_or_none()
+    if torch is None:
+        raise ImplMissing("fast: torch is not installed in this interpreter")
+    values = spec_api.TorchValues(torch)
+    if allocator == "sglang":
+        return _fast_from_sglang_objects(fast, values, device)
+
+    def build(pool: PagedPool):
+        alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size, torch,
+                               device)
+        params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
+                                      token_to_kv_pool_allocator=alloc, page_size=pool.page_size)
+        return fast.UnifiedRadixCache(params), alloc
+
+    return ApiBundle("fast", getattr(fast, "__version__", "dev"), fast.RadixKey,
+                     fast.MatchPrefixParams, fast.InsertParams, fast.EvictParams, values, build)
+
+
+def _fast_from_sglang_objects(fast: Any, values: Any, device: str = "cpu") -> ApiBundle:
+    """fast as an engine runs it in place of sglang's cache: built from sglang's own
+    ``CacheInitParams`` over sglang's allocator, and called with sglang's ``RadixKey`` and param
+    types (the drop-in boundary, fast/compat.py), exactly as ``upstream_bundle`` builds and
+    calls sglang's cache."""
+    from uniradix.conformance.adapters.upstream import UpstreamMissing, load_upstream
+    try:
+        up = load_upstream()
+    except UpstreamMissing as e:
+        raise ImplMissing(f"fast: --allocator sglang needs sglang ({e})") from e
+
+    def build(pool: PagedPool):
+        alloc = make_allocator("sglang", pool.num_pages * pool.page_size, pool.page_size,
+                               up.torch, device)
+        params = up.CacheInitParams(disable=False, req_to_token_pool=None,
+                                    token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
+                                    is_eagle=False, tree_components=(up.ComponentType.FULL,))
+        return fast.UnifiedRadixCache(params), alloc
+
+    return ApiBundle("fast", getattr(fast, "__version__", "dev"), up.RadixKey,
+                     up.MatchPrefixParams, up.InsertParams, up.EvictParams, values, build)
+
+
+TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+
+
+def tree_core_in_use(cache: Any) -> str:
+    """Which tree core an upstream ``UnifiedRadixCache`` runs on: ``python`` or ``rust`` on a
+    release with a pluggable core (0.5.17+: the class of its ``tree_core``; sglang may fall back
+    from the one asked for to the Python core), ``python`` on a release without one (the tree
+    lives in the cache object itself), ``unknown (<class>)`` otherwise."""
+    core = getattr(cache, "tree_core", None)
+    if core is None:
+        return "python"
+    kind = type(core)
+    where = f"{kind.__module__}.{kind.__qualname__}"
+    if "rust" in where.lower():
+        return "rust"
+    if kind.__module__.endswith("unified_tree_core") and kind.__name__ == "UnifiedTreeCore":
+        return "python"
+    return f"unknown ({where})"
+
+
+def match_result_problem(result: Any) -> str | None:
+    """Why the bench loop cannot read a peer's match result (``None`` when it can): the loop
+    takes the matched slots from ``device_indices``, which sglang's later releases dropped
+    (0.5.23 reports ``device_prefix_len`` and keeps the slots on the nodes)."""
+    if hasattr(result, "device_indices") and hasattr(result, "last_device_node"):
+        return None
+    fields = getattr(type(result), "_fields", None) or sorted(
+        n for n in dir(result) if not n.startswith("_"))
+    return (f"its MatchResult has no device_indices (fields: {', '.join(fields)}); the bench "
+            f"loop reads the matched slots from device_indices, as 0.5.13.post1 returns them")
+
+
+def upstream_bundle(tree_core: str | None = None, allocator: str = "freelist",
+                    device: str = "cpu") -> ApiBundle:
+    """sglang's ``UnifiedRadixCache``, pinned to the tree core its name says: ``upstream`` on the
+    Python tree, ``upstream-rust`` (``tree_core="rust"``) on the Rust one.  On a release with a
+    pluggable core (0.5.17+, where the Rust core is the default) the core is set explicitly and
+    a probe cache checks which one was built; :class:`ImplMissing` says why when the core cannot
+    be pinned or the bench loop cannot read the release's match results."""
+    from uniradix.conformance.adapters.upstream import (
+        UpstreamMissing,
+        load_upstream,
+        rust_tree_core_available,
+    )
+    name = "upstream" if tree_core is None else f"upstream-{tree_core}"
+    want = tree_core or "python"
+    try:
+        up = load_upstream()
+    except UpstreamMissing as e:
+        raise ImplMissing(f"{name}: {e}") from e
+    pluggable = rust_tree_core_available()
+    if tree_core == "rust" and not pluggable:
+        raise ImplMissing(f"{name}: sglang {up.version} has no Rust tree core (0.5.17 and "
+                          f"later have one; measure it in a venv with such a release)")
+    values = spec_api.TorchValues(up.torch)
+
+    def build(pool: PagedPool):
+        alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size,
+                               up.torch, device)
+        params = up.CacheInitParams(disable=False, req_to_token_pool=None,
+                                    token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
+                                    is_eagle=False, tree_components=(up.ComponentType.FULL,))
+        before = os.environ.get(TREE_CORE_ENV)
+        if pluggable:  # read by the constructor only; set even for the Python core (not the
+            os.environ[TREE_CORE_ENV] = want  # default on the releases that have this switch)
+        try:
+            return up.UnifiedRadixCache(params), alloc
+        finally:
+            if before is None:
+                os.environ.pop(TREE_CORE_ENV, None)
+            else:
+                os.environ[TREE_CORE_ENV] = before
+
+    try:  # a probe: the core really built, and the match result the loop reads
+        probe, _ = build(PagedPool(16, 1, "probe"))
+        got = tree_core_in_use(probe)
+        problem = match_result_problem(probe.match_prefix(up.MatchPrefixParams(
+            key=up.RadixKey(array("q", [1, 2, 3])))))
+    except Exception as e:
+        raise ImplMissing(f"{name}: sglang {up.version}'s cache cannot be built here "
+                          f"({type(e).__name__}: {e})") from e
+    if got != want:
+        raise ImplMissing(f"{name}: asked sglang {up.version} for its {want} tree core "
+                          f"({TREE_CORE_ENV}={want}) and it built the {got} one")
+    if problem is not None:
+        raise ImplMissing(f"{name}: sglang {up.version}: {problem}")
+    version = f"sglang {up.version} ({got} tree core)"
+    return ApiBundle(name, version, up.RadixKey, up.MatchPrefixParams,
+                     up.InsertParams, up.EvictParams, values, build)
+
+
+@dataclasses.dataclass
+class CppInsertResult:
+    prefix_len: int
+
+
+class UpstreamCppCache:
+    """Upstream's C++ radix tree (``RadixCacheCpp``) behind the bench's five calls.
+
+    ``RadixCacheCpp`` has no tree-level ``insert(InsertParams)``: its ``cache_finished_req``
+    inserts through the tree and then frees the duplicate slots ``value[prev_prefix_len:
+    prefix_len]`` itself. :meth:`insert` does exactly those two things, so the timed insert
+    covers the same work as the other implementations' (whose insert frees duplicates
+    inside). The other four calls are ``RadixCacheCpp``'s own methods."""
+
+    def __init__(self, cls: Any, params: Any, allocator: Any) -> None:
+        server_args = types.SimpleNamespace(hicache_write_policy="write_through",
+                                            enable_hierarchical_cache=False)
+        self.allocator = allocator
+        self.cache = cls(params, server_args)
+        self.match_prefix = self.cache.match_prefix
+        self.inc_lock_ref = self.cache.inc_lock_ref
+        self.dec_lock_ref = self.cache.dec_lock_ref
+        self.evict = self.cache.evict
+
+    def insert(self, params: Any) -> CppInsertResult:
+        prefix_len = self.cache._insert(params.key, params.value)
+        if params.prev_prefix_len < prefix_len:
+            self.allocator.free(params.value[params.prev_prefix_len:prefix_len])
+        return CppInsertResult(prefix_len)
+
+
+def cpp_tree_problem(cache: Any) -> str | None:
+    """Why ``cache`` (a ``RadixCacheCpp``) is not on upstream's compiled C++ tree (``None`` when
+    it is): its ``tree`` must be an instance of a class from a compiled extension module."""
+    tree = getattr(cache, "tree", None)
+    if tree is None:
+        return f"{type(cache).__name__} has no tree"
+    kind = type(tree)
+    where = getattr(sys.modules.get(kind.__module__), "__file__", None) or ""
+    # torch's extension loader does not always register the module; pybind11 marks its classes
+    if where.endswith((".so", ".pyd")) or "pybind11" in type(kind).__name__:
+        return None
+    return (f"its tree is {kind.__module__}.{kind.__qualname__}, not a class of a compiled "
+            f"extension ({where or 'no file'})")
+
+
+def upstream_cpp_bundle(allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
+    """Upstream's ``RadixCacheCpp``, checked to run on its compiled C++ tree."""
+    from uniradix.conformance.adapters.upstream import UpstreamMissing, load_upstream, load_upstream_cpp
+    try:
+        up = load_upstream()
+        cls = load_upstream_cpp()
+    except UpstreamMissing as e:
+        raise ImplMissing(f"upstream-cpp: {e}") from e
+    values = spec_api.TorchValues(up.torch)
+
+    def build(pool: PagedPool):
+        alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size,
+                               up.torch, device)
+        alloc.get_kvcache = lambda: None  # read by the constructor, unused without a host tier
+        params = up.CacheInitParams(disable=False, req_to_token_pool=None,
+                                    token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
+                                    enable_kv_cache_events=False)
+        return UpstreamCppCache(cls, params, alloc), alloc
+
+    try:  # later releases read a server runtime context in the constructor
+        probe, _ = build(PagedPool(16, 1, "probe"))
+        problem = cpp_tree_problem(probe.cache) or match_result_problem(probe.match_prefix(
+            up.MatchPrefixParams(key=up.RadixKey(array("q", [1, 2, 3])))))
+    except Exception as e:
+        raise ImplMissing(f"upstream-cpp: RadixCacheCpp of sglang {up.version} cannot be built "
+                          f"outside a server ({type(e).__name__}: {e}); measure it with "
+                          f"0.5.13.post1") from e
+    if problem is not None:
+        raise ImplMissing(f"upstream-cpp: sglang {up.version}: {problem}")
+    return ApiBundle("upstream-cpp", f"sglang {up.version} RadixCacheCpp", up.RadixKey,
+                     up.MatchPrefixParams, up.InsertParams, up.EvictParams, values, build)
+
+
+BUNDLES: dict[str, Callable[..., ApiBundle]] = {
+    "spec": lambda allocator="freelist", device="cpu": spec_bundle(),  # the pool model, CPU
+    "fast": fast_bundle, "upstream": upstream_bundle,
+    "upstream-rust": lambda allocator="freelist", device="cpu": upstream_bundle("rust", allocator,
+                                                                                device),
+    "upstream-cpp": upstream_cpp_bundle}
+
+
+def cuda_problem() -> str | None:
+    """Why ``--device cuda`` cannot run here (``None`` when torch sees a CUDA device)."""
+    torch = _torch_or_none()
+    if torch is None:
+        return "torch is not installed in this interpreter"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} here has no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def get_bundle(name: str, allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
+    """The API bundle of an implementation over the KV allocator ``allocator``
+    (:data:`ALLOCATORS`; the spec ignores it) with its values and allocator on ``device``
+    (:data:`DEVICES`; the spec runs on the CPU only); :class:`ImplMissing` when it cannot be
+    built here."""
+    if name not in BUNDLES:
+        raise ValueError(f"unknown implementation {name!r}; known: {', '.join(KNOWN_IMPLS)}")
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {allocator!r}; known: {', '.join(ALLOCATORS)}")
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
+    if device != "cpu":
+        if name == "spec":
+            raise ImplMissing("spec: runs over the environment's pool model, on the CPU only")
+        why = cuda_problem()
+        if why is not None:
+            raise ImplMissing(f"{name}: --device {device}: {why}")
+    if allocator == "sglang" and name != "spec":
+        sglang_allocator(16, 1)  # ImplMissing here, not in the middle of a run
+    if allocator == "freelist" and device == "cpu":  # (every builder's default; registered
+        return BUNDLES[name]()                      # test builders take none)
+    return BUNDLES[name](allocator=allocator, device=device)
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchWorkload:
+    """A request stream and the world it runs in. ``stream()`` yields (prompt, output tokens),
+    both ``array('q')``, deterministically."""
+
+    name: str
+    page_size: int
+    kv_slots: int
+    requests: int
+    inflight: int
+    stream: Callable[[], Iterator[tuple[array, array]]]
+    detail: str = ""
+
+
+def _output_tokens(r: int, n: int) -> array:
+    return array("q", [(r * 7919 + t * 104729) % 31999 + 1 for t in range(n)])
+
+
+def shared_prefix_workload(page_size: int = 1, requests: int | None = None,
+                           base: SharedPrefix | None = None) -> BenchWorkload:
+    """``SharedPrefix()`` (or ``base``) at ``page_size``, scaled down to ``requests``."""
+    w = dataclasses.replace(base or SharedPrefix(), page_size=page_size)
+    if requests is not None and requests < w.requests:
+        w = w.scaled(requests)
+
+    def stream():
+        for r, (_rid, tokens, n_out) in enumerate(shared_prefix_requests(w)):
+            yield array("q", tokens), _output_tokens(r, n_out)
+
+    return BenchWorkload("shared-prefix", page_size, w.kv_slots, w.requests, w.inflight, stream,
+                         f"{w.prompts} prompts, Zipf s={w.zipf_s}")
+
+
+_MOONCAKE_ROWS: list | None = None
+
+
+def mooncake_rows() -> list[tuple[int, int, tuple]]:
+    """(input_length, output_length, hash_ids) of every request of the packaged trace."""
+    global _MOONCAKE_ROWS
+    if _MOONCAKE_ROWS is None:
+        ref = importlib.resources.files("uniradix.conformance") / "data" / MOONCAKE_FILE
+        with ref.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
+            rows = []
+            for line in f:
+                if line.strip():
+                    d = json.loads(line)
+                    rows.append((int(d["input_length"]), int(d["output_length"]),
+                                 tuple(d["hash_ids"])))
+        _MOONCAKE_ROWS = rows
+    return _MOONCAKE_ROWS
+
+
+def mooncake_prompt(input_length: int, hash_ids: Sequence[int]) -> array:
+    """Block ``b`` is the token ids ``b * 512 + j + 1`` (j = 0..511); cut to input_length."""
+    out = array("q")
+    for b in hash_ids:
+        base = b * MOONCAKE_BLOCK + 1
+        out.extend(range(base, base + MOONCAKE_BLOCK))
+    del out[input_length:]
+    return out
+
+
+def mooncake_output(r: int, output_length: int) -> array:
+    base = MOONCAKE_OUT_BASE + r * MOONCAKE_OUT_STRIDE
+    return array("q", range(base, base + output_length))
+
+
+def mooncake_workload(page_size: int = 16, requests: int | None = None,
+                      kv_slots: int = MOONCAKE_KV_SLOTS, inflight: int = 16) -> BenchWorkload:
+    rows = mooncake_rows()
+    n = len(rows) if requests is None else min(requests, len(rows))
+    kv = -(-kv_slots // page_size) * page_size
+
+    def stream():
+        for r in range(n):
+            inp, out, ids = rows[r]
+            yield mooncake_prompt(inp, ids), mooncake_output(r, out)
+
+    return BenchWorkload("mooncake", page_size, kv, n, inflight, stream,
+                         "conversation trace, 512-token blocks")
+
+
+def make_workload(name: str, page_size: int, requests: int | None = None) -> BenchWorkload:
+    if name == "shared-prefix":
+        return shared_prefix_workload(page_size, requests)
+    if name == "mooncake":
+        return mooncake_workload(page_size, requests)
+    raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+
+
+# --------------------------------------------------------------------------------------------
+# The scheduler loop
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class BenchStats:
+    impl: str
+    version: str
+    workload: str
+    page_size: int
+    kv_slots: int
+    values: str = ""
+    requests: int = 0
+    aborted: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    evicted_tokens: int = 0
+    evict_calls: int = 0
+    seconds: float = 0.0  # summed time of the timed calls
+    pool_free_seconds: float = 0.0  # of which: the pool's free (the environment's work)
+    wall_seconds: float = 0.0  # the whole run, generator and harness included
+    digest: str = ""
+    cached_tokens: int = 0  # slots the tree holds at the end (pool slots in use)
+    # calls to the KV allocator's free made by the timed cache calls (None: not counted)
+    free_calls: int | None = None
+    op_times: dict = dataclasses.field(default_factory=lambda: {op: [] for op in OPS})
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def pool_share(self) -> float:
+        return self.pool_free_seconds / self.seconds if self.seconds else 0.0
+
+    @property
+    def requests_per_s_ex_pool(self) -> float:
+        """Requests/s counting the cache's own work only (the pool's frees taken out)."""
+        own = self.seconds - self.pool_free_seconds
+        return self.requests / own if own > 0 else 0.0
+
+    def op_medians_us(self) -> dict[str, float]:
+        return {op: statistics.median(ts) * 1e6 for op, ts in self.op_times.items() if ts}
+
+    def outcome(self) -> dict:
+        """What every conforming implementation must reproduce exactly."""
+        return {"requests": self.requests, "aborted": self.aborted,
+                "prompt_tokens": self.prompt_tokens, "hit_tokens": self.hit_tokens,
+                "evicted_tokens": self.evicted_tokens, "digest": self.digest}
+
+    def summary(self) -> dict:
+        return {"impl": self.impl, "version": self.version, "workload": self.workload,
+                "page_size": self.page_size, "kv_slots": self.kv_slots, "values": self.values,
+                "requests": self.requests, "aborted": self.aborted,
+                "requests_per_s": round(self.requests_per_s, 1),
+                "requests_per_s_ex_pool": round(self.requests_per_s_ex_pool, 1),
+                "pool_free_share": round(self.pool_share, 4),
+                "hit_rate": round(self.hit_rate, 6), "evicted_tokens": self.evicted_tokens,
+                "evict_calls": self.evict_calls, "cached_tokens": self.cached_tokens,
+                "free_calls": self.free_calls,
+                "timed_s": round(self.seconds, 4), "wall_s": round(self.wall_seconds, 3),
+                "digest": self.digest,
+                "op_median_us": {k: round(v, 2) for k, v in self.op_medians_us().items()},
+                "op_calls": {k: len(v) for k, v in self.op_times.items()}}
+
+
+@dataclasses.dataclass
+class _Running:
+    tokens: array  # prompt + output
+    slots: Any  # matched device indices + fresh slots
+    matched: int
+    node: Any
+    dec: Any
+
+
+def run_bench(bundle: ApiBundle, workload: BenchWorkload,
+              progress: Callable[[int, int], None] | None = None,
+              keep: list | None = None) -> BenchStats:
+    """Drive one fresh cache of ``bundle`` through ``workload``; see the module docstring.
+    ``keep``, when given, receives (cache, allocator, pool) after the run."""
+    ps = workload.page_size
+    pool = TimedPagedPool(workload.kv_slots, ps, name="kv")
+    cache, allocator = bundle.build(pool)
+    free_calls = getattr(allocator, "_bench_free_calls", None)  # see make_allocator
+    harness_free = getattr(allocator, "_bench_raw_free", allocator.free)
+    RadixKey, MatchP, InsertP, EvictP = (bundle.RadixKey, bundle.MatchPrefixParams,
+                                         bundle.InsertParams, bundle.EvictParams)
+    values = bundle.values
+    stats = BenchStats(bundle.name, bundle.version, workload.name, ps, workload.kv_slots,
+                       values=values.name)
+    t_match, t_lock, t_evict, t_insert, t_unlock = (stats.op_times[op] for op in OPS)
+    digest = hashlib.blake2b(digest_size=16)
+    pack = struct.Struct("<qqq").pack
+    clock = time.perf_counter
+    running: collections.deque[_Running] = collections.deque()
+
+    def finish(req: _Running) -> None:
+        aligned = len(req.tokens) // ps * ps
+        params = InsertP(key=RadixKey(req.tokens[:aligned]), value=req.slots[:aligned],
+                         prev_prefix_len=req.matched)
+        t0 = clock()
+        result = cache.insert(params)
+        t1 = clock()
+        t_insert.append(t1 - t0)
+        if aligned < len(req.slots):
+            before = pool.free_seconds
+            harness_free(req.slots[aligned:])
+            pool.free_seconds = before  # the harness's own free is not cache work
+        t0 = clock()
+        cache.dec_lock_ref(req.node, req.dec)
+        t1 = clock()
+        t_unlock.append(t1 - t0)
+        digest.update(pack(2, int(result.prefix_len), 0))
+        stats.requests += 1
+        if progress is not None:
+            progress(stats.requests + stats.aborted, workload.requests)
+
+    gc.collect()
+    wall0 = clock()
+    for prompt, output in workload.stream():
+        while len(running) >= workload.inflight:
+            finish(running.popleft())
+        params = MatchP(key=RadixKey(prompt))
+        t0 = clock()
+        m = cache.match_prefix(params)
+        t1 = clock()
+        t_match.append(t1 - t0)
+        node = m.last_device_node
+        t0 = clock()
+        lock = cache.inc_lock_ref(node)
+        t1 = clock()
+        t_lock.append(t1 - t0)
+        dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
+        matched = len(m.device_indices)
+        stats.prompt_tokens += len(prompt)
+        stats.hit_tokens += matched
+        total = len(prompt) + len(output)
+        need = -(-(total - matched) // ps) * ps
+        evicted = 0
+        short = need - allocator.available_size()
+        if short > 0:
+            params = EvictP(num_tokens=short)
+            t0 = clock()
+            result = cache.evict(params)
+            t1 = clock()
+            t_evict.append(t1 - t0)
+            evicted = int(result.num_tokens_evicted)
+            stats.evicted_tokens += evicted
+            stats.evict_calls += 1
+        fresh = allocator.alloc(need)
+        digest.update(pack(1, matched, evicted))
+        if fresh is None:
+            t0 = clock()
+            cache.dec_lock_ref(node, dec)
+            t1 = clock()
+            t_unlock.append(t1 - t0)
+            digest.update(pack(3, 0, 0))
+            stats.aborted += 1
+            continue
+        tokens = prompt + output
+        slots = values.cat(m.device_indices, fresh)
+        running.append(_Running(tokens, slots, matched, node, dec))
+    while running:
+        finish(running.popleft())
+    stats.wall_seconds = clock() - wall0
+    stats.seconds = sum(sum(ts) for ts in stats.op_times.values())
+    stats.digest = digest.hexdigest()
+    stats.pool_free_seconds = pool.free_seconds
+    stats.cached_tokens = workload.kv_slots - allocator.available_size()
+    stats.free_calls = None if free_calls is None else free_calls[0]
+    if keep is not None:
+        keep.extend((cache, allocator, pool))
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# Side-by-side comparison
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Comparison:
+    workload: str
+    page_size: int
+    requests: int
+    kv_slots: int
+    runs: dict  # impl -> [BenchStats], one per repeat
+    missing: dict  # impl -> why it was not measured
+    identical: bool = True
+    mismatches: list = dataclasses.field(default_factory=list)
+    # outcomes of speed peers (PEERS) that differ from the conforming ones: reported, not failed
+    peer_differences: list = dataclasses.field(default_factory=list)
+    allocator: str = "freelist"  # the KV allocator of fast / upstream (ALLOCATORS)
+    device: str = "cpu"  # where their values and allocator live (DEVICES)
+
+    def median_rps(self, impl: str) -> float:
+        return statistics.median(s.requests_per_s for s in self.runs[impl])
+
+    def median_rps_ex_pool(self, impl: str) -> float:
+        return statistics.median(s.requests_per_s_ex_pool for s in self.runs[impl])
+
+    def median_pool_share(self, impl: str) -> float:
+        return statistics.median(s.pool_share for s in self.runs[impl])
+
+    def median_ops_us(self, impl: str) -> dict[str, float]:
+        per_run = [s.op_medians_us() for s in self.runs[impl]]
+        ops = list(dict.fromkeys(op for d in per_run for op in d))  # OPS, plus the host tier's
+        return {op: statistics.median(d[op] for d in per_run if op in d) for op in ops}
+
+    def ratio(self, a: str, b: str) -> float | None:
+        if a in self.runs and b in self.runs and self.median_rps(b):
+            return self.median_rps(a) / self.median_rps(b)
+        return None
+
+    def summary(self) -> dict:
+        first = {impl: runs[0] for impl, runs in self.runs.items()}
+        # a run off the CPU is its own configuration for the dashboard (conformance/bench/results.py
+        # reads "<workload>+<config>"): its numbers are not comparable with the CPU figures
+        workload = self.workload if self.device == "cpu" else f"{self.workload}+{self.device}"
+        return {
+            "workload": workload, "page_size": self.page_size, "requests": self.requests,
+            "kv_slots": self.kv_slots, "repeats": max((len(r) for r in self.runs.values()), default=0),
+            "allocator": self.allocator, "device": self.device,
+            "identical_outcomes": self.identical, "mismatches": self.mismatches,
+            "peer_differences": self.peer_differences,
+            "missing": self.missing,
+            "impls": {impl: {
+                "version": first[impl].version,
+                "requests_per_s_median": round(self.median_rps(impl), 1),
+                "requests_per_s_runs": [round(s.requests_per_s, 1) for s in runs],
+                "requests_per_s_ex_pool_median": round(self.median_rps_ex_pool(impl), 1),
+                "pool_free_share_median": round(self.median_pool_share(impl), 4),
+                "op_median_us": {k: round(v, 2) for k, v in self.median_ops_us(impl).items()},
+                "hit_rate": round(first[impl].hit_rate, 6),
+                "evicted_tokens": first[impl].evicted_tokens,
+                "free_calls": first[impl].free_calls,
+                "aborted": first[impl].aborted,
+                "digest": first[impl].digest,
+                "runs": [s.summary() for s in runs],
+            } for impl, runs in self.runs.items()},
+            "ratios": {k: (None if v is None else round(v, 3)) for k, v in (
+                ("fast/spec", self.ratio("fast", "spec")),
+                ("fast/upstream", self.ratio("fast", "upstream")),
+                ("upstream/spec", self.ratio("upstream", "spec")),
+                ("fast/upstream-rust", self.ratio("fast", "upstream-rust")),
+                ("fast/upstream-cpp", self.ratio("fast", "upstream-cpp")))},
+        }
+
+
+def check_identical(stats: Iterable[BenchStats]) -> list[str]:
+    """Differences in what every implementation must reproduce, against the first run."""
+    stats = list(stats)
+    if not stats:
+        return []
+    ref = stats[0]
+    out = []
+    for s in stats[1:]:
+        a, b = ref.outcome(), s.outcome()
+        diff = [k for k in a if a[k] != b[k]]
+        if diff:
+            out.append(f"{s.impl} differs from {ref.impl} on {s.workload} page {s.page_size}: "
+                       + ", ".join(f"{k} {a[k]} vs {b[k]}" for k in diff))
+    return out
+
+
+def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
+            strict: bool = True, log: Callable[[str], None] | None = None,
+            repeats_for: dict | None = None, allocator: str = "freelist",
+            device: str = "cpu") -> Comparison:
+    """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
+    overrides that per implementation), alternating them and rotating the order each round so
+    that machine noise hits all alike; fast and upstream over the KV allocator ``allocator``
+    (:data:`ALLOCATORS`) on ``device`` (:data:`DEVICES`). Raises :class:`ConformanceMismatch`
+    (when ``strict``) if
+    any outcome differs."""
+    repeats_for = dict(repeats_for or {})
+    bundles, missing = {}, {}
+    for impl in impls:
+        try:
+            bundles[impl] = get_bundle(impl, allocator, device)
+        except ImplMissing as e:
+            missing[impl] = str(e)
+    cmp = Comparison(workload.name, workload.page_size, workload.requests, workload.kv_slots,
+                     {impl: [] for impl in bundles}, missing, allocator=allocator, device=device)
+    order = list(bundles)
+    rounds = max([repeats_for.get(i, repeats) for i in order] or [0])
+    for rep in range(rounds):
+        k = rep % len(order) if order else 0
+        for impl in order[k:] + order[:k]:
+            if rep >= repeats_for.get(impl, repeats) or impl in cmp.missing:
+                continue
+            try:
+                s = run_bench(bundles[impl], workload)
+            except Exception as e:  # a speed peer may not take this workload at all
+                if impl not in PEERS:
+                    raise
+                why = (str(e).strip().splitlines() or [""])[0][:160]
+                cmp.missing[impl] = f"failed on {workload.name}: {type(e).__name__}: {why}"
+                del cmp.runs[impl]
+                continue
+            cmp.runs[impl].append(s)
+            if log is not None:
+                log(f"  {workload.name} p{workload.page_size} round {rep + 1}/{rounds} "
+                    f"{impl:<8} {s.requests_per_s:>10.1f} req/s  ({s.wall_seconds:.1f} s wall)")
+    every = [s for impl, runs in cmp.runs.items() if impl not in PEERS for s in runs]
+    cmp.mismatches = check_identical(every)
+    cmp.peer_differences = check_identical(
+        every[:1] + [s for impl, runs in cmp.runs.items() if impl in PEERS for s in runs[:1]])
+    cmp.identical = not cmp.mismatches
+    if strict and cmp.mismatches:
+        raise ConformanceMismatch("; ".join(cmp.mismatches))
+    return cmp
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: bytes per cached token of the tree's own structures
+# --------------------------------------------------------------------------------------------
+
+
+def _is_shared_object(obj: Any) -> bool:
+    """Objects that belong to the program, not to one tree: not counted, not walked."""
+    import types
+    return isinstance(obj, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                            types.MethodType, types.CodeType, types.FrameType,
+                            types.MethodDescriptorType, types.WrapperDescriptorType,
+                            types.GetSetDescriptorType, types.MemberDescriptorType))
+
+
+def deep_sizeof(root: Any, exclude: Iterable[Any] = ()) -> int:
+    """Bytes reachable from ``root``: ``sys.getsizeof`` of every distinct object reachable
+    through ``gc.get_referents`` (plus instance ``__dict__``\\ s), and for torch tensors the
+    bytes of each distinct storage once. Types, modules, functions and code are neither
+    counted nor walked; nor is anything in ``exclude`` (or reachable only through it)."""
+    torch = sys.modules.get("torch")
+    tensor_type = torch.Tensor if torch is not None else ()
+    seen = {id(x) for x in exclude}
+    storages: set = set()
+    total = 0
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or _is_shared_object(obj):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if tensor_type and isinstance(obj, tensor_type):
+            st = obj.untyped_storage()
+            key = st.data_ptr()
+            if key not in storages:
+                storages.add(key)
+                total += st.nbytes()
+            continue
+        d = getattr(obj, "__dict__", None) if not isinstance(obj, dict) else None
+        if isinstance(d, dict):
+            stack.append(d)
+        stack.extend(gc.get_referents(obj))
+    return total
+
+
+@dataclasses.dataclass
+class MemoryReport:
+    impl: str
+    page_size: int
+    requests: int
+    cached_tokens: int
+    tree_bytes: int
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.tree_bytes / self.cached_tokens if self.cached_tokens else 0.0
+
+    def summary(self) -> dict:
+        return {"impl": self.impl, "page_size": self.page_size, "requests": self.requests,
+                "cached_tokens": self.cached_tokens, "tree_bytes": self.tree_bytes,
+                "bytes_per_token": round(self.bytes_per_token, 2)}
+
+
+def memory_per_token(impl: str, page_size: int = 16, requests: int = 100) -> MemoryReport:
+    """Bytes per cached token of the tree's own structures.
+
+    Method: the first ``requests`` requests of the Mooncake trace go through :func:`run_bench`
+    with a pool large enough that nothing is evicted; then :func:`deep_sizeof` walks the cache
+    object (tree nodes, keys, values, and whatever indexes the implementation keeps: leaf sets,
+    LRU lists, counters), excluding the allocator and the environment's pool (the world, not the
+    tree), and the total is divided by the slots the tree holds. A deep getsizeof walk rather
+    than tracemalloc, because tracemalloc does not see torch's tensor storage (allocated outside
+    Python's allocators); the walk counts each tensor storage once at its full size. Memory an
+    implementation holds outside Python objects and torch storages (a C++ tree, say) is seen only
+    as far as its objects' ``__sizeof__`` report it.
+    """
+    bundle = get_bundle(impl)
+    base = mooncake_workload(page_size, requests)
+    rows = mooncake_rows()[:base.requests]
+    room = sum(-(-(i + o) // page_size) * page_size for i, o, _ in rows) + page_size
+    w = dataclasses.replace(base, kv_slots=room)
+    keep: list = []
+    stats = run_bench(bundle, w, keep=keep)
+    if stats.evicted_tokens or stats.aborted:
+        raise AssertionError(f"memory run evicted {stats.evicted_tokens} tokens")
+    cache, allocator, pool = keep
+    gc.collect()
+    tree_bytes = deep_sizeof(cache, exclude=(allocator, pool))
+    return MemoryReport(impl, page_size, w.requests, stats.cached_tokens, tree_bytes)
+
+
+# --------------------------------------------------------------------------------------------
+# The command line
+# --------------------------------------------------------------------------------------------
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _page_sizes(value: str) -> list[int]:
+    try:
+        out = [int(v) for v in _csv(value)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"page sizes must be integers, got {value!r}") from None
+    if not out or any(p < 1 for p in out):
+        raise argparse.ArgumentTypeError(f"page sizes must be >= 1, got {value!r}")
+    return out
+
+
+def _choices(what: str, known: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated, non-empty list of names out of ``known``."""
+    def parse(value: str) -> list[str]:
+        out = _csv(value)
+        if not out or any(v not in known for v in out):
+            raise argparse.ArgumentTypeError(f"{what} are {', '.join(known)}; got {value!r}")
+        return out
+    return parse
+
+
+_impls = _choices("implementations", KNOWN_IMPLS)
+_workloads = _choices("workloads", WORKLOADS)
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``bench`` to a ``uniradix`` subcommand parser set."""
+    b = subparsers.add_parser(
+        "bench", help="requests/s of cache work per implementation, side by side",
+        description="Run the same scheduler loop over upstream's tree-level API on each "
+                    "implementation, alternating them, and compare requests/s of cache work, "
+                    "per-op medians and hit rates (conformance/bench/loop.py says what is timed).")
+    b.add_argument("--impl", type=_impls, default=list(IMPLS),
+                   help="comma-separated implementations (default spec,fast,upstream; those "
+                        "that cannot be built here are reported and skipped). upstream-rust: "
+                        "upstream's cache on its Rust tree core (sglang 0.5.17+); upstream-cpp: "
+                        "upstream's C++ radix tree, a speed peer whose outcomes may differ")
+    b.add_argument("--workload", type=_workloads, default=["shared-prefix"],
+                   help="shared-prefix or mooncake, or both comma-separated (default shared-prefix)")
+    b.add_argument("--page-size", type=_page_sizes, default=[1, 16],
+                   help="comma-separated page sizes (default 1,16)")
+    b.add_argument("--requests", "--limit", dest="requests", type=int, default=None,
+                   help="requests per run (shared-prefix: scaled workload below 20000; mooncake: "
+                        "the first N of 12031). Default: the whole workload")
+    b.add_argument("--repeat", type=int, default=3,
+                   help="rounds per implementation, alternating (default 3; medians reported)")
+    b.add_argument("--spec-repeat", type=int, default=None,
+                   help="rounds for the spec, which is 10-100x slower (default: --repeat)")
+    b.add_argument("--memory", action="store_true",
+                   help="also report bytes per cached token of each tree (Mooncake, no eviction)")
+    b.add_argument("--memory-requests", type=int, default=100,
+                   help="Mooncake requests for --memory (default 100)")
+    b.add_argument("--hicache", choices=["write_through", "write_back"], default=None,
+                   help="with a host tier of twice the device pool and this write policy "
+                        "(conformance/bench/host.py; fast and upstream)")
+    b.add_argument("--allocator", choices=ALLOCATORS, default="freelist",
+                   help="the KV allocator under fast and upstream: freelist (the bench's own, "
+                        "default) or sglang (sglang's TokenToKVPoolAllocator at page 1, "
+                        "PagedTokenToKVPoolAllocator above; needs sglang; the spec stays on "
+                        "the pool model; Full only)")
+    b.add_argument("--torch-threads", type=int, default=1, metavar="N",
+                   help="torch intra-op threads for every implementation (default 1: more "
+                        "threads give every implementation multi-ms tails on long index "
+                        "tensors); recorded in the JSON")
+    b.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where the scheduler loop's value tensors and the KV allocator of fast "
+                        "and upstream live (default cpu; cuda: the production setting, refused "
+                        "with status 2 where torch sees no CUDA device; the spec is CPU only; "
+                        "Full only); a cuda comparison is the dashboard configuration "
+                        "'<workload>+cuda'")
+    b.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="start no further comparison once this many seconds have passed (the "
+                        "skipped ones are listed in the JSON's 'skipped'); with --json the file "
+                        "is rewritten after every comparison, so a run cut short keeps what it "
+                        "measured. Default: no budget")
+    b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    b.add_argument("--components", choices=("full", "swa", "mamba"), default="full",
+                   help="hybrid models: swa or mamba runs fast and upstream only "
+                        "(conformance/bench/hybrid.py; default full)")
+    b.set_defaults(func=cmd_bench)
+    return b
+
+
+def _fmt_ratio(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def print_comparison(cmp: Comparison, out=None) -> None:
+    out = sys.stdout if out is None else out
+    p = lambda s="": print(s, file=out)  # noqa: E731
+    where = "" if getattr(cmp, "device", "cpu") == "cpu" else f" (values and allocator on {cmp.device})"
+    p(f"{cmp.workload}{where}, page {cmp.page_size}: {cmp.requests} requests, {cmp.kv_slots}-token pool, "
+      f"{max((len(r) for r in cmp.runs.values()), default=0)} rounds (medians)")
+    w = max([9] + [len(i) + 1 for i in list(cmp.runs) + list(cmp.missing)])
+    p(f"  {'impl':<{w}}{'rounds':>6}{'req/s':>10}{'ex-pool':>10}{'pool%':>6}  "
+      + "".join(f"{op + ' us':>11}" for op in OPS)
+      + f"{'hit rate':>10}{'evicted':>11}{'aborted':>8}")
+    for impl, runs in cmp.runs.items():
+        med = cmp.median_ops_us(impl)
+        s = runs[0]
+        p(f"  {impl:<{w}}{len(runs):>6}{cmp.median_rps(impl):>10.1f}"
+          f"{cmp.median_rps_ex_pool(impl):>10.1f}{100 * cmp.median_pool_share(impl):>6.1f}  "
+          + "".join(f"{med[op]:>11.1f}" if op in med else f"{'-':>11}" for op in OPS)
+          + f"{s.hit_rate:>10.4f}{s.evicted_tokens:>11}{s.aborted:>8}")
+    for impl, why in cmp.missing.items():
+        p(f"  {impl:<{w}}not measured: {why}")
+    p("  req/s: finished requests / summed time of the cache calls; ex-pool: the same without "
+      "the pool's frees (pool%)")
+    p(f"  ratios (req/s): fast/spec {_fmt_ratio(cmp.ratio('fast', 'spec'))}, "
+      f"fast/upstream {_fmt_ratio(cmp.ratio('fast', 'upstream'))}, "
+      f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}"
+      + "".join(f", fast/{peer} {_fmt_ratio(cmp.ratio('fast', peer))}"
+                for peer in ("upstream-rust", "upstream-cpp") if peer in cmp.runs))
+    counted = [(impl, runs[0].free_calls) for impl, runs in cmp.runs.items()
+               if runs[0].free_calls is not None]
+    if counted:
+        p(f"  allocator: {cmp.allocator}; its free() calls per run from the timed cache calls: "
+          + ", ".join(f"{impl} {n}" for impl, n in counted))
+    names = ", ".join(i for i in cmp.runs if i not in PEERS)
+    if cmp.identical:
+        p(f"  identical hit rate, evictions, aborts and per-request digest across {names}: yes")
+    else:
+        p("  OUTCOMES DIFFER: " + "; ".join(cmp.mismatches))
+    for diff in cmp.peer_differences:
+        p(f"  (speed peer, not a conforming implementation) {diff}")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "hicache", None) and getattr(args, "components", "full") != "full":
+        print("uniradix bench: --hicache with --components swa|mamba is not supported (no "
+              "implementation has a host tier with an aux component yet)", file=sys.stderr)
+        return 2
+    allocator = getattr(args, "allocator", "freelist")
+    if allocator != "freelist" and (getattr(args, "hicache", None)
+                                    or getattr(args, "components", "full") != "full"):
+        print("uniradix bench: --allocator sglang runs the Full configuration only (the host "
+              "tier and hybrid benches build their own allocators)", file=sys.stderr)
+        return 2
+    threads = getattr(args, "torch_threads", 1)
+    if threads < 1:
+        print(f"uniradix bench: --torch-threads must be at least 1, got {threads}", file=sys.stderr)
+        return 2
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":
+        if getattr(args, "hicache", None) or getattr(args, "components", "full") != "full":
+            print(f"uniradix bench: --device {device} runs the Full configuration only (the "
+                  f"host tier and hybrid benches build their own allocators on the CPU)",
+                  file=sys.stderr)
+            return 2
+        why = cuda_problem()
+        if why is not None:
+            print(f"uniradix bench: --device {device} is not available: {why}", file=sys.stderr)
+            return 2
+    budget = getattr(args, "budget", None)
+    if budget is not None and budget <= 0:
+        print(f"uniradix bench: --budget must be positive, got {budget}", file=sys.stderr)
+        return 2
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    results: dict = {"comparisons": [], "memory": [], "allocator": allocator, "device": device}
+    if "fast" in args.impl:  # the C core, or the pure-Python fallback (a Python it was not
+        try:                 # built for, or UNIRADIX_PURE_PYTHON=1)
+            from uniradix.fast.cache import NATIVE
+            results["fast_core"] = "C" if NATIVE else "pure Python"
+        except ImportError:
+            pass
+    started = time.perf_counter()
+    torch = _torch_or_none()
+    if torch is not None:
+        torch.set_num_threads(threads)
+        results["torch_threads"] = torch.get_num_threads()
+        log(f"torch intra-op threads: {results['torch_threads']}; allocator: {allocator}; "
+            f"device: {device}")
+    status = 0
+    for wname in args.workload:
+        for ps in args.page_size:
+            if budget is not None and time.perf_counter() - started > budget:
+                results.setdefault("skipped", []).append(
+                    f"{wname} page {ps}: the {budget:g} s budget was spent")
+                print(f"{wname}, page {ps}: skipped, the {budget:g} s budget was spent\n")
+                continue
+            workload = make_workload(wname, ps, args.requests)
+            spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
+            if getattr(args, "hicache", None):  # the host tier (conformance/bench/host.py)
+                from uniradix.conformance.bench.host import compare_host, print_host_ops
+                cmp = compare_host(args.impl, workload, args.hicache,
+                                   repeats=max(1, args.repeat), log=log)
+                print_comparison(cmp)
+                print_host_ops(cmp)
+            elif getattr(args, "components", "full") != "full":  # hybrid models
+                from uniradix.conformance.bench.hybrid import compare_hybrid
+                cmp = compare_hybrid(args.impl, workload, args.components,
+                                     repeats=max(1, args.repeat), strict=False, log=log)
+                print_comparison(cmp)
+            else:
+                cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
+                              log=log, repeats_for=spec_rounds, allocator=allocator,
+                              device=device)
+                print_comparison(cmp)
+            summary = cmp.summary()
+            if torch is not None:  # every loop and implementation must have left the pin alone
+                summary["torch_threads"] = torch.get_num_threads()
+                if summary["torch_threads"] != threads:
+                    print(f"  TORCH THREADS CHANGED during this comparison: {threads} pinned, "
+                          f"{summary['torch_threads']} after it (pinned again)")
+                    torch.set_num_threads(threads)
+                    status = 1
+            print()
+            results["comparisons"].append(summary)
+            for impl, why in summary["missing"].items():  # at the top too: what was not measured
+                results.setdefault("not_measured", {}).setdefault(impl, why)
+            if not cmp.identical:
+                status = 1
+            if args.json and budget is not None:
+                write_json(args.json, results, quiet=True)
+    if args.memory:
+        print(f"memory: bytes per cached token of the tree (Mooncake, first "
+              f"{args.memory_requests} requests, no eviction; deep getsizeof walk)")
+        for impl in args.impl:
+            if impl in PEERS:
+                print(f"  {impl:<9} not measured: its tree lives in C++ memory that a "
+                      f"getsizeof walk cannot see")
+                continue
+            for ps in args.page_size:
+                try:
+                    rep = memory_per_token(impl, ps, args.memory_requests)
+                except ImplMissing as e:
+                    print(f"  {impl:<9}page {ps:>3}: not measured: {e}")
+                    break
+                print(f"  {impl:<9}page {ps:>3}: {rep.bytes_per_token:>8.1f} bytes/token "
+                      f"({rep.tree_bytes} bytes for {rep.cached_tokens} tokens)")
+                results["memory"].append(rep.summary())
+    if args.json:
+        write_json(args.json, results)
+    return status
+
+
+def write_json(path: str, results: dict, quiet: bool = False) -> None:
+    """Write results for dashboards (creating the folder) and say where (unless ``quiet``)."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    if not quiet:
+        print(f"wrote {path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m uniradix.conformance.bench.loop ...``: the same as ``uniradix bench ...``."""
+    parser = argparse.ArgumentParser(prog="uniradix")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "bench":
+        argv = ["bench"] + argv
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""KV integrity: a real (small) KV pool whose contents say which token each slot holds.
+
+The cache only moves slot numbers around; a slot mix-up (a split that hands the wrong half to a
+node, a slot freed while the tree still holds it and then recomputed for another request, a
+match that returns a stale slot) shows in slot numbers only when some later observation
+happens to depend on it. This mode makes it show at once: :class:`KVChecked` wraps any adapter
+(spec, fast, upstream) and keeps a KV pool of ``layers x slots x heads x dim`` floats, poisoned
+(NaN) at the start. Whenever a token's KV is *computed* into a slot it writes that token's
+**fingerprint** there, a function of the ``extra_key``, the whole token prefix and hence the
+position; after every step it checks that
+
+* every slot of every cached node holds the fingerprint of the node's path up to that slot,
+* every slot of a running request's row (up to what it has computed) holds its token's, and
+* every slot a ``match_prefix`` returned holds the fingerprint of the queried prefix.
+
+When a step computes: the caller of ``insert`` computed the slots it hands over (those of its
+``value`` the tree did not hold before the step, or freed during it); ``req_chunk`` and ``req_decode`` compute the
+row positions they add (again those whose slots the tree did not hold through the step). A slot the tree
+already owned is never written, only checked: writing the right fingerprint there would hide a
+mix-up. Everything is read from the adapter's canonical snapshot and the step, so the wrapper
+works on every implementation. A problem is reported through ``violations()`` (tagged
+``[kv]``), so lockstep runs, shrinking and ``uniradix replay`` treat it as any broken invariant.
+Under EAGLE slot ``p`` holds token ``p`` (the first token of bigram unit ``p``).
+
+With a host tier the checker keeps a **host pool** too (:class:`HostKV`, in one of upstream's
+host layouts, NaN at the start) and moves real data: after a step it runs the copies the
+implementation asked its I/O environment for (``take_copies()`` on the adapter: backups
+device -> host and loads host -> device, in the order they were issued) with the copy kernels
+of ``uniradix.kernels`` (the torch reference by default; Triton under the interpreter with
+``impl="triton"``), then checks that every node's host slots hold the fingerprints of its path
+as well.  A host slot mix-up therefore shows when it happens, and a device slot mix-up is
+carried to the host and back and shows when the data comes back.
+
+With Mamba the checker keeps the **state pool** too (:class:`StatePool`: per state slot the
+fingerprint of the sequence whose state it holds, unknown at the start).  An ``insert`` whose
+state slot the tree takes (no ``mamba_exist``, a slot the tree did not hold before the step)
+computes the state of its page-aligned tokens into that slot; after every step every node's
+state slot must hold the state of the node's path.  With a host tier the state copies the
+implementation asked for (``take_state_copies()`` on the adapter: ``("backup", device slots,
+host slots)`` / ``("load", host slots, device slots)``) move the states between the device and
+the host state pools, and every node's host state slot is checked the same way.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.requests import output_token_id
+
+LAYERS, HEADS, DIM = 2, 4, 8
+_ELEMS = LAYERS * HEADS * DIM
+_MOD = (1 << 61) - 1  # fingerprints are residues mod a Mersenne prime
+_MUL = 0x5DEECE66D
+# element e of a slot holds 16 bits of the fingerprint, salted per element (exact in float32)
+_SHIFTS = np.array([16 * (e % 4) for e in range(_ELEMS)], dtype=np.int64)
+_SALTS = np.array([(e * 40503 + 7) & 0xFFFF for e in range(_ELEMS)], dtype=np.int64)
+
+
+def _seed(extra_key: Optional[str]) -> int:
+    if extra_key is None:
+        return 0x2545F4914F6CDD1D % _MOD
+    return (zlib.crc32(extra_key.encode("utf-8")) * 0x9E3779B1 + 1) % _MOD
+
+
+def fingerprints(extra_key: Optional[str], tokens: Sequence[int]) -> list[int]:
+    """``out[p]`` identifies (extra_key, tokens[:p + 1]): a rolling hash over the prefix."""
+    h = _seed(extra_key)
+    out = []
+    for t in tokens:
+        h = (h * _MUL + int(t) + 1) % _MOD
+        out.append(h)
+    return out
+
+
+def slot_contents(fps: Sequence[int]) -> np.ndarray:
+    """What slots holding these fingerprints contain: ``(layers, len(fps), heads, dim)``."""
+    f = np.array(list(fps), dtype=np.int64).reshape(-1, 1)
+    words = ((f >> _SHIFTS) & 0xFFFF) ^ _SALTS
+    return words.astype(np.float32).reshape(-1, LAYERS, HEADS, DIM).transpose(1, 0, 2, 3)
+
+
+class KVPool:
+    """The KV data of every slot (index = slot id), NaN until a token is computed into it.
+    A numpy array (single-threaded and cheap on tiny arrays; ``torch.from_numpy`` shares it
+    with the copy kernels when the host tier needs them)."""
+
+    def __init__(self, slots: int) -> None:
+        self.data = np.full((LAYERS, slots, HEADS, DIM), np.nan, dtype=np.float32)
+
+    def write(self, slots: Sequence[int], fps: Sequence[int]) -> None:
+        if slots:
+            self.data[:, list(slots)] = slot_contents(fps)
+
+    def first_wrong(self, slots: Sequence[int], fps: Sequence[int]) -> Optional[int]:
+        """Index of the first slot whose contents are not its fingerprint's, or None."""
+        if not slots:
+            return None
+        size = self.data.shape[1]
+        outside = [k for k, s in enumerate(slots) if not (type(s) is int and 0 <= s < size)]
+        if outside:  # a slot outside the pool holds no KV at all
+            return outside[0]
+        bad = self.data[:, list(slots)] != slot_contents(fps)  # NaN != anything
+        per_slot = bad.reshape(LAYERS, len(slots), -1).any(axis=2).any(axis=0)
+        if not per_slot.any():
+            return None
+        return int(per_slot.argmax())
+
+
+class HostKV:
+    """The host pool of the checked mode and the device pool's twin as ``uniradix.kernels``
+    pools (an MLA-shaped geometry: one plane of ``HEADS * DIM`` elements per layer, the same
+    bytes as :class:`KVPool`), so the copy kernels move the data."""
+
+    def __init__(self, device: KVPool, host_slots: int, page_size: int, layout: str = "layer_first",
+                 impl: str = "torch") -> None:
+        import torch
+
+        from uniradix import kernels
+        self.kernels, self.torch, self.impl = kernels, torch, impl
+        self.geometry = kernels.KVGeometry.mla(LAYERS, HEADS * DIM, page_size, torch.float32)
+        slots = device.data.shape[1]
+        self.device = kernels.DevicePool(self.geometry, torch.from_numpy(device.data).view(
+            LAYERS, slots, 1, HEADS * DIM))
+        tokens = host_slots + page_size
+        shape = self.geometry.host_shape(layout, tokens)
+        self.data = np.full(shape, np.nan, dtype=np.float32)  # shared with the kernels' view
+        self.host = kernels.HostPool(self.geometry, kernels.Layout(layout),
+                                     torch.from_numpy(self.data))
+        self.layout = self.host.layout
+
+    def run(self, copies: list) -> None:
+        """Run the logged copies in order."""
+        t = self.torch
+        for kind, src, dst in copies:
+            if kind == "backup":
+                self.kernels.backup_all_layers(
+                    self.device, self.host, device_indices=t.tensor(src, dtype=t.int64),
+                    host_indices=t.tensor(dst, dtype=t.int64), impl=self.impl)
+            else:
+                self.kernels.load_all_layers(
+                    self.host, self.device, host_indices=t.tensor(src, dtype=t.int64),
+                    device_indices=t.tensor(dst, dtype=t.int64), impl=self.impl)
+
+    def rows(self, slots: Sequence[int]) -> np.ndarray:
+        """What host slots hold: ``(layers, len(slots), heads, dim)``."""
+        idx = np.array(list(slots), dtype=np.int64)
+        buf = self.data
+        name = self.layout.value
+        if name == "layer_first":
+            out = buf[:, idx]
+        elif name == "page_first":
+            out = buf[idx].transpose(1, 0, 2, 3)
+        else:
+            P = self.geometry.page_size
+            out = buf[idx // P, :, idx % P].transpose(1, 0, 2, 3)
+        return out.reshape(LAYERS, len(slots), HEADS, DIM)
+
+
+class StatePool:
+    """The Mamba state of every state slot, as the fingerprint of the sequence it was computed
+    for (None: never computed, or copied from a slot that held none)."""
+
+    def __init__(self) -> None:
+        self.device: dict[int, Optional[int]] = {}
+        self.host: dict[int, Optional[int]] = {}
+
+    def run(self, copies: list) -> None:
+        for kind, src, dst in copies:
+            a, b = (self.device, self.host) if kind == "backup" else (self.host, self.device)
+            for s, d in zip(src, dst, strict=True):
+                b[d] = a.get(s)
+
+
+class KVChecked:
+    """An adapter with a KV pool that fingerprints computed tokens and checks every slot the
+    cache hands out; see the module docstring.  ``host_layout`` / ``copy_impl``: the host
+    pool's layout and the copy engine, with a host tier."""
+
+    def __init__(self, inner: Any, config: CacheConfig, host_layout: str = "layer_first",
+                 copy_impl: str = "torch") -> None:
+        self.inner = inner
+        self.config = config
+        self.eagle = config.eagle
+        self.kv = KVPool(config.kv_slots + config.page_size)
+        self.host = HostKV(self.kv, config.host_slots, config.page_size, host_layout, copy_impl) \
+            if config.has_host_tier else None
+        self.states = StatePool() if "mamba" in config.components else None
+        self.tokens: dict[str, tuple] = {}  # rid -> (prompt tokens, extra_key)
+        self.errors: list[str] = []
+        self._fp_cache: dict = {}
+
+    # the adapter protocol ------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        return self.inner.snapshot()
+
+    def violations(self) -> list[str]:
+        return list(self.inner.violations()) + self.errors
+
+    def apply(self, step: dict) -> dict:
+        op = step.get("op")
+        args = step.get("args") or {}
+        before = self.inner.snapshot() if op in ("insert", "req_chunk", "req_decode") else None
+        if self.host is not None:
+            self.inner.take_copies()
+            if self.states is not None:
+                self.inner.take_state_copies()
+        obs = self.inner.apply(step)
+        if "error" in obs:
+            return obs
+        i = step.get("i")
+        after = self.inner.snapshot()
+        if op == "req_arrive":
+            self.tokens[args["rid"]] = (list(args["tokens"]), args.get("extra_key"))
+        elif op == "insert":
+            self._compute(i, args.get("extra_key"), list(args["tokens"]), list(args["value"]),
+                          0, _owned(before, obs))
+            if self.states is not None:
+                self._compute_state(args, before, obs)
+        elif op in ("req_chunk", "req_decode") and obs.get("ok", True):
+            self._compute_row(i, args["rid"], before, obs, after)
+        elif op == "match_prefix":
+            got = list(obs.get("device_indices", []))
+            self._expect(i, f"match_prefix result for {len(args['tokens'])} tokens",
+                         args.get("extra_key"), list(args["tokens"]), got)
+        if self.host is not None:  # the step's trips between the tiers, in order
+            self.host.run(self.inner.take_copies())
+            self._check_host(i, after)
+            if self.states is not None:
+                self.states.run(self.inner.take_state_copies())
+        self._check_state(i, after)
+        if self.states is not None:
+            self._check_states(i, after)
+        return obs
+
+    # computing tokens ----------------------------------------------------------------------
+    def _fps(self, extra_key: Optional[str], tokens: Sequence[int]) -> list[int]:
+        key = (extra_key, tuple(tokens))
+        fps = self._fp_cache.get(key)
+        if fps is None:
+            if len(self._fp_cache) > 4096:
+                self._fp_cache.clear()
+            fps = self._fp_cache[key] = fingerprints(extra_key, tokens)
+        return fps
+
+    def _compute(self, i: Any, extra_key: Optional[str], tokens: list, slots: list, start: int,
+                 owned: set) -> None:
+        """Positions ``start + k`` of ``tokens`` live in ``slots[k]``: write the fingerprints of
+        those the tree did not own before this step, check the others."""
+        fps = self._fps(extra_key, tokens)[start: start + len(slots)]
+        size = self.kv.data.shape[1]
+        # a slot outside the pool holds no KV (a bad caller's value the cache ignored)
+        new = [(s, f) for s, f in zip(slots, fps)
+               if s not in owned and type(s) is int and 0 <= s < size]
+        old = [(s, f) for s, f in zip(slots, fps) if s in owned]
+        if old:
+            self._expect_pairs(i, "slots the tree already held", old)
+        if new:
+            self.kv.write([s for s, _ in new], [f for _, f in new])
+
+    def _compute_state(self, args: dict, before: Optional[dict], obs: dict) -> None:
+        """An insert whose state slot the tree took: the caller computed the state of its
+        page-aligned tokens there (a slot the tree held before the step is never written)."""
+        value = args.get("mamba_value")
+        if obs.get("mamba_exist") or not isinstance(value, list) or len(value) != 1:
+            return
+        held = {s for node in (before or {}).get("nodes", [])
+                for s in ((node.get("mamba") or {}).get("value") or ())}
+        if value[0] in held:
+            return
+        tokens = list(args["tokens"])
+        n = len(tokens) // self.config.page_size * self.config.page_size
+        if n:
+            self.states.device[value[0]] = self._fps(args.get("extra_key"), tokens[:n])[-1]
+
+    def _compute_row(self, i: Any, rid: str, before: dict, obs: dict, after: dict) -> None:
+        was = {r["rid"]: r for r in before.get("requests", [])}
+        now = {r["rid"]: r for r in after.get("requests", [])}
+        if rid not in now or rid not in self.tokens:
+            return
+        lo = was[rid]["committed"] if rid in was else 0
+        hi = now[rid]["committed"]
+        row = now[rid]["row"]
+        tokens, ek = self._request_tokens(rid, hi)
+        self._compute(i, ek, tokens[:hi], row[lo:hi], lo, _owned(before, obs))
+
+    def _request_tokens(self, rid: str, n: int) -> tuple[list, Optional[str]]:
+        prompt, ek = self.tokens[rid]
+        out = list(prompt)
+        k = 0
+        while len(out) < n:
+            out.append(output_token_id(prompt, k))
+            k += 1
+        return out, ek
+
+    # checking --------------------------------------------------------------------------------
+    def _expect(self, i: Any, what: str, extra_key: Optional[str], tokens: list,
+                slots: list) -> None:
+        fps = self._fps(extra_key, tokens)[: len(slots)]
+        bad = self.kv.first_wrong(slots, fps)
+        if bad is not None:
+            self.errors.append(f"[kv] step {i}: {what} (extra_key={extra_key!r}): slot "
+                               f"{slots[bad]} at position {bad} does not hold that token's KV")
+
+    def _expect_pairs(self, i: Any, what: str, pairs: list) -> None:
+        slots = [s for s, _ in pairs]
+        bad = self.kv.first_wrong(slots, [f for _, f in pairs])
+        if bad is not None:
+            self.errors.append(f"[kv] step {i}: {what}: slot {slots[bad]} does not hold the KV "
+                               "of the token it was handed over for")
+
+    def _check_state(self, i: Any, snap: dict) -> None:
+        """Every cached node's slots and every running request's computed row (as ``snap``,
+        the adapter's snapshot after the step, shows them), in one batch."""
+        slots: list = []
+        fps: list = []
+        owners: list = []  # (first index in slots, description)
+        for node in snap.get("nodes", []):
+            value = node.get("value")
+            if not value:
+                continue
+            path = node["path"]
+            tokens = path["tokens"]
+            units = len(tokens) - 1 if self.eagle and tokens else len(tokens)
+            start = units - len(value)
+            owners.append((len(slots), start, path))  # (described only on a finding)
+            slots.extend(value)
+            fps.extend(self._fps(path["extra_key"], tokens)[start: units])
+        for req in snap.get("requests", []):
+            rid = req["rid"]
+            n = req["committed"]
+            if rid not in self.tokens or not n:
+                continue
+            tokens, ek = self._request_tokens(rid, n)
+            owners.append((len(slots), 0, rid))
+            slots.extend(req["row"][:n])
+            fps.extend(self._fps(ek, tokens)[:n])
+        bad = self.kv.first_wrong(slots, fps)
+        if bad is not None:
+            at, start, who = max((o for o in owners if o[0] <= bad), key=lambda o: o[0])
+            what = f"request {who!r} row" if isinstance(who, str) else f"node {_short_path(who)}"
+            self.errors.append(f"[kv] step {i}: {what} holds slot {slots[bad]} at position "
+                               f"{start + bad - at}, which does not hold that token's KV")
+
+
+    def _check_states(self, i: Any, snap: dict) -> None:
+        """Every node's state slot (and host state slot) holds the state of the node's path."""
+        for node in snap.get("nodes", []):
+            data = node.get("mamba") or {}
+            path = node["path"]
+            want = self._fps(path["extra_key"], path["tokens"])[-1] if path["tokens"] else None
+            for where, pool in (("value", self.states.device), ("host_value", self.states.host)):
+                slots = data.get(where) or ()
+                if len(slots) == 1 and pool.get(slots[0]) != want:
+                    self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds "
+                                       f"{'host ' if where == 'host_value' else ''}state slot "
+                                       f"{slots[0]}, which does not hold the state of its path")
+
+    def _check_host(self, i: Any, snap: dict) -> None:
+        """Every node's host copy holds the fingerprints of its path."""
+        slots: list = []
+        fps: list = []
+        owners: list = []
+        for node in snap.get("host", {}).get("nodes", []):
+            host_value = node.get("host_value")
+            if not host_value:
+                continue
+            path = node["path"]
+            tokens = path["tokens"]
+            start = len(tokens) - len(host_value)
+            owners.append((len(slots), start, path))
+            slots.extend(host_value)
+            fps.extend(self._fps(path["extra_key"], tokens)[start:])
+        if not slots:
+            return
+        bad = self.host.rows(slots) != slot_contents(fps)
+        per_slot = bad.reshape(LAYERS, len(slots), -1).any(axis=2).any(axis=0)
+        if per_slot.any():
+            k = int(per_slot.argmax())
+            at, start, path = max((o for o in owners if o[0] <= k), key=lambda o: o[0])
+            self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds host slot "
+                               f"{slots[k]} at position {start + k - at}, which does not hold "
+                               "that token's KV")
+
+
+def _owned(snap: Optional[dict], obs: dict) -> set:
+    """Slots the tree held before the step and kept through it: a slot it freed during the
+    step (an eviction to make room) may come back as a fresh slot, computed anew."""
+    if snap is None:
+        return set()
+    held = {s for node in snap.get("nodes", []) for s in (node.get("value") or ())}
+    return held.difference(obs.get("freed", ()))
+
+
+def _short_path(path: dict) -> str:
+    t = path["tokens"]
+    shown = t if len(t) <= 8 else t[:8] + ["..."]
+    return f"{{tokens={shown} ({len(t)}), extra_key={path['extra_key']!r}}}"
+
+
+def kv_checked(impl: Any) -> Callable[[CacheConfig], KVChecked]:
+    """An implementation factory (``config -> adapter``) for lockstep runs and replays: ``impl``
+    (a name for ``make_adapter`` or a factory) wrapped in :class:`KVChecked`."""
+    from uniradix.conformance.adapters.base import make_adapter
+
+    def build(config: CacheConfig) -> KVChecked:
+        inner = make_adapter(impl, config) if isinstance(impl, str) else impl(config)
+        return KVChecked(inner, config)
+
+    name = impl if isinstance(impl, str) else getattr(impl, "impl_name", "impl")
+    build.impl_name = name  # type: ignore[attr-defined]
+    return build

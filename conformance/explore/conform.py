@@ -1,0 +1,615 @@
+"""``uniradix conform`` and ``uniradix record``.
+
+``conform`` runs long randomized lockstep runs (no Hypothesis): the scenario generator of
+:mod:`uniradix.conformance.explore.machine` drives two or more implementations through segments of
+random steps, each segment from fresh adapters with its own config (cycling through the named
+configs unless ``--config`` is given) and seed.  At the first finding it shrinks the failing
+segment (delta debugging, :func:`uniradix.conformance.explore.lockstep.shrink`), writes it as a
+replayable trace (``ret`` from the first implementation) and exits 1.  The last line is always
+``conform: S steps, D divergences, V violations``.
+
+``record`` writes a trace of a built-in workload run on one implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from uniradix.conformance.explore.lockstep import (
+    VIOLATION,
+    Finding,
+    ImplSpec,
+    Lockstep,
+    build_adapters,
+    comparable,
+    impl_labels,
+    impl_name,
+    shrink,
+    uncompared_node_fields,
+    write_trace,
+)
+from uniradix.conformance.explore.lockstep import tree_only as adapter_tree_only
+from uniradix.conformance.explore.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
+from uniradix.spec.config import POLICIES, CacheConfig
+from uniradix.spec.errors import ConfigError, Unsupported
+
+# name -> the fixed part of the config; kv_slots is drawn per segment (16..96, whole pages)
+NAMED_CONFIGS: dict[str, dict] = {
+    "full-p1": {"page_size": 1},
+    "full-p2": {"page_size": 2},
+    "full-p4": {"page_size": 4},
+    "eagle-p1": {"page_size": 1, "eagle": True},
+    "eagle-p4": {"page_size": 4, "eagle": True},
+    "disable": {"page_size": 1, "disable": True},
+    # hybrid models: the window / SWA pool / Mamba pool are drawn per segment too
+    "swa": {"components": ("full", "swa")},
+    "mamba": {"page_size": 1, "components": ("full", "mamba")},
+    # Full + SWA + Mamba in one tree: both aux components' draws
+    "full-swa-mamba-p1": {"page_size": 1, "components": ("full", "swa", "mamba")},
+    "full-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
+    # host tier (HiCache); host_slots and thresholds are drawn per segment too (host_config)
+    "hicache-wt-p1": {"page_size": 1, "write_policy": "write_through"},
+    "hicache-wt-p4": {"page_size": 4, "write_policy": "write_through"},
+    "hicache-wb-p1": {"page_size": 1, "write_policy": "write_back"},
+    "hicache-wb-p4": {"page_size": 4, "write_policy": "write_back"},
+    # pages 1 and 4 alternating by segment; write_through or write_through_selective
+    "hicache-wt": {"page_size": (1, 4), "write_policy": ("write_through",
+                                                         "write_through_selective")},
+    "hicache-wb": {"page_size": (1, 4), "write_policy": "write_back"},
+    # the host tier with Mamba (the spec only, so far): a host state pool of 1/2 to 2 device
+    # state pools, drawn per segment with the Mamba pool (host_config)
+    "host-mamba-wt-p1": {"page_size": 1, "write_policy": "write_through",
+                         "components": ("full", "mamba")},
+    "host-mamba-wb-p4": {"page_size": 4, "write_policy": "write_back",
+                         "components": ("full", "mamba")},
+}
+# the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
+STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
+                                       for p in (1, 4) for s in ("be", "wc", "to"))
+SEGMENT_STEPS = 1500
+DEFAULT_STEPS = 20_000
+DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs and segments
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_config_arg(raw: str | None) -> Any | None:
+    """``--config``: a name of :data:`NAMED_CONFIGS` or a JSON config object (fixed)."""
+    if raw is None:
+        return None
+    if raw in NAMED_CONFIGS or raw in STORAGE_CONFIGS:
+        return raw
+    if raw.lstrip().startswith("{"):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--config: not JSON: {e}") from None
+        return CacheConfig.from_dict(obj)
+    raise ConfigError(f"--config: unknown config {raw!r}; named configs: "
+                      f"{', '.join(NAMED_CONFIGS)}, or a JSON object")
+
+
+def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfig]:
+    """The config of one segment: a fixed CacheConfig, or a named one with kv_slots drawn from
+    the seed (small pools, so eviction is frequent)."""
+    if isinstance(which, CacheConfig):
+        return "custom", which
+    if which in STORAGE_CONFIGS:  # the storage tier (conformance/explore/storage_driver.py)
+        from uniradix.conformance.explore.storage_driver import conform_config
+        return conform_config(which, seed, segment)
+    names = list(NAMED_CONFIGS)
+    name = which if which is not None else names[segment % len(names)]
+    base = NAMED_CONFIGS[name]
+    rng = random.Random(f"conform-config:{seed}:{segment}")
+    if name == "swa":  # page 1/2/4, window 1..12, an SWA pool of 50-100% of the KV pool
+        base = dict(base, page_size=rng.choice([1, 2, 4]), sliding_window=rng.randint(1, 12))
+    elif "swa" in base.get("components", ()):  # Full + SWA + Mamba: its own page size
+        base = dict(base, sliding_window=rng.randint(1, 12))
+    ps = base.get("page_size", 1)
+    if isinstance(ps, tuple):  # the host-tier configs alternate page sizes by segment
+        ps = ps[segment % len(ps)]
+    pages = rng.randint(16 // ps, 96 // ps)
+    if "swa" in base.get("components", ()):
+        base["swa_slots"] = rng.randint(max(1, pages // 2), pages) * ps
+    if "mamba" in base.get("components", ()):
+        base = dict(base, mamba_slots=rng.randint(2, 8),
+                    mamba_cache_chunk_size=rng.randint(1, 4))
+    if name.startswith("hicache-") or name.startswith("host-"):
+        policy = base["write_policy"]
+        if isinstance(policy, tuple):
+            policy = policy[(segment // 2) % len(policy)]
+        cfg = host_config(RandomChooser(rng), ps, pages * ps, policy)
+        if base.get("components") == ("full", "mamba"):
+            mamba_slots = rng.randint(2, 8)
+            cfg = dataclasses.replace(cfg, components=("full", "mamba"), mamba_slots=mamba_slots,
+                                      host_mamba_slots=max(1, mamba_slots * rng.randint(1, 4) // 2),
+                                      mamba_cache_chunk_size=rng.randint(1, 4))
+            cfg.validate()
+        return name, cfg
+    return name, CacheConfig(**base, kv_slots=pages * ps)
+
+
+@dataclasses.dataclass
+class ConformResult:
+    steps: int = 0
+    divergences: int = 0
+    violations: int = 0
+    segments: int = 0
+    seconds: float = 0.0
+    finding: Finding | None = None
+    trace_path: str | None = None
+    shrunk_steps: int | None = None
+    config_name: str | None = None
+    skipped_configs: dict = dataclasses.field(default_factory=dict)  # name -> why
+    notes: list = dataclasses.field(default_factory=list)  # what was not compared, and why
+    event_steps: int = 0  # steps whose KV events were compared (conformance/traces/events.py)
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> str:
+        return f"conform: {self.steps} steps, {self.divergences} divergences, {self.violations} violations"
+
+
+class ConformUnsupported(Unsupported):
+    """An implementation cannot run the config asked for (``--config``), or any named one."""
+
+
+def _build_segment_adapters(impls: Sequence[ImplSpec], labels: Sequence[str],
+                            cfg: CacheConfig) -> list:
+    """The adapters of one segment; Unsupported names the implementation that refused."""
+    out = []
+    for label, impl in zip(labels, impls, strict=True):
+        try:
+            out.extend(build_adapters([impl], cfg))
+        except Unsupported as e:
+            raise Unsupported(f"{label}: {e}") from None
+    return out
+
+
+def comparison_notes(labels: Sequence[str], adapters: Sequence[Any],
+                     tree_only_asked: bool) -> list[str]:
+    """What a segment with these adapters does not generate or compare, one line each (the
+    rules are declared by the adapters: ``tree_only``, ``uncompared_node_fields``)."""
+    notes = []
+    narrow = [lab for lab, a in zip(labels, adapters, strict=True) if adapter_tree_only(a)]
+    if narrow and not tree_only_asked:
+        notes.append(f"{', '.join(narrow)}: tree-level API only; request-level ops (req_*) "
+                     "are not generated")
+    for lab, a in zip(labels, adapters, strict=True):
+        fields = sorted(uncompared_node_fields(a))
+        if fields:
+            notes.append(f"{lab}: snapshot node field(s) {', '.join(fields)} not compared "
+                         "(a documented difference of this peer, docs/SPEC.md)")
+    return notes
+
+
+class Progress:
+    """A one-line progress bar on stderr (``\\r`` updates on a terminal, a line every few
+    seconds otherwise)."""
+
+    def __init__(self, label: str, total: int | None, seconds: float | None,
+                 stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.label, self.total, self.seconds = label, total, seconds
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.monotonic()
+        self.last = 0.0
+        self.extra = ""
+
+    def _due(self, force: bool) -> bool:
+        """Time for another line: every 0.25 s on a terminal, every 5 s otherwise."""
+        if not self.enabled:
+            return False
+        now = time.monotonic()
+        if not force and now - self.last < (0.25 if self.tty else 5.0):
+            return False
+        self.last = now
+        return True
+
+    def _emit(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r" + line.ljust(110)[:170])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    @staticmethod
+    def bar(frac: float, width: int = 24) -> str:
+        fill = int(width * min(max(frac, 0.0), 1.0))
+        return "#" * fill + "." * (width - fill)
+
+    def update(self, done: int, force: bool = False) -> None:
+        if not self._due(force):
+            return
+        el = max(self.last - self.t0, 1e-9)
+        if self.total:
+            frac = min(done / self.total, 1.0)
+        elif self.seconds:
+            frac = min(el / self.seconds, 1.0)
+        else:
+            frac = 0.0
+        of = f"/{self.total}" if self.total else ""
+        self._emit(f"{self.label} [{self.bar(frac)}] {done}{of} steps, {done / el:.0f} steps/s "
+                   f"{self.extra}")
+
+    def close(self, done: int) -> None:
+        if self.enabled:
+            self.update(done, force=True)
+            if self.tty:
+                self.stream.write("\n")
+                self.stream.flush()
+
+
+def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | None = None,
+                seconds: float | None = None, seed: int = 0, out: str | None = DEFAULT_OUT,
+                segment_steps: int = SEGMENT_STEPS, shrink_seconds: float = 120.0,
+                progress: bool = True, stream: TextIO | None = None,
+                log: Callable[[str], None] = lambda m: print(m, flush=True),
+                snapshot_every: int = 1, tree_only: bool = False,
+                policy: str | None = None) -> ConformResult:
+    """The ``conform`` loop; returns counts and, at a finding, the written trace's path.
+    ``config``: None (cycle through :data:`NAMED_CONFIGS`), a name, or a CacheConfig;
+    ``policy``: an eviction policy every segment's config takes (None: the config's own)."""
+    if steps is None and seconds is None:
+        steps = DEFAULT_STEPS
+    labels = impl_labels([impl_name(i) for i in impls])
+    res = ConformResult()
+    bar = Progress(f"conform {','.join(labels)}", steps, seconds, stream, progress)
+    t0 = time.monotonic()
+    segment = 0
+
+    def budget_left() -> int | None:
+        if steps is not None:
+            return steps - res.steps
+        return None
+
+    while True:
+        left = budget_left()
+        if left is not None and left <= 0:
+            break
+        if seconds is not None and time.monotonic() - t0 >= seconds:
+            break
+        name, cfg = segment_config(config, seed, segment)
+        if policy is not None:  # eviction policies (spec/policies.py)
+            cfg = dataclasses.replace(cfg, eviction_policy=policy)
+            cfg.validate()
+        try:
+            adapters = _build_segment_adapters(impls, labels, cfg)
+        except Unsupported as e:
+            if config is not None:  # the config asked for: nothing to run
+                raise ConformUnsupported(f"config {name if isinstance(config, str) else cfg}: "
+                                         f"{e}") from None
+            if name not in res.skipped_configs:
+                res.skipped_configs[name] = str(e)
+                log(f"conform: skipping config {name}: {e}")
+            if len(res.skipped_configs) == len(NAMED_CONFIGS):
+                raise ConformUnsupported("no named config is supported by every implementation: "
+                                         + "; ".join(f"{k}: {v}" for k, v
+                                                     in res.skipped_configs.items())) from None
+            segment += 1
+            continue
+        seg_tree_only = tree_only or any(adapter_tree_only(a) for a in adapters)
+        for note in comparison_notes(labels, adapters, tree_only):
+            if note not in res.notes:
+                res.notes.append(note)
+                log(f"conform: {note}")
+        n = segment_steps if left is None else min(segment_steps, left)
+        bar.extra = f"[{name} p{cfg.page_size} kv={cfg.kv_slots}]"
+        ls = Lockstep(adapters, labels, snapshot_every=snapshot_every)
+        events_note = f"config {name}: {ls.events_note}" if ls.events_note else ""
+        if events_note and events_note not in res.notes:  # KV events (conformance/traces/events.py)
+            res.notes.append(events_note)
+            log(f"conform: {events_note}")
+        base = res.steps
+
+        def on_step(k: int, base: int = base) -> None:
+            bar.update(base + k)
+            if seconds is not None and k % 64 == 0 and time.monotonic() - t0 >= seconds:
+                raise _OutOfTime(k)
+
+        try:
+            if cfg.storage:  # the storage workload (conformance/explore/storage_driver.py)
+                from uniradix.conformance.explore.storage_driver import storage_segment
+                taken, finding = storage_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step)
+            else:
+                taken, finding = random_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step,
+                                                actions=TREE_ACTIONS if seg_tree_only else None)
+        except _OutOfTime as e:
+            res.steps += e.steps
+            break
+        res.steps += len(taken)
+        res.segments += 1
+        res.event_steps += ls.stats["event_steps"]
+        if finding is not None:
+            bar.close(res.steps)
+            res.seconds = time.monotonic() - t0
+            if finding.kind == VIOLATION:
+                res.violations += 1
+            else:
+                res.divergences += 1
+            res.finding, res.config_name = finding, name
+            log(f"conform: {finding}")
+            log(f"conform: found in segment {segment} (config {name}, kv_slots {cfg.kv_slots}, "
+                f"seed {seed}) after {len(taken)} steps of it; shrinking...")
+            sr = shrink(impls, cfg, taken, finding, max_seconds=shrink_seconds)
+            res.shrunk_steps = len(sr.steps)
+            log(f"conform: shrunk to {len(sr.steps)} steps ({sr.trials} trials, "
+                f"{sr.seconds:.1f}s): {sr.finding}")
+            if out is not None:
+                res.trace_path = write_finding(out, impls, labels, cfg, name, seed, segment,
+                                               sr.steps, sr.finding)
+                log(f"conform: wrote {res.trace_path}")
+            return res
+        segment += 1
+    bar.close(res.steps)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+class _OutOfTime(Exception):
+    def __init__(self, steps: int) -> None:
+        super().__init__(steps)
+        self.steps = steps
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing a finding
+# ----------------------------------------------------------------------------------------------
+
+
+def probe_steps(first_i: int, config: CacheConfig, n_evicts: int) -> list[dict]:
+    """Steps that make a difference in state visible in observations: the sizes, then one
+    eviction at a time (the freed slots show the victims and their order)."""
+    out = [{"op": "sizes", "args": {}}]
+    out += [{"op": "evict", "args": {"num_tokens": 1}} for _ in range(n_evicts)]
+    out.append({"op": "sizes", "args": {}})
+    return [dict(s, i=first_i + k) for k, s in enumerate(out)]
+
+
+def replay_divergence_at(impls: Sequence[ImplSpec], config: CacheConfig,
+                         recorded: Sequence[dict]) -> int | None:
+    """Where would ``uniradix replay`` of these recorded steps (``ret`` from impls[0]) first
+    flag one of the other implementations (the largest such index over them), or None?
+    The same checks as replay: every ret field, rejections leave the state unchanged,
+    invariants."""
+    from uniradix.conformance.traces.replay import compare
+    worst: int | None = None
+    for impl in impls[1:]:
+        a = build_adapters([impl], config)[0]
+        for k, s in enumerate(recorded):
+            before = a.snapshot() if "error" in s["ret"] else None
+            try:
+                obs = a.apply(s)
+            except Exception:  # noqa: BLE001 - a crash (upstream's assertions) is a finding
+                worst = k if worst is None else max(worst, k)
+                break
+            if (compare(s["ret"], obs) is not None
+                    or (before is not None and a.snapshot() != before) or a.violations()):
+                worst = k if worst is None else max(worst, k)
+                break
+        else:
+            return None
+    return worst
+
+
+def write_finding_trace(out_dir: str, stem: str, impls: Sequence[ImplSpec], config: CacheConfig,
+                        steps: list, source: str, **header: Any) -> str:
+    """Write ``steps`` as a trace under ``out_dir`` (``stem``.jsonl, numbered when taken) with
+    the reference's observations as ``ret``; a difference seen only in the snapshots gets
+    probe steps (sizes, one-token evictions) appended so that a plain replay shows it too.
+    Used by ``conform`` for a shrunk finding and ``check --exhaustive`` for a counterexample."""
+    os.makedirs(out_dir, exist_ok=True)
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
+    path = os.path.join(out_dir, stem + ".jsonl")
+    k = 2
+    while os.path.exists(path):
+        path = os.path.join(out_dir, f"{stem}-{k}.jsonl")
+        k += 1
+    steps = list(steps)
+    ref = build_adapters([impls[0]], config)[0]
+    recorded = [dict(s, ret=comparable(ref.apply(s))) for s in steps]
+    if len(impls) > 1 and replay_divergence_at(impls, config, recorded) is None:
+        probes = probe_steps(len(steps), config, n_evicts=config.kv_slots // config.page_size)
+        recorded += [dict(s, ret=comparable(ref.apply(s))) for s in probes]
+        at = replay_divergence_at(impls, config, recorded)
+        if at is not None:
+            steps = [{k: v for k, v in s.items() if k != "ret"} for s in recorded[: at + 1]]
+        header["probes_appended"] = at is not None
+    write_trace(path, impls, config, steps, source=source, **header)
+    return path
+
+
+def write_finding(out_dir: str, impls: Sequence[ImplSpec], labels: Sequence[str],
+                  config: CacheConfig, config_name: str, seed: int, segment: int,
+                  steps: list, finding: Finding) -> str:
+    """Write the shrunk steps of a ``conform`` finding as a trace (:func:`write_finding_trace`)."""
+    stem = f"conform-{config_name}-s{seed}-g{segment}-{finding.op}-{finding.where}"
+    source = (f"uniradix conform: shrunk finding ({','.join(labels)}; config {config_name}, "
+              f"seed {seed}, segment {segment}): {finding}")
+    return write_finding_trace(out_dir, stem, impls, config, steps, source, seed=seed,
+                               finding=finding.to_dict())
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------
+
+
+def cmd_conform(args: argparse.Namespace) -> int:
+    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    if len(impls) < 2:
+        print("uniradix conform: --impls needs at least two implementations", file=sys.stderr)
+        return 2
+    config = parse_config_arg(args.config)
+    if args.check_kv:
+        from uniradix.conformance.env.kvcheck import kv_checked
+        impls = [kv_checked(i) for i in impls]
+    try:
+        res = run_conform(impls, config=config, steps=args.steps, seconds=args.seconds,
+                          seed=args.seed, out=args.out, shrink_seconds=args.shrink_seconds,
+                          progress=not args.no_progress, snapshot_every=args.snapshot_every,
+                          tree_only=args.tree_only, policy=args.policy)
+    except ImportError as e:  # upstream not importable, or torch missing for fast
+        print(f"uniradix conform: {e}", file=sys.stderr)
+        return 2
+    except ConformUnsupported as e:  # e.g. --config eagle-p1 with upstream
+        print(f"uniradix conform: not run: {e}", file=sys.stderr)
+        return 2
+    if res.event_steps:
+        print(f"conform: KV events compared on {res.event_steps} steps")
+    if res.trace_path is not None:
+        print(res.trace_path)
+    print(res.summary(), flush=True)
+    return 0 if res.finding is None else 1
+
+
+def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "conform", help="long randomized lockstep runs of two or more implementations",
+        description="Run implementations in lockstep on random scenarios; at the first "
+                    "divergence or invariant violation, shrink it and write it as a trace.")
+    p.add_argument("--impls", default="spec,fast",
+                   help="comma-separated implementations (default spec,fast); the first is "
+                        "the reference whose observations a written trace records")
+    p.add_argument("--config", default=None,
+                   help=f"one of {', '.join(NAMED_CONFIGS)} (kv_slots drawn per segment), "
+                        "storage (cycles through the storage configs) or one of them "
+                        "(storage-{wt,wb}-p{1,4}-{be,wc,to}), or a JSON config object; default: "
+                        "cycle through the named configs")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, default=None,
+                   help=f"total steps (default {DEFAULT_STEPS} when --seconds is not given)")
+    g.add_argument("--seconds", type=float, default=None, help="run for this long instead")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"folder for the shrunk trace of a finding (default {DEFAULT_OUT})")
+    p.add_argument("--shrink-seconds", type=float, default=120.0,
+                   help="time limit for shrinking a finding (default 120)")
+    p.add_argument("--snapshot-every", type=int, default=1, metavar="N",
+                   help="compare snapshots and run invariants every N steps only (default 1: "
+                        "every step; a rejected step is always followed by a comparison)")
+    p.add_argument("--tree-only", action="store_true",
+                   help="no request-level ops (req_*); automatic when an implementation has "
+                        "only the tree-level API (upstream)")
+    p.add_argument("--check-kv", action="store_true",
+                   help="each implementation keeps a fingerprinted KV pool; every slot a cache "
+                        "hands out must hold its token's KV (conformance/env/kvcheck.py)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--policy", default=None, choices=list(POLICIES),
+                   help="eviction policy for every segment's config (default: the config's, lru)")
+    p.set_defaults(func=cmd_conform)
+    return p
+
+
+WORKLOADS = ("shared-prefix", "random")
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    try:
+        return _record(args)
+    except ImportError as e:  # upstream not importable, or torch missing for fast
+        print(f"uniradix record: {e}", file=sys.stderr)
+        return 2
+
+
+def _record(args: argparse.Namespace) -> int:
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.traces.trace import dump_trace, make_header
+
+    seed = args.seed
+    if args.workload == "shared-prefix":
+        if getattr(args, "policy", "lru") != "lru":
+            raise ConfigError("--policy applies to --workload random only")
+        from uniradix.conformance.env.workload import SharedPrefix, run_shared_prefix
+        requests = args.steps if args.steps is not None else 100
+        w = SharedPrefix(seed=seed).scaled(requests)
+        config = w.config()
+        adapter = make_adapter(args.impl, config)
+        steps: list = []
+        try:
+            run_shared_prefix(adapter, w, record=steps)
+        except RuntimeError as e:  # a rejected step: the implementation cannot run it
+            print(f"uniradix record: {e}", file=sys.stderr)
+            return 1
+        what = f"shared-prefix, {requests} requests"
+    else:
+        from uniradix.conformance.explore import driver
+        n = args.steps if args.steps is not None else 400
+        config = driver.with_policy(driver.make_config(args.config, seed), args.policy)
+        adapter = make_adapter(args.impl, config)
+        try:
+            steps = driver.record(adapter, config, seed, n, cow=args.config in driver.COW_CONFIGS)
+        except driver.RecordingError as e:
+            print(f"uniradix record: {e}", file=sys.stderr)
+            return 1
+        what = f"random ({driver.config_label(args.config, args.policy)}), {n} steps"
+    who = f"uniradix {args.impl}"
+    if args.impl == "upstream":
+        version = getattr(getattr(adapter, "up", None), "version", None) or "0.5.13.post1"
+        who = f"sglang {version} UnifiedRadixCache"
+    source = (f"{who}, recorded by uniradix record --workload {args.workload} "
+              f"({what}, seed {seed})")
+    dump_trace(args.out, make_header(config, source, seed=seed), steps)
+    print(f"{args.out}: {len(steps)} steps")
+    return 0
+
+
+def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "record", help="record a trace of a built-in workload on one implementation",
+        description="Run a workload on one implementation and write every step with its "
+                    "observation as ret (a golden trace for replay).")
+    p.add_argument("--impl", default="spec", choices=["spec", "fast", "upstream"],
+                   help="implementation to record (default spec)")
+    p.add_argument("--workload", required=True, choices=WORKLOADS,
+                   help="shared-prefix (conformance/env/workload.py, request-level ops) or random "
+                        "(the scheduler-like driver, tree-level ops)")
+    p.add_argument("--out", required=True, metavar="T.jsonl", help="trace file to write")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="random: steps (default 400); shared-prefix: requests, i.e. "
+                        "SharedPrefix().scaled(N) (default 100)")
+    from uniradix.conformance.explore.driver import CONFIG_NAMES as driver_configs
+    from uniradix.conformance.explore.driver import POLICY_CHOICES as driver_policies
+    p.add_argument("--config", default="full-p1", choices=list(driver_configs),
+                   help="random workload only: the driver's config (default full-p1; "
+                        "swa-*/mamba-p1 are hybrid models, hicache-{wt,wb}-p{1,4} have a host "
+                        "tier)")
+    p.add_argument("--policy", default="lru", choices=list(driver_policies),
+                   help="random workload only: the eviction policy (default lru; the others "
+                        "give each request a priority for its inserts)")
+    p.set_defaults(func=cmd_record)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point (until cli.py registers the subcommands)."""
+    from uniradix.spec.errors import CacheError
+    p = argparse.ArgumentParser(prog="uniradix")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_conform_parser(sub)
+    add_record_parser(sub)
+    args = p.parse_args(argv)
+    try:
+        return args.func(args)
+    except CacheError as e:
+        print(f"uniradix: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,989 @@
+"""``uniradix check --exhaustive``: bounded exhaustive exploration of the cache (docs/CHECKS.md).
+
+Breadth first over every sequence of *transitions* up to a depth, in a tiny *universe* (a few
+token values, short keys, two ``extra_key`` namespaces, a pool of a few pages, at most two
+locks held).  A transition is one thing a user of the cache does: a single trace step
+(``match_prefix``, ``lock``, ``unlock``, ``evict``, ``reset``, a request-level step, a step that
+must be rejected) or a short scheduler-style macro of trace steps whose slots come from the
+pool model (``insert``: evict if short, ``alloc``, ``insert``, ``free`` the unused tail;
+``serve``: ``match_prefix``, ``lock``, evict if short, ``alloc``, ``insert`` with
+``prev_prefix_len`` = the match, ``free`` the tail, ``unlock``).  Which transitions exist is a
+table (:data:`OP_KINDS`): each entry enumerates its transitions from the universe and a view of
+the current state (:class:`World`), so a host tier adds its ops (``evict_host``, ``load_back``,
+``io_complete`` as an explicit ack step, ...) as new entries.
+
+Every trace step of every explored transition runs in lockstep on all implementations (the
+:class:`~uniradix.conformance.explore.lockstep.Lockstep` of ``uniradix conform``: the same rejection,
+observation, "rejected => unchanged", snapshot and invariant checks, on every step), so every
+reachable state has had the spec's invariants (``sanity_check``) and each implementation's own
+checked.  States are deduplicated by :func:`state_key`: the spec's canonical snapshot plus
+what else decides the future (see its docstring for the soundness argument), plus a
+fingerprint of each implementation's own hidden state.  The first finding of the breadth-first
+search is at the smallest depth (in transitions); it is written as a replayable trace (probe
+steps appended when only the snapshots differ, as ``conform`` does) and the run exits 1.
+
+Running a transition: fresh adapters replay the path to the state (no checks: it was checked
+when the state was first reached), then the transition runs with every check.  Replaying costs
+less than deep-copying the fast path's tensors.  ``jobs > 1`` expands each level's states in
+worker processes (spawned; implementations must then be given by name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import functools
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TextIO
+
+from uniradix.conformance.adapters.base import SpecAdapter
+from uniradix.conformance.explore.conform import Progress
+from uniradix.conformance.explore.lockstep import (
+    VIOLATION,
+    Finding,
+    ImplSpec,
+    Lockstep,
+    build_adapters,
+    impl_labels,
+    impl_name,
+)
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import ConfigError
+from uniradix.spec.state import Node, all_nodes
+
+DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
+
+# ----------------------------------------------------------------------------------------------
+# The universe
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Universe:
+    """What the exploration may use: the config and the values transitions draw from.
+
+    ``tokens`` and ``max_len``: every token sequence of length 1..max_len over ``tokens`` is a
+    key, in each namespace of ``extra_keys``.  ``max_locks``: locks the driver may hold at once
+    (a ``serve`` takes one more for its duration).  ``requests``: requests in flight at once
+    (0: no request-level ops).  ``chunked``: tree-level inserts also with ``chunked=True`` (it
+    only changes hit counts, which only a host tier keeps).  ``invalid``: steps that every
+    implementation must reject, leaving the state unchanged.  ``depth``: the default depth.
+    """
+
+    name: str
+    page_size: int = 1
+    kv_slots: int = 4
+    eagle: bool = False
+    disable: bool = False
+    tokens: tuple = (1, 2)
+    max_len: int = 3
+    extra_keys: tuple = (None, "a")
+    max_locks: int = 2
+    requests: int = 0
+    chunked: bool = False
+    invalid: bool = True
+    depth: int = 3
+
+    def config(self) -> CacheConfig:
+        return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots, eagle=self.eagle,
+                           disable=self.disable)
+
+    def keys(self) -> list[tuple[list, str | None]]:
+        """Every key of the universe: (tokens, extra_key), shortest first."""
+        out = []
+        for ek in self.extra_keys:
+            for n in range(1, self.max_len + 1):
+                for toks in itertools.product(self.tokens, repeat=n):
+                    out.append((list(toks), ek))
+        return out
+
+    @property
+    def outside_token(self) -> int:
+        """A token no key of the universe holds."""
+        return max(self.tokens) + 1
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["tokens"] = list(self.tokens)
+        d["extra_keys"] = list(self.extra_keys)
+        return d
+
+    @classmethod
+    def from_dict(cls, raw: dict, name: str = "custom") -> Universe:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"a universe must be a JSON object, got {raw!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        host = [k for k in unknown if k.startswith("host")]
+        if host:
+            raise ConfigError(f"universe: {host}: the host tier is not explored yet (it does not "
+                              "exist in the spec or the fast path)")
+        if unknown:
+            raise ConfigError(f"universe: unknown key(s) {unknown}; known: {sorted(known)}")
+        vals = dict(raw)
+        vals.setdefault("name", name)
+        for k in ("tokens", "extra_keys"):
+            if k in vals:
+                vals[k] = tuple(vals[k])
+        u = cls(**vals)
+        u.config().validate()
+        if not u.tokens or u.max_len < 1 or u.max_locks < 0 or u.requests < 0 or u.depth < 0:
+            raise ConfigError(f"universe {u.name}: tokens, max_len >= 1, max_locks, requests, "
+                              "depth >= 0 needed")
+        return u
+
+
+# The named universes, and the default suite (every one, at its default depth).  The default
+# depths keep the whole suite under two minutes on two cores (docs/CHECKS.md has the numbers).
+UNIVERSES: dict[str, Universe] = {u.name: u for u in (
+    Universe("full-p1", page_size=1, kv_slots=4, tokens=(1, 2), max_len=2, depth=3),
+    Universe("full-p1-long", page_size=1, kv_slots=4, tokens=(1, 2), max_len=3, depth=2),
+    Universe("full-p1-t3", page_size=1, kv_slots=4, tokens=(1, 2, 3), max_len=2,
+             extra_keys=(None,), depth=2),
+    Universe("full-p2", page_size=2, kv_slots=6, tokens=(1, 2), max_len=4, depth=2),
+    Universe("eagle-p1", page_size=1, kv_slots=4, eagle=True, tokens=(1, 2), max_len=3, depth=2),
+    Universe("req-p1", page_size=1, kv_slots=4, tokens=(1, 2), max_len=2, extra_keys=(None,),
+             requests=2, depth=3),
+    Universe("disable", page_size=1, kv_slots=4, disable=True, tokens=(1, 2), max_len=2,
+             extra_keys=(None,), requests=1, depth=4),
+)}
+
+
+def parse_universe(raw: str) -> Universe:
+    """``--config``: a named universe, or a JSON object (``name`` optional; a ``base`` key
+    names the universe it starts from)."""
+    if raw in UNIVERSES:
+        return UNIVERSES[raw]
+    if raw.startswith("storage-"):  # the storage tier (conformance/explore/exhaustive_storage.py)
+        from uniradix.conformance.explore.exhaustive_storage import STORAGE_UNIVERSES
+        if raw in STORAGE_UNIVERSES:
+            return STORAGE_UNIVERSES[raw]
+    if raw.lstrip().startswith("{"):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--config: not JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise ConfigError("--config: a JSON universe must be an object")
+        base = obj.pop("base", None)
+        if base is not None:
+            if base not in UNIVERSES:
+                raise ConfigError(f"--config: unknown base universe {base!r}")
+            obj = {**UNIVERSES[base].to_dict(), "name": f"{base}+", **obj}
+        return Universe.from_dict(obj)
+    raise ConfigError(f"--config: unknown universe {raw!r}; named: {', '.join(UNIVERSES)}, "
+                      "or a JSON object")
+
+
+# ----------------------------------------------------------------------------------------------
+# A view of the current state (what the transitions are enumerated from)
+# ----------------------------------------------------------------------------------------------
+
+
+def round_up(n: int, page_size: int) -> int:
+    return -(-n // page_size) * page_size
+
+
+@dataclasses.dataclass
+class World:
+    """The state as the driver sees it, read from the reference (spec) adapter: the nodes (by
+    path), the lock handles the driver holds (one per distinct locked path), the requests in
+    flight, and the pool."""
+
+    universe: Universe
+    nodes: list           # [{"tokens": [...], "extra_key": ...}] of every non-root node, sorted
+    node_slots: list      # the device slots of each node's whole path, same order
+    held: list            # [(trace handle, path)]: driver-held live locks, one per meaning
+    n_held: int           # driver-held live locks, all of them
+    requests: list        # spec Request objects, by rid
+    free_slots: int
+    storage_rids: tuple = ()  # storage tier: request ids with a prefetch in flight
+
+    @classmethod
+    def of(cls, universe: Universe, adapter: SpecAdapter) -> World:
+        st = adapter.state
+        eagle = st.config.eagle
+        nodes, slots = [], []
+        for node in all_nodes(st)[1:]:
+            units = node.path_units()
+            toks = [units[0][0]] + [u[1] for u in units] if eagle else list(units)
+            nodes.append({"tokens": toks, "extra_key": node.extra_key})
+            path_slots: list[int] = []
+            cur: Node | None = node
+            while cur is not None and not cur.is_root:
+                path_slots[:0] = list(cur.value or ())
+                cur = cur.parent
+            slots.append(path_slots)
+        order = sorted(range(len(nodes)), key=lambda k: _path_sort(nodes[k]))
+        held, seen = [], set()
+        n_held = 0
+        for h_no, handle in sorted(adapter.handles.items()):
+            if st.handles.get(handle.serial) is not handle:
+                continue  # released
+            n_held += 1
+            meaning = _handle_meaning(st, handle)
+            if meaning not in seen:
+                seen.add(meaning)
+                held.append((h_no, meaning))
+        return cls(universe, [nodes[k] for k in order], [slots[k] for k in order], held, n_held,
+                   [r for _, r in sorted(st.requests.items())], st.kv.available_size(),
+                   tuple(sorted(st.storage.ongoing)) if st.storage is not None else ())
+
+    def request_names(self) -> list[str]:
+        return [r.rid for r in self.requests]
+
+    def next_rid(self) -> str:
+        used = set(self.request_names())
+        return next(f"r{k}" for k in itertools.count() if f"r{k}" not in used)
+
+
+def _path_sort(p: dict) -> tuple:
+    return (p["extra_key"] is not None, p["extra_key"] or "", p["tokens"])
+
+
+def _pkey(extra_key: str | None, units: Sequence) -> tuple:
+    """A node path as a sortable tuple (None sorts before the namespaces)."""
+    return (extra_key is not None, extra_key or "", tuple(units))
+
+
+def _node_path(node) -> tuple:
+    return _pkey(node.extra_key, node.path_units())
+
+
+def _handle_meaning(state, handle) -> tuple:
+    return (_node_path(handle.node), tuple(sorted(_node_path(s) for s in handle.skipped)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a transition: the driver
+# ----------------------------------------------------------------------------------------------
+
+
+class FoundIt(Exception):
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(str(finding))
+        self.finding = finding
+
+
+class Driver:
+    """Issues the trace steps of one transition on a :class:`Lockstep`, numbering them after
+    the path, checking every step fully, and keeping them for the record."""
+
+    def __init__(self, ls: Lockstep, universe: Universe, first_i: int) -> None:
+        self.ls = ls
+        self.universe = universe
+        self.ps = universe.page_size
+        self.next_i = first_i
+        self.steps: list[dict] = []
+
+    @property
+    def pool(self):
+        """The environment's KV pool (the reference adapter's; every adapter's is the same
+        as long as the snapshots agree)."""
+        return self.ls.adapters[0].pool
+
+    def step(self, op: str, args: dict, must_reject: bool = False) -> dict:
+        s: dict[str, Any] = {"i": self.next_i, "op": op, "args": args}
+        self.next_i += 1
+        self.steps.append(s)
+        obs, finding = self.ls.check(s, full=True)
+        if finding is None and must_reject and "error" not in obs:
+            finding = Finding(VIOLATION, s["i"], op, "must_reject", "", {self.ls.labels[0]: obs},
+                              (self.ls.labels[0],), args)
+        if finding is not None:
+            raise FoundIt(finding)
+        return obs
+
+    def make_room(self, need: int) -> bool:
+        """Evict when the pool is short of ``need`` slots (the scheduler's way); True when
+        ``need`` slots are free now."""
+        short = need - self.pool.available_size()
+        if short > 0:
+            self.step("evict", {"num_tokens": short})
+        return need <= self.pool.available_size()
+
+    def aligned_units(self, n_tokens: int) -> int:
+        units = max(0, n_tokens - 1) if self.universe.eagle else n_tokens
+        return units - units % self.ps
+
+    def consumed(self, obs: dict, n_tokens: int) -> int:
+        """Value positions an insert took from the caller (to the tree, or freed as
+        duplicates): the aligned length when it was accepted by an enabled cache."""
+        if "error" in obs or self.universe.disable:
+            return 0
+        return self.aligned_units(n_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    label: str
+    run: Callable[[Driver], None]
+
+
+# -- the transitions, one function per kind -----------------------------------------------------
+
+
+def _args_key(tokens: list, ek: str | None) -> dict:
+    return {"tokens": list(tokens), "extra_key": ek}
+
+
+def run_insert_fresh(d: Driver, tokens: list, ek: str | None, chunked: bool) -> None:
+    """Fresh pages for the whole key, ``prev_prefix_len`` 0: what the tree holds already comes
+    back as duplicates; the pages past the aligned length are freed after."""
+    n = len(tokens)
+    need = round_up(n, d.ps)
+    if not d.make_room(need):
+        return
+    slots = d.step("alloc", {"n": need})["slots"]
+    obs = d.step("insert", {**_args_key(tokens, ek), "value": slots[:n], "prev_prefix_len": 0,
+                            "chunked": chunked})
+    rest = slots[d.consumed(obs, n):]
+    if rest:
+        d.step("free", {"slots": rest})
+
+
+def run_serve(d: Driver, tokens: list, ek: str | None) -> None:
+    """A prompt served the scheduler's way: match, lock the match, make room (evicting),
+    allocate the rest, insert with ``prev_prefix_len`` = the match, free the tail, unlock."""
+    m = d.step("match_prefix", _args_key(tokens, ek))
+    length, idx = m["last_device_node"], list(m["device_indices"])
+    handle = None
+    if length > 0:
+        path = list(tokens[: length + (1 if d.universe.eagle else 0)])
+        handle = d.step("lock", {"node": _args_key(path, ek)})["handle"]
+    fresh_n = len(tokens) - len(idx)
+    slots: list = []
+    if fresh_n > 0:
+        need = round_up(fresh_n, d.ps)
+        if d.make_room(need):
+            slots = d.step("alloc", {"n": need})["slots"]
+    if fresh_n <= 0 or slots:
+        obs = d.step("insert", {**_args_key(tokens, ek), "value": idx + slots[:fresh_n],
+                                "prev_prefix_len": length, "chunked": False})
+        rest = slots[max(0, d.consumed(obs, len(tokens)) - length):]
+        if rest:
+            d.step("free", {"slots": rest})
+    if handle is not None:
+        d.step("unlock", {"handle": handle})
+
+
+def single(op: str, args: dict, must_reject: bool = False) -> Callable[[Driver], None]:
+    """A transition of one trace step."""
+    def run(d: Driver) -> None:
+        d.step(op, args, must_reject=must_reject)
+    return run
+
+
+def t_match(u: Universe, w: World) -> Iterator[Transition]:
+    for toks, ek in u.keys():
+        yield Transition(f"match_prefix {toks} {ek}", single("match_prefix", _args_key(toks, ek)))
+
+
+def t_insert(u: Universe, w: World) -> Iterator[Transition]:
+    for toks, ek in u.keys():
+        for chunked in ((False, True) if u.chunked else (False,)):
+            yield Transition(f"insert {toks} {ek}" + (" chunked" if chunked else ""),
+                             functools.partial(run_insert_fresh, tokens=toks, ek=ek, chunked=chunked))
+
+
+def t_serve(u: Universe, w: World) -> Iterator[Transition]:
+    for toks, ek in u.keys():
+        yield Transition(f"serve {toks} {ek}", functools.partial(run_serve, tokens=toks, ek=ek))
+
+
+def t_lock(u: Universe, w: World) -> Iterator[Transition]:
+    if w.n_held >= u.max_locks:
+        return
+    for p in w.nodes:
+        yield Transition(f"lock {p['tokens']} {p['extra_key']}", single("lock", {"node": dict(p)}))
+
+
+def t_unlock(u: Universe, w: World) -> Iterator[Transition]:
+    for h, meaning in w.held:
+        yield Transition(f"unlock {h} ({list(meaning[0][2])} {meaning[0][1] or None})",
+                         single("unlock", {"handle": h}))
+
+
+def evict_sizes(u: Universe) -> list[int]:
+    return sorted({1, u.page_size + 1, u.kv_slots})
+
+
+def t_evict(u: Universe, w: World) -> Iterator[Transition]:
+    for n in evict_sizes(u):
+        yield Transition(f"evict {n}", single("evict", {"num_tokens": n}))
+
+
+def t_reset(u: Universe, w: World) -> Iterator[Transition]:
+    yield Transition("reset", single("reset", {}))
+
+
+def t_invalid(u: Universe, w: World) -> Iterator[Transition]:
+    """Steps every implementation must reject alike, changing nothing."""
+    if not u.invalid:
+        return
+    yield Transition("invalid: unlock unknown handle", single("unlock", {"handle": -1}, True))
+    yield Transition("invalid: lock a non-node path",
+                     single("lock", {"node": _args_key([u.outside_token], None)}, True))
+    if u.disable:
+        return  # a disabled cache ignores insert values
+    extra = 1 if u.eagle else 0
+    if w.nodes:  # the tree's own slots handed over again, from prev_prefix_len 0
+        p, slots = w.nodes[0], w.node_slots[0]
+        value = slots + [-1] * extra
+        yield Transition("invalid: insert the tree's own slots", single(
+            "insert", {**_args_key(p["tokens"], p["extra_key"]), "value": value}, True))
+    # a new page whose slots lie outside the pool (so not allocated)
+    first = (u.kv_slots // u.page_size + 1) * u.page_size
+    value = list(range(first, first + u.page_size + extra))
+    toks = [u.outside_token] * (u.page_size + extra)
+    yield Transition("invalid: insert unallocated slots",
+                     single("insert", {**_args_key(toks, None), "value": value}, True))
+
+
+# -- request-level transitions ----------------------------------------------------------------
+
+
+def t_req_arrive(u: Universe, w: World) -> Iterator[Transition]:
+    if len(w.requests) >= u.requests:
+        return
+    rid = w.next_rid()
+    for toks, ek in u.keys():
+        yield Transition(f"req_arrive {rid} {toks} {ek}",
+                         single("req_arrive", {"rid": rid, **_args_key(toks, ek)}))
+
+
+def t_req_step(u: Universe, w: World) -> Iterator[Transition]:
+    for r in w.requests:
+        rid = r.rid
+        if not r.admitted:
+            yield Transition(f"req_admit {rid}", single("req_admit", {"rid": rid}))
+        elif r.committed < len(r.input_ids):
+            left = len(r.input_ids) - r.committed
+            for n in sorted({1, left}):
+                yield Transition(f"req_chunk {rid} {n}", single(
+                    "req_chunk", {"rid": rid, "n": n, "chunked": n < left}))
+        else:
+            yield Transition(f"req_decode {rid} 1", single("req_decode", {"rid": rid, "n": 1}))
+        if r.admitted:
+            yield Transition(f"req_finish {rid}", single("req_finish", {"rid": rid}))
+        yield Transition(f"req_abort {rid}", single("req_abort", {"rid": rid}))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpKind:
+    """One row of the transition table: a name, when it applies, and its transitions."""
+
+    name: str
+    transitions: Callable[[Universe, World], Iterable[Transition]]
+    applies: Callable[[Universe], bool] = lambda u: True
+
+
+# The transition table.  A host tier adds rows here (evict_host, load_back, writing_check,
+# io_complete as an explicit ack step per pending transfer, ...), guarded by ``applies``.
+OP_KINDS: tuple[OpKind, ...] = (
+    OpKind("match_prefix", t_match),
+    OpKind("insert", t_insert),
+    OpKind("serve", t_serve),
+    OpKind("lock", t_lock),
+    OpKind("unlock", t_unlock),
+    OpKind("evict", t_evict),
+    OpKind("reset", t_reset),
+    OpKind("invalid", t_invalid),
+    OpKind("req_arrive", t_req_arrive, lambda u: u.requests > 0),
+    OpKind("req_step", t_req_step, lambda u: u.requests > 0),
+)
+
+
+def transitions(u: Universe, w: World, kinds: Sequence[OpKind] = OP_KINDS) -> list[Transition]:
+    return [t for k in kinds if k.applies(u) for t in k.transitions(u, w)]
+
+
+# ----------------------------------------------------------------------------------------------
+# State keys (deduplication)
+# ----------------------------------------------------------------------------------------------
+
+
+def spec_fingerprint(adapter: SpecAdapter) -> tuple:
+    """What decides the spec's future beyond its canonical snapshot.
+
+    * The access-stamp order of *every* node (the snapshot holds only the current leaves'
+      order; an inner node's place matters once its children are gone).  Only the order
+      matters: stamps are only ever compared with each other, and every new stamp (a touch,
+      a split, a new leaf, a match path's ``(T, -k)``) takes a tick above every existing one.
+      So the clock's value and the lock serials are names, not state.
+    * The live lock handles, by meaning: the locked node's path and the skipped bottom
+      segment (trace handle numbers are names; the explorer unlocks one handle per meaning).
+    * The requests in flight: tokens, namespace, outputs and the path their lock holds (the
+      snapshot has their rows and lengths).
+    """
+    st = adapter.state
+    nodes = [n for n in all_nodes(st) if not n.is_root]
+    order = tuple(_node_path(n) for n in sorted(nodes, key=lambda n: n.stamp))
+    driver = []
+    for handle in adapter.handles.values():
+        if st.handles.get(handle.serial) is handle:
+            driver.append(_handle_meaning(st, handle))
+    reqs = tuple((r.rid, tuple(r.input_ids), r.extra_key, tuple(r.output_ids), r.admitted,
+                  None if r.lock is None else _handle_meaning(st, r.lock))
+                 for _, r in sorted(st.requests.items()))
+    return ("spec", order, tuple(sorted(driver)), reqs, len(st.handles))
+
+
+def fast_fingerprint(adapter: Any) -> tuple:
+    """The fast path's hidden state, as far as it can decide the future, up to renaming (node
+    ids, the clock's value, tensor storage): per node (by path) its stamp rank, its count of
+    children holding device data, whether a live heap entry (stamp == the node's stamp) exists;
+    whether the clock is ahead of every stamp; whether the heap is big enough for compaction
+    to trigger; the driver's handles and the requests' locks by path.  Stale heap entries are
+    inert (stamps only grow, so an entry once stale stays stale; a detached node never comes
+    back) and are left out.  Reads the cache's private fields; when they change name the
+    fingerprint degrades to ``opaque`` and the dedup leans on the snapshot alone."""
+    try:
+        c = adapter.cache
+        root = c.root_node
+        nodes = [n for n in c.all_nodes() if n is not root]
+        paths = {id(n): _pkey(n.extra_key, adapter._tokens_of(n)) for n in nodes}
+        stamps = sorted({n.last_access_time for n in nodes})
+        rank = {s: k for k, s in enumerate(stamps)}
+        live = {id(n) for s, n in c._heap if n.last_access_time == s and id(n) in paths}
+        per_node = tuple(sorted((paths[id(n)], rank[n.last_access_time], n.dev_children,
+                                 id(n) in live, n.lock_ref) for n in nodes))
+        ids = {n.id: paths[id(n)] for n in nodes}
+
+        def skip_paths(params: Any) -> tuple:
+            if params is None:
+                return ()
+            return tuple(sorted(str(ids.get(i, "detached"))
+                                for s in params.skip_lock_node_ids.values() for i in s))
+
+        handles = tuple(sorted((paths.get(id(node), "detached"), skip_paths(p))
+                               for node, p in adapter.handles.values()))
+        reqs = tuple((rid, paths.get(id(r.last_node), "root" if r.last_node is root else None),
+                      skip_paths(r.dec_lock_params), r.cache_protected_len, r.committed,
+                      r.row_len, len(r.output_ids))
+                     for rid, r in sorted(adapter.requests.items()))
+        clock_ok = all(c._clock >= n.last_access_time for n in nodes)
+        return ("fast", per_node, clock_ok, len(c._heap) > 64, handles, reqs)
+    except AttributeError as e:  # pragma: no cover - the fast path renamed its fields
+        return ("fast", "opaque", str(e))
+
+
+def fingerprint(adapter: Any) -> tuple:
+    """An implementation's hidden state beyond its snapshot (see the two functions above);
+    other adapters can define ``fingerprint()``; without one only the snapshot counts."""
+    own = getattr(adapter, "fingerprint", None)
+    if callable(own):
+        return own()
+    if isinstance(adapter, SpecAdapter):
+        return spec_fingerprint(adapter)
+    try:
+        from uniradix.conformance.adapters.fast_adapter import FastAdapter
+    except ImportError:  # pragma: no cover - no torch
+        return (type(adapter).__name__,)
+    if isinstance(adapter, FastAdapter):
+        return fast_fingerprint(adapter)
+    return (type(adapter).__name__,)
+
+
+def state_key(snapshots: Sequence[dict], adapters: Sequence[Any]) -> bytes:
+    """The dedup key of a state: the reference's canonical snapshot (every implementation's
+    equals it, or the lockstep check has failed already) and every adapter's fingerprint,
+    hashed (BLAKE2b, 16 bytes, of the ``repr``: snapshots are built in a fixed key order, and
+    the digest is the same in every process)."""
+    body = (snapshots[0], tuple(fingerprint(a) for a in adapters))
+    return hashlib.blake2b(repr(body).encode(), digest_size=16).digest()
+
+
+# ----------------------------------------------------------------------------------------------
+# Expanding states (in this process or in workers)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Child:
+    label: str
+    steps: str                 # the transition's steps, JSON
+    key: bytes | None       # None at a finding
+    finding: Finding | None = None
+
+
+def _fresh(impls: Sequence[ImplSpec], config: CacheConfig, labels: Sequence[str],
+           path: Sequence[dict]) -> Lockstep:
+    adapters = build_adapters(impls, config)
+    for s in path:
+        for a in adapters:
+            a.apply(s)
+    ls = Lockstep(adapters, labels)
+    ls.prime()
+    return ls
+
+
+def expand(universe: Universe, impls: Sequence[ImplSpec], path: Sequence[dict],
+           kinds: Sequence[OpKind] = OP_KINDS) -> list[Child]:
+    """Run every transition from the state that ``path`` reaches; stop at the first finding."""
+    config = universe.config()
+    labels = impl_labels([impl_name(i) for i in impls])
+    base = SpecAdapter(config)
+    for s in path:
+        base.apply(s)
+    out = []
+    for t in transitions(universe, World.of(universe, base), kinds):
+        ls = _fresh(impls, config, labels, path)
+        d = Driver(ls, universe, len(path))
+        try:
+            t.run(d)
+        except FoundIt as e:
+            out.append(Child(t.label, json.dumps(d.steps), None, e.finding))
+            return out
+        out.append(Child(t.label, json.dumps(d.steps), state_key(_snaps(ls), ls.adapters)))
+    return out
+
+
+def initial_key(universe: Universe, impls: Sequence[ImplSpec]) -> tuple[bytes, Finding | None]:
+    """The key of the empty state, and a finding if it already breaks an invariant."""
+    ls = _fresh(impls, universe.config(), impl_labels([impl_name(i) for i in impls]), [])
+    bad = {lab: v for lab, a in zip(ls.labels, ls.adapters, strict=True) if (v := a.violations())}
+    finding = None
+    if bad:
+        finding = Finding(VIOLATION, -1, "(initial state)", "violations", "", bad, tuple(bad))
+    else:
+        f = ls._compare_snapshots(_snaps(ls), -1, "(initial state)", None)
+        finding = f
+    return state_key(_snaps(ls), ls.adapters), finding
+
+
+def _snaps(ls: Lockstep) -> list:
+    """The snapshots of the last step (``prime`` and every full check take them)."""
+    if ls._last_snaps is None:
+        raise RuntimeError("the last lockstep step took no snapshots")
+    return ls._last_snaps
+
+
+def _worker_expand(universe: Universe, impls: Sequence[str], paths: list[str]) -> list[list[Child]]:
+    out = []
+    for p in paths:
+        children = expand(universe, impls, json.loads(p))
+        out.append(children)
+        if children and children[-1].finding is not None:
+            break
+    return out
+
+
+def worker_pool(jobs: int) -> concurrent.futures.ProcessPoolExecutor:
+    """Spawned workers (the fast path's torch does not like being forked)."""
+    return concurrent.futures.ProcessPoolExecutor(
+        jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
+# ----------------------------------------------------------------------------------------------
+# The search
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CheckResult:
+    universe: str
+    states: int = 0
+    transitions: int = 0
+    steps: int = 0
+    depth: int = 0                     # the deepest level fully explored
+    levels: list = dataclasses.field(default_factory=list)  # new states per level
+    seconds: float = 0.0
+    complete: bool = True              # False: stopped by the time limit
+    finding: Finding | None = None
+    counterexample: list | None = None   # the steps, numbered from 0
+    labels: list | None = None      # the transitions of the counterexample
+    trace_path: str | None = None
+
+    def summary(self, prefix: str = "check") -> str:
+        head = (f"{prefix}: {self.states} states, {self.transitions} transitions, depth "
+                f"{self.depth}, {self.seconds:.1f} s")
+        if self.finding is not None:
+            return f"{head}: FAILED: {self.finding}"
+        return f"{head}: ok" + ("" if self.complete else " (time limit: search incomplete)")
+
+
+class Bar(Progress):
+    """The progress bar of ``uniradix conform`` (stderr; ``\\r`` on a terminal, a line every few
+    seconds otherwise), counting depth levels and states instead of steps."""
+
+    def __init__(self, label: str, depth: int, stream: TextIO | None, enabled: bool) -> None:
+        super().__init__(label, None, None, stream, enabled)
+        self.depth = depth
+
+    def update(self, level: int, done: int, of: int, res: CheckResult,  # type: ignore[override]
+               force: bool = False) -> None:
+        if not self._due(force):
+            return
+        frac = ((level - 1) + (done / of if of else 1.0)) / max(1, self.depth)
+        el = max(self.last - self.t0, 1e-9)
+        self._emit(f"{self.label} [{self.bar(frac)}] depth {level}/{self.depth} "
+                   f"({done}/{of} states), {res.states} states, {res.transitions} transitions, "
+                   f"{res.transitions / el:.0f} tr/s")
+
+    def close(self) -> None:  # type: ignore[override]
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def explore(universe: Universe, impls: Sequence[ImplSpec] = ("spec", "fast"), *,
+            depth: int | None = None, seconds: float | None = None, jobs: int = 1,
+            progress: bool = True, stream: TextIO | None = None,
+            kinds: Sequence[OpKind] = OP_KINDS,
+            pool: concurrent.futures.ProcessPoolExecutor | None = None) -> CheckResult:
+    """Breadth-first search up to ``depth`` transitions (default: the universe's); stop at the
+    first finding (its counterexample is a shortest one in transitions) or at ``seconds``.
+    ``jobs > 1`` (or a ``pool`` of :func:`worker_pool`) expands each level in worker
+    processes; implementations must then be given by name, and ``kinds`` is the default."""
+    depth = universe.depth if depth is None else depth
+    t0 = time.monotonic()
+    res = CheckResult(universe.name)
+    bar = Bar(f"check {universe.name}", depth, stream, progress)
+    key0, f0 = initial_key(universe, impls)
+    res.states = 1
+    res.levels.append(1)
+    if f0 is not None:
+        res.finding, res.counterexample, res.labels = f0, [], []
+        res.seconds = time.monotonic() - t0
+        return res
+    seen = {key0}
+    # per state: (parent index, the transition's steps as JSON, its label); the root is 0
+    parents: list[tuple[int, str, str]] = [(-1, "[]", "")]
+    frontier = [0]
+
+    def path_of(k: int) -> list:
+        parts = []
+        while k > 0:
+            p, steps, _ = parents[k]
+            parts.append(json.loads(steps))
+            k = p
+        return [s for part in reversed(parts) for s in part]
+
+    def labels_of(k: int) -> list:
+        out = []
+        while k > 0:
+            out.append(parents[k][2])
+            k = parents[k][0]
+        return out[::-1]
+
+    own_pool = pool is None and jobs > 1
+    if pool is not None or jobs > 1:
+        if not all(isinstance(i, str) for i in impls) or kinds is not OP_KINDS:
+            raise ValueError("worker processes need implementations given by name and the "
+                             "default transition table")
+        jobs = max(jobs, getattr(pool, "_max_workers", jobs))
+    if own_pool:
+        pool = worker_pool(jobs)
+    try:
+        for level in range(1, depth + 1):
+            nxt: list[int] = []
+            paths = [json.dumps(path_of(k)) for k in frontier]
+            if pool is None:
+                results: Iterable = ([expand(universe, impls, json.loads(p), kinds)] for p in paths)
+                batch = 1
+            else:
+                batch = max(1, min(16, len(paths) // (8 * jobs) or 1))
+                chunks = [paths[k: k + batch] for k in range(0, len(paths), batch)]
+                results = pool.map(_worker_expand, itertools.repeat(universe),
+                                   itertools.repeat(list(impls)), chunks)
+            done = 0
+            out_of_time = False
+            for chunk in results:
+                for children in chunk:
+                    parent = frontier[done]
+                    done += 1
+                    for ch in children:
+                        res.transitions += 1
+                        res.steps += len(json.loads(ch.steps))
+                        if ch.finding is not None:
+                            steps = path_of(parent) + json.loads(ch.steps)
+                            res.finding = ch.finding
+                            res.counterexample = steps[: _upto(steps, ch.finding.step)]
+                            res.labels = labels_of(parent) + [ch.label]
+                            res.depth = level - 1
+                            return _finish(res, t0, bar)
+                        if ch.key not in seen:
+                            seen.add(ch.key)
+                            parents.append((parent, ch.steps, ch.label))
+                            nxt.append(len(parents) - 1)
+                            res.states += 1
+                    bar.update(level, done, len(frontier), res)
+                if seconds is not None and time.monotonic() - t0 >= seconds:
+                    out_of_time = True
+                    break
+            if out_of_time:
+                res.complete = False
+                break
+            res.levels.append(len(nxt))
+            res.depth = level
+            frontier = nxt
+            if not frontier:
+                break
+    finally:
+        if own_pool and pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    bar.update(res.depth, 1, 1, res, force=True)
+    return _finish(res, t0, bar)
+
+
+def _upto(steps: list, i: int) -> int:
+    for k, s in enumerate(steps):
+        if s["i"] == i:
+            return k + 1
+    return len(steps)
+
+
+def _finish(res: CheckResult, t0: float, bar: Bar) -> CheckResult:
+    res.seconds = time.monotonic() - t0
+    bar.close()
+    return res
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing the counterexample
+# ----------------------------------------------------------------------------------------------
+
+
+def write_counterexample(out_dir: str, universe: Universe, impls: Sequence[ImplSpec],
+                         res: CheckResult) -> str:
+    """Write the counterexample as a trace with the reference's observations as ``ret``, probe
+    steps appended when only the snapshots show the difference, as ``conform`` does."""
+    from uniradix.conformance.explore.conform import write_finding_trace
+    assert res.finding is not None and res.counterexample is not None
+    f = res.finding
+    stem = f"exhaustive-{universe.name}-d{len(res.labels or [])}-{f.op}-{f.where}"
+    labels = ",".join(impl_labels([impl_name(i) for i in impls]))
+    source = (f"uniradix check --exhaustive: shortest counterexample ({labels}; universe "
+              f"{universe.name}, {len(res.labels or [])} transitions: "
+              f"{' | '.join(res.labels or [])}): {f}")
+    return write_finding_trace(out_dir, stem, impls, universe.config(), res.counterexample,
+                               source, finding=f.to_dict(), universe=universe.to_dict(),
+                               transitions=res.labels)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------
+
+
+def run_check(universes: Sequence[Universe], impls: Sequence[ImplSpec], *,
+              depth: int | None = None, seconds: float | None = None, jobs: int = 1,
+              out: str | None = DEFAULT_OUT, progress: bool = True,
+              stream: TextIO | None = None,
+              log: Callable[[str], None] = lambda m: print(m, flush=True)) -> list[CheckResult]:
+    """Explore each universe in turn (``seconds`` is the limit for all together); stop at the
+    first finding, write its counterexample under ``out``."""
+    t0 = time.monotonic()
+    results = []
+    pool = worker_pool(jobs) if jobs > 1 else None
+    try:
+        for u in universes:
+            left = None if seconds is None else max(0.0, seconds - (time.monotonic() - t0))
+            if u.name.startswith("storage-"):  # conformance/explore/exhaustive_storage.py
+                from uniradix.conformance.explore.exhaustive_storage import StorageUniverse, explore_storage
+                if not isinstance(u, StorageUniverse):
+                    raise TypeError(f"universe {u.name} is not a storage universe")
+                res = explore_storage(u, impls, depth=depth, seconds=left, progress=progress,
+                                      stream=stream)
+            else:
+                res = explore(u, impls, depth=depth, seconds=left, progress=progress,
+                              stream=stream, pool=pool)
+            results.append(res)
+            if not _report(res, u, impls, out, log):
+                break
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return results
+
+
+def _report(res: CheckResult, u: Universe, impls: Sequence[ImplSpec], out: str | None,
+            log: Callable[[str], None]) -> bool:
+    """Log one universe's result (writing its counterexample); False: stop here."""
+    log(res.summary(f"check {u.name}") + f" (new states per level {res.levels})")
+    if res.finding is not None:
+        log(f"check: counterexample, {len(res.labels or [])} transitions: "
+            + " | ".join(res.labels or []))
+        if out is not None:
+            res.trace_path = write_counterexample(out, u, impls, res)
+            log(f"check: wrote {res.trace_path}")
+        return False
+    return res.complete
+
+
+def total_line(results: Sequence[CheckResult], seconds: float) -> str:
+    failed = next((r for r in results if r.finding is not None), None)
+    states = sum(r.states for r in results)
+    trans = sum(r.transitions for r in results)
+    lo = min((r.depth for r in results), default=0)
+    hi = max((r.depth for r in results), default=0)
+    depth = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    head = f"check: {states} states, {trans} transitions, depth {depth}, {seconds:.1f} s"
+    if failed is not None:
+        return f"{head}: FAILED ({failed.universe}): {failed.finding}"
+    if not all(r.complete for r in results):
+        return f"{head}: ok (time limit: search incomplete)"
+    return f"{head}: ok"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    if not args.exhaustive:
+        print("uniradix check: say what to check: --exhaustive (the bounded exhaustive "
+              "exploration; CrossHair runs in the test suite, docs/CHECKS.md)", file=sys.stderr)
+        return 2
+    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    if len(impls) < 2:
+        print("uniradix check: --impls needs at least two implementations", file=sys.stderr)
+        return 2
+    universes = ([parse_universe(c) for c in args.config] if args.config
+                 else list(UNIVERSES.values()))
+    t0 = time.monotonic()
+    try:
+        results = run_check(universes, impls, depth=args.depth, seconds=args.seconds,
+                            jobs=args.jobs, out=args.out, progress=not args.no_progress)
+    except ImportError as e:
+        print(f"uniradix check: {e}", file=sys.stderr)
+        return 2
+    failed = next((r for r in results if r.finding is not None), None)
+    if failed is not None and failed.trace_path is not None:
+        print(failed.trace_path)
+    print(total_line(results, time.monotonic() - t0), flush=True)
+    return 1 if failed is not None else 0
+
+
+def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "check", help="formal checks: bounded exhaustive exploration (--exhaustive)",
+        description="Explore every sequence of operations up to a depth over tiny universes, "
+                    "every step in lockstep on the implementations, every invariant in every "
+                    "reachable state; exit 1 with the shortest counterexample as a trace.")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="run the bounded exhaustive exploration")
+    p.add_argument("--depth", type=int, default=None,
+                   help="transitions per sequence (default: each universe's own, see "
+                        "docs/CHECKS.md)")
+    p.add_argument("--config", action="append", default=None, metavar="NAME|JSON",
+                   help=f"a universe: one of {', '.join(UNIVERSES)}, or a JSON object (keys of "
+                        "the Universe dataclass; 'base' starts from a named one); repeatable; "
+                        "default: every named universe")
+    p.add_argument("--impls", default="spec,fast",
+                   help="implementations in lockstep (default spec,fast; the first is the "
+                        "reference a written trace records)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="stop after this long (reported as an incomplete search)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes expanding each level (default 1)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"folder for the counterexample trace (default {DEFAULT_OUT})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=cmd_check)
+    return p

@@ -1,0 +1,241 @@
+"""Replay traces on an implementation and check every recorded ``ret`` field.
+
+After each step the observation must hold the recorded value of every field the step's ``ret``
+has (and only those are checked); a step recorded as rejected (``{"error": "T"}``) must be
+rejected with the same exception type and leave the canonical snapshot unchanged; a step
+recorded as accepted must not be rejected; and the implementation's own invariants must hold.
+A step that carries ``events`` (KV events, docs/TRACE.md) must produce the same events, as a
+multiset, when the implementation emits events; otherwise the summary says on how many steps
+they were not compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Iterable, Optional
+
+from uniradix.conformance.adapters.base import make_adapter
+from uniradix.conformance.traces.events import event_source, events_differ
+from uniradix.conformance.traces.trace import Trace, load_trace
+from uniradix.spec.errors import CacheError
+
+MISSING = object()
+
+
+@dataclasses.dataclass
+class Divergence:
+    trace: str
+    step: int
+    op: str
+    field: str
+    expected: Any
+    actual: Any
+
+    def __str__(self) -> str:
+        return (f"DIVERGENCE {self.trace} step {self.step} ({self.op}): field {self.field!r}: "
+                f"expected {short(self.expected)}, actual {short(self.actual)}")
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    trace: str
+    steps: int
+    divergence: Optional[Divergence] = None
+    unsupported: Optional[str] = None
+    events_compared: int = 0       # steps whose recorded KV events were compared
+    events_not_compared: int = 0   # steps with recorded events the implementation cannot emit
+
+
+def short(x: Any, limit: int = 300) -> str:
+    s = "<missing>" if x is MISSING else json.dumps(x, default=str)
+    return s if len(s) <= limit else s[:limit] + f"... ({len(s)} chars)"
+
+
+def compare(expected_ret: dict, obs: dict) -> Optional[tuple[str, Any, Any]]:
+    """The first field where ``obs`` disagrees with the recorded ``ret``, or None."""
+    if "error" in expected_ret:
+        if obs.get("error") != expected_ret["error"]:
+            return ("error", expected_ret["error"], obs.get("error", MISSING))
+        return None
+    if "error" in obs:
+        return ("error", None, f"{obs['error']}: {obs.get('message', '')}")
+    for field, want in expected_ret.items():
+        got = obs.get(field, MISSING)
+        if got != want:
+            return (field, want, got)
+    return None
+
+
+def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
+                 on_step: Optional[Callable[[int], None]] = None,
+                 check_kv: bool = False) -> ReplayResult:
+    """Replay one trace; stop at its first divergence.  ``check_kv``: keep a fingerprinted KV
+    pool and check every slot the cache hands out (conformance/env/kvcheck.py); its findings come
+    with the invariants."""
+    try:
+        adapter = make_adapter(impl, trace.config)
+        if check_kv:
+            from uniradix.conformance.env.kvcheck import KVChecked
+            adapter = KVChecked(adapter, trace.config)
+    except CacheError as e:
+        if type(e).__name__ == "Unsupported":
+            return ReplayResult(trace.name, 0, unsupported=str(e))
+        raise
+    # KV events (conformance/traces/events.py): compared on the steps that carry them, when the
+    # implementation emits them (the spec renders its hashes in the trace's event_key_mode)
+    with_events = any("events" in s for s in trace.steps)
+    source = event_source(adapter, trace.header.get("event_key_mode"),
+                          tuple(trace.header.get("event_differences", ()))) if with_events else None
+    compared = not_compared = 0
+    done = 0
+    for idx, step in enumerate(trace.steps):
+        i = step.get("i", idx)
+        op = step["op"]
+        expected = step.get("ret")
+        before = adapter.snapshot() if expected is not None and "error" in expected else None
+        try:
+            obs = adapter.apply(step)
+        except Exception as e:  # noqa: BLE001 - an untyped failure is a finding, not a crash
+            return ReplayResult(trace.name, done + 1, Divergence(
+                trace.name, i, op, "crash", None, f"{type(e).__name__}: {e}"),
+                events_compared=compared, events_not_compared=not_compared)
+        done += 1
+        if on_step is not None:
+            on_step(done)
+        diff = compare(expected if expected is not None else {}, obs)
+        if source is not None:
+            actual = source.after_step(step, obs)
+            if diff is None and "events" in step:
+                compared += 1
+                ev_diff = events_differ(step["events"], actual)
+                if ev_diff is not None:
+                    diff = ("events (only recorded / only replayed)", ev_diff[0], ev_diff[1])
+        elif "events" in step:
+            not_compared += 1
+        if diff is not None:
+            return ReplayResult(trace.name, done, Divergence(trace.name, i, op, *diff),
+                                events_compared=compared, events_not_compared=not_compared)
+        if before is not None:
+            after = adapter.snapshot()
+            if after != before:
+                return ReplayResult(trace.name, done, Divergence(
+                    trace.name, i, op, "state unchanged after rejected op", before, after),
+                    events_compared=compared, events_not_compared=not_compared)
+        if check_invariants:
+            bad = adapter.violations()
+            if bad:
+                return ReplayResult(trace.name, done, Divergence(
+                    trace.name, i, op, "invariants", [], bad),
+                    events_compared=compared, events_not_compared=not_compared)
+    return ReplayResult(trace.name, done, events_compared=compared,
+                        events_not_compared=not_compared)
+
+
+def replay_paths(paths: Iterable[str], impl: str, *, keep_going: bool = False,
+                 skip_unsupported: bool = False, check_invariants: bool = True,
+                 out: Callable[[str], None] = print, verbose: bool = False,
+                 check_kv: bool = False) -> int:
+    """Replay files; print divergences and the summary line; return the exit status."""
+    steps = traces = divergences = failures = 0
+    ev_compared = ev_not_compared = 0
+    for path in paths:
+        trace = load_trace(path)
+        result = replay_trace(trace, impl, check_invariants, check_kv=check_kv)
+        traces += 1
+        steps += result.steps
+        ev_compared += result.events_compared
+        ev_not_compared += result.events_not_compared
+        if result.unsupported is not None:
+            out(f"UNSUPPORTED {trace.name}: {result.unsupported}")
+            if not skip_unsupported:
+                failures += 1
+                if not keep_going:
+                    break
+            continue
+        if result.divergence is not None:
+            divergences += 1
+            out(str(result.divergence))
+            if not keep_going:
+                break
+        elif verbose:
+            out(f"ok {trace.name}: {result.steps} steps")
+    if ev_compared:
+        out(f"KV events compared on {ev_compared} steps")
+    if ev_not_compared:
+        out(f"KV events NOT compared on {ev_not_compared} steps: {impl} does not emit KV events")
+    out(f"replayed {steps} steps in {traces} traces: {divergences} divergences")
+    return 1 if divergences or failures else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Where the spec departs from the recorded upstream traces on purpose
+# ----------------------------------------------------------------------------------------------
+
+# docs/SPEC.md, "An SWA insert over a tombstone another holder has locked" (issue 18): in these
+# golden traces 0.5.13.post1 freed the full slots of an SWA tombstone a lock held, at an insert;
+# the spec and fast keep them and free the caller's duplicates, so the replay diverges at that
+# step (the first one; what follows is not compared).  Trace path under tests/corpus -> step.
+KNOWN_DIVERGENCES: dict[str, int] = {
+    "upstream-policies/swa-w8-p1-fifo-s001.jsonl": 165,
+    "upstream-policies/swa-w8-p1-fifo-s003.jsonl": 110,
+    "upstream-policies/swa-w8-p1-filo-s001.jsonl": 165,
+    "upstream-policies/swa-w8-p1-filo-s003.jsonl": 110,
+    "upstream-policies/swa-w8-p1-lfu-s003.jsonl": 110,
+    "upstream-policies/swa-w8-p1-lfu-s004.jsonl": 286,
+    "upstream-policies/swa-w8-p1-mru-s003.jsonl": 110,
+    "upstream-policies/swa-w8-p1-priority-s001.jsonl": 244,
+    "upstream-policies/swa-w8-p1-priority-s003.jsonl": 110,
+    "upstream-policies/swa-w8-p1-slru-s003.jsonl": 110,
+    "upstream-policies/swa-w8-p1-slru-s004.jsonl": 286,
+    "upstream-swa/swa-w32-p1-s011.jsonl": 347,
+    "upstream-swa/swa-w8-p1-s001.jsonl": 373,
+    "upstream-swa/swa-w8-p1-s006.jsonl": 91,
+    "upstream-swa/swa-w8-p1-s009.jsonl": 325,
+    "upstream-swa/swa-w8-p1-s012.jsonl": 71,
+    "upstream-swa/swa-w8-p4-s001.jsonl": 254,
+    "upstream-swa/swa-w8-p4-s003.jsonl": 345,
+    "upstream-swa/swa-w8-p4-s012.jsonl": 372,
+    "upstream-swa/swa-w8-p4-s017.jsonl": 242,
+}
+
+
+def expected_divergence(path: str) -> Optional[int]:
+    """The step where a corpus trace is known to diverge (:data:`KNOWN_DIVERGENCES`), or None."""
+    parts = os.path.normpath(path).split(os.sep)
+    for k in range(len(parts) - 1):
+        if parts[k] == "corpus":
+            return KNOWN_DIVERGENCES.get("/".join(parts[k + 1:]))
+    return None
+
+
+def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
+    walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the
+    caller's window: where the seed frees the tombstone's full slots and the spec does not."""
+    from uniradix.conformance.adapters.base import SpecAdapter
+    from uniradix.spec import cache as rules
+    from uniradix.spec import components
+    if "swa" not in trace.config.components:
+        return False
+    adapter = SpecAdapter(trace.config)
+    for idx, step in enumerate(trace.steps):
+        if step.get("i", idx) == step_i:
+            break
+        adapter.apply(step)
+    else:
+        return False
+    if step["op"] != "insert":
+        return False
+    args = step.get("args", {})
+    state = adapter.state
+    units = rules.aligned_units(state, rules.check_int_list("tokens", args["tokens"]))
+    prev, window_start = args.get("prev_prefix_len", 0), args.get("swa_evicted_seqlen", 0)
+    start = 0
+    for node, shared in rules.insert_plan(state, args.get("extra_key"), units):
+        end = start + shared
+        if prev < end and window_start < end and components.swa_tombstone_held(node):
+            return True
+        start = end
+    return False

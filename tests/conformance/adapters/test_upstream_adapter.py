@@ -1,0 +1,151 @@
+"""UpstreamAdapter and the recording driver against upstream SGLang (needs sglang importable).
+
+Run inside the upstream venv (scripts/upstream-venv.sh): VENV/bin/python -m pytest
+tests/conformance/adapters/test_upstream_adapter.py. Everywhere else the module is skipped.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from uniradix.conformance.adapters import upstream as upstream_mod
+from uniradix.conformance.explore.driver import RecordStats, make_config, record
+from uniradix.conformance.traces.replay import held_swa_tombstone_takeover
+from uniradix.conformance.traces.trace import load_trace
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import Unsupported
+
+pytestmark = pytest.mark.upstream
+
+if not upstream_mod.upstream_available():
+    pytest.skip("upstream sglang is not importable here (build the venv with "
+                "scripts/upstream-venv.sh and run pytest with its python)",
+                allow_module_level=True)
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "corpus", "upstream")
+
+
+def _corpus(prefix: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(CORPUS, f"{prefix}-s*.jsonl")))
+
+
+@pytest.mark.parametrize("prefix", ["full-p1", "full-p4"])
+def test_replay_committed_trace_matches_every_ret(prefix):
+    paths = _corpus(prefix)
+    if not paths:
+        pytest.skip(f"no committed {prefix} traces under {CORPUS}")
+    trace = load_trace(paths[0])
+    adapter = upstream_mod.UpstreamAdapter(trace.config)
+    for step in trace.steps:
+        obs = adapter.apply(step)
+        if "ret" in step:
+            for field, expected in step["ret"].items():
+                assert obs.get(field) == expected, (
+                    f"{trace.name} step {step['i']} {step['op']}: {field} = {obs.get(field)!r},"
+                    f" trace says {expected!r}")
+        assert adapter.violations() == []
+
+
+@pytest.mark.parametrize("name", ["full-p1", "full-p4"])
+def test_driver_is_deterministic(name):
+    config = make_config(name, 7)
+    a = record(upstream_mod.UpstreamAdapter(config), config, 7, 150)
+    b = record(upstream_mod.UpstreamAdapter(config), config, 7, 150)
+    assert len(a) == 150
+    assert a == b
+
+
+def test_recording_exercises_splits_and_evictions():
+    config = make_config("full-p4", 3)
+    stats = RecordStats()
+    steps = record(upstream_mod.UpstreamAdapter(config), config, 3, 300, stats=stats)
+    assert all("error" not in s["ret"] for s in steps)
+    assert stats.splits > 0 and stats.evictions_with_freed > 0
+
+
+def test_error_observations_and_reset():
+    adapter = upstream_mod.UpstreamAdapter(CacheConfig(page_size=4, kv_slots=16))
+    assert adapter.apply({"i": 0, "op": "alloc", "args": {"n": 32}}) == {"error": "AllocatorError"}
+    assert adapter.apply({"i": 1, "op": "alloc", "args": {"n": 8}}) == {"slots": list(range(4, 12))}
+    ins = adapter.apply({"i": 2, "op": "insert", "args": {
+        "tokens": [1, 2, 3, 4, 5, 6], "extra_key": None, "value": list(range(4, 10)),
+        "prev_prefix_len": 0, "chunked": False}})
+    assert ins == {"prefix_len": 0, "freed": []}
+    lock = {"i": 3, "op": "lock", "args": {"node": {"tokens": [1, 2], "extra_key": None}}}
+    assert adapter.apply(lock) == {"error": "NodeNotFound"}
+    lock = {"i": 4, "op": "lock", "args": {"node": {"tokens": [1, 2, 3, 4], "extra_key": None}}}
+    assert adapter.apply(lock) == {"handle": 4}
+    assert adapter.apply({"i": 5, "op": "sizes", "args": {}}) == {
+        "full_evictable": 0, "full_protected": 4}
+    assert adapter.apply({"i": 6, "op": "unlock", "args": {"handle": 4}}) == {}
+    assert adapter.apply({"i": 7, "op": "unlock", "args": {"handle": 4}}) == {"error": "HandleError"}
+    snap = adapter.snapshot()
+    assert [n["path"]["tokens"] for n in snap["nodes"]] == [[1, 2, 3, 4]]
+    assert adapter.apply({"i": 8, "op": "reset", "args": {}}) == {}
+    assert adapter.snapshot()["nodes"] == []
+    assert adapter.pool.available_size() == 16
+
+
+def test_unsupported_configs():
+    for cfg in (CacheConfig(host_slots=64), CacheConfig(eagle=True), CacheConfig(disable=True),
+                CacheConfig(components=("full", "mamba"), mamba_slots=8)):
+        with pytest.raises(Unsupported):
+            upstream_mod.UpstreamAdapter(cfg)
+
+
+@pytest.mark.parametrize("config", ["full-p1", "full-p4", None])
+def test_conform_spec_vs_upstream_is_clean(config, tmp_path):
+    """conform against upstream as a user runs it: no --tree-only, misuse steps included; the
+    request ops are left out and hit counts not compared automatically (docs/CLI.md)."""
+    from uniradix.conformance.explore import conform as conform_mod
+    logged = []
+    res = conform_mod.run_conform(["spec", "upstream"], config=config, steps=3000, seed=3,
+                                  out=str(tmp_path), progress=False, log=logged.append,
+                                  segment_steps=500)
+    if res.finding is not None:
+        # the one documented difference (issue 18, docs/SPEC.md): upstream frees the full slots
+        # of an SWA tombstone another holder has locked; the spec keeps them.  The run stops
+        # there, so the finding must be exactly that insert, and nothing else.
+        f = res.finding
+        assert (f.kind, f.op, f.path) == ("divergence", "insert", "freed[0]"), str(f)
+        shrunk = load_trace(res.trace_path)
+        assert held_swa_tombstone_takeover(shrunk, shrunk.steps[-1]["i"]), \
+            f"{f}\nshrunk trace: {res.trace_path}"
+        return
+    assert res.steps == 3000
+    assert any("req_*" in m for m in logged) and any("hit_count" in m for m in logged)
+    if config is None:  # cycling: the configs upstream's adapter cannot build are skipped
+        assert {"eagle-p1", "eagle-p4", "disable"} <= set(res.skipped_configs)
+
+
+def test_conform_refuses_a_config_upstream_does_not_support(capsys):
+    from uniradix.conformance.explore import conform as conform_mod
+    rc = conform_mod.main(["conform", "--impls", "spec,upstream", "--config", "eagle-p1",
+                           "--steps", "100", "--no-progress"])
+    assert rc == 2
+    assert "eagle" in capsys.readouterr().err
+
+
+def test_misuse_steps_get_the_spec_error_names():
+    from uniradix.conformance.adapters.base import make_adapter
+    config = CacheConfig(page_size=2, kv_slots=16)
+    adapter, spec = upstream_mod.UpstreamAdapter(config), make_adapter("spec", config)
+    for a in (adapter, spec):
+        assert a.apply({"i": 0, "op": "alloc", "args": {"n": 4}}) == {"slots": [2, 3, 4, 5]}
+    for op, args, err in [
+            ("insert", {"tokens": [1, 2, 3, 4], "value": [2, 3, 40, 41]}, "InvalidInput"),
+            ("insert", {"tokens": [1, 2], "value": [2, 3], "mamba_value": [1]}, "InvalidInput"),
+            ("insert", {"tokens": [1, 2], "value": [2, 3], "swa_evicted_seqlen": 2},
+             "InvalidInput"),
+            ("evict", {}, "InvalidInput"), ("lock", {"node": {"extra_key": None}}, "InvalidInput"),
+            ("evict_host", {}, "Unsupported"), ("mamba_alloc", {"n": 1}, "Unsupported"),
+            ("frobnicate", {}, "UnknownOp"), ("sizes", {"x": 1}, "InvalidInput"),
+            ("match_prefix", {"tokens": [1], "extra_key": None, "bogus": 1}, "InvalidInput"),
+            ("lock", {"node": {"tokens": [1], "extra_key": None, "x": 1}}, "InvalidInput")]:
+        step = {"i": 1, "op": op, "args": args}
+        assert adapter.apply(step) == {"error": err}, step
+        assert spec.apply(step)["error"] == err, step
+    assert adapter.snapshot()["nodes"] == [] and adapter.pool.allocated_pages() == {1, 2}

@@ -1,0 +1,76 @@
+"""HybridUpstreamAdapter against upstream SGLang (needs sglang importable; skipped otherwise):
+the committed hybrid corpora replay on upstream, the recorder reproduces a committed trace, and
+the spec runs in lockstep with upstream's SWA and Mamba caches on random scenarios.
+
+Run with the upstream venv's python:
+``VENV/bin/python -m pytest -o addopts="" tests/conformance/adapters/test_upstream_hybrid.py``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from uniradix.conformance.adapters import upstream as upstream_mod
+from uniradix.conformance.adapters.base import make_adapter
+from uniradix.conformance.explore import conform as conform_mod
+from uniradix.conformance.explore.driver import make_config, record
+from uniradix.conformance.traces.replay import replay_trace
+from uniradix.conformance.traces.trace import load_trace
+
+pytestmark = pytest.mark.upstream
+
+if not upstream_mod.upstream_available():
+    pytest.skip("upstream sglang is not importable here (build the venv with "
+                "scripts/upstream-venv.sh and run pytest with its python)",
+                allow_module_level=True)
+
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+@pytest.mark.parametrize("folder, prefix", [("upstream-swa", "swa-w8-p1"),
+                                            ("upstream-swa", "swa-w8-p4"),
+                                            ("upstream-swa", "swa-w32-p1"),
+                                            ("upstream-mamba", "mamba-p1")])
+def test_committed_hybrid_trace_replays_on_upstream_and_is_re_recorded(folder, prefix):
+    path = sorted(glob.glob(os.path.join(HERE, "corpus", folder, f"{prefix}-s*.jsonl")))[0]
+    trace = load_trace(path)
+    result = replay_trace(trace, "upstream")
+    assert result.divergence is None, str(result.divergence)
+    seed = int(os.path.basename(path).split("-s")[-1].split(".")[0])
+    config = make_config(prefix, seed)
+    assert config == trace.config
+    steps = record(make_adapter("upstream", config), config, seed, len(trace.steps))
+    assert steps == trace.steps
+
+
+@pytest.mark.parametrize("config", ["swa", "mamba", "full-swa-mamba-p1"])
+def test_spec_and_upstream_in_lockstep(config, tmp_path):
+    # misuse steps included (the adapter gives the spec's error names); the hit counts, which
+    # 0.5.13.post1 keeps without a host tier (docs/SPEC.md), are left out by the adapter's rule
+    # upstream with the spec's rule for an SWA tombstone a lock holds (issue 18; the test
+    # below shows the plain adapter's difference): everything else is compared
+    from uniradix.conformance.adapters.upstream_hybrid import upstream_keeping_held_tombstones
+    res = conform_mod.run_conform(["spec", upstream_keeping_held_tombstones], config=config,
+                                  steps=2000, seed=5,
+                                  out=str(tmp_path), progress=False, log=lambda m: None)
+    assert res.finding is None, f"{res.finding}\nshrunk trace: {res.trace_path}"
+    assert any(n.startswith("upstream:") and "hit_count not compared" in n for n in res.notes)
+
+
+def test_upstream_frees_the_slots_of_an_swa_tombstone_another_holder_locked():
+    """issue 18 (docs/SPEC.md): the regression trace's insert at step 7 walks over the SWA
+    tombstone [1..4] that handle 5's path runs through.  Upstream frees its slots [1..4] (the
+    spec and fast free the caller's [9..12]), and the next alloc hands [1..4] out again while
+    the lock still holds the path."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "corpus", "regressions",
+                        "swa-insert-over-locked-tombstone.jsonl")
+    trace = load_trace(path)
+    d = replay_trace(trace, "upstream").divergence
+    assert d is not None and (d.step, d.field, d.actual) == (7, "freed", [1, 2, 3, 4])
+    up = make_adapter("upstream", trace.config)
+    obs = [up.apply(s) for s in trace.steps[:10]]
+    assert obs[8]["device_indices"] == [9, 10, 11, 12, 5, 6, 7, 8]
+    assert obs[9]["slots"] == [1, 2, 3, 4]

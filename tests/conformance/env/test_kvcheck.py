@@ -1,0 +1,146 @@
+"""KV integrity mode (conformance/env/kvcheck.py): fingerprints, the checked lockstep run, and
+planted slot mix-ups that lockstep alone cannot see (both sides share the bug)."""
+
+import glob
+import math
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import CORPUS  # noqa: E402
+from uniradix.conformance.cli import main as cli_main  # noqa: E402
+from uniradix.conformance.env.kvcheck import KVPool, fingerprints, kv_checked, slot_contents  # noqa: E402
+from uniradix.conformance.explore.conform import run_conform  # noqa: E402
+from uniradix.conformance.explore.lockstep import VIOLATION  # noqa: E402
+
+
+def test_fingerprints_name_the_extra_key_and_the_whole_prefix():
+    a = fingerprints(None, [5, 6, 7])
+    assert len(a) == 3 and len(set(a)) == 3
+    assert fingerprints(None, [5, 6, 7]) == a  # deterministic
+    assert fingerprints(None, [5, 6]) == a[:2]  # a prefix's fingerprints are a prefix
+    assert fingerprints("x", [5, 6, 7])[0] != a[0]  # the namespace counts
+    assert fingerprints(None, [4, 6, 7])[2] != a[2]  # so does every earlier token
+    assert fingerprints(None, [7])[0] != a[2]  # and the position
+
+
+def test_pool_starts_poisoned_and_holds_exact_contents():
+    pool = KVPool(8)
+    fps = fingerprints("ns", [1, 2, 3])
+    assert all(math.isnan(v) for v in pool.data.flatten().tolist())
+    assert pool.first_wrong([3, 5], fps[:2]) == 0  # never written: NaN
+    pool.write([3, 5, 6], fps)
+    assert pool.first_wrong([3, 5, 6], fps) is None
+    assert pool.first_wrong([3, 6, 5], fps) == 1  # two slots swapped
+    assert (pool.data[:, [3, 5, 6]] == slot_contents(fps)).all()
+    # every element of a slot is pinned down: one flipped element is seen
+    pool.data[1, 5, 3, 7] += 1
+    assert pool.first_wrong([3, 5, 6], fps) == 1
+    # the other slots stay poisoned
+    untouched = [s for s in range(8) if s not in (3, 5, 6)]
+    assert np.isnan(pool.data[:, untouched]).all()
+
+
+def test_spec_and_fast_keep_every_slot_right_across_configs():
+    res = run_conform([kv_checked("spec"), kv_checked("fast")], steps=2000, seed=5, out=None,
+                      progress=False, log=lambda m: None)
+    assert res.finding is None, str(res.finding)
+    assert res.steps == 2000
+
+
+def _swap_first_two(monkeypatch):
+    import uniradix.fast.cache as fc
+    orig = fc.UnifiedRadixCache.match_prefix
+
+    def swapped(self, params):
+        r = orig(self, params)
+        idx = r.device_indices
+        if len(idx) >= 2:
+            idx = idx.clone()
+            idx[[0, 1]] = idx[[1, 0]]
+            r = r._replace(device_indices=idx)
+        return r
+
+    monkeypatch.setattr(fc.UnifiedRadixCache, "match_prefix", swapped)
+
+
+def _reversed_row_write(monkeypatch):
+    from uniradix.conformance.adapters import fast_adapter
+
+    orig = fast_adapter.ReqToTokenPool.write
+
+    def reversed_write(self, where, values):
+        orig(self, where, values.flip(0))
+
+    monkeypatch.setattr(fast_adapter.ReqToTokenPool, "write", reversed_write)
+
+
+# (a planted bug, whether only tree-level ops run): a swapped match result matters only to
+# requests, whose later steps then go wrong visibly, so it is planted in a tree-only run
+@pytest.mark.parametrize("plant, tree_only", [(_swap_first_two, True),
+                                              (_reversed_row_write, False)])
+def test_a_shared_slot_mixup_is_found_only_by_the_kv_check(monkeypatch, tmp_path, plant,
+                                                           tree_only):
+    plant(monkeypatch)
+    # both sides carry the bug: lockstep alone sees nothing
+    plain = run_conform(["fast", "fast"], steps=1500, seed=1, out=None, progress=False,
+                        log=lambda m: None, tree_only=tree_only)
+    assert plain.finding is None
+    res = run_conform([kv_checked("fast"), kv_checked("fast")], steps=1500, seed=1,
+                      out=str(tmp_path), progress=False, log=lambda m: None,
+                      tree_only=tree_only)
+    assert res.finding is not None and res.finding.kind == VIOLATION
+    assert (res.finding.where, res.finding.path) == ("violations", "kv")
+    # the shrunk trace replays the problem under --check-kv, and not without it
+    trace = res.trace_path
+    assert trace is not None and os.path.exists(trace)
+    assert cli_main(["replay", trace, "--impl", "fast", "--check-kv"]) == 1
+    assert cli_main(["replay", trace, "--impl", "fast"]) == 0
+
+
+@pytest.mark.parametrize("impl", ["spec", "fast"])
+def test_upstream_corpus_keeps_every_slot_right(impl, capsys):
+    traces = sorted(glob.glob(os.path.join(CORPUS, "upstream", "*.jsonl")))[:2]
+    assert traces
+    assert cli_main(["replay", *traces, "--impl", impl, "--check-kv"]) == 0
+    assert "0 divergences" in capsys.readouterr().out
+
+
+def _swap_state_copies(monkeypatch):
+    """A planted host-tier bug on the spec: every load of a Mamba state reads the host state
+    slot after the right one (the tree's slot numbers all stay right)."""
+    from uniradix.spec import components
+
+    orig = components.MambaComponent.load_back
+
+    def shifted(self, state, node):
+        before = len(state.host.mamba_copies)
+        ok = orig(self, state, node)
+        if ok:  # the node's state and the requester's copy of it
+            for i in range(before, len(state.host.mamba_copies)):
+                kind, src, dst = state.host.mamba_copies[i]
+                state.host.mamba_copies[i] = (kind, [src[0] + 1], dst)
+        return ok
+
+    monkeypatch.setattr(components.MambaComponent, "load_back", shifted)
+
+
+def test_host_mamba_states_keep_their_sequence_through_host_trips():
+    res = run_conform([kv_checked("spec"), kv_checked("spec")], config="host-mamba-wb-p4",
+                      steps=800, seed=4, out=None, progress=False, log=lambda m: None)
+    assert res.finding is None, str(res.finding)
+
+
+def test_a_state_mixup_on_the_host_trip_is_found_by_the_kv_check(monkeypatch):
+    _swap_state_copies(monkeypatch)
+    plain = run_conform(["spec", "spec"], config="host-mamba-wb-p4", steps=600, seed=4,
+                        out=None, progress=False, log=lambda m: None)
+    assert plain.finding is None
+    res = run_conform([kv_checked("spec"), kv_checked("spec")], config="host-mamba-wb-p4",
+                      steps=600, seed=4, out=None, progress=False, log=lambda m: None,
+                      shrink_seconds=5)
+    assert res.finding is not None and res.finding.kind == VIOLATION
+    assert "state slot" in str(res.finding)

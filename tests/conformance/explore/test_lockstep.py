@@ -1,0 +1,566 @@
+"""The lockstep runner, the Hypothesis state machine and ``uniradix conform``.
+
+* spec against spec finds nothing (random runner across every named config, and the machine);
+* deliberately broken adapters (a SpecAdapter subclass with one bug each) ARE found, by the
+  machine and by conform's random runner; the shrunk trace is short, replays clean on the spec
+  and diverges on the broken adapter;
+* every implementation registered besides the spec (``fast`` once it exists) runs >= 20k
+  lockstep steps against the spec across configs (two processes: well under two minutes).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import re
+
+import pytest
+
+from uniradix.conformance.adapters.base import ADAPTERS, SpecAdapter, args_of
+from uniradix.conformance.explore import conform as conform_mod
+from uniradix.conformance.explore.lockstep import (
+    DIVERGENCE,
+    VIOLATION,
+    Lockstep,
+    LockstepError,
+    first_difference,
+    renumber,
+    shrink,
+)
+from uniradix.conformance.traces.replay import replay_trace
+from uniradix.conformance.traces.trace import load_trace
+from uniradix.spec import cache as rules
+from uniradix.spec.config import CacheConfig
+from uniradix.spec.errors import Unsupported
+from uniradix.spec.state import all_nodes
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
+from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
+
+from uniradix.conformance.explore.machine import draw_device_config, make_machine  # noqa: E402
+
+OTHER_IMPLS = sorted(k for k in ADAPTERS if k != "spec")
+
+
+# ----------------------------------------------------------------------------------------------
+# Deliberately broken adapters (one bug each)
+# ----------------------------------------------------------------------------------------------
+
+
+class MatchOneFewer(SpecAdapter):
+    """match_prefix reports one device slot fewer (an observation bug)."""
+
+    def op_match_prefix(self, step):
+        obs = super().op_match_prefix(step)
+        if obs["device_indices"]:
+            obs["device_indices"] = obs["device_indices"][:-1]
+        return obs
+
+
+class EvictIgnoresLocks(SpecAdapter):
+    """evict takes the oldest device leaf whether or not it is locked."""
+
+    def op_evict(self, step):
+        (n,) = args_of(step, "num_tokens")
+        rules.check_count("num_tokens", n)
+        st = self.state
+        freed = 0
+        while not st.config.disable and freed < n:
+            leaves = [x for x in all_nodes(st) if not x.is_root and x.value is not None
+                      and all(c.value is None for c in x.children.values())]
+            if not leaves:
+                break
+            freed += rules.evict_device_leaf(st, min(leaves, key=lambda x: x.stamp))
+        return {"num_tokens_evicted": freed, "freed": st.kv.take_freed()}
+
+
+class UnlockLeaksTopLock(SpecAdapter):
+    """unlock leaves one lock behind on the topmost node of a path of two or more nodes
+    (a state bug its own invariants notice)."""
+
+    def op_unlock(self, step):
+        obs = super().op_unlock(step)
+        h = self.handles.get(step["args"]["handle"])
+        nodes = h.locked_nodes() if h is not None else []
+        if len(nodes) >= 2:
+            nodes[-1].lock_ref += 1
+        return obs
+
+
+class MatchDoesNotTouch(SpecAdapter):
+    """match_prefix does not refresh access stamps (seen first in the snapshot's LRU order)."""
+
+    def op_match_prefix(self, step):
+        saved = [(n, n.stamp) for n in all_nodes(self.state)]
+        obs = super().op_match_prefix(step)
+        for n, stamp in saved:
+            n.stamp = stamp
+        return obs
+
+
+BROKEN = {"broken-match": MatchOneFewer, "broken-evict": EvictIgnoresLocks,
+          "broken-unlock": UnlockLeaksTopLock, "broken-lru": MatchDoesNotTouch}
+
+
+def test_broken_adapters_override_real_adapter_methods():
+    """Guard against an adapter refactor silently turning a broken adapter into the spec."""
+    for cls in BROKEN.values():
+        own = [k for k in vars(cls) if k.startswith("op_")]
+        assert own and all(callable(getattr(SpecAdapter, k, None)) for k in own), cls
+
+
+@pytest.fixture
+def broken_registered(monkeypatch):
+    for name, cls in BROKEN.items():
+        monkeypatch.setitem(ADAPTERS, name, cls)
+    return BROKEN
+
+
+# ----------------------------------------------------------------------------------------------
+# The runner itself
+# ----------------------------------------------------------------------------------------------
+
+
+def test_first_difference_names_nodes_by_path():
+    a = {"nodes": [{"path": {"tokens": [1], "extra_key": None}, "lock_ref": 0},
+                   {"path": {"tokens": [1, 2], "extra_key": None}, "lock_ref": 1}],
+         "sizes": {"full_evictable": 1}}
+    b = {"nodes": [{"path": {"tokens": [1], "extra_key": None}, "lock_ref": 0},
+                   {"path": {"tokens": [1, 2], "extra_key": None}, "lock_ref": 2}],
+         "sizes": {"full_evictable": 1}}
+    assert first_difference(a, a) is None
+    assert first_difference(a, b) == ("nodes[extra_key=None tokens=[1, 2]].lock_ref", 1, 2)
+    c = {"nodes": a["nodes"][:1], "sizes": a["sizes"]}
+    path, va, vb = first_difference(a, c)
+    assert path == "nodes[extra_key=None tokens=[1, 2]]" and vb == "<missing>"
+    assert first_difference({"freed": [1, 2]}, {"freed": [1, 3]}) == ("freed[1]", 2, 3)
+
+
+def test_rejected_step_compares_error_type_only_and_state():
+    ls = Lockstep.from_impls(["spec", "spec"], CacheConfig(kv_slots=16))
+    ls.prime()
+    obs = ls.apply({"i": 0, "op": "unlock", "args": {"handle": 7}})
+    assert obs["error"] == "HandleError"
+    assert ls.apply({"i": 1, "op": "alloc", "args": {"n": 2}}) == {"slots": [1, 2]}
+
+
+def test_a_rejection_on_one_side_only_is_a_divergence():
+    class RejectsSizes(SpecAdapter):
+        def op_sizes(self, step):
+            raise rules.InvalidInput("no")
+
+    ls = Lockstep.from_impls(["spec", RejectsSizes], CacheConfig(kv_slots=16))
+    with pytest.raises(LockstepError) as e:
+        ls.apply({"i": 0, "op": "sizes", "args": {}})
+    f = e.value.finding
+    assert (f.kind, f.where, f.step, f.op) == (DIVERGENCE, "rejection", 0, "sizes")
+    assert f.values["RejectsSizes"]["error"] == "InvalidInput"
+
+
+def test_a_rejected_step_that_changes_state_is_found():
+    class EvictsThenRejects(SpecAdapter):
+        def op_evict(self, step):
+            rules.evict(self.state, 1)  # a side effect before the input check
+            return super().op_evict(step)
+
+    ls = Lockstep.from_impls(["spec", EvictsThenRejects], CacheConfig(kv_slots=16))
+    ls.prime()
+    ls.apply({"i": 0, "op": "alloc", "args": {"n": 2}})
+    ls.apply({"i": 1, "op": "insert", "args": {"tokens": [1, 2], "value": [1, 2]}})
+    f = ls.check({"i": 2, "op": "evict", "args": {"num_tokens": -1}})[1]
+    assert (f.kind, f.where, f.impls) == (DIVERGENCE, "unchanged", ("EvictsThenRejects",))
+    assert f.path == "nodes[extra_key=None tokens=[1, 2]]"
+
+
+def test_crash_is_a_finding():
+    class Crashes(SpecAdapter):
+        def op_sizes(self, step):
+            raise ZeroDivisionError("boom")
+
+    ls = Lockstep.from_impls(["spec", Crashes], CacheConfig(kv_slots=16))
+    f = ls.check({"i": 0, "op": "sizes", "args": {}})[1]
+    assert f.kind == VIOLATION and f.where == "crash" and f.impls == ("Crashes",)
+
+
+def test_a_crash_is_written_as_a_trace_that_replays_it(tmp_path):
+    """A crash (upstream's own assertions) is a finding: writing its trace re-runs the steps
+    on the crashing implementation, which must not take the writer down with it."""
+    class CrashesOnSizes(SpecAdapter):
+        def op_sizes(self, step):
+            raise AssertionError("upstream's own assertion")
+
+    steps = [{"i": 0, "op": "alloc", "args": {"n": 2}}, {"i": 1, "op": "sizes", "args": {}}]
+    path = conform_mod.write_finding_trace(str(tmp_path), "crash", ["spec", CrashesOnSizes],
+                                           CacheConfig(kv_slots=16), steps, source="test")
+    trace = load_trace(path)
+    assert [s["op"] for s in trace.steps] == ["alloc", "sizes"]
+    assert "probes_appended" not in trace.header
+
+
+def test_renumber_keeps_handles_valid_or_makes_them_unknown():
+    steps = [{"i": 3, "op": "lock", "args": {"node": {"tokens": [], "extra_key": None}}},
+             {"i": 5, "op": "unlock", "args": {"handle": 3}},
+             {"i": 9, "op": "unlock", "args": {"handle": 4}}]
+    out = renumber(steps)
+    assert [s["i"] for s in out] == [0, 1, 2]
+    assert out[1]["args"]["handle"] == 0
+    assert out[2]["args"]["handle"] < 0  # step 4 was dropped: never issued
+
+
+# ----------------------------------------------------------------------------------------------
+# spec against spec: nothing to find
+# ----------------------------------------------------------------------------------------------
+
+
+def test_spec_vs_spec_random_lockstep_across_configs_is_clean():
+    # 8 segments of 500 steps: one per named config (full-p1/p2/p4, eagle-p1/p4, disable,
+    # swa, mamba)
+    res = conform_mod.run_conform(["spec", "spec"], steps=4000, seed=11, out=None,
+                                  segment_steps=500, progress=False, log=lambda m: None)
+    assert res.finding is None, str(res.finding)
+    assert (res.steps, res.segments) == (4000, 8)
+
+
+def test_spec_vs_spec_machine_is_clean():
+    Machine = make_machine(["spec", "spec"])
+    run_state_machine_as_test(Machine, settings=settings(
+        max_examples=25, stateful_step_count=60, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Broken adapters are found; the shrunk trace replays the finding
+# ----------------------------------------------------------------------------------------------
+
+
+def assert_trace_reproduces(path: str, broken: str) -> None:
+    trace = load_trace(path)
+    assert "shrunk" in trace.header["source"] or "machine" in trace.header["source"]
+    assert len(trace.steps) <= 30, f"{len(trace.steps)} steps"
+    assert all("ret" in s for s in trace.steps)
+    clean = replay_trace(trace, "spec")
+    assert clean.divergence is None, str(clean.divergence)
+    bad = replay_trace(trace, broken)
+    assert bad.divergence is not None, f"{broken} replays {path} clean"
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_conform_finds_broken_adapter_and_writes_short_trace(broken, broken_registered, tmp_path):
+    res = conform_mod.run_conform(["spec", broken], steps=20_000, seed=3, out=str(tmp_path),
+                                  progress=False, shrink_seconds=60, log=lambda m: None)
+    assert res.finding is not None, f"{broken} not found in {res.steps} steps"
+    assert res.trace_path is not None and os.path.exists(res.trace_path)
+    assert os.path.dirname(res.trace_path) == str(tmp_path)
+    assert_trace_reproduces(res.trace_path, broken)
+    header = load_trace(res.trace_path).header
+    assert header["finding"]["impls"][0] == "spec"
+
+
+@pytest.mark.parametrize("broken", ["broken-match", "broken-evict", "broken-unlock"])
+def test_machine_finds_broken_adapter(broken, broken_registered, tmp_path):
+    """The machine finds the bug (generation only, no Hypothesis shrinking: that takes
+    minutes); the failing run, written as a trace, shrinks with the lockstep shrinker. The
+    broken adapters break device-tier rules, so the runs draw device-tier configs."""
+    path = str(tmp_path / "machine.jsonl")
+    Machine = make_machine(["spec", broken], trace_path=path, draw=draw_device_config)
+    with pytest.raises(LockstepError) as e:
+        run_state_machine_as_test(Machine, settings=settings(
+            max_examples=300, stateful_step_count=60, deadline=None, database=None,
+            derandomize=True, phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck)))
+    finding = e.value.finding
+    trace = load_trace(path)
+    assert trace.steps[-1]["i"] == finding.step
+    sr = shrink(["spec", broken], trace.config, trace.steps, finding, max_seconds=60)
+    assert len(sr.steps) <= 30
+    assert sr.finding.signature() == finding.signature() or sr.finding.op == finding.op
+    conform_mod.write_finding(str(tmp_path), ["spec", broken], ["spec", broken], trace.config,
+                              "machine", 0, 0, sr.steps, sr.finding)
+    written = [p for p in os.listdir(tmp_path) if p.startswith("conform-machine")]
+    assert len(written) == 1
+    assert_trace_reproduces(str(tmp_path / written[0]), broken)
+
+
+@pytest.mark.slow
+def test_machine_shrinks_broken_match_with_hypothesis(broken_registered, tmp_path):
+    path = str(tmp_path / "machine.jsonl")
+    Machine = make_machine(["spec", "broken-match"], trace_path=path)
+    with pytest.raises(LockstepError):
+        run_state_machine_as_test(Machine, settings=settings(
+            max_examples=200, stateful_step_count=60, deadline=None, database=None,
+            derandomize=True, suppress_health_check=list(HealthCheck)))
+    trace = load_trace(path)
+    # alloc, insert, match_prefix (+ a few steps Hypothesis's shrinker leaves in)
+    assert len(trace.steps) <= 10
+    assert replay_trace(trace, "broken-match").divergence is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------------------
+
+SUMMARY = re.compile(r"^conform: (\d+) steps, (\d+) divergences, (\d+) violations$")
+
+
+def test_conform_cli_clean_run_last_line(capsys):
+    rc = conform_mod.main(["conform", "--impls", "spec,spec", "--steps", "400", "--seed", "2",
+                           "--config", "eagle-p4", "--no-progress"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    assert lines[-1] == "conform: 400 steps, 0 divergences, 0 violations"
+
+
+def test_conform_cli_json_config_and_seconds(capsys):
+    rc = conform_mod.main(["conform", "--impls", "spec,spec", "--seconds", "0.5",
+                           "--config", '{"page_size": 2, "kv_slots": 24}'])
+    captured = capsys.readouterr()
+    assert rc == 0
+    m = SUMMARY.match(captured.out.strip().splitlines()[-1])
+    assert m and int(m.group(1)) > 0 and m.group(2) == m.group(3) == "0"
+    assert "steps/s" in captured.err  # the progress bar
+
+
+def test_conform_cli_finding_writes_trace_and_exits_1(broken_registered, tmp_path, capsys):
+    rc = conform_mod.main(["conform", "--impls", "spec,broken-match", "--steps", "5000",
+                           "--out", str(tmp_path), "--no-progress"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 1
+    m = SUMMARY.match(lines[-1])
+    assert m and (m.group(2), m.group(3)) == ("1", "0")
+    # the trace's path, then (when the run compared KV events) the events line
+    rest = lines[:-1]
+    if rest and rest[-1].startswith("conform: KV events compared on "):
+        rest = rest[:-1]
+    path = rest[-1]
+    assert path.startswith(str(tmp_path)) and path.endswith(".jsonl")
+    assert_trace_reproduces(path, "broken-match")
+
+
+def test_conform_cli_rejects_unknown_config():
+    assert conform_mod.main(["conform", "--impls", "spec,spec", "--config", "nope"]) == 2
+
+
+def test_record_shared_prefix_replays_clean(tmp_path, capsys):
+    out = str(tmp_path / "sp.jsonl")
+    assert conform_mod.main(["record", "--impl", "spec", "--workload", "shared-prefix",
+                             "--steps", "6", "--seed", "4", "--out", out]) == 0
+    trace = load_trace(out)
+    assert trace.header["seed"] == 4 and "shared-prefix" in trace.header["source"]
+    assert {s["op"] for s in trace.steps} >= {"req_arrive", "req_admit", "req_chunk", "req_finish"}
+    assert replay_trace(trace, "spec").divergence is None
+
+
+def test_record_random_replays_clean(tmp_path):
+    pytest.importorskip("uniradix.conformance.explore.driver")
+    out = str(tmp_path / "rnd.jsonl")
+    assert conform_mod.main(["record", "--impl", "spec", "--workload", "random", "--steps", "150",
+                             "--seed", "5", "--out", out]) == 0
+    trace = load_trace(out)
+    assert len(trace.steps) == 150
+    assert replay_trace(trace, "spec").divergence is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Every registered implementation against the spec (fast, once it is registered)
+# ----------------------------------------------------------------------------------------------
+
+FAST_STEPS = 20_000
+
+
+def _req(op, **args) -> dict:
+    return {"op": op, "args": args}
+
+
+@pytest.mark.parametrize("eagle", [False, True])
+def test_requests_reusing_a_row_lockstep_spec_fast(eagle):
+    """Request rows are reused (the fast adapter's req_to_token rows, lowest first) and only
+    the computed positions are written, as in SGLang: a finish, abort or disabled-cache free
+    that read past the committed length would free the previous user's stale slots (pages
+    the tree holds) and diverge from the spec."""
+    from uniradix.conformance.explore.lockstep import run_steps
+    steps = [
+        _req("req_arrive", rid="a", tokens=[1, 2, 3, 4, 5, 6, 7, 8]), _req("req_admit", rid="a"),
+        _req("req_chunk", rid="a", n=8, chunked=False), _req("req_finish", rid="a"),
+        _req("req_arrive", rid="b", tokens=[9, 9, 9, 9, 7, 7]), _req("req_admit", rid="b"),
+        _req("req_chunk", rid="b", n=6, chunked=False), _req("req_finish", rid="b"),
+        _req("req_arrive", rid="c", tokens=[1, 2, 3, 4, 5, 6, 7, 8, 5, 5]),
+        _req("req_admit", rid="c"), _req("req_chunk", rid="c", n=1), _req("req_decode", rid="c", n=1),
+        _req("req_abort", rid="c"),
+        _req("req_arrive", rid="d", tokens=[3, 3, 3, 3, 3, 3, 3]), _req("req_admit", rid="d"),
+        _req("req_chunk", rid="d", n=5), _req("req_abort", rid="d"),
+        _req("sizes"),
+    ]
+    for disable in (False, True):
+        config = CacheConfig(page_size=4, kv_slots=64, eagle=eagle, disable=disable)
+        finding = run_steps(["spec", "fast"], config, renumber(steps))
+        assert finding is None, f"disable={disable}: {finding}"
+
+
+def _conform_worker(impl: str, seed: int, steps: int, out: str) -> tuple:
+    res = conform_mod.run_conform(["spec", impl], steps=steps, seed=seed, out=out,
+                                  segment_steps=1000, progress=False, shrink_seconds=60,
+                                  log=lambda m: None)
+    return res.steps, str(res.finding) if res.finding else None, res.trace_path
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("impl", OTHER_IMPLS)
+def test_registered_impl_matches_spec_in_lockstep(impl, tmp_path):
+    """>= 20k lockstep steps, every named config, split over two processes."""
+    jobs = 2
+    per = FAST_STEPS // jobs
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+        futs = [ex.submit(_conform_worker, impl, 100 + k, per, str(tmp_path)) for k in range(jobs)]
+        results = [f.result() for f in futs]
+    for _steps, finding, path in results:
+        assert finding is None, f"{finding}\nshrunk trace: {path}"
+    assert sum(r[0] for r in results) >= FAST_STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", OTHER_IMPLS)
+def test_registered_impl_matches_spec_long(impl, tmp_path):
+    res = conform_mod.run_conform(["spec", impl], steps=300_000, seed=7, out=str(tmp_path),
+                                  progress=False, log=lambda m: None)
+    assert res.finding is None, f"{res.finding}\nshrunk trace: {res.trace_path}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", OTHER_IMPLS)
+def test_registered_impl_machine(impl):
+    run_state_machine_as_test(make_machine(["spec", impl]), settings=settings(
+        max_examples=300, stateful_step_count=100, deadline=None,
+        suppress_health_check=list(HealthCheck)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparison rules a peer declares (what conform against upstream does and does not compare)
+# ----------------------------------------------------------------------------------------------
+
+
+class CountsHitsPeer(SpecAdapter):
+    """Stands in for upstream 0.5.13.post1 in process: tree-level API only (request ops are
+    unknown to it) and its own hit counts without a host tier, declared as not compared."""
+
+    tree_only = True
+
+    @property
+    def uncompared_node_fields(self):
+        return () if self.config.has_host_tier else ("hit_count",)
+
+    def apply(self, step):
+        if str(step.get("op", "")).startswith("req_"):
+            return {"error": "UnknownOp"}
+        return super().apply(step)
+
+    def snapshot(self):
+        snap = super().snapshot()
+        for n in snap["nodes"]:
+            n["hit_count"] = n["hit_count"] + len(n["path"]["tokens"])
+        return snap
+
+
+class CountsHitsUndeclared(CountsHitsPeer):
+    """The same hit counts, not declared: a plain divergence."""
+
+    uncompared_node_fields = ()
+
+
+def _ops_seen(factory, seen):
+    def build(config):
+        a = factory(config)
+        apply = a.apply
+
+        def rec(step):
+            seen.append(step["op"])
+            return apply(step)
+        a.apply = rec
+        return a
+    build.impl_name = getattr(factory, "impl_name", factory.__name__)
+    return build
+
+
+def test_conform_with_a_tree_only_peer_drives_tree_ops_and_skips_its_hit_counts(tmp_path):
+    seen, logged = [], []
+    res = conform_mod.run_conform(["spec", _ops_seen(CountsHitsPeer, seen)], config="full-p2",
+                                  steps=3000, seed=4, out=str(tmp_path), progress=False,
+                                  log=logged.append)
+    assert res.finding is None, str(res.finding)
+    assert seen and not [op for op in seen if op.startswith("req_")]
+    assert "sizes" in seen and "lock" in seen
+    text = "\n".join(logged)
+    assert "request-level ops (req_*) are not generated" in text
+    assert "hit_count not compared" in text
+    # the same run with a peer that has the request API generates request ops (incl. misuses)
+    seen2 = []
+    conform_mod.run_conform(["spec", _ops_seen(SpecAdapter, seen2)], config="full-p2",
+                            steps=3000, seed=4, out=None, progress=False, log=lambda m: None)
+    assert {"req_arrive", "req_admit", "req_finish"} <= set(seen2)
+
+
+def test_undeclared_hit_counts_diverge_and_the_rule_is_per_peer(tmp_path):
+    res = conform_mod.run_conform(["spec", CountsHitsUndeclared], config="full-p1", steps=3000,
+                                  seed=4, out=None, progress=False, log=lambda m: None)
+    assert res.finding is not None and res.finding.field.endswith("hit_count")
+    # spec vs the declaring peer is clean, but spec vs a third, undeclared one is still compared
+    res = conform_mod.run_conform(["spec", CountsHitsPeer, CountsHitsUndeclared],
+                                  config="full-p1", steps=3000, seed=4, out=None,
+                                  progress=False, log=lambda m: None)
+    assert res.finding is not None and res.finding.field.endswith("hit_count")
+    assert res.finding.impls == ("spec", "CountsHitsUndeclared")
+
+
+class _Fixed:
+    """A minimal adapter whose snapshot is one node with the given hit count."""
+
+    def __init__(self, config, hits, declare):
+        self.config, self.hits = config, hits
+        if declare:
+            self.uncompared_node_fields = () if config.has_host_tier else ("hit_count",)
+
+    def apply(self, step):
+        return {}
+
+    def snapshot(self):
+        return {"nodes": [{"path": {"tokens": [1], "extra_key": None}, "lock_ref": 0,
+                           "hit_count": self.hits}]}
+
+    def violations(self):
+        return []
+
+
+@pytest.mark.parametrize("host_slots, found", [(0, False), (64, True)])
+def test_hit_counts_are_compared_with_a_host_tier(host_slots, found):
+    cfg = CacheConfig(page_size=1, kv_slots=16, host_slots=host_slots)
+    ls = Lockstep([_Fixed(cfg, 0, False), _Fixed(cfg, 3, True)], ["spec", "peer"])
+    _, finding = ls.check({"i": 0, "op": "sizes", "args": {}})
+    assert (finding is not None) == found
+    if found:
+        assert finding.path.endswith("hit_count")
+
+
+class EagleUnsupported(SpecAdapter):
+    def __init__(self, config):
+        if config.eagle:
+            raise Unsupported("no eagle here")
+        super().__init__(config)
+
+
+def test_conform_skips_or_refuses_configs_a_peer_does_not_support(monkeypatch, capsys):
+    monkeypatch.setitem(ADAPTERS, "no-eagle", EagleUnsupported)
+    logged = []
+    res = conform_mod.run_conform(["spec", "no-eagle"], steps=2000, seed=1, out=None,
+                                  progress=False, log=logged.append, segment_steps=200)
+    assert res.finding is None and res.steps == 2000 and res.segments == 10
+    assert set(res.skipped_configs) == {"eagle-p1", "eagle-p4"}
+    assert any("skipping config eagle-p1: no-eagle: no eagle here" in m for m in logged)
+    with pytest.raises(conform_mod.ConformUnsupported):
+        conform_mod.run_conform(["spec", "no-eagle"], config="eagle-p1", steps=100, out=None,
+                                progress=False, log=lambda m: None)
+    rc = conform_mod.main(["conform", "--impls", "spec,no-eagle", "--config", "eagle-p4",
+                           "--steps", "100", "--no-progress"])
+    assert rc == 2
+    assert "not run" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""The storage tier against sglang 0.5.13.post1 (needs sglang importable: run with the upstream
+venv's python; skipped everywhere else): the committed storage corpus replays on upstream, the
+storage workload runs the spec and upstream in lockstep, and the Hypothesis storage machine
+does too."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+from test_storage_machine import make_machine, storage_configs
+
+from uniradix.conformance.adapters import upstream as upstream_mod
+from uniradix.conformance.adapters.base import make_adapter
+from uniradix.conformance.explore.lockstep import Lockstep
+from uniradix.conformance.explore.storage_driver import (
+    STORAGE_CONFIG_NAMES,
+    make_storage_config,
+    storage_segment,
+)
+from uniradix.conformance.traces.replay import replay_trace
+from uniradix.conformance.traces.trace import load_trace
+
+pytestmark = pytest.mark.upstream
+
+if not upstream_mod.upstream_available():
+    pytest.skip("upstream sglang is not importable here (run with the upstream venv's python)",
+                allow_module_level=True)
+
+BASE = os.path.join(os.path.dirname(__file__), "..", "..", "corpus", "upstream-storage")
+
+
+@pytest.mark.parametrize("name", STORAGE_CONFIG_NAMES)
+def test_committed_storage_trace_replays_on_upstream(name):
+    paths = sorted(glob.glob(os.path.join(BASE, f"{name}-s*.jsonl")))
+    if not paths:
+        pytest.skip(f"no committed {name} traces")
+    result = replay_trace(load_trace(paths[0]), "upstream")
+    assert result.unsupported is None and result.divergence is None, str(result.divergence)
+
+
+@pytest.mark.parametrize("name", ["storage-wt-p1-wc", "storage-wb-p4-to"])
+def test_storage_workload_in_lockstep(name):
+    config = make_storage_config(name, 77)
+    ls = Lockstep([make_adapter("spec", config), make_adapter("upstream", config)],
+                  ["spec", "upstream"])
+    taken, finding = storage_segment(ls, config, "lockstep-test", 300)
+    assert finding is None, str(finding)
+    assert len(taken) >= 300
+
+
+def test_storage_machine_in_lockstep():
+    def build(config):
+        return _Pair(config)
+    run_state_machine_as_test(make_machine(build, storage_configs()), settings=settings(
+        max_examples=25, stateful_step_count=30, deadline=None, database=None))
+
+
+class _Pair:
+    """Spec and upstream behind one adapter face: every step in lockstep."""
+
+    def __init__(self, config):
+        self.ls = Lockstep([make_adapter("spec", config), make_adapter("upstream", config)],
+                           ["spec", "upstream"])
+        self.ls.prime()
+        self.pool = self.ls.adapters[0].pool
+
+    def apply(self, step):
+        obs, finding = self.ls.check(step)
+        assert finding is None, str(finding)
+        return obs
+
+    def violations(self):
+        return []

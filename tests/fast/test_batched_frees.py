@@ -1,0 +1,326 @@
+"""Batched frees (fast/frees.py): what one cache call releases goes back in fewer allocator
+calls, and every allocator ends with exactly the free list that one call per freed piece (the
+reference, which is also what upstream does) leaves, on the Full path (C core and Python),
+hybrid SWA and Mamba, and the host tier; with sglang's own allocators where sglang imports."""
+
+import dataclasses
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import uniradix.fast.cache as cache_mod  # noqa: E402
+from uniradix.conformance.bench import host as bench_host  # noqa: E402
+from uniradix.conformance.bench import hybrid as bench_hybrid  # noqa: E402
+from uniradix.conformance.bench import loop as bench  # noqa: E402
+from uniradix.conformance.env.workload import SharedPrefix  # noqa: E402
+from uniradix.fast import frees  # noqa: E402
+
+SMALL = SharedPrefix(requests=400, prompts=12, prompt_min=20, prompt_max=200, kv_slots=2048,
+                     inflight=6)
+
+
+def small(page_size: int) -> bench.BenchWorkload:
+    return bench.shared_prefix_workload(page_size, base=SMALL)
+
+
+@pytest.fixture
+def per_piece(monkeypatch):
+    """The reference: every allocator freed one piece per call, as before batching."""
+    def use():
+        monkeypatch.setattr(frees, "free_order", lambda alloc, method="free": frees.PER_CALL)
+    return use
+
+
+def free_list(alloc) -> list:
+    """A FreeListAllocator's free slots in the order it hands them out."""
+    return torch.cat([alloc._free] + alloc._released).tolist()
+
+
+class SortedPagesAllocator:
+    """A paged allocator with the semantics of sglang's ``PagedTokenToKVPoolAllocator`` (one
+    free puts the sorted distinct pages of what it is given in front of the free list), so a
+    batch would reorder it: it declares nothing and gets one call per piece."""
+
+    def __init__(self, usable_slots: int, page_size: int) -> None:
+        self.page_size = page_size
+        self.device = torch.device("cpu")
+        self.pages = torch.arange(1, usable_slots // page_size + 1, dtype=torch.int64)
+        self.calls = 0
+
+    def available_size(self) -> int:
+        return len(self.pages) * self.page_size
+
+    def alloc(self, need_size: int):
+        n = need_size // self.page_size
+        if n > len(self.pages):
+            return None
+        taken, self.pages = self.pages[:n], self.pages[n:]
+        return (taken[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+
+    def free(self, free_index) -> None:
+        if free_index.numel():
+            self.calls += 1
+            self.pages = torch.cat((torch.unique(free_index // self.page_size), self.pages))
+
+
+class AppendAllocator(SortedPagesAllocator):
+    """sglang's page-1 semantics: freed slots appended in order."""
+
+    uniradix_free_order = frees.APPEND
+
+    def __init__(self, usable_slots: int) -> None:
+        super().__init__(usable_slots, 1)
+
+    def free(self, free_index) -> None:
+        if free_index.numel():
+            self.calls += 1
+            self.pages = torch.cat((self.pages, free_index))
+
+
+# ----------------------------------------------------------------------------------------------
+# fast/frees.py on its own
+# ----------------------------------------------------------------------------------------------
+
+
+def test_free_order_of_allocators():
+    class Unknown:
+        def free(self, x):
+            pass
+
+    assert frees.free_order(Unknown()) == frees.PER_CALL
+    assert frees.free_order(AppendAllocator(8)) == frees.APPEND
+    assert frees.free_order(SortedPagesAllocator(64, 4)) == frees.PER_CALL
+    grouped = Unknown()
+    grouped.is_not_in_free_group = False  # inside free_group_begin .. free_group_end
+    assert frees.free_order(grouped) == frees.APPEND
+    assert frees.free_order(bench.FreeListAllocator(64, 4, torch)) == frees.APPEND
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_release_leaves_the_free_list_of_one_call_per_piece(seed):
+    rng = random.Random(seed)
+    ps = rng.choice([1, 2, 4])
+    pages = list(range(1, 41))
+    rng.shuffle(pages)
+    pieces, i = [], 0
+    while i < len(pages):
+        k = rng.randint(1, 4)
+        slots = [p * ps + j for p in pages[i: i + k] for j in range(ps)]
+        pieces.append(torch.tensor(slots, dtype=torch.int64))
+        i += k
+    for make in (lambda: SortedPagesAllocator(64 * ps, ps), lambda: AppendAllocator(64 * ps)):
+        batched, ref = make(), make()
+        batched.pages = ref.pages = torch.tensor([], dtype=torch.int64)
+        calls = frees.release(batched, pieces)
+        for p in pieces:
+            ref.free(p)
+        assert batched.pages.tolist() == ref.pages.tolist()
+        assert calls == batched.calls <= ref.calls == len(pieces)
+        if isinstance(batched, AppendAllocator) and len(pieces) > 1:
+            assert batched.calls == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# The caches: batched run against the per-piece reference, same workload
+# ----------------------------------------------------------------------------------------------
+
+
+def _full_run(page_size: int, native: bool, monkeypatch, make_alloc=None):
+    b = bench.get_bundle("fast")
+    if make_alloc is not None:
+        import uniradix.fast as fast
+
+        def build(pool):
+            alloc = make_alloc(pool.num_pages * pool.page_size, pool.page_size)
+            bench.count_frees(alloc)
+            params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
+                                          token_to_kv_pool_allocator=alloc,
+                                          page_size=pool.page_size)
+            return fast.UnifiedRadixCache(params), alloc
+        b = dataclasses.replace(b, build=build)
+    if not native:
+        monkeypatch.setattr(cache_mod, "NATIVE", False)
+        inner = b.build
+
+        def build_py(pool):
+            cache, alloc = inner(pool)
+            cache.evict = cache._evict_py_api  # the Python reference path
+            return cache, alloc
+        b = dataclasses.replace(b, build=build_py)
+    keep = []
+    stats = bench.run_bench(b, small(page_size), keep=keep)
+    return stats, keep[1]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-core", "python"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_full_evict_batched_same_free_list(page_size, native, monkeypatch, per_piece):
+    if native and not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    s1, a1 = _full_run(page_size, native, monkeypatch)
+    per_piece()
+    s2, a2 = _full_run(page_size, native, monkeypatch)
+    assert s1.outcome() == s2.outcome()
+    assert free_list(a1) == free_list(a2)
+    assert s1.free_calls < s2.free_calls
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-core", "python"])
+def test_full_evict_sorted_pages_same_free_list(native, monkeypatch, per_piece):
+    if native and not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    s1, a1 = _full_run(4, native, monkeypatch, SortedPagesAllocator)
+    per_piece()
+    s2, a2 = _full_run(4, native, monkeypatch, SortedPagesAllocator)
+    assert s1.outcome() == s2.outcome()
+    assert a1.pages.tolist() == a2.pages.tolist()
+    assert s1.free_calls == s2.free_calls
+
+
+def _hybrid_run(kind: str, page_size: int):
+    b = bench_hybrid.hybrid_bundle("fast", kind)
+    got = []
+    inner = b.build
+
+    def build(kv_slots, ps):
+        out = inner(kv_slots, ps)
+        got.append(out)
+        return out
+    b = dataclasses.replace(b, build=build)
+    base = SharedPrefix(requests=300, prompts=10, prompt_min=100, prompt_max=900,
+                        kv_slots=4096, inflight=4)
+    stats = bench_hybrid.run_hybrid_bench(b, bench.shared_prefix_workload(page_size, base=base),
+                                          kind)
+    _cache, alloc, req_pool = got[0]
+    return stats, alloc, req_pool
+
+
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+def test_hybrid_evict_and_insert_batched_same_free_lists(kind, per_piece):
+    s1, a1, r1 = _hybrid_run(kind, 1)
+    per_piece()
+    s2, a2, r2 = _hybrid_run(kind, 1)
+    assert s1.outcome() == s2.outcome()
+    assert s1.evicted_tokens > 0
+    assert free_list(a1) == free_list(a2)
+    if kind == "swa":
+        assert free_list(a1.swa) == free_list(a2.swa)
+        assert a1.full_to_swa.tolist() == a2.full_to_swa.tolist()
+    else:
+        assert free_list(r1.mamba_allocator) == free_list(r2.mamba_allocator)
+
+
+def _host_run(monkeypatch):
+    got = []
+    inner = bench_host.BUILDERS["fast"]
+
+    def build(kv_slots, ps, policy):
+        out = inner(kv_slots, ps, policy)
+        got.append(out)
+        return out
+    monkeypatch.setitem(bench_host.BUILDERS, "fast", build)
+    stats = bench_host.run_bench_host("fast", small(1), "write_through")
+    cache, alloc = got[0][0], got[0][1]
+    return stats, alloc, cache.cache_controller.mem_pool_host
+
+
+def test_host_tier_batched_same_free_lists(monkeypatch, per_piece):
+    s1, a1, h1 = _host_run(monkeypatch)
+    per_piece()
+    s2, a2, h2 = _host_run(monkeypatch)
+    assert s1.outcome() == s2.outcome()
+    assert free_list(a1) == free_list(a2)
+    assert free_list(h1) == free_list(h2)
+
+
+# ----------------------------------------------------------------------------------------------
+# sglang's own allocators (upstream venv): fast's batched frees leave the allocator exactly as
+# upstream's cache, which frees once per node, leaves it
+# ----------------------------------------------------------------------------------------------
+
+
+def _sglang_bundle_or_skip(impl: str) -> bench.ApiBundle:
+    try:
+        return bench.get_bundle(impl, "sglang")
+    except bench.ImplMissing as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sglang_allocators_end_as_upstream_leaves_them(page_size):
+    w = small(page_size)
+    runs = {}
+    for impl in ("fast", "upstream"):
+        keep = []
+        s = bench.run_bench(_sglang_bundle_or_skip(impl), w, keep=keep)
+        runs[impl] = (s, keep[1])
+    (sf, af), (su, au) = runs["fast"], runs["upstream"]
+    assert sf.outcome() == su.outcome()
+    assert sf.evicted_tokens > 0
+    assert af.free_pages.tolist() == au.free_pages.tolist()
+    assert af.release_pages.tolist() == au.release_pages.tolist()
+    if page_size == 1:  # append semantics: one call per evict
+        assert sf.free_calls < su.free_calls
+    else:  # the paged allocator's sorted prepend: one call per node, as upstream
+        assert sf.free_calls == su.free_calls
+
+
+def test_hybrid_runs_keep_the_order_of_the_frees():
+    from uniradix.fast.frees import FreeBatch
+    a, b, c, d = (torch.tensor([i]) for i in range(4))
+    batch = FreeBatch()
+    for method, t in (("free", a), ("free", b), ("free_swa", c), ("free", d)):
+        batch.add(method, t)
+    assert [(m, [int(x) for x in ts]) for m, ts in batch.runs] == [
+        ("free", [0, 1]), ("free_swa", [2]), ("free", [3])]
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+def test_hybrid_free_lists_end_as_upstream_leaves_them(kind):
+    """Upstream frees once per node, in eviction order: the true per-node reference."""
+    got = {}
+    for impl in ("fast", "upstream"):
+        try:
+            b = bench_hybrid.hybrid_bundle(impl, kind)
+        except bench.ImplMissing as e:
+            pytest.skip(str(e))
+        captured = []
+        inner = b.build
+
+        def build(kv_slots, ps, inner=inner, captured=captured):
+            out = inner(kv_slots, ps)
+            captured.append(out)
+            return out
+        b = dataclasses.replace(b, build=build)
+        base = SharedPrefix(requests=300, prompts=10, prompt_min=100, prompt_max=900,
+                            kv_slots=4096, inflight=4)
+        s = bench_hybrid.run_hybrid_bench(b, bench.shared_prefix_workload(1, base=base), kind)
+        got[impl] = (s, captured[0][1], captured[0][2])
+    (sf, af, rf), (su, au, ru) = got["fast"], got["upstream"]
+    assert sf.outcome() == su.outcome() and sf.evicted_tokens > 0
+    assert free_list(af) == free_list(au)
+    if kind == "swa":
+        assert free_list(af.swa) == free_list(au.swa)
+        assert af.full_to_swa.tolist() == au.full_to_swa.tolist()
+    else:
+        assert free_list(rf.mamba_allocator) == free_list(ru.mamba_allocator)
+
+
+def test_bench_cli_allocator_and_threads(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    rc = bench.main(["bench", "--impl", "fast", "--requests", "200", "--repeat", "1",
+                     "--page-size", "4", "--json", str(out)])
+    assert rc == 0
+    import json
+    res = json.loads(out.read_text())
+    assert res["torch_threads"] == 1 and res["allocator"] == "freelist"
+    fast_row = res["comparisons"][0]["impls"]["fast"]
+    assert fast_row["free_calls"] > 0
+    assert "free() calls per run" in capsys.readouterr().out
+    assert bench.main(["bench", "--impl", "fast", "--allocator", "sglang",
+                       "--hicache", "write_through"]) == 2
+    assert bench.main(["bench", "--impl", "fast", "--torch-threads", "0"]) == 2
