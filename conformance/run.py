@@ -97,7 +97,8 @@ def main_run(args: argparse.Namespace) -> int:
             traces += 1
             steps += r.steps
             if r.divergence is not None and r.divergence.step == expected_divergence(path):
-                continue  # on purpose (docs/SPEC.md, issue 18); tests/conformance/traces/test_corpus_replay.py
+                # on purpose (docs/SPEC.md, issue 18); tests/conformance/traces/test_corpus_replay.py
+                continue
             if r.divergence is not None:
                 divergences += 1
                 print(str(r.divergence))

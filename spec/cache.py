@@ -13,7 +13,8 @@ and a match at tick T gives the node k steps above the matched node ``(T, -k)``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from . import policies
 from .core import CacheState, InsertArgs, LockHandle, MatchOutcome, MatchWalk, Node, new_root, up
@@ -35,7 +36,7 @@ def check_int_list(name: str, xs: Any) -> list[int]:
     return list(xs)
 
 
-def check_extra_key(extra_key: Any) -> Optional[str]:
+def check_extra_key(extra_key: Any) -> str | None:
     if extra_key is not None and not isinstance(extra_key, str):
         raise InvalidInput(f"extra_key must be null or a string, got {extra_key!r}")
     return extra_key
@@ -79,7 +80,7 @@ def stamp_match_path(state: CacheState, node: Node) -> None:
     matched node newest, each ancestor a little older than its child."""
     t = tick(state)
     rank = 0
-    cur: Optional[Node] = node
+    cur: Node | None = node
     while cur is not None:
         cur.stamp = (t, rank)
         rank -= 1
@@ -91,13 +92,13 @@ def stamp_match_path(state: CacheState, node: Node) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def child_key_of(state: CacheState, extra_key: Optional[str], units: Sequence[Any]
+def child_key_of(state: CacheState, extra_key: str | None, units: Sequence[Any]
                  ) -> tuple[Any, ...]:
     return namespaced_child_key(extra_key, units, state.config.page_size)
 
 
-def find_child(state: CacheState, node: Node, extra_key: Optional[str], units: Sequence[Any]
-               ) -> Optional[Node]:
+def find_child(state: CacheState, node: Node, extra_key: str | None, units: Sequence[Any]
+               ) -> Node | None:
     """The child of ``node`` whose first page equals the first page of ``units``, if any."""
     if len(units) < state.config.page_size:
         return None
@@ -134,7 +135,7 @@ def split_node(state: CacheState, child: Node, split_len: int) -> Node:
     return upper
 
 
-def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: tuple[Any, ...],
+def add_leaf(state: CacheState, parent: Node, extra_key: str | None, units: tuple[Any, ...],
              value: tuple[int, ...], priority: int = 0) -> Node:
     """A new node for the unmatched remainder of an insert; it is the newest node, created
     now, with the insert's priority."""
@@ -147,7 +148,7 @@ def add_leaf(state: CacheState, parent: Node, extra_key: Optional[str], units: t
     return leaf
 
 
-def find_node(state: CacheState, tokens: Sequence[int], extra_key: Optional[str]) -> Node:
+def find_node(state: CacheState, tokens: Sequence[int], extra_key: str | None) -> Node:
     """The node whose path is exactly ``tokens`` (the root for ``[]``), or NodeNotFound."""
     tokens = check_int_list("node tokens", tokens)
     extra_key = check_extra_key(extra_key)
@@ -174,7 +175,7 @@ def empty_match(state: CacheState) -> MatchOutcome:
     return MatchOutcome((), state.root, state.root, state.root, 0)
 
 
-def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: Optional[str] = None
+def match_prefix(state: CacheState, tokens: Sequence[int], extra_key: str | None = None
                  ) -> MatchOutcome:
     """Find the longest cached prefix of ``tokens`` (whole pages, device data only).
 
@@ -245,7 +246,7 @@ class InsertOutcome:
     mamba_exist: bool = False  # hybrid models: Mamba only
 
 
-def insert_plan(state: CacheState, extra_key: Optional[str], units: tuple[Any, ...]
+def insert_plan(state: CacheState, extra_key: str | None, units: tuple[Any, ...]
                 ) -> list[tuple[Node, int]]:
     """The existing nodes an insert of ``units`` walks through, as ``(node, shared)`` pairs;
     only the last pair can share less than the whole node (the insert will split it there)."""
@@ -348,9 +349,9 @@ def check_insert_args(state: CacheState, prev_prefix_len: int, mamba_value: obje
     return InsertArgs(prev_prefix_len, swa, mamba_value)
 
 
-def insert(state: CacheState, tokens: Sequence[int], extra_key: Optional[str],
+def insert(state: CacheState, tokens: Sequence[int], extra_key: str | None,
            value: Sequence[int], prev_prefix_len: int = 0, chunked: bool = False,
-           mamba_value: Optional[Sequence[int]] = None, swa_evicted_seqlen: int = 0,
+           mamba_value: Sequence[int] | None = None, swa_evicted_seqlen: int = 0,
            priority: int = 0) -> InsertOutcome:
     """Cache ``tokens`` -> ``value`` (one KV slot per token).
 
@@ -525,7 +526,7 @@ def evict(state: CacheState, num_tokens: int) -> int:
     return freed
 
 
-def oldest_device_leaf_except(state: CacheState, passed_over: list[Node]) -> Optional[Node]:
+def oldest_device_leaf_except(state: CacheState, passed_over: list[Node]) -> Node | None:
     """The oldest device leaf (in the eviction policy's order) not in ``passed_over``."""
     leaves = [n for n in device_leaves(state) if not any(n is p for p in passed_over)]
     if not leaves:

@@ -28,7 +28,7 @@ state committed to an existing node moves it in the Mamba list only (:func:`refr
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from . import cache as rules
 from . import host
@@ -45,25 +45,25 @@ AUX = ("swa", "mamba")
 class AuxData:
     """One aux component's data on one node."""
 
-    value: Optional[tuple[int, ...]] = None  # SWA: an SWA slot per unit; Mamba: (state slot,)
+    value: tuple[int, ...] | None = None  # SWA: an SWA slot per unit; Mamba: (state slot,)
     lock_ref: int = 0
-    boundary: Optional[int] = None  # SWA: the mark of the node where a window lock stopped
+    boundary: int | None = None  # SWA: the mark of the node where a window lock stopped
     # host tier (spec/host.py): the host copy (Mamba: (host state slot,)), host locks, and
     # when the data joined the component's host LRU list (it is there while host-only and
     # not host-locked; the list keeps the order the data joined in)
-    host_value: Optional[tuple[int, ...]] = None
+    host_value: tuple[int, ...] | None = None
     host_lock_ref: int = 0
     host_joined: int = 0
     # Full + SWA + Mamba: (the stamp the node's place in this list dates from, the node stamp
     # it holds for); see refresh_mamba_only.  Outdated as soon as the node is stamped again.
-    lru_pin: Optional[tuple[tuple[int, int], tuple[int, int]]] = None
+    lru_pin: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 def aux_names(state: CacheState) -> tuple[str, ...]:
     return tuple(c.name for c in aux_components(state))
 
 
-def aux_components(state: CacheState) -> list["AuxComponent"]:
+def aux_components(state: CacheState) -> list[AuxComponent]:
     """The configured aux components' plug-ins, in the config's order."""
     return [p for p in state.plugins if isinstance(p, AuxComponent)]
 
@@ -208,6 +208,7 @@ class SWAComponent(AuxComponent):
         if cut < len(node.key):
             if cut > 0:
                 rules.split_node(state, node, cut)
+            assert node.value is not None  # a new leaf holds the insert's full slots
             data(node, "swa").value = swa_pool(state).translate(node.value)
         return False
 
@@ -446,7 +447,7 @@ def mamba_host_validator(node: Node) -> bool:
 
 
 def branching_seqlen(state: CacheState, walked_len: int, best_chunks: int, walked_chunks: int
-                     ) -> Optional[int]:
+                     ) -> int | None:
     """Mamba: when the walk went past the last node holding a state, the matched length
     rounded down to ``mamba_cache_chunk_size`` (None when that is 0, or when it did not).
 
@@ -491,7 +492,7 @@ def refresh_mamba_only(state: CacheState, node: Node) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def lock_swa_window(state: CacheState, node: Node) -> tuple[tuple[Node, ...], Optional[int]]:
+def lock_swa_window(state: CacheState, node: Node) -> tuple[tuple[Node, ...], int | None]:
     """Returns ``(skipped nodes, boundary mark or None)`` for the unlock."""
     size, boundary = 0, None
     skipped: list[Node] = []
@@ -520,7 +521,7 @@ def lock_mamba_node(node: Node) -> bool:
     return True
 
 
-def unlock_swa_window(node: Node, skipped: tuple[Node, ...], boundary: Optional[int]) -> None:
+def unlock_swa_window(node: Node, skipped: tuple[Node, ...], boundary: int | None) -> None:
     """Walk up from the node: skip the nodes the lock skipped and nodes without an SWA lock,
     take one lock off the others, and stop after the node carrying the lock's boundary mark
     (at the root when the window never filled up)."""
@@ -653,7 +654,7 @@ def evict_leaf(state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
 
 def host_mamba_pool(state: CacheState) -> PagedPool:
     assert state.host is not None
-    pool: Optional[PagedPool] = state.host.mamba_pool
+    pool: PagedPool | None = state.host.mamba_pool
     assert pool is not None
     return pool
 

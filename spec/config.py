@@ -7,7 +7,8 @@ combination is a :class:`~uniradix.spec.errors.ConfigError`, never silently igno
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from .errors import ConfigError, Unsupported
 
@@ -26,11 +27,11 @@ class CacheConfig:
     write_policy: str = "write_through"
     write_through_threshold: int = 1
     load_back_threshold: int = 0
-    sliding_window: Optional[int] = None
+    sliding_window: int | None = None
     swa_slots: int = 0
     mamba_slots: int = 0
-    host_swa_slots: Optional[int] = None
-    host_mamba_slots: Optional[int] = None
+    host_swa_slots: int | None = None
+    host_mamba_slots: int | None = None
     mamba_cache_chunk_size: int = 4
     eagle: bool = False
     disable: bool = False
@@ -49,7 +50,7 @@ class CacheConfig:
         return self.host_slots > 0
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "CacheConfig":
+    def from_dict(cls, raw: Mapping[str, Any]) -> CacheConfig:
         """Build a config from a trace header's ``config`` object, checking every key."""
         if not isinstance(raw, Mapping):
             raise ConfigError(f"config must be an object, got {type(raw).__name__}")
@@ -107,7 +108,8 @@ class CacheConfig:
             raise ConfigError(f"write_policy must be one of {WRITE_POLICIES}, got {self.write_policy!r}")
         for name in ("kv_slots", "host_slots", "swa_slots"):
             if getattr(self, name) % self.page_size:
-                raise ConfigError(f"{name}={getattr(self, name)} is not a multiple of page_size={self.page_size}")
+                raise ConfigError(f"{name}={getattr(self, name)} is not a multiple of "
+                                  f"page_size={self.page_size}")
         self.validate_storage()
         if "swa" in self.components and not self.sliding_window:
             raise ConfigError("components with 'swa' need a positive sliding_window")

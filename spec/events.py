@@ -56,9 +56,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from .core import CacheState, Node
 from .errors import InvalidInput
 from .pagekeys import KEY_MODES, block_hash, chain_keys, namespace_prior
-from .core import CacheState, Node
 
 __all__ = ["GPU", "CPU_PINNED", "MEDIA", "BlockStored", "BlockRemoved", "AllBlocksCleared",
            "Event", "CachedPage", "cached_pages", "pending_host_slots", "EventEmitter",

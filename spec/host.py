@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Optional
 
 from . import cache as rules
 from .core import Ack, CacheState, MatchOutcome, MatchWalk, Node, Plugin, all_nodes, up
@@ -69,12 +68,12 @@ class HostTier:
     copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
     # Mamba (spec/components.py): the host state pool, its copies as above, and the counter
     # that orders the component's host LRU list
-    mamba_pool: Optional[PagedPool] = None
+    mamba_pool: PagedPool | None = None
     mamba_copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
     next_join: int = 1
     # Mamba: the state slot the last load back took for the requester (its own copy of the
     # loaded state; None when it took none); the requester's from then on, like alloc's slots
-    request_state: Optional[int] = None
+    request_state: int | None = None
 
 
 def attach_host_tier(state: CacheState) -> None:
@@ -121,7 +120,7 @@ def host_eviction_order(state: CacheState) -> list[Node]:
     return sorted(host_leaves(state), key=lambda n: eviction_key(state, n))
 
 
-def oldest_host_leaf(state: CacheState) -> Optional[Node]:
+def oldest_host_leaf(state: CacheState) -> Node | None:
     leaves = host_leaves(state)
     if not leaves:
         return None
@@ -342,7 +341,7 @@ def evict_host_leaf(state: CacheState, leaf: Node) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
+def load_back(state: CacheState, node: Node, mem_quota: int | None) -> bool:
     """Copy the evicted segment ending at ``node`` back to fresh device slots.
 
     The path is locked while room is made.  Nothing is loaded when the segment is shorter than
@@ -389,7 +388,7 @@ def load_back(state: CacheState, node: Node, mem_quota: Optional[int]) -> bool:
 
 
 def init_load_back(state: CacheState, node: Node, last_device_node: Node,
-                   mem_quota: Optional[int]) -> tuple[tuple[int, ...], Node]:
+                   mem_quota: int | None) -> tuple[tuple[int, ...], Node]:
     """The scheduler's entry: load ``node``'s evicted segment if there is one and return the
     device slots now between ``last_device_node`` and ``node`` with the new last device node;
     on no load, ``((), last_device_node)``."""
@@ -414,7 +413,7 @@ def init_load_back(state: CacheState, node: Node, last_device_node: Node,
 
 
 def check_ancestor(upper: Node, lower: Node) -> None:
-    cur: Optional[Node] = lower
+    cur: Node | None = lower
     while cur is not None:
         if cur is upper:
             return

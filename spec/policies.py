@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .config import POLICIES, check_policy
+from .config import POLICIES
 from .core import CacheState, Node
 
 Stamp = tuple[int, int]  # (tick, rank), see spec/cache.py

@@ -31,9 +31,9 @@ import dataclasses
 from typing import Any, Protocol
 
 from . import cache as rules
+from .core import CacheState, LockHandle
 from .errors import InvalidInput
 from .queries import tree_slots
-from .core import CacheState, LockHandle
 
 
 @dataclasses.dataclass(eq=False)

@@ -39,7 +39,7 @@ is refused.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 from . import cache as rules
 from . import host
@@ -75,9 +75,9 @@ class Prefetch:
     rid: str
     anchor: Node
     units: tuple[Any, ...]  # the page-aligned units to fetch (the prefetch key)
-    extra_key: Optional[str]
+    extra_key: str | None
     slots: tuple[int, ...]  # the host slots taken for it, one per unit
-    last_key: Optional[str]
+    last_key: str | None
     anchor_lock: object
     start: int            # the logical clock at submission
     queried: bool = False
@@ -85,7 +85,7 @@ class Prefetch:
     completed: int = 0    # tokens loaded so far
     terminated: bool = False
     transfer_done: bool = False  # the environment released what it will release
-    released_from: Optional[int] = None  # slots[released_from:] went to the release queue
+    released_from: int | None = None  # slots[released_from:] went to the release queue
     taken: int = 0        # slots[:taken] were handed to the cache (inserted, freed, released)
     loaded: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (key, units) read
 
@@ -138,7 +138,7 @@ def query_threshold(state: CacheState) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def prior_of(state: CacheState, parent: Node, extra_key: Optional[str]) -> Optional[str]:
+def prior_of(state: CacheState, parent: Node, extra_key: str | None) -> str | None:
     """The key a child of ``parent`` chains from: the parent's last page key, or under the root
     the namespace of ``extra_key``."""
     if parent.is_root or not parent.page_keys:
@@ -209,7 +209,7 @@ def write_backup_storage(state: CacheState, node: Node) -> None:
 
 
 def prefetch_from_storage(state: CacheState, rid: str, anchor: Node, tokens: list[int],
-                          extra_key: Optional[str]) -> int:
+                          extra_key: str | None) -> int:
     """Start prefetching ``tokens`` (what follows ``anchor``'s path) for request ``rid``.
 
     Nothing happens (0) when the anchor is neither the root nor backed up (the scheduler's
@@ -303,7 +303,7 @@ def check_prefetch_progress(state: CacheState, rid: str) -> bool:
     return True
 
 
-def insert_host(state: CacheState, node: Node, extra_key: Optional[str], units: tuple[Any, ...],
+def insert_host(state: CacheState, node: Node, extra_key: str | None, units: tuple[Any, ...],
                 slots: tuple[int, ...], keys: tuple[str, ...]) -> int:
     """Insert host-only pages below ``node`` (the seed's ``_insert_helper_host``): walk the
     matching children (touching each, splitting a partial match); the rest becomes one new

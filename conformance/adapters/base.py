@@ -6,7 +6,8 @@ An observation is the full ``ret`` object TRACE.md defines for the op (effects i
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from uniradix.conformance.adapters.host_ops import SpecHostOps
 from uniradix.conformance.adapters.storage_ops import STORAGE_HOST_EFFECT_OPS, STORAGE_OPS, SpecStorageOps
@@ -26,7 +27,8 @@ Observation = dict
 HOST_TIER_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events", "host_lock",
                  "host_unlock")
 # Ops whose observation carries the host pool's effects (host_freed) when there is a host tier.
-HOST_EFFECT_OPS = ("insert", "evict", "load_back", "check_hicache_events", "evict_host")
+HOST_EFFECT_OPS: tuple[str, ...] = ("insert", "evict", "load_back", "check_hicache_events",
+                                     "evict_host")
 HOST_EFFECT_OPS += STORAGE_HOST_EFFECT_OPS  # storage tier (conformance/adapters/storage_ops.py)
 AUX_OPS = ("mamba_alloc", "mamba_free")
 
@@ -97,7 +99,8 @@ def path_arg(raw: Any) -> tuple:
     return raw["tokens"], raw.get("extra_key")
 
 
-OPS = ("alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
+OPS: tuple[str, ...] = (
+       "alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
        "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
        "mamba_alloc", "mamba_free") + HOST_TIER_OPS
 # Streaming sessions (spec/sessions.py; docs/TRACE.md): spec only so far.
@@ -137,6 +140,7 @@ class StepAdapter:
     host_pool: Any = None  # the host PagedPool, with a host tier
     host_mamba_pool: Any = None  # the host state pool, with a host tier and Mamba
     hybrid_requests: bool = False  # the request-level ops (req_*) run with SWA and Mamba too
+    config: CacheConfig  # set by each adapter's constructor
 
     @property
     def tree_only(self) -> bool:
@@ -211,7 +215,8 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
         (n,) = args_of(step, "n")
         slots = self.state.kv.alloc(n)
         if "swa" in self.config.components:
-            return {"slots": slots, "swa_slots": list(self.state.kv.translate(slots))}
+            swa = components.swa_pool(self.state)
+            return {"slots": slots, "swa_slots": list(swa.translate(slots))}
         return {"slots": slots}
 
     def op_mamba_alloc(self, step: Step) -> Observation:
@@ -297,6 +302,8 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
         tokens, extra_key = path_arg(path)
         node = rules.find_node(self.state, tokens, extra_key)
         i = step.get("i")
+        if isinstance(i, bool) or not isinstance(i, int):  # as the other adapters
+            raise InvalidInput("a lock step needs an integer 'i' (the handle)")
         if i in self.handles:
             raise HandleError(f"lock: handle {i} is already in use")
         self.handles[i] = rules.inc_lock_ref(self.state, node)
@@ -320,7 +327,7 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
     def _evict_hybrid(self, step: Step) -> Observation:
         n, swa_n, mamba_n = args_of(step, "num_tokens", swa_num_tokens=0, mamba_num=0)
         freed = components.evict(self.state, n, swa_n, mamba_n)
-        ret = {"num_tokens_evicted": freed["full"]}
+        ret: dict[str, Any] = {"num_tokens_evicted": freed["full"]}
         if "swa" in self.config.components:
             ret["swa_num_tokens_evicted"] = freed["swa"]
         if "mamba" in self.config.components:

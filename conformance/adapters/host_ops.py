@@ -8,6 +8,7 @@ dispatch (``StepAdapter.apply``) for the ops in ``HOST_EFFECT_OPS``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from uniradix.conformance.adapters import base as A
@@ -119,6 +120,12 @@ class FastHostOps:
     cache: Any
     config: Any
     host_handles: dict
+    # provided by the fast adapter this mixes into (conformance/adapters/fast_adapter.py)
+    pool: Any
+    host_pool: Any
+    _key: Callable[..., Any]
+    _units_len: Callable[..., int]
+    _path: Callable[..., Any]
 
     @staticmethod
     def hicache_config(config: Any, host_allocator: Any, log_copies: bool = False) -> Any:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from uniradix.spec import cache as rules
 from uniradix.spec import queries
@@ -68,7 +68,7 @@ class ArrayValues:
         return a + b
 
 
-def default_values() -> "TorchValues | ArrayValues":
+def default_values() -> TorchValues | ArrayValues:
     """Torch tensors where torch imports, ``array('q')`` otherwise."""
     try:
         import torch
@@ -87,7 +87,7 @@ class RadixKey:
 
     __slots__ = ("token_ids", "extra_key", "is_bigram")
 
-    def __init__(self, token_ids, extra_key: Optional[str] = None, is_bigram: bool = False) -> None:
+    def __init__(self, token_ids, extra_key: str | None = None, is_bigram: bool = False) -> None:
         self.token_ids = token_ids
         self.extra_key = extra_key
         self.is_bigram = is_bigram
@@ -104,7 +104,7 @@ class MatchPrefixParams:
 
 @dataclasses.dataclass
 class InsertParams:
-    key: Optional[RadixKey] = None
+    key: RadixKey | None = None
     value: Any = None
     prev_prefix_len: int = 0
     chunked: bool = False
@@ -137,12 +137,12 @@ class EvictResult:
 
 @dataclasses.dataclass
 class DecLockRefParams:
-    handle: Optional[LockHandle] = None
+    handle: LockHandle | None = None
 
 
 @dataclasses.dataclass
 class IncLockRefResult:
-    handle: Optional[LockHandle] = None
+    handle: LockHandle | None = None
 
     def to_dec_params(self) -> DecLockRefParams:
         return DecLockRefParams(handle=self.handle)
@@ -170,7 +170,7 @@ class CacheInitParams:
 class UnifiedRadixCache:
     """The spec's device tier (Full component) with upstream's tree-level API."""
 
-    def __init__(self, params: CacheInitParams, values: "TorchValues | ArrayValues | None" = None
+    def __init__(self, params: CacheInitParams, values: TorchValues | ArrayValues | None = None
                  ) -> None:
         allocator = params.token_to_kv_pool_allocator
         pool = getattr(allocator, "pool", None)
@@ -216,7 +216,7 @@ class UnifiedRadixCache:
         self._open.setdefault(id(node), []).append(handle)
         return IncLockRefResult(handle=handle)
 
-    def dec_lock_ref(self, node: Node, params: Optional[DecLockRefParams] = None
+    def dec_lock_ref(self, node: Node, params: DecLockRefParams | None = None
                      ) -> DecLockRefResult:
         """Release a lock on ``node``: the one ``params`` names, else the latest one taken."""
         held = self._open.get(id(node))

@@ -14,10 +14,10 @@ position; after every step it checks that
 * every slot a ``match_prefix`` returned holds the fingerprint of the queried prefix.
 
 When a step computes: the caller of ``insert`` computed the slots it hands over (those of its
-``value`` the tree did not hold before the step, or freed during it); ``req_chunk`` and ``req_decode`` compute the
-row positions they add (again those whose slots the tree did not hold through the step). A slot the tree
-already owned is never written, only checked: writing the right fingerprint there would hide a
-mix-up. Everything is read from the adapter's canonical snapshot and the step, so the wrapper
+``value`` the tree did not hold before the step, or freed during it); ``req_chunk`` and
+``req_decode`` compute the row positions they add (again those whose slots the tree did not hold
+through the step). A slot the tree already owned is never written, only checked: writing the
+right fingerprint there would hide a mix-up. Everything is read from the adapter's canonical snapshot and the step, so the wrapper
 works on every implementation. A problem is reported through ``violations()`` (tagged
 ``[kv]``), so lockstep runs, shrinking and ``uniradix replay`` treat it as any broken invariant.
 Under EAGLE slot ``p`` holds token ``p`` (the first token of bigram unit ``p``).
@@ -44,7 +44,8 @@ the host state pools, and every node's host state slot is checked the same way.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -60,13 +61,13 @@ _SHIFTS = np.array([16 * (e % 4) for e in range(_ELEMS)], dtype=np.int64)
 _SALTS = np.array([(e * 40503 + 7) & 0xFFFF for e in range(_ELEMS)], dtype=np.int64)
 
 
-def _seed(extra_key: Optional[str]) -> int:
+def _seed(extra_key: str | None) -> int:
     if extra_key is None:
         return 0x2545F4914F6CDD1D % _MOD
     return (zlib.crc32(extra_key.encode("utf-8")) * 0x9E3779B1 + 1) % _MOD
 
 
-def fingerprints(extra_key: Optional[str], tokens: Sequence[int]) -> list[int]:
+def fingerprints(extra_key: str | None, tokens: Sequence[int]) -> list[int]:
     """``out[p]`` identifies (extra_key, tokens[:p + 1]): a rolling hash over the prefix."""
     h = _seed(extra_key)
     out = []
@@ -95,7 +96,7 @@ class KVPool:
         if slots:
             self.data[:, list(slots)] = slot_contents(fps)
 
-    def first_wrong(self, slots: Sequence[int], fps: Sequence[int]) -> Optional[int]:
+    def first_wrong(self, slots: Sequence[int], fps: Sequence[int]) -> int | None:
         """Index of the first slot whose contents are not its fingerprint's, or None."""
         if not slots:
             return None
@@ -165,8 +166,8 @@ class StatePool:
     for (None: never computed, or copied from a slot that held none)."""
 
     def __init__(self) -> None:
-        self.device: dict[int, Optional[int]] = {}
-        self.host: dict[int, Optional[int]] = {}
+        self.device: dict[int, int | None] = {}
+        self.host: dict[int, int | None] = {}
 
     def run(self, copies: list) -> None:
         for kind, src, dst in copies:
@@ -221,6 +222,7 @@ class KVChecked:
             if self.states is not None:
                 self._compute_state(args, before, obs)
         elif op in ("req_chunk", "req_decode") and obs.get("ok", True):
+            assert before is not None  # taken for every req_chunk / req_decode above
             self._compute_row(i, args["rid"], before, obs, after)
         elif op == "match_prefix":
             got = list(obs.get("device_indices", []))
@@ -237,7 +239,7 @@ class KVChecked:
         return obs
 
     # computing tokens ----------------------------------------------------------------------
-    def _fps(self, extra_key: Optional[str], tokens: Sequence[int]) -> list[int]:
+    def _fps(self, extra_key: str | None, tokens: Sequence[int]) -> list[int]:
         key = (extra_key, tuple(tokens))
         fps = self._fp_cache.get(key)
         if fps is None:
@@ -246,27 +248,29 @@ class KVChecked:
             fps = self._fp_cache[key] = fingerprints(extra_key, tokens)
         return fps
 
-    def _compute(self, i: Any, extra_key: Optional[str], tokens: list, slots: list, start: int,
+    def _compute(self, i: Any, extra_key: str | None, tokens: list, slots: list, start: int,
                  owned: set) -> None:
         """Positions ``start + k`` of ``tokens`` live in ``slots[k]``: write the fingerprints of
         those the tree did not own before this step, check the others."""
         fps = self._fps(extra_key, tokens)[start: start + len(slots)]
         size = self.kv.data.shape[1]
         # a slot outside the pool holds no KV (a bad caller's value the cache ignored)
-        new = [(s, f) for s, f in zip(slots, fps)
+        # a bad caller's value may be longer than its tokens: the slots past them hold nothing
+        new = [(s, f) for s, f in zip(slots, fps, strict=False)
                if s not in owned and type(s) is int and 0 <= s < size]
-        old = [(s, f) for s, f in zip(slots, fps) if s in owned]
+        old = [(s, f) for s, f in zip(slots, fps, strict=False) if s in owned]
         if old:
             self._expect_pairs(i, "slots the tree already held", old)
         if new:
             self.kv.write([s for s, _ in new], [f for _, f in new])
 
-    def _compute_state(self, args: dict, before: Optional[dict], obs: dict) -> None:
+    def _compute_state(self, args: dict, before: dict | None, obs: dict) -> None:
         """An insert whose state slot the tree took: the caller computed the state of its
         page-aligned tokens there (a slot the tree held before the step is never written)."""
         value = args.get("mamba_value")
         if obs.get("mamba_exist") or not isinstance(value, list) or len(value) != 1:
             return
+        assert self.states is not None  # called only with the Mamba state pool
         held = {s for node in (before or {}).get("nodes", [])
                 for s in ((node.get("mamba") or {}).get("value") or ())}
         if value[0] in held:
@@ -287,7 +291,7 @@ class KVChecked:
         tokens, ek = self._request_tokens(rid, hi)
         self._compute(i, ek, tokens[:hi], row[lo:hi], lo, _owned(before, obs))
 
-    def _request_tokens(self, rid: str, n: int) -> tuple[list, Optional[str]]:
+    def _request_tokens(self, rid: str, n: int) -> tuple[list, str | None]:
         prompt, ek = self.tokens[rid]
         out = list(prompt)
         k = 0
@@ -297,7 +301,7 @@ class KVChecked:
         return out, ek
 
     # checking --------------------------------------------------------------------------------
-    def _expect(self, i: Any, what: str, extra_key: Optional[str], tokens: list,
+    def _expect(self, i: Any, what: str, extra_key: str | None, tokens: list,
                 slots: list) -> None:
         fps = self._fps(extra_key, tokens)[: len(slots)]
         bad = self.kv.first_wrong(slots, fps)
@@ -348,12 +352,13 @@ class KVChecked:
 
     def _check_states(self, i: Any, snap: dict) -> None:
         """Every node's state slot (and host state slot) holds the state of the node's path."""
+        assert self.states is not None  # called only with the Mamba state pool
         for node in snap.get("nodes", []):
             data = node.get("mamba") or {}
             path = node["path"]
             want = self._fps(path["extra_key"], path["tokens"])[-1] if path["tokens"] else None
             for where, pool in (("value", self.states.device), ("host_value", self.states.host)):
-                slots = data.get(where) or ()
+                slots: list[int] = list(data.get(where) or ())
                 if len(slots) == 1 and pool.get(slots[0]) != want:
                     self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds "
                                        f"{'host ' if where == 'host_value' else ''}state slot "
@@ -376,6 +381,7 @@ class KVChecked:
             fps.extend(self._fps(path["extra_key"], tokens)[start:])
         if not slots:
             return
+        assert self.host is not None  # called only with a host tier
         bad = self.host.rows(slots) != slot_contents(fps)
         per_slot = bad.reshape(LAYERS, len(slots), -1).any(axis=2).any(axis=0)
         if per_slot.any():
@@ -386,7 +392,7 @@ class KVChecked:
                                "that token's KV")
 
 
-def _owned(snap: Optional[dict], obs: dict) -> set:
+def _owned(snap: dict | None, obs: dict) -> set:
     """Slots the tree held before the step and kept through it: a slot it freed during the
     step (an eviction to make room) may come back as a fresh slot, computed anew."""
     if snap is None:

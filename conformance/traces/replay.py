@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from uniradix.conformance.adapters.base import make_adapter
 from uniradix.conformance.traces.events import event_source, events_differ
@@ -42,8 +43,8 @@ class Divergence:
 class ReplayResult:
     trace: str
     steps: int
-    divergence: Optional[Divergence] = None
-    unsupported: Optional[str] = None
+    divergence: Divergence | None = None
+    unsupported: str | None = None
     events_compared: int = 0       # steps whose recorded KV events were compared
     events_not_compared: int = 0   # steps with recorded events the implementation cannot emit
 
@@ -53,7 +54,7 @@ def short(x: Any, limit: int = 300) -> str:
     return s if len(s) <= limit else s[:limit] + f"... ({len(s)} chars)"
 
 
-def compare(expected_ret: dict, obs: dict) -> Optional[tuple[str, Any, Any]]:
+def compare(expected_ret: dict, obs: dict) -> tuple[str, Any, Any] | None:
     """The first field where ``obs`` disagrees with the recorded ``ret``, or None."""
     if "error" in expected_ret:
         if obs.get("error") != expected_ret["error"]:
@@ -69,7 +70,7 @@ def compare(expected_ret: dict, obs: dict) -> Optional[tuple[str, Any, Any]]:
 
 
 def replay_trace(trace: Trace, impl: str, check_invariants: bool = True,
-                 on_step: Optional[Callable[[int], None]] = None,
+                 on_step: Callable[[int], None] | None = None,
                  check_kv: bool = False) -> ReplayResult:
     """Replay one trace; stop at its first divergence.  ``check_kv``: keep a fingerprinted KV
     pool and check every slot the cache hands out (conformance/env/kvcheck.py); its findings come
@@ -201,7 +202,7 @@ KNOWN_DIVERGENCES: dict[str, int] = {
 }
 
 
-def expected_divergence(path: str) -> Optional[int]:
+def expected_divergence(path: str) -> int | None:
     """The step where a corpus trace is known to diverge (:data:`KNOWN_DIVERGENCES`), or None."""
     parts = os.path.normpath(path).split(os.sep)
     for k in range(len(parts) - 1):

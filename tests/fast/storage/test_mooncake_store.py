@@ -10,8 +10,8 @@ import time
 
 import pytest
 import torch
-
 from test_storage_backends import LAYOUTS, indices, make_pool, page_data
+
 from uniradix.fast.storage import (
     Fault,
     FaultyBackend,
