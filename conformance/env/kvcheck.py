@@ -16,10 +16,11 @@ position; after every step it checks that
 When a step computes: the caller of ``insert`` computed the slots it hands over (those of its
 ``value`` the tree did not hold before the step, or freed during it); ``req_chunk`` and
 ``req_decode`` compute the row positions they add (again those whose slots the tree did not hold
-through the step). A slot the tree already owned is never written, only checked: writing the
-right fingerprint there would hide a mix-up. Everything is read from the adapter's canonical snapshot and the step, so the wrapper
-works on every implementation. A problem is reported through ``violations()`` (tagged
-``[kv]``), so lockstep runs, shrinking and ``uniradix replay`` treat it as any broken invariant.
+through the step). A slot the tree already owned is never written, only checked: writing the right
+fingerprint there would hide a mix-up. Everything is read from the adapter's canonical snapshot
+and the step, so the wrapper works on every implementation. A problem is reported through
+``violations()`` (tagged ``[kv]``), so lockstep runs, shrinking and ``uniradix replay`` treat it
+as any broken invariant.
 Under EAGLE slot ``p`` holds token ``p`` (the first token of bigram unit ``p``).
 
 With a host tier the checker keeps a **host pool** too (:class:`HostKV`, in one of upstream's
