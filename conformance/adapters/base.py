@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from uniradix.conformance.adapters.capabilities import CAPABILITIES, SESSION_OPS, Capabilities
 from uniradix.conformance.adapters.host_ops import SpecHostOps
 from uniradix.conformance.adapters.storage_ops import STORAGE_HOST_EFFECT_OPS, STORAGE_OPS, SpecStorageOps
 from uniradix.spec import cache as rules
@@ -103,12 +104,10 @@ OPS: tuple[str, ...] = (
        "alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes", "reset",
        "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
        "mamba_alloc", "mamba_free") + HOST_TIER_OPS
-# Streaming sessions (spec/sessions.py; docs/TRACE.md): spec only so far.
-SESSION_OPS = ("release_session", "session_held")
+# Streaming sessions (spec/sessions.py; docs/TRACE.md); SESSION_OPS and REQUEST_OPS come from
+# conformance/adapters/capabilities.py, which declares who models them.
 OPS += SESSION_OPS
 OPS += STORAGE_OPS  # storage tier (conformance/adapters/storage_ops.py)
-REQUEST_OPS = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort"
-               ) + SESSION_OPS
 
 
 def aux_effects(config: CacheConfig, kv: Any, mamba: Any) -> dict:
@@ -122,17 +121,12 @@ def aux_effects(config: CacheConfig, kv: Any, mamba: Any) -> dict:
     return out
 
 
-def hybrid_request_check(config: CacheConfig, op: Any) -> None:
-    """For an adapter whose request model has no Mamba states or SWA windows (the spec's has:
-    :attr:`StepAdapter.hybrid_requests`)."""
-    if config.components != ("full",) and op in REQUEST_OPS:
-        raise Unsupported(f"op {op!r}: the request model does not cover SWA or Mamba yet")
-
-
 class StepAdapter:
     """Dispatch of trace steps shared by the adapters: an op ``x`` is the method ``op_x``;
     an exception of ``rejections`` becomes the observation ``{"error": TypeName}``; the KV
-    pool's freed-slot log is cleared around every step so effects belong to one step."""
+    pool's freed-slot log is cleared around every step so effects belong to one step.  A step
+    outside the adapter's declared ``capabilities`` (conformance/adapters/capabilities.py) is
+    refused ``Unsupported`` before any handler runs."""
 
     rejections: tuple = (CacheError,)
     pool: Any  # the environment's PagedPool
@@ -141,6 +135,7 @@ class StepAdapter:
     host_mamba_pool: Any = None  # the host state pool, with a host tier and Mamba
     hybrid_requests: bool = False  # the request-level ops (req_*) run with SWA and Mamba too
     config: CacheConfig  # set by each adapter's constructor
+    capabilities: Capabilities = CAPABILITIES["spec"]  # what this implementation models
 
     @property
     def tree_only(self) -> bool:
@@ -160,8 +155,7 @@ class StepAdapter:
         if self.host_mamba_pool is not None:
             self.host_mamba_pool.take_freed()
         try:
-            if not self.hybrid_requests:
-                hybrid_request_check(self.config, op)
+            self.capabilities.check_step(self.config, op, step.get("args"))
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
             if handler is None:
                 if op in HOST_TIER_OPS or op in AUX_OPS or op in SESSION_OPS or op in STORAGE_OPS:
@@ -425,9 +419,6 @@ ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdap
 
 
 def _fast_adapter(config: CacheConfig) -> CacheUnderTest:
-    if config.eviction_policy != "lru":  # issue 18: drop this once fast/ honours the policies
-        raise Unsupported(f"eviction_policy {config.eviction_policy!r}: the fast path evicts "
-                          "by 'lru' only so far")
     if config.components != ("full",):  # hybrid models: fast/hybrid.py
         from uniradix.conformance.adapters.fast_hybrid import HybridFastAdapter
         return HybridFastAdapter(config)
@@ -439,7 +430,11 @@ ADAPTERS["fast"] = _fast_adapter
 
 
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
-    """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable)."""
+    """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable).  A
+    config outside the implementation's declared capabilities is refused here, naming each
+    missing capability (conformance/adapters/capabilities.py)."""
+    if impl in CAPABILITIES:
+        CAPABILITIES[impl].check(config)
     if impl == "upstream":
         if config.components != ("full",) and config.has_host_tier:  # upstream_host_aux.py
             from uniradix.conformance.adapters.upstream_host_aux import HostAuxUpstreamAdapter

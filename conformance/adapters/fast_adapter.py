@@ -12,6 +12,7 @@ import torch
 
 from uniradix import fast
 from uniradix.conformance.adapters.base import StepAdapter, args_of, check_cow_args, check_supported, path_arg
+from uniradix.conformance.adapters.capabilities import CAPABILITIES
 from uniradix.conformance.adapters.host_ops import FastHostOps
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
@@ -94,6 +95,7 @@ class FastAdapter(FastHostOps, StepAdapter):
     #: capability (conformance/traces/events.py): fast/ emits no KV events yet (issue 17), so replay
     #: and lockstep say they did not compare them
     emits_kv_events = False
+    capabilities = CAPABILITIES["fast"]
 
     def __init__(self, config: CacheConfig) -> None:
         check_supported(config, host_tier=True)
