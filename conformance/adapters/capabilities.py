@@ -61,7 +61,8 @@ class Capabilities:
             if not self.host_tier:
                 out.append("a host tier (host_slots > 0)")
             else:
-                out.extend(f"a host tier with {c}" for c in comps[1:] if c not in self.host_aux)
+                out.extend(f"a host tier with the aux component {c}" for c in comps[1:]
+                           if c not in self.host_aux)
             if self.host_tier and config.write_policy not in self.write_policies:
                 out.append(f"write_policy {config.write_policy!r}")
         if config.storage and not self.storage:
