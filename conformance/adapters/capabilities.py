@@ -17,9 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from uniradix.spec.config import COMPONENT_SETS, WRITE_POLICIES, CacheConfig
+from uniradix.spec.config import COMPONENT_SETS, POLICIES, WRITE_POLICIES, CacheConfig
 from uniradix.spec.errors import Unsupported
-from uniradix.spec.policies import POLICIES
 
 # The request-level ops of the trace format (docs/TRACE.md), streaming sessions' included.
 SESSION_OPS = ("release_session", "session_held")
@@ -40,14 +39,17 @@ class Capabilities:
     write_policies: frozenset[str] = frozenset(WRITE_POLICIES)  # with a host tier
     storage: bool = False
     eviction_policies: frozenset[str] = frozenset(POLICIES)
-    sessions: bool = False
+    sessions: bool = False  # streaming sessions with the Full component alone
+    sessions_with_aux: bool = False  # streaming sessions with SWA or Mamba
     cow_mamba: bool = False
     eagle: bool = True  # EAGLE bigram keys with the Full component alone
     eagle_with_aux: bool = False  # EAGLE keys with SWA or Mamba
     disable: bool = True  # a disabled cache
     request_ops: bool = True  # the request path with the Full component alone
     request_ops_with_aux: bool = False  # the request path with SWA or Mamba
-    mamba_page_sizes: frozenset[int] | None = None  # None: any page size
+    # Full + Mamba on the device alone at these page sizes (None: any); upstream needs its Mamba
+    # extra buffer past page 1, which its adapters turn on only with SWA or a host tier
+    mamba_page_sizes: frozenset[int] | None = None
 
     def missing(self, config: CacheConfig) -> list[str]:
         """What ``config`` needs that this implementation does not model, each by name
@@ -73,7 +75,8 @@ class Capabilities:
             out.append("EAGLE keys with SWA or Mamba" if aux else "EAGLE keys")
         if config.disable and not self.disable:
             out.append("a disabled cache")
-        if ("mamba" in config.components and self.mamba_page_sizes is not None
+        if (comps == ("full", "mamba") and not config.has_host_tier
+                and self.mamba_page_sizes is not None
                 and config.page_size not in self.mamba_page_sizes):
             out.append(f"Mamba with page_size {config.page_size}")
         return out
@@ -86,13 +89,13 @@ class Capabilities:
 
     def step_gap(self, config: CacheConfig, op: Any, args: Any) -> str | None:
         """What one step needs that this implementation does not model (None: nothing)."""
+        aux = tuple(config.components) != ("full",)
         if op in REQUEST_OPS:
-            aux = tuple(config.components) != ("full",)
             if not (self.request_ops_with_aux if aux else self.request_ops):
                 return f"op {op!r}: the request path" + (" with SWA or Mamba" if aux else "")
-        if not self.sessions and (op in SESSION_OPS or (
+        if not (self.sessions_with_aux if aux else self.sessions) and (op in SESSION_OPS or (
                 op == "req_arrive" and isinstance(args, dict) and args.get("session") is not None)):
-            return f"op {op!r}: streaming sessions"
+            return f"op {op!r}: streaming sessions" + (" with SWA or Mamba" if aux else "")
         if (not self.cow_mamba and op == "match_prefix" and isinstance(args, dict)
                 and args.get("cow_mamba") is True and "mamba" in config.components):
             return "match_prefix: Mamba copy-on-write (cow_mamba)"
@@ -134,7 +137,7 @@ CAPABILITIES: dict[str, Capabilities] = {
     "upstream": Capabilities(
         name="upstream", components=frozenset(COMPONENT_SETS), host_tier=True,
         host_aux=frozenset({"swa", "mamba"}), storage=True, cow_mamba=True,
-        eagle=False, disable=False, request_ops=False),
+        eagle=False, disable=False, request_ops=False, mamba_page_sizes=frozenset({1})),
 }
 
 
