@@ -42,7 +42,8 @@ def test_replay_divergence_exits_1_and_names_everything(tmp_path):
 def test_unsupported_config_is_reported(tmp_path):
     t = tmp_path / "host.jsonl"
     t.write_text(json.dumps({"format": "uniradix-trace", "version": 1, "source": "test",
-                             "config": {"host_slots": 64, "components": ["full", "mamba"]}})
+                             "config": {"host_slots": 64, "components": ["full", "swa"],
+                                        "sliding_window": 4, "swa_slots": 64}})
                  + "\n" + json.dumps({"i": 0, "op": "evict_host", "args": {"num_tokens": 1}})
                  + "\n")
     r = uniradix("replay", str(t))
