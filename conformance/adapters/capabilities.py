@@ -36,6 +36,7 @@ class Capabilities:
     components: frozenset[tuple[str, ...]] = frozenset({("full",)})
     host_tier: bool = False
     host_aux: frozenset[str] = frozenset()  # the aux components it models under a host tier
+    host_all_aux: bool = False  # a host tier with SWA and Mamba together (in one tree)
     write_policies: frozenset[str] = frozenset(WRITE_POLICIES)  # with a host tier
     storage: bool = False
     eviction_policies: frozenset[str] = frozenset(POLICIES)
@@ -65,6 +66,8 @@ class Capabilities:
             else:
                 out.extend(f"a host tier with the aux component {c}" for c in comps[1:]
                            if c not in self.host_aux)
+                if len(comps) > 2 and not self.host_all_aux:
+                    out.append("a host tier with SWA and Mamba together")
             if self.host_tier and config.write_policy not in self.write_policies:
                 out.append(f"write_policy {config.write_policy!r}")
         if config.storage and not self.storage:

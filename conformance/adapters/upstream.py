@@ -121,6 +121,19 @@ def _stub_torchvision() -> None:
     sys.meta_path.insert(0, _TorchvisionPlaceholderFinder())
 
 
+def unmodelled_settings(config: CacheConfig, storage: bool = True) -> list[str]:
+    """The settings no upstream adapter drives, by name (each adapter adds its own): EAGLE keys,
+    a disabled cache and, unless the adapter drives it, the storage tier."""
+    out = []
+    if config.eagle:
+        out.append("eagle bigram keys")
+    if config.disable:
+        out.append("a disabled cache")
+    if storage and config.storage:
+        out.append("a storage tier")
+    return out
+
+
 def load_upstream() -> types.SimpleNamespace:
     """Import the upstream names the adapter needs, once. Raises :class:`UpstreamMissing`."""
     global _IMPORTED
@@ -317,12 +330,7 @@ class UpstreamAdapter:
             reasons.append(f"components {list(config.components)}")
         if config.has_host_tier:
             reasons.append("a host tier (host_slots > 0)")
-        if config.eagle:
-            reasons.append("eagle bigram keys")
-        if config.disable:
-            reasons.append("a disabled cache")
-        if config.storage:
-            reasons.append("a storage tier")
+        reasons += unmodelled_settings(config)
         if reasons:
             raise Unsupported("UpstreamAdapter supports the Full device tier only, not "
                               + ", ".join(reasons))

@@ -40,7 +40,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from uniradix.conformance.adapters.upstream import _path
+from uniradix.conformance.adapters.upstream import _path, unmodelled_settings
 from uniradix.conformance.adapters.upstream_host import (
     HostPoolModel,
     ModelController,
@@ -178,12 +178,7 @@ class HostAuxUpstreamAdapter(UpstreamHostAdapter, HybridUpstreamAdapter):
             reasons.append("SWA and Mamba together")
         if not config.has_host_tier:
             reasons.append("no host tier (use HybridUpstreamAdapter)")
-        if config.eagle:
-            reasons.append("eagle bigram keys")
-        if config.disable:
-            reasons.append("a disabled cache")
-        if config.storage:
-            reasons.append("a storage tier")
+        reasons += unmodelled_settings(config)
         if reasons:
             raise Unsupported("HostAuxUpstreamAdapter drives the host tier with SWA or Mamba, "
                               "not " + ", ".join(reasons))

@@ -26,7 +26,13 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from uniradix.conformance.adapters.upstream import UpstreamAdapter, _count, _int_list, load_upstream
+from uniradix.conformance.adapters.upstream import (
+    UpstreamAdapter,
+    _count,
+    _int_list,
+    load_upstream,
+    unmodelled_settings,
+)
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
@@ -163,10 +169,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             reasons.append("no aux component (use UpstreamAdapter)")
         if config.has_host_tier:
             reasons.append("a host tier (host_slots > 0)")
-        if config.eagle:
-            reasons.append("eagle bigram keys")
-        if config.disable:
-            reasons.append("a disabled cache")
+        reasons += unmodelled_settings(config, storage=False)
         if config.components == ("full", "mamba") and config.page_size != 1:
             reasons.append("Mamba with page_size > 1 (upstream needs the extra buffer for it)")
         if reasons:
