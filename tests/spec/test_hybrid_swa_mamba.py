@@ -10,18 +10,12 @@ Pool reminder: page 0 is reserved and pools are lowest-first, so with page_size 
 
 from __future__ import annotations
 
-import glob
-import os
-
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from conftest import CORPUS
 from stories import Story
 from uniradix.conformance.explore.machine import draw_swa_mamba_config, make_machine
-from uniradix.conformance.traces.replay import replay_trace
-from uniradix.conformance.traces.trace import load_trace
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError
 
@@ -135,19 +129,3 @@ def test_hypothesis_machine_on_full_swa_mamba():
     run_state_machine_as_test(Machine, settings=settings(
         max_examples=15, stateful_step_count=50, deadline=None, database=None,
         suppress_health_check=list(HealthCheck)))
-
-
-FULL_SWA_MAMBA = sorted(glob.glob(os.path.join(CORPUS, "upstream-full-swa-mamba", "*.jsonl")))
-
-
-def test_the_upstream_full_swa_mamba_corpus_is_there():
-    assert len(FULL_SWA_MAMBA) >= 40, len(FULL_SWA_MAMBA)
-
-
-@pytest.mark.parametrize("path", FULL_SWA_MAMBA, ids=[os.path.basename(t) for t in FULL_SWA_MAMBA])
-def test_upstream_full_swa_mamba_replays_on_the_spec(path):
-    """The golden corpus recorded from 0.5.13.post1 (tests/corpus/upstream-full-swa-mamba): no
-    divergence, every invariant after every step (fast refuses the config by name)."""
-    result = replay_trace(load_trace(path), "spec")
-    assert result.unsupported is None, result.unsupported
-    assert result.divergence is None, str(result.divergence)

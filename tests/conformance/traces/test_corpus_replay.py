@@ -105,13 +105,13 @@ def test_host_aux_corpora_are_there(folder, aux):
 
 def test_full_swa_mamba_corpus_is_there():
     """Golden traces of Full+SWA+Mamba in one tree: at least 20 per page size (1, 4), each of
-    at least 300 steps, replayed on the spec only (tests/spec/test_hybrid_swa_mamba.py)."""
+    at least 300 steps, replayed on the spec and on fast (test_replay here)."""
     base = os.path.join(CORPUS, "upstream-full-swa-mamba")
     for cfg in ("full-swa-mamba-p1", "full-swa-mamba-p4"):
         found = glob.glob(os.path.join(base, f"{cfg}-s*.jsonl"))
         assert len(found) >= 20, f"{cfg}: {len(found)} traces"
         for t in found:
-            assert is_spec_only(t) and not is_awaiting_spec(t), t
+            assert not is_spec_only(t) and not is_awaiting_spec(t), t
             with open(t, encoding="utf-8") as f:
                 lines = [ln for ln in f if ln.strip()]
             assert '"components":["full","swa","mamba"]' in lines[0], t
