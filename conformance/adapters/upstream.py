@@ -528,6 +528,12 @@ class UpstreamAdapter:
         return {}
 
     def _op_insert(self, step: dict, args: dict) -> dict:
+        result = self.cache.insert(self._insert_params(args))
+        return {"prefix_len": int(result.prefix_len), "freed": self.pool.take_freed()}
+
+    def _insert_params(self, args: dict) -> Any:
+        """An insert step's arguments, checked, as upstream's ``InsertParams`` (the Full part;
+        an adapter with aux components adds theirs)."""
         tokens = _int_list(args.get("tokens"), "tokens")
         value = _int_list(args.get("value"), "value")
         extra = _extra_key(args.get("extra_key"))
@@ -540,10 +546,8 @@ class UpstreamAdapter:
         priority = args.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInput(f"insert: priority must be an int, got {priority!r}")
-        params = self.up.InsertParams(key=self._key(tokens, extra), value=self._tensor(value),
-                                      prev_prefix_len=prev, chunked=chunked, priority=priority)
-        result = self.cache.insert(params)
-        return {"prefix_len": int(result.prefix_len), "freed": self.pool.take_freed()}
+        return self.up.InsertParams(key=self._key(tokens, extra), value=self._tensor(value),
+                                    prev_prefix_len=prev, chunked=chunked, priority=priority)
 
     def _op_match_prefix(self, step: dict, args: dict) -> dict:
         tokens = _int_list(args.get("tokens"), "tokens")

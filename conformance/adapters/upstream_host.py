@@ -246,16 +246,21 @@ class UpstreamHostAdapter(UpstreamAdapter):
         return {"freed": self.pool.take_freed()}
 
     def _op_host_lock(self, step: dict, args: dict) -> dict:
+        node, handle, locked = self._host_lock_target(step, args)
+        self.cache.inc_host_lock_ref(node)
+        self._host_handles[handle] = (node, locked)
+        return {"handle": handle}
+
+    def _host_lock_target(self, step: dict, args: dict) -> tuple[Any, int, bool]:
+        """A host_lock step checked: the node, the new handle, and whether the node's Full part
+        has a host copy (only that part takes a host lock)."""
         node = self._find_node(*_path(args.get("node")))
         handle = step.get("i")
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise InvalidInput("a host_lock step needs an integer 'i' (the handle)")
         if handle in self._host_handles:
             raise HandleError(f"host handle {handle} is already held")
-        locked = node.component_data[self.up.ComponentType.FULL].host_value is not None
-        self.cache.inc_host_lock_ref(node)
-        self._host_handles[handle] = (node, locked)
-        return {"handle": handle}
+        return node, handle, node.component_data[self.up.ComponentType.FULL].host_value is not None
 
     def _op_host_unlock(self, step: dict, args: dict) -> dict:
         handle = args.get("handle")

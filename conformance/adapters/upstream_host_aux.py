@@ -317,13 +317,7 @@ class HostAuxUpstreamAdapter(UpstreamHostAdapter, HybridUpstreamAdapter):
         return ret
 
     def _op_host_lock(self, step: dict, args: dict) -> dict:
-        node = self._find_node(*_path(args.get("node")))
-        handle = step.get("i")
-        if isinstance(handle, bool) or not isinstance(handle, int):
-            raise InvalidInput("a host_lock step needs an integer 'i' (the handle)")
-        if handle in self._host_handles:
-            raise HandleError(f"host handle {handle} is already held")
-        full_locked = node.component_data[self.up.ComponentType.FULL].host_value is not None
+        node, handle, full_locked = self._host_lock_target(step, args)
         result = self.cache.inc_host_lock_ref(node)
         self._host_handles[handle] = (node, full_locked, result.to_dec_params())
         return {"handle": handle}

@@ -281,22 +281,7 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         return {}
 
     def _op_insert(self, step: dict, args: dict) -> dict:
-        tokens = _int_list(args.get("tokens"), "tokens")
-        value = _int_list(args.get("value"), "value")
-        extra = args.get("extra_key")
-        if extra is not None and not isinstance(extra, str):
-            raise InvalidInput("extra_key must be null or a string")
-        prev = _count(args.get("prev_prefix_len", 0), "prev_prefix_len")
-        chunked = args.get("chunked", False)
-        if not isinstance(chunked, bool):
-            raise InvalidInput("chunked must be true or false")
-        if len(value) != len(tokens):
-            raise InvalidInput(f"value has {len(value)} slots for {len(tokens)} tokens")
-        priority = args.get("priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidInput(f"insert: priority must be an int, got {priority!r}")
-        params = self.up.InsertParams(key=self._key(tokens, extra), value=self._tensor(value),
-                                      prev_prefix_len=prev, chunked=chunked, priority=priority)
+        params = self._insert_params(args)
         if "mamba" in self.config.components:
             mv = _int_list(args.get("mamba_value"), "mamba_value")
             if len(mv) != 1:
