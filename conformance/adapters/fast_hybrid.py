@@ -15,7 +15,7 @@ from uniradix.conformance.adapters.base import args_of, aux_effects, check_cow_a
 from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPool, ints
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
+from uniradix.spec.errors import InvalidInput, Unsupported
 from uniradix.spec.world import HybridKVPool, PagedPool, hybrid_pools
 
 
@@ -35,36 +35,11 @@ class SwaPoolAllocator(PoolAllocator):
         return torch.tensor(self._kv().translate(kv_indices.tolist()), dtype=torch.int64)
 
 
-class MambaAllocator:
-    """The Mamba state pool behind SGLang's ``mamba_allocator`` interface."""
-
-    uniradix_free_order = "append"  # lowest-first, logs every slot (see PoolAllocator)
-
-    def __init__(self, pool) -> None:
-        self.pool = pool
-
-    def alloc(self, n: int):
-        try:
-            return torch.tensor(self.pool.alloc(int(n)), dtype=torch.int64)
-        except AllocatorError:
-            return None
-
-    def free(self, idx) -> None:
-        slots = idx.tolist()
-        if slots:
-            self.pool.free(slots)
-
-    def available_size(self) -> int:
-        return self.pool.available_size()
-
-    def is_allocated(self, slot: int) -> bool:
-        return self.pool.is_allocated(slot)
-
-
 class MambaReqPool(ReqToTokenPool):
     def __init__(self, mamba_pool) -> None:
         super().__init__()
-        self.mamba_allocator = MambaAllocator(mamba_pool)
+        # the state pool behind SGLang's ``mamba_allocator`` interface
+        self.mamba_allocator = PoolAllocator(mamba_pool, torch)
         self.mamba_pool = self.mamba_allocator
 
 

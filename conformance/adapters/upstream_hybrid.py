@@ -119,29 +119,11 @@ def load_hybrid() -> types.SimpleNamespace:
             full, swa = self._slots(full_indices), self._slots(swa_indices)
             self.pool.full_to_swa.update(zip(full, swa, strict=True))
 
-    class MambaAllocator:
-        def __init__(self, pool) -> None:
-            self.pool = pool
-
-        def alloc(self, n: int):
-            try:
-                return torch.tensor(self.pool.alloc(int(n)), dtype=torch.int64)
-            except AllocatorError:
-                return None
-
-        def free(self, idx) -> None:
-            slots = idx.tolist() if hasattr(idx, "tolist") else list(idx)
-            if slots:
-                self.pool.free([int(s) for s in slots])
-
-        def available_size(self) -> int:
-            return self.pool.available_size()
-
     class MambaReqPool(HybridReqToTokenPool):
         """The Mamba pool model behind upstream's hybrid request pool interface."""
 
         def __init__(self, pool) -> None:  # no super().__init__: the state is ``pool``
-            self.mamba_allocator = MambaAllocator(pool)
+            self.mamba_allocator = PoolAllocator(pool, up.torch)
             self.mamba_pool = self.mamba_allocator
             self.enable_mamba_extra_buffer = False
 
