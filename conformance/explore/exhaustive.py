@@ -76,6 +76,9 @@ class Universe:
     (0: no request-level ops).  ``chunked``: tree-level inserts also with ``chunked=True`` (it
     only changes hit counts, which only a host tier keeps).  ``invalid``: steps that every
     implementation must reject, leaving the state unchanged.  ``depth``: the default depth.
+    ``host_slots`` > 0: a host tier (HiCache) with ``write_policy`` and
+    ``write_through_threshold``, and the host rows of :data:`OP_KINDS`; ``max_host_locks``:
+    host locks the driver may hold at once.
     """
 
     name: str
@@ -91,10 +94,20 @@ class Universe:
     chunked: bool = False
     invalid: bool = True
     depth: int = 3
+    host_slots: int = 0
+    write_policy: str = "write_through"
+    write_through_threshold: int = 1
+    max_host_locks: int = 1
 
     def config(self) -> CacheConfig:
         return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots, eagle=self.eagle,
-                           disable=self.disable)
+                           disable=self.disable, host_slots=self.host_slots,
+                           write_policy=self.write_policy,
+                           write_through_threshold=self.write_through_threshold)
+
+    @property
+    def host(self) -> bool:
+        return self.host_slots > 0
 
     def keys(self) -> list[tuple[list, str | None]]:
         """Every key of the universe: (tokens, extra_key), shortest first."""
@@ -122,10 +135,6 @@ class Universe:
             raise ConfigError(f"a universe must be a JSON object, got {raw!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
-        host = [k for k in unknown if k.startswith("host")]
-        if host:
-            raise ConfigError(f"universe: {host}: the host tier is not explored yet (it does not "
-                              "exist in the spec or the fast path)")
         if unknown:
             raise ConfigError(f"universe: unknown key(s) {unknown}; known: {sorted(known)}")
         vals = dict(raw)
@@ -135,9 +144,18 @@ class Universe:
                 vals[k] = tuple(vals[k])
         u = cls(**vals)
         u.config().validate()
-        if not u.tokens or u.max_len < 1 or u.max_locks < 0 or u.requests < 0 or u.depth < 0:
-            raise ConfigError(f"universe {u.name}: tokens, max_len >= 1, max_locks, requests, "
-                              "depth >= 0 needed")
+        if not u.tokens or u.max_len < 1 or u.max_locks < 0 or u.requests < 0 or u.depth < 0 \
+                or u.max_host_locks < 0:
+            raise ConfigError(f"universe {u.name}: tokens, max_len >= 1, max_locks, "
+                              "max_host_locks, requests, depth >= 0 needed")
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        host_keys = sorted(k for k in ("write_policy", "write_through_threshold",
+                                       "max_host_locks") if getattr(u, k) != defaults[k])
+        if not u.host and host_keys:
+            raise ConfigError(f"universe {u.name}: {host_keys} need a host tier (host_slots > 0)")
+        if u.host and (u.requests or u.eagle or u.disable):
+            raise ConfigError(f"universe {u.name}: a host tier is explored through the "
+                              "tree-level API only (no requests, EAGLE or disable with host_slots)")
         return u
 
 
@@ -154,6 +172,14 @@ UNIVERSES: dict[str, Universe] = {u.name: u for u in (
              requests=2, depth=3),
     Universe("disable", page_size=1, kv_slots=4, disable=True, tokens=(1, 2), max_len=2,
              extra_keys=(None,), requests=1, depth=4),
+    # a host tier (HiCache): a device pool of 2 slots and a host pool of 3, so device
+    # eviction, backups, host eviction and load backs that must make room are all near
+    Universe("host-p1-wt", page_size=1, kv_slots=2, tokens=(1, 2), max_len=2,
+             extra_keys=(None,), max_locks=1, invalid=False, depth=3, host_slots=3,
+             write_policy="write_through"),
+    Universe("host-p1-wb", page_size=1, kv_slots=2, tokens=(1, 2), max_len=2,
+             extra_keys=(None,), max_locks=1, invalid=False, depth=4, host_slots=3,
+             write_policy="write_back"),
 )}
 
 
@@ -206,6 +232,16 @@ class World:
     requests: list        # spec Request objects, by rid
     free_slots: int
     storage_rids: tuple = ()  # storage tier: request ids with a prefetch in flight
+    # the host tier: nodes with a host copy; per evicted one, the path of its nearest ancestor
+    # on the device (what a load back starts from); driver-held live host locks (one per
+    # meaning) and all of them; write and load acks not done yet, and all queued acks
+    backed_up: list = dataclasses.field(default_factory=list)
+    loadable: list = dataclasses.field(default_factory=list)   # [(node path, last device path)]
+    host_held: list = dataclasses.field(default_factory=list)  # [(trace handle, meaning)]
+    n_host_held: int = 0
+    writes_pending: int = 0
+    loads_pending: int = 0
+    acks: int = 0
 
     @classmethod
     def of(cls, universe: Universe, adapter: SpecAdapter) -> World:
@@ -233,9 +269,46 @@ class World:
             if meaning not in seen:
                 seen.add(meaning)
                 held.append((h_no, meaning))
-        return cls(universe, [nodes[k] for k in order], [slots[k] for k in order], held, n_held,
-                   [r for _, r in sorted(st.requests.items())], st.kv.available_size(),
-                   tuple(sorted(st.storage.ongoing)) if st.storage is not None else ())
+        w = cls(universe, [nodes[k] for k in order], [slots[k] for k in order], held, n_held,
+                [r for _, r in sorted(st.requests.items())], st.kv.available_size(),
+                tuple(sorted(st.storage.ongoing)) if st.storage is not None else ())
+        if st.host is not None:
+            w.read_host(adapter)
+        return w
+
+    def read_host(self, adapter: SpecAdapter) -> None:
+        st = adapter.state
+        host = st.host
+        assert host is not None
+
+        def path(node: Node) -> dict:
+            units = node.path_units()
+            return {"tokens": list(units), "extra_key": node.extra_key}
+        for node in all_nodes(st)[1:]:
+            if node.host_value is None:
+                continue
+            self.backed_up.append(path(node))
+            if node.value is None:
+                last = node.parent
+                while last is not None and not last.is_root and last.value is None:
+                    last = last.parent
+                last_path = ({"tokens": [], "extra_key": node.extra_key}
+                             if last is None or last.is_root else path(last))
+                self.loadable.append((path(node), last_path))
+        self.backed_up.sort(key=_path_sort)
+        self.loadable.sort(key=lambda pl: _path_sort(pl[0]))
+        seen = set()
+        for h_no, handle in sorted(adapter.host_handles.items()):
+            if host.host_locks.get(handle.serial) is not handle:
+                continue  # released
+            self.n_host_held += 1
+            meaning = (_node_path(handle.node), handle.locked)
+            if meaning not in seen:
+                seen.add(meaning)
+                self.host_held.append((h_no, meaning))
+        self.writes_pending = sum(not a.done for a in host.writes)
+        self.loads_pending = sum(not a.done for a in host.loads)
+        self.acks = len(host.writes) + len(host.loads)
 
     def request_names(self) -> list[str]:
         return [r.rid for r in self.requests]
@@ -477,6 +550,71 @@ def t_req_step(u: Universe, w: World) -> Iterator[Transition]:
         yield Transition(f"req_abort {rid}", single("req_abort", {"rid": rid}))
 
 
+# -- host-tier transitions (universes with host_slots > 0) --------------------------------------
+
+
+def evict_host_sizes(u: Universe) -> list[int]:
+    return sorted({1, u.page_size + 1, u.host_slots})
+
+
+def t_evict_host(u: Universe, w: World) -> Iterator[Transition]:
+    for n in evict_host_sizes(u):
+        yield Transition(f"evict_host {n}", single("evict_host", {"num_tokens": n}))
+
+
+def t_load_back(u: Universe, w: World) -> Iterator[Transition]:
+    """Every evicted node with a host copy, loaded back from its nearest device ancestor (the
+    scheduler's ``init_load_back`` after a match that ended there)."""
+    for node, last in w.loadable:
+        yield Transition(f"load_back {node['tokens']} from {last['tokens']}", single(
+            "load_back", {"node": dict(node), "last_device_node": dict(last), "mem_quota": None}))
+
+
+def t_host_lock(u: Universe, w: World) -> Iterator[Transition]:
+    if w.n_host_held >= u.max_host_locks:
+        return
+    for p in w.backed_up:
+        yield Transition(f"host_lock {p['tokens']}", single("host_lock", {"node": dict(p)}))
+
+
+def t_host_unlock(u: Universe, w: World) -> Iterator[Transition]:
+    for h, meaning in w.host_held:
+        yield Transition(f"host_unlock {h} ({list(meaning[0][2])})",
+                         single("host_unlock", {"handle": h}))
+
+
+def run_settle(d: Driver) -> None:
+    """Every queued transfer completes and the cache processes the acks."""
+    d.step("io_complete", {"writes": -1, "loads": -1})
+    d.step("check_hicache_events", {})
+
+
+def run_serve_settle(d: Driver, tokens: list, ek: str | None) -> None:
+    run_serve(d, tokens, ek)
+    run_settle(d)
+
+
+def t_serve_settle(u: Universe, w: World) -> Iterator[Transition]:
+    """Write-through: a prompt served, then its backups complete and are processed (so a
+    backed-up, unlocked node is one transition away, and a load back three)."""
+    for toks, ek in u.keys():
+        yield Transition(f"serve+settle {toks} {ek}",
+                         functools.partial(run_serve_settle, tokens=toks, ek=ek))
+
+
+def t_acks(u: Universe, w: World) -> Iterator[Transition]:
+    """The environment's acks, one transfer at a time (the oldest write or load completes),
+    the cache's ``writing_check`` / ``loading_check``, and both together (``settle``)."""
+    if w.writes_pending:
+        yield Transition("io_complete write", single("io_complete", {"writes": 1, "loads": 0}))
+    if w.loads_pending:
+        yield Transition("io_complete load", single("io_complete", {"writes": 0, "loads": 1}))
+    if w.acks:
+        yield Transition("check_hicache_events", single("check_hicache_events", {}))
+        if w.writes_pending or w.loads_pending:
+            yield Transition("settle", run_settle)
+
+
 @dataclasses.dataclass(frozen=True)
 class OpKind:
     """One row of the transition table: a name, when it applies, and its transitions."""
@@ -486,8 +624,7 @@ class OpKind:
     applies: Callable[[Universe], bool] = lambda u: True
 
 
-# The transition table.  A host tier adds rows here (evict_host, load_back, writing_check,
-# io_complete as an explicit ack step per pending transfer, ...), guarded by ``applies``.
+# The transition table; the host tier's rows apply to universes with a host tier.
 OP_KINDS: tuple[OpKind, ...] = (
     OpKind("match_prefix", t_match),
     OpKind("insert", t_insert),
@@ -499,6 +636,13 @@ OP_KINDS: tuple[OpKind, ...] = (
     OpKind("invalid", t_invalid),
     OpKind("req_arrive", t_req_arrive, lambda u: u.requests > 0),
     OpKind("req_step", t_req_step, lambda u: u.requests > 0),
+    OpKind("evict_host", t_evict_host, lambda u: u.host),
+    OpKind("load_back", t_load_back, lambda u: u.host),
+    OpKind("host_lock", t_host_lock, lambda u: u.host),
+    OpKind("host_unlock", t_host_unlock, lambda u: u.host),
+    OpKind("acks", t_acks, lambda u: u.host),
+    OpKind("serve+settle", t_serve_settle,
+           lambda u: u.host and u.write_policy != "write_back"),
 )
 
 
@@ -534,7 +678,22 @@ def spec_fingerprint(adapter: SpecAdapter) -> tuple:
     reqs = tuple((r.rid, tuple(r.input_ids), r.extra_key, tuple(r.output_ids), r.admitted,
                   None if r.lock is None else _handle_meaning(st, r.lock))
                  for _, r in sorted(st.requests.items()))
-    return ("spec", order, tuple(sorted(driver)), reqs, len(st.handles))
+    return ("spec", order, tuple(sorted(driver)), reqs, len(st.handles), _spec_host(adapter))
+
+
+def _spec_host(adapter: SpecAdapter) -> tuple:
+    """The host tier beyond the snapshot (which has host copies, host lock counts, the host
+    leaf order and the acks' nodes, done flags and whether they lock): the driver's live host
+    locks by meaning (node, whether it counted), and each ack's lock by meaning (what its
+    release unlocks)."""
+    host = adapter.state.host
+    if host is None:
+        return ()
+    held = sorted((_node_path(h.node), h.locked) for h in adapter.host_handles.values()
+                  if host.host_locks.get(h.serial) is h)
+    acks = tuple(tuple(None if a.lock is None else _handle_meaning(adapter.state, a.lock)
+                       for a in q) for q in (host.writes, host.loads))
+    return (tuple(held), acks)
 
 
 def fast_fingerprint(adapter: Any) -> tuple:
@@ -571,9 +730,47 @@ def fast_fingerprint(adapter: Any) -> tuple:
                       r.row_len, len(r.output_ids))
                      for rid, r in sorted(adapter.requests.items()))
         clock_ok = all(c._clock >= n.last_access_time for n in nodes)
-        return ("fast", per_node, clock_ok, len(c._heap) > 64, handles, reqs)
+        host = _fast_host(adapter, nodes, paths, ids) if adapter.config.has_host_tier else ()
+        return ("fast", per_node, clock_ok, len(c._heap) > 64, handles, reqs, host)
     except AttributeError as e:  # pragma: no cover - the fast path renamed its fields
         return ("fast", "opaque", str(e))
+
+
+def _fast_host(adapter: Any, nodes: list, paths: dict, ids: dict) -> tuple:
+    """The fast path's host tier beyond the snapshot, up to renaming: per node its host lock
+    count, host-leaf membership and whether a live host-heap entry exists; the ack queues with
+    the nodes each ack covers (one load ack can cover several nodes) and the lock each
+    in-flight transfer holds (by its anchor and skipped paths); the driver's host locks by
+    path and whether they counted."""
+    c = adapter.cache
+    live = {id(n) for s, n in c._host_heap if n.last_access_time == s and id(n) in paths}
+    per_node = tuple(sorted((paths[id(n)], n.host_lock_ref, n in c.host_leaves, id(n) in live)
+                            for n in nodes))
+
+    def lock(params: Any) -> tuple | None:
+        if params is None:
+            return None
+        anchor = getattr(params, "anchor", None)
+        return (paths.get(id(anchor), "root" if anchor is c.root_node else None),
+                tuple(sorted(str(ids.get(i, "detached"))
+                             for s in params.skip_lock_node_ids.values() for i in s)))
+
+    cc = c.cache_controller
+    queues = []
+    for queue, ongoing in ((cc.ack_write_queue, c.ongoing_write_through),
+                           (cc.ack_load_queue, c.ongoing_load_back)):
+        acks = []
+        for ack in queue:
+            covered = []
+            for i in ack.node_ids:
+                entry = ongoing.get(i)
+                covered.append(None if entry is None
+                               else (paths.get(id(entry.node)), lock(entry.lock)))
+            acks.append((ack.finish_event.query(), tuple(covered)))
+        queues.append(tuple(acks))
+    held = tuple(sorted((paths.get(id(node), "detached"), locked)
+                        for node, locked in adapter.host_handles.values()))
+    return (per_node, tuple(queues), held, len(cc._pending_loads), len(c._host_heap) > 64)
 
 
 def fingerprint(adapter: Any) -> tuple:

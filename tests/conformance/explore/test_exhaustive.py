@@ -32,19 +32,48 @@ LAST_LINE = re.compile(r"^check: (\d+) states, (\d+) transitions, depth ([\d-]+)
 # ----------------------------------------------------------------------------------------------
 
 
+DEVICE_ONLY = [u for u in ex.UNIVERSES.values() if not u.host]
+HOST = [u for u in ex.UNIVERSES.values() if u.host]
+# the host universes in the default suite: smaller bounds than ``make check``'s (a few seconds)
+HOST_QUICK_DEPTH = {"host-p1-wt": 2, "host-p1-wb": 3}
+
+
 @pytest.mark.timeout(600)
 def test_default_suite_finds_nothing():
+    """The device-only universes at their default depths (the host ones: below)."""
     t0 = time.monotonic()
-    results = ex.run_check(list(ex.UNIVERSES.values()), ["spec", "fast"], jobs=2, out=None,
+    results = ex.run_check(DEVICE_ONLY, ["spec", "fast"], jobs=2, out=None,
                            progress=False, log=lambda m: print(m))
     seconds = time.monotonic() - t0
     print(ex.total_line(results, seconds))
-    assert [r.universe for r in results] == list(ex.UNIVERSES)
-    for r, u in zip(results, ex.UNIVERSES.values(), strict=True):
+    assert [r.universe for r in results] == [u.name for u in DEVICE_ONLY]
+    for r, u in zip(results, DEVICE_ONLY, strict=True):
         assert r.finding is None, f"{u.name}: {r.finding}\n{r.labels}"
         assert r.complete and r.depth == u.depth, (u.name, r.depth, r.levels)
         assert r.states > 1 and r.transitions >= r.states - 1
     assert sum(r.transitions for r in results) > 20_000
+
+
+@pytest.mark.timeout(300)
+def test_host_universes_find_nothing_small_bound():
+    assert sorted(HOST_QUICK_DEPTH) == sorted(u.name for u in HOST)
+    for u in HOST:
+        res = ex.explore(u, ["spec", "fast"], depth=HOST_QUICK_DEPTH[u.name], progress=False)
+        print(res.summary(u.name), res.levels)
+        assert res.finding is None, f"{u.name}: {res.finding}\n{res.labels}"
+        assert res.complete and res.depth == HOST_QUICK_DEPTH[u.name]
+        assert res.states > 50
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_host_universes_find_nothing_default_depth():
+    """``make check``'s bound for the host universes (about a minute on two cores)."""
+    results = ex.run_check(HOST, ["spec", "fast"], jobs=2, out=None, progress=False,
+                           log=lambda m: print(m))
+    for r, u in zip(results, HOST, strict=True):
+        assert r.finding is None, f"{u.name}: {r.finding}\n{r.labels}"
+        assert r.complete and r.depth == u.depth, (u.name, r.depth, r.levels)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -94,6 +123,46 @@ def test_planted_bug_is_found_with_a_shortest_counterexample(evict_ignores_locks
     # and through the command line
     assert cli.main(["replay", path, "--impl", "spec"]) == 0
     assert cli.main(["replay", path, "--impl", "fast"]) == 1
+
+
+@pytest.fixture
+def evict_host_leaks_a_slot(monkeypatch):
+    """The fast path's host eviction forgets to free one host slot of what it evicts (the last
+    slot of each free of more than one, all of a free of one)."""
+    from uniradix.fast import hicache
+    real = hicache.HiCacheRadixCache.evict_host
+
+    def evict_host(self, num_tokens, component_type=None):
+        pool = self.cache_controller.mem_pool_host
+        free = pool.free
+
+        def leaky(slots):
+            if len(slots) > 1:
+                free(slots[:-1])
+        pool.free = leaky
+        try:
+            return real(self, num_tokens, component_type)
+        finally:
+            del pool.free
+
+    monkeypatch.setattr(hicache.HiCacheRadixCache, "evict_host", evict_host)
+
+
+@pytest.mark.parametrize("name", ["host-p1-wt", "host-p1-wb"])
+def test_planted_host_bug_is_found(evict_host_leaks_a_slot, name, tmp_path):
+    """A host slot the fast path forgets to free shows as a missing ``host_freed`` effect at
+    the first host eviction (explicit, or an insert's or backup's room-making), and the
+    written trace replays clean on the spec and diverges on the broken fast path."""
+    u = ex.UNIVERSES[name]
+    res = ex.explore(u, ["spec", "fast"], progress=False)
+    f = res.finding
+    assert f is not None and res.labels is not None
+    assert (f.kind, f.where) == ("divergence", "observation") and f.path.startswith("host_freed")
+    assert len(res.labels) <= 3, res.labels
+    path = ex.write_counterexample(str(tmp_path), u, ["spec", "fast"], res)
+    trace = load_trace(path)
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is not None
 
 
 def test_cli_check_exits_1_and_writes_the_counterexample(evict_ignores_locks, tmp_path, capsys):
@@ -147,7 +216,13 @@ def test_cli_check_needs_exhaustive_and_rejects_bad_universes(capsys):
     assert cli.main(["check"]) == 2
     assert cli.main(["check", "--exhaustive", "--config", "nope"]) == 2
     with pytest.raises(ConfigError, match="host tier"):
-        ex.parse_universe('{"base": "full-p1", "host_slots": 8}')
+        ex.parse_universe('{"base": "req-p1", "host_slots": 8}')
+    with pytest.raises(ConfigError, match="unknown key"):
+        ex.parse_universe('{"base": "full-p1", "host_pages": 8}')
+    with pytest.raises(ConfigError, match="need a host tier"):
+        ex.parse_universe('{"base": "full-p1", "write_policy": "write_back"}')
+    with pytest.raises(ConfigError, match="write_policy"):
+        ex.parse_universe('{"base": "host-p1-wt", "write_policy": "write_sometimes"}')
     with pytest.raises(ConfigError):
         ex.parse_universe('{"page_size": 2, "kv_slots": 5}')
 
@@ -220,6 +295,38 @@ def test_transitions_are_a_table_a_tier_can_extend():
     res = ex.explore(u, ["spec", "fast"], depth=1, progress=False,
                      kinds=ex.OP_KINDS + (extra,))
     assert res.finding is None and res.transitions == n + 1
+
+
+def test_host_rows_apply_to_host_universes_only():
+    names = {t.label.split()[0] for t in ex.transitions(
+        ex.UNIVERSES["full-p1"], ex.World.of(ex.UNIVERSES["full-p1"],
+                                             SpecAdapter(ex.UNIVERSES["full-p1"].config())))}
+    assert not names & {"evict_host", "load_back", "host_lock", "settle", "serve+settle"}
+    u = ex.UNIVERSES["host-p1-wt"]
+    # a node backed up, its ack processed, then evicted from the device: everything applies
+    ls = _pair(u, [("alloc", {"n": 1}), ("insert", {"tokens": [1], "value": [1]}),
+                   ("io_complete", {"writes": -1, "loads": -1}), ("check_hicache_events", {}),
+                   ("evict", {"num_tokens": 2})])
+    w = ex.World.of(u, ls.adapters[0])
+    one = {"tokens": [1], "extra_key": None}
+    assert w.backed_up == [one] and w.loadable == [(one, {"tokens": [], "extra_key": None})]
+    labels = [t.label for t in ex.transitions(u, w)]
+    assert "load_back [1] from []" in labels and "host_lock [1]" in labels
+    assert "evict_host 3" in labels and "serve+settle [1] None" in labels
+    assert not any(lab.startswith(("io_complete", "settle", "check_hicache")) for lab in labels)
+
+
+def test_key_ignores_host_handle_numbers_and_keeps_host_locks_apart():
+    u = ex.UNIVERSES["host-p1-wt"]
+    base = [("alloc", {"n": 1}), ("insert", {"tokens": [1], "value": [1]}),
+            ("io_complete", {"writes": -1, "loads": -1}), ("check_hicache_events", {})]
+    hl = ("host_lock", {"node": {"tokens": [1], "extra_key": None}})
+    a = _pair(u, base + [hl])
+    b = _pair(u, base + [("match_prefix", {"tokens": [2]}), hl])
+    assert _key(a) == _key(b) != _key(_pair(u, base))
+    w = ex.World.of(u, a.adapters[0])
+    assert w.n_host_held == 1 and [m for _, m in w.host_held] == [((False, "", (1,)), True)]
+    assert list(ex.t_host_lock(u, w)) == []  # max_host_locks 1
 
 
 def test_unlock_of_unknown_handle_is_rejected_alike():
