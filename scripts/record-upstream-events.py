@@ -5,11 +5,13 @@ Usage (with the upstream virtualenv's python, uniradix importable there):
     python scripts/record-upstream-events.py OUT_DIR "CONFIG..." FIRST-LAST [STEPS]
 
 For each config (conformance/explore/driver.py's CONFIG_NAMES) and seed it runs the scheduler-like
-driver against 0.5.13.post1's ``UnifiedRadixCache`` with its KV-event mixin on
-(conformance/adapters/upstream.py) and writes OUT_DIR/<config>-s<seed, 3 digits>.jsonl: every step with
+driver against 0.5.13.post1's ``UnifiedRadixCache`` with its KV-event mixin on (every upstream
+adapter turns it on: conformance/adapters/upstream.py, upstream_host.py, upstream_hybrid.py,
+upstream_host_aux.py) and writes OUT_DIR/<config>-s<seed, 3 digits>.jsonl: every step with
 its ``ret`` and the events upstream emitted during it (docs/TRACE.md, "KV events"), the header
 with ``event_key_mode: "compat"``. It is ``python -m uniradix.conformance.explore.driver --impl upstream
---config C --seed K --steps N --events`` per trace, in one process (sglang is imported once).
+--config C --seed K --steps N --events`` (or ``uniradix record --impl upstream --workload random
+--events ...``) per trace, in one process (sglang is imported once).
 """
 
 from __future__ import annotations

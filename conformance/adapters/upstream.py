@@ -357,7 +357,8 @@ class UpstreamAdapter:
 
     @property
     def emits_kv_events(self) -> bool:
-        """Only the caches built above enable the mixin (the hybrid adapter's do not)."""
+        """Whether the cache has the mixin on (every upstream adapter's cache does: Full,
+        host, SWA, Mamba and the host tier with an aux component)."""
         return bool(getattr(self.cache, "enable_kv_cache_events", False))
 
     def take_events(self) -> list:

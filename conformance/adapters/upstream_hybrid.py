@@ -186,7 +186,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             sliding_window_size=self.config.sliding_window,
             component_registry_override=override,
             eviction_policy=self.config.eviction_policy,
-            enable_mamba_extra_buffer=self._mamba_extra_buffer())
+            enable_mamba_extra_buffer=self._mamba_extra_buffer(),
+            enable_kv_cache_events=True)  # its KV-event mixin, as the Full adapter's
         return self.up.UnifiedRadixCache(params)
 
     def _mamba_extra_buffer(self) -> bool:

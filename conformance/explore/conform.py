@@ -531,9 +531,13 @@ def _record(args: argparse.Namespace) -> int:
     from uniradix.conformance.traces.trace import dump_trace, make_header
 
     seed = args.seed
+    events = getattr(args, "events", False)
+    extra: dict[str, Any] = {}
     if args.workload == "shared-prefix":
         if getattr(args, "policy", "lru") != "lru":
             raise ConfigError("--policy applies to --workload random only")
+        if events:
+            raise ConfigError("--events applies to --workload random only")
         from uniradix.conformance.env.workload import SharedPrefix, run_shared_prefix
         requests = args.steps if args.steps is not None else 100
         w = SharedPrefix(seed=seed).scaled(requests)
@@ -551,8 +555,17 @@ def _record(args: argparse.Namespace) -> int:
         n = args.steps if args.steps is not None else 400
         config = driver.with_policy(driver.make_config(args.config, seed), args.policy)
         adapter = make_adapter(args.impl, config)
+        if events:  # each step's KV events, and the header's hash mode (docs/TRACE.md)
+            from uniradix.conformance.traces.events import event_source
+            src = event_source(adapter)
+            if src is None:
+                print(f"uniradix record: --events: {args.impl} emits no KV events",
+                      file=sys.stderr)
+                return 2
+            extra["event_key_mode"] = src.key_mode
         try:
-            steps = driver.record(adapter, config, seed, n, cow=args.config in driver.COW_CONFIGS)
+            steps = driver.record(adapter, config, seed, n, cow=args.config in driver.COW_CONFIGS,
+                                  events=events)
         except driver.RecordingError as e:
             print(f"uniradix record: {e}", file=sys.stderr)
             return 1
@@ -563,8 +576,11 @@ def _record(args: argparse.Namespace) -> int:
         who = f"sglang {version} UnifiedRadixCache"
     source = (f"{who}, recorded by uniradix record --workload {args.workload} "
               f"({what}, seed {seed})")
-    dump_trace(args.out, make_header(config, source, seed=seed), steps)
-    print(f"{args.out}: {len(steps)} steps")
+    dump_trace(args.out, make_header(config, source, seed=seed, **extra), steps)
+    if events:
+        print(f"{args.out}: {len(steps)} steps, {sum(len(s['events']) for s in steps)} events")
+    else:
+        print(f"{args.out}: {len(steps)} steps")
     return 0
 
 
@@ -592,6 +608,9 @@ def add_record_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--policy", default="lru", choices=list(driver_policies),
                    help="random workload only: the eviction policy (default lru; the others "
                         "give each request a priority for its inserts)")
+    p.add_argument("--events", action="store_true",
+                   help="random workload only: record each step's KV events too (docs/TRACE.md, "
+                        "'KV events'); the implementation must emit them (spec, upstream)")
     p.set_defaults(func=cmd_record)
     return p
 

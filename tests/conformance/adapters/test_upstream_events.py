@@ -14,9 +14,9 @@ from uniradix.conformance.adapters import upstream as upstream_mod
 from uniradix.conformance.adapters.base import make_adapter
 from uniradix.conformance.explore.driver import make_config, record
 from uniradix.conformance.explore.lockstep import Lockstep
-from uniradix.conformance.traces.events import SpecEvents, event_source
+from uniradix.conformance.traces.events import SpecEvents, TakenEvents, event_source
 from uniradix.conformance.traces.replay import replay_trace
-from uniradix.conformance.traces.trace import load_trace
+from uniradix.conformance.traces.trace import Trace, load_trace, make_header
 
 pytestmark = pytest.mark.upstream
 
@@ -37,6 +37,60 @@ def test_lockstep_compares_upstreams_events_with_the_specs(name):
     for step in steps:
         ls.apply(step)
     assert ls.stats["event_steps"] == len(steps)
+
+
+HYBRID = ["swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1", "full-swa-mamba-p1",
+          "full-swa-mamba-p4"]
+
+
+@pytest.mark.parametrize("name", HYBRID)
+def test_lockstep_compares_upstreams_hybrid_events_with_the_specs(name):
+    """SWA and Mamba (and both in one tree): upstream's hybrid adapter turns its mixin on, so
+    the lockstep compares its stream with the spec's on every step, as for the Full one."""
+    config = make_config(name, 41)
+    steps = record(make_adapter("spec", config), config, 41, 250, check_violations=False)
+    ls = Lockstep([make_adapter("spec", config), make_adapter("upstream", config)],
+                  ["spec", "upstream"])
+    assert ls.events_note == "" and ls.event_sources[0].key_mode == "compat"
+    for step in steps:
+        ls.apply(step)
+    assert ls.stats["event_steps"] == len(steps)
+
+
+@pytest.mark.parametrize("name", ["swa-w8-p1", "mamba-p1", "full-swa-mamba-p4", "host-swa-wt-p1",
+                                  "host-mamba-wb-p4"])
+def test_every_hybrid_adapter_emits_upstreams_events(name):
+    """The hybrid adapters and the host-tier adapter with an aux component emit 0.5.13.post1's
+    own events (``compat`` hashes), Full pages only: an aux eviction emits nothing."""
+    config = make_config(name, 5)
+    adapter = make_adapter("upstream", config)
+    src = event_source(adapter)
+    assert isinstance(src, TakenEvents) and src.key_mode == "compat"
+    steps = record(adapter, config, 5, 200, events=True)
+    events = [e for s in steps for e in s["events"]]
+    assert events and {e[0] for e in events} <= {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+    media = {e[-1] for e in events if e[0] != "AllBlocksCleared"}
+    assert media == ({"GPU", "CPU_PINNED"} if config.has_host_tier else {"GPU"})
+
+
+@pytest.mark.parametrize("name", ["host-mamba-wt-p1", "host-mamba-wb-p4"])
+def test_host_mamba_events_replay_on_the_spec(name):
+    """The host tier with Mamba: upstream's recorded stream (both media) is the spec's rendered
+    with compat hashes (a replay; the lockstep's snapshots of this config differ elsewhere)."""
+    config = make_config(name, 7)
+    adapter = make_adapter("upstream", config)
+    steps = record(adapter, config, 7, 250, events=True)
+    trace = Trace(make_header(config, "test", seed=7, event_key_mode="compat"), config, steps)
+    result = replay_trace(trace, "spec")
+    assert result.divergence is None, str(result.divergence)
+    assert result.events_compared == len(steps)
+
+
+def test_committed_hybrid_event_traces_replay_on_upstream():
+    path = os.path.join(CORPUS + "-hybrid", "swa-w8-p4-s002.jsonl")
+    result = replay_trace(load_trace(path), "upstream")
+    assert result.divergence is None, str(result.divergence)
+    assert result.events_compared == 300
 
 
 def test_the_recorder_takes_upstreams_events_step_by_step():

@@ -368,6 +368,34 @@ def test_record_random_replays_clean(tmp_path):
     assert replay_trace(trace, "spec").divergence is None
 
 
+@pytest.mark.parametrize("config", ["hicache-wt-p1", "swa-w8-p1", "mamba-p1"])
+def test_record_random_with_events_replays_with_its_events(tmp_path, capsys, config):
+    out = str(tmp_path / "ev.jsonl")
+    assert conform_mod.main(["record", "--impl", "spec", "--workload", "random", "--steps", "120",
+                             "--seed", "6", "--config", config, "--events", "--out", out]) == 0
+    trace = load_trace(out)
+    n = sum(len(s["events"]) for s in trace.steps)
+    assert capsys.readouterr().out.strip().endswith(f"120 steps, {n} events")
+    assert trace.header["event_key_mode"] == "namespaced" and n > 0
+    result = replay_trace(trace, "spec")
+    assert result.divergence is None and result.events_compared == 120
+    # a changed event is a divergence of the replay
+    step = next(s for s in trace.steps if s["events"])
+    step["events"] = step["events"][1:]
+    assert replay_trace(trace, "spec").divergence is not None
+
+
+def test_record_events_refused_where_there_are_none(tmp_path, capsys):
+    out = str(tmp_path / "x.jsonl")
+    assert conform_mod.main(["record", "--impl", "fast", "--workload", "random", "--steps", "5",
+                             "--events", "--out", out]) == 2
+    assert "fast emits no KV events" in capsys.readouterr().err
+    assert not os.path.exists(out)
+    assert conform_mod.main(["record", "--impl", "spec", "--workload", "shared-prefix",
+                             "--steps", "2", "--events", "--out", out]) == 2
+    assert not os.path.exists(out)
+
+
 # ----------------------------------------------------------------------------------------------
 # Every registered implementation against the spec (fast, once it is registered)
 # ----------------------------------------------------------------------------------------------
