@@ -17,8 +17,13 @@ from uniradix.conformance.traces.trace import load_trace
 # replay in tests/spec/test_spec_policies.py, tests/spec/test_spec_mamba_cow.py and
 # tests/conformance/traces/test_storage_corpus.py (the fast path refuses them until it models them; the one
 # list of those folders is uniradix.conformance.run.SPEC_ONLY_CORPORA, which `uniradix run` reads too).
-TRACES = sorted(t for t in glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
-                if not is_spec_only(t))
+ALL_TRACES = sorted(t for t in glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
+                    if not is_spec_only(t))
+# tests/corpus/upstream-events-hybrid replays one seed per config in the default suite, the rest
+# behind `slow` (its events are checked against upstream's in tests/conformance/traces/test_events_corpus.py)
+SLOW_TRACES = [t for t in ALL_TRACES if os.sep + "upstream-events-hybrid" + os.sep in t
+               and not t.endswith("-s002.jsonl")]
+TRACES = [t for t in ALL_TRACES if t not in SLOW_TRACES]
 
 
 def test_corpus_is_there():
@@ -63,6 +68,13 @@ def test_replay(path, impl):
     result = replay_trace(trace, impl)
     assert result.unsupported is None, result.unsupported
     check_divergence(path, trace, result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["spec", "fast"])
+@pytest.mark.parametrize("path", SLOW_TRACES, ids=[os.path.relpath(t, CORPUS) for t in SLOW_TRACES])
+def test_replay_slow(path, impl):
+    test_replay(path, impl)
 
 
 def test_known_divergences_are_corpus_traces():
