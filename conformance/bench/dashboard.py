@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from uniradix.conformance.bench import results as R
+from uniradix.conformance.bench import subcommand_main
 
 DEFAULT_RESULTS = os.path.join("bench-results", "history")
 DEFAULT_PAGE = os.path.join("bench-results", "dashboard.html")
@@ -468,7 +469,8 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                 '(a deep getsizeof walk over the cache after Mooncake requests with no eviction), '
                 'divided by the tokens it holds.</p>')
     if mem:
-        rows = [(f"{r['impl']} p{r['page_size']}", R.stat([r["bytes_per_token"]], 2), color(r["impl"]))
+        rows = [(f"{r['impl']}{_config_tag(r)} p{r['page_size']}", R.stat([r["bytes_per_token"]], 2),
+                 color(r["impl"]))
                 for r in mem if r.get("bytes_per_token") is not None]
         body.append(f'<section class=card id=memory-card>{hbar_chart(rows, "B/token")}<p class=meta>'
                     f'{mem[0].get("requests")} Mooncake requests; one measurement each (deterministic); '
@@ -734,14 +736,15 @@ def record_run(results: dict, page: str) -> str:
     return page
 
 
+def _config_tag(row: dict) -> str:
+    """`` swa`` for a memory row of a configuration other than Full (older rows have none)."""
+    config = row.get("config") or "full"
+    return "" if config == "full" else f" {config}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="uniradix")
-    add_dashboard_parser(parser.add_subparsers(dest="command", required=True))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "dashboard":
-        argv = ["dashboard"] + argv
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """``python -m uniradix.conformance.bench.dashboard ...``: ``uniradix dashboard ...``."""
+    return subcommand_main("dashboard", add_dashboard_parser, argv)
 
 
 if __name__ == "__main__":
