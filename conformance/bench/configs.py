@@ -18,14 +18,15 @@ gains is measured as soon as it is declared.  Beyond the declarations, the bench
 * every other configuration on ``fast`` and ``upstream`` only (the spec's upstream-style
   wrapper, conformance/adapters/spec_api.py, has the Full component on the device tier only;
   upstream's Rust and C++ trees are pinned for the Full component);
-* upstream's host tier with the Full component only: the bench has no free-list build of
-  upstream's hybrid cache controller (its host pool group with aux host pools, which
-  conformance/adapters/upstream_host_aux.py drives over the pool model).
+* upstream's host tier with one aux component at a time: its hybrid cache controller over the
+  bench's free lists (conformance/bench/host.py, as conformance/adapters/upstream_host_aux.py
+  drives it over the pool model).
 
 Sizes (as the hybrid and host benches had them): an SWA window of :data:`SWA_WINDOW` with an
 SWA pool of half the KV pool; :data:`MAMBA_SLOTS` Mamba state slots, chunk size
-:data:`MAMBA_CHUNK`; a host pool of twice the device pool, write-through threshold 1,
-load-back threshold 0, transfers complete on submit.
+:data:`MAMBA_CHUNK`; a host pool of twice the device pool (the SWA host pool the same, the
+Mamba host pool :data:`MAMBA_HOST_SLOTS`), write-through threshold 1, load-back threshold 0,
+transfers complete on submit.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from uniradix.spec.config import CacheConfig
 SWA_WINDOW = 512
 MAMBA_SLOTS = 256
 MAMBA_CHUNK = 64
+MAMBA_HOST_SLOTS = 2 * MAMBA_SLOTS  # the host Mamba pool (TRACE.md's default: twice the device's)
 WRITE_POLICIES = ("write_through", "write_back")
 # the implementations the bench builds in a configuration other than Full
 CONFIG_IMPLS = ("fast", "upstream")
@@ -225,11 +227,6 @@ def upstream_builder(config: BenchConfig) -> B.ApiBundle:
     as for the golden corpus; the host tier through the controller of
     conformance/adapters/upstream_host.py, transfers completing on submit)."""
     from uniradix.conformance.adapters.upstream import UpstreamMissing, load_upstream
-    if config.hicache and config.aux:
-        raise B.ImplMissing(
-            "upstream: the bench does not build upstream's host tier with an aux component "
-            "(its hybrid cache controller with aux host pools is driven over the pool model "
-            "by conformance/adapters/upstream_host_aux.py only)")
     try:
         up = load_upstream()
         hy = None
@@ -273,15 +270,17 @@ def upstream_build(config: BenchConfig, up: Any, hy: Any, kv_slots: int, page_si
             sliding_window_size=SWA_WINDOW if "swa" in config.components else None,
             component_registry_override=({ct.SWA: hy.SeedEraSWAComponent}
                                          if "swa" in config.components else None),
-            # lifts upstream's page-size-1 check for Mamba (as the hybrid adapter does)
-            enable_mamba_extra_buffer=len(config.components) == 3 and page_size > 1)
+            # lifts upstream's page-size-1 check for Mamba (as the hybrid and host adapters do)
+            enable_mamba_extra_buffer=((len(config.components) == 3 or bool(config.hicache))
+                                       and page_size > 1))
     cache = up.UnifiedRadixCache(up.CacheInitParams(
         disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
         page_size=page_size, is_eagle=False,
         tree_components=tuple(named[c] for c in config.components), **kw))
     if config.hicache:
         from uniradix.conformance.bench.host import wire_upstream_host
-        wire_upstream_host(cache, alloc, config.hicache, up, kv_slots, page_size)
+        wire_upstream_host(cache, alloc, config.hicache, up, kv_slots, page_size, config.aux,
+                           req_pool, MAMBA_HOST_SLOTS)
     return cache, alloc, req_pool
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -88,6 +89,8 @@ class HostStep(B.Step):
             self._ready()
             return out
         new, req.node = run.timed("load_back", load_back)
+        if lp.req.mamba_pool_idx is not None:  # the load back gave the request a Mamba state
+            req.state = lp.req.mamba_pool_idx.reshape(1)
         req.loaded = len(new)
         if req.loaded:
             req.indices = run.values.cat(req.indices, new)
@@ -99,19 +102,86 @@ class HostStep(B.Step):
         run.timed("events", self._events)
 
 
+class HostGroup(HostFreeList):
+    """The KV host pool as the anchor of upstream's host pool group: ``entry_map`` holds the
+    aux host pools (SWA or Mamba) and their device allocators."""
+
+    def __init__(self, usable_slots: int, page_size: int, torch_module) -> None:
+        super().__init__(usable_slots, page_size, torch_module)
+        self.entry_map: dict = {}
+
+    def clear(self) -> None:
+        super().clear()
+        for entry in self.entry_map.values():
+            entry.host_pool.clear()
+
+
 def wire_upstream_host(cache: Any, alloc: Any, policy: str, up: Any, kv_slots: int,
-                       page_size: int) -> Any:
+                       page_size: int, aux: tuple[str, ...] = (), req_pool: Any = None,
+                       mamba_host_slots: int = 0) -> Any:
     """Give sglang's ``cache`` a host tier: a host free list of twice ``kv_slots`` behind the
-    model controller of conformance/adapters/upstream_host.py (transfers complete on submit),
-    write-through threshold 1, load-back threshold 0.  Returns the controller."""
+    model controllers of conformance/adapters/upstream_host.py (Full) and upstream_host_aux.py
+    (with one aux component: its host pool, twice ``kv_slots`` for SWA or ``mamba_host_slots``
+    for Mamba, and upstream's own allocation of the aux transfers), transfers completing on
+    submit, write-through threshold 1, load-back threshold 0.  Returns the controller."""
     from uniradix.conformance.adapters.upstream_host import ModelController
-    host = HostFreeList(2 * kv_slots, page_size, up.torch)
-    ctrl = ModelController(policy, host, alloc, done_on_submit=True)
+    ct = up.ComponentType
+    if not aux:
+        host: Any = HostFreeList(2 * kv_slots, page_size, up.torch)
+        ctrl: Any = ModelController(policy, host, alloc, done_on_submit=True)
+    else:
+        ctrl, host = _aux_controller(cache, alloc, policy, up, kv_slots, page_size, aux,
+                                     req_pool, mamba_host_slots)
+        cache.full_kv_pool_host = host
     cache.cache_controller = ctrl
     cache.write_through_threshold = 1
     cache.load_back_threshold = 0
-    cache.components[up.ComponentType.FULL]._full_kv_pool_host = host
+    cache.components[ct.FULL]._full_kv_pool_host = host
     return ctrl
+
+
+def _aux_controller(cache: Any, alloc: Any, policy: str, up: Any, kv_slots: int,
+                    page_size: int, aux: tuple[str, ...], req_pool: Any,
+                    mamba_host_slots: int) -> tuple[Any, HostGroup]:
+    """Upstream's hybrid cache controller over the bench's free lists (one aux component)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    from uniradix.conformance.adapters.upstream_host_aux import AuxModelController
+    if len(aux) != 1:
+        raise B.ImplMissing("upstream: a host tier with SWA and Mamba together (its host "
+                            "adapter takes one aux component)")
+    ct, torch = up.ComponentType, up.torch
+    group = HostGroup(2 * kv_slots, page_size, torch)
+    if aux == ("swa",):
+        aux_host = HostFreeList(2 * kv_slots, page_size, torch)
+        group.entry_map[PoolName.SWA] = types.SimpleNamespace(
+            name=PoolName.SWA, host_pool=aux_host, device_pool=None,
+            is_primary_index_anchor=False,
+            host_evict_fn=lambda n: cache.evict_host(n, ct.SWA),
+            device_evict_fn=lambda n: cache.evict(EvictParams(swa_num_tokens=n)),
+            device_alloc_fn=alloc.swa.alloc, device_free_fn=alloc.swa.free)
+        cache.components[ct.SWA]._swa_kv_pool_host = aux_host
+        cache.swa_kv_pool_host = aux_host
+        full_alloc = alloc.alloc_full_only  # the SWA slots are taken and paired separately
+    else:
+        states = req_pool.mamba_allocator
+        aux_host = HostFreeList(mamba_host_slots, 1, torch)
+        group.entry_map[PoolName.MAMBA] = types.SimpleNamespace(
+            name=PoolName.MAMBA, host_pool=aux_host, device_pool=None,
+            is_primary_index_anchor=False,
+            host_evict_fn=lambda n: cache.evict_host(n, ct.MAMBA),
+            device_evict_fn=lambda n: cache.evict(EvictParams(mamba_num=n)),
+            device_alloc_fn=states.alloc, device_free_fn=states.free)
+        cache.components[ct.MAMBA]._mamba_pool_host = aux_host
+        cache.mamba_pool_host = aux_host
+        full_alloc = alloc.alloc
+    anchor: Any = group  # (the adapter's pool-model group has the same surface)
+    ctrl = AuxModelController(policy, anchor, full_alloc, alloc.free,
+                              HybridCacheController._resolve_pool_transfers_allocation, torch)
+    ctrl.done_on_submit = True  # (the bench: a copy engine that keeps up)
+    return ctrl, group
 
 
 # --------------------------------------------------------------------------------------------

@@ -73,6 +73,14 @@ class SwaFreeListAllocator(FreeListAllocator):
         self.full_to_swa[full] = self.swa.alloc(need_size)
         return full
 
+    def alloc_full_only(self, need_size: int):
+        """Full slots alone (a host tier's load back pairs the SWA slots it takes itself,
+        :meth:`set_full_to_swa_mapping`)."""
+        return FreeListAllocator.alloc(self, need_size)
+
+    def set_full_to_swa_mapping(self, full_indices, swa_indices) -> None:
+        self.full_to_swa[full_indices] = swa_indices
+
     def _free_full(self, free_index) -> None:
         FreeListAllocator.free(self, free_index)
 
@@ -133,6 +141,8 @@ class MambaStep(Step):
         self.states: Any = req_pool.mamba_allocator
 
     def admit(self, run: Run, req: Request) -> bool:
+        if req.state is not None:  # a host tier's load back gave it one
+            return True
         req.state = self.states.alloc(1)
         if req.state is None:
             run.evict(req, num_tokens=0, mamba_num=1)

@@ -1193,7 +1193,7 @@ def memory_per_token(impl: str, page_size: int = 16, requests: int = 100,
     half the KV pool); then :func:`deep_sizeof` walks the cache object (tree nodes, keys,
     values, host values, and whatever indexes the implementation keeps: leaf sets, LRU lists,
     counters), excluding the world: the allocators and the environment's pool, the Mamba
-    request pool, the host pool, and for upstream the bench's model of its cache controller
+    request pool, the host pools (the aux ones too), and for upstream the bench's model of its cache controller
     (conformance/adapters/upstream_host.py; fast's own controller is fast's and is counted).
     The total is divided by the KV slots the tree holds.  A deep getsizeof walk rather than
     tracemalloc, because tracemalloc does not see torch's tensor storage (allocated outside
@@ -1220,7 +1220,9 @@ def memory_per_token(impl: str, page_size: int = 16, requests: int = 100,
     cache, *world = keep
     controller = getattr(cache, "cache_controller", None)
     if controller is not None:
-        world.append(getattr(controller, "mem_pool_host", None))
+        host = getattr(controller, "mem_pool_host", None)
+        world.append(host)
+        world.extend(e.host_pool for e in (getattr(host, "entry_map", None) or {}).values())
         if type(controller).__module__.startswith("uniradix.conformance"):
             world.append(controller)  # the bench's model of upstream's controller
     gc.collect()

@@ -147,3 +147,23 @@ def test_matrix_records_every_configuration_and_each_refusal(tmp_path):
     assert {("fast", c.name) for c in C.MATRIX[:6]} <= mem and ("spec", "full") in mem
     assert all(m["bytes_per_token"] > 0 for m in data["memory"])
     assert bench.main(["--matrix", "--components", "swa"]) == 2
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("name", ["write_back+swa", "write_through+mamba"])
+def test_upstream_host_tier_with_an_aux_component_runs_the_same_loop(name):
+    """upstream's hybrid cache controller over the bench's free lists: host hits loaded back
+    (with SWA), and every request accounted for, run to run identical."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    try:
+        C.config_bundle("upstream", C.BenchConfig.parse(name), 1)
+    except bench.ImplMissing as e:
+        pytest.skip(str(e))
+    cmp = bench.compare(["upstream"], bench.shared_prefix_workload(1, base=HYBRID), repeats=2,
+                        config=C.BenchConfig.parse(name))
+    s = cmp.runs["upstream"][0]
+    assert cmp.identical and s.requests + s.aborted == HYBRID.requests
+    assert s.requests > HYBRID.requests // 2 and s.evicted_tokens > 0
+    assert len(s.op_times["events"]) == HYBRID.requests
+    if "swa" in name:
+        assert len(s.op_times["load_back"]) > 0
