@@ -1193,8 +1193,9 @@ def memory_per_token(impl: str, page_size: int = 16, requests: int = 100,
     half the KV pool); then :func:`deep_sizeof` walks the cache object (tree nodes, keys,
     values, host values, and whatever indexes the implementation keeps: leaf sets, LRU lists,
     counters), excluding the world: the allocators and the environment's pool, the Mamba
-    request pool, the host pools (the aux ones too), and for upstream the bench's model of its cache controller
-    (conformance/adapters/upstream_host.py; fast's own controller is fast's and is counted).
+    request pool, the host pools (the aux ones too), and for upstream the bench's model of its
+    cache controller (conformance/adapters/upstream_host.py; fast's own controller is fast's
+    and is counted).
     The total is divided by the KV slots the tree holds.  A deep getsizeof walk rather than
     tracemalloc, because tracemalloc does not see torch's tensor storage (allocated outside
     Python's allocators); the walk counts each tensor storage once at its full size.  Memory an
