@@ -167,3 +167,20 @@ def test_upstream_host_tier_with_an_aux_component_runs_the_same_loop(name):
     assert len(s.op_times["events"]) == HYBRID.requests
     if "swa" in name:
         assert len(s.op_times["load_back"]) > 0
+
+
+def test_python_dash_m_refuses_outside_full_instead_of_crashing(tmp_path):
+    """``python -m uniradix.conformance.bench.loop`` runs the imported module: a refusal raised
+    by configs.py (which imports the loop by name) is caught as one, not a traceback."""
+    import os
+    import subprocess
+    import sys
+    fast_or_skip()
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "uniradix.conformance.bench.loop", "--impl", "fast,upstream-cpp",
+         "--components", "mamba", "--requests", "30", "--page-size", "1", "--repeat", "1",
+         "--json", str(out)], capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (c,) = json.loads(out.read_text())["comparisons"]
+    assert "Full configuration only" in c["missing"]["upstream-cpp"] and "fast" in c["impls"]
