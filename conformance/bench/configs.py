@@ -286,23 +286,27 @@ def upstream_build(config: BenchConfig, up: Any, hy: Any, kv_slots: int, page_si
 
 def matrix_table(results: dict) -> list[str]:
     """The ratios of a ``--matrix`` run's JSON (``uniradix bench --json``), one line per
-    configuration, workload and page size: fast's requests/s, each peer's ratio, whether the
-    outcomes were identical, and who was not measured; then bytes per cached token."""
-    peers = ("upstream", "upstream-cpp", "upstream-rust", "spec")
-    lines = [f"{'config':<20}{'workload':<15}{'page':>5}{'fast req/s':>12}"
-             + "".join(f"{'fast/' + p:>19}" for p in peers[:2]) + "  identical  not measured"]
+    configuration, workload and page size: the requests/s of fast and upstream, fast's ratio
+    to each peer, whether the outcomes were identical (``one``: a single conforming
+    implementation measured, nothing to compare), and who was not measured; then bytes per
+    cached token."""
+    peers = ("upstream", "upstream-cpp")
+    lines = [f"{'config':<20}{'workload':<15}{'page':>5}{'fast req/s':>12}{'upstream req/s':>16}"
+             + "".join(f"{'fast/' + p:>19}" for p in peers) + "  identical  not measured"]
     for c in results.get("comparisons", []):
         base, _, config = str(c["workload"]).partition("+")
-        fast = c.get("impls", {}).get("fast")
-        rps = f"{fast['requests_per_s_median']:>12.1f}" if fast else f"{'-':>12}"
+        impls = c.get("impls") or {}
+        rps = "".join(f"{impls[i]['requests_per_s_median']:>{w}.1f}" if i in impls
+                      else f"{'-':>{w}}" for i, w in (("fast", 12), ("upstream", 16)))
         ratios = c.get("ratios") or {}
         cells = "".join(f"{ratios[f'fast/{p}']:>18.2f}x" if ratios.get(f"fast/{p}") is not None
-                        else f"{'-':>19}" for p in peers[:2])
-        extra = ", ".join(f"fast/{p} {ratios[f'fast/{p}']:.2f}x" for p in peers[2:]
-                          if ratios.get(f"fast/{p}") is not None)
+                        else f"{'-':>19}" for p in peers)
+        extra = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()
+                          if v is not None and k not in {f"fast/{p}" for p in peers})
         gone = ", ".join(sorted(c.get("missing") or {}))
-        same = "yes" if c.get("identical_outcomes") and c.get("impls") else (
-            "-" if not c.get("impls") else "NO")
+        conforming = [i for i in impls if i not in B.PEERS]
+        same = ("-" if not conforming else "one" if len(conforming) == 1
+                else "yes" if c.get("identical_outcomes") else "NO")
         lines.append(f"{config or 'full':<20}{base:<15}{c['page_size']:>5}{rps}{cells}  "
                      f"{same:<9}  {gone}" + (f" ({extra})" if extra else ""))
     mem: dict[tuple[str, int], dict[str, float]] = {}
@@ -318,3 +322,20 @@ def matrix_table(results: dict) -> list[str]:
             lines.append(f"{config:<20}{ps:>5}{cell(f):>14}{cell(u):>18}"
                          + (f"{f / u:>14.2f}x" if f is not None and u else f"{'-':>15}"))
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m uniradix.conformance.bench.configs FILE``: the table of a ``--matrix`` JSON."""
+    import json
+    import sys
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m uniradix.conformance.bench.configs MATRIX_JSON", file=sys.stderr)
+        return 2
+    with open(args[0], encoding="utf-8") as f:
+        print("\n".join(matrix_table(json.load(f))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

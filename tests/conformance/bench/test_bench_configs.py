@@ -146,6 +146,11 @@ def test_matrix_records_every_configuration_and_each_refusal(tmp_path):
     mem = {(m["impl"], m["config"]) for m in data["memory"]}
     assert {("fast", c.name) for c in C.MATRIX[:6]} <= mem and ("spec", "full") in mem
     assert all(m["bytes_per_token"] > 0 for m in data["memory"])
+    table = C.matrix_table(data)
+    assert len(table) == 1 + len(C.MATRIX) + 2 + len({(m["config"], m["page_size"])
+                                                      for m in data["memory"]})
+    assert table[1].split()[:3] == ["full", "shared-prefix", "1"] and "yes" in table[1]
+    assert " one " in table[2] and "spec" in table[2]  # swa: fast alone, the spec refused
     assert bench.main(["--matrix", "--components", "swa"]) == 2
 
 
