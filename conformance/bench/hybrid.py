@@ -114,13 +114,12 @@ class SwaStep(Step):
 
     name = "swa"
 
-    def make_room(self, run: Run, req: Request) -> bool:
+    def make_room(self, run: Run, req: Request) -> None:
         alloc = run.allocator
         short_full = req.need - alloc.full_available_size()
         short_swa = req.need - alloc.swa_available_size()
         if short_full > 0 or short_swa > 0:
             run.evict(req, num_tokens=max(0, short_full), swa_num_tokens=max(0, short_swa))
-        return True
 
     def count_evicted(self, req: Request, result: Any) -> None:
         req.aux_evicted["swa"] = (req.aux_evicted.get("swa", 0)

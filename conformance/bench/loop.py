@@ -784,10 +784,9 @@ class Step:
     def after_match(self, run: Run, req: Request, match: Any) -> None:
         """After ``match_prefix``, before the lock (the host tier loads its hit back here)."""
 
-    def make_room(self, run: Run, req: Request) -> bool:
-        """Evict for ``req.need`` fresh slots; True when this step did (the Full default:
-        evict the shortfall of ``allocator.available_size()``).  One step at most does."""
-        return False
+    def make_room(self, run: Run, req: Request) -> None:
+        """Evict for ``req.need`` fresh slots.  Overridden by at most one step of a run, which
+        then replaces the Full default (evict the shortfall of ``allocator.available_size()``)."""
 
     def admit(self, run: Run, req: Request) -> bool:
         """What ``req`` needs besides its slots (False: it aborts, its slots not taken)."""
@@ -870,7 +869,11 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     run = Run(bundle, built, stats, steps)
     for step in steps:
         step.start(run)
-    room = next((s for s in steps if type(s).make_room is not Step.make_room), None)
+    rooms = [s for s in steps if type(s).make_room is not Step.make_room]
+    if len(rooms) > 1:
+        raise ValueError("steps " + ", ".join(s.name for s in rooms) + " each make room; at "
+                         "most one step of a run may replace the Full default")
+    room = rooms[0] if rooms else None
     t_match, t_lock, _t_evict, t_insert, t_unlock = (stats.op_times[op] for op in OPS)
     digest = hashlib.blake2b(digest_size=16)
     clock = time.perf_counter

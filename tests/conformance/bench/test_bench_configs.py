@@ -189,3 +189,18 @@ def test_python_dash_m_refuses_outside_full_instead_of_crashing(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (c,) = json.loads(out.read_text())["comparisons"]
     assert "Full configuration only" in c["missing"]["upstream-cpp"] and "fast" in c["impls"]
+
+
+def test_two_steps_that_make_room_are_refused_by_name():
+    fast_or_skip()
+    from uniradix.conformance.bench.hybrid import SwaStep
+
+    class Greedy(bench.Step):
+        name = "greedy"
+
+        def make_room(self, run, req):
+            run.evict(req, num_tokens=req.need)
+
+    bundle = dataclasses.replace(bench.get_bundle("fast"), steps=(SwaStep, Greedy))
+    with pytest.raises(ValueError, match="swa, greedy each make room"):
+        bench.run_bench(bundle, small(1))
