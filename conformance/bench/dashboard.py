@@ -27,9 +27,11 @@ import html
 import math
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from uniradix.conformance.bench import results as R
+from uniradix.conformance.bench import subcommand_main
 
 DEFAULT_RESULTS = os.path.join("bench-results", "history")
 DEFAULT_PAGE = os.path.join("bench-results", "dashboard.html")
@@ -387,12 +389,8 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
     body.append('<h2 id=history>History</h2><p class=lead>Each ratio across the commits in the '
                 'results folder (oldest left); whiskers are the min–max over the rounds, the dashed '
                 'line is parity.</p><div class=grid>')
-    series: dict = {}
-    for gi, g in enumerate(history):
-        for fid, (fig, _m) in g.throughput().items():
-            for key, s in fig.get("ratios", {}).items():
-                series.setdefault((fid, key), {"fig": fig, "points": [None] * len(history)})
-                series[(fid, key)]["points"][gi] = s
+    series = _series(history, lambda fid, fig: (((fid, key), s)
+                                                for key, s in fig.get("ratios", {}).items()))
     if not series:
         body.append('<p class=empty>No ratios recorded yet.</p>')
     for (fid, key), d in sorted(series.items(), key=lambda kv: (kv[0][0], _ratio_order(kv[0][1]))):
@@ -409,12 +407,8 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
     body.append('<h2 id=throughput-history>Requests/s over commits</h2><p class=lead>fast\'s own '
                 'requests/s per figure (the machine differs between runs: see each point\'s '
                 'record).</p><div class=grid>')
-    rps_series: dict = {}
-    for gi, g in enumerate(history):
-        for fid, (fig, _m) in g.throughput().items():
-            if "fast" in fig["impls"]:
-                rps_series.setdefault(fid, {"fig": fig, "points": [None] * len(history)})
-                rps_series[fid]["points"][gi] = fig["impls"]["fast"]["requests_per_s"]
+    rps_series = _series(history, lambda fid, fig: (
+        [(fid, fig["impls"]["fast"]["requests_per_s"])] if "fast" in fig["impls"] else []))
     for _fid, d in sorted(rps_series.items()):
         chart = history_chart("fast req/s · " + _fig_title(d["fig"]),
                               list(zip(labels, d["points"], strict=True)),
@@ -468,7 +462,8 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
                 '(a deep getsizeof walk over the cache after Mooncake requests with no eviction), '
                 'divided by the tokens it holds.</p>')
     if mem:
-        rows = [(f"{r['impl']} p{r['page_size']}", R.stat([r["bytes_per_token"]], 2), color(r["impl"]))
+        rows = [(f"{r['impl']}{_config_tag(r)} p{r['page_size']}", R.stat([r["bytes_per_token"]], 2),
+                 color(r["impl"]))
                 for r in mem if r.get("bytes_per_token") is not None]
         body.append(f'<section class=card id=memory-card>{hbar_chart(rows, "B/token")}<p class=meta>'
                     f'{mem[0].get("requests")} Mooncake requests; one measurement each (deterministic); '
@@ -734,14 +729,27 @@ def record_run(results: dict, page: str) -> str:
     return page
 
 
+def _series(history: Sequence[Any], pick: Callable[[str, dict], Iterable[tuple]]) -> dict:
+    """Per key, a figure and one point per commit of ``history`` (None where a commit has
+    none): ``pick(figure id, figure)`` gives the (key, point) pairs of one figure."""
+    out: dict = {}
+    for gi, g in enumerate(history):
+        for fid, (fig, _m) in g.throughput().items():
+            for key, point in pick(fid, fig):
+                out.setdefault(key, {"fig": fig, "points": [None] * len(history)})
+                out[key]["points"][gi] = point
+    return out
+
+
+def _config_tag(row: dict) -> str:
+    """`` swa`` for a memory row of a configuration other than Full (older rows have none)."""
+    config = row.get("config") or "full"
+    return "" if config == "full" else f" {config}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="uniradix")
-    add_dashboard_parser(parser.add_subparsers(dest="command", required=True))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "dashboard":
-        argv = ["dashboard"] + argv
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """``python -m uniradix.conformance.bench.dashboard ...``: ``uniradix dashboard ...``."""
+    return subcommand_main("dashboard", add_dashboard_parser, argv)
 
 
 if __name__ == "__main__":

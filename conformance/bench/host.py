@@ -1,8 +1,9 @@
-"""``uniradix bench --hicache POLICY``: the benchmark of conformance/bench/loop.py with a host tier.
+"""The host tier as a step of the scheduler loop (conformance/bench/loop.py): ``uniradix bench
+--hicache POLICY`` and every configuration with a host tier (conformance/bench/configs.py).
 
-The same workloads and the same scheduler loop, plus what SGLang's scheduler does with HiCache:
-a host pool of **twice the device pool** (slot bookkeeping only, as the device pool: no KV data
-moves in either implementation), write-through (threshold 1) or write-back as asked,
+What SGLang's scheduler does with HiCache, added to the loop by :class:`HostStep`: a host pool
+of **twice the device pool** (slot bookkeeping only, as the device pool: no KV data moves in
+either implementation), write-through (threshold 1) or write-back as asked,
 ``load_back_threshold`` 0; per request, after the match::
 
     if m.host_hit_length > 0:                              # a host part: load it back
@@ -20,17 +21,16 @@ Timed, besides loop.py's five calls: ``load_back`` (``init_load_back`` plus
 ``fast`` (``uniradix.fast`` with ``CacheInitParams(hicache=...)``) and ``upstream`` (0.5.13.post1
 with the controller of conformance/adapters/upstream_host.py, completing on submit); the spec's
 upstream-style wrapper has no host tier, so it is reported as not measured.  Outcomes (hit rate
-counting device and loaded tokens, evictions, aborts, per-request digest) must be identical.
+counting device and loaded tokens, evictions, aborts, per-request digest with the loaded
+tokens) must be identical.
 """
 
 from __future__ import annotations
 
-import collections
-import gc
-import hashlib
-import struct
-import time
-from collections.abc import Callable
+import dataclasses
+import sys
+import types
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from uniradix.conformance.bench import loop as B
@@ -51,178 +51,190 @@ class HostFreeList(B.FreeListAllocator):
 
 
 class _Req:
+    """What ``init_load_back`` reads from a request."""
+
     def __init__(self, last_node: Any) -> None:
         self.last_node = last_node
         self.swa_host_hit_length = 0
         self.mamba_host_hit_length = 0
+        self.mamba_pool_idx = None
 
 
-def build_fast(kv_slots: int, ps: int, policy: str):
-    import torch
+class HostStep(B.Step):
+    """Load a host hit back after the match (timed ``load_back``); poll the acks once per
+    request (timed ``events``).  The loaded tokens join the request's matched slots and are
+    a number of the digest."""
 
-    from uniradix import fast
-    from uniradix.fast.hicache import HiCacheConfig, InitLoadBackParams
-    alloc = B.FreeListAllocator(kv_slots, ps, torch)
-    host = HostFreeList(2 * kv_slots, ps, torch)
-    cfg = HiCacheConfig(host_allocator=host, write_policy=policy, write_through_threshold=1,
-                        load_back_threshold=0, io="sync")
-    cache = fast.UnifiedRadixCache(fast.CacheInitParams(
-        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=ps,
-        hicache=cfg))
-    return cache, alloc, fast, InitLoadBackParams, "dev"
+    name = "host"
+    ops = ("load_back", "events")
+
+    def __init__(self, load_params: Any) -> None:
+        self.LoadParams = load_params  # the implementation's InitLoadBackParams
+
+    def start(self, run: B.Run) -> None:
+        cache = run.cache
+        self._init_load_back = cache.init_load_back
+        self._ready = cache.ready_to_load_host_cache
+        self._events = cache.check_hicache_events
+
+    def after_match(self, run: B.Run, req: B.Request, match: Any) -> None:
+        if match.host_hit_length <= 0:
+            return
+        lp = self.LoadParams(best_match_node=match.best_match_node,
+                             host_hit_length=match.host_hit_length, mem_quota=None,
+                             req=_Req(req.node))
+
+        def load_back() -> Any:
+            out = self._init_load_back(lp)
+            self._ready()
+            return out
+        new, req.node = run.timed("load_back", load_back)
+        if lp.req.mamba_pool_idx is not None:  # the load back gave the request a Mamba state
+            req.state = lp.req.mamba_pool_idx.reshape(1)
+        req.loaded = len(new)
+        if req.loaded:
+            req.indices = run.values.cat(req.indices, new)
+
+    def admitted_fields(self, req: B.Request) -> tuple[int, ...]:
+        return (req.loaded,)
+
+    def request_done(self, run: B.Run) -> None:
+        run.timed("events", self._events)
 
 
-def build_upstream(kv_slots: int, ps: int, policy: str):
-    from uniradix.conformance.adapters.upstream import UpstreamMissing, load_upstream
+class HostGroup(HostFreeList):
+    """The KV host pool as the anchor of upstream's host pool group: ``entry_map`` holds the
+    aux host pools (SWA or Mamba) and their device allocators."""
+
+    def __init__(self, usable_slots: int, page_size: int, torch_module) -> None:
+        super().__init__(usable_slots, page_size, torch_module)
+        self.entry_map: dict = {}
+
+    def clear(self) -> None:
+        super().clear()
+        for entry in self.entry_map.values():
+            entry.host_pool.clear()
+
+
+def wire_upstream_host(cache: Any, alloc: Any, policy: str, up: Any, kv_slots: int,
+                       page_size: int, aux: tuple[str, ...] = (), req_pool: Any = None,
+                       mamba_host_slots: int = 0) -> Any:
+    """Give sglang's ``cache`` a host tier: a host free list of twice ``kv_slots`` behind the
+    model controllers of conformance/adapters/upstream_host.py (Full) and upstream_host_aux.py
+    (with one aux component: its host pool, twice ``kv_slots`` for SWA or ``mamba_host_slots``
+    for Mamba, and upstream's own allocation of the aux transfers), transfers completing on
+    submit, write-through threshold 1, load-back threshold 0.  Returns the controller."""
     from uniradix.conformance.adapters.upstream_host import ModelController
-    try:
-        up = load_upstream()
-    except UpstreamMissing as e:
-        raise B.ImplMissing(f"upstream: {e}") from e
-    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
-    alloc = B.FreeListAllocator(kv_slots, ps, up.torch)
-    host = HostFreeList(2 * kv_slots, ps, up.torch)
-    cache = up.UnifiedRadixCache(up.CacheInitParams(
-        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=ps,
-        is_eagle=False, tree_components=(up.ComponentType.FULL,)))
-    ctrl = ModelController(policy, host, alloc, done_on_submit=True)
+    ct = up.ComponentType
+    if not aux:
+        host: Any = HostFreeList(2 * kv_slots, page_size, up.torch)
+        ctrl: Any = ModelController(policy, host, alloc, done_on_submit=True)
+    else:
+        ctrl, host = _aux_controller(cache, alloc, policy, up, kv_slots, page_size, aux,
+                                     req_pool, mamba_host_slots)
+        cache.full_kv_pool_host = host
     cache.cache_controller = ctrl
     cache.write_through_threshold = 1
     cache.load_back_threshold = 0
-    cache.components[up.ComponentType.FULL]._full_kv_pool_host = host
-    names = type("Names", (), {"RadixKey": up.RadixKey, "MatchPrefixParams": up.MatchPrefixParams,
-                               "InsertParams": up.InsertParams, "EvictParams": up.EvictParams})
-    return cache, alloc, names, InitLoadBackParams, f"sglang {up.version}"
+    cache.components[ct.FULL]._full_kv_pool_host = host
+    return ctrl
+
+
+def _aux_controller(cache: Any, alloc: Any, policy: str, up: Any, kv_slots: int,
+                    page_size: int, aux: tuple[str, ...], req_pool: Any,
+                    mamba_host_slots: int) -> tuple[Any, HostGroup]:
+    """Upstream's hybrid cache controller over the bench's free lists (one aux component)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    from uniradix.conformance.adapters.upstream_host_aux import AuxModelController
+    if len(aux) != 1:
+        raise B.ImplMissing("upstream: a host tier with SWA and Mamba together (its host "
+                            "adapter takes one aux component)")
+    ct, torch = up.ComponentType, up.torch
+    group = HostGroup(2 * kv_slots, page_size, torch)
+    if aux == ("swa",):
+        aux_host = HostFreeList(2 * kv_slots, page_size, torch)
+        group.entry_map[PoolName.SWA] = types.SimpleNamespace(
+            name=PoolName.SWA, host_pool=aux_host, device_pool=None,
+            is_primary_index_anchor=False,
+            host_evict_fn=lambda n: cache.evict_host(n, ct.SWA),
+            device_evict_fn=lambda n: cache.evict(EvictParams(swa_num_tokens=n)),
+            device_alloc_fn=alloc.swa.alloc, device_free_fn=alloc.swa.free)
+        cache.components[ct.SWA]._swa_kv_pool_host = aux_host
+        cache.swa_kv_pool_host = aux_host
+        full_alloc = alloc.alloc_full_only  # the SWA slots are taken and paired separately
+    else:
+        states = req_pool.mamba_allocator
+        aux_host = HostFreeList(mamba_host_slots, 1, torch)
+        group.entry_map[PoolName.MAMBA] = types.SimpleNamespace(
+            name=PoolName.MAMBA, host_pool=aux_host, device_pool=None,
+            is_primary_index_anchor=False,
+            host_evict_fn=lambda n: cache.evict_host(n, ct.MAMBA),
+            device_evict_fn=lambda n: cache.evict(EvictParams(mamba_num=n)),
+            device_alloc_fn=states.alloc, device_free_fn=states.free)
+        cache.components[ct.MAMBA]._mamba_pool_host = aux_host
+        cache.mamba_pool_host = aux_host
+        full_alloc = alloc.alloc
+    anchor: Any = group  # (the adapter's pool-model group has the same surface)
+    ctrl = AuxModelController(policy, anchor, full_alloc, alloc.free,
+                              HybridCacheController._resolve_pool_transfers_allocation, torch)
+    ctrl.done_on_submit = True  # (the bench: a copy engine that keeps up)
+    return ctrl, group
+
+
+# --------------------------------------------------------------------------------------------
+# ``--hicache`` with the Full component, by implementation name (tests and older callers)
+# --------------------------------------------------------------------------------------------
+
+
+def _config(policy: str) -> Any:
+    from uniradix.conformance.bench.configs import BenchConfig
+    return BenchConfig(hicache=policy)
+
+
+def build_fast(kv_slots: int, ps: int, policy: str) -> tuple:
+    """(cache, allocator, API module, InitLoadBackParams, version) of fast with a host tier."""
+    from uniradix import fast
+    from uniradix.conformance.bench.configs import fast_build
+    from uniradix.fast.hicache import InitLoadBackParams
+    cache, alloc, _ = fast_build(_config(policy), kv_slots, ps)
+    return cache, alloc, fast, InitLoadBackParams, "dev"
+
+
+def build_upstream(kv_slots: int, ps: int, policy: str) -> tuple:
+    """The same for sglang's cache (:class:`~uniradix.conformance.bench.loop.ImplMissing`
+    where sglang does not import)."""
+    from uniradix.conformance.bench.configs import upstream_builder
+    bundle = upstream_builder(_config(policy))
+    cache, alloc, _ = bundle.build(B.PagedPool(kv_slots, ps, "kv"))
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+    return cache, alloc, bundle, InitLoadBackParams, bundle.version
 
 
 BUILDERS: dict[str, Callable] = {"fast": build_fast, "upstream": build_upstream}
 
 
 def run_bench_host(impl: str, workload: B.BenchWorkload, policy: str) -> B.BenchStats:
-    """One run of ``workload`` on ``impl`` with a host tier (see the module docstring)."""
-    import torch
-    ps = workload.page_size
-    cache, allocator, api, LoadParams, version = BUILDERS[impl](workload.kv_slots, ps, policy)
-    RadixKey, MatchP, InsertP, EvictP = (api.RadixKey, api.MatchPrefixParams, api.InsertParams,
-                                         api.EvictParams)
-    stats = B.BenchStats(impl, version, f"{workload.name}+{policy}", ps, workload.kv_slots,
-                         values="torch")
-    stats.op_times = {op: [] for op in HOST_OPS}
-    t_match, t_lock, t_evict, t_insert, t_unlock, t_load, t_events = (
-        stats.op_times[op] for op in HOST_OPS)
-    digest = hashlib.blake2b(digest_size=16)
-    pack = struct.Struct("<qqq").pack
-    clock = time.perf_counter
-    running: collections.deque = collections.deque()
+    """One run of ``workload`` on ``impl`` (built by ``BUILDERS[impl]``) with a host tier."""
+    from uniradix.conformance.bench.configs import config_bundle
+    bundle = config_bundle(impl, _config(policy), workload.page_size)
 
-    def finish(req: B._Running) -> None:
-        aligned = len(req.tokens) // ps * ps
-        params = InsertP(key=RadixKey(req.tokens[:aligned]), value=req.slots[:aligned],
-                         prev_prefix_len=req.matched)
-        t0 = clock()
-        result = cache.insert(params)
-        t_insert.append(clock() - t0)
-        if aligned < len(req.slots):
-            allocator.free(req.slots[aligned:])
-        t0 = clock()
-        cache.dec_lock_ref(req.node, req.dec)
-        t_unlock.append(clock() - t0)
-        digest.update(pack(2, int(result.prefix_len), 0))
-        stats.requests += 1
-
-    gc.collect()
-    wall0 = clock()
-    for prompt, output in workload.stream():
-        while len(running) >= workload.inflight:
-            finish(running.popleft())
-        params = MatchP(key=RadixKey(prompt))
-        t0 = clock()
-        m = cache.match_prefix(params)
-        t_match.append(clock() - t0)
-        node, indices, loaded = m.last_device_node, m.device_indices, 0
-        if m.host_hit_length > 0:
-            lp = LoadParams(best_match_node=m.best_match_node, host_hit_length=m.host_hit_length,
-                            mem_quota=None, req=_Req(node))
-            t0 = clock()
-            new, node = cache.init_load_back(lp)
-            cache.ready_to_load_host_cache()
-            t_load.append(clock() - t0)
-            loaded = len(new)
-            if loaded:
-                indices = torch.cat([indices, new]) if len(indices) else new
-        t0 = clock()
-        lock = cache.inc_lock_ref(node)
-        t_lock.append(clock() - t0)
-        dec = lock.to_dec_params()
-        matched = len(indices)
-        stats.prompt_tokens += len(prompt)
-        stats.hit_tokens += matched
-        need = -(-(len(prompt) + len(output) - matched) // ps) * ps
-        evicted = 0
-        short = need - allocator.available_size()
-        if short > 0:
-            t0 = clock()
-            result = cache.evict(EvictP(num_tokens=short))
-            t_evict.append(clock() - t0)
-            evicted = int(result.num_tokens_evicted)
-            stats.evicted_tokens += evicted
-            stats.evict_calls += 1
-        fresh = allocator.alloc(need)
-        digest.update(pack(1, matched * 1_000_003 + loaded, evicted))
-        if fresh is None:
-            t0 = clock()
-            cache.dec_lock_ref(node, dec)
-            t_unlock.append(clock() - t0)
-            digest.update(pack(3, 0, 0))
-            stats.aborted += 1
-        else:
-            slots = torch.cat([indices, fresh]) if len(indices) else fresh
-            running.append(B._Running(prompt + output, slots, matched, node, dec))
-        t0 = clock()
-        cache.check_hicache_events()
-        t_events.append(clock() - t0)
-    while running:
-        finish(running.popleft())
-    stats.wall_seconds = clock() - wall0
-    stats.seconds = sum(sum(ts) for ts in stats.op_times.values())
-    stats.digest = digest.hexdigest()
-    stats.cached_tokens = workload.kv_slots - allocator.available_size()
-    return stats
+    def build(pool: Any) -> tuple:
+        return BUILDERS[impl](pool.num_pages * pool.page_size, pool.page_size, policy)[:2]
+    return B.run_bench(dataclasses.replace(bundle, build=build), workload)
 
 
-def compare_host(impls, workload: B.BenchWorkload, policy: str, repeats: int = 3,
-                 log: Callable[[str], None] | None = None) -> B.Comparison:
-    """Alternate the implementations ``repeats`` rounds (order rotated each round); outcomes
-    must agree (``cmp.identical``)."""
-    usable, missing = [], {}
-    for impl in impls:
-        if impl not in BUILDERS:
-            missing[impl] = "no host tier behind its upstream-style API"
-            continue
-        try:
-            BUILDERS[impl](64, workload.page_size, policy)
-        except (B.ImplMissing, ImportError) as e:
-            missing[impl] = str(e)
-            continue
-        usable.append(impl)
-    cmp = B.Comparison(f"{workload.name}+{policy}", workload.page_size, workload.requests,
-                       workload.kv_slots, {impl: [] for impl in usable}, missing)
-    for rep in range(repeats):
-        k = rep % len(usable) if usable else 0
-        for impl in usable[k:] + usable[:k]:
-            s = run_bench_host(impl, workload, policy)
-            cmp.runs[impl].append(s)
-            if log is not None:
-                log(f"  {cmp.workload} p{workload.page_size} round {rep + 1}/{repeats} "
-                    f"{impl:<8} {s.requests_per_s:>10.1f} req/s  ({s.wall_seconds:.1f} s wall)")
-    cmp.mismatches = B.check_identical([s for runs in cmp.runs.values() for s in runs])
-    cmp.identical = not cmp.mismatches
-    return cmp
+def compare_host(impls: Sequence[str], workload: B.BenchWorkload, policy: str,
+                 repeats: int = 3, log: Callable[[str], None] | None = None) -> B.Comparison:
+    """loop.compare with a host tier of write policy ``policy``."""
+    return B.compare(impls, workload, repeats=repeats, strict=False, log=log,
+                     config=_config(policy))
 
 
-def print_host_ops(cmp: B.Comparison, out=None) -> None:
+def print_host_ops(cmp: B.Comparison, out: Any = None) -> None:
     """The host tier's own calls (median us), which loop.py's table leaves out."""
-    import sys
     out = sys.stdout if out is None else out
     for impl in cmp.runs:
         med = cmp.median_ops_us(impl)

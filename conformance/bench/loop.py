@@ -23,6 +23,14 @@ The scheduler, per request, in arrival order, with ``inflight`` (16) requests ru
     allocator.free(slots[aligned:])          # the unaligned tail page, if any
     dec_lock_ref(m.last_device_node, r.to_dec_params())
 
+**Steps.**  Everything a feature adds to that loop is a :class:`Step` plugged into it, never a
+copy of the loop: the host tier's load back after the match and its ack poll per request
+(conformance/bench/host.py), SWA's eviction of both pools' shortfalls and Mamba's state slot per
+request (conformance/bench/hybrid.py).  A bundle carries its steps (``ApiBundle.steps``); any
+combination composes (Full+SWA+Mamba, a host tier with either), and
+conformance/bench/configs.py builds each implementation for a configuration, refusing what its
+declared capabilities lack.
+
 ``tokens`` is the prompt followed by the request's output tokens, ``aligned`` its length rounded
 down to whole pages. The allocator of ``fast`` and ``upstream`` is :class:`FreeListAllocator`, a
 production-style free list over a tensor (no per-slot Python work, as SGLang's own allocators);
@@ -96,6 +104,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from uniradix.conformance.adapters import spec_api
+from uniradix.conformance.bench import subcommand_main
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.conformance.env.workload import SharedPrefix, shared_prefix_requests
 from uniradix.spec.world import PagedPool
@@ -109,6 +118,8 @@ EXTRA_IMPLS = ("upstream-rust",)
 PEERS = ("upstream-cpp",)
 KNOWN_IMPLS = IMPLS + EXTRA_IMPLS + PEERS
 WORKLOADS = ("shared-prefix", "mooncake")
+# --components: the aux components beside Full (conformance/bench/configs.py)
+COMPONENT_CHOICES = ("full", "swa", "mamba", "swa+mamba")
 OPS = ("match", "lock", "evict", "insert", "unlock")
 # the KV allocator under fast / upstream (--allocator): the bench's FreeListAllocator, or
 # sglang's own (TokenToKVPoolAllocator at page 1, PagedTokenToKVPoolAllocator above; only where
@@ -273,9 +284,20 @@ class ApiBundle:
     InsertParams: Any
     EvictParams: Any
     values: Any  # spec_api.TorchValues or ArrayValues: how the harness builds and joins values
-    # loop.py: pool -> (cache, allocator); bench_hybrid.py: (kv_slots, page_size) -> (cache,
-    # allocator, request pool)
+    # pool -> (cache, allocator, *other parts the steps use, e.g. the Mamba request pool);
+    # hybrid.hybrid_bundle's own: (kv_slots, page_size) -> (cache, allocator, request pool)
     build: Callable[..., tuple]
+    # the loop's per-feature steps (each call makes a fresh Step for one run) and the
+    # configuration they make (the label after the workload's name: "swa", "write_back", ...)
+    steps: tuple[Callable[[], Step], ...] = ()
+    label: str = ""
+
+
+def workload_label(workload: str, config: str) -> str:
+    """``shared-prefix`` + ``swa`` -> ``shared-prefix+swa``: how the JSON and the dashboard
+    name a configuration (conformance/bench/results.py ``split_workload``); ``full`` and the
+    empty label are the plain workload."""
+    return workload if config in ("", "full") else f"{workload}+{config}"
 
 
 def spec_bundle() -> ApiBundle:
@@ -726,39 +748,148 @@ class BenchStats:
 
 
 @dataclasses.dataclass
-class _Running:
-    tokens: array  # prompt + output
-    slots: Any  # matched device indices + fresh slots
-    matched: int
-    node: Any
-    dec: Any
+class Request:
+    """One request from its match to its finish: the loop's own bookkeeping, which the steps
+    read and extend (a load back adds ``loaded`` device slots, a Mamba step holds ``state``)."""
+
+    prompt: array
+    output: array
+    node: Any  # the node it locks: the match's last device node, or where a load back ended
+    indices: Any  # its matched device slots, loaded ones included
+    need: int = 0  # fresh slots it takes (whole pages)
+    loaded: int = 0  # of ``indices``: tokens loaded back from the host tier
+    evicted: int = 0  # Full tokens evicted to admit it
+    dec: Any = None  # the unlock's params
+    state: Any = None  # the Mamba state slot it holds (None: none)
+    tokens: array | None = None  # prompt + output, once admitted
+    slots: Any = None  # indices + fresh slots, once admitted
+    matched: int = 0  # len(indices) at admission
+    aux_evicted: dict[str, int] = dataclasses.field(default_factory=dict)  # step -> units
+
+
+class Step:
+    """A per-feature plug-in of :func:`run_bench`'s scheduler loop (the host tier, SWA, Mamba:
+    conformance/bench/host.py and hybrid.py).  The loop calls each hook of every step of the
+    run, in the bundle's order; every default does nothing, so a step states only what its
+    feature adds.  A step's own cache calls are timed through :meth:`Run.timed` under the op
+    names in ``ops`` (besides :data:`OPS`); evictions go through :meth:`Run.evict`, which
+    counts them for every step."""
+
+    name = "step"
+    ops: tuple[str, ...] = ()
+
+    def start(self, run: Run) -> None:
+        """The run's cache is built: bind to it (and to its allocators, ``run.parts``)."""
+
+    def after_match(self, run: Run, req: Request, match: Any) -> None:
+        """After ``match_prefix``, before the lock (the host tier loads its hit back here)."""
+
+    def make_room(self, run: Run, req: Request) -> None:
+        """Evict for ``req.need`` fresh slots.  Overridden by at most one step of a run, which
+        then replaces the Full default (evict the shortfall of ``allocator.available_size()``)."""
+
+    def admit(self, run: Run, req: Request) -> bool:
+        """What ``req`` needs besides its slots (False: it aborts, its slots not taken)."""
+        return True
+
+    def count_evicted(self, req: Request, result: Any) -> None:
+        """An evict result (from any evict of the request): count this step's units."""
+
+    def admitted_fields(self, req: Request) -> tuple[int, ...]:
+        """This step's numbers in the digest's admission record (they must agree)."""
+        return ()
+
+    def aborted(self, run: Run, req: Request) -> None:
+        """``req`` aborts (its slots were not taken): undo what :meth:`admit` took."""
+
+    def insert_params(self, run: Run, req: Request, params: Any) -> None:
+        """Extend the ``InsertParams`` of ``req``'s finishing insert."""
+
+    def inserted(self, run: Run, req: Request, result: Any) -> tuple[int, ...]:
+        """After the insert: release what the cache did not keep; the digest's numbers."""
+        return ()
+
+    def request_done(self, run: Run) -> None:
+        """Once per request, admitted or aborted (a scheduler step: the host tier's acks)."""
+
+
+class Run:
+    """One run of :func:`run_bench`: the cache, its allocator, the build's other parts, the
+    parameter types and the stats, as the steps see them."""
+
+    def __init__(self, bundle: ApiBundle, built: tuple, stats: BenchStats,
+                 steps: Sequence[Step]) -> None:
+        self.cache, self.allocator = built[0], built[1]
+        self.parts = built[2:]  # e.g. the Mamba request pool (conformance/bench/hybrid.py)
+        self.api = bundle
+        self.values = bundle.values
+        self.stats = stats
+        self.steps = steps
+
+    def timed(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, its time added to ``op``'s."""
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.stats.op_times[op].append(time.perf_counter() - t0)
+        return out
+
+    def evict(self, req: Request, **params: Any) -> Any:
+        """A timed ``evict(EvictParams(**params))`` for ``req``, counted in the stats, the
+        request and every step."""
+        ep = self.api.EvictParams(**params)
+        result = self.timed("evict", self.cache.evict, ep)
+        n = int(result.num_tokens_evicted)
+        self.stats.evicted_tokens += n
+        self.stats.evict_calls += 1
+        req.evicted += n
+        for step in self.steps:
+            step.count_evicted(req, result)
+        return result
 
 
 def run_bench(bundle: ApiBundle, workload: BenchWorkload,
               progress: Callable[[int, int], None] | None = None,
               keep: list | None = None) -> BenchStats:
-    """Drive one fresh cache of ``bundle`` through ``workload``; see the module docstring.
-    ``keep``, when given, receives (cache, allocator, pool) after the run."""
+    """Drive one fresh cache of ``bundle`` through ``workload``, with the bundle's steps; see
+    the module docstring.  ``keep``, when given, receives (cache, allocator, pool, *the build's
+    other parts) after the run."""
     ps = workload.page_size
     pool = TimedPagedPool(workload.kv_slots, ps, name="kv")
-    cache, allocator = bundle.build(pool)
+    built = bundle.build(pool)
+    cache, allocator = built[0], built[1]
     free_calls = getattr(allocator, "_bench_free_calls", None)  # see make_allocator
     harness_free = getattr(allocator, "_bench_raw_free", allocator.free)
-    RadixKey, MatchP, InsertP, EvictP = (bundle.RadixKey, bundle.MatchPrefixParams,
-                                         bundle.InsertParams, bundle.EvictParams)
+    RadixKey, MatchP, InsertP = bundle.RadixKey, bundle.MatchPrefixParams, bundle.InsertParams
     values = bundle.values
-    stats = BenchStats(bundle.name, bundle.version, workload.name, ps, workload.kv_slots,
-                       values=values.name)
-    t_match, t_lock, t_evict, t_insert, t_unlock = (stats.op_times[op] for op in OPS)
+    stats = BenchStats(bundle.name, bundle.version, workload_label(workload.name, bundle.label),
+                       ps, workload.kv_slots, values=values.name)
+    steps = [make() for make in bundle.steps]
+    for step in steps:
+        stats.op_times.update({op: [] for op in step.ops})
+    run = Run(bundle, built, stats, steps)
+    for step in steps:
+        step.start(run)
+    rooms = [s for s in steps if type(s).make_room is not Step.make_room]
+    if len(rooms) > 1:
+        raise ValueError("steps " + ", ".join(s.name for s in rooms) + " each make room; at "
+                         "most one step of a run may replace the Full default")
+    room = rooms[0] if rooms else None
+    t_match, t_lock, _t_evict, t_insert, t_unlock = (stats.op_times[op] for op in OPS)
     digest = hashlib.blake2b(digest_size=16)
-    pack = struct.Struct("<qqq").pack
     clock = time.perf_counter
-    running: collections.deque[_Running] = collections.deque()
+    running: collections.deque[Request] = collections.deque()
 
-    def finish(req: _Running) -> None:
-        aligned = len(req.tokens) // ps * ps
-        params = InsertP(key=RadixKey(req.tokens[:aligned]), value=req.slots[:aligned],
+    def record(*fields: int) -> None:
+        digest.update(struct.pack(f"<{len(fields)}q", *fields))
+
+    def finish(req: Request) -> None:
+        tokens = req.tokens
+        assert tokens is not None
+        aligned = len(tokens) // ps * ps
+        params = InsertP(key=RadixKey(tokens[:aligned]), value=req.slots[:aligned],
                          prev_prefix_len=req.matched)
+        for step in steps:
+            step.insert_params(run, req, params)
         t0 = clock()
         result = cache.insert(params)
         t1 = clock()
@@ -767,11 +898,14 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
             before = pool.free_seconds
             harness_free(req.slots[aligned:])
             pool.free_seconds = before  # the harness's own free is not cache work
+        fields: tuple[int, ...] = ()
+        for step in steps:
+            fields += step.inserted(run, req, result)
         t0 = clock()
         cache.dec_lock_ref(req.node, req.dec)
         t1 = clock()
         t_unlock.append(t1 - t0)
-        digest.update(pack(2, int(result.prefix_len), 0))
+        record(2, int(result.prefix_len), 0, *fields)
         stats.requests += 1
         if progress is not None:
             progress(stats.requests + stats.aborted, workload.requests)
@@ -786,51 +920,56 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
         m = cache.match_prefix(params)
         t1 = clock()
         t_match.append(t1 - t0)
-        node = m.last_device_node
+        req = Request(prompt, output, m.last_device_node, m.device_indices)
+        for step in steps:
+            step.after_match(run, req, m)
         t0 = clock()
-        lock = cache.inc_lock_ref(node)
+        lock = cache.inc_lock_ref(req.node)
         t1 = clock()
         t_lock.append(t1 - t0)
-        dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
-        matched = len(m.device_indices)
+        req.dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
+        req.matched = matched = len(req.indices)
         stats.prompt_tokens += len(prompt)
         stats.hit_tokens += matched
-        total = len(prompt) + len(output)
-        need = -(-(total - matched) // ps) * ps
-        evicted = 0
-        short = need - allocator.available_size()
-        if short > 0:
-            params = EvictP(num_tokens=short)
-            t0 = clock()
-            result = cache.evict(params)
-            t1 = clock()
-            t_evict.append(t1 - t0)
-            evicted = int(result.num_tokens_evicted)
-            stats.evicted_tokens += evicted
-            stats.evict_calls += 1
-        fresh = allocator.alloc(need)
-        digest.update(pack(1, matched, evicted))
+        req.need = -(-(len(prompt) + len(output) - matched) // ps) * ps
+        if room is not None:
+            room.make_room(run, req)
+        else:
+            short = req.need - allocator.available_size()
+            if short > 0:
+                run.evict(req, num_tokens=short)
+        admitted = all([step.admit(run, req) for step in steps])
+        fresh = allocator.alloc(req.need) if admitted else None
+        extra: tuple[int, ...] = ()
+        for step in steps:
+            extra += step.admitted_fields(req)
+        record(1, matched, req.evicted, *extra)
         if fresh is None:
+            for step in steps:
+                step.aborted(run, req)
             t0 = clock()
-            cache.dec_lock_ref(node, dec)
+            cache.dec_lock_ref(req.node, req.dec)
             t1 = clock()
             t_unlock.append(t1 - t0)
-            digest.update(pack(3, 0, 0))
+            record(3, 0, 0)
             stats.aborted += 1
-            continue
-        tokens = prompt + output
-        slots = values.cat(m.device_indices, fresh)
-        running.append(_Running(tokens, slots, matched, node, dec))
+        else:
+            req.tokens = prompt + output
+            req.slots = values.cat(req.indices, fresh)
+            running.append(req)
+        for step in steps:
+            step.request_done(run)
     while running:
         finish(running.popleft())
     stats.wall_seconds = clock() - wall0
     stats.seconds = sum(sum(ts) for ts in stats.op_times.values())
     stats.digest = digest.hexdigest()
     stats.pool_free_seconds = pool.free_seconds
-    stats.cached_tokens = workload.kv_slots - allocator.available_size()
+    held = getattr(allocator, "full_available_size", allocator.available_size)  # (SWA: Full)
+    stats.cached_tokens = workload.kv_slots - held()
     stats.free_calls = None if free_calls is None else free_calls[0]
     if keep is not None:
-        keep.extend((cache, allocator, pool))
+        keep.extend((cache, allocator, pool) + tuple(built[2:]))
     return stats
 
 
@@ -927,22 +1066,30 @@ def check_identical(stats: Iterable[BenchStats]) -> list[str]:
 def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             strict: bool = True, log: Callable[[str], None] | None = None,
             repeats_for: dict | None = None, allocator: str = "freelist",
-            device: str = "cpu") -> Comparison:
+            device: str = "cpu", config: Any = None) -> Comparison:
     """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
     overrides that per implementation), alternating them and rotating the order each round so
     that machine noise hits all alike; fast and upstream over the KV allocator ``allocator``
-    (:data:`ALLOCATORS`) on ``device`` (:data:`DEVICES`). Raises :class:`ConformanceMismatch`
-    (when ``strict``) if
-    any outcome differs."""
+    (:data:`ALLOCATORS`) on ``device`` (:data:`DEVICES`), in the configuration ``config`` (a
+    :class:`~uniradix.conformance.bench.configs.BenchConfig`; None: Full on the device tier).
+    An implementation that refuses the configuration or cannot be built is recorded in
+    ``missing`` with the reason.  Raises :class:`ConformanceMismatch` (when ``strict``) if any
+    outcome differs."""
     repeats_for = dict(repeats_for or {})
     bundles, missing = {}, {}
+    label = "" if config is None else config.name
     for impl in impls:
         try:
-            bundles[impl] = get_bundle(impl, allocator, device)
+            if config is None or config.is_full:
+                bundles[impl] = get_bundle(impl, allocator, device)
+            else:
+                from uniradix.conformance.bench.configs import config_bundle
+                bundles[impl] = config_bundle(impl, config, workload.page_size)
         except ImplMissing as e:
             missing[impl] = str(e)
-    cmp = Comparison(workload.name, workload.page_size, workload.requests, workload.kv_slots,
-                     {impl: [] for impl in bundles}, missing, allocator=allocator, device=device)
+    cmp = Comparison(workload_label(workload.name, label), workload.page_size, workload.requests,
+                     workload.kv_slots, {impl: [] for impl in bundles}, missing,
+                     allocator=allocator, device=device)
     order = list(bundles)
     rounds = max([repeats_for.get(i, repeats) for i in order] or [0])
     for rep in range(rounds):
@@ -961,7 +1108,7 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
                 continue
             cmp.runs[impl].append(s)
             if log is not None:
-                log(f"  {workload.name} p{workload.page_size} round {rep + 1}/{rounds} "
+                log(f"  {cmp.workload} p{workload.page_size} round {rep + 1}/{rounds} "
                     f"{impl:<8} {s.requests_per_s:>10.1f} req/s  ({s.wall_seconds:.1f} s wall)")
     every = [s for impl, runs in cmp.runs.items() if impl not in PEERS for s in runs]
     cmp.mismatches = check_identical(every)
@@ -1025,43 +1172,66 @@ class MemoryReport:
     requests: int
     cached_tokens: int
     tree_bytes: int
+    config: str = "full"  # the bench configuration (conformance/bench/configs.py)
 
     @property
     def bytes_per_token(self) -> float:
         return self.tree_bytes / self.cached_tokens if self.cached_tokens else 0.0
 
     def summary(self) -> dict:
-        return {"impl": self.impl, "page_size": self.page_size, "requests": self.requests,
-                "cached_tokens": self.cached_tokens, "tree_bytes": self.tree_bytes,
+        return {"impl": self.impl, "config": self.config, "page_size": self.page_size,
+                "requests": self.requests, "cached_tokens": self.cached_tokens,
+                "tree_bytes": self.tree_bytes,
                 "bytes_per_token": round(self.bytes_per_token, 2)}
 
 
-def memory_per_token(impl: str, page_size: int = 16, requests: int = 100) -> MemoryReport:
-    """Bytes per cached token of the tree's own structures.
+def memory_per_token(impl: str, page_size: int = 16, requests: int = 100,
+                     config: Any = None) -> MemoryReport:
+    """Bytes per cached token of the tree's own structures, in the configuration ``config``
+    (a :class:`~uniradix.conformance.bench.configs.BenchConfig`; None: Full on the device
+    tier).
 
     Method: the first ``requests`` requests of the Mooncake trace go through :func:`run_bench`
-    with a pool large enough that nothing is evicted; then :func:`deep_sizeof` walks the cache
-    object (tree nodes, keys, values, and whatever indexes the implementation keeps: leaf sets,
-    LRU lists, counters), excluding the allocator and the environment's pool (the world, not the
-    tree), and the total is divided by the slots the tree holds. A deep getsizeof walk rather
-    than tracemalloc, because tracemalloc does not see torch's tensor storage (allocated outside
-    Python's allocators); the walk counts each tensor storage once at its full size. Memory an
-    implementation holds outside Python objects and torch storages (a C++ tree, say) is seen only
-    as far as its objects' ``__sizeof__`` report it.
+    with a pool large enough that nothing is evicted (with SWA, twice that: the SWA pool is
+    half the KV pool); then :func:`deep_sizeof` walks the cache object (tree nodes, keys,
+    values, host values, and whatever indexes the implementation keeps: leaf sets, LRU lists,
+    counters), excluding the world: the allocators and the environment's pool, the Mamba
+    request pool, the host pools (the aux ones too), and for upstream the bench's model of its
+    cache controller (conformance/adapters/upstream_host.py; fast's own controller is fast's
+    and is counted).
+    The total is divided by the KV slots the tree holds.  A deep getsizeof walk rather than
+    tracemalloc, because tracemalloc does not see torch's tensor storage (allocated outside
+    Python's allocators); the walk counts each tensor storage once at its full size.  Memory an
+    implementation holds outside Python objects and torch storages (a C++ tree, say) is seen
+    only as far as its objects' ``__sizeof__`` report it, so speed peers (:data:`PEERS`) are
+    not measured.
     """
-    bundle = get_bundle(impl)
+    if impl in PEERS:
+        raise ImplMissing(f"{impl}: its tree lives in C++ memory that a getsizeof walk cannot see")
+    if config is None or config.is_full:
+        bundle, name, aux = get_bundle(impl), "full", False
+    else:
+        from uniradix.conformance.bench.configs import config_bundle
+        bundle, name, aux = config_bundle(impl, config, page_size), config.name, bool(config.aux)
     base = mooncake_workload(page_size, requests)
     rows = mooncake_rows()[:base.requests]
     room = sum(-(-(i + o) // page_size) * page_size for i, o, _ in rows) + page_size
-    w = dataclasses.replace(base, kv_slots=room)
+    w = dataclasses.replace(base, kv_slots=2 * room if aux else room)
     keep: list = []
     stats = run_bench(bundle, w, keep=keep)
     if stats.evicted_tokens or stats.aborted:
         raise AssertionError(f"memory run evicted {stats.evicted_tokens} tokens")
-    cache, allocator, pool = keep
+    cache, *world = keep
+    controller = getattr(cache, "cache_controller", None)
+    if controller is not None:
+        host = getattr(controller, "mem_pool_host", None)
+        world.append(host)
+        world.extend(e.host_pool for e in (getattr(host, "entry_map", None) or {}).values())
+        if type(controller).__module__.startswith("uniradix.conformance"):
+            world.append(controller)  # the bench's model of upstream's controller
     gc.collect()
-    tree_bytes = deep_sizeof(cache, exclude=(allocator, pool))
-    return MemoryReport(impl, page_size, w.requests, stats.cached_tokens, tree_bytes)
+    tree_bytes = deep_sizeof(cache, exclude=[x for x in world if x is not None])
+    return MemoryReport(impl, page_size, w.requests, stats.cached_tokens, tree_bytes, name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1148,9 +1318,16 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         "is rewritten after every comparison, so a run cut short keeps what it "
                         "measured. Default: no budget")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
-    b.add_argument("--components", choices=("full", "swa", "mamba"), default="full",
-                   help="hybrid models: swa or mamba runs fast and upstream only "
-                        "(conformance/bench/hybrid.py; default full)")
+    b.add_argument("--components", choices=COMPONENT_CHOICES, default="full",
+                   help="hybrid models: swa, mamba or swa+mamba (Full+SWA+Mamba) runs fast and "
+                        "upstream only (conformance/bench/hybrid.py; default full); combines "
+                        "with --hicache where an implementation declares it")
+    b.add_argument("--matrix", action="store_true",
+                   help="every configuration (conformance/bench/configs.py MATRIX: full, swa, "
+                        "mamba, swa+mamba, write_through, write_back, and the host tier with "
+                        "swa and with mamba) on each --workload and --page-size; an "
+                        "implementation that refuses one is recorded with the reason. Not "
+                        "with --components or --hicache")
     b.set_defaults(func=cmd_bench)
     return b
 
@@ -1191,7 +1368,9 @@ def print_comparison(cmp: Comparison, out=None) -> None:
         p(f"  allocator: {cmp.allocator}; its free() calls per run from the timed cache calls: "
           + ", ".join(f"{impl} {n}" for impl, n in counted))
     names = ", ".join(i for i in cmp.runs if i not in PEERS)
-    if cmp.identical:
+    if not cmp.runs:
+        p("  nothing measured (every implementation refused or could not be built)")
+    elif cmp.identical:
         p(f"  identical hit rate, evictions, aborts and per-request digest across {names}: yes")
     else:
         p("  OUTCOMES DIFFER: " + "; ".join(cmp.mismatches))
@@ -1199,35 +1378,46 @@ def print_comparison(cmp: Comparison, out=None) -> None:
         p(f"  (speed peer, not a conforming implementation) {diff}")
 
 
+def bench_configs(args: argparse.Namespace) -> list:
+    """The configurations a ``bench`` command line asks for (``BenchConfig`` objects)."""
+    from uniradix.conformance.bench.configs import MATRIX, BenchConfig
+    if getattr(args, "matrix", False):
+        return list(MATRIX)
+    comps = getattr(args, "components", "full")
+    aux = () if comps == "full" else tuple(comps.split("+"))
+    return [BenchConfig(("full",) + aux, getattr(args, "hicache", None))]
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    if getattr(args, "hicache", None) and getattr(args, "components", "full") != "full":
-        print("uniradix bench: --hicache with --components swa|mamba is not supported (no "
-              "implementation has a host tier with an aux component yet)", file=sys.stderr)
+    say = lambda s: print(f"uniradix bench: {s}", file=sys.stderr)  # noqa: E731
+    if getattr(args, "matrix", False) and (getattr(args, "hicache", None)
+                                           or getattr(args, "components", "full") != "full"):
+        say("--matrix runs every configuration; it takes no --components or --hicache")
         return 2
+    configs = bench_configs(args)
+    only_full = all(c.is_full for c in configs)
     allocator = getattr(args, "allocator", "freelist")
-    if allocator != "freelist" and (getattr(args, "hicache", None)
-                                    or getattr(args, "components", "full") != "full"):
-        print("uniradix bench: --allocator sglang runs the Full configuration only (the host "
-              "tier and hybrid benches build their own allocators)", file=sys.stderr)
+    if allocator != "freelist" and not only_full:
+        say("--allocator sglang runs the Full configuration only (the host tier and hybrid "
+            "benches build their own allocators)")
         return 2
     threads = getattr(args, "torch_threads", 1)
     if threads < 1:
-        print(f"uniradix bench: --torch-threads must be at least 1, got {threads}", file=sys.stderr)
+        say(f"--torch-threads must be at least 1, got {threads}")
         return 2
     device = getattr(args, "device", "cpu")
     if device != "cpu":
-        if getattr(args, "hicache", None) or getattr(args, "components", "full") != "full":
-            print(f"uniradix bench: --device {device} runs the Full configuration only (the "
-                  f"host tier and hybrid benches build their own allocators on the CPU)",
-                  file=sys.stderr)
+        if not only_full:
+            say(f"--device {device} runs the Full configuration only (the host tier and hybrid "
+                f"benches build their own allocators on the CPU)")
             return 2
         why = cuda_problem()
         if why is not None:
-            print(f"uniradix bench: --device {device} is not available: {why}", file=sys.stderr)
+            say(f"--device {device} is not available: {why}")
             return 2
     budget = getattr(args, "budget", None)
     if budget is not None and budget <= 0:
-        print(f"uniradix bench: --budget must be positive, got {budget}", file=sys.stderr)
+        say(f"--budget must be positive, got {budget}")
         return 2
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     results: dict = {"comparisons": [], "memory": [], "allocator": allocator, "device": device}
@@ -1245,64 +1435,64 @@ def cmd_bench(args: argparse.Namespace) -> int:
         log(f"torch intra-op threads: {results['torch_threads']}; allocator: {allocator}; "
             f"device: {device}")
     status = 0
-    for wname in args.workload:
-        for ps in args.page_size:
-            if budget is not None and time.perf_counter() - started > budget:
-                results.setdefault("skipped", []).append(
-                    f"{wname} page {ps}: the {budget:g} s budget was spent")
-                print(f"{wname}, page {ps}: skipped, the {budget:g} s budget was spent\n")
-                continue
-            workload = make_workload(wname, ps, args.requests)
-            spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
-            if getattr(args, "hicache", None):  # the host tier (conformance/bench/host.py)
-                from uniradix.conformance.bench.host import compare_host, print_host_ops
-                cmp = compare_host(args.impl, workload, args.hicache,
-                                   repeats=max(1, args.repeat), log=log)
-                print_comparison(cmp)
-                print_host_ops(cmp)
-            elif getattr(args, "components", "full") != "full":  # hybrid models
-                from uniradix.conformance.bench.hybrid import compare_hybrid
-                cmp = compare_hybrid(args.impl, workload, args.components,
-                                     repeats=max(1, args.repeat), strict=False, log=log)
-                print_comparison(cmp)
-            else:
+    for config in configs:
+        for wname in args.workload:
+            for ps in args.page_size:
+                where = f"{workload_label(wname, config.name)} page {ps}"
+                if budget is not None and time.perf_counter() - started > budget:
+                    results.setdefault("skipped", []).append(
+                        f"{where}: the {budget:g} s budget was spent")
+                    print(f"{where}: skipped, the {budget:g} s budget was spent\n")
+                    continue
+                workload = make_workload(wname, ps, args.requests)
+                spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
                 cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
                               log=log, repeats_for=spec_rounds, allocator=allocator,
-                              device=device)
+                              device=device, config=None if config.is_full else config)
                 print_comparison(cmp)
-            summary = cmp.summary()
-            if torch is not None:  # every loop and implementation must have left the pin alone
-                summary["torch_threads"] = torch.get_num_threads()
-                if summary["torch_threads"] != threads:
-                    print(f"  TORCH THREADS CHANGED during this comparison: {threads} pinned, "
-                          f"{summary['torch_threads']} after it (pinned again)")
-                    torch.set_num_threads(threads)
+                if config.hicache:
+                    from uniradix.conformance.bench.host import print_host_ops
+                    print_host_ops(cmp)
+                summary = cmp.summary()
+                if torch is not None:  # every step and implementation must have left the pin
+                    summary["torch_threads"] = torch.get_num_threads()
+                    if summary["torch_threads"] != threads:
+                        print(f"  TORCH THREADS CHANGED during this comparison: {threads} "
+                              f"pinned, {summary['torch_threads']} after it (pinned again)")
+                        torch.set_num_threads(threads)
+                        status = 1
+                print()
+                results["comparisons"].append(summary)
+                for impl, why in summary["missing"].items():  # at the top too
+                    results.setdefault("not_measured", {}).setdefault(impl, why)
+                if not cmp.identical:
                     status = 1
-            print()
-            results["comparisons"].append(summary)
-            for impl, why in summary["missing"].items():  # at the top too: what was not measured
-                results.setdefault("not_measured", {}).setdefault(impl, why)
-            if not cmp.identical:
-                status = 1
-            if args.json and budget is not None:
-                write_json(args.json, results, quiet=True)
+                if args.json and budget is not None:
+                    write_json(args.json, results, quiet=True)
     if args.memory:
         print(f"memory: bytes per cached token of the tree (Mooncake, first "
               f"{args.memory_requests} requests, no eviction; deep getsizeof walk)")
-        for impl in args.impl:
-            if impl in PEERS:
-                print(f"  {impl:<9} not measured: its tree lives in C++ memory that a "
-                      f"getsizeof walk cannot see")
-                continue
-            for ps in args.page_size:
-                try:
-                    rep = memory_per_token(impl, ps, args.memory_requests)
-                except ImplMissing as e:
-                    print(f"  {impl:<9}page {ps:>3}: not measured: {e}")
-                    break
-                print(f"  {impl:<9}page {ps:>3}: {rep.bytes_per_token:>8.1f} bytes/token "
-                      f"({rep.tree_bytes} bytes for {rep.cached_tokens} tokens)")
-                results["memory"].append(rep.summary())
+        for config in configs:
+            for impl in args.impl:
+                for ps in args.page_size:
+                    try:
+                        rep = memory_per_token(impl, ps, args.memory_requests,
+                                               None if config.is_full else config)
+                    except ImplMissing as e:
+                        print(f"  {config.name:<20}{impl:<13}page {ps:>3}: not measured: {e}")
+                        results.setdefault("memory_not_measured", []).append(
+                            {"impl": impl, "config": config.name, "page_size": ps,
+                             "why": str(e)})
+                        continue
+                    print(f"  {config.name:<20}{impl:<13}page {ps:>3}: "
+                          f"{rep.bytes_per_token:>8.1f} bytes/token "
+                          f"({rep.tree_bytes} bytes for {rep.cached_tokens} tokens)")
+                    results["memory"].append(rep.summary())
+    if getattr(args, "matrix", False):
+        from uniradix.conformance.bench.configs import matrix_table
+        print("\nmatrix: fast's requests/s and its ratio to each peer (medians), bytes per "
+              "cached token")
+        print("\n".join(matrix_table(results)))
     if args.json:
         write_json(args.json, results)
     return status
@@ -1320,14 +1510,11 @@ def write_json(path: str, results: dict, quiet: bool = False) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m uniradix.conformance.bench.loop ...``: the same as ``uniradix bench ...``."""
-    parser = argparse.ArgumentParser(prog="uniradix")
-    add_bench_parser(parser.add_subparsers(dest="command", required=True))
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "bench":
-        argv = ["bench"] + argv
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return subcommand_main("bench", add_bench_parser, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module, not this __main__ copy: configs.py, host.py and hybrid.py import
+    # uniradix.conformance.bench.loop, whose ImplMissing and Step must be the ones compare uses
+    from uniradix.conformance.bench import loop as _loop
+    sys.exit(_loop.main())

@@ -190,7 +190,8 @@ def _from_bench(data: dict) -> dict:
 
 
 def _memory_row(m: dict) -> dict:
-    return {"impl": m["impl"], "page_size": m["page_size"], "requests": m.get("requests"),
+    return {"impl": m["impl"], "config": m.get("config", "full"), "page_size": m["page_size"],
+            "requests": m.get("requests"),
             "cached_tokens": m.get("cached_tokens"), "tree_bytes": m.get("tree_bytes"),
             "bytes_per_token": m.get("bytes_per_token")}
 

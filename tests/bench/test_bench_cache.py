@@ -11,12 +11,17 @@ also records the outcome every implementation must share (hit rate, evicted toke
 Sizes keep the whole file to a few minutes: shared-prefix scaled to 1,000 requests (page 1 and
 16) and the first 150 Mooncake requests with a 524,288-token pool (half the CLI's, so that so
 short a run evicts), page 16. The spec runs one round, the others three.
+
+``test_bench_config`` runs every other configuration of conformance/bench/configs.py (hybrid
+models, the host tier, both) on fast and upstream, shared-prefix at 1,000 requests, pages 1
+and 16; a configuration an implementation refuses is skipped with the reason.
 """
 
 import statistics
 
 import pytest
 
+from uniradix.conformance.bench import configs
 from uniradix.conformance.bench import loop as bench
 
 CASES = {
@@ -40,11 +45,34 @@ def test_bench_cache(benchmark, impl, case):
         runs.append(bench.run_bench(bundle, workload))
 
     benchmark.pedantic(once, rounds=1 if impl == "spec" else 3, iterations=1, warmup_rounds=0)
+    record(benchmark, workload, runs)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("config", [c.name for c in configs.MATRIX if not c.is_full])
+@pytest.mark.parametrize("impl", list(configs.CONFIG_IMPLS))
+def test_bench_config(benchmark, impl, config, page_size):
+    try:
+        bundle = configs.config_bundle(impl, configs.BenchConfig.parse(config), page_size)
+    except bench.ImplMissing as e:
+        pytest.skip(str(e))
+    workload = bench.shared_prefix_workload(page_size, 1000)
+    runs = []
+
+    def once():
+        runs.append(bench.run_bench(bundle, workload))
+
+    benchmark.pedantic(once, rounds=3, iterations=1, warmup_rounds=0)
+    record(benchmark, workload, runs)
+
+
+def record(benchmark, workload, runs) -> None:
+    """The figures the dashboard reads (conformance/bench/results.py), in ``extra_info``."""
     s = runs[0]
     assert s.requests + s.aborted == workload.requests
     assert all(r.outcome() == s.outcome() for r in runs)
     benchmark.extra_info.update(
-        impl=impl, version=s.version, workload=workload.name, page_size=workload.page_size,
+        impl=s.impl, version=s.version, workload=s.workload, page_size=workload.page_size,
         kv_slots=workload.kv_slots, requests=s.requests, aborted=s.aborted,
         requests_per_s=round(statistics.median(r.requests_per_s for r in runs), 1),
         requests_per_s_runs=[round(r.requests_per_s, 1) for r in runs],
