@@ -50,7 +50,7 @@ static long long g_next_id = 1;
 
 static PyObject *s_root_node, *s_page_size, *s_clock, *s_heap, *s_evictable, *s_protected,
     *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update,
-    *s_free_values, *s_free_ranges, *s_numel, *s_data_ptr;
+    *s_free_values, *s_free_ranges, *s_numel, *s_data_ptr, *s_is_cpu, *s_ndim, *s_is_contiguous;
 
 /* ------------------------------------------------------------------------------------------ */
 /* TreeNode                                                                                    */
@@ -2155,9 +2155,9 @@ core_heappop(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 /* What k calls of a sorted-prepend paged free (sglang's PagedTokenToKVPoolAllocator.free: the
  * sorted distinct pages of what it is given go in front of its list) put in front of the list,
  * in one pass: the sorted distinct floor(slot / page_size) of each piece, the last piece's
- * first.  Each piece must be a contiguous 1-D int64 CPU tensor (the caller checks: its
- * memory is read through data_ptr() and numel()).  The bytes are int64s in native order, for
- * torch.frombuffer (fast/frees.py). */
+ * first.  Each piece must be a torch.Tensor (exactly), 1-D, contiguous, int64, on the CPU
+ * (checked here: its memory is read through data_ptr() and numel()); if one is not, None.
+ * The bytes are int64s in native order, for torch.frombuffer (fast/frees.py). */
 
 static int
 cmp_ll(const void *a, const void *b)
@@ -2171,6 +2171,39 @@ floor_div_ll(long long a, long long b)
 {
     long long q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+/* 1 if ``t`` is a torch.Tensor (exactly) of int64 on the CPU, 1-D and contiguous, so its
+ * memory can be read as numel() int64s from data_ptr(); 0 if not; -1 on error. */
+static int
+piece_is_plain(PyObject *t)
+{
+    if (g_Tensor == NULL || (PyObject *)Py_TYPE(t) != g_Tensor)
+        return 0;
+    PyObject *o = PyObject_GetAttr(t, s_dtype);
+    if (o == NULL)
+        return -1;
+    int ok = o == g_int64;
+    Py_DECREF(o);
+    if (!ok)
+        return 0;
+    if ((o = PyObject_GetAttr(t, s_is_cpu)) == NULL)
+        return -1;
+    ok = o == Py_True;
+    Py_DECREF(o);
+    if (!ok)
+        return 0;
+    if ((o = PyObject_GetAttr(t, s_ndim)) == NULL)
+        return -1;
+    ok = PyLong_Check(o) && PyLong_AsLong(o) == 1;
+    Py_DECREF(o);
+    if (!ok)
+        return PyErr_Occurred() ? -1 : 0;
+    if ((o = PyObject_CallMethodNoArgs(t, s_is_contiguous)) == NULL)
+        return -1;
+    ok = o == Py_True;
+    Py_DECREF(o);
+    return ok;
 }
 
 static PyObject *
@@ -2193,6 +2226,13 @@ core_paged_front(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     for (Py_ssize_t i = k - 1; i >= 0; i--) {
         PyObject *piece = PyList_GET_ITEM(pieces, i), *o;
+        int ok = piece_is_plain(piece);
+        if (ok < 0)
+            goto done;
+        if (ok == 0) {  /* not one this pass may read: the caller takes another way */
+            PyMem_Free(out);
+            Py_RETURN_NONE;
+        }
         if ((o = PyObject_CallMethodNoArgs(piece, s_numel)) == NULL)
             goto done;
         Py_ssize_t n = PyLong_AsSsize_t(o);
@@ -2260,7 +2300,8 @@ static PyMethodDef core_methods[] = {
      "evict(cache, num_tokens) -> tokens evicted"},
     {"paged_front", (PyCFunction)(void (*)(void))core_paged_front, METH_FASTCALL,
      "paged_front(pieces, page_size) -> bytearray of int64: the pages k sorted-prepend "
-     "paged frees put in front of the free list, the last piece's first"},
+     "paged frees put in front of the free list, the last piece's first; None if a piece is "
+     "not a contiguous 1-D int64 CPU torch.Tensor"},
     {"probing", (PyCFunction)core_probing, METH_NOARGS,
      "probing() -> whether child lookups at page size > 1 probe without building the key"},
     {"page_hash", (PyCFunction)(void (*)(void))core_page_hash, METH_FASTCALL,
@@ -2329,6 +2370,9 @@ PyInit__core(void)
     INTERN(s_free_ranges, "_free_ranges");
     INTERN(s_numel, "numel");
     INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_is_cpu, "is_cpu");
+    INTERN(s_ndim, "ndim");
+    INTERN(s_is_contiguous, "is_contiguous");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

@@ -52,7 +52,6 @@ PER_CALL = "per_call"
 PAGED = "paged"
 
 _ORDERS = (APPEND, PER_CALL)
-_EMPTY = torch.empty((0,), dtype=torch.int64)
 
 # sglang's free methods whose semantics are known (module, qualified name) -> order; "swa" ones
 # depend on the SWA allocator's sub-allocators (see free_order).
@@ -131,30 +130,33 @@ def paged_release(alloc: Any, pieces: Sequence[torch.Tensor]) -> bool:
     ``p`` in turn would, in one step.  Returns False, having changed nothing, where the pieces
     are not 1-D int64 tensors on the allocator's device (the caller then frees them one by
     one, as upstream would)."""
-    live = [p for p in pieces if p.numel()]  # free ignores an empty piece
-    k = len(live)
-    if k == 0:
-        return True
-    dev = live[0].device
-    if any(p.dtype is not torch.int64 or p.device != dev or p.dim() != 1 for p in live) \
-            or (alloc.release_pages if alloc.need_sort else alloc.free_pages).device != dev:
-        return False
+    target = alloc.release_pages if alloc.need_sort else alloc.free_pages
     core = _native_core()
-    front: torch.Tensor | None
-    if core is not None and dev.type == "cpu" and all(p.is_contiguous() for p in live):
-        buf = core.paged_front(live, alloc.page_size)
-        front = torch.frombuffer(buf, dtype=torch.int64) if buf else _EMPTY
+    buf = None
+    if core is not None and target.is_cpu:
+        buf = core.paged_front(pieces if type(pieces) is list else list(pieces), alloc.page_size)
+    if buf is not None:  # the C pass read every piece (CPU, int64, 1-D, contiguous)
+        if not buf:
+            return True  # only empty pieces: free ignores them
+        front = torch.frombuffer(buf, dtype=torch.int64)
     else:
-        front = _front_by_torch(live, alloc.page_size)
-        if front is None:
+        live = [p for p in pieces if p.numel()]  # free ignores an empty piece
+        if not live:
+            return True
+        dev = target.device
+        if any(p.dtype is not torch.int64 or p.device != dev or p.dim() != 1 for p in live):
             return False
+        by_torch = _front_by_torch(live, alloc.page_size)
+        if by_torch is None:
+            return False
+        front = by_torch
     if alloc.need_sort:
         alloc.release_pages = torch.cat((front, alloc.release_pages))
     else:
         alloc.free_pages = torch.cat((front, alloc.free_pages))
     observer = alloc.__dict__.get("free")
     if observer is not None:
-        observer.uniradix_on_batch(k)
+        observer.uniradix_on_batch(len(pieces))
     return True
 
 
