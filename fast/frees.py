@@ -191,7 +191,11 @@ def release_ranges(alloc: Any, value: torch.Tensor, bounds: Sequence[int]) -> in
     ...``, in free order, one range per node as upstream frees them) through ``alloc.free`` in
     as few calls as :func:`free_order` allows; under :data:`APPEND` adjacent ranges are freed
     as one slice (a view, no copy).  Returns the number of allocator calls made."""
-    if free_order(alloc) == APPEND:
+    order = free_order(alloc)
+    if order == PAGED and paged_release(
+            alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)]):
+        return 1
+    if order == APPEND:
         merged: list[torch.Tensor] = []
         lo, hi = bounds[0], bounds[1]
         for i in range(2, len(bounds), 2):
