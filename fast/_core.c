@@ -8,11 +8,15 @@
  *              GC-aware: parent <-> children form cycles.
  *   match      the match_prefix walk, split, path stamps, heap push, concatenation.
  *   insert     the insert walk: touches, heap pushes, split, unevict, frees of duplicate
- *              slots in maximal runs, the new leaf.
+ *              slots (one range per node, as upstream; at page size 1 a single range
+ *              straight to free, otherwise through the cache's _free_ranges: fast/frees.py),
+ *              the new leaf.
  *   inc_lock / dec_lock   the lock loops.
  *   evict      the eviction loop over the lazily deleted heap; the evicted values are freed
- *              together at the end (one piece straight to free, several through the cache's
- *              _free_values: fast/frees.py).
+ *              together at the end (at page size 1 one piece straight to free; otherwise
+ *              through the cache's _free_values: fast/frees.py).
+ *   paged_front  the pages k frees of a sorted-prepend paged allocator put in front of its
+ *              free list, in one pass (fast/frees.py's PAGED batches).
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
@@ -46,7 +50,7 @@ static long long g_next_id = 1;
 
 static PyObject *s_root_node, *s_page_size, *s_clock, *s_heap, *s_evictable, *s_protected,
     *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update,
-    *s_free_values;
+    *s_free_values, *s_free_ranges, *s_numel, *s_data_ptr, *s_is_cpu, *s_ndim, *s_is_contiguous;
 
 /* ------------------------------------------------------------------------------------------ */
 /* TreeNode                                                                                    */
@@ -1077,6 +1081,17 @@ free_slice(PyObject *free_fn, PyObject *value, Py_ssize_t lo, Py_ssize_t hi)
     return 0;
 }
 
+static int
+append_ssize(PyObject *list, Py_ssize_t v)
+{
+    PyObject *o = PyLong_FromSsize_t(v);
+    if (o == NULL)
+        return -1;
+    int r = PyList_Append(list, o);
+    Py_DECREF(o);
+    return r;
+}
+
 static PyObject *
 core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1097,7 +1112,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     KeyView uk, ck_view;
     uk.held = ck_view.held = 0;
     PyObject *heap = NULL, *alloc = NULL, *free_fn = NULL, *owned = NULL, *result = NULL;
-    PyObject *leaf_ck = NULL;
+    PyObject *leaf_ck = NULL, *bounds = NULL;  /* bounds: [lo0, hi0, lo1, hi1, ...] */
     Node *node = NULL, *child = NULL;
     int wrote_clock = 0;
     Node *root = get_root(self, &ps);
@@ -1187,21 +1202,17 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (push_if_leaf(heap, child) < 0)
                 goto done;
         } else if (prev < end) {
+            /* this node's duplicate range; the first is kept in free_lo/free_hi, from the
+             * second on all of them go to the bounds list */
             Py_ssize_t lo = prev > pos ? prev : pos;
-            if (free_hi == lo) {
-                free_hi = end;
-            } else {
-                if (free_lo >= 0) {
-                    if (free_fn == NULL) {
-                        if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
-                                || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
-                            goto done;
-                    }
-                    if (free_slice(free_fn, value, free_lo, free_hi) < 0)
-                        goto done;
-                }
+            if (free_lo < 0) {
                 free_lo = lo;
                 free_hi = end;
+            } else {
+                if (bounds == NULL && (bounds = Py_BuildValue("[nn]", free_lo, free_hi)) == NULL)
+                    goto done;
+                if (append_ssize(bounds, lo) < 0 || append_ssize(bounds, end) < 0)
+                    goto done;
             }
         }
         Py_DECREF(node);
@@ -1211,12 +1222,18 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (!whole)
             break;
     }
-    if (free_lo >= 0) {
-        if (free_fn == NULL) {
-            if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
-                    || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
-                goto done;
-        }
+    if (free_lo >= 0 && bounds == NULL && ps > 1
+            && (bounds = Py_BuildValue("[nn]", free_lo, free_hi)) == NULL)
+        goto done;  /* page size > 1: one range goes through _free_ranges too (as in evict) */
+    if (bounds != NULL) {
+        PyObject *r = PyObject_CallMethodObjArgs(self, s_free_ranges, value, bounds, NULL);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    } else if (free_lo >= 0) {
+        if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
+                || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+            goto done;
         if (free_slice(free_fn, value, free_lo, free_hi) < 0)
             goto done;
     }
@@ -1272,6 +1289,7 @@ done:
     if (protected_ != pr0 && write_back(self, s_protected, protected_) < 0)
         Py_CLEAR(result);
     Py_XDECREF(leaf_ck);
+    Py_XDECREF(bounds);
     Py_XDECREF(child);
     Py_XDECREF(node);
     Py_XDECREF(heap);
@@ -1423,8 +1441,8 @@ detach(Node *parent, Node *child)
     return 0;
 }
 
-/* Hand the evicted nodes' values back: one piece straight to the allocator's free, several
- * through the cache's _free_values (fast/frees.py: as few calls as the allocator's semantics
+/* Hand the evicted nodes' values back: one piece straight to the allocator's free (page size
+ * 1: free_fn is set), otherwise through the cache's _free_values (fast/frees.py: as few calls as the allocator's semantics
  * allow, the same final free list as one call each).  Runs on the error path too (the nodes
  * in ``batch`` have left the tree), keeping the first error. */
 static int
@@ -1482,8 +1500,10 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "_heap must be a list");
         goto done;
     }
+    /* page size > 1: even one piece goes through _free_values (a paged allocator's free
+     * may have a faster exact equivalent there, fast/frees.py) */
     if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
-            || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL
+            || (ps == 1 && (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
             || (batch = PyList_New(0)) == NULL)
         goto done;
     {
@@ -2128,6 +2148,143 @@ core_heappop(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return heap_pop(args[0]);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* paged_front(pieces, page_size) -> bytearray                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* What k calls of a sorted-prepend paged free (sglang's PagedTokenToKVPoolAllocator.free: the
+ * sorted distinct pages of what it is given go in front of its list) put in front of the list,
+ * in one pass: the sorted distinct floor(slot / page_size) of each piece, the last piece's
+ * first.  Each piece must be a torch.Tensor (exactly), 1-D, contiguous, int64, on the CPU
+ * (checked here: its memory is read through data_ptr() and numel()); if one is not, None.
+ * The bytes are int64s in native order, for torch.frombuffer (fast/frees.py). */
+
+static int
+cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+static long long
+floor_div_ll(long long a, long long b)
+{
+    long long q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+/* 1 if ``t`` is a torch.Tensor (exactly) of int64 on the CPU, 1-D and contiguous, so its
+ * memory can be read as numel() int64s from data_ptr(); 0 if not; -1 on error. */
+static int
+piece_is_plain(PyObject *t)
+{
+    if (g_Tensor == NULL || (PyObject *)Py_TYPE(t) != g_Tensor)
+        return 0;
+    PyObject *o = PyObject_GetAttr(t, s_dtype);
+    if (o == NULL)
+        return -1;
+    int ok = o == g_int64;
+    Py_DECREF(o);
+    if (!ok)
+        return 0;
+    if ((o = PyObject_GetAttr(t, s_is_cpu)) == NULL)
+        return -1;
+    ok = o == Py_True;
+    Py_DECREF(o);
+    if (!ok)
+        return 0;
+    if ((o = PyObject_GetAttr(t, s_ndim)) == NULL)
+        return -1;
+    ok = PyLong_Check(o) && PyLong_AsLong(o) == 1;
+    Py_DECREF(o);
+    if (!ok)
+        return PyErr_Occurred() ? -1 : 0;
+    if ((o = PyObject_CallMethodNoArgs(t, s_is_contiguous)) == NULL)
+        return -1;
+    ok = o == Py_True;
+    Py_DECREF(o);
+    return ok;
+}
+
+static PyObject *
+core_paged_front(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "paged_front(pieces: list, page_size)");
+        return NULL;
+    }
+    PyObject *pieces = args[0];
+    long long ps = PyLong_AsLongLong(args[1]);
+    if (ps == -1 && PyErr_Occurred())
+        return NULL;
+    if (ps <= 0) {
+        PyErr_SetString(PyExc_ValueError, "page_size must be positive");
+        return NULL;
+    }
+    Py_ssize_t k = PyList_GET_SIZE(pieces), cap = 0, used = 0;
+    long long *out = NULL;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = k - 1; i >= 0; i--) {
+        PyObject *piece = PyList_GET_ITEM(pieces, i), *o;
+        int ok = piece_is_plain(piece);
+        if (ok < 0)
+            goto done;
+        if (ok == 0) {  /* not one this pass may read: the caller takes another way */
+            PyMem_Free(out);
+            Py_RETURN_NONE;
+        }
+        if ((o = PyObject_CallMethodNoArgs(piece, s_numel)) == NULL)
+            goto done;
+        Py_ssize_t n = PyLong_AsSsize_t(o);
+        Py_DECREF(o);
+        if (n == -1 && PyErr_Occurred())
+            goto done;
+        if (n == 0)
+            continue;
+        if ((o = PyObject_CallMethodNoArgs(piece, s_data_ptr)) == NULL)
+            goto done;
+        const long long *src = (const long long *)PyLong_AsVoidPtr(o);
+        Py_DECREF(o);
+        if (src == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "paged_front: a piece has no data");
+            goto done;
+        }
+        if (used + n > cap) {
+            Py_ssize_t ncap = (used + n) * 2 + 16;
+            long long *grown = PyMem_Realloc(out, (size_t)ncap * sizeof(long long));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            out = grown;
+            cap = ncap;
+        }
+        long long *seg = out + used, prev = 0;
+        Py_ssize_t m = 0;
+        int sorted = 1;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            long long pg = floor_div_ll(src[j], ps);
+            if (m && pg == prev)
+                continue;  /* the rest of a page already taken */
+            if (m && pg < prev)
+                sorted = 0;
+            seg[m++] = prev = pg;
+        }
+        if (!sorted)
+            qsort(seg, (size_t)m, sizeof(long long), cmp_ll);
+        Py_ssize_t u = 0;
+        for (Py_ssize_t j = 0; j < m; j++)
+            if (u == 0 || seg[j] != seg[u - 1])
+                seg[u++] = seg[j];
+        used += u;
+    }
+    result = PyByteArray_FromStringAndSize((const char *)out, (Py_ssize_t)(used * (Py_ssize_t)sizeof(long long)));
+done:
+    PyMem_Free(out);
+    return result;
+}
+
 static PyMethodDef core_methods[] = {
     {"setup", (PyCFunction)core_setup, METH_VARARGS,
      "setup(narrow_copy, cat, stride): the torch callables and the clock step."},
@@ -2141,6 +2298,10 @@ static PyMethodDef core_methods[] = {
      "dec_lock(root, node, skip, heap) -> delta, or -1 if the path is not locked"},
     {"evict", (PyCFunction)(void (*)(void))core_evict, METH_FASTCALL,
      "evict(cache, num_tokens) -> tokens evicted"},
+    {"paged_front", (PyCFunction)(void (*)(void))core_paged_front, METH_FASTCALL,
+     "paged_front(pieces, page_size) -> bytearray of int64: the pages k sorted-prepend "
+     "paged frees put in front of the free list, the last piece's first; None if a piece is "
+     "not a contiguous 1-D int64 CPU torch.Tensor"},
     {"probing", (PyCFunction)core_probing, METH_NOARGS,
      "probing() -> whether child lookups at page size > 1 probe without building the key"},
     {"page_hash", (PyCFunction)(void (*)(void))core_page_hash, METH_FASTCALL,
@@ -2206,6 +2367,12 @@ PyInit__core(void)
     INTERN(s_skip, "skip_lock_node_ids");
     INTERN(s_compact, "_compact_heap");
     INTERN(s_free_values, "_free_values");
+    INTERN(s_free_ranges, "_free_ranges");
+    INTERN(s_numel, "numel");
+    INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_is_cpu, "is_cpu");
+    INTERN(s_ndim, "ndim");
+    INTERN(s_is_contiguous, "is_contiguous");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

@@ -65,7 +65,7 @@ import torch
 
 from . import compat
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
-from .frees import release
+from .frees import release, release_ranges
 from .keys import child_key, shared_len, step_len
 from .node import Node
 from .params import (
@@ -527,7 +527,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         node = self.root_node
         node.last_access_time = clock
         pos = 0
-        free_lo = free_hi = -1
+        dups: list[int] = []  # each node's duplicate range, lo, hi, ... (fast/frees.py)
         for child, shared in plan:
             clock += STRIDE
             child.last_access_time = clock
@@ -541,16 +541,10 @@ class UnifiedRadixCache(compat.EngineDefaults):
             if child.value is None:
                 self._unevict(child, value, pos)
             elif prev < end:
-                lo = prev if prev > pos else pos
-                if free_hi == lo:
-                    free_hi = end
-                else:
-                    if free_lo >= 0:
-                        self.token_to_kv_pool_allocator.free(value[free_lo:free_hi])
-                    free_lo, free_hi = lo, end
+                dups += (prev if prev > pos else pos, end)
             node, pos = child, end
-        if free_lo >= 0:
-            self.token_to_kv_pool_allocator.free(value[free_lo:free_hi])
+        if dups:
+            self._free_ranges(value, dups)
         if pos < n:
             clock += STRIDE
             rest = units[pos:]
@@ -682,6 +676,12 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if self._leaf_heap.needs_compaction(self._evictable // max(self.page_size, 1)):
             self._compact_heap()
         return EvictResult(num_tokens_evicted=freed)
+
+    def _free_ranges(self, value: torch.Tensor, bounds: list) -> None:
+        """Free the insert's duplicates, ``value[lo:hi]`` per node (the C core's insert calls
+        this for two or more, or any at page size > 1), in as few allocator calls as exactness
+        allows (fast/frees.py)."""
+        release_ranges(self.token_to_kv_pool_allocator, value, bounds)
 
     def _free_values(self, values: list) -> None:
         """Free the values one call released, in this order, in as few allocator calls as the

@@ -11,14 +11,24 @@ asks :func:`free_order` what a ``free``-like method does with a concatenation:
   ``SWATokenToKVPoolAllocator`` when both its sub-allocators append, and any allocator while
   it is inside a scheduler free group (``free_group_begin`` .. ``free_group_end``: the pieces
   are queued and concatenated at the end anyway).
-* :data:`PER_CALL`: anything else, one call per piece, as before.  This includes sglang
-  0.5.13.post1's ``PagedTokenToKVPoolAllocator`` (page size > 1): its ``free`` puts
-  ``unique(slots // page_size)``, sorted, in front of its free list, so one call over several
-  pieces sorts their pages together and leaves a different order.  Pieces could be grouped
-  where each piece's pages all lie below the previous piece's (then the sorted union equals
-  the per-piece blocks); that was built and measured (shared-prefix, page 16, 20k requests):
-  it saved 9% of the calls, and finding the groups (a ``torch.cat`` and a ``tolist`` of the
-  slots) took a third of ``evict``'s time, more than the calls saved, so it was taken out.
+* :data:`PAGED`: sglang 0.5.13.post1's ``PagedTokenToKVPoolAllocator`` (page size > 1).  Its
+  ``free`` puts ``unique(slots // page_size)``, sorted, in front of its free list
+  (``free_pages``; with ``need_sort``, in front of ``release_pages``, which is sorted into the
+  free list when an alloc runs short), so one call over several pieces would sort their pages
+  together and leave a different order.  k calls leave ``[u_k, ..., u_2, u_1, old]``, where
+  ``u_i`` is the sorted distinct pages of piece i; :func:`paged_release` computes exactly the
+  front ``[u_k, ..., u_1]`` in one step (on CPU one pass of the C core over the slots,
+  ``_core.paged_front``; elsewhere a segment-wise sorted unique, one ``torch.unique`` over the
+  keys ``(k - i, page)``) and writes it with one concatenation, instead of k uniques and k
+  concatenations onto the whole free list.  The batch therefore writes the allocator's list
+  itself, so it is taken only where the result is known to be the one ``free`` would leave:
+  the exact sglang class (a subclass may free differently), outside a free group (where
+  ``free`` only queues), not in sglang's debug mode (``SGLANG_DEBUG_MEMORY_POOL``: its
+  per-call checks run, one call per piece), int64 slots, and no ``free`` set on the instance
+  unless that wrapper only observes (it carries ``uniradix_on_batch``, called with the number
+  of pieces each time a batch is written; the bench counts calls this way).  Anywhere else
+  the allocator gets :data:`PER_CALL`.
+* :data:`PER_CALL`: anything else, one call per piece.
 
 An allocator outside sglang declares its semantics with a class attribute
 ``uniradix_free_order`` (:data:`APPEND` or :data:`PER_CALL`); the conformance environment's
@@ -31,6 +41,7 @@ slots it is given (the conformance runs' ``freed`` effects) sees the same sequen
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +49,7 @@ import torch
 
 APPEND = "append"
 PER_CALL = "per_call"
+PAGED = "paged"
 
 _ORDERS = (APPEND, PER_CALL)
 
@@ -45,7 +57,7 @@ _ORDERS = (APPEND, PER_CALL)
 # depend on the SWA allocator's sub-allocators (see free_order).
 _KNOWN: dict[tuple[str | None, str | None], str] = {
     ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator.free"): APPEND,
-    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator.free"): PER_CALL,
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator.free"): PAGED,
     ("sglang.srt.mem_cache.allocator.mamba", "MambaSlotAllocator.free"): APPEND,
     ("sglang.srt.mem_cache.memory_pool_host", "HostKVCache.free"): APPEND,
     ("sglang.srt.mem_cache.memory_pool_host", "MambaPoolHost.free"): APPEND,
@@ -71,6 +83,8 @@ def free_order(alloc: Any, method: str = "free") -> str:
     if known == "swa":
         subs = (getattr(alloc, "full_attn_allocator", None), getattr(alloc, "swa_attn_allocator", None))
         return APPEND if all(s is not None and free_order(s) == APPEND for s in subs) else PER_CALL
+    if known == PAGED:
+        return PAGED if _paged_batch_ok(alloc) else PER_CALL
     if known == "swa_only":
         sub = getattr(alloc, "swa_attn_allocator", None)
         return APPEND if sub is not None and free_order(sub) == APPEND else PER_CALL
@@ -85,17 +99,114 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
     if k == 0:
         return 0
     fn = getattr(alloc, method)
-    if k == 1:
+    order = free_order(alloc, method)
+    if k == 1 and order != PAGED:
         fn(pieces[0])
         return 1
-    order = free_order(alloc, method)
     if order == APPEND:
         fn(torch.cat(list(pieces)))  # torch.cat takes a list or tuple, not any Sequence
+        return 1
+    if order == PAGED and paged_release(alloc, pieces):
         return 1
     for p in pieces:
         fn(p)
     return k
 
+
+def _paged_batch_ok(alloc: Any) -> bool:
+    """Whether :func:`paged_release` may write ``alloc``'s list (see :data:`PAGED`)."""
+    cls = type(alloc)
+    if cls.__name__ != "PagedTokenToKVPoolAllocator" \
+            or cls.__module__ != "sglang.srt.mem_cache.allocator.paged":
+        return False  # a subclass, or another class that inherits the method
+    if getattr(alloc, "debug_mode", True) or alloc.is_not_in_free_group is not True:
+        return False
+    inst = alloc.__dict__.get("free")
+    return inst is None or callable(getattr(inst, "uniradix_on_batch", None))
+
+
+def paged_release(alloc: Any, pieces: Sequence[torch.Tensor]) -> bool:
+    """Leave ``alloc`` (a :data:`PAGED` allocator) exactly as ``alloc.free(p)`` for each piece
+    ``p`` in turn would, in one step.  Returns False, having changed nothing, where the pieces
+    are not 1-D int64 tensors on the allocator's device (the caller then frees them one by
+    one, as upstream would)."""
+    target = alloc.release_pages if alloc.need_sort else alloc.free_pages
+    core = _native_core()
+    buf = None
+    if core is not None and target.is_cpu:
+        buf = core.paged_front(pieces if type(pieces) is list else list(pieces), alloc.page_size)
+    if buf is not None:  # the C pass read every piece (CPU, int64, 1-D, contiguous)
+        if not buf:
+            return True  # only empty pieces: free ignores them
+        front = torch.frombuffer(buf, dtype=torch.int64)
+    else:
+        live = [p for p in pieces if p.numel()]  # free ignores an empty piece
+        if not live:
+            return True
+        dev = target.device
+        if any(p.dtype is not torch.int64 or p.device != dev or p.dim() != 1 for p in live):
+            return False
+        by_torch = _front_by_torch(live, alloc.page_size)
+        if by_torch is None:
+            return False
+        front = by_torch
+    if alloc.need_sort:
+        alloc.release_pages = torch.cat((front, alloc.release_pages))
+    else:
+        alloc.free_pages = torch.cat((front, alloc.free_pages))
+    observer = alloc.__dict__.get("free")
+    if observer is not None:
+        observer.uniradix_on_batch(len(pieces))
+    return True
+
+
+def _native_core() -> Any:
+    """The C core's module where the fast cache loaded it (not under UNIRADIX_PURE_PYTHON=1,
+    nor where it is not built), else None."""
+    return sys.modules.get(f"{__package__}._core")
+
+
+def _front_by_torch(live: list[torch.Tensor], page_size: int) -> torch.Tensor | None:
+    """:func:`paged_release`'s front in torch ops (any device): one sorted unique over the keys
+    ``(segment, page - lo)``, the piece freed last in segment 0.  None where the keys would
+    overflow int64."""
+    k = len(live)
+    pages = (torch.cat(live) if k > 1 else live[0]) // page_size
+    if k == 1:
+        return torch.unique(pages)
+    lo_t, hi_t = torch.aminmax(pages)
+    lo, span = int(lo_t), int(hi_t) - int(lo_t) + 1
+    if span * k >= 1 << 62:
+        return None
+    dev = pages.device
+    seg = torch.repeat_interleave(
+        torch.arange(k - 1, -1, -1, dtype=torch.int64, device=dev),
+        torch.tensor([p.shape[0] for p in live], dtype=torch.int64, device=dev))
+    keys = torch.unique((pages - lo) + seg * span)  # sorted: by segment, then page
+    return keys % span + lo
+
+
+def release_ranges(alloc: Any, value: torch.Tensor, bounds: Sequence[int]) -> int:
+    """Free ``value[lo:hi]`` for each ``(lo, hi)`` in ``bounds`` (flat: ``lo0, hi0, lo1, hi1,
+    ...``, in free order, one range per node as upstream frees them) through ``alloc.free`` in
+    as few calls as :func:`free_order` allows; under :data:`APPEND` adjacent ranges are freed
+    as one slice (a view, no copy).  Returns the number of allocator calls made."""
+    order = free_order(alloc)
+    if order == PAGED and paged_release(
+            alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)]):
+        return 1
+    if order == APPEND:
+        merged: list[torch.Tensor] = []
+        lo, hi = bounds[0], bounds[1]
+        for i in range(2, len(bounds), 2):
+            if bounds[i] == hi:
+                hi = bounds[i + 1]
+            else:
+                merged.append(value[lo:hi])
+                lo, hi = bounds[i], bounds[i + 1]
+        merged.append(value[lo:hi])
+        return release(alloc, merged)
+    return release(alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)])
 
 
 class FreeBatch:

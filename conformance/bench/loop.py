@@ -248,8 +248,9 @@ def make_allocator(kind: str, usable_slots: int, page_size: int, torch_module,
 def count_frees(alloc: Any) -> None:
     """Count the calls to ``alloc.free`` from now on in ``alloc._bench_free_calls`` (a
     one-item list), through an instance attribute wrapping the bound method (the class is
-    untouched, so fast/frees.py still recognises the allocator); the unwrapped method stays
-    in ``alloc._bench_raw_free`` for the harness's own frees."""
+    untouched, so fast/frees.py still recognises the allocator; a batch it writes in one step
+    counts as one call); the unwrapped method stays in ``alloc._bench_raw_free`` for the
+    harness's own frees."""
     raw = alloc.free
     box = [0]
 
@@ -257,6 +258,10 @@ def count_frees(alloc: Any) -> None:
         box[0] += 1
         return raw(free_index)
 
+    def on_batch(pieces: int) -> None:  # fast/frees.py wrote a batch of frees as one call
+        box[0] += 1
+
+    free.uniradix_on_batch = on_batch  # type: ignore[attr-defined]
     alloc.free = free
     alloc._bench_free_calls = box
     alloc._bench_raw_free = raw

@@ -122,6 +122,114 @@ def test_release_leaves_the_free_list_of_one_call_per_piece(seed):
             assert batched.calls == 1
 
 
+class PagedState:
+    """The state fast/frees.py's PAGED batch writes: sglang's paged allocator's two lists."""
+
+    def __init__(self, page_size: int, need_sort: bool, free_pages, release_pages) -> None:
+        self.page_size, self.need_sort = page_size, need_sort
+        self.free_pages = torch.tensor(free_pages, dtype=torch.int64)
+        self.release_pages = torch.tensor(release_pages, dtype=torch.int64)
+
+    def lists(self) -> tuple[list, list]:
+        return self.free_pages.tolist(), self.release_pages.tolist()
+
+
+def sorted_prepend_reference(state: PagedState, pieces) -> tuple[list, list]:
+    """One sorted-prepend free per piece, in plain Python (the semantics of sglang 0.5.13.post1's
+    PagedTokenToKVPoolAllocator.free outside a free group)."""
+    free, rel = state.lists()
+    for p in pieces:
+        if p.numel():
+            front = sorted({s // state.page_size for s in p.tolist()})
+            if state.need_sort:
+                rel = front + rel
+            else:
+                free = front + free
+    return free, rel
+
+
+def random_pieces(rng: random.Random, ps: int) -> list:
+    """Pieces as caches free them (whole pages, shuffled, in any order) and as they should
+    never arrive but must still be exact (partial pages, a page in two pieces, repeats,
+    empties, slot 0's page)."""
+    pieces = []
+    for _ in range(rng.randint(1, 7)):
+        kind = rng.random()
+        if kind < 0.1:
+            slots = []
+        elif kind < 0.6:
+            pages = rng.sample(range(0, 60), rng.randint(1, 6))
+            slots = [pg * ps + j for pg in pages for j in range(ps)]
+        else:
+            slots = [rng.randrange(0, 60 * ps) for _ in range(rng.randint(1, 3 * ps))]
+        pieces.append(torch.tensor(slots, dtype=torch.int64))
+    return pieces
+
+
+@pytest.mark.parametrize("path", ["c-core", "torch"])
+@pytest.mark.parametrize("seed", range(30))
+def test_paged_release_equals_one_sorted_prepend_per_piece(seed, path, monkeypatch):
+    if path == "c-core" and frees._native_core() is None:
+        pytest.skip("the C core is not built")
+    if path == "torch":
+        monkeypatch.setattr(frees, "_native_core", lambda: None)
+    rng = random.Random(seed)
+    ps = rng.choice([2, 4, 16])
+    state = PagedState(ps, rng.random() < 0.5, rng.sample(range(60, 90), 5),
+                       rng.sample(range(90, 99), 3))
+    pieces = random_pieces(rng, ps)
+    if rng.random() < 0.3:  # a non-contiguous piece: the C core is skipped, still exact
+        pieces.append(torch.arange(0, 8 * ps, dtype=torch.int64)[::2])
+    want = sorted_prepend_reference(state, pieces)
+    assert frees.paged_release(state, pieces) is True
+    assert state.lists() == want
+
+
+def test_paged_release_refuses_what_it_cannot_write_exactly():
+    state = PagedState(4, False, [9], [])
+    for pieces in ([torch.tensor([4, 5], dtype=torch.int32)],  # not int64
+                   [torch.tensor([[4, 5]], dtype=torch.int64)]):  # not 1-D
+        assert frees.paged_release(state, pieces) is False
+        assert state.lists() == ([9], [])
+
+
+def test_paged_front_native_rejects_bad_input():
+    core = frees._native_core()
+    if core is None:
+        pytest.skip("the C core is not built")
+    with pytest.raises(ValueError):
+        core.paged_front([torch.tensor([1], dtype=torch.int64)], 0)
+    with pytest.raises(TypeError):
+        core.paged_front((torch.tensor([1], dtype=torch.int64),), 4)
+    assert bytes(core.paged_front([torch.tensor([], dtype=torch.int64)], 4)) == b""
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_release_ranges_frees_one_range_per_node(seed):
+    """The insert's duplicates: under APPEND one call (adjacent ranges joined as one slice);
+    under per-call semantics each node's range is its own call, as upstream frees them."""
+    rng = random.Random(seed)
+    ps = rng.choice([1, 4])
+    value = torch.arange(100 * ps, dtype=torch.int64) + ps
+    bounds, pos = [], 0
+    for _ in range(rng.randint(1, 6)):
+        lo = pos + rng.choice([0, 0, ps])
+        hi = lo + ps * rng.randint(1, 3)
+        bounds += [lo, hi]
+        pos = hi
+    ranges = [(bounds[i], bounds[i + 1]) for i in range(0, len(bounds), 2)]
+    for make in (lambda: SortedPagesAllocator(512 * ps, ps), lambda: AppendAllocator(512)):
+        got, ref = make(), make()
+        calls = frees.release_ranges(got, value, bounds)
+        for lo, hi in ranges:
+            ref.free(value[lo:hi])
+        assert got.pages.tolist() == ref.pages.tolist()
+        if isinstance(got, AppendAllocator):
+            assert calls == got.calls == 1
+        else:
+            assert calls == got.calls == len(ranges)
+
+
 # ----------------------------------------------------------------------------------------------
 # The caches: batched run against the per-piece reference, same workload
 # ----------------------------------------------------------------------------------------------
@@ -262,10 +370,105 @@ def test_sglang_allocators_end_as_upstream_leaves_them(page_size):
     assert sf.evicted_tokens > 0
     assert af.free_pages.tolist() == au.free_pages.tolist()
     assert af.release_pages.tolist() == au.release_pages.tolist()
-    if page_size == 1:  # append semantics: one call per evict
-        assert sf.free_calls < su.free_calls
-    else:  # the paged allocator's sorted prepend: one call per node, as upstream
-        assert sf.free_calls == su.free_calls
+    # page 1: append semantics, one call per evict; page 16: the paged allocator's sorted
+    # prepend, written for all of an evict's nodes at once (counted as one call)
+    assert sf.free_calls < su.free_calls
+
+
+def _sglang_paged(ps: int, need_sort: bool, pages: int = 64):
+    try:
+        from uniradix.conformance.adapters.upstream import load_upstream
+        torch_mod = load_upstream().torch
+        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+    except Exception as e:  # noqa: BLE001 - absent, or an install that fails at import
+        pytest.skip(f"sglang's allocators do not import here ({type(e).__name__}: {e})")
+    return PagedTokenToKVPoolAllocator(pages * ps, ps, torch_mod.float16, "cpu", None, need_sort)
+
+
+def _paged_state(a) -> tuple[list, list]:
+    return a.free_pages.tolist(), a.release_pages.tolist()
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("need_sort", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_sglang_paged_allocator_batched_equals_one_free_per_piece(seed, need_sort):
+    """Over sglang's own PagedTokenToKVPoolAllocator: allocations, then pieces of what they
+    gave freed as one batch (fast/frees.py) and one ``free`` per piece; the allocator's full
+    state is the same after each round, and so is every later allocation."""
+    rng = random.Random(seed)
+    ps = rng.choice([2, 16])
+    got, ref = _sglang_paged(ps, need_sort), _sglang_paged(ps, need_sort)
+    assert frees.free_order(got) == frees.PAGED
+    held: list[int] = []
+    for _ in range(8):
+        n = rng.randint(1, 6) * ps
+        a, b = got.alloc(n), ref.alloc(n)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.tolist() == b.tolist()
+            held += a.tolist()
+        rng.shuffle(held)
+        k = rng.randint(0, len(held))
+        freed, held = held[:k], held[k:]
+        pieces, i = [], 0
+        while i < len(freed):  # page-aligned pieces as evict frees them, or ragged ones
+            j = i + (rng.randint(1, 3) * ps if rng.random() < 0.7 else rng.randint(1, ps))
+            pieces.append(torch.tensor(freed[i:j], dtype=torch.int64))
+            i = j
+        pieces = [torch.tensor(sorted(p.tolist()), dtype=torch.int64) if rng.random() < 0.5
+                  else p for p in pieces]
+        assert frees.release(got, pieces) == (1 if pieces else 0)
+        for p in pieces:
+            ref.free(p)
+        assert _paged_state(got) == _paged_state(ref)
+        assert got.available_size() == ref.available_size()
+
+
+@pytest.mark.upstream
+def test_sglang_paged_allocator_batch_only_where_exact(monkeypatch):
+    """The PAGED batch is taken for the exact sglang class only, outside a free group, not in
+    sglang's debug mode, and not past a ``free`` wrapper that does not say it only observes."""
+    a = _sglang_paged(4, False)
+    assert frees.free_order(a) == frees.PAGED
+
+    class Sub(type(a)):
+        pass
+    sub = Sub(64 * 4, 4, a.dtype, "cpu", None, False)
+    assert frees.free_order(sub) == frees.PER_CALL
+    a.free_group_begin()
+    assert frees.free_order(a) == frees.APPEND  # queued, one free at free_group_end
+    a.free_group_end()
+    a.debug_mode = True
+    assert frees.free_order(a) == frees.PER_CALL
+    a.debug_mode = False
+    seen = []
+    a.free = lambda x: seen.append(x)  # intercepts: must see every piece
+    assert frees.free_order(a) == frees.PER_CALL
+    assert frees.release(a, [torch.tensor([4, 5]), torch.tensor([8])]) == 2 and len(seen) == 2
+    del a.free
+    bench.count_frees(a)  # an observer: the batch is written and counted once
+    assert frees.free_order(a) == frees.PAGED
+    assert frees.release(a, [torch.tensor([4, 5]), torch.tensor([8])]) == 1
+    assert a._bench_free_calls == [1]
+    assert a.free_pages.tolist()[:2] == [2, 1]
+
+
+@pytest.mark.upstream
+def test_sglang_paged_insert_duplicates_freed_as_upstream():
+    """Many requests in flight over few prompts at page 16: inserts free duplicates spanning
+    several nodes; fast and upstream leave sglang's paged allocator in the same state."""
+    base = SharedPrefix(requests=300, prompts=4, prompt_min=40, prompt_max=400, kv_slots=4096,
+                        inflight=24)
+    w = bench.shared_prefix_workload(16, base=base)
+    runs = {}
+    for impl in ("fast", "upstream"):
+        keep = []
+        s = bench.run_bench(_sglang_bundle_or_skip(impl), w, keep=keep)
+        runs[impl] = (s, keep[1])
+    (sf, af), (su, au) = runs["fast"], runs["upstream"]
+    assert sf.outcome() == su.outcome()
+    assert _paged_state(af) == _paged_state(au)
 
 
 def test_hybrid_runs_keep_the_order_of_the_frees():

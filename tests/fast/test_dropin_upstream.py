@@ -52,14 +52,11 @@ from uniradix.conformance.adapters.upstream_hybrid import load_hybrid  # noqa: E
 
 CT = up.ComponentType
 MAMBA_CHUNK = 8
-# Slot numbers (and the allocator's free-list order) compared at every page size.  Off: at
-# page > 1 uniradix's insert frees adjacent duplicate nodes' slots in one call where sglang
-# frees them node by node, and sglang's paged allocator prepends each call's pages sorted, so
-# the free list's order (not its contents) differs and later allocations get other page
-# numbers (so the tree holds other pages); hit lengths, evictions and sizes are unaffected.
-# Then slots are left out and the free list is compared by length.  (Issue 11 item 5,
-# batched frees with sglang's free-list order, is where this is settled.)
-STRICT_SLOTS = False
+# Slot numbers (and the allocator's free-list order) compared at every page size: uniradix
+# frees an insert's duplicates one range per node, as sglang does, and its batched frees over
+# sglang's paged allocator leave exactly the free list of one call per piece (fast/frees.py).
+# (Off would leave slots out at page > 1 and compare the free list by length only.)
+STRICT_SLOTS = True
 
 
 class SwaKVData(BaseSWAKVPool):

@@ -318,3 +318,33 @@ def test_c_page_hash_is_cpythons_tuple_hash():
     if sys.version_info < (3, 13) and sys.maxsize > 2 ** 32:
         assert cache_mod._core.probing()  # its import-time self-test agreed
     assert page_hash(array("q", [-1, 2]), None) is None  # not covered: the real key is built
+
+
+@pytest.mark.parametrize("py", [False, True], ids=["c-core", "python"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_insert_frees_duplicates_one_call_per_node(page_size, py, monkeypatch):
+    """An insert whose duplicates span several nodes frees one range per node, in path order,
+    as upstream does (an allocator that declares nothing gets one call per piece: a paged
+    allocator's free list depends on it); an unevicted node in between is not freed."""
+    if not py and not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    if py:
+        monkeypatch.setattr(cache_mod, "NATIVE", False)
+    ps = page_size
+    c = fast.UnifiedRadixCache(fast.CacheInitParams(
+        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=LogAlloc(),
+        page_size=ps))
+    ins = c.insert if not py else c._insert_py
+    toks = list(range(1, 1 + 6 * ps))
+    slots = lambda lo, n: torch.arange(lo, lo + n, dtype=torch.int64)  # noqa: E731
+    ins(fast.InsertParams(key=key(toks[:2 * ps]), value=slots(1000, 2 * ps)))
+    ins(fast.InsertParams(key=key(toks[:4 * ps]), value=slots(2000, 4 * ps)))
+    ins(fast.InsertParams(key=key(toks), value=slots(3000, 6 * ps)))
+    log = c.token_to_kv_pool_allocator.log
+    assert log == [list(range(2000, 2000 + 2 * ps)),
+                   list(range(3000, 3000 + 2 * ps)), list(range(3000 + 2 * ps, 3000 + 4 * ps))]
+    del log[:]
+    ins(fast.InsertParams(key=key(toks), value=slots(4000, 6 * ps), prev_prefix_len=ps))
+    assert log == [list(range(4000 + ps, 4000 + 2 * ps)),
+                   list(range(4000 + 2 * ps, 4000 + 4 * ps)),
+                   list(range(4000 + 4 * ps, 4000 + 6 * ps))]
