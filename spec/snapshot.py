@@ -100,7 +100,7 @@ def aux_view(state: CacheState, node: Node) -> dict[str, Any]:
         d = node.aux.get(name)
         out[name] = {"value": None if d is None or d.value is None else list(d.value),
                      "lock_ref": 0 if d is None else d.lock_ref}
-        if state.host is not None:  # the host tier with Mamba: the host copy and its locks
+        if state.host is not None:  # the host tier: the host copy and its host locks
             out[name]["host_value"] = None if d is None or d.host_value is None \
                 else list(d.host_value)
             out[name]["host_lock_ref"] = 0 if d is None else d.host_lock_ref
@@ -127,11 +127,13 @@ def hybrid_snapshot(state: CacheState, nodes: list[dict[str, Any]]) -> dict[str,
         out["swa_pool"] = sorted(components.swa_pool(state).swa.allocated_pages())
     if state.mamba is not None:
         out["mamba_pool"] = sorted(state.mamba.allocated_pages())
-    if state.host is not None and state.host.mamba_pool is not None:  # host tier with Mamba
-        out["host"] = host_view(state)
-        out["host_mamba_pool"] = sorted(state.host.mamba_pool.allocated_pages())
-        out["mamba_host_lru_order"] = [path_of(state, n)
-                                       for n in components.host_lru_order(state, "mamba")]
+    if state.host is not None:  # the host tier with SWA or Mamba: per component its host
+        out["host"] = host_view(state)  # pool and host LRU order
+        for name, pool in (("swa", state.host.swa_pool), ("mamba", state.host.mamba_pool)):
+            if pool is not None:
+                out[f"host_{name}_pool"] = sorted(pool.allocated_pages())
+                out[f"{name}_host_lru_order"] = [path_of(state, n) for n in
+                                                 components.host_lru_order(state, name)]
     return out
 
 
