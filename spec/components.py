@@ -316,6 +316,11 @@ class SWAComponent(AuxComponent):
         state.host.swa_load = (planned, pool.alloc(n))
         return True
 
+    def cancel_load_back(self, state: CacheState, node: Node) -> None:
+        assert state.host is not None and state.host.swa_load is not None
+        swa_pool(state).swa.free(state.host.swa_load[1])
+        state.host.swa_load = None
+
     def _still_planned(self, state: CacheState, node: Node, planned: list[Node]) -> bool:
         if not rules.is_in_tree(state, node):
             return False
@@ -482,12 +487,12 @@ class MambaComponent(AuxComponent):
         state.host.request_state = state.mamba.alloc(1)[0]
         return True
 
-    def load_back(self, state: CacheState, node: Node) -> bool:
+    def alloc_load_back(self, state: CacheState, node: Node) -> bool:
         """The node's state comes back to a fresh device state slot (one state is evicted for
-        room when the pool is empty).  When none can be had (every device state locked, for
-        example by pending write-through acks), or the room-making took the node or its host
-        state (write-back backups make host room), the load back fails: upstream asserts
-        instead (docs/SPEC.md)."""
+        room when the pool is empty), taken after the full slots.  When none can be had
+        (every device state locked, for example by pending write-through acks), or the
+        room-making took the node or its host state (write-back backups make host room), the
+        load back fails: upstream asserts instead (docs/SPEC.md)."""
         assert state.mamba is not None and state.host is not None
         if state.mamba.available_size() < 1:
             evict(state, 0, mamba_num=1)
@@ -495,14 +500,27 @@ class MambaComponent(AuxComponent):
         if state.mamba.available_size() < 1 or not rules.is_in_tree(state, node) \
                 or not self.wants_load_back(state, node):
             return False
+        state.host.mamba_load = state.mamba.alloc(1)[0]
+        return True
+
+    def cancel_load_back(self, state: CacheState, node: Node) -> None:
+        assert state.mamba is not None and state.host is not None
+        assert state.host.mamba_load is not None
+        state.mamba.free([state.host.mamba_load])
+        state.host.mamba_load = None
+
+    def commit_load_back(self, state: CacheState, node: Node) -> None:
+        """The node takes its state slot and the host state is copied there (and into the
+        requester's own slot); the node joins the Mamba list as its newest, without a new
+        access stamp (the Full eviction order does not move)."""
+        assert state.host is not None and state.host.mamba_load is not None
         d = data(node, "mamba")
         assert d.host_value is not None and d.value is None
-        d.value = tuple(state.mamba.alloc(1))
+        d.value, state.host.mamba_load = (state.host.mamba_load,), None
         state.host.mamba_copies.append(("load", list(d.host_value), list(d.value)))
         if state.host.request_state is not None:  # and into the requester's own slot
             state.host.mamba_copies.append(("load", list(d.host_value), [state.host.request_state]))
-        rules.touch(state, node)  # the state joins the Mamba list as its newest
-        return True
+        d.lru_pin = ((rules.tick(state), 0), node.stamp)
 
     def host_lock(self, state: CacheState, node: Node) -> bool | None:
         d = node.aux.get("mamba")

@@ -292,21 +292,19 @@ class Plugin:
         fails; what was taken stays the requester's)."""
         return True
 
-    def load_back(self, state: CacheState, node: Node) -> bool:
-        """Bring this plug-in's host data for ``node`` back to the device, as part of its load
-        back, before the Full data takes its device slots; False: no device room (nothing
-        changed, the load back fails)."""
+    def alloc_load_back(self, state: CacheState, node: Node) -> bool:
+        """After the Full data of a load back of ``node`` took its device slots (the seed's
+        controller allocates the other pools after the KV pool): take the device slots this
+        plug-in's host data comes back to; False: none can be had, or the room-making took
+        what was to be loaded (nothing of this plug-in's taken, the load back fails)."""
         return True
 
-    def alloc_load_back(self, state: CacheState, node: Node) -> bool:
-        """After the Full data of a load back of ``node`` took its device slots: take this
-        plug-in's device slots; False: none can be had, or the room-making took what was to be
-        loaded (nothing of this plug-in's taken, the load back fails)."""
-        return True
+    def cancel_load_back(self, state: CacheState, node: Node) -> None:
+        """A later plug-in's ``alloc_load_back`` failed: give back what this one took."""
 
     def commit_load_back(self, state: CacheState, node: Node) -> None:
         """The load back of ``node`` succeeded and the Full data is on the device again: give
-        the loaded nodes the slots ``alloc_load_back`` took."""
+        the loaded nodes the slots ``alloc_load_back`` took (this plug-in's copies)."""
 
     def host_lock(self, state: CacheState, node: Node) -> object | None:
         """After a host lock of ``node``: what this plug-in locked (handed back to

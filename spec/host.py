@@ -78,6 +78,8 @@ class HostTier:
     swa_pool: PagedPool | None = None
     swa_copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
     swa_load: tuple[list[Node], list[int]] | None = None
+    # Mamba: the state slot a load back in progress took for the node (None between them)
+    mamba_load: int | None = None
     # Mamba: the state slot the last load back took for the requester (its own copy of the
     # loaded state; None when it took none); the requester's from then on, like alloc's slots
     request_state: int | None = None
@@ -380,15 +382,13 @@ def load_back(state: CacheState, node: Node, mem_quota: int | None) -> bool:
         if rules.evict(state, needed) < needed or not rules.is_in_tree(state, node):
             rules.dec_lock_ref(state, guard)
             return False
-    for plugin in aux:  # each component loads its own data (Mamba: the node's state)
-        if not plugin.load_back(state, node):  # no device room: the load back fails
-            rules.dec_lock_ref(state, guard)
-            return False
     # full slots only (with SWA the KV pool pairs no SWA slots with them: the SWA plug-in
     # takes those for the window it loads, and maps them)
     device = PagedPool.alloc(state.kv, n_tokens)
-    for plugin in aux:  # each component takes its device slots (SWA: the window's)
-        if not plugin.alloc_load_back(state, node):
+    for k, plugin in enumerate(aux):  # each component takes its device slots, all or nothing
+        if not plugin.alloc_load_back(state, node):  # (SWA: the window's; Mamba: a state)
+            for taken in reversed(aux[:k]):
+                taken.cancel_load_back(state, node)
             state.kv.free(device)
             rules.dec_lock_ref(state, guard)
             return False
@@ -548,6 +548,7 @@ def reset_host_tier(state: CacheState) -> None:
         state.host.swa_pool.reset()
     state.host.swa_copies.clear()
     state.host.swa_load = None
+    state.host.mamba_load = None
 
 
 # ----------------------------------------------------------------------------------------------

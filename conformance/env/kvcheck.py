@@ -354,16 +354,15 @@ class KVChecked:
     def _check_states(self, i: Any, snap: dict) -> None:
         """Every node's state slot (and host state slot) holds the state of the node's path."""
         assert self.states is not None  # called only with the Mamba state pool
-        for node in snap.get("nodes", []):
+        for node, where, pool in _aux_parts(snap, "mamba", self.states):
             data = node.get("mamba") or {}
             path = node["path"]
             want = self._fps(path["extra_key"], path["tokens"])[-1] if path["tokens"] else None
-            for where, pool in (("value", self.states.device), ("host_value", self.states.host)):
-                slots: list[int] = list(data.get(where) or ())
-                if len(slots) == 1 and pool.get(slots[0]) != want:
-                    self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds "
-                                       f"{'host ' if where == 'host_value' else ''}state slot "
-                                       f"{slots[0]}, which does not hold the state of its path")
+            slots: list[int] = list(data.get(where) or ())
+            if len(slots) == 1 and pool.get(slots[0]) != want:
+                self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds "
+                                   f"{'host ' if where == 'host_value' else ''}state slot "
+                                   f"{slots[0]}, which does not hold the state of its path")
 
     def _check_host(self, i: Any, snap: dict) -> None:
         """Every node's host copy holds the fingerprints of its path."""
@@ -391,6 +390,15 @@ class KVChecked:
             self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds host slot "
                                f"{slots[k]} at position {start + k - at}, which does not hold "
                                "that token's KV")
+
+
+def _aux_parts(snap: dict, name: str, pools: StatePool) -> list[tuple[dict, str, dict]]:
+    """``(node entry, field, pool)`` for every node's device data of the aux component ``name``
+    (the snapshot's nodes, ``value``) and its host copy (the host view's nodes,
+    ``host_value``)."""
+    out = [(node, "value", pools.device) for node in snap.get("nodes", [])]
+    out += [(node, "host_value", pools.host) for node in snap.get("host", {}).get("nodes", [])]
+    return out
 
 
 def _owned(snap: dict | None, obs: dict) -> set:

@@ -114,18 +114,16 @@ def _swap_state_copies(monkeypatch):
     slot after the right one (the tree's slot numbers all stay right)."""
     from uniradix.spec import components
 
-    orig = components.MambaComponent.load_back
+    orig = components.MambaComponent.commit_load_back
 
     def shifted(self, state, node):
         before = len(state.host.mamba_copies)
-        ok = orig(self, state, node)
-        if ok:  # the node's state and the requester's copy of it
-            for i in range(before, len(state.host.mamba_copies)):
-                kind, src, dst = state.host.mamba_copies[i]
-                state.host.mamba_copies[i] = (kind, [src[0] + 1], dst)
-        return ok
+        orig(self, state, node)
+        for i in range(before, len(state.host.mamba_copies)):  # the node's and the requester's
+            kind, src, dst = state.host.mamba_copies[i]
+            state.host.mamba_copies[i] = (kind, [src[0] + 1], dst)
 
-    monkeypatch.setattr(components.MambaComponent, "load_back", shifted)
+    monkeypatch.setattr(components.MambaComponent, "commit_load_back", shifted)
 
 
 def test_host_mamba_states_keep_their_sequence_through_host_trips():
