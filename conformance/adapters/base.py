@@ -222,6 +222,11 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
             return {"slots": slots, "swa_slots": list(swa.translate(slots))}
         return {"slots": slots}
 
+    def swa_slots_of(self, slots: list[int]) -> list[int]:
+        """The SWA slot each full slot maps to now (0: none), for the KV check
+        (conformance/env/kvcheck.py)."""
+        return list(components.swa_pool(self.state).translate(slots))
+
     def op_mamba_alloc(self, step: Step) -> Observation:
         pool = self._mamba_pool()
         (n,) = args_of(step, "n")
