@@ -26,15 +26,13 @@ IMPLS = ("spec", "fast")
 # policies than lru, Mamba copy-on-write, the storage tier and the host tier with Mamba (fast
 # refuses each by name).
 SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage",
-                     "regressions-host-aux", "upstream-host-mamba")
+                     "regressions-host-aux", "upstream-host-mamba", "upstream-host-swa")
 
-# Corpora the spec cannot replay yet: the host tier with SWA, recorded from upstream (the spec
-# refuses a host tier with SWA until it models one), and the reproduction of upstream's hang
-# there (tests/corpus/regressions/README.md).
+# Corpora the spec cannot replay yet (none now: the host tier with SWA was the last).
 # Folder names or trace file names; skipped, unread, by `uniradix run` and
 # tests/conformance/traces/test_corpus_replay.py with this reason.  Take an entry off once the spec replays
 # it.
-AWAITING_SPEC = ("upstream-host-swa", "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl")
+AWAITING_SPEC: tuple[str, ...] = ()
 AWAITING_SPEC_REASON = "awaits the spec's host tier with SWA (conformance/run.py AWAITING_SPEC)"
 
 

@@ -54,6 +54,7 @@ class AuxData:
     host_value: tuple[int, ...] | None = None
     host_lock_ref: int = 0
     host_joined: int = 0
+    host_boundary: int | None = None  # SWA: as ``boundary``, for a window host lock
     # Full + SWA + Mamba: (the stamp the node's place in this list dates from, the node stamp
     # it holds for); see refresh_mamba_only.  Outdated as soon as the node is stamped again.
     lru_pin: tuple[tuple[int, int], tuple[int, int]] | None = None
@@ -90,6 +91,16 @@ def window(state: CacheState) -> int:
     return state.config.sliding_window
 
 
+@dataclasses.dataclass(eq=False)
+class SWAHostLock:
+    """What an SWA host lock locked, for its unlock: as a window lock on the device, one
+    window of host copies above the node, skipping the nodes without one, and the mark of the
+    node where the window filled up (None: it never did)."""
+
+    skipped: list[Node]
+    boundary: int | None
+
+
 # ----------------------------------------------------------------------------------------------
 # The plug-ins
 # ----------------------------------------------------------------------------------------------
@@ -124,19 +135,43 @@ class SWAComponent(AuxComponent):
     insert_args = frozenset({"swa_evicted_seqlen"})
 
     def match_validator(self, state: CacheState, device_only: bool) -> Callable[[Node], bool]:
-        return swa_validator(window(state))
+        """One window of SWA data above the node (with a host tier and not ``device_only``:
+        on the device or on the host; a load back brings the host part back)."""
+        return swa_validator(window(state), host=not device_only and state.host is not None)
+
+    def finish_match(self, state: CacheState, outcome: MatchOutcome, walk: MatchWalk
+                     ) -> MatchOutcome:
+        """With a host tier: the SWA units of the best node's window that are on the host
+        only (what a load back of it brings back)."""
+        if state.host is None:
+            return outcome
+        hit = sum(len(data(n, "swa").host_value or ())
+                  for n in swa_load_window(state, outcome.best_match_node))
+        return dataclasses.replace(outcome, swa_host_hit_length=hit)
 
     def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
-        """The values are cut at the same point, the upper part inherits the lock count and
-        takes the lock-boundary mark (a window lock that stopped at the child stops at its top
-        part now)."""
+        """The values and host copies are cut at the same point, the upper part inherits the
+        lock counts and takes the lock-boundary marks (a window lock that stopped at the child
+        stops at its top part now; a host lock that skipped the child skips its top part too).
+        An upper part whose SWA data is on the host only joins the SWA host LRU list as its
+        newest; the child keeps its place there."""
         if not child.aux:
             return
         c, u = data(child, "swa"), data(upper, "swa")
-        u.lock_ref = c.lock_ref
+        u.lock_ref, u.host_lock_ref = c.lock_ref, c.host_lock_ref
         if c.value is not None:
             u.value, c.value = c.value[:split_len], c.value[split_len:]
         u.boundary, c.boundary = c.boundary, None
+        u.host_boundary, c.host_boundary = c.host_boundary, None
+        if c.host_value is not None:
+            u.host_value, c.host_value = c.host_value[:split_len], c.host_value[split_len:]
+            if u.value is None and u.host_lock_ref == 0:
+                join_host_lru(state, u)
+        if state.host is not None:
+            for handle in state.host.host_locks.values():
+                for _, token in handle.aux:
+                    if isinstance(token, SWAHostLock) and any(n is child for n in token.skipped):
+                        token.skipped.append(upper)
 
     def check_insert(self, state: CacheState, plan: list[tuple[Node, int]],
                      value: tuple[int, ...], args: InsertArgs) -> InsertArgs:
@@ -224,6 +259,101 @@ class SWAComponent(AuxComponent):
     def free_data(self, state: CacheState, node: Node, d: AuxData) -> None:
         assert node.value is not None
         swa_pool(state).free_swa(list(node.value))
+
+    # the host tier (spec/host.py)
+    def backup(self, state: CacheState, node: Node) -> bool:
+        """A node's backup copies its SWA data too, to fresh SWA host slots (when the SWA host
+        pool is short, SWA host data is evicted for room: as many units as the backup needs);
+        without room the backup fails.  An SWA tombstone backs up its Full data only."""
+        d = node.aux.get("swa")
+        if d is None or d.value is None or d.host_value is not None:
+            return True
+        pool, n = host_swa_pool(state), len(d.value)
+        if pool.available_size() < n:
+            evict_swa_host(state, n)
+        if pool.available_size() < n:
+            return False
+        d.host_value = tuple(pool.alloc(n))
+        assert state.host is not None
+        state.host.swa_copies.append(("backup", list(d.value), list(d.host_value)))
+        return True
+
+    def drop_host(self, state: CacheState, node: Node, tracker: dict[str, int]) -> None:
+        d = node.aux.get("swa")
+        if d is None or d.host_value is None:
+            return
+        assert d.host_lock_ref == 0
+        host_swa_pool(state).free(list(d.host_value))
+        tracker["swa"] = tracker.get("swa", 0) + len(d.host_value)
+        d.host_value = None
+
+    def wants_load_back(self, state: CacheState, node: Node) -> bool:
+        """Some SWA data of the node's window is on the host only."""
+        return bool(swa_load_window(state, node))
+
+    def reserve_load_back(self, state: CacheState, node: Node) -> bool:
+        """The window's host-only SWA data is what this load back brings back: noted before
+        the room-making, which may change it."""
+        assert state.host is not None
+        state.host.swa_load = (swa_load_window(state, node), [])
+        return True
+
+    def alloc_load_back(self, state: CacheState, node: Node) -> bool:
+        """Fresh SWA slots for the window's host-only SWA data (when the SWA pool is short, SWA
+        data is evicted for room: as many units as the load needs).  The load back fails when
+        none can be had, or when the room-making took the node or changed what is to be loaded
+        (write-back backups make host room): upstream loads the host slots it noted before,
+        whoever holds them now (docs/SPEC.md)."""
+        assert state.host is not None and state.host.swa_load is not None
+        planned = state.host.swa_load[0]
+        n = sum(len(data(x, "swa").host_value or ()) for x in planned)
+        pool = swa_pool(state).swa
+        if pool.available_size() < n:
+            evict(state, 0, swa_num_tokens=n)
+        if pool.available_size() < n or not self._still_planned(state, node, planned):
+            state.host.swa_load = None
+            return False
+        state.host.swa_load = (planned, pool.alloc(n))
+        return True
+
+    def cancel_load_back(self, state: CacheState, node: Node) -> None:
+        assert state.host is not None and state.host.swa_load is not None
+        swa_pool(state).swa.free(state.host.swa_load[1])
+        state.host.swa_load = None
+
+    def _still_planned(self, state: CacheState, node: Node, planned: list[Node]) -> bool:
+        if not rules.is_in_tree(state, node):
+            return False
+        now = swa_load_window(state, node)
+        return len(now) == len(planned) and all(a is b for a, b in zip(now, planned, strict=True))
+
+    def commit_load_back(self, state: CacheState, node: Node) -> None:
+        """Each loaded node takes its share of the fresh SWA slots, mapped from its full slots,
+        top-down; each joins the SWA LRU list as its newest (without a new access stamp: the
+        Full eviction order does not change)."""
+        assert state.host is not None and state.host.swa_load is not None
+        planned, slots = state.host.swa_load
+        state.host.swa_load = None
+        kv, start = swa_pool(state), 0
+        for x in planned:
+            d = data(x, "swa")
+            assert d.host_value is not None and x.value is not None
+            chunk = slots[start: start + len(d.host_value)]
+            start += len(chunk)
+            kv.full_to_swa.update(zip(x.value, chunk, strict=True))
+            d.value = tuple(chunk)
+            d.lru_pin = ((rules.tick(state), 0), x.stamp)
+            state.host.swa_copies.append(("load", list(d.host_value), list(chunk)))
+
+    def host_lock(self, state: CacheState, node: Node) -> SWAHostLock | None:
+        """Lock one window of SWA host copies above the node (skipping nodes without one), as
+        a device lock does with the device data; host-locked data leaves the SWA host LRU
+        list."""
+        return None if node.is_root else lock_swa_host_window(state, node)
+
+    def host_unlock(self, state: CacheState, node: Node, token: object) -> None:
+        assert isinstance(token, SWAHostLock)
+        unlock_swa_host_window(state, node, token)
 
     def data_errors(self, state: CacheState, node: Node, d: AuxData, held: dict[int, Node]
                     ) -> list[str]:
@@ -357,12 +487,12 @@ class MambaComponent(AuxComponent):
         state.host.request_state = state.mamba.alloc(1)[0]
         return True
 
-    def load_back(self, state: CacheState, node: Node) -> bool:
+    def alloc_load_back(self, state: CacheState, node: Node) -> bool:
         """The node's state comes back to a fresh device state slot (one state is evicted for
-        room when the pool is empty).  When none can be had (every device state locked, for
-        example by pending write-through acks), or the room-making took the node or its host
-        state (write-back backups make host room), the load back fails: upstream asserts
-        instead (docs/SPEC.md)."""
+        room when the pool is empty), taken after the full slots.  When none can be had
+        (every device state locked, for example by pending write-through acks), or the
+        room-making took the node or its host state (write-back backups make host room), the
+        load back fails: upstream asserts instead (docs/SPEC.md)."""
         assert state.mamba is not None and state.host is not None
         if state.mamba.available_size() < 1:
             evict(state, 0, mamba_num=1)
@@ -370,23 +500,36 @@ class MambaComponent(AuxComponent):
         if state.mamba.available_size() < 1 or not rules.is_in_tree(state, node) \
                 or not self.wants_load_back(state, node):
             return False
+        state.host.mamba_load = state.mamba.alloc(1)[0]
+        return True
+
+    def cancel_load_back(self, state: CacheState, node: Node) -> None:
+        assert state.mamba is not None and state.host is not None
+        assert state.host.mamba_load is not None
+        state.mamba.free([state.host.mamba_load])
+        state.host.mamba_load = None
+
+    def commit_load_back(self, state: CacheState, node: Node) -> None:
+        """The node takes its state slot and the host state is copied there (and into the
+        requester's own slot); the node joins the Mamba list as its newest, without a new
+        access stamp (the Full eviction order does not move)."""
+        assert state.host is not None and state.host.mamba_load is not None
         d = data(node, "mamba")
         assert d.host_value is not None and d.value is None
-        d.value = tuple(state.mamba.alloc(1))
+        d.value, state.host.mamba_load = (state.host.mamba_load,), None
         state.host.mamba_copies.append(("load", list(d.host_value), list(d.value)))
         if state.host.request_state is not None:  # and into the requester's own slot
             state.host.mamba_copies.append(("load", list(d.host_value), [state.host.request_state]))
-        rules.touch(state, node)  # the state joins the Mamba list as its newest
-        return True
+        d.lru_pin = ((rules.tick(state), 0), node.stamp)
 
-    def host_lock(self, state: CacheState, node: Node) -> bool:
+    def host_lock(self, state: CacheState, node: Node) -> bool | None:
         d = node.aux.get("mamba")
         if node.is_root or d is None or d.host_value is None:
-            return False
+            return None
         d.host_lock_ref += 1
         return True
 
-    def host_unlock(self, state: CacheState, node: Node) -> None:
+    def host_unlock(self, state: CacheState, node: Node, token: object) -> None:
         d = data(node, "mamba")
         assert d.host_lock_ref > 0
         d.host_lock_ref -= 1
@@ -420,13 +563,14 @@ def plugins_for(config: CacheConfig) -> tuple[AuxComponent, ...]:
 # ----------------------------------------------------------------------------------------------
 
 
-def swa_validator(window_len: int) -> Callable[[Node], bool]:
+def swa_validator(window_len: int, host: bool = False) -> Callable[[Node], bool]:
     """SWA: the contiguous run of SWA data ending at the node must reach one window.  The run
-    starts unbounded at the root and restarts at 0 after a tombstone."""
+    starts unbounded at the root and restarts at 0 after a tombstone (``host``: SWA data on
+    the host only counts too)."""
     run = [float("inf")]
 
     def valid(node: Node) -> bool:
-        if not has(node, "swa"):
+        if not has(node, "swa") and not (host and has_host(node, "swa")):
             run[0] = 0
             return False
         run[0] += len(node.key)
@@ -459,6 +603,30 @@ def branching_seqlen(state: CacheState, walked_len: int, best_chunks: int, walke
     chunk = state.config.mamba_cache_chunk_size
     aligned = walked_len // chunk * chunk
     return aligned if aligned > 0 else None
+
+
+def has_host(node: Node, name: str) -> bool:
+    d = node.aux.get(name)
+    return d is not None and d.host_value is not None
+
+
+def swa_load_window(state: CacheState, node: Node) -> list[Node]:
+    """The nodes of ``node``'s window (one window of SWA data, on the device or the host,
+    from the node up) whose SWA data is on the host only, top-down: what a load back of the
+    node brings back.  The window ends early at a node with SWA data on neither."""
+    out, size, cur = [], 0, node
+    while not cur.is_root and size < window(state):
+        d = cur.aux.get("swa")
+        if d is not None and d.value is not None:
+            size += len(d.value)
+        elif d is not None and d.host_value is not None:
+            out.append(cur)
+            size += len(d.host_value)
+        else:
+            break
+        cur = up(cur)
+    out.reverse()
+    return out
 
 
 def swa_tombstone_held(node: Node) -> bool:
@@ -511,6 +679,44 @@ def lock_swa_window(state: CacheState, node: Node) -> tuple[tuple[Node, ...], in
                 boundary = d.boundary
         cur = up(cur)
     return tuple(skipped), boundary
+
+
+def lock_swa_host_window(state: CacheState, node: Node) -> SWAHostLock:
+    """A window lock on the SWA host copies (``lock_swa_window``'s walk over ``host_value``)."""
+    size, boundary = 0, None
+    skipped: list[Node] = []
+    cur = node
+    while not cur.is_root and size < window(state):
+        d = data(cur, "swa")
+        if d.host_value is None:
+            skipped.append(cur)
+        else:
+            d.host_lock_ref += 1
+            size += len(d.host_value)
+            if size >= window(state):
+                if d.host_boundary is None:
+                    d.host_boundary = state.next_boundary
+                    state.next_boundary += 1
+                boundary = d.host_boundary
+        cur = up(cur)
+    return SWAHostLock(skipped, boundary)
+
+
+def unlock_swa_host_window(state: CacheState, node: Node, lock: SWAHostLock) -> None:
+    """``unlock_swa_window``'s walk over the host locks; data host-only and unlocked again
+    joins the SWA host LRU list as its newest."""
+    cur = node
+    while not cur.is_root:
+        d = data(cur, "swa")
+        if any(cur is s for s in lock.skipped) or d.host_lock_ref == 0:
+            cur = up(cur)
+            continue
+        d.host_lock_ref -= 1
+        if d.host_lock_ref == 0 and d.value is None and d.host_value is not None:
+            join_host_lru(state, d)
+        if lock.boundary is not None and d.host_boundary == lock.boundary:
+            return
+        cur = up(cur)
 
 
 def lock_mamba_node(node: Node) -> bool:
@@ -659,6 +865,35 @@ def host_mamba_pool(state: CacheState) -> PagedPool:
     return pool
 
 
+def host_swa_pool(state: CacheState) -> PagedPool:
+    assert state.host is not None
+    pool: PagedPool | None = state.host.swa_pool
+    assert pool is not None
+    return pool
+
+
+def evict_swa_host(state: CacheState, num: int) -> int:
+    """Free at least ``num`` SWA host units: walk the SWA host LRU list oldest first; a host
+    leaf leaves the tree with all its host data, any other node loses its SWA host data (and,
+    cascading, Mamba's).  Returns the SWA host units freed."""
+    tracker: dict[str, int] = {"swa": 0}
+    for node in host_lru_order(state, "swa"):
+        if tracker["swa"] >= num:
+            break
+        if not rules.is_in_tree(state, node) or not has_host(node, "swa"):
+            continue
+        if host.is_host_leaf(node):
+            before = host_swa_pool(state).available_size()
+            host.evict_host_leaf(state, node)
+            tracker["swa"] += host_swa_pool(state).available_size() - before
+        else:
+            SWA.drop_host(state, node, tracker)
+            for comp in aux_components(state):
+                if comp is not SWA and comp.priority[1] <= SWA.priority[1]:
+                    comp.drop_host(state, node, {})
+    return tracker["swa"]
+
+
 def swa_pool(state: CacheState) -> HybridKVPool:
     """With SWA the KV pool is a HybridKVPool (spec/world.py): full slots mapped to SWA slots."""
     assert isinstance(state.kv, HybridKVPool)
@@ -722,14 +957,15 @@ def sizes(state: CacheState) -> dict[str, int]:
 
 
 def aux_host_invariants(state: CacheState) -> list[str]:
-    """The host side of the aux components: host data needs the node's Full host copy; a host
-    state is one host slot, allocated and held once, and the host state pool holds nothing
-    else; host locks are never negative and sit on host data only."""
-    if state.host is None or state.host.mamba_pool is None:
+    """The host side of the aux components: host data needs the node's Full host copy; SWA
+    host data is one host slot per unit, a host state one host slot; each allocated in its
+    host pool and held once, and the host pools hold nothing else; host locks are never
+    negative and sit on host data only."""
+    if state.host is None:
         return []
     errors: list[str] = []
-    pool = state.host.mamba_pool
-    held: dict[int, Node] = {}
+    pools = {"swa": state.host.swa_pool, "mamba": state.host.mamba_pool}
+    held: dict[str, dict[int, Node]] = {name: {} for name in pools}
     for node in all_nodes(state):
         for name, d in node.aux.items():
             if d.host_lock_ref < 0 or (d.host_lock_ref > 0 and d.host_value is None):
@@ -740,16 +976,25 @@ def aux_host_invariants(state: CacheState) -> list[str]:
             if node.host_value is None:
                 errors.append(f"[aux-host] {node!r} holds {name} host data without a Full "
                               "host copy")
-            if len(d.host_value) != 1 or not pool.is_allocated(d.host_value[0]):
-                errors.append(f"[aux-host] {node!r} host state {d.host_value} is not one "
-                              "allocated host slot")
-            elif d.host_value[0] in held:
-                errors.append(f"[aux-host] host state slot {d.host_value[0]} held twice")
-            else:
-                held[d.host_value[0]] = node
-    leaked = sorted(pool.allocated_pages() - set(held))
-    if leaked:
-        errors.append(f"[aux-host] host state slots allocated but held by no node: {leaked[:8]}")
+            pool = pools.get(name)
+            units = 1 if name == "mamba" else len(node.key)
+            if pool is None or len(d.host_value) != units \
+                    or any(not pool.is_allocated(s) for s in d.host_value):
+                errors.append(f"[aux-host] {node!r} {name} host data {list(d.host_value)} is "
+                              f"not {units} allocated host slot(s)")
+                continue
+            for s in d.host_value:
+                if s in held[name]:
+                    errors.append(f"[aux-host] {name} host slot {s} held twice")
+                held[name][s] = node
+    for name, pool in pools.items():
+        if pool is None:
+            continue
+        pages = {s // pool.page_size for s in held[name]}
+        leaked = sorted(pool.allocated_pages() - pages)
+        if leaked:
+            errors.append(f"[aux-host] {name} host pages allocated but held by no node: "
+                          f"{leaked[:8]}")
     return errors
 
 

@@ -110,6 +110,9 @@ class CacheConfig:
             if getattr(self, name) % self.page_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is not a multiple of "
                                   f"page_size={self.page_size}")
+        if self.host_swa_slots is not None and self.host_swa_slots % self.page_size:
+            raise ConfigError(f"host_swa_slots={self.host_swa_slots} is not a multiple of "
+                              f"page_size={self.page_size}")
         self.validate_storage()
         if "swa" in self.components and not self.sliding_window:
             raise ConfigError("components with 'swa' need a positive sliding_window")

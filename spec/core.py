@@ -151,6 +151,7 @@ class MatchOutcome:
     host_hit_length: int = 0
     mamba_branching_seqlen: int | None = None  # hybrid models: Mamba only
     mamba_host_hit_length: int = 0  # host tier with Mamba: 1 when the best node's state is host-only
+    swa_host_hit_length: int = 0  # host tier with SWA: host-only SWA units in the best node's window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,17 +292,27 @@ class Plugin:
         fails; what was taken stays the requester's)."""
         return True
 
-    def load_back(self, state: CacheState, node: Node) -> bool:
-        """Bring this plug-in's host data for ``node`` back to the device, as part of its load
-        back; False: no device room (nothing changed, the load back fails)."""
+    def alloc_load_back(self, state: CacheState, node: Node) -> bool:
+        """After the Full data of a load back of ``node`` took its device slots (the seed's
+        controller allocates the other pools after the KV pool): take the device slots this
+        plug-in's host data comes back to; False: none can be had, or the room-making took
+        what was to be loaded (nothing of this plug-in's taken, the load back fails)."""
         return True
 
-    def host_lock(self, state: CacheState, node: Node) -> bool:
-        """After a host lock of ``node``; returns whether this plug-in locked anything."""
-        return False
+    def cancel_load_back(self, state: CacheState, node: Node) -> None:
+        """A later plug-in's ``alloc_load_back`` failed: give back what this one took."""
 
-    def host_unlock(self, state: CacheState, node: Node) -> None:
-        """Undo a ``host_lock`` that returned True."""
+    def commit_load_back(self, state: CacheState, node: Node) -> None:
+        """The load back of ``node`` succeeded and the Full data is on the device again: give
+        the loaded nodes the slots ``alloc_load_back`` took (this plug-in's copies)."""
+
+    def host_lock(self, state: CacheState, node: Node) -> object | None:
+        """After a host lock of ``node``: what this plug-in locked (handed back to
+        ``host_unlock``), or None when it locked nothing."""
+        return None
+
+    def host_unlock(self, state: CacheState, node: Node, token: object) -> None:
+        """Undo a ``host_lock`` that returned ``token``."""
 
     def after_write_ack(self, state: CacheState, ack: Ack) -> None:
         """A host write was processed."""

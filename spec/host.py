@@ -34,7 +34,7 @@ from collections import Counter
 
 from . import cache as rules
 from .core import Ack, CacheState, MatchOutcome, MatchWalk, Node, Plugin, all_nodes, up
-from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
+from .errors import HandleError, InvalidInput, NodeNotFound
 from .keys import oldest
 from .policies import eviction_key
 from .queries import device_leaves
@@ -53,7 +53,8 @@ class HostLockHandle:
     serial: int
     node: Node
     locked: bool
-    aux: tuple[Plugin, ...] = ()  # the plug-ins that host-locked their data on the node too
+    # the plug-ins that host-locked their data too, each with what it locked
+    aux: tuple[tuple[Plugin, object], ...] = ()
 
 
 @dataclasses.dataclass(eq=False)
@@ -67,10 +68,18 @@ class HostTier:
     # logs): ("backup", device slots, host slots) / ("load", host slots, device slots)
     copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
     # Mamba (spec/components.py): the host state pool, its copies as above, and the counter
-    # that orders the component's host LRU list
+    # that orders the aux components' host LRU lists
     mamba_pool: PagedPool | None = None
     mamba_copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
     next_join: int = 1
+    # SWA (spec/components.py): the SWA host pool (one SWA host slot per unit, page size as
+    # the KV pool's), its copies as above, and what a load back in progress took: the nodes
+    # whose SWA data it brings back (top-down) and their fresh SWA slots
+    swa_pool: PagedPool | None = None
+    swa_copies: list[tuple[str, list[int], list[int]]] = dataclasses.field(default_factory=list)
+    swa_load: tuple[list[Node], list[int]] | None = None
+    # Mamba: the state slot a load back in progress took for the node (None between them)
+    mamba_load: int | None = None
     # Mamba: the state slot the last load back took for the requester (its own copy of the
     # loaded state; None when it took none); the requester's from then on, like alloc's slots
     request_state: int | None = None
@@ -79,15 +88,16 @@ class HostTier:
 def attach_host_tier(state: CacheState) -> None:
     """Give a fresh cache its host tier (``config.host_slots`` usable host slots)."""
     config = state.config
-    if "swa" in config.components:
-        raise Unsupported("the host tier is modelled for the Full and Mamba components only so far")
-    mamba_pool = None
+    mamba_pool = swa_pool = None
+    if "swa" in config.components:  # SWA host slots: host_swa_slots, else host_slots
+        n = config.host_swa_slots if config.host_swa_slots is not None else config.host_slots
+        swa_pool = PagedPool(n, config.page_size, "host_swa")  # the default of docs/TRACE.md
     if "mamba" in config.components:  # host state slots: host_mamba_slots, else 2 x mamba_slots
         n = config.host_mamba_slots if config.host_mamba_slots is not None \
             else 2 * config.mamba_slots  # the default of docs/TRACE.md (upstream's)
         mamba_pool = PagedPool(n, 1, "host_mamba")
     state.host = HostTier(pool=PagedPool(config.host_slots, config.page_size, "host"),
-                          mamba_pool=mamba_pool)
+                          mamba_pool=mamba_pool, swa_pool=swa_pool)
 
 
 def write_back_policy(state: CacheState) -> bool:
@@ -372,17 +382,24 @@ def load_back(state: CacheState, node: Node, mem_quota: int | None) -> bool:
         if rules.evict(state, needed) < needed or not rules.is_in_tree(state, node):
             rules.dec_lock_ref(state, guard)
             return False
-    for plugin in aux:  # each component loads its own data (Mamba: the node's state)
-        if not plugin.load_back(state, node):  # no device room: the load back fails
+    # full slots only (with SWA the KV pool pairs no SWA slots with them: the SWA plug-in
+    # takes those for the window it loads, and maps them)
+    device = PagedPool.alloc(state.kv, n_tokens)
+    for k, plugin in enumerate(aux):  # each component takes its device slots, all or nothing
+        if not plugin.alloc_load_back(state, node):  # (SWA: the window's; Mamba: a state)
+            for taken in reversed(aux[:k]):
+                taken.cancel_load_back(state, node)
+            state.kv.free(device)
             rules.dec_lock_ref(state, guard)
             return False
-    device = state.kv.alloc(n_tokens)
     state.host.copies.append(("load", [s for hv in host_values for s in hv], list(device)))
     rules.dec_lock_ref(state, guard)
     start = 0
     for n, hv in zip(segment, host_values, strict=True):
         n.value = tuple(device[start: start + len(hv)])
         start += len(hv)
+    for plugin in aux:
+        plugin.commit_load_back(state, node)
     state.host.loads.append(Ack(node, rules.inc_lock_ref(state, node)))
     return True
 
@@ -489,8 +506,9 @@ def inc_host_lock_ref(state: CacheState, node: Node) -> HostLockHandle:
         raise NodeNotFound("inc_host_lock_ref: the node is not in the tree")
     host = state.host
     locked = not state.config.disable and node.host_value is not None
-    aux = () if state.config.disable else tuple(p for p in state.plugins
-                                                if p.host_lock(state, node))
+    aux = () if state.config.disable else tuple(
+        (p, token) for p in state.plugins for token in [p.host_lock(state, node)]
+        if token is not None)
     handle = HostLockHandle(host.next_serial, node, locked, aux)
     host.next_serial += 1
     host.host_locks[handle.serial] = handle
@@ -507,8 +525,8 @@ def dec_host_lock_ref(state: CacheState, handle: HostLockHandle) -> None:
     if handle.locked:
         assert handle.node.host_lock_ref > 0
         handle.node.host_lock_ref -= 1
-    for plugin in handle.aux:
-        plugin.host_unlock(state, handle.node)
+    for plugin, token in handle.aux:
+        plugin.host_unlock(state, handle.node, token)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -526,6 +544,11 @@ def reset_host_tier(state: CacheState) -> None:
     if state.host.mamba_pool is not None:
         state.host.mamba_pool.reset()
     state.host.mamba_copies.clear()
+    if state.host.swa_pool is not None:
+        state.host.swa_pool.reset()
+    state.host.swa_copies.clear()
+    state.host.swa_load = None
+    state.host.mamba_load = None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -60,25 +60,45 @@ def snapshot(state: CacheState) -> dict[str, Any]:
 
 
 def host_view(state: CacheState) -> dict[str, Any]:
-    """The host tier: host copies and host locks by path, the host eviction order, the host
-    pool, and the in-flight transfers in queue order."""
+    """The host tier: host copies and host locks by path (with SWA or Mamba, each aux
+    component's host copy and host locks on the node too), the host eviction order, the host
+    pool, and the in-flight transfers in queue order; with SWA or Mamba, per aux component its
+    host pool and host LRU order."""
+    aux = components.aux_names(state)
+
+    def entry(n: Node) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": path_of(state, n), "host_value": list(n.host_value)
+                               if n.host_value is not None else None,
+                               "host_lock_ref": n.host_lock_ref}
+        for name in aux:
+            d = n.aux.get(name)
+            out[name] = {"host_value": None if d is None or d.host_value is None
+                         else list(d.host_value), "host_lock_ref": 0 if d is None
+                         else d.host_lock_ref}
+        return out
+
     nodes: list[dict[str, Any]] = [
-        {"path": path_of(state, n), "host_value": list(n.host_value)
-         if n.host_value is not None else None, "host_lock_ref": n.host_lock_ref}
-        for n in all_nodes(state)
-             if not n.is_root and (n.host_value is not None or n.host_lock_ref)]
+        entry(n) for n in all_nodes(state)
+        if not n.is_root and (n.host_value is not None or n.host_lock_ref or any(
+            d.host_value is not None or d.host_lock_ref for d in n.aux.values()))]
     nodes.sort(key=lambda n: path_sort_key(n["path"]))
 
     def acks(queue: list[Ack]) -> list[dict[str, Any]]:
         return [{"node": path_of(state, a.node), "done": a.done, "locked": a.lock is not None}
                 for a in queue]
-    return {
+    view = {
         "nodes": nodes,
         "host_leaf_order": [path_of(state, n) for n in host_eviction_order(state)],
         "pool": sorted(state.host.pool.allocated_pages()),
         "writes": acks(state.host.writes),
         "loads": acks(state.host.loads),
     }
+    for name, pool in (("swa", state.host.swa_pool), ("mamba", state.host.mamba_pool)):
+        if pool is not None:
+            view[f"{name}_pool"] = sorted(pool.allocated_pages())
+            view[f"{name}_host_lru_order"] = [path_of(state, n) for n in
+                                              components.host_lru_order(state, name)]
+    return view
 
 
 def request_view(req: Any, aux: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -100,11 +120,7 @@ def aux_view(state: CacheState, node: Node) -> dict[str, Any]:
         d = node.aux.get(name)
         out[name] = {"value": None if d is None or d.value is None else list(d.value),
                      "lock_ref": 0 if d is None else d.lock_ref}
-        if state.host is not None:  # the host tier with Mamba: the host copy and its locks
-            out[name]["host_value"] = None if d is None or d.host_value is None \
-                else list(d.host_value)
-            out[name]["host_lock_ref"] = 0 if d is None else d.host_lock_ref
-    return out
+    return out  # the host copies: host_view
 
 
 def hybrid_snapshot(state: CacheState, nodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -127,11 +143,8 @@ def hybrid_snapshot(state: CacheState, nodes: list[dict[str, Any]]) -> dict[str,
         out["swa_pool"] = sorted(components.swa_pool(state).swa.allocated_pages())
     if state.mamba is not None:
         out["mamba_pool"] = sorted(state.mamba.allocated_pages())
-    if state.host is not None and state.host.mamba_pool is not None:  # host tier with Mamba
+    if state.host is not None:  # the host tier with SWA or Mamba (the aux parts: host_view)
         out["host"] = host_view(state)
-        out["host_mamba_pool"] = sorted(state.host.mamba_pool.allocated_pages())
-        out["mamba_host_lru_order"] = [path_of(state, n)
-                                       for n in components.host_lru_order(state, "mamba")]
     return out
 
 

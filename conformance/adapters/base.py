@@ -45,15 +45,16 @@ class CacheUnderTest(Protocol):
 
 
 def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool = False,
-                    storage: bool = False, host_mamba: bool = False) -> None:
+                    storage: bool = False, host_mamba: bool = False, host_aux: bool = False
+                    ) -> None:
     """What an implementation models: the Full component on the device tier always; with
     ``hybrid`` the SWA and Mamba components too; with ``host_tier`` the host tier (HiCache);
-    with ``host_mamba`` the host tier together with Mamba.  A host tier together with SWA is
-    modelled by none yet."""
-    if config.components != ("full",) and config.has_host_tier and not (
+    with ``host_mamba`` the host tier together with Mamba; with ``host_aux`` together with any
+    aux components (SWA, Mamba, both)."""
+    if config.components != ("full",) and config.has_host_tier and not host_aux and not (
             host_mamba and config.components == ("full", "mamba")):
         raise Unsupported("a host tier with an aux component (SWA, Mamba) is not supported"
-                          + ("" if host_mamba else " here") + " (the spec models host + Mamba)")
+                          + ("" if host_mamba else " here") + " (the spec models it)")
     if config.components != ("full",) and not hybrid:
         raise Unsupported(f"components {list(config.components)}: only ['full'] is supported "
                           "so far (SWA and Mamba come with the hybrid-models work)")
@@ -133,6 +134,7 @@ class StepAdapter:
     aux_pools: tuple = ()  # hybrid models: the SWA and Mamba pools, whose logs are effects too
     host_pool: Any = None  # the host PagedPool, with a host tier
     host_mamba_pool: Any = None  # the host state pool, with a host tier and Mamba
+    host_swa_pool: Any = None  # the SWA host pool, with a host tier and SWA
     hybrid_requests: bool = False  # the request-level ops (req_*) run with SWA and Mamba too
     config: CacheConfig  # set by each adapter's constructor
     capabilities: Capabilities = CAPABILITIES["spec"]  # what this implementation models
@@ -154,6 +156,8 @@ class StepAdapter:
             self.host_pool.take_freed()
         if self.host_mamba_pool is not None:
             self.host_mamba_pool.take_freed()
+        if self.host_swa_pool is not None:
+            self.host_swa_pool.take_freed()
         try:
             self.capabilities.check_step(self.config, op, step.get("args"))
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
@@ -164,6 +168,8 @@ class StepAdapter:
             obs = handler(step)
             if self.host_pool is not None and op in HOST_EFFECT_OPS:
                 obs["host_freed"] = self.host_pool.take_freed()
+                if self.host_swa_pool is not None:  # the host tier with SWA
+                    obs["host_swa_freed"] = self.host_swa_pool.take_freed()
                 if self.host_mamba_pool is not None:  # the host tier with Mamba
                     obs["host_mamba_freed"] = self.host_mamba_pool.take_freed()
             return obs
@@ -175,6 +181,8 @@ class StepAdapter:
                 self.host_pool.take_freed()
             if self.host_mamba_pool is not None:
                 self.host_mamba_pool.take_freed()
+            if self.host_swa_pool is not None:
+                self.host_swa_pool.take_freed()
             return {"error": type(e).__name__, "message": str(e)}
 
 
@@ -184,7 +192,7 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
     hybrid_requests = True
 
     def __init__(self, config: CacheConfig) -> None:
-        check_supported(config, hybrid=True, host_tier=True, storage=True, host_mamba=True)
+        check_supported(config, hybrid=True, host_tier=True, storage=True, host_aux=True)
         self.config = config
         self.state: CacheState = new_state(config)
         self.pool = self.state.kv
@@ -192,6 +200,7 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
                                if p is not None)
         self.host_pool = self.state.host.pool if self.state.host is not None else None
         self.host_mamba_pool = self.state.host.mamba_pool if self.state.host is not None else None
+        self.host_swa_pool = self.state.host.swa_pool if self.state.host is not None else None
         self.handles: dict[int, Any] = {}  # trace handle (the lock step's i) -> LockHandle
         self.host_handles: dict[int, Any] = {}  # trace handle (the host_lock step's i)
 
@@ -212,6 +221,11 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
             swa = components.swa_pool(self.state)
             return {"slots": slots, "swa_slots": list(swa.translate(slots))}
         return {"slots": slots}
+
+    def swa_slots_of(self, slots: list[int]) -> list[int]:
+        """The SWA slot each full slot maps to now (0: none), for the KV check
+        (conformance/env/kvcheck.py)."""
+        return list(components.swa_pool(self.state).translate(slots))
 
     def op_mamba_alloc(self, step: Step) -> Observation:
         pool = self._mamba_pool()
@@ -275,6 +289,8 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
             "last_host_node": self._path_len(m.last_host_node),
             "best_match_node": self._path_len(m.best_match_node),
         }
+        if "swa" in self.config.components and self.config.has_host_tier:  # host tier with SWA
+            obs["swa_host_hit_length"] = m.swa_host_hit_length
         if "mamba" in self.config.components:
             obs["mamba_branching_seqlen"] = m.mamba_branching_seqlen
             if self.config.has_host_tier:  # the host tier with Mamba

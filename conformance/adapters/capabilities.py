@@ -122,11 +122,11 @@ class Capabilities:
 
 
 CAPABILITIES: dict[str, Capabilities] = {
-    # the executable spec: everything the trace format says but a host tier with SWA (issue 12
-    # item 4)
+    # the executable spec: everything the trace format says
     "spec": Capabilities(
         name="spec", components=frozenset(COMPONENT_SETS), host_tier=True,
-        host_aux=frozenset({"mamba"}), storage=True, sessions=True, cow_mamba=True,
+        host_aux=frozenset({"swa", "mamba"}), host_all_aux=True, storage=True, sessions=True,
+        cow_mamba=True,
         eagle_with_aux=True, request_ops_with_aux=True),
     # uniradix.fast (FastAdapter, HybridFastAdapter): Full, SWA and Mamba in any combination;
     # no host tier with SWA or Mamba, no storage tier, LRU eviction only (issue 18), no

@@ -24,6 +24,7 @@ class SpecHostOps:
     """Host-tier ops over ``self.state`` (a spec CacheState with a host tier)."""
 
     state: Any
+    config: Any
     host_handles: dict
     _effects: Any  # the aux pools' effects (conformance/adapters/base.py SpecAdapter)
 
@@ -37,6 +38,14 @@ class SpecHostOps:
             return []
         out = list(self.state.host.copies)
         self.state.host.copies.clear()
+        return out
+
+    def take_swa_copies(self) -> list:
+        """The SWA data copies of the last step, in order (for the KV-integrity check)."""
+        if self.state.host is None:
+            return []
+        out = list(self.state.host.swa_copies)
+        self.state.host.swa_copies.clear()
         return out
 
     def take_state_copies(self) -> list:
@@ -59,15 +68,19 @@ class SpecHostOps:
         node = rules.find_node(self.state, *A.path_arg(node_path))
         last = rules.find_node(self.state, *A.path_arg(last_path))
         copies = len(self.state.host.mamba_copies)
+        swa_copies = len(self.state.host.swa_copies)
         indices, last_node = host.init_load_back(self.state, node, last, mem_quota)
         obs = {"device_indices": list(indices), "last_node": len(last_node.path_units())}
+        if self.state.host.swa_pool is not None:  # with SWA: the SWA slots it gave (TRACE.md)
+            obs["swa_device_indices"] = [s for kind, _, dst in self.state.host.swa_copies[swa_copies:]
+                                         if kind == "load" for s in dst]
         if self.state.mamba is not None:  # with Mamba: the state slots it took (TRACE.md)
             req_slot = self.state.host.request_state
             obs["mamba_device_indices"] = [s for kind, _, dst in self.state.host.mamba_copies[copies:]
                                            if kind == "load" and dst != [req_slot] for s in dst]
             obs["mamba_pool_idx"] = req_slot
         obs["freed"] = self.state.kv.take_freed()
-        if self.state.mamba is not None:  # with Mamba: its room-making frees states too
+        if self.config.components != ("full",):  # with SWA or Mamba: room-making frees them too
             obs.update(self._effects())
         return obs
 
@@ -82,7 +95,7 @@ class SpecHostOps:
         A.args_of(step)
         host.check_hicache_events(self.state)
         obs = {"freed": self.state.kv.take_freed()}
-        if self.state.mamba is not None:  # with Mamba: the aux device effects too
+        if self.config.components != ("full",):  # with SWA or Mamba: the aux device effects too
             obs.update(self._effects())
         return obs
 

@@ -40,6 +40,16 @@ state slot must hold the state of the node's path.  With a host tier the state c
 implementation asked for (``take_state_copies()`` on the adapter: ``("backup", device slots,
 host slots)`` / ``("load", host slots, device slots)``) move the states between the device and
 the host state pools, and every node's host state slot is checked the same way.
+
+With SWA the checker keeps the **SWA pool** too (a :class:`StatePool` over SWA slots: per SWA
+slot the fingerprint of the token whose sliding-window KV it holds).  When a token is computed
+into a full slot, its SWA KV is computed into the SWA slot the implementation maps that full
+slot to (``swa_slots_of(full slots)`` on the adapter; an adapter without it is not checked
+here); after every step every node's SWA slots must hold the fingerprints of their positions.
+With a host tier the SWA copies the implementation asked for (``take_swa_copies()``: backups
+and loads, as for the states) move the SWA data between the device and the SWA host pool, and
+every node's SWA host slots are checked the same way, so an SWA slot mix-up at a backup, a host
+eviction or a load back shows when it happens.
 """
 
 from __future__ import annotations
@@ -191,6 +201,9 @@ class KVChecked:
         self.host = HostKV(self.kv, config.host_slots, config.page_size, host_layout, copy_impl) \
             if config.has_host_tier else None
         self.states = StatePool() if "mamba" in config.components else None
+        # the SWA pool, where the implementation says which SWA slot a full slot maps to
+        self.swa = StatePool() if "swa" in config.components and hasattr(inner, "swa_slots_of") \
+            else None
         self.tokens: dict[str, tuple] = {}  # rid -> (prompt tokens, extra_key)
         self.errors: list[str] = []
         self._fp_cache: dict = {}
@@ -210,6 +223,8 @@ class KVChecked:
             self.inner.take_copies()
             if self.states is not None:
                 self.inner.take_state_copies()
+            if self.swa is not None:
+                self.inner.take_swa_copies()
         obs = self.inner.apply(step)
         if "error" in obs:
             return obs
@@ -234,9 +249,13 @@ class KVChecked:
             self._check_host(i, after)
             if self.states is not None:
                 self.states.run(self.inner.take_state_copies())
+            if self.swa is not None:
+                self.swa.run(self.inner.take_swa_copies())
         self._check_state(i, after)
         if self.states is not None:
             self._check_states(i, after)
+        if self.swa is not None:
+            self._check_swa(i, after)
         return obs
 
     # computing tokens ----------------------------------------------------------------------
@@ -264,6 +283,9 @@ class KVChecked:
             self._expect_pairs(i, "slots the tree already held", old)
         if new:
             self.kv.write([s for s, _ in new], [f for _, f in new])
+            if self.swa is not None:  # the SWA layers' KV, into the mapped SWA slots
+                swa = self.inner.swa_slots_of([s for s, _ in new])
+                self.swa.device.update((w, f) for w, (_, f) in zip(swa, new, strict=True) if w)
 
     def _compute_state(self, args: dict, before: dict | None, obs: dict) -> None:
         """An insert whose state slot the tree took: the caller computed the state of its
@@ -354,16 +376,36 @@ class KVChecked:
     def _check_states(self, i: Any, snap: dict) -> None:
         """Every node's state slot (and host state slot) holds the state of the node's path."""
         assert self.states is not None  # called only with the Mamba state pool
-        for node in snap.get("nodes", []):
+        for node, where, pool in _aux_parts(snap, "mamba", self.states):
             data = node.get("mamba") or {}
             path = node["path"]
             want = self._fps(path["extra_key"], path["tokens"])[-1] if path["tokens"] else None
-            for where, pool in (("value", self.states.device), ("host_value", self.states.host)):
-                slots: list[int] = list(data.get(where) or ())
-                if len(slots) == 1 and pool.get(slots[0]) != want:
-                    self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds "
-                                       f"{'host ' if where == 'host_value' else ''}state slot "
-                                       f"{slots[0]}, which does not hold the state of its path")
+            slots: list[int] = list(data.get(where) or ())
+            if len(slots) == 1 and pool.get(slots[0]) != want:
+                self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds "
+                                   f"{'host ' if where == 'host_value' else ''}state slot "
+                                   f"{slots[0]}, which does not hold the state of its path")
+
+    def _check_swa(self, i: Any, snap: dict) -> None:
+        """Every node's SWA slots (and SWA host slots) hold the fingerprints of their
+        positions."""
+        assert self.swa is not None  # called only with the SWA pool
+        for node, where, pool in _aux_parts(snap, "swa", self.swa):
+            data = node.get("swa") or {}
+            path = node["path"]
+            tokens = path["tokens"]
+            units = len(tokens) - 1 if self.eagle and tokens else len(tokens)
+            slots: list[int] = list(data.get(where) or ())
+            fps = self._fps(path["extra_key"], tokens)[units - len(slots): units]
+            bad = next((k for k, (w, f) in enumerate(zip(slots, fps, strict=True))
+                        if pool.get(w) != f), None)
+            if bad is not None:
+                self.errors.append(
+                    f"[kv] step {i}: node {_short_path(path)} holds "
+                    f"{'host ' if where == 'host_value' else ''}SWA slot {slots[bad]} at "
+                    f"position {units - len(slots) + bad}, which does not hold that "
+                    "token's SWA KV")
+                return
 
     def _check_host(self, i: Any, snap: dict) -> None:
         """Every node's host copy holds the fingerprints of its path."""
@@ -391,6 +433,15 @@ class KVChecked:
             self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds host slot "
                                f"{slots[k]} at position {start + k - at}, which does not hold "
                                "that token's KV")
+
+
+def _aux_parts(snap: dict, name: str, pools: StatePool) -> list[tuple[dict, str, dict]]:
+    """``(node entry, field, pool)`` for every node's device data of the aux component ``name``
+    (the snapshot's nodes, ``value``) and its host copy (the host view's nodes,
+    ``host_value``)."""
+    out = [(node, "value", pools.device) for node in snap.get("nodes", [])]
+    out += [(node, "host_value", pools.host) for node in snap.get("host", {}).get("nodes", [])]
+    return out
 
 
 def _owned(snap: dict | None, obs: dict) -> set:

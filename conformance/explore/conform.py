@@ -70,6 +70,12 @@ NAMED_CONFIGS: dict[str, dict] = {
                          "components": ("full", "mamba")},
     "host-mamba-wb-p4": {"page_size": 4, "write_policy": "write_back",
                          "components": ("full", "mamba")},
+    # the host tier with SWA (the spec only, so far): the window and the SWA pool drawn as for
+    # "swa", an SWA host pool of host_slots or half of it
+    "host-swa-wt-p1": {"page_size": 1, "write_policy": "write_through",
+                       "components": ("full", "swa")},
+    "host-swa-wb-p4": {"page_size": 4, "write_policy": "write_back",
+                       "components": ("full", "swa")},
 }
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
@@ -135,6 +141,13 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
             cfg = dataclasses.replace(cfg, components=("full", "mamba"), mamba_slots=mamba_slots,
                                       host_mamba_slots=max(1, mamba_slots * rng.randint(1, 4) // 2),
                                       mamba_cache_chunk_size=rng.randint(1, 4))
+            cfg.validate()
+        if base.get("components") == ("full", "swa"):
+            half = cfg.host_slots // 2 // ps * ps
+            cfg = dataclasses.replace(cfg, components=("full", "swa"),
+                                      sliding_window=base["sliding_window"],
+                                      swa_slots=base["swa_slots"],
+                                      host_swa_slots=rng.choice([None, max(ps, half)]))
             cfg.validate()
         return name, cfg
     return name, CacheConfig(**base, kv_slots=pages * ps)

@@ -40,15 +40,14 @@ def test_replay_divergence_exits_1_and_names_everything(tmp_path):
 
 
 def test_unsupported_config_is_reported(tmp_path):
-    t = tmp_path / "host.jsonl"
+    # the spec models every config the trace format has; fast has LRU eviction only so far
+    t = tmp_path / "fifo.jsonl"
     t.write_text(json.dumps({"format": "uniradix-trace", "version": 1, "source": "test",
-                             "config": {"host_slots": 64, "components": ["full", "swa"],
-                                        "sliding_window": 4}})
-                 + "\n" + json.dumps({"i": 0, "op": "evict_host", "args": {"num_tokens": 1}})
-                 + "\n")
-    r = uniradix("replay", str(t))
-    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "host tier" in r.stdout
-    r = uniradix("replay", str(t), "--skip-unsupported")
+                             "config": {"eviction_policy": "fifo"}})
+                 + "\n" + json.dumps({"i": 0, "op": "sizes", "args": {}}) + "\n")
+    r = uniradix("replay", str(t), "--impl", "fast")
+    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "eviction_policy" in r.stdout
+    r = uniradix("replay", str(t), "--impl", "fast", "--skip-unsupported")
     assert r.returncode == 0
 
 

@@ -173,12 +173,14 @@ def test_adapter_host_tier_ops_unsupported(ad, op):
     rejected(ad, {"i": 9, "op": op, "args": {}}, "Unsupported")
 
 
-@pytest.mark.parametrize("cfg", [{"components": ("full", "swa"), "sliding_window": 4, "swa_slots": 64,
-                                  "host_slots": 64}])
-def test_adapter_unsupported_configs(cfg):
-    """A host tier with SWA (the spec models the host tier with Mamba: test_spec_host_mamba)."""
-    with pytest.raises(Unsupported):
-        SpecAdapter(CacheConfig(**cfg))
+@pytest.mark.parametrize("components", [("full", "swa"), ("full", "swa", "mamba")])
+def test_adapter_takes_a_host_tier_with_swa(components):
+    """A host tier with SWA (and Mamba): the SWA host pool holds host_swa_slots, by default
+    host_slots (test_spec_host_swa)."""
+    for host_swa_slots, usable in ((None, 64), (16, 16)):
+        ad = SpecAdapter(CacheConfig(components=components, sliding_window=4, swa_slots=64,
+                                     mamba_slots=4, host_slots=64, host_swa_slots=host_swa_slots))
+        assert ad.host_swa_pool.available_size() == usable
 
 
 @pytest.mark.parametrize("raw", [
@@ -187,6 +189,7 @@ def test_adapter_unsupported_configs(cfg):
     {"page_size": 0},
     {"page_size": 4, "kv_slots": 6},
     {"components": ["full", "swa"]},  # swa without a sliding window
+    {"page_size": 4, "host_slots": 8, "host_swa_slots": 6},
     {"write_policy": "write_sometimes"},
     {"eagle": 1},
     [("page_size", 1)],

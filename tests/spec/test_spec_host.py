@@ -13,7 +13,7 @@ from uniradix.conformance.adapters.base import SpecAdapter
 from uniradix.spec import cache as rules
 from uniradix.spec import host, queries
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.errors import HandleError, InvalidInput, Unsupported
+from uniradix.spec.errors import HandleError, InvalidInput
 from uniradix.spec.invariants import sanity_check
 from uniradix.spec.snapshot import snapshot
 from uniradix.spec.state import new_state
@@ -250,12 +250,6 @@ def test_reset_clears_the_host_tier():
     sound(s)
     assert s.host.writes == [] and s.host.pool.available_size() == 32
     assert queries.total_size(s) == 0
-
-
-def test_host_tier_with_swa_is_unsupported():
-    with pytest.raises(Unsupported, match="Full and Mamba"):
-        new_state(CacheConfig(components=("full", "swa"), host_slots=8, swa_slots=8,
-                              sliding_window=4))
 
 
 def test_adapter_effects_carry_host_freed():

@@ -210,3 +210,26 @@ def test_upstream_host_mamba_replays_on_the_spec(path):
     result = replay_trace(load_trace(path), "spec")
     assert result.unsupported is None, result.unsupported
     assert result.divergence is None, str(result.divergence)
+
+
+def test_the_load_back_regression_still_reaches_its_check(monkeypatch):
+    """tests/corpus/regressions-host-aux/conform-host-mamba-wb-p4-load-back-loses-its-host-state.jsonl
+    reaches the check it was found by: without it (the load back going on after its room-making
+    took the host state), the spec breaks at the last step."""
+    path = os.path.join(CORPUS, "regressions-host-aux",
+                        "conform-host-mamba-wb-p4-load-back-loses-its-host-state.jsonl")
+    trace = load_trace(path)
+    assert replay_trace(trace, "spec").divergence is None
+
+    def unchecked(self, state, node):
+        if state.mamba.available_size() < 1:
+            components.evict(state, 0, mamba_num=1)
+        if state.mamba.available_size() < 1:
+            return False
+        state.host.mamba_load = state.mamba.alloc(1)[0]
+        return True
+
+    monkeypatch.setattr(components.MambaComponent, "alloc_load_back", unchecked)
+    result = replay_trace(trace, "spec")
+    assert result.divergence is not None and result.divergence.step == trace.steps[-1]["i"]
+    assert result.divergence.field == "crash", str(result.divergence)

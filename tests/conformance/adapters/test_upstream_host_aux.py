@@ -38,8 +38,7 @@ from uniradix.conformance.adapters.upstream_host_aux import (  # noqa: E402 - af
 )
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "corpus")
-REGRESSIONS = os.path.join(CORPUS, "regressions")
-# the Mamba ones replay on the spec (its expected last `ret`), spec-only like the rest there
+# they replay on the spec (its expected last `ret`), spec-only like the rest there
 REGRESSIONS_HOST_AUX = os.path.join(CORPUS, "regressions-host-aux")
 HANG_S = 5  # a step of these tiny traces takes milliseconds
 
@@ -124,7 +123,7 @@ def test_full_swa_mamba_trace_replays_on_upstream_and_is_re_recorded(name):
 
 
 @pytest.mark.parametrize("folder, name", [
-    (REGRESSIONS, "upstream-hang-host-swa-wb-p1-evict-backup-fails"),
+    (REGRESSIONS_HOST_AUX, "upstream-hang-host-swa-wb-p1-evict-backup-fails"),
     (REGRESSIONS_HOST_AUX, "upstream-hang-host-mamba-wb-p1-evict-backup-fails")])
 def test_write_back_aux_eviction_never_ends_when_the_backup_fails(folder, name):
     """Defect 1 (issue 12 item 6): the last step, an evict that needs SWA/Mamba eviction, never

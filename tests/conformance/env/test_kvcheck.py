@@ -114,18 +114,16 @@ def _swap_state_copies(monkeypatch):
     slot after the right one (the tree's slot numbers all stay right)."""
     from uniradix.spec import components
 
-    orig = components.MambaComponent.load_back
+    orig = components.MambaComponent.commit_load_back
 
     def shifted(self, state, node):
         before = len(state.host.mamba_copies)
-        ok = orig(self, state, node)
-        if ok:  # the node's state and the requester's copy of it
-            for i in range(before, len(state.host.mamba_copies)):
-                kind, src, dst = state.host.mamba_copies[i]
-                state.host.mamba_copies[i] = (kind, [src[0] + 1], dst)
-        return ok
+        orig(self, state, node)
+        for i in range(before, len(state.host.mamba_copies)):  # the node's and the requester's
+            kind, src, dst = state.host.mamba_copies[i]
+            state.host.mamba_copies[i] = (kind, [src[0] + 1], dst)
 
-    monkeypatch.setattr(components.MambaComponent, "load_back", shifted)
+    monkeypatch.setattr(components.MambaComponent, "commit_load_back", shifted)
 
 
 def test_host_mamba_states_keep_their_sequence_through_host_trips():
@@ -144,3 +142,47 @@ def test_a_state_mixup_on_the_host_trip_is_found_by_the_kv_check(monkeypatch):
                       shrink_seconds=5)
     assert res.finding is not None and res.finding.kind == VIOLATION
     assert "state slot" in str(res.finding)
+
+
+HOST_SWA_TRACE = os.path.join(CORPUS, "upstream-host-swa", "host-swa-wb-p1-s016.jsonl")
+
+
+def _reverse_swa_loads(monkeypatch):
+    """A planted host-tier bug on the spec: every load back of SWA data copies the window's
+    SWA host slots in reverse order (the tree's slot numbers all stay right)."""
+    from uniradix.spec import components
+
+    orig = components.SWAComponent.commit_load_back
+
+    def reversed_loads(self, state, node):
+        before = len(state.host.swa_copies)
+        orig(self, state, node)
+        for i in range(before, len(state.host.swa_copies)):
+            kind, src, dst = state.host.swa_copies[i]
+            state.host.swa_copies[i] = (kind, src[::-1], dst)
+
+    monkeypatch.setattr(components.SWAComponent, "commit_load_back", reversed_loads)
+
+
+def test_host_swa_data_keeps_its_tokens_through_host_trips():
+    """The SWA pool is checked (device and host) through backups, host eviction and load backs
+    of the golden trace; a checked conform run of write-back pages 4 is clean too."""
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.env.kvcheck import KVChecked
+    from uniradix.conformance.traces.trace import load_trace
+    trace = load_trace(HOST_SWA_TRACE)
+    checked = KVChecked(make_adapter("spec", trace.config), trace.config)
+    for step in trace.steps:
+        checked.apply(step)
+        assert checked.violations() == [], step["i"]
+    assert checked.swa is not None and checked.swa.host and checked.swa.device
+    res = run_conform([kv_checked("spec"), kv_checked("spec")], config="host-swa-wb-p4",
+                      steps=300, seed=4, out=None, progress=False, log=lambda m: None)
+    assert res.finding is None, str(res.finding)
+
+
+def test_an_swa_mixup_on_the_host_trip_is_found_by_the_kv_check(monkeypatch, capsys):
+    _reverse_swa_loads(monkeypatch)
+    assert cli_main(["replay", HOST_SWA_TRACE, "--impl", "spec"]) == 0
+    assert cli_main(["replay", HOST_SWA_TRACE, "--impl", "spec", "--check-kv"]) == 1
+    assert "SWA slot" in capsys.readouterr().out
