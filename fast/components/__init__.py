@@ -1,6 +1,6 @@
-"""Component plug-ins of the hybrid cache (fast/hybrid.py): SWA (``swa.py``) and Mamba
+"""Component plug-ins of the composed cache (fast/hybrid.py): SWA (``swa.py``) and Mamba
 (``mamba.py``), each with the hooks of the seed's vocabulary (match validator, split, insert
-overlap, commit insert, locks, eviction priority and drive).
+overlap, commit insert, locks, eviction priority and drive, build / commit host transfers).
 
 The tree (fast/hybrid.py) owns the Full component; each aux component owns its data on every
 node (an :class:`AuxData` record, at the component's position in ``node.aux``), its LRU list
@@ -175,6 +175,35 @@ class AuxComponent:
             unlocked.append(node)
         rec.lock -= 1
         node.aux_lock -= 1
+
+    # -- the host tier (fast/tiers/host.py): build / commit host transfers -------------------
+    def backup(self, node: Any) -> bool:
+        """``node`` is being backed up (its Full host slots are taken): build this
+        component's host copy of its data there, if it has any.  False: no host room, the
+        backup fails (the tier undoes what the components before did, ``drop_host``)."""
+        return True
+
+    def drop_host(self, node: Any) -> None:
+        """``node``'s host copy goes (host eviction, or a failed backup): free this
+        component's host data there."""
+
+    def wants_load_back(self, node: Any) -> bool:
+        """A load back of ``node`` must bring this component's data back too."""
+        return False
+
+    def reserve_load_back(self, node: Any) -> bool:
+        """What the requester takes before the load back weighs its size (False: it fails)."""
+        return True
+
+    def load_back(self, node: Any) -> bool:
+        """Commit this component's load back of ``node`` (False: no device room, it fails)."""
+        return True
+
+    def host_lock(self, node: Any) -> None:
+        """``inc_host_lock_ref(node)``: protect this component's host data there."""
+
+    def host_unlock(self, node: Any) -> None:
+        """Undo ``host_lock``."""
 
     # -- eviction --------------------------------------------------------------------------
     def drive(self, want: int, tracker: list, batch: FreeBatch) -> None:
