@@ -23,10 +23,8 @@ from uniradix.conformance.traces.trace import load_trace
 IMPLS = ("spec", "fast")
 
 # Corpus folders the fast path does not model yet, replayed on the spec only: other eviction
-# policies than lru, Mamba copy-on-write, the storage tier and the host tier with Mamba (fast
-# refuses each by name).
-SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage",
-                     "regressions-host-aux", "upstream-host-mamba")
+# policies than lru, Mamba copy-on-write and the storage tier (fast refuses each by name).
+SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage")
 
 # Corpora the spec cannot replay yet: the host tier with SWA, recorded from upstream (the spec
 # refuses a host tier with SWA until it models one), and the reproduction of upstream's hang

@@ -819,9 +819,15 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if self.root_node.children:
             raise InvalidInput("init_hicache: the cache already holds data")
         config = hicache_config_from_server_args(server_args, params)
+        before: Any = self.__class__
         self.__class__ = HiCacheRadixCache  # same instance, now the host-tier cache
         assert isinstance(self, HiCacheRadixCache)
-        HiCacheRadixCache.__init__(self, params, config)
+        try:
+            HiCacheRadixCache.__init__(self, params, config)
+        except BaseException:  # refused: the cache it was, empty as it was
+            self.__class__ = before
+            before.__init__(self, params)
+            raise
 
     def available_and_evictable_str(self) -> str:
         """Free plus evictable device tokens, in upstream's words (its out-of-memory

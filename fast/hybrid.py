@@ -76,7 +76,7 @@ _narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per sl
 HybridNode = Node  # the one pure-Python node type (fast/node.py)
 
 # the aux components a host tier can carry so far (spec/host.py models them)
-HOST_AUX: frozenset = frozenset()
+HOST_AUX: frozenset = frozenset({"mamba"})
 
 
 def _components_of(params: Any) -> list[str]:
@@ -169,6 +169,8 @@ class HybridRadixCache(UnifiedRadixCache):
         self.ongoing_write_through = tier.ongoing_write_through
         self.ongoing_load_back = tier.ongoing_load_back
         self._evict_leaf = tier.evict_leaf
+        for comp in self.components:
+            comp.attach_host(tier, hicache)
 
     # ------------------------------------------------------------------------------------------
     # State
@@ -326,7 +328,14 @@ class HybridRadixCache(UnifiedRadixCache):
         ek = key.extra_key
         node, pos, chunks = root, 0, []
         best, best_chunks = root, 0
-        validators = [comp.validator() for comp in self.components]
+        tier = self.tier
+        best_device = root  # with a host tier: the deepest device node valid on the device
+        if tier is None:
+            validators = [comp.validator() for comp in self.components]
+            device_validators = []
+        else:
+            validators = [comp.host_validator() for comp in self.components]
+            device_validators = [comp.validator() for comp in self.components]
         one = validators[0] if len(validators) == 1 else None
         while pos < n:
             child = node.children.get(self._ck(ek, units, pos))
@@ -346,18 +355,30 @@ class HybridRadixCache(UnifiedRadixCache):
                 for v in validators:  # every validator sees every node (SWA counts its run)
                     if not v(child, k):
                         ok = False
-            if ok:
-                best, best_chunks = child, len(chunks)
+            if tier is None:
+                if ok:
+                    best, best_chunks = child, len(chunks)
+            else:
+                if ok:
+                    best = child
+                dev_ok = child.value is not None
+                for v in device_validators:
+                    if not v(child, k):
+                        dev_ok = False
+                if dev_ok:
+                    best_device, best_chunks = child, len(chunks)
             if split:  # the match ends inside the old node
                 break
         for comp in self.components:
             comp.path_to_front(best)
         indices = self._indices(chunks[:best_chunks])
-        tier = self.tier
         if tier is not None:
             self._stamp_tiered_path(best)
-            last_device, host_hit = tier.host_hit(best)
-            return api.MatchResult(indices, last_device, best, best, host_hit)
+            mamba_hit = 0
+            if self.mamba is not None and best is not root:
+                mamba_hit = 1 if self.mamba.wants_load_back(best) else 0
+            return api.MatchResult(indices, best_device, best, best,
+                                   tier.host_hit(best, best_device), 0, mamba_hit)
         self._stamp_path(best)
         if best is not root:
             self._push_if_leaf(best)
@@ -731,6 +752,8 @@ class HybridRadixCache(UnifiedRadixCache):
             raise InvalidInput("init_load_back: the request's last node is not on the path")
         if params.mem_quota is not None:
             count_arg("mem_quota", params.mem_quota)
+        if self.mamba is not None:
+            self.mamba.request_state = None
         # the seed's guard: only an evicted node is loaded back
         if node.evicted and tier.load_back(node, params.mem_quota):
             chunks, cur = [], node
@@ -818,6 +841,10 @@ class HybridRadixCache(UnifiedRadixCache):
         (``AuxComponent.violations``, recounted into ``acc["aux"]``)."""
         if self.tier is not None:
             self.tier.node_violations(node, errors, acc)
+            host_accs = acc.setdefault("aux_host", [{"host_values": [], "host_members": set()}
+                                                    for _ in self.components])
+            for comp, comp_acc in zip(self.components, host_accs, strict=True):
+                comp.host_violations(node, errors, comp_acc)
         else:
             super()._node_violations(node, errors, acc)
         if node.value is None or not self.components:
@@ -836,3 +863,7 @@ class HybridRadixCache(UnifiedRadixCache):
             comp.tree_violations(comp_acc, errors)
         if self.tier is not None:
             self.tier.total_violations(acc, errors)
+            host_accs = acc.get("aux_host") or [{"host_values": [], "host_members": set()}
+                                                for _ in self.components]
+            for comp, comp_acc in zip(self.components, host_accs, strict=True):
+                comp.host_tree_violations(comp_acc, errors)

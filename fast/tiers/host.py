@@ -95,7 +95,10 @@ class HiCacheConfig:
     ``"cuda"`` (copies on a side stream, acks complete with their CUDA events).
     ``device_kv`` / ``host_kv``: ``uniradix.kernels`` DevicePool / HostPool; when both are given
     every backup and load copies the KV data (Triton where it runs, the torch reference
-    elsewhere, ``copy_impl``).  ``log_copies``: keep a log of the copies (for checkers)."""
+    elsewhere, ``copy_impl``).  ``log_copies``: keep a log of the copies (for checkers).
+    With Mamba: the host state pool, ``host_mamba_allocator`` (default a
+    :class:`HostSlotAllocator` of ``host_mamba_slots`` states, default twice the device
+    Mamba pool's size)."""
 
     host_slots: int = 0
     host_allocator: Any = None
@@ -107,6 +110,8 @@ class HiCacheConfig:
     host_kv: Any = None
     copy_impl: str = "auto"
     log_copies: bool = False
+    host_mamba_allocator: Any = None
+    host_mamba_slots: int | None = None
 
 
 def hicache_config_from_server_args(server_args: Any, params: Any) -> HiCacheConfig:
@@ -218,6 +223,8 @@ class HiCacheController:
         self.device_kv, self.host_kv = config.device_kv, config.host_kv
         self.copy_impl = config.copy_impl
         self.copies: list | None = [] if config.log_copies else None
+        # the aux components' copies (Mamba states), as ``copies``
+        self.state_copies: list | None = [] if config.log_copies else None
         self.stream = None
         if self.io == "cuda":
             if not torch.cuda.is_available() or self.device_kv is None:
@@ -308,6 +315,12 @@ class HiCacheController:
             self.copies.clear()
         return out
 
+    def take_state_copies(self) -> list:
+        out = list(self.state_copies or ())
+        if self.state_copies is not None:
+            self.state_copies.clear()
+        return out
+
     def append_host_mem_release(self, host_indices) -> None:
         self.mem_pool_host.free(host_indices)
 
@@ -315,6 +328,8 @@ class HiCacheController:
         self.ack_write_queue.clear()
         self.ack_load_queue.clear()
         self._pending_loads.clear()
+        if self.state_copies is not None:
+            self.state_copies.clear()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -459,14 +474,16 @@ class HostTier:
         if node.host_value is None and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
 
-    def host_hit(self, best: Any) -> tuple[Any, int]:
-        """The last device node at or above ``best`` and the host tokens between them."""
+    def host_hit(self, best: Any, last_device: Any) -> int:
+        """The host tokens of the host copies from ``best`` up to (not including)
+        ``last_device``."""
         root = self.cache.root_node
-        last_device, host_hit = best, 0
-        while last_device is not root and last_device.value is None:
-            host_hit += len(last_device.host_value)
-            last_device = last_device.parent
-        return last_device, host_hit
+        n, cur = 0, best
+        while cur is not last_device and cur is not root:
+            if cur.host_value is not None:
+                n += len(cur.host_value)
+            cur = cur.parent
+        return n
 
     def check_unevict_slots(self, plan: list, slots: list) -> None:
         """Evicted nodes on an insert's way take the caller's slots back: each page one whole,
@@ -555,28 +572,36 @@ class HostTier:
         count_arg("num_tokens", num_tokens)
         heap = self.host_leaf_heap.entries
         leaves = self.host_leaves
-        components = self.cache.components
-        pieces = []  # freed together at the end (fast/frees.py)
+        pieces: list = []  # freed together at the end (fast/frees.py)
         freed = 0
         while freed < num_tokens and heap:
             stamp, node = heapq.heappop(heap)
             if node.last_access_time != stamp or node not in leaves:
                 continue
-            for comp in components:
-                comp.drop_host(node)
-            host = node.host_value
-            pieces.append(host)
-            k = len(host)
-            freed += k
-            self.host_tokens -= k
-            node.host_value = None
-            parent = node.parent
-            self.detach(node)
-            self.delete_tombstones(parent)
+            freed += self.evict_host_leaf(node, pieces)
         release(self.controller.mem_pool_host, pieces)
         if self.host_leaf_heap.needs_compaction(len(leaves)):
             self.host_leaf_heap.compact(leaves.__contains__)
         return freed
+
+    def evict_host_leaf(self, node: Any, pieces: list | None = None) -> int:
+        """A host leaf's host data goes (each component's first, then the Full host slots:
+        onto ``pieces`` to be freed by the caller, else now) and it leaves the tree with its
+        childless tombstone ancestors.  Returns the Full host tokens freed."""
+        for comp in self.cache.components:
+            comp.drop_host(node)
+        host = node.host_value
+        k = len(host)
+        self.host_tokens -= k
+        node.host_value = None
+        if pieces is None:
+            self.controller.mem_pool_host.free(host)
+        else:
+            pieces.append(host)
+        parent = node.parent
+        self.detach(node)
+        self.delete_tombstones(parent)
+        return k
 
     # -- load back (host -> device) ------------------------------------------------------------
     def load_back(self, node: Any, mem_quota: int | None = None) -> bool:
