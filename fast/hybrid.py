@@ -765,24 +765,26 @@ class HybridRadixCache(UnifiedRadixCache):
                 return torch.cat(chunks), node
         return self._empty, last
 
+    # (without a host tier, as upstream's cache without a controller: no-ops)
     def ready_to_load_host_cache(self) -> int:
-        return self._host_tier().controller.start_loading()
+        return self.tier.controller.start_loading() if self.tier is not None else 0
 
     def writing_check(self, write_back: bool = False) -> None:
         """Process finished backups, unlocking their nodes (``write_back``: wait for all)."""
-        self._host_tier().writing_check(write_back)
+        if self.tier is not None:
+            self.tier.writing_check(write_back)
 
     def loading_check(self) -> None:
         """Process finished loads, unlocking their paths."""
-        self._host_tier().loading_check()
+        if self.tier is not None:
+            self.tier.loading_check()
 
     def check_hicache_events(self) -> None:
-        tier = self._host_tier()
-        tier.writing_check()
-        tier.loading_check()
+        self.writing_check()
+        self.loading_check()
 
     def flush_write_through_acks(self) -> None:
-        self._host_tier().writing_check()
+        self.writing_check()
 
     def host_eviction_order(self) -> list[HybridNode]:
         """The host leaves in the order ``evict_host`` would take them."""

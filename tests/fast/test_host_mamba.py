@@ -105,3 +105,13 @@ def test_mamba_states_are_not_moved_by_a_kv_moving_host_tier():
                               host_kv=object())
     with pytest.raises(fast.Unsupported, match="Mamba states"):
         fast.UnifiedRadixCache(_mamba_params(host))
+
+
+def test_the_scheduler_polls_are_no_ops_without_a_host_tier():
+    """A scheduler polls every step, host tier or not (upstream's cache then does nothing)."""
+    hybrid = fast.UnifiedRadixCache(_mamba_params())
+    hybrid.check_hicache_events()
+    hybrid.flush_write_through_acks()
+    assert hybrid.ready_to_load_host_cache() == 0
+    with pytest.raises(fast.Unsupported, match="no host tier"):
+        hybrid.evict_host(4)
