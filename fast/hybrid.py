@@ -55,7 +55,7 @@ from .components.mamba import MambaComponent
 from .components.swa import SwaComponent
 from .errors import InvalidInput, Unsupported
 from .frees import FreeBatch, release
-from .keys import step_len
+from .keys import shared_len
 from .node import Node
 from .radix_key import RadixKey
 from .structures import LazyHeap
@@ -249,7 +249,7 @@ class HybridRadixCache(UnifiedRadixCache):
     def _touch(self, node: HybridNode) -> None:
         """A node on an insert's walk: newest stamp, front of the aux lists."""
         self._stamp(node)
-        if node is not self.root_node:
+        if self._n_aux and node is not self.root_node:
             for comp, rec in zip(self.components, node.aux, strict=True):
                 if rec.value is not None:
                     comp.lru.move_to_front(rec)
@@ -329,8 +329,13 @@ class HybridRadixCache(UnifiedRadixCache):
         node, pos, chunks = root, 0, []
         best, best_chunks = root, 0
         tier = self.tier
+        last_device = root  # the deepest node of the walk holding device data
         best_device = root  # with a host tier: the deepest device node valid on the device
-        if tier is None:
+        plain = not self.components  # no validators: the walk's end is the match
+        if plain:
+            validators: list = []
+            device_validators: list = []
+        elif tier is None:
             validators = [comp.validator() for comp in self.components]
             device_validators = []
         else:
@@ -338,16 +343,26 @@ class HybridRadixCache(UnifiedRadixCache):
             device_validators = [comp.validator() for comp in self.components]
         one = validators[0] if len(validators) == 1 else None
         while pos < n:
-            child = node.children.get(self._ck(ek, units, pos))
+            # NOTE: keys.child_key and keys.step_len, inlined (a call costs as much as the work)
+            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+            child = node.children.get(ck if ek is None else (ek, ck))
             if child is None or (child.value is None and child.host_value is None):
                 break
-            k = step_len(child.key, units, pos, n, ps)
-            split = k < len(child.key)
+            ckey = child.key
+            k = len(ckey)
+            split = pos + k > n or units[pos: pos + k] != ckey
             if split:
+                k = shared_len(ckey, units, pos, n, ps)
                 child = self._split(child, k)
-            if child.value is not None:
-                chunks.append(child.value)
+            value = child.value
+            if value is not None:
+                chunks.append(value)
+                last_device = child
             node, pos = child, pos + k
+            if plain:
+                if split:
+                    break
+                continue
             if one is not None:
                 ok = one(child, k)
             else:
@@ -361,7 +376,7 @@ class HybridRadixCache(UnifiedRadixCache):
             else:
                 if ok:
                     best = child
-                dev_ok = child.value is not None
+                dev_ok = value is not None
                 for v in device_validators:
                     if not v(child, k):
                         dev_ok = False
@@ -369,9 +384,11 @@ class HybridRadixCache(UnifiedRadixCache):
                     best_device, best_chunks = child, len(chunks)
             if split:  # the match ends inside the old node
                 break
+        if plain:  # (device nodes are a prefix of the walk)
+            best, best_device, best_chunks = node, last_device, len(chunks)
         for comp in self.components:
             comp.path_to_front(best)
-        indices = self._indices(chunks[:best_chunks])
+        indices = self._indices(chunks if best_chunks == len(chunks) else chunks[:best_chunks])
         if tier is not None:
             self._stamp_tiered_path(best)
             mamba_hit = 0
@@ -473,7 +490,12 @@ class HybridRadixCache(UnifiedRadixCache):
             self._check_slot_list(plan, slots, prev)
             if tier is not None:
                 tier.check_unevict_slots(plan, slots)
-        prepared, e = self._check_aux(plan, prev, params)
+        if self.components:
+            prepared, e = self._check_aux(plan, prev, params)
+        else:  # (no aux component: only the settings that would need one are checked)
+            prepared, e = (), 0
+            if params.swa_evicted_seqlen != 0 or params.mamba_value is not None:
+                self._check_aux(plan, prev, params)
 
         self._stamp(self.root_node)
         if n == 0:
@@ -532,13 +554,13 @@ class HybridRadixCache(UnifiedRadixCache):
             self._push_if_leaf(leaf)
             target, is_new = leaf, True
         result = {"mamba_exist": False}
-        for comp, prep in zip(self.components, prepared, strict=True):
-            comp.commit(target, is_new, pos, prep, e, result)
+        if prepared:
+            for comp, prep in zip(self.components, prepared, strict=True):
+                comp.commit(target, is_new, pos, prep, e, result)
         if is_new and tier is not None:
             tier.update_host_leaf(node)
             tier.count_hit(target, chunked)
-        return api.InsertResult(prefix_len=pos, total_len=len(toks),
-                                mamba_exist=result["mamba_exist"])
+        return api.InsertResult(pos, len(toks), result["mamba_exist"])
 
     # ------------------------------------------------------------------------------------------
     # Locks
@@ -666,11 +688,16 @@ class HybridRadixCache(UnifiedRadixCache):
         of its units are freed (by any driver).  Write-back ends by waiting for every pending
         write.  The slots go back to the allocators at the end, as one ``FreeBatch``."""
         want = count_arg("num_tokens", params.num_tokens)
-        wants = {"swa": count_arg("swa_num_tokens", params.swa_num_tokens),
-                 "mamba": count_arg("mamba_num", params.mamba_num)}
+        swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
+        if swa_want.__class__ is not int or mamba_want.__class__ is not int \
+                or swa_want < 0 or mamba_want < 0:
+            count_arg("swa_num_tokens", swa_want)
+            count_arg("mamba_num", mamba_want)
         if self.disable:
             return api.EvictResult()
-        tracker = self._evict_units(want, wants)
+        if not self.components:
+            return api.EvictResult(self._evict_units(want)[0])
+        tracker = self._evict_units(want, {"swa": swa_want, "mamba": mamba_want})
         got = {comp.name: tracker[comp.i + 1] for comp in self.components}
         return api.EvictResult(num_tokens_evicted=tracker[0],
                                swa_num_tokens_evicted=got.get("swa", 0),

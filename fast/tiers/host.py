@@ -556,7 +556,13 @@ class HostTier:
             if self.write_backup(node, write_back=True) == 0:
                 return False
             self.writing_check(write_back=True)
-        cache._drop_device(node, tracker, batch)  # with the aux components' device data
+        if cache.components:
+            cache._drop_device(node, tracker, batch)  # with the aux components' device data
+        else:  # (the Full-only host path, written out)
+            batch.add("free", node.value)
+            k = len(node.key)
+            tracker[0] += k
+            cache._evictable -= k
         node.value = None
         parent = node.parent
         parent.dev_children -= 1
