@@ -23,10 +23,10 @@ from uniradix.conformance.traces.trace import load_trace
 IMPLS = ("spec", "fast")
 
 # Corpus folders the fast path does not model yet, replayed on the spec only: other eviction
-# policies than lru, Mamba copy-on-write, the storage tier and the host tier with Mamba (fast
-# refuses each by name).
+# policies than lru, Mamba copy-on-write, the storage tier and the host tier with SWA (fast
+# refuses each by name). Folder names or trace file names (a host+SWA trace among others).
 SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage",
-                     "regressions-host-aux", "upstream-host-mamba", "upstream-host-swa")
+                     "upstream-host-swa", "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl")
 
 # Corpora the spec cannot replay yet (none now: the host tier with SWA was the last).
 # Folder names or trace file names; skipped, unread, by `uniradix run` and
@@ -42,9 +42,9 @@ def find_corpus(explicit: str | None) -> list[str]:
 
 
 def is_spec_only(path: str) -> bool:
-    """Whether a corpus trace lies in a folder that only the spec replays so far."""
+    """Whether a corpus trace lies in a folder (or is a file) that only the spec replays so far."""
     parts = os.path.normpath(path).split(os.sep)
-    return any(d in parts[:-1] for d in SPEC_ONLY_CORPORA)
+    return any(d in parts[:-1] for d in SPEC_ONLY_CORPORA) or parts[-1] in SPEC_ONLY_CORPORA
 
 
 def is_awaiting_spec(path: str) -> bool:

@@ -138,10 +138,10 @@ class UnifiedRadixCache(compat.EngineDefaults):
     """Radix prefix cache over KV slots; see the module docstring for the structures.
 
     ``UnifiedRadixCache(params)`` picks the implementation once, at construction, from the
-    params, and always returns an instance of this class: a host tier (``params.hicache``) is
-    the subclass ``HiCacheRadixCache`` (fast/hicache.py, Full component only: it rejects
-    others); a hybrid model (Full + SWA or Mamba) the subclass ``HybridRadixCache``
-    (fast/hybrid.py); the device-only Full path is this class itself.
+    params, and always returns an instance of this class: a hybrid model (Full + SWA or Mamba)
+    is the composed cache ``HybridRadixCache`` (fast/hybrid.py: the tree with component and
+    tier plug-ins), and with a host tier (``params.hicache``) its subclass
+    ``HiCacheRadixCache`` (fast/hicache.py); the device-only Full path is this class itself.
 
     ``core`` says which code runs the hot methods, ``"c"`` (``fast/_core.c``) or ``"python"``,
     and ``core_reason`` why.  Only this class has a C core; the subclasses say ``"python"``.
@@ -813,14 +813,21 @@ class UnifiedRadixCache(compat.EngineDefaults):
         """Attach a host tier after construction, as SGLang's cache registry does: this cache
         becomes the :class:`~uniradix.fast.hicache.HiCacheRadixCache` that
         ``server_args`` describes (``uniradix.fast.hicache.hicache_config_from_server_args``
-        says what is read and refused).  Only before anything is cached."""
+        says what is read and refused), with the components of ``params``.  Only before
+        anything is cached."""
         from .hicache import HiCacheRadixCache, hicache_config_from_server_args
         if self.root_node.children:
             raise InvalidInput("init_hicache: the cache already holds data")
         config = hicache_config_from_server_args(server_args, params)
+        before: Any = self.__class__
         self.__class__ = HiCacheRadixCache  # same instance, now the host-tier cache
         assert isinstance(self, HiCacheRadixCache)
-        HiCacheRadixCache.__init__(self, params, config)
+        try:
+            HiCacheRadixCache.__init__(self, params, config)
+        except BaseException:  # refused: the cache it was, empty as it was
+            self.__class__ = before
+            before.__init__(self, params)
+            raise
 
     def available_and_evictable_str(self) -> str:
         """Free plus evictable device tokens, in upstream's words (its out-of-memory

@@ -1,5 +1,5 @@
 """The drop-in boundary: what ``uniradix.fast``'s caches accept from an engine that was written
-for SGLang (0.5.13.post1), in one place for ``cache.py``, ``hybrid.py`` and ``hicache.py``.
+for SGLang (0.5.13.post1), in one place for ``cache.py`` and ``hybrid.py`` (the composed cache).
 
 * **Settings.**  Any ``CacheInitParams`` is accepted: uniradix's own (``uniradix.fast.params``)
   or SGLang's (``sglang.srt.mem_cache.cache_init_params``).  The uniradix-only settings

@@ -1,38 +1,42 @@
-"""``HybridRadixCache``: the fast path for hybrid models, Full plus any of the aux components
-SWA and Mamba (both together too), with upstream SGLang's engine-facing API.
-``UnifiedRadixCache(params)`` builds one when ``params.tree_components`` names SWA or Mamba
-(the Full-only path and its C core are untouched).  Pure Python; the behaviour is the spec's
-(spec/components.py) and the seed's, checked step by step by the lockstep runner.
+"""The composed cache: the one pure-Python tree with its Full component, composed with the aux
+component plug-ins (SWA, Mamba; fast/components/) and the tier plug-in (the host tier,
+fast/tiers/host.py) that its params ask for, with upstream SGLang's engine-facing API.
+``UnifiedRadixCache(params)`` builds one (``HybridRadixCache``; with a host tier its subclass
+``HiCacheRadixCache``, fast/hicache.py) unless the params ask for the device-only Full cache,
+whose C core this module does not touch.  The behaviour is the spec's (spec/cache.py,
+spec/components.py, spec/host.py) and the seed's, checked step by step by the lockstep runner.
 
-This module is the tree and the Full component; each aux component is a plug-in
-(fast/components/: ``swa.py``, ``mamba.py``) called through the seed's hooks in component
-order: match validator, split, insert overlap, commit insert, locks, eviction drive.  What it
-keeps (every structure is incremental; ``violations()`` recomputes each one):
+Each plug-in is called through the seed's hooks in component order: match validator, split,
+insert overlap, unevict recovery, commit insert, locks, eviction priority and drive, build /
+commit host transfers.  What the tree keeps (every structure is incremental; ``violations()``
+recomputes each one):
 
-* **Tree.**  ``HybridNode`` (``__slots__``): key (``array('q')``), Full slots (an int64
-  tensor; never None without a host tier), Full lock count, access stamp, ``dev_children``
-  (children holding Full data) so the leaf test is O(1), ``aux``: one ``AuxData`` record per
-  aux component (its value, lock count, SWA boundary mark, LRU links), and ``aux_lock``, the
-  sum of the aux lock counts (the leaf test reads it).
-* **Full eviction order**: a lazily deleted heap of ``(stamp, node)`` (``LazyHeap``); an
-  entry counts when its stamp is still the node's and the node is still an evictable leaf
-  (unlocked in every component, Full data, no child with Full data).
+* **Tree.**  ``Node`` (fast/node.py, ``__slots__``): key (``array('q')``; EAGLE: pairs), Full
+  slots (an int64 tensor; None only on a node evicted to the host tier), Full lock count,
+  access stamp, ``dev_children`` (children holding Full data) so the leaf test is O(1),
+  ``aux``: one ``AuxData`` record per aux component (its value, lock count, SWA boundary mark,
+  LRU links), ``aux_lock`` (the sum of the aux lock counts, read by the leaf test), and the
+  host tier's ``host_value`` / ``host_lock_ref``.
+* **Full eviction order**: a lazily deleted heap of ``(stamp, node)`` (``LazyHeap``); an entry
+  counts when its stamp is still the node's and the node is still an evictable leaf (unlocked
+  in every component, Full data, no child with Full data).
 * **Aux LRU lists**: one per component (``LruList`` of its records, fast/structures.py), a
-  record is in it exactly when it holds data.  A touch moves a node's records to the front; a
-  match moves the matched path, node first; a split re-files the halves; new data enters at
-  the front.  A component's eviction walks its list from the oldest end.
-* **Eviction** (one driver, ``evict``): Full first (the heap), then each component's drive;
-  every free goes onto one ``FreeBatch`` (fast/frees.py) handed to the allocators at the end.
-  The seed's priorities decide the cascade on an internal node: Full 2 > SWA 1 > Mamba 0, so
-  dropping SWA data drops the node's (unlocked) Mamba state too; on a leaf the node leaves the
-  tree with everything.
-* **Sizes**: Full counters here, each component's in its plug-in, moved on lock transitions.
+  record is in it exactly when it holds device data.  A touch moves a node's records to the
+  front; a match moves the matched path, node first; a split re-files the halves; new data
+  enters at the front.  A component's eviction walks its list from the oldest end.
+* **Eviction** (one driver, ``evict``): Full first (the heap; with a host tier a leaf goes to
+  the host, ``HostTier.evict_leaf``), then each component's drive; every device free goes onto
+  one ``FreeBatch`` (fast/frees.py) handed to the allocators at the end.  The seed's priorities
+  decide the cascade on an internal node: Full 2 > SWA 1 > Mamba 0, so dropping SWA data drops
+  the node's (unlocked) Mamba state too; on a leaf the node leaves the device with everything.
+* **Sizes**: Full counters here, each component's in its plug-in, the host tier's in it.
 * **Slot validation** (as ``cache.py``'s ``validate_slots``): the Full slots the tree holds
   here, the Mamba states in the Mamba plug-in.
 
 Complexities: ``match_prefix`` / ``insert`` O(n + d) (n tokens, d nodes on the path), plus the
 list moves, O(d) per component; ``inc_lock_ref`` / ``dec_lock_ref`` O(d) (SWA stops after one
-window); ``evict`` O(k log L) for k Full victims, O(1) per list step.
+window); ``evict`` O(k log L) for k Full victims, O(1) per list step; the host tier's
+operations as fast/tiers/host.py says.
 """
 
 from __future__ import annotations
@@ -51,10 +55,17 @@ from .components.mamba import MambaComponent
 from .components.swa import SwaComponent
 from .errors import InvalidInput, Unsupported
 from .frees import FreeBatch, release
-from .keys import step_len
+from .keys import shared_len
 from .node import Node
 from .radix_key import RadixKey
 from .structures import LazyHeap
+from .tiers.host import (
+    HiCacheConfig,
+    HostIncLockRefResult,
+    HostTier,
+    InitLoadBackParams,
+    count_arg,
+)
 
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
 FULL = 0  # the Full component's id in skip_lock_node_ids (upstream's ComponentType)
@@ -62,36 +73,55 @@ _INT64 = torch.int64
 _narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per slice / copy
 
 
-HybridNode = Node  # the one pure-Python node type (fast/node.py): its aux fields
+HybridNode = Node  # the one pure-Python node type (fast/node.py)
+
+# the aux components a host tier can carry so far (spec/host.py models them)
+HOST_AUX: frozenset = frozenset({"mamba"})
 
 
-def _count_arg(name: str, x) -> int:
-    if type(x) is not int or x < 0:
-        raise InvalidInput(f"{name} must be a non-negative int, got {x!r}")
-    return x
+def _components_of(params: Any) -> list[str]:
+    """The component names of ``params`` (Full first), refusing a set the tree cannot
+    compose."""
+    names = compat.component_names(params.tree_components)
+    if names[:1] != ["full"] or any(n not in ("swa", "mamba") for n in names[1:]) \
+            or len(set(names)) != len(names):
+        raise Unsupported(f"tree_components {names}: the cache composes Full plus SWA and/or "
+                          "Mamba, each once, Full first")
+    return names
+
+
+def check_host_components(names: list[str]) -> None:
+    """Refuse a host tier with an aux component the host tier cannot carry yet."""
+    missing = [n for n in names[1:] if n not in HOST_AUX]
+    if missing:
+        raise Unsupported(f"a host tier with SWA or Mamba is not supported yet for {missing}")
 
 
 class HybridRadixCache(UnifiedRadixCache):
-    """Radix prefix cache of a hybrid model; see the module docstring for the structures.
+    """The composed radix prefix cache; see the module docstring for the structures.
 
     What ``UnifiedRadixCache(params)`` returns for Full + SWA, Full + Mamba or
-    Full + SWA + Mamba params: the tree and the Full component, composed with one plug-in per
-    aux component (pure Python)."""
+    Full + SWA + Mamba params (``tier`` None), and, as its subclass ``HiCacheRadixCache``, for
+    params with a host tier (``tier``: the ``HostTier``): the tree and the Full component,
+    composed with one plug-in per aux component and the tier plug-in (pure Python)."""
 
     core = "python"
     core_reason = "a hybrid cache (SWA or Mamba): the C core covers the device-only Full path"
     _node_type = HybridNode
+    tier: HostTier | None = None
 
-    def __init__(self, params: api.CacheInitParams) -> None:
-        names = compat.component_names(params.tree_components)
-        if names[:1] != ["full"] or len(names) < 2 or any(n not in ("swa", "mamba") for n in names[1:]) \
-                or len(set(names)) != len(names):
-            raise Unsupported(f"tree_components {names}: a hybrid cache is Full plus SWA and/or "
-                              "Mamba, each once, Full first")
-        if params.is_eagle:
-            raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
-        self._setup(params, multi_rank=True)
+    def __init__(self, params: api.CacheInitParams, hicache: HiCacheConfig | None = None) -> None:
+        names = _components_of(params)
         settings = compat.read_settings(params)
+        hicache = hicache if hicache is not None else settings.hicache
+        if hicache is None and len(names) < 2:
+            raise Unsupported(f"tree_components {names}: a hybrid cache is Full plus SWA and/or "
+                              "Mamba (the Full-only cache is UnifiedRadixCache)")
+        if hicache is not None:
+            check_host_components(names)
+        if params.is_eagle and len(names) > 1:
+            raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
+        self._setup(params, multi_rank=hicache is None)
         self.component_names = names
         alloc = self.token_to_kv_pool_allocator
         self.swa: SwaComponent | None = None
@@ -118,9 +148,29 @@ class HybridRadixCache(UnifiedRadixCache):
                 comps.append(self.mamba)
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)
-        self._n_aux = len(comps)  # 1 or 2
+        self._n_aux = len(comps)  # 0, 1 or 2
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
+        if hicache is not None:
+            self._attach_tier(hicache)
+        else:
+            self.tier = None
+            self._evict_leaf = self._delete_leaf
         self.reset()
+
+    def _attach_tier(self, hicache: HiCacheConfig) -> None:
+        """Compose the host tier (its state and the names upstream's HiCache cache has)."""
+        tier = self.tier = HostTier(self, hicache)
+        self.core_reason = "a host tier: the C core covers the device-only Full path"
+        self.cache_controller = tier.controller
+        self.write_policy = tier.write_policy
+        self.write_through_threshold = tier.write_through_threshold
+        self.load_back_threshold = tier.load_back_threshold
+        self.host_leaves = tier.host_leaves
+        self.ongoing_write_through = tier.ongoing_write_through
+        self.ongoing_load_back = tier.ongoing_load_back
+        self._evict_leaf = tier.evict_leaf
+        for comp in self.components:
+            comp.attach_host(tier, hicache)
 
     # ------------------------------------------------------------------------------------------
     # State
@@ -129,11 +179,14 @@ class HybridRadixCache(UnifiedRadixCache):
     def _new_node(self, key, value, parent, extra_key, stamp: int, ck=None) -> Node:
         node = Node(key, value, parent, extra_key, stamp, ck)
         # one record per component (written out: this runs for every new node)
-        node.aux = (AuxData(node),) if self._n_aux == 1 else (AuxData(node), AuxData(node))
+        n = self._n_aux
+        if n:
+            node.aux = (AuxData(node),) if n == 1 else (AuxData(node), AuxData(node))
         return node
 
     def reset(self) -> None:
-        """Forget the whole tree (the allocators are the caller's to clear, as upstream)."""
+        """Forget the whole tree (the device allocators are the caller's to clear, as
+        upstream; a host tier clears its host pool and forgets its transfers)."""
         self._clock = 0
         self.root_node = self._new_node(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
@@ -143,6 +196,8 @@ class HybridRadixCache(UnifiedRadixCache):
         self._owned: set = set()  # Full slots the tree holds (validate_slots)
         for comp in self.components:
             comp.reset()
+        if self.tier is not None:
+            self.tier.reset()
 
     def _sizes(self, comp: AuxComponent | None) -> tuple[int, int]:
         return (0, 0) if comp is None else (comp.evictable, comp.protected)
@@ -160,9 +215,13 @@ class HybridRadixCache(UnifiedRadixCache):
         return self._sizes(self.mamba)[1]
 
     def total_size(self) -> tuple[int, int]:
-        """(Full units, aux units of every component) held in the tree."""
+        """(Full units, aux units of every component) held on the device."""
         return (self._evictable + self._protected,
                 sum(c.evictable + c.protected for c in self.components))
+
+    def host_size(self) -> int:
+        """Host tokens held (0 without a host tier)."""
+        return self.tier.host_tokens if self.tier is not None else 0
 
     def supports_swa(self) -> bool:
         return self.swa is not None
@@ -182,12 +241,15 @@ class HybridRadixCache(UnifiedRadixCache):
     def _stamp(self, node: HybridNode) -> None:
         self._clock += STRIDE
         node.last_access_time = self._clock
-        self._push_if_leaf(node)
+        if node.value is not None:
+            self._push_if_leaf(node)
+        elif self.tier is not None:
+            self.tier.restamped(node)
 
     def _touch(self, node: HybridNode) -> None:
         """A node on an insert's walk: newest stamp, front of the aux lists."""
         self._stamp(node)
-        if node is not self.root_node:
+        if self._n_aux and node is not self.root_node:
             for comp, rec in zip(self.components, node.aux, strict=True):
                 if rec.value is not None:
                     comp.lru.move_to_front(rec)
@@ -209,20 +271,32 @@ class HybridRadixCache(UnifiedRadixCache):
 
     def _split(self, child: HybridNode, k: int) -> HybridNode:
         """Cut ``child`` after ``k`` units; the new upper node takes its place (each component
-        then splits its own data, ``AuxComponent.split``)."""
+        then splits its own data, ``AuxComponent.split``, and the tier its copy)."""
         upper = self._cut(child, k)
         for comp in self.components:
             comp.split(upper, child, k)
+        if self.tier is not None:
+            self.tier.split(upper, child, k)
         self._stamp(child)
         return upper
 
     def _units(self, key) -> Any:
         if type(key) is not RadixKey:
             key = compat.as_radix_key(key)
-        if key.is_bigram:
-            raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
         toks = key.token_ids
+        if self.is_eagle or key.is_bigram:
+            if self.components:
+                raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
+            # EAGLE bigram units pair each token with the next: the shifted side is one shorter
+            return list(zip(toks, toks[1:], strict=False))
         return toks if type(toks) is array else array("q", toks)
+
+    def _unevict(self, node: HybridNode, value: torch.Tensor, pos: int) -> None:
+        """An evicted node met by an insert holds device data again (the base's), so it is no
+        host leaf."""
+        assert self.tier is not None  # only a host tier leaves evicted nodes in the tree
+        self.tier.host_leaves.discard(node)
+        super()._unevict(node, value, pos)
 
     # ------------------------------------------------------------------------------------------
     # match_prefix
@@ -232,8 +306,10 @@ class HybridRadixCache(UnifiedRadixCache):
         """Longest cached prefix of ``params.key`` (whole pages) that ends at a node every aux
         component's validator accepts: SWA, a contiguous run of SWA data of one window up to
         it (unbounded from the root, restarted at a tombstone); Mamba, a state on the node.
-        The walk goes on past rejected nodes (splitting at a partial match); the accepted path
-        becomes the most recent.  Mamba answers ``mamba_branching_seqlen`` when the walk went
+        With a host tier the walk goes through evicted nodes with a host copy: the device
+        indices are the device part, ``host_hit_length`` the host tokens below it.  The walk
+        goes on past rejected nodes (splitting at a partial match); the accepted path becomes
+        the most recent.  Mamba answers ``mamba_branching_seqlen`` when the walk went
         further."""
         key = params.key
         units = self._units(key)
@@ -252,18 +328,41 @@ class HybridRadixCache(UnifiedRadixCache):
         ek = key.extra_key
         node, pos, chunks = root, 0, []
         best, best_chunks = root, 0
-        validators = [comp.validator() for comp in self.components]
+        tier = self.tier
+        last_device = root  # the deepest node of the walk holding device data
+        best_device = root  # with a host tier: the deepest device node valid on the device
+        plain = not self.components  # no validators: the walk's end is the match
+        if plain:
+            validators: list = []
+            device_validators: list = []
+        elif tier is None:
+            validators = [comp.validator() for comp in self.components]
+            device_validators = []
+        else:
+            validators = [comp.host_validator() for comp in self.components]
+            device_validators = [comp.validator() for comp in self.components]
         one = validators[0] if len(validators) == 1 else None
         while pos < n:
-            child = node.children.get(self._ck(ek, units, pos))
-            if child is None or child.value is None:
+            # NOTE: keys.child_key and keys.step_len, inlined (a call costs as much as the work)
+            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+            child = node.children.get(ck if ek is None else (ek, ck))
+            if child is None or (child.value is None and child.host_value is None):
                 break
-            k = step_len(child.key, units, pos, n, ps)
-            split = k < len(child.key)
+            ckey = child.key
+            k = len(ckey)
+            split = pos + k > n or units[pos: pos + k] != ckey
             if split:
+                k = shared_len(ckey, units, pos, n, ps)
                 child = self._split(child, k)
-            chunks.append(child.value)
+            value = child.value
+            if value is not None:
+                chunks.append(value)
+                last_device = child
             node, pos = child, pos + k
+            if plain:
+                if split:
+                    break
+                continue
             if one is not None:
                 ok = one(child, k)
             else:
@@ -271,22 +370,61 @@ class HybridRadixCache(UnifiedRadixCache):
                 for v in validators:  # every validator sees every node (SWA counts its run)
                     if not v(child, k):
                         ok = False
-            if ok:
-                best, best_chunks = child, len(chunks)
+            if tier is None:
+                if ok:
+                    best, best_chunks = child, len(chunks)
+            else:
+                if ok:
+                    best = child
+                dev_ok = value is not None
+                for v in device_validators:
+                    if not v(child, k):
+                        dev_ok = False
+                if dev_ok:
+                    best_device, best_chunks = child, len(chunks)
             if split:  # the match ends inside the old node
                 break
+        if plain:  # (device nodes are a prefix of the walk)
+            best, best_device, best_chunks = node, last_device, len(chunks)
         for comp in self.components:
             comp.path_to_front(best)
+        indices = self._indices(chunks if best_chunks == len(chunks) else chunks[:best_chunks])
+        if tier is not None:
+            self._stamp_tiered_path(best)
+            mamba_hit = 0
+            if self.mamba is not None and best is not root:
+                mamba_hit = 1 if self.mamba.wants_load_back(best) else 0
+            return api.MatchResult(indices, best_device, best, best,
+                                   tier.host_hit(best, best_device), 0, mamba_hit)
         self._stamp_path(best)
         if best is not root:
             self._push_if_leaf(best)
-        indices = self._indices(chunks[:best_chunks])
         branching = None
         if self.mamba is not None and len(chunks) > best_chunks:
             c = self.mamba_cache_chunk_size
             aligned = pos // c * c
             branching = aligned if aligned > 0 else None
         return api.MatchResult(indices, best, best, best, 0, 0, 0, branching, None)
+
+    def _stamp_tiered_path(self, node: HybridNode) -> None:
+        """A match's stamps with a host tier (``_stamp_path``'s order): an ancestor whose path
+        child is evicted can be a device leaf, so every stamped node may need a fresh heap
+        entry, on the device heap or the host leaves'."""
+        root = self.root_node
+        tier = self.tier
+        assert tier is not None
+        clock = self._clock + STRIDE
+        self._clock = clock
+        cur: Any = node
+        while cur is not root:
+            cur.last_access_time = clock
+            if cur.value is not None:
+                self._push_if_leaf(cur)
+            else:
+                tier.restamped(cur)
+            clock -= 1
+            cur = cur.parent
+        root.last_access_time = clock
 
     # ------------------------------------------------------------------------------------------
     # insert
@@ -318,35 +456,51 @@ class HybridRadixCache(UnifiedRadixCache):
             release(self.token_to_kv_pool_allocator, pieces)
 
     def _insert(self, params: api.InsertParams) -> api.InsertResult:
-        """Cache ``key -> value``: touch the path, split at a partial match, free the caller's
-        duplicates from ``prev_prefix_len`` on (an SWA tombstone inside the caller's window
-        takes its slots instead), add the remainder as a new leaf, then each component commits
-        its data on the last node (SWA inside the window; the Mamba state).  Returns the
+        """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
+        nodes from the fresh slots (their host copies stay), free the caller's duplicates from
+        ``prev_prefix_len`` on (an SWA tombstone inside the caller's window takes its slots
+        instead), add the remainder as a new leaf, then each component commits its data on
+        the last node (SWA inside the window; the Mamba state); with a host tier, count hits
+        (write-through backs a node up once its count reaches the threshold).  Returns the
         length already cached and, for Mamba, whether the node had a state already."""
         key, value = params.key, params.value
+        if type(key) is not RadixKey:
+            key = compat.as_radix_key(key)
         units = self._units(key)
+        toks = key.token_ids
         if not isinstance(value, torch.Tensor) or value.dtype != _INT64 or \
-                tuple(value.shape) != (len(units),):
+                tuple(value.shape) != (len(toks),):
             raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
-        prev = _count_arg("prev_prefix_len", params.prev_prefix_len)
-        if params.chunked is not True and params.chunked is not False:
-            raise InvalidInput(f"chunked must be a bool, got {params.chunked!r}")
+        prev = count_arg("prev_prefix_len", params.prev_prefix_len)
+        chunked = params.chunked
+        if chunked is not True and chunked is not False:
+            raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
         if self.disable:
             return api.InsertResult(prefix_len=0)
-        if key.__class__ is not RadixKey:
-            key = compat.as_radix_key(key)
         n = len(units) - len(units) % self.page_size
         if n < len(units):
-            units, value = units[:n], _narrow(value, 0, 0, n)
+            units = units[:n]
+        if n < len(toks):
+            value = _narrow(value, 0, 0, n)
         ek = key.extra_key
         plan = self._plan(ek, units)  # (units cut to whole pages)
+        tier = self.tier
         if self.validate_slots:
-            self._check_slot_list(plan, value.tolist(), prev)
-        prepared, e = self._check_aux(plan, prev, params)
+            slots = value.tolist()
+            self._check_slot_list(plan, slots, prev)
+            if tier is not None:
+                tier.check_unevict_slots(plan, slots)
+        if self.components:
+            prepared, e = self._check_aux(plan, prev, params)
+        else:  # (no aux component: only the settings that would need one are checked)
+            prepared, e = (), 0
+            if params.swa_evicted_seqlen != 0 or params.mamba_value is not None:
+                self._check_aux(plan, prev, params)
 
         self._stamp(self.root_node)
         if n == 0:
-            return api.InsertResult(prefix_len=0, mamba_exist=True)
+            return api.InsertResult(prefix_len=0, total_len=len(toks),
+                                    mamba_exist=bool(self.components))
         node, pos = self.root_node, 0
         swa = self.swa
         swa_i = swa.i if swa is not None else -1
@@ -356,8 +510,11 @@ class HybridRadixCache(UnifiedRadixCache):
             if shared < len(child.key):
                 child = self._split(child, shared)
             end = pos + shared
+            if child.value is None:  # evicted to the host: the fresh slots are its own again
+                self._unevict(child, value, pos)
+                taken = 0
             # a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md)
-            if swa is not None and prev < end and child.aux[swa_i].value is None \
+            elif swa is not None and prev < end and child.aux[swa_i].value is None \
                     and child.lock_ref == 0:
                 if dup_lo < dup_hi:  # (the frees keep their order)
                     self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
@@ -374,6 +531,8 @@ class HybridRadixCache(UnifiedRadixCache):
                 if dup_lo == dup_hi:
                     dup_lo = lo
                 dup_hi = hi
+            if tier is not None:
+                tier.count_hit(child, chunked)
             node, pos = child, end
         if dup_lo < dup_hi:
             self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
@@ -395,25 +554,35 @@ class HybridRadixCache(UnifiedRadixCache):
             self._push_if_leaf(leaf)
             target, is_new = leaf, True
         result = {"mamba_exist": False}
-        for comp, prep in zip(self.components, prepared, strict=True):
-            comp.commit(target, is_new, pos, prep, e, result)
-        return api.InsertResult(prefix_len=pos, total_len=len(key.token_ids),
-                            mamba_exist=result["mamba_exist"])
+        if prepared:
+            for comp, prep in zip(self.components, prepared, strict=True):
+                comp.commit(target, is_new, pos, prep, e, result)
+        if is_new and tier is not None:
+            tier.update_host_leaf(node)
+            tier.count_hit(target, chunked)
+        return api.InsertResult(pos, len(toks), result["mamba_exist"])
 
     # ------------------------------------------------------------------------------------------
     # Locks
     # ------------------------------------------------------------------------------------------
 
     def inc_lock_ref(self, node: HybridNode) -> api.IncLockRefResult:
-        """Lock ``node``'s Full path up to the root, then each component its own part (SWA:
-        one window of SWA data above the node, tombstones skipped, marking where the window
-        filled up; Mamba: the node's state).  Skipped nodes are remembered in the result
-        (pass ``to_dec_params()`` back)."""
+        """Lock ``node``'s Full path up to the root (the evicted bottom segment is skipped and
+        remembered: with a host tier ``anchor`` is the first node locked), then each component
+        its own part (SWA: one window of SWA data above the node, tombstones skipped, marking
+        where the window filled up; Mamba: the node's state).  Skipped nodes are remembered in
+        the result (pass ``to_dec_params()`` back)."""
         self._check_attached(node)
-        result = api.IncLockRefResult()
+        result = api.IncLockRefResult() if self.tier is None else HostIncLockRefResult()
         if self.disable:
             return result
-        delta = self._inc_lock_py(self.root_node, node, result)
+        root = self.root_node
+        delta = self._inc_lock_py(root, node, result)
+        if self.tier is not None:
+            anchor: Any = node
+            while anchor is not root and anchor.value is None:
+                anchor = anchor.parent
+            result.anchor = anchor  # type: ignore[attr-defined]
         self._evictable -= delta
         self._protected += delta
         result.delta = delta
@@ -423,26 +592,48 @@ class HybridRadixCache(UnifiedRadixCache):
 
     def dec_lock_ref(self, node: HybridNode,
                      params: api.DecLockRefParams | None = None) -> api.DecLockRefResult:
-        """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""
-        self._check_attached(node)
+        """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``).  With
+        a host tier everything below the lock's anchor was skipped, which stays right when a
+        skipped node is split or loaded back meanwhile."""
+        anchor = getattr(params, "anchor", None) if params is not None else None
+        if anchor is None:
+            self._check_attached(node)
         if self.disable:
             return api.DecLockRefResult()
-        skip = params.skip_lock_node_ids.get(FULL, ()) if params is not None else ()
-        delta, unlocked = self._dec_full_lock(node, skip)
+        if anchor is not None:
+            delta, unlocked = self._dec_full_lock(anchor, ())
+        else:
+            skip = params.skip_lock_node_ids.get(FULL, ()) if params is not None else ()
+            delta, unlocked = self._dec_full_lock(node, skip)
         for comp in self.components:
             comp.unlock(node, params, unlocked)
         for n in unlocked:
             self._push_if_leaf(n)
         return api.DecLockRefResult(delta=delta)
 
+    def inc_host_lock_ref(self, node: HybridNode) -> api.IncLockRefResult:
+        """Protect ``node``'s host copies from host eviction (a node without one is left as
+        it is)."""
+        self._check_attached(node)
+        if not self.disable:
+            self._host_tier().host_lock(node)
+        return api.IncLockRefResult()
+
+    def dec_host_lock_ref(self, node: HybridNode, params: api.DecLockRefParams | None = None
+                          ) -> api.DecLockRefResult:
+        self._check_attached(node)
+        if not self.disable:
+            self._host_tier().host_unlock(node)
+        return api.DecLockRefResult()
+
     # ------------------------------------------------------------------------------------------
     # Eviction: one driver, one batch of frees
     # ------------------------------------------------------------------------------------------
 
-    def _evict_leaf(self, node: HybridNode, tracker: list, batch: FreeBatch) -> None:
-        """A device leaf leaves the tree with all its data: each component's first (a Mamba
-        state onto ``batch.states``; SWA slots go back with the Full slots through the
-        allocator's map), then its Full slots (a ``"free"`` run)."""
+    def _drop_device(self, node: HybridNode, tracker: list, batch: FreeBatch) -> None:
+        """A device leaf's device data goes: each component's first (a Mamba state onto
+        ``batch.states``; SWA slots go back with the Full slots through the allocator's map),
+        then its Full slots (a ``"free"`` run), counted in ``tracker``."""
         for comp in self.components:
             if node.aux[comp.i].value is not None:
                 comp.drop(node, tracker, batch, True)
@@ -450,9 +641,19 @@ class HybridRadixCache(UnifiedRadixCache):
         k = len(node.key)
         tracker[0] += k
         self._evictable -= k
+
+    def _delete_leaf(self, node: HybridNode, tracker: list, batch: FreeBatch) -> Any:
+        """A device leaf leaves the tree with all its data (``_drop_device``).  Returns its
+        former parent."""
+        self._drop_device(node, tracker, batch)
         parent = self._detach_leaf(node)
         if parent is not self.root_node and parent.dev_children == 0:
             self._push_if_leaf(parent)
+        return parent
+
+    # the eviction of one device leaf: ``_delete_leaf`` without a tier, ``HostTier.evict_leaf``
+    # with one (False: passed over, nothing changed); set at construction
+    _evict_leaf: Any
 
     def _cascade(self, node: HybridNode, trigger: AuxComponent, tracker: list,
                  batch: FreeBatch) -> None:
@@ -481,36 +682,140 @@ class HybridRadixCache(UnifiedRadixCache):
 
     def evict(self, params: api.EvictParams) -> api.EvictResult:
         """Full first: the oldest evictable device leaves, whole, until ``num_tokens`` Full
-        units are freed.  Then each component in order (``AuxComponent.drive``) until
-        ``swa_num_tokens`` / ``mamba_num`` of its units are freed (by any driver).  The slots
-        go back to the allocators at the end, as one ``FreeBatch``."""
-        want = _count_arg("num_tokens", params.num_tokens)
-        wants = {"swa": _count_arg("swa_num_tokens", params.swa_num_tokens),
-                 "mamba": _count_arg("mamba_num", params.mamba_num)}
+        units are freed (with a host tier a leaf goes to the host; under write-back one
+        without a copy is backed up first, and passed over when that fails).  Then each
+        component in order (``AuxComponent.drive``) until ``swa_num_tokens`` / ``mamba_num``
+        of its units are freed (by any driver).  Write-back ends by waiting for every pending
+        write.  The slots go back to the allocators at the end, as one ``FreeBatch``."""
+        want = count_arg("num_tokens", params.num_tokens)
+        swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
+        if swa_want.__class__ is not int or mamba_want.__class__ is not int \
+                or swa_want < 0 or mamba_want < 0:
+            count_arg("swa_num_tokens", swa_want)
+            count_arg("mamba_num", mamba_want)
         if self.disable:
             return api.EvictResult()
+        if not self.components:
+            return api.EvictResult(self._evict_units(want)[0])
+        tracker = self._evict_units(want, {"swa": swa_want, "mamba": mamba_want})
+        got = {comp.name: tracker[comp.i + 1] for comp in self.components}
+        return api.EvictResult(num_tokens_evicted=tracker[0],
+                               swa_num_tokens_evicted=got.get("swa", 0),
+                               mamba_num_evicted=got.get("mamba", 0))
+
+    def _evict_units(self, want: int, wants: dict | None = None) -> list:
+        """``evict``'s work; returns the units freed: Full, then each component's."""
         tracker = [0] * (1 + len(self.components))  # Full units, then each component's
         batch = FreeBatch()
         heap = self._heap
         is_leaf = self._is_leaf
         evict_leaf = self._evict_leaf
         heappop = heapq.heappop
+        passed_over = []
         try:
             while tracker[0] < want and heap:
                 stamp, node = heappop(heap)
                 if node.last_access_time != stamp or not is_leaf(node):
                     continue
-                evict_leaf(node, tracker, batch)
-            for comp in self.components:
-                comp.drive(wants[comp.name], tracker, batch)
+                if evict_leaf(node, tracker, batch) is False:
+                    passed_over.append(node)
+            if wants:
+                for comp in self.components:
+                    comp.drive(wants[comp.name], tracker, batch)
+            for node in passed_over:
+                self._push_if_leaf(node)
+            if self.tier is not None and self.tier.write_back:
+                self.tier.writing_check(write_back=True)
         finally:
             self._release(batch)
         if self._leaf_heap.needs_compaction(self._evictable // self.page_size):
             self._leaf_heap.compact(self._is_leaf)
-        got = {comp.name: tracker[comp.i + 1] for comp in self.components}
-        return api.EvictResult(num_tokens_evicted=tracker[0],
-                           swa_num_tokens_evicted=got.get("swa", 0),
-                           mamba_num_evicted=got.get("mamba", 0))
+        return tracker
+
+    # ------------------------------------------------------------------------------------------
+    # The host tier (fast/tiers/host.py): upstream's HiCache methods
+    # ------------------------------------------------------------------------------------------
+
+    def _host_tier(self) -> HostTier:
+        if self.tier is None:
+            raise Unsupported("this cache has no host tier")
+        return self.tier
+
+    def write_backup(self, node: HybridNode, write_back: bool = False) -> int:
+        """Back ``node`` up to the host (``HostTier.write_backup``); returns the slots
+        written (0: none)."""
+        return self._host_tier().write_backup(node, write_back)
+
+    def evict_host(self, num_tokens: int, component_type: Any = None) -> int:
+        """Free at least ``num_tokens`` host tokens, oldest host leaf first (each leaves the
+        tree with its aux host data).  Returns tokens freed."""
+        return self._host_tier().evict_host(num_tokens)
+
+    def load_back(self, node: HybridNode, mem_quota: int | None = None, req: Any = None) -> bool:
+        """Copy the evicted segment ending at ``node`` back to the device
+        (``HostTier.load_back``); False when nothing is loaded."""
+        return self._host_tier().load_back(node, mem_quota)
+
+    def init_load_back(self, params: InitLoadBackParams) -> tuple[torch.Tensor, HybridNode]:
+        """The scheduler's entry: load the host part of a match (``best_match_node``) and
+        return the device slots now between the request's last device node and it, with the
+        new last node; ``(empty, last device node)`` when nothing was loaded.  Without ``req``
+        the last device node is the nearest ancestor of ``best_match_node`` not evicted."""
+        tier = self._host_tier()
+        node = params.best_match_node
+        self._check_attached(node)
+        last: Any
+        if params.req is not None:
+            last = params.req.last_node
+            self._check_attached(last)
+        else:  # no request: the match's last device node, the nearest ancestor not evicted
+            last = node
+            while last.evicted:
+                last = last.parent
+        cur = node
+        while cur is not None and cur is not last:
+            cur = cur.parent
+        if cur is None:
+            raise InvalidInput("init_load_back: the request's last node is not on the path")
+        if params.mem_quota is not None:
+            count_arg("mem_quota", params.mem_quota)
+        if self.mamba is not None:
+            self.mamba.request_state = None
+        # the seed's guard: only an evicted node is loaded back
+        if node.evicted and tier.load_back(node, params.mem_quota):
+            chunks, cur = [], node
+            while cur is not last:
+                chunks.append(cur.value)
+                cur = cur.parent
+            if chunks:
+                chunks.reverse()
+                return torch.cat(chunks), node
+        return self._empty, last
+
+    # (without a host tier, as upstream's cache without a controller: no-ops)
+    def ready_to_load_host_cache(self) -> int:
+        return self.tier.controller.start_loading() if self.tier is not None else 0
+
+    def writing_check(self, write_back: bool = False) -> None:
+        """Process finished backups, unlocking their nodes (``write_back``: wait for all)."""
+        if self.tier is not None:
+            self.tier.writing_check(write_back)
+
+    def loading_check(self) -> None:
+        """Process finished loads, unlocking their paths."""
+        if self.tier is not None:
+            self.tier.loading_check()
+
+    def check_hicache_events(self) -> None:
+        self.writing_check()
+        self.loading_check()
+
+    def flush_write_through_acks(self) -> None:
+        self.writing_check()
+
+    def host_eviction_order(self) -> list[HybridNode]:
+        """The host leaves in the order ``evict_host`` would take them."""
+        return self._host_tier().eviction_order()
 
     # ------------------------------------------------------------------------------------------
     # Requests: fast/compat.py's shared path, with each component's hooks
@@ -540,8 +845,13 @@ class HybridRadixCache(UnifiedRadixCache):
             comp.cleanup_caching_req(req, finished, result, params)
 
     def init_hicache(self, server_args: Any, params: Any) -> None:
-        """Refused: a host tier with SWA or Mamba is not supported (yet)."""
-        raise Unsupported("init_hicache: a host tier with SWA or Mamba is not supported")
+        """Attach a host tier after construction, as SGLang's cache registry does (the
+        components of ``params`` stay): ``UnifiedRadixCache.init_hicache``.  Refused when this
+        cache has one already."""
+        if self.tier is not None:
+            raise Unsupported("init_hicache: this cache already has a host tier")
+        check_host_components(_components_of(params))
+        super().init_hicache(server_args, params)
 
     # ------------------------------------------------------------------------------------------
     # Introspection
@@ -551,12 +861,22 @@ class HybridRadixCache(UnifiedRadixCache):
         root = self.root_node
         if any(r.value is not None or r.lock for r in root.aux) or root.aux_lock:
             errors.append("[aux] the root holds aux data or an aux lock")
+        if root.host_value is not None or root.host_lock_ref:
+            errors.append("[host] the root holds host data or a host lock")
 
     def _node_violations(self, node: HybridNode, errors: list, acc: dict) -> None:
-        """The Full checks (``UnifiedRadixCache._node_violations``), then each component's
-        record (``AuxComponent.violations``, recounted into ``acc["aux"]``)."""
-        super()._node_violations(node, errors, acc)
-        if node.value is None:
+        """The Full checks (the tier's with a host tier, else
+        ``UnifiedRadixCache._node_violations``), then each component's record
+        (``AuxComponent.violations``, recounted into ``acc["aux"]``)."""
+        if self.tier is not None:
+            self.tier.node_violations(node, errors, acc)
+            host_accs = acc.setdefault("aux_host", [{"host_values": [], "host_members": set()}
+                                                    for _ in self.components])
+            for comp, comp_acc in zip(self.components, host_accs, strict=True):
+                comp.host_violations(node, errors, comp_acc)
+        else:
+            super()._node_violations(node, errors, acc)
+        if node.value is None or not self.components:
             return
         if node.aux_lock != sum(r.lock for r in node.aux):
             errors.append(f"[lock] {node!r}: aux_lock is not the sum of the aux locks")
@@ -570,3 +890,9 @@ class HybridRadixCache(UnifiedRadixCache):
                                   for _ in self.components]
         for comp, comp_acc in zip(self.components, accs, strict=True):
             comp.tree_violations(comp_acc, errors)
+        if self.tier is not None:
+            self.tier.total_violations(acc, errors)
+            host_accs = acc.get("aux_host") or [{"host_values": [], "host_members": set()}
+                                                for _ in self.components]
+            for comp, comp_acc in zip(self.components, host_accs, strict=True):
+                comp.host_tree_violations(comp_acc, errors)

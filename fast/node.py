@@ -6,7 +6,7 @@ The tree's own fields: ``children`` (child key -> node), ``parent`` (None once d
 under in its parent), ``extra_key``, ``last_access_time`` (stamp), ``hit_count``, ``id``.
 The Full component's: ``value`` (device slots, an int64 tensor; None when evicted),
 ``lock_ref``, ``dev_children`` (children holding device data, so the leaf test is O(1)).
-The host tier's (fast/hicache.py): ``host_value`` (host slots; None when not backed up),
+The host tier's (fast/tiers/host.py): ``host_value`` (host slots; None when not backed up),
 ``host_lock_ref``.  The aux components' (fast/components/): ``aux``, one ``AuxData`` record per
 component (empty without any), and ``aux_lock``, the sum of their lock counts.
 

@@ -47,7 +47,7 @@ class HybridFastAdapter(FastAdapter):
     """Runs trace steps on the fast path's hybrid cache."""
 
     def __init__(self, config: CacheConfig) -> None:  # no super().__init__: other pools
-        check_supported(config, hybrid=True)
+        check_supported(config, hybrid=True, host_tier=True, host_mamba=True)
         if config.eagle:
             raise Unsupported("EAGLE keys with SWA or Mamba are not supported by the fast path")
         self.config = config
@@ -58,14 +58,25 @@ class HybridFastAdapter(FastAdapter):
         self.alloc = (SwaPoolAllocator if swa else PoolAllocator)(self.pool, torch)
         self.rtt = ReqToTokenPool() if self.mamba is None else MambaReqPool(self.mamba)
         comps = tuple(config.components)  # the fast cache refuses a set it does not model
+        hicache = None
+        if config.has_host_tier:  # the host tier (conformance/adapters/host_ops.py)
+            self.host_pool = PagedPool(config.host_slots, config.page_size, "host")
+            hicache = self.hicache_config(config, PoolAllocator(self.host_pool, torch),
+                                          log_copies=True)
+            if self.mamba is not None:  # the host state pool (the spec's default size)
+                n = config.host_mamba_slots if config.host_mamba_slots is not None \
+                    else 2 * config.mamba_slots
+                self.host_mamba_pool = PagedPool(n, 1, "host_mamba")
+                hicache.host_mamba_allocator = PoolAllocator(self.host_mamba_pool, torch)
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
             is_eagle=config.eagle, tree_components=comps,
             sliding_window_size=config.sliding_window,
             mamba_cache_chunk_size=config.mamba_cache_chunk_size,
-            eviction_policy=config.eviction_policy))
+            eviction_policy=config.eviction_policy, hicache=hicache))
         self.handles: dict[int, tuple] = {}
+        self.host_handles: dict[int, tuple] = {}
         self.requests: dict = {}
 
     def _effects(self) -> dict:
@@ -79,12 +90,17 @@ class HybridFastAdapter(FastAdapter):
                 continue
             p = self._path(node)
             paths[(p["extra_key"], tuple(p["tokens"]))] = node
+        host = self.config.has_host_tier
         for n in snap["nodes"]:
             node = paths[(n["path"]["extra_key"], tuple(n["path"]["tokens"]))]
             for comp in self.cache.components:
                 rec = node.aux[comp.i]
                 n[comp.name] = {"value": None if rec.value is None else rec.value.tolist(),
                                 "lock_ref": rec.lock}
+                if host:  # the host copy and its locks
+                    n[comp.name]["host_value"] = None if rec.host_value is None \
+                        else rec.host_value.tolist()
+                    n[comp.name]["host_lock_ref"] = rec.host_lock
         snap["sizes"] = self.op_sizes({"op": "sizes", "args": {}})
         for comp in self.cache.components:
             snap[f"{comp.name}_lru_order"] = [self._path(n) for n in self.cache.lru_order(comp.name)]
@@ -92,7 +108,39 @@ class HybridFastAdapter(FastAdapter):
             snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
         if self.cache.mamba is not None:
             snap["mamba_pool"] = sorted(self._mamba_pool().allocated_pages())
+        if self.host_mamba_pool is None:  # (the spec's hybrid snapshot shows the host tier
+            snap.pop("host", None)        # with Mamba only)
+        else:
+            snap["host_mamba_pool"] = sorted(self.host_mamba_pool.allocated_pages())
+            snap["mamba_host_lru_order"] = [self._path(rec.node)
+                                            for rec in self.cache.mamba.host_lru]
         return snap
+
+    def take_state_copies(self) -> list:
+        """The Mamba state copies of the last step, in order (for the KV-integrity check)."""
+        if not self.config.has_host_tier:
+            return []
+        return self.cache.cache_controller.take_state_copies()
+
+    # -- host ops with Mamba ---------------------------------------------------------------------
+    def op_load_back(self, step: dict) -> dict:
+        copies = len(self.cache.cache_controller.state_copies or ()) \
+            if self.config.has_host_tier else 0
+        obs = super().op_load_back(step)
+        if self.cache.mamba is not None:  # the state slots it took (TRACE.md)
+            req_slot = self.cache.mamba.request_state
+            obs["mamba_device_indices"] = [
+                s for kind, _, dst in self.cache.cache_controller.state_copies[copies:]
+                if kind == "load" and dst != [req_slot] for s in dst]
+            obs["mamba_pool_idx"] = req_slot
+            obs.update(self._effects())
+        return obs
+
+    def op_check_hicache_events(self, step: dict) -> dict:
+        obs = super().op_check_hicache_events(step)
+        if self.cache.mamba is not None:
+            obs.update(self._effects())
+        return obs
 
     # -- ops -------------------------------------------------------------------------------------
     def op_alloc(self, step: dict) -> dict:
@@ -154,6 +202,8 @@ class HybridFastAdapter(FastAdapter):
                "best_match_node": self._units_len(m.best_match_node)}
         if "mamba" in self.config.components:
             ret["mamba_branching_seqlen"] = m.mamba_branching_seqlen
+            if self.config.has_host_tier:
+                ret["mamba_host_hit_length"] = m.mamba_host_hit_length
         return ret
 
     def op_evict(self, step: dict) -> dict:
@@ -187,4 +237,5 @@ class HybridFastAdapter(FastAdapter):
         if self.mamba is not None:
             self.mamba.reset()
         self.handles.clear()
+        self.host_handles.clear()
         return {}

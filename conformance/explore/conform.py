@@ -64,7 +64,7 @@ NAMED_CONFIGS: dict[str, dict] = {
     "hicache-wt": {"page_size": (1, 4), "write_policy": ("write_through",
                                                          "write_through_selective")},
     "hicache-wb": {"page_size": (1, 4), "write_policy": "write_back"},
-    # the host tier with Mamba (the spec only, so far): a host state pool of 1/2 to 2 device
+    # the host tier with Mamba (spec and fast): a host state pool of 1/2 to 2 device
     # state pools, drawn per segment with the Mamba pool (host_config)
     "host-mamba-wt-p1": {"page_size": 1, "write_policy": "write_through",
                          "components": ("full", "mamba")},

@@ -1,6 +1,6 @@
-"""Component plug-ins of the hybrid cache (fast/hybrid.py): SWA (``swa.py``) and Mamba
+"""Component plug-ins of the composed cache (fast/hybrid.py): SWA (``swa.py``) and Mamba
 (``mamba.py``), each with the hooks of the seed's vocabulary (match validator, split, insert
-overlap, commit insert, locks, eviction priority and drive).
+overlap, commit insert, locks, eviction priority and drive, build / commit host transfers).
 
 The tree (fast/hybrid.py) owns the Full component; each aux component owns its data on every
 node (an :class:`AuxData` record, at the component's position in ``node.aux``), its LRU list
@@ -23,10 +23,12 @@ SWA_ID, MAMBA_ID = 1, 2  # component ids in skip_lock_node_ids (upstream's Compo
 
 class AuxData:
     """One aux component's data on one node: ``value`` (SWA slots, or the Mamba state as a
-    one-slot tensor; None on a tombstone), its lock count, the SWA lock-boundary mark, and the
-    links of the component's LRU list (the list holds exactly the records with a value)."""
+    one-slot tensor; None on a tombstone), its lock count, the SWA lock-boundary mark, the
+    links of the component's LRU list (the list holds exactly the records with a value), and
+    with a host tier the host copy ``host_value`` and its lock count ``host_lock``."""
 
-    __slots__ = ("node", "value", "lock", "boundary", "lru_prev", "lru_next")
+    __slots__ = ("node", "value", "lock", "boundary", "lru_prev", "lru_next", "host_value",
+                 "host_lock")
 
     def __init__(self, node: Any) -> None:
         self.node = node
@@ -35,6 +37,8 @@ class AuxData:
         self.boundary: int | None = None
         self.lru_prev: Any = None
         self.lru_next: Any = None
+        self.host_value: torch.Tensor | None = None
+        self.host_lock = 0
 
     def __repr__(self) -> str:
         return f"AuxData(node={self.node!r})"
@@ -65,6 +69,9 @@ class AuxComponent:
         self.lru = LruList()  # the records holding data, newest first
         self.evictable = 0
         self.protected = 0
+        # with a host tier: the records whose data is on the host only and not host-locked,
+        # oldest first, in the order they joined (an insertion-ordered dict: O(1) moves)
+        self.host_lru: dict[AuxData, None] = {}
 
     # -- data ------------------------------------------------------------------------------
     def set(self, node: Any, value: torch.Tensor) -> None:
@@ -72,6 +79,8 @@ class AuxComponent:
         rec = node.aux[self.i]
         rec.value = value
         self.lru.push_front(rec)
+        if rec.host_value is not None:  # on the device again: off the host list
+            self.host_lru.pop(rec, None)
         if rec.lock:
             self.protected += self.units(node)
         else:
@@ -95,6 +104,8 @@ class AuxComponent:
         self.lru.remove(rec)
         self.queue_free(node, rec.value, batch, leaf)
         rec.value = None
+        if rec.host_value is not None and rec.host_lock == 0:  # host-only now: the newest
+            self.host_lru[rec] = None
 
     def queue_free(self, node: Any, value: torch.Tensor, batch: FreeBatch, leaf: bool) -> None:
         raise NotImplementedError
@@ -104,6 +115,11 @@ class AuxComponent:
         """A fresh match validator: called for each node of the walk in order with the units
         walked into it; True where a match may end there for this component."""
         raise NotImplementedError
+
+    def host_validator(self) -> Validator:
+        """The validator with a host tier: True where a match may end when host data counts
+        (a load back brings it back); default the device one."""
+        return self.validator()
 
     def path_to_front(self, node: Any) -> None:
         """The matched node and its ancestors holding data to the front of the list, node
@@ -176,6 +192,39 @@ class AuxComponent:
         rec.lock -= 1
         node.aux_lock -= 1
 
+    # -- the host tier (fast/tiers/host.py): build / commit host transfers -------------------
+    def attach_host(self, tier: Any, config: Any) -> None:
+        """A host tier is composed with the cache (``config``: its ``HiCacheConfig``)."""
+
+    def backup(self, node: Any) -> bool:
+        """``node`` is being backed up (its Full host slots are taken): build this
+        component's host copy of its data there, if it has any.  False: no host room, the
+        backup fails (the tier undoes what the components before did, ``drop_host``)."""
+        return True
+
+    def drop_host(self, node: Any) -> int:
+        """``node``'s host copy goes (host eviction, or a failed backup): free this
+        component's host data there; returns its units freed."""
+        return 0
+
+    def wants_load_back(self, node: Any) -> bool:
+        """A load back of ``node`` must bring this component's data back too."""
+        return False
+
+    def reserve_load_back(self, node: Any) -> bool:
+        """What the requester takes before the load back weighs its size (False: it fails)."""
+        return True
+
+    def load_back(self, node: Any) -> bool:
+        """Commit this component's load back of ``node`` (False: no device room, it fails)."""
+        return True
+
+    def host_lock(self, node: Any) -> None:
+        """``inc_host_lock_ref(node)``: protect this component's host data there."""
+
+    def host_unlock(self, node: Any) -> None:
+        """Undo ``host_lock``."""
+
     # -- eviction --------------------------------------------------------------------------
     def drive(self, want: int, tracker: list, batch: FreeBatch) -> None:
         """Evict from the list's oldest end, skipping records this component has locked, until
@@ -216,6 +265,29 @@ class AuxComponent:
         acc["values"].append(rec.value)
         acc["pr" if rec.lock else "ev"] += len(rec.value)
         self.value_violations(node, rec.value, errors)
+
+    def host_violations(self, node: Any, errors: list, acc: dict) -> None:
+        """With a host tier, this component's record on any node (evicted ones too): host data
+        needs the node's Full host copy, host locks sit on host data, an evicted node holds no
+        device data of it, and the host list holds exactly the host-only unlocked records."""
+        rec = node.aux[self.i]
+        if rec.value is not None and node.value is None:
+            errors.append(f"[aux] {node!r}: {self.name} device data on an evicted node")
+        if rec.host_lock < 0 or (rec.host_lock > 0 and rec.host_value is None):
+            errors.append(f"[aux-host] {node!r}: {self.name} host_lock={rec.host_lock} without "
+                          "host data")
+        if rec.host_value is None:
+            return
+        if node.host_value is None:
+            errors.append(f"[aux-host] {node!r}: {self.name} host data without a Full host copy")
+        acc["host_values"].append(rec.host_value)
+        if rec.value is None and rec.host_lock == 0:
+            acc["host_members"].add(id(rec))
+
+    def host_tree_violations(self, acc: dict, errors: list) -> None:
+        if {id(r) for r in self.host_lru} != acc["host_members"]:
+            errors.append(f"[aux-host] the {self.name} host list differs from its host-only "
+                          "records")
 
     def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:
         """The component's own checks of a value it holds."""

@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, Unsupported
 from ..frees import FreeBatch
 from ..params import EvictParams
+from ..tiers.host import Copy, HostSlotAllocator
 from . import MAMBA_ID, AuxComponent, Validator
 
 _INT64 = torch.int64
@@ -22,12 +23,18 @@ class MambaComponent(AuxComponent):
     name = "mamba"
     component_id = MAMBA_ID
     internal_priority = 0
+    host_allocator: Any = None  # the host state pool, with a host tier
+    controller: Any = None  # the host tier's controller (its copy logs)
+    request_state: int | None = None  # the requester's state slot of the last load back
 
     def reset(self) -> None:
         super().reset()
         self.allocator = self.cache.mamba_allocator
         self.owned: set = set()  # state slots the tree holds (validate_slots)
         self.tracks_slots = self.cache.validate_slots
+        self.request_state = None
+        if self.host_allocator is not None:  # the host tier's reset clears its pools
+            self.host_allocator.clear()
 
     def units(self, node: Any) -> int:
         return 1
@@ -50,6 +57,14 @@ class MambaComponent(AuxComponent):
 
         def ok(node: Any, k: int) -> bool:
             return node.aux[i].value is not None
+        return ok
+
+    def host_validator(self) -> Validator:
+        i = self.i
+
+        def ok(node: Any, k: int) -> bool:
+            rec = node.aux[i]
+            return rec.value is not None or rec.host_value is not None
         return ok
 
     # -- split -----------------------------------------------------------------------------
@@ -158,6 +173,136 @@ class MambaComponent(AuxComponent):
         rec = node.aux[self.i]
         if node.id not in skip and rec.lock > 0:
             self._unlock_rec(node, rec, 1, unlocked)
+
+    # -- the host tier (fast/tiers/host.py) -------------------------------------------------
+    def attach_host(self, tier: Any, config: Any) -> None:
+        """The host tier is composed: its host state pool (``config.host_mamba_allocator``,
+        else ``host_mamba_slots`` host states, default twice the device pool's size)."""
+        if tier.controller.device_kv is not None:
+            raise Unsupported("a host tier that moves KV data (device_kv / host_kv) with Mamba: "
+                              "moving Mamba states to the host is not supported")
+        pool = config.host_mamba_allocator
+        if pool is None:
+            n = config.host_mamba_slots
+            if n is None:
+                size = getattr(self.allocator, "size", None)
+                if type(size) is not int:
+                    raise InvalidInput("a host tier with Mamba needs host_mamba_slots (the "
+                                       "Mamba allocator has no size)")
+                n = 2 * size
+            pool = HostSlotAllocator(n, 1)
+        self.host_allocator = pool
+        self.controller = tier.controller
+        self.request_state = None
+
+    def _copy(self, kind: str, src: torch.Tensor, dst: list) -> None:
+        copies = self.controller.state_copies
+        if copies is not None:
+            copies.append(Copy(kind, src.tolist(), dst))
+
+    def backup(self, node: Any) -> bool:
+        """The node's state goes to a fresh host state slot with the Full backup (the oldest
+        host-only states are evicted for room); without one the backup fails."""
+        rec = node.aux[self.i]
+        if rec.value is None or rec.host_value is not None:
+            return True
+        pool = self.host_allocator
+        if pool.available_size() < 1:
+            self.evict_host_states(1)
+        slot = pool.alloc(1) if pool.available_size() >= 1 else None
+        if slot is None:
+            return False
+        rec.host_value = slot.reshape(1).to(_INT64)
+        self._copy("backup", rec.value, rec.host_value.tolist())
+        return True
+
+    def drop_host(self, node: Any) -> int:
+        """The node's host state (if any) goes back to the host state pool; returns 1 when
+        there was one."""
+        rec = node.aux[self.i]
+        if rec.host_value is None:
+            return 0
+        self.host_lru.pop(rec, None)
+        self.host_allocator.free(rec.host_value)
+        rec.host_value = None
+        return 1
+
+    def evict_host_states(self, num: int) -> int:
+        """Free at least ``num`` host states: the host list oldest first; a host leaf leaves
+        the tree with all its host data, any other node only loses its host state."""
+        tier = self.cache.tier
+        freed = 0
+        for rec in list(self.host_lru):
+            if freed >= num:
+                break
+            node = rec.node
+            if node.parent is None or rec not in self.host_lru:
+                continue
+            if tier.is_host_leaf(node):
+                before = self.host_allocator.available_size()
+                tier.evict_host_leaf(node)
+                freed += self.host_allocator.available_size() - before
+            else:
+                freed += self.drop_host(node)
+        return freed
+
+    def wants_load_back(self, node: Any) -> bool:
+        """The node's state is on the host only."""
+        rec = node.aux[self.i]
+        return rec.value is None and rec.host_value is not None
+
+    def _room(self) -> bool:
+        """Whether a device state slot is free, evicting one state when there is none."""
+        if self.allocator.available_size() < 1:
+            self.cache._evict_units(0, {"swa": 0, "mamba": 1})
+        return self.allocator.available_size() >= 1
+
+    def reserve_load_back(self, node: Any) -> bool:
+        """The requester's own state slot (``request_state``), taken before the load back
+        weighs its size; none to be had: the load back fails (upstream asserts instead,
+        docs/SPEC.md)."""
+        if not self._room():
+            return False
+        self.request_state = int(self.allocator.alloc(1).reshape(-1)[0])
+        return True
+
+    def load_back(self, node: Any) -> bool:
+        """The node's state comes back to a fresh device state slot, and into the requester's.
+        When none can be had (every device state locked, for example by pending write-through
+        acks), or the room-making took the node or its host state, the load back fails
+        (upstream asserts instead, docs/SPEC.md)."""
+        # (under write-back that eviction's backups may have evicted host states, this one too)
+        if not self._room() or node.parent is None or not self.wants_load_back(node):
+            return False
+        rec = node.aux[self.i]
+        host = rec.host_value
+        assert host is not None
+        value = self.allocator.alloc(1).reshape(1).to(_INT64)
+        self._copy("load", host, value.tolist())
+        if self.request_state is not None:
+            self._copy("load", host, [self.request_state])
+        self.cache._stamp(node)  # the state joins the list as its newest
+        self.set(node, value)
+        return True
+
+    def host_lock(self, node: Any) -> None:
+        rec = node.aux[self.i]
+        if node is not self.cache.root_node and rec.host_value is not None:
+            rec.host_lock += 1
+            self.host_lru.pop(rec, None)
+
+    def host_unlock(self, node: Any) -> None:
+        rec = node.aux[self.i]
+        if rec.host_lock > 0:
+            rec.host_lock -= 1
+            if rec.host_lock == 0 and rec.value is None and rec.host_value is not None:
+                self.host_lru[rec] = None  # host-only and unlocked again: the newest
+
+    def host_tree_violations(self, acc: dict, errors: list) -> None:
+        super().host_tree_violations(acc, errors)
+        states = [s for v in acc["host_values"] for s in v.tolist()]
+        if len(set(states)) != len(states):
+            errors.append("[aux-host] a host Mamba slot is held twice in the tree")
 
     # -- checks ----------------------------------------------------------------------------
     def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:

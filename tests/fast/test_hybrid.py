@@ -233,15 +233,30 @@ def test_swa_rejects_unaligned_window_start_and_prev_inside_a_tombstone():
 def test_fast_dispatches_hybrid_configs_and_keeps_the_full_path():
     class Pool:
         mamba_allocator = object()
+
+    class SwaAlloc:
+        device = None
+
+        def translate_loc_from_full_to_swa(self, x):
+            return x
+
+        def free_swa(self, x):
+            pass
+
+        def free(self, x):
+            pass
     p = fast.CacheInitParams(disable=False, req_to_token_pool=Pool(),
-                             token_to_kv_pool_allocator=None, page_size=1,
+                             token_to_kv_pool_allocator=SwaAlloc(), page_size=1,
                              tree_components=("full", "mamba"))
     hybrid = fast.UnifiedRadixCache(p)
     assert type(hybrid).__name__ == "HybridRadixCache"
     assert isinstance(hybrid, fast.UnifiedRadixCache)  # one type, whatever the params
     assert hybrid.core == "python" and "hybrid" in hybrid.core_reason
+    p.tree_components, p.sliding_window_size = ("full", "swa"), 4
+    swa = fast.UnifiedRadixCache(p)
     with pytest.raises(fast.Unsupported, match="host tier with SWA or Mamba"):
-        hybrid.init_hicache(None, p)
+        swa.init_hicache(None, p)
+    assert swa.tier is None and type(swa).__name__ == "HybridRadixCache"  # unchanged
     p.tree_components = ("full",)
     full = fast.UnifiedRadixCache(p)
     assert type(full) is fast.UnifiedRadixCache

@@ -1,0 +1,759 @@
+"""The host tier (HiCache) as a tier plug-in of the one composed tree (fast/hybrid.py): the host
+value ledger, host leaves and their heap, backup and load-back bookkeeping, the controller that
+moves KV with ``uniradix.kernels``, and the named in-flight records.
+
+The tree calls the tier at its hooks (match: host hits; split: the host copy is cut; insert:
+an evicted node takes fresh slots, hit counts and write-through backups; eviction: a device leaf
+goes to the host, or is backed up first under write-back; locks: the evicted bottom segment is
+skipped and remembered by an anchor).  Each aux component (fast/components/) builds and commits
+its own host transfers through its hooks ``backup`` / ``drop_host`` / ``reserve_load_back`` /
+``load_back`` / ``host_lock`` / ``host_unlock``: the Full data is this module's, a component's
+data is the component's.
+
+What it keeps (each checked by ``violations`` against a recomputation from the tree):
+
+* **Node fields** (fast/node.py): ``host_value`` (host slots, or None) and ``host_lock_ref``.
+* **Host leaves**: the set ``host_leaves`` (evicted, backed up, not host-locked, childless) and
+  a lazily deleted heap of ``(stamp, node)`` over them, so ``evict_host`` takes the oldest host
+  leaf in O(log n).  A node's membership is recomputed (O(1)) wherever one of its inputs changes.
+* **Counter**: ``host_tokens``.
+* **In-flight transfers**: ``ongoing_write_through`` / ``ongoing_load_back`` (ack id ->
+  ``InFlight(node, lock)``), released when the controller's ack queues (of ``Ack`` records)
+  say done (``writing_check``, ``loading_check``); loads taken but not yet queued are
+  ``PendingLoad`` records, logged copies ``Copy`` records.
+
+Behaviour is the executable spec's (spec/host.py; docs/SPEC.md lists where it differs from
+upstream 0.5.13.post1).  Complexities: ``evict_host`` O(k log L) for k host leaves taken;
+``writing_check`` / ``loading_check`` O(acks processed x d).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from typing import Any, NamedTuple
+
+import torch
+
+from .. import compat
+from .. import params as api  # the API types, named api.X
+from ..errors import InvalidInput, Unsupported
+from ..frees import APPEND, release
+from ..structures import LazyHeap
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+IO_MODES = ("sync", "manual", "cuda")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration and the host slot allocator
+# ----------------------------------------------------------------------------------------------
+
+
+class HostSlotAllocator:
+    """A page-granular, lowest-first allocator of host slots (page 0 reserved, as the device
+    pools): ``alloc(n)`` -> int64 tensor or None, ``free``, ``available_size``, ``clear``."""
+
+    def __init__(self, slots: int, page_size: int = 1) -> None:
+        if slots < 0 or slots % page_size:
+            raise InvalidInput(f"host slots {slots} must be a multiple of page_size {page_size}")
+        self.page_size = page_size
+        self.num_pages = slots // page_size
+        self.clear()
+
+    def clear(self) -> None:
+        self._free = list(range(1, self.num_pages + 1))
+
+    def available_size(self) -> int:
+        return len(self._free) * self.page_size
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        ps = self.page_size
+        if n % ps or n // ps > len(self._free):
+            return None
+        pages = [heapq.heappop(self._free) for _ in range(n // ps)]
+        return torch.tensor([p * ps + j for p in pages for j in range(ps)], dtype=torch.int64)
+
+    # its state does not depend on the order of the pages freed (lowest first): batchable
+    uniradix_free_order = APPEND
+
+    def free(self, slots) -> None:
+        ps = self.page_size
+        for s in slots.tolist()[::ps] if hasattr(slots, "tolist") else list(slots)[::ps]:
+            heapq.heappush(self._free, s // ps)
+
+
+@dataclasses.dataclass
+class HiCacheConfig:
+    """The host tier of a :class:`HiCacheRadixCache`.
+
+    ``host_allocator``: the host slot pool (anything with ``alloc`` / ``free`` /
+    ``available_size`` / ``clear``; default a :class:`HostSlotAllocator` of ``host_slots``).
+    ``write_through_threshold``: None = upstream's default (1 for ``write_through``, 2
+    otherwise).  ``io``: ``"sync"`` (a transfer completes when submitted), ``"manual"`` (acks
+    complete only through :meth:`HiCacheController.complete`, the trace's ``io_complete``) or
+    ``"cuda"`` (copies on a side stream, acks complete with their CUDA events).
+    ``device_kv`` / ``host_kv``: ``uniradix.kernels`` DevicePool / HostPool; when both are given
+    every backup and load copies the KV data (Triton where it runs, the torch reference
+    elsewhere, ``copy_impl``).  ``log_copies``: keep a log of the copies (for checkers).
+    With Mamba: the host state pool, ``host_mamba_allocator`` (default a
+    :class:`HostSlotAllocator` of ``host_mamba_slots`` states, default twice the device
+    Mamba pool's size)."""
+
+    host_slots: int = 0
+    host_allocator: Any = None
+    write_policy: str = "write_through"
+    write_through_threshold: int | None = None
+    load_back_threshold: int = 10
+    io: str = "sync"
+    device_kv: Any = None
+    host_kv: Any = None
+    copy_impl: str = "auto"
+    log_copies: bool = False
+    host_mamba_allocator: Any = None
+    host_mamba_slots: int | None = None
+
+
+def hicache_config_from_server_args(server_args: Any, params: Any) -> HiCacheConfig:
+    """The host tier SGLang's ``server_args`` ask for (``UnifiedRadixCache.init_hicache``).
+
+    Read: ``hicache_write_policy``; the host pool's size, ``hicache_ratio`` times the device
+    allocator's ``size`` (whole pages).  Refused (``Unsupported``, naming the argument): a
+    storage backend (``hicache_storage_backend``), a size in GB (``hicache_size``: uniradix
+    does not know the bytes per token of SGLang's KV pool), and a device allocator whose
+    ``get_kvcache()`` holds KV data, unless ``params.hicache`` (uniradix's option, a
+    :class:`HiCacheConfig`) gives the ``uniradix.kernels`` pools that move it
+    (``device_kv`` / ``host_kv``): a host tier that kept slots without copying KV would hand
+    out wrong KV.  With ``params.hicache`` set, it is the configuration (its write policy
+    and sizes win), after the same refusals."""
+    backend = getattr(server_args, "hicache_storage_backend", None)
+    if backend is not None:
+        raise Unsupported(f"hicache_storage_backend={backend!r}: storage backends are not supported")
+    size_gb = getattr(server_args, "hicache_size", 0)
+    if size_gb:
+        raise Unsupported(f"hicache_size={size_gb!r}: give the host pool as hicache_ratio")
+    given = compat.read_settings(params).hicache
+    if given is not None:
+        return given
+    policy = getattr(server_args, "hicache_write_policy", "write_through")
+    if policy not in WRITE_POLICIES:
+        raise Unsupported(f"hicache_write_policy={policy!r}: not one of {WRITE_POLICIES}")
+    alloc = params.token_to_kv_pool_allocator
+    get_kv = getattr(alloc, "get_kvcache", None)
+    if get_kv is not None and get_kv() is not None:
+        raise Unsupported("init_hicache: moving KV between SGLang's own KV pool and the host "
+                          "needs uniradix.kernels pools; set params.hicache = "
+                          "HiCacheConfig(device_kv=..., host_kv=..., ...)")
+    ratio = getattr(server_args, "hicache_ratio", 2.0)
+    ps = params.page_size
+    slots = int(alloc.size * ratio)
+    return HiCacheConfig(host_slots=slots - slots % ps, write_policy=policy)
+
+
+# ----------------------------------------------------------------------------------------------
+# The controller: host pool, transfers and their acks
+# ----------------------------------------------------------------------------------------------
+
+
+class _Event:
+    """An ack's completion flag, with the CUDA event interface the cache polls."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+class Ack(NamedTuple):
+    """One queued transfer acknowledgement, upstream's ``(start_event, finish_event, node_ids)``
+    (a tuple, so code that unpacks upstream's acks reads these the same way)."""
+
+    start_event: Any  # None here: the caches poll only the finish event
+    finish_event: Any  # has query() / synchronize(): an _Event, or a CUDA event
+    node_ids: list  # the ack ids (node ids) the transfer covers
+
+
+class PendingLoad(NamedTuple):
+    """A load taken by ``HiCacheController.load`` and not yet queued by ``start_loading``."""
+
+    host_indices: torch.Tensor
+    device_indices: torch.Tensor
+    node_id: int
+
+
+class Copy(NamedTuple):
+    """One logged copy (``log_copies``): ``("backup", device, host)`` or ``("load", host,
+    device)``, slot lists in copy order."""
+
+    kind: str
+    src: list
+    dst: list
+
+
+class InFlight(NamedTuple):
+    """A transfer the cache waits for: the node it is for and the lock it holds until the ack
+    (``dec_lock_ref`` params; None for a write-through backup that took no lock)."""
+
+    node: Any  # a HostNode
+    lock: Any  # Optional[api.DecLockRefParams]
+
+
+class HiCacheController:
+    """Moves KV between the device pool and the host pool and queues one ack per backup and
+    one per ``start_loading`` (acks are ``Ack(start_event, finish_event, node_ids)``, oldest
+    first, as upstream's controller queues them)."""
+
+    def __init__(self, config: HiCacheConfig, device_allocator: Any, page_size: int) -> None:
+        if config.write_policy not in WRITE_POLICIES:
+            raise InvalidInput(f"write_policy must be one of {WRITE_POLICIES}")
+        if config.io not in IO_MODES:
+            raise InvalidInput(f"io must be one of {IO_MODES}")
+        self.write_policy = config.write_policy
+        self.enable_storage = False
+        self.io = config.io
+        self.mem_pool_host = config.host_allocator if config.host_allocator is not None \
+            else HostSlotAllocator(config.host_slots, page_size)
+        self.device_allocator = device_allocator
+        self.device_kv, self.host_kv = config.device_kv, config.host_kv
+        self.copy_impl = config.copy_impl
+        self.copies: list | None = [] if config.log_copies else None
+        # the aux components' copies (Mamba states), as ``copies``
+        self.state_copies: list | None = [] if config.log_copies else None
+        self.stream = None
+        if self.io == "cuda":
+            if not torch.cuda.is_available() or self.device_kv is None:
+                raise Unsupported("io='cuda' needs CUDA and a device KV pool")
+            from uniradix.kernels import TransferStream
+            self.stream = TransferStream(self.device_kv.device, impl=config.copy_impl)
+        self.ack_write_queue: list[Ack] = []
+        self.ack_load_queue: list[Ack] = []
+        self._pending_loads: list[PendingLoad] = []
+
+    def _moves_data(self) -> bool:
+        return self.device_kv is not None and self.host_kv is not None
+
+    def write(self, device_indices, priority=None, node_id: int = -1, extra_pools=None):
+        """Back ``device_indices`` up into fresh host slots; None when the host pool is short."""
+        host_indices = self.mem_pool_host.alloc(len(device_indices))
+        if host_indices is None:
+            return None
+        self.submit_write(device_indices, host_indices, node_id)
+        return host_indices
+
+    def submit_write(self, device_indices: torch.Tensor, host_indices: torch.Tensor,
+                     node_id: int) -> None:
+        """Copy ``device_indices`` into the host slots ``host_indices`` (taken already) and
+        queue the write's ack."""
+        if self.copies is not None:
+            self.copies.append(Copy("backup", device_indices.tolist(), host_indices.tolist()))
+        finish: Any
+        if self.stream is not None:  # CUDA: the copy runs on the side stream
+            finish = self.stream.backup_async(self.device_kv, self.host_kv,
+                                              device_indices=device_indices,
+                                              host_indices=host_indices, check_values=False)
+        else:
+            if self._moves_data():
+                from uniradix.kernels import backup_all_layers
+                backup_all_layers(self.device_kv, self.host_kv, device_indices=device_indices,
+                                  host_indices=host_indices, impl=self.copy_impl)
+            finish = _Event(self.io == "sync")
+        self.ack_write_queue.append(Ack(None, finish, [node_id]))
+
+    def load(self, host_indices, priority=None, node_id: int = -1, extra_pools=None):
+        """Take device slots for ``host_indices``; the copy is queued by ``start_loading``."""
+        device_indices = self.device_allocator.alloc(len(host_indices))
+        if device_indices is None:
+            return None
+        if self.copies is not None:
+            self.copies.append(Copy("load", host_indices.tolist(), device_indices.tolist()))
+        if self.stream is None and self._moves_data():  # CPU: copy now (complete on submit)
+            from uniradix.kernels import load_all_layers
+            load_all_layers(self.host_kv, self.device_kv, host_indices=host_indices,
+                            device_indices=device_indices, impl=self.copy_impl)
+        self._pending_loads.append(PendingLoad(host_indices, device_indices, node_id))
+        return device_indices
+
+    def start_loading(self) -> int:
+        """Queue the loads since the last call as one ack (CUDA: layer by layer on the side
+        stream; the ack completes with the last layer)."""
+        if not self._pending_loads:
+            return -1
+        ids = [p.node_id for p in self._pending_loads]
+        finish: Any
+        if self.stream is not None:
+            hi = torch.cat([p.host_indices for p in self._pending_loads])
+            di = torch.cat([p.device_indices for p in self._pending_loads])
+            finish = self.stream.load_layers_async(self.host_kv, self.device_kv, host_indices=hi,
+                                                   device_indices=di, check_values=False)[-1]
+        else:
+            finish = _Event(self.io == "sync")
+        self._pending_loads.clear()
+        self.ack_load_queue.append(Ack(None, finish, ids))
+        return 0
+
+    def complete(self, writes: int, loads: int) -> None:
+        """The environment finishes transfers (``io="manual"``): the ``writes`` / ``loads``
+        oldest not-done acks are done (-1: all)."""
+        for queue, k in ((self.ack_write_queue, writes), (self.ack_load_queue, loads)):
+            for ack in queue:
+                finish = ack.finish_event
+                if k == 0:
+                    break
+                if not finish.query():
+                    finish.synchronize()
+                    k -= 1
+
+    def take_copies(self) -> list:
+        out = list(self.copies or ())
+        if self.copies is not None:
+            self.copies.clear()
+        return out
+
+    def take_state_copies(self) -> list:
+        out = list(self.state_copies or ())
+        if self.state_copies is not None:
+            self.state_copies.clear()
+        return out
+
+    def append_host_mem_release(self, host_indices) -> None:
+        self.mem_pool_host.free(host_indices)
+
+    def reset(self) -> None:
+        self.ack_write_queue.clear()
+        self.ack_load_queue.clear()
+        self._pending_loads.clear()
+        if self.state_copies is not None:
+            self.state_copies.clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# Lock results and load-back parameters
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class HostDecLockRefParams(api.DecLockRefParams):
+    """Upstream's unlock parameters plus ``anchor``: the first node the lock counted (the one
+    above the evicted bottom segment it skipped).  Everything below the anchor is skipped at
+    unlock, which stays right when a skipped node is split or loaded back meanwhile."""
+
+    anchor: Any = None
+
+
+@dataclasses.dataclass(slots=True)
+class HostIncLockRefResult(api.IncLockRefResult):
+    anchor: Any = None
+
+    def to_dec_params(self) -> HostDecLockRefParams:
+        return HostDecLockRefParams(
+            skip_lock_node_ids={k: set(v) for k, v in self.skip_lock_node_ids.items()},
+            anchor=self.anchor)
+
+
+@dataclasses.dataclass(slots=True)
+class InitLoadBackParams:
+    best_match_node: Any
+    host_hit_length: int = 0
+    mem_quota: int | None = None
+    req: Any = None
+
+
+
+def count_arg(name: str, x: Any) -> int:
+    if type(x) is not int or x < 0:
+        raise InvalidInput(f"{name} must be a non-negative int, got {x!r}")
+    return x
+
+
+# ----------------------------------------------------------------------------------------------
+# The plug-in
+# ----------------------------------------------------------------------------------------------
+
+
+class HostTier:
+    """The host tier of one composed cache (``cache``: fast/hybrid.py's tree, which calls these
+    hooks and keeps the device side).  Public state: ``controller`` (the
+    :class:`HiCacheController`), ``write_policy``, ``write_through_threshold``,
+    ``load_back_threshold``, ``host_leaves``, ``host_tokens`` and the in-flight maps."""
+
+    def __init__(self, cache: Any, config: HiCacheConfig) -> None:
+        self.cache = cache
+        self.controller = HiCacheController(config, cache.token_to_kv_pool_allocator,
+                                            cache.page_size)
+        self.write_policy = config.write_policy
+        self.write_back = config.write_policy == "write_back"
+        self.write_through_threshold = config.write_through_threshold \
+            if config.write_through_threshold is not None \
+            else (1 if config.write_policy == "write_through" else 2)
+        self.load_back_threshold = config.load_back_threshold
+        # (stamp, node) over the host leaves, lazily deleted (fast/structures.py)
+        self.host_leaf_heap = LazyHeap()
+        self.host_leaves: set = set()
+        self.host_tokens = 0
+        self.ongoing_write_through: dict[int, InFlight] = {}  # ack id -> node, lock or None
+        self.ongoing_load_back: dict[int, InFlight] = {}      # ack id -> node, lock
+
+    def reset(self) -> None:
+        """Forget the host copies and the in-flight transfers (in place: the cache hands the
+        same objects out); the host pool is cleared with them, as upstream."""
+        self.host_leaf_heap.entries.clear()
+        self.host_leaves.clear()
+        self.host_tokens = 0
+        self.ongoing_write_through.clear()
+        self.ongoing_load_back.clear()
+        self.controller.reset()
+        self.controller.mem_pool_host.clear()
+
+    # -- host leaves -------------------------------------------------------------------------
+    @staticmethod
+    def is_host_leaf(node: Any) -> bool:
+        return (node.parent is not None and node.value is None and node.host_value is not None
+                and node.host_lock_ref == 0 and not node.children)
+
+    def update_host_leaf(self, node: Any) -> None:
+        """Recompute ``node``'s host-leaf membership (after any of its inputs changed)."""
+        if self.is_host_leaf(node):
+            self.host_leaves.add(node)
+            self.host_leaf_heap.push(node.last_access_time, node)
+        else:
+            self.host_leaves.discard(node)
+
+    def restamped(self, node: Any) -> None:
+        """An evicted ``node`` got a new stamp: a fresh heap entry where it is a host leaf."""
+        if node in self.host_leaves:
+            self.host_leaf_heap.push(node.last_access_time, node)
+
+    def eviction_order(self) -> list:
+        """The host leaves in the order ``evict_host`` would take them."""
+        return self.host_leaf_heap.ordered(self.host_leaves.__contains__)
+
+    # -- tree hooks --------------------------------------------------------------------------
+    def split(self, upper: Any, child: Any, k: int) -> None:
+        """The host copy is cut where the key is (the host lock stays with the lower part)."""
+        host = child.host_value
+        if host is not None:
+            upper.host_value = host[:k].clone()
+            child.host_value = host[k:].clone()
+
+    def detach(self, node: Any) -> None:
+        """``node`` leaves the tree (it holds no device data)."""
+        parent = node.parent
+        assert parent is not None, "detach of a detached node"
+        del parent.children[node.ck]
+        node.parent = None
+        self.host_leaves.discard(node)
+
+    def delete_tombstones(self, node: Any) -> Any:
+        """Delete childless ancestors with nothing on either tier and no locks; returns the
+        first node that stays (its leaf status is refreshed)."""
+        cache = self.cache
+        root = cache.root_node
+        while (node is not root and not node.children and node.lock_ref == 0
+               and node.value is None and node.host_value is None and node.host_lock_ref == 0):
+            up = node.parent
+            assert up is not None  # attached: only the root has no parent
+            self.detach(node)
+            node = up
+        if node is not root:
+            cache._push_if_leaf(node)
+            self.update_host_leaf(node)
+        return node
+
+    def count_hit(self, node: Any, chunked: bool) -> None:
+        """An insert walked through (or made) ``node``: write-through backs it up once its hit
+        count reaches the threshold."""
+        if chunked or node.value is None or self.write_back:
+            return
+        node.hit_count += 1
+        if node.host_value is None and node.hit_count >= self.write_through_threshold:
+            self.write_backup(node)
+
+    def host_hit(self, best: Any, last_device: Any) -> int:
+        """The host tokens of the host copies from ``best`` up to (not including)
+        ``last_device``."""
+        root = self.cache.root_node
+        n, cur = 0, best
+        while cur is not last_device and cur is not root:
+            if cur.host_value is not None:
+                n += len(cur.host_value)
+            cur = cur.parent
+        return n
+
+    def check_unevict_slots(self, plan: list, slots: list) -> None:
+        """Evicted nodes on an insert's way take the caller's slots back: each page one whole,
+        allocated page the tree does not hold (``validate_slots``)."""
+        cache = self.cache
+        ps = cache.page_size
+        start = 0
+        for node, shared in plan:
+            if node.value is None:
+                for k in range(start, start + shared, ps):
+                    page = slots[k: k + ps]
+                    first = page[0]
+                    if first % ps or page != list(range(first, first + ps)):
+                        raise InvalidInput(f"insert: slots {page} for an evicted node are not "
+                                           "one whole page")
+                    if not cache.token_to_kv_pool_allocator.is_allocated(first) or \
+                            cache._owned.intersection(page):
+                        raise InvalidInput(f"insert: slots {page} for an evicted node are not "
+                                           "the caller's allocated slots")
+            start += shared
+
+    # -- backup (device -> host) ---------------------------------------------------------------
+    def write_backup(self, node: Any, write_back: bool = False) -> int:
+        """Copy ``node``'s device data to fresh host slots (the parent first under
+        write-through), evicting host leaves for room, then each aux component its own data
+        (``AuxComponent.backup``; a failure undoes the backup); returns the slots written (0:
+        none).  A write-through write keeps the node locked until its ack is processed."""
+        cache = self.cache
+        parent = node.parent
+        assert parent is not None, "write_backup of the root or a detached node"
+        if not write_back and parent is not cache.root_node and parent.host_value is None:
+            if self.write_backup(parent) <= 0:
+                return 0
+        cc = self.controller
+        n = len(node.value)
+        avail = cc.mem_pool_host.available_size()
+        if avail < n:
+            needed = n - avail
+            if self.evict_host(needed) < needed:
+                return 0
+        host_indices = cc.mem_pool_host.alloc(n)
+        if host_indices is None:
+            return 0
+        done: list = []
+        for comp in cache.components:  # each component backs its own data up (Mamba: the state)
+            if not comp.backup(node):
+                for c in done:
+                    c.drop_host(node)
+                cc.mem_pool_host.free(host_indices)
+                return 0
+            done.append(comp)
+        cc.submit_write(node.value, host_indices, node.id)
+        node.host_value = host_indices
+        self.host_tokens += n
+        lock = None if write_back else cache.inc_lock_ref(node).to_dec_params()
+        self.ongoing_write_through[node.id] = InFlight(node, lock)
+        return n
+
+    # -- device eviction with a host tier ----------------------------------------------------
+    def evict_leaf(self, node: Any, tracker: list, batch: Any) -> bool:
+        """Evict one device leaf the host tier's way: a backed-up leaf goes to the host (it
+        stays in the tree); under write-back one without a copy is backed up first (False: the
+        backup failed, nothing changed, the caller passes it over); otherwise it is deleted."""
+        cache = self.cache
+        if node.host_value is None:
+            if not self.write_back:
+                parent = cache._delete_leaf(node, tracker, batch)
+                self.delete_tombstones(parent)
+                return True
+            if self.write_backup(node, write_back=True) == 0:
+                return False
+            self.writing_check(write_back=True)
+        if cache.components:
+            cache._drop_device(node, tracker, batch)  # with the aux components' device data
+        else:  # (the Full-only host path, written out)
+            batch.add("free", node.value)
+            k = len(node.key)
+            tracker[0] += k
+            cache._evictable -= k
+        node.value = None
+        parent = node.parent
+        parent.dev_children -= 1
+        self.update_host_leaf(node)
+        cache._push_if_leaf(parent)
+        return True
+
+    # -- host eviction -----------------------------------------------------------------------
+    def evict_host(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` host tokens: the oldest host leaf, again and again;
+        each leaves the tree with its aux host data and its childless tombstone ancestors.
+        Returns tokens freed."""
+        count_arg("num_tokens", num_tokens)
+        heap = self.host_leaf_heap.entries
+        leaves = self.host_leaves
+        pieces: list = []  # freed together at the end (fast/frees.py)
+        freed = 0
+        while freed < num_tokens and heap:
+            stamp, node = heapq.heappop(heap)
+            if node.last_access_time != stamp or node not in leaves:
+                continue
+            freed += self.evict_host_leaf(node, pieces)
+        release(self.controller.mem_pool_host, pieces)
+        if self.host_leaf_heap.needs_compaction(len(leaves)):
+            self.host_leaf_heap.compact(leaves.__contains__)
+        return freed
+
+    def evict_host_leaf(self, node: Any, pieces: list | None = None) -> int:
+        """A host leaf's host data goes (each component's first, then the Full host slots:
+        onto ``pieces`` to be freed by the caller, else now) and it leaves the tree with its
+        childless tombstone ancestors.  Returns the Full host tokens freed."""
+        for comp in self.cache.components:
+            comp.drop_host(node)
+        host = node.host_value
+        k = len(host)
+        self.host_tokens -= k
+        node.host_value = None
+        if pieces is None:
+            self.controller.mem_pool_host.free(host)
+        else:
+            pieces.append(host)
+        parent = node.parent
+        self.detach(node)
+        self.delete_tombstones(parent)
+        return k
+
+    # -- load back (host -> device) ------------------------------------------------------------
+    def load_back(self, node: Any, mem_quota: int | None = None) -> bool:
+        """Copy the evicted segment ending at ``node`` back to fresh device slots (evicting
+        device leaves for room), each aux component its own data (``AuxComponent.load_back``);
+        the node's path stays locked until the load's ack.  False when nothing is loaded
+        (below ``load_back_threshold``, over ``mem_quota``, or no room on some pool)."""
+        cache = self.cache
+        segment = []
+        cur = node
+        while cur.evicted:
+            segment.append(cur)
+            up = cur.parent
+            assert up is not None  # evicted: attached
+            cur = up
+        if not segment:
+            return False
+        segment.reverse()
+        n_tokens = sum(len(s.host_value) for s in segment)
+        aux = [c for c in cache.components if c.wants_load_back(node)]
+        guard = cache.inc_lock_ref(node)
+        params = guard.to_dec_params()
+        assert guard.delta is not None  # set unless the cache is disabled (then nothing is evicted)
+        for comp in aux:  # what the requester takes first (Mamba: its own state slot)
+            if not comp.reserve_load_back(node):
+                cache.dec_lock_ref(node, params)
+                return False
+        if (n_tokens < self.load_back_threshold and not aux) or (
+                mem_quota is not None and n_tokens > mem_quota + guard.delta):
+            cache.dec_lock_ref(node, params)
+            return False
+        alloc = cache.token_to_kv_pool_allocator
+        avail = alloc.available_size()
+        if avail < n_tokens:
+            needed = n_tokens - avail
+            if cache._evict_units(needed)[0] < needed or node.parent is None:
+                # (write-back backups made host room by evicting host leaves, this one too)
+                cache.dec_lock_ref(node, params)
+                return False
+        for comp in aux:  # each component loads its own data (Mamba: the node's state)
+            if not comp.load_back(node):
+                cache.dec_lock_ref(node, params)
+                return False
+        host_indices = torch.cat([s.host_value for s in segment])
+        device_indices = self.controller.load(host_indices, node_id=node.id)
+        cache.dec_lock_ref(node, params)
+        if device_indices is None:
+            return False
+        pos = 0
+        for s in segment:
+            k = len(s.host_value)
+            s.value = device_indices[pos: pos + k].clone()
+            pos += k
+            assert s.parent is not None  # evicted: attached
+            s.parent.dev_children += 1
+            cache._evictable += k
+            cache._own(s.value)
+            self.host_leaves.discard(s)
+            cache._push_if_leaf(s)
+        self.ongoing_load_back[node.id] = InFlight(node, cache.inc_lock_ref(node).to_dec_params())
+        return True
+
+    # -- acks ----------------------------------------------------------------------------------
+    def writing_check(self, write_back: bool = False) -> None:
+        """Process finished backups (the done prefix of the write-ack queue), unlocking their
+        nodes; ``write_back``: wait for all of them first."""
+        queue = self.controller.ack_write_queue
+        if write_back:
+            for ack in queue:
+                ack.finish_event.synchronize()
+        while queue and queue[0].finish_event.query():
+            for ack_id in queue.pop(0).node_ids:
+                entry = self.ongoing_write_through.pop(ack_id, None)
+                if entry is not None and entry.lock is not None:
+                    self.cache.dec_lock_ref(entry.node, entry.lock)
+
+    def loading_check(self) -> None:
+        """Process finished loads (the done prefix of the load-ack queue), unlocking them."""
+        queue = self.controller.ack_load_queue
+        while queue and queue[0].finish_event.query():
+            for ack_id in queue.pop(0).node_ids:
+                entry = self.ongoing_load_back.pop(ack_id)
+                self.cache.dec_lock_ref(entry.node, entry.lock)
+
+    # -- host locks ----------------------------------------------------------------------------
+    def host_lock(self, node: Any) -> None:
+        if node.host_value is not None:
+            node.host_lock_ref += 1
+            self.update_host_leaf(node)
+        for comp in self.cache.components:
+            comp.host_lock(node)
+
+    def host_unlock(self, node: Any) -> None:
+        if node.host_value is not None and node.host_lock_ref > 0:
+            node.host_lock_ref -= 1
+            self.update_host_leaf(node)
+        for comp in self.cache.components:
+            comp.host_unlock(node)
+
+    # -- checks --------------------------------------------------------------------------------
+    def node_violations(self, node: Any, errors: list, acc: dict) -> None:
+        """One node on both tiers: data somewhere, backups above backups (write-through),
+        lock counts, the host copy, the device data (the tree's ``_device_violations``), the
+        leaf sets."""
+        cache = self.cache
+        root = cache.root_node
+        parent = node.parent
+        assert parent is not None  # the walk visits attached non-root nodes
+        if node.value is None and node.host_value is None:
+            errors.append(f"[data] {node!r} holds no data on either tier")
+        if node.value is not None and parent is not root and parent.value is None:
+            errors.append(f"[data] {node!r} holds device data below an evicted parent")
+        if (node.host_value is not None and not self.write_back
+                and parent is not root and parent.host_value is None):
+            errors.append(f"[host] {node!r} is backed up but its parent is not")
+        if node.host_lock_ref < 0:
+            errors.append(f"[lock] {node!r}: negative host lock count")
+        if node.value is None:
+            if node.lock_ref != 0:
+                errors.append(f"[lock] {node!r}: evicted but lock_ref={node.lock_ref}")
+        else:
+            cache._device_violations(node, errors, acc)
+        if node.host_value is not None:
+            acc["host"] = acc.get("host", 0) + len(node.host_value)
+            if len(node.host_value) != len(node.key):
+                errors.append(f"[host] {node!r}: host copy length")
+        if cache._is_leaf(node):
+            acc["leaves"].add(id(node))
+        if self.is_host_leaf(node):
+            acc.setdefault("host_leaves", set()).add(id(node))
+
+    def total_violations(self, acc: dict, errors: list) -> None:
+        """The host counter, the host leaf set and heap, the in-flight records' nodes."""
+        root = self.cache.root_node
+        host, host_leaves = acc.get("host", 0), acc.get("host_leaves", set())
+        if host != self.host_tokens:
+            errors.append(f"[host-size] counter {self.host_tokens}, recomputed {host}")
+        if {id(n) for n in self.host_leaves} != host_leaves:
+            errors.append("[host-leaf] the host leaf set differs from the tree's host leaves")
+        in_host_heap = self.host_leaf_heap.live_ids(self.host_leaves.__contains__)
+        if in_host_heap != host_leaves:
+            errors.append("[host-leaf] the host heap does not hold every host leaf")
+        for kind, ongoing in (("write", self.ongoing_write_through),
+                              ("load", self.ongoing_load_back)):
+            for node, lock in ongoing.values():
+                if node is not root and node.parent is None:
+                    errors.append(f"[in-flight] {kind} of a node not in the tree")
+                elif lock is not None and node.lock_ref <= 0:
+                    errors.append(f"[in-flight] {kind} of {node!r} without its lock")

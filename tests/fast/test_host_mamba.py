@@ -1,0 +1,117 @@
+"""The host tier with Mamba on the fast path (fast/tiers/host.py with fast/components/mamba.py):
+a state backed up with its node, evicted to the host with it, counted as a host hit and loaded
+back into a fresh device slot and the requester's; each step on the spec and on fast side by
+side (same observations and snapshots, no invariant violated)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from stories import Story
+from uniradix import fast
+from uniradix.conformance.adapters.fast_hybrid import MambaReqPool
+from uniradix.conformance.env.pools import PoolAllocator
+from uniradix.spec.world import PagedPool
+
+CFG = dict(components=("full", "mamba"), kv_slots=16, mamba_slots=4, host_slots=32,
+           write_policy="write_through", write_through_threshold=1, load_back_threshold=0,
+           mamba_cache_chunk_size=4)
+ROOT = {"tokens": [], "extra_key": None}
+A = {"tokens": [1, 2, 3, 4], "extra_key": None}
+
+
+def both(op: str, pair: tuple, **args) -> dict:
+    spec, fst = pair
+    a, b = spec.step(op, **args), fst.step(op, **args)
+    a.pop("message", None), b.pop("message", None)
+    assert a == b, (op, args, a, b)
+    assert spec.a.snapshot() == fst.a.snapshot(), (op, args)
+    return a
+
+
+def test_a_state_goes_to_the_host_and_comes_back():
+    pair = (Story("spec", **CFG), Story("fast", **CFG))
+    assert both("alloc", pair, n=4) == {"slots": [1, 2, 3, 4]}
+    assert both("mamba_alloc", pair, n=1) == {"slots": [1]}
+    # write-through at threshold 1: the node and its state are backed up, the node locked
+    both("insert", pair, tokens=[1, 2, 3, 4], value=[1, 2, 3, 4], mamba_value=[1])
+    host = pair[1].a.snapshot()["host"]
+    assert host["writes"] == [{"node": A, "done": False, "locked": True}]
+    both("io_complete", pair, writes=-1)
+    both("check_hicache_events", pair)
+    # the leaf goes to the host with its state: device slots and the device state freed
+    r = both("evict", pair, num_tokens=4)
+    assert r["num_tokens_evicted"] == 4 and r["freed"] == [1, 2, 3, 4] and r["mamba_freed"] == [1]
+    assert pair[1].a.snapshot()["mamba_host_lru_order"] == [A]
+    # a match ends at the node (its state is on the host): 4 host tokens, one host state
+    m = both("match_prefix", pair, tokens=[1, 2, 3, 4])
+    assert (m["device_indices"], m["host_hit_length"], m["mamba_host_hit_length"]) == ([], 4, 1)
+    assert m["last_device_node"] == 0 and m["best_match_node"] == 4
+    # the load back takes the requester's state slot first, then the node's
+    r = both("load_back", pair, node=A, last_device_node=ROOT)
+    assert r["device_indices"] == [1, 2, 3, 4] and r["last_node"] == 4
+    assert r["mamba_pool_idx"] == 1 and r["mamba_device_indices"] == [2]
+    assert pair[1].a.snapshot()["mamba_host_lru_order"] == []
+    both("io_complete", pair, loads=-1)
+    both("check_hicache_events", pair)
+    r = both("evict_host", pair, num_tokens=4)  # on the device again: no host leaf
+    assert r["num_evicted"] == 0
+
+
+def _mamba_params(hicache=None) -> fast.CacheInitParams:
+    rtt = MambaReqPool(PagedPool(4, 1, "mamba"))
+    rtt.mamba_allocator.size = 4  # (SGLang's state pool has one: the host pool's default)
+    alloc = PoolAllocator(PagedPool(16, 1, "kv"), torch)
+    alloc.size = 16  # what init_hicache sizes the host pool from
+    return fast.CacheInitParams(disable=False, req_to_token_pool=rtt,
+                                token_to_kv_pool_allocator=alloc, page_size=1,
+                                tree_components=("full", "mamba"), hicache=hicache)
+
+
+def test_one_composed_type_with_and_without_a_host_tier():
+    host = fast.HiCacheConfig(host_slots=32, host_mamba_slots=8)
+    cache = fast.UnifiedRadixCache(_mamba_params(host))
+    assert isinstance(cache, fast.HiCacheRadixCache) and isinstance(cache, fast.UnifiedRadixCache)
+    assert cache.core == "python" and "host tier" in cache.core_reason
+    assert cache.supports_mamba() and cache.tier is not None
+    # init_hicache turns a hybrid cache into the host-tier one, its components kept
+    params = _mamba_params()
+    hybrid = fast.UnifiedRadixCache(params)
+    assert type(hybrid).__name__ == "HybridRadixCache" and hybrid.tier is None
+    hybrid.init_hicache(types.SimpleNamespace(hicache_write_policy="write_back",
+                                              hicache_ratio=2.0), params)
+    assert isinstance(hybrid, fast.HiCacheRadixCache) and hybrid.supports_mamba()
+    assert hybrid.write_policy == "write_back" and hybrid.mamba.host_allocator is not None
+    with pytest.raises(fast.Unsupported, match="already has a host tier"):
+        hybrid.init_hicache(None, params)
+    assert hybrid.mamba.host_allocator.available_size() == 8  # twice the device pool
+
+
+def test_a_refused_init_hicache_leaves_the_cache_as_it_was():
+    params = _mamba_params()
+    del params.req_to_token_pool.mamba_allocator.size  # no default host pool size
+    hybrid = fast.UnifiedRadixCache(params)
+    with pytest.raises(fast.InvalidInput, match="host_mamba_slots"):
+        hybrid.init_hicache(types.SimpleNamespace(hicache_ratio=2.0), params)
+    assert type(hybrid).__name__ == "HybridRadixCache" and hybrid.tier is None
+    assert hybrid.violations() == []
+
+
+def test_mamba_states_are_not_moved_by_a_kv_moving_host_tier():
+    host = fast.HiCacheConfig(host_slots=32, host_mamba_slots=8, device_kv=object(),
+                              host_kv=object())
+    with pytest.raises(fast.Unsupported, match="Mamba states"):
+        fast.UnifiedRadixCache(_mamba_params(host))
+
+
+def test_the_scheduler_polls_are_no_ops_without_a_host_tier():
+    """A scheduler polls every step, host tier or not (upstream's cache then does nothing)."""
+    hybrid = fast.UnifiedRadixCache(_mamba_params())
+    hybrid.check_hicache_events()
+    hybrid.flush_write_through_acks()
+    assert hybrid.ready_to_load_host_cache() == 0
+    with pytest.raises(fast.Unsupported, match="no host tier"):
+        hybrid.evict_host(4)
