@@ -215,9 +215,18 @@ class AuxComponent:
         """What the requester takes before the load back weighs its size (False: it fails)."""
         return True
 
-    def load_back(self, node: Any) -> bool:
-        """Commit this component's load back of ``node`` (False: no device room, it fails)."""
+    def alloc_load_back(self, node: Any) -> bool:
+        """After the Full data of a load back of ``node`` took its device slots: take the
+        device slots this component's host data comes back to (False: none can be had, or the
+        room-making took what was to be loaded; nothing of this component's taken, it fails)."""
         return True
+
+    def cancel_load_back(self, node: Any) -> None:
+        """A later component's ``alloc_load_back`` failed: give back what this one took."""
+
+    def commit_load_back(self, node: Any) -> None:
+        """The load back of ``node`` succeeded and the Full data is on the device again: give
+        the node the slots ``alloc_load_back`` took (this component's copies)."""
 
     def host_lock(self, node: Any) -> None:
         """``inc_host_lock_ref(node)``: protect this component's host data there."""

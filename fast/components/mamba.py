@@ -26,6 +26,7 @@ class MambaComponent(AuxComponent):
     host_allocator: Any = None  # the host state pool, with a host tier
     controller: Any = None  # the host tier's controller (its copy logs)
     request_state: int | None = None  # the requester's state slot of the last load back
+    _loading: torch.Tensor | None = None  # the state slot a load back in progress took
 
     def reset(self) -> None:
         super().reset()
@@ -33,6 +34,7 @@ class MambaComponent(AuxComponent):
         self.owned: set = set()  # state slots the tree holds (validate_slots)
         self.tracks_slots = self.cache.validate_slots
         self.request_state = None
+        self._loading = None
         if self.host_allocator is not None:  # the host tier's reset clears its pools
             self.host_allocator.clear()
 
@@ -266,24 +268,36 @@ class MambaComponent(AuxComponent):
         self.request_state = int(self.allocator.alloc(1).reshape(-1)[0])
         return True
 
-    def load_back(self, node: Any) -> bool:
-        """The node's state comes back to a fresh device state slot, and into the requester's.
-        When none can be had (every device state locked, for example by pending write-through
-        acks), or the room-making took the node or its host state, the load back fails
-        (upstream asserts instead, docs/SPEC.md)."""
+    def alloc_load_back(self, node: Any) -> bool:
+        """After the Full data took its device slots (the seed's controller allocates the KV
+        pool before the others): a fresh device state slot for the node's state (one state is
+        evicted for room when the pool is empty).  When none can be had (every device state
+        locked, for example by pending write-through acks), or the room-making took the node
+        or its host state, the load back fails (upstream asserts instead, docs/SPEC.md)."""
         # (under write-back that eviction's backups may have evicted host states, this one too)
         if not self._room() or node.parent is None or not self.wants_load_back(node):
             return False
+        self._loading = self.allocator.alloc(1).reshape(1).to(_INT64)
+        return True
+
+    def cancel_load_back(self, node: Any) -> None:
+        """A later component's ``alloc_load_back`` failed: the state slot goes back."""
+        assert self._loading is not None
+        self.allocator.free(self._loading)
+        self._loading = None
+
+    def commit_load_back(self, node: Any) -> None:
+        """The node takes its state slot and the host state is copied there (and into the
+        requester's own slot); the state joins the Mamba list as its newest."""
         rec = node.aux[self.i]
-        host = rec.host_value
-        assert host is not None
-        value = self.allocator.alloc(1).reshape(1).to(_INT64)
+        host, value = rec.host_value, self._loading
+        assert host is not None and value is not None
+        self._loading = None
         self._copy("load", host, value.tolist())
         if self.request_state is not None:
             self._copy("load", host, [self.request_state])
-        self.cache._stamp(node)  # the state joins the list as its newest
+        self.cache._stamp(node)
         self.set(node, value)
-        return True
 
     def host_lock(self, node: Any) -> None:
         rec = node.aux[self.i]

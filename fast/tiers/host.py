@@ -7,8 +7,8 @@ an evicted node takes fresh slots, hit counts and write-through backups; evictio
 goes to the host, or is backed up first under write-back; locks: the evicted bottom segment is
 skipped and remembered by an anchor).  Each aux component (fast/components/) builds and commits
 its own host transfers through its hooks ``backup`` / ``drop_host`` / ``reserve_load_back`` /
-``load_back`` / ``host_lock`` / ``host_unlock``: the Full data is this module's, a component's
-data is the component's.
+``alloc_load_back`` / ``cancel_load_back`` / ``commit_load_back`` / ``host_lock`` /
+``host_unlock``: the Full data is this module's, a component's data is the component's.
 
 What it keeps (each checked by ``violations`` against a recomputation from the tree):
 
@@ -270,6 +270,12 @@ class HiCacheController:
         device_indices = self.device_allocator.alloc(len(host_indices))
         if device_indices is None:
             return None
+        self.load_into(host_indices, device_indices, node_id)
+        return device_indices
+
+    def load_into(self, host_indices: torch.Tensor, device_indices: torch.Tensor,
+                  node_id: int = -1) -> None:
+        """``load`` to device slots already taken (``device_indices``)."""
         if self.copies is not None:
             self.copies.append(Copy("load", host_indices.tolist(), device_indices.tolist()))
         if self.stream is None and self._moves_data():  # CPU: copy now (complete on submit)
@@ -277,7 +283,6 @@ class HiCacheController:
             load_all_layers(self.host_kv, self.device_kv, host_indices=host_indices,
                             device_indices=device_indices, impl=self.copy_impl)
         self._pending_loads.append(PendingLoad(host_indices, device_indices, node_id))
-        return device_indices
 
     def start_loading(self) -> int:
         """Queue the loads since the last call as one ack (CUDA: layer by layer on the side
@@ -612,7 +617,8 @@ class HostTier:
     # -- load back (host -> device) ------------------------------------------------------------
     def load_back(self, node: Any, mem_quota: int | None = None) -> bool:
         """Copy the evicted segment ending at ``node`` back to fresh device slots (evicting
-        device leaves for room), each aux component its own data (``AuxComponent.load_back``);
+        device leaves for room), each aux component its own data after the full slots
+        (``AuxComponent.alloc_load_back`` / ``commit_load_back``);
         the node's path stays locked until the load's ack.  False when nothing is loaded
         (below ``load_back_threshold``, over ``mem_quota``, or no room on some pool)."""
         cache = self.cache
@@ -647,15 +653,23 @@ class HostTier:
                 # (write-back backups made host room by evicting host leaves, this one too)
                 cache.dec_lock_ref(node, params)
                 return False
-        for comp in aux:  # each component loads its own data (Mamba: the node's state)
-            if not comp.load_back(node):
+        # the full slots first (the seed's controller allocates the KV pool before the others),
+        # then each component's, all or nothing (Mamba: a state slot, its room-making may evict)
+        controller = self.controller
+        device_indices = controller.device_allocator.alloc(n_tokens)
+        if device_indices is None:
+            cache.dec_lock_ref(node, params)
+            return False
+        for k, comp in enumerate(aux):
+            if not comp.alloc_load_back(node):
+                for taken in reversed(aux[:k]):
+                    taken.cancel_load_back(node)
+                controller.device_allocator.free(device_indices)
                 cache.dec_lock_ref(node, params)
                 return False
         host_indices = torch.cat([s.host_value for s in segment])
-        device_indices = self.controller.load(host_indices, node_id=node.id)
+        controller.load_into(host_indices, device_indices, node_id=node.id)
         cache.dec_lock_ref(node, params)
-        if device_indices is None:
-            return False
         pos = 0
         for s in segment:
             k = len(s.host_value)
@@ -667,6 +681,8 @@ class HostTier:
             cache._own(s.value)
             self.host_leaves.discard(s)
             cache._push_if_leaf(s)
+        for comp in aux:
+            comp.commit_load_back(node)
         self.ongoing_load_back[node.id] = InFlight(node, cache.inc_lock_ref(node).to_dec_params())
         return True
 
