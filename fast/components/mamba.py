@@ -288,7 +288,8 @@ class MambaComponent(AuxComponent):
 
     def commit_load_back(self, node: Any) -> None:
         """The node takes its state slot and the host state is copied there (and into the
-        requester's own slot); the state joins the Mamba list as its newest."""
+        requester's own slot); the state joins the Mamba list as its newest, without a new
+        access stamp (the Full eviction order does not move, as upstream's)."""
         rec = node.aux[self.i]
         host, value = rec.host_value, self._loading
         assert host is not None and value is not None
@@ -296,7 +297,6 @@ class MambaComponent(AuxComponent):
         self._copy("load", host, value.tolist())
         if self.request_state is not None:
             self._copy("load", host, [self.request_state])
-        self.cache._stamp(node)
         self.set(node, value)
 
     def host_lock(self, node: Any) -> None:
