@@ -90,17 +90,12 @@ class HybridFastAdapter(FastAdapter):
                 continue
             p = self._path(node)
             paths[(p["extra_key"], tuple(p["tokens"]))] = node
-        host = self.config.has_host_tier
         for n in snap["nodes"]:
             node = paths[(n["path"]["extra_key"], tuple(n["path"]["tokens"]))]
             for comp in self.cache.components:
                 rec = node.aux[comp.i]
                 n[comp.name] = {"value": None if rec.value is None else rec.value.tolist(),
                                 "lock_ref": rec.lock}
-                if host:  # the host copy and its locks
-                    n[comp.name]["host_value"] = None if rec.host_value is None \
-                        else rec.host_value.tolist()
-                    n[comp.name]["host_lock_ref"] = rec.host_lock
         snap["sizes"] = self.op_sizes({"op": "sizes", "args": {}})
         for comp in self.cache.components:
             snap[f"{comp.name}_lru_order"] = [self._path(n) for n in self.cache.lru_order(comp.name)]
@@ -111,10 +106,33 @@ class HybridFastAdapter(FastAdapter):
         if self.host_mamba_pool is None:  # (the spec's hybrid snapshot shows the host tier
             snap.pop("host", None)        # with Mamba only)
         else:
-            snap["host_mamba_pool"] = sorted(self.host_mamba_pool.allocated_pages())
-            snap["mamba_host_lru_order"] = [self._path(rec.node)
-                                            for rec in self.cache.mamba.host_lru]
+            self._aux_host_view(snap["host"])
         return snap
+
+    def _aux_host_view(self, host: dict) -> None:
+        """The aux components' host parts go into the host view, as the spec's host_view
+        puts them: each node's aux host copies and host locks (a node with only those is
+        listed too), and per component its host pool and host LRU order."""
+        cache = self.cache
+        nodes = []
+        for node in cache.all_nodes():
+            if node is cache.root_node or not (
+                    node.host_value is not None or node.host_lock_ref
+                    or any(r.host_value is not None or r.host_lock for r in node.aux)):
+                continue
+            entry = {"path": self._path(node), "host_value": None if node.host_value is None
+                     else node.host_value.tolist(), "host_lock_ref": node.host_lock_ref}
+            for comp in cache.components:
+                rec = node.aux[comp.i]
+                entry[comp.name] = {"host_value": None if rec.host_value is None
+                                    else rec.host_value.tolist(), "host_lock_ref": rec.host_lock}
+            nodes.append(entry)
+        nodes.sort(key=lambda n: (n["path"]["extra_key"] is not None,
+                                  n["path"]["extra_key"] or "", n["path"]["tokens"]))
+        host["nodes"] = nodes
+        assert self.host_mamba_pool is not None  # (fast has a host tier with Mamba only)
+        host["mamba_pool"] = sorted(self.host_mamba_pool.allocated_pages())
+        host["mamba_host_lru_order"] = [self._path(rec.node) for rec in cache.mamba.host_lru]
 
     def take_state_copies(self) -> list:
         """The Mamba state copies of the last step, in order (for the KV-integrity check)."""

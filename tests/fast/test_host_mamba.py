@@ -45,7 +45,7 @@ def test_a_state_goes_to_the_host_and_comes_back():
     # the leaf goes to the host with its state: device slots and the device state freed
     r = both("evict", pair, num_tokens=4)
     assert r["num_tokens_evicted"] == 4 and r["freed"] == [1, 2, 3, 4] and r["mamba_freed"] == [1]
-    assert pair[1].a.snapshot()["mamba_host_lru_order"] == [A]
+    assert pair[1].a.snapshot()["host"]["mamba_host_lru_order"] == [A]
     # a match ends at the node (its state is on the host): 4 host tokens, one host state
     m = both("match_prefix", pair, tokens=[1, 2, 3, 4])
     assert (m["device_indices"], m["host_hit_length"], m["mamba_host_hit_length"]) == ([], 4, 1)
@@ -54,7 +54,7 @@ def test_a_state_goes_to_the_host_and_comes_back():
     r = both("load_back", pair, node=A, last_device_node=ROOT)
     assert r["device_indices"] == [1, 2, 3, 4] and r["last_node"] == 4
     assert r["mamba_pool_idx"] == 1 and r["mamba_device_indices"] == [2]
-    assert pair[1].a.snapshot()["mamba_host_lru_order"] == []
+    assert pair[1].a.snapshot()["host"]["mamba_host_lru_order"] == []
     both("io_complete", pair, loads=-1)
     both("check_hicache_events", pair)
     r = both("evict_host", pair, num_tokens=4)  # on the device again: no host leaf
