@@ -504,7 +504,6 @@ class HybridRadixCache(UnifiedRadixCache):
         node, pos = self.root_node, 0
         swa = self.swa
         swa_i = swa.i if swa is not None else -1
-        dup_lo = dup_hi = 0  # the caller's duplicates not yet freed: value[dup_lo:dup_hi]
         for child, shared in plan:
             self._touch(child)
             if shared < len(child.key):
@@ -516,26 +515,16 @@ class HybridRadixCache(UnifiedRadixCache):
             # a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md)
             elif swa is not None and prev < end and child.aux[swa_i].value is None \
                     and child.lock_ref == 0:
-                if dup_lo < dup_hi:  # (the frees keep their order)
-                    self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
-                    dup_lo = dup_hi = 0
                 taken = swa.overlap(child, pos, shared, value, prev, e)
             else:
                 taken = shared
             lo = max(prev, pos)
             hi = pos + taken
-            if lo < hi:  # one free for a run of adjacent duplicates
-                if dup_lo < dup_hi and dup_hi != lo:
-                    self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
-                    dup_lo = dup_hi = 0
-                if dup_lo == dup_hi:
-                    dup_lo = lo
-                dup_hi = hi
+            if lo < hi:  # this node's duplicates: one piece per node, as upstream frees them
+                self._free(_narrow(value, 0, lo, hi - lo))  # (release() joins what it may)
             if tier is not None:
                 tier.count_hit(child, chunked)
             node, pos = child, end
-        if dup_lo < dup_hi:
-            self._free(_narrow(value, 0, dup_lo, dup_hi - dup_lo))
         target, is_new = node, False
         if pos < n:
             if any([comp.skips_leaf(pos, n, e) for comp in self.components]):
