@@ -18,3 +18,25 @@ class Story:
         if "error" in obs:
             assert self.a.snapshot() == before, f"{op} was rejected but changed the state"
         return obs
+
+
+# Direct-state helpers for the spec's host-tier stories with aux components
+# (tests/spec/test_spec_host_swa.py, tests/spec/test_spec_host_mamba.py): they call the spec's
+# rules on a state, checking the invariants after each step.
+
+def sound(state) -> None:
+    from uniradix.spec.invariants import sanity_check
+    assert sanity_check(state) == []
+
+
+def node_at(state, tokens):
+    from uniradix.spec import cache as rules
+    return rules.find_node(state, tokens, None)
+
+
+def acks_done(state) -> None:
+    """Every queued transfer completes and the cache processes the acks."""
+    from uniradix.spec import host
+    host.io_complete(state, -1, -1)
+    host.check_hicache_events(state)
+    sound(state)

@@ -15,17 +15,13 @@ import os
 import pytest
 
 from conftest import CORPUS
+from tests.stories import acks_done, node_at, sound
 from uniradix.conformance.traces.replay import replay_trace
 from uniradix.conformance.traces.trace import load_trace
 from uniradix.spec import cache as rules
 from uniradix.spec import components, host
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.invariants import sanity_check
 from uniradix.spec.state import new_state
-
-
-def sound(state):
-    assert sanity_check(state) == []
 
 
 def make(**cfg):
@@ -44,16 +40,6 @@ def put(state, tokens):
     assert not out.mamba_exist
     sound(state)
     return m
-
-
-def node_at(state, tokens):
-    return rules.find_node(state, tokens, None)
-
-
-def acks_done(state):
-    host.io_complete(state, -1, -1)
-    host.check_hicache_events(state)
-    sound(state)
 
 
 def mamba(node):
@@ -199,17 +185,9 @@ UPSTREAM = sorted(glob.glob(os.path.join(CORPUS, "upstream-host-mamba", "*.jsonl
 
 
 def test_the_upstream_host_mamba_corpus_is_there():
+    """The golden corpus recorded from 0.5.13.post1; it replays on the spec and on fast in
+    tests/conformance/traces/test_corpus_replay.py."""
     assert len(UPSTREAM) >= 80, len(UPSTREAM)
-
-
-@pytest.mark.parametrize("path", UPSTREAM, ids=[os.path.basename(t) for t in UPSTREAM])
-def test_upstream_host_mamba_replays_on_the_spec(path):
-    """The golden corpus recorded from 0.5.13.post1 (tests/corpus/upstream-host-mamba): no
-    divergence, every invariant after every step (docs/SPEC.md lists where the spec differs;
-    none of these traces reaches those cases)."""
-    result = replay_trace(load_trace(path), "spec")
-    assert result.unsupported is None, result.unsupported
-    assert result.divergence is None, str(result.divergence)
 
 
 def test_the_load_back_regression_still_reaches_its_check(monkeypatch):

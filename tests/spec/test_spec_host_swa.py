@@ -9,15 +9,11 @@ Every step is followed by ``sanity_check`` (host and aux-host invariants include
 
 from __future__ import annotations
 
+from tests.stories import acks_done, node_at, sound
 from uniradix.spec import cache as rules
 from uniradix.spec import components, host
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.invariants import sanity_check
 from uniradix.spec.state import new_state
-
-
-def sound(state):
-    assert sanity_check(state) == []
 
 
 def make(**cfg):
@@ -41,16 +37,6 @@ def put(state, tokens, prev=0, **kw):
     rules.insert(state, tokens, None, slots, prev, **kw)
     sound(state)
     return state.kv.take_freed()
-
-
-def node_at(state, tokens):
-    return rules.find_node(state, tokens, None)
-
-
-def acks_done(state):
-    host.io_complete(state, -1, -1)
-    host.check_hicache_events(state)
-    sound(state)
 
 
 def swa(node):
