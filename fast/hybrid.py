@@ -700,14 +700,16 @@ class HybridRadixCache(UnifiedRadixCache):
         is_leaf = self._is_leaf
         evict_leaf = self._evict_leaf
         heappop = heapq.heappop
-        passed_over = []
+        passed_over = []  # leaves whose write-back backup failed: not tried again in this call
+        passed_ids: set[int] = set()  # (the lazy heap may hold a leaf more than once)
         try:
             while tracker[0] < want and heap:
                 stamp, node = heappop(heap)
-                if node.last_access_time != stamp or not is_leaf(node):
+                if node.last_access_time != stamp or not is_leaf(node) or id(node) in passed_ids:
                     continue
                 if evict_leaf(node, tracker, batch) is False:
                     passed_over.append(node)
+                    passed_ids.add(id(node))
             if wants:
                 for comp in self.components:
                     comp.drive(wants[comp.name], tracker, batch)
