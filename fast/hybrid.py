@@ -475,8 +475,6 @@ class HybridRadixCache(UnifiedRadixCache):
         chunked = params.chunked
         if chunked is not True and chunked is not False:
             raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
-        if self.disable:
-            return api.InsertResult(prefix_len=0)
         n = len(units) - len(units) % self.page_size
         if n < len(units):
             units = units[:n]
@@ -485,7 +483,7 @@ class HybridRadixCache(UnifiedRadixCache):
         ek = key.extra_key
         plan = self._plan(ek, units)  # (units cut to whole pages)
         tier = self.tier
-        if self.validate_slots:
+        if self.validate_slots and not self.disable:
             slots = value.tolist()
             self._check_slot_list(plan, slots, prev)
             if tier is not None:
@@ -496,6 +494,8 @@ class HybridRadixCache(UnifiedRadixCache):
             prepared, e = (), 0
             if params.swa_evicted_seqlen != 0 or params.mamba_value is not None:
                 self._check_aux(plan, prev, params)
+        if self.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
+            return api.InsertResult(prefix_len=0)
 
         self._stamp(self.root_node)
         if n == 0:
