@@ -442,6 +442,8 @@ class HybridRadixCache(UnifiedRadixCache):
             raise InvalidInput(f"insert: swa_evicted_seqlen={e} is not whole pages")
         if self.mamba is None and params.mamba_value is not None:
             raise InvalidInput("insert: mamba_value needs the Mamba component")
+        if self.disable:  # a disabled cache checks only the above (spec check_insert_args)
+            return [], e
         return [comp.check_insert(plan, prev, params, e) for comp in self.components], e
 
     def insert(self, params: api.InsertParams) -> api.InsertResult:
