@@ -147,17 +147,16 @@ class StepAdapter:
             return False
         return not self.hybrid_requests or self.config.eagle
 
+    def _drain_pools(self) -> None:
+        """Forget the frees every pool has recorded (device, aux, host and aux host pools)."""
+        for p in (self.pool, *self.aux_pools, self.host_pool, self.host_mamba_pool,
+                  self.host_swa_pool):
+            if p is not None:
+                p.take_freed()
+
     def apply(self, step: Step) -> Observation:
         op = step.get("op")
-        self.pool.take_freed()
-        for p in self.aux_pools:
-            p.take_freed()
-        if self.host_pool is not None:
-            self.host_pool.take_freed()
-        if self.host_mamba_pool is not None:
-            self.host_mamba_pool.take_freed()
-        if self.host_swa_pool is not None:
-            self.host_swa_pool.take_freed()
+        self._drain_pools()
         try:
             self.capabilities.check_step(self.config, op, step.get("args"))
             handler = getattr(self, f"op_{op}", None) if op in OPS else None
@@ -174,15 +173,7 @@ class StepAdapter:
                     obs["host_mamba_freed"] = self.host_mamba_pool.take_freed()
             return obs
         except self.rejections as e:
-            self.pool.take_freed()
-            for p in self.aux_pools:
-                p.take_freed()
-            if self.host_pool is not None:
-                self.host_pool.take_freed()
-            if self.host_mamba_pool is not None:
-                self.host_mamba_pool.take_freed()
-            if self.host_swa_pool is not None:
-                self.host_swa_pool.take_freed()
+            self._drain_pools()  # a rejected step's frees are not observed
             return {"error": type(e).__name__, "message": str(e)}
 
 
