@@ -160,7 +160,8 @@ class UnifiedRadixCache(compat.EngineDefaults):
             from .hicache import HiCacheRadixCache
             return super().__new__(HiCacheRadixCache)
         comps = getattr(params, "tree_components", None)
-        if cls is UnifiedRadixCache and comps is not None and len(comps) > 1:
+        if cls is UnifiedRadixCache and ((comps is not None and len(comps) > 1)
+                                         or compat.python_tree_reason(params) is not None):
             from .hybrid import HybridRadixCache
             return super().__new__(HybridRadixCache)
         return super().__new__(cls)

@@ -78,6 +78,23 @@ REFUSED = (
 )
 
 
+# Settings of a Full-only cache that the C core of the device-only Full path does not implement
+# and the composed pure-Python tree (fast/hybrid.py) does: ``UnifiedRadixCache(params)`` builds
+# a Full-only cache that asks for one on that tree (its ``core_reason`` names the setting).
+# (field, default, what it asks for); a value other than the default moves the cache.
+PYTHON_TREE: tuple[tuple[str, Any, str], ...] = ()
+
+
+def python_tree_reason(params: Any) -> str | None:
+    """Why a Full-only cache built from ``params`` runs on the composed pure-Python tree
+    instead of the C core (a setting of :data:`PYTHON_TREE` away from its default), or None."""
+    for field, default, why in PYTHON_TREE:
+        value = getattr(params, field, default)
+        if value != default:
+            return f"{why} ({field}={value!r}): the C core covers the device-only Full path without it"
+    return None
+
+
 def _refuse(field: str, value: Any, why: str) -> None:
     raise Unsupported(f"CacheInitParams.{field}={value!r}: {why} is not supported by "
                       "uniradix.fast (leave it at its default)")

@@ -115,8 +115,10 @@ class HybridRadixCache(UnifiedRadixCache):
         settings = compat.read_settings(params)
         hicache = hicache if hicache is not None else settings.hicache
         if hicache is None and len(names) < 2:
-            raise Unsupported(f"tree_components {names}: a hybrid cache is Full plus SWA and/or "
-                              "Mamba (the Full-only cache is UnifiedRadixCache)")
+            # Full only, on this tree: a setting only it honours (compat.PYTHON_TREE), or a
+            # caller that built this class by name
+            self.core_reason = (compat.python_tree_reason(params)
+                                or "HybridRadixCache built by name: the composed Python tree")
         if hicache is not None:
             check_host_components(names)
         if params.is_eagle and len(names) > 1:
