@@ -356,16 +356,22 @@ def _sglang_bundle_or_skip(impl: str) -> bench.ApiBundle:
         pytest.skip(str(e))
 
 
+def _fast_and_upstream(w) -> tuple:
+    """``(stats, allocator)`` of fast's run of ``w`` and of upstream's, each over sglang's own
+    allocators."""
+    runs = []
+    for impl in ("fast", "upstream"):
+        keep: list = []
+        s = bench.run_bench(_sglang_bundle_or_skip(impl), w, keep=keep)
+        runs.append((s, keep[1]))
+    return tuple(runs)
+
+
 @pytest.mark.upstream
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_sglang_allocators_end_as_upstream_leaves_them(page_size):
     w = small(page_size)
-    runs = {}
-    for impl in ("fast", "upstream"):
-        keep = []
-        s = bench.run_bench(_sglang_bundle_or_skip(impl), w, keep=keep)
-        runs[impl] = (s, keep[1])
-    (sf, af), (su, au) = runs["fast"], runs["upstream"]
+    (sf, af), (su, au) = _fast_and_upstream(w)
     assert sf.outcome() == su.outcome()
     assert sf.evicted_tokens > 0
     assert af.free_pages.tolist() == au.free_pages.tolist()
@@ -461,12 +467,7 @@ def test_sglang_paged_insert_duplicates_freed_as_upstream():
     base = SharedPrefix(requests=300, prompts=4, prompt_min=40, prompt_max=400, kv_slots=4096,
                         inflight=24)
     w = bench.shared_prefix_workload(16, base=base)
-    runs = {}
-    for impl in ("fast", "upstream"):
-        keep = []
-        s = bench.run_bench(_sglang_bundle_or_skip(impl), w, keep=keep)
-        runs[impl] = (s, keep[1])
-    (sf, af), (su, au) = runs["fast"], runs["upstream"]
+    (sf, af), (su, au) = _fast_and_upstream(w)
     assert sf.outcome() == su.outcome()
     assert _paged_state(af) == _paged_state(au)
 

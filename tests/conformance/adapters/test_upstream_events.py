@@ -27,26 +27,14 @@ if not upstream_mod.upstream_available():
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "corpus", "upstream-events")
 
 
-@pytest.mark.parametrize("name", ["full-p1", "full-p16", "hicache-wt-p1", "hicache-wb-p4"])
-def test_lockstep_compares_upstreams_events_with_the_specs(name):
-    config = make_config(name, 41)
-    steps = record(make_adapter("spec", config), config, 41, 250, check_violations=False)
-    ls = Lockstep([make_adapter("spec", config), make_adapter("upstream", config)],
-                  ["spec", "upstream"])
-    assert ls.events_note == "" and ls.event_sources[0].key_mode == "compat"
-    for step in steps:
-        ls.apply(step)
-    assert ls.stats["event_steps"] == len(steps)
-
-
 HYBRID = ["swa-w8-p1", "swa-w8-p4", "swa-w32-p1", "mamba-p1", "full-swa-mamba-p1",
           "full-swa-mamba-p4"]
 
 
-@pytest.mark.parametrize("name", HYBRID)
-def test_lockstep_compares_upstreams_hybrid_events_with_the_specs(name):
-    """SWA and Mamba (and both in one tree): upstream's hybrid adapter turns its mixin on, so
-    the lockstep compares its stream with the spec's on every step, as for the Full one."""
+@pytest.mark.parametrize("name", ["full-p1", "full-p16", "hicache-wt-p1", "hicache-wb-p4"] + HYBRID)
+def test_lockstep_compares_upstreams_events_with_the_specs(name):
+    """Full, the host tier, and SWA and Mamba (and both in one tree): upstream's adapters turn
+    its KV-event mixin on, so the lockstep compares its stream with the spec's on every step."""
     config = make_config(name, 41)
     steps = record(make_adapter("spec", config), config, 41, 250, check_violations=False)
     ls = Lockstep([make_adapter("spec", config), make_adapter("upstream", config)],
