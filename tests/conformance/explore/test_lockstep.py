@@ -598,3 +598,24 @@ def test_conform_skips_or_refuses_configs_a_peer_does_not_support(monkeypatch, c
                            "--steps", "100", "--no-progress"])
     assert rc == 2
     assert "not run" in capsys.readouterr().err
+
+
+def test_conform_counts_the_documented_held_tombstone_difference_and_nothing_else():
+    """`conform --impls spec,upstream --config swa --seed 1` diverges at its step 1178: an insert
+    over an SWA tombstone a lock holds (the issue-18 rule, docs/SPEC.md). conform counts such a
+    divergence as a documented difference and goes on; the same step between spec and fast, or
+    a divergence elsewhere, stays a divergence. The trace is that run, shrunk."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import ConformResult, documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.trace import load_trace
+    trace = load_trace(os.path.join(CORPUS, "regressions", "conform-swa-s1-upstream-held-tombstone.jsonl"))
+    last = trace.steps[-1]
+    finding = Finding(DIVERGENCE, last["i"], "insert", "observation", "freed[0]",
+                      {"spec": 22, "upstream": 14}, ("spec", "upstream"), last["args"])
+    assert "issue 18" in documented_difference(["spec", "upstream"], trace.config, trace.steps, finding)
+    assert documented_difference(["spec", "fast"], trace.config, trace.steps, finding) is None
+    earlier = trace.steps[:-1]
+    other = Finding(DIVERGENCE, earlier[-1]["i"], earlier[-1]["op"], "observation", "x", {})
+    assert documented_difference(["spec", "upstream"], trace.config, earlier, other) is None
+    assert "1 documented" in ConformResult(steps=5, documented=1).summary()
