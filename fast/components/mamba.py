@@ -214,7 +214,7 @@ class MambaComponent(AuxComponent):
         slot = pool.alloc(1) if pool.available_size() >= 1 else None
         if slot is None:
             return False
-        rec.host_value = slot.reshape(1).to(_INT64)
+        rec.host_value = slot.reshape(1).to(_INT64, copy=True)  # not a view of the pool's list
         self._copy("backup", rec.value, rec.host_value.tolist())
         return True
 

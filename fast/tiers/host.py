@@ -541,7 +541,9 @@ class HostTier:
                 return 0
             done.append(comp)
         cc.submit_write(node.value, host_indices, node.id)
-        node.host_value = host_indices
+        # a copy: a host allocator hands out views of its free list (sglang's does), and a view
+        # would keep that whole list alive for as long as the node holds its host copy
+        node.host_value = host_indices.clone()
         self.host_tokens += n
         lock = None if write_back else cache.inc_lock_ref(node).to_dec_params()
         self.ongoing_write_through[node.id] = InFlight(node, lock)
