@@ -163,6 +163,18 @@ def test_the_policy_orders_host_leaves_too(policy):
     c("evict_host", num_tokens=1)
 
 
+def test_spec_vs_fast_machine_under_the_policies():
+    """The Hypothesis machine on Full, hybrid and host-tier configs under a drawn policy."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from uniradix.conformance.explore.machine import draw_policy_config, make_machine
+    run_state_machine_as_test(
+        make_machine(["spec", "fast"], draw=draw_policy_config, name="PolicyMachine"),
+        settings=settings(max_examples=12, stateful_step_count=50, deadline=None,
+                          database=None, suppress_health_check=list(HealthCheck)))
+
+
 # ----------------------------------------------------------------------------------------------
 # Which tree, refusals
 # ----------------------------------------------------------------------------------------------
