@@ -175,6 +175,62 @@ def test_spec_vs_fast_machine_under_the_policies():
                           database=None, suppress_health_check=list(HealthCheck)))
 
 
+def test_keyed_heap_entries_go_stale_when_the_key_moves():
+    """A ``KeyedHeap`` entry is live while the node's key is the entry's: a hit (LFU) makes
+    the old entry stale without a new stamp; ``ordered`` and ``compact`` keep the live ones."""
+
+    class N:
+        def __init__(self, i, stamp):
+            self.id, self.last_access_time, self.hit_count = i, stamp, 0
+
+        def __lt__(self, other):
+            return self.id < other.id
+
+    a, b = N(1, 10), N(2, 20)
+    h = policies.heap_for("lfu")
+    assert isinstance(h, policies.KeyedHeap) and h.key_of is policies.lfu_key
+    h.push(a.last_access_time, a)
+    h.push(b.last_access_time, b)
+    members = {id(a), id(b)}.__contains__
+    assert h.ordered(lambda n: members(id(n))) == [a, b]
+    a.hit_count = 1  # a's entry (0, 10) is stale now; its fresh one sorts after b
+    h.push(a.last_access_time, a)
+    assert h.ordered(lambda n: members(id(n))) == [b, a] and len(h) == 3
+    h.compact(lambda n: members(id(n)))
+    assert sorted(h.entries) == [((0, 20), b), ((1, 10), a)]
+    assert h.live_ids(lambda n: n is a) == {id(a)}
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_each_fast_key_orders_as_the_spec_key(name):
+    """Over a small universe of node facts, the fast key (integer stamps) sorts nodes exactly
+    as spec/policies.py's key (stamp pairs) does."""
+    import itertools
+
+    from uniradix.spec import policies as spec_policies
+
+    class N:
+        pass
+
+    facts = []
+    for i, (stamp, created, hits, prio) in enumerate(itertools.product(
+            (1, 2, 3), (0, 1, 2), (0, 1, 2, 3), (-1, 0, 2))):
+        if created > stamp:
+            continue
+        n = N()
+        n.last_access_time, n.created, n.hit_count, n.priority = stamp * 10 + i % 3, created, \
+            hits, prio
+        facts.append(n)
+    fast_key = policies.KEYS.get(name, lambda n: n.last_access_time)
+    spec_key = spec_policies.KEYS[name]
+
+    def as_spec(n):
+        return spec_policies.NodeFacts((n.last_access_time, 0), (n.created, 0), n.hit_count,
+                                       n.priority)
+    for x, y in itertools.combinations(facts, 2):
+        assert (fast_key(x) < fast_key(y)) == (spec_key(as_spec(x)) < spec_key(as_spec(y)))
+
+
 # ----------------------------------------------------------------------------------------------
 # Which tree, refusals
 # ----------------------------------------------------------------------------------------------
