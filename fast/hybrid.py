@@ -19,7 +19,9 @@ recomputes each one):
   host tier's ``host_value`` / ``host_lock_ref``.
 * **Full eviction order**: a lazily deleted heap of ``(stamp, node)`` (``LazyHeap``); an entry
   counts when its stamp is still the node's and the node is still an evictable leaf (unlocked
-  in every component, Full data, no child with Full data).
+  in every component, Full data, no child with Full data).  Under an ``eviction_policy`` other
+  than ``lru`` the entries are ``(key, node)`` with the policy's key (fast/policies.py), live
+  while the key is still the node's; the host leaves' heap likewise.
 * **Aux LRU lists**: one per component (``LruList`` of its records, fast/structures.py), a
   record is in it exactly when it holds device data.  A touch moves a node's records to the
   front; a match moves the matched path, node first; a split re-files the halves; new data
