@@ -28,6 +28,7 @@ import torch
 
 from .errors import InvalidInput, Unsupported
 from .params import InsertParams, MatchPrefixParams
+from .policies import policy_name
 from .radix_key import RadixKey
 
 
@@ -82,7 +83,11 @@ REFUSED = (
 # and the composed pure-Python tree (fast/hybrid.py) does: ``UnifiedRadixCache(params)`` builds
 # a Full-only cache that asks for one on that tree (its ``core_reason`` names the setting).
 # (field, default, what it asks for); a value other than the default moves the cache.
-PYTHON_TREE: tuple[tuple[str, Any, str], ...] = ()
+PYTHON_TREE: tuple[tuple[str, Any, str], ...] = (
+    ("eviction_policy", "lru", "an eviction policy other than LRU"),
+)
+# fields whose value upstream lower-cases before reading it ("LRU" is the default "lru")
+_CASE_BLIND = frozenset({"eviction_policy"})
 
 
 def python_tree_reason(params: Any) -> str | None:
@@ -90,7 +95,8 @@ def python_tree_reason(params: Any) -> str | None:
     instead of the C core (a setting of :data:`PYTHON_TREE` away from its default), or None."""
     for field, default, why in PYTHON_TREE:
         value = getattr(params, field, default)
-        if value != default:
+        if (value.lower() if field in _CASE_BLIND and isinstance(value, str) else value) \
+                != default:
             return f"{why} ({field}={value!r}): the C core covers the device-only Full path without it"
     return None
 
@@ -111,9 +117,9 @@ def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> N
     ``chunked_prefill_size`` and, for a Full-only cache, ``sliding_window_size`` change nothing
     in upstream's unified cache either, so any value passes.
     """
-    policy = getattr(params, "eviction_policy", "lru")
-    if not isinstance(policy, str) or policy.lower() != "lru":
-        _refuse("eviction_policy", policy, "an eviction policy other than LRU")
+    # an unknown eviction policy is refused by name (the known ones other than lru run on
+    # the composed tree, PYTHON_TREE; the C core orders by LRU only)
+    policy_name(getattr(params, "eviction_policy", "lru"))
     for field, default, why in REFUSED:
         value = getattr(params, field, default)
         if (bool(value) if default is None and field == "component_registry_override"
@@ -284,7 +290,8 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
     if is_insert:
         tokens = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
         params = InsertParams(key=_key_for(cache, tokens, req.extra_key),
-                              value=kv.to(torch.int64), prev_prefix_len=protected)
+                              value=kv.to(torch.int64), prev_prefix_len=protected,
+                              priority=getattr(req, "priority", 0) or 0)
         cache._prepare_caching_req(req, params, True)  # the components' insert data
         result = cache.insert(params)
         free_from = max(_aligned_len(cache, committed), protected)
@@ -308,7 +315,8 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
         return
     key = _key_for(cache, tokens, req.extra_key)
     params = InsertParams(key=key, value=kv.to(torch.int64),
-                          prev_prefix_len=req.cache_protected_len, chunked=chunked)
+                          prev_prefix_len=req.cache_protected_len, chunked=chunked,
+                          priority=getattr(req, "priority", 0) or 0)
     cache._prepare_caching_req(req, params, False)  # the components' insert data
     try:
         result = cache.insert(params)

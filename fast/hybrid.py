@@ -19,7 +19,9 @@ recomputes each one):
   host tier's ``host_value`` / ``host_lock_ref``.
 * **Full eviction order**: a lazily deleted heap of ``(stamp, node)`` (``LazyHeap``); an entry
   counts when its stamp is still the node's and the node is still an evictable leaf (unlocked
-  in every component, Full data, no child with Full data).
+  in every component, Full data, no child with Full data).  Under an ``eviction_policy`` other
+  than ``lru`` the entries are ``(key, node)`` with the policy's key (fast/policies.py), live
+  while the key is still the node's; the host leaves' heap likewise.
 * **Aux LRU lists**: one per component (``LruList`` of its records, fast/structures.py), a
   record is in it exactly when it holds device data.  A touch moves a node's records to the
   front; a match moves the matched path, node first; a split re-files the halves; new data
@@ -47,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat
+from . import compat, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache
 from .components import AuxComponent, AuxData
@@ -124,6 +126,9 @@ class HybridRadixCache(UnifiedRadixCache):
         if params.is_eagle and len(names) > 1:
             raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
         self._setup(params, multi_rank=hicache is None)
+        # the eviction policy (fast/policies.py): its key, None for lru (the stamp order)
+        self.eviction_policy = policies.policy_name(getattr(params, "eviction_policy", "lru"))
+        self._policy_key = policies.KEYS.get(self.eviction_policy)
         self.component_names = names
         alloc = self.token_to_kv_pool_allocator
         self.swa: SwaComponent | None = None
@@ -157,6 +162,8 @@ class HybridRadixCache(UnifiedRadixCache):
         else:
             self.tier = None
             self._evict_leaf = self._delete_leaf
+        if self._policy_key is not None:
+            policies.attach(self)
         self.reset()
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
@@ -192,7 +199,8 @@ class HybridRadixCache(UnifiedRadixCache):
         self._clock = 0
         self.root_node = self._new_node(array("q"), self._empty, None, None, 0)
         self.root_node.lock_ref = 1
-        self._leaf_heap = LazyHeap()  # (stamp, node): evictable device leaves, lazily deleted
+        # (stamp, node) or, under a policy, (key, node): evictable device leaves, lazily deleted
+        self._leaf_heap: LazyHeap = policies.heap_for(self.eviction_policy)
         self._heap: list = self._leaf_heap.entries
         self._evictable = self._protected = 0
         self._owned: set = set()  # Full slots the tree holds (validate_slots)
@@ -275,6 +283,8 @@ class HybridRadixCache(UnifiedRadixCache):
         """Cut ``child`` after ``k`` units; the new upper node takes its place (each component
         then splits its own data, ``AuxComponent.split``, and the tier its copy)."""
         upper = self._cut(child, k)
+        if self._policy_key is not None:
+            policies.inherit_on_split(upper, child)
         for comp in self.components:
             comp.split(upper, child, k)
         if self.tier is not None:
@@ -479,6 +489,10 @@ class HybridRadixCache(UnifiedRadixCache):
         chunked = params.chunked
         if chunked is not True and chunked is not False:
             raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
+        priority = getattr(params, "priority", 0)
+        if priority.__class__ is not int:
+            priority = policies.check_priority(priority)
+        keyed = self._policy_key is not None
         n = len(units) - len(units) % self.page_size
         if n < len(units):
             units = units[:n]
@@ -528,6 +542,8 @@ class HybridRadixCache(UnifiedRadixCache):
                 self._free(_narrow(value, 0, lo, hi - lo))  # (release() joins what it may)
             if tier is not None:
                 tier.count_hit(child, chunked)
+            if keyed:
+                policies.walked(self, child, priority, chunked)
             node, pos = child, end
         target, is_new = node, False
         if pos < n:
@@ -553,6 +569,8 @@ class HybridRadixCache(UnifiedRadixCache):
         if is_new and tier is not None:
             tier.update_host_leaf(node)
             tier.count_hit(target, chunked)
+        if is_new and keyed:
+            policies.new_leaf(self, target, priority, chunked)
         return api.InsertResult(pos, len(toks), result["mamba_exist"])
 
     # ------------------------------------------------------------------------------------------
@@ -704,12 +722,14 @@ class HybridRadixCache(UnifiedRadixCache):
         is_leaf = self._is_leaf
         evict_leaf = self._evict_leaf
         heappop = heapq.heappop
+        key_of = self._policy_key  # None: entries keyed by the stamp (lru)
         passed_over = []  # leaves whose write-back backup failed: not tried again in this call
         passed_ids: set[int] = set()  # (the lazy heap may hold a leaf more than once)
         try:
             while tracker[0] < want and heap:
                 stamp, node = heappop(heap)
-                if node.last_access_time != stamp or not is_leaf(node) or id(node) in passed_ids:
+                if (node.last_access_time != stamp if key_of is None else key_of(node) != stamp) \
+                        or not is_leaf(node) or id(node) in passed_ids:
                     continue
                 if evict_leaf(node, tracker, batch) is False:
                     passed_over.append(node)

@@ -4,6 +4,9 @@ the C core, the host tier, the hybrid caches): one class, with a slot for each p
 The tree's own fields: ``children`` (child key -> node), ``parent`` (None once detached),
 ``key`` (``array('q')`` of units; EAGLE: a list of pairs), ``ck`` (the key this node is filed
 under in its parent), ``extra_key``, ``last_access_time`` (stamp), ``hit_count``, ``id``.
+The eviction policies' (fast/policies.py): ``created`` (the stamp the node's data was first
+inserted at; a split's upper node takes the child's) and ``priority`` (the highest insert
+priority through it).
 The Full component's: ``value`` (device slots, an int64 tensor; None when evicted),
 ``lock_ref``, ``dev_children`` (children holding device data, so the leaf test is O(1)).
 The host tier's (fast/tiers/host.py): ``host_value`` (host slots; None when not backed up),
@@ -25,7 +28,7 @@ _ids = itertools.count(1)
 class Node:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
                  "hit_count", "extra_key", "dev_children", "id", "ck",
-                 "host_value", "host_lock_ref", "aux", "aux_lock")
+                 "host_value", "host_lock_ref", "aux", "aux_lock", "created", "priority")
 
     def __init__(self, key: Any, value: Any, parent: Node | None, extra_key: Any,
                  stamp: int, ck: Any = None) -> None:
@@ -44,6 +47,8 @@ class Node:
         self.host_lock_ref = 0
         self.aux: tuple = ()
         self.aux_lock = 0
+        self.created = stamp
+        self.priority = 0
 
     def __lt__(self, other: Node) -> bool:  # heap ties: the same stamp pushed twice
         return self.id < other.id

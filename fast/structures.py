@@ -50,6 +50,10 @@ class LazyHeap:
 
     __slots__ = ("entries",)
 
+    #: None: entries are keyed by the stamp (``last_access_time``); an eviction policy's
+    #: ``KeyedHeap`` (fast/policies.py) keys them by ``key_of(node)`` instead
+    key_of: Any = None
+
     def __init__(self) -> None:
         self.entries: list = []
 

@@ -55,8 +55,9 @@ class ReqToTokenPool:
 class Req:
     """The request fields the cache reads (SGLang's Req, reduced)."""
 
-    def __init__(self, rid: str, tokens: list, extra_key: str | None) -> None:
+    def __init__(self, rid: str, tokens: list, extra_key: str | None, priority: int = 0) -> None:
         self.rid = rid
+        self.priority = priority  # given to its inserts (the policies' order, fast/policies.py)
         self.origin_input_ids = tokens
         self.output_ids: list = []
         self.extra_key = extra_key
@@ -78,6 +79,13 @@ class Req:
 
     def pop_committed_kv_cache(self) -> int:
         return self.committed
+
+
+def priority_arg(op: str, priority: Any) -> int:
+    """A step's ``priority``: an int (bools are not), as the spec checks it."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise SpecInvalidInput(f"{op}: priority must be an int, got {priority!r}")
+    return priority
 
 
 def ints(name: str, xs) -> array:
@@ -147,6 +155,8 @@ class FastAdapter(FastHostOps, StepAdapter):
             nodes.append({"path": self._path(node),
                           "value": None if node.value is None else node.value.tolist(),
                           "lock_ref": node.lock_ref, "hit_count": node.hit_count})
+            if self.config.eviction_policy == "priority":  # as the spec's snapshot
+                nodes[-1]["priority"] = node.priority
         nodes.sort(key=lambda n: (n["path"]["extra_key"] is not None, n["path"]["extra_key"] or "",
                                   n["path"]["tokens"]))
         return {"nodes": nodes,
@@ -178,13 +188,14 @@ class FastAdapter(FastHostOps, StepAdapter):
         return {}
 
     def op_insert(self, step: dict) -> dict:
-        tokens, value, extra_key, prev, chunked = args_of(
-            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False)
+        tokens, value, extra_key, prev, chunked, priority = args_of(
+            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False, priority=0)
         key = self._key(tokens, extra_key)
         v = torch.frombuffer(bytearray(ints("value", value)), dtype=torch.int64) if len(value) \
             else torch.empty((0,), dtype=torch.int64)
         res = self.cache.insert(fast.InsertParams(key=key, value=v, prev_prefix_len=prev,
-                                                  chunked=chunked))
+                                                  chunked=chunked,
+                                                  priority=priority_arg("insert", priority)))
         return {"prefix_len": res.prefix_len, "freed": self.pool.take_freed()}
 
     def op_match_prefix(self, step: dict) -> dict:
@@ -252,14 +263,16 @@ class FastAdapter(FastHostOps, StepAdapter):
     def op_req_arrive(self, step: dict) -> dict:
         if step.get("args", {}).get("session") is not None:
             raise SpecUnsupported("streaming sessions: the fast path does not model them yet")
-        rid, tokens, extra_key, _ = args_of(step, "rid", "tokens", extra_key=None, session=None)
+        rid, tokens, extra_key, _, priority = args_of(step, "rid", "tokens", extra_key=None,
+                                                      session=None, priority=0)
+        priority = priority_arg("req_arrive", priority)
         if not isinstance(rid, str) or rid in self.requests:
             raise SpecInvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
         toks = list(ints("tokens", tokens))
         self._key(toks, extra_key)  # checks extra_key like every other op
         if not toks:
             raise SpecInvalidInput("req_arrive: a request needs at least one token")
-        self.requests[rid] = Req(rid, toks, extra_key)
+        self.requests[rid] = Req(rid, toks, extra_key, priority)
         return {}
 
     def op_req_admit(self, step: dict) -> dict:

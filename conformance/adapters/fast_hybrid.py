@@ -12,7 +12,7 @@ import torch
 
 from uniradix import fast
 from uniradix.conformance.adapters.base import args_of, aux_effects, check_cow_args, check_supported
-from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPool, ints
+from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPool, ints, priority_arg
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import InvalidInput, Unsupported
@@ -190,9 +190,9 @@ class HybridFastAdapter(FastAdapter):
         return {}
 
     def op_insert(self, step: dict) -> dict:
-        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen = args_of(
-            step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
-            mamba_value=None, swa_evicted_seqlen=0)
+        tokens, value, extra_key, prev, chunked, mamba_value, swa_evicted_seqlen, priority = \
+            args_of(step, "tokens", "value", extra_key=None, prev_prefix_len=0, chunked=False,
+                    mamba_value=None, swa_evicted_seqlen=0, priority=0)
         key = self._key(tokens, extra_key)
         v = torch.frombuffer(bytearray(ints("value", value)), dtype=torch.int64) if len(value) \
             else torch.empty((0,), dtype=torch.int64)
@@ -201,7 +201,7 @@ class HybridFastAdapter(FastAdapter):
             mv = torch.tensor(list(ints("mamba_value", mamba_value)), dtype=torch.int64)
         res = self.cache.insert(fast.InsertParams(
             key=key, value=v, prev_prefix_len=prev, chunked=chunked, mamba_value=mv,
-            swa_evicted_seqlen=swa_evicted_seqlen))
+            swa_evicted_seqlen=swa_evicted_seqlen, priority=priority_arg("insert", priority)))
         ret = {"prefix_len": res.prefix_len, "freed": self.pool.take_freed()}
         if "mamba" in self.config.components:
             ret["mamba_exist"] = res.mamba_exist

@@ -1013,6 +1013,14 @@ def draw_host_config(ch: Any) -> CacheConfig:
     return host_config(ch, ps, ch.integer(16 // ps, 64 // ps) * ps, ch.choice(WRITE_POLICIES))
 
 
+def draw_policy_config(ch: Any) -> CacheConfig:
+    """An eviction policy other than lru (spec/policies.py) on what :func:`draw_config` or
+    :func:`draw_hybrid_config` draws (every insert then carries a priority)."""
+    base = draw_hybrid_config(ch) if ch.chance(0.4) else draw_config(ch)
+    return dataclasses.replace(base, eviction_policy=ch.choice(
+        ["lfu", "fifo", "mru", "filo", "priority", "slru"]))
+
+
 def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
                  trace_path: str | None = None, name: str = "CacheMachine",
                  draw: Callable[[Any], CacheConfig] = draw_config) -> type:

@@ -585,11 +585,13 @@ class HostTier:
         count_arg("num_tokens", num_tokens)
         heap = self.host_leaf_heap.entries
         leaves = self.host_leaves
+        key_of = self.host_leaf_heap.key_of  # an eviction policy's key (None: the stamp)
         pieces: list = []  # freed together at the end (fast/frees.py)
         freed = 0
         while freed < num_tokens and heap:
             stamp, node = heapq.heappop(heap)
-            if node.last_access_time != stamp or node not in leaves:
+            if (node.last_access_time != stamp if key_of is None else key_of(node) != stamp) \
+                    or node not in leaves:
                 continue
             freed += self.evict_host_leaf(node, pieces)
         release(self.controller.mem_pool_host, pieces)

@@ -40,13 +40,13 @@ def test_replay_divergence_exits_1_and_names_everything(tmp_path):
 
 
 def test_unsupported_config_is_reported(tmp_path):
-    # the spec models every config the trace format has; fast has LRU eviction only so far
-    t = tmp_path / "fifo.jsonl"
+    # the spec models every config the trace format has; fast has no storage tier so far
+    t = tmp_path / "storage.jsonl"
     t.write_text(json.dumps({"format": "uniradix-trace", "version": 1, "source": "test",
-                             "config": {"eviction_policy": "fifo"}})
+                             "config": {"host_slots": 16, "storage": True}})
                  + "\n" + json.dumps({"i": 0, "op": "sizes", "args": {}}) + "\n")
     r = uniradix("replay", str(t), "--impl", "fast")
-    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "eviction_policy" in r.stdout
+    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "storage" in r.stdout
     r = uniradix("replay", str(t), "--impl", "fast", "--skip-unsupported")
     assert r.returncode == 0
 

@@ -129,7 +129,7 @@ def test_disable_finished_insert_frees_instead_of_caching():
 # -- settings -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field, value", [("eviction_policy", "lfu"), ("eviction_policy", "priority")]
+@pytest.mark.parametrize("field, value", [("eviction_policy", "random"), ("eviction_policy", 3)]
                          + [(f, 1.5 if f == "cache_ttl_seconds" else {0: object} if f.startswith("component")
                              else True) for f, _, _ in REFUSED])
 @pytest.mark.parametrize("hicache", [False, True])

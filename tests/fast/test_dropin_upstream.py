@@ -83,8 +83,9 @@ def global_server_args(monkeypatch):
         strip_thinking_cache=False, mamba_cache_chunk_size=MAMBA_CHUNK))
 
 
-def build(kind: str, ps: int, impl: str, kv_slots: int):
-    """(cache, allocator, req_to_token_pool) of ``kind`` built from sglang's classes."""
+def build(kind: str, ps: int, impl: str, kv_slots: int, policy: str = "lru"):
+    """(cache, allocator, req_to_token_pool) of ``kind`` built from sglang's classes, under
+    eviction policy ``policy``."""
     dt = torch.float16
     if kind == "mamba":
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=4, n_groups=1,
@@ -107,7 +108,8 @@ def build(kind: str, ps: int, impl: str, kv_slots: int):
     params = up.CacheInitParams(disable=False, req_to_token_pool=rtp,
                                 token_to_kv_pool_allocator=alloc, page_size=ps,
                                 tree_components=comps,
-                                sliding_window_size=16 if kind == "swa" else None)
+                                sliding_window_size=16 if kind == "swa" else None,
+                                eviction_policy=policy)
     if kind == "swa" and impl == "upstream":
         # 0.5.13.post1's SWA component with the seed's LRU refresh and no leaf cap, the
         # documented difference (conformance/adapters/upstream_hybrid.py; docs/COMPAT.md)
@@ -148,13 +150,15 @@ def prompts(seed: int, n: int):
         yield body, rng.randrange(1, 24), rng.random()
 
 
-def tree_workload(kind: str, ps: int, impl: str, seed: int = 0, n: int = 400) -> dict:
+def tree_workload(kind: str, ps: int, impl: str, seed: int = 0, n: int = 400,
+                  policy: str = "lru") -> dict:
     """The scheduler's tree calls: match, lock, evict when short, allocate, later insert the
     page-aligned tokens (duplicates freed by the cache), free the tail, unlock; up to 4
     requests in flight.  Mamba: one state per request, freed by the caller when the node
-    already had one."""
+    already had one.  Under a ``policy`` other than lru each insert has a priority (drawn
+    from the request's draw)."""
     kv_slots = 1024
-    cache, alloc, rtp = build(kind, ps, impl, kv_slots)
+    cache, alloc, rtp = build(kind, ps, impl, kv_slots, policy)
     swa = kind == "swa"
     mamba_alloc = rtp.mamba_allocator if kind == "mamba" else None
     log, running = [], []
@@ -169,11 +173,11 @@ def tree_workload(kind: str, ps: int, impl: str, seed: int = 0, n: int = 400) ->
         return out
 
     def finish(r):
-        tokens, value, hit, node, lock, mslot = r
+        tokens, value, hit, node, lock, mslot, priority = r
         aligned = len(tokens) // ps * ps
         res = cache.insert(up.InsertParams(
             key=up.RadixKey(array("q", tokens[:aligned])), value=value[:aligned].clone(),
-            prev_prefix_len=hit, mamba_value=mslot))
+            prev_prefix_len=hit, mamba_value=mslot, priority=priority))
         if aligned < len(value):
             alloc.free(value[aligned:])
         if mslot is not None and res.mamba_exist:
@@ -223,7 +227,8 @@ def tree_workload(kind: str, ps: int, impl: str, seed: int = 0, n: int = 400) ->
                 alloc.free(slots)
             cache.dec_lock_ref(node, lock.to_dec_params())
             continue
-        running.append((tokens, torch.cat([indices, slots]), hit, node, lock, mslot))
+        priority = 0 if policy == "lru" else int(u * 1000) % 5 - 1
+        running.append((tokens, torch.cat([indices, slots]), hit, node, lock, mslot, priority))
         if hasattr(cache, "check_hicache_events"):
             cache.check_hicache_events()
     while running:
@@ -252,6 +257,32 @@ def test_tree_workload_same_outcomes(kind, ps):
         assert sum(e[2] for e in ours["log"] if e[0] == "admit") > 0  # and loads back
 
 
+POLICIES = ("lfu", "fifo", "mru", "filo", "priority", "slru")
+POLICY_CONFIGS = [(k, p) for k in ("full", "swa", "mamba", "host") for p in POLICIES]
+
+
+@pytest.mark.parametrize("kind, policy", POLICY_CONFIGS,
+                         ids=[f"{k}-p1-{p}" for k, p in POLICY_CONFIGS])
+def test_tree_workload_same_outcomes_under_each_policy(kind, policy):
+    """sglang's cache and uniradix's, both built with ``eviction_policy`` from sglang's
+    ``CacheInitParams`` (fast: the composed tree, fast/policies.py), give the same outcomes;
+    and the policy matters (the outcomes differ from the lru run's)."""
+    ours = tree_workload(kind, 1, "fast", policy=policy, n=250)
+    theirs = tree_workload(kind, 1, "upstream", policy=policy, n=250)
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
+        assert a == b, f"request event {k}: fast {a} != sglang {b}"
+    assert ours == theirs
+    assert sum(sum(e[4]) for e in ours["log"] if e[0] == "admit") > 0  # it evicts
+    assert ours["digest"] != tree_workload(kind, 1, "fast", n=250)["digest"]  # lru's differ
+
+
+@pytest.mark.parametrize("policy", ["LFU", "Priority"])
+def test_a_policy_name_in_any_case_is_read_as_upstream_reads_it(policy):
+    cache, _, _ = build("full", 1, "fast", 64, policy)
+    theirs, _, _ = build("full", 1, "upstream", 64, policy)
+    assert cache.eviction_policy == theirs.eviction_policy == policy.lower()
+
+
 # -- the request path with sglang's own Req ------------------------------------------------------
 
 
@@ -266,13 +297,15 @@ class Rows:
         return self.free.pop(0)
 
 
-def request_workload(kind: str, ps: int, impl: str, seed: int = 1, n: int = 250) -> dict:
+def request_workload(kind: str, ps: int, impl: str, seed: int = 1, n: int = 250,
+                     policy: str = "lru") -> dict:
     """sglang's Req through the scheduler's calls: admission (``init_next_round_input`` then
     a lock), prefill in one or two chunks (``cache_unfinished_req`` after a non-final chunk),
     decode one token at a time (a page allocated when the last one is full), then
-    ``cache_finished_req`` or, for some, an abort (``is_insert=False``)."""
+    ``cache_finished_req`` or, for some, an abort (``is_insert=False``).  Under a ``policy``
+    other than lru each request has a priority, which its inserts carry."""
     kv_slots = 1024
-    cache, alloc, rtp = build(kind, ps, impl, kv_slots)
+    cache, alloc, rtp = build(kind, ps, impl, kv_slots, policy)
     rows = Rows(rtp.size)
     log = []
     digest = hashlib.blake2b(digest_size=16)
@@ -315,7 +348,8 @@ def request_workload(kind: str, ps: int, impl: str, seed: int = 1, n: int = 250)
             record(("finish", req.rid, aborted, cache.evictable_size(), cache.protected_size(),
                     alloc.available_size()))
         req = Req(rid=f"r{k}", origin_input_text="", origin_input_ids=array("q", prompt),
-                  sampling_params=SamplingParams(max_new_tokens=out_len))
+                  sampling_params=SamplingParams(max_new_tokens=out_len),
+                  priority=None if policy == "lru" else int(u * 1000) % 5 - 1)
         req.init_next_round_input(tree_cache=cache)
         loaded = 0
         if req.needs_host_load_back():  # the host part comes back, as the scheduler does
@@ -379,6 +413,17 @@ def test_request_path_same_outcomes(kind, ps):
     assert any(e[0] == "admit" and e[2] > 0 for e in ours["log"])
     if kind == "host":
         assert any(e[0] == "admit" and e[3] > 0 for e in ours["log"])  # loads back
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_request_path_same_outcomes_under_each_policy(policy):
+    """sglang's Req, with a priority, through both caches under each policy."""
+    ours = request_workload("full", 1, "fast", policy=policy, n=150)
+    theirs = request_workload("full", 1, "upstream", policy=policy, n=150)
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
+        assert a == b, f"request event {k}: fast {a} != sglang {b}"
+    assert ours == theirs
+    assert any(e[0] == "evict" for e in ours["log"])
 
 
 # -- the double free, with sglang's paged allocator ----------------------------------------------
@@ -452,7 +497,7 @@ def test_unfinished_req_reads_sglangs_req():
 def test_settings_from_sglangs_params_are_refused_by_name():
     rtp = ReqToTokenPool(size=2, max_context_len=32, device="cpu", enable_memory_saver=False)
     alloc = TokenToKVPoolAllocator(64, torch.float16, "cpu", None, False)
-    for field, value in [("eviction_policy", "lfu"), ("enable_metrics", True),
+    for field, value in [("eviction_policy", "random"), ("enable_metrics", True),
                          ("enable_kv_cache_events", True), ("cache_ttl_seconds", 60.0)]:
         params = up.CacheInitParams(disable=False, req_to_token_pool=rtp,
                                     token_to_kv_pool_allocator=alloc, page_size=1,
