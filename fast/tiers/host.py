@@ -112,6 +112,7 @@ class HiCacheConfig:
     log_copies: bool = False
     host_mamba_allocator: Any = None
     host_mamba_slots: int | None = None
+    storage: Any = None  # the storage tier below this one (fast/tiers/storage.py StorageConfig)
 
 
 def hicache_config_from_server_args(server_args: Any, params: Any) -> HiCacheConfig:
@@ -403,6 +404,7 @@ class HostTier:
         self.host_tokens = 0
         self.ongoing_write_through: dict[int, InFlight] = {}  # ack id -> node, lock or None
         self.ongoing_load_back: dict[int, InFlight] = {}      # ack id -> node, lock
+        self.storage: Any = None  # the storage tier below (fast/tiers/storage.py), if any
 
     def reset(self) -> None:
         """Forget the host copies and the in-flight transfers (in place: the cache hands the
@@ -414,6 +416,8 @@ class HostTier:
         self.ongoing_load_back.clear()
         self.controller.reset()
         self.controller.mem_pool_host.clear()
+        if self.storage is not None:
+            self.storage.reset()
 
     # -- host leaves -------------------------------------------------------------------------
     @staticmethod
@@ -445,6 +449,8 @@ class HostTier:
         if host is not None:
             upper.host_value = host[:k].clone()
             child.host_value = host[k:].clone()
+        if self.storage is not None:  # the page keys are cut too
+            self.storage.split(upper, child, k)
 
     def detach(self, node: Any) -> None:
         """``node`` leaves the tree (it holds no device data)."""
@@ -699,6 +705,8 @@ class HostTier:
                 entry = self.ongoing_write_through.pop(ack_id, None)
                 if entry is not None and entry.lock is not None:
                     self.cache.dec_lock_ref(entry.node, entry.lock)
+                if entry is not None and self.storage is not None:  # backed up to storage
+                    self.storage.after_write_ack(ack_id, entry.node)
 
     def loading_check(self) -> None:
         """Process finished loads (the done prefix of the load-ack queue), unlocking them."""
