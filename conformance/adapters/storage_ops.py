@@ -42,6 +42,22 @@ def rid_arg(raw: Any) -> str:
     return raw
 
 
+def backup_host_slots(backup: Any) -> list:
+    """The host slots holding a spec backup's units: the host copies of its node and, when the
+    node was split while the backup waited, of the fragments above it (host-locked below,
+    childless never, so still in the tree)."""
+    need = len(backup.units)
+    parts: list = []
+    node = backup.node
+    got = 0
+    while got < need and node is not None and node.host_value is not None:
+        parts.insert(0, list(node.host_value))
+        got += len(node.host_value)
+        node = node.parent
+    slots = [s for part in parts for s in part]
+    return slots[len(slots) - need:] if len(slots) >= need else slots
+
+
 class SpecStorageOps:
     """Storage-tier ops over ``self.state`` (a spec CacheState with a storage tier)."""
 
@@ -105,12 +121,28 @@ class SpecStorageOps:
     def op_storage_load(self, step: dict) -> dict:
         self._storage()
         rid, pages = _args(step, "rid", pages=-1)
-        return {"pages": storage.storage_load(self.state, rid_arg(rid), pages)}
+        tier = self.state.storage
+        op = next((p for p in tier.prefetches if p.rid == rid and p.queried
+                   and not p.transfer_done), None)
+        before = op.completed if op is not None else 0
+        read = storage.storage_load(self.state, rid_arg(rid), pages)
+        if read and op is not None:  # the KV checker's log (conformance/env/kvcheck.py)
+            ps = self.state.config.page_size
+            self.state.host.copies.append(
+                ("fetch", list(op.keys[before // ps: op.completed // ps]),
+                 list(op.slots[before: op.completed])))
+        return {"pages": read}
 
     def op_storage_backup(self, step: dict) -> dict:
         self._storage()
         (count,) = _args(step, count=-1)
-        return {"written": storage.storage_backup(self.state, count)}
+        tier = self.state.storage
+        storage.check_k("storage_backup: count", count)
+        going = list(tier.backups if count == -1 else tier.backups[:count])
+        written = storage.storage_backup(self.state, count)
+        for b in going:  # the KV checker's log: the host slots of the backup's units
+            self.state.host.copies.append(("store", backup_host_slots(b), list(b.keys)))
+        return {"written": written}
 
     def op_storage_tick(self, step: dict) -> dict:
         self._storage()

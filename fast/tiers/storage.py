@@ -224,6 +224,7 @@ class StorageTier:
         self.capacity: int = capacity
         self._lock = threading.RLock()
         self._fresh()
+        self.copies = host.controller.copies  # the host tier's copy log (None: not logged)
         self._jobs: queue.Queue | None = None
         self._workers: list[threading.Thread] = []
         if self.threads:
