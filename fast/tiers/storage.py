@@ -224,7 +224,7 @@ class StorageTier:
         self.capacity: int = capacity
         self._lock = threading.RLock()
         self._fresh()
-        self.copies = host.controller.copies  # the host tier's copy log (None: not logged)
+        self.copies: list | None = host.controller.copies  # the host tier's copy log, or None
         self._jobs: queue.Queue | None = None
         self._workers: list[threading.Thread] = []
         if self.threads:
@@ -242,7 +242,6 @@ class StorageTier:
         self.occupied = 0
         self.next_serial = 1
         self.fragments: dict[int, list] = {}  # write ack id -> its fragments, top-down
-        self.copies: list | None = None
 
     # -- the clock ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -300,9 +299,7 @@ class StorageTier:
         if self.threads:
             self._quiesce()
         with self._lock:
-            copies = self.copies
             self._fresh()
-            self.copies = copies
 
     # -- backup --------------------------------------------------------------------------------
     def write_backup_storage(self, node: Any) -> None:
