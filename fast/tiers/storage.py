@@ -768,14 +768,13 @@ class StorageTier:
 
 
 def _size_of(allocator: Any) -> int:
-    """A pool's size in tokens (its ``size``, else what a fresh pool has free)."""
+    """A pool's size in tokens: its ``size``, else its pages times the page size (the pool
+    behind the conformance environment's allocator too), else what it has free now."""
     size = getattr(allocator, "size", None)
-    if isinstance(size, int):
+    if isinstance(size, int) and not isinstance(size, bool):
         return size
-    pool = getattr(allocator, "pool", None)  # the conformance environment's PoolAllocator
-    if pool is not None and hasattr(pool, "num_slots"):
-        return int(pool.num_slots)
-    num_pages = getattr(allocator, "num_pages", None)
-    if isinstance(num_pages, int):
-        return num_pages * allocator.page_size
+    for obj in (allocator, getattr(allocator, "pool", None)):
+        pages = getattr(obj, "num_pages", None)
+        if obj is not None and isinstance(pages, int):
+            return pages * int(obj.page_size)
     return int(allocator.available_size())
