@@ -119,21 +119,25 @@ def hicache_config_from_server_args(server_args: Any, params: Any) -> HiCacheCon
     """The host tier SGLang's ``server_args`` ask for (``UnifiedRadixCache.init_hicache``).
 
     Read: ``hicache_write_policy``; the host pool's size, ``hicache_ratio`` times the device
-    allocator's ``size`` (whole pages).  Refused (``Unsupported``, naming the argument): a
-    storage backend (``hicache_storage_backend``), a size in GB (``hicache_size``: uniradix
-    does not know the bytes per token of SGLang's KV pool), and a device allocator whose
-    ``get_kvcache()`` holds KV data, unless ``params.hicache`` (uniradix's option, a
+    allocator's ``size`` (whole pages); a storage backend (``hicache_storage_backend``) adds
+    the storage tier (fast/tiers/storage.py ``storage_config_from_server_args`` says what it
+    reads and refuses).  Refused (``Unsupported``, naming the argument): a size in GB
+    (``hicache_size``: uniradix does not know the bytes per token of SGLang's KV pool), and a
+    device allocator whose ``get_kvcache()`` holds KV data, unless ``params.hicache`` (uniradix's option, a
     :class:`HiCacheConfig`) gives the ``uniradix.kernels`` pools that move it
     (``device_kv`` / ``host_kv``): a host tier that kept slots without copying KV would hand
     out wrong KV.  With ``params.hicache`` set, it is the configuration (its write policy
     and sizes win), after the same refusals."""
-    backend = getattr(server_args, "hicache_storage_backend", None)
-    if backend is not None:
-        raise Unsupported(f"hicache_storage_backend={backend!r}: storage backends are not supported")
     size_gb = getattr(server_args, "hicache_size", 0)
     if size_gb:
         raise Unsupported(f"hicache_size={size_gb!r}: give the host pool as hicache_ratio")
     given = compat.read_settings(params).hicache
+    if getattr(server_args, "hicache_storage_backend", None) is not None:  # fast/tiers/storage.py
+        from .storage import storage_config_from_server_args
+        storage = storage_config_from_server_args(server_args, params.page_size,
+                                                  given.host_kv if given is not None else None)
+        assert given is not None  # (refused above without host_kv)
+        given = dataclasses.replace(given, storage=storage)
     if given is not None:
         return given
     policy = getattr(server_args, "hicache_write_policy", "write_through")

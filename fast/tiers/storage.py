@@ -778,3 +778,86 @@ def _size_of(allocator: Any) -> int:
         if obj is not None and isinstance(pages, int):
             return pages * int(obj.page_size)
     return int(allocator.available_size())
+
+
+# ----------------------------------------------------------------------------------------------
+# From SGLang's server arguments (``UnifiedRadixCache.init_hicache``)
+# ----------------------------------------------------------------------------------------------
+
+# extra-config keys read here (upstream's names); any other key is refused by name
+_TIER_KEYS = ("prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token")
+_FILE_KEYS = ("file_path", "capacity_bytes", "fsync")
+_MOONCAKE_KEYS = ("master_server_address", "local_hostname", "protocol", "device_name",
+                  "metadata_server", "global_segment_size", "local_buffer_size", "namespace")
+
+
+def parse_extra_config(raw: Any) -> dict:
+    """``hicache_storage_backend_extra_config``: a JSON object, or ``@file.json``."""
+    import json
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        return dict(raw)
+    if not isinstance(raw, str):
+        raise InvalidInput(f"hicache_storage_backend_extra_config must be JSON text, got {raw!r}")
+    try:
+        if raw.startswith("@"):
+            with open(raw[1:], encoding="utf-8") as f:
+                out = json.load(f)
+        else:
+            out = json.loads(raw)
+    except (OSError, ValueError) as e:
+        raise InvalidInput(f"hicache_storage_backend_extra_config: {e}") from None
+    if not isinstance(out, dict):
+        raise InvalidInput("hicache_storage_backend_extra_config must be a JSON object")
+    return out
+
+
+def storage_config_from_server_args(server_args: Any, page_size: int, host_kv: Any) -> StorageConfig:
+    """The storage tier SGLang's ``server_args`` ask for: ``hicache_storage_backend`` ``file``
+    (uniradix's FileStore; ``file_path`` in the extra config, else
+    ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``, else a ``uniradix-hicache`` folder in the
+    temporary directory) or ``mooncake`` (MooncakeStore; its settings in the extra config);
+    ``hicache_storage_prefetch_policy``; from the extra config ``prefetch_threshold``,
+    ``prefetch_timeout_base`` (seconds) and ``prefetch_timeout_per_ki_token`` (seconds per
+    1024 tokens).  Refused by name: another backend, an unknown extra-config key, and no
+    host KV pool to move pages through (``params.hicache.host_kv``)."""
+    import os
+    import tempfile
+    name = server_args.hicache_storage_backend
+    extra = parse_extra_config(getattr(server_args, "hicache_storage_backend_extra_config", None))
+    own = {"file": _FILE_KEYS, "mooncake": _MOONCAKE_KEYS}.get(name)
+    if own is None:
+        raise Unsupported(f"hicache_storage_backend={name!r}: uniradix runs 'file' and 'mooncake' "
+                          "(SGLang can load uniradix's backends: docs/STORAGE.md)")
+    unknown = sorted(set(extra) - set(_TIER_KEYS) - set(own))
+    if unknown:
+        raise Unsupported(f"hicache_storage_backend_extra_config: {unknown} not supported for {name!r}")
+    if host_kv is None:
+        raise Unsupported("hicache_storage_backend: the storage tier moves pages through the host "
+                          "KV pool; set params.hicache = HiCacheConfig(device_kv=..., host_kv=...)")
+    settings = {k: extra[k] for k in own if k in extra}
+    backend: Any
+    if name == "file":
+        from ..storage import FileStore
+        directory = settings.pop("file_path", None) or os.environ.get(
+            "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or os.path.join(tempfile.gettempdir(),
+                                                                       "uniradix-hicache")
+        os.makedirs(directory, exist_ok=True)
+        backend = FileStore(directory, **settings)
+    else:
+        from ..storage import MooncakeStore
+        if "master_server_address" not in settings:
+            raise InvalidInput("hicache_storage_backend='mooncake' needs master_server_address "
+                               "in hicache_storage_backend_extra_config")
+        backend = MooncakeStore(settings.pop("master_server_address"), **settings)
+    backend.register_mem_pool_host(host_kv)
+    per_ki = extra.get("prefetch_timeout_per_ki_token", 0)
+    config = StorageConfig(
+        backend=backend, io="threads",
+        prefetch_threshold=extra.get("prefetch_threshold", 256),
+        prefetch_stop_policy=getattr(server_args, "hicache_storage_prefetch_policy", "timeout"),
+        prefetch_timeout_base=extra.get("prefetch_timeout_base", 1),
+        prefetch_timeout_per_page=per_ki * page_size / 1024 if per_ki else 0)
+    config.validate()
+    return config

@@ -248,3 +248,44 @@ def test_manual_steps_are_refused_in_threads_mode(tmp_path):
     with pytest.raises(fast.Unsupported, match="threads"):
         w.tier.run_queries(-1)
     w.close()
+
+
+def test_server_args_attach_the_file_store(tmp_path):
+    """SGLang's `--hicache-storage-backend file` through `init_hicache`, as the host tier is."""
+    import json
+    import types
+    geo = kernels.KVGeometry.mha(2, 2, 4, PS, torch.float32)
+    dev = kernels.DevicePool.allocate(geo, 32 + PS)
+    host = kernels.HostPool.allocate(geo, kernels.Layout.PAGE_FIRST, 64 + PS, pin_memory=False)
+    alloc = PoolAllocator(PagedPool(32, PS, "kv"), torch, whole_pages=True)
+    params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
+                                  token_to_kv_pool_allocator=alloc, page_size=PS)
+    args = types.SimpleNamespace(
+        hicache_write_policy="write_through", hicache_ratio=2.0, hicache_size=0,
+        hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
+        hicache_storage_backend_extra_config=json.dumps(
+            {"file_path": str(tmp_path), "prefetch_threshold": 8,
+             "prefetch_timeout_per_ki_token": 1.0}))
+    cache = fast.UnifiedRadixCache(params)
+    params.hicache = HiCacheConfig(host_slots=64, device_kv=dev, host_kv=host, copy_impl="torch")
+    cache.init_hicache(args, params)
+    tier = cache.storage_tier
+    assert isinstance(tier.backend, FileStore) and tier.threads
+    assert tier.config.prefetch_stop_policy == "wait_complete" and tier.threshold == 8
+    assert tier.config.prefetch_timeout_per_page == PS / 1024
+    slots = alloc.alloc(8)
+    cache.insert(fast.InsertParams(key=fast.RadixKey(list(range(8))), value=slots))
+    cache.check_hicache_events()
+    assert tier.wait_idle(10)
+    assert len(list(tmp_path.glob("*.urxp"))) == 2
+    tier.close()
+    bad = types.SimpleNamespace(**{**vars(args), "hicache_storage_backend_extra_config": '{"x": 1}'})
+    with pytest.raises(fast.Unsupported, match=r"\['x'\]"):
+        fast.UnifiedRadixCache(fast.CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
+            page_size=PS)).init_hicache(bad, params)
+    other = types.SimpleNamespace(**{**vars(args), "hicache_storage_backend": "nixl"})
+    with pytest.raises(fast.Unsupported, match="nixl"):
+        fast.UnifiedRadixCache(fast.CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
+            page_size=PS)).init_hicache(other, params)
