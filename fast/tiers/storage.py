@@ -113,9 +113,17 @@ class StorageConfig:
     ``prefetch_timeout_per_page``: clock units (``manual``: ticks; ``threads``: seconds);
     ``key_mode``: ``namespaced`` (default) or ``compat`` (0.5.13.post1's keys, shared across
     extra keys); ``prefetch_capacity``: tokens that prefetches in flight may occupy (None: 80%
-    of the host pool beyond the device pool, as upstream); ``log_copies``: log the storage
-    copies (``("store", host_slots, keys)`` / ``("fetch", keys, host_slots)``) with the host
-    tier's copy log, for the KV checker."""
+    of the host pool beyond the device pool, as upstream).  The storage copies are logged
+    (``("store", host_slots, keys)`` / ``("fetch", keys, host_slots)``) with the host tier's
+    copy log when it keeps one (``HiCacheConfig.log_copies``), for the KV checker.
+
+    Tensor parallelism: ``tp_group`` (the scheduler's side) and ``tp_io_group`` (the storage
+    thread's; a second group, since the two sides issue collectives concurrently), both
+    ``torch.distributed`` process groups over the same ranks (gloo on CPU), make every rank
+    decide alike as upstream does: the storage hit and the tokens a finished prefetch inserts
+    are the MIN over ranks, a prefetch ends when it may end on every rank or was terminated
+    on any (MAX), the control queues drain the MIN of their lengths, and an abort waits for
+    every rank (a barrier).  None (the default): one rank, no collective."""
 
     backend: Any = None
     io: str = "manual"
@@ -126,6 +134,8 @@ class StorageConfig:
     key_mode: str = "namespaced"
     prefetch_capacity: int | None = None
     clock: Callable[[], float] | None = None
+    tp_group: Any = None
+    tp_io_group: Any = None
 
     def validate(self) -> None:
         if self.io not in IO_MODES:
@@ -144,6 +154,8 @@ class StorageConfig:
             raise InvalidInput(f"prefetch_capacity must be an int >= 0, got {self.prefetch_capacity!r}")
         if self.backend is None and self.io != "manual":
             raise InvalidInput("storage io='threads' needs a backend")
+        if (self.tp_group is None) != (self.tp_io_group is None):
+            raise InvalidInput("tp_group and tp_io_group go together (one per side)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,6 +195,17 @@ class Prefetch:
     transfer_done: bool = False
     released_from: int | None = None  # slots[released_from:] went to the release queue
     taken: int = 0         # slots[:taken] were handed to the cache
+
+
+def _reduce(group: Any, values: list[int], op: str) -> list[int]:
+    """``values`` reduced element-wise over ``group`` (``"min"`` / ``"max"``); as they are
+    without a group."""
+    if group is None:
+        return values
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX, group=group)
+    return [int(v) for v in t.tolist()]
 
 
 def _count(name: str, k: object) -> int:
@@ -378,7 +401,8 @@ class StorageTier:
             return True
         done = self._completed_all(op)
         can = done if policy == "wait_complete" else (done or self._timed_out(op))
-        return can or op.terminated
+        cannot, terminated = _reduce(self.config.tp_group, [int(not can), int(op.terminated)], "max")
+        return cannot == 0 or terminated == 1
 
     def check_prefetch_progress(self, rid: str) -> bool:
         """True when ``rid`` has no prefetch in flight (any more); a prefetch the stop policy
@@ -391,14 +415,16 @@ class StorageTier:
             if not self.can_terminate_prefetch(op):
                 return False
             op.terminated = True
-            done = op.completed
+            read = op.completed
+        done = _reduce(self.config.tp_group, [read], "min")[0]  # what every rank has read
         ps = self.page_size
         prefix_len = self._insert_host(op.anchor, op.extra_key, op.units[:done], op.slots[:done],
                                        op.keys[: done // ps])
         if prefix_len:
             self.host.controller.mem_pool_host.free(op.slots[:prefix_len])
         with self._lock:
-            op.taken = done
+            self._release(op.slots[done:read])  # read here, not on every rank
+            op.taken = read
             if op.anchor_locked:
                 self.cache.dec_host_lock_ref(op.anchor)
             del self.ongoing[rid]
@@ -455,9 +481,14 @@ class StorageTier:
         far are released (the transfer releases the rest when it ends)."""
         with self._lock:
             self.loaded_tokens.pop(rid, None)
-            op = self.ongoing.pop(rid, None)
-            if op is None:
+            if rid not in self.ongoing:
                 return
+            self.ongoing[rid].terminated = True
+        if self.config.tp_group is not None:  # every rank stops this prefetch before it goes
+            import torch.distributed as dist
+            dist.barrier(group=self.config.tp_group)
+        with self._lock:
+            op = self.ongoing.pop(rid)
             op.terminated = True
             done = op.completed
             if op.anchor_locked:
@@ -482,7 +513,10 @@ class StorageTier:
         released host slots go back to the host pool."""
         cache = self.cache
         with self._lock:
-            while self.revoke_queue:
+            sizes = [len(self.revoke_queue), len(self.ack_backup_queue), len(self.release_queue)]
+        n_revoke, n_ack, n_release = _reduce(self.config.tp_group, sizes, "min")
+        with self._lock:
+            for _ in range(n_revoke):
                 rid = self.revoke_queue.pop(0)
                 op = self.ongoing.pop(rid, None)
                 if op is None:
@@ -491,12 +525,12 @@ class StorageTier:
                     cache.dec_host_lock_ref(op.anchor)
                 self.occupied = max(0, self.occupied - len(op.units))
                 self._forget_if_finished(op)
-            while self.ack_backup_queue:
+            for _ in range(n_ack):
                 b = self.ack_backup_queue.pop(0)
                 if self.ongoing_backup.pop(b.serial, None) is not None:
                     cache.dec_host_lock_ref(b.node)
-            pages = self.release_queue
-            self.release_queue = []
+            pages = self.release_queue[:n_release]
+            del self.release_queue[:n_release]
         if pages:
             self.host.controller.mem_pool_host.free(torch.cat(pages))
 
@@ -571,7 +605,7 @@ class StorageTier:
     def _hit_query(self, op: Prefetch) -> None:
         ps = self.page_size
         keys = chain_keys(op.units, ps, op.last_key)
-        hit = self._stored_run(keys)
+        hit = _reduce(self.config.tp_io_group, [self._stored_run(keys)], "min")[0]
         with self._lock:
             op.queried = True
             if hit * ps < self.threshold:
