@@ -289,3 +289,18 @@ def test_server_args_attach_the_file_store(tmp_path):
         fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
             page_size=PS)).init_hicache(other, params)
+
+
+def test_upstream_method_names_on_the_cache(tmp_path):
+    kv = _write(tmp_path)
+    w = World(tmp_path)
+    cache = w.cache
+    assert cache.enable_storage
+    assert cache.prefetch_from_storage("r1", cache.root_node, TOKENS) == len(TOKENS)
+    assert w.tier.wait_idle(10)
+    assert cache.check_prefetch_progress("r1") is True
+    assert cache.pop_prefetch_loaded_tokens("r1") == len(TOKENS)
+    cache.release_aborted_request("r1")  # nothing in flight: nothing happens
+    assert torch.equal(w.load(TOKENS), kv)
+    assert cache.clear_storage_backend() and len(w.store) == 0
+    w.close()
