@@ -304,3 +304,50 @@ def test_upstream_method_names_on_the_cache(tmp_path):
     assert torch.equal(w.load(TOKENS), kv)
     assert cache.clear_storage_backend() and len(w.store) == 0
     w.close()
+
+
+class _SpecAndFast:
+    """The spec and fast behind one adapter face, every step in lockstep (snapshots and
+    invariants compared after each)."""
+
+    def __init__(self, config):
+        from uniradix.conformance.explore.lockstep import Lockstep
+        self.ls = Lockstep([make_adapter("spec", config), make_adapter("fast", config)],
+                           ["spec", "fast"])
+        self.ls.prime()
+        self.pool = self.ls.adapters[0].pool
+
+    def apply(self, step):
+        obs, finding = self.ls.check(step)
+        assert finding is None, str(finding)
+        return obs
+
+    def violations(self):
+        return []
+
+
+def _storage_machine():
+    import sys
+    from pathlib import Path
+    here = str(Path(__file__).resolve().parents[1] / "conformance" / "explore")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from test_storage_machine import make_machine, storage_configs
+    return make_machine(_SpecAndFast, storage_configs())
+
+
+def test_storage_machine_spec_and_fast_in_lockstep():
+    """The Hypothesis storage machine (pages 1 and 2, both write policies, every stop policy)
+    on the spec and fast in lockstep."""
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+    run_state_machine_as_test(_storage_machine(), settings=settings(
+        max_examples=25, stateful_step_count=30, deadline=None, database=None))
+
+
+@pytest.mark.slow
+def test_storage_machine_spec_and_fast_in_lockstep_long():
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+    run_state_machine_as_test(_storage_machine(), settings=settings(
+        max_examples=1500, stateful_step_count=80, deadline=None, database=None))
