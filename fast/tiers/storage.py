@@ -704,17 +704,43 @@ class StorageTier:
                 if job is None:
                     return
                 kind, item = job
-                if kind == "backup":
-                    with self._lock:
-                        pending = any(b is item for b in self.backups)
+                try:
+                    if kind == "backup":
+                        with self._lock:
+                            pending = any(b is item for b in self.backups)
+                            if pending:
+                                self.backups.remove(item)
                         if pending:
-                            self.backups.remove(item)
-                    if pending:
-                        self._write(item)
-                else:
-                    self._run_prefetch(item)
+                            self._write(item)
+                    else:
+                        self._run_prefetch(item)
+                except Exception:  # noqa: BLE001 (a job that fails ends as a miss; the thread lives on)
+                    self._failed(kind, item)
             finally:
                 self._jobs.task_done()
+
+    def _failed(self, kind: str, item: Any) -> None:
+        """A job raised: a backup is acked unwritten; a prefetch not yet queried is revoked, one
+        loading ends where it is."""
+        with self._lock:
+            if kind == "backup":
+                if not item.done:
+                    item.done = True
+                    self.ack_backup_queue.append(item)
+                return
+            op = item
+            if op.transfer_done or not any(p is op for p in self.prefetches):
+                return
+            if not op.queried:
+                op.queried = True
+                self.revoke_queue.append(op.rid)
+                self._release(op.slots[op.taken:])
+                op.released_from = op.taken
+                op.transfer_done = True
+                self.prefetches.remove(op)
+                return
+            op.terminated = True
+        self._end_transfer(op)
 
     def _run_prefetch(self, op: Prefetch) -> None:
         with self._lock:

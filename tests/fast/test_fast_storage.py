@@ -351,3 +351,16 @@ def test_storage_machine_spec_and_fast_in_lockstep_long():
     from hypothesis.stateful import run_state_machine_as_test
     run_state_machine_as_test(_storage_machine(), settings=settings(
         max_examples=1500, stateful_step_count=80, deadline=None, database=None))
+
+
+def test_a_prefetch_whose_keys_cannot_be_computed_is_a_miss_and_the_thread_lives(tmp_path):
+    """Tokens outside a page key's range (4 bytes unsigned) fail the hit query: revoked, the
+    storage thread goes on serving the next prefetch."""
+    kv = _write(tmp_path)
+    w = World(tmp_path)
+    free = w.cache.cache_controller.mem_pool_host.available_size()
+    assert w.prefetch("bad", [-1] * 8) == (8, 0)
+    assert w.cache.cache_controller.mem_pool_host.available_size() == free
+    assert w.prefetch("r1", TOKENS) == (len(TOKENS), len(TOKENS))
+    assert torch.equal(w.load(TOKENS), kv)
+    w.close()
