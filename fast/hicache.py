@@ -51,3 +51,37 @@ class HiCacheRadixCache(HybridRadixCache):
         if self.tier is None:
             raise Unsupported("HiCacheRadixCache needs a host tier: params.hicache or the "
                               "hicache argument")
+
+    # -- the storage tier (fast/tiers/storage.py), under upstream's method names --------------
+    @property
+    def enable_storage(self) -> bool:
+        return self.storage_tier is not None
+
+    def _storage(self) -> Any:
+        if self.storage_tier is None:
+            raise Unsupported("this cache has no storage tier (HiCacheConfig.storage)")
+        return self.storage_tier
+
+    def prefetch_from_storage(self, req_id: str, last_host_node: Node, new_input_tokens: Any,
+                              last_hash: str | None = None, prefix_keys: Any = None) -> int:
+        """Prefetch what follows ``last_host_node`` for ``req_id`` (its keys are the tier's own
+        chain: ``last_hash`` / ``prefix_keys`` are accepted and not needed)."""
+        tier = self._storage()
+        return int(tier.prefetch_from_storage(req_id, last_host_node, new_input_tokens,
+                                              last_host_node.extra_key))
+
+    def check_prefetch_progress(self, req_id: str) -> bool:
+        return bool(self._storage().check_prefetch_progress(req_id))
+
+    def terminate_prefetch(self, req_id: str) -> None:
+        self._storage().terminate_prefetch(req_id)
+
+    def pop_prefetch_loaded_tokens(self, req_id: str) -> int:
+        return int(self._storage().pop_prefetch_loaded_tokens(req_id))
+
+    def release_aborted_request(self, rid: str) -> None:
+        if self.storage_tier is not None:
+            self.storage_tier.release_aborted_request(rid)
+
+    def clear_storage_backend(self) -> bool:
+        return bool(self._storage().clear())

@@ -111,6 +111,7 @@ class HybridRadixCache(UnifiedRadixCache):
     core_reason = "a hybrid cache (SWA or Mamba): the C core covers the device-only Full path"
     _node_type = HybridNode
     tier: HostTier | None = None
+    storage_tier: Any = None  # the storage tier (fast/tiers/storage.py), below the host tier
 
     def __init__(self, params: api.CacheInitParams, hicache: HiCacheConfig | None = None) -> None:
         names = _components_of(params)
@@ -178,6 +179,10 @@ class HybridRadixCache(UnifiedRadixCache):
         self.ongoing_write_through = tier.ongoing_write_through
         self.ongoing_load_back = tier.ongoing_load_back
         self._evict_leaf = tier.evict_leaf
+        self.storage_tier = None  # the storage tier below the host tier (fast/tiers/storage.py)
+        if hicache.storage is not None:
+            from .tiers.storage import StorageTier
+            tier.storage = self.storage_tier = StorageTier(self, hicache.storage)
         for comp in self.components:
             comp.attach_host(tier, hicache)
 
@@ -824,6 +829,8 @@ class HybridRadixCache(UnifiedRadixCache):
     def check_hicache_events(self) -> None:
         self.writing_check()
         self.loading_check()
+        if self.storage_tier is not None:  # the storage tier's control queues
+            self.storage_tier.drain()
 
     def flush_write_through_acks(self) -> None:
         self.writing_check()
@@ -907,6 +914,8 @@ class HybridRadixCache(UnifiedRadixCache):
             comp.tree_violations(comp_acc, errors)
         if self.tier is not None:
             self.tier.total_violations(acc, errors)
+            if self.storage_tier is not None:
+                self.storage_tier.violations(errors)
             host_accs = acc.get("aux_host") or [{"host_values": [], "host_members": set()}
                                                 for _ in self.components]
             for comp, comp_acc in zip(self.components, host_accs, strict=True):

@@ -28,7 +28,8 @@ _ids = itertools.count(1)
 class Node:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
                  "hit_count", "extra_key", "dev_children", "id", "ck",
-                 "host_value", "host_lock_ref", "aux", "aux_lock", "created", "priority")
+                 "host_value", "host_lock_ref", "aux", "aux_lock", "created", "priority",
+                 "page_keys")  # the storage tier's (fast/tiers/storage.py): unset until asked
 
     def __init__(self, key: Any, value: Any, parent: Node | None, extra_key: Any,
                  stamp: int, ck: Any = None) -> None:

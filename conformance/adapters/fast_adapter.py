@@ -14,6 +14,7 @@ from uniradix import fast
 from uniradix.conformance.adapters.base import StepAdapter, args_of, check_cow_args, check_supported, path_arg
 from uniradix.conformance.adapters.capabilities import CAPABILITIES
 from uniradix.conformance.adapters.host_ops import FastHostOps
+from uniradix.conformance.adapters.storage_ops import FastStorageOps
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError as SpecCacheError
@@ -96,7 +97,7 @@ def ints(name: str, xs) -> array:
         raise fast.InvalidInput(f"{name}: {e}") from None
 
 
-class FastAdapter(FastHostOps, StepAdapter):
+class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
     """Runs trace steps on the fast path."""
 
     rejections = REJECTIONS
@@ -106,7 +107,7 @@ class FastAdapter(FastHostOps, StepAdapter):
     capabilities = CAPABILITIES["fast"]
 
     def __init__(self, config: CacheConfig) -> None:
-        check_supported(config, host_tier=True)
+        check_supported(config, host_tier=True, storage=True)
         self.config = config
         self.pool = PagedPool(config.kv_slots, config.page_size, "kv")
         self.alloc = PoolAllocator(self.pool, torch, whole_pages=True)
@@ -116,6 +117,8 @@ class FastAdapter(FastHostOps, StepAdapter):
             self.host_pool = PagedPool(config.host_slots, config.page_size, "host")
             hicache = self.hicache_config(config, PoolAllocator(self.host_pool, torch),
                                           log_copies=True)
+            if config.storage:  # the storage tier (conformance/adapters/storage_ops.py)
+                hicache.storage = self.storage_config(config)
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
@@ -166,7 +169,8 @@ class FastAdapter(FastHostOps, StepAdapter):
                 "pool": sorted(self.pool.allocated_pages()),
                 "requests": [self._request_view(r) for _, r in sorted(self.requests.items())],
                 **({"host": self.host_snapshot()}
-                   if getattr(self, "host_pool", None) is not None else {})}
+                   if getattr(self, "host_pool", None) is not None else {}),
+                **({"storage": self.storage_snapshot()} if self.config.storage else {})}
 
     def _request_view(self, req: Req) -> dict[str, Any]:
         row = (self.rtt.req_to_token[req.req_pool_idx, :req.committed].tolist()

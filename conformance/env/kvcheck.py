@@ -50,6 +50,13 @@ With a host tier the SWA copies the implementation asked for (``take_swa_copies(
 and loads, as for the states) move the SWA data between the device and the SWA host pool, and
 every node's SWA host slots are checked the same way, so an SWA slot mix-up at a backup, a host
 eviction or a load back shows when it happens.
+
+With a storage tier the copies include the storage's: ``("store", host slots, page keys)`` (a
+backup writes what those host slots hold under the keys, one page each) and ``("fetch", page
+keys, host slots)`` (a prefetch reads what is stored under the keys into its host slots).  The
+checker keeps its own store of host data by key, so a page that comes back from storage holds
+exactly what was written under its key (nothing, NaN, if it never was), and the host check
+after a prefetch inserts it shows a page read under the wrong key or into the wrong slots.
 """
 
 from __future__ import annotations
@@ -143,12 +150,42 @@ class HostKV:
         self.host = kernels.HostPool(self.geometry, kernels.Layout(layout),
                                      torch.from_numpy(self.data))
         self.layout = self.host.layout
+        self.page_size = page_size
+        self.stored: dict[str, np.ndarray] = {}  # the storage tier: page key -> its host data
+
+    def _index(self, slots: Sequence[int]) -> tuple:
+        """The index of ``slots`` in the host buffer, in its layout."""
+        idx = np.array(list(slots), dtype=np.int64)
+        name = self.layout.value
+        if name == "layer_first":
+            return (slice(None), idx)
+        if name == "page_first":
+            return (idx,)
+        P = self.geometry.page_size
+        return (idx // P, slice(None), idx % P)
+
+    def _storage_copy(self, kind: str, src: list, dst: list) -> None:
+        """A storage write (host slots -> keys) or read (keys -> host slots), page by page."""
+        ps = self.page_size
+        if kind == "store":
+            for k, key in enumerate(dst):
+                self.stored[key] = self.data[self._index(src[k * ps: (k + 1) * ps])].copy()
+            return
+        for k, key in enumerate(src):
+            where = self._index(dst[k * ps: (k + 1) * ps])
+            page = self.stored.get(key)
+            if page is None:
+                self.data[where] = np.nan
+            else:
+                self.data[where] = page
 
     def run(self, copies: list) -> None:
         """Run the logged copies in order."""
         t = self.torch
         for kind, src, dst in copies:
-            if kind == "backup":
+            if kind in ("store", "fetch"):
+                self._storage_copy(kind, src, dst)
+            elif kind == "backup":
                 self.kernels.backup_all_layers(
                     self.device, self.host, device_indices=t.tensor(src, dtype=t.int64),
                     host_indices=t.tensor(dst, dtype=t.int64), impl=self.impl)

@@ -112,27 +112,32 @@ class HiCacheConfig:
     log_copies: bool = False
     host_mamba_allocator: Any = None
     host_mamba_slots: int | None = None
+    storage: Any = None  # the storage tier below this one (fast/tiers/storage.py StorageConfig)
 
 
 def hicache_config_from_server_args(server_args: Any, params: Any) -> HiCacheConfig:
     """The host tier SGLang's ``server_args`` ask for (``UnifiedRadixCache.init_hicache``).
 
     Read: ``hicache_write_policy``; the host pool's size, ``hicache_ratio`` times the device
-    allocator's ``size`` (whole pages).  Refused (``Unsupported``, naming the argument): a
-    storage backend (``hicache_storage_backend``), a size in GB (``hicache_size``: uniradix
-    does not know the bytes per token of SGLang's KV pool), and a device allocator whose
-    ``get_kvcache()`` holds KV data, unless ``params.hicache`` (uniradix's option, a
+    allocator's ``size`` (whole pages); a storage backend (``hicache_storage_backend``) adds
+    the storage tier (fast/tiers/storage.py ``storage_config_from_server_args`` says what it
+    reads and refuses).  Refused (``Unsupported``, naming the argument): a size in GB
+    (``hicache_size``: uniradix does not know the bytes per token of SGLang's KV pool), and a
+    device allocator whose ``get_kvcache()`` holds KV data, unless ``params.hicache`` (uniradix's option, a
     :class:`HiCacheConfig`) gives the ``uniradix.kernels`` pools that move it
     (``device_kv`` / ``host_kv``): a host tier that kept slots without copying KV would hand
     out wrong KV.  With ``params.hicache`` set, it is the configuration (its write policy
     and sizes win), after the same refusals."""
-    backend = getattr(server_args, "hicache_storage_backend", None)
-    if backend is not None:
-        raise Unsupported(f"hicache_storage_backend={backend!r}: storage backends are not supported")
     size_gb = getattr(server_args, "hicache_size", 0)
     if size_gb:
         raise Unsupported(f"hicache_size={size_gb!r}: give the host pool as hicache_ratio")
     given = compat.read_settings(params).hicache
+    if getattr(server_args, "hicache_storage_backend", None) is not None:  # fast/tiers/storage.py
+        from .storage import storage_config_from_server_args
+        storage = storage_config_from_server_args(server_args, params.page_size,
+                                                  given.host_kv if given is not None else None)
+        assert given is not None  # (refused above without host_kv)
+        given = dataclasses.replace(given, storage=storage)
     if given is not None:
         return given
     policy = getattr(server_args, "hicache_write_policy", "write_through")
@@ -403,6 +408,7 @@ class HostTier:
         self.host_tokens = 0
         self.ongoing_write_through: dict[int, InFlight] = {}  # ack id -> node, lock or None
         self.ongoing_load_back: dict[int, InFlight] = {}      # ack id -> node, lock
+        self.storage: Any = None  # the storage tier below (fast/tiers/storage.py), if any
 
     def reset(self) -> None:
         """Forget the host copies and the in-flight transfers (in place: the cache hands the
@@ -414,6 +420,8 @@ class HostTier:
         self.ongoing_load_back.clear()
         self.controller.reset()
         self.controller.mem_pool_host.clear()
+        if self.storage is not None:
+            self.storage.reset()
 
     # -- host leaves -------------------------------------------------------------------------
     @staticmethod
@@ -445,6 +453,8 @@ class HostTier:
         if host is not None:
             upper.host_value = host[:k].clone()
             child.host_value = host[k:].clone()
+        if self.storage is not None:  # the page keys are cut too
+            self.storage.split(upper, child, k)
 
     def detach(self, node: Any) -> None:
         """``node`` leaves the tree (it holds no device data)."""
@@ -703,6 +713,8 @@ class HostTier:
                 entry = self.ongoing_write_through.pop(ack_id, None)
                 if entry is not None and entry.lock is not None:
                     self.cache.dec_lock_ref(entry.node, entry.lock)
+                if entry is not None and self.storage is not None:  # backed up to storage
+                    self.storage.after_write_ack(ack_id, entry.node)
 
     def loading_check(self) -> None:
         """Process finished loads (the done prefix of the load-ack queue), unlocking them."""

@@ -1,7 +1,8 @@
 """The golden storage corpus (tests/corpus/upstream-storage, recorded from sglang 0.5.13.post1)
 is there and complete, and replays on the spec with 0 divergences and sound invariants after
 every step: seeds 1-3 of each config in the default suite, every trace with ``-m slow`` (all
-240 cost about 190 s of CPU).  fast has no storage tier yet (issue 16)."""
+240 cost about 190 s of CPU).  The same on fast (fast/tiers/storage.py): seed 1 of each config in
+the default suite, every trace with ``-m slow`` (about 40 s of CPU)."""
 
 from __future__ import annotations
 
@@ -60,5 +61,21 @@ def _replay_params() -> list:
 @pytest.mark.parametrize("path", _replay_params())
 def test_replay_on_spec(path):
     result = replay_trace(load_trace(path), "spec")
+    assert result.unsupported is None, result.unsupported
+    assert result.divergence is None, str(result.divergence)
+
+
+def _fast_params() -> list:
+    out = []
+    for t in sorted(glob.glob(os.path.join(BASE, "*.jsonl"))):
+        seed = int(re.search(r"-s(\d+)\.jsonl$", t).group(1))
+        marks = () if seed == 1 else (pytest.mark.slow,)
+        out.append(pytest.param(t, marks=marks, id=os.path.basename(t)))
+    return out
+
+
+@pytest.mark.parametrize("path", _fast_params())
+def test_replay_on_fast(path):
+    result = replay_trace(load_trace(path), "fast")
     assert result.unsupported is None, result.unsupported
     assert result.divergence is None, str(result.divergence)
