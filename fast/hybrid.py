@@ -561,6 +561,8 @@ class HybridRadixCache(UnifiedRadixCache):
             rest = units[pos:]
             ck = self._ck(ek, rest, 0)
             leaf = self._new_node(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, self._clock, ck)
+            if keyed:  # before the components' commit, whose split hands it to the upper part
+                leaf.priority = priority
             node.children[ck] = leaf
             node.dev_children += 1
             self._evictable += n - pos

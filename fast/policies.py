@@ -203,10 +203,10 @@ def walked(cache: Any, node: Any, priority: int, chunked: bool) -> None:
 
 
 def new_leaf(cache: Any, leaf: Any, priority: int, chunked: bool) -> None:
-    """An insert added ``leaf`` (after the components' commit and the tier's hit): it takes
-    the insert's priority, a hit where the tier does not count one, and a fresh heap entry.
-    O(log n)."""
-    leaf.priority = priority
+    """An insert added ``leaf`` (after the components' commit and the tier's hit; the tree
+    gave it the insert's priority when it made it, before a commit could split it): a hit
+    where the tier does not count one, and a fresh heap entry.  O(log n)."""
+    assert leaf.priority == priority
     if cache.tier is None and not chunked:
         leaf.hit_count += 1
     cache._push_if_leaf(leaf)
