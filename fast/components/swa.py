@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, Unsupported
 from ..frees import FreeBatch
 from ..tiers.host import Copy, HostSlotAllocator
 from . import SWA_ID, AuxComponent, Validator
@@ -241,12 +241,23 @@ class SwaComponent(AuxComponent):
         while cur is not root:
             rec = cur.aux[i]
             if cur.id in skip or rec.lock == 0:
-                cur = cur.parent
+                cur = self._up(cur, params)
                 continue
             self._unlock_rec(cur, rec, len(cur.key), unlocked)
             if boundary and rec.boundary == boundary:
                 break
-            cur = cur.parent
+            cur = self._up(cur, params)
+
+    def _up(self, node: Any, params: Any) -> Any:
+        """The next node of an unlock's walk: the parent; for a node the host tier took out of
+        the tree meanwhile (a locked node's evicted bottom segment can leave through host
+        eviction), the lock's anchor, the first node it held on the device (the nodes below
+        it were skipped), else the root."""
+        up = node.parent
+        if up is not None:
+            return up
+        anchor = getattr(params, "anchor", None)
+        return anchor if anchor is not None else self.cache.root_node
 
     # -- the host tier (fast/tiers/host.py) -------------------------------------------------
     def attach_host(self, tier: Any, config: Any) -> None:
@@ -260,8 +271,8 @@ class SwaComponent(AuxComponent):
                                    "SWATokenToKVPoolAllocator): a load back pairs full and SWA "
                                    "slots itself")
         if tier.controller.device_kv is not None:
-            raise InvalidInput("a host tier that moves KV data (device_kv / host_kv) with SWA: "
-                               "moving SWA KV to the host is not supported")
+            raise Unsupported("a host tier that moves KV data (device_kv / host_kv) with SWA: "
+                              "moving SWA KV to the host is not supported")
         pool = config.host_swa_allocator
         if pool is None:
             n = config.host_swa_slots if config.host_swa_slots is not None \
@@ -408,8 +419,10 @@ class SwaComponent(AuxComponent):
             return None
         tier = cache.tier
         size, boundary, skipped, cur = 0, None, [], node
+        walked: list = []
         window, i = self.window, self.i
         while cur is not root and size < window:
+            walked.append(cur)
             rec = cur.aux[i]
             if rec.host_value is None:
                 skipped.append(cur)
@@ -425,7 +438,7 @@ class SwaComponent(AuxComponent):
                         self._next_boundary += 1
                     boundary = rec.host_boundary
             cur = cur.parent
-        lock = SwaHostLock(skipped, boundary)
+        lock = SwaHostLock(skipped, boundary, walked)
         self.host_locks[id(lock)] = lock
         return lock
 
@@ -437,14 +450,14 @@ class SwaComponent(AuxComponent):
         root, tier, i = cache.root_node, cache.tier, self.i
         if token is not None:
             self.host_locks.pop(id(token), None)
-            skipped, boundary = token.skipped, token.boundary
+            skipped, boundary, walked = token.skipped, token.boundary, token.walked
         else:
-            skipped, boundary = [], None
+            skipped, boundary, walked = [], None, []
         size, cur = 0, node
         while cur is not root:
             rec = cur.aux[i]
             if any(cur is s for s in skipped) or rec.host_lock == 0:
-                cur = cur.parent
+                cur = self._host_up(cur, walked)
                 continue
             rec.host_lock -= 1
             if rec.host_lock == 0 and rec.value is None and rec.host_value is not None:
@@ -457,7 +470,22 @@ class SwaComponent(AuxComponent):
                 size += len(cur.key)
                 if size >= self.window:
                     return
-            cur = cur.parent
+            cur = self._host_up(cur, walked)
+
+    def _host_up(self, node: Any, walked: list) -> Any:
+        """The next node of a host unlock's walk: the parent; for a node that left the tree
+        meanwhile (a host-locked node without a host copy can be deleted from the device),
+        the first node the lock walked past it that is still in the tree, else the root."""
+        up = node.parent
+        if up is not None:
+            return up
+        root = self.cache.root_node
+        seen = False
+        for x in walked:
+            if seen and (x.parent is not None or x is root):
+                return x
+            seen = seen or x is node
+        return root
 
     def host_tree_violations(self, acc: dict, errors: list) -> None:
         super().host_tree_violations(acc, errors)
@@ -476,8 +504,9 @@ class SwaHostLock:
     host copy; a split of one adds its new upper part) and the host-boundary mark of the node
     where the window filled up (None: it never did)."""
 
-    __slots__ = ("skipped", "boundary")
+    __slots__ = ("skipped", "boundary", "walked")
 
-    def __init__(self, skipped: list, boundary: int | None) -> None:
+    def __init__(self, skipped: list, boundary: int | None, walked: list) -> None:
         self.skipped = skipped
         self.boundary = boundary
+        self.walked = walked  # the nodes the lock walked, node first (for nodes gone since)

@@ -17,8 +17,10 @@ from uniradix.conformance.traces.trace import load_trace
 # replay in tests/spec/test_spec_policies.py, tests/spec/test_spec_mamba_cow.py and
 # tests/conformance/traces/test_storage_corpus.py (the fast path refuses them until it models them; the one
 # list of those folders is uniradix.conformance.run.SPEC_ONLY_CORPORA, which `uniradix run` reads too).
+# tests/corpus/upstream-host-swa replays on both in tests/conformance/traces/test_host_swa_corpus.py
+# (two seeds per config in the default suite, the rest behind `slow`)
 ALL_TRACES = sorted(t for t in glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
-                    if not is_spec_only(t))
+                    if not is_spec_only(t) and os.sep + "upstream-host-swa" + os.sep not in t)
 # tests/corpus/upstream-events-hybrid replays one seed per config in the default suite, the rest
 # behind `slow` (its events are checked against upstream's in tests/conformance/traces/test_events_corpus.py)
 SLOW_TRACES = [t for t in ALL_TRACES if os.sep + "upstream-events-hybrid" + os.sep in t
