@@ -262,7 +262,8 @@ class SwaComponent(AuxComponent):
     # -- the host tier (fast/tiers/host.py) -------------------------------------------------
     def attach_host(self, tier: Any, config: Any) -> None:
         """The host tier is composed: its SWA host pool (``config.host_swa_allocator``, else
-        ``host_swa_slots`` SWA host slots, default ``host_slots``, paged as the KV pool); a
+        ``host_swa_slots`` SWA host slots, default as many as the KV host pool's, paged as
+        the KV pool); a
         load back takes full and SWA slots apart, so the allocator must offer them apart."""
         alloc = self.cache.token_to_kv_pool_allocator
         for m in ("full_attn_allocator", "swa_attn_allocator", "set_full_to_swa_mapping"):
@@ -275,8 +276,11 @@ class SwaComponent(AuxComponent):
                               "moving SWA KV to the host is not supported")
         pool = config.host_swa_allocator
         if pool is None:
-            n = config.host_swa_slots if config.host_swa_slots is not None \
-                else config.host_slots
+            n = config.host_swa_slots
+            if n is None:  # as many as the KV host pool holds (given, it is empty now)
+                host = tier.controller.mem_pool_host
+                size = getattr(host, "size", None)
+                n = size if type(size) is int else host.available_size()
             pool = HostSlotAllocator(n, self.cache.page_size)
         self.host_allocator = pool
         self.controller = tier.controller

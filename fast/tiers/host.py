@@ -99,8 +99,8 @@ class HiCacheConfig:
     With Mamba: the host state pool, ``host_mamba_allocator`` (default a
     :class:`HostSlotAllocator` of ``host_mamba_slots`` states, default twice the device
     Mamba pool's size).  With SWA: the SWA host pool, ``host_swa_allocator`` (default a
-    :class:`HostSlotAllocator` of ``host_swa_slots`` SWA host slots, default ``host_slots``,
-    paged as the KV pool)."""
+    :class:`HostSlotAllocator` of ``host_swa_slots`` SWA host slots, default as many as the
+    KV host pool's, paged as the KV pool)."""
 
     host_slots: int = 0
     host_allocator: Any = None

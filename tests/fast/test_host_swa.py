@@ -19,6 +19,7 @@ from uniradix.conformance.adapters.fast_hybrid import SwaPoolAllocator
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.conformance.traces.replay import replay_trace
 from uniradix.conformance.traces.trace import load_trace
+from uniradix.fast.hicache import HostSlotAllocator
 from uniradix.spec.world import HybridKVPool
 
 CFG = dict(components=("full", "swa"), kv_slots=32, swa_slots=32, host_slots=64,
@@ -160,6 +161,10 @@ def test_construction_and_the_refusals_that_remain():
                                            fast.HiCacheConfig(host_slots=32, host_swa_slots=8)))
     assert isinstance(cache, fast.HiCacheRadixCache) and cache.supports_swa()
     assert cache.core == "python" and cache.swa.host_allocator.available_size() == 8
+    # by default as many SWA host slots as the KV host pool holds (given or sized)
+    given = fast.HiCacheConfig(host_allocator=HostSlotAllocator(24))
+    cache = fast.UnifiedRadixCache(_params(SwaPoolAllocator(HybridKVPool(16, 16), torch), given))
+    assert cache.swa.host_allocator.available_size() == 24
     with pytest.raises(fast.InvalidInput, match="full_attn_allocator"):
         fast.UnifiedRadixCache(_params(_PairingOnly(pool, torch),
                                        fast.HiCacheConfig(host_slots=32)))
