@@ -212,6 +212,13 @@ class HybridFastAdapter(FastAdapter):
             return {"slots": slots, "swa_slots": list(self.pool.translate(slots))}
         return {"slots": slots}
 
+    def swa_slots_of(self, slots: list[int]) -> list[int]:
+        """The SWA slot each full slot maps to now (0: none), for the KV check
+        (conformance/env/kvcheck.py)."""
+        if not isinstance(self.pool, HybridKVPool):
+            raise Unsupported("SWA slots need the SWA component")
+        return list(self.pool.translate(slots))
+
     def _mamba_pool(self) -> PagedPool:
         if self.mamba is None:
             raise Unsupported("Mamba pool ops need the Mamba component")

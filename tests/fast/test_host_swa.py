@@ -171,3 +171,25 @@ def test_construction_and_the_refusals_that_remain():
     with pytest.raises(fast.Unsupported, match="SWA KV to the host"):
         fast.UnifiedRadixCache(_params(SwaPoolAllocator(pool, torch), fast.HiCacheConfig(
             host_slots=32, device_kv=object(), host_kv=object())))
+
+
+def test_swa_data_keeps_its_tokens_through_host_trips_on_fast():
+    """The KV check follows the SWA pool (device and host) through fast's backups, host
+    eviction and load backs of a golden trace (conformance/env/kvcheck.py)."""
+    trace = load_trace(os.path.join(CORPUS, "upstream-host-swa", "host-swa-wb-p1-s016.jsonl"))
+    result = replay_trace(trace, "fast", check_kv=True)
+    assert result.unsupported is None and result.divergence is None, result.divergence
+
+
+def test_an_swa_mixup_on_fasts_host_trip_is_found_by_the_kv_check(monkeypatch):
+    """A planted bug: fast's SWA load backs copy the host slots in reverse order."""
+    from uniradix.fast.components.swa import SwaComponent
+    orig = SwaComponent._copy
+
+    def reversed_loads(self, kind, src, dst):
+        orig(self, kind, src.flip(0) if kind == "load" else src, dst)
+
+    monkeypatch.setattr(SwaComponent, "_copy", reversed_loads)
+    trace = load_trace(os.path.join(CORPUS, "upstream-host-swa", "host-swa-wb-p1-s016.jsonl"))
+    assert replay_trace(trace, "fast").divergence is None
+    assert replay_trace(trace, "fast", check_kv=True).divergence is not None
