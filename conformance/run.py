@@ -23,10 +23,8 @@ from uniradix.conformance.traces.trace import load_trace
 IMPLS = ("spec", "fast")
 
 # Corpus folders the fast path does not model yet, replayed on the spec only: Mamba
-# copy-on-write and the host tier with SWA (fast refuses each by name).
-# Folder names or trace file names (a host+SWA trace among others).
-SPEC_ONLY_CORPORA = ("upstream-mamba-cow",
-                     "upstream-host-swa", "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl")
+# copy-on-write (fast refuses it by name). Folder names or trace file names.
+SPEC_ONLY_CORPORA: tuple[str, ...] = ("upstream-mamba-cow",)
 
 # Corpora the spec cannot replay yet (none now: the host tier with SWA was the last).
 # Folder names or trace file names; skipped, unread, by `uniradix run` and

@@ -77,8 +77,8 @@ _narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per sl
 
 HybridNode = Node  # the one pure-Python node type (fast/node.py)
 
-# the aux components a host tier can carry so far (spec/host.py models them)
-HOST_AUX: frozenset = frozenset({"mamba"})
+# the aux components a host tier can carry (spec/host.py models them), alone or together
+HOST_AUX: frozenset = frozenset({"mamba", "swa"})
 
 
 def _components_of(params: Any) -> list[str]:
@@ -408,11 +408,13 @@ class HybridRadixCache(UnifiedRadixCache):
         indices = self._indices(chunks if best_chunks == len(chunks) else chunks[:best_chunks])
         if tier is not None:
             self._stamp_tiered_path(best)
-            mamba_hit = 0
+            mamba_hit = swa_hit = 0
             if self.mamba is not None and best is not root:
                 mamba_hit = 1 if self.mamba.wants_load_back(best) else 0
+            if self.swa is not None and best is not root:
+                swa_hit = self.swa.host_hit(best)
             return api.MatchResult(indices, best_device, best, best,
-                                   tier.host_hit(best, best_device), 0, mamba_hit)
+                                   tier.host_hit(best, best_device), swa_hit, mamba_hit)
         self._stamp_path(best)
         if best is not root:
             self._push_if_leaf(best)
@@ -534,6 +536,8 @@ class HybridRadixCache(UnifiedRadixCache):
             end = pos + shared
             if child.value is None:  # evicted to the host: the fresh slots are its own again
                 self._unevict(child, value, pos)
+                if swa is not None:  # with its SWA data inside the window
+                    swa.recover(child, pos, e)
                 taken = 0
             # a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md)
             elif swa is not None and prev < end and child.aux[swa_i].value is None \
@@ -631,17 +635,20 @@ class HybridRadixCache(UnifiedRadixCache):
 
     def inc_host_lock_ref(self, node: HybridNode) -> api.IncLockRefResult:
         """Protect ``node``'s host copies from host eviction (a node without one is left as
-        it is)."""
+        it is; SWA: one window of SWA host copies above it).  Pass the result's
+        ``to_dec_params()`` to ``dec_host_lock_ref`` to undo exactly this lock."""
         self._check_attached(node)
-        if not self.disable:
-            self._host_tier().host_lock(node)
-        return api.IncLockRefResult()
+        if self.disable:
+            return api.IncLockRefResult()
+        return self._host_tier().host_lock(node)
 
     def dec_host_lock_ref(self, node: HybridNode, params: api.DecLockRefParams | None = None
                           ) -> api.DecLockRefResult:
+        """Undo one ``inc_host_lock_ref`` of ``node`` (``params``: its result's
+        ``to_dec_params()``; without them one host lock of the node's copies there)."""
         self._check_attached(node)
         if not self.disable:
-            self._host_tier().host_unlock(node)
+            self._host_tier().host_unlock(node, params)
         return api.DecLockRefResult()
 
     # ------------------------------------------------------------------------------------------

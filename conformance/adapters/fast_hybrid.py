@@ -15,7 +15,7 @@ from uniradix.conformance.adapters.base import args_of, aux_effects, check_cow_a
 from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPool, ints, priority_arg
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.errors import InvalidInput, Unsupported
+from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
 from uniradix.spec.world import HybridKVPool, PagedPool, hybrid_pools
 
 
@@ -34,6 +34,32 @@ class SwaPoolAllocator(PoolAllocator):
     def translate_loc_from_full_to_swa(self, kv_indices) -> torch.Tensor:
         return torch.tensor(self._kv().translate(kv_indices.tolist()), dtype=torch.int64)
 
+    # the sides apart, as SGLang's SWATokenToKVPoolAllocator has them (a host tier's load back
+    # takes full and SWA slots apart and pairs them itself)
+    @property
+    def full_attn_allocator(self) -> PoolAllocator:
+        return FullSideAllocator(self._kv(), torch)
+
+    @property
+    def swa_attn_allocator(self) -> PoolAllocator:
+        return PoolAllocator(self._kv().swa, torch)
+
+    def set_full_to_swa_mapping(self, full_indices, swa_indices) -> None:
+        self._kv().full_to_swa.update(zip(full_indices.tolist(), swa_indices.tolist(),
+                                          strict=True))
+
+
+class FullSideAllocator(PoolAllocator):
+    """The full side of a ``HybridKVPool`` alone: ``alloc`` takes full slots without SWA
+    slots (a load back maps them itself); ``free`` releases them (and any mapped SWA slot)."""
+
+    def alloc(self, need_size: int):
+        try:
+            slots = PagedPool.alloc(self.pool, int(need_size))
+        except AllocatorError:
+            return None
+        return torch.tensor(slots, dtype=torch.int64)
+
 
 class MambaReqPool(ReqToTokenPool):
     def __init__(self, mamba_pool) -> None:
@@ -47,7 +73,7 @@ class HybridFastAdapter(FastAdapter):
     """Runs trace steps on the fast path's hybrid cache."""
 
     def __init__(self, config: CacheConfig) -> None:  # no super().__init__: other pools
-        check_supported(config, hybrid=True, host_tier=True, host_mamba=True)
+        check_supported(config, hybrid=True, host_tier=True, host_aux=True)
         if config.eagle:
             raise Unsupported("EAGLE keys with SWA or Mamba are not supported by the fast path")
         self.config = config
@@ -68,6 +94,11 @@ class HybridFastAdapter(FastAdapter):
                     else 2 * config.mamba_slots
                 self.host_mamba_pool = PagedPool(n, 1, "host_mamba")
                 hicache.host_mamba_allocator = PoolAllocator(self.host_mamba_pool, torch)
+            if swa:  # the SWA host pool (the spec's default size: host_slots)
+                n = config.host_swa_slots if config.host_swa_slots is not None \
+                    else config.host_slots
+                self.host_swa_pool = PagedPool(n, config.page_size, "host_swa")
+                hicache.host_swa_allocator = PoolAllocator(self.host_swa_pool, torch)
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
@@ -103,9 +134,7 @@ class HybridFastAdapter(FastAdapter):
             snap["swa_pool"] = sorted(self.pool.swa.allocated_pages())
         if self.cache.mamba is not None:
             snap["mamba_pool"] = sorted(self._mamba_pool().allocated_pages())
-        if self.host_mamba_pool is None:  # (the spec's hybrid snapshot shows the host tier
-            snap.pop("host", None)        # with Mamba only)
-        else:
+        if self.config.has_host_tier:
             self._aux_host_view(snap["host"])
         return snap
 
@@ -130,9 +159,11 @@ class HybridFastAdapter(FastAdapter):
         nodes.sort(key=lambda n: (n["path"]["extra_key"] is not None,
                                   n["path"]["extra_key"] or "", n["path"]["tokens"]))
         host["nodes"] = nodes
-        assert self.host_mamba_pool is not None  # (fast has a host tier with Mamba only)
-        host["mamba_pool"] = sorted(self.host_mamba_pool.allocated_pages())
-        host["mamba_host_lru_order"] = [self._path(rec.node) for rec in cache.mamba.host_lru]
+        for comp in cache.components:
+            pool = self.host_swa_pool if comp.name == "swa" else self.host_mamba_pool
+            assert pool is not None
+            host[f"{comp.name}_pool"] = sorted(pool.allocated_pages())
+            host[f"{comp.name}_host_lru_order"] = [self._path(rec.node) for rec in comp.host_lru]
 
     def take_state_copies(self) -> list:
         """The Mamba state copies of the last step, in order (for the KV-integrity check)."""
@@ -140,11 +171,24 @@ class HybridFastAdapter(FastAdapter):
             return []
         return self.cache.cache_controller.take_state_copies()
 
-    # -- host ops with Mamba ---------------------------------------------------------------------
+    def take_swa_copies(self) -> list:
+        """The SWA data copies of the last step, in order (for the KV-integrity check)."""
+        if not self.config.has_host_tier:
+            return []
+        return self.cache.cache_controller.take_swa_copies()
+
+    # -- host ops with SWA or Mamba ---------------------------------------------------------------
     def op_load_back(self, step: dict) -> dict:
-        copies = len(self.cache.cache_controller.state_copies or ()) \
-            if self.config.has_host_tier else 0
+        cc = self.cache.cache_controller if self.config.has_host_tier else None
+        copies = len(cc.state_copies or ()) if cc is not None else 0
+        swa_copies = len(cc.swa_copies or ()) if cc is not None else 0
         obs = super().op_load_back(step)
+        if self.cache.swa is not None:  # the SWA slots it gave (TRACE.md)
+            obs["swa_device_indices"] = [
+                s for kind, _, dst in self.cache.cache_controller.swa_copies[swa_copies:]
+                if kind == "load" for s in dst]
+            if self.cache.mamba is None:
+                obs.update(self._effects())
         if self.cache.mamba is not None:  # the state slots it took (TRACE.md)
             req_slot = self.cache.mamba.request_state
             obs["mamba_device_indices"] = [
@@ -156,7 +200,7 @@ class HybridFastAdapter(FastAdapter):
 
     def op_check_hicache_events(self, step: dict) -> dict:
         obs = super().op_check_hicache_events(step)
-        if self.cache.mamba is not None:
+        if self.cache.components:
             obs.update(self._effects())
         return obs
 
@@ -167,6 +211,13 @@ class HybridFastAdapter(FastAdapter):
         if "swa" in self.config.components:
             return {"slots": slots, "swa_slots": list(self.pool.translate(slots))}
         return {"slots": slots}
+
+    def swa_slots_of(self, slots: list[int]) -> list[int]:
+        """The SWA slot each full slot maps to now (0: none), for the KV check
+        (conformance/env/kvcheck.py)."""
+        if not isinstance(self.pool, HybridKVPool):
+            raise Unsupported("SWA slots need the SWA component")
+        return list(self.pool.translate(slots))
 
     def _mamba_pool(self) -> PagedPool:
         if self.mamba is None:
@@ -218,6 +269,8 @@ class HybridFastAdapter(FastAdapter):
                "last_device_node": self._units_len(m.last_device_node),
                "last_host_node": self._units_len(m.last_host_node),
                "best_match_node": self._units_len(m.best_match_node)}
+        if "swa" in self.config.components and self.config.has_host_tier:
+            ret["swa_host_hit_length"] = m.swa_host_hit_length
         if "mamba" in self.config.components:
             ret["mamba_branching_seqlen"] = m.mamba_branching_seqlen
             if self.config.has_host_tier:

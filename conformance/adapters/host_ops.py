@@ -202,8 +202,10 @@ class FastHostOps:
         if i in self.host_handles:
             raise HandleError(f"host_lock: handle {i} is already in use")
         locked = node.host_value is not None and not self.config.disable
-        self.cache.inc_host_lock_ref(node)
-        self.host_handles[i] = (node, locked)
+        res = self.cache.inc_host_lock_ref(node)
+        # (node, whether the Full host copy was locked, what dec_host_lock_ref undoes: with
+        # SWA a window of host copies, which may be locked when the node itself is not)
+        self.host_handles[i] = (node, locked, res.to_dec_params())
         return {"handle": i}
 
     def op_host_unlock(self, step: dict) -> dict:
@@ -212,9 +214,9 @@ class FastHostOps:
         held = self.host_handles.get(h) if type(h) is int else None
         if held is None:
             raise HandleError(f"host_unlock: handle {h!r} was never issued")
-        node, locked = self.host_handles.pop(h)
-        if locked:
-            self.cache.dec_host_lock_ref(node)
+        node, locked, params = self.host_handles.pop(h)
+        if locked or getattr(params, "tokens", ()):
+            self.cache.dec_host_lock_ref(node, params)
         return {}
 
     def host_snapshot(self) -> dict:

@@ -53,8 +53,11 @@ class SwaFreeListAllocator(FreeListAllocator):
         FreeListAllocator.__init__(self, usable_slots, page_size, torch_module)
         self.swa = FreeListAllocator(swa_slots, page_size, torch_module)
         self.full_to_swa = torch_module.zeros(usable_slots + page_size, dtype=torch_module.int64)
+        # the sides apart (SGLang's names), as a host tier's load back takes them
         self.full_attn_allocator = types.SimpleNamespace(
-            free=self._free_full, available_size=self.full_available_size)
+            alloc=self.alloc_full_only, free=self._free_full,
+            available_size=self.full_available_size)
+        self.swa_attn_allocator = self.swa
         self.is_not_in_free_group = True
 
     def full_available_size(self) -> int:

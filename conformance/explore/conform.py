@@ -73,12 +73,17 @@ NAMED_CONFIGS: dict[str, dict] = {
                          "components": ("full", "mamba")},
     "host-mamba-wb-p4": {"page_size": 4, "write_policy": "write_back",
                          "components": ("full", "mamba")},
-    # the host tier with SWA (the spec only, so far): the window and the SWA pool drawn as for
-    # "swa", an SWA host pool of host_slots or half of it
+    # the host tier with SWA (spec and fast): the window and the SWA pool drawn as for "swa",
+    # an SWA host pool of host_slots or half of it
     "host-swa-wt-p1": {"page_size": 1, "write_policy": "write_through",
                        "components": ("full", "swa")},
     "host-swa-wb-p4": {"page_size": 4, "write_policy": "write_back",
                        "components": ("full", "swa")},
+    # the host tier with SWA and Mamba in one tree: both aux components' host draws
+    "host-swa-mamba-wt-p1": {"page_size": 1, "write_policy": "write_through",
+                             "components": ("full", "swa", "mamba")},
+    "host-swa-mamba-wb-p4": {"page_size": 4, "write_policy": "write_back",
+                             "components": ("full", "swa", "mamba")},
 }
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
@@ -139,19 +144,19 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
         if isinstance(policy, tuple):
             policy = policy[(segment // 2) % len(policy)]
         cfg = host_config(RandomChooser(rng), ps, pages * ps, policy)
-        if base.get("components") == ("full", "mamba"):
+        comps = base.get("components", ("full",))
+        if "mamba" in comps:
             mamba_slots = rng.randint(2, 8)
-            cfg = dataclasses.replace(cfg, components=("full", "mamba"), mamba_slots=mamba_slots,
+            cfg = dataclasses.replace(cfg, components=comps, mamba_slots=mamba_slots,
                                       host_mamba_slots=max(1, mamba_slots * rng.randint(1, 4) // 2),
                                       mamba_cache_chunk_size=rng.randint(1, 4))
-            cfg.validate()
-        if base.get("components") == ("full", "swa"):
+        if "swa" in comps:
             half = cfg.host_slots // 2 // ps * ps
-            cfg = dataclasses.replace(cfg, components=("full", "swa"),
+            cfg = dataclasses.replace(cfg, components=comps,
                                       sliding_window=base["sliding_window"],
                                       swa_slots=base["swa_slots"],
                                       host_swa_slots=rng.choice([None, max(ps, half)]))
-            cfg.validate()
+        cfg.validate()
         return name, cfg
     return name, CacheConfig(**base, kv_slots=pages * ps)
 

@@ -769,7 +769,7 @@ def _fast_host(adapter: Any, nodes: list, paths: dict, ids: dict) -> tuple:
             acks.append((ack.finish_event.query(), tuple(covered)))
         queues.append(tuple(acks))
     held = tuple(sorted((paths.get(id(node), "detached"), locked)
-                        for node, locked in adapter.host_handles.values()))
+                        for node, locked, *_ in adapter.host_handles.values()))
     return (per_node, tuple(queues), held, len(cc._pending_loads), len(c._host_heap) > 64)
 
 

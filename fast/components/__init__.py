@@ -25,10 +25,11 @@ class AuxData:
     """One aux component's data on one node: ``value`` (SWA slots, or the Mamba state as a
     one-slot tensor; None on a tombstone), its lock count, the SWA lock-boundary mark, the
     links of the component's LRU list (the list holds exactly the records with a value), and
-    with a host tier the host copy ``host_value`` and its lock count ``host_lock``."""
+    with a host tier the host copy ``host_value``, its lock count ``host_lock`` and the SWA
+    host-lock boundary mark ``host_boundary``."""
 
     __slots__ = ("node", "value", "lock", "boundary", "lru_prev", "lru_next", "host_value",
-                 "host_lock")
+                 "host_lock", "host_boundary")
 
     def __init__(self, node: Any) -> None:
         self.node = node
@@ -39,6 +40,7 @@ class AuxData:
         self.lru_next: Any = None
         self.host_value: torch.Tensor | None = None
         self.host_lock = 0
+        self.host_boundary: int | None = None
 
     def __repr__(self) -> str:
         return f"AuxData(node={self.node!r})"
@@ -228,11 +230,14 @@ class AuxComponent:
         """The load back of ``node`` succeeded and the Full data is on the device again: give
         the node the slots ``alloc_load_back`` took (this component's copies)."""
 
-    def host_lock(self, node: Any) -> None:
-        """``inc_host_lock_ref(node)``: protect this component's host data there."""
+    def host_lock(self, node: Any) -> Any:
+        """``inc_host_lock_ref(node)``: protect this component's host data there; returns what
+        it locked, for ``host_unlock`` (None: nothing)."""
+        return None
 
-    def host_unlock(self, node: Any) -> None:
-        """Undo ``host_lock``."""
+    def host_unlock(self, node: Any, token: Any) -> None:
+        """Undo ``host_lock`` (``token``: what it returned; None from a caller that kept no
+        lock result: undo one lock of the component's host data at ``node``)."""
 
     # -- eviction --------------------------------------------------------------------------
     def drive(self, want: int, tracker: list, batch: FreeBatch) -> None:

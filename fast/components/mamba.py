@@ -299,13 +299,15 @@ class MambaComponent(AuxComponent):
             self._copy("load", host, [self.request_state])
         self.set(node, value)
 
-    def host_lock(self, node: Any) -> None:
+    def host_lock(self, node: Any) -> Any:
         rec = node.aux[self.i]
         if node is not self.cache.root_node and rec.host_value is not None:
             rec.host_lock += 1
             self.host_lru.pop(rec, None)
+            return True
+        return None
 
-    def host_unlock(self, node: Any) -> None:
+    def host_unlock(self, node: Any, token: Any) -> None:
         rec = node.aux[self.i]
         if rec.host_lock > 0:
             rec.host_lock -= 1

@@ -1,5 +1,12 @@
 """The SWA component plug-in (spec/components.py's SWA rules): a node's SWA data is the SWA
-slots its Full slots map to (one per key unit); a node without it is an SWA tombstone."""
+slots its Full slots map to (one per key unit); a node without it is an SWA tombstone.
+
+With a host tier (fast/tiers/host.py) a backup copies the node's SWA data to fresh SWA host
+slots, a match counts SWA data on the host as part of a window, a load back brings the
+host-only SWA data of the node's window back to fresh SWA slots mapped from the loaded full
+slots, and a host lock holds one window of SWA host copies.  SWA host data that is on the host
+only and not host-locked is on the component's host LRU list; ``evict_swa_host`` frees it
+oldest first when the SWA host pool is short."""
 
 from __future__ import annotations
 
@@ -7,8 +14,9 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, Unsupported
 from ..frees import FreeBatch
+from ..tiers.host import Copy, HostSlotAllocator
 from . import SWA_ID, AuxComponent, Validator
 
 _INT64 = torch.int64
@@ -24,6 +32,9 @@ class SwaComponent(AuxComponent):
     component_id = SWA_ID
     internal_priority = 1
 
+    host_allocator: Any = None  # the SWA host pool, with a host tier
+    controller: Any = None  # the host tier's controller (its copy logs)
+
     def __init__(self, cache: Any, i: int, window: int) -> None:
         self.window = window
         super().__init__(cache, i)
@@ -31,6 +42,13 @@ class SwaComponent(AuxComponent):
     def reset(self) -> None:
         super().reset()
         self._next_boundary = 1
+        # a load back in progress: the window's host-only nodes (top-down), their SWA slots
+        self._planned: list | None = None
+        self._loading: torch.Tensor | None = None
+        # the live host locks (id -> SwaHostLock): a split of a node one skipped extends it
+        self.host_locks: dict[int, SwaHostLock] = {}
+        if self.host_allocator is not None:  # the host tier's reset clears its pools
+            self.host_allocator.clear()
 
     def units(self, node: Any) -> int:
         return len(node.key)
@@ -57,6 +75,46 @@ class SwaComponent(AuxComponent):
             return run[0] >= window
         return ok
 
+    def host_validator(self) -> Validator:
+        """With a host tier: SWA data on the host only counts towards the window too."""
+        i, window = self.i, self.window
+        run = [float("inf")]
+
+        def ok(node: Any, k: int) -> bool:
+            rec = node.aux[i]
+            if rec.value is None and rec.host_value is None:
+                run[0] = 0
+                return False
+            run[0] += k
+            return run[0] >= window
+        return ok
+
+    def load_window(self, node: Any) -> list:
+        """The nodes of ``node``'s window (one window of SWA data on the device or the host,
+        from the node up) whose SWA data is on the host only, top-down: what a load back of
+        the node brings back.  The window ends early at a node with SWA data on neither."""
+        out: list = []
+        root, i, window = self.cache.root_node, self.i, self.window
+        size, cur = 0, node
+        while cur is not root and size < window:
+            rec = cur.aux[i]
+            if rec.value is not None:
+                size += len(rec.value)
+            elif rec.host_value is not None:
+                out.append(cur)
+                size += len(rec.host_value)
+            else:
+                break
+            cur = cur.parent
+        out.reverse()
+        return out
+
+    def host_hit(self, node: Any) -> int:
+        """``swa_host_hit_length``: the SWA units of the window a load back of ``node``
+        brings back."""
+        i = self.i
+        return sum(len(x.aux[i].host_value) for x in self.load_window(node))
+
     # -- split -----------------------------------------------------------------------------
     def split(self, upper: Any, child: Any, k: int) -> None:
         """SWA data, lock and boundary follow the cut: the upper part takes the first ``k``
@@ -75,6 +133,19 @@ class SwaComponent(AuxComponent):
             rec.value = _narrow_copy(aux, 0, k, len(child.key))
             lru.push_front(up)
             lru.push_front(rec)
+        # the host side (spec/components.py SWAComponent.split): host copy and host locks cut
+        # as the device data; an upper part that is host-only joins the host list as newest
+        up.host_lock = rec.host_lock
+        up.host_boundary, rec.host_boundary = rec.host_boundary, None
+        if rec.host_value is not None:
+            hv = rec.host_value
+            up.host_value = _narrow_copy(hv, 0, 0, k)
+            rec.host_value = _narrow_copy(hv, 0, k, len(hv) - k)
+            if up.value is None and up.host_lock == 0:
+                self.host_lru[up] = None
+        for lock in self.host_locks.values():
+            if any(s is child for s in lock.skipped):
+                lock.skipped.append(upper)
 
     # -- insert ----------------------------------------------------------------------------
     def check_insert(self, plan: list, prev: int, params: Any, e: int) -> Any:
@@ -109,6 +180,18 @@ class SwaComponent(AuxComponent):
         cache._own(node.value)
         self.set(node, self.translate(node.value))
         return cut
+
+    def recover(self, node: Any, pos: int, e: int) -> None:
+        """An evicted node an insert gave device data back (its Full slots from ``pos``) gets
+        SWA data from those slots too, for its part inside the window (from ``e``; split there
+        when the window starts inside it)."""
+        if node.aux[self.i].value is not None:
+            return
+        if e > pos:
+            if e >= pos + len(node.key):
+                return
+            self.cache._split(node, e - pos)
+        self.set(node, self.translate(node.value))
 
     def skips_leaf(self, pos: int, n: int, e: int) -> bool:
         return e >= n  # the remainder lies wholly outside the window
@@ -158,14 +241,276 @@ class SwaComponent(AuxComponent):
         while cur is not root:
             rec = cur.aux[i]
             if cur.id in skip or rec.lock == 0:
-                cur = cur.parent
+                cur = self._up(cur, params)
                 continue
             self._unlock_rec(cur, rec, len(cur.key), unlocked)
             if boundary and rec.boundary == boundary:
                 break
+            cur = self._up(cur, params)
+
+    def _up(self, node: Any, params: Any) -> Any:
+        """The next node of an unlock's walk: the parent; for a node the host tier took out of
+        the tree meanwhile (a locked node's evicted bottom segment can leave through host
+        eviction), the lock's anchor, the first node it held on the device (the nodes below
+        it were skipped), else the root."""
+        up = node.parent
+        if up is not None:
+            return up
+        anchor = getattr(params, "anchor", None)
+        return anchor if anchor is not None else self.cache.root_node
+
+    # -- the host tier (fast/tiers/host.py) -------------------------------------------------
+    def attach_host(self, tier: Any, config: Any) -> None:
+        """The host tier is composed: its SWA host pool (``config.host_swa_allocator``, else
+        ``host_swa_slots`` SWA host slots, default as many as the KV host pool's, paged as
+        the KV pool); a
+        load back takes full and SWA slots apart, so the allocator must offer them apart."""
+        alloc = self.cache.token_to_kv_pool_allocator
+        for m in ("full_attn_allocator", "swa_attn_allocator", "set_full_to_swa_mapping"):
+            if not hasattr(alloc, m):
+                raise InvalidInput(f"a host tier with SWA needs an allocator with {m} (SGLang's "
+                                   "SWATokenToKVPoolAllocator): a load back pairs full and SWA "
+                                   "slots itself")
+        if tier.controller.device_kv is not None:
+            raise Unsupported("a host tier that moves KV data (device_kv / host_kv) with SWA: "
+                              "moving SWA KV to the host is not supported")
+        pool = config.host_swa_allocator
+        if pool is None:
+            n = config.host_swa_slots
+            if n is None:  # as many as the KV host pool holds (given, it is empty now)
+                host = tier.controller.mem_pool_host
+                size = getattr(host, "size", None)
+                n = size if type(size) is int else host.available_size()
+            pool = HostSlotAllocator(n, self.cache.page_size)
+        self.host_allocator = pool
+        self.controller = tier.controller
+        tier.full_allocator = alloc.full_attn_allocator
+
+    def _copy(self, kind: str, src: torch.Tensor, dst: list) -> None:
+        copies = self.controller.swa_copies
+        if copies is not None:
+            copies.append(Copy(kind, src.tolist(), dst))
+
+    def backup(self, node: Any) -> bool:
+        """The node's SWA data goes to fresh SWA host slots with the Full backup (SWA host
+        data is evicted for room when the pool is short: as many units as the backup
+        needs); without room the backup fails.  A tombstone backs up its Full data only."""
+        rec = node.aux[self.i]
+        if rec.value is None or rec.host_value is not None:
+            return True
+        pool, n = self.host_allocator, len(rec.value)
+        if pool.available_size() < n:
+            self.evict_swa_host(n)
+        slots = pool.alloc(n) if pool.available_size() >= n else None
+        if slots is None:
+            return False
+        rec.host_value = slots if slots.dtype is _INT64 else slots.to(_INT64)
+        self._copy("backup", rec.value, rec.host_value.tolist())
+        return True
+
+    def drop_host(self, node: Any) -> int:
+        """The node's SWA host data (if any) goes back to the SWA host pool; returns its
+        units."""
+        rec = node.aux[self.i]
+        if rec.host_value is None:
+            return 0
+        self.host_lru.pop(rec, None)
+        k = len(rec.host_value)
+        self.host_allocator.free(rec.host_value)
+        rec.host_value = None
+        return k
+
+    def evict_swa_host(self, num: int) -> int:
+        """Free at least ``num`` SWA host units: the host list oldest first; a host leaf
+        leaves the tree with all its host data, any other node loses its SWA host data and,
+        by priority, the host data of the components below it (Mamba's).  Returns the SWA
+        host units freed."""
+        cache = self.cache
+        tier = cache.tier
+        pool = self.host_allocator
+        freed = 0
+        for rec in list(self.host_lru):
+            if freed >= num:
+                break
+            node = rec.node
+            if node.parent is None or rec.host_value is None:
+                continue
+            if tier.is_host_leaf(node):
+                before = pool.available_size()
+                tier.evict_host_leaf(node)
+                freed += pool.available_size() - before
+            else:
+                freed += self.drop_host(node)
+                for comp in cache.components:
+                    if comp is not self and comp.internal_priority <= self.internal_priority:
+                        comp.drop_host(node)
+        return freed
+
+    def wants_load_back(self, node: Any) -> bool:
+        """Some SWA data of the node's window is on the host only."""
+        return bool(self.load_window(node))
+
+    def reserve_load_back(self, node: Any) -> bool:
+        """The window's host-only SWA data is what this load back brings back: noted before
+        the room-making, which may change it."""
+        self._planned = self.load_window(node)
+        self._loading = None
+        return True
+
+    def alloc_load_back(self, node: Any) -> bool:
+        """Fresh SWA slots for the noted host-only SWA data (SWA data is evicted for room
+        when the SWA pool is short: as many units as the load needs).  Fails when none can be
+        had, or when the room-making took the node or changed what is to be loaded
+        (write-back backups make host room; upstream loads the host slots it noted before,
+        whoever holds them now: docs/SPEC.md)."""
+        planned = self._planned
+        assert planned is not None
+        i = self.i
+        n = sum(len(x.aux[i].host_value) for x in planned if x.aux[i].host_value is not None)
+        swa_alloc = self.cache.token_to_kv_pool_allocator.swa_attn_allocator
+        if swa_alloc.available_size() < n:
+            wants = {c.name: 0 for c in self.cache.components}
+            wants[self.name] = n
+            self.cache._evict_units(0, wants)
+        if swa_alloc.available_size() < n or node.parent is None or not self._still_planned(node):
+            self._planned = None
+            return False
+        slots = swa_alloc.alloc(n)
+        if slots is None:
+            self._planned = None
+            return False
+        self._loading = slots if slots.dtype is _INT64 else slots.to(_INT64)
+        return True
+
+    def _still_planned(self, node: Any) -> bool:
+        planned = self._planned
+        assert planned is not None
+        now = self.load_window(node)
+        return len(now) == len(planned) and all(a is b for a, b in zip(now, planned, strict=True))
+
+    def cancel_load_back(self, node: Any) -> None:
+        """A later component's ``alloc_load_back`` failed: the SWA slots go back."""
+        assert self._loading is not None
+        self.cache.token_to_kv_pool_allocator.swa_attn_allocator.free(self._loading)
+        self._loading = self._planned = None
+
+    def commit_load_back(self, node: Any) -> None:
+        """Each loaded node of the window takes its share of the SWA slots, mapped from its
+        full slots (the allocator's map), top-down; each joins the SWA list as its newest,
+        without a new access stamp (the Full eviction order does not move)."""
+        planned, slots = self._planned, self._loading
+        assert planned is not None and slots is not None
+        self._planned = self._loading = None
+        alloc = self.cache.token_to_kv_pool_allocator
+        i, start = self.i, 0
+        for x in planned:
+            rec = x.aux[i]
+            host = rec.host_value
+            assert host is not None and x.value is not None
+            k = len(host)
+            chunk = _narrow_copy(slots, 0, start, k)
+            start += k
+            alloc.set_full_to_swa_mapping(x.value, chunk)
+            self._copy("load", host, chunk.tolist())
+            self.set(x, chunk)
+
+    def host_lock(self, node: Any) -> Any:
+        """One window of SWA host copies above the node (nodes without one are skipped), as a
+        device lock holds device data; host-locked data leaves the host list."""
+        cache = self.cache
+        root = cache.root_node
+        if node is root:
+            return None
+        tier = cache.tier
+        size, boundary, skipped, cur = 0, None, [], node
+        walked: list = []
+        window, i = self.window, self.i
+        while cur is not root and size < window:
+            walked.append(cur)
+            rec = cur.aux[i]
+            if rec.host_value is None:
+                skipped.append(cur)
+            else:
+                rec.host_lock += 1
+                self.host_lru.pop(rec, None)
+                size += len(rec.host_value)
+                if cur is not node:
+                    tier.update_host_leaf(cur)
+                if size >= window:
+                    if rec.host_boundary is None:
+                        rec.host_boundary = self._next_boundary
+                        self._next_boundary += 1
+                    boundary = rec.host_boundary
             cur = cur.parent
+        lock = SwaHostLock(skipped, boundary, walked)
+        self.host_locks[id(lock)] = lock
+        return lock
+
+    def host_unlock(self, node: Any, token: Any) -> None:
+        """Undo ``host_lock`` (``token``: its ``SwaHostLock``; None: walk up from the node,
+        one lock off each host-locked node, to the end of one window): data host-only and
+        unlocked again joins the host list as its newest."""
+        cache = self.cache
+        root, tier, i = cache.root_node, cache.tier, self.i
+        if token is not None:
+            self.host_locks.pop(id(token), None)
+            skipped, boundary, walked = token.skipped, token.boundary, token.walked
+        else:
+            skipped, boundary, walked = [], None, []
+        size, cur = 0, node
+        while cur is not root:
+            rec = cur.aux[i]
+            if any(cur is s for s in skipped) or rec.host_lock == 0:
+                cur = self._host_up(cur, walked)
+                continue
+            rec.host_lock -= 1
+            if rec.host_lock == 0 and rec.value is None and rec.host_value is not None:
+                self.host_lru[rec] = None
+            if cur is not node:
+                tier.update_host_leaf(cur)
+            if boundary is not None and rec.host_boundary == boundary:
+                return
+            if token is None:
+                size += len(cur.key)
+                if size >= self.window:
+                    return
+            cur = self._host_up(cur, walked)
+
+    def _host_up(self, node: Any, walked: list) -> Any:
+        """The next node of a host unlock's walk: the parent; for a node that left the tree
+        meanwhile (a host-locked node without a host copy can be deleted from the device),
+        the first node the lock walked past it that is still in the tree, else the root."""
+        up = node.parent
+        if up is not None:
+            return up
+        root = self.cache.root_node
+        seen = False
+        for x in walked:
+            if seen and (x.parent is not None or x is root):
+                return x
+            seen = seen or x is node
+        return root
+
+    def host_tree_violations(self, acc: dict, errors: list) -> None:
+        super().host_tree_violations(acc, errors)
+        slots = [s for v in acc["host_values"] for s in v.tolist()]
+        if len(set(slots)) != len(slots):
+            errors.append("[aux-host] an SWA host slot is held twice in the tree")
 
     # -- checks ----------------------------------------------------------------------------
     def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:
         if value.tolist() != self.translate(node.value).tolist():
             errors.append(f"[aux] {node!r}: SWA slots are not the mapped ones")
+
+
+class SwaHostLock:
+    """What an SWA host lock locked, for its unlock: the nodes of its window it skipped (no
+    host copy; a split of one adds its new upper part) and the host-boundary mark of the node
+    where the window filled up (None: it never did)."""
+
+    __slots__ = ("skipped", "boundary", "walked")
+
+    def __init__(self, skipped: list, boundary: int | None, walked: list) -> None:
+        self.skipped = skipped
+        self.boundary = boundary
+        self.walked = walked  # the nodes the lock walked, node first (for nodes gone since)

@@ -98,7 +98,9 @@ class HiCacheConfig:
     elsewhere, ``copy_impl``).  ``log_copies``: keep a log of the copies (for checkers).
     With Mamba: the host state pool, ``host_mamba_allocator`` (default a
     :class:`HostSlotAllocator` of ``host_mamba_slots`` states, default twice the device
-    Mamba pool's size)."""
+    Mamba pool's size).  With SWA: the SWA host pool, ``host_swa_allocator`` (default a
+    :class:`HostSlotAllocator` of ``host_swa_slots`` SWA host slots, default as many as the
+    KV host pool's, paged as the KV pool)."""
 
     host_slots: int = 0
     host_allocator: Any = None
@@ -112,6 +114,8 @@ class HiCacheConfig:
     log_copies: bool = False
     host_mamba_allocator: Any = None
     host_mamba_slots: int | None = None
+    host_swa_allocator: Any = None
+    host_swa_slots: int | None = None
     storage: Any = None  # the storage tier below this one (fast/tiers/storage.py StorageConfig)
 
 
@@ -228,8 +232,9 @@ class HiCacheController:
         self.device_kv, self.host_kv = config.device_kv, config.host_kv
         self.copy_impl = config.copy_impl
         self.copies: list | None = [] if config.log_copies else None
-        # the aux components' copies (Mamba states), as ``copies``
+        # the aux components' copies (Mamba states; SWA data), as ``copies``
         self.state_copies: list | None = [] if config.log_copies else None
+        self.swa_copies: list | None = [] if config.log_copies else None
         self.stream = None
         if self.io == "cuda":
             if not torch.cuda.is_available() or self.device_kv is None:
@@ -331,6 +336,12 @@ class HiCacheController:
             self.state_copies.clear()
         return out
 
+    def take_swa_copies(self) -> list:
+        out = list(self.swa_copies or ())
+        if self.swa_copies is not None:
+            self.swa_copies.clear()
+        return out
+
     def append_host_mem_release(self, host_indices) -> None:
         self.mem_pool_host.free(host_indices)
 
@@ -340,6 +351,8 @@ class HiCacheController:
         self._pending_loads.clear()
         if self.state_copies is not None:
             self.state_copies.clear()
+        if self.swa_copies is not None:
+            self.swa_copies.clear()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -362,8 +375,33 @@ class HostIncLockRefResult(api.IncLockRefResult):
 
     def to_dec_params(self) -> HostDecLockRefParams:
         return HostDecLockRefParams(
+            swa_uuid_for_lock=self.swa_uuid_for_lock,
+            swa_uuid_for_host_lock=self.swa_uuid_for_host_lock,
             skip_lock_node_ids={k: set(v) for k, v in self.skip_lock_node_ids.items()},
             anchor=self.anchor)
+
+
+@dataclasses.dataclass(slots=True)
+class HostUnlockParams(api.DecLockRefParams):
+    """What ``dec_host_lock_ref`` undoes: whether the lock counted on the node's Full host
+    copy (``full``) and what each aux component locked (``tokens``: (component, token) pairs;
+    SWA: the window of host copies it locked)."""
+
+    full: bool = False
+    tokens: tuple = ()
+
+
+@dataclasses.dataclass(slots=True)
+class HostLockResult(api.IncLockRefResult):
+    """``inc_host_lock_ref``'s result: pass ``to_dec_params()`` to ``dec_host_lock_ref`` so
+    that it undoes exactly this lock."""
+
+    full: bool = False
+    tokens: tuple = ()
+
+    def to_dec_params(self) -> HostUnlockParams:
+        return HostUnlockParams(swa_uuid_for_host_lock=self.swa_uuid_for_host_lock,
+                                full=self.full, tokens=self.tokens)
 
 
 @dataclasses.dataclass(slots=True)
@@ -409,6 +447,11 @@ class HostTier:
         self.ongoing_write_through: dict[int, InFlight] = {}  # ack id -> node, lock or None
         self.ongoing_load_back: dict[int, InFlight] = {}      # ack id -> node, lock
         self.storage: Any = None  # the storage tier below (fast/tiers/storage.py), if any
+        # where a load back takes its full slots: with SWA the allocator's full side alone
+        # (SGLang's ``full_attn_allocator``; the SWA component pairs SWA slots itself)
+        alloc = cache.token_to_kv_pool_allocator
+        self.full_allocator = alloc if getattr(cache, "swa", None) is None \
+            else getattr(alloc, "full_attn_allocator", alloc)
 
     def reset(self) -> None:
         """Forget the host copies and the in-flight transfers (in place: the cache hands the
@@ -426,8 +469,11 @@ class HostTier:
     # -- host leaves -------------------------------------------------------------------------
     @staticmethod
     def is_host_leaf(node: Any) -> bool:
+        """Evicted, backed up, childless, host-locked by no component (an SWA window host lock
+        can hold a node whose Full host copy is not host-locked)."""
         return (node.parent is not None and node.value is None and node.host_value is not None
-                and node.host_lock_ref == 0 and not node.children)
+                and node.host_lock_ref == 0 and not node.children
+                and not any(r.host_lock for r in node.aux))
 
     def update_host_leaf(self, node: Any) -> None:
         """Recompute ``node``'s host-leaf membership (after any of its inputs changed)."""
@@ -659,8 +705,8 @@ class HostTier:
                 mem_quota is not None and n_tokens > mem_quota + guard.delta):
             cache.dec_lock_ref(node, params)
             return False
-        alloc = cache.token_to_kv_pool_allocator
-        avail = alloc.available_size()
+        full_alloc = self.full_allocator
+        avail = full_alloc.available_size()
         if avail < n_tokens:
             needed = n_tokens - avail
             if cache._evict_units(needed)[0] < needed or node.parent is None:
@@ -670,7 +716,9 @@ class HostTier:
         # the full slots first (the seed's controller allocates the KV pool before the others),
         # then each component's, all or nothing (Mamba: a state slot, its room-making may evict)
         controller = self.controller
-        device_indices = controller.device_allocator.alloc(n_tokens)
+        # (with SWA full slots only: the SWA component takes the SWA slots of the window it
+        # loads and maps them, the rest of the segment stays SWA tombstones)
+        device_indices = full_alloc.alloc(n_tokens)
         if device_indices is None:
             cache.dec_lock_ref(node, params)
             return False
@@ -678,7 +726,7 @@ class HostTier:
             if not comp.alloc_load_back(node):
                 for taken in reversed(aux[:k]):
                     taken.cancel_load_back(node)
-                controller.device_allocator.free(device_indices)
+                full_alloc.free(device_indices)
                 cache.dec_lock_ref(node, params)
                 return False
         host_indices = torch.cat([s.host_value for s in segment])
@@ -725,19 +773,31 @@ class HostTier:
                 self.cache.dec_lock_ref(entry.node, entry.lock)
 
     # -- host locks ----------------------------------------------------------------------------
-    def host_lock(self, node: Any) -> None:
-        if node.host_value is not None:
+    def host_lock(self, node: Any) -> HostLockResult:
+        """Lock ``node``'s Full host copy (if any) and let each component lock its host data
+        (SWA: one window of host copies above the node)."""
+        full = node.host_value is not None
+        if full:
             node.host_lock_ref += 1
-            self.update_host_leaf(node)
-        for comp in self.cache.components:
-            comp.host_lock(node)
+        tokens = tuple((comp, token) for comp in self.cache.components
+                       for token in [comp.host_lock(node)] if token is not None)
+        self.update_host_leaf(node)
+        return HostLockResult(full=full, tokens=tokens)
 
-    def host_unlock(self, node: Any) -> None:
-        if node.host_value is not None and node.host_lock_ref > 0:
-            node.host_lock_ref -= 1
-            self.update_host_leaf(node)
-        for comp in self.cache.components:
-            comp.host_unlock(node)
+    def host_unlock(self, node: Any, params: Any = None) -> None:
+        """Undo a ``host_lock`` (``params``: its result's ``to_dec_params()``; without them,
+        one lock of the node's Full host copy and of each component's host data there)."""
+        if isinstance(params, HostUnlockParams):
+            if params.full and node.host_lock_ref > 0:
+                node.host_lock_ref -= 1
+            for comp, token in params.tokens:
+                comp.host_unlock(node, token)
+        else:
+            if node.host_value is not None and node.host_lock_ref > 0:
+                node.host_lock_ref -= 1
+            for comp in self.cache.components:
+                comp.host_unlock(node, None)
+        self.update_host_leaf(node)
 
     # -- checks --------------------------------------------------------------------------------
     def node_violations(self, node: Any, errors: list, acc: dict) -> None:

@@ -10,6 +10,8 @@ Pool reminder: page 0 is reserved and pools are lowest-first, so with page_size 
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -254,8 +256,10 @@ def test_fast_dispatches_hybrid_configs_and_keeps_the_full_path():
     assert hybrid.core == "python" and "hybrid" in hybrid.core_reason
     p.tree_components, p.sliding_window_size = ("full", "swa"), 4
     swa = fast.UnifiedRadixCache(p)
-    with pytest.raises(fast.Unsupported, match="host tier with SWA or Mamba"):
-        swa.init_hicache(None, p)
+    SwaAlloc.size = 16  # what init_hicache sizes the host pool from
+    # a host tier with SWA needs the allocator's sides apart (a load back pairs them itself)
+    with pytest.raises(fast.InvalidInput, match="full_attn_allocator"):
+        swa.init_hicache(types.SimpleNamespace(hicache_ratio=2.0), p)
     assert swa.tier is None and type(swa).__name__ == "HybridRadixCache"  # unchanged
     p.tree_components = ("full",)
     full = fast.UnifiedRadixCache(p)

@@ -17,13 +17,15 @@ from uniradix.conformance.traces.trace import load_trace
 # replay in tests/spec/test_spec_policies.py and tests/spec/test_spec_mamba_cow.py
 # (the fast path refuses them until it models them; the one
 # list of those folders is uniradix.conformance.run.SPEC_ONLY_CORPORA, which `uniradix run` reads too).
-# tests/corpus/upstream-policies replays on the spec there and on fast in
-# tests/fast/test_fast_policies.py (a seed subset by default, every trace behind `slow`).
-# The storage corpus (240 traces) replays on both in tests/conformance/traces/test_storage_corpus.py,
-# a few seeds per config in the default suite.
+# These corpora replay on spec and fast in their own files, a seed subset in the default suite
+# and every trace behind `slow`: tests/corpus/upstream-policies in tests/spec/test_spec_policies.py
+# and tests/fast/test_fast_policies.py, the storage corpus in
+# tests/conformance/traces/test_storage_corpus.py, tests/corpus/upstream-host-swa in
+# tests/conformance/traces/test_host_swa_corpus.py.
+OWN_FILES = ("upstream-policies", "upstream-storage", "upstream-host-swa")
 ALL_TRACES = sorted(t for t in glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
-                    if not is_spec_only(t) and os.sep + "upstream-policies" + os.sep not in t
-                    and os.sep + "upstream-storage" + os.sep not in t)
+                    if not is_spec_only(t)
+                    and not any(os.sep + d + os.sep in t for d in OWN_FILES))
 # tests/corpus/upstream-events-hybrid replays one seed per config in the default suite, the rest
 # behind `slow` (its events are checked against upstream's in tests/conformance/traces/test_events_corpus.py)
 SLOW_TRACES = [t for t in ALL_TRACES if os.sep + "upstream-events-hybrid" + os.sep in t
