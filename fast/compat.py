@@ -69,8 +69,6 @@ def mamba_chunk_size(setting: int | None) -> int:
 # Upstream fields no uniradix cache implements: (field, default, what it would ask for).  A
 # value other than the default is refused.
 REFUSED = (
-    ("enable_metrics", False, "metrics collection"),
-    ("enable_kv_cache_events", False, "KV cache events"),
     ("enable_mamba_extra_buffer", False, "the Mamba extra buffer"),
     ("enable_mamba_extra_buffer_lazy", False, "the lazy Mamba extra buffer"),
     ("cache_ttl_seconds", None, "time-to-live expiry of cache entries"),
@@ -82,7 +80,9 @@ REFUSED = (
 # and the composed pure-Python tree (fast/hybrid.py) does: ``UnifiedRadixCache(params)`` builds
 # a Full-only cache that asks for one on that tree (its ``core_reason`` names the setting).
 # (field, default, what it asks for); a value other than the default moves the cache.
-PYTHON_TREE: tuple[tuple[str, Any, str], ...] = ()
+PYTHON_TREE: tuple[tuple[str, Any, str], ...] = (
+    ("enable_kv_cache_events", False, "KV cache events"),  # fast/events.py
+)
 
 
 def python_tree_reason(params: Any) -> str | None:
@@ -201,8 +201,8 @@ def available_and_evictable_str(cache: Any) -> str:
 class EngineDefaults:
     """The parts of SGLang's prefix-cache interface (0.5.13.post1's ``BasePrefixCache``) that
     a scheduler may call and that these caches answer the same way as upstream's radix cache
-    without a feature they do not have: no streaming sessions, no events (refused at
-    construction when asked for), no chunk cache."""
+    without a feature they do not have: no streaming sessions, no chunk cache, no events (the
+    composed tree, which emits them when asked, has its own ``take_events``)."""
 
     def is_chunk_cache(self) -> bool:
         return False

@@ -109,6 +109,7 @@ class HybridRadixCache(UnifiedRadixCache):
     core_reason = "a hybrid cache (SWA or Mamba): the C core covers the device-only Full path"
     _node_type = HybridNode
     tier: HostTier | None = None
+    _events: Any = None  # the KV event queue (fast/events.py) when events are on
 
     def __init__(self, params: api.CacheInitParams, hicache: HiCacheConfig | None = None) -> None:
         names = _components_of(params)
@@ -152,6 +153,9 @@ class HybridRadixCache(UnifiedRadixCache):
         self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 0, 1 or 2
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
+        if getattr(params, "enable_kv_cache_events", False):  # KV events (fast/events.py)
+            from .events import events_for
+            self._events = events_for(params)
         if hicache is not None:
             self._attach_tier(hicache)
         else:
@@ -200,6 +204,14 @@ class HybridRadixCache(UnifiedRadixCache):
             comp.reset()
         if self.tier is not None:
             self.tier.reset()
+        if self._events is not None:
+            self._events.cleared()
+
+    def take_events(self) -> list:
+        """The KV events queued since the last call, oldest first (``enable_kv_cache_events``;
+        fast/events.py); always empty with events off."""
+        ev = self._events
+        return ev.take() if ev is not None else []
 
     def _sizes(self, comp: AuxComponent | None) -> tuple[int, int]:
         return (0, 0) if comp is None else (comp.evictable, comp.protected)
@@ -299,6 +311,8 @@ class HybridRadixCache(UnifiedRadixCache):
         assert self.tier is not None  # only a host tier leaves evicted nodes in the tree
         self.tier.host_leaves.discard(node)
         super()._unevict(node, value, pos)
+        if self._events is not None:
+            self._events.stored(node)
 
     # ------------------------------------------------------------------------------------------
     # match_prefix
@@ -545,6 +559,8 @@ class HybridRadixCache(UnifiedRadixCache):
             self._evictable += n - pos
             self._own(leaf.value)
             self._push_if_leaf(leaf)
+            if self._events is not None:
+                self._events.stored(leaf)
             target, is_new = leaf, True
         result = {"mamba_exist": False}
         if prepared:
@@ -638,6 +654,8 @@ class HybridRadixCache(UnifiedRadixCache):
     def _delete_leaf(self, node: HybridNode, tracker: list, batch: FreeBatch) -> Any:
         """A device leaf leaves the tree with all its data (``_drop_device``).  Returns its
         former parent."""
+        if self._events is not None:
+            self._events.removed(node)
         self._drop_device(node, tracker, batch)
         parent = self._detach_leaf(node)
         if parent is not self.root_node and parent.dev_children == 0:

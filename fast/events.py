@@ -1,0 +1,205 @@
+"""The cache's KV events (``enable_kv_cache_events=True``): what a cache-aware router is told
+about the pages the cache holds, queued as the cache changes and handed over by
+``take_events()`` (upstream's API: the scheduler publishes each step's list through
+:mod:`uniradix.fast.kv_events`'s publisher).
+
+The stream is the spec's (``uniradix.spec.events``, docs/EVENTS.md): one event per page, a
+page being cached on ``GPU`` while its node holds device slots and on ``CPU_PINNED`` while it
+holds a host copy whose write has been acknowledged.  So folding the stream
+(:class:`~uniradix.fast.event_fold.RouterView`) gives exactly the cached pages per medium after
+every call.  :class:`CacheEvents` is called from one-line hooks of the composed tree
+(fast/hybrid.py) and its host tier (fast/tiers/host.py), each behind one ``is not None`` test,
+so a cache without events pays that test and nothing else:
+
+=====================================  ===================================================
+hook                                   events
+=====================================  ===================================================
+a new leaf (insert)                    ``BlockStored`` GPU, each page of the leaf
+an evicted node restored (insert)      ``BlockStored`` GPU, each page of the node
+load back (host tier)                  ``BlockStored`` GPU, each page of the loaded nodes
+a device leaf deleted (eviction)       ``BlockRemoved`` GPU, each page, last page first
+a device leaf evicted to the host      ``BlockRemoved`` GPU
+a backup's write acknowledged          ``BlockStored`` CPU_PINNED, the pages written
+a host leaf evicted                    ``BlockRemoved`` CPU_PINNED
+``reset``                              ``AllBlocksCleared``
+=====================================  ===================================================
+
+A split changes no page (a page's hash names its whole prefix), so it emits nothing.
+
+**Block hashes.**  A page's key is the SHA-256 chain of spec/pagekeys.py (the previous page's
+32-byte digest, then each unit as 4 bytes little-endian unsigned; a bigram feeds both tokens),
+and its block hash the digest's first 8 bytes read big-endian as a signed int64.  The chain of a
+path with an ``extra_key`` starts from that key's namespace digest in ``"namespaced"`` mode (the
+default) and from nothing in ``"compat"`` mode (0.5.13.post1's hashes, which make two tenants'
+identical pages one hash).  The mode is the uniradix setting ``kv_events_key_mode``.  Each
+node keeps its pages' digests in its ``pk`` slot once computed (a split leaves the lower part
+with the tail of its list; the upper part computes its own from its parent's), so a page is
+hashed once while its node lives.
+
+Tokens are hashed modulo 2**32 (the spec's page keys take tokens in [0, 2**32)).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any
+
+from .errors import InvalidInput
+from .kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+__all__ = ["GPU", "CPU_PINNED", "KEY_MODES", "CacheEvents", "events_for"]
+
+GPU = "GPU"
+CPU_PINNED = "CPU_PINNED"
+KEY_MODES = ("namespaced", "compat")
+NAMESPACE_TAG = b"uniradix/extra_key\x00"
+_MASK = 0xFFFFFFFF
+_sha256 = hashlib.sha256
+
+
+def _namespace(extra_key: Any, key_mode: str) -> bytes | None:
+    """What the first page of a path absorbs before its units."""
+    if extra_key is None or key_mode == "compat":
+        return None
+    ek = extra_key if isinstance(extra_key, str) else str(extra_key)
+    return _sha256(NAMESPACE_TAG + ek.encode("utf-8")).digest()
+
+
+def _page_digest(prior: bytes | None, units: Any, bigram: bool) -> bytes:
+    if bigram:
+        flat = [t & _MASK for u in units for t in u]
+    else:
+        flat = [t & _MASK for t in units]
+    h = _sha256(prior) if prior else _sha256()
+    h.update(struct.pack(f"<{len(flat)}I", *flat))
+    return h.digest()
+
+
+def _block_hash(digest: bytes) -> int:
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class CacheEvents:
+    """The event queue of one cache (see the module docstring).  ``page_size``: the cache's;
+    ``key_mode``: ``"namespaced"`` or ``"compat"``; ``bigram``: EAGLE keys (units are token
+    pairs, exposed as pairs in ``token_ids``)."""
+
+    __slots__ = ("page_size", "key_mode", "bigram", "queue", "_pending")
+
+    def __init__(self, page_size: int, key_mode: str = "namespaced", bigram: bool = False) -> None:
+        if key_mode not in KEY_MODES:
+            raise InvalidInput(f"kv_events_key_mode must be one of {KEY_MODES}, got {key_mode!r}")
+        self.page_size = page_size
+        self.key_mode = key_mode
+        self.bigram = bigram
+        self.queue: list[KVCacheEvent] = []
+        # host writes not yet acknowledged: ack id -> the written pages' (hash, parent, units)
+        self._pending: dict[int, list[tuple[int, int | None, list]]] = {}
+
+    def take(self) -> list[KVCacheEvent]:
+        """The events queued since the last call, oldest first (the queue is emptied)."""
+        out, self.queue = self.queue, []
+        return out
+
+    # -- page keys ---------------------------------------------------------------------------
+    def _digests(self, node: Any) -> tuple[bytes, ...]:
+        """The digests of ``node``'s pages (attached, not the root), computed once per node."""
+        ps = self.page_size
+        todo = []
+        cur = node
+        while True:
+            pk = getattr(cur, "pk", None)
+            pages = len(cur.key) // ps
+            if pk is not None and len(pk) >= pages:
+                if len(pk) > pages:  # split: this node kept the lower part
+                    pk = pk[len(pk) - pages:]
+                    cur.pk = pk
+                break
+            up = cur.parent
+            if up is None or up.parent is None:  # ``cur`` is a child of the root
+                pk = None
+                todo.append(cur)
+                break
+            todo.append(cur)
+            cur = up
+        prior: bytes | None
+        if pk is None:
+            prior = _namespace(todo[-1].extra_key, self.key_mode)
+        else:
+            prior = pk[-1] if pk else None
+        bigram = self.bigram
+        for n in reversed(todo):
+            key = n.key
+            out = []
+            for start in range(0, len(key) - len(key) % ps, ps):
+                prior = _page_digest(prior, key[start: start + ps], bigram)
+                out.append(prior)
+            n.pk = tuple(out)
+        return node.pk
+
+    def _parent_hash(self, node: Any) -> int | None:
+        parent = node.parent
+        if parent is None or parent.parent is None:
+            return None
+        pk = self._digests(parent)
+        return _block_hash(pk[-1]) if pk else self._parent_hash(parent)
+
+    def _pages(self, node: Any) -> list[tuple[int, int | None, list]]:
+        """``node``'s pages as (hash, parent hash, units), in order."""
+        ps = self.page_size
+        key = node.key
+        parent = self._parent_hash(node)
+        out = []
+        for idx, digest in enumerate(self._digests(node)):
+            h = _block_hash(digest)
+            units = key[idx * ps:(idx + 1) * ps]
+            out.append((h, parent, [tuple(u) for u in units] if self.bigram else list(units)))
+            parent = h
+        return out
+
+    # -- hooks -------------------------------------------------------------------------------
+    def stored(self, node: Any) -> None:
+        """``node``'s pages became cached on the device."""
+        ps = self.page_size
+        self.queue.extend(BlockStored([h], parent, units, ps, None, GPU)
+                          for h, parent, units in self._pages(node))
+
+    def removed(self, node: Any) -> None:
+        """``node``'s pages left the device (call while it is still attached)."""
+        self.queue.extend(BlockRemoved([_block_hash(d)], GPU) for d in reversed(self._digests(node)))
+
+    def host_written(self, ack_id: int, node: Any) -> None:
+        """A backup of ``node`` to the host was submitted (announced at its ack)."""
+        self._pending[ack_id] = self._pages(node)
+
+    def host_acked(self, ack_id: int) -> None:
+        """The write ``ack_id`` was acknowledged: its pages are cached on the host."""
+        pages = self._pending.pop(ack_id, None)
+        if pages:
+            ps = self.page_size
+            self.queue.extend(BlockStored([h], parent, units, ps, None, CPU_PINNED)
+                              for h, parent, units in pages)
+
+    def host_removed(self, node: Any) -> None:
+        """``node``'s host copy goes (call while it is still attached).  Its write has been
+        acknowledged: only a host leaf loses its copy, and a node whose write is in flight is
+        none (write-through keeps it locked on the device until the ack; write-back waits for
+        its acks at once)."""
+        self.queue.extend(BlockRemoved([_block_hash(d)], CPU_PINNED)
+                          for d in reversed(self._digests(node)))
+
+    def cleared(self) -> None:
+        """Everything is gone (``reset``)."""
+        self._pending.clear()
+        self.queue.append(AllBlocksCleared())
+
+
+def events_for(params: Any) -> CacheEvents | None:
+    """The event queue ``params`` asks for (``enable_kv_cache_events``; the uniradix setting
+    ``kv_events_key_mode``, default ``"namespaced"``), or None."""
+    if not getattr(params, "enable_kv_cache_events", False):
+        return None
+    mode = getattr(params, "kv_events_key_mode", None) or "namespaced"
+    page = params.page_size
+    return CacheEvents(page, mode, bool(params.is_eagle))
