@@ -162,6 +162,9 @@ class HybridRadixCache(UnifiedRadixCache):
             self.tier = None
             self._evict_leaf = self._delete_leaf
         self.reset()
+        if getattr(params, "enable_metrics", False):  # fast/metrics.py
+            from .metrics import wire_cache_metrics
+            wire_cache_metrics(self, params)
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""

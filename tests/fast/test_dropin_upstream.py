@@ -452,8 +452,7 @@ def test_unfinished_req_reads_sglangs_req():
 def test_settings_from_sglangs_params_are_refused_by_name():
     rtp = ReqToTokenPool(size=2, max_context_len=32, device="cpu", enable_memory_saver=False)
     alloc = TokenToKVPoolAllocator(64, torch.float16, "cpu", None, False)
-    for field, value in [("eviction_policy", "lfu"), ("enable_metrics", True),
-                         ("enable_kv_cache_events", True), ("cache_ttl_seconds", 60.0)]:
+    for field, value in [("eviction_policy", "lfu"), ("cache_ttl_seconds", 60.0)]:
         params = up.CacheInitParams(disable=False, req_to_token_pool=rtp,
                                     token_to_kv_pool_allocator=alloc, page_size=1,
                                     tree_components=(CT.FULL,), **{field: value})
