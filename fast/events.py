@@ -42,7 +42,8 @@ Tokens are hashed modulo 2**32 (the spec's page keys take tokens in [0, 2**32)).
 from __future__ import annotations
 
 import hashlib
-import struct
+import sys
+from array import array
 from typing import Any
 
 from .errors import InvalidInput
@@ -56,6 +57,8 @@ KEY_MODES = ("namespaced", "compat")
 NAMESPACE_TAG = b"uniradix/extra_key\x00"
 _MASK = 0xFFFFFFFF
 _sha256 = hashlib.sha256
+_BIG_ENDIAN = sys.byteorder == "big"  # page keys hash tokens as 4 bytes little-endian
+assert array("I").itemsize == 4, "page keys need a 4-byte unsigned array type"
 
 
 def _namespace(extra_key: Any, key_mode: str) -> bytes | None:
@@ -67,12 +70,15 @@ def _namespace(extra_key: Any, key_mode: str) -> bytes | None:
 
 
 def _page_digest(prior: bytes | None, units: Any, bigram: bool) -> bytes:
-    if bigram:
-        flat = [t & _MASK for u in units for t in u]
-    else:
-        flat = [t & _MASK for t in units]
+    flat = [t for u in units for t in u] if bigram else units
+    try:
+        words = array("I", flat)  # one C loop; refuses a token outside [0, 2**32)
+    except OverflowError:
+        words = array("I", [t & _MASK for t in flat])
+    if _BIG_ENDIAN:
+        words.byteswap()
     h = _sha256(prior) if prior else _sha256()
-    h.update(struct.pack(f"<{len(flat)}I", *flat))
+    h.update(words)
     return h.digest()
 
 

@@ -182,3 +182,23 @@ def test_the_publisher_carries_the_caches_events_to_a_router():
         view.apply_batch(seq, batch.events)
     assert view.cached("GPU") == frozenset(spec_hashes([1, 2, 7, 7], 2, None, "namespaced"))
     assert not view.anomalies
+
+
+def test_bench_events_runs_fast_with_and_without_them_and_records_the_ratios(tmp_path, capsys):
+    pytest.importorskip("prometheus_client")
+    from uniradix.conformance.bench import loop as bench
+
+    out = tmp_path / "events.json"
+    rc = bench.main(["--impl", "fast", "--events", "--requests", "60", "--page-size", "4",
+                     "--repeat", "1", "--json", str(out)])
+    assert rc == 0
+    import json
+    (c,) = json.loads(out.read_text())["comparisons"]
+    names = {"fast", "fast+pytree", "fast+events", "fast+metrics", "fast+events+metrics"}
+    assert set(c["impls"]) == names and c["identical_outcomes"]
+    for key in ("fast+events/fast", "fast+metrics/fast", "fast+events+metrics/fast",
+                "fast+pytree/fast", "fast+events/fast+pytree"):
+        assert c["ratios"][key] > 0
+    assert c["impls"]["fast+events"]["op_median_us"]["take_events"] >= 0
+    assert "fast+events/fast+pytree" in capsys.readouterr().out
+    assert bench.main(["--impl", "spec", "--events", "--requests", "10"]) == 2
