@@ -33,8 +33,9 @@ path with an ``extra_key`` starts from that key's namespace digest in ``"namespa
 default) and from nothing in ``"compat"`` mode (0.5.13.post1's hashes, which make two tenants'
 identical pages one hash).  The mode is the uniradix setting ``kv_events_key_mode``.  Each
 node keeps its pages' digests in its ``pk`` slot once computed (a split leaves the lower part
-with the tail of its list; the upper part computes its own from its parent's), so a page is
-hashed once while its node lives.
+with the tail of its list, and the upper part takes its own from the head of that list, or
+chains them from its parent's when the lower part is gone), so a page is hashed about once
+while it is cached.
 
 Tokens are hashed modulo 2**32 (the spec's page keys take tokens in [0, 2**32)).
 """
@@ -82,6 +83,19 @@ def _page_digest(prior: bytes | None, units: Any, bigram: bool) -> bytes:
     return h.digest()
 
 
+def _from_split_child(node: Any, pages: int, ps: int) -> tuple[bytes, ...] | None:
+    """The digests of ``node``, an upper part of a split, from the list its lower part still
+    holds (the whole node's, cut lazily), or None.  A node without digests is such an upper
+    part: every other node gets its digests when its pages are first stored."""
+    for child in node.children.values():
+        cpk = getattr(child, "pk", None)
+        if cpk is not None:
+            above = len(cpk) - len(child.key) // ps  # the digests of the parts above the child
+            if above >= pages:
+                return cpk[above - pages: above]
+    return None
+
+
 def _block_hash(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
@@ -122,6 +136,10 @@ class CacheEvents:
                     pk = pk[len(pk) - pages:]
                     cur.pk = pk
                 break
+            pk = _from_split_child(cur, pages, ps)
+            if pk is not None:
+                cur.pk = pk
+                break
             up = cur.parent
             if up is None or up.parent is None:  # ``cur`` is a child of the root
                 pk = None
@@ -155,21 +173,24 @@ class CacheEvents:
         """``node``'s pages as (hash, parent hash, units), in order."""
         ps = self.page_size
         key = node.key
+        units = [list(u) for u in key] if self.bigram else key.tolist()  # (EAGLE: a list)
         parent = self._parent_hash(node)
+        from_bytes = int.from_bytes
         out = []
-        for idx, digest in enumerate(self._digests(node)):
-            h = _block_hash(digest)
-            units = key[idx * ps:(idx + 1) * ps]
-            out.append((h, parent, [tuple(u) for u in units] if self.bigram else list(units)))
+        start = 0
+        for digest in self._digests(node):
+            h = from_bytes(digest[:8], "big", signed=True)
+            out.append((h, parent, units[start:start + ps]))
             parent = h
+            start += ps
         return out
 
     # -- hooks -------------------------------------------------------------------------------
     def stored(self, node: Any) -> None:
         """``node``'s pages became cached on the device."""
         ps = self.page_size
-        self.queue.extend(BlockStored([h], parent, units, ps, None, GPU)
-                          for h, parent, units in self._pages(node))
+        self.queue.extend([BlockStored([h], parent, units, ps, None, GPU)
+                           for h, parent, units in self._pages(node)])
 
     def removed(self, node: Any) -> None:
         """``node``'s pages left the device (call while it is still attached)."""
@@ -184,8 +205,8 @@ class CacheEvents:
         pages = self._pending.pop(ack_id, None)
         if pages:
             ps = self.page_size
-            self.queue.extend(BlockStored([h], parent, units, ps, None, CPU_PINNED)
-                              for h, parent, units in pages)
+            self.queue.extend([BlockStored([h], parent, units, ps, None, CPU_PINNED)
+                               for h, parent, units in pages])
 
     def host_removed(self, node: Any) -> None:
         """``node``'s host copy goes (call while it is still attached).  Its write has been

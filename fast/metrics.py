@@ -243,6 +243,17 @@ class CacheMetrics:
                 if n:
                     self._by_comp[c].inc(n)
 
+    def _record_evict(self, counts: Iterable[tuple[str, int]], total: int, seconds: float) -> None:
+        """:meth:`on_evict` for a cache's own numbers (``total`` > 0, the sum of ``counts``),
+        without the argument checks (a wired cache calls this on every eviction)."""
+        with self._lock:
+            self._evict_s.observe(seconds)
+            self._evicted.inc(total)
+            by_comp = self._by_comp
+            for c, n in counts:
+                if n:
+                    by_comp[c].inc(n)
+
     def on_load_back(self, tokens: int, seconds: float) -> None:
         """One successful load-back of ``tokens`` device tokens from the host (upstream observes
         every successful load-back, so ``tokens`` may be 0)."""
@@ -406,7 +417,9 @@ def wire_cache_metrics(cache: Any, params: Any) -> CacheMetrics:
         def _evict_units(want: int, wants: dict | None = None) -> list:
             t0 = clock()
             tracker = evict_units(cache, want, wants)
-            m.on_evict(dict(zip(names, tracker, strict=False)), clock() - t0)
+            total = sum(tracker)
+            if total:
+                m._record_evict(zip(names, tracker, strict=False), total, clock() - t0)
             return tracker
         cache._evict_units = _evict_units
     else:  # the C core's cache: what evict freed
@@ -415,7 +428,9 @@ def wire_cache_metrics(cache: Any, params: Any) -> CacheMetrics:
         def _evict(params: Any) -> Any:
             t0 = clock()
             result = evict(cache, params)
-            m.on_evict({"full": result.num_tokens_evicted}, clock() - t0)
+            n = result.num_tokens_evicted
+            if n:
+                m._record_evict((("full", n),), n, clock() - t0)
             return result
         cache.evict = _evict
     tier = getattr(cache, "tier", None)

@@ -82,7 +82,7 @@ def test_block_hashes_are_the_specs_page_keys(mode, page, eagle):
         assert parents == [None] + want[:-1]
         assert all(e.block_size == page and len(e.token_ids) == page for e in got)
     if eagle:
-        assert got[0].token_ids[0] == (5, 9)  # bigram pages as pairs, as the spec's
+        assert list(got[0].token_ids[0]) == [5, 9]  # bigram pages as pairs, as the spec's
 
 
 def test_a_split_emits_nothing_and_later_pages_chain_on_the_split_node():
@@ -189,7 +189,7 @@ def test_bench_events_runs_fast_with_and_without_them_and_records_the_ratios(tmp
     from uniradix.conformance.bench import loop as bench
 
     out = tmp_path / "events.json"
-    rc = bench.main(["--impl", "fast", "--events", "--requests", "60", "--page-size", "4",
+    rc = bench.main(["--impl", "fast", "--events", "--requests", "30", "--page-size", "4",
                      "--repeat", "1", "--json", str(out)])
     assert rc == 0
     import json
