@@ -175,9 +175,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
                               "is supported so far")
         self._setup(params, multi_rank=True)
         self.reset()
-        if getattr(params, "enable_metrics", False):  # fast/metrics.py
-            from .metrics import wire_cache_metrics
-            wire_cache_metrics(self, params)
+        compat.wire_metrics(self, params)  # enable_metrics (fast/metrics.py)
 
     def _setup(self, params: Any, multi_rank: bool) -> None:
         """What every cache checks and reads from its params the same way: the page size, the

@@ -95,6 +95,32 @@ def python_tree_reason(params: Any) -> str | None:
     return None
 
 
+def kv_events_for(params: Any) -> Any:
+    """The KV event queue ``enable_kv_cache_events`` asks for (fast/events.py), or None;
+    ``Unsupported`` when the events extra is not installed."""
+    if not getattr(params, "enable_kv_cache_events", False):
+        return None
+    try:
+        from .events import events_for
+    except ImportError as e:
+        raise Unsupported("enable_kv_cache_events=True needs msgspec and pyzmq (the events "
+                          f"extra): {e}") from None
+    return events_for(params)
+
+
+def wire_metrics(cache: Any, params: Any) -> None:
+    """Report ``cache``'s metrics when ``enable_metrics`` asks for them (fast/metrics.py);
+    ``Unsupported`` when the metrics extra is not installed."""
+    if not getattr(params, "enable_metrics", False):
+        return
+    try:
+        from .metrics import wire_cache_metrics
+    except ImportError as e:
+        raise Unsupported("enable_metrics=True needs prometheus_client (the metrics extra): "
+                          f"{e}") from None
+    wire_cache_metrics(cache, params)
+
+
 def _refuse(field: str, value: Any, why: str) -> None:
     raise Unsupported(f"CacheInitParams.{field}={value!r}: {why} is not supported by "
                       "uniradix.fast (leave it at its default)")

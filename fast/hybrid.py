@@ -153,18 +153,14 @@ class HybridRadixCache(UnifiedRadixCache):
         self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 0, 1 or 2
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
-        if getattr(params, "enable_kv_cache_events", False):  # KV events (fast/events.py)
-            from .events import events_for
-            self._events = events_for(params)
+        self._events = compat.kv_events_for(params)  # KV events (fast/events.py), or None
         if hicache is not None:
             self._attach_tier(hicache)
         else:
             self.tier = None
             self._evict_leaf = self._delete_leaf
         self.reset()
-        if getattr(params, "enable_metrics", False):  # fast/metrics.py
-            from .metrics import wire_cache_metrics
-            wire_cache_metrics(self, params)
+        compat.wire_metrics(self, params)  # enable_metrics (fast/metrics.py)
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""

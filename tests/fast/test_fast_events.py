@@ -145,7 +145,13 @@ def _event_traces():
     return sorted(glob.glob(os.path.join(CORPUS, "upstream-events*", "*.jsonl")))
 
 
-@pytest.mark.parametrize("path", _event_traces()[::40], ids=os.path.basename)
+# every 40th trace, and the one that found fast announcing a host removal too few in compat
+# mode (two tenants' identical pages are one hash there; the fix: no pending-write filter on
+# host removals, which only ever remove acknowledged copies)
+FOUND = os.path.join(CORPUS, "upstream-events", "hicache-wt-p1-s013.jsonl")
+
+
+@pytest.mark.parametrize("path", _event_traces()[::40] + [FOUND], ids=os.path.basename)
 def test_recorded_upstream_events_replay_on_fast(path):
     result = replay_trace(load_trace(path), "fast")
     assert result.divergence is None, result.divergence
