@@ -70,7 +70,8 @@ def _namespace(extra_key: Any, key_mode: str) -> bytes | None:
     return _sha256(NAMESPACE_TAG + ek.encode("utf-8")).digest()
 
 
-def _page_digest(prior: bytes | None, units: Any, bigram: bool) -> bytes:
+def _unit_bytes(units: Any, bigram: bool) -> bytes:
+    """``units`` as the page keys hash them: each token 4 bytes little-endian unsigned."""
     flat = [t for u in units for t in u] if bigram else units
     try:
         words = array("I", flat)  # one C loop; refuses a token outside [0, 2**32)
@@ -78,9 +79,19 @@ def _page_digest(prior: bytes | None, units: Any, bigram: bool) -> bytes:
         words = array("I", [t & _MASK for t in flat])
     if _BIG_ENDIAN:
         words.byteswap()
-    h = _sha256(prior) if prior else _sha256()
-    h.update(words)
-    return h.digest()
+    return words.tobytes()
+
+
+def _chain(prior: bytes | None, raw: bytes, step: int, pages: int) -> list[bytes]:
+    """The digests of ``pages`` pages of ``step`` bytes each of ``raw``, chained from
+    ``prior`` (one sha256 call per page over the prior digest and the page's bytes)."""
+    out = []
+    sha = _sha256
+    for start in range(0, pages * step, step):
+        page = raw[start:start + step]
+        prior = sha(prior + page if prior else page).digest()
+        out.append(prior)
+    return out
 
 
 def _from_split_child(node: Any, pages: int, ps: int) -> tuple[bytes, ...] | None:
@@ -153,12 +164,12 @@ class CacheEvents:
         else:
             prior = pk[-1] if pk else None
         bigram = self.bigram
+        step = 4 * ps * (2 if bigram else 1)  # bytes per page
         for n in reversed(todo):
             key = n.key
-            out = []
-            for start in range(0, len(key) - len(key) % ps, ps):
-                prior = _page_digest(prior, key[start: start + ps], bigram)
-                out.append(prior)
+            out = _chain(prior, _unit_bytes(key, bigram), step, len(key) // ps)
+            if out:
+                prior = out[-1]
             n.pk = tuple(out)
         return node.pk
 
