@@ -151,6 +151,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     core: str = "c" if NATIVE else "python"
     core_reason: str = CORE_REASON
+    metrics: Any = None  # its CacheMetrics with enable_metrics (fast/metrics.py)
     _node_type: Any = TreeNode  # this cache's node class (each subclass has its own)
 
     def __new__(cls, params: CacheInitParams | None = None, *args: Any, **kwargs: Any):
@@ -174,6 +175,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
                               "is supported so far")
         self._setup(params, multi_rank=True)
         self.reset()
+        compat.wire_metrics(self, params)  # enable_metrics (fast/metrics.py)
 
     def _setup(self, params: Any, multi_rank: bool) -> None:
         """What every cache checks and reads from its params the same way: the page size, the

@@ -70,8 +70,6 @@ def mamba_chunk_size(setting: int | None) -> int:
 # Upstream fields no uniradix cache implements: (field, default, what it would ask for).  A
 # value other than the default is refused.
 REFUSED = (
-    ("enable_metrics", False, "metrics collection"),
-    ("enable_kv_cache_events", False, "KV cache events"),
     ("enable_mamba_extra_buffer", False, "the Mamba extra buffer"),
     ("enable_mamba_extra_buffer_lazy", False, "the lazy Mamba extra buffer"),
     ("cache_ttl_seconds", None, "time-to-live expiry of cache entries"),
@@ -85,6 +83,7 @@ REFUSED = (
 # (field, default, what it asks for); a value other than the default moves the cache.
 PYTHON_TREE: tuple[tuple[str, Any, str], ...] = (
     ("eviction_policy", "lru", "an eviction policy other than LRU"),
+    ("enable_kv_cache_events", False, "KV cache events"),  # fast/events.py
 )
 # fields whose value upstream lower-cases before reading it ("LRU" is the default "lru")
 _CASE_BLIND = frozenset({"eviction_policy"})
@@ -99,6 +98,32 @@ def python_tree_reason(params: Any) -> str | None:
                 != default:
             return f"{why} ({field}={value!r}): the C core covers the device-only Full path without it"
     return None
+
+
+def kv_events_for(params: Any) -> Any:
+    """The KV event queue ``enable_kv_cache_events`` asks for (fast/events.py), or None;
+    ``Unsupported`` when the events extra is not installed."""
+    if not getattr(params, "enable_kv_cache_events", False):
+        return None
+    try:
+        from .events import events_for
+    except ImportError as e:
+        raise Unsupported("enable_kv_cache_events=True needs msgspec and pyzmq (the events "
+                          f"extra): {e}") from None
+    return events_for(params)
+
+
+def wire_metrics(cache: Any, params: Any) -> None:
+    """Report ``cache``'s metrics when ``enable_metrics`` asks for them (fast/metrics.py);
+    ``Unsupported`` when the metrics extra is not installed."""
+    if not getattr(params, "enable_metrics", False):
+        return
+    try:
+        from .metrics import wire_cache_metrics
+    except ImportError as e:
+        raise Unsupported("enable_metrics=True needs prometheus_client (the metrics extra): "
+                          f"{e}") from None
+    wire_cache_metrics(cache, params)
 
 
 def _refuse(field: str, value: Any, why: str) -> None:
@@ -207,8 +232,8 @@ def available_and_evictable_str(cache: Any) -> str:
 class EngineDefaults:
     """The parts of SGLang's prefix-cache interface (0.5.13.post1's ``BasePrefixCache``) that
     a scheduler may call and that these caches answer the same way as upstream's radix cache
-    without a feature they do not have: no streaming sessions, no events (refused at
-    construction when asked for), no chunk cache."""
+    without a feature they do not have: no streaming sessions, no chunk cache, no events (the
+    composed tree, which emits them when asked, has its own ``take_events``)."""
 
     def is_chunk_cache(self) -> bool:
         return False

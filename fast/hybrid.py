@@ -112,6 +112,7 @@ class HybridRadixCache(UnifiedRadixCache):
     _node_type = HybridNode
     tier: HostTier | None = None
     storage_tier: Any = None  # the storage tier (fast/tiers/storage.py), below the host tier
+    _events: Any = None  # the KV event queue (fast/events.py) when events are on
 
     def __init__(self, params: api.CacheInitParams, hicache: HiCacheConfig | None = None) -> None:
         names = _components_of(params)
@@ -158,6 +159,7 @@ class HybridRadixCache(UnifiedRadixCache):
         self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 0, 1 or 2
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
+        self._events = compat.kv_events_for(params)  # KV events (fast/events.py), or None
         if hicache is not None:
             self._attach_tier(hicache)
         else:
@@ -166,6 +168,7 @@ class HybridRadixCache(UnifiedRadixCache):
         if self._policy_key is not None:
             policies.attach(self)
         self.reset()
+        compat.wire_metrics(self, params)  # enable_metrics (fast/metrics.py)
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""
@@ -213,6 +216,14 @@ class HybridRadixCache(UnifiedRadixCache):
             comp.reset()
         if self.tier is not None:
             self.tier.reset()
+        if self._events is not None:
+            self._events.cleared()
+
+    def take_events(self) -> list:
+        """The KV events queued since the last call, oldest first (``enable_kv_cache_events``;
+        fast/events.py); always empty with events off."""
+        ev = self._events
+        return ev.take() if ev is not None else []
 
     def _sizes(self, comp: AuxComponent | None) -> tuple[int, int]:
         return (0, 0) if comp is None else (comp.evictable, comp.protected)
@@ -314,6 +325,8 @@ class HybridRadixCache(UnifiedRadixCache):
         assert self.tier is not None  # only a host tier leaves evicted nodes in the tree
         self.tier.host_leaves.discard(node)
         super()._unevict(node, value, pos)
+        if self._events is not None:
+            self._events.stored(node)
 
     # ------------------------------------------------------------------------------------------
     # match_prefix
@@ -572,6 +585,8 @@ class HybridRadixCache(UnifiedRadixCache):
             self._evictable += n - pos
             self._own(leaf.value)
             self._push_if_leaf(leaf)
+            if self._events is not None:
+                self._events.stored(leaf)
             target, is_new = leaf, True
         result = {"mamba_exist": False}
         if prepared:
@@ -670,6 +685,8 @@ class HybridRadixCache(UnifiedRadixCache):
     def _delete_leaf(self, node: HybridNode, tracker: list, batch: FreeBatch) -> Any:
         """A device leaf leaves the tree with all its data (``_drop_device``).  Returns its
         former parent."""
+        if self._events is not None:
+            self._events.removed(node)
         self._drop_device(node, tracker, batch)
         parent = self._detach_leaf(node)
         if parent is not self.root_node and parent.dev_children == 0:

@@ -37,15 +37,18 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
 
 from .errors import InvalidInput
 
-__all__ = ["CacheMetrics", "StorageLabels", "MetricsServer", "serve_metrics",
+__all__ = ["CacheMetrics", "StorageLabels", "MetricsServer", "serve_metrics", "wire_cache_metrics",
            "buckets_from_env", "EVICTION_BUCKETS", "LOAD_BACK_BUCKETS", "STORAGE_PAGES_BUCKETS",
            "STORAGE_BANDWIDTH_BUCKETS", "COMPONENTS"]
 
@@ -240,6 +243,17 @@ class CacheMetrics:
                 if n:
                     self._by_comp[c].inc(n)
 
+    def _record_evict(self, counts: Iterable[tuple[str, int]], total: int, seconds: float) -> None:
+        """:meth:`on_evict` for a cache's own numbers (``total`` > 0, the sum of ``counts``),
+        without the argument checks (a wired cache calls this on every eviction)."""
+        with self._lock:
+            self._evict_s.observe(seconds)
+            self._evicted.inc(total)
+            by_comp = self._by_comp
+            for c, n in counts:
+                if n:
+                    by_comp[c].inc(n)
+
     def on_load_back(self, tokens: int, seconds: float) -> None:
         """One successful load-back of ``tokens`` device tokens from the host (upstream observes
         every successful load-back, so ``tokens`` may be 0)."""
@@ -257,6 +271,16 @@ class CacheMetrics:
         with self._lock:
             self._evictable[component].set(evictable)
             self._protected[component].set(protected)
+
+    def track_sizes(self, component: str, evictable: Callable[[], int],
+                    protected: Callable[[], int]) -> None:
+        """Read the component's sizes from ``evictable()`` / ``protected()`` when the registry
+        is collected (nothing on the cache's hot path); replaces :meth:`set_sizes` values."""
+        self._check_component(component)
+        if not callable(evictable) or not callable(protected):
+            raise InvalidInput("track_sizes needs two callables")
+        self._evictable[component].set_function(evictable)
+        self._protected[component].set_function(protected)
 
     # -- storage tier ------------------------------------------------------------------------------
 
@@ -338,3 +362,91 @@ def serve_metrics(registry: CollectorRegistry, host: str = "127.0.0.1", port: in
     """Serve ``registry`` over HTTP on ``host:port`` (loopback and an ephemeral port by default;
     the bound port is ``.port``). Close it when done."""
     return MetricsServer(registry, host, port)
+
+
+# ------------------------------------------------------------------------------------------------
+# A cache's own metrics (``enable_metrics=True``)
+# ------------------------------------------------------------------------------------------------
+
+_SIZE_METHODS = {"full": ("full_evictable_size", "full_protected_size"),
+                 "swa": ("swa_evictable_size", "swa_protected_size"),
+                 "mamba": ("mamba_evictable_size", "mamba_protected_size")}
+
+
+def _size_reader(ref: weakref.ReferenceType, method: str) -> Callable[[], int]:
+    def read() -> int:
+        cache = ref()
+        return 0 if cache is None else int(getattr(cache, method)())
+    return read
+
+
+def wire_cache_metrics(cache: Any, params: Any) -> CacheMetrics:
+    """Report ``cache``'s metrics (upstream's ``enable_metrics``) on ``params.metrics_registry``
+    (a uniradix setting; default a new ``CollectorRegistry``), as ``cache.metrics``:
+
+    * evictions: each ``evict`` call that freed something (on the composed tree, each eviction
+      run, including the ones a load back makes room with, as upstream's ``evict`` calls do)
+      observes its duration and adds its units per component;
+    * load backs (host tier): each successful one observes its duration and its tokens;
+    * the evictable / protected gauges per component, read from the cache when the registry is
+      collected.
+
+    The eviction and load-back wrappers are instance attributes over the class's methods, so a
+    cache without metrics runs exactly the code it runs now.  Called again on the same cache
+    (``init_hicache`` rebuilds it in place), the same ``CacheMetrics`` is wired again."""
+    from . import compat  # (no import cycle at module load)
+    for name in ("evict", "_evict_units"):
+        cache.__dict__.pop(name, None)
+    m = cache.__dict__.get("metrics")
+    if m is None:
+        registry = getattr(params, "metrics_registry", None)
+        if registry is None:
+            registry = CollectorRegistry()
+        m = CacheMetrics(registry, components=compat.component_names(params.tree_components))
+    cache.metrics = m
+    ref = weakref.ref(cache)
+    for comp in m.components:
+        ev, pr = _SIZE_METHODS[comp]
+        m.track_sizes(comp, _size_reader(ref, ev), _size_reader(ref, pr))
+    cls = type(cache)
+    clock = time.perf_counter
+    names = ["full"] + [c.name for c in getattr(cache, "components", ())]
+    if hasattr(cls, "_evict_units"):  # the composed tree: every eviction run
+        evict_units = cls._evict_units
+
+        def _evict_units(want: int, wants: dict | None = None) -> list:
+            t0 = clock()
+            tracker = evict_units(cache, want, wants)
+            total = sum(tracker)
+            if total:
+                m._record_evict(zip(names, tracker, strict=False), total, clock() - t0)
+            return tracker
+        cache._evict_units = _evict_units
+    else:  # the C core's cache: what evict freed
+        evict = cls.evict
+
+        def _evict(params: Any) -> Any:
+            t0 = clock()
+            result = evict(cache, params)
+            n = result.num_tokens_evicted
+            if n:
+                m._record_evict((("full", n),), n, clock() - t0)
+            return result
+        cache.evict = _evict
+    tier = getattr(cache, "tier", None)
+    if tier is not None:
+        tier.__dict__.pop("load_back", None)
+        load_back = type(tier).load_back
+
+        def _load_back(node: Any, mem_quota: int | None = None) -> bool:
+            tokens, cur = 0, node
+            while cur.evicted:
+                tokens += len(cur.host_value)
+                cur = cur.parent
+            t0 = clock()
+            ok = load_back(tier, node, mem_quota)
+            if ok:
+                m.on_load_back(tokens, clock() - t0)
+            return ok
+        tier.load_back = _load_back
+    return m

@@ -11,7 +11,8 @@ The Full component's: ``value`` (device slots, an int64 tensor; None when evicte
 ``lock_ref``, ``dev_children`` (children holding device data, so the leaf test is O(1)).
 The host tier's (fast/tiers/host.py): ``host_value`` (host slots; None when not backed up),
 ``host_lock_ref``.  The aux components' (fast/components/): ``aux``, one ``AuxData`` record per
-component (empty without any), and ``aux_lock``, the sum of their lock counts.
+component (empty without any), and ``aux_lock``, the sum of their lock counts.  KV events
+(fast/events.py): ``pk``, the node's page digests, set only once computed (unset otherwise).
 
 The C core (fast/_core.c) has its own node type with the tree's and the Full component's
 fields, the same ordering and repr; it serves the device-only Full cache only.
@@ -29,6 +30,7 @@ class Node:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time",
                  "hit_count", "extra_key", "dev_children", "id", "ck",
                  "host_value", "host_lock_ref", "aux", "aux_lock", "created", "priority",
+                 "pk",  # the KV events' page keys (fast/events.py)
                  "page_keys")  # the storage tier's (fast/tiers/storage.py): unset until asked
 
     def __init__(self, key: Any, value: Any, parent: Node | None, extra_key: Any,

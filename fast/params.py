@@ -48,6 +48,12 @@ class CacheInitParams:
     # uniradix: a host tier (HiCache): a ``uniradix.fast.hicache.HiCacheConfig``; the cache is
     # then a ``HiCacheRadixCache`` (fast/hicache.py)
     hicache: Any = None
+    # uniradix: the block-hash chain of KV events (fast/events.py): "namespaced" (default) or
+    # "compat" (0.5.13.post1's hashes, without extra_key)
+    kv_events_key_mode: str = "namespaced"
+    # uniradix: the prometheus_client CollectorRegistry enable_metrics registers on (None: a
+    # new one, the cache's ``metrics.registry``; fast/metrics.py)
+    metrics_registry: Any = None
 
 
 @dataclasses.dataclass(slots=True)

@@ -101,9 +101,9 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
     """Runs trace steps on the fast path."""
 
     rejections = REJECTIONS
-    #: capability (conformance/traces/events.py): fast/ emits no KV events yet (issue 17), so replay
-    #: and lockstep say they did not compare them
-    emits_kv_events = False
+    #: capability (conformance/traces/events.py): fast/ emits KV events (fast/events.py) once
+    #: ``start_kv_events`` rebuilt the cache with them on, in the key mode asked for
+    emits_kv_events = True
     capabilities = CAPABILITIES["fast"]
 
     def __init__(self, config: CacheConfig) -> None:
@@ -119,16 +119,33 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
                                           log_copies=True)
             if config.storage:  # the storage tier (conformance/adapters/storage_ops.py)
                 hicache.storage = self.storage_config(config)
-        self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+        self.params = fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
-            is_eagle=config.eagle, hicache=hicache, eviction_policy=config.eviction_policy))
+            is_eagle=config.eagle, hicache=hicache, eviction_policy=config.eviction_policy)
+        self.cache = fast.UnifiedRadixCache(self.params)
         self.handles: dict[int, tuple] = {}
         self.host_handles: dict[int, tuple] = {}
         self.requests: dict[str, Req] = {}
 
     def violations(self) -> list[str]:
         return self.cache.violations()
+
+    def start_kv_events(self, key_mode: str | None) -> str:
+        """Rebuild the (still empty) cache with KV events on, hashing in ``key_mode`` (None:
+        the config's ``storage_key_mode``); returns the mode.  Built without them otherwise, a
+        Full-only cache keeps its C core (events move it to the composed tree)."""
+        if self.cache.root_node.children or self.requests:
+            raise RuntimeError("start_kv_events: the cache has already run steps")
+        mode = key_mode if key_mode is not None else self.config.storage_key_mode
+        self.params.enable_kv_cache_events = True
+        self.params.kv_events_key_mode = mode
+        self.cache = fast.UnifiedRadixCache(self.params)
+        return mode
+
+    def take_events(self) -> list:
+        """The cache's KV events since the last call (``take_events``)."""
+        return self.cache.take_events()
 
     def _tokens_of(self, node) -> list:
         parts = []

@@ -99,13 +99,14 @@ class HybridFastAdapter(FastAdapter):
                     else config.host_slots
                 self.host_swa_pool = PagedPool(n, config.page_size, "host_swa")
                 hicache.host_swa_allocator = PoolAllocator(self.host_swa_pool, torch)
-        self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+        self.params = fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
             is_eagle=config.eagle, tree_components=comps,
             sliding_window_size=config.sliding_window,
             mamba_cache_chunk_size=config.mamba_cache_chunk_size,
-            eviction_policy=config.eviction_policy, hicache=hicache))
+            eviction_policy=config.eviction_policy, hicache=hicache)
+        self.cache = fast.UnifiedRadixCache(self.params)
         self.handles: dict[int, tuple] = {}
         self.host_handles: dict[int, tuple] = {}
         self.requests: dict = {}

@@ -88,6 +88,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import gc
 import gzip
 import hashlib
@@ -116,7 +117,14 @@ EXTRA_IMPLS = ("upstream-rust",)
 # Speed peers that are not conforming implementations: measured side by side and their outcomes
 # shown, but not required to match (upstream's C++ tree keeps its own LRU order).
 PEERS = ("upstream-cpp",)
-KNOWN_IMPLS = IMPLS + EXTRA_IMPLS + PEERS
+# fast with KV events and/or metrics on (``--events``): (events, metrics, on the composed
+# Python tree) per name; each is compared with plain fast in the same alternating rounds
+# (``ratios`` "<name>/fast"). Events move a Full cache off the C core onto the composed tree
+# (fast/compat.py PYTHON_TREE): "fast+pytree" is that tree without events, so
+# "fast+events/fast+pytree" is the events' own cost.
+OBSERVED = {"fast+pytree": (False, False, True), "fast+events": (True, False, True),
+            "fast+metrics": (False, True, False), "fast+events+metrics": (True, True, True)}
+KNOWN_IMPLS = IMPLS + EXTRA_IMPLS + PEERS + tuple(OBSERVED)
 WORKLOADS = ("shared-prefix", "mooncake")
 # --components: the aux components beside Full (conformance/bench/configs.py)
 COMPONENT_CHOICES = ("full", "swa", "mamba", "swa+mamba")
@@ -324,7 +332,8 @@ FAST_NAMES = ("UnifiedRadixCache", "CacheInitParams", "RadixKey", "MatchPrefixPa
               "InsertParams", "EvictParams")
 
 
-def fast_bundle(allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
+def fast_bundle(allocator: str = "freelist", device: str = "cpu", events: bool = False,
+                metrics: bool = False, python_tree: bool = False) -> ApiBundle:
     try:
         import uniradix.fast as fast
     except ImportError as e:
@@ -344,7 +353,11 @@ def fast_bundle(allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
         alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size, torch,
                                device)
         params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
-                                      token_to_kv_pool_allocator=alloc, page_size=pool.page_size)
+                                      token_to_kv_pool_allocator=alloc, page_size=pool.page_size,
+                                      enable_kv_cache_events=events, enable_metrics=metrics)
+        if python_tree:  # the composed tree by name (what events run on)
+            from uniradix.fast.hybrid import HybridRadixCache
+            return HybridRadixCache(params), alloc
         return fast.UnifiedRadixCache(params), alloc
 
     return ApiBundle("fast", getattr(fast, "__version__", "dev"), fast.RadixKey,
@@ -544,12 +557,30 @@ def upstream_cpp_bundle(allocator: str = "freelist", device: str = "cpu") -> Api
                      up.MatchPrefixParams, up.InsertParams, up.EvictParams, values, build)
 
 
+def observed_fast_bundle(name: str, allocator: str = "freelist", device: str = "cpu") -> ApiBundle:
+    """fast with the KV events and/or metrics of ``OBSERVED[name]`` on (the events drained
+    once per request); over the bench's own allocator only."""
+    events, metrics, python_tree = OBSERVED[name]
+    if allocator != "freelist":
+        raise ImplMissing(f"{name}: measured over the bench's freelist allocator only")
+    if metrics:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError as e:
+            raise ImplMissing(f"{name}: prometheus_client is not installed (the metrics "
+                              "extra)") from e
+    bundle = fast_bundle(allocator, device, events=events, metrics=metrics,
+                         python_tree=python_tree)
+    return dataclasses.replace(bundle, name=name, steps=(DrainEvents,) if events else ())
+
+
 BUNDLES: dict[str, Callable[..., ApiBundle]] = {
     "spec": lambda allocator="freelist", device="cpu": spec_bundle(),  # the pool model, CPU
     "fast": fast_bundle, "upstream": upstream_bundle,
     "upstream-rust": lambda allocator="freelist", device="cpu": upstream_bundle("rust", allocator,
                                                                                 device),
-    "upstream-cpp": upstream_cpp_bundle}
+    "upstream-cpp": upstream_cpp_bundle,
+    **{name: functools.partial(observed_fast_bundle, name) for name in OBSERVED}}
 
 
 def cuda_problem() -> str | None:
@@ -852,6 +883,17 @@ class Run:
         return result
 
 
+class DrainEvents(Step):
+    """The scheduler's ``take_events()`` once per request (one scheduler step: its events go
+    to the publisher), timed as part of the events' cost."""
+
+    name = "events"
+    ops = ("take_events",)
+
+    def request_done(self, run: Run) -> None:
+        run.timed("take_events", run.cache.take_events)
+
+
 def run_bench(bundle: ApiBundle, workload: BenchWorkload,
               progress: Callable[[int, int], None] | None = None,
               keep: list | None = None) -> BenchStats:
@@ -1048,7 +1090,12 @@ class Comparison:
                 ("fast/upstream", self.ratio("fast", "upstream")),
                 ("upstream/spec", self.ratio("upstream", "spec")),
                 ("fast/upstream-rust", self.ratio("fast", "upstream-rust")),
-                ("fast/upstream-cpp", self.ratio("fast", "upstream-cpp")))},
+                ("fast/upstream-cpp", self.ratio("fast", "upstream-cpp")),
+                *((f"{name}/fast", self.ratio(name, "fast")) for name in OBSERVED
+                  if name in self.runs),
+                *((f"{name}/fast+pytree", self.ratio(name, "fast+pytree"))
+                  for name in ("fast+events", "fast+events+metrics")
+                  if name in self.runs and "fast+pytree" in self.runs))},
         }
 
 
@@ -1323,6 +1370,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         "is rewritten after every comparison, so a run cut short keeps what it "
                         "measured. Default: no budget")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    b.add_argument("--events", action="store_true",
+                   help="also run fast with KV events on (drained once per request), with "
+                        "metrics on, with both, and on the composed Python tree without them "
+                        "(fast+pytree: where events run), alternating with plain fast in the "
+                        "same rounds; the JSON's ratios give '<name>/fast' and "
+                        "'fast+events/fast+pytree' (the overheads). Full on the device tier, "
+                        "the freelist allocator; needs fast in --impl")
     b.add_argument("--components", choices=COMPONENT_CHOICES, default="full",
                    help="hybrid models: swa, mamba or swa+mamba (Full+SWA+Mamba) runs fast and "
                         "upstream only (conformance/bench/hybrid.py; default full); combines "
@@ -1367,6 +1421,13 @@ def print_comparison(cmp: Comparison, out=None) -> None:
       f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}"
       + "".join(f", fast/{peer} {_fmt_ratio(cmp.ratio('fast', peer))}"
                 for peer in ("upstream-rust", "upstream-cpp") if peer in cmp.runs))
+    observed = [name for name in OBSERVED if name in cmp.runs]
+    if observed:  # --events: the overhead of events / metrics over plain fast
+        p("  events and metrics (req/s, same rounds): "
+          + ", ".join(f"{name}/fast {_fmt_ratio(cmp.ratio(name, 'fast'))}" for name in observed)
+          + (f"; on the composed tree: fast+events/fast+pytree "
+             f"{_fmt_ratio(cmp.ratio('fast+events', 'fast+pytree'))}"
+             if "fast+events" in cmp.runs and "fast+pytree" in cmp.runs else ""))
     counted = [(impl, runs[0].free_calls) for impl, runs in cmp.runs.items()
                if runs[0].free_calls is not None]
     if counted:
@@ -1420,6 +1481,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if why is not None:
             say(f"--device {device} is not available: {why}")
             return 2
+    if getattr(args, "events", False):
+        if "fast" not in args.impl:
+            say("--events compares fast with events and metrics on against plain fast: "
+                "--impl must include fast")
+            return 2
+        if not only_full or allocator != "freelist":
+            say("--events runs the Full configuration over the freelist allocator only")
+            return 2
+        args.impl = list(args.impl) + [n for n in OBSERVED if n not in args.impl]
     budget = getattr(args, "budget", None)
     if budget is not None and budget <= 0:
         say(f"--budget must be positive, got {budget}")

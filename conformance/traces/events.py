@@ -12,7 +12,11 @@ An adapter *emits events* when :func:`event_source` finds a source for it:
   0.5.13.post1, whose block hashes leave ``extra_key`` out) and the documented differences of
   its stream (``event_differences``, :data:`DIFFERENCES`), and the spec renders its stream the
   same way when it is compared with it;
-* anything else (the fast path today) does not emit: :func:`event_source` returns None and the
+  An adapter that can render either key mode (the fast path) declares no ``event_key_mode``
+  and has ``start_kv_events(key_mode)``: :class:`TakenEvents` calls it, before any step, with
+  the mode asked for (a trace's, or a peer's; None: the config's ``storage_key_mode``), and
+  the adapter then emits in that mode;
+* anything else does not emit: :func:`event_source` returns None and the
   callers say so (``replay`` and ``lockstep`` never skip a comparison silently).
 
 Events travel as the wire's arrays (docs/EVENTS.md, JSON in traces). A step's events are
@@ -121,9 +125,14 @@ class SpecEvents:
 class TakenEvents:
     """The events an adapter's ``take_events()`` hands over after each step."""
 
-    def __init__(self, adapter: Any) -> None:
+    def __init__(self, adapter: Any, key_mode: str | None = None) -> None:
         self.adapter = adapter
-        self.key_mode = event_key_mode(adapter) or "namespaced"
+        start = next((a.start_kv_events for a in _chain(adapter)
+                      if callable(getattr(a, "start_kv_events", None))), None)
+        if start is not None:  # the adapter renders the mode asked for
+            self.key_mode = start(key_mode)
+        else:
+            self.key_mode = event_key_mode(adapter) or "namespaced"
         self._take = next(a for a in _chain(adapter) if callable(getattr(a, "take_events", None))).take_events
         self._take()  # anything emitted while the adapter was built belongs to no step
 
@@ -141,7 +150,7 @@ def event_source(adapter: Any, key_mode: str | None = None,
         if declared is False:  # a declared capability: this implementation emits none
             return None
         if declared and callable(getattr(a, "take_events", None)):
-            return TakenEvents(adapter)
+            return TakenEvents(adapter, key_mode)
     if spec_state(adapter) is not None:
         return SpecEvents(adapter, key_mode, differences)
     return None

@@ -601,6 +601,8 @@ class HostTier:
         # would keep that whole list alive for as long as the node holds its host copy
         node.host_value = host_indices.clone()
         self.host_tokens += n
+        if cache._events is not None:  # announced at the ack (fast/events.py)
+            cache._events.host_written(node.id, node)
         lock = None if write_back else cache.inc_lock_ref(node).to_dec_params()
         self.ongoing_write_through[node.id] = InFlight(node, lock)
         return n
@@ -619,6 +621,8 @@ class HostTier:
             if self.write_backup(node, write_back=True) == 0:
                 return False
             self.writing_check(write_back=True)
+        if cache._events is not None:
+            cache._events.removed(node)
         if cache.components:
             cache._drop_device(node, tracker, batch)  # with the aux components' device data
         else:  # (the Full-only host path, written out)
@@ -659,6 +663,8 @@ class HostTier:
         """A host leaf's host data goes (each component's first, then the Full host slots:
         onto ``pieces`` to be freed by the caller, else now) and it leaves the tree with its
         childless tombstone ancestors.  Returns the Full host tokens freed."""
+        if self.cache._events is not None:
+            self.cache._events.host_removed(node)
         for comp in self.cache.components:
             comp.drop_host(node)
         host = node.host_value
@@ -743,6 +749,8 @@ class HostTier:
             cache._own(s.value)
             self.host_leaves.discard(s)
             cache._push_if_leaf(s)
+            if cache._events is not None:
+                cache._events.stored(s)
         for comp in aux:
             comp.commit_load_back(node)
         self.ongoing_load_back[node.id] = InFlight(node, cache.inc_lock_ref(node).to_dec_params())
@@ -758,6 +766,8 @@ class HostTier:
                 ack.finish_event.synchronize()
         while queue and queue[0].finish_event.query():
             for ack_id in queue.pop(0).node_ids:
+                if self.cache._events is not None:
+                    self.cache._events.host_acked(ack_id)
                 entry = self.ongoing_write_through.pop(ack_id, None)
                 if entry is not None and entry.lock is not None:
                     self.cache.dec_lock_ref(entry.node, entry.lock)

@@ -497,13 +497,48 @@ def test_unfinished_req_reads_sglangs_req():
 def test_settings_from_sglangs_params_are_refused_by_name():
     rtp = ReqToTokenPool(size=2, max_context_len=32, device="cpu", enable_memory_saver=False)
     alloc = TokenToKVPoolAllocator(64, torch.float16, "cpu", None, False)
-    for field, value in [("eviction_policy", "random"), ("enable_metrics", True),
-                         ("enable_kv_cache_events", True), ("cache_ttl_seconds", 60.0)]:
+    for field, value in [("eviction_policy", "random"), ("cache_ttl_seconds", 60.0)]:
         params = up.CacheInitParams(disable=False, req_to_token_pool=rtp,
                                     token_to_kv_pool_allocator=alloc, page_size=1,
                                     tree_components=(CT.FULL,), **{field: value})
         with pytest.raises(fast.Unsupported, match=field):
             fast.UnifiedRadixCache(params)
+
+
+def test_events_and_metrics_asked_for_by_sglangs_params_are_honoured():
+    """``enable_kv_cache_events`` / ``enable_metrics`` from sglang's own params: the same first
+    events as sglang's cache gives for the same inserts (its hashes leave extra_key out, so the
+    fast cache is asked for ``compat`` hashes), and the cache's metrics."""
+    import importlib.util
+
+    rtp = ReqToTokenPool(size=2, max_context_len=32, device="cpu", enable_memory_saver=False)
+    metrics = importlib.util.find_spec("prometheus_client") is not None
+    if not metrics:  # refused by name, with what to install
+        with pytest.raises(fast.Unsupported, match="enable_metrics.*prometheus_client"):
+            fast.UnifiedRadixCache(up.CacheInitParams(
+                disable=False, req_to_token_pool=rtp, page_size=1, tree_components=(CT.FULL,),
+                token_to_kv_pool_allocator=TokenToKVPoolAllocator(8, torch.float16, "cpu", None,
+                                                                  False), enable_metrics=True))
+    streams = []
+    for impl in ("fast", "upstream"):
+        alloc = TokenToKVPoolAllocator(64, torch.float16, "cpu", None, False)
+        params = up.CacheInitParams(disable=False, req_to_token_pool=rtp,
+                                    token_to_kv_pool_allocator=alloc, page_size=1,
+                                    tree_components=(CT.FULL,), enable_kv_cache_events=True,
+                                    enable_metrics=metrics and impl == "fast")
+        if impl == "fast":
+            params.kv_events_key_mode = "compat"
+            cache = fast.UnifiedRadixCache(params)
+            assert (cache.metrics is not None) == metrics
+        else:
+            cache = up.UnifiedRadixCache(params)
+        cache.take_events()
+        for toks in ([1, 2, 3, 4], [1, 2, 9]):
+            cache.insert(up.InsertParams(key=up.RadixKey(array("q", toks), "tenant"),
+                                         value=alloc.alloc(len(toks)).to(torch.int64)))
+        cache.evict(up.EvictParams(num_tokens=1))
+        streams.append(sorted((type(e).__name__, list(e.block_hashes)) for e in cache.take_events()))
+    assert streams[0] == streams[1] and streams[0]
 
 
 def test_available_and_evictable_str_matches_upstream():

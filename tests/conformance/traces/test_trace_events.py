@@ -8,6 +8,7 @@ import json
 import pytest
 
 from uniradix.conformance.adapters.base import SpecAdapter, make_adapter
+from uniradix.conformance.adapters.fast_adapter import FastAdapter
 from uniradix.conformance.explore.driver import make_config, record
 from uniradix.conformance.explore.lockstep import Lockstep, run_steps
 from uniradix.conformance.traces.replay import replay_paths, replay_trace
@@ -43,8 +44,12 @@ def test_replay_finds_a_changed_event(tmp_path):
     assert result.divergence.field.startswith("events")
 
 
-def test_replay_says_when_it_cannot_compare_events(tmp_path):
+def test_replay_says_when_it_cannot_compare_events(tmp_path, monkeypatch):
     path, steps = recorded(tmp_path)
+    lines = []
+    assert replay_paths([path], "fast", out=lines.append) == 0  # fast emits them (issue 17)
+    assert f"KV events compared on {len(steps)} steps" in lines
+    monkeypatch.setattr(FastAdapter, "emits_kv_events", False)  # an implementation that does not
     lines = []
     assert replay_paths([path], "fast", out=lines.append) == 0
     assert f"KV events NOT compared on {len(steps)} steps: fast does not emit KV events" in lines
@@ -114,8 +119,10 @@ def test_lockstep_compares_the_event_streams():
     assert "BlockRemoved" in finding.values["spec only"][0]
 
 
-def test_lockstep_says_which_implementations_do_not_emit_events():
+def test_lockstep_says_which_implementations_do_not_emit_events(monkeypatch):
     config = make_config("full-p1", 4)
+    assert Lockstep.from_impls(["spec", "fast"], config).events_note == ""
+    monkeypatch.setattr(FastAdapter, "emits_kv_events", False)
     ls = Lockstep.from_impls(["spec", "fast"], config)
     assert ls.events_note == ("KV events not compared for fast (does not emit them); fewer than "
                               "two implementations emit them")
@@ -126,9 +133,13 @@ def test_lockstep_says_which_implementations_do_not_emit_events():
     assert ls.stats["event_steps"] == 30
 
 
-def test_conform_compares_events_and_notes_who_does_not_emit_them():
+def test_conform_compares_events_and_notes_who_does_not_emit_them(monkeypatch):
     from uniradix.conformance.explore.conform import run_conform
 
+    res = run_conform(["spec", "fast"], config="full-p1", steps=40, out=None, progress=False,
+                      log=[].append)
+    assert res.divergences == 0 and res.event_steps == 40 and not res.notes
+    monkeypatch.setattr(FastAdapter, "emits_kv_events", False)
     logs = []
     res = run_conform(["spec", "fast"], config="full-p1", steps=40, out=None, progress=False,
                       log=logs.append)
