@@ -23,9 +23,9 @@ from uniradix.conformance.traces.trace import load_trace
 IMPLS = ("spec", "fast")
 
 # Corpus folders the fast path does not model yet, replayed on the spec only: other eviction
-# policies than lru, Mamba copy-on-write, the storage tier and the host tier with SWA (fast
+# policies than lru, the storage tier and the host tier with SWA (fast
 # refuses each by name). Folder names or trace file names (a host+SWA trace among others).
-SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-mamba-cow", "upstream-storage",
+SPEC_ONLY_CORPORA = ("upstream-policies", "upstream-storage",
                      "upstream-host-swa", "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl")
 
 # Corpora the spec cannot replay yet (none now: the host tier with SWA was the last).

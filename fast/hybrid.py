@@ -316,10 +316,8 @@ class HybridRadixCache(UnifiedRadixCache):
         key = params.key
         units = self._units(key)
         if self.mamba is not None and getattr(params, "cow_mamba", False):
-            # upstream then hands the request a copy of the matched state (req.mamba_pool_idx,
-            # mamba_cow_src_index): the Mamba request path, not here yet
-            raise Unsupported("match_prefix with cow_mamba=True (copying the matched Mamba "
-                              "state to the request) is not supported yet")
+            # Mamba copy-on-write: the plain match, then the request's state (the plug-in)
+            return self.mamba.match_prefix_cow(params)
         root = self.root_node
         ps = self.page_size
         n = len(units) - len(units) % ps
