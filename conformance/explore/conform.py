@@ -52,6 +52,9 @@ NAMED_CONFIGS: dict[str, dict] = {
     # hybrid models: the window / SWA pool / Mamba pool are drawn per segment too
     "swa": {"components": ("full", "swa")},
     "mamba": {"page_size": 1, "components": ("full", "mamba")},
+    # "mamba" with Mamba copy-on-write: a serve's match and half the plain ones are a
+    # request's (match_prefix cow_mamba; spec/mamba_cow.py)
+    "mamba-cow": {"page_size": 1, "components": ("full", "mamba")},
     # Full + SWA + Mamba in one tree: both aux components' draws
     "full-swa-mamba-p1": {"page_size": 1, "components": ("full", "swa", "mamba")},
     "full-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
@@ -80,6 +83,7 @@ NAMED_CONFIGS: dict[str, dict] = {
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
                                        for p in (1, 4) for s in ("be", "wc", "to"))
+COW_CONFIGS = ("mamba-cow",)  # the named configs whose matches copy the Mamba state
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
@@ -340,7 +344,8 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
                 taken, finding = storage_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step)
             else:
                 taken, finding = random_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step,
-                                                actions=TREE_ACTIONS if seg_tree_only else None)
+                                                actions=TREE_ACTIONS if seg_tree_only else None,
+                                                cow=name in COW_CONFIGS)
         except _OutOfTime as e:
             res.steps += e.steps
             break

@@ -267,6 +267,9 @@ class Scenario:
             self.actions = frozenset(a for a in self.actions if not a.startswith("req_"))
         self.host = config.has_host_tier
         self.host_handles: list[int] = []           # live host_lock handles
+        # Mamba copy-on-write (spec/mamba_cow.py): matches made for a request (a serve's, and
+        # half the plain ones) pass cow_mamba; set by the caller (random_segment's ``cow``)
+        self.cow = False
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -482,7 +485,20 @@ class Scenario:
         self.serving = {"tokens": tokens}
         self.queue = ["serve_lock", "serve_alloc", "serve_insert", "serve_unlock"]
         self.ctx = {"serve": True}
-        return {"op": "match_prefix", "args": {"tokens": tokens, "extra_key": ek}}
+        args: dict = {"tokens": tokens, "extra_key": ek}
+        self._cow_args(args, ch, 1.0)
+        return {"op": "match_prefix", "args": args}
+
+    def _cow_args(self, args: dict, ch: Any, p: float) -> None:
+        """With copy-on-write, a match for a request (chance ``p``): its state slot is one the
+        driver holds (a request that has one), or none while the driver holds few (the match
+        then takes one for it)."""
+        if not (self.cow and self.mamba and ch.chance(p)):
+            return
+        args["cow_mamba"] = True
+        held = len(self.mamba_held)
+        args["mamba_slot"] = ch.choice(self.mamba_held) if held >= 3 or (
+            held and ch.chance(0.3)) else None
 
     def _serve_need(self) -> int:
         m = self.serving["match"]
@@ -530,7 +546,9 @@ class Scenario:
         tokens, ek = self.query(ch)
         if ch.chance(0.03):
             tokens = []
-        return {"op": "match_prefix", "args": {"tokens": tokens, "extra_key": ek}}
+        args: dict = {"tokens": tokens, "extra_key": ek}
+        self._cow_args(args, ch, 0.5)
+        return {"op": "match_prefix", "args": args}
 
     def _p_lock(self, ch: Any) -> dict:
         if ch.chance(0.1):
@@ -809,6 +827,11 @@ class Scenario:
                 self.pages = [p for p in self.pages if id(p) not in gone]
             self._remember(ctx["tokens"], ctx["extra_key"], cached=True)
         elif op == "match_prefix":
+            if args.get("cow_mamba"):  # the request's slot is the driver's; room made evicts
+                if args.get("mamba_slot") is None and obs.get("mamba_pool_idx") is not None:
+                    self.mamba_held.append(obs["mamba_pool_idx"])
+                if obs.get("freed") or obs.get("mamba_freed"):
+                    self.epoch += 1  # (the matched path was locked: this match stays usable)
             self.matches.append(MatchSeen(list(args["tokens"]), args["extra_key"],
                                           obs["last_device_node"], list(obs["device_indices"]),
                                           self.epoch, obs.get("best_match_node", 0)))
@@ -974,14 +997,16 @@ def runner_actions(runner: Any, actions: Sequence[str] | None) -> Sequence[str]:
 def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
                    on_step: Callable[[int], None] | None = None,
                    invalid_weight: float | None = None,
-                   actions: Sequence[str] | None = None) -> tuple[list, Any]:
+                   actions: Sequence[str] | None = None, cow: bool = False) -> tuple[list, Any]:
     """Drive ``runner`` (a :class:`~uniradix.conformance.explore.lockstep.Lockstep`) through ``steps``
     random steps from a fresh :class:`Scenario`; return (the steps taken, the first finding or
     None).  ``actions``: only these (default :data:`ACTIONS`; :data:`TREE_ACTIONS` leaves the
-    request-level ops out, for implementations that have only the tree-level API)."""
+    request-level ops out, for implementations that have only the tree-level API).  ``cow``:
+    Mamba copy-on-write matches (``Scenario.cow``)."""
     rng = random.Random(f"conform:{seed}")
     ch = RandomChooser(rng)
     sc = Scenario(config, ch, actions=runner_actions(runner, actions))
+    sc.cow = cow
     if invalid_weight is not None:
         sc.WEIGHTS = dict(sc.WEIGHTS, invalid=invalid_weight)
     taken: list[dict] = []

@@ -189,3 +189,17 @@ COW_TRACES = sorted(glob.glob(os.path.join(CORPUS, "upstream-mamba-cow", "*.json
 def test_cow_corpus_replays_on_fast(path):
     result = replay_trace(load_trace(path), "fast")
     assert result.unsupported is None and result.divergence is None, str(result.divergence)
+
+
+# ----------------------------------------------------------------------------------------------
+# conform's copy-on-write config (a short run; `uniradix conform --config mamba-cow` runs long)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_conform_mamba_cow_config_is_clean():
+    from uniradix.conformance.env.kvcheck import kv_checked
+    from uniradix.conformance.explore.conform import run_conform
+
+    res = run_conform([kv_checked("spec"), kv_checked("fast")], config="mamba-cow", steps=400,
+                      seed=3, out=None, progress=False, log=lambda m: None)
+    assert res.steps == 400 and res.finding is None
