@@ -200,9 +200,11 @@ def available_and_evictable_str(cache: Any) -> str:
 
 class EngineDefaults:
     """The parts of SGLang's prefix-cache interface (0.5.13.post1's ``BasePrefixCache``) that
-    a scheduler may call and that these caches answer the same way as upstream's radix cache
-    without a feature they do not have: no streaming sessions, no events (refused at
-    construction when asked for), no chunk cache."""
+    a scheduler may call and that these caches answer the same way as upstream's radix cache:
+    no events (refused at construction when asked for), no chunk cache; streaming sessions
+    through ``self.sessions`` (fast/sessions.py)."""
+
+    sessions: Any  # fast/sessions.py StreamingSessions, made by the cache's _setup
 
     def is_chunk_cache(self) -> bool:
         return False
@@ -214,25 +216,34 @@ class EngineDefaults:
         return False
 
     def supports_streaming_session(self) -> bool:
-        return False
+        return True
+
+    def release_session(self, session_id: str) -> None:
+        """End a streaming session: its first turn's lock is released, its parked slots go
+        back (fast/sessions.py)."""
+        self.sessions.release_session(session_id)
 
     def take_events(self) -> list:
         return []
 
     def session_held_tokens(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        """KV slots parked in session slots, outside the tree (rows in ``active_pool_idxs``,
+        held by running requests, not counted)."""
+        return self.sessions.held_tokens(active_pool_idxs)
 
     def session_held_full_tokens(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        return self.sessions.held_tokens(active_pool_idxs)
 
     def session_held_swa_tokens(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        # sessions run on caches without SWA (fast/sessions.py): upstream's count is then the
+        # Full one (no SWA window start past the protected length)
+        return self.sessions.held_tokens(active_pool_idxs)
 
     def session_held_req_count(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        return self.sessions.held_req_count(active_pool_idxs)
 
     def session_held_mamba_slots(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        return 0  # (sessions run on caches without Mamba)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,6 +280,8 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
     abort), or ``disable_finished_insert``, nothing is inserted and everything the request
     owns from ``cache_protected_len`` on is freed; a disabled cache frees the whole committed
     row."""
+    if cache.sessions.try_cache_finished_req(req, is_insert):  # streaming sessions
+        return
     committed = req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache") \
         else req.kv_committed_len
     kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, :committed]
@@ -300,6 +313,8 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     The computed tokens are ``req.get_fill_ids()`` (SGLang 0.5.13.post1's ``Req``), or
     ``req.fill_ids`` on a request object without that method (the seed's).  A disabled cache
     only sets ``prefix_indices`` to the computed row."""
+    if cache.sessions.try_cache_unfinished_req(req, chunked):  # streaming sessions
+        return
     get_fill_ids = getattr(req, "get_fill_ids", None)
     tokens = get_fill_ids() if get_fill_ids is not None else req.fill_ids
     kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)]

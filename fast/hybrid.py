@@ -200,6 +200,7 @@ class HybridRadixCache(UnifiedRadixCache):
             comp.reset()
         if self.tier is not None:
             self.tier.reset()
+        self.sessions.reset()
 
     def _sizes(self, comp: AuxComponent | None) -> tuple[int, int]:
         return (0, 0) if comp is None else (comp.evictable, comp.protected)
