@@ -55,6 +55,10 @@ NAMED_CONFIGS: dict[str, dict] = {
     # "mamba" with Mamba copy-on-write: a serve's match and half the plain ones are a
     # request's (match_prefix cow_mamba; spec/mamba_cow.py)
     "mamba-cow": {"page_size": 1, "components": ("full", "mamba")},
+    # Full with streaming sessions: most arriving requests are a session's turn
+    # (spec/sessions.py), with release_session and session_held among the steps
+    "sessions-p1": {"page_size": 1},
+    "sessions-p4": {"page_size": 4},
     # Full + SWA + Mamba in one tree: both aux components' draws
     "full-swa-mamba-p1": {"page_size": 1, "components": ("full", "swa", "mamba")},
     "full-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
@@ -84,6 +88,7 @@ NAMED_CONFIGS: dict[str, dict] = {
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
                                        for p in (1, 4) for s in ("be", "wc", "to"))
 COW_CONFIGS = ("mamba-cow",)  # the named configs whose matches copy the Mamba state
+SESSION_CONFIGS = ("sessions-p1", "sessions-p4")  # the named configs with streaming sessions
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
@@ -345,7 +350,8 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
             else:
                 taken, finding = random_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step,
                                                 actions=TREE_ACTIONS if seg_tree_only else None,
-                                                cow=name in COW_CONFIGS)
+                                                cow=name in COW_CONFIGS,
+                                                sessions=name in SESSION_CONFIGS)
         except _OutOfTime as e:
             res.steps += e.steps
             break

@@ -215,3 +215,12 @@ def _session_workload(both: Both, rng: random.Random, turns: int) -> None:
 def test_random_session_workloads_in_lockstep(page_size, seed):
     both = Both(kv_slots=48 // page_size * page_size, page_size=page_size)
     _session_workload(both, random.Random(seed), 60)
+
+
+def test_conform_sessions_config_is_clean():
+    from uniradix.conformance.env.kvcheck import kv_checked
+    from uniradix.conformance.explore.conform import run_conform
+
+    res = run_conform([kv_checked("spec"), kv_checked("fast")], config="sessions-p4", steps=400,
+                      seed=5, out=None, progress=False, log=lambda m: None)
+    assert res.steps == 400 and res.finding is None
