@@ -121,8 +121,6 @@ class HybridRadixCache(UnifiedRadixCache):
                                 or "HybridRadixCache built by name: the composed Python tree")
         if hicache is not None:
             check_host_components(names)
-        if params.is_eagle and len(names) > 1:
-            raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
         self._setup(params, multi_rank=hicache is None)
         self.component_names = names
         alloc = self.token_to_kv_pool_allocator
@@ -288,8 +286,6 @@ class HybridRadixCache(UnifiedRadixCache):
             key = compat.as_radix_key(key)
         toks = key.token_ids
         if self.is_eagle or key.is_bigram:
-            if self.components:
-                raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
             # EAGLE bigram units pair each token with the next: the shifted side is one shorter
             return list(zip(toks, toks[1:], strict=False))
         return toks if type(toks) is array else array("q", toks)

@@ -130,11 +130,12 @@ CAPABILITIES: dict[str, Capabilities] = {
         eagle_with_aux=True, request_ops_with_aux=True),
     # uniradix.fast (FastAdapter, HybridFastAdapter): Full, SWA and Mamba in any combination;
     # a host tier with Mamba (not yet with SWA), no storage tier, LRU eviction only (issue 18),
-    # Mamba copy-on-write, streaming sessions (Full only); its adapter drives the request path for Full only
+    # Mamba copy-on-write, streaming sessions (Full only), EAGLE keys with aux; its adapter
+    # drives the request path for Full only
     "fast": Capabilities(
         name="fast", components=frozenset(COMPONENT_SETS), host_tier=True,
         host_aux=frozenset({"mamba"}), eviction_policies=frozenset({"lru"}), cow_mamba=True,
-        sessions=True),
+        sessions=True, eagle_with_aux=True),
     # upstream SGLang 0.5.13.post1 (UpstreamAdapter and its host, host+aux, storage and hybrid
     # subclasses): the tree-level API only (no request path), no EAGLE keys and no disabled
     # cache driven

@@ -49,8 +49,6 @@ class HybridFastAdapter(FastAdapter):
 
     def __init__(self, config: CacheConfig) -> None:  # no super().__init__: other pools
         check_supported(config, hybrid=True, host_tier=True, host_mamba=True)
-        if config.eagle:
-            raise Unsupported("EAGLE keys with SWA or Mamba are not supported by the fast path")
         self.config = config
         self.pool, self.mamba = hybrid_pools(config)
         self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.mamba)

@@ -59,6 +59,9 @@ NAMED_CONFIGS: dict[str, dict] = {
     # (spec/sessions.py), with release_session and session_held among the steps
     "sessions-p1": {"page_size": 1},
     "sessions-p4": {"page_size": 4},
+    # EAGLE bigram keys with the aux components (the window and the pools drawn as above)
+    "eagle-swa-p2": {"page_size": 2, "eagle": True, "components": ("full", "swa")},
+    "eagle-mamba-p1": {"page_size": 1, "eagle": True, "components": ("full", "mamba")},
     # Full + SWA + Mamba in one tree: both aux components' draws
     "full-swa-mamba-p1": {"page_size": 1, "components": ("full", "swa", "mamba")},
     "full-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
