@@ -74,8 +74,9 @@ REFUSED = (
     ("enable_mamba_extra_buffer", False, "the Mamba extra buffer"),
     ("enable_mamba_extra_buffer_lazy", False, "the lazy Mamba extra buffer"),
     ("cache_ttl_seconds", None, "time-to-live expiry of cache entries"),
-    ("component_registry_override", None, "replacement component classes"),
 )
+# (``component_registry_override`` is honoured where it names a class uniradix can run and
+# refused by name otherwise: :func:`component_overrides`)
 
 
 # Settings of a Full-only cache that the C core of the device-only Full path does not implement
@@ -116,9 +117,9 @@ def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> N
         _refuse("eviction_policy", policy, "an eviction policy other than LRU")
     for field, default, why in REFUSED:
         value = getattr(params, field, default)
-        if (bool(value) if default is None and field == "component_registry_override"
-                else value != default):
+        if value != default:
             _refuse(field, value, why)
+    component_overrides(params)
     if not finished_insert and getattr(params, "disable_finished_insert", False):
         _refuse("disable_finished_insert", True, "skipping the insert of finished requests "
                 "(this cache has no cache_finished_req)")
@@ -172,6 +173,51 @@ def component_names(tree_components: Any) -> list[str]:
         elif isinstance(name, str) and name.isdigit():
             name = _COMPONENT_IDS.get(int(name), name)
         out.append(str(name).lower())
+    return out
+
+
+# upstream's own component classes by component (what its registry holds by default)
+_UPSTREAM_DEFAULTS = {"full": "FullComponent", "swa": "SWAComponent", "mamba": "MambaComponent"}
+_UPSTREAM_COMPONENTS = "sglang.srt.mem_cache.unified_cache_components"
+
+
+def component_overrides(params: Any) -> dict[str, type]:
+    """``component_registry_override`` (upstream: component type -> the class the cache builds
+    for it instead of its own) as uniradix can honour it: the replacement plug-in class by
+    component name.  A uniradix plug-in of the component (a subclass of
+    ``fast.components.swa.SwaComponent`` / ``fast.components.mamba.MambaComponent``, built with
+    the same arguments and called through the same hooks) replaces the built-in one;
+    upstream's own class for the component (what its registry holds anyway) changes nothing.
+    Anything else, or any replacement of the Full component (the tree itself here), is
+    refused by name (``Unsupported``); entries for components the cache does not have are
+    ignored, as upstream ignores them."""
+    raw = getattr(params, "component_registry_override", None)
+    if not raw:
+        return {}
+    if not isinstance(raw, dict):
+        _refuse("component_registry_override", raw, "a registry override that is not a dict")
+    from .components.mamba import MambaComponent
+    from .components.swa import SwaComponent
+    plugins: dict[str, type] = {"swa": SwaComponent, "mamba": MambaComponent}
+    present = set(component_names(getattr(params, "tree_components", None)))
+    out: dict[str, type] = {}
+    for key, cls in raw.items():
+        (name,) = component_names((key,))
+        if name not in _UPSTREAM_DEFAULTS:
+            raise InvalidInput(f"component_registry_override: unknown component {key!r}")
+        if name not in present:
+            continue
+        if (isinstance(cls, type) and cls.__name__ == _UPSTREAM_DEFAULTS[name]
+                and cls.__module__.startswith(_UPSTREAM_COMPONENTS)):
+            continue  # upstream's own class: the default
+        base = plugins.get(name)
+        if base is None or not (isinstance(cls, type) and issubclass(cls, base)):
+            what = getattr(cls, "__qualname__", repr(cls))
+            _refuse("component_registry_override", {name: what},
+                    f"replacing the {name} component with {what} (uniradix runs its own "
+                    + (f"plug-ins: a subclass of {base.__module__}.{base.__qualname__} for {name})"
+                       if base is not None else "tree for the Full component)"))
+        out[name] = cls
     return out
 
 

@@ -127,6 +127,7 @@ class HybridRadixCache(UnifiedRadixCache):
         self.swa: SwaComponent | None = None
         self.mamba: MambaComponent | None = None
         comps: list[AuxComponent] = []
+        plugin = compat.component_overrides(params)  # component_registry_override
         self.sliding_window_size = None
         for name in names[1:]:
             if name == "swa":
@@ -137,14 +138,14 @@ class HybridRadixCache(UnifiedRadixCache):
                     if not hasattr(alloc, m):
                         raise InvalidInput(f"SWA needs an allocator with {m}() (an SWA allocator)")
                 self.sliding_window_size = window
-                self.swa = SwaComponent(self, len(comps), window)
+                self.swa = plugin.get("swa", SwaComponent)(self, len(comps), window)
                 comps.append(self.swa)
             else:
                 mamba_alloc = getattr(params.req_to_token_pool, "mamba_allocator", None)
                 if mamba_alloc is None:
                     raise InvalidInput("Mamba needs a req_to_token_pool with a mamba_allocator")
                 self.mamba_allocator = mamba_alloc
-                self.mamba = MambaComponent(self, len(comps))
+                self.mamba = plugin.get("mamba", MambaComponent)(self, len(comps))
                 comps.append(self.mamba)
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)
