@@ -211,9 +211,11 @@ def _session_workload(both: Both, rng: random.Random, turns: int) -> None:
             both.step("evict", num_tokens=rng.randint(1, 8))
 
 
-@pytest.mark.parametrize("page_size, seed", [(1, 0), (1, 1), (2, 2), (4, 3)])
-def test_random_session_workloads_in_lockstep(page_size, seed):
-    both = Both(kv_slots=48 // page_size * page_size, page_size=page_size)
+@pytest.mark.parametrize("page_size, seed, extra", [(1, 0, {}), (1, 1, {}), (2, 2, {}), (4, 3, {}),
+                                                    (1, 7, {"disable": True}),
+                                                    (2, 9, {"eagle": True})])
+def test_random_session_workloads_in_lockstep(page_size, seed, extra):
+    both = Both(kv_slots=48 // page_size * page_size, page_size=page_size, **extra)
     _session_workload(both, random.Random(seed), 60)
 
 
