@@ -22,9 +22,10 @@ from uniradix.conformance.traces.trace import load_trace
 
 IMPLS = ("spec", "fast")
 
-# Corpus folders the fast path does not model yet, replayed on the spec only: Mamba
-# copy-on-write (fast refuses it by name). Folder names or trace file names.
-SPEC_ONLY_CORPORA: tuple[str, ...] = ("upstream-mamba-cow",)
+# Corpus folders the fast path does not model yet, replayed on the spec only (none now: Mamba
+# copy-on-write was the last). Folder names or trace file names; take an entry off once fast
+# replays it.
+SPEC_ONLY_CORPORA: tuple[str, ...] = ()
 
 # Corpora the spec cannot replay yet (none now: the host tier with SWA was the last).
 # Folder names or trace file names; skipped, unread, by `uniradix run` and

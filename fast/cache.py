@@ -81,6 +81,7 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from .sessions import StreamingSessions
 from .structures import LazyHeap
 
 # MatchResult is a NamedTuple; building it through tuple.__new__ skips its Python-level
@@ -195,6 +196,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self.device = getattr(alloc, "device", None) or torch.device("cpu")
         self.validate_slots = compat.validate_slots_for(settings.validate_slots, alloc)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.sessions = StreamingSessions(self)  # streaming sessions (fast/sessions.py)
 
     # ------------------------------------------------------------------------------------------
     # State
@@ -212,6 +214,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self._evictable = 0
         self._protected = 0
         self._owned: set = set()  # slots the tree holds (only with validate_slots)
+        self.sessions.reset()
 
     def evictable_size(self) -> int:
         return self._evictable

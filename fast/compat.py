@@ -73,8 +73,9 @@ REFUSED = (
     ("enable_mamba_extra_buffer", False, "the Mamba extra buffer"),
     ("enable_mamba_extra_buffer_lazy", False, "the lazy Mamba extra buffer"),
     ("cache_ttl_seconds", None, "time-to-live expiry of cache entries"),
-    ("component_registry_override", None, "replacement component classes"),
 )
+# (``component_registry_override`` is honoured where it names a class uniradix can run and
+# refused by name otherwise: :func:`component_overrides`)
 
 
 # Settings of a Full-only cache that the C core of the device-only Full path does not implement
@@ -147,9 +148,9 @@ def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> N
     policy_name(getattr(params, "eviction_policy", "lru"))
     for field, default, why in REFUSED:
         value = getattr(params, field, default)
-        if (bool(value) if default is None and field == "component_registry_override"
-                else value != default):
+        if value != default:
             _refuse(field, value, why)
+    component_overrides(params)
     if not finished_insert and getattr(params, "disable_finished_insert", False):
         _refuse("disable_finished_insert", True, "skipping the insert of finished requests "
                 "(this cache has no cache_finished_req)")
@@ -206,6 +207,51 @@ def component_names(tree_components: Any) -> list[str]:
     return out
 
 
+# upstream's own component classes by component (what its registry holds by default)
+_UPSTREAM_DEFAULTS = {"full": "FullComponent", "swa": "SWAComponent", "mamba": "MambaComponent"}
+_UPSTREAM_COMPONENTS = "sglang.srt.mem_cache.unified_cache_components"
+
+
+def component_overrides(params: Any) -> dict[str, type]:
+    """``component_registry_override`` (upstream: component type -> the class the cache builds
+    for it instead of its own) as uniradix can honour it: the replacement plug-in class by
+    component name.  A uniradix plug-in of the component (a subclass of
+    ``fast.components.swa.SwaComponent`` / ``fast.components.mamba.MambaComponent``, built with
+    the same arguments and called through the same hooks) replaces the built-in one;
+    upstream's own class for the component (what its registry holds anyway) changes nothing.
+    Anything else, or any replacement of the Full component (the tree itself here), is
+    refused by name (``Unsupported``); entries for components the cache does not have are
+    ignored, as upstream ignores them."""
+    raw = getattr(params, "component_registry_override", None)
+    if not raw:
+        return {}
+    if not isinstance(raw, dict):
+        _refuse("component_registry_override", raw, "a registry override that is not a dict")
+    from .components.mamba import MambaComponent
+    from .components.swa import SwaComponent
+    plugins: dict[str, type] = {"swa": SwaComponent, "mamba": MambaComponent}
+    present = set(component_names(getattr(params, "tree_components", None)))
+    out: dict[str, type] = {}
+    for key, cls in raw.items():
+        (name,) = component_names((key,))
+        if name not in _UPSTREAM_DEFAULTS:
+            raise InvalidInput(f"component_registry_override: unknown component {key!r}")
+        if name not in present:
+            continue
+        if (isinstance(cls, type) and cls.__name__ == _UPSTREAM_DEFAULTS[name]
+                and cls.__module__.startswith(_UPSTREAM_COMPONENTS)):
+            continue  # upstream's own class: the default
+        base = plugins.get(name)
+        if base is None or not (isinstance(cls, type) and issubclass(cls, base)):
+            what = getattr(cls, "__qualname__", repr(cls))
+            _refuse("component_registry_override", {name: what},
+                    f"replacing the {name} component with {what} (uniradix runs its own "
+                    + (f"plug-ins: a subclass of {base.__module__}.{base.__qualname__} for {name})"
+                       if base is not None else "tree for the Full component)"))
+        out[name] = cls
+    return out
+
+
 def available_and_evictable_str(cache: Any) -> str:
     """Free plus evictable tokens per component, one line each, in upstream's wording (what
     SGLang prints on its out-of-memory paths)."""
@@ -231,9 +277,11 @@ def available_and_evictable_str(cache: Any) -> str:
 
 class EngineDefaults:
     """The parts of SGLang's prefix-cache interface (0.5.13.post1's ``BasePrefixCache``) that
-    a scheduler may call and that these caches answer the same way as upstream's radix cache
-    without a feature they do not have: no streaming sessions, no chunk cache, no events (the
-    composed tree, which emits them when asked, has its own ``take_events``)."""
+    a scheduler may call and that these caches answer the same way as upstream's radix cache:
+    no chunk cache; no events (the composed tree, which emits them when asked, has its own
+    ``take_events``); streaming sessions through ``self.sessions`` (fast/sessions.py)."""
+
+    sessions: Any  # fast/sessions.py StreamingSessions, made by the cache's _setup
 
     def is_chunk_cache(self) -> bool:
         return False
@@ -245,25 +293,34 @@ class EngineDefaults:
         return False
 
     def supports_streaming_session(self) -> bool:
-        return False
+        return True
+
+    def release_session(self, session_id: str) -> None:
+        """End a streaming session: its first turn's lock is released, its parked slots go
+        back (fast/sessions.py)."""
+        self.sessions.release_session(session_id)
 
     def take_events(self) -> list:
         return []
 
     def session_held_tokens(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        """KV slots parked in session slots, outside the tree (rows in ``active_pool_idxs``,
+        held by running requests, not counted)."""
+        return self.sessions.held_tokens(active_pool_idxs)
 
     def session_held_full_tokens(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        return self.sessions.held_tokens(active_pool_idxs)
 
     def session_held_swa_tokens(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        # sessions run on caches without SWA (fast/sessions.py): upstream's count is then the
+        # Full one (no SWA window start past the protected length)
+        return self.sessions.held_tokens(active_pool_idxs)
 
     def session_held_req_count(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        return self.sessions.held_req_count(active_pool_idxs)
 
     def session_held_mamba_slots(self, active_pool_idxs: set | None = None) -> int:
-        return 0
+        return 0  # (sessions run on caches without Mamba)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,6 +357,8 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
     abort), or ``disable_finished_insert``, nothing is inserted and everything the request
     owns from ``cache_protected_len`` on is freed; a disabled cache frees the whole committed
     row."""
+    if cache.sessions.try_cache_finished_req(req, is_insert):  # streaming sessions
+        return
     committed = req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache") \
         else req.kv_committed_len
     kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, :committed]
@@ -332,6 +391,8 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     The computed tokens are ``req.get_fill_ids()`` (SGLang 0.5.13.post1's ``Req``), or
     ``req.fill_ids`` on a request object without that method (the seed's).  A disabled cache
     only sets ``prefix_indices`` to the computed row."""
+    if cache.sessions.try_cache_unfinished_req(req, chunked):  # streaming sessions
+        return
     get_fill_ids = getattr(req, "get_fill_ids", None)
     tokens = get_fill_ids() if get_fill_ids is not None else req.fill_ids
     kv = cache.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)]

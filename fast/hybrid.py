@@ -125,8 +125,6 @@ class HybridRadixCache(UnifiedRadixCache):
                                 or "HybridRadixCache built by name: the composed Python tree")
         if hicache is not None:
             check_host_components(names)
-        if params.is_eagle and len(names) > 1:
-            raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
         self._setup(params, multi_rank=hicache is None)
         # the eviction policy (fast/policies.py): its key, None for lru (the stamp order)
         self.eviction_policy = policies.policy_name(getattr(params, "eviction_policy", "lru"))
@@ -136,6 +134,7 @@ class HybridRadixCache(UnifiedRadixCache):
         self.swa: SwaComponent | None = None
         self.mamba: MambaComponent | None = None
         comps: list[AuxComponent] = []
+        plugin = compat.component_overrides(params)  # component_registry_override
         self.sliding_window_size = None
         for name in names[1:]:
             if name == "swa":
@@ -146,14 +145,14 @@ class HybridRadixCache(UnifiedRadixCache):
                     if not hasattr(alloc, m):
                         raise InvalidInput(f"SWA needs an allocator with {m}() (an SWA allocator)")
                 self.sliding_window_size = window
-                self.swa = SwaComponent(self, len(comps), window)
+                self.swa = plugin.get("swa", SwaComponent)(self, len(comps), window)
                 comps.append(self.swa)
             else:
                 mamba_alloc = getattr(params.req_to_token_pool, "mamba_allocator", None)
                 if mamba_alloc is None:
                     raise InvalidInput("Mamba needs a req_to_token_pool with a mamba_allocator")
                 self.mamba_allocator = mamba_alloc
-                self.mamba = MambaComponent(self, len(comps))
+                self.mamba = plugin.get("mamba", MambaComponent)(self, len(comps))
                 comps.append(self.mamba)
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)
@@ -218,6 +217,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self.tier.reset()
         if self._events is not None:
             self._events.cleared()
+        self.sessions.reset()
 
     def take_events(self) -> list:
         """The KV events queued since the last call, oldest first (``enable_kv_cache_events``;
@@ -313,8 +313,6 @@ class HybridRadixCache(UnifiedRadixCache):
             key = compat.as_radix_key(key)
         toks = key.token_ids
         if self.is_eagle or key.is_bigram:
-            if self.components:
-                raise Unsupported("EAGLE bigram keys with SWA or Mamba are not supported")
             # EAGLE bigram units pair each token with the next: the shifted side is one shorter
             return list(zip(toks, toks[1:], strict=False))
         return toks if type(toks) is array else array("q", toks)
@@ -344,10 +342,8 @@ class HybridRadixCache(UnifiedRadixCache):
         key = params.key
         units = self._units(key)
         if self.mamba is not None and getattr(params, "cow_mamba", False):
-            # upstream then hands the request a copy of the matched state (req.mamba_pool_idx,
-            # mamba_cow_src_index): the Mamba request path, not here yet
-            raise Unsupported("match_prefix with cow_mamba=True (copying the matched Mamba "
-                              "state to the request) is not supported yet")
+            # Mamba copy-on-write: the plain match, then the request's state (the plug-in)
+            return self.mamba.match_prefix_cow(params)
         root = self.root_node
         ps = self.page_size
         n = len(units) - len(units) % ps

@@ -64,18 +64,21 @@ def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool =
         raise Unsupported("storage: true: the storage tier is not supported here yet")
 
 
-def check_cow_args(config: CacheConfig, cow: Any, mamba_slot: Any) -> None:
-    """``match_prefix``'s Mamba copy-on-write arguments on an implementation that does not
-    model it yet: ``cow_mamba`` true is Unsupported (InvalidInput without Mamba, as the spec
-    says); ``mamba_slot`` goes with it."""
+def check_cow_args(config: CacheConfig, cow: Any, mamba_slot: Any, modelled: bool = False
+                   ) -> bool:
+    """``match_prefix``'s Mamba copy-on-write arguments, checked as the spec checks them:
+    ``cow_mamba`` a bool (InvalidInput without Mamba), ``mamba_slot`` only with it (its own
+    checks are the implementation's).  Returns ``cow_mamba``; on an implementation that does not
+    model it (``modelled`` False) true is Unsupported."""
     if not isinstance(cow, bool):
         raise InvalidInput(f"cow_mamba must be true or false, got {cow!r}")
     if cow and "mamba" not in config.components:
         raise InvalidInput("match_prefix: cow_mamba needs the Mamba component")
-    if cow:
+    if cow and not modelled:
         raise Unsupported("cow_mamba: Mamba copy-on-write is modelled by the spec only so far")
-    if mamba_slot is not None:
+    if not cow and mamba_slot is not None:
         raise InvalidInput("match_prefix: mamba_slot goes with cow_mamba")
+    return cow
 
 
 def args_of(step: Step, *names: str, **defaults: Any) -> list:

@@ -15,6 +15,7 @@ from uniradix.conformance.adapters.base import StepAdapter, args_of, check_cow_a
 from uniradix.conformance.adapters.capabilities import CAPABILITIES
 from uniradix.conformance.adapters.host_ops import FastHostOps
 from uniradix.conformance.adapters.storage_ops import FastStorageOps
+from uniradix.conformance.adapters.session_ops import FastSessionOps, SessionRef, check_session_arg
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError as SpecCacheError
@@ -42,6 +43,11 @@ class ReqToTokenPool:
             grown[:, :c] = self.req_to_token
             self.req_to_token = grown
 
+    @property
+    def free_slots(self) -> list:
+        """SGLang's name for the free rows (a released session row goes back here)."""
+        return self.free_rows
+
     def take_row(self) -> int:
         if not self.free_rows:
             r, c = self.req_to_token.shape
@@ -56,9 +62,15 @@ class ReqToTokenPool:
 class Req:
     """The request fields the cache reads (SGLang's Req, reduced)."""
 
-    def __init__(self, rid: str, tokens: list, extra_key: str | None, priority: int = 0) -> None:
+    def __init__(self, rid: str, tokens: list, extra_key: str | None, priority: int = 0,
+                 session: str | None = None) -> None:
         self.rid = rid
         self.priority = priority  # given to its inserts (the policies' order, fast/policies.py)
+        # streaming sessions (fast/sessions.py): SGLang's Session reference and the row lengths
+        # the cache parks
+        self.session_id = session
+        self.session = SessionRef(session) if session is not None else None
+        self.kv_committed_len = self.kv_allocated_len = 0
         self.origin_input_ids = tokens
         self.output_ids: list = []
         self.extra_key = extra_key
@@ -97,7 +109,7 @@ def ints(name: str, xs) -> array:
         raise fast.InvalidInput(f"{name}: {e}") from None
 
 
-class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
+class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
     """Runs trace steps on the fast path."""
 
     rejections = REJECTIONS
@@ -129,7 +141,7 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
         self.requests: dict[str, Req] = {}
 
     def violations(self) -> list[str]:
-        return self.cache.violations()
+        return self.cache.violations() + self.cache.sessions.violations()
 
     def start_kv_events(self, key_mode: str | None) -> str:
         """Rebuild the (still empty) cache with KV events on, hashing in ``key_mode`` (None:
@@ -187,7 +199,8 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
                 "requests": [self._request_view(r) for _, r in sorted(self.requests.items())],
                 **({"host": self.host_snapshot()}
                    if getattr(self, "host_pool", None) is not None else {}),
-                **({"storage": self.storage_snapshot()} if self.config.storage else {})}
+                **({"storage": self.storage_snapshot()} if self.config.storage else {}),
+                **({"sessions": self.sessions_view()} if self.cache.sessions.slots else {})}
 
     def _request_view(self, req: Req) -> dict[str, Any]:
         row = (self.rtt.req_to_token[req.req_pool_idx, :req.committed].tolist()
@@ -282,10 +295,8 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
         return req
 
     def op_req_arrive(self, step: dict) -> dict:
-        if step.get("args", {}).get("session") is not None:
-            raise SpecUnsupported("streaming sessions: the fast path does not model them yet")
-        rid, tokens, extra_key, _, priority = args_of(step, "rid", "tokens", extra_key=None,
-                                                      session=None, priority=0)
+        rid, tokens, extra_key, session, priority = args_of(step, "rid", "tokens", extra_key=None,
+                                                            session=None, priority=0)
         priority = priority_arg("req_arrive", priority)
         if not isinstance(rid, str) or rid in self.requests:
             raise SpecInvalidInput(f"req_arrive: rid must be a new string, got {rid!r}")
@@ -293,7 +304,11 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
         self._key(toks, extra_key)  # checks extra_key like every other op
         if not toks:
             raise SpecInvalidInput("req_arrive: a request needs at least one token")
-        self.requests[rid] = Req(rid, toks, extra_key, priority)
+        session = check_session_arg(session)
+        if session is not None and self.config.components != ("full",):
+            raise SpecUnsupported("streaming sessions with SWA or Mamba are not modelled")
+        self.check_session_arrival(session, toks, extra_key)
+        self.requests[rid] = Req(rid, toks, extra_key, priority, session)
         return {}
 
     def op_req_admit(self, step: dict) -> dict:
@@ -301,7 +316,10 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
         req = self._get(rid, admitted=False)
         ids = req.origin_input_ids
         m = self.cache.match_prefix(fast.MatchPrefixParams(
-            key=self._key(ids[:-1] if len(ids) > 1 else [], req.extra_key)))
+            key=self._key(ids[:-1] if len(ids) > 1 else [], req.extra_key),
+            req=req if req.session is not None else None))
+        if self.restored(req, m):  # a session's next turn, from its slot (session_ops.py)
+            return {"prefix_len": req.committed}
         n = len(m.device_indices)
         req.req_pool_idx = self.rtt.take_row()
         self.rtt.ensure(n)
@@ -371,13 +389,14 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
 
     def _release(self, req: Req) -> None:
         del self.requests[req.rid]
-        if req.req_pool_idx >= 0:
+        if req.req_pool_idx is not None and req.req_pool_idx >= 0:  # (None: a session's now)
             self.rtt.free_rows.append(req.req_pool_idx)
             self.rtt.free_rows.sort()
 
     def op_req_finish(self, step: dict) -> dict:
         (rid,) = args_of(step, "rid")
         req = self._get(rid, admitted=True)
+        self.before_session_finish(req)
         self.cache.cache_finished_req(req)
         self._release(req)
         return {"freed": self.pool.take_freed()}
@@ -386,6 +405,7 @@ class FastAdapter(FastStorageOps, FastHostOps, StepAdapter):
         (rid,) = args_of(step, "rid")
         req = self._get(rid)
         if req.admitted:
+            self.before_session_finish(req)
             self.cache.cache_finished_req(req, is_insert=False)
         self._release(req)
         return {"freed": self.pool.take_freed()}

@@ -6,6 +6,7 @@ aux LRU order being the fast path's real list."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -74,8 +75,6 @@ class HybridFastAdapter(FastAdapter):
 
     def __init__(self, config: CacheConfig) -> None:  # no super().__init__: other pools
         check_supported(config, hybrid=True, host_tier=True, host_aux=True)
-        if config.eagle:
-            raise Unsupported("EAGLE keys with SWA or Mamba are not supported by the fast path")
         self.config = config
         self.pool, self.mamba = hybrid_pools(config)
         self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.mamba)
@@ -263,8 +262,11 @@ class HybridFastAdapter(FastAdapter):
     def op_match_prefix(self, step: dict) -> dict:
         tokens, extra_key, cow, mamba_slot = args_of(step, "tokens", extra_key=None,
                                                      cow_mamba=False, mamba_slot=None)
-        check_cow_args(self.config, cow, mamba_slot)
-        m = self.cache.match_prefix(fast.MatchPrefixParams(key=self._key(tokens, extra_key)))
+        req = None
+        if check_cow_args(self.config, cow, mamba_slot, modelled=True):
+            req = self._cow_request(mamba_slot)
+        m = self.cache.match_prefix(fast.MatchPrefixParams(key=self._key(tokens, extra_key),
+                                                           cow_mamba=cow, req=req))
         ret = {"device_indices": m.device_indices.tolist(),
                "host_hit_length": m.host_hit_length,
                "last_device_node": self._units_len(m.last_device_node),
@@ -276,7 +278,24 @@ class HybridFastAdapter(FastAdapter):
             ret["mamba_branching_seqlen"] = m.mamba_branching_seqlen
             if self.config.has_host_tier:
                 ret["mamba_host_hit_length"] = m.mamba_host_hit_length
+        if req is not None:  # Mamba copy-on-write (TRACE.md): what the request got, the effects
+            src, dst = req.mamba_cow_src_index, req.mamba_pool_idx
+            ret["mamba_cow_src"] = None if src is None else int(src.reshape(-1)[0])
+            ret["mamba_pool_idx"] = None if dst is None else int(dst)
+            ret["freed"] = self.pool.take_freed()
+            ret.update(self._effects())
         return ret
+
+    @staticmethod
+    def _cow_request(mamba_slot: Any) -> SimpleNamespace:
+        """The request of a ``cow_mamba`` match, as the scheduler hands it over: its state slot
+        (``mamba_slot``; None: it has none), filled in by the match."""
+        if mamba_slot is not None and (isinstance(mamba_slot, bool)
+                                       or not isinstance(mamba_slot, int)):
+            raise InvalidInput(f"match_prefix: mamba_slot must be null or an int, got {mamba_slot!r}")
+        idx = None if mamba_slot is None else torch.tensor(mamba_slot, dtype=torch.int64)
+        return SimpleNamespace(mamba_pool_idx=idx, mamba_cow_src_index=None,
+                               mamba_needs_clear=True)
 
     def op_evict(self, step: dict) -> dict:
         n, swa_n, mamba_n = args_of(step, "num_tokens", swa_num_tokens=0, mamba_num=0)

@@ -336,7 +336,12 @@ class KVChecked:
         if value[0] in held:
             return
         tokens = list(args["tokens"])
-        n = len(tokens) // self.config.page_size * self.config.page_size
+        ps = self.config.page_size
+        if self.eagle:  # the node's path: its page-aligned bigram units, one token more
+            n = max(0, len(tokens) - 1) // ps * ps
+            n = n + 1 if n else 0
+        else:
+            n = len(tokens) // ps * ps
         if n:
             self.states.device[value[0]] = self._fps(args.get("extra_key"), tokens[:n])[-1]
 

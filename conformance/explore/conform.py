@@ -55,6 +55,16 @@ NAMED_CONFIGS: dict[str, dict] = {
     # hybrid models: the window / SWA pool / Mamba pool are drawn per segment too
     "swa": {"components": ("full", "swa")},
     "mamba": {"page_size": 1, "components": ("full", "mamba")},
+    # "mamba" with Mamba copy-on-write: a serve's match and half the plain ones are a
+    # request's (match_prefix cow_mamba; spec/mamba_cow.py)
+    "mamba-cow": {"page_size": 1, "components": ("full", "mamba")},
+    # Full with streaming sessions: most arriving requests are a session's turn
+    # (spec/sessions.py), with release_session and session_held among the steps
+    "sessions-p1": {"page_size": 1},
+    "sessions-p4": {"page_size": 4},
+    # EAGLE bigram keys with the aux components (the window and the pools drawn as above)
+    "eagle-swa-p2": {"page_size": 2, "eagle": True, "components": ("full", "swa")},
+    "eagle-mamba-p1": {"page_size": 1, "eagle": True, "components": ("full", "mamba")},
     # Full + SWA + Mamba in one tree: both aux components' draws
     "full-swa-mamba-p1": {"page_size": 1, "components": ("full", "swa", "mamba")},
     "full-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
@@ -88,6 +98,8 @@ NAMED_CONFIGS: dict[str, dict] = {
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
                                        for p in (1, 4) for s in ("be", "wc", "to"))
+COW_CONFIGS = ("mamba-cow",)  # the named configs whose matches copy the Mamba state
+SESSION_CONFIGS = ("sessions-p1", "sessions-p4")  # the named configs with streaming sessions
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
@@ -368,7 +380,9 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
                 taken, finding = storage_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step)
             else:
                 taken, finding = random_segment(ls, cfg, f"{seed}:{segment}", n, on_step=on_step,
-                                                actions=TREE_ACTIONS if seg_tree_only else None)
+                                                actions=TREE_ACTIONS if seg_tree_only else None,
+                                                cow=name in COW_CONFIGS,
+                                                sessions=name in SESSION_CONFIGS)
         except _OutOfTime as e:
             res.steps += e.steps
             break

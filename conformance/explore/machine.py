@@ -43,6 +43,7 @@ from typing import Any
 
 from uniradix.conformance.adapters.base import ADAPTERS
 from uniradix.spec.config import CacheConfig
+from uniradix.spec.requests import output_token_id
 
 NAMESPACES = (None, "a", "b")
 # the host tier's actions (configs with host_slots > 0 only; they leave the request-level ops out)
@@ -224,11 +225,20 @@ class ReqModel:
     extra_key: str | None
     admitted: bool = False
     committed: int = 0
+    session: str | None = None  # streaming sessions (spec/sessions.py)
+
+    def all_ids(self) -> list:
+        """The tokens whose KV is computed: the prompt, then the outputs decoded so far."""
+        out = [output_token_id(self.tokens, k)
+               for k in range(max(0, self.committed - len(self.tokens)))]
+        return (self.tokens + out)[: self.committed]
 
 
 ACTIONS = ("serve", "alloc", "free", "insert", "match_prefix", "lock", "unlock", "evict", "sizes",
            "reset", "req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish",
-           "req_abort", "invalid", "mamba_alloc", "mamba_free") + HOST_ACTIONS
+           "req_abort", "invalid", "mamba_alloc", "mamba_free") + HOST_ACTIONS + (
+           "release_session", "session_held")
+SESSION_NAMES = ("s1", "s2", "s3")
 
 
 class Scenario:
@@ -267,6 +277,13 @@ class Scenario:
             self.actions = frozenset(a for a in self.actions if not a.startswith("req_"))
         self.host = config.has_host_tier
         self.host_handles: list[int] = []           # live host_lock handles
+        # Mamba copy-on-write (spec/mamba_cow.py): matches made for a request (a serve's, and
+        # half the plain ones) pass cow_mamba; set by the caller (random_segment's ``cow``)
+        self.cow = False
+        # streaming sessions: most arriving requests name a session, continuing its parked
+        # tokens; set by the caller (random_segment's ``sessions``)
+        self.sessions = False
+        self.session_tokens: dict[str, tuple[list, str | None]] = {}  # parked: tokens, extra_key
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -333,6 +350,9 @@ class Scenario:
     def can(self, action: str) -> bool:
         if action.startswith("serve_"):
             return True
+        if action in ("release_session", "session_held"):  # with the request path only
+            return (self.sessions and "req_arrive" in self.actions and not self.host
+                    and (action == "session_held" or bool(self.session_tokens)))
         if action not in self.actions:
             return False
         if action in HOST_ACTIONS:
@@ -372,7 +392,8 @@ class Scenario:
                "req_admit": 2.0, "req_chunk": 2.5, "req_decode": 2.0, "req_finish": 1.3,
                "req_abort": 0.3, "invalid": 0.4, "mamba_alloc": 2.0, "mamba_free": 0.4,
                "io_complete": 2.0, "check_events": 1.5, "evict_host": 0.5, "load_back": 2.0,
-               "host_lock": 0.5, "host_unlock": 0.5}
+               "host_lock": 0.5, "host_unlock": 0.5, "release_session": 0.4,
+               "session_held": 0.3}
 
     def pick_action(self, rng: random.Random) -> str:
         names = [a for a in ACTIONS if self.can(a)]
@@ -482,7 +503,20 @@ class Scenario:
         self.serving = {"tokens": tokens}
         self.queue = ["serve_lock", "serve_alloc", "serve_insert", "serve_unlock"]
         self.ctx = {"serve": True}
-        return {"op": "match_prefix", "args": {"tokens": tokens, "extra_key": ek}}
+        args: dict = {"tokens": tokens, "extra_key": ek}
+        self._cow_args(args, ch, 1.0)
+        return {"op": "match_prefix", "args": args}
+
+    def _cow_args(self, args: dict, ch: Any, p: float) -> None:
+        """With copy-on-write, a match for a request (chance ``p``): its state slot is one the
+        driver holds (a request that has one), or none while the driver holds few (the match
+        then takes one for it)."""
+        if not (self.cow and self.mamba and ch.chance(p)):
+            return
+        args["cow_mamba"] = True
+        held = len(self.mamba_held)
+        args["mamba_slot"] = ch.choice(self.mamba_held) if held >= 3 or (
+            held and ch.chance(0.3)) else None
 
     def _serve_need(self) -> int:
         m = self.serving["match"]
@@ -530,7 +564,9 @@ class Scenario:
         tokens, ek = self.query(ch)
         if ch.chance(0.03):
             tokens = []
-        return {"op": "match_prefix", "args": {"tokens": tokens, "extra_key": ek}}
+        args: dict = {"tokens": tokens, "extra_key": ek}
+        self._cow_args(args, ch, 0.5)
+        return {"op": "match_prefix", "args": args}
 
     def _p_lock(self, ch: Any) -> dict:
         if ch.chance(0.1):
@@ -579,7 +615,25 @@ class Scenario:
         rid = f"r{self.next_rid}"
         self.next_rid += 1
         tokens, ek = self.query(ch, min_len=1)
-        return {"op": "req_arrive", "args": {"rid": rid, "tokens": tokens, "extra_key": ek}}
+        args: dict = {"rid": rid, "tokens": tokens, "extra_key": ek}
+        if self.sessions and ch.chance(0.7):  # a session's turn: its parked tokens, then more
+            busy = {r.session for r in self.reqs.values()}
+            idle = [n for n in SESSION_NAMES if n not in busy]
+            name = ch.choice(idle if idle and ch.chance(0.9) else list(SESSION_NAMES))
+            if name in self.session_tokens:
+                base, ek = self.session_tokens[name]
+                if len(base) >= 2 * self.max_len:  # long enough: the session ends instead
+                    return {"op": "release_session", "args": {"session": name}}
+                args.update(tokens=base + self._tokens(ch, ch.integer(1, 4)), extra_key=ek)
+            args["session"] = name
+        return {"op": "req_arrive", "args": args}
+
+    def _p_release_session(self, ch: Any) -> dict:
+        name = ch.choice(list(self.session_tokens)) if ch.chance(0.9) else "s-unknown"
+        return {"op": "release_session", "args": {"session": name}}
+
+    def _p_session_held(self, ch: Any) -> dict:
+        return {"op": "session_held", "args": {}}
 
     def _p_req_admit(self, ch: Any) -> dict:
         return {"op": "req_admit", "args": {"rid": ch.choice(self._waiting()).rid}}
@@ -809,6 +863,11 @@ class Scenario:
                 self.pages = [p for p in self.pages if id(p) not in gone]
             self._remember(ctx["tokens"], ctx["extra_key"], cached=True)
         elif op == "match_prefix":
+            if args.get("cow_mamba"):  # the request's slot is the driver's; room made evicts
+                if args.get("mamba_slot") is None and obs.get("mamba_pool_idx") is not None:
+                    self.mamba_held.append(obs["mamba_pool_idx"])
+                if obs.get("freed") or obs.get("mamba_freed"):
+                    self.epoch += 1  # (the matched path was locked: this match stays usable)
             self.matches.append(MatchSeen(list(args["tokens"]), args["extra_key"],
                                           obs["last_device_node"], list(obs["device_indices"]),
                                           self.epoch, obs.get("best_match_node", 0)))
@@ -841,10 +900,11 @@ class Scenario:
             self.queue.clear()
             self.serving = {}
             self.host_handles.clear()
+            self.session_tokens.clear()
             self.epoch += 1
         elif op == "req_arrive":
             self.reqs[args["rid"]] = ReqModel(args["rid"], list(args["tokens"]),
-                                              args.get("extra_key"))
+                                              args.get("extra_key"), session=args.get("session"))
             self._remember(args["tokens"], args.get("extra_key"))
         elif op == "req_admit":  # with Mamba, no state slot (null) leaves it waiting
             r = self.reqs[args["rid"]]
@@ -862,6 +922,14 @@ class Scenario:
             done_req = self.reqs.pop(args["rid"], None)
             if done_req is not None and op == "req_finish":
                 self._remember(done_req.tokens, done_req.extra_key, cached=True)
+            if done_req is not None and done_req.session is not None:  # parked, or all gone
+                if op == "req_finish":
+                    self.session_tokens[done_req.session] = (done_req.all_ids(),
+                                                             done_req.extra_key)
+                elif done_req.admitted:
+                    self.session_tokens.pop(done_req.session, None)
+        elif op == "release_session":
+            self.session_tokens.pop(args["session"], None)
 
     def _after_invalid_insert(self, args: dict) -> None:
         """An "invalid" insert that was accepted (disabled cache, or nothing of it new): the
@@ -974,14 +1042,19 @@ def runner_actions(runner: Any, actions: Sequence[str] | None) -> Sequence[str]:
 def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
                    on_step: Callable[[int], None] | None = None,
                    invalid_weight: float | None = None,
-                   actions: Sequence[str] | None = None) -> tuple[list, Any]:
+                   actions: Sequence[str] | None = None, cow: bool = False,
+                   sessions: bool = False) -> tuple[list, Any]:
     """Drive ``runner`` (a :class:`~uniradix.conformance.explore.lockstep.Lockstep`) through ``steps``
     random steps from a fresh :class:`Scenario`; return (the steps taken, the first finding or
     None).  ``actions``: only these (default :data:`ACTIONS`; :data:`TREE_ACTIONS` leaves the
-    request-level ops out, for implementations that have only the tree-level API)."""
+    request-level ops out, for implementations that have only the tree-level API).  ``cow``:
+    Mamba copy-on-write matches (``Scenario.cow``); ``sessions``: streaming sessions
+    (``Scenario.sessions``)."""
     rng = random.Random(f"conform:{seed}")
     ch = RandomChooser(rng)
     sc = Scenario(config, ch, actions=runner_actions(runner, actions))
+    sc.cow = cow
+    sc.sessions = sessions
     if invalid_weight is not None:
         sc.WEIGHTS = dict(sc.WEIGHTS, invalid=invalid_weight)
     taken: list[dict] = []

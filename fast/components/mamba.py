@@ -9,7 +9,7 @@ import torch
 
 from ..errors import InvalidInput, Unsupported
 from ..frees import FreeBatch
-from ..params import EvictParams
+from ..params import EvictParams, MatchPrefixParams, MatchResult
 from ..tiers.host import Copy, HostSlotAllocator
 from . import MAMBA_ID, AuxComponent, Validator
 
@@ -157,6 +157,76 @@ class MambaComponent(AuxComponent):
             if value is not None and exist:
                 self.allocator.free(value)
             req.mamba_last_track_seqlen = None
+
+    # -- copy-on-write (match_prefix with cow_mamba) -----------------------------------------
+    def check_cow_request(self, req: Any) -> int | None:
+        """The request of a ``cow_mamba`` match and its state slot (None: it has none), which
+        must be an allocated state slot the tree does not hold (checked where the cache tracks
+        slots, ``validate_slots``)."""
+        if req is None:
+            raise InvalidInput("match_prefix: cow_mamba needs the request (MatchPrefixParams.req)")
+        idx = getattr(req, "mamba_pool_idx", None)
+        if idx is None:
+            return None
+        if isinstance(idx, torch.Tensor):
+            if idx.numel() != 1 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
+                raise InvalidInput(f"match_prefix: req.mamba_pool_idx must be one integer slot, "
+                                   f"got {idx!r}")
+            slot = int(idx.reshape(-1)[0])
+        elif isinstance(idx, bool) or not isinstance(idx, int):
+            raise InvalidInput(f"match_prefix: req.mamba_pool_idx must be null or an int, "
+                               f"got {idx!r}")
+        else:
+            slot = idx
+        if self.cache.validate_slots:
+            is_alloc = getattr(self.allocator, "is_allocated", None)
+            if is_alloc is not None and not is_alloc(slot):
+                raise InvalidInput(f"match_prefix: mamba_slot {slot} is not allocated")
+            if slot in self.owned:
+                raise InvalidInput(f"match_prefix: mamba_slot {slot} is the tree's")
+        return slot
+
+    def match_prefix_cow(self, params: Any) -> MatchResult:
+        """``match_prefix`` for a request with ``cow_mamba`` (spec/mamba_cow.py): the plain
+        match; then, when the best match node holds a state on the device, the request copies
+        it (``req.mamba_cow_src_index``, ``req.mamba_needs_clear`` False) into its own state
+        slot: the one it has, else a fresh one (``req.mamba_pool_idx``); when the pool is
+        empty, one state is evicted while the matched node is locked.  Where no slot can be
+        had (every other state locked) upstream asserts; here the request keeps no slot
+        (``mamba_pool_idx`` None) and the caller decides (a scheduler would retract it)."""
+        req = params.req
+        has_slot = self.check_cow_request(req) is not None
+        cache = self.cache
+        result = cache.match_prefix(MatchPrefixParams(key=params.key))
+        best = result.best_match_node
+        if best is cache.root_node:
+            return result
+        src = best.aux[self.i].value
+        if src is None:
+            return result
+        if not has_slot:
+            slot = self._take_state_slot(best)
+            if slot is not None:
+                req.mamba_pool_idx = slot
+        req.mamba_cow_src_index = src
+        req.mamba_needs_clear = False
+        return result
+
+    def _take_state_slot(self, keep: Any) -> torch.Tensor | None:
+        """A fresh state slot (a 0-d int64 tensor), evicting one state (never ``keep``'s: it is
+        locked meanwhile) when the pool is empty; None when none could be had."""
+        cache = self.cache
+        slot = self.allocator.alloc(1)
+        if slot is None:
+            lock = cache.inc_lock_ref(keep)
+            try:
+                cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+            finally:
+                cache.dec_lock_ref(keep, lock.to_dec_params())
+            slot = self.allocator.alloc(1)
+        if slot is None:
+            return None
+        return slot.reshape(-1)[0].to(_INT64)
 
     # -- locks -----------------------------------------------------------------------------
     def lock(self, node: Any, result: Any) -> None:

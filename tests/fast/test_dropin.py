@@ -240,12 +240,19 @@ def test_host_tier_takes_the_same_request_path():
     cache.sanity_check()
 
 
-def test_mamba_copy_on_write_is_refused_not_ignored():
+def test_mamba_copy_on_write_fills_the_request_as_upstream():
     alloc = PoolAllocator(PagedPool(32, 1), torch)
-    rtp = types.SimpleNamespace(mamba_allocator=PoolAllocator(PagedPool(4, 1, "mamba"), torch))
+    states = PoolAllocator(PagedPool(4, 1, "mamba"), torch)
+    rtp = types.SimpleNamespace(mamba_allocator=states)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
         page_size=1, tree_components=("full", "mamba")))
-    cache.match_prefix(fast.MatchPrefixParams(key=fast.RadixKey([1, 2])))
-    with pytest.raises(fast.Unsupported, match="cow_mamba"):
+    cache.insert(fast.InsertParams(key=fast.RadixKey([1, 2]), value=alloc.alloc(2),
+                                   mamba_value=states.alloc(1)))
+    req = types.SimpleNamespace(mamba_pool_idx=None, mamba_cow_src_index=None,
+                                mamba_needs_clear=True)
+    cache.match_prefix(fast.MatchPrefixParams(key=fast.RadixKey([1, 2]), cow_mamba=True, req=req))
+    assert req.mamba_cow_src_index.tolist() == [1] and int(req.mamba_pool_idx) == 2
+    assert req.mamba_needs_clear is False
+    with pytest.raises(fast.InvalidInput, match="request"):  # upstream asserts it
         cache.match_prefix(fast.MatchPrefixParams(key=fast.RadixKey([1, 2]), cow_mamba=True))

@@ -548,3 +548,102 @@ def test_available_and_evictable_str_matches_upstream():
             cache, alloc, rtp = build(kind, 1, impl, 64)
             texts.append(cache.available_and_evictable_str())
         assert texts[0] == texts[1], kind
+
+
+# -- streaming sessions (fast/sessions.py against sglang's StreamingSession) ----------------------
+
+
+def session_workload(impl: str, seed: int = 3, n: int = 150) -> dict:
+    """Three streaming sessions taking turns with sglang's own Req (its ``session`` a streaming
+    one): admission through ``init_next_round_input`` (a session's next turn restored from its
+    slot), prefill (chunked, or through the tree), decode, then ``cache_finished_req`` (parks)
+    or an abort (``FINISH_ABORT``: the session goes); ``release_session`` now and then."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    cache, alloc, rtp = build("full", 1, impl, 96)
+    rows = Rows(rtp.size)
+    rng = random.Random(seed)
+    log: list = []
+    history: dict = {}  # session -> its parked tokens
+    session_row: dict = {}  # session -> the row its slot holds
+
+    def held():
+        return (cache.session_held_tokens(), cache.session_held_req_count(),
+                cache.evictable_size(), cache.protected_size(), alloc.available_size())
+
+    def end_session(sid):
+        history.pop(sid, None)
+        if sid in session_row:
+            rows.free.append(session_row.pop(sid))
+
+    for k in range(n):
+        sid = rng.choice(["s1", "s2", "s3"])
+        if sid in history and rng.random() < 0.1:
+            cache.release_session(sid)
+            end_session(sid)
+            log.append(("release", sid, held()))
+            continue
+        new = [rng.randint(1, 4) for _ in range(rng.randint(2, 6))]
+        prompt = history.get(sid, []) + new
+        req = Req(rid=f"r{k}", origin_input_text="", origin_input_ids=array("q", prompt),
+                  sampling_params=SamplingParams(max_new_tokens=4))
+        req.session = types.SimpleNamespace(session_id=sid, streaming=True,
+                                            finish_req=lambda r: None, abort_req=lambda: None)
+        req.init_next_round_input(tree_cache=cache)
+        hit = len(req.prefix_indices)
+        cache.inc_lock_ref(req.last_node)
+        if req.req_pool_idx is None:
+            req.req_pool_idx = rows.take()
+        rtp.write((req.req_pool_idx, slice(0, hit)), req.prefix_indices.to(torch.int32))
+        req.kv_committed_len = req.kv_allocated_len = hit
+        log.append(("admit", sid, hit, req.prefix_indices.tolist(), req.cache_protected_len))
+        row = req.req_pool_idx
+        need = len(prompt) + 4 - hit
+        if need > alloc.available_size():
+            log.append(("evict", cache.evict(up.EvictParams(
+                num_tokens=need - alloc.available_size())).num_tokens_evicted))
+        slots = alloc.alloc(need) if need <= alloc.available_size() else None
+        aborted = slots is None or rng.random() < 0.1
+        if slots is not None:
+            c = hit
+            first = (len(prompt) - hit) // 2
+            if first and rng.random() < 0.5:  # a chunk, cached unfinished
+                rtp.write((row, slice(c, c + first)), slots[:first].to(torch.int32))
+                c = req.kv_committed_len = req.kv_allocated_len = c + first
+                req.fill_len = c
+                cache.cache_unfinished_req(req, chunked=True)
+            rtp.write((row, slice(c, len(prompt))), slots[c - hit: len(prompt) - hit]
+                      .to(torch.int32))
+            req.kv_committed_len = req.kv_allocated_len = len(prompt)
+            req.fill_len = len(prompt)
+            if rng.random() < 0.5:  # the final prefill through cache_unfinished_req
+                cache.cache_unfinished_req(req)
+            for j in range(4):
+                req.output_ids.append((prompt[j % len(prompt)] * 7 + j) % 5 + 1)
+                pos = len(prompt) + j
+                rtp.write((row, slice(pos, pos + 1)),
+                          slots[pos - hit: pos - hit + 1].to(torch.int32))
+                req.kv_committed_len = req.kv_allocated_len = pos + 1
+        if aborted:
+            req.finished_reason = FINISH_ABORT()
+        first_turn = sid not in session_row
+        cache.cache_finished_req(req)
+        if aborted:
+            if first_turn:
+                rows.free.append(row)
+            end_session(sid)
+        else:
+            history[sid] = list(req.origin_input_ids) + list(req.output_ids)
+            session_row[sid] = row
+        log.append(("finish", sid, aborted, held()))
+    return {"log": log, "free_list": free_list(alloc)}
+
+
+def test_streaming_sessions_same_outcomes():
+    ours = session_workload("fast")
+    theirs = session_workload("upstream")
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
+        assert a == b, f"session event {k}: fast {a} != sglang {b}"
+    assert ours == theirs
+    log = ours["log"]
+    assert sum(1 for e in log if e[0] == "admit" and e[2] > 0 and e[4] < e[2]) >= 10  # restores
+    assert any(e[0] == "release" for e in log) and any(e[0] == "finish" and e[2] for e in log)

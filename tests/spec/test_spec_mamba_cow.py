@@ -112,12 +112,6 @@ def test_copy_on_write_needs_the_mamba_component():
     assert obs["error"] == "InvalidInput" and "Mamba" in obs["message"]
 
 
-def test_the_fast_path_refuses_copy_on_write_until_it_models_it():
-    s = Story("fast")
-    assert s.step("match_prefix", tokens=[1], cow_mamba=True)["error"] == "Unsupported"
-    assert "error" not in s.step("match_prefix", tokens=[1], cow_mamba=False)
-
-
 def test_the_state_to_copy_is_locked_while_room_is_made():
     """Without the temporary lock the only unlocked state, the one to copy, would go."""
     s = Story(mamba_slots=2)

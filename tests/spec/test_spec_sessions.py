@@ -212,13 +212,12 @@ def test_the_parked_lock_keeps_the_session_path_under_pressure():
     assert [1, 2, 3, 4] in paths and [8, 8, 8, 8] not in paths
 
 
-def test_session_ops_are_request_ops_the_fast_path_refuses():
+def test_session_ops_with_an_aux_component_are_refused():
     s = Story(kv_slots=32, components=["full", "mamba"], mamba_slots=4)
     assert s.step("session_held")["error"] == "Unsupported"
-    fast = make_adapter("fast", CacheConfig(kv_slots=32))
+    fast = make_adapter("fast", CacheConfig(kv_slots=32, components=("full", "mamba"),
+                                            mamba_slots=4))
     for step in ({"op": "session_held", "args": {}},
                  {"op": "release_session", "args": {"session": "s"}},
                  {"op": "req_arrive", "args": {"rid": "r", "tokens": [1], "session": "s"}}):
         assert fast.apply(step)["error"] == "Unsupported"
-    assert "error" not in fast.apply({"op": "req_arrive",
-                                      "args": {"rid": "r", "tokens": [1], "session": None}})

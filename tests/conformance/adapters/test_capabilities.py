@@ -103,9 +103,10 @@ def test_upstream_declares_the_tree_level_api_only():
 def test_refusal_names_everything_missing_and_comes_from_make_adapter():
     config = CacheConfig(components=("full", "mamba"), kv_slots=16, mamba_slots=4, page_size=2,
                          eviction_policy="lfu", eagle=True)
+    CAPABILITIES["fast"].check(config)  # fast models all of it now (EAGLE with aux included)
     with pytest.raises(Unsupported) as e:
-        make_adapter("fast", config)
-    assert str(e.value) == "fast does not model EAGLE keys with SWA or Mamba"
+        make_adapter("upstream", config)  # refused before sglang is imported
+    assert str(e.value) == "upstream does not model EAGLE keys with SWA or Mamba, Mamba with page_size 2"
     assert CAPABILITIES["upstream"].missing(config) == ["EAGLE keys with SWA or Mamba",
                                                         "Mamba with page_size 2"]
     CAPABILITIES["spec"].check(config)  # the spec models all of it
