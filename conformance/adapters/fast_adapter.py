@@ -14,8 +14,8 @@ from uniradix import fast
 from uniradix.conformance.adapters.base import StepAdapter, args_of, check_cow_args, check_supported, path_arg
 from uniradix.conformance.adapters.capabilities import CAPABILITIES
 from uniradix.conformance.adapters.host_ops import FastHostOps
-from uniradix.conformance.adapters.storage_ops import FastStorageOps
 from uniradix.conformance.adapters.session_ops import FastSessionOps, SessionRef, check_session_arg
+from uniradix.conformance.adapters.storage_ops import FastStorageOps
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError as SpecCacheError
