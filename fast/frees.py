@@ -8,8 +8,9 @@ asks :func:`free_order` what a ``free``-like method does with a concatenation:
   given, so a concatenation in free order is the same as the pieces one by one: one
   ``torch.cat`` and one call.  For exactly sglang's ``TokenToKVPoolAllocator``, under the
   conditions of :data:`PAGED` below, not even that: :func:`append_release` writes
-  ``cat([list, *pieces])`` into it, one copy instead of two.  sglang 0.5.13.post1's ``TokenToKVPoolAllocator`` (page 1), its
-  ``MambaSlotAllocator``, its host pools (``HostKVCache.free`` and relatives), its
+  ``cat([list, *pieces])`` into it, one copy instead of two.  sglang 0.5.13.post1's
+  ``TokenToKVPoolAllocator`` (page 1), its ``MambaSlotAllocator``, its host pools
+  (``HostKVCache.free`` and relatives), its
   ``SWATokenToKVPoolAllocator`` when both its sub-allocators append, and any allocator while
   it is inside a scheduler free group (``free_group_begin`` .. ``free_group_end``: the pieces
   are queued and concatenated at the end anyway).
