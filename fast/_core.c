@@ -17,6 +17,8 @@
  *              through the cache's _free_values: fast/frees.py).
  *   paged_front  the pages k frees of a sorted-prepend paged allocator put in front of its
  *              free list, in one pass (fast/frees.py's PAGED batches).
+ *   native frees  what evict and insert free goes straight into sglang's exact allocators on
+ *              the CPU, as one free per piece would leave them (see that section).
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
@@ -797,6 +799,376 @@ owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
     return 0;
 }
 
+/* ---- native frees: sglang's exact allocators on the CPU ---------------------------------- */
+/*
+ * What one call releases (an evict's values, an insert's duplicate ranges) goes straight into
+ * the allocator's list here, in one step, where that list is known to end exactly as one
+ * free() per piece leaves it (fast/frees.py has the table and the conditions; its Python code
+ * is the reference and the path for everything else, any device).  Two allocators, classified
+ * once per (class, class attribute free) by fast/frees.py's native_kind:
+ *
+ *   NK_PAGED   sglang's PagedTokenToKVPoolAllocator: the pages k frees put in front of the
+ *              list (paged_front below) and the old list, written into one new tensor.
+ *   NK_APPEND  sglang's TokenToKVPoolAllocator (page 1): free appends.  need_sort: the pieces
+ *              appended to release_pages in one new tensor.  Otherwise the free list gets a
+ *              tail: free_pages becomes a view of a buffer this cache keeps (_free_tail) with
+ *              spare room after its end, so an append writes only the new slots instead of
+ *              copying the whole list each time (a free list of millions of slots is
+ *              copied once per doubling).  The buffer is written only past the highest index
+ *              ever written into it (_free_tail_hw), so no tensor anyone holds (a slice alloc
+ *              handed out, a backup_state) ever sees a value change; free_pages is appended to
+ *              in place only while it still ends exactly there, otherwise a new buffer is made.
+ *
+ * Each returns 1 (done), 0 (not one of these cases: nothing changed, the caller takes the
+ * Python path) or -1 (error).
+ */
+
+enum { NK_NONE = 0, NK_APPEND = 1, NK_PAGED = 2 };
+
+typedef struct {
+    const long long *p;
+    Py_ssize_t n;
+} Seg;
+
+static PyObject *g_empty = NULL;     /* torch.empty */
+static PyObject *g_classify = NULL;  /* fast/frees.py native_kind(cls) -> 0, 1, 2 */
+static PyObject *g_empty_kw = NULL;  /* ("dtype",) */
+static PyObject *g_Tensor, *g_int64;  /* (set by setup_api, below) */
+static PyObject *s_free_pages, *s_release_pages, *s_need_sort, *s_in_group, *s_debug_mode,
+    *s_on_batch, *s_narrow, *s_tail, *s_tail_hw, *s_page_size_attr;
+static int piece_is_plain(PyObject *t);
+static Py_ssize_t paged_front_into(const Seg *segs, Py_ssize_t k, long long ps, long long **out);
+
+#define KIND_SLOTS 4
+static struct { PyObject *type; PyObject *free; int kind; } g_kinds[KIND_SLOTS];
+static int g_kind_next = 0;
+
+/* The kind of alloc's class (its free looked up on the class, so a patched method is a new
+ * classification); -1 on error. */
+static int
+alloc_kind(PyObject *alloc)
+{
+    PyTypeObject *tp = Py_TYPE(alloc);
+    PyObject *fn = _PyType_Lookup(tp, s_free);  /* borrowed, may be NULL */
+    for (int i = 0; i < KIND_SLOTS; i++)
+        if (g_kinds[i].type == (PyObject *)tp && g_kinds[i].free == fn)
+            return g_kinds[i].kind;
+    if (g_classify == NULL)
+        return NK_NONE;
+    Py_XINCREF(fn);  /* keep it while Python code runs */
+    PyObject *r = PyObject_CallOneArg(g_classify, (PyObject *)tp);
+    if (r == NULL) {
+        Py_XDECREF(fn);
+        return -1;
+    }
+    long kind = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (kind == -1 && PyErr_Occurred()) {
+        Py_XDECREF(fn);
+        return -1;
+    }
+    if (kind != NK_APPEND && kind != NK_PAGED)
+        kind = NK_NONE;
+    int i = g_kind_next;
+    g_kind_next = (g_kind_next + 1) % KIND_SLOTS;
+    Py_XSETREF(g_kinds[i].type, Py_NewRef((PyObject *)tp));
+    Py_XSETREF(g_kinds[i].free, fn);  /* the reference taken above */
+    g_kinds[i].kind = (int)kind;
+    return (int)kind;
+}
+
+/* A plain tensor (exact torch.Tensor, int64, CPU, 1-D, contiguous): its data and length;
+ * 1, 0 (not plain) or -1. */
+static int
+plain_data(PyObject *t, const long long **p, Py_ssize_t *n)
+{
+    int ok = piece_is_plain(t);
+    if (ok <= 0)
+        return ok;
+    PyObject *o = PyObject_CallMethodNoArgs(t, s_numel);
+    if (o == NULL)
+        return -1;
+    *n = PyLong_AsSsize_t(o);
+    Py_DECREF(o);
+    if (*n == -1 && PyErr_Occurred())
+        return -1;
+    if ((o = PyObject_CallMethodNoArgs(t, s_data_ptr)) == NULL)
+        return -1;
+    *p = (const long long *)PyLong_AsVoidPtr(o);
+    Py_DECREF(o);
+    if (*p == NULL && PyErr_Occurred())
+        return -1;
+    return 1;
+}
+
+/* torch.empty(n, dtype=torch.int64) and its data; NULL on error. */
+static PyObject *
+new_int64(Py_ssize_t n, long long **data)
+{
+    PyObject *no = PyLong_FromSsize_t(n);
+    if (no == NULL)
+        return NULL;
+    PyObject *a[2] = {no, g_int64};
+    PyObject *t = PyObject_Vectorcall(g_empty, a, 1, g_empty_kw);
+    Py_DECREF(no);
+    if (t == NULL)
+        return NULL;
+    PyObject *o = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (o == NULL) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    *data = (long long *)PyLong_AsVoidPtr(o);
+    Py_DECREF(o);
+    if (*data == NULL && PyErr_Occurred()) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    return t;
+}
+
+static char *
+copy_segs(char *dst, const Seg *segs, Py_ssize_t k)
+{
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (segs[i].n) {
+            memcpy(dst, segs[i].p, (size_t)segs[i].n * 8);
+            dst += (size_t)segs[i].n * 8;
+        }
+    }
+    return dst;
+}
+
+/* The free list of an NK_APPEND allocator (need_sort off) with segs appended, through the
+ * cache's tail buffer (see above); a new reference, NULL on error. */
+static PyObject *
+append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs, Py_ssize_t k,
+            Py_ssize_t total)
+{
+    PyObject *buf = PyObject_GetAttr(self, s_tail);
+    if (buf == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+    }
+    long long hw = 0;
+    if (buf != NULL && buf != Py_None) {
+        const long long *bp;
+        Py_ssize_t cap;
+        int ok = plain_data(buf, &bp, &cap);
+        if (ok < 0 || (ok && get_ll(self, s_tail_hw, &hw) < 0)) {
+            Py_DECREF(buf);
+            return NULL;
+        }
+        Py_ssize_t start = -1;
+        if (ok && hw >= 0 && hw <= cap && hw + total <= cap) {
+            if (tn == 0)
+                start = (Py_ssize_t)hw;  /* an empty list: the new one starts at hw */
+            else if (tp >= bp && tp + tn == bp + hw)
+                start = (Py_ssize_t)(tp - bp);  /* still the view that ends at hw */
+        }
+        if (start >= 0) {
+            copy_segs((char *)(bp + hw), segs, k);
+            if (set_ll(self, s_tail_hw, hw + total) < 0) {
+                Py_DECREF(buf);
+                return NULL;
+            }
+            PyObject *out = PyObject_CallMethod(buf, "narrow", "inn", 0, start,
+                                                (Py_ssize_t)(hw + total - start));
+            Py_DECREF(buf);
+            return out;
+        }
+    }
+    Py_XDECREF(buf);
+    /* a new buffer: the list and the new slots, with room after them for as many again (at
+     * least 64k slots), so the copy of the list is paid once per that many slots appended */
+    Py_ssize_t used = tn + total, cap = used + (used > 65536 ? used : 65536);
+    long long *dst;
+    PyObject *nb = new_int64(cap, &dst);
+    if (nb == NULL)
+        return NULL;
+    if (tn)
+        memcpy(dst, tp, (size_t)tn * 8);
+    copy_segs((char *)(dst + tn), segs, k);
+    if (PyObject_SetAttr(self, s_tail, nb) < 0 || set_ll(self, s_tail_hw, used) < 0) {
+        Py_DECREF(nb);
+        return NULL;
+    }
+    PyObject *out = PyObject_CallMethod(nb, "narrow", "inn", 0, (Py_ssize_t)0, used);
+    Py_DECREF(nb);
+    return out;
+}
+
+/* Release segs (k pieces in free order, npieces counted for an observing wrapper) into
+ * alloc as k free() calls would leave it; 1, 0 (not handled, nothing changed) or -1. */
+static int
+native_release(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssize_t k)
+{
+    if (g_empty == NULL || g_Tensor == NULL || k == 0)
+        return 0;
+    int kind = alloc_kind(alloc);
+    if (kind <= 0)
+        return kind;
+    PyObject *o = PyObject_GetAttr(alloc, s_in_group);
+    if (o == NULL)
+        return -1;
+    int outside = o == Py_True;
+    Py_DECREF(o);
+    if (!outside)
+        return 0;  /* inside a free group free() only queues */
+    o = PyObject_GetAttr(alloc, s_debug_mode);
+    if (o == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        if (kind == NK_PAGED)
+            return 0;  /* the paged class always has one: something else */
+    } else {
+        int t = PyObject_IsTrue(o);
+        Py_DECREF(o);
+        if (t)
+            return t < 0 ? -1 : 0;  /* debug mode: its per-call checks run */
+    }
+    /* free as the instance resolves it: the class's, or a wrapper that only observes */
+    PyObject *observer = NULL;
+    PyObject *fn = PyObject_GetAttr(alloc, s_free);
+    if (fn == NULL)
+        return -1;
+    if (!(PyMethod_Check(fn) && PyMethod_GET_SELF(fn) == alloc
+          && PyMethod_GET_FUNCTION(fn) == _PyType_Lookup(Py_TYPE(alloc), s_free))) {
+        observer = PyObject_GetAttr(fn, s_on_batch);
+        if (observer == NULL || !PyCallable_Check(observer)) {
+            Py_DECREF(fn);
+            if (observer == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
+                return -1;
+            PyErr_Clear();
+            Py_XDECREF(observer);
+            return 0;
+        }
+    }
+    Py_DECREF(fn);
+    int rc = -1;
+    PyObject *target = NULL, *out = NULL;
+    long long *front = NULL;
+    o = PyObject_GetAttr(alloc, s_need_sort);
+    if (o == NULL)
+        goto done;
+    int need_sort = PyObject_IsTrue(o);
+    Py_DECREF(o);
+    if (need_sort < 0)
+        goto done;
+    PyObject *tname = need_sort ? s_release_pages : s_free_pages;
+    if ((target = PyObject_GetAttr(alloc, tname)) == NULL)
+        goto done;
+    const long long *tp;
+    Py_ssize_t tn;
+    int ok = plain_data(target, &tp, &tn);
+    if (ok <= 0) {
+        rc = ok;  /* another device, dtype or layout: the Python path */
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < k; i++)
+        total += segs[i].n;
+    if (total == 0) {
+        rc = 1;  /* free ignores empty pieces */
+        goto done;
+    }
+    long long *dst;
+    if (kind == NK_PAGED) {
+        long long ps;
+        if (get_ll(alloc, s_page_size_attr, &ps) < 0)
+            goto done;
+        if (ps <= 0) {
+            rc = 0;
+            goto done;
+        }
+        Py_ssize_t nf = paged_front_into(segs, k, ps, &front);
+        if (nf < 0)
+            goto done;
+        if ((out = new_int64(nf + tn, &dst)) == NULL)
+            goto done;
+        if (nf)
+            memcpy(dst, front, (size_t)nf * 8);
+        if (tn)
+            memcpy(dst + nf, tp, (size_t)tn * 8);
+    } else if (need_sort) {
+        if ((out = new_int64(tn + total, &dst)) == NULL)
+            goto done;
+        if (tn)
+            memcpy(dst, tp, (size_t)tn * 8);
+        copy_segs((char *)(dst + tn), segs, k);
+    } else if ((out = append_tail(self, tp, tn, segs, k, total)) == NULL) {
+        goto done;
+    }
+    if (PyObject_SetAttr(alloc, tname, out) < 0)
+        goto done;
+    if (observer != NULL) {
+        PyObject *r = PyObject_CallFunction(observer, "n", k);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    rc = 1;
+done:
+    PyMem_Free(front);
+    Py_XDECREF(out);
+    Py_XDECREF(target);
+    Py_XDECREF(observer);
+    return rc;
+}
+
+/* native_release of a list of tensors (an evict's values); 0 if one is not plain. */
+static int
+native_release_list(PyObject *self, PyObject *alloc, PyObject *pieces)
+{
+    Py_ssize_t k = PyList_GET_SIZE(pieces);
+    Seg small[16], *segs = k <= 16 ? small : PyMem_Malloc((size_t)k * sizeof(Seg));
+    if (segs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 1;
+    for (Py_ssize_t i = 0; i < k && rc == 1; i++)
+        rc = plain_data(PyList_GET_ITEM(pieces, i), &segs[i].p, &segs[i].n);
+    if (rc == 1)
+        rc = native_release(self, alloc, segs, k);
+    if (segs != small)
+        PyMem_Free(segs);
+    return rc;
+}
+
+/* native_release of value[lo:hi] for each (lo, hi) of ranges (2k Py_ssize_t). */
+static int
+native_release_ranges(PyObject *self, PyObject *alloc, PyObject *value, const Py_ssize_t *ranges,
+                      Py_ssize_t k)
+{
+    const long long *vp;
+    Py_ssize_t vn;
+    int rc = plain_data(value, &vp, &vn);
+    if (rc <= 0)
+        return rc;
+    Seg small[16], *segs = k <= 16 ? small : PyMem_Malloc((size_t)k * sizeof(Seg));
+    if (segs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_ssize_t lo = ranges[2 * i], hi = ranges[2 * i + 1];
+        if (lo < 0 || hi < lo || hi > vn) {
+            rc = 0;
+            break;
+        }
+        segs[i].p = vp + lo;
+        segs[i].n = hi - lo;
+    }
+    if (rc == 1)
+        rc = native_release(self, alloc, segs, k);
+    if (segs != small)
+        PyMem_Free(segs);
+    return rc;
+}
+
 /* ---- split ------------------------------------------------------------------------------- */
 
 /* Cut child after split_len units (0 < split_len < len(child.key)); the new upper node takes
@@ -1222,6 +1594,32 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (!whole)
             break;
     }
+    if (free_lo >= 0) {  /* sglang's exact allocators on the CPU: straight into the list */
+        int native;
+        if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL)
+            goto done;
+        if (bounds == NULL) {
+            Py_ssize_t one[2] = {free_lo, free_hi};
+            native = native_release_ranges(self, alloc, value, one, 1);
+        } else {
+            Py_ssize_t nb = PyList_GET_SIZE(bounds);
+            Py_ssize_t *r = PyMem_Malloc((size_t)nb * sizeof(Py_ssize_t));
+            if (r == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < nb; i++)
+                r[i] = PyLong_AsSsize_t(PyList_GET_ITEM(bounds, i));
+            native = native_release_ranges(self, alloc, value, r, nb / 2);
+            PyMem_Free(r);
+        }
+        if (native < 0)
+            goto done;
+        if (native == 1) {  /* done */
+            free_lo = -1;
+            Py_CLEAR(bounds);
+        }
+    }
     if (free_lo >= 0 && bounds == NULL && ps > 1
             && (bounds = Py_BuildValue("[nn]", free_lo, free_hi)) == NULL)
         goto done;  /* page size > 1: one range goes through _free_ranges too (as in evict) */
@@ -1231,8 +1629,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         Py_DECREF(r);
     } else if (free_lo >= 0) {
-        if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
-                || (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
+        if ((free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
             goto done;
         if (free_slice(free_fn, value, free_lo, free_hi) < 0)
             goto done;
@@ -1446,16 +1843,21 @@ detach(Node *parent, Node *child)
  * allow, the same final free list as one call each).  Runs on the error path too (the nodes
  * in ``batch`` have left the tree), keeping the first error. */
 static int
-flush_frees(PyObject *self, PyObject *free_fn, PyObject *batch)
+flush_frees(PyObject *self, PyObject *alloc, PyObject *free_fn, PyObject *batch)
 {
     Py_ssize_t n = batch == NULL ? 0 : PyList_GET_SIZE(batch);
     if (n == 0)
         return 0;
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
-    PyObject *r = n == 1 && free_fn != NULL
-        ? PyObject_CallOneArg(free_fn, PyList_GET_ITEM(batch, 0))
-        : PyObject_CallMethodOneArg(self, s_free_values, batch);
+    int native = alloc == NULL ? 0 : native_release_list(self, alloc, batch);
+    PyObject *r = NULL;
+    if (native == 1)
+        r = Py_NewRef(Py_None);
+    else if (native == 0)
+        r = n == 1 && free_fn != NULL
+            ? PyObject_CallOneArg(free_fn, PyList_GET_ITEM(batch, 0))
+            : PyObject_CallMethodOneArg(self, s_free_values, batch);
     Py_XDECREF(r);
     if (et != NULL) {
         if (r == NULL)
@@ -1602,7 +2004,7 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     result = PyLong_FromLongLong(freed);
 done:
-    if (flush_frees(self, free_fn, batch) < 0)
+    if (flush_frees(self, alloc, free_fn, batch) < 0)
         Py_CLEAR(result);
     if (evictable != ev0 && write_back(self, s_evictable, evictable) < 0)
         Py_CLEAR(result);
@@ -2122,6 +2524,39 @@ core_setup(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* native_release(holder, alloc, pieces) -> bool: the native frees of a list of tensors, the
+ * tail buffer kept on holder (the cache); False where the Python path must run (nothing
+ * changed).  What evict calls; exposed for the exactness tests. */
+static PyObject *
+core_native_release(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "native_release(holder, alloc, pieces: list)");
+        return NULL;
+    }
+    int r = native_release_list(args[0], args[1], args[2]);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+static PyObject *
+core_setup_frees(PyObject *mod, PyObject *args)
+{
+    PyObject *empty, *classify;
+    if (!PyArg_ParseTuple(args, "OO:setup_frees", &empty, &classify))
+        return NULL;
+    if (g_empty_kw == NULL && (g_empty_kw = Py_BuildValue("(s)", "dtype")) == NULL)
+        return NULL;
+    Py_XSETREF(g_empty, Py_NewRef(empty));
+    Py_XSETREF(g_classify, Py_NewRef(classify));
+    for (int i = 0; i < KIND_SLOTS; i++) {  /* classify again with the new function */
+        Py_CLEAR(g_kinds[i].type);
+        Py_CLEAR(g_kinds[i].free);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 core_heappush(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2206,61 +2641,23 @@ piece_is_plain(PyObject *t)
     return ok;
 }
 
-static PyObject *
-core_paged_front(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+/* The front (see above) of segs into a new PyMem buffer *out (the caller frees it); its
+ * length, or -1 on error. */
+static Py_ssize_t
+paged_front_into(const Seg *segs, Py_ssize_t k, long long ps, long long **out)
 {
-    if (nargs != 2 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "paged_front(pieces: list, page_size)");
-        return NULL;
+    Py_ssize_t cap = 0, used = 0;
+    for (Py_ssize_t i = 0; i < k; i++)
+        cap += segs[i].n;
+    *out = PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof(long long));
+    if (*out == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
-    PyObject *pieces = args[0];
-    long long ps = PyLong_AsLongLong(args[1]);
-    if (ps == -1 && PyErr_Occurred())
-        return NULL;
-    if (ps <= 0) {
-        PyErr_SetString(PyExc_ValueError, "page_size must be positive");
-        return NULL;
-    }
-    Py_ssize_t k = PyList_GET_SIZE(pieces), cap = 0, used = 0;
-    long long *out = NULL;
-    PyObject *result = NULL;
     for (Py_ssize_t i = k - 1; i >= 0; i--) {
-        PyObject *piece = PyList_GET_ITEM(pieces, i), *o;
-        int ok = piece_is_plain(piece);
-        if (ok < 0)
-            goto done;
-        if (ok == 0) {  /* not one this pass may read: the caller takes another way */
-            PyMem_Free(out);
-            Py_RETURN_NONE;
-        }
-        if ((o = PyObject_CallMethodNoArgs(piece, s_numel)) == NULL)
-            goto done;
-        Py_ssize_t n = PyLong_AsSsize_t(o);
-        Py_DECREF(o);
-        if (n == -1 && PyErr_Occurred())
-            goto done;
-        if (n == 0)
-            continue;
-        if ((o = PyObject_CallMethodNoArgs(piece, s_data_ptr)) == NULL)
-            goto done;
-        const long long *src = (const long long *)PyLong_AsVoidPtr(o);
-        Py_DECREF(o);
-        if (src == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "paged_front: a piece has no data");
-            goto done;
-        }
-        if (used + n > cap) {
-            Py_ssize_t ncap = (used + n) * 2 + 16;
-            long long *grown = PyMem_Realloc(out, (size_t)ncap * sizeof(long long));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            out = grown;
-            cap = ncap;
-        }
-        long long *seg = out + used, prev = 0;
+        const long long *src = segs[i].p;
+        Py_ssize_t n = segs[i].n;
+        long long *seg = *out + used, prev = 0;
         Py_ssize_t m = 0;
         int sorted = 1;
         for (Py_ssize_t j = 0; j < n; j++) {
@@ -2279,9 +2676,46 @@ core_paged_front(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 seg[u++] = seg[j];
         used += u;
     }
-    result = PyByteArray_FromStringAndSize((const char *)out, (Py_ssize_t)(used * (Py_ssize_t)sizeof(long long)));
+    return used;
+}
+
+static PyObject *
+core_paged_front(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "paged_front(pieces: list, page_size)");
+        return NULL;
+    }
+    PyObject *pieces = args[0];
+    long long ps = PyLong_AsLongLong(args[1]);
+    if (ps == -1 && PyErr_Occurred())
+        return NULL;
+    if (ps <= 0) {
+        PyErr_SetString(PyExc_ValueError, "page_size must be positive");
+        return NULL;
+    }
+    Py_ssize_t k = PyList_GET_SIZE(pieces);
+    Seg *segs = PyMem_Malloc((size_t)(k ? k : 1) * sizeof(Seg));
+    long long *out = NULL;
+    PyObject *result = NULL;
+    if (segs == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int ok = plain_data(PyList_GET_ITEM(pieces, i), &segs[i].p, &segs[i].n);
+        if (ok < 0)
+            goto done;
+        if (ok == 0) {  /* not one this pass may read: the caller takes another way */
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    Py_ssize_t used = paged_front_into(segs, k, ps, &out);
+    if (used >= 0)
+        result = PyByteArray_FromStringAndSize((const char *)out,
+                                               (Py_ssize_t)(used * (Py_ssize_t)sizeof(long long)));
 done:
     PyMem_Free(out);
+    PyMem_Free(segs);
     return result;
 }
 
@@ -2310,6 +2744,12 @@ static PyMethodDef core_methods[] = {
      "heappush(list, entry): the heap push the C paths use (for tests)."},
     {"heappop", (PyCFunction)(void (*)(void))core_heappop, METH_FASTCALL,
      "heappop(list): the heap pop the C paths use (for tests)."},
+    {"native_release", (PyCFunction)(void (*)(void))core_native_release, METH_FASTCALL,
+     "native_release(holder, alloc, pieces) -> whether the pieces went straight into sglang's "
+     "exact allocator (as one free each would leave it); False: nothing changed"},
+    {"setup_frees", (PyCFunction)core_setup_frees, METH_VARARGS,
+     "setup_frees(torch.empty, native_kind): the native frees into sglang's exact allocators "
+     "(native_kind(cls) -> 0 none, 1 appending TokenToKVPoolAllocator, 2 paged)"},
     {"setup_api", (PyCFunction)core_setup_api, METH_VARARGS,
      "setup_api(RadixKey, MatchResult, InsertResult, IncLockRefResult, DecLockRefResult, "
      "EvictResult, torch.Tensor, torch.int64, array.array)"},
@@ -2373,6 +2813,16 @@ PyInit__core(void)
     INTERN(s_is_cpu, "is_cpu");
     INTERN(s_ndim, "ndim");
     INTERN(s_is_contiguous, "is_contiguous");
+    INTERN(s_free_pages, "free_pages");
+    INTERN(s_release_pages, "release_pages");
+    INTERN(s_need_sort, "need_sort");
+    INTERN(s_in_group, "is_not_in_free_group");
+    INTERN(s_debug_mode, "debug_mode");
+    INTERN(s_on_batch, "uniradix_on_batch");
+    INTERN(s_narrow, "narrow");
+    INTERN(s_tail, "_free_tail");
+    INTERN(s_tail_hw, "_free_tail_hw");
+    INTERN(s_page_size_attr, "page_size");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

@@ -65,7 +65,7 @@ import torch
 
 from . import compat
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
-from .frees import release, release_ranges
+from .frees import native_kind, release, release_ranges
 from .keys import child_key, shared_len, step_len
 from .node import Node
 from .params import (
@@ -121,6 +121,9 @@ if NATIVE:
                     EvictResult, torch.Tensor, torch.int64, array)
     _api_match, _api_insert, _api_inc = _core.api_match, _core.api_insert, _core.api_inc
     _api_dec, _api_evict = _core.api_dec, _core.api_evict
+    # what evict and insert free goes straight into sglang's exact allocators on the CPU
+    # (fast/_core.c "native frees"; fast/frees.py native_kind says which those are)
+    _core.setup_frees(torch.empty, native_kind)
 
 
 def _full_leaf(node: TreeNode) -> bool:
@@ -197,6 +200,10 @@ class UnifiedRadixCache(compat.EngineDefaults):
         self.validate_slots = compat.validate_slots_for(settings.validate_slots, alloc)
         self._empty = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.sessions = StreamingSessions(self)  # streaming sessions (fast/sessions.py)
+        # the C core's tail buffer under a page-1 sglang free list and the highest index ever
+        # written into it (fast/_core.c "native frees"); None until its first free
+        self._free_tail: torch.Tensor | None = None
+        self._free_tail_hw = 0
 
     # ------------------------------------------------------------------------------------------
     # State

@@ -6,8 +6,11 @@ asks :func:`free_order` what a ``free``-like method does with a concatenation:
 
 * :data:`APPEND`: the slots are appended to the free list (or its release queue) in the order
   given, so a concatenation in free order is the same as the pieces one by one: one
-  ``torch.cat`` and one call.  sglang 0.5.13.post1's ``TokenToKVPoolAllocator`` (page 1), its
-  ``MambaSlotAllocator``, its host pools (``HostKVCache.free`` and relatives), its
+  ``torch.cat`` and one call.  For exactly sglang's ``TokenToKVPoolAllocator``, under the
+  conditions of :data:`PAGED` below, not even that: :func:`append_release` writes
+  ``cat([list, *pieces])`` into it, one copy instead of two.  sglang 0.5.13.post1's
+  ``TokenToKVPoolAllocator`` (page 1), its ``MambaSlotAllocator``, its host pools
+  (``HostKVCache.free`` and relatives), its
   ``SWATokenToKVPoolAllocator`` when both its sub-allocators append, and any allocator while
   it is inside a scheduler free group (``free_group_begin`` .. ``free_group_end``: the pieces
   are queued and concatenated at the end anyway).
@@ -29,6 +32,10 @@ asks :func:`free_order` what a ``free``-like method does with a concatenation:
   of pieces each time a batch is written; the bench counts calls this way).  Anywhere else
   the allocator gets :data:`PER_CALL`.
 * :data:`PER_CALL`: anything else, one call per piece.
+
+The C core (``fast/_core.c``, "native frees") takes both exact sglang classes itself on the
+CPU, for the Full cache's evict and insert (:func:`native_kind` tells it which class is
+which); at page 1 it keeps spare room after the free list (docs/COMPAT.md "Frees").
 
 An allocator outside sglang declares its semantics with a class attribute
 ``uniradix_free_order`` (:data:`APPEND` or :data:`PER_CALL`); the conformance environment's
@@ -104,6 +111,8 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
         fn(pieces[0])
         return 1
     if order == APPEND:
+        if method == "free" and append_release(alloc, pieces):
+            return 1
         fn(torch.cat(list(pieces)))  # torch.cat takes a list or tuple, not any Sequence
         return 1
     if order == PAGED and paged_release(alloc, pieces):
@@ -113,16 +122,74 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
     return k
 
 
-def _paged_batch_ok(alloc: Any) -> bool:
-    """Whether :func:`paged_release` may write ``alloc``'s list (see :data:`PAGED`)."""
-    cls = type(alloc)
-    if cls.__name__ != "PagedTokenToKVPoolAllocator" \
-            or cls.__module__ != "sglang.srt.mem_cache.allocator.paged":
-        return False  # a subclass, or another class that inherits the method
-    if getattr(alloc, "debug_mode", True) or alloc.is_not_in_free_group is not True:
+# native_kind's answers (the C core's classes of allocator, fast/_core.c "native frees")
+NATIVE_NONE, NATIVE_APPEND, NATIVE_PAGED = 0, 1, 2
+_EXACT: dict[tuple[str, str, Any], int] = {  # (module, class, its free's qualname) -> kind
+    ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator",
+     "TokenToKVPoolAllocator.free"): NATIVE_APPEND,
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator",
+     "PagedTokenToKVPoolAllocator.free"): NATIVE_PAGED,
+}
+_FREE_MODULES = {"TokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.token",
+                 "PagedTokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.paged"}
+
+
+def native_kind(cls: type) -> int:
+    """Whether ``cls`` is exactly one of sglang 0.5.13.post1's KV allocators whose list may be
+    written directly (:func:`append_release`, :func:`paged_release`, and the C core's native
+    frees): :data:`NATIVE_APPEND` for ``TokenToKVPoolAllocator``, :data:`NATIVE_PAGED` for
+    ``PagedTokenToKVPoolAllocator``, each with its own ``free`` on the class; else
+    :data:`NATIVE_NONE` (a subclass, which may free differently, or anything else)."""
+    fn = getattr(cls, "free", None)
+    qual = getattr(fn, "__qualname__", None)
+    if getattr(fn, "__module__", None) != _FREE_MODULES.get(cls.__name__):
+        return NATIVE_NONE
+    return _EXACT.get((cls.__module__, cls.__name__, qual), NATIVE_NONE)
+
+
+def _exact_ok(alloc: Any, kind: int) -> bool:
+    """Whether ``alloc``'s list may be written as ``kind`` frees would leave it: that exact
+    class, outside a free group, not in sglang's debug mode, and no ``free`` set on the instance
+    unless it only observes (see :data:`PAGED`)."""
+    if native_kind(type(alloc)) != kind:
+        return False
+    # the paged class always has debug_mode (missing: not that class); the token one has none
+    if getattr(alloc, "debug_mode", kind == NATIVE_PAGED) or alloc.is_not_in_free_group is not True:
         return False
     inst = alloc.__dict__.get("free")
     return inst is None or callable(getattr(inst, "uniradix_on_batch", None))
+
+
+def _paged_batch_ok(alloc: Any) -> bool:
+    """Whether :func:`paged_release` may write ``alloc``'s list (see :data:`PAGED`)."""
+    return _exact_ok(alloc, NATIVE_PAGED)
+
+
+def append_release(alloc: Any, pieces: Sequence[torch.Tensor]) -> bool:
+    """sglang's ``TokenToKVPoolAllocator`` (page 1) under the conditions of :func:`_exact_ok`:
+    its list becomes ``cat([list, *pieces])`` in one step, one copy where a ``free`` of the
+    concatenated pieces makes two (the pieces, then the list with them), the same as one
+    ``free`` per piece leaves it (``free`` appends; with ``need_sort`` to ``release_pages``).
+    Returns False, having changed nothing, where that is not known to hold or a piece is not
+    a 1-D int64 tensor on the list's device."""
+    if not _exact_ok(alloc, NATIVE_APPEND):
+        return False
+    name = "release_pages" if alloc.need_sort else "free_pages"
+    target = getattr(alloc, name)
+    if not isinstance(target, torch.Tensor) or target.dtype is not torch.int64 or target.dim() != 1:
+        return False
+    dev = target.device
+    if any(type(p) is not torch.Tensor or p.dtype is not torch.int64 or p.dim() != 1
+           or p.device != dev for p in pieces):
+        return False
+    live = [p for p in pieces if p.numel()]  # free ignores an empty piece
+    if not live:
+        return True
+    setattr(alloc, name, torch.cat([target, *live]))
+    observer = alloc.__dict__.get("free")
+    if observer is not None:
+        observer.uniradix_on_batch(len(pieces))
+    return True
 
 
 def paged_release(alloc: Any, pieces: Sequence[torch.Tensor]) -> bool:

@@ -528,3 +528,126 @@ def test_bench_cli_allocator_and_threads(tmp_path, capsys):
     assert bench.main(["bench", "--impl", "fast", "--allocator", "sglang",
                        "--hicache", "write_through"]) == 2
     assert bench.main(["bench", "--impl", "fast", "--torch-threads", "0"]) == 2
+
+
+def _sglang_token(need_sort: bool, slots: int = 512):
+    try:
+        from uniradix.conformance.adapters.upstream import load_upstream
+        torch_mod = load_upstream().torch
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    except Exception as e:  # noqa: BLE001 - absent, or an install that fails at import
+        pytest.skip(f"sglang's allocators do not import here ({type(e).__name__}: {e})")
+    return TokenToKVPoolAllocator(slots, torch_mod.float16, "cpu", None, need_sort)
+
+
+class _Holder:
+    """What the C core keeps its page-1 tail buffer on (the cache, in production)."""
+
+    def __init__(self) -> None:
+        self._free_tail = None
+        self._free_tail_hw = 0
+
+
+def _native_core():
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    return cache_mod._core
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("need_sort", [False, True])
+@pytest.mark.parametrize("path", ["python", "native"])
+@pytest.mark.parametrize("seed", range(10))
+def test_sglang_token_allocator_batched_equals_one_free_per_piece(seed, path, need_sort):
+    """Over sglang's own TokenToKVPoolAllocator (page 1): pieces written straight into its list
+    (fast/frees.py append_release; the C core's native frees, with their tail buffer) leave
+    the allocator's state, and every later allocation, exactly as one ``free`` per piece does;
+    the slots handed out earlier never change, also across sglang's own frees and a
+    backup_state / restore_state that move the list off the tail buffer."""
+    rng = random.Random(seed)
+    got, ref = _sglang_token(need_sort), _sglang_token(need_sort)
+    holder = _Holder()
+    handed: list[tuple] = []  # (tensor alloc returned, its values then)
+    held: list[int] = []
+    backup = None
+    for _ in range(14):
+        n = rng.randint(1, 40)
+        a, b = got.alloc(n), ref.alloc(n)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.tolist() == b.tolist()
+            handed.append((a, a.tolist()))
+            held += a.tolist()
+        rng.shuffle(held)
+        k = rng.randint(0, len(held))
+        freed, held = held[:k], held[k:]
+        pieces, i = [], 0
+        while i < len(freed):
+            j = i + rng.randint(0, 9)  # empty pieces too
+            pieces.append(torch.tensor(freed[i:j], dtype=torch.int64))
+            i = max(j, i + 1) if j == i and rng.random() < 0.5 else j
+        if path == "python":
+            if len(pieces) > 1:
+                assert frees.append_release(got, pieces)
+            else:
+                frees.release(got, pieces)
+        else:
+            assert _native_core().native_release(holder, got, pieces) or not pieces
+        for p in pieces:
+            ref.free(p)
+        roll = rng.random()
+        if roll < 0.15:  # sglang's own free: the list leaves the tail buffer
+            extra = torch.tensor(held[:3], dtype=torch.int64)
+            held = held[3:]
+            got.free(extra)
+            ref.free(extra)
+        elif roll < 0.3:
+            backup = (got.backup_state(), ref.backup_state())
+        elif roll < 0.45 and backup is not None:
+            got.restore_state(backup[0])
+            ref.restore_state(backup[1])
+            held = []  # what the restored lists hold may be handed out again
+        assert got.free_pages.tolist() == ref.free_pages.tolist()
+        assert got.release_pages.tolist() == ref.release_pages.tolist()
+        assert got.available_size() == ref.available_size()
+        for t, values in handed:
+            assert t.tolist() == values  # no slot handed out was ever overwritten
+
+
+@pytest.mark.upstream
+def test_native_frees_only_where_exact():
+    """The C core writes sglang's list only for the exact class, outside a free group, not in
+    debug mode, and not past a ``free`` wrapper that does not say it only observes; an
+    observer is told once per batch."""
+    core = _native_core()
+    a = _sglang_token(False)
+    pieces = [torch.tensor([1, 2]), torch.tensor([3])]
+    a.alloc(8)
+
+    class Sub(type(a)):
+        pass
+    sub = Sub(64, a.dtype, "cpu", None, False)
+    sub.alloc(8)
+    assert not core.native_release(_Holder(), sub, pieces)
+    a.free_group_begin()
+    assert not core.native_release(_Holder(), a, pieces)
+    a.free_group_end()
+    a.debug_mode = True
+    assert not core.native_release(_Holder(), a, pieces)
+    del a.debug_mode
+    seen = []
+    a.free = lambda x: seen.append(x)
+    assert not core.native_release(_Holder(), a, pieces) and not seen
+    del a.free
+    assert not core.native_release(_Holder(), a, [torch.tensor([1, 2], dtype=torch.int32)])
+    bench.count_frees(a)
+    before = a.free_pages.tolist()
+    assert core.native_release(_Holder(), a, pieces)
+    assert a._bench_free_calls == [1]
+    assert a.free_pages.tolist() == before + [1, 2, 3]
+    p = _sglang_paged(4, False)
+    p.alloc(8)
+    assert core.native_release(_Holder(), p, [torch.tensor([4, 5]), torch.tensor([0])])
+    assert p.free_pages.tolist()[:2] == [0, 1]
+    p.debug_mode = True
+    assert not core.native_release(_Holder(), p, [torch.tensor([4])])
