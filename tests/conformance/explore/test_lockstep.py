@@ -622,3 +622,26 @@ def test_conform_counts_the_documented_held_tombstone_difference_and_nothing_els
     other = Finding(DIVERGENCE, earlier[-1]["i"], earlier[-1]["op"], "observation", "x", {})
     assert documented_difference(["spec", "upstream"], trace.config, earlier, other) is None
     assert "1 documented" in ConformResult(steps=5, documented=1).summary()
+
+
+def test_conform_compares_fast_on_its_c_core_every_other_segment(monkeypatch):
+    """Events move a Full-only fast cache to the composed tree, so conform compares events with
+    fast on even segments only and runs fast's C core in the odd ones."""
+    from uniradix.conformance.explore import conform as conform_mod
+    from uniradix.fast.cache import NATIVE
+    cores = []
+    real = conform_mod._build_segment_adapters
+
+    def spy(impls, labels, cfg):
+        adapters = real(impls, labels, cfg)
+        cores.append(adapters)
+        return adapters
+
+    monkeypatch.setattr(conform_mod, "_build_segment_adapters", spy)
+    res = conform_mod.run_conform(["spec", "fast"], config="full-p1", steps=400,
+                                  segment_steps=100, seed=3, out=None, progress=False,
+                                  log=lambda m: None)
+    assert res.divergences == res.violations == 0 and res.segments == 4
+    assert res.event_steps == 200  # segments 0 and 2
+    fast_cores = [ads[1].cache.core for ads in cores]
+    assert fast_cores == (["python", "c"] * 2 if NATIVE else ["python"] * 4)
