@@ -52,19 +52,23 @@ def test_spec_and_fast_keep_every_slot_right_across_configs():
 
 
 def _swap_first_two(monkeypatch):
+    # on the C core's class and on the composed tree (where fast runs a Full config whose KV
+    # events conform compares)
     import uniradix.fast.cache as fc
-    orig = fc.UnifiedRadixCache.match_prefix
+    import uniradix.fast.hybrid as fh
+    for cls in (fc.UnifiedRadixCache, fh.HybridRadixCache):
+        orig = cls.match_prefix
 
-    def swapped(self, params):
-        r = orig(self, params)
-        idx = r.device_indices
-        if len(idx) >= 2:
-            idx = idx.clone()
-            idx[[0, 1]] = idx[[1, 0]]
-            r = r._replace(device_indices=idx)
-        return r
+        def swapped(self, params, orig=orig):
+            r = orig(self, params)
+            idx = r.device_indices
+            if len(idx) >= 2:
+                idx = idx.clone()
+                idx[[0, 1]] = idx[[1, 0]]
+                r = r._replace(device_indices=idx)
+            return r
 
-    monkeypatch.setattr(fc.UnifiedRadixCache, "match_prefix", swapped)
+        monkeypatch.setattr(cls, "match_prefix", swapped)
 
 
 def _reversed_row_write(monkeypatch):
