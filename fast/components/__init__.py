@@ -29,7 +29,7 @@ class AuxData:
     host-lock boundary mark ``host_boundary``."""
 
     __slots__ = ("node", "value", "lock", "boundary", "lru_prev", "lru_next", "host_value",
-                 "host_lock", "host_boundary")
+                 "host_lock", "host_boundary", "former_parent")
 
     def __init__(self, node: Any) -> None:
         self.node = node
@@ -41,6 +41,7 @@ class AuxData:
         self.host_value: torch.Tensor | None = None
         self.host_lock = 0
         self.host_boundary: int | None = None
+        self.former_parent: Any = None  # the parent when the node left the tree (lock walks)
 
     def __repr__(self) -> str:
         return f"AuxData(node={self.node!r})"

@@ -251,9 +251,11 @@ class SwaComponent(AuxComponent):
     def _up(self, node: Any, params: Any) -> Any:
         """The next node of an unlock's walk: the parent; for a node the host tier took out of
         the tree meanwhile (a locked node's evicted bottom segment can leave through host
-        eviction), the lock's anchor, the first node it held on the device (the nodes below
-        it were skipped), else the root."""
+        eviction), the parent it had then (the spec's walk goes through the old parents),
+        else the lock's anchor, else the root."""
         up = node.parent
+        if up is None:  # the parent it had, as the spec's walk goes on through it
+            up = node.aux[self.i].former_parent
         if up is not None:
             return up
         anchor = getattr(params, "anchor", None)
@@ -479,8 +481,11 @@ class SwaComponent(AuxComponent):
     def _host_up(self, node: Any, walked: list) -> Any:
         """The next node of a host unlock's walk: the parent; for a node that left the tree
         meanwhile (a host-locked node without a host copy can be deleted from the device),
-        the first node the lock walked past it that is still in the tree, else the root."""
+        the parent it had then, else the first node the lock walked past it that is still in
+        the tree, else the root."""
         up = node.parent
+        if up is None:  # the parent it had, as the spec's walk goes on through it
+            up = node.aux[self.i].former_parent
         if up is not None:
             return up
         root = self.cache.root_node

@@ -508,6 +508,8 @@ class HostTier:
         assert parent is not None, "detach of a detached node"
         del parent.children[node.ck]
         node.parent = None
+        for rec in node.aux:  # a live lock's walk goes on through the parent it had (SWA)
+            rec.former_parent = parent
         self.host_leaves.discard(node)
 
     def delete_tombstones(self, node: Any) -> Any:

@@ -110,9 +110,9 @@ def test_spec_only_folders_are_the_ones_fast_refuses():
                                          ("upstream-host-mamba", "mamba")])
 def test_host_aux_corpora_are_there(folder, aux):
     """Golden traces of the host tier with SWA / Mamba: at least 20 per config (write-through
-    and write-back, pages 1 and 4), each of at least 300 steps. The SWA ones replay on the spec
-    only (tests/conformance/traces/test_host_swa_corpus.py: fast refuses a host tier with SWA),
-    the Mamba ones on the spec and on fast (test_replay here)."""
+    and write-back, pages 1 and 4), each of at least 300 steps. Both replay on the spec and on
+    fast: the SWA ones in tests/conformance/traces/test_host_swa_corpus.py, the Mamba ones in
+    test_replay here."""
     base = os.path.join(CORPUS, folder)
     for cfg in (f"host-{aux}-{wp}-p{ps}" for wp in ("wt", "wb") for ps in (1, 4)):
         found = glob.glob(os.path.join(base, f"{cfg}-s*.jsonl"))
@@ -121,7 +121,7 @@ def test_host_aux_corpora_are_there(folder, aux):
             trace = load_trace(t)
             assert trace.config.has_host_tier and aux in trace.config.components, t
             assert len(trace.steps) >= 300, t
-            assert is_spec_only(t) == (aux == "swa") and not is_awaiting_spec(t), t
+            assert not is_spec_only(t) and not is_awaiting_spec(t), t
 
 
 def test_full_swa_mamba_corpus_is_there():
