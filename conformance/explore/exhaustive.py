@@ -818,7 +818,10 @@ def _fresh(impls: Sequence[ImplSpec], config: CacheConfig, labels: Sequence[str]
     for s in path:
         for a in adapters:
             a.apply(s)
-    ls = Lockstep(adapters, labels)
+    # no KV events: the adapters have already run ``path`` (an implementation that rebuilds its
+    # cache to emit them, fast, can only start on an empty one), and fast's Full universes
+    # stay on its C core this way
+    ls = Lockstep(adapters, labels, events=False)
     ls.prime()
     return ls
 

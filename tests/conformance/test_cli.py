@@ -40,15 +40,18 @@ def test_replay_divergence_exits_1_and_names_everything(tmp_path):
 
 
 def test_unsupported_config_is_reported(tmp_path):
-    # the spec models every config the trace format has; fast has no storage tier so far
-    t = tmp_path / "storage.jsonl"
+    # the spec and fast model every config the trace format has; upstream's adapter refuses
+    # Mamba at page 2 from its declared capabilities, before sglang is even imported
+    t = tmp_path / "mamba-p2.jsonl"
     t.write_text(json.dumps({"format": "uniradix-trace", "version": 1, "source": "test",
-                             "config": {"host_slots": 16, "storage": True}})
+                             "config": {"components": ["full", "mamba"], "mamba_slots": 4,
+                                        "page_size": 2, "kv_slots": 16}})
                  + "\n" + json.dumps({"i": 0, "op": "sizes", "args": {}}) + "\n")
-    r = uniradix("replay", str(t), "--impl", "fast")
-    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "storage" in r.stdout
-    r = uniradix("replay", str(t), "--impl", "fast", "--skip-unsupported")
+    r = uniradix("replay", str(t), "--impl", "upstream")
+    assert r.returncode == 1 and "UNSUPPORTED" in r.stdout and "page_size 2" in r.stdout
+    r = uniradix("replay", str(t), "--impl", "upstream", "--skip-unsupported")
     assert r.returncode == 0
+    assert uniradix("replay", str(t), "--impl", "fast").returncode == 0
 
 
 def test_unknown_config_key_is_a_clear_error(tmp_path):

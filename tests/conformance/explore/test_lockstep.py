@@ -592,7 +592,7 @@ def test_conform_skips_or_refuses_configs_a_peer_does_not_support(monkeypatch, c
     res = conform_mod.run_conform(["spec", "no-eagle"], steps=2000, seed=1, out=None,
                                   progress=False, log=logged.append, segment_steps=200)
     assert res.finding is None and res.steps == 2000 and res.segments == 10
-    assert set(res.skipped_configs) == {"eagle-p1", "eagle-p4"}
+    assert set(res.skipped_configs) == {"eagle-p1", "eagle-p4", "eagle-swa-p2", "eagle-mamba-p1"}
     assert any("skipping config eagle-p1: no-eagle: no eagle here" in m for m in logged)
     with pytest.raises(conform_mod.ConformUnsupported):
         conform_mod.run_conform(["spec", "no-eagle"], config="eagle-p1", steps=100, out=None,
