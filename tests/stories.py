@@ -40,3 +40,21 @@ def acks_done(state) -> None:
     host.io_complete(state, -1, -1)
     host.check_hicache_events(state)
     sound(state)
+
+
+class SpecAndFast:
+    """The spec and fast in lockstep over ``config``: every step's observations and snapshots
+    must agree (``step`` asserts it). ``a`` is the spec's adapter, ``fast`` fast's."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        from uniradix.conformance.explore.lockstep import Lockstep
+        self.a = make_adapter("spec", config)
+        self.fast = make_adapter("fast", config)
+        self.ls = Lockstep([self.a, self.fast], ["spec", "fast"])
+        self.i = 0
+
+    def step(self, op: str, **args) -> dict:
+        obs, finding = self.ls.check({"i": self.i, "op": op, "args": args}, full=True)
+        self.i += 1
+        assert finding is None, str(finding)
+        return obs

@@ -18,34 +18,24 @@ import pytest
 import torch
 
 from conftest import CORPUS
+from stories import SpecAndFast
 from uniradix import fast
-from uniradix.conformance.adapters.base import make_adapter
 from uniradix.conformance.adapters.fast_hybrid import MambaReqPool
 from uniradix.conformance.env.pools import PoolAllocator
-from uniradix.conformance.explore.lockstep import Lockstep
 from uniradix.conformance.traces.replay import replay_trace
 from uniradix.conformance.traces.trace import load_trace
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.world import PagedPool
 
 
-class Both:
+class Both(SpecAndFast):
     """The spec and fast in lockstep: every step's observations and snapshots must agree."""
 
     def __init__(self, **cfg) -> None:
         base = dict(components=("full", "mamba"), kv_slots=64, mamba_slots=3,
                     mamba_cache_chunk_size=4)
         base.update(cfg)
-        config = CacheConfig(**base)
-        self.fast = make_adapter("fast", config)
-        self.ls = Lockstep([make_adapter("spec", config), self.fast], ["spec", "fast"])
-        self.i = 0
-
-    def step(self, op: str, **args) -> dict:
-        obs, finding = self.ls.check({"i": self.i, "op": op, "args": args}, full=True)
-        self.i += 1
-        assert finding is None, str(finding)
-        return obs
+        super().__init__(CacheConfig(**base))
 
     def cache(self, tokens: list) -> int:
         slots = self.step("alloc", n=len(tokens))["slots"]

@@ -15,11 +15,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from stories import SpecAndFast
 from uniradix import fast
-from uniradix.conformance.adapters.base import make_adapter
 from uniradix.conformance.adapters.fast_adapter import ReqToTokenPool
 from uniradix.conformance.env.pools import PoolAllocator
-from uniradix.conformance.explore.lockstep import Lockstep
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.world import PagedPool
 
@@ -31,21 +30,11 @@ stories = importlib.util.module_from_spec(_loader)
 _loader.loader.exec_module(stories)
 
 
-class Both:
+class Both(SpecAndFast):
     """The spec and fast in lockstep; ``a`` is the spec's adapter (what the stories read)."""
 
     def __init__(self, **cfg) -> None:
-        config = CacheConfig(**cfg)
-        self.a = make_adapter("spec", config)
-        self.fast = make_adapter("fast", config)
-        self.ls = Lockstep([self.a, self.fast], ["spec", "fast"])
-        self.i = 0
-
-    def step(self, op: str, **args) -> dict:
-        obs, finding = self.ls.check({"i": self.i, "op": op, "args": args}, full=True)
-        self.i += 1
-        assert finding is None, str(finding)
-        return obs
+        super().__init__(CacheConfig(**cfg))
 
     held = stories.Story.held
     sizes = stories.Story.sizes
