@@ -65,6 +65,7 @@ from .tiers.host import (
     HiCacheConfig,
     HostIncLockRefResult,
     HostTier,
+    HostUnlockParams,
     InitLoadBackParams,
     count_arg,
 )
@@ -657,7 +658,12 @@ class HybridRadixCache(UnifiedRadixCache):
                           ) -> api.DecLockRefResult:
         """Undo one ``inc_host_lock_ref`` of ``node`` (``params``: its result's
         ``to_dec_params()``; without them one host lock of the node's copies there)."""
-        self._check_attached(node)
+        # a lock that held no Full host copy on the node itself (with SWA: only a window of host
+        # copies above it) is undone even after the node left the tree, as the spec's handles
+        # are: nothing kept the node there
+        if not (isinstance(params, HostUnlockParams) and not params.full
+                and isinstance(node, self._node_type)):
+            self._check_attached(node)
         if not self.disable:
             self._host_tier().host_unlock(node, params)
         return api.DecLockRefResult()

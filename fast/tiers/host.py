@@ -809,7 +809,8 @@ class HostTier:
                 node.host_lock_ref -= 1
             for comp in self.cache.components:
                 comp.host_unlock(node, None)
-        self.update_host_leaf(node)
+        if node.parent is not None:  # (a node that left the tree is no host leaf)
+            self.update_host_leaf(node)
 
     # -- checks --------------------------------------------------------------------------------
     def node_violations(self, node: Any, errors: list, acc: dict) -> None:
