@@ -58,3 +58,23 @@ class SpecAndFast:
         self.i += 1
         assert finding is None, str(finding)
         return obs
+
+
+class Pair:
+    """A spec adapter and a fast adapter stepped together by calls (``pair(op, **args)``):
+    observations (messages aside), snapshots and invariants must agree after every step."""
+
+    def __init__(self, **cfg) -> None:
+        config = CacheConfig(**cfg)
+        self.spec, self.fast = make_adapter("spec", config), make_adapter("fast", config)
+        self.i = 0
+
+    def __call__(self, op: str, **args) -> dict:
+        step = {"i": self.i, "op": op, "args": args}
+        self.i += 1
+        a, b = self.spec.apply(step), self.fast.apply(step)
+        a.pop("message", None), b.pop("message", None)
+        assert a == b, (step, a, b)
+        assert self.spec.snapshot() == self.fast.snapshot(), step
+        assert self.spec.violations() == [] and self.fast.violations() == [], step
+        return a

@@ -18,42 +18,24 @@ import torch
 
 from conftest import CORPUS
 from corpus_checks import check_divergence
+from stories import Pair
 from uniradix import fast
-from uniradix.conformance.adapters.base import SpecAdapter
-from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPool
-from uniradix.conformance.adapters.fast_hybrid import HybridFastAdapter
+from uniradix.conformance.adapters.fast_adapter import ReqToTokenPool
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.conformance.traces.replay import replay_trace
 from uniradix.conformance.traces.trace import load_trace
 from uniradix.fast import policies
 from uniradix.fast.hybrid import HybridRadixCache
 from uniradix.fast.structures import LazyHeap
-from uniradix.spec.config import POLICIES, CacheConfig
+from uniradix.spec.config import POLICIES
 from uniradix.spec.world import PagedPool
 
 OTHER = [p for p in POLICIES if p != "lru"]
 POLICY_CORPUS = os.path.join(CORPUS, "upstream-policies")
 
 
-class Both:
-    """A spec adapter and a fast adapter stepped together (Full only, or hybrid)."""
-
-    def __init__(self, **cfg) -> None:
-        config = CacheConfig(**cfg)
-        hybrid = config.components != ("full",)
-        self.spec = SpecAdapter(config)
-        self.fast = HybridFastAdapter(config) if hybrid else FastAdapter(config)
-        self.i = 0
-
-    def __call__(self, op: str, **args) -> dict:
-        step = {"i": self.i, "op": op, "args": args}
-        self.i += 1
-        a, b = self.spec.apply(step), self.fast.apply(step)
-        a.pop("message", None), b.pop("message", None)
-        assert a == b, (step, a, b)
-        assert self.spec.snapshot() == self.fast.snapshot(), step
-        assert self.spec.violations() == [] and self.fast.violations() == [], step
-        return a
+class Both(Pair):
+    """Spec and fast stepped together, Full only or hybrid (tests/stories.py ``Pair``)."""
 
     def order(self) -> list[int]:
         """The device-leaf eviction order, as the first token of each leaf's path."""

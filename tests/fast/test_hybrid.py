@@ -16,34 +16,17 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from stories import Pair
 from uniradix import fast
-from uniradix.conformance.adapters.base import SpecAdapter
-from uniradix.conformance.adapters.fast_hybrid import HybridFastAdapter
 from uniradix.conformance.explore.machine import draw_hybrid_config, make_machine
 from uniradix.fast import cache as cache_mod
-from uniradix.spec.config import CacheConfig
 
 SWA = dict(components=("full", "swa"), kv_slots=32, swa_slots=32, sliding_window=4)
 MAMBA = dict(components=("full", "mamba"), kv_slots=32, mamba_slots=4, mamba_cache_chunk_size=4)
 
 
-class Both:
-    """A spec adapter and a fast adapter stepped together."""
-
-    def __init__(self, **cfg) -> None:
-        config = CacheConfig(**cfg)
-        self.spec, self.fast = SpecAdapter(config), HybridFastAdapter(config)
-        self.i = 0
-
-    def __call__(self, op: str, **args) -> dict:
-        step = {"i": self.i, "op": op, "args": args}
-        self.i += 1
-        a, b = self.spec.apply(step), self.fast.apply(step)
-        a.pop("message", None), b.pop("message", None)
-        assert a == b, (step, a, b)
-        assert self.spec.snapshot() == self.fast.snapshot(), step
-        assert self.spec.violations() == [] and self.fast.violations() == [], step
-        return a
+class Both(Pair):
+    """A spec adapter and a fast adapter stepped together. (tests/stories.py ``Pair``)"""
 
     def node(self, tokens: list) -> dict:
         return {"tokens": tokens, "extra_key": None}
