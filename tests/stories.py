@@ -78,3 +78,23 @@ class Pair:
         assert self.spec.snapshot() == self.fast.snapshot(), step
         assert self.spec.violations() == [] and self.fast.violations() == [], step
         return a
+
+
+class LockstepFace:
+    """The spec and ``peer`` behind one adapter face (``apply``, ``violations``, ``pool``), every
+    step in lockstep (observations, snapshots and invariants compared; a finding fails)."""
+
+    def __init__(self, config: CacheConfig, peer: str) -> None:
+        from uniradix.conformance.explore.lockstep import Lockstep
+        self.ls = Lockstep([make_adapter("spec", config), make_adapter(peer, config)],
+                           ["spec", peer])
+        self.ls.prime()
+        self.pool = self.ls.adapters[0].pool
+
+    def apply(self, step):
+        obs, finding = self.ls.check(step)
+        assert finding is None, str(finding)
+        return obs
+
+    def violations(self) -> list:
+        return []

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from stories import LockstepFace  # noqa: E402
 from uniradix import fast, kernels  # noqa: E402
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
 from uniradix.conformance.env.pools import PoolAllocator  # noqa: E402
@@ -306,24 +307,12 @@ def test_upstream_method_names_on_the_cache(tmp_path):
     w.close()
 
 
-class _SpecAndFast:
+class _SpecAndFast(LockstepFace):
     """The spec and fast behind one adapter face, every step in lockstep (snapshots and
     invariants compared after each)."""
 
-    def __init__(self, config):
-        from uniradix.conformance.explore.lockstep import Lockstep
-        self.ls = Lockstep([make_adapter("spec", config), make_adapter("fast", config)],
-                           ["spec", "fast"])
-        self.ls.prime()
-        self.pool = self.ls.adapters[0].pool
-
-    def apply(self, step):
-        obs, finding = self.ls.check(step)
-        assert finding is None, str(finding)
-        return obs
-
-    def violations(self):
-        return []
+    def __init__(self, config) -> None:
+        super().__init__(config, "fast")
 
 
 def _storage_machine():

@@ -13,6 +13,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from test_storage_machine import make_machine, storage_configs
 
+from stories import LockstepFace
 from uniradix.conformance.adapters import upstream as upstream_mod
 from uniradix.conformance.adapters.base import make_adapter
 from uniradix.conformance.explore.lockstep import Lockstep
@@ -59,19 +60,8 @@ def test_storage_machine_in_lockstep():
         max_examples=25, stateful_step_count=30, deadline=None, database=None))
 
 
-class _Pair:
+class _Pair(LockstepFace):
     """Spec and upstream behind one adapter face: every step in lockstep."""
 
-    def __init__(self, config):
-        self.ls = Lockstep([make_adapter("spec", config), make_adapter("upstream", config)],
-                           ["spec", "upstream"])
-        self.ls.prime()
-        self.pool = self.ls.adapters[0].pool
-
-    def apply(self, step):
-        obs, finding = self.ls.check(step)
-        assert finding is None, str(finding)
-        return obs
-
-    def violations(self):
-        return []
+    def __init__(self, config) -> None:
+        super().__init__(config, "upstream")
