@@ -4,6 +4,7 @@
     uniradix conform --impls spec,fast [--config NAME] [--steps N | --seconds S] [--seed K] [--check-kv]
     uniradix record --impl {spec,fast,upstream} --workload W --out T.jsonl
     uniradix bench [--impl spec,fast,upstream] [--workload shared-prefix|mooncake] [--json FILE]
+    uniradix bench-storage [--storage file,upstream-file,mooncake,upstream-mooncake] [--json FILE]
     uniradix run [--requests N] [--json FILE]
     uniradix check --exhaustive [--depth D] [--config NAME|JSON] [--seconds S] [--out DIR]
     uniradix dashboard [--results DIR] [--add FILE...] [--out PAGE] [--compare BASE [--current CUR]]
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_conform_parser(sub)
     add_record_parser(sub)
     add_bench_parser(sub)
+    from uniradix.conformance.bench.storage import add_bench_storage_parser
+    add_bench_storage_parser(sub)
     from uniradix.conformance.explore.exhaustive import add_check_parser
     add_check_parser(sub)
     from uniradix.conformance.bench.dashboard import add_dashboard_parser

@@ -512,6 +512,9 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
         body.append('<p class=empty>No GPU run in the history: run <code>make gpu-bench</code> on a GPU '
                     'machine, then <code>uniradix dashboard --add bench-results/kernels-gpu.json</code>.</p>')
 
+    # ---- storage backends (uniradix bench-storage)
+    body.extend(storage_section(latest))
+
     # ---- conformance across commits
     body.append('<h2 id=conformance>Conformance</h2><p class=lead>Golden-corpus replay on each '
                 'implementation and the randomized lockstep run of <code>uniradix run</code>, per '
@@ -560,6 +563,38 @@ def render(history: list[R.CommitResults], title: str = "uniradix benchmarks",
             '<meta name=viewport content="width=device-width,initial-scale=1">'
             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
             + "\n".join(body) + "</body></html>\n")
+
+
+def storage_section(commit: R.CommitResults) -> list[str]:
+    """Prefetch and backup throughput of the storage backends at ``commit`` (bench-storage)."""
+    figs, m = commit.storage()
+    out = ['<h2 id=storage>Storage backends</h2>']
+    if not figs:
+        out.append('<p class=empty>No storage figures (run <code>uniradix bench-storage --json FILE'
+                   '</code> in the upstream venv and add the file).</p>')
+        return out
+    for fig in figs:
+        out.append(f'<p class=lead>{esc(fig.get("pages"))} pages of {esc(fig.get("page_bytes"))} '
+                   f'bytes ({esc(fig.get("layout"))}, page {esc(fig.get("page_size"))}), batches of '
+                   f'{esc(fig.get("batch_pages"))}; median (min..max) of {esc(fig.get("rounds"))} '
+                   f'alternating rounds; pool {esc(fig.get("pool"))}; {esc(fmachine(m))}.</p>')
+        out.append('<div class=wrap><table class=storage-table><tr><th class=l>backend</th>'
+                   '<th class=l>version</th><th>backup pages/s</th><th>backup GB/s</th>'
+                   '<th>prefetch pages/s</th><th>prefetch GB/s</th></tr>')
+        for name, row in (fig.get("impls") or {}).items():
+            b, p = row.get("backup") or {}, row.get("prefetch") or {}
+            out.append(f'<tr><td class=l>{esc(name)}</td><td class=l>{esc(row.get("version"))}</td>'
+                       f'<td>{fstat(b.get("pages_per_s"), "", 0)}</td><td>{fstat(b.get("GB_per_s"))}</td>'
+                       f'<td>{fstat(p.get("pages_per_s"), "", 0)}</td>'
+                       f'<td>{fstat(p.get("GB_per_s"))}</td></tr>')
+        out.append('</table></div>')
+        for pair, r in (fig.get("ratios") or {}).items():
+            out.append(f'<p class=meta>{esc(pair)}: backup {fstat(r.get("backup"), "×", 2)}, '
+                       f'prefetch {fstat(r.get("prefetch"), "×", 2)}</p>')
+        if fig.get("skipped"):
+            out.append('<p class=meta>skipped: ' + esc("; ".join(
+                f"{k}: {v}" for k, v in fig["skipped"].items())) + '</p>')
+    return out
 
 
 def _bad(n: int | None) -> str:
@@ -645,7 +680,7 @@ def add_dashboard_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"the results folder (default {DEFAULT_RESULTS})")
     d.add_argument("--add", nargs="+", default=[], metavar="FILE",
                    help="store these results first: JSON of `uniradix bench`, `uniradix run`, "
-                        "pytest-benchmark (`make bench`), the kernel bench, or records")
+                        "pytest-benchmark (`make bench`), the kernel bench, bench-storage, or records")
     d.add_argument("--commit", default=None, metavar="SHA",
                    help="with --add: the commit the files measured (default: the checkout's, "
                         "or the file's own where it names one)")

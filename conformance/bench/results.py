@@ -38,7 +38,7 @@ SCHEMA_VERSION = 1
 # Implementations that are not peers of ``fast`` in a ratio (the spec is the reference model;
 # its ratio is kept too, as ``fast/spec``).
 FAST = "fast"
-SOURCES = ("bench", "run", "pytest-benchmark", "kernels", "record")
+SOURCES = ("bench", "run", "pytest-benchmark", "kernels", "storage", "record")
 
 
 class ResultsError(ValueError):
@@ -279,6 +279,11 @@ def _from_kernels(data: dict) -> dict:
         "skipped": list(data.get("skipped") or [])}}
 
 
+def _from_storage(data: dict) -> dict:
+    """``uniradix bench-storage --json`` (conformance/bench/storage.py): its figures as they are."""
+    return {"storage": [dict(f) for f in data["storage"]]}
+
+
 def detect_source(data: Any) -> str:
     """Which producer wrote ``data`` (one of :data:`SOURCES`); :class:`ResultsError` if none."""
     if not isinstance(data, dict):
@@ -291,11 +296,13 @@ def detect_source(data: Any) -> str:
         return "kernels"
     if "comparisons" in data:
         return "bench"
+    if isinstance(data.get("storage"), list):
+        return "storage"
     if "corpus" in data or "lockstep" in data or "bench" in data:
         return "run"
     raise ResultsError("not a bench result: expected the JSON of `uniradix bench`, `uniradix "
-                       "run`, pytest-benchmark (`make bench`), the kernel bench, or a "
-                       f"{SCHEMA} record; found keys {sorted(data)[:8]}")
+                       "run`, pytest-benchmark (`make bench`), the kernel bench, `uniradix "
+                       f"bench-storage`, or a {SCHEMA} record; found keys {sorted(data)[:8]}")
 
 
 def check_record(rec: dict, where: str = "record") -> dict:
@@ -322,7 +329,7 @@ def normalize(data: Any, *, commit: dict | None = None, machine: dict | None = N
     if source == "record":
         return check_record(data, file or "record")
     figures = {"bench": _from_bench, "run": _from_run, "pytest-benchmark": _from_pytest_benchmark,
-               "kernels": _from_kernels}[source](data)
+               "kernels": _from_kernels, "storage": _from_storage}[source](data)
     c = dict(commit) if commit is not None else None
     m = dict(machine) if machine is not None else None
     when = recorded_at
@@ -340,7 +347,7 @@ def normalize(data: Any, *, commit: dict | None = None, machine: dict | None = N
                  "platform": f"{mi.get('system', '')} {mi.get('machine', '')}".strip(),
                  "python": mi.get("python_version") or here["python"]}
         when = when or data.get("datetime")
-    if source in ("run", "bench") and m is None and isinstance(data.get("machine"), dict):
+    if source in ("run", "bench", "storage") and m is None and isinstance(data.get("machine"), dict):
         m = dict(data["machine"])
         m.setdefault("load_source", "file")
     if m is None:
@@ -469,6 +476,15 @@ class CommitResults:
             if rec["figures"].get("conformance"):
                 return rec["figures"]["conformance"], rec.get("machine") or {}
         return None, {}
+
+    def storage(self) -> tuple[list, dict]:
+        """The storage-backend figures of the latest record that has them, and its machine."""
+        found: tuple = ([], {})
+        for rec in self.records:
+            figs = rec["figures"].get("storage")
+            if figs:
+                found = (figs, rec.get("machine") or {})
+        return found
 
     def kernels(self) -> tuple[dict | None, dict]:
         """The latest GPU kernel run (a CPU smoke run only where there is no GPU run)."""
