@@ -45,6 +45,9 @@ class HiCacheRadixCache(HybridRadixCache):
     its own (every method is the composed tree's, calling the tier's hooks)."""
 
     core_reason = "a host tier: the C core covers the device-only Full path"
+    # SGLang's scheduler reads this before handing prefix keys to prefetch_from_storage; the
+    # storage tier chains its own keys from the node (Node.get_last_hash_value gives the last)
+    hicache_storage_pass_prefix_keys = False
 
     def __init__(self, params: Any, hicache: HiCacheConfig | None = None) -> None:
         super().__init__(params, hicache)

@@ -32,6 +32,8 @@ class Node:
                  "host_value", "host_lock_ref", "aux", "aux_lock", "created", "priority",
                  "pk",  # the KV events' page keys (fast/events.py)
                  "page_keys")  # the storage tier's (fast/tiers/storage.py): unset until asked
+    # (get_last_hash_value below reads them; the root's is the tier's RootKeys marker)
+    page_keys: tuple[str, ...]
 
     def __init__(self, key: Any, value: Any, parent: Node | None, extra_key: Any,
                  stamp: int, ck: Any = None) -> None:
@@ -63,6 +65,25 @@ class Node:
     @property
     def backuped(self) -> bool:
         return self.host_value is not None
+
+    def get_last_hash_value(self) -> str | None:
+        """The storage key of this node's last page, which SGLang's scheduler hands to
+        ``prefetch_from_storage`` as ``last_hash``: the last of the storage tier's page keys
+        (fast/tiers/storage.py; computed on first use from the node's path).  None for the root
+        (it has no pages), a node out of the tree, and any node of a cache without a storage
+        tier: upstream's nodes carry no hash values then either.  The storage tier marks its
+        tree's root (``page_keys`` an empty ``RootKeys`` naming the tier), so nodes need no
+        slot of their own for it.  Cost: O(1) once computed, else O(path length)."""
+        keys = getattr(self, "page_keys", None)
+        if keys is None:
+            root = self
+            while root.parent is not None:
+                root = root.parent
+            tier = getattr(getattr(root, "page_keys", None), "tier", None)
+            if tier is None or root is not tier.cache.root_node:
+                return None
+            keys = tier.keys_of(self)
+        return keys[-1] if keys else None
 
     def __repr__(self) -> str:
         extra = ""

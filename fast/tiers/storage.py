@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput, Unsupported
+from ..node import Node
 from ..radix_key import RadixKey, as_token_array
 
 STOP_POLICIES = ("best_effort", "wait_complete", "timeout")
@@ -85,6 +86,18 @@ def namespace_prior(extra_key: str | None, key_mode: str) -> str | None:
     if extra_key is None or key_mode == "compat":
         return None
     return hashlib.sha256(NAMESPACE_TAG + str(extra_key).encode("utf-8")).hexdigest()
+
+
+class RootKeys(tuple):
+    """The root's ``page_keys``: empty (the root has no pages), naming the storage tier, so
+    that ``Node.get_last_hash_value`` (fast/node.py) finds the tier from any node's path."""
+
+    tier: Any
+
+    def __new__(cls, tier: Any) -> RootKeys:
+        out = super().__new__(cls, ())
+        out.tier = tier
+        return out
 
 
 def chain_keys(units: Sequence[Any], page_size: int, prior: str | None) -> tuple[str, ...]:
@@ -252,6 +265,9 @@ class StorageTier:
         self._workers: list[threading.Thread] = []
         if self.threads:
             self._start_workers()
+        root = getattr(cache, "root_node", None)
+        if isinstance(root, Node):  # else (not built yet) the cache's reset marks its root
+            root.page_keys = RootKeys(self)
 
     def _fresh(self) -> None:
         self.backups: list[Backup] = []        # pending (not yet written), submission order
@@ -323,6 +339,7 @@ class StorageTier:
             self._quiesce()
         with self._lock:
             self._fresh()
+        self.cache.root_node.page_keys = RootKeys(self)  # the cache's new root
 
     # -- backup --------------------------------------------------------------------------------
     def write_backup_storage(self, node: Any) -> None:
