@@ -202,7 +202,7 @@ def run_storage_bench(backends: list[str], *, pages: int = 128, page_size: int =
         for d in DIRECTIONS:
             secs = times[run.name][d]
             row[d] = {"pages_per_s": stat([pages / s for s in secs], 1),
-                      "GB_per_s": stat([total / s / 1e9 for s in secs], 4)}
+                      "GB_per_s": stat([total / s / 1e9 for s in secs], 6)}
         impls[run.name] = row
     ratios: dict[str, dict] = {}
     for ours, theirs in PEERS.items():
