@@ -62,6 +62,10 @@ NAMED_CONFIGS: dict[str, dict] = {
     # (spec/sessions.py), with release_session and session_held among the steps
     "sessions-p1": {"page_size": 1},
     "sessions-p4": {"page_size": 4},
+    # streaming sessions with SWA and Mamba (a parked turn's SWA window and state slot)
+    "sessions-swa-p1": {"page_size": 1, "components": ("full", "swa")},
+    "sessions-mamba-p1": {"page_size": 1, "components": ("full", "mamba")},
+    "sessions-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
     # EAGLE bigram keys with the aux components (the window and the pools drawn as above)
     "eagle-swa-p2": {"page_size": 2, "eagle": True, "components": ("full", "swa")},
     "eagle-mamba-p1": {"page_size": 1, "eagle": True, "components": ("full", "mamba")},
@@ -99,7 +103,8 @@ NAMED_CONFIGS: dict[str, dict] = {
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
                                        for p in (1, 4) for s in ("be", "wc", "to"))
 COW_CONFIGS = ("mamba-cow",)  # the named configs whose matches copy the Mamba state
-SESSION_CONFIGS = ("sessions-p1", "sessions-p4")  # the named configs with streaming sessions
+SESSION_CONFIGS = ("sessions-p1", "sessions-p4", "sessions-swa-p1", "sessions-mamba-p1",
+                   "sessions-swa-mamba-p4")  # the named configs with streaming sessions
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")
