@@ -42,7 +42,8 @@ class Both(SpecAndFast):
 
 
 STORIES = [name for name in dir(stories) if name.startswith("test_")
-           and name != "test_session_ops_with_an_aux_component_are_refused"]
+           and name != "test_session_ops_with_an_aux_component_run_on_the_spec_and_fasts_"
+           "adapter_refuses_them"]
 
 
 @pytest.mark.parametrize("name", STORIES)
@@ -134,16 +135,33 @@ def test_a_restore_that_does_not_continue_the_session_changes_nothing():
     assert kv.available_size() == before and other.req_pool_idx is None
 
 
-def test_sessions_with_mamba_are_refused_by_name():
+def test_a_parked_turn_keeps_its_mamba_state_and_release_frees_it():
+    """fast's Mamba plug-in: the request's state slot is parked with the row (the request's
+    refs cleared), counted by ``session_held_mamba_slots``, given back to the next turn, and
+    freed by ``release_session``; a state eviction cannot take it meanwhile."""
     kv, states = PagedPool(32, 1, "kv"), PagedPool(4, 1, "mamba")
     from uniradix.conformance.adapters.fast_hybrid import MambaReqPool
     rtt = MambaReqPool(states)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=rtt, token_to_kv_pool_allocator=PoolAllocator(kv, torch),
         page_size=1, tree_components=("full", "mamba")))
-    req = _req(rtt, kv, [1, 2], [], "s")
-    with pytest.raises(fast.Unsupported, match="SWA or Mamba"):
-        cache.cache_finished_req(req)
+    req = _req(rtt, kv, [1, 2], [5], "s")
+    req.last_node = cache.root_node
+    req.mamba_pool_idx = torch.tensor(states.alloc(1)[0])
+    req.swa_evicted_seqlen = 0
+    cache.cache_finished_req(req)
+    assert req.mamba_pool_idx is None and cache.session_held_mamba_slots() == 1
+    assert cache.session_held_mamba_slots({cache.sessions.slots["s"].req_pool_idx}) == 0
+    assert states.allocated_pages() == {1}
+    assert cache.evict(fast.EvictParams(num_tokens=0, mamba_num=4)).mamba_num_evicted == 0
+    nxt = SimpleNamespace(req_pool_idx=None, to_finish=None, extra_key=None,
+                          session=SimpleNamespace(session_id="s", streaming=True))
+    cache.match_prefix(fast.MatchPrefixParams(key=fast.RadixKey([1, 2, 5]), req=nxt))
+    assert int(nxt.mamba_pool_idx) == 1 and nxt.swa_evicted_seqlen == 0
+    cache.sessions.slots["s"].active = None  # (the turn ends without running)
+    cache.release_session("s")
+    assert states.allocated_pages() == set() and cache.session_held_mamba_slots() == 0
+    assert cache.violations() == []
 
 
 # ----------------------------------------------------------------------------------------------
