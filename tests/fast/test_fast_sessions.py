@@ -233,3 +233,36 @@ def test_conform_sessions_config_is_clean():
     res = run_conform([kv_checked("spec"), kv_checked("fast")], config="sessions-p4", steps=400,
                       seed=5, out=None, progress=False, log=lambda m: None)
     assert res.steps == 400 and res.finding is None
+
+
+def test_the_hybrid_adapter_reports_parked_swa_and_mamba_state_as_the_spec_does():
+    """session_ops.py's session_held and sessions view on the hybrid adapter (Full + SWA +
+    Mamba): a first turn parked through the cache's API; the adapter answers the spec's
+    fields (``swa_tokens``, ``mamba_slots``, each slot's ``swa_evicted_seqlen`` and
+    ``mamba_slot``), and release_session reports the aux pools' frees."""
+    from uniradix.conformance.adapters.fast_hybrid import HybridFastAdapter
+    a = HybridFastAdapter(CacheConfig(kv_slots=32, swa_slots=32, sliding_window=2,
+                                      components=("full", "swa", "mamba"), mamba_slots=4))
+    cache, rtt = a.cache, a.rtt
+    req = SimpleNamespace(
+        rid="r", origin_input_ids=[1, 2, 3], output_ids=[7, 8, 9], extra_key=None,
+        req_pool_idx=rtt.take_row(), kv_committed_len=6, kv_allocated_len=6,
+        cache_protected_len=0, last_node=cache.root_node, dec_lock_params=None,
+        finished_len=None, to_finish=None, swa_evicted_seqlen=0, swa_uuid_for_lock=None,
+        mamba_pool_idx=torch.tensor(a.mamba.alloc(1)[0]),
+        session=SimpleNamespace(session_id="s", streaming=True, finish_req=lambda r: None))
+    rtt.ensure(6)
+    rtt.req_to_token[req.req_pool_idx, :6] = a.alloc.alloc(6)
+    a.alloc.free_swa(rtt.req_to_token[req.req_pool_idx, :2])  # positions 0, 1 left the window
+    req.swa_evicted_seqlen = 2
+    cache.cache_finished_req(req)
+    assert a.op_session_held({"op": "session_held", "args": {}}) == {
+        "tokens": 6, "full_tokens": 6, "req_count": 1, "swa_tokens": 4, "mamba_slots": 1}
+    (view,) = a.sessions_view()
+    assert (view["swa_evicted_seqlen"], view["mamba_slot"], view["row"]) == (
+        2, 1, [1, 2, 3, 4, 5, 6])
+    a._drain_pools()
+    obs = a.op_release_session({"op": "release_session", "args": {"session": "s"}})
+    assert obs["freed"] == [1, 2, 3, 4, 5, 6] and len(obs["swa_freed"]) == 4
+    assert obs["mamba_freed"] == [1]
+    assert a.op_session_held({"op": "session_held", "args": {}})["swa_tokens"] == 0
