@@ -128,3 +128,25 @@ def test_mamba_a_first_turns_abort_frees_its_state_with_the_session():
     assert "sessions" not in s.a.snapshot()
     assert s.step("session_held") == {"tokens": 0, "full_tokens": 0, "mamba_slots": 0,
                                       "req_count": 0}
+
+
+def test_hypothesis_machine_with_sessions_on_swa_and_mamba():
+    """The Hypothesis machine with streaming sessions (spec vs spec: fast's hybrid adapter has
+    no request path), over Full + SWA, Full + Mamba and Full + SWA + Mamba configs: every step's
+    invariants (the parked SWA slots and state slot included), rejections change nothing."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from uniradix.conformance.explore.machine import draw_hybrid_config, draw_swa_mamba_config, make_machine
+
+    def draw(ch):
+        return draw_swa_mamba_config(ch) if ch.chance(0.3) else draw_hybrid_config(ch)
+
+    # the request path and what meets it (eviction, matches): sessions' turns come often
+    actions = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
+               "evict", "match_prefix", "release_session", "session_held")
+    Machine = make_machine(["spec", "spec"], name="AuxSessionMachine", draw=draw, sessions=True,
+                           actions=actions)
+    run_state_machine_as_test(Machine, settings=settings(
+        max_examples=10, stateful_step_count=80, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck)))
