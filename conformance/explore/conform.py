@@ -62,10 +62,6 @@ NAMED_CONFIGS: dict[str, dict] = {
     # (spec/sessions.py), with release_session and session_held among the steps
     "sessions-p1": {"page_size": 1},
     "sessions-p4": {"page_size": 4},
-    # streaming sessions with SWA and Mamba (a parked turn's SWA window and state slot)
-    "sessions-swa-p1": {"page_size": 1, "components": ("full", "swa")},
-    "sessions-mamba-p1": {"page_size": 1, "components": ("full", "mamba")},
-    "sessions-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
     # EAGLE bigram keys with the aux components (the window and the pools drawn as above)
     "eagle-swa-p2": {"page_size": 2, "eagle": True, "components": ("full", "swa")},
     "eagle-mamba-p1": {"page_size": 1, "eagle": True, "components": ("full", "mamba")},
@@ -98,6 +94,10 @@ NAMED_CONFIGS: dict[str, dict] = {
                              "components": ("full", "swa", "mamba")},
     "host-swa-mamba-wb-p4": {"page_size": 4, "write_policy": "write_back",
                              "components": ("full", "swa", "mamba")},
+    # streaming sessions with SWA and Mamba (a parked turn's SWA window and state slot)
+    "sessions-swa-p1": {"page_size": 1, "components": ("full", "swa")},
+    "sessions-mamba-p1": {"page_size": 1, "components": ("full", "mamba")},
+    "sessions-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
 }
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
