@@ -344,13 +344,11 @@ def _free(cache: Any, slots) -> None:
         cache.token_to_kv_pool_allocator.free(slots)
 
 
-def _dec_params(req: Any) -> Any:
-    """The release of a request's lock: what its lock returned, or (sglang's ``Req``, which
-    keeps only that) its SWA lock boundary ``swa_uuid_for_lock``."""
-    params = getattr(req, "dec_lock_params", None)
-    if params is None and getattr(req, "swa_uuid_for_lock", None) is not None:
-        params = DecLockRefParams(swa_uuid_for_lock=req.swa_uuid_for_lock)
-    return params
+def _swa_dec_params(req: Any) -> Any:
+    """The release of the lock of a request that keeps no ``dec_lock_params`` (sglang's
+    ``Req``): its SWA lock boundary ``swa_uuid_for_lock``, where it has one."""
+    boundary = getattr(req, "swa_uuid_for_lock", None)
+    return None if boundary is None else DecLockRefParams(swa_uuid_for_lock=boundary)
 
 
 def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
@@ -387,7 +385,8 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
         result = cache.insert(params)
         free_from = max(_aligned_len(cache, committed), protected)
     _free(cache, kv[free_from:])
-    cache.dec_lock_ref(req.last_node, _dec_params(req))
+    dec = getattr(req, "dec_lock_params", None)
+    cache.dec_lock_ref(req.last_node, dec if dec is not None else _swa_dec_params(req))
     cache._cleanup_caching_req(req, True, result, params)
 
 
@@ -421,7 +420,8 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     p = req.cache_protected_len
     if len(new) > p:
         cache.req_to_token_pool.write((req.req_pool_idx, slice(p, len(new))), new[p:])
-    cache.dec_lock_ref(req.last_node, _dec_params(req))
+    dec = getattr(req, "dec_lock_params", None)
+    cache.dec_lock_ref(req.last_node, dec if dec is not None else _swa_dec_params(req))
     lock = cache.inc_lock_ref(m.last_device_node)
     req.dec_lock_params = lock.to_dec_params()
     req.swa_uuid_for_lock = lock.swa_uuid_for_lock
