@@ -150,3 +150,26 @@ def test_hypothesis_machine_with_sessions_on_swa_and_mamba():
     run_state_machine_as_test(Machine, settings=settings(
         max_examples=10, stateful_step_count=80, deadline=None, database=None,
         suppress_health_check=list(HealthCheck)))
+
+
+def test_the_session_invariants_see_a_wrong_window_start_and_a_shared_state_slot():
+    """Planted faults on a parked slot: a window start that does not match the row's SWA
+    slots, and a parked state slot the tree holds, are each reported."""
+    from uniradix.spec.sessions import aux_invariants
+    s = Story(**dict(SWA, components=("full", "swa", "mamba"), mamba_slots=4))
+    s.step("req_arrive", rid="a1", tokens=PROMPT, session="s")
+    s.step("req_admit", rid="a1")
+    assert s.step("req_chunk", rid="a1", n=4, chunked=False)["ok"]
+    s.step("req_decode", rid="a1", n=2)
+    s.step("req_finish", rid="a1")
+    state = s.a.state
+    slot = state.sessions["s"]
+    assert aux_invariants(state) == []
+    slot.swa_evicted_seqlen = 5
+    assert any("window start" in e for e in aux_invariants(state))
+    slot.swa_evicted_seqlen = 0
+    (tree_state,) = [n.aux["mamba"].value[0] for n in state.root.children.values()]
+    parked, slot.mamba_slot = slot.mamba_slot, tree_state
+    assert any("parked state slot" in e for e in aux_invariants(state))
+    slot.mamba_slot = parked
+    assert aux_invariants(state) == []
