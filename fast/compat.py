@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .errors import InvalidInput, Unsupported
-from .params import InsertParams, MatchPrefixParams
+from .params import DecLockRefParams, InsertParams, MatchPrefixParams
 from .policies import policy_name
 from .radix_key import RadixKey
 
@@ -312,15 +312,13 @@ class EngineDefaults:
         return self.sessions.held_tokens(active_pool_idxs)
 
     def session_held_swa_tokens(self, active_pool_idxs: set | None = None) -> int:
-        # sessions run on caches without SWA (fast/sessions.py): upstream's count is then the
-        # Full one (no SWA window start past the protected length)
-        return self.sessions.held_tokens(active_pool_idxs)
+        return self.sessions.held_swa_tokens(active_pool_idxs)
 
     def session_held_req_count(self, active_pool_idxs: set | None = None) -> int:
         return self.sessions.held_req_count(active_pool_idxs)
 
     def session_held_mamba_slots(self, active_pool_idxs: set | None = None) -> int:
-        return 0  # (sessions run on caches without Mamba)
+        return self.sessions.held_mamba_slots(active_pool_idxs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,6 +342,13 @@ def _aligned_len(cache: Any, n_tokens: int) -> int:
 def _free(cache: Any, slots) -> None:
     if len(slots):
         cache.token_to_kv_pool_allocator.free(slots)
+
+
+def _swa_dec_params(req: Any) -> Any:
+    """The release of the lock of a request that keeps no ``dec_lock_params`` (sglang's
+    ``Req``): its SWA lock boundary ``swa_uuid_for_lock``, where it has one."""
+    boundary = getattr(req, "swa_uuid_for_lock", None)
+    return None if boundary is None else DecLockRefParams(swa_uuid_for_lock=boundary)
 
 
 def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
@@ -380,7 +385,8 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
         result = cache.insert(params)
         free_from = max(_aligned_len(cache, committed), protected)
     _free(cache, kv[free_from:])
-    cache.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+    dec = getattr(req, "dec_lock_params", None)
+    cache.dec_lock_ref(req.last_node, dec if dec is not None else _swa_dec_params(req))
     cache._cleanup_caching_req(req, True, result, params)
 
 
@@ -414,7 +420,8 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     p = req.cache_protected_len
     if len(new) > p:
         cache.req_to_token_pool.write((req.req_pool_idx, slice(p, len(new))), new[p:])
-    cache.dec_lock_ref(req.last_node, getattr(req, "dec_lock_params", None))
+    dec = getattr(req, "dec_lock_params", None)
+    cache.dec_lock_ref(req.last_node, dec if dec is not None else _swa_dec_params(req))
     lock = cache.inc_lock_ref(m.last_device_node)
     req.dec_lock_params = lock.to_dec_params()
     req.swa_uuid_for_lock = lock.swa_uuid_for_lock

@@ -32,12 +32,19 @@ A request is a streaming one when ``req.session`` is set and ``req.session.strea
 * **session_held_tokens** and the other counts: what parked slots hold outside the tree
   (``active_pool_idxs``: rows a running request holds, not counted).
 
+* **SWA and Mamba** (spec/sessions.py, "Hybrid models"): the request's window start
+  (``swa_evicted_seqlen``; lowered to the prefix at a restore, to its tokens at a park) and its
+  Mamba refs (``mamba_pool_idx``, the extra buffer's ``mamba_ping_pong_track_buffer`` and its
+  track fields) move into the slot at the park, the request's refs cleared, and back at the
+  restore; the first turn's ``swa_uuid_for_lock`` goes with its lock.  ``release_session``
+  releases that lock with it and frees the parked state slots through the request pool's
+  ``mamba_allocator`` (the Mamba component's allocator where the pool has none).
+  ``session_held_swa_tokens`` / ``session_held_mamba_slots`` count them.
+
 What uniradix checks that upstream trusts its caller with (each an ``InvalidInput``, nothing
 changed): a restore for a second request while one runs from the slot; a restore under
 another ``extra_key`` or with tokens that do not continue the slot's; a restore below the
 protected length (upstream asserts); ``release_session`` while a request runs from the slot.
-A streaming request on a cache with SWA or Mamba is ``Unsupported`` (their session state,
-SWA window and Mamba state, is not modelled; the spec refuses it too).
 
 Cost: nothing on the tree's hot paths while no session has a slot.  The first slot installs
 session-aware ``match_prefix`` / ``inc_lock_ref`` / ``dec_lock_ref`` on the cache instance (one
@@ -52,7 +59,7 @@ from typing import Any
 import torch
 
 from . import params as api
-from .errors import InvalidInput, Unsupported
+from .errors import InvalidInput
 
 _INSTALLED = ("match_prefix", "inc_lock_ref", "dec_lock_ref")
 
@@ -85,6 +92,37 @@ class SessionSlot:
     dec_lock_params: Any = None  # the first turn's lock result, for that release
     cache_protected_len: int = 0  # the first turn's protected length (the tree's slots)
     active: Any = None  # the request restored from the slot, while it runs
+    swa_uuid_for_lock: Any = None  # SWA: the first turn's lock boundary
+    swa_evicted_seqlen: int = 0  # SWA: the row's window start
+    # Mamba: the request's own state slot, the extra buffer's slots and their track fields
+    mamba_pool_idx: Any = None
+    mamba_ping_pong_track_buffer: Any = None
+    mamba_next_track_idx: Any = None
+    mamba_last_track_seqlen: Any = None
+    mamba_branching_seqlen: Any = None
+
+
+_MAMBA_FIELDS = ("mamba_pool_idx", "mamba_ping_pong_track_buffer", "mamba_next_track_idx",
+                 "mamba_last_track_seqlen", "mamba_branching_seqlen")
+
+
+def _save_aux(slot: SessionSlot, req: Any) -> None:
+    """The request's window start and Mamba refs become the slot's; the request's refs are
+    cleared (the slot owns the state now)."""
+    slot.swa_evicted_seqlen = int(getattr(req, "swa_evicted_seqlen", 0) or 0)
+    for name in _MAMBA_FIELDS:
+        if hasattr(req, name):
+            setattr(slot, name, getattr(req, name))
+            setattr(req, name, None)
+
+
+def _restore_aux(slot: SessionSlot, req: Any) -> None:
+    """The slot's window start, lock boundary and Mamba refs go to the restored request (the
+    slot keeps them too: a retried admission restores again)."""
+    req.swa_evicted_seqlen = slot.swa_evicted_seqlen
+    req.swa_uuid_for_lock = slot.swa_uuid_for_lock
+    for name in _MAMBA_FIELDS:
+        setattr(req, name, getattr(slot, name))
 
 
 def _session_id(req: Any) -> str | None:
@@ -198,8 +236,10 @@ class StreamingSessions:
         self._free_from(idx, prefix, slot.kv_allocated_len)
         slot.kv_allocated_len = prefix
         slot.kv_committed_len = prefix
+        slot.swa_evicted_seqlen = min(slot.swa_evicted_seqlen, prefix)
         del slot.tokens[prefix:]
         slot.active = req
+        _restore_aux(slot, req)
         req.req_pool_idx = idx
         req.kv_committed_len = req.kv_allocated_len = prefix
         node = slot.virtual_node
@@ -207,17 +247,11 @@ class StreamingSessions:
         return api.MatchResult(indices, node, node, node, cache_protected_len=slot.cache_protected_len)
 
     # -- the request path ----------------------------------------------------------------------
-    def _check_components(self) -> None:
-        if getattr(self.cache, "components", ()):
-            raise Unsupported("streaming sessions with SWA or Mamba are not supported (their "
-                              "session state is not modelled)")
-
     def try_cache_unfinished_req(self, req: Any, chunked: bool) -> bool:
         """True when the request's prefill skips the tree (chunked, or its session has a slot)."""
         sid = _session_id(req)
         if sid is None:
             return False
-        self._check_components()
         if chunked:
             n = getattr(req, "fill_len", None)
             if n is None:
@@ -233,13 +267,13 @@ class StreamingSessions:
         sid = _session_id(req)
         if sid is None:
             return False
-        self._check_components()
         slot = self.slots.get(sid)
         if _is_abort(req, is_insert):
-            if slot is None:  # a first turn: its own lock and row go as a slot's would
+            if slot is None:  # a first turn: its own lock, row and state go as a slot's would
                 slot = self._new_slot(sid, req)
                 slot.req_pool_idx = req.req_pool_idx
                 slot.kv_allocated_len = req.kv_allocated_len
+                _save_aux(slot, req)
                 self.slots[sid] = slot
             slot.active = None
             slot.kv_allocated_len = max(slot.kv_allocated_len, req.kv_allocated_len)
@@ -259,12 +293,15 @@ class StreamingSessions:
         self._free_from(req.req_pool_idx, target, req.kv_allocated_len)
         req.kv_allocated_len = min(req.kv_allocated_len, target)
         req.kv_committed_len = min(req.kv_committed_len, target)
+        if hasattr(req, "swa_evicted_seqlen"):
+            req.swa_evicted_seqlen = min(req.swa_evicted_seqlen, target)
         req.output_ids = req.output_ids[:finished]
         slot.req_pool_idx = req.req_pool_idx
         slot.kv_committed_len = req.kv_committed_len
         slot.kv_allocated_len = req.kv_allocated_len
         slot.tokens = (list(req.origin_input_ids) + list(req.output_ids))[:slot.kv_committed_len]
         slot.active = None
+        _save_aux(slot, req)
         self.slots[sid] = slot
         req.req_pool_idx = None
         finish = getattr(req.session, "finish_req", None)
@@ -279,7 +316,8 @@ class StreamingSessions:
         return SessionSlot(session=sid, extra_key=getattr(req, "extra_key", None),
                            virtual_node=VirtualNode(sid), last_node=req.last_node,
                            dec_lock_params=getattr(req, "dec_lock_params", None),
-                           cache_protected_len=req.cache_protected_len)
+                           cache_protected_len=req.cache_protected_len,
+                           swa_uuid_for_lock=getattr(req, "swa_uuid_for_lock", None))
 
     @staticmethod
     def _mark_kv_freed(req: Any) -> None:
@@ -305,7 +343,10 @@ class StreamingSessions:
         del self.slots[session_id]
         cache = self.cache
         if slot.last_node is not None:
-            type(cache).dec_lock_ref(cache, slot.last_node, slot.dec_lock_params)
+            params = slot.dec_lock_params
+            if params is None and slot.swa_uuid_for_lock is not None:
+                params = api.DecLockRefParams(swa_uuid_for_lock=slot.swa_uuid_for_lock)
+            type(cache).dec_lock_ref(cache, slot.last_node, params)
         idx = slot.req_pool_idx
         if idx is not None:
             start = slot.cache_protected_len
@@ -315,7 +356,27 @@ class StreamingSessions:
             free_slots = getattr(cache.req_to_token_pool, "free_slots", None)
             if free_slots is not None:
                 free_slots.append(idx)
+        self._free_mamba(slot)
         self._uninstall()
+
+    def _free_mamba(self, slot: SessionSlot) -> None:
+        """The slot's Mamba state slots go back (the request pool's ``mamba_allocator``, else
+        the Mamba component's)."""
+        if slot.mamba_pool_idx is None and slot.mamba_ping_pong_track_buffer is None:
+            return
+        allocator = getattr(self.cache.req_to_token_pool, "mamba_allocator", None)
+        if allocator is None and getattr(self.cache, "mamba", None) is not None:
+            allocator = self.cache.mamba.allocator
+        if allocator is None:
+            return
+        if slot.mamba_pool_idx is not None:
+            idx = slot.mamba_pool_idx
+            t = idx if isinstance(idx, torch.Tensor) else torch.tensor(int(idx))
+            allocator.free(t.reshape(1).to(torch.int64))
+            slot.mamba_pool_idx = None
+        if slot.mamba_ping_pong_track_buffer is not None:
+            allocator.free(slot.mamba_ping_pong_track_buffer)
+            slot.mamba_ping_pong_track_buffer = None
 
     def _held(self, active_pool_idxs: set | None) -> list[SessionSlot]:
         return [s for s in self.slots.values() if s.req_pool_idx is not None
@@ -327,6 +388,25 @@ class StreamingSessions:
         ps = self.cache.page_size
         return sum(_ceil(s.kv_allocated_len, ps) - s.cache_protected_len
                    for s in self._held(active_pool_idxs))
+
+    def held_swa_tokens(self, active_pool_idxs: set | None = None) -> int:
+        """SWA slots parked in session slots: each row's own positions from its window start
+        on."""
+        ps = self.cache.page_size
+        return sum(_ceil(s.kv_allocated_len, ps) - max(s.cache_protected_len,
+                                                       s.swa_evicted_seqlen)
+                   for s in self._held(active_pool_idxs))
+
+    def held_mamba_slots(self, active_pool_idxs: set | None = None) -> int:
+        """Mamba state slots parked in session slots (the state and the extra buffer's)."""
+        total = 0
+        for s in self.slots.values():
+            if active_pool_idxs is not None and s.req_pool_idx in active_pool_idxs:
+                continue
+            for t in (s.mamba_pool_idx, s.mamba_ping_pong_track_buffer):
+                if t is not None:
+                    total += t.numel() if isinstance(t, torch.Tensor) else 1
+        return total
 
     def held_req_count(self, active_pool_idxs: set | None = None) -> int:
         """Request rows parked in session slots."""

@@ -89,13 +89,9 @@ def arrive(state: CacheState, rid: str, tokens: Any, extra_key: str | None,
 
 def check_hybrid_arrival(state: CacheState, session: str | None) -> None:
     """What the request model does not cover with an aux component: EAGLE keys (its cuts are
-    in tokens, not bigram units) and streaming sessions (no SWA or Mamba session state)."""
-    if not components.aux_names(state):
-        return
-    if state.config.eagle:
+    in tokens, not bigram units).  (Streaming sessions with SWA or Mamba: spec/sessions.py.)"""
+    if components.aux_names(state) and state.config.eagle:
         raise Unsupported("req_arrive: the request model with SWA or Mamba takes no EAGLE keys")
-    if session is not None:
-        raise Unsupported("req_arrive: streaming sessions with SWA or Mamba are not modelled")
 
 
 def get_request(state: CacheState, rid: object, admitted: bool | None = None) -> Request:

@@ -17,6 +17,17 @@ Locks and eviction: a parked slot keeps the first turn's path locked, so nothing
 evicted, and the row's own slots are outside the tree (``session_held_tokens`` counts them; the
 request that runs from a slot holds them meanwhile, so it does not).
 
+Hybrid models (SWA, Mamba; the seed's slot fields ``swa_evicted_seqlen``, ``mamba_pool_idx``):
+what a request holds of its own besides its row moves into the slot with it and back out at the
+restore.  SWA: the row's SWA slots from ``max(protected, swa_evicted_seqlen)`` on (the window
+start the request reached; its SWA slots before it are freed already), and the first turn's
+lock, which holds the SWA window above the locked node as a running request's does
+(``session_held_swa_tokens`` counts the parked SWA slots).  Mamba: the request's own state slot,
+outside the tree, so neither evictable nor the tree's (``session_held_mamba_slots``); a restored
+request computes on in it, and ``release_session`` frees it.  A restore that frees the row's tail
+lowers the window start to the prefix at most.  Nothing of this touches the tree: SWA eviction
+and Mamba eviction see a parked session only through its lock, as they see a running request.
+
 What the spec checks that the seed trusts its caller with (each a rejected step, nothing
 changed): one request per session at a time; a restored request's tokens start with the slot's
 tokens and use the slot's ``extra_key``; a restore never shrinks the prefix below the
@@ -31,7 +42,8 @@ import dataclasses
 from typing import Any, Protocol
 
 from . import cache as rules
-from .core import CacheState, LockHandle
+from . import components
+from .core import CacheState, LockHandle, all_nodes
 from .errors import InvalidInput
 from .queries import tree_slots
 
@@ -48,6 +60,8 @@ class SessionSlot:
     lock: LockHandle | None   # the first turn's tree lock (None on a disabled cache)
     protected: int               # the first turn's protected length (the tree's slots)
     active: str | None = None  # the rid of the request restored from it, while it runs
+    swa_evicted_seqlen: int = 0  # SWA: the row's window start (its SWA slots before it freed)
+    mamba_slot: int | None = None  # Mamba: the request's own state slot, parked
 
 
 class SessionRequest(Protocol):
@@ -62,6 +76,8 @@ class SessionRequest(Protocol):
     lock: LockHandle | None
     admitted: bool
     session: str | None
+    swa_evicted_seqlen: int
+    mamba_slot: int | None
 
     @property
     def all_ids(self) -> list[int]: ...
@@ -123,8 +139,11 @@ def try_restore(state: CacheState, req: SessionRequest) -> int | None:
     del slot.row[keep:]
     slot.committed = prefix
     slot.tokens = slot.tokens[:prefix]
+    slot.swa_evicted_seqlen = min(slot.swa_evicted_seqlen, prefix)
     slot.active = req.rid
     req.row = slot.row  # the same row, as upstream's req_pool_idx
+    req.swa_evicted_seqlen = slot.swa_evicted_seqlen
+    req.mamba_slot = slot.mamba_slot  # the slot keeps it too: an abort frees it through the slot
     req.committed = prefix
     req.cache_protected_len = slot.protected
     req.lock = slot.lock  # the slot's handle: only release_session releases it
@@ -164,7 +183,16 @@ def park(state: CacheState, req: SessionRequest) -> None:
     slot.committed = committed
     slot.tokens = req.all_ids[:committed]
     slot.active = None
+    hand_over_aux(slot, req, len(req.all_ids))
     del state.requests[req.rid]
+
+
+def hand_over_aux(slot: SessionSlot, req: SessionRequest, end: int) -> None:
+    """SWA and Mamba: the request's window start (at most ``end``, its tokens) and its own
+    state slot become the slot's; the request keeps no state slot."""
+    slot.swa_evicted_seqlen = min(req.swa_evicted_seqlen, end)
+    slot.mamba_slot = req.mamba_slot
+    req.mamba_slot = None
 
 
 def abort_running(state: CacheState, req: SessionRequest) -> None:
@@ -180,6 +208,7 @@ def abort_running(state: CacheState, req: SessionRequest) -> None:
         state.sessions[session] = slot
     slot.row = req.row
     slot.active = None
+    hand_over_aux(slot, req, len(req.row))
     del state.requests[req.rid]
     release_session(state, session)
 
@@ -198,6 +227,15 @@ def release_session(state: CacheState, session: object) -> None:
     if slot.lock is not None:
         rules.dec_lock_ref(state, slot.lock)
     state.kv.free(slot.row[slot.protected:])
+    free_parked_state(state, slot)
+
+
+def free_parked_state(state: CacheState, slot: SessionSlot) -> None:
+    """Mamba: the slot's state goes back to the state pool."""
+    if slot.mamba_slot is not None:
+        assert state.mamba is not None  # a parked state slot implies the Mamba component
+        state.mamba.free([slot.mamba_slot])
+        slot.mamba_slot = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,6 +251,18 @@ def parked(state: CacheState) -> list[SessionSlot]:
 def session_held_tokens(state: CacheState) -> int:
     """KV slots parked in session slots that the tree does not hold."""
     return sum(len(s.row) - s.protected for s in parked(state))
+
+
+def session_held_swa_tokens(state: CacheState) -> int:
+    """SWA slots parked in session slots that the tree does not hold: each row's own positions
+    from its window start on (with the Full component alone, the same as
+    ``session_held_tokens``)."""
+    return sum(len(s.row) - max(s.protected, s.swa_evicted_seqlen) for s in parked(state))
+
+
+def session_held_mamba_slots(state: CacheState) -> int:
+    """Mamba state slots parked in session slots."""
+    return sum(1 for s in parked(state) if s.mamba_slot is not None)
 
 
 def session_held_req_count(state: CacheState) -> int:
@@ -259,10 +309,46 @@ def session_invariants(state: CacheState) -> list[str]:
         if len(slot.row) % state.config.page_size or slot.committed > len(slot.row):
             errors.append(f"[session] {name}: row of {len(slot.row)} slots for "
                           f"{slot.committed} committed tokens")
+    return errors + aux_invariants(state)
+
+
+def aux_invariants(state: CacheState) -> list[str]:
+    """SWA: a parked row's own positions have SWA slots exactly from its window start on.
+    Mamba: a parked state slot is allocated, not the tree's, and no request's or other
+    slot's; with Mamba every parked slot has one."""
+    errors: list[str] = []
+    names = components.aux_names(state)
+    if "swa" in names:
+        pool = components.swa_pool(state)
+        for name, slot in state.sessions.items():
+            if slot.active is None:
+                start = max(slot.protected, slot.swa_evicted_seqlen)
+                mapped = pool.translate(slot.row[slot.protected:])
+                want = [i + slot.protected >= start for i in range(len(mapped))]
+                if [w > 0 for w in mapped] != want:
+                    errors.append(f"[session] {name}: SWA slots not exactly from its window "
+                                  f"start {start} on")
+    if "mamba" in names:
+        assert state.mamba is not None  # the Mamba component implies its pool
+        held = {s for n in all_nodes(state) if components.has(n, "mamba")
+                for s in (n.aux["mamba"].value or ())}
+        held.update(r.mamba_slot for r in state.requests.values() if r.mamba_slot is not None)
+        for name, slot in state.sessions.items():
+            if slot.active is not None:
+                continue
+            m = slot.mamba_slot
+            if m is None or not state.mamba.is_allocated(m) or m in held:
+                errors.append(f"[session] {name}: parked state slot {m} is missing, free, or "
+                              "held elsewhere")
+            held.add(-1 if m is None else m)
     return errors
 
 
 def sessions_view(state: CacheState) -> list[dict[str, Any]]:
+    """Each slot's row and lengths; with SWA its window start, with Mamba its state slot."""
+    names = components.aux_names(state)
     return [{"session": name, "row": list(s.row), "committed": s.committed,
-             "protected": s.protected, "active": s.active}
+             "protected": s.protected, "active": s.active,
+             **({"swa_evicted_seqlen": s.swa_evicted_seqlen} if "swa" in names else {}),
+             **({"mamba_slot": s.mamba_slot} if "mamba" in names else {})}
             for name, s in sorted(state.sessions.items())]

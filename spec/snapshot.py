@@ -145,6 +145,8 @@ def hybrid_snapshot(state: CacheState, nodes: list[dict[str, Any]]) -> dict[str,
         out["mamba_pool"] = sorted(state.mamba.allocated_pages())
     if state.host is not None:  # the host tier with SWA or Mamba (the aux parts: host_view)
         out["host"] = host_view(state)
+    if state.sessions:  # streaming sessions with SWA or Mamba (spec/sessions.py)
+        out["sessions"] = sessions_view(state)
     return out
 
 

@@ -361,22 +361,21 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
         reqs.arrive(self.state, rid, tokens, extra_key, priority, session)
         return {}
 
-    def _no_hybrid_sessions(self) -> None:
-        if self.config.components != ("full",):
-            raise Unsupported("streaming sessions with SWA or Mamba are not modelled")
-
     def op_release_session(self, step: Step) -> Observation:
-        self._no_hybrid_sessions()
         (session,) = args_of(step, "session")
         sessions.release_session(self.state, session)
-        return {"freed": self.state.kv.take_freed()}
+        return self._req_effects({})
 
     def op_session_held(self, step: Step) -> Observation:
-        self._no_hybrid_sessions()
         args_of(step)
-        return {"tokens": sessions.session_held_tokens(self.state),
-                "full_tokens": sessions.session_held_tokens(self.state),
-                "req_count": sessions.session_held_req_count(self.state)}
+        obs: Observation = {"tokens": sessions.session_held_tokens(self.state),
+                            "full_tokens": sessions.session_held_tokens(self.state),
+                            "req_count": sessions.session_held_req_count(self.state)}
+        if "swa" in self.config.components:
+            obs["swa_tokens"] = sessions.session_held_swa_tokens(self.state)
+        if "mamba" in self.config.components:
+            obs["mamba_slots"] = sessions.session_held_mamba_slots(self.state)
+        return obs
 
     def op_req_admit(self, step: Step) -> Observation:
         (rid,) = args_of(step, "rid")

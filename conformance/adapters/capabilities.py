@@ -126,7 +126,7 @@ CAPABILITIES: dict[str, Capabilities] = {
     "spec": Capabilities(
         name="spec", components=frozenset(COMPONENT_SETS), host_tier=True,
         host_aux=frozenset({"swa", "mamba"}), host_all_aux=True, storage=True, sessions=True,
-        cow_mamba=True,
+        sessions_with_aux=True, cow_mamba=True,
         eagle_with_aux=True, request_ops_with_aux=True),
     # uniradix.fast (FastAdapter, HybridFastAdapter): Full, SWA and Mamba in any combination;
     # a host tier with SWA and/or Mamba, a storage tier (Full only), every eviction policy (the

@@ -306,7 +306,8 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
             raise SpecInvalidInput("req_arrive: a request needs at least one token")
         session = check_session_arg(session)
         if session is not None and self.config.components != ("full",):
-            raise SpecUnsupported("streaming sessions with SWA or Mamba are not modelled")
+            raise SpecUnsupported("streaming sessions with SWA or Mamba: fast models them "
+                                  "(fast/sessions.py), its hybrid adapter has no request path")
         self.check_session_arrival(session, toks, extra_key)
         self.requests[rid] = Req(rid, toks, extra_key, priority, session)
         return {}

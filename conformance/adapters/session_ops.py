@@ -9,10 +9,17 @@ every slot the request has reserved (``kv_allocated_len``), so a parked row is w
 the spec's is.  What the spec checks at a session request's arrival (one request per session at
 a time, the slot's extra_key and tokens continued) and at ``release_session`` (no request of the
 session running) are the scheduler's rules: checked here, before the cache sees anything.
+
+With SWA or Mamba (fast/sessions.py over fast's plug-ins) ``session_held`` answers
+``swa_tokens`` / ``mamba_slots`` too, ``release_session`` the aux pools' effects, and the
+sessions view each slot's ``swa_evicted_seqlen`` / ``mamba_slot``, as the spec's adapter does.
+(Driving them in lockstep needs the hybrid adapter's request path: until it has one, fast's
+capabilities declare no sessions with aux, conformance/adapters/capabilities.py.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from uniradix.fast.sessions import VirtualNode
@@ -42,6 +49,7 @@ class FastSessionOps:
     pool: Any
     requests: dict
     config: Any
+    _effects: Callable[[], dict]  # the aux pools' effects (HybridFastAdapter's)
 
     def check_session_arrival(self, session: str | None, tokens: list,
                               extra_key: str | None) -> None:
@@ -101,15 +109,23 @@ class FastSessionOps:
             raise InvalidInput(f"session {session!r} has a running request {running[0]!r}")
         self.cache.release_session(session)
         self.rtt.free_rows.sort()
-        return {"freed": self.pool.take_freed()}
+        obs = {"freed": self.pool.take_freed()}
+        if self.config.components != ("full",):  # the aux pools' effects (TRACE.md)
+            obs.update(self._effects())
+        return obs
 
     def op_session_held(self, step: dict) -> dict:
         from uniradix.conformance.adapters.base import args_of
         args_of(step)
         active = self._active_rows()
-        return {"tokens": self.cache.session_held_tokens(active),
-                "full_tokens": self.cache.session_held_full_tokens(active),
-                "req_count": self.cache.session_held_req_count(active)}
+        obs = {"tokens": self.cache.session_held_tokens(active),
+               "full_tokens": self.cache.session_held_full_tokens(active),
+               "req_count": self.cache.session_held_req_count(active)}
+        if "swa" in self.config.components:
+            obs["swa_tokens"] = self.cache.session_held_swa_tokens(active)
+        if "mamba" in self.config.components:
+            obs["mamba_slots"] = self.cache.session_held_mamba_slots(active)
+        return obs
 
     def sessions_view(self) -> list[dict]:
         """The spec's view of the session slots (spec/sessions.py ``sessions_view``)."""
@@ -123,8 +139,14 @@ class FastSessionOps:
                 end = -(-slot.kv_allocated_len // ps) * ps
                 row = self.rtt.req_to_token[slot.req_pool_idx, :end].tolist()
                 active = None
-            out.append({"session": name, "row": row, "committed": slot.kv_committed_len,
-                        "protected": slot.cache_protected_len, "active": active})
+            entry = {"session": name, "row": row, "committed": slot.kv_committed_len,
+                     "protected": slot.cache_protected_len, "active": active}
+            if "swa" in self.config.components:
+                entry["swa_evicted_seqlen"] = slot.swa_evicted_seqlen
+            if "mamba" in self.config.components:
+                m = slot.mamba_pool_idx
+                entry["mamba_slot"] = None if m is None else int(m)
+            out.append(entry)
         return out
 
     def _request_view(self, req: Any) -> dict:  # FastAdapter's

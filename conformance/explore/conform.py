@@ -94,12 +94,17 @@ NAMED_CONFIGS: dict[str, dict] = {
                              "components": ("full", "swa", "mamba")},
     "host-swa-mamba-wb-p4": {"page_size": 4, "write_policy": "write_back",
                              "components": ("full", "swa", "mamba")},
+    # streaming sessions with SWA and Mamba (a parked turn's SWA window and state slot)
+    "sessions-swa-p1": {"page_size": 1, "components": ("full", "swa")},
+    "sessions-mamba-p1": {"page_size": 1, "components": ("full", "mamba")},
+    "sessions-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
 }
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
                                        for p in (1, 4) for s in ("be", "wc", "to"))
 COW_CONFIGS = ("mamba-cow",)  # the named configs whose matches copy the Mamba state
-SESSION_CONFIGS = ("sessions-p1", "sessions-p4")  # the named configs with streaming sessions
+SESSION_CONFIGS = ("sessions-p1", "sessions-p4", "sessions-swa-p1", "sessions-mamba-p1",
+                   "sessions-swa-mamba-p4")  # the named configs with streaming sessions
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")

@@ -1096,7 +1096,8 @@ def draw_policy_config(ch: Any) -> CacheConfig:
 
 def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
                  trace_path: str | None = None, name: str = "CacheMachine",
-                 draw: Callable[[Any], CacheConfig] = draw_config) -> type:
+                 draw: Callable[[Any], CacheConfig] = draw_config,
+                 sessions: bool = False, actions: Sequence[str] | None = None) -> type:
     """A ``RuleBasedStateMachine`` class running ``impls`` (names for ``make_adapter`` or
     factories ``config -> adapter``; default :func:`default_impls`) in lockstep.
 
@@ -1107,7 +1108,11 @@ def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
     as a trace with the first implementation's observations as ``ret`` (Hypothesis replays the
     minimal example last, so the file ends up holding the shrunk one).  ``draw`` draws each
     run's config (default :func:`draw_config`; :func:`draw_hybrid_config` for the SWA and Mamba
-    components, :func:`draw_host_config` for the host tier only)."""
+    components, :func:`draw_host_config` for the host tier only).  ``sessions``: most arriving
+    requests are a streaming session's turn (``Scenario.sessions``), with ``release_session``
+    and ``session_held`` among the rules, and the request-level ops run with SWA and Mamba
+    where every implementation's request model covers them (:func:`runner_actions`).
+    ``actions``: only these (default: as the Scenario decides)."""
     from hypothesis import note
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -1137,8 +1142,10 @@ def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
         def configure(self, data: Any) -> None:
             ch = HypothesisChooser(data)
             self.config = draw(ch)
-            self.sc = Scenario(self.config, ch)
             self.ls = Lockstep.from_impls(self.IMPLS, self.config, snapshot_every=snapshot_every)
+            self.sc = Scenario(self.config, ch, actions=runner_actions(
+                self.ls, actions) if sessions or actions is not None else None)
+            self.sc.sessions = sessions
             self.ls.prime()
             note(f"config {self.config.to_dict()}, alphabet {self.sc.alphabet}")
 
@@ -1264,6 +1271,17 @@ def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
         @rule(seed=SEED)
         def abort_request(self, seed: int) -> None:
             self._do("req_abort", seed)
+
+        # streaming sessions (only with ``sessions``)
+        @precondition(ready("release_session"))
+        @rule(seed=SEED)
+        def end_session(self, seed: int) -> None:
+            self._do("release_session", seed)
+
+        @precondition(ready("session_held"))
+        @rule(seed=SEED)
+        def ask_session_held(self, seed: int) -> None:
+            self._do("session_held", seed)
 
         # hybrid models: the Mamba state pool
         @precondition(ready("mamba_alloc"))

@@ -553,22 +553,44 @@ def test_available_and_evictable_str_matches_upstream():
 # -- streaming sessions (fast/sessions.py against sglang's StreamingSession) ----------------------
 
 
-def session_workload(impl: str, seed: int = 3, n: int = 150) -> dict:
+def session_workload(impl: str, seed: int = 3, n: int = 150, kind: str = "full") -> dict:
     """Three streaming sessions taking turns with sglang's own Req (its ``session`` a streaming
     one): admission through ``init_next_round_input`` (a session's next turn restored from its
     slot), prefill (chunked, or through the tree), decode, then ``cache_finished_req`` (parks)
-    or an abort (``FINISH_ABORT``: the session goes); ``release_session`` now and then."""
+    or an abort (``FINISH_ABORT``: the session goes); ``release_session`` now and then.
+
+    ``kind`` "swa": the lock's ``swa_uuid_for_lock`` kept on the Req as the scheduler's
+    ``_req_inc_lock_ref`` keeps it, and before each decode step the scheduler's ``_evict_swa``
+    (the request's own positions more than a window and a page behind drop their SWA slots).
+    "mamba": at admission a request without a state slot takes one from the request pool's
+    ``mamba_allocator`` (one state evicted first when it is empty), as
+    ``HybridReqToTokenPool.alloc`` does; a restored turn has its session's."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
-    cache, alloc, rtp = build("full", 1, impl, 96)
+    cache, alloc, rtp = build(kind, 1, impl, 96)
     rows = Rows(rtp.size)
     rng = random.Random(seed)
     log: list = []
     history: dict = {}  # session -> its parked tokens
     session_row: dict = {}  # session -> the row its slot holds
+    window = 16  # build's sliding_window_size
 
     def held():
-        return (cache.session_held_tokens(), cache.session_held_req_count(),
-                cache.evictable_size(), cache.protected_size(), alloc.available_size())
+        out = (cache.session_held_tokens(), cache.session_held_req_count(),
+               cache.evictable_size(), cache.protected_size(), alloc.available_size())
+        if kind == "swa":
+            out += (cache.session_held_swa_tokens(), cache.swa_evictable_size(),
+                    alloc.swa_available_size())
+        if kind == "mamba":
+            out += (cache.session_held_mamba_slots(), rtp.mamba_allocator.available_size())
+        return out
+
+    def evict_swa(req):
+        req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.cache_protected_len)
+        new = max(req.swa_evicted_seqlen, req.kv_committed_len - window - 1)
+        if new > req.swa_evicted_seqlen:
+            alloc.free_swa(rtp.req_to_token[req.req_pool_idx, req.swa_evicted_seqlen:new]
+                           .to(torch.int64))
+            req.swa_evicted_seqlen = new
 
     def end_session(sid):
         history.pop(sid, None)
@@ -590,7 +612,13 @@ def session_workload(impl: str, seed: int = 3, n: int = 150) -> dict:
                                             finish_req=lambda r: None, abort_req=lambda: None)
         req.init_next_round_input(tree_cache=cache)
         hit = len(req.prefix_indices)
-        cache.inc_lock_ref(req.last_node)
+        lock = cache.inc_lock_ref(req.last_node)
+        if kind == "swa":
+            req.swa_uuid_for_lock = lock.swa_uuid_for_lock
+        if kind == "mamba" and req.mamba_pool_idx is None:
+            if rtp.mamba_allocator.available_size() == 0:
+                log.append(("evict-state", cache.evict(up.EvictParams(mamba_num=1)).mamba_num_evicted))
+            req.mamba_pool_idx = rtp.mamba_allocator.alloc(1)[0]
         if req.req_pool_idx is None:
             req.req_pool_idx = rows.take()
         rtp.write((req.req_pool_idx, slice(0, hit)), req.prefix_indices.to(torch.int32))
@@ -618,6 +646,8 @@ def session_workload(impl: str, seed: int = 3, n: int = 150) -> dict:
             if rng.random() < 0.5:  # the final prefill through cache_unfinished_req
                 cache.cache_unfinished_req(req)
             for j in range(4):
+                if kind == "swa":
+                    evict_swa(req)
                 req.output_ids.append((prompt[j % len(prompt)] * 7 + j) % 5 + 1)
                 pos = len(prompt) + j
                 rtp.write((row, slice(pos, pos + 1)),
@@ -638,12 +668,18 @@ def session_workload(impl: str, seed: int = 3, n: int = 150) -> dict:
     return {"log": log, "free_list": free_list(alloc)}
 
 
-def test_streaming_sessions_same_outcomes():
-    ours = session_workload("fast")
-    theirs = session_workload("upstream")
+@pytest.mark.parametrize("kind", ["full", "swa", "mamba"])
+def test_streaming_sessions_same_outcomes(kind):
+    ours = session_workload("fast", kind=kind)
+    theirs = session_workload("upstream", kind=kind)
     for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
         assert a == b, f"session event {k}: fast {a} != sglang {b}"
     assert ours == theirs
     log = ours["log"]
     assert sum(1 for e in log if e[0] == "admit" and e[2] > 0 and e[4] < e[2]) >= 10  # restores
     assert any(e[0] == "release" for e in log) and any(e[0] == "finish" and e[2] for e in log)
+    finishes = [e[3] for e in log if e[0] == "finish"]
+    if kind == "swa":  # parked rows whose window start moved past their protected length
+        assert any(h[5] < h[0] for h in finishes)
+    if kind == "mamba":  # parked state slots
+        assert max(h[5] for h in finishes) >= 2

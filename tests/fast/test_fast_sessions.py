@@ -42,7 +42,8 @@ class Both(SpecAndFast):
 
 
 STORIES = [name for name in dir(stories) if name.startswith("test_")
-           and name != "test_session_ops_with_an_aux_component_are_refused"]
+           and name != "test_session_ops_with_an_aux_component_run_on_the_spec_and_fasts_"
+           "adapter_refuses_them"]
 
 
 @pytest.mark.parametrize("name", STORIES)
@@ -134,16 +135,33 @@ def test_a_restore_that_does_not_continue_the_session_changes_nothing():
     assert kv.available_size() == before and other.req_pool_idx is None
 
 
-def test_sessions_with_mamba_are_refused_by_name():
+def test_a_parked_turn_keeps_its_mamba_state_and_release_frees_it():
+    """fast's Mamba plug-in: the request's state slot is parked with the row (the request's
+    refs cleared), counted by ``session_held_mamba_slots``, given back to the next turn, and
+    freed by ``release_session``; a state eviction cannot take it meanwhile."""
     kv, states = PagedPool(32, 1, "kv"), PagedPool(4, 1, "mamba")
     from uniradix.conformance.adapters.fast_hybrid import MambaReqPool
     rtt = MambaReqPool(states)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=rtt, token_to_kv_pool_allocator=PoolAllocator(kv, torch),
         page_size=1, tree_components=("full", "mamba")))
-    req = _req(rtt, kv, [1, 2], [], "s")
-    with pytest.raises(fast.Unsupported, match="SWA or Mamba"):
-        cache.cache_finished_req(req)
+    req = _req(rtt, kv, [1, 2], [5], "s")
+    req.last_node = cache.root_node
+    req.mamba_pool_idx = torch.tensor(states.alloc(1)[0])
+    req.swa_evicted_seqlen = 0
+    cache.cache_finished_req(req)
+    assert req.mamba_pool_idx is None and cache.session_held_mamba_slots() == 1
+    assert cache.session_held_mamba_slots({cache.sessions.slots["s"].req_pool_idx}) == 0
+    assert states.allocated_pages() == {1}
+    assert cache.evict(fast.EvictParams(num_tokens=0, mamba_num=4)).mamba_num_evicted == 0
+    nxt = SimpleNamespace(req_pool_idx=None, to_finish=None, extra_key=None,
+                          session=SimpleNamespace(session_id="s", streaming=True))
+    cache.match_prefix(fast.MatchPrefixParams(key=fast.RadixKey([1, 2, 5]), req=nxt))
+    assert int(nxt.mamba_pool_idx) == 1 and nxt.swa_evicted_seqlen == 0
+    cache.sessions.slots["s"].active = None  # (the turn ends without running)
+    cache.release_session("s")
+    assert states.allocated_pages() == set() and cache.session_held_mamba_slots() == 0
+    assert cache.violations() == []
 
 
 # ----------------------------------------------------------------------------------------------
@@ -215,3 +233,36 @@ def test_conform_sessions_config_is_clean():
     res = run_conform([kv_checked("spec"), kv_checked("fast")], config="sessions-p4", steps=400,
                       seed=5, out=None, progress=False, log=lambda m: None)
     assert res.steps == 400 and res.finding is None
+
+
+def test_the_hybrid_adapter_reports_parked_swa_and_mamba_state_as_the_spec_does():
+    """session_ops.py's session_held and sessions view on the hybrid adapter (Full + SWA +
+    Mamba): a first turn parked through the cache's API; the adapter answers the spec's
+    fields (``swa_tokens``, ``mamba_slots``, each slot's ``swa_evicted_seqlen`` and
+    ``mamba_slot``), and release_session reports the aux pools' frees."""
+    from uniradix.conformance.adapters.fast_hybrid import HybridFastAdapter
+    a = HybridFastAdapter(CacheConfig(kv_slots=32, swa_slots=32, sliding_window=2,
+                                      components=("full", "swa", "mamba"), mamba_slots=4))
+    cache, rtt = a.cache, a.rtt
+    req = SimpleNamespace(
+        rid="r", origin_input_ids=[1, 2, 3], output_ids=[7, 8, 9], extra_key=None,
+        req_pool_idx=rtt.take_row(), kv_committed_len=6, kv_allocated_len=6,
+        cache_protected_len=0, last_node=cache.root_node, dec_lock_params=None,
+        finished_len=None, to_finish=None, swa_evicted_seqlen=0, swa_uuid_for_lock=None,
+        mamba_pool_idx=torch.tensor(a.mamba.alloc(1)[0]),
+        session=SimpleNamespace(session_id="s", streaming=True, finish_req=lambda r: None))
+    rtt.ensure(6)
+    rtt.req_to_token[req.req_pool_idx, :6] = a.alloc.alloc(6)
+    a.alloc.free_swa(rtt.req_to_token[req.req_pool_idx, :2])  # positions 0, 1 left the window
+    req.swa_evicted_seqlen = 2
+    cache.cache_finished_req(req)
+    assert a.op_session_held({"op": "session_held", "args": {}}) == {
+        "tokens": 6, "full_tokens": 6, "req_count": 1, "swa_tokens": 4, "mamba_slots": 1}
+    (view,) = a.sessions_view()
+    assert (view["swa_evicted_seqlen"], view["mamba_slot"], view["row"]) == (
+        2, 1, [1, 2, 3, 4, 5, 6])
+    a._drain_pools()
+    obs = a.op_release_session({"op": "release_session", "args": {"session": "s"}})
+    assert obs["freed"] == [1, 2, 3, 4, 5, 6] and len(obs["swa_freed"]) == 4
+    assert obs["mamba_freed"] == [1]
+    assert a.op_session_held({"op": "session_held", "args": {}})["swa_tokens"] == 0

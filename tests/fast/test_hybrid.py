@@ -192,8 +192,6 @@ def test_mamba_eviction_tombstones_internal_states_and_lock_protects_one_node():
     (SWA, "insert", dict(tokens=T6, value=T6, mamba_value=[1]), "InvalidInput"),
     (SWA, "evict", dict(num_tokens=0, swa_num_tokens="2"), "InvalidInput"),
     (SWA, "mamba_alloc", dict(n=1), "Unsupported"),
-    # the spec's request model covers SWA, not streaming sessions with it; nor does fast
-    (SWA, "req_arrive", dict(rid="r", tokens=[1], session="s"), "Unsupported"),
 ])
 def test_rejected_steps_change_nothing(cfg, op, args, error):
     c = Both(**cfg)
