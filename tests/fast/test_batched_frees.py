@@ -555,17 +555,19 @@ def _native_core():
 
 
 @pytest.mark.upstream
+@pytest.mark.parametrize("slots", [512, 20000])  # the C core: a short list copied, a long one tailed
 @pytest.mark.parametrize("need_sort", [False, True])
 @pytest.mark.parametrize("path", ["python", "native"])
 @pytest.mark.parametrize("seed", range(10))
-def test_sglang_token_allocator_batched_equals_one_free_per_piece(seed, path, need_sort):
+def test_sglang_token_allocator_batched_equals_one_free_per_piece(seed, path, need_sort, slots):
     """Over sglang's own TokenToKVPoolAllocator (page 1): pieces written straight into its list
-    (fast/frees.py append_release; the C core's native frees, with their tail buffer) leave
-    the allocator's state, and every later allocation, exactly as one ``free`` per piece does;
+    (fast/frees.py append_release; the C core's native frees: a list short beside the pieces
+    copied with them into a new tensor, a long one through the tail buffer) leave the
+    allocator's state, and every later allocation, exactly as one ``free`` per piece does;
     the slots handed out earlier never change, also across sglang's own frees and a
     backup_state / restore_state that move the list off the tail buffer."""
     rng = random.Random(seed)
-    got, ref = _sglang_token(need_sort), _sglang_token(need_sort)
+    got, ref = _sglang_token(need_sort, slots), _sglang_token(need_sort, slots)
     holder = _Holder()
     handed: list[tuple] = []  # (tensor alloc returned, its values then)
     held: list[int] = []
