@@ -28,6 +28,7 @@ state committed to an existing node moves it in the Mamba list only (:func:`refr
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 
 from . import cache as rules
@@ -152,7 +153,8 @@ class SWAComponent(AuxComponent):
     def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
         """The values and host copies are cut at the same point, the upper part inherits the
         lock counts and takes the lock-boundary marks (a window lock that stopped at the child
-        stops at its top part now; a host lock that skipped the child skips its top part too).
+        stops at its top part now; a window lock or host lock that skipped the child skips its
+        top part too: the top part may get SWA data back later, which that lock never took).
         An upper part whose SWA data is on the host only joins the SWA host LRU list as its
         newest; the child keeps its place there."""
         if not child.aux:
@@ -167,6 +169,10 @@ class SWAComponent(AuxComponent):
             u.host_value, c.host_value = c.host_value[:split_len], c.host_value[split_len:]
             if u.value is None and u.host_lock_ref == 0:
                 join_host_lru(state, u)
+        for lock in state.handles.values():  # a window lock that skipped the child skips both
+            if "swa" in lock.aux and any(n is child for n in lock.aux["swa"][0]):
+                skipped, boundary = lock.aux["swa"]
+                lock.aux["swa"] = (skipped + (upper,), boundary)
         if state.host is not None:
             for handle in state.host.host_locks.values():
                 for _, token in handle.aux:
@@ -1027,4 +1033,32 @@ def aux_invariants(state: CacheState) -> list[str]:
                 errors.append(f"[aux] {node!r} holds {name} data without Full data")
                 continue
             errors.extend(COMPONENTS[name].data_errors(state, node, d, held))
+    if "swa" in names and not state.config.disable:
+        errors.extend(swa_lock_counts(state))
+    return errors
+
+
+def swa_lock_counts(state: CacheState) -> list[str]:
+    """Every SWA lock count equals the number of live window locks whose unlock takes one off
+    the node: the nodes from the lock's node up that it did not skip, up to the node carrying
+    its boundary mark (to the root when the window never filled up)."""
+    expected: Counter[int] = Counter()
+    for handle in state.handles.values():
+        if "swa" not in handle.aux:
+            continue
+        skipped, boundary = handle.aux["swa"]
+        cur = handle.node
+        while not cur.is_root:
+            if not any(cur is s for s in skipped):
+                expected[id(cur)] += 1
+                if boundary is not None and data(cur, "swa").boundary == boundary:
+                    break
+            cur = up(cur)
+    errors = []
+    for node in all_nodes(state):
+        d = node.aux.get("swa")
+        count = 0 if d is None else d.lock_ref
+        if not node.is_root and count != expected[id(node)]:
+            errors.append(f"[aux] {node!r} swa lock_ref={count} but {expected[id(node)]} live "
+                          f"window lock(s) take one off it")
     return errors

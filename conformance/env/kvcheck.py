@@ -460,10 +460,12 @@ class KVChecked:
                 continue
             path = node["path"]
             tokens = path["tokens"]
-            start = len(tokens) - len(host_value)
+            # under EAGLE the path is the node's bigram units plus one token (as on the device)
+            units = len(tokens) - 1 if self.eagle and tokens else len(tokens)
+            start = units - len(host_value)
             owners.append((len(slots), start, path))
             slots.extend(host_value)
-            fps.extend(self._fps(path["extra_key"], tokens)[start:])
+            fps.extend(self._fps(path["extra_key"], tokens)[start: units])
         if not slots:
             return
         assert self.host is not None  # called only with a host tier

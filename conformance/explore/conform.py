@@ -98,6 +98,8 @@ NAMED_CONFIGS: dict[str, dict] = {
     "sessions-swa-p1": {"page_size": 1, "components": ("full", "swa")},
     "sessions-mamba-p1": {"page_size": 1, "components": ("full", "mamba")},
     "sessions-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
+    # EAGLE bigram keys under a host tier (Full only, page 2): host pools drawn as for "hicache-"
+    "eagle-host-p2": {"page_size": 2, "eagle": True, "write_policy": "write_through"},
 }
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
@@ -156,11 +158,13 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
     if "mamba" in base.get("components", ()):
         base = dict(base, mamba_slots=rng.randint(2, 8),
                     mamba_cache_chunk_size=rng.randint(1, 4))
-    if name.startswith("hicache-") or name.startswith("host-"):
+    if name.startswith("hicache-") or name.startswith("host-") or "write_policy" in base:
         policy = base["write_policy"]
         if isinstance(policy, tuple):
             policy = policy[(segment // 2) % len(policy)]
         cfg = host_config(RandomChooser(rng), ps, pages * ps, policy)
+        if base.get("eagle"):
+            cfg = dataclasses.replace(cfg, eagle=True)
         comps = base.get("components", ("full",))
         if "mamba" in comps:
             mamba_slots = rng.randint(2, 8)

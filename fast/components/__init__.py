@@ -29,7 +29,7 @@ class AuxData:
     host-lock boundary mark ``host_boundary``."""
 
     __slots__ = ("node", "value", "lock", "boundary", "lru_prev", "lru_next", "host_value",
-                 "host_lock", "host_boundary", "former_parent")
+                 "host_lock", "host_boundary", "former_parent", "split_from")
 
     def __init__(self, node: Any) -> None:
         self.node = node
@@ -42,6 +42,8 @@ class AuxData:
         self.host_lock = 0
         self.host_boundary: int | None = None
         self.former_parent: Any = None  # the parent when the node left the tree (lock walks)
+        # SWA: (split epoch, id) of the node each split cut this one off, newest first
+        self.split_from: tuple[tuple[int, int], ...] = ()
 
     def __repr__(self) -> str:
         return f"AuxData(node={self.node!r})"

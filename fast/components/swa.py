@@ -19,6 +19,10 @@ from ..frees import FreeBatch
 from ..tiers.host import Copy, HostSlotAllocator
 from . import SWA_ID, AuxComponent, Validator
 
+# the key in ``skip_lock_node_ids`` under which a window lock that skipped nodes keeps the split
+# count it saw, as {-1 - count} (never a node id, which is never negative)
+SWA_SPLIT_EPOCH = -SWA_ID
+
 _INT64 = torch.int64
 _narrow, _narrow_copy = torch.narrow, torch.narrow_copy
 
@@ -42,6 +46,9 @@ class SwaComponent(AuxComponent):
     def reset(self) -> None:
         super().reset()
         self._next_boundary = 1
+        # splits so far: a window lock that skipped nodes remembers the count it saw, so that its
+        # unlock also skips the upper parts split off those nodes after it (``split_from``)
+        self._split_epoch = 0
         # a load back in progress: the window's host-only nodes (top-down), their SWA slots
         self._planned: list | None = None
         self._loading: torch.Tensor | None = None
@@ -126,6 +133,8 @@ class SwaComponent(AuxComponent):
             lru.remove(rec)
         up.lock = rec.lock
         upper.aux_lock += rec.lock
+        self._split_epoch += 1
+        up.split_from = ((self._split_epoch, child.id),) + rec.split_from
         up.boundary, rec.boundary = rec.boundary, None
         if rec.value is not None:
             aux = rec.value
@@ -222,6 +231,7 @@ class SwaComponent(AuxComponent):
             rec = cur.aux[i]
             if rec.value is None:
                 result.skip_lock_node_ids.setdefault(SWA_ID, set()).add(cur.id)
+                result.skip_lock_node_ids[SWA_SPLIT_EPOCH] = {-1 - self._split_epoch}
             else:
                 k = len(cur.key)
                 self._lock_rec(cur, rec, k)
@@ -237,10 +247,11 @@ class SwaComponent(AuxComponent):
         root = self.cache.root_node
         skip = params.skip_lock_node_ids.get(SWA_ID, ()) if params is not None else ()
         boundary = params.swa_uuid_for_lock if params is not None else None
+        seen = -1 - min(params.skip_lock_node_ids.get(SWA_SPLIT_EPOCH, (0,))) if skip else 0
         cur, i = node, self.i
         while cur is not root:
             rec = cur.aux[i]
-            if cur.id in skip or rec.lock == 0:
+            if cur.id in skip or rec.lock == 0 or (skip and split_off_skipped(rec, skip, seen)):
                 cur = self._up(cur, params)
                 continue
             self._unlock_rec(cur, rec, len(cur.key), unlocked)
@@ -506,6 +517,13 @@ class SwaComponent(AuxComponent):
     def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:
         if value.tolist() != self.translate(node.value).tolist():
             errors.append(f"[aux] {node!r}: SWA slots are not the mapped ones")
+
+
+def split_off_skipped(rec: Any, skip: Any, seen: int) -> bool:
+    """Whether a window lock that skipped the nodes ``skip`` after ``seen`` splits skips the
+    node of ``rec`` too: a split since then cut it off a node it skipped (or off a node cut off
+    one, and so on): it had no SWA data then, and any lock count it holds is another lock's."""
+    return any(epoch > seen and origin in skip for epoch, origin in rec.split_from)
 
 
 class SwaHostLock:

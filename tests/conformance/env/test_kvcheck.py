@@ -190,3 +190,45 @@ def test_an_swa_mixup_on_the_host_trip_is_found_by_the_kv_check(monkeypatch, cap
     assert cli_main(["replay", HOST_SWA_TRACE, "--impl", "spec"]) == 0
     assert cli_main(["replay", HOST_SWA_TRACE, "--impl", "spec", "--check-kv"]) == 1
     assert "SWA slot" in capsys.readouterr().out
+
+
+EAGLE_HOST_TRACE = os.path.join(CORPUS, "regressions",
+                                "kvcheck-eagle-host-p2-host-copy-of-the-bigram-path.jsonl")
+
+
+def _eagle_host_checked(impl: str):
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.env.kvcheck import KVChecked
+    from uniradix.conformance.traces.trace import load_trace
+    trace = load_trace(EAGLE_HOST_TRACE)
+    return trace, KVChecked(make_adapter(impl, trace.config), trace.config)
+
+
+@pytest.mark.parametrize("impl", ["spec", "fast"])
+def test_eagle_host_copies_are_checked_at_their_bigram_positions(impl):
+    """Under EAGLE a node's host copy holds its bigram units' KV (its path minus the last
+    token), as its device slots do: the backup at the insert is right."""
+    trace, checked = _eagle_host_checked(impl)
+    for step in trace.steps:
+        checked.apply(step)
+        assert checked.violations() == [], step["i"]
+    assert checked.host is not None
+
+
+def test_an_eagle_host_copy_mixup_is_found_by_the_kv_check():
+    trace, checked = _eagle_host_checked("spec")
+    take = checked.inner.take_copies
+
+    ps = trace.config.page_size
+
+    def reversed_backups():  # each backup writes its pages in reverse order
+        def pages_reversed(slots):
+            pages = [slots[k: k + ps] for k in range(0, len(slots), ps)]
+            return [s for page in reversed(pages) for s in page]
+        return [(kind, src, pages_reversed(dst) if kind == "backup" else dst)
+                for kind, src, dst in take()]
+
+    checked.inner.take_copies = reversed_backups
+    for step in trace.steps:
+        checked.apply(step)
+    assert any("holds host slot" in e for e in checked.violations())
