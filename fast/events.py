@@ -21,6 +21,7 @@ a device leaf deleted (eviction)       ``BlockRemoved`` GPU, each page, last pag
 a device leaf evicted to the host      ``BlockRemoved`` GPU
 a backup's write acknowledged          ``BlockStored`` CPU_PINNED, the pages written
 a host leaf evicted                    ``BlockRemoved`` CPU_PINNED
+a storage prefetch's host-only node    ``BlockStored`` CPU_PINNED, each page of the node
 ``reset``                              ``AllBlocksCleared``
 =====================================  ===================================================
 
@@ -218,6 +219,13 @@ class CacheEvents:
             ps = self.page_size
             self.queue.extend([BlockStored([h], parent, units, ps, None, CPU_PINNED)
                                for h, parent, units in pages])
+
+    def host_stored(self, node: Any) -> None:
+        """``node``'s pages became cached on the host with no write to wait for (a storage
+        prefetch inserted them as a host-only node)."""
+        ps = self.page_size
+        self.queue.extend([BlockStored([h], parent, units, ps, None, CPU_PINNED)
+                           for h, parent, units in self._pages(node)])
 
     def host_removed(self, node: Any) -> None:
         """``node``'s host copy goes (call while it is still attached).  Its write has been

@@ -464,6 +464,8 @@ class StorageTier:
             self.host.host_tokens += n - pos
             self.host.update_host_leaf(leaf)
             self.host.update_host_leaf(node)
+            if cache._events is not None:  # cached on the host at once (fast/events.py)
+                cache._events.host_stored(leaf)
         return matched
 
     def terminate_prefetch(self, rid: str) -> None:
