@@ -185,7 +185,7 @@ class CacheEvents:
         """``node``'s pages as (hash, parent hash, units), in order."""
         ps = self.page_size
         key = node.key
-        units = [list(u) for u in key] if self.bigram else key.tolist()  # (EAGLE: a list)
+        units = list(key) if self.bigram else key.tolist()  # EAGLE: (token, next token) pairs
         parent = self._parent_hash(node)
         from_bytes = int.from_bytes
         out = []

@@ -208,3 +208,40 @@ def test_bench_events_runs_fast_with_and_without_them_and_records_the_ratios(tmp
     assert c["impls"]["fast+events"]["op_median_us"]["take_events"] >= 0
     assert "fast+events/fast+pytree" in capsys.readouterr().out
     assert bench.main(["--impl", "spec", "--events", "--requests", "10"]) == 2
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+def test_an_eagle_caches_events_reach_a_subscriber_as_bigram_pairs(encoding):
+    """0.5.13.post1's KV-event mixin exposes an EAGLE page as its (token, next token) pairs,
+    ``block_size`` counting pairs; the publisher validates and sends exactly that shape, in both
+    encodings, and a subscriber over loopback decodes it back unchanged."""
+    import zmq
+
+    from uniradix.fast.kv_events import KVEventsConfig, KVEventSubscriber, ZmqEventPublisher
+
+    c = cache(2, eagle=True)
+    c.take_events()  # the construction's AllBlocksCleared
+    insert(c, [5, 9, 7, 3, 8])  # 4 bigrams: 2 pages of 2
+    sent = c.take_events()
+    assert [list(e.token_ids) for e in sent] == [[(5, 9), (9, 7)], [(7, 3), (3, 8)]]
+    assert [e.block_size for e in sent] == [2, 2]
+    assert [e.block_hashes[0] for e in sent] == spec_hashes([5, 9, 7, 3, 8], 2, None,
+                                                            "namespaced", eagle=True)
+    ctx = zmq.Context()
+    cfg = KVEventsConfig(publisher="zmq", endpoint="tcp://127.0.0.1:*", encoding=encoding)
+    try:
+        with ZmqEventPublisher(cfg, context=ctx, validate=True) as pub, \
+                KVEventSubscriber(pub.endpoint, encoding=encoding, context=ctx) as sub:
+            got = None
+            for _ in range(500):  # until the subscription reached the publisher
+                assert pub.publish(sent) is True
+                got = sub.recv(0.01)
+                if got is not None:
+                    break
+            assert got is not None, "subscriber never received a batch"
+    finally:
+        ctx.term()
+    assert got[1].events == sent
+    view = RouterView(strict=True)
+    view.apply_batch(got[0], got[1].events)
+    assert view.cached("GPU") == frozenset(e.block_hashes[0] for e in sent)
