@@ -21,6 +21,7 @@ a device leaf deleted (eviction)       ``BlockRemoved`` GPU, each page, last pag
 a device leaf evicted to the host      ``BlockRemoved`` GPU
 a backup's write acknowledged          ``BlockStored`` CPU_PINNED, the pages written
 a host leaf evicted                    ``BlockRemoved`` CPU_PINNED
+a storage prefetch's host-only node    ``BlockStored`` CPU_PINNED, each page of the node
 ``reset``                              ``AllBlocksCleared``
 =====================================  ===================================================
 
@@ -37,7 +38,9 @@ with the tail of its list, and the upper part takes its own from the head of tha
 chains them from its parent's when the lower part is gone), so a page is hashed about once
 while it is cached.
 
-Tokens are hashed modulo 2**32 (the spec's page keys take tokens in [0, 2**32)).
+Page keys take tokens in [0, 2**32) (spec/pagekeys.py): a cache with events or a storage tier
+refuses an insert with a token outside that range before it changes anything
+(fast/token_range.py ``check_token_range``, called by fast/hybrid.py).
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ GPU = "GPU"
 CPU_PINNED = "CPU_PINNED"
 KEY_MODES = ("namespaced", "compat")
 NAMESPACE_TAG = b"uniradix/extra_key\x00"
-_MASK = 0xFFFFFFFF
 _sha256 = hashlib.sha256
 _BIG_ENDIAN = sys.byteorder == "big"  # page keys hash tokens as 4 bytes little-endian
 assert array("I").itemsize == 4, "page keys need a 4-byte unsigned array type"
@@ -73,10 +75,7 @@ def _namespace(extra_key: Any, key_mode: str) -> bytes | None:
 def _unit_bytes(units: Any, bigram: bool) -> bytes:
     """``units`` as the page keys hash them: each token 4 bytes little-endian unsigned."""
     flat = [t for u in units for t in u] if bigram else units
-    try:
-        words = array("I", flat)  # one C loop; refuses a token outside [0, 2**32)
-    except OverflowError:
-        words = array("I", [t & _MASK for t in flat])
+    words = array("I", flat)  # one C loop (the tokens were checked: check_token_range)
     if _BIG_ENDIAN:
         words.byteswap()
     return words.tobytes()
@@ -184,7 +183,7 @@ class CacheEvents:
         """``node``'s pages as (hash, parent hash, units), in order."""
         ps = self.page_size
         key = node.key
-        units = [list(u) for u in key] if self.bigram else key.tolist()  # (EAGLE: a list)
+        units = list(key) if self.bigram else key.tolist()  # EAGLE: (token, next token) pairs
         parent = self._parent_hash(node)
         from_bytes = int.from_bytes
         out = []
@@ -218,6 +217,13 @@ class CacheEvents:
             ps = self.page_size
             self.queue.extend([BlockStored([h], parent, units, ps, None, CPU_PINNED)
                                for h, parent, units in pages])
+
+    def host_stored(self, node: Any) -> None:
+        """``node``'s pages became cached on the host with no write to wait for (a storage
+        prefetch inserted them as a host-only node)."""
+        ps = self.page_size
+        self.queue.extend([BlockStored([h], parent, units, ps, None, CPU_PINNED)
+                           for h, parent, units in self._pages(node)])
 
     def host_removed(self, node: Any) -> None:
         """``node``'s host copy goes (call while it is still attached).  Its write has been

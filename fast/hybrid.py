@@ -69,6 +69,7 @@ from .tiers.host import (
     InitLoadBackParams,
     count_arg,
 )
+from .token_range import check_token_range
 
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
 FULL = 0  # the Full component's id in skip_lock_node_ids (upstream's ComponentType)
@@ -531,6 +532,8 @@ class HybridRadixCache(UnifiedRadixCache):
                 self._check_aux(plan, prev, params)
         if self.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
             return api.InsertResult(prefix_len=0)
+        if self._events is not None or getattr(self, "storage_tier", None) is not None:
+            check_token_range(units, self.is_eagle)  # page keys take [0, 2**32) (fast/token_range.py)
 
         self._stamp(self.root_node)
         if n == 0:

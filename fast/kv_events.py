@@ -28,9 +28,11 @@ import logging
 import queue
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from itertools import chain
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -61,6 +63,11 @@ _ENCODINGS = ("array", "map")
 # refuses anything outside that range.
 _Hash = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 
+# A page's ``token_ids``: its token ids, or under EAGLE its bigram pairs ``[token, next token]``
+# (0.5.13.post1's KV-event mixin exposes bigram pages so; ``block_size`` then counts pairs). The
+# type admits both; :func:`decode_batch` refuses an event that mixes the two shapes.
+_TokenIds = list[int | tuple[int, int]]
+
 #: The sequence number of the replay reply that ends a replay (-1 as 8 big-endian bytes).
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
@@ -76,11 +83,12 @@ class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 class BlockStored(KVCacheEvent):
     """Pages that became cached on ``medium``. ``block_hashes[0]``'s parent is
     ``parent_block_hash`` (None: a child of the root), each later hash's parent is the one before
-    it; ``token_ids`` are the pages' tokens in order and ``block_size`` tokens make one page."""
+    it; ``token_ids`` are the pages' tokens in order (EAGLE: their bigram pairs ``[a, b]``) and
+    ``block_size`` tokens (pairs) make one page."""
 
     block_hashes: list[_Hash]
     parent_block_hash: _Hash | None
-    token_ids: list[int]
+    token_ids: _TokenIds
     block_size: int
     lora_id: int | None
     medium: str | None = None
@@ -121,7 +129,7 @@ class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag_field="type"):
 class _MapBlockStored(_MapEvent, tag="BlockStored"):
     block_hashes: list[_Hash]
     parent_block_hash: _Hash | None
-    token_ids: list[int]
+    token_ids: _TokenIds
     block_size: int
     lora_id: int | None
     medium: str | None = None
@@ -191,11 +199,33 @@ def decode_batch(payload: bytes, encoding: Encoding = "array") -> KVEventBatch:
     _check_encoding(encoding)
     try:
         if encoding == "array":
-            return _ARRAY_DECODER.decode(payload)
+            batch = _ARRAY_DECODER.decode(payload)
+            _check_token_shapes((i, e.token_ids) for i, e in enumerate(batch.events)
+                                if isinstance(e, BlockStored))
+            return batch
         m = _MAP_DECODER.decode(payload)
+        _check_token_shapes((i, e.token_ids) for i, e in enumerate(m.events)
+                            if isinstance(e, _MapBlockStored))
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
         raise InvalidInput(f"not a {encoding}-encoded KV event batch: {exc}") from None
     return KVEventBatch(m.ts, [_from_map(e) for e in m.events], m.attn_dp_rank)
+
+
+def _check_token_shapes(stored: Iterable[tuple[int, list[Any]]]) -> None:
+    """Each ``(event index, token_ids)`` of ``stored`` holds all token ids or all bigram pairs
+    (one C-level pass: an array of int64 refuses a pair, a flattened array refuses a bare
+    token)."""
+    for i, ids in stored:
+        if not ids:
+            continue
+        pairs = type(ids[0]) is tuple
+        try:
+            array("q", chain.from_iterable(ids) if pairs else ids)
+        except TypeError:
+            raise InvalidInput(f"events[{i}]: token_ids mix token ids and bigram pairs") from None
+        except OverflowError:  # a token past int64: check the shapes one by one
+            if any((type(t) is tuple) != pairs for t in ids):
+                raise InvalidInput(f"events[{i}]: token_ids mix token ids and bigram pairs") from None
 
 
 # --- configuration -------------------------------------------------------------------------------

@@ -48,7 +48,8 @@ from prometheus_client.exposition import start_http_server
 
 from .errors import InvalidInput
 
-__all__ = ["CacheMetrics", "StorageLabels", "MetricsServer", "serve_metrics", "wire_cache_metrics",
+__all__ = ["CacheMetrics", "StorageLabels", "StorageTierMetrics", "storage_labels", "MetricsServer",
+           "serve_metrics", "wire_cache_metrics",
            "buckets_from_env", "EVICTION_BUCKETS", "LOAD_BACK_BUCKETS", "STORAGE_PAGES_BUCKETS",
            "STORAGE_BANDWIDTH_BUCKETS", "COMPONENTS"]
 
@@ -170,7 +171,7 @@ class CacheMetrics:
 
         self.registry = registry
         self.components = comps
-        self.storage = storage
+        self.storage: StorageLabels | None = None
         self._lock = threading.Lock()  # on_evict updates several series; keep them together
         base = {"cache_type": cache_type, **extra}
         names = list(base)
@@ -195,25 +196,38 @@ class CacheMetrics:
         self._by_comp = {c: by_comp.labels(**base, component=c) for c in comps}
         self._evictable = {c: evictable.labels(**base, component=c) for c in comps}
         self._protected = {c: protected.labels(**base, component=c) for c in comps}
+        self._extra = extra
         if storage is not None:
-            s = {**storage.as_dict(), **extra}
-            sn = list(s)
-            self._prefetched = Counter("sglang:prefetched_tokens", "Number of prefetched prompt "
-                                       "tokens.", sn, registry=reg).labels(**s)
-            self._backuped = Counter("sglang:backuped_tokens", "Number of backuped tokens.", sn,
-                                     registry=reg).labels(**s)
-            self._prefetch_pgs = Histogram("sglang:prefetch_pgs", "Histogram of prefetch pages "
-                                           "of batches.", sn, registry=reg,
-                                           buckets=STORAGE_PAGES_BUCKETS).labels(**s)
-            self._backup_pgs = Histogram("sglang:backup_pgs", "Histogram of backup pages of "
-                                         "batches.", sn, registry=reg,
-                                         buckets=STORAGE_PAGES_BUCKETS).labels(**s)
-            self._prefetch_bw = Histogram("sglang:prefetch_bandwidth", "Histogram of prefetch "
-                                          "bandwidth in GB/s.", sn, registry=reg,
-                                          buckets=STORAGE_BANDWIDTH_BUCKETS).labels(**s)
-            self._backup_bw = Histogram("sglang:backup_bandwidth", "Histogram of backup "
-                                        "bandwidth in GB/s.", sn, registry=reg,
-                                        buckets=STORAGE_BANDWIDTH_BUCKETS).labels(**s)
+            self.add_storage(storage)
+
+    def add_storage(self, storage: StorageLabels) -> None:
+        """Register the storage-tier series with ``storage``'s labels (a cache that gains a
+        storage tier after its metrics were made: ``init_hicache``).  Refused when they are
+        registered already."""
+        if not isinstance(storage, StorageLabels):
+            raise InvalidInput(f"storage must be StorageLabels, got {storage!r}")
+        if self.storage is not None:
+            raise InvalidInput("the storage series are registered already")
+        reg = self.registry
+        s = {**storage.as_dict(), **self._extra}
+        sn = list(s)
+        self._prefetched = Counter("sglang:prefetched_tokens", "Number of prefetched prompt "
+                                   "tokens.", sn, registry=reg).labels(**s)
+        self._backuped = Counter("sglang:backuped_tokens", "Number of backuped tokens.", sn,
+                                 registry=reg).labels(**s)
+        self._prefetch_pgs = Histogram("sglang:prefetch_pgs", "Histogram of prefetch pages "
+                                       "of batches.", sn, registry=reg,
+                                       buckets=STORAGE_PAGES_BUCKETS).labels(**s)
+        self._backup_pgs = Histogram("sglang:backup_pgs", "Histogram of backup pages of "
+                                     "batches.", sn, registry=reg,
+                                     buckets=STORAGE_PAGES_BUCKETS).labels(**s)
+        self._prefetch_bw = Histogram("sglang:prefetch_bandwidth", "Histogram of prefetch "
+                                      "bandwidth in GB/s.", sn, registry=reg,
+                                      buckets=STORAGE_BANDWIDTH_BUCKETS).labels(**s)
+        self._backup_bw = Histogram("sglang:backup_bandwidth", "Histogram of backup "
+                                    "bandwidth in GB/s.", sn, registry=reg,
+                                    buckets=STORAGE_BANDWIDTH_BUCKETS).labels(**s)
+        self.storage = storage
 
     def _check_component(self, component: str) -> None:
         if component not in self._by_comp:
@@ -322,6 +336,76 @@ class CacheMetrics:
             for h, vals in observed:
                 for value in vals:
                     h.observe(value)
+
+    def _batch(self, pages_h: Histogram, bw_h: Histogram, pages: int, gbps: float | None) -> None:
+        with self._lock:
+            pages_h.observe(pages)
+            if gbps is not None:
+                bw_h.observe(gbps)
+
+
+class StorageTierMetrics:
+    """What a cache's storage tier (fast/tiers/storage.py) reports, as its ``metrics``, at its
+    completion points: the tokens a finished prefetch put into the tree
+    (``check_prefetch_progress``; upstream's ``loaded_from_storage``), the tokens each backup
+    wrote once its ack is drained (``check_hicache_events``), and each backend call of a
+    prefetch read (``batch_get_v1``) or a backup (``batch_set_v1``): its pages and, when the
+    backend knows its page size in bytes (``page_layout.page_bytes``, uniradix's backends), its
+    bandwidth in GB/s.  Upstream collects the per-batch figures in its Mooncake and 3FS backends
+    only; here every backend call is measured the same way (no backend, the conformance store
+    in memory: no calls, so no batch figures)."""
+
+    __slots__ = ("metrics", "page_bytes")
+
+    def __init__(self, metrics: CacheMetrics, page_bytes: int | None) -> None:
+        metrics._need_storage()
+        self.metrics = metrics
+        self.page_bytes = page_bytes
+
+    def prefetched(self, tokens: int) -> None:
+        if tokens > 0:
+            self.metrics._prefetched.inc(tokens)
+
+    def backuped(self, tokens: int) -> None:
+        if tokens > 0:
+            self.metrics._backuped.inc(tokens)
+
+    def batch(self, backup: bool, pages: int, seconds: float) -> None:
+        """One backend call of ``pages`` pages that took ``seconds``."""
+        m = self.metrics
+        m._batch(m._backup_pgs if backup else m._prefetch_pgs,
+                 m._backup_bw if backup else m._prefetch_bw, pages,
+                 pages * self.page_bytes / seconds / 1e9 if self.page_bytes and seconds > 0 else None)
+
+
+def storage_labels(tier: Any) -> StorageLabels:
+    """The storage labels of a storage tier: ``storage_backend`` is ``file`` for the file store,
+    ``mooncake`` for Mooncake (upstream's ``--hicache-storage-backend`` names), ``memory`` for the
+    in-memory store of conformance runs, else the backend's class name; ``tp_rank`` its rank in
+    ``tp_group`` (0 without one)."""
+    backend = tier.backend
+    name = "memory" if backend is None else _BACKEND_NAMES.get(type(backend).__name__,
+                                                                type(backend).__name__)
+    group = tier.config.tp_group
+    rank = 0
+    if group is not None:
+        import torch.distributed as dist
+        rank = int(dist.get_rank(group=group))
+    return StorageLabels(name, tp_rank=rank)
+
+
+_BACKEND_NAMES = {"FileStore": "file", "MooncakeStore": "mooncake"}
+
+
+def _page_bytes(backend: Any) -> int | None:
+    """A backend's bytes per page (its registered host pool's page layout), or None."""
+    if backend is None:
+        return None
+    try:
+        n = backend.page_layout.page_bytes
+    except Exception:  # noqa: BLE001 (no host pool registered, or not a uniradix backend)
+        return None
+    return n if type(n) is int and n > 0 else None
 
 
 class MetricsServer:
@@ -433,6 +517,11 @@ def wire_cache_metrics(cache: Any, params: Any) -> CacheMetrics:
                 m._record_evict((("full", n),), n, clock() - t0)
             return result
         cache.evict = _evict
+    storage = getattr(cache, "storage_tier", None)
+    if storage is not None:  # the storage tier's completion points (fast/tiers/storage.py)
+        if m.storage is None:
+            m.add_storage(storage_labels(storage))
+        storage.metrics = StorageTierMetrics(m, _page_bytes(storage.backend))
     tier = getattr(cache, "tier", None)
     if tier is not None:
         tier.__dict__.pop("load_back", None)

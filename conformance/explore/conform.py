@@ -211,6 +211,10 @@ class ConformResult:
                 f"{self.violations} violations{doc}")
 
 
+#: ``conform --events``: which segments compare KV events (``run_conform(events=...)``)
+EVENT_SEGMENTS = ("every", "even", "off")
+
+
 def _rebuilds_for_events(adapter: Any) -> bool:
     """Whether ``adapter`` (or one it wraps, ``inner``) turns KV events on by rebuilding its
     cache (``start_kv_events``, conformance/traces/events.py)."""
@@ -334,10 +338,13 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
                 progress: bool = True, stream: TextIO | None = None,
                 log: Callable[[str], None] = lambda m: print(m, flush=True),
                 snapshot_every: int = 1, tree_only: bool = False,
-                policy: str | None = None) -> ConformResult:
+                policy: str | None = None, events: str = "even") -> ConformResult:
     """The ``conform`` loop; returns counts and, at a finding, the written trace's path.
     ``config``: None (cycle through :data:`NAMED_CONFIGS`), a name, or a CacheConfig;
-    ``policy``: an eviction policy every segment's config takes (None: the config's own)."""
+    ``policy``: an eviction policy every segment's config takes (None: the config's own);
+    ``events``: which segments compare KV events (:data:`EVENT_SEGMENTS`)."""
+    if events not in EVENT_SEGMENTS:
+        raise ValueError(f"events must be one of {EVENT_SEGMENTS}, got {events!r}")
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
     labels = impl_labels([impl_name(i) for i in impls])
@@ -383,11 +390,12 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
                 log(f"conform: {note}")
         n = segment_steps if left is None else min(segment_steps, left)
         bar.extra = f"[{name} p{cfg.page_size} kv={cfg.kv_slots}]"
-        # an implementation that rebuilds its cache to emit events (fast: a Full-only cache then
-        # leaves its C core for the composed tree) compares events on every other segment only,
-        # so the C core is compared with the spec in the segments between
-        events = segment % 2 == 0 or not any(_rebuilds_for_events(a) for a in adapters)
-        ls = Lockstep(adapters, labels, snapshot_every=snapshot_every, events=events)
+        # "even": an implementation that rebuilds its cache to emit events (fast: a Full-only
+        # cache then leaves its C core for the composed tree) compares events on every other
+        # segment only, so the C core is compared with the spec in the segments between
+        compare_events = events == "every" or (events == "even" and (
+            segment % 2 == 0 or not any(_rebuilds_for_events(a) for a in adapters)))
+        ls = Lockstep(adapters, labels, snapshot_every=snapshot_every, events=compare_events)
         events_note = f"config {name}: {ls.events_note}" if ls.events_note else ""
         if events_note and events_note not in res.notes:  # KV events (conformance/traces/events.py)
             res.notes.append(events_note)
@@ -549,7 +557,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
         res = run_conform(impls, config=config, steps=args.steps, seconds=args.seconds,
                           seed=args.seed, out=args.out, shrink_seconds=args.shrink_seconds,
                           progress=not args.no_progress, snapshot_every=args.snapshot_every,
-                          tree_only=args.tree_only, policy=args.policy)
+                          tree_only=args.tree_only, policy=args.policy, events=args.events)
     except ImportError as e:  # upstream not importable, or torch missing for fast
         print(f"uniradix conform: {e}", file=sys.stderr)
         return 2
@@ -598,6 +606,11 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--policy", default=None, choices=list(POLICIES),
                    help="eviction policy for every segment's config (default: the config's, lru)")
+    p.add_argument("--events", default="even", choices=list(EVENT_SEGMENTS),
+                   help="which segments compare KV events: every (all; fast's Full configs then "
+                        "always run on the composed tree), even (default: every segment of an "
+                        "implementation that does not rebuild its cache for events, every other "
+                        "one of one that does, so fast's C core runs on the odd ones) or off")
     p.set_defaults(func=cmd_conform)
     return p
 

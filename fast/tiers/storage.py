@@ -186,6 +186,7 @@ class Backup:
     units: tuple[Any, ...]
     host_indices: torch.Tensor
     done: bool = False
+    written: int = 0  # tokens the store took (sglang:backuped_tokens_total, fast/metrics.py)
 
 
 @dataclasses.dataclass(eq=False)
@@ -234,6 +235,8 @@ def _count(name: str, k: object) -> int:
 
 class StorageTier:
     """The storage tier of one composed cache with a host tier (``cache.tier``)."""
+
+    metrics: Any = None  # its StorageTierMetrics with enable_metrics (fast/metrics.py)
 
     def __init__(self, cache: Any, config: StorageConfig) -> None:
         config.validate()
@@ -448,6 +451,8 @@ class StorageTier:
             self.occupied -= len(op.units)
             self.loaded_tokens[rid] = done - prefix_len
             self._forget_if_finished(op)
+        if self.metrics is not None:
+            self.metrics.prefetched(done - prefix_len)
         return True
 
     def _insert_host(self, node: Any, extra_key: Any, units: Any, slots: torch.Tensor,
@@ -481,6 +486,8 @@ class StorageTier:
             self.host.host_tokens += n - pos
             self.host.update_host_leaf(leaf)
             self.host.update_host_leaf(node)
+            if cache._events is not None:  # cached on the host at once (fast/events.py)
+                cache._events.host_stored(leaf)
         return matched
 
     def terminate_prefetch(self, rid: str) -> None:
@@ -542,12 +549,16 @@ class StorageTier:
                     cache.dec_host_lock_ref(op.anchor)
                 self.occupied = max(0, self.occupied - len(op.units))
                 self._forget_if_finished(op)
-            for _ in range(n_ack):
-                b = self.ack_backup_queue.pop(0)
+            acked = self.ack_backup_queue[:n_ack]
+            del self.ack_backup_queue[:n_ack]
+            for b in acked:
                 if self.ongoing_backup.pop(b.serial, None) is not None:
                     cache.dec_host_lock_ref(b.node)
             pages = self.release_queue[:n_release]
             del self.release_queue[:n_release]
+        if self.metrics is not None:
+            for b in acked:
+                self.metrics.backuped(b.written)
         if pages:
             self.host.controller.mem_pool_host.free(torch.cat(pages))
 
@@ -570,20 +581,27 @@ class StorageTier:
 
     def _write(self, b: Backup) -> None:
         ps = self.page_size
+        written = 0
         if self.backend is None:
             for i, key in enumerate(b.keys):
                 self.store[key] = tuple(b.units[i * ps: (i + 1) * ps])
+            written = len(b.units)
         else:
             for lo in range(0, len(b.keys), BATCH_PAGES):
                 keys = list(b.keys[lo: lo + BATCH_PAGES])
+                t0 = time.perf_counter()
                 try:
-                    self.backend.batch_set_v1(keys, b.host_indices[lo * ps: (lo + len(keys)) * ps])
+                    ok = self.backend.batch_set_v1(keys, b.host_indices[lo * ps: (lo + len(keys)) * ps])
                 except Exception:  # noqa: BLE001 (a failed backup leaves pages unstored)
                     break
+                if self.metrics is not None:
+                    self.metrics.batch(True, len(keys), time.perf_counter() - t0)
+                written += ps * (len(keys) if ok is True else sum(1 for x in ok or () if x is True))
         if self.copies is not None:
             self.copies.append(("store", b.host_indices.tolist(), list(b.keys)))
         with self._lock:
             b.done = True
+            b.written = written
             self.ack_backup_queue.append(b)
 
     def run_queries(self, count: int) -> int:
@@ -669,10 +687,14 @@ class StorageTier:
             while n < len(keys) and keys[n] in self.store:
                 n += 1
         else:
+            t0 = time.perf_counter()
             try:
                 ok = list(self.backend.batch_get_v1(keys, slots))
             except Exception:  # noqa: BLE001 (a failed read: a miss from here)
                 ok = []
+            else:
+                if self.metrics is not None:
+                    self.metrics.batch(False, len(keys), time.perf_counter() - t0)
             n = 0
             while n < len(keys) and n < len(ok) and ok[n] is True:
                 n += 1

@@ -208,3 +208,77 @@ def test_bench_events_runs_fast_with_and_without_them_and_records_the_ratios(tmp
     assert c["impls"]["fast+events"]["op_median_us"]["take_events"] >= 0
     assert "fast+events/fast+pytree" in capsys.readouterr().out
     assert bench.main(["--impl", "spec", "--events", "--requests", "10"]) == 2
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+def test_an_eagle_caches_events_reach_a_subscriber_as_bigram_pairs(encoding):
+    """0.5.13.post1's KV-event mixin exposes an EAGLE page as its (token, next token) pairs,
+    ``block_size`` counting pairs; the publisher validates and sends exactly that shape, in both
+    encodings, and a subscriber over loopback decodes it back unchanged."""
+    import zmq
+
+    from uniradix.fast.kv_events import KVEventsConfig, KVEventSubscriber, ZmqEventPublisher
+
+    c = cache(2, eagle=True)
+    c.take_events()  # the construction's AllBlocksCleared
+    insert(c, [5, 9, 7, 3, 8])  # 4 bigrams: 2 pages of 2
+    sent = c.take_events()
+    assert [list(e.token_ids) for e in sent] == [[(5, 9), (9, 7)], [(7, 3), (3, 8)]]
+    assert [e.block_size for e in sent] == [2, 2]
+    assert [e.block_hashes[0] for e in sent] == spec_hashes([5, 9, 7, 3, 8], 2, None,
+                                                            "namespaced", eagle=True)
+    ctx = zmq.Context()
+    cfg = KVEventsConfig(publisher="zmq", endpoint="tcp://127.0.0.1:*", encoding=encoding)
+    try:
+        with ZmqEventPublisher(cfg, context=ctx, validate=True) as pub, \
+                KVEventSubscriber(pub.endpoint, encoding=encoding, context=ctx) as sub:
+            got = None
+            for _ in range(500):  # until the subscription reached the publisher
+                assert pub.publish(sent) is True
+                got = sub.recv(0.01)
+                if got is not None:
+                    break
+            assert got is not None, "subscriber never received a batch"
+    finally:
+        ctx.term()
+    assert got[1].events == sent
+    view = RouterView(strict=True)
+    view.apply_batch(got[0], got[1].events)
+    assert view.cached("GPU") == frozenset(e.block_hashes[0] for e in sent)
+
+
+@pytest.mark.parametrize("eagle", [False, True])
+@pytest.mark.parametrize("bad", [1 << 32, -1])
+def test_a_token_page_keys_cannot_hash_is_refused_with_the_cache_unchanged(bad, eagle):
+    """Page keys hash a token as 4 bytes unsigned: with events on, an insert holding a token
+    outside [0, 2**32) is refused as the spec's page keys refuse it (InvalidInput), before the
+    cache changes (it was hashed modulo 2**32 before)."""
+    c = cache(2, eagle=eagle)
+    insert(c, [1, 2, 3, 4, 5])
+    c.take_events()
+    before = (c.full_evictable_size(), len(list(c.all_nodes())))
+    with pytest.raises(fast.InvalidInput, match=r"token .* is not an integer in \[0, 2\*\*32\)"):
+        insert(c, [1, 2, 3, 7, bad, 9, 8], start=10)
+    assert (c.full_evictable_size(), len(list(c.all_nodes()))) == before
+    assert c.take_events() == [] and c.violations() == []
+    insert(c, [1, 2, 3, 7, (1 << 32) - 1, 9, 8], start=10)  # the largest token is fine
+    assert len(c.take_events()) == 2  # its two new pages
+    off = cache(2, events=False, eagle=eagle)  # without events (nor storage) nothing is hashed
+    insert(off, [bad, 1, 2])
+
+
+def test_a_storage_tier_refuses_such_a_token_too_with_the_cache_unchanged():
+    """The storage tier keys pages with the same chain: its insert refuses the token up front
+    (it raised later, from a backup's or the snapshot's page keys)."""
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.spec.config import CacheConfig
+
+    ad = make_adapter("fast", CacheConfig(kv_slots=32, host_slots=64, page_size=1, storage=True,
+                                          prefetch_threshold=1))
+    slots = ad.apply({"op": "alloc", "args": {"n": 2}})["slots"]
+    before = ad.snapshot()
+    obs = ad.apply({"op": "insert", "args": {"tokens": [1, 1 << 32], "extra_key": None,
+                                             "value": slots, "prev_prefix_len": 0,
+                                             "chunked": False}})
+    assert obs["error"] == "InvalidInput" and "2**32" in obs["message"]
+    assert ad.snapshot() == before and ad.violations() == []

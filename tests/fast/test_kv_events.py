@@ -86,6 +86,31 @@ def test_map_encoding_tags_events_and_leaves_out_a_missing_medium():
     assert decode_batch(encode_batch(batch, "map"), "map") == batch
 
 
+@pytest.mark.parametrize("encoding", ["array", "map"])
+def test_eagle_bigram_pages_round_trip_and_nothing_else_does(encoding):
+    """An EAGLE page's token_ids are its (token, next token) pairs, as 0.5.13.post1 sends them
+    ([[a, b], ...], block_size counting pairs); a mix of ids and pairs, or a pair of three, is
+    refused."""
+    eagle = BlockStored([5], None, [(1, 2), (2, 3)], 2, None, "GPU")
+    batch = KVEventBatch(1.0, [eagle, stored(6, 5, (3, 4))], 0)
+    payload = encode_batch(batch, encoding)
+    raw = msgspec.msgpack.decode(payload)[1][0]
+    assert (raw[3] if encoding == "array" else raw["token_ids"]) == [[1, 2], [2, 3]]
+    assert decode_batch(payload, encoding) == batch
+    for bad in ([[1, 2], 3], [3, [1, 2]], [[1, 2, 3]], [[1]]):
+        ev = (["BlockStored", [5], None, bad, 2, None, "GPU"] if encoding == "array" else
+              {"type": "BlockStored", "block_hashes": [5], "parent_block_hash": None,
+               "token_ids": bad, "block_size": 2, "lora_id": None})
+        with pytest.raises(InvalidInput, match=r"events\[0\]|\$\[1\]\[0\]"):
+            decode_batch(msgspec.msgpack.encode([1.0, [ev], 0]), encoding)
+    if encoding == "array":  # a token past int64 takes the slow check: still refused
+        big = ["BlockStored", [7], None, [1 << 63, 1], 2, None, "GPU"]
+        assert decode_batch(msgspec.msgpack.encode([1.0, [raw, big], 0])).events[1].token_ids[0] == 1 << 63
+        big[3] = [1 << 63, [1, 2]]
+        with pytest.raises(InvalidInput, match=r"events\[1\]"):
+            decode_batch(msgspec.msgpack.encode([1.0, [raw, big], 0]))
+
+
 @pytest.mark.parametrize("payload", [
     msgspec.msgpack.encode([1.0, [["BlockRemoved", [1 << 63]]], 0]),        # hash past int64
     msgspec.msgpack.encode([1.0, [["BlockRemoved", ["x"]]], 0]),            # hash not an int

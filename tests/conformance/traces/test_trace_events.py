@@ -153,6 +153,31 @@ def test_conform_compares_events_and_notes_who_does_not_emit_them(monkeypatch):
     assert res.event_steps == 60
 
 
+@pytest.mark.parametrize("events, compared", [("even", 40), ("every", 60), ("off", 0)])
+def test_conform_events_option_says_which_segments_compare_events(events, compared):
+    """Three segments of 20 steps: ``even`` compares fast's events on segments 0 and 2 (fast's
+    Full config runs on its C core in segment 1), ``every`` on all three, ``off`` on none."""
+    from uniradix.conformance.explore.conform import run_conform
+
+    res = run_conform(["spec", "fast"], config="full-p1", steps=60, segment_steps=20, out=None,
+                      progress=False, log=[].append, events=events)
+    assert res.divergences == 0 and res.violations == 0 and res.segments == 3
+    assert res.event_steps == compared
+
+
+def test_conform_events_option_is_checked():
+    from uniradix.conformance.cli import build_parser
+    from uniradix.conformance.explore.conform import run_conform
+
+    with pytest.raises(ValueError, match="events must be one of"):
+        run_conform(["spec", "fast"], config="full-p1", steps=1, out=None, progress=False,
+                    events="odd")
+    assert build_parser().parse_args(["conform", "--events", "every"]).events == "every"
+    assert build_parser().parse_args(["conform"]).events == "even"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["conform", "--events", "odd"])
+
+
 def test_a_page_stored_and_removed_within_a_step_cancels_out():
     """0.5.13.post1 under write-back backs a leaf up and evicts that host copy in one eviction
     (found by `uniradix conform --impls spec,upstream --steps 12000 --seed 3`); the spec, a
