@@ -33,7 +33,8 @@ the request's ``extra_key`` (the seed takes the root's, None); a write-through w
 in flight backs every fragment up to storage (as 0.5.13.post1; the seed only the lower part);
 under EAGLE prefetch keys are bigram keys like backup keys (0.5.13.post1 hashes raw tokens,
 so its EAGLE prefetches never hit); a second prefetch for a request id that has one in flight
-is refused.
+is refused; under write-through a prefetch hangs no host-only node below a node without a host
+copy (``may_take_host_child``; the seed and 0.5.13.post1 do).
 """
 
 from __future__ import annotations
@@ -291,23 +292,37 @@ def check_prefetch_progress(state: CacheState, rid: str) -> bool:
     op.terminated = True
     done = op.completed
     ps = state.config.page_size
-    prefix_len = insert_host(state, op.anchor, op.extra_key, op.units[:done], op.slots[:done],
-                             op.keys[: done // ps])
-    state.host.pool.free(list(op.slots[:prefix_len]))
+    prefix_len, inserted = insert_host(state, op.anchor, op.extra_key, op.units[:done],
+                                       op.slots[:done], op.keys[: done // ps])
+    # the slots of pages the tree already held, and of pages it may not take (see insert_host)
+    state.host.pool.free(list(op.slots[:prefix_len]) + list(op.slots[prefix_len + inserted:done]))
     op.taken = done
     host.dec_host_lock_ref(state, op.anchor_lock)
     del tier.ongoing[rid]
     tier.occupied -= len(op.units)
-    tier.loaded_tokens[rid] = done - prefix_len
+    tier.loaded_tokens[rid] = inserted
     forget_if_finished(tier, op)
     return True
 
 
+def may_take_host_child(state: CacheState, node: Node) -> bool:
+    """Whether a prefetch may hang new host-only pages below ``node``: under write-through only
+    below the root or a backed-up node (the backup rule "a backed-up node has a backed-up
+    parent", spec/host.py ``write_backup``).  A prefetch's anchor is backed up, but the walk
+    below it can end in a device-only node (its write-through backup failed for lack of host
+    room, or it has not reached the threshold yet); a host-only child there would be lost when
+    that node is evicted (write-through deletes a device leaf without a copy).  Under
+    write-back a device-only node is backed up when evicted, so any node may take it."""
+    return host.write_back_policy(state) or node.is_root or host.backed_up(node)
+
+
 def insert_host(state: CacheState, node: Node, extra_key: str | None, units: tuple[Any, ...],
-                slots: tuple[int, ...], keys: tuple[str, ...]) -> int:
+                slots: tuple[int, ...], keys: tuple[str, ...]) -> tuple[int, int]:
     """Insert host-only pages below ``node`` (the seed's ``_insert_helper_host``): walk the
     matching children (touching each, splitting a partial match); the rest becomes one new
-    evicted node holding the host slots and keys.  Returns the length the tree already had."""
+    evicted node holding the host slots and keys, when the node the walk ended in may take it
+    (``may_take_host_child``; else the rest is dropped, 0.5.13.post1 inserts it anyway).
+    Returns the length the tree already had and the length inserted."""
     rules.touch(state, node)
     ps = state.config.page_size
     matched = 0
@@ -322,12 +337,13 @@ def insert_host(state: CacheState, node: Node, extra_key: str | None, units: tup
         if shared < len(child.key):
             child = rules.split_node(state, child, shared)
         node = child
-    if units:
-        leaf = Node(key=tuple(units), extra_key=extra_key, parent=node,
-                    value=None, stamp=(rules.tick(state), 0), host_value=tuple(slots),
-                    page_keys=tuple(keys))
-        node.children[rules.child_key_of(state, leaf.extra_key, leaf.key)] = leaf
-    return matched
+    if not units or not may_take_host_child(state, node):
+        return matched, 0
+    leaf = Node(key=tuple(units), extra_key=extra_key, parent=node,
+                value=None, stamp=(rules.tick(state), 0), host_value=tuple(slots),
+                page_keys=tuple(keys))
+    node.children[rules.child_key_of(state, leaf.extra_key, leaf.key)] = leaf
+    return matched, len(units)
 
 
 def terminate_prefetch(state: CacheState, rid: str) -> None:
