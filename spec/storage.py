@@ -178,6 +178,29 @@ def node_expected_keys(state: CacheState, node: Node) -> tuple[str, ...]:
     return keys[start:]
 
 
+def expected_keys_by_node(state: CacheState) -> dict[int, tuple[str, ...]]:
+    """``node_expected_keys`` of every node but the root (by ``id``), in one walk down from
+    the root.  Where the path above a node fills whole pages, the chain over its path is the
+    chain over its parent's path continued from the parent's last key (a key names its whole
+    prefix), so each node costs only its own pages; elsewhere the whole path is chained."""
+    ps = state.config.page_size
+    out: dict[int, tuple[str, ...]] = {}
+    # (node, units above it, the expected keys of its parent: () under the root)
+    stack: list[tuple[Node, int, tuple[str, ...]]] = [
+        (child, 0, ()) for child in state.root.children.values()]
+    while stack:
+        node, above, parent_keys = stack.pop()
+        if above % ps:
+            keys = node_expected_keys(state, node)
+        else:
+            prior = parent_keys[-1] if parent_keys else namespace_prior(node.extra_key,
+                                                                        key_mode(state))
+            keys = chain_keys(node.key, ps, prior)
+        out[id(node)] = keys
+        stack.extend((child, above + len(node.key), keys) for child in node.children.values())
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Backup to storage
 # ----------------------------------------------------------------------------------------------
@@ -609,10 +632,11 @@ def storage_invariants(state: CacheState) -> list[str]:
     errors = []
     tier = state.storage
     ps = state.config.page_size
+    by_node = expected_keys_by_node(state)
     for node in all_nodes(state):
         if node.is_root:
             continue
-        if node.page_keys is None or tuple(node.page_keys) != node_expected_keys(state, node):
+        if node.page_keys is None or tuple(node.page_keys) != by_node[id(node)]:
             errors.append(f"[storage-keys] {node!r}: page keys do not match its tokens")
     for op in tier.prefetches + list(tier.ongoing.values()):
         expected = chain_keys(op.units, ps, op.last_key)
