@@ -121,10 +121,22 @@ def chain_keys(units: Sequence[UnitValue], page_size: int,
     """
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise InvalidInput(f"page key: page_size must be an integer >= 1, got {page_size!r}")
+    run = tuple(units)
+    if run and prior and not is_page_key(prior):  # (no page: nothing to chain it to)
+        raise InvalidInput(f"page key: prior {prior!r} is not a page key")
+    _check_page(run)
+    return _chain_digests(run, page_size, prior or None)
+
+
+@functools.lru_cache(maxsize=MEMO_PAGES // 4)
+def _chain_digests(run: tuple[UnitValue, ...], page_size: int,
+                   prior: str | None) -> tuple[str, ...]:
+    """``chain_keys`` of a checked run (memoised: a node's keys are asked for after every
+    step, by the storage invariants and the KV events)."""
     keys = []
     last = prior
-    for start in range(0, len(units), page_size):
-        last = page_key(units[start: start + page_size], last)
+    for start in range(0, len(run), page_size):
+        last = _page_digest(run[start: start + page_size], last)
         keys.append(last)
     return tuple(keys)
 
