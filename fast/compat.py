@@ -138,8 +138,9 @@ def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> N
     ``finished_insert``: the cache has ``cache_finished_req`` (and so honours
     ``disable_finished_insert``).  ``multi_rank``: the cache keeps no state that must agree
     across ranks, so the process groups and ``pp_size`` / ``attn_cp_size`` need nothing from
-    it (true of the device tier, where upstream uses them for nothing either; the host tier's
-    transfer acks would need a cross-rank reduction, which uniradix does not do).
+    it (true of the device tier, where upstream uses them for nothing either).  A host tier
+    reduces its transfer acks over ``tp_cache_group`` (fast/tiers/host.py ``with_tp_group``);
+    the other groups and sizes must then span one rank.
     ``chunked_prefill_size`` and, for a Full-only cache, ``sliding_window_size`` change nothing
     in upstream's unified cache either, so any value passes.
     """
@@ -159,8 +160,7 @@ def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> N
             value = getattr(params, field, 1)
             if value != 1:
                 _refuse(field, value, "a host tier shared across ranks")
-        for field in ("tp_cache_group", "attn_cp_cache_group", "attn_tp_cache_group",
-                      "pp_cache_group"):
+        for field in ("attn_cp_cache_group", "attn_tp_cache_group", "pp_cache_group"):
             group = getattr(params, field, None)
             if group is not None and _world_size(group) != 1:
                 _refuse(field, group, "a host tier shared across ranks")

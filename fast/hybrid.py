@@ -162,7 +162,8 @@ class HybridRadixCache(UnifiedRadixCache):
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
         self._events = compat.kv_events_for(params)  # KV events (fast/events.py), or None
         if hicache is not None:
-            self._attach_tier(hicache)
+            from .tiers.host import with_tp_group  # tp_cache_group: the acks' MIN over ranks
+            self._attach_tier(with_tp_group(hicache, params))
         else:
             self.tier = None
             self._evict_leaf = self._delete_leaf

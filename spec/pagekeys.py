@@ -26,14 +26,20 @@ Every helper is pure, with PEP 316 contracts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
+from typing import cast
 
 from .errors import InvalidInput
 
 KEY_MODES = ("namespaced", "compat")
 NAMESPACE_TAG = b"uniradix/extra_key\x00"
 TOKEN_LIMIT = 2 ** 32  # a token is stored as 4 bytes unsigned
+HEX_DIGITS = "0123456789abcdef"
+# how many (prior, page) -> key results page_key remembers: the storage invariants re-key every
+# node's path after every step, so the same pages come back again and again
+MEMO_PAGES = 1 << 16
 
 UnitValue = int | tuple[int, int]
 
@@ -43,13 +49,37 @@ def is_page_key(key: object) -> bool:
 
     post: __return__ == (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key))
     """  # noqa: E501 (CrossHair reads each PEP 316 condition from one line)
-    return isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)
+    # (stripping every hex digit from both ends leaves nothing exactly when all 64 are hex digits)
+    return isinstance(key, str) and len(key) == 64 and not key.strip(HEX_DIGITS)
 
 
-def _token_bytes(t: int) -> bytes:
+def _check_token(t: object) -> None:
     if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < TOKEN_LIMIT:
         raise InvalidInput(f"page key: token {t!r} is not an integer in [0, 2**32)")
-    return t.to_bytes(4, "little", signed=False)
+
+
+def _check_page(page: tuple[UnitValue, ...]) -> None:
+    """Every token of ``page`` is an integer in [0, 2**32) (an EAGLE unit: a pair of them)."""
+    if page and set(map(type, page)) == {int}:  # the common case, checked in C: plain ints
+        ints = cast("tuple[int, ...]", page)
+        if 0 <= min(ints) and max(ints) < TOKEN_LIMIT:
+            return
+    for unit in page:
+        for t in (unit if isinstance(unit, tuple) else (unit,)):
+            _check_token(t)
+
+
+@functools.lru_cache(maxsize=MEMO_PAGES)
+def _page_digest(page: tuple[UnitValue, ...], prior: str | None) -> str:
+    """The key of a checked ``page`` after a checked ``prior`` (memoised: a key depends on
+    nothing else)."""
+    hasher = hashlib.sha256()
+    if prior:
+        hasher.update(bytes.fromhex(prior))
+    for unit in page:
+        for t in (unit if isinstance(unit, tuple) else (unit,)):
+            hasher.update(t.to_bytes(4, "little", signed=False))
+    return hasher.hexdigest()
 
 
 def page_key(units: Sequence[UnitValue], prior: str | None = None) -> str:
@@ -60,18 +90,11 @@ def page_key(units: Sequence[UnitValue], prior: str | None = None) -> str:
     pre: prior is None or prior == "" or is_page_key(prior)
     post: is_page_key(__return__)
     """
-    hasher = hashlib.sha256()
-    if prior:
-        if not is_page_key(prior):
-            raise InvalidInput(f"page key: prior {prior!r} is not a page key")
-        hasher.update(bytes.fromhex(prior))
-    for unit in units:
-        if isinstance(unit, tuple):
-            for t in unit:
-                hasher.update(_token_bytes(t))
-        else:
-            hasher.update(_token_bytes(unit))
-    return hasher.hexdigest()
+    if prior and not is_page_key(prior):
+        raise InvalidInput(f"page key: prior {prior!r} is not a page key")
+    page = tuple(units)
+    _check_page(page)
+    return _page_digest(page, prior or None)
 
 
 def namespace_prior(extra_key: str | None, key_mode: str = "namespaced") -> str | None:
@@ -98,10 +121,22 @@ def chain_keys(units: Sequence[UnitValue], page_size: int,
     """
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise InvalidInput(f"page key: page_size must be an integer >= 1, got {page_size!r}")
+    run = tuple(units)
+    if run and prior and not is_page_key(prior):  # (no page: nothing to chain it to)
+        raise InvalidInput(f"page key: prior {prior!r} is not a page key")
+    _check_page(run)
+    return _chain_digests(run, page_size, prior or None)
+
+
+@functools.lru_cache(maxsize=MEMO_PAGES // 4)
+def _chain_digests(run: tuple[UnitValue, ...], page_size: int,
+                   prior: str | None) -> tuple[str, ...]:
+    """``chain_keys`` of a checked run (memoised: a node's keys are asked for after every
+    step, by the storage invariants and the KV events)."""
     keys = []
     last = prior
-    for start in range(0, len(units), page_size):
-        last = page_key(units[start: start + page_size], last)
+    for start in range(0, len(run), page_size):
+        last = _page_digest(run[start: start + page_size], last)
         keys.append(last)
     return tuple(keys)
 

@@ -33,7 +33,8 @@ the request's ``extra_key`` (the seed takes the root's, None); a write-through w
 in flight backs every fragment up to storage (as 0.5.13.post1; the seed only the lower part);
 under EAGLE prefetch keys are bigram keys like backup keys (0.5.13.post1 hashes raw tokens,
 so its EAGLE prefetches never hit); a second prefetch for a request id that has one in flight
-is refused.
+is refused; under write-through a prefetch hangs no host-only node below a node without a host
+copy (``may_take_host_child``; the seed and 0.5.13.post1 do).
 """
 
 from __future__ import annotations
@@ -177,6 +178,29 @@ def node_expected_keys(state: CacheState, node: Node) -> tuple[str, ...]:
     return keys[start:]
 
 
+def expected_keys_by_node(state: CacheState) -> dict[int, tuple[str, ...]]:
+    """``node_expected_keys`` of every node but the root (by ``id``), in one walk down from
+    the root.  Where the path above a node fills whole pages, the chain over its path is the
+    chain over its parent's path continued from the parent's last key (a key names its whole
+    prefix), so each node costs only its own pages; elsewhere the whole path is chained."""
+    ps = state.config.page_size
+    out: dict[int, tuple[str, ...]] = {}
+    # (node, units above it, the expected keys of its parent: () under the root)
+    stack: list[tuple[Node, int, tuple[str, ...]]] = [
+        (child, 0, ()) for child in state.root.children.values()]
+    while stack:
+        node, above, parent_keys = stack.pop()
+        if above % ps:
+            keys = node_expected_keys(state, node)
+        else:
+            prior = parent_keys[-1] if parent_keys else namespace_prior(node.extra_key,
+                                                                        key_mode(state))
+            keys = chain_keys(node.key, ps, prior)
+        out[id(node)] = keys
+        stack.extend((child, above + len(node.key), keys) for child in node.children.values())
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Backup to storage
 # ----------------------------------------------------------------------------------------------
@@ -291,23 +315,37 @@ def check_prefetch_progress(state: CacheState, rid: str) -> bool:
     op.terminated = True
     done = op.completed
     ps = state.config.page_size
-    prefix_len = insert_host(state, op.anchor, op.extra_key, op.units[:done], op.slots[:done],
-                             op.keys[: done // ps])
-    state.host.pool.free(list(op.slots[:prefix_len]))
+    prefix_len, inserted = insert_host(state, op.anchor, op.extra_key, op.units[:done],
+                                       op.slots[:done], op.keys[: done // ps])
+    # the slots of pages the tree already held, and of pages it may not take (see insert_host)
+    state.host.pool.free(list(op.slots[:prefix_len]) + list(op.slots[prefix_len + inserted:done]))
     op.taken = done
     host.dec_host_lock_ref(state, op.anchor_lock)
     del tier.ongoing[rid]
     tier.occupied -= len(op.units)
-    tier.loaded_tokens[rid] = done - prefix_len
+    tier.loaded_tokens[rid] = inserted
     forget_if_finished(tier, op)
     return True
 
 
+def may_take_host_child(state: CacheState, node: Node) -> bool:
+    """Whether a prefetch may hang new host-only pages below ``node``: under write-through only
+    below the root or a backed-up node (the backup rule "a backed-up node has a backed-up
+    parent", spec/host.py ``write_backup``).  A prefetch's anchor is backed up, but the walk
+    below it can end in a device-only node (its write-through backup failed for lack of host
+    room, or it has not reached the threshold yet); a host-only child there would be lost when
+    that node is evicted (write-through deletes a device leaf without a copy).  Under
+    write-back a device-only node is backed up when evicted, so any node may take it."""
+    return host.write_back_policy(state) or node.is_root or host.backed_up(node)
+
+
 def insert_host(state: CacheState, node: Node, extra_key: str | None, units: tuple[Any, ...],
-                slots: tuple[int, ...], keys: tuple[str, ...]) -> int:
+                slots: tuple[int, ...], keys: tuple[str, ...]) -> tuple[int, int]:
     """Insert host-only pages below ``node`` (the seed's ``_insert_helper_host``): walk the
     matching children (touching each, splitting a partial match); the rest becomes one new
-    evicted node holding the host slots and keys.  Returns the length the tree already had."""
+    evicted node holding the host slots and keys, when the node the walk ended in may take it
+    (``may_take_host_child``; else the rest is dropped, 0.5.13.post1 inserts it anyway).
+    Returns the length the tree already had and the length inserted."""
     rules.touch(state, node)
     ps = state.config.page_size
     matched = 0
@@ -322,12 +360,13 @@ def insert_host(state: CacheState, node: Node, extra_key: str | None, units: tup
         if shared < len(child.key):
             child = rules.split_node(state, child, shared)
         node = child
-    if units:
-        leaf = Node(key=tuple(units), extra_key=extra_key, parent=node,
-                    value=None, stamp=(rules.tick(state), 0), host_value=tuple(slots),
-                    page_keys=tuple(keys))
-        node.children[rules.child_key_of(state, leaf.extra_key, leaf.key)] = leaf
-    return matched
+    if not units or not may_take_host_child(state, node):
+        return matched, 0
+    leaf = Node(key=tuple(units), extra_key=extra_key, parent=node,
+                value=None, stamp=(rules.tick(state), 0), host_value=tuple(slots),
+                page_keys=tuple(keys))
+    node.children[rules.child_key_of(state, leaf.extra_key, leaf.key)] = leaf
+    return matched, len(units)
 
 
 def terminate_prefetch(state: CacheState, rid: str) -> None:
@@ -593,10 +632,11 @@ def storage_invariants(state: CacheState) -> list[str]:
     errors = []
     tier = state.storage
     ps = state.config.page_size
+    by_node = expected_keys_by_node(state)
     for node in all_nodes(state):
         if node.is_root:
             continue
-        if node.page_keys is None or tuple(node.page_keys) != node_expected_keys(state, node):
+        if node.page_keys is None or tuple(node.page_keys) != by_node[id(node)]:
             errors.append(f"[storage-keys] {node!r}: page keys do not match its tokens")
     for op in tier.prefetches + list(tier.ongoing.values()):
         expected = chain_keys(op.units, ps, op.last_key)

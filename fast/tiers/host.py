@@ -117,6 +117,50 @@ class HiCacheConfig:
     host_swa_allocator: Any = None
     host_swa_slots: int | None = None
     storage: Any = None  # the storage tier below this one (fast/tiers/storage.py StorageConfig)
+    # the tensor-parallel ranks that must keep identical trees (a torch.distributed group;
+    # SGLang's ``tp_cache_group``): each rank processes the MIN over the ranks of its finished
+    # write and load acks.  None: one rank.
+    tp_group: Any = None
+
+
+def _world_size(group: Any) -> int:
+    import torch.distributed as dist
+    try:
+        return int(dist.get_world_size(group=group))
+    except (RuntimeError, ValueError, AttributeError):  # not initialised, or not a group
+        return -1
+
+
+def with_tp_group(config: HiCacheConfig, params: Any) -> HiCacheConfig:
+    """``config`` with the tensor-parallel group the host tier reduces its acks over:
+    ``config.tp_group``, else ``params.tp_cache_group`` when it spans more than one rank.
+    Refused by name: a group that is not an initialised torch.distributed group, and a
+    storage tier without its own groups under more than one rank (its hit counts and
+    prefetches would differ between ranks: ``StorageConfig.tp_group`` / ``tp_io_group``)."""
+    group = config.tp_group if config.tp_group is not None \
+        else getattr(params, "tp_cache_group", None)
+    if group is None:
+        return config
+    size = _world_size(group)
+    if size < 1:
+        raise Unsupported(f"tp_cache_group={group!r}: not an initialised torch.distributed "
+                          "group (the host tier reduces its acks over it)")
+    if size == 1:
+        return dataclasses.replace(config, tp_group=None)
+    if config.storage is not None and getattr(config.storage, "tp_group", None) is None:
+        raise Unsupported(f"tp_cache_group={group!r} spans {size} ranks: the storage tier needs "
+                          "its own groups then (StorageConfig.tp_group and tp_io_group)")
+    return dataclasses.replace(config, tp_group=group)
+
+
+def _min_over(group: Any, count: int) -> int:
+    """``count`` reduced with MIN over ``group`` (itself without one)."""
+    if group is None:
+        return count
+    import torch.distributed as dist
+    t = torch.tensor([count], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return int(t.item())
 
 
 def hicache_config_from_server_args(server_args: Any, params: Any) -> HiCacheConfig:
@@ -440,6 +484,7 @@ class HostTier:
             if config.write_through_threshold is not None \
             else (1 if config.write_policy == "write_through" else 2)
         self.load_back_threshold = config.load_back_threshold
+        self.tp_group = config.tp_group  # ranks that agree on the acks processed (MIN)
         # (stamp, node) over the host leaves, lazily deleted (fast/structures.py)
         self.host_leaf_heap = LazyHeap()
         self.host_leaves: set = set()
@@ -761,13 +806,17 @@ class HostTier:
     # -- acks ----------------------------------------------------------------------------------
     def writing_check(self, write_back: bool = False) -> None:
         """Process finished backups (the done prefix of the write-ack queue), unlocking their
-        nodes; ``write_back``: wait for all of them first."""
+        nodes; ``write_back``: wait for all of them first.  With a ``tp_group`` every rank
+        processes the MIN over the ranks of its done prefix (as 0.5.13.post1), so all ranks
+        unlock, back up to storage and publish the same writes."""
         queue = self.controller.ack_write_queue
         if write_back:
             for ack in queue:
                 ack.finish_event.synchronize()
-        while queue and queue[0].finish_event.query():
-            for ack_id in queue.pop(0).node_ids:
+        for ack in queue[: self._finished(queue)]:
+            del queue[0]
+            ack.finish_event.synchronize()  # (done here: the MIN is at most this rank's count)
+            for ack_id in ack.node_ids:
                 if self.cache._events is not None:
                     self.cache._events.host_acked(ack_id)
                 entry = self.ongoing_write_through.pop(ack_id, None)
@@ -777,12 +826,27 @@ class HostTier:
                     self.storage.after_write_ack(ack_id, entry.node)
 
     def loading_check(self) -> None:
-        """Process finished loads (the done prefix of the load-ack queue), unlocking them."""
+        """Process finished loads (the done prefix of the load-ack queue), unlocking them;
+        with a ``tp_group`` the MIN over the ranks of the done prefix."""
         queue = self.controller.ack_load_queue
-        while queue and queue[0].finish_event.query():
-            for ack_id in queue.pop(0).node_ids:
+        for ack in queue[: self._finished(queue)]:
+            del queue[0]
+            ack.finish_event.synchronize()
+            for ack_id in ack.node_ids:
                 entry = self.ongoing_load_back.pop(ack_id)
                 self.cache.dec_lock_ref(entry.node, entry.lock)
+
+    def _finished(self, queue: list) -> int:
+        """How many acks at the front of ``queue`` to process: the done prefix, reduced with
+        MIN over ``tp_group``.  An empty queue asks no rank (every rank queues the same acks)."""
+        if not queue:
+            return 0
+        done = 0
+        for ack in queue:
+            if not ack.finish_event.query():
+                break
+            done += 1
+        return done if self.tp_group is None else _min_over(self.tp_group, done)
 
     # -- host locks ----------------------------------------------------------------------------
     def host_lock(self, node: Any) -> HostLockResult:

@@ -438,10 +438,12 @@ class StorageTier:
             read = op.completed
         done = _reduce(self.config.tp_group, [read], "min")[0]  # what every rank has read
         ps = self.page_size
-        prefix_len = self._insert_host(op.anchor, op.extra_key, op.units[:done], op.slots[:done],
-                                       op.keys[: done // ps])
+        prefix_len, inserted = self._insert_host(op.anchor, op.extra_key, op.units[:done],
+                                                 op.slots[:done], op.keys[: done // ps])
         if prefix_len:
             self.host.controller.mem_pool_host.free(op.slots[:prefix_len])
+        if prefix_len + inserted < done:  # pages no node may take (spec: may_take_host_child)
+            self.host.controller.mem_pool_host.free(op.slots[prefix_len + inserted:done])
         with self._lock:
             self._release(op.slots[done:read])  # read here, not on every rank
             op.taken = read
@@ -449,15 +451,17 @@ class StorageTier:
                 self.cache.dec_host_lock_ref(op.anchor)
             del self.ongoing[rid]
             self.occupied -= len(op.units)
-            self.loaded_tokens[rid] = done - prefix_len
+            self.loaded_tokens[rid] = inserted
             self._forget_if_finished(op)
         if self.metrics is not None:
             self.metrics.prefetched(done - prefix_len)
         return True
 
     def _insert_host(self, node: Any, extra_key: Any, units: Any, slots: torch.Tensor,
-                     keys: tuple[str, ...]) -> int:
-        """Insert host-only pages below ``node``; returns the length the tree already had."""
+                     keys: tuple[str, ...]) -> tuple[int, int]:
+        """Insert host-only pages below ``node``; returns the length the tree already had and
+        the length inserted.  Under write-through the rest goes in only below the root or a
+        backed-up node (spec/storage.py ``may_take_host_child``)."""
         cache = self.cache
         cache._stamp(node)
         matched = 0
@@ -474,6 +478,9 @@ class StorageTier:
             if shared < len(child.key):
                 child = cache._split(child, shared)
             node = child
+        if pos < n and not (self.host.write_back or node is cache.root_node
+                            or node.host_value is not None):
+            return matched, 0
         if pos < n:
             ps = self.page_size
             cache._clock += STRIDE
@@ -488,7 +495,7 @@ class StorageTier:
             self.host.update_host_leaf(node)
             if cache._events is not None:  # cached on the host at once (fast/events.py)
                 cache._events.host_stored(leaf)
-        return matched
+        return matched, n - pos
 
     def terminate_prefetch(self, rid: str) -> None:
         with self._lock:

@@ -65,3 +65,18 @@ class _Pair(LockstepFace):
 
     def __init__(self, config) -> None:
         super().__init__(config, "upstream")
+
+
+def test_upstream_hangs_prefetched_pages_below_a_node_without_a_host_copy():
+    """docs/SPEC.md (storage tier): under write-through a prefetch whose walk ends in a
+    device-only node (its backup failed for lack of host room) hangs its pages there on
+    0.5.13.post1; the spec and fast drop them (spec/storage.py ``may_take_host_child``) and free
+    their host slots, so the trace's last step frees 36 host slots where upstream frees 32."""
+    path = os.path.join(BASE, "..", "regressions",
+                        "conform-storage-wt-p4-to-s2-prefetch-below-device-only-node.jsonl")
+    trace = load_trace(path)
+    result = replay_trace(trace, "upstream")
+    d = result.divergence
+    assert d is not None and (d.step, d.op, d.field) == (20, "check_prefetch_progress",
+                                                         "host_freed"), str(d)
+    assert len(trace.steps[20]["ret"]["host_freed"]) == 36 and len(d.actual) == 32
