@@ -215,7 +215,9 @@ def fast_build(config: BenchConfig, kv_slots: int, page_size: int) -> tuple:
         kw["hicache"] = HiCacheConfig(
             host_allocator=HostFreeList(2 * kv_slots, page_size, torch),
             write_policy=config.hicache, write_through_threshold=1, load_back_threshold=0,
-            io="sync")
+            io="sync",
+            # the bench's Mamba request pool has no size fast can read: name upstream's
+            host_mamba_slots=MAMBA_HOST_SLOTS if "mamba" in config.components else None)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
         page_size=page_size, **kw))
