@@ -166,7 +166,7 @@ def _throughput_from_comparison(c: dict) -> dict:
            "mismatches": list(c.get("mismatches") or []),
            "peer_differences": list(c.get("peer_differences") or []),
            "missing": dict(c.get("missing") or {}), "impls": impls, "noise_source": "rounds"}
-    fig["ratios"] = fast_ratios(impls, fig["identical_outcomes"])
+    fig["ratios"] = fast_ratios(impls, c.get("identical_outcomes"))
     return fig
 
 

@@ -190,3 +190,16 @@ def test_an_swa_mixup_on_the_host_trip_is_found_by_the_kv_check(monkeypatch, cap
     assert cli_main(["replay", HOST_SWA_TRACE, "--impl", "spec"]) == 0
     assert cli_main(["replay", HOST_SWA_TRACE, "--impl", "spec", "--check-kv"]) == 1
     assert "SWA slot" in capsys.readouterr().out
+
+
+MAMBA_REQUEST_TRACE = os.path.join(CORPUS, "regressions",
+                                   "conform-mamba-request-chunk-state-copy-kv.jsonl")
+
+
+@pytest.mark.parametrize("impl", ["spec", "fast"])
+def test_mamba_request_states_are_followed_by_the_kv_check(impl, capsys):
+    """The request path with Mamba: a prefill chunk caches a copy of the request's state (the
+    state of its computed tokens) in a fresh slot; the check follows it (before, that slot was
+    never computed and the check failed on spec and fast alike)."""
+    assert cli_main(["replay", MAMBA_REQUEST_TRACE, "--impl", impl, "--check-kv"]) == 0
+
