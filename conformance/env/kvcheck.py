@@ -291,7 +291,7 @@ class KVChecked:
                 self.swa.run(self.inner.take_swa_copies())
         if self.states is not None and op in REQUEST_STATE_OPS:
             assert before is not None  # taken for every request step with Mamba above
-            self._request_states(op, args.get("rid"), before, after)
+            self._request_states(op, args.get("rid"), before, obs, after)
         self._check_state(i, after)
         if self.states is not None:
             self._check_states(i, after)
@@ -349,7 +349,7 @@ class KVChecked:
         if n:
             self.states.device[value[0]] = self._fps(args.get("extra_key"), tokens[:n])[-1]
 
-    def _request_states(self, op: str, rid: Any, before: dict, after: dict) -> None:
+    def _request_states(self, op: str, rid: Any, before: dict, obs: dict, after: dict) -> None:
         """Mamba, the request path: a running request's own state slot holds the state of its
         computed tokens (computed at admission from its prefix and at each chunk and decode
         step); a state slot the tree took in the step holds the request's state as it was
@@ -370,6 +370,7 @@ class KVChecked:
             self.states.device[own] = state
         held = {s for node in before.get("nodes", [])
                 for s in ((node.get("mamba") or {}).get("value") or ())}
+        held.difference_update(obs.get("mamba_freed", ()))  # (freed and taken again: new)
         for node in after.get("nodes", []):
             slots: list[int] = list((node.get("mamba") or {}).get("value") or ())
             if len(slots) != 1 or slots[0] in held:

@@ -192,14 +192,17 @@ def test_an_swa_mixup_on_the_host_trip_is_found_by_the_kv_check(monkeypatch, cap
     assert "SWA slot" in capsys.readouterr().out
 
 
-MAMBA_REQUEST_TRACE = os.path.join(CORPUS, "regressions",
-                                   "conform-mamba-request-chunk-state-copy-kv.jsonl")
+MAMBA_REQUEST_TRACES = [os.path.join(CORPUS, "regressions", name) for name in (
+    "conform-mamba-request-chunk-state-copy-kv.jsonl",
+    "conform-full-swa-mamba-p4-request-chunk-state-slot-reused-kv.jsonl")]
 
 
 @pytest.mark.parametrize("impl", ["spec", "fast"])
-def test_mamba_request_states_are_followed_by_the_kv_check(impl, capsys):
+@pytest.mark.parametrize("trace", MAMBA_REQUEST_TRACES, ids=os.path.basename)
+def test_mamba_request_states_are_followed_by_the_kv_check(trace, impl, capsys):
     """The request path with Mamba: a prefill chunk caches a copy of the request's state (the
     state of its computed tokens) in a fresh slot; the check follows it (before, that slot was
-    never computed and the check failed on spec and fast alike)."""
-    assert cli_main(["replay", MAMBA_REQUEST_TRACE, "--impl", impl, "--check-kv"]) == 0
+    never computed and the check failed on spec and fast alike; the second trace: the copy's
+    slot is a state the chunk's own room-making evicted)."""
+    assert cli_main(["replay", trace, "--impl", impl, "--check-kv"]) == 0
 
