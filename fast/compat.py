@@ -390,6 +390,39 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
     cache._cleanup_caching_req(req, True, result, params)
 
 
+def _unfinished_cache_len(cache: Any, req: Any, tokens: Any) -> tuple[int, Any] | None:
+    """Hybrid models, ``cache_unfinished_req`` (spec/requests.py ``unfinished_cache_len``): how
+    many computed tokens go into the tree, and the fresh Mamba slot of the state copy (None
+    without Mamba); None: nothing is cached this time.  Mamba takes its slot first (one state
+    evicted when the pool is empty; with none to be had the chunk is not cached).  SWA cuts at
+    the first SWA tombstone from the protected length on that a lock holds (another holder's
+    prefix runs through it: the insert would not give it the request's slots, the match would
+    stop above it).  A state copy with a cut below the page-aligned length is not cached (the
+    state is the whole computed length's)."""
+    n = _aligned_len(cache, len(tokens))
+    copy = None
+    if cache.mamba is not None:
+        copy = cache.mamba.try_alloc_slot()
+        if copy is None:
+            return None
+    cut = n
+    swa = cache.swa
+    if swa is not None:
+        key = _key_for(cache, tokens, req.extra_key)
+        units = cache._units(key)[:n]
+        start, protected = 0, req.cache_protected_len
+        for node, shared in cache._plan(key.extra_key, units):
+            if (start >= protected and node.value is not None
+                    and node.aux[swa.i].value is None and node.lock_ref > 0):
+                cut = start
+                break
+            start += shared
+    if copy is not None and cut < n:
+        cache.mamba.allocator.free(copy)
+        return None
+    return cut, copy
+
+
 def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     """Cache what a running request has computed so far; its row then points at the tree's
     slots up to the new match, which it locks instead of the old last node.
@@ -405,10 +438,19 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     if cache.disable:
         req.prefix_indices = kv
         return
+    copy = None  # Mamba: the fresh slot of the state copy
+    computed = kv  # the request's row of computed tokens (its prefix_indices at the end)
+    if getattr(cache, "components", None):  # hybrid models: maybe a shorter length, or none
+        cut = _unfinished_cache_len(cache, req, tokens)
+        if cut is None:
+            return
+        n, copy = cut
+        n = n + 1 if cache.is_eagle and n else n  # (EAGLE: units are bigrams, one token more)
+        tokens, kv = tokens[:n], kv[:n]
     key = _key_for(cache, tokens, req.extra_key)
     params = InsertParams(key=key, value=kv.to(torch.int64),
                           prev_prefix_len=req.cache_protected_len, chunked=chunked,
-                          priority=getattr(req, "priority", 0) or 0)
+                          priority=getattr(req, "priority", 0) or 0, mamba_value=copy)
     cache._prepare_caching_req(req, params, False)  # the components' insert data
     try:
         result = cache.insert(params)
@@ -425,7 +467,8 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     lock = cache.inc_lock_ref(m.last_device_node)
     req.dec_lock_params = lock.to_dec_params()
     req.swa_uuid_for_lock = lock.swa_uuid_for_lock
-    req.prefix_indices = torch.cat([new, kv[len(new):]]) if len(new) < len(kv) else new
+    req.prefix_indices = torch.cat([new, computed[len(new):]]) if len(new) < len(computed) \
+        else new
     req.cache_protected_len = len(new)
     req.last_node = m.last_device_node
     cache._cleanup_caching_req(req, False, result, params)

@@ -2,7 +2,15 @@
 model (Full plus SWA and/or Mamba; fast/hybrid.py), over the spec's environment models
 (spec/world.py: the SWA allocator's ``HybridKVPool`` and the Mamba pool) behind SGLang's
 allocator interfaces.  Observations and snapshots have the spec's shape (spec/snapshot.py), the
-aux LRU order being the fast path's real list."""
+aux LRU order being the fast path's real list.
+
+The request path (``req_*`` ops) is the scheduler of spec/requests.py around fast's own
+``cache_unfinished_req`` / ``cache_finished_req``: with SWA a room shortfall evicts the Full and
+the SWA shortfall in one call, and before each decode step the request's own positions more
+than a window and a page behind drop their SWA slots (``req.swa_evicted_seqlen``, which the
+finishing insert reads); with Mamba a request takes a state slot at admission
+(``req.mamba_pool_idx``; one state evicted when the pool is empty, and it waits holding nothing
+when still none), which the cache hands to the tree or frees."""
 
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPo
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
+from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import HybridKVPool, PagedPool, hybrid_pools
 
 
@@ -73,6 +82,8 @@ class MambaReqPool(ReqToTokenPool):
 class HybridFastAdapter(FastAdapter):
     """Runs trace steps on the fast path's hybrid cache."""
 
+    hybrid_requests = True  # the request path with SWA and Mamba (module docstring)
+
     def __init__(self, config: CacheConfig) -> None:  # no super().__init__: other pools
         check_supported(config, hybrid=True, host_tier=True, host_aux=True)
         self.config = config
@@ -80,7 +91,10 @@ class HybridFastAdapter(FastAdapter):
         self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.mamba)
                                if p is not None)
         swa = "swa" in config.components
-        self.alloc = (SwaPoolAllocator if swa else PoolAllocator)(self.pool, torch)
+        # (whole pages: a request's partial last page goes back whole, as SGLang's paged
+        # allocator frees it; FastAdapter's allocator does the same)
+        self.alloc = (SwaPoolAllocator if swa else PoolAllocator)(self.pool, torch,
+                                                                  whole_pages=True)
         self.rtt = ReqToTokenPool() if self.mamba is None else MambaReqPool(self.mamba)
         comps = tuple(config.components)  # the fast cache refuses a set it does not model
         hicache = None
@@ -203,6 +217,122 @@ class HybridFastAdapter(FastAdapter):
         if self.cache.components:
             obs.update(self._effects())
         return obs
+
+    # -- the request path with SWA / Mamba (spec/requests.py's scheduler) ------------------------
+    def op_req_arrive(self, step: dict) -> dict:
+        if self.config.eagle and self.config.components != ("full",):
+            raise Unsupported("req_arrive: the request model with SWA or Mamba takes no EAGLE "
+                              "keys")
+        out = super().op_req_arrive(step)
+        rid = step["args"]["rid"]
+        req = self.requests[rid]
+        req.swa_evicted_seqlen = 0  # where its own SWA data starts (page-aligned)
+        req.mamba_pool_idx = None  # its own Mamba state slot, from admission
+        return out
+
+    def _request_view(self, req: Any) -> dict[str, Any]:
+        out = super()._request_view(req)
+        if "swa" in self.config.components:
+            out["swa_evicted_seqlen"] = req.swa_evicted_seqlen
+        if "mamba" in self.config.components:
+            idx = req.mamba_pool_idx
+            out["mamba_slot"] = None if idx is None else int(idx.reshape(-1)[0])
+        return out
+
+    def _req_effects(self, obs: dict) -> dict:
+        """A request step's pool effects with an aux component (TRACE.md): ``freed`` and
+        ``swa_freed`` / ``mamba_freed``."""
+        if "freed" not in obs:
+            obs["freed"] = self.pool.take_freed()
+        obs.update(self._effects())
+        return obs
+
+    def op_req_admit(self, step: dict) -> dict:
+        obs = super().op_req_admit(step)
+        if self.mamba is None:
+            return self._req_effects(obs)
+        req = self.requests[step["args"]["rid"]]
+        if req.admitted and req.session is None:  # the request's own state slot
+            if self.mamba.available_size() == 0:
+                self.cache.evict(fast.EvictParams(num_tokens=0, mamba_num=1))
+            if self.mamba.available_size() == 0:  # every state is locked: it waits
+                self.cache.dec_lock_ref(req.last_node, req.dec_lock_params)
+                self._release_row(req)
+                obs["prefix_len"] = 0
+            else:
+                req.mamba_pool_idx = torch.tensor(self.mamba.alloc(1), dtype=torch.int64)
+        obs["mamba_pool_idx"] = (None if req.mamba_pool_idx is None
+                                 else int(req.mamba_pool_idx.reshape(-1)[0]))
+        return self._req_effects(obs)
+
+    def _release_row(self, req: Any) -> None:
+        """Undo an admission that cannot take a state slot: the request holds nothing."""
+        self.rtt.free_rows.append(req.req_pool_idx)
+        self.rtt.free_rows.sort()
+        req.req_pool_idx = -1
+        req.committed = req.row_len = req.cache_protected_len = 0
+        req.last_node = req.dec_lock_params = None
+        req.admitted = False
+
+    def _reserve(self, req: Any, new_tokens: int) -> tuple[bool, int]:
+        if "swa" not in self.config.components:
+            return super()._reserve(req, new_tokens)
+        ps = self.config.page_size  # SWA slots come with the full ones: evict both shortfalls
+        need = -(-(req.committed + new_tokens) // ps) * ps - req.row_len
+        if need <= 0:
+            return True, 0
+        short = need - self.pool.available_size()
+        swa_short = need - self.pool.swa.available_size()
+        evicted = 0
+        if short > 0 or swa_short > 0:
+            evicted = self.cache.evict(fast.EvictParams(
+                num_tokens=max(short, 0), swa_num_tokens=max(swa_short, 0))).num_tokens_evicted
+        slots = self.alloc.alloc(need)
+        if slots is None:
+            return False, evicted
+        req.pending = torch.cat([req.pending, slots])
+        req.row_len += need
+        return True, evicted
+
+    def _slide_window(self, req: Any) -> None:
+        """SWA, before a decode step: the request's own positions more than one window and one
+        page behind its computed length drop their SWA slots (spec/requests.py
+        ``evict_swa_window``)."""
+        if "swa" not in self.config.components or self.config.disable:
+            return
+        ps = self.config.page_size
+        window = self.config.sliding_window
+        assert window is not None  # CacheConfig.validate: SWA needs one
+        req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.cache_protected_len)
+        new = max(req.swa_evicted_seqlen, req.committed - window - ps) // ps * ps
+        if new > req.swa_evicted_seqlen:
+            row = self.rtt.req_to_token[req.req_pool_idx, req.swa_evicted_seqlen: new]
+            self.pool.free_swa(row.tolist())
+            req.swa_evicted_seqlen = new
+
+    def op_req_chunk(self, step: dict) -> dict:
+        return self._req_effects(super().op_req_chunk(step))
+
+    def op_req_decode(self, step: dict) -> dict:
+        rid, n = args_of(step, "rid", "n")
+        req = self._get(rid, admitted=True)
+        n = self._count(n)
+        if req.committed < len(req.origin_input_ids):
+            raise InvalidInput(f"req {rid!r}: decode before the prompt is computed")
+        self._slide_window(req)
+        ok, evicted = self._reserve(req, n)
+        if ok:
+            base = len(req.output_ids)
+            req.output_ids.extend(output_token_id(req.origin_input_ids, base + j)
+                                  for j in range(n))
+            self._commit(req, n)
+        return self._req_effects({"ok": ok, "evicted": evicted})
+
+    def op_req_finish(self, step: dict) -> dict:
+        return self._req_effects(super().op_req_finish(step))
+
+    def op_req_abort(self, step: dict) -> dict:
+        return self._req_effects(super().op_req_abort(step))
 
     # -- ops -------------------------------------------------------------------------------------
     def op_alloc(self, step: dict) -> dict:
@@ -329,4 +459,6 @@ class HybridFastAdapter(FastAdapter):
             self.mamba.reset()
         self.handles.clear()
         self.host_handles.clear()
+        self.requests.clear()  # (the reset drops every request, as the spec's does)
+        ReqToTokenPool.__init__(self.rtt)  # fresh rows; a Mamba pool keeps its allocator
         return {}

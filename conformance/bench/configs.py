@@ -215,7 +215,14 @@ def fast_build(config: BenchConfig, kv_slots: int, page_size: int) -> tuple:
         kw["hicache"] = HiCacheConfig(
             host_allocator=HostFreeList(2 * kv_slots, page_size, torch),
             write_policy=config.hicache, write_through_threshold=1, load_back_threshold=0,
-            io="sync")
+            io="sync",
+            # the aux host pools as upstream's (conformance/bench/host.py wire_upstream_host):
+            # the bench's free lists, not fast's own heap allocator (its per-page Python work
+            # on a 4M-token Mooncake pool made fast's inserts 25x upstream's)
+            host_swa_allocator=(HostFreeList(2 * kv_slots, page_size, torch)
+                                if "swa" in config.components else None),
+            host_mamba_allocator=(HostFreeList(MAMBA_HOST_SLOTS, 1, torch)
+                                  if "mamba" in config.components else None))
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
         page_size=page_size, **kw))

@@ -7,7 +7,7 @@ either implementation), write-through (threshold 1) or write-back as asked,
 ``load_back_threshold`` 0; per request, after the match::
 
     if m.host_hit_length > 0:                              # a host part: load it back
-        idx, node = init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length,
+        idx, node = init_load_back(InitLoadBackParams(m.best_match_node, host_hit_length=0,
                                                       req=<last_node = m.last_device_node>))
         ready_to_load_host_cache()
     ... lock(node), evict / alloc, later insert and unlock as in loop.py
@@ -23,6 +23,16 @@ with the controller of conformance/adapters/upstream_host.py, completing on subm
 upstream-style wrapper has no host tier, so it is reported as not measured.  Outcomes (hit rate
 counting device and loaded tokens, evictions, aborts, per-request digest with the loaded
 tokens) must be identical.
+
+The load back is driven as the trace's ``load_back`` op is (:data:`LOAD_BACK_RULE`): no host
+hit lengths in ``InitLoadBackParams`` nor on the request, so only an evicted best match node is
+loaded (docs/SPEC.md, ``init_load_back``).  Given the match's host hit lengths, 0.5.13.post1 also
+loads the aux host data (an SWA window, a Mamba state) under a best node whose Full data is
+still on the device; the spec and fast do not, so the outcomes then differ: ``bench --impl
+fast,upstream --components swa --hicache write_through --page-size 1 --requests 1000`` had hit
+rates 0.7534 (fast) and 0.8974 (upstream) that way, the two parting at request 135 (a prompt
+whose 623-token best node had its Full data on the device and its SWA window on the host
+only).  Each comparison with a host tier carries this rule in its ``notes``.
 """
 
 from __future__ import annotations
@@ -36,6 +46,9 @@ from typing import Any
 from uniradix.conformance.bench import loop as B
 
 HOST_OPS = B.OPS + ("load_back", "events")
+LOAD_BACK_RULE = ("load back as the trace's load_back op (docs/SPEC.md init_load_back): no host "
+                  "hit lengths, so only an evicted best node is loaded; 0.5.13.post1 given the "
+                  "match's host hit lengths also loads aux host data under a device node")
 POLICIES = ("write_through", "write_back")
 
 
@@ -67,6 +80,9 @@ class HostStep(B.Step):
 
     name = "host"
     ops = ("load_back", "events")
+    # True: give ``init_load_back`` the match's host hit lengths, as SGLang's scheduler does
+    # (the outcomes of the spec's rule and 0.5.13.post1's then differ: module docstring)
+    scheduler_hit_lengths = False
 
     def __init__(self, load_params: Any) -> None:
         self.LoadParams = load_params  # the implementation's InitLoadBackParams
@@ -80,9 +96,15 @@ class HostStep(B.Step):
     def after_match(self, run: B.Run, req: B.Request, match: Any) -> None:
         if match.host_hit_length <= 0:
             return
+        # the trace's load back (LOAD_BACK_RULE): no host hit lengths, so upstream loads only
+        # an evicted best node, as the spec and fast do
+        lengths = self.scheduler_hit_lengths
         lp = self.LoadParams(best_match_node=match.best_match_node,
-                             host_hit_length=match.host_hit_length, mem_quota=None,
-                             req=_Req(req.node))
+                             host_hit_length=match.host_hit_length if lengths else 0,
+                             mem_quota=None, req=_Req(req.node))
+        if lengths:
+            lp.req.swa_host_hit_length = getattr(match, "swa_host_hit_length", 0)
+            lp.req.mamba_host_hit_length = getattr(match, "mamba_host_hit_length", 0)
 
         def load_back() -> Any:
             out = self._init_load_back(lp)

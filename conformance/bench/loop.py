@@ -1039,6 +1039,9 @@ class Comparison:
     peer_differences: list = dataclasses.field(default_factory=list)
     allocator: str = "freelist"  # the KV allocator of fast / upstream (ALLOCATORS)
     device: str = "cpu"  # where their values and allocator live (DEVICES)
+    # how this configuration drives the implementations, where that is a rule of its own (the
+    # host tier's load back: conformance/bench/host.py LOAD_BACK_RULE); in the JSON and output
+    notes: list = dataclasses.field(default_factory=list)
 
     def median_rps(self, impl: str) -> float:
         return statistics.median(s.requests_per_s for s in self.runs[impl])
@@ -1055,6 +1058,11 @@ class Comparison:
         return {op: statistics.median(d[op] for d in per_run if op in d) for op in ops}
 
     def ratio(self, a: str, b: str) -> float | None:
+        """req/s of ``a`` over ``b``; None when either was not measured, or when both are
+        conforming implementations whose outcomes differ (a speed ratio over different work
+        means nothing: ``ratios_withheld`` in the summary says so)."""
+        if not self.identical and a not in PEERS and b not in PEERS:
+            return None
         if a in self.runs and b in self.runs and self.median_rps(b):
             return self.median_rps(a) / self.median_rps(b)
         return None
@@ -1069,6 +1077,10 @@ class Comparison:
             "kv_slots": self.kv_slots, "repeats": max((len(r) for r in self.runs.values()), default=0),
             "allocator": self.allocator, "device": self.device,
             "identical_outcomes": self.identical, "mismatches": self.mismatches,
+            "ratios_withheld": (None if self.identical else
+                                "the outcomes differ (mismatches): no speed ratio between "
+                                "conforming implementations"),
+            "notes": self.notes,
             "peer_differences": self.peer_differences,
             "missing": self.missing,
             "impls": {impl: {
@@ -1142,6 +1154,9 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
     cmp = Comparison(workload_label(workload.name, label), workload.page_size, workload.requests,
                      workload.kv_slots, {impl: [] for impl in bundles}, missing,
                      allocator=allocator, device=device)
+    if config is not None and config.hicache:
+        from uniradix.conformance.bench.host import LOAD_BACK_RULE
+        cmp.notes.append(LOAD_BACK_RULE)
     order = list(bundles)
     rounds = max([repeats_for.get(i, repeats) for i in order] or [0])
     for rep in range(rounds):
@@ -1416,11 +1431,19 @@ def print_comparison(cmp: Comparison, out=None) -> None:
         p(f"  {impl:<{w}}not measured: {why}")
     p("  req/s: finished requests / summed time of the cache calls; ex-pool: the same without "
       "the pool's frees (pool%)")
-    p(f"  ratios (req/s): fast/spec {_fmt_ratio(cmp.ratio('fast', 'spec'))}, "
-      f"fast/upstream {_fmt_ratio(cmp.ratio('fast', 'upstream'))}, "
-      f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}"
-      + "".join(f", fast/{peer} {_fmt_ratio(cmp.ratio('fast', peer))}"
-                for peer in ("upstream-rust", "upstream-cpp") if peer in cmp.runs))
+    for note in cmp.notes:
+        p(f"  note: {note}")
+    if not cmp.identical:
+        p("  ratios (req/s): withheld, the outcomes differ (below): the implementations did "
+          "different work"
+          + "".join(f"; fast/{peer} {_fmt_ratio(cmp.ratio('fast', peer))} (speed peer)"
+                    for peer in PEERS if peer in cmp.runs))
+    else:
+        p(f"  ratios (req/s): fast/spec {_fmt_ratio(cmp.ratio('fast', 'spec'))}, "
+          f"fast/upstream {_fmt_ratio(cmp.ratio('fast', 'upstream'))}, "
+          f"upstream/spec {_fmt_ratio(cmp.ratio('upstream', 'spec'))}"
+          + "".join(f", fast/{peer} {_fmt_ratio(cmp.ratio('fast', peer))}"
+                    for peer in ("upstream-rust", "upstream-cpp") if peer in cmp.runs))
     observed = [name for name in OBSERVED if name in cmp.runs]
     if observed:  # --events: the overhead of events / metrics over plain fast
         p("  events and metrics (req/s, same rounds): "

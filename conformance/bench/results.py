@@ -166,17 +166,19 @@ def _throughput_from_comparison(c: dict) -> dict:
            "mismatches": list(c.get("mismatches") or []),
            "peer_differences": list(c.get("peer_differences") or []),
            "missing": dict(c.get("missing") or {}), "impls": impls, "noise_source": "rounds"}
-    fig["ratios"] = fast_ratios(impls)
+    fig["ratios"] = fast_ratios(impls, c.get("identical_outcomes"))
     return fig
 
 
-def fast_ratios(impls: dict) -> dict:
-    """``fast/<peer>`` for every other implementation measured beside fast."""
+def fast_ratios(impls: dict, identical: bool | None = None) -> dict:
+    """``fast/<peer>`` for every other implementation measured beside fast; when the conforming
+    implementations' outcomes differ (``identical`` False) for the speed peers only (a ratio
+    over different work means nothing; ``upstream-cpp`` is the speed peer, as in loop.py PEERS)."""
     if FAST not in impls:
         return {}
     out = {}
     for peer, d in impls.items():
-        if peer == FAST:
+        if peer == FAST or (identical is False and peer != "upstream-cpp"):
             continue
         r = ratio_stat(impls[FAST]["requests_per_s"], d["requests_per_s"])
         if r is not None:
@@ -259,7 +261,7 @@ def _from_pytest_benchmark(data: dict) -> dict:
                [f"per-request digests differ across {', '.join(sorted(impls))}"],
                "peer_differences": [], "missing": {}, "impls": impls,
                "noise_source": "+".join(sorted(sources))}
-        fig["ratios"] = fast_ratios(impls)
+        fig["ratios"] = fast_ratios(impls, fig["identical_outcomes"])
         figs.append(fig)
     return {"throughput": figs}
 

@@ -255,7 +255,8 @@ class KVChecked:
     def apply(self, step: dict) -> dict:
         op = step.get("op")
         args = step.get("args") or {}
-        before = self.inner.snapshot() if op in ("insert", "req_chunk", "req_decode") else None
+        before = self.inner.snapshot() if op in ("insert", "req_chunk", "req_decode") or (
+            self.states is not None and op in REQUEST_STATE_OPS) else None
         if self.host is not None:
             self.inner.take_copies()
             if self.states is not None:
@@ -288,6 +289,9 @@ class KVChecked:
                 self.states.run(self.inner.take_state_copies())
             if self.swa is not None:
                 self.swa.run(self.inner.take_swa_copies())
+        if self.states is not None and op in REQUEST_STATE_OPS:
+            assert before is not None  # taken for every request step with Mamba above
+            self._request_states(op, args.get("rid"), before, obs, after)
         self._check_state(i, after)
         if self.states is not None:
             self._check_states(i, after)
@@ -344,6 +348,38 @@ class KVChecked:
             n = len(tokens) // ps * ps
         if n:
             self.states.device[value[0]] = self._fps(args.get("extra_key"), tokens[:n])[-1]
+
+    def _request_states(self, op: str, rid: Any, before: dict, obs: dict, after: dict) -> None:
+        """Mamba, the request path: a running request's own state slot holds the state of its
+        computed tokens (computed at admission from its prefix and at each chunk and decode
+        step); a state slot the tree took in the step holds the request's state as it was
+        cached (a chunk's copy, or at the finish the request's slot itself).  A tree slot for
+        a cached length that is not the computed length (a chunk not page-aligned: the state
+        is the whole computed length's, as upstream caches it) is taken as the node's path."""
+        assert self.states is not None  # called only with the Mamba state pool
+        was = {r["rid"]: r for r in before.get("requests", [])}
+        now = {r["rid"]: r for r in after.get("requests", [])}
+        req = now.get(rid) or was.get(rid)
+        if req is None or rid not in self.tokens:
+            return
+        committed = req["committed"]
+        tokens, ek = self._request_tokens(rid, committed)
+        state = self._fps(ek, tokens[:committed])[-1] if committed else None
+        own = now.get(rid, {}).get("mamba_slot")
+        if op in ("req_admit", "req_chunk", "req_decode") and own is not None:
+            self.states.device[own] = state
+        held = {s for node in before.get("nodes", [])
+                for s in ((node.get("mamba") or {}).get("value") or ())}
+        held.difference_update(obs.get("mamba_freed", ()))  # (freed and taken again: new)
+        for node in after.get("nodes", []):
+            slots: list[int] = list((node.get("mamba") or {}).get("value") or ())
+            if len(slots) != 1 or slots[0] in held:
+                continue
+            path = node["path"]
+            if len(path["tokens"]) == committed and path["extra_key"] == ek:
+                self.states.device[slots[0]] = state
+            elif path["tokens"]:
+                self.states.device[slots[0]] = self._fps(path["extra_key"], path["tokens"])[-1]
 
     def _compute_row(self, i: Any, rid: str, before: dict, obs: dict, after: dict) -> None:
         was = {r["rid"]: r for r in before.get("requests", [])}
@@ -486,6 +522,10 @@ def _aux_parts(snap: dict, name: str, pools: StatePool) -> list[tuple[dict, str,
     out = [(node, "value", pools.device) for node in snap.get("nodes", [])]
     out += [(node, "host_value", pools.host) for node in snap.get("host", {}).get("nodes", [])]
     return out
+
+
+# the request steps that move Mamba states (KVChecked._request_states)
+REQUEST_STATE_OPS = ("req_admit", "req_chunk", "req_decode", "req_finish")
 
 
 def _owned(snap: dict | None, obs: dict) -> set:

@@ -113,16 +113,22 @@ class MambaComponent(AuxComponent):
         t = idx if isinstance(idx, torch.Tensor) else torch.tensor(int(idx))
         return t.reshape(1).to(_INT64)
 
-    def _alloc_slot(self) -> torch.Tensor:
-        """One free Mamba slot, evicting one state when there is none."""
+    def try_alloc_slot(self) -> torch.Tensor | None:
+        """One free Mamba slot, evicting one state when there is none; None when still none
+        (every state in the tree is locked)."""
         slot = self.allocator.alloc(1)
         if slot is None:
             self.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
             slot = self.allocator.alloc(1)
-            if slot is None:
-                raise InvalidInput("no Mamba slot for the request's state copy: every state "
-                                   "in the tree is locked and the pool is full")
-        return slot.reshape(1).to(_INT64)
+        return None if slot is None else slot.reshape(1).to(_INT64)
+
+    def _alloc_slot(self) -> torch.Tensor:
+        """One free Mamba slot, evicting one state when there is none."""
+        slot = self.try_alloc_slot()
+        if slot is None:
+            raise InvalidInput("no Mamba slot for the request's state copy: every state "
+                               "in the tree is locked and the pool is full")
+        return slot
 
     def prepare_caching_req(self, req: Any, params: Any, finished: bool) -> None:
         """Finished: the request's own state goes to the tree.  Unfinished: the request keeps
@@ -132,7 +138,8 @@ class MambaComponent(AuxComponent):
         if finished:
             params.mamba_value = src.clone()
             return
-        dst = self._alloc_slot()
+        # (the request path took the copy's slot already: compat._unfinished_cache_len)
+        dst = params.mamba_value if params.mamba_value is not None else self._alloc_slot()
         pool = getattr(self.cache.req_to_token_pool, "mamba_pool", None)
         copy_from = getattr(pool, "copy_from", None)
         if copy_from is not None:

@@ -113,11 +113,17 @@ def test_refusal_names_everything_missing_and_comes_from_make_adapter():
 
 
 def test_step_refusal_names_the_gap():
+    """fast drives the request path with SWA (conformance/adapters/fast_hybrid.py); a
+    declaration without it refuses the step by name."""
+    import dataclasses
     config = CacheConfig(components=("full", "swa"), kv_slots=16, swa_slots=16, sliding_window=4)
-    obs = make_adapter("fast", config).apply({"i": 0, "op": "req_arrive",
-                                              "args": {"rid": "r", "tokens": [1]}})
-    assert obs == {"error": "Unsupported",
-                   "message": "fast does not model op 'req_arrive': the request path with SWA or Mamba"}
+    step = {"i": 0, "op": "req_arrive", "args": {"rid": "r", "tokens": [1]}}
+    assert make_adapter("fast", config).apply(step) == {}
+    narrow = dataclasses.replace(CAPABILITIES["fast"], request_ops_with_aux=False)
+    with pytest.raises(Unsupported) as e:
+        narrow.check_step(config, "req_arrive", step["args"])
+    assert str(e.value) == ("fast does not model op 'req_arrive': the request path with SWA "
+                            "or Mamba")
 
 
 def test_a_new_declaration_is_plain_data():

@@ -208,3 +208,36 @@ def test_two_steps_that_make_room_are_refused_by_name():
     bundle = dataclasses.replace(bench.get_bundle("fast"), steps=(SwaStep, Greedy))
     with pytest.raises(ValueError, match="swa, greedy each make room"):
         bench.run_bench(bundle, small(1))
+
+
+@pytest.mark.upstream
+def test_host_swa_outcomes_agree_under_the_load_back_rule_and_differ_without_it(monkeypatch,
+                                                                                capsys):
+    """The host+SWA bench drives upstream's load back as the trace's op (no host hit lengths:
+    only an evicted best node is loaded, docs/SPEC.md): fast and upstream then agree.  Given the
+    match's host hit lengths, as SGLang's scheduler passes them, 0.5.13.post1 also loads SWA
+    windows under a node whose Full data is on the device, the outcomes differ, and the bench
+    says so instead of giving a speed ratio (JSON and output)."""
+    fast_or_skip()
+    from uniradix.conformance.bench import host as bench_host
+    cfg = C.BenchConfig.parse("write_through+swa")
+    try:
+        C.config_bundle("upstream", cfg, 1)
+    except bench.ImplMissing as e:
+        pytest.skip(str(e))
+    w = bench.shared_prefix_workload(1, base=HYBRID)
+    cmp = bench.compare(["fast", "upstream"], w, repeats=1, strict=False, config=cfg)
+    assert cmp.identical, cmp.mismatches
+    summary = cmp.summary()
+    assert summary["ratios"]["fast/upstream"] is not None and summary["ratios_withheld"] is None
+    assert summary["notes"] == [bench_host.LOAD_BACK_RULE]
+    monkeypatch.setattr(bench_host.HostStep, "scheduler_hit_lengths", True)
+    cmp = bench.compare(["fast", "upstream"], w, repeats=1, strict=False, config=cfg)
+    fast, up = cmp.runs["fast"][0], cmp.runs["upstream"][0]
+    assert not cmp.identical and up.hit_rate > fast.hit_rate
+    summary = cmp.summary()
+    assert summary["ratios"]["fast/upstream"] is None and summary["ratios_withheld"]
+    bench.print_comparison(cmp)
+    out = capsys.readouterr().out
+    assert "ratios (req/s): withheld" in out and "fast/upstream" not in out
+    assert "OUTCOMES DIFFER" in out and "note: load back as the trace's load_back op" in out

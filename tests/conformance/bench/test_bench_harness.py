@@ -237,6 +237,7 @@ def test_host_tier_bench_loads_host_hits_back_and_agrees(policy):
         requests=150, prompts=10, prompt_min=20, prompt_max=120, kv_slots=512, inflight=4))
     cmp = bench_host.compare_host(["fast", "upstream", "spec"], w, policy, repeats=2)
     assert "spec" in cmp.missing and cmp.identical, cmp.mismatches
+    assert cmp.summary()["notes"] == [bench_host.LOAD_BACK_RULE]
     s = cmp.runs["fast"][0]
     assert s.requests + s.aborted == w.requests and s.evicted_tokens > 0
     assert len(s.op_times["load_back"]) > 0 and len(s.op_times["events"]) == w.requests
@@ -451,3 +452,23 @@ def test_hybrid_and_host_loops_run_under_the_thread_pin(monkeypatch, tmp_path, a
     assert seen and set(seen) == {1}
     (c,) = json.loads(out.read_text())["comparisons"]
     assert c["torch_threads"] == 1
+
+
+def test_differing_outcomes_withhold_the_ratios(capsys):
+    """A speed ratio over different work means nothing: when conforming implementations'
+    outcomes differ the comparison gives no ratio between them, in the JSON and the output."""
+    a = bench.run_bench(bench.get_bundle("spec"), tiny(1))
+    b = bench.run_bench(bench.get_bundle("spec"), tiny(1))
+    b.impl, b.evicted_tokens = "fast", b.evicted_tokens + 1
+    cmp = bench.Comparison("shared-prefix", 1, a.requests, a.kv_slots,
+                           {"spec": [a], "fast": [b]}, {})
+    assert cmp.ratio("fast", "spec") is not None  # (identical until told otherwise)
+    cmp.mismatches = bench.check_identical([a, b])
+    cmp.identical = not cmp.mismatches
+    summary = cmp.summary()
+    assert summary["ratios"]["fast/spec"] is None
+    assert "outcomes differ" in summary["ratios_withheld"]
+    bench.print_comparison(cmp)
+    out = capsys.readouterr().out
+    assert "ratios (req/s): withheld" in out and "fast/spec" not in out
+    assert "OUTCOMES DIFFER" in out

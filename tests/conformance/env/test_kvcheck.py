@@ -232,3 +232,19 @@ def test_an_eagle_host_copy_mixup_is_found_by_the_kv_check():
     for step in trace.steps:
         checked.apply(step)
     assert any("holds host slot" in e for e in checked.violations())
+
+
+MAMBA_REQUEST_TRACES = [os.path.join(CORPUS, "regressions", name) for name in (
+    "conform-mamba-request-chunk-state-copy-kv.jsonl",
+    "conform-full-swa-mamba-p4-request-chunk-state-slot-reused-kv.jsonl")]
+
+
+@pytest.mark.parametrize("impl", ["spec", "fast"])
+@pytest.mark.parametrize("trace", MAMBA_REQUEST_TRACES, ids=os.path.basename)
+def test_mamba_request_states_are_followed_by_the_kv_check(trace, impl, capsys):
+    """The request path with Mamba: a prefill chunk caches a copy of the request's state (the
+    state of its computed tokens) in a fresh slot; the check follows it (before, that slot was
+    never computed and the check failed on spec and fast alike; the second trace: the copy's
+    slot is a state the chunk's own room-making evicted)."""
+    assert cli_main(["replay", trace, "--impl", impl, "--check-kv"]) == 0
+
