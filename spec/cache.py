@@ -383,6 +383,7 @@ def insert(state: CacheState, tokens: Sequence[int], extra_key: str | None,
     value_t = tuple(value[: len(units)])
     plan = insert_plan(state, extra_key, units)
     check_insert_slots(state, plan, value_t, prev_prefix_len)
+    args = dataclasses.replace(args, units=units)
     for plugin in state.plugins:  # each plug-in's own checks; they normalise its arguments
         args = plugin.check_insert(state, plan, value_t, args)
 

@@ -172,6 +172,7 @@ class InsertArgs:
     prev_prefix_len: int
     swa_evicted_seqlen: int = 0
     mamba_value: object = None  # the caller's until the Mamba plug-in's check: then a 1-tuple
+    units: tuple[Any, ...] = ()  # the key's units (page-aligned), as the insert will walk them
 
 
 @dataclasses.dataclass(eq=False)

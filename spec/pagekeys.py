@@ -58,6 +58,11 @@ def _check_token(t: object) -> None:
         raise InvalidInput(f"page key: token {t!r} is not an integer in [0, 2**32)")
 
 
+def check_units(units: tuple[UnitValue, ...]) -> None:
+    """InvalidInput unless every token of ``units`` is an integer in [0, 2**32)."""
+    _check_page(units)
+
+
 def _check_page(page: tuple[UnitValue, ...]) -> None:
     """Every token of ``page`` is an integer in [0, 2**32) (an EAGLE unit: a pair of them)."""
     if page and set(map(type, page)) == {int}:  # the common case, checked in C: plain ints

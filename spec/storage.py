@@ -44,10 +44,10 @@ from typing import Any
 
 from . import cache as rules
 from . import host
-from .core import Ack, CacheState, Node, Plugin, all_nodes, up
+from .core import Ack, CacheState, InsertArgs, Node, Plugin, all_nodes, up
 from .errors import InvalidInput, Unsupported
 from .keys import common_prefix_len
-from .pagekeys import chain_keys, namespace_prior, split_keys
+from .pagekeys import chain_keys, check_units, namespace_prior, split_keys
 
 STOP_POLICIES = ("best_effort", "wait_complete", "timeout")
 
@@ -586,6 +586,13 @@ def reset_storage_tier(state: CacheState) -> None:
 class StorageTierPlugin(Plugin):
     def split(self, state: CacheState, upper: Node, child: Node, split_len: int) -> None:
         split_node_keys(state, upper, child)
+
+    def check_insert(self, state: CacheState, plan: list[tuple[Node, int]],
+                     value: tuple[int, ...], args: InsertArgs) -> InsertArgs:
+        """A page key holds each token as 4 bytes: a new unit's token outside [0, 2**32) is
+        refused before the insert changes anything (the units the tree holds were checked)."""
+        check_units(args.units[sum(shared for _, shared in plan):])
+        return args
 
     def new_leaf(self, state: CacheState, leaf: Node) -> None:
         key_new_leaf(state, leaf)
