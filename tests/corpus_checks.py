@@ -14,3 +14,20 @@ def check_divergence(path, trace, result) -> None:
     d = result.divergence
     assert d is not None and (d.step, d.op, d.field) == (step, "insert", "freed"), str(d)
     assert held_swa_tombstone_takeover(trace, step)
+
+
+def diverged_as_lru(paths, impl: str) -> int:
+    """How many of the traces at ``paths`` diverge on ``impl`` when replayed as if recorded
+    under ``lru`` (a policy corpus pins the policy's order, and ``impl`` honours the setting)."""
+    import dataclasses
+
+    from uniradix.conformance.traces.replay import replay_trace
+    from uniradix.conformance.traces.trace import load_trace
+
+    diverged = 0
+    for t in paths:
+        trace = load_trace(t)
+        as_lru = dataclasses.replace(trace, config=dataclasses.replace(trace.config,
+                                                                       eviction_policy="lru"))
+        diverged += replay_trace(as_lru, impl, check_invariants=False).divergence is not None
+    return diverged

@@ -258,6 +258,15 @@ _ARGS: dict[str, tuple[frozenset, frozenset]] = {
     "check_hicache_events": (frozenset(), frozenset()),
     "host_lock": (frozenset({"node"}), frozenset()),
     "host_unlock": (frozenset({"handle"}), frozenset()),
+    # the request path (conformance/adapters/upstream_requests.py)
+    "req_arrive": (frozenset({"rid", "tokens"}), frozenset({"extra_key", "priority", "session"})),
+    "req_admit": (frozenset({"rid"}), frozenset()),
+    "req_chunk": (frozenset({"rid", "n"}), frozenset({"chunked"})),
+    "req_decode": (frozenset({"rid", "n"}), frozenset()),
+    "req_finish": (frozenset({"rid"}), frozenset()),
+    "req_abort": (frozenset({"rid"}), frozenset()),
+    "release_session": (frozenset({"session"}), frozenset()),
+    "session_held": (frozenset(), frozenset()),
 }
 _HYBRID_EVICT_ARGS = frozenset({"swa_num_tokens", "mamba_num"})
 

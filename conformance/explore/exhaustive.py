@@ -55,6 +55,7 @@ from uniradix.conformance.explore.lockstep import (
     impl_labels,
     impl_name,
 )
+from uniradix.spec import components
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import ConfigError
 from uniradix.spec.state import Node, all_nodes
@@ -98,12 +99,24 @@ class Universe:
     write_policy: str = "write_through"
     write_through_threshold: int = 1
     max_host_locks: int = 1
+    eviction_policy: str = "lru"
+    priorities: tuple = ()
+    components: tuple = ("full",)
+    mamba_slots: int = 0
+    cow: bool = False
+    sessions: tuple = ()
 
     def config(self) -> CacheConfig:
         return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots, eagle=self.eagle,
                            disable=self.disable, host_slots=self.host_slots,
                            write_policy=self.write_policy,
-                           write_through_threshold=self.write_through_threshold)
+                           write_through_threshold=self.write_through_threshold,
+                           eviction_policy=self.eviction_policy,
+                           components=tuple(self.components), mamba_slots=self.mamba_slots)
+
+    @property
+    def mamba(self) -> bool:
+        return "mamba" in self.components
 
     @property
     def host(self) -> bool:
@@ -125,8 +138,8 @@ class Universe:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["tokens"] = list(self.tokens)
-        d["extra_keys"] = list(self.extra_keys)
+        for k in _TUPLE_FIELDS:
+            d[k] = list(getattr(self, k))
         return d
 
     @classmethod
@@ -139,8 +152,10 @@ class Universe:
             raise ConfigError(f"universe: unknown key(s) {unknown}; known: {sorted(known)}")
         vals = dict(raw)
         vals.setdefault("name", name)
-        for k in ("tokens", "extra_keys"):
+        for k in _TUPLE_FIELDS:
             if k in vals:
+                if not isinstance(vals[k], (list, tuple)):
+                    raise ConfigError(f"universe: {k} must be a list, got {vals[k]!r}")
                 vals[k] = tuple(vals[k])
         u = cls(**vals)
         u.config().validate()
@@ -156,7 +171,21 @@ class Universe:
         if u.host and (u.requests or u.eagle or u.disable):
             raise ConfigError(f"universe {u.name}: a host tier is explored through the "
                               "tree-level API only (no requests, EAGLE or disable with host_slots)")
+        if u.cow and not u.mamba:
+            raise ConfigError(f"universe {u.name}: cow needs the Mamba component")
+        if u.mamba and (u.host or u.requests or u.eagle):
+            raise ConfigError(f"universe {u.name}: Mamba is explored through the tree-level API "
+                              "only (no host tier, requests or EAGLE)")
+        if u.sessions and (not u.requests or u.components != ("full",) or u.disable):
+            raise ConfigError(f"universe {u.name}: sessions need requests and the Full "
+                              "component alone")
+        if any(not isinstance(s, str) for s in u.sessions) or any(
+                isinstance(p, bool) or not isinstance(p, int) for p in u.priorities):
+            raise ConfigError(f"universe {u.name}: sessions are strings, priorities ints")
         return u
+
+
+_TUPLE_FIELDS = ("tokens", "extra_keys", "priorities", "components", "sessions")
 
 
 # The named universes, and the default suite (every one, at its default depth).  The default
@@ -180,6 +209,25 @@ UNIVERSES: dict[str, Universe] = {u.name: u for u in (
     Universe("host-p1-wb", page_size=1, kv_slots=2, tokens=(1, 2), max_len=2,
              extra_keys=(None,), max_locks=1, invalid=False, depth=4, host_slots=3,
              write_policy="write_back"),
+    # eviction policies where the order is not LRU's: a pool of 3 slots, so the second or
+    # third insert evicts; priority inserts and serves at priority 0 and 1
+    Universe("lfu-p1", page_size=1, kv_slots=3, tokens=(1, 2), max_len=2, extra_keys=(None,),
+             max_locks=1, invalid=False, depth=2, eviction_policy="lfu"),
+    Universe("slru-p1", page_size=1, kv_slots=3, tokens=(1, 2), max_len=2, extra_keys=(None,),
+             max_locks=1, invalid=False, depth=2, eviction_policy="slru"),
+    Universe("fifo-p1", page_size=1, kv_slots=3, tokens=(1, 2), max_len=2, extra_keys=(None,),
+             max_locks=1, invalid=False, depth=2, eviction_policy="fifo"),
+    Universe("priority-p1", page_size=1, kv_slots=3, tokens=(1, 2), max_len=2,
+             extra_keys=(None,), max_locks=1, invalid=False, depth=2,
+             eviction_policy="priority", priorities=(0, 1)),
+    # Mamba copy-on-write: 2 state slots, so a match that needs one finds the pool empty soon
+    Universe("mamba-cow-p1", page_size=1, kv_slots=3, components=("full", "mamba"),
+             mamba_slots=2, cow=True, tokens=(1, 2), max_len=2, extra_keys=(None,),
+             max_locks=1, depth=2),
+    # streaming sessions: one session, one request at a time; a whole turn is one transition
+    # (so a restore is two away), its steps one at a time too
+    Universe("sessions-p1", page_size=1, kv_slots=4, tokens=(1, 2), max_len=1,
+             extra_keys=(None,), max_locks=1, requests=1, sessions=("s",), depth=2),
 )}
 
 
@@ -242,6 +290,13 @@ class World:
     writes_pending: int = 0
     loads_pending: int = 0
     acks: int = 0
+    # Mamba: the state slots the driver holds (allocated, neither the tree's nor a request's)
+    mamba_held: list = dataclasses.field(default_factory=list)
+    mamba_free: int = 0
+    # streaming sessions: per parked session, its committed tokens and extra_key; the
+    # sessions with a request waiting or running
+    parked: dict = dataclasses.field(default_factory=dict)
+    busy: frozenset = frozenset()
 
     @classmethod
     def of(cls, universe: Universe, adapter: SpecAdapter) -> World:
@@ -274,6 +329,15 @@ class World:
                 tuple(sorted(st.storage.ongoing)) if st.storage is not None else ())
         if st.host is not None:
             w.read_host(adapter)
+        if st.mamba is not None:
+            tree = {s for n in all_nodes(st) if components.has(n, "mamba")
+                    for s in n.aux["mamba"].value}
+            reqs = {r.mamba_slot for r in st.requests.values() if r.mamba_slot is not None}
+            w.mamba_held = sorted(set(st.mamba.allocated_pages()) - tree - reqs)
+            w.mamba_free = st.mamba.available_size()
+        w.parked = {name: (list(slot.tokens), slot.extra_key)
+                    for name, slot in sorted(st.sessions.items())}
+        w.busy = frozenset(r.session for r in st.requests.values() if r.session is not None)
         return w
 
     def read_host(self, adapter: SpecAdapter) -> None:
@@ -408,26 +472,64 @@ def _args_key(tokens: list, ek: str | None) -> dict:
     return {"tokens": list(tokens), "extra_key": ek}
 
 
-def run_insert_fresh(d: Driver, tokens: list, ek: str | None, chunked: bool) -> None:
+def _priority(priority: int | None) -> dict:
+    return {} if priority is None else {"priority": priority}
+
+
+def _mamba_slot(d: Driver) -> int | None:
+    """A state slot for a Mamba insert: one state evicted first when the pool is empty (as the
+    scheduler makes room), then ``mamba_alloc``; None when none could be had."""
+    def full() -> bool:  # read from the last step's snapshot (every implementation's agree)
+        return len(_snaps(d.ls)[0]["mamba_pool"]) >= d.universe.mamba_slots
+    if full():
+        d.step("evict", {"num_tokens": 0, "mamba_num": 1})
+    if full():
+        return None
+    return int(d.step("mamba_alloc", {"n": 1})["slots"][0])
+
+
+def _mamba_done(d: Driver, obs: dict | None, slot: int | None) -> None:
+    """The insert's state slot goes back when the tree did not take it."""
+    if slot is not None and (obs is None or "error" in obs or obs.get("mamba_exist")):
+        d.step("mamba_free", {"slots": [slot]})
+
+
+def run_insert_fresh(d: Driver, tokens: list, ek: str | None, chunked: bool,
+                     priority: int | None = None) -> None:
     """Fresh pages for the whole key, ``prev_prefix_len`` 0: what the tree holds already comes
-    back as duplicates; the pages past the aligned length are freed after."""
+    back as duplicates; the pages past the aligned length are freed after.  With Mamba a
+    fresh state slot goes with it (freed after unless the tree took it)."""
     n = len(tokens)
     need = round_up(n, d.ps)
     if not d.make_room(need):
         return
     slots = d.step("alloc", {"n": need})["slots"]
+    extra = _priority(priority)
+    mslot = None
+    if d.universe.mamba:
+        mslot = _mamba_slot(d)
+        if mslot is None:
+            d.step("free", {"slots": slots})
+            return
+        extra["mamba_value"] = [mslot]
     obs = d.step("insert", {**_args_key(tokens, ek), "value": slots[:n], "prev_prefix_len": 0,
-                            "chunked": chunked})
+                            "chunked": chunked, **extra})
     rest = slots[d.consumed(obs, n):]
     if rest:
         d.step("free", {"slots": rest})
+    _mamba_done(d, obs, mslot)
 
 
-def run_serve(d: Driver, tokens: list, ek: str | None) -> None:
+def run_serve(d: Driver, tokens: list, ek: str | None, priority: int | None = None) -> None:
     """A prompt served the scheduler's way: match, lock the match, make room (evicting),
-    allocate the rest, insert with ``prev_prefix_len`` = the match, free the tail, unlock."""
-    m = d.step("match_prefix", _args_key(tokens, ek))
+    allocate the rest, insert with ``prev_prefix_len`` = the match, free the tail, unlock.
+    With copy-on-write the match is a request's (``cow_mamba``) and the state slot it hands
+    out goes with the insert; otherwise, with Mamba, a fresh one."""
+    cow = d.universe.cow
+    m = d.step("match_prefix", {**_args_key(tokens, ek),
+                                **({"cow_mamba": True, "mamba_slot": None} if cow else {})})
     length, idx = m["last_device_node"], list(m["device_indices"])
+    mslot = m.get("mamba_pool_idx") if cow else None
     handle = None
     if length > 0:
         path = list(tokens[: length + (1 if d.universe.eagle else 0)])
@@ -438,12 +540,21 @@ def run_serve(d: Driver, tokens: list, ek: str | None) -> None:
         need = round_up(fresh_n, d.ps)
         if d.make_room(need):
             slots = d.step("alloc", {"n": need})["slots"]
-    if fresh_n <= 0 or slots:
+    extra = _priority(priority)
+    if d.universe.mamba and mslot is None and (fresh_n <= 0 or slots):
+        mslot = _mamba_slot(d)
+    obs = None
+    if (fresh_n <= 0 or slots) and (mslot is not None or not d.universe.mamba):
+        if mslot is not None:
+            extra["mamba_value"] = [mslot]
         obs = d.step("insert", {**_args_key(tokens, ek), "value": idx + slots[:fresh_n],
-                                "prev_prefix_len": length, "chunked": False})
+                                "prev_prefix_len": length, "chunked": False, **extra})
         rest = slots[max(0, d.consumed(obs, len(tokens)) - length):]
-        if rest:
-            d.step("free", {"slots": rest})
+    else:
+        rest = slots
+    if rest:
+        d.step("free", {"slots": rest})
+    _mamba_done(d, obs, mslot)
     if handle is not None:
         d.step("unlock", {"handle": handle})
 
@@ -460,16 +571,29 @@ def t_match(u: Universe, w: World) -> Iterator[Transition]:
         yield Transition(f"match_prefix {toks} {ek}", single("match_prefix", _args_key(toks, ek)))
 
 
+def _priorities(u: Universe) -> tuple:
+    return u.priorities or (None,)
+
+
+def _plabel(priority: int | None) -> str:
+    return "" if priority is None else f" priority {priority}"
+
+
 def t_insert(u: Universe, w: World) -> Iterator[Transition]:
     for toks, ek in u.keys():
         for chunked in ((False, True) if u.chunked else (False,)):
-            yield Transition(f"insert {toks} {ek}" + (" chunked" if chunked else ""),
-                             functools.partial(run_insert_fresh, tokens=toks, ek=ek, chunked=chunked))
+            for pr in _priorities(u):
+                yield Transition(f"insert {toks} {ek}" + (" chunked" if chunked else "")
+                                 + _plabel(pr), functools.partial(
+                                     run_insert_fresh, tokens=toks, ek=ek, chunked=chunked,
+                                     priority=pr))
 
 
 def t_serve(u: Universe, w: World) -> Iterator[Transition]:
     for toks, ek in u.keys():
-        yield Transition(f"serve {toks} {ek}", functools.partial(run_serve, tokens=toks, ek=ek))
+        for pr in _priorities(u):
+            yield Transition(f"serve {toks} {ek}{_plabel(pr)}",
+                             functools.partial(run_serve, tokens=toks, ek=ek, priority=pr))
 
 
 def t_lock(u: Universe, w: World) -> Iterator[Transition]:
@@ -492,6 +616,8 @@ def evict_sizes(u: Universe) -> list[int]:
 def t_evict(u: Universe, w: World) -> Iterator[Transition]:
     for n in evict_sizes(u):
         yield Transition(f"evict {n}", single("evict", {"num_tokens": n}))
+    if u.mamba:  # one state, the Mamba component's own LRU order
+        yield Transition("evict mamba 1", single("evict", {"num_tokens": 0, "mamba_num": 1}))
 
 
 def t_reset(u: Universe, w: World) -> Iterator[Transition]:
@@ -615,6 +741,116 @@ def t_acks(u: Universe, w: World) -> Iterator[Transition]:
             yield Transition("settle", run_settle)
 
 
+# -- Mamba copy-on-write (universes with cow) -------------------------------------------------
+
+
+def t_cow_match(u: Universe, w: World) -> Iterator[Transition]:
+    """A request's match with copy-on-write: with no state slot (the match takes one, which the
+    driver then holds; only while it holds none) or with the one the driver holds."""
+    for toks, ek in u.keys():
+        args = {**_args_key(toks, ek), "cow_mamba": True}
+        if not w.mamba_held:
+            yield Transition(f"match_prefix cow {toks} {ek}",
+                             single("match_prefix", {**args, "mamba_slot": None}))
+        for slot in w.mamba_held:
+            yield Transition(f"match_prefix cow {toks} {ek} slot {slot}",
+                             single("match_prefix", {**args, "mamba_slot": slot}))
+
+
+def t_mamba_free(u: Universe, w: World) -> Iterator[Transition]:
+    for slot in w.mamba_held:
+        yield Transition(f"mamba_free {slot}", single("mamba_free", {"slots": [slot]}))
+
+
+def t_cow_invalid(u: Universe, w: World) -> Iterator[Transition]:
+    if not u.invalid:
+        return
+    toks, ek = u.keys()[0]
+    yield Transition("invalid: cow with an unallocated state slot", single(
+        "match_prefix", {**_args_key(toks, ek), "cow_mamba": True,
+                         "mamba_slot": u.mamba_slots + 1}, True))
+
+
+# -- streaming sessions (universes with sessions) ----------------------------------------------
+
+
+def t_session_arrive(u: Universe, w: World) -> Iterator[Transition]:
+    """A request of each session with none waiting or running: a first turn with every key,
+    or the parked tokens plus one more token (the next turn); a request of a busy session and
+    one that does not continue the parked tokens must be rejected."""
+    if len(w.requests) >= u.requests:
+        return
+    rid = w.next_rid()
+    for name in u.sessions:
+        if name in w.busy:
+            if u.invalid:
+                toks, ek = u.keys()[0]
+                yield Transition(f"invalid: req_arrive {rid} busy session {name}", single(
+                    "req_arrive", {"rid": rid, **_args_key(toks, ek), "session": name}, True))
+            continue
+        if name in w.parked:
+            base, ek = w.parked[name]
+            for t in u.tokens:
+                yield Transition(f"req_arrive {rid} {base + [t]} {ek} session {name}", single(
+                    "req_arrive", {"rid": rid, **_args_key(base + [t], ek), "session": name}))
+            if u.invalid:
+                other = [u.outside_token] * (len(base) + 1)
+                yield Transition(f"invalid: req_arrive {rid} not continuing session {name}",
+                                 single("req_arrive", {"rid": rid, **_args_key(other, ek),
+                                                       "session": name}, True))
+            continue
+        for toks, ek in u.keys():
+            yield Transition(f"req_arrive {rid} {toks} {ek} session {name}", single(
+                "req_arrive", {"rid": rid, **_args_key(toks, ek), "session": name}))
+
+
+def run_turn(d: Driver, rid: str, tokens: list, ek: str | None, session: str) -> None:
+    """A whole turn of a session: arrive, admit (restored from the slot after the first
+    turn), prefill the rest in one chunk, finish (parking the row); it stops at a rejected
+    step, leaving the request where it is."""
+    if "error" in d.step("req_arrive", {"rid": rid, **_args_key(tokens, ek), "session": session}):
+        return
+    admit = d.step("req_admit", {"rid": rid})
+    if "error" in admit:
+        return
+    left = len(tokens) - admit["prefix_len"]
+    if left > 0 and "error" in d.step("req_chunk", {"rid": rid, "n": left, "chunked": False}):
+        return
+    d.step("req_finish", {"rid": rid})
+
+
+def t_session_turn(u: Universe, w: World) -> Iterator[Transition]:
+    """:func:`run_turn` of each session with no request waiting or running: a first turn with
+    every key, or the parked tokens plus one more token (so a restore is two transitions
+    away)."""
+    if len(w.requests) >= u.requests:
+        return
+    rid = w.next_rid()
+    for name in u.sessions:
+        if name in w.busy:
+            continue
+        if name in w.parked:
+            base, ek = w.parked[name]
+            keys = [(base + [t], ek) for t in u.tokens]
+        else:
+            keys = u.keys()
+        for toks, ek in keys:
+            yield Transition(f"turn {rid} {toks} {ek} session {name}", functools.partial(
+                run_turn, rid=rid, tokens=toks, ek=ek, session=name))
+
+
+def t_session_end(u: Universe, w: World) -> Iterator[Transition]:
+    """``release_session`` of each parked session (rejected while a request of it runs), of an
+    unknown one (frees nothing), and ``session_held``."""
+    running = {r.session for r in w.requests if r.session is not None and r.admitted}
+    for name in w.parked:
+        yield Transition(f"release_session {name}", single(
+            "release_session", {"session": name}, must_reject=name in running))
+    yield Transition("release_session unknown",
+                     single("release_session", {"session": "s-unknown"}))
+    yield Transition("session_held", single("session_held", {}))
+
+
 @dataclasses.dataclass(frozen=True)
 class OpKind:
     """One row of the transition table: a name, when it applies, and its transitions."""
@@ -643,6 +879,12 @@ OP_KINDS: tuple[OpKind, ...] = (
     OpKind("acks", t_acks, lambda u: u.host),
     OpKind("serve+settle", t_serve_settle,
            lambda u: u.host and u.write_policy != "write_back"),
+    OpKind("cow_match", t_cow_match, lambda u: u.cow),
+    OpKind("mamba_free", t_mamba_free, lambda u: u.cow),
+    OpKind("cow_invalid", t_cow_invalid, lambda u: u.cow),
+    OpKind("session_arrive", t_session_arrive, lambda u: bool(u.sessions)),
+    OpKind("session_turn", t_session_turn, lambda u: bool(u.sessions)),
+    OpKind("session_end", t_session_end, lambda u: bool(u.sessions)),
 )
 
 
@@ -667,6 +909,10 @@ def spec_fingerprint(adapter: SpecAdapter) -> tuple:
       segment (trace handle numbers are names; the explorer unlocks one handle per meaning).
     * The requests in flight: tokens, namespace, outputs and the path their lock holds (the
       snapshot has their rows and lengths).
+    * Under ``fifo`` and ``filo``, the creation order of every node (hit counts and
+      priorities are in the snapshot).
+    * Streaming sessions: each parked slot's tokens, namespace and lock (by meaning), and the
+      session each request names (the snapshot has the slots' rows and lengths).
     """
     st = adapter.state
     nodes = [n for n in all_nodes(st) if not n.is_root]
@@ -678,7 +924,18 @@ def spec_fingerprint(adapter: SpecAdapter) -> tuple:
     reqs = tuple((r.rid, tuple(r.input_ids), r.extra_key, tuple(r.output_ids), r.admitted,
                   None if r.lock is None else _handle_meaning(st, r.lock))
                  for _, r in sorted(st.requests.items()))
-    return ("spec", order, tuple(sorted(driver)), reqs, len(st.handles), _spec_host(adapter))
+    out: tuple = ("spec", order, tuple(sorted(driver)), reqs, len(st.handles),
+                  _spec_host(adapter))
+    if st.config.eviction_policy in ("fifo", "filo"):  # the creation order decides theirs
+        out += (tuple(_node_path(n) for n in sorted(nodes, key=lambda n: n.created)),)
+    if st.sessions or any(r.session is not None for r in st.requests.values()):
+        # the parked slots beyond the snapshot's view: tokens, namespace, the lock's meaning;
+        # and which session each request names
+        out += (tuple((name, tuple(slot.tokens), slot.extra_key,
+                       None if slot.lock is None else _handle_meaning(st, slot.lock))
+                      for name, slot in sorted(st.sessions.items())),
+                tuple((r.rid, r.session) for _, r in sorted(st.requests.items())))
+    return out
 
 
 def _spec_host(adapter: SpecAdapter) -> tuple:

@@ -1,7 +1,9 @@
 """Mamba copy-on-write on the fast path (fast/components/mamba.py ``match_prefix_cow``):
 ``match_prefix {cow_mamba: true}`` for a request, run in lockstep with the spec
 (spec/mamba_cow.py) through the trace ops, observations and snapshots compared after every
-step; then the engine-facing call itself (``MatchPrefixParams(cow_mamba=True, req=...)``), and
+step (the spec's stories run on spec and fast too: tests/spec/test_spec_mamba_cow.py's
+``spec+fast`` cases; here the ones with a lock elsewhere and a host tier); then the
+engine-facing call itself (``MatchPrefixParams(cow_mamba=True, req=...)``), and
 the golden corpus recorded from upstream (tests/corpus/upstream-mamba-cow) replayed on fast.
 
 Pools: page 0 is reserved, lowest-free-first; the Mamba pool holds ``mamba_slots`` states
@@ -52,31 +54,6 @@ def pick(obs: dict, *names: str) -> tuple:
     return tuple(obs[n] for n in names)
 
 
-def test_a_fresh_slot_and_the_state_to_copy():
-    s = Both()
-    s.cache([1, 2, 3, 4])
-    obs = s.cow([1, 2, 3, 4, 5])
-    assert pick(obs, "mamba_cow_src", "mamba_pool_idx", "freed", "mamba_freed") == (1, 2, [], [])
-    assert s.step("mamba_free", slots=[2]) == {}  # the request's: not the tree's
-
-
-def test_a_request_with_a_slot_keeps_it():
-    s = Both()
-    s.cache([1, 2, 3, 4])
-    mine = s.step("mamba_alloc", n=1)["slots"][0]
-    assert pick(s.cow([1, 2, 3, 4], mamba_slot=mine), "mamba_cow_src", "mamba_pool_idx") == \
-        (1, mine)
-    assert s.step("mamba_alloc", n=1)["slots"] == [3]
-
-
-def test_an_empty_pool_evicts_one_state_never_the_matched_one():
-    s = Both()
-    s.cache([1, 2]), s.cache([5, 6]), s.cache([7, 8])
-    obs = s.cow([1, 2, 9])
-    assert pick(obs, "mamba_cow_src", "mamba_pool_idx", "freed", "mamba_freed") == \
-        (1, 2, [3, 4], [2])
-
-
 def test_every_state_locked_leaves_the_request_without_a_slot():
     s = Both(mamba_slots=2)
     s.cache([1, 2]), s.cache([5, 6])
@@ -85,29 +62,6 @@ def test_every_state_locked_leaves_the_request_without_a_slot():
     assert pick(obs, "mamba_cow_src", "mamba_pool_idx", "mamba_freed") == (1, None, [])
     node = [n for n in s.fast.snapshot()["nodes"] if n["path"]["tokens"] == [1, 2]][0]
     assert node["lock_ref"] == 0  # the temporary lock is gone
-
-
-def test_no_state_at_the_match_copies_nothing():
-    s = Both()
-    s.cache([1, 2, 3, 4])
-    assert pick(s.cow([9, 9]), "mamba_cow_src", "mamba_pool_idx") == (None, None)
-    s.step("match_prefix", tokens=[1, 2])  # splits [1 2 | 3 4]: no state above
-    assert pick(s.cow([1, 2]), "mamba_cow_src", "mamba_pool_idx") == (None, None)
-
-
-@pytest.mark.parametrize("args, why", [
-    ({"cow_mamba": True, "mamba_slot": 1}, "the tree's"),
-    ({"cow_mamba": True, "mamba_slot": 3}, "not allocated"),
-    ({"cow_mamba": True, "mamba_slot": True}, "int"),
-    ({"cow_mamba": False, "mamba_slot": 2}, "goes with cow_mamba"),
-    ({"cow_mamba": 1}, "true or false"),
-])
-def test_bad_arguments_are_rejected_alike(args, why):
-    s = Both()
-    s.cache([1, 2])
-    s.step("mamba_alloc", n=1)
-    obs = s.step("match_prefix", tokens=[1, 2], **args)
-    assert obs["error"] == "InvalidInput" and why in obs["message"]
 
 
 def test_with_a_host_tier_too():

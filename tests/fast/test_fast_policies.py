@@ -9,7 +9,6 @@ the C core), refusals by name, and the golden corpus recorded from upstream unde
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 from conftest import CORPUS
-from corpus_checks import check_divergence
+from corpus_checks import check_divergence, diverged_as_lru
 from stories import Pair
 from uniradix import fast
 from uniradix.conformance.adapters.fast_adapter import ReqToTokenPool
@@ -311,10 +310,5 @@ def test_fast_tells_the_policy_apart_from_lru(policy):
     """Replayed on fast as if recorded under lru, the policy's traces diverge: fast honours the
     setting (it does not order by LRU whatever it is told)."""
     mine = [t for t in POLICY_TRACES if os.path.basename(t).startswith(f"full-p1-{policy}-s")][:3]
-    diverged = 0
-    for t in mine:
-        trace = load_trace(t)
-        as_lru = dataclasses.replace(trace, config=dataclasses.replace(trace.config,
-                                                                       eviction_policy="lru"))
-        diverged += replay_trace(as_lru, "fast", check_invariants=False).divergence is not None
+    diverged = diverged_as_lru(mine, "fast")
     assert diverged >= 2, f"{policy}: only {diverged} of {len(mine)} traces diverge under lru"

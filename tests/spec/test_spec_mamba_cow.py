@@ -38,12 +38,38 @@ class Story(stories.Story):
         return self.step("match_prefix", tokens=tokens, cow_mamba=True, mamba_slot=mamba_slot)
 
 
+class BothStory(stories.SpecAndFast):
+    """:class:`Story`'s steps on the spec and fast in lockstep (observations and snapshots
+    must agree after every step); ``a`` is the spec's adapter, as in :class:`Story`."""
+
+    cache = Story.cache
+    cow = Story.cow
+
+    def __init__(self, **cfg) -> None:
+        from uniradix.spec.config import CacheConfig
+        base = dict(components=("full", "mamba"), kv_slots=64, mamba_slots=3,
+                    mamba_cache_chunk_size=4)
+        base.update(cfg)
+        if isinstance(base["components"], list):
+            base["components"] = tuple(base["components"])
+        super().__init__(CacheConfig(**base))
+
+
+@pytest.fixture(params=["spec", "spec+fast"])
+def make(request):
+    """The stories below on the spec alone, and on the spec and fast in lockstep."""
+    if request.param == "spec":
+        return Story
+    pytest.importorskip("torch")
+    return BothStory
+
+
 def pick(obs: dict, *names: str) -> tuple:
     return tuple(obs[n] for n in names)
 
 
-def test_a_match_for_a_request_gives_it_a_fresh_slot_and_the_state_to_copy():
-    s = Story()
+def test_a_match_for_a_request_gives_it_a_fresh_slot_and_the_state_to_copy(make):
+    s = make()
     assert s.cache([1, 2, 3, 4]) == 1
     obs = s.cow([1, 2, 3, 4, 5])
     assert pick(obs, "last_device_node", "mamba_cow_src", "mamba_pool_idx") == (4, 1, 2)
@@ -52,8 +78,8 @@ def test_a_match_for_a_request_gives_it_a_fresh_slot_and_the_state_to_copy():
     assert s.step("mamba_free", slots=[2]) == {}
 
 
-def test_a_request_that_has_a_slot_keeps_it():
-    s = Story()
+def test_a_request_that_has_a_slot_keeps_it(make):
+    s = make()
     s.cache([1, 2, 3, 4])
     mine = s.step("mamba_alloc", n=1)["slots"][0]
     obs = s.cow([1, 2, 3, 4], mamba_slot=mine)
@@ -61,8 +87,8 @@ def test_a_request_that_has_a_slot_keeps_it():
     assert s.step("mamba_alloc", n=1)["slots"] == [3]   # nothing else was taken
 
 
-def test_an_empty_pool_evicts_one_state_but_never_the_one_to_copy():
-    s = Story()
+def test_an_empty_pool_evicts_one_state_but_never_the_one_to_copy(make):
+    s = make()
     s.cache([1, 2]), s.cache([5, 6]), s.cache([7, 8])     # states 1, 2, 3: the pool is full
     obs = s.cow([1, 2, 9])                                # [1 2] is matched, newest now
     # the oldest unlocked state is [5 6]'s: a device leaf, evicted whole (KV slots 3, 4)
@@ -73,8 +99,8 @@ def test_an_empty_pool_evicts_one_state_but_never_the_one_to_copy():
     assert all(n["lock_ref"] == 0 for n in s.a.snapshot()["nodes"])  # the lock was temporary
 
 
-def test_when_every_state_is_locked_the_request_gets_no_slot():
-    s = Story(mamba_slots=1)
+def test_when_every_state_is_locked_the_request_gets_no_slot(make):
+    s = make(mamba_slots=1)
     s.cache([1, 2])
     s.step("lock", node={"tokens": [1, 2], "extra_key": None})
     obs = s.cow([1, 2])
@@ -82,8 +108,8 @@ def test_when_every_state_is_locked_the_request_gets_no_slot():
         (1, None, [], [])
 
 
-def test_a_match_without_a_state_copies_nothing_and_takes_no_slot():
-    s = Story()
+def test_a_match_without_a_state_copies_nothing_and_takes_no_slot(make):
+    s = make()
     s.cache([1, 2, 3, 4])
     obs = s.cow([9, 9])
     assert pick(obs, "best_match_node", "mamba_cow_src", "mamba_pool_idx") == (0, None, None)
@@ -98,8 +124,8 @@ def test_a_match_without_a_state_copies_nothing_and_takes_no_slot():
     ({"cow_mamba": False, "mamba_slot": 2}, "goes with cow_mamba"),
     ({"cow_mamba": 1}, "true or false"),
 ])
-def test_bad_copy_on_write_arguments_are_rejected(args, why):
-    s = Story()
+def test_bad_copy_on_write_arguments_are_rejected(make, args, why):
+    s = make()
     s.cache([1, 2])
     s.step("mamba_alloc", n=1)                            # state 2: the caller's
     obs = s.step("match_prefix", tokens=[1, 2], **args)

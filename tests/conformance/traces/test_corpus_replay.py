@@ -66,6 +66,18 @@ def test_host_tier_corpus_is_there():
             assert trace.config.has_host_tier and len(trace.steps) >= 300, t
 
 
+def test_sessions_corpus_is_there():
+    """At least 10 upstream session traces per page size (1 and 4), each of at least 300
+    steps, with session turns in them."""
+    for cfg in ("sessions-p1", "sessions-p4"):
+        found = glob.glob(os.path.join(CORPUS, "upstream-sessions", f"{cfg}-s*.jsonl"))
+        assert len(found) >= 10, f"{cfg}: {len(found)} traces"
+        for t in found:
+            steps = load_trace(t).steps
+            assert len(steps) >= 300, t
+            assert any(s["op"] == "req_arrive" and s["args"].get("session") for s in steps), t
+
+
 @pytest.mark.parametrize("impl", ["spec", "fast"])
 @pytest.mark.parametrize("path", TRACES, ids=[os.path.relpath(t, CORPUS) for t in TRACES])
 def test_replay(path, impl):

@@ -49,32 +49,24 @@ def test_storage_corpus_exercises_prefetch_and_backup():
     assert all(v > 0 for v in seen.values()), seen
 
 
-def _replay_params() -> list:
+def _replay_params(default_seeds: int) -> list:
+    """Every trace, seeds 1..``default_seeds`` in the default suite, the rest behind slow."""
     out = []
     for t in sorted(glob.glob(os.path.join(BASE, "*.jsonl"))):
         seed = int(re.search(r"-s(\d+)\.jsonl$", t).group(1))
-        marks = () if seed <= 3 else (pytest.mark.slow,)
+        marks = () if seed <= default_seeds else (pytest.mark.slow,)
         out.append(pytest.param(t, marks=marks, id=os.path.basename(t)))
     return out
 
 
-@pytest.mark.parametrize("path", _replay_params())
+@pytest.mark.parametrize("path", _replay_params(default_seeds=3))
 def test_replay_on_spec(path):
     result = replay_trace(load_trace(path), "spec")
     assert result.unsupported is None, result.unsupported
     assert result.divergence is None, str(result.divergence)
 
 
-def _fast_params() -> list:
-    out = []
-    for t in sorted(glob.glob(os.path.join(BASE, "*.jsonl"))):
-        seed = int(re.search(r"-s(\d+)\.jsonl$", t).group(1))
-        marks = () if seed == 1 else (pytest.mark.slow,)
-        out.append(pytest.param(t, marks=marks, id=os.path.basename(t)))
-    return out
-
-
-@pytest.mark.parametrize("path", _fast_params())
+@pytest.mark.parametrize("path", _replay_params(default_seeds=1))
 def test_replay_on_fast(path):
     result = replay_trace(load_trace(path), "fast")
     assert result.unsupported is None, result.unsupported
