@@ -23,6 +23,7 @@ from uniradix import fast
 from uniradix.conformance.adapters.base import args_of, aux_effects, check_cow_args, check_supported
 from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPool, ints, priority_arg
 from uniradix.conformance.env.pools import PoolAllocator
+from uniradix.fast.sessions import VirtualNode
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
 from uniradix.spec.requests import output_token_id
@@ -252,7 +253,9 @@ class HybridFastAdapter(FastAdapter):
         if self.mamba is None:
             return self._req_effects(obs)
         req = self.requests[step["args"]["rid"]]
-        if req.admitted and req.session is None:  # the request's own state slot
+        restored = req.admitted and req.last_node.__class__ is VirtualNode
+        if req.admitted and not restored:  # the request's own state slot (a restored one:
+            # the session's, from its slot, fast/sessions.py)
             if self.mamba.available_size() == 0:
                 self.cache.evict(fast.EvictParams(num_tokens=0, mamba_num=1))
             if self.mamba.available_size() == 0:  # every state is locked: it waits
