@@ -10,7 +10,10 @@ the SWA shortfall in one call, and before each decode step the request's own pos
 than a window and a page behind drop their SWA slots (``req.swa_evicted_seqlen``, which the
 finishing insert reads); with Mamba a request takes a state slot at admission
 (``req.mamba_pool_idx``; one state evicted when the pool is empty, and it waits holding nothing
-when still none), which the cache hands to the tree or frees."""
+when still none), which the cache hands to the tree or frees.  A streaming session's request
+(conformance/adapters/session_ops.py) goes through the same calls: its finish parks its row,
+window start and state slot in the session's slot (fast/sessions.py) and the next turn's
+admission restores them, taking no new state slot."""
 
 from __future__ import annotations
 
