@@ -131,12 +131,13 @@ CAPABILITIES: dict[str, Capabilities] = {
     # uniradix.fast (FastAdapter, HybridFastAdapter): Full, SWA and Mamba in any combination;
     # a host tier with SWA and/or Mamba, a storage tier (Full only), every eviction policy (the
     # ones other than lru on the composed tree, fast/policies.py), Mamba copy-on-write,
-    # streaming sessions (Full only), EAGLE keys with aux; its adapter drives the request path
-    # with every component set (conformance/adapters/fast_hybrid.py)
+    # streaming sessions (with SWA and Mamba too), EAGLE keys with aux; its adapter drives the
+    # request path, sessions included, with every component set (conformance/adapters/
+    # fast_hybrid.py)
     "fast": Capabilities(
         name="fast", components=frozenset(COMPONENT_SETS), host_tier=True,
         host_aux=frozenset({"swa", "mamba"}), host_all_aux=True, storage=True, cow_mamba=True,
-        sessions=True, eagle_with_aux=True, request_ops_with_aux=True),
+        sessions=True, sessions_with_aux=True, eagle_with_aux=True, request_ops_with_aux=True),
     # upstream SGLang 0.5.13.post1 (UpstreamAdapter and its host, host+aux, storage and hybrid
     # subclasses): the tree-level API only (no request path), no EAGLE keys and no disabled
     # cache driven

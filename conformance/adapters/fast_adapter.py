@@ -21,7 +21,6 @@ from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import CacheError as SpecCacheError
 from uniradix.spec.errors import HandleError
 from uniradix.spec.errors import InvalidInput as SpecInvalidInput
-from uniradix.spec.errors import Unsupported as SpecUnsupported
 from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import PagedPool
 
@@ -305,9 +304,6 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
         if not toks:
             raise SpecInvalidInput("req_arrive: a request needs at least one token")
         session = check_session_arg(session)
-        if session is not None and self.config.components != ("full",):
-            raise SpecUnsupported("streaming sessions with SWA or Mamba: fast models them "
-                                  "(fast/sessions.py), its hybrid adapter has no request path")
         self.check_session_arrival(session, toks, extra_key)
         self.requests[rid] = Req(rid, toks, extra_key, priority, session)
         return {}

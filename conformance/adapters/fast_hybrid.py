@@ -10,7 +10,10 @@ the SWA shortfall in one call, and before each decode step the request's own pos
 than a window and a page behind drop their SWA slots (``req.swa_evicted_seqlen``, which the
 finishing insert reads); with Mamba a request takes a state slot at admission
 (``req.mamba_pool_idx``; one state evicted when the pool is empty, and it waits holding nothing
-when still none), which the cache hands to the tree or frees."""
+when still none), which the cache hands to the tree or frees.  A streaming session's request
+(conformance/adapters/session_ops.py) goes through the same calls: its finish parks its row,
+window start and state slot in the session's slot (fast/sessions.py) and the next turn's
+admission restores them, taking no new state slot."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from uniradix import fast
 from uniradix.conformance.adapters.base import args_of, aux_effects, check_cow_args, check_supported
 from uniradix.conformance.adapters.fast_adapter import FastAdapter, ReqToTokenPool, ints, priority_arg
 from uniradix.conformance.env.pools import PoolAllocator
+from uniradix.fast.sessions import VirtualNode
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
 from uniradix.spec.requests import output_token_id
@@ -252,7 +256,9 @@ class HybridFastAdapter(FastAdapter):
         if self.mamba is None:
             return self._req_effects(obs)
         req = self.requests[step["args"]["rid"]]
-        if req.admitted and req.session is None:  # the request's own state slot
+        restored = req.admitted and req.last_node.__class__ is VirtualNode
+        if req.admitted and not restored:  # the request's own state slot (a restored one:
+            # the session's, from its slot, fast/sessions.py)
             if self.mamba.available_size() == 0:
                 self.cache.evict(fast.EvictParams(num_tokens=0, mamba_num=1))
             if self.mamba.available_size() == 0:  # every state is locked: it waits

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 import stories
-from uniradix.conformance.adapters.base import make_adapter
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.requests import output_token_id
 
@@ -212,15 +211,28 @@ def test_the_parked_lock_keeps_the_session_path_under_pressure():
     assert [1, 2, 3, 4] in paths and [8, 8, 8, 8] not in paths
 
 
-def test_session_ops_with_an_aux_component_run_on_the_spec_and_fasts_adapter_refuses_them():
-    """The spec models sessions with SWA and Mamba (tests/spec/test_spec_sessions_aux.py);
-    fast's hybrid adapter has no request path to drive them with."""
-    s = Story(kv_slots=32, components=["full", "mamba"], mamba_slots=4)
+def test_session_ops_with_an_aux_component_run_on_the_spec_and_fast_in_lockstep():
+    """The spec models sessions with SWA and Mamba (tests/spec/test_spec_sessions_aux.py); fast's
+    hybrid adapter drives them through fast's request calls, every observation and snapshot
+    the spec's: two turns of a session (the second restored with its parked state slot), the
+    counts while parked, a release that frees the row and the state slot."""
+    cfg = CacheConfig(kv_slots=32, components=("full", "mamba"), mamba_slots=4)
+    s = stories.SpecAndFast(cfg)
     assert s.step("session_held") == {"tokens": 0, "full_tokens": 0, "mamba_slots": 0,
                                       "req_count": 0}
-    fast = make_adapter("fast", CacheConfig(kv_slots=32, components=("full", "mamba"),
-                                            mamba_slots=4))
-    for step in ({"op": "session_held", "args": {}},
-                 {"op": "release_session", "args": {"session": "s"}},
-                 {"op": "req_arrive", "args": {"rid": "r", "tokens": [1], "session": "s"}}):
-        assert fast.apply(step)["error"] == "Unsupported"
+    s.step("req_arrive", rid="a1", tokens=PROMPT, session="s")
+    admit = s.step("req_admit", rid="a1")
+    assert admit["prefix_len"] == 0 and admit["mamba_pool_idx"] is not None
+    assert s.step("req_chunk", rid="a1", n=4, chunked=False)["ok"]
+    assert s.step("req_decode", rid="a1", n=2)["ok"]
+    s.step("req_finish", rid="a1")
+    held = s.step("session_held")
+    assert held["mamba_slots"] == 1 and held["req_count"] == 1
+    s.step("req_arrive", rid="a2", tokens=PROMPT + OUT + [9], session="s")
+    again = s.step("req_admit", rid="a2")
+    assert again["prefix_len"] == 6 and again["mamba_pool_idx"] == admit["mamba_pool_idx"]
+    assert s.step("req_chunk", rid="a2", n=1, chunked=False)["ok"]
+    s.step("req_finish", rid="a2")
+    released = s.step("release_session", session="s")
+    assert released["mamba_freed"] == [admit["mamba_pool_idx"]]
+    assert s.step("session_held")["mamba_slots"] == 0

@@ -131,9 +131,10 @@ def test_mamba_a_first_turns_abort_frees_its_state_with_the_session():
 
 
 def test_hypothesis_machine_with_sessions_on_swa_and_mamba():
-    """The Hypothesis machine with streaming sessions (spec vs spec: fast's hybrid adapter has
-    no request path), over Full + SWA, Full + Mamba and Full + SWA + Mamba configs: every step's
-    invariants (the parked SWA slots and state slot included), rejections change nothing."""
+    """The Hypothesis machine with streaming sessions, the spec and fast in lockstep (fast's
+    hybrid adapter drives sessions with aux), over Full + SWA, Full + Mamba and Full + SWA +
+    Mamba configs: every step's observations and snapshots agree, every step's invariants hold
+    (the parked SWA slots and state slot included), rejections change nothing."""
     from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -145,7 +146,7 @@ def test_hypothesis_machine_with_sessions_on_swa_and_mamba():
     # the request path and what meets it (eviction, matches): sessions' turns come often
     actions = ("req_arrive", "req_admit", "req_chunk", "req_decode", "req_finish", "req_abort",
                "evict", "match_prefix", "release_session", "session_held")
-    Machine = make_machine(["spec", "spec"], name="AuxSessionMachine", draw=draw, sessions=True,
+    Machine = make_machine(["spec", "fast"], name="AuxSessionMachine", draw=draw, sessions=True,
                            actions=actions)
     run_state_machine_as_test(Machine, settings=settings(
         max_examples=10, stateful_step_count=80, deadline=None, database=None,
