@@ -13,8 +13,8 @@ session running) are the scheduler's rules: checked here, before the cache sees 
 With SWA or Mamba (fast/sessions.py over fast's plug-ins) ``session_held`` answers
 ``swa_tokens`` / ``mamba_slots`` too, ``release_session`` the aux pools' effects, and the
 sessions view each slot's ``swa_evicted_seqlen`` / ``mamba_slot``, as the spec's adapter does.
-(Driving them in lockstep needs the hybrid adapter's request path: until it has one, fast's
-capabilities declare no sessions with aux, conformance/adapters/capabilities.py.)
+The hybrid adapter drives them through fast's own request path
+(conformance/adapters/fast_hybrid.py), so lockstep and ``conform`` compare them with the spec.
 """
 
 from __future__ import annotations
