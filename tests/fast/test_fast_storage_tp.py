@@ -7,13 +7,9 @@ both processes and stops them (killed if they outlive the timeout)."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
+
+from ranks import run_ranks
 
 pytest.importorskip("torch")
 
@@ -96,35 +92,11 @@ print("RESULT " + json.dumps(results))
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_two_ranks_with_different_storage_progress_end_with_identical_trees(tmp_path):
-    port = _free_port()
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    procs = []
-    for rank in (0, 1):
-        d = tmp_path / f"rank{rank}"
+    dirs = [tmp_path / f"rank{rank}" for rank in (0, 1)]
+    for d in dirs:
         d.mkdir()
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port), str(d)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                      text=True))
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-3000:]
-            outs.append(out)
-    finally:
-        for p in procs:  # stopped by the test, whatever happened
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    res = [json.loads(next(line for line in o.splitlines() if line.startswith("RESULT "))[7:])
-           for o in outs]
+    res = run_ranks(RANK, [[str(d)] for d in dirs])
     assert res[0]["tree"] == res[1]["tree"]
     assert res[0] == res[1]
     # A: the hit is rank 1's 3 pages (MIN), not rank 0's 6; rank 1's read stops after 2 of

@@ -8,13 +8,9 @@ the reduction prevents.  The test starts both processes and stops them."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
+
+from ranks import run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -94,31 +90,8 @@ print("RESULT " + json.dumps(results))
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_two_ranks_whose_acks_finish_at_different_times_end_with_identical_trees():
-    port = _free_port()
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-             for rank in (0, 1)]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-3000:]
-            outs.append(out)
-    finally:
-        for p in procs:  # stopped by the test, whatever happened
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    r0, r1 = (json.loads(next(line for line in o.splitlines() if line.startswith("RESULT "))[7:])
-              for o in outs)
+    r0, r1 = run_ranks(RANK)
     assert r0["tp"] == r1["tp"]
     log = dict((k, v) for k, v in r0["tp"] if k != "evicted")
     # MIN: one write processed on both ranks (two stay queued), so only [1, 2, 3] is unlocked

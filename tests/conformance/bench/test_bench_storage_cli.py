@@ -54,7 +54,7 @@ def test_the_json_is_a_record_the_dashboard_shows(tmp_path):
 @pytest.mark.parametrize("args,match", [
     (["--storage", "nfs"], "unknown backend 'nfs'"),
     (["--pages", "0"], "at least 1"),
-    (["--warmup", "-1"], "must not be negative"),
+    (["--warmup", "-1"], "must be at least 0"),
 ])
 def test_bad_settings_are_refused_by_name(capsys, args, match):
     with pytest.raises(SystemExit) as e:
