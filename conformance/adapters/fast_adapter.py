@@ -332,15 +332,19 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
         need = -(-(req.committed + new_tokens) // ps) * ps - req.row_len
         if need <= 0:
             return True, 0
-        short = need - self.alloc.available_size()
-        evicted = self.cache.evict(fast.EvictParams(num_tokens=short)).num_tokens_evicted \
-            if short > 0 else 0
+        evicted = self._make_room(need)
         slots = self.alloc.alloc(need)
         if slots is None:
             return False, evicted
         req.pending = torch.cat([req.pending, slots])
         req.row_len += need
         return True, evicted
+
+    def _make_room(self, need: int) -> int:
+        """Evict what the allocator is short of for ``need`` slots; the tokens evicted."""
+        short = need - self.alloc.available_size()
+        return self.cache.evict(fast.EvictParams(num_tokens=short)).num_tokens_evicted \
+            if short > 0 else 0
 
     def _commit(self, req: Req, n: int) -> None:
         """``n`` more tokens computed: their slots go into the row."""

@@ -280,25 +280,16 @@ class HybridFastAdapter(FastAdapter):
         req.last_node = req.dec_lock_params = None
         req.admitted = False
 
-    def _reserve(self, req: Any, new_tokens: int) -> tuple[bool, int]:
+    def _make_room(self, need: int) -> int:
         if "swa" not in self.config.components:
-            return super()._reserve(req, new_tokens)
-        ps = self.config.page_size  # SWA slots come with the full ones: evict both shortfalls
-        need = -(-(req.committed + new_tokens) // ps) * ps - req.row_len
-        if need <= 0:
-            return True, 0
+            return super()._make_room(need)
+        # SWA slots come with the full ones: evict both shortfalls in one call
         short = need - self.pool.available_size()
         swa_short = need - self.pool.swa.available_size()
-        evicted = 0
-        if short > 0 or swa_short > 0:
-            evicted = self.cache.evict(fast.EvictParams(
-                num_tokens=max(short, 0), swa_num_tokens=max(swa_short, 0))).num_tokens_evicted
-        slots = self.alloc.alloc(need)
-        if slots is None:
-            return False, evicted
-        req.pending = torch.cat([req.pending, slots])
-        req.row_len += need
-        return True, evicted
+        if short <= 0 and swa_short <= 0:
+            return 0
+        return self.cache.evict(fast.EvictParams(
+            num_tokens=max(short, 0), swa_num_tokens=max(swa_short, 0))).num_tokens_evicted
 
     def _slide_window(self, req: Any) -> None:
         """SWA, before a decode step: the request's own positions more than one window and one
