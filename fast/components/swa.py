@@ -299,10 +299,12 @@ class SwaComponent(AuxComponent):
         self.controller = tier.controller
         tier.full_allocator = alloc.full_attn_allocator
 
-    def _copy(self, kind: str, src: torch.Tensor, dst: list) -> None:
+    def _copy(self, kind: str, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Log one SWA copy (``log_copies``); the slot lists are made only then (a long node's
+        ``tolist`` costs as much as the rest of its backup)."""
         copies = self.controller.swa_copies
         if copies is not None:
-            copies.append(Copy(kind, src.tolist(), dst))
+            copies.append(Copy(kind, src.tolist(), dst.tolist()))
 
     def backup(self, node: Any) -> bool:
         """The node's SWA data goes to fresh SWA host slots with the Full backup (SWA host
@@ -318,7 +320,7 @@ class SwaComponent(AuxComponent):
         if slots is None:
             return False
         rec.host_value = slots if slots.dtype is _INT64 else slots.to(_INT64)
-        self._copy("backup", rec.value, rec.host_value.tolist())
+        self._copy("backup", rec.value, rec.host_value)
         return True
 
     def drop_host(self, node: Any) -> int:
@@ -424,7 +426,7 @@ class SwaComponent(AuxComponent):
             chunk = _narrow_copy(slots, 0, start, k)
             start += k
             alloc.set_full_to_swa_mapping(x.value, chunk)
-            self._copy("load", host, chunk.tolist())
+            self._copy("load", host, chunk)
             self.set(x, chunk)
 
     def host_lock(self, node: Any) -> Any:
