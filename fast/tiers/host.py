@@ -52,7 +52,17 @@ IO_MODES = ("sync", "manual", "cuda")
 
 class HostSlotAllocator:
     """A page-granular, lowest-first allocator of host slots (page 0 reserved, as the device
-    pools): ``alloc(n)`` -> int64 tensor or None, ``free``, ``available_size``, ``clear``."""
+    pools): ``alloc(n)`` -> int64 tensor or None, ``free``, ``available_size``, ``clear``.
+
+    The free pages are kept as a heap of disjoint runs ``(first, end)`` (end exclusive): the
+    run on top holds the lowest free page, so ``alloc`` takes the lowest pages run by run (the
+    same pages a heap of single pages would give, ascending) and a freed range goes back as
+    the runs it is made of.  Runs are never merged on free; ``alloc`` joins the adjacent runs
+    it takes into one slice, so its cost is one heap step per run and one tensor per slice,
+    not a heap step per page.  (``UNIRADIX_PURE_PYTHON`` needs no fallback: this is Python.)"""
+
+    # a freed tensor of up to this many pages is split into runs in Python, longer ones in torch
+    _SHORT = 64
 
     def __init__(self, slots: int, page_size: int = 1) -> None:
         if slots < 0 or slots % page_size:
@@ -62,25 +72,82 @@ class HostSlotAllocator:
         self.clear()
 
     def clear(self) -> None:
-        self._free = list(range(1, self.num_pages + 1))
+        self._runs: list[tuple[int, int]] = [(1, self.num_pages + 1)] if self.num_pages else []
+        self._pages = self.num_pages  # free pages (the runs' total length)
 
     def available_size(self) -> int:
-        return len(self._free) * self.page_size
+        return self._pages * self.page_size
 
     def alloc(self, n: int) -> torch.Tensor | None:
         ps = self.page_size
-        if n % ps or n // ps > len(self._free):
+        need = n // ps
+        if n % ps or need > self._pages:
             return None
-        pages = [heapq.heappop(self._free) for _ in range(n // ps)]
-        return torch.tensor([p * ps + j for p in pages for j in range(ps)], dtype=torch.int64)
+        if need <= 0:
+            return torch.empty(0, dtype=torch.int64)
+        self._pages -= need
+        runs = self._runs
+        spans: list[list[int]] = []  # [first, end) page slices taken, adjacent runs joined
+        while need:
+            first, end = runs[0]
+            take = end - first
+            if take <= need:
+                heapq.heappop(runs)
+            else:
+                take = need
+                heapq.heapreplace(runs, (first + take, end))
+            if spans and spans[-1][1] == first:
+                spans[-1][1] = first + take
+            else:
+                spans.append([first, first + take])
+            need -= take
+        if len(spans) == 1:
+            return torch.arange(spans[0][0] * ps, spans[0][1] * ps, dtype=torch.int64)
+        return torch.cat([torch.arange(a * ps, b * ps, dtype=torch.int64) for a, b in spans])
 
     # its state does not depend on the order of the pages freed (lowest first): batchable
     uniradix_free_order = APPEND
 
     def free(self, slots) -> None:
         ps = self.page_size
-        for s in slots.tolist()[::ps] if hasattr(slots, "tolist") else list(slots)[::ps]:
-            heapq.heappush(self._free, s // ps)
+        if isinstance(slots, torch.Tensor):
+            firsts = slots.reshape(-1)[::ps]  # one slot per page: its first
+            if firsts.numel() > self._SHORT:
+                self._free_runs(*_page_runs(firsts, ps))
+                return
+            pages = [s // ps for s in firsts.tolist()]
+        else:
+            pages = [s // ps for s in list(slots)[::ps]]
+        if not pages:
+            return
+        pages.sort()
+        firsts_l, ends_l = [pages[0]], []
+        for a, b in zip(pages, pages[1:], strict=False):
+            if b != a + 1:  # (a page freed twice: two runs, as the page twice on a heap)
+                ends_l.append(a + 1)
+                firsts_l.append(b)
+        ends_l.append(pages[-1] + 1)
+        self._free_runs(firsts_l, ends_l)
+
+    def _free_runs(self, firsts: list[int], ends: list[int]) -> None:
+        runs = self._runs
+        for a, b in zip(firsts, ends, strict=True):
+            heapq.heappush(runs, (a, b))
+            self._pages += b - a
+
+
+def _page_runs(firsts: torch.Tensor, ps: int) -> tuple[list[int], list[int]]:
+    """The pages of the slots ``firsts`` (one per page) as runs of consecutive pages,
+    ascending: (first pages, end pages)."""
+    pages = torch.div(firsts, ps, rounding_mode="floor") if ps > 1 else firsts
+    step = pages[1:] - pages[:-1]
+    if bool((step == 1).all()):  # one ascending run (what ``alloc`` hands out)
+        return [int(pages[0])], [int(pages[-1]) + 1]
+    pages = torch.sort(pages).values
+    breaks = torch.nonzero(pages[1:] - pages[:-1] != 1).flatten()
+    starts = torch.cat([pages[:1], pages[breaks + 1]])
+    ends = torch.cat([pages[breaks], pages[-1:]]) + 1
+    return starts.tolist(), ends.tolist()
 
 
 @dataclasses.dataclass

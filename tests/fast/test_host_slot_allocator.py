@@ -1,0 +1,83 @@
+"""fast's host slot allocator (fast/tiers/host.py ``HostSlotAllocator``, a heap of free page
+runs) hands out exactly the slots a heap of single pages, lowest first, would: the choice the
+spec's pools make (spec/world.py), which the lockstep runs and the corpora compare."""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+import pytest
+import torch
+
+from uniradix.fast.hicache import HostSlotAllocator
+
+
+class PageHeap:
+    """The reference: every free page on a heap, lowest first."""
+
+    def __init__(self, slots: int, ps: int) -> None:
+        self.ps = ps
+        self.free = list(range(1, slots // ps + 1))
+
+    def available_size(self) -> int:
+        return len(self.free) * self.ps
+
+    def alloc(self, n: int) -> list[int] | None:
+        ps = self.ps
+        if n % ps or n // ps > len(self.free):
+            return None
+        pages = [heapq.heappop(self.free) for _ in range(n // ps)]
+        return [p * ps + j for p in pages for j in range(ps)]
+
+    def free_slots(self, slots: list[int]) -> None:
+        for s in slots[::self.ps]:
+            heapq.heappush(self.free, s // self.ps)
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+@pytest.mark.parametrize("seed", range(4))
+def test_same_slots_as_a_page_heap(ps: int, seed: int) -> None:
+    rng = random.Random(seed)
+    slots = 4096 * ps
+    fast, ref = HostSlotAllocator(slots, ps), PageHeap(slots, ps)
+    held: list[list[int]] = []
+    for step in range(600):
+        if held and rng.random() < 0.45:
+            # free one or several holdings at once, shuffled (long ones take the torch path)
+            k = rng.randint(1, min(4, len(held)))
+            out = [held.pop(rng.randrange(len(held))) for _ in range(k)]
+            flat = [s for h in out for s in h]
+            pages = [flat[i:i + ps] for i in range(0, len(flat), ps)]
+            rng.shuffle(pages)
+            flat = [s for p in pages for s in p]
+            ref.free_slots(flat)
+            if rng.random() < 0.5:
+                fast.free(torch.tensor(flat, dtype=torch.int64))
+            else:
+                fast.free(flat)
+        else:
+            n = rng.choice([0, ps, 3 * ps, 17 * ps, 200 * ps, 5 * ps + (1 if ps > 1 else 0)])
+            got, want = fast.alloc(n), ref.alloc(n)
+            assert (got is None) == (want is None), (step, n)
+            if got is not None:
+                assert got.dtype == torch.int64
+                assert got.tolist() == want, (step, n)
+                if want:
+                    held.append(want)
+        assert fast.available_size() == ref.available_size(), step
+    fast.clear()
+    assert fast.available_size() == slots  # pages 1..slots // ps (page 0 never handed out)
+    assert fast.alloc(2 * ps).tolist() == list(range(ps, 3 * ps))
+
+
+def test_refuses_what_it_cannot_give() -> None:
+    alloc = HostSlotAllocator(8 * 4, 4)
+    assert alloc.alloc(3) is None  # not whole pages
+    assert alloc.alloc(9 * 4) is None  # 8 pages: 1..8 (page 0 is never handed out)
+    assert alloc.alloc(8 * 4).tolist() == list(range(4, 36))
+    assert alloc.available_size() == 0 and alloc.alloc(4) is None
+    alloc.free(torch.empty(0, dtype=torch.int64))
+    assert alloc.available_size() == 0
+    with pytest.raises(Exception, match="multiple of page_size"):
+        HostSlotAllocator(10, 4)
