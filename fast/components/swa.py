@@ -340,25 +340,48 @@ class SwaComponent(AuxComponent):
         leaves the tree with all its host data, any other node loses its SWA host data and,
         by priority, the host data of the components below it (Mamba's).  Returns the SWA
         host units freed."""
-        cache = self.cache
-        tier = cache.tier
-        pool = self.host_allocator
+        lru = self.host_lru
         freed = 0
-        for rec in list(self.host_lru):
+        # the oldest record, one at a time (each one taken leaves the list, and taking one
+        # adds none), not a copy of the whole list per call: O(records taken)
+        while freed < num and lru:
+            rec = next(iter(lru))
+            if rec.node.parent is None or rec.host_value is None:
+                break  # (never, by the list's invariant) the walk below skips such records
+            freed += self._evict_swa_host_rec(rec)
+            if rec in lru:  # (never) still listed: the walk below goes on after it
+                return freed + self._evict_swa_host_walk(num - freed, rec)
+        if freed < num and lru:
+            freed += self._evict_swa_host_walk(num - freed, None)
+        return freed
+
+    def _evict_swa_host_walk(self, num: int, after: Any) -> int:
+        """``evict_swa_host`` over a copy of the host list (from after ``after``)."""
+        recs = list(self.host_lru)
+        if after is not None:
+            recs = recs[recs.index(after) + 1:]
+        freed = 0
+        for rec in recs:
             if freed >= num:
                 break
-            node = rec.node
-            if node.parent is None or rec.host_value is None:
+            if rec.node.parent is None or rec.host_value is None:
                 continue
-            if tier.is_host_leaf(node):
-                before = pool.available_size()
-                tier.evict_host_leaf(node)
-                freed += pool.available_size() - before
-            else:
-                freed += self.drop_host(node)
-                for comp in cache.components:
-                    if comp is not self and comp.internal_priority <= self.internal_priority:
-                        comp.drop_host(node)
+            freed += self._evict_swa_host_rec(rec)
+        return freed
+
+    def _evict_swa_host_rec(self, rec: Any) -> int:
+        """Free one listed record's SWA host data (``evict_swa_host``); returns units freed."""
+        cache = self.cache
+        node = rec.node
+        if cache.tier.is_host_leaf(node):  # it leaves the tree with all its host data
+            pool = self.host_allocator
+            before = pool.available_size()
+            cache.tier.evict_host_leaf(node)
+            return pool.available_size() - before
+        freed = self.drop_host(node)
+        for comp in cache.components:
+            if comp is not self and comp.internal_priority <= self.internal_priority:
+                comp.drop_host(node)
         return freed
 
     def wants_load_back(self, node: Any) -> bool:
