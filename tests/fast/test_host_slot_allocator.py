@@ -1,15 +1,19 @@
 """fast's host slot allocator (fast/tiers/host.py ``HostSlotAllocator``, a heap of free page
 runs) hands out exactly the slots a heap of single pages, lowest first, would: the choice the
-spec's pools make (spec/world.py), which the lockstep runs and the corpora compare."""
+spec's pools make (spec/world.py), which the lockstep runs and the corpora compare.  And the SWA
+host list's eviction (fast/components/swa.py ``evict_swa_host``) takes the records a walk over a
+copy of the list would."""
 
 from __future__ import annotations
 
 import heapq
 import random
+import types
 
 import pytest
 import torch
 
+from uniradix.fast.components.swa import SwaComponent
 from uniradix.fast.hicache import HostSlotAllocator
 
 
@@ -81,3 +85,59 @@ def test_refuses_what_it_cannot_give() -> None:
     assert alloc.available_size() == 0
     with pytest.raises(Exception, match="multiple of page_size"):
         HostSlotAllocator(10, 4)
+
+
+class _Rec:
+    def __init__(self, name: str, units: int, stale: bool = False) -> None:
+        self.name, self.units = name, units
+        self.node = types.SimpleNamespace(parent=None if stale else object())
+        self.host_value = None if stale else units
+
+
+def _fake_swa(recs: list, keep: frozenset = frozenset()) -> types.SimpleNamespace:
+    """What ``SwaComponent.evict_swa_host`` reads: the host list and how one record is freed
+    (taken off the list unless its name is in ``keep``), logging the order."""
+    taken: list[str] = []
+    fake = types.SimpleNamespace(host_lru=dict.fromkeys(recs), taken=taken)
+
+    def take(rec: _Rec) -> int:
+        taken.append(rec.name)
+        if rec.name not in keep:
+            del fake.host_lru[rec]
+        return rec.units
+    fake._evict_swa_host_rec = take
+    fake._evict_swa_host_walk = (
+        lambda num, after: SwaComponent._evict_swa_host_walk(fake, num, after))
+    return fake
+
+
+def _reference_order(recs: list, num: int) -> list[str]:
+    """The walk over a copy of the whole list that ``evict_swa_host`` replaced."""
+    out, freed = [], 0
+    for rec in recs:
+        if freed >= num:
+            break
+        if rec.node.parent is None or rec.host_value is None:
+            continue
+        out.append(rec.name)
+        freed += rec.units
+    return out
+
+
+@pytest.mark.parametrize("num", [0, 1, 4, 5, 9, 100])
+def test_evict_swa_host_takes_the_oldest_records_as_the_list_copy_did(num: int) -> None:
+    recs = [_Rec("a", 3), _Rec("b", 2), _Rec("c", 4), _Rec("d", 1)]
+    fake = _fake_swa(recs)
+    assert SwaComponent.evict_swa_host(fake, num) == sum(
+        r.units for r in recs if r.name in _reference_order(recs, num))
+    assert fake.taken == _reference_order(recs, num)
+    # a stale record first (never, by the list's invariant), or one left listed after it was
+    # taken: the same records in the same order all the same
+    recs = [_Rec("s", 5, stale=True), _Rec("a", 3), _Rec("b", 2), _Rec("c", 4)]
+    fake = _fake_swa(recs)
+    SwaComponent.evict_swa_host(fake, num)
+    assert fake.taken == _reference_order(recs, num)
+    recs = [_Rec("a", 3), _Rec("b", 2), _Rec("c", 4)]
+    fake = _fake_swa(recs, keep=frozenset({"a"}))
+    SwaComponent.evict_swa_host(fake, num)
+    assert fake.taken == _reference_order(recs, num)
