@@ -7,11 +7,16 @@ tree twice (the noise floor), run in one interpreter over the same torch.  For e
 configuration both caches are built the same way from the same parameters and driven through
 the same workload by the bench's scheduler loop (conformance/bench/loop.py ``run_bench`` with the
 steps of conformance/bench/host.py and hybrid.py; only the cache calls are timed), in
-alternating rounds ``base, head, head, base, base, head, ...`` on one torch thread.  Reported
+alternating rounds ``base, head, head, base, base, head, ...`` on one torch thread.  The timer
+is this thread's CPU time less the clock's own cost per timed call (``--clock cpu``, the
+default: other jobs on a shared machine barely move it) or the bench's wall clock
+(``--clock wall``).  What was loaded before the rounds is frozen out of the garbage
+collector's walks (``gc.freeze``), so its collections walk the runs' own objects.  Reported
 per configuration and workload: each side's timed seconds per round, their medians, the ratio
-``head/base`` of the medians (below 1: head is faster) and the median of the adjacent pairs'
-ratios; and whether both sides gave identical outcomes (hit tokens per request, evicted tokens,
-aborts and the bench's per-request digest).  Differing outcomes make the exit status 1.
+``head/base`` of the medians (below 1: head is faster), the median of the adjacent pairs'
+ratios and each side's median time per op; and whether both sides gave identical outcomes
+(hit tokens per request, evicted tokens, aborts and the bench's per-request digest).
+Differing outcomes make the exit status 1.
 
 Where the two trees' APIs differ the script adapts (never the trees): parameters a tree's
 ``CacheInitParams`` or ``HiCacheConfig`` lacks are not passed, and a cache a tree refuses to
@@ -23,7 +28,7 @@ Run (the harness is the ``uniradix`` on the path; the head defaults to this chec
     python scripts/ab-speed.py --base PATH_TO_OLD_CHECKOUT [--head PATH] [--rounds 8]
         [--configs full:1,full:16,swa:1,mamba:1,write_through:1,write_back:1]
         [--workloads shared-prefix,mooncake] [--requests 1000] [--mooncake-requests 200]
-        [--json out.json]
+        [--clock cpu|wall] [--json out.json]
 
 docs/PERFORMANCE.md ("Side by side with an older commit") has the figures it gave.
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -59,6 +65,7 @@ HERE = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = "full:1,full:16,swa:1,mamba:1,write_through:1,write_back:1," \
                   "write_through+swa:1,write_back+swa:1,write_through+mamba:1,write_back+mamba:1"
 SIDES = ("base", "head")
+CLOCKS = ("cpu", "wall")
 
 
 class Refused(Exception):
@@ -182,6 +189,37 @@ def bundle_for(mod: types.ModuleType, config: C.BenchConfig, label: str,
 
 
 # --------------------------------------------------------------------------------------------
+# The clock
+# --------------------------------------------------------------------------------------------
+
+
+def clock_cost(clock: Any, n: int = 20000) -> float:
+    """The median of two back-to-back readings' difference: what one timed interval adds."""
+    ds = []
+    for _ in range(n):
+        a = clock()
+        ds.append(clock() - a)
+    return statistics.median(ds)
+
+
+@contextlib.contextmanager
+def bench_clock(kind: str) -> Any:
+    """The loop's timer (it reads ``time.perf_counter`` of conformance/bench/loop.py's ``time``):
+    ``wall`` leaves it; ``cpu`` makes it this thread's CPU time (``time.thread_time``), which a
+    machine shared with other jobs disturbs far less than wall time (time spent descheduled is
+    not counted)."""
+    if kind == "wall":
+        yield
+        return
+    saved = B.time
+    B.time = types.SimpleNamespace(perf_counter=time.thread_time)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        B.time = saved
+
+
+# --------------------------------------------------------------------------------------------
 # Rounds
 # --------------------------------------------------------------------------------------------
 
@@ -196,6 +234,9 @@ class Row:
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     seconds: dict[str, list[float]] = dataclasses.field(
         default_factory=lambda: {s: [] for s in SIDES})
+    # per side, per op: the op's summed seconds in each timed run
+    op_seconds: dict[str, dict[str, list[float]]] = dataclasses.field(
+        default_factory=lambda: {s: {} for s in SIDES})
     order: list[str] = dataclasses.field(default_factory=list)
     identical: bool | None = None
     differences: list[str] = dataclasses.field(default_factory=list)
@@ -217,6 +258,9 @@ class Row:
         pairs = [h / b for b, h in zip(self.seconds["base"], self.seconds["head"], strict=True) if b]
         return statistics.median(pairs) if pairs else None
 
+    def op_medians(self, side: str) -> dict[str, float]:
+        return {op: statistics.median(ts) for op, ts in self.op_seconds[side].items() if ts}
+
     def summary(self) -> dict:
         r = lambda v: None if v is None else round(v, 4)  # noqa: E731
         return {"config": self.config, "page_size": self.page_size, "workload": self.workload,
@@ -225,6 +269,8 @@ class Row:
                 "hit_rate": r(self.hit_rate),
                 "seconds": {s: [round(t, 5) for t in ts] for s, ts in self.seconds.items()},
                 "order": self.order, "median_s": {s: r(self.median(s)) for s in SIDES},
+                "op_median_s": {s: {op: round(v, 6) for op, v in self.op_medians(s).items()}
+                                for s in SIDES},
                 "ratio_head_over_base": r(self.ratio), "pair_ratio_median": r(self.pair_ratio)}
 
 
@@ -234,8 +280,9 @@ def _outcome(stats: B.BenchStats, hits: list[int]) -> dict:
 
 def measure(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size: int,
             workload: B.BenchWorkload, rounds: int, warmup: int,
-            log: Any = None) -> Row:
-    """``rounds`` timed runs per side (after ``warmup`` untimed ones), alternating."""
+            log: Any = None, clock: str = "wall", per_call: float = 0.0) -> Row:
+    """``rounds`` timed runs per side (after ``warmup`` untimed ones), alternating, timed with
+    ``clock`` (:data:`CLOCKS`) less ``per_call`` seconds per timed call (the clock's own)."""
     row = Row(config.name, page_size, workload.name, workload.requests)
     hits: dict[str, list[int]] = {s: [] for s in SIDES}
     bundles = {s: bundle_for(mods[s], config, s, hits[s]) for s in SIDES}
@@ -251,7 +298,10 @@ def measure(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size:
     order = [s for i in range(warmup + rounds) for s in (SIDES if i % 2 == 0 else SIDES[::-1])]
     for n, side in enumerate(order):
         hits[side].clear()
-        stats = B.run_bench(bundles[side], workload)
+        with bench_clock(clock):
+            stats = B.run_bench(bundles[side], workload)
+        ops = {op: sum(ts) - per_call * len(ts) for op, ts in stats.op_times.items() if ts}
+        stats.seconds = sum(ops.values())
         got = _outcome(stats, hits[side])
         if reference is None:
             reference = got
@@ -260,6 +310,8 @@ def measure(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size:
             row.differences.append(_difference(reference, got, side, n))
         if n >= 2 * warmup:
             row.seconds[side].append(stats.seconds)
+            for op, t in ops.items():
+                row.op_seconds[side].setdefault(op, []).append(t)
             row.order.append(side)
         if log is not None:
             log(f"    {side:<5}{stats.seconds * 1e3:10.1f} ms" + ("  (warm-up)"
@@ -317,6 +369,8 @@ def format_row(row: Row) -> list[str]:
     for s in SIDES:
         lines.append(f"    {s} ({row.kinds.get(s, '?')}) ms: "
                      + " ".join(f"{t * 1e3:.1f}" for t in row.seconds[s]))
+        lines.append("      median ms per op: " + ", ".join(
+            f"{op} {t * 1e3:.1f}" for op, t in row.op_medians(s).items()))
     lines += [f"    DIFFERENT OUTCOMES: {d}" for d in row.differences]
     return lines
 
@@ -335,6 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the first N requests of the Mooncake trace")
     p.add_argument("--rounds", type=int, default=8, help="timed runs per side (alternating)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per side first")
+    p.add_argument("--clock", choices=CLOCKS, default="cpu",
+                   help="cpu: this thread's CPU time less the clock's own cost per call "
+                        "(default; robust on a shared machine); wall: the bench's perf_counter")
     p.add_argument("--allow-pure-python", action="store_true",
                    help="run a tree without its compiled C core")
     p.add_argument("--json", type=Path, help="write the rows as JSON here")
@@ -362,8 +419,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
     log = None if args.quiet else functools.partial(print, flush=True)
     rows: list[Row] = []
+    per_call = clock_cost(time.thread_time) if args.clock == "cpu" else 0.0
     print(f"base {args.base}  head {args.head}  rounds {args.rounds} per side "
-          f"(+{args.warmup} warm-up), one torch thread; times: the timed cache calls", flush=True)
+          f"(+{args.warmup} warm-up), one torch thread; times: the timed cache calls, "
+          f"{args.clock} clock" + (f" less {per_call * 1e9:.0f} ns per call (the clock's own)"
+                                   if per_call else ""), flush=True)
     for config, ps in args.configs:
         for w in args.workloads:
             n = args.requests if w == "shared-prefix" else args.mooncake_requests
@@ -371,7 +431,8 @@ def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
             if log:
                 log(f"{config.name} {w} page {ps} ({workload.requests} requests)")
             t0 = time.perf_counter()
-            rows.append(measure(mods, config, ps, workload, args.rounds, args.warmup, log))
+            rows.append(measure(mods, config, ps, workload, args.rounds, args.warmup, log,
+                                args.clock, per_call))
             if log:
                 log(f"    ({time.perf_counter() - t0:.1f} s)")
     print(f"\n{'config':<20}{'workload':<14}{'page':>4}{'base ms':>10}{'head ms':>10}"
@@ -381,6 +442,7 @@ def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
     if args.json:
         args.json.write_text(json.dumps({"base": str(args.base), "head": str(args.head),
                                          "rounds": args.rounds, "warmup": args.warmup,
+                                         "clock": args.clock, "clock_cost_s": per_call,
                                          "rows": [r.summary() for r in rows]}, indent=1) + "\n")
     return 1 if any(r.identical is False for r in rows) else 0
 
