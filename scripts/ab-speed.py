@@ -30,7 +30,8 @@ Run (the harness is the ``uniradix`` on the path; the head defaults to this chec
         [--workloads shared-prefix,mooncake] [--requests 1000] [--mooncake-requests 200]
         [--clock cpu|wall] [--json out.json]
 
-docs/PERFORMANCE.md ("Side by side with an older commit") has the figures it gave.
+docs/PERFORMANCE.md ("Side by side with the commit before the composable cache") has the
+figures it gave.
 """
 
 from __future__ import annotations
