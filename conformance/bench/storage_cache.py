@@ -71,6 +71,7 @@ BACKENDS = ("file", "mooncake")
 IMPLS = ("fast", "upstream")
 OPS = ("match", "prefetch", "load_back", "insert", "events")
 LAYOUT = {"file": "layer_first", "mooncake": "page_first_direct"}
+POLL_S = 0.0002  # between two polls of a wait (lets the storage threads run)
 WAIT_S = 60.0  # the longest one prefetch or one step's backups may take before the bench fails
 
 
@@ -349,7 +350,7 @@ def _wait(cond: Callable[[], bool], what: str, side: str) -> None:
     while not cond():
         if time.monotonic() > deadline:
             raise BenchFailure(f"{side}: {what} did not finish within {WAIT_S:.0f} s")
-        time.sleep(0)
+        time.sleep(POLL_S)
 
 
 def run_side(side: Side, reqs: list[tuple[list[int], list[int]]], tag: str) -> dict:
