@@ -18,7 +18,8 @@ prefetch threshold of one page.  Timed per request: ``match`` (both matches), ``
 alloc, insert, unlock), ``events`` (the acks and the backups' wait: the storage writes are in it).
 
 **Outcomes** must be identical: per request the device hit, the tokens prefetched from storage,
-the host hit loaded back and whether it was aborted, folded into a digest; and the KV a request
+the host hit loaded back, the prefix on the device after it (the hit rate counts these) and
+whether it was aborted, folded into a digest; and the KV a request
 finds on the device after its load back is checked against what was written for those tokens
 (every token's K and V hold a value of its token and position, so a page that came back from
 storage into the wrong slots, or not at all, fails the bench).
@@ -360,8 +361,8 @@ def run_side(side: Side, reqs: list[tuple[list[int], list[int]]], tag: str) -> d
     api, cache, alloc = side.api, side.cache, side.alloc
     times = dict.fromkeys(OPS, 0.0)
     digest = hashlib.sha256()
-    outcome = {"device_hit": 0, "storage_loaded": 0, "host_loaded": 0, "aborted": 0,
-               "prompt_tokens": 0}
+    outcome = {"device_hit": 0, "storage_loaded": 0, "host_loaded": 0, "reused": 0,
+               "aborted": 0, "prompt_tokens": 0}
     clock = time.perf_counter
     for r, (prompt, output) in enumerate(reqs):
         rid = f"{tag}-{r}"
@@ -432,9 +433,10 @@ def run_side(side: Side, reqs: list[tuple[list[int], list[int]]], tag: str) -> d
         outcome["device_hit"] += device_hit
         outcome["storage_loaded"] += loaded
         outcome["host_loaded"] += host_hit
+        outcome["reused"] += n  # on the device after the load back: the request's hit
         outcome["aborted"] += int(aborted)
         outcome["prompt_tokens"] += len(prompt)
-        digest.update(f"{r}:{device_hit}:{loaded}:{host_hit}:{int(aborted)};".encode())
+        digest.update(f"{r}:{device_hit}:{loaded}:{host_hit}:{n}:{int(aborted)};".encode())
     return {"times": times, "outcome": outcome, "digest": digest.hexdigest()[:16]}
 
 
@@ -536,9 +538,7 @@ def run_cache_bench(backend: str, *, requests: int = 60, page_size: int = 16, kv
             "version": results[impl][0]["version"] if results[impl] else None,
             "runs": runs, "requests_per_s_runs": rps,
             "requests_per_s_median": s["median"] if s else None,
-            "hit_rate": round((o.get("device_hit", 0) + o.get("storage_loaded", 0)
-                               + o.get("host_loaded", 0)) / max(1, o.get("prompt_tokens", 1)), 4)
-            if o else None,
+            "hit_rate": round(o["reused"] / max(1, o["prompt_tokens"]), 4) if o else None,
             "storage_loaded_tokens": o.get("storage_loaded"),
             "host_loaded_tokens": o.get("host_loaded"),
             "evicted_tokens": None, "aborted": o.get("aborted"),
