@@ -315,6 +315,16 @@ def add_bench_storage_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_bench_storage(args: argparse.Namespace) -> int:
+    # settings of the other mode are refused by name, not ignored
+    other = ([("--pages", args.pages != 128), ("--layout", args.layout != "page_first"),
+              ("--dir", args.dir is not None)] if args.cache else
+             [("--requests", args.requests != 60), ("--kv-slots", args.kv_slots != 1024)])
+    given = [name for name, set_ in other if set_]
+    if given:
+        print(f"bench-storage: {', '.join(given)} "
+              f"{'does not apply with --cache' if args.cache else 'needs --cache'}",
+              file=sys.stderr)
+        return 2
     if args.cache:
         return _cmd_cache(args)
     args.backends = args.backends or list(BACKENDS)

@@ -270,8 +270,10 @@ def build_upstream(shape: Shape, backend: str, directory: str, address: str | No
                                 tree_components=(up.ComponentType.FULL,))
     cache = up.UnifiedRadixCache(params)
     extra: dict = {"prefetch_threshold": ps}
+    env = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"  # where HiCacheFile writes (read at attach)
+    before = os.environ.get(env)
     if backend == "file":
-        os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = directory  # (read at attach)
+        os.environ[env] = directory
     else:
         extra.update(master_server_address=address, protocol="tcp", local_hostname="127.0.0.1",
                      global_segment_size=_segment(shape))
@@ -281,7 +283,13 @@ def build_upstream(shape: Shape, backend: str, directory: str, address: str | No
         hicache_storage_backend_extra_config=json.dumps(extra),
         hicache_storage_prefetch_policy="wait_complete", extra_metric_labels=None,
         served_model_name="bench")
-    cache.init_hicache(server_args, params)
+    try:
+        cache.init_hicache(server_args, params)
+    finally:
+        if before is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = before
     ctl = cache.cache_controller
     for entry in ctl.mem_pool_host.entries:  # its buffers are unpinned (upstream_on_cpu): so
         entry.host_pool.pin_memory = False     # are the scratch pages its generic reads allocate

@@ -65,10 +65,17 @@ def test_the_json_is_a_throughput_figure(tmp_path):
 @pytest.mark.parametrize("args,match", [
     (["--storage", "upstream-file"], "the cache bench runs file and mooncake"),
     (["--kv-slots", "10", "--page-size", "4"], "not whole pages"),
+    (["--pages", "8"], "--pages does not apply with --cache"),
+    (["--layout", "layer_first", "--dir", "x"], "--layout, --dir does not apply with --cache"),
 ])
 def test_bad_settings_are_refused_by_name(capsys, args, match):
     assert main(["bench-storage", "--cache", *args]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_cache_settings_without_cache_are_refused_by_name(capsys):
+    assert main(["bench-storage", "--requests", "5", "--storage", "file"]) == 2
+    assert "--requests needs --cache" in capsys.readouterr().err
 
 
 def test_bad_settings_through_the_api_are_refused_by_name():
