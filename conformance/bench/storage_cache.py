@@ -240,8 +240,9 @@ def build_fast(shape: Shape, backend: str, directory: str, address: str | None) 
         RadixKey=fast.RadixKey, MatchPrefixParams=fast.MatchPrefixParams,
         InsertParams=fast.InsertParams, EvictParams=fast.EvictParams,
         InitLoadBackParams=fast.hicache.InitLoadBackParams)
-    return Side("fast", "uniradix", cache, alloc, api, write_kv, read_kv,
-                lambda: len(tier.ongoing_backup), close)
+    def in_flight() -> int:  # backups not acked, or storage jobs still queued
+        return len(tier.ongoing_backup) + (0 if tier.wait_idle(0) else 1)
+    return Side("fast", "uniradix", cache, alloc, api, write_kv, read_kv, in_flight, close)
 
 
 def _segment(shape: Shape) -> int:
@@ -325,8 +326,9 @@ def build_upstream(shape: Shape, backend: str, directory: str, address: str | No
         RadixKey=up.RadixKey, MatchPrefixParams=up.MatchPrefixParams,
         InsertParams=up.InsertParams, EvictParams=up.EvictParams,
         InitLoadBackParams=InitLoadBackParams)
-    return Side("upstream", up.version, cache, alloc, api, write_kv, read_kv,
-                lambda: len(cache.ongoing_backup), close)
+    def in_flight() -> int:  # host writes not acked (their backups not yet issued), backups
+        return len(ctl.ack_write_queue) + len(cache.ongoing_backup)  # not acked
+    return Side("upstream", up.version, cache, alloc, api, write_kv, read_kv, in_flight, close)
 
 
 # ----------------------------------------------------------------------------------------------
