@@ -526,13 +526,14 @@ def run_cache_bench(backend: str, *, requests: int = 60, page_size: int = 16, kv
     mismatches = []
     ref = None
     for impl in run_impls:
-        for res in results[impl]:
+        for i, res in enumerate(results[impl]):
             key = (res["digest"], res["outcome"])
             if ref is None:
-                ref = (impl, key)
+                ref = (f"{impl} round {i}", key)
             elif key != ref[1]:
-                mismatches.append(f"{impl}: outcome {res['outcome']} (digest {res['digest']}) "
-                                  f"differs from {ref[0]}'s {ref[1][1]} (digest {ref[1][0]})")
+                mismatches.append(f"{impl} round {i}: outcome {res['outcome']} (digest "
+                                  f"{res['digest']}) differs from {ref[0]}'s {ref[1][1]} "
+                                  f"(digest {ref[1][0]})")
     comparison_impls: dict[str, dict] = {}
     for impl in run_impls:
         runs = []
@@ -540,7 +541,8 @@ def run_cache_bench(backend: str, *, requests: int = 60, page_size: int = 16, kv
             total = sum(res["times"].values())
             runs.append({"requests_per_s": round(requests / total, 1),
                          "op_median_us": {op: round(res["times"][op] / requests * 1e6, 2)
-                                          for op in OPS}})
+                                          for op in OPS},
+                         "digest": res["digest"], "outcome": res["outcome"]})
         o = results[impl][0]["outcome"] if results[impl] else {}
         rps = [r["requests_per_s"] for r in runs]
         s = stat(rps, 1)
