@@ -10,7 +10,13 @@ venv=${1:-.venv-upstream}
 version=${SGLANG_VERSION:-0.5.13.post1}
 py=${PYTHON:-python3}
 # (a bare `import sglang` fails here: it imports torchvision, which the adapter stubs out)
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import importlib.metadata as m; m.version("sglang"); m.version("pytest")' 2>/dev/null; then
+# Mooncake's store (the same wheel as the project's `mooncake` extra; Linux x86_64 only), so
+# `bench-storage` and tests/fast/storage/test_storage_sglang.py reach upstream's Mooncake backend
+mooncake_pkg=""
+[ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && mooncake_pkg="mooncake-transfer-engine-non-cuda>=0.3.13"
+ready='import importlib.metadata as m; m.version("sglang"); m.version("pytest")'
+[ -z "$mooncake_pkg" ] || ready="$ready; m.version(\"mooncake-transfer-engine-non-cuda\")"
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$ready" 2>/dev/null; then
   echo "upstream venv ready: $venv"; exit 0
 fi
 "$py" -m venv "$venv"
@@ -25,6 +31,8 @@ echo "torch==2.13.0" > "$cons"
 # the test runner, so the `upstream`-marked tests run inside this venv (pyproject's addopts need
 # pytest-benchmark and pytest-timeout)
 "$venv/bin/pip" install -q -c "$cons" pytest pytest-benchmark pytest-timeout hypothesis
+# (it links against the system library libibverbs1: `make ibverbs` installs that)
+[ -z "$mooncake_pkg" ] || "$venv/bin/pip" install -q -c "$cons" "$mooncake_pkg"
 # later releases import xgrammar at module level (transformers stays at 5.8.1: the torchvision
 # placeholder of conformance/adapters/upstream.py satisfies it)
 [ "$version" = 0.5.13.post1 ] || "$venv/bin/pip" install -q -c "$cons" xgrammar

@@ -281,9 +281,10 @@ def add_bench_storage_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "Mooncake backends and upstream's HiCacheFile and Mooncake store, side by side "
                     "in one process with alternating rounds (conformance/bench/storage.py).")
     b.add_argument("--storage", "--backends", dest="backends", type=_backends,
-                   default=list(BACKENDS),
+                   default=None,
                    help="comma-separated subset of " + ",".join(BACKENDS) + " (default all; "
-                        "those that cannot run here are reported and skipped)")
+                        "those that cannot run here are reported and skipped; with --cache: "
+                        "file and/or mooncake, default both)")
     b.add_argument("--pages", type=_positive, default=128, help="pages per pass (default 128)")
     b.add_argument("--page-size", type=_positive, default=16, help="tokens per page (default 16)")
     b.add_argument("--layers", type=_positive, default=4, help="layers (default 4)")
@@ -301,11 +302,32 @@ def add_bench_storage_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="directory for the file stores (default: a new temporary one, removed after)")
     b.add_argument("--json", default=None,
                    help="also write the results here (read by `uniradix dashboard --add`)")
+    b.add_argument("--cache", action="store_true",
+                   help="instead: the cache's operations with the storage tier on, fast beside "
+                        "upstream's cache and controller, per backend of --storage (file, "
+                        "mooncake; conformance/bench/storage_cache.py)")
+    b.add_argument("--requests", type=_positive, default=60,
+                   help="with --cache: requests per round (default 60)")
+    b.add_argument("--kv-slots", type=_positive, default=1024,
+                   help="with --cache: device KV slots, whole pages (default 1024)")
     b.set_defaults(func=cmd_bench_storage)
     return b
 
 
 def cmd_bench_storage(args: argparse.Namespace) -> int:
+    # settings of the other mode are refused by name, not ignored
+    other = ([("--pages", args.pages != 128), ("--layout", args.layout != "page_first"),
+              ("--dir", args.dir is not None)] if args.cache else
+             [("--requests", args.requests != 60), ("--kv-slots", args.kv_slots != 1024)])
+    given = [name for name, set_ in other if set_]
+    if given:
+        print(f"bench-storage: {', '.join(given)} "
+              f"{'does not apply with --cache' if args.cache else 'needs --cache'}",
+              file=sys.stderr)
+        return 2
+    if args.cache:
+        return _cmd_cache(args)
+    args.backends = args.backends or list(BACKENDS)
     result = run_storage_bench(args.backends, pages=args.pages, page_size=args.page_size,
                                layers=args.layers, heads=args.heads, head_dim=args.head_dim,
                                layout=args.layout, rounds=args.repeat, warmup=args.warmup,
@@ -318,3 +340,39 @@ def cmd_bench_storage(args: argparse.Namespace) -> int:
         print("no backend could run here", file=sys.stderr)
         return 2
     return 0
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    """``bench-storage --cache``: one comparison per backend (file, mooncake) of --storage."""
+    from uniradix.conformance.bench import storage_cache as sc
+    given = args.backends or list(sc.BACKENDS)
+    backends = [b for b in given if b in sc.BACKENDS]
+    others = [b for b in given if b not in sc.BACKENDS]
+    if others:
+        print(f"bench-storage --cache: --storage {','.join(others)}: the cache bench runs "
+              f"{' and '.join(sc.BACKENDS)} (each under both caches)", file=sys.stderr)
+        return 2
+    if args.kv_slots % args.page_size:
+        print(f"bench-storage --cache: --kv-slots {args.kv_slots} is not whole pages of "
+              f"{args.page_size}", file=sys.stderr)
+        return 2
+    out: dict = {"comparisons": []}
+    failed = False
+    for b in backends:
+        try:
+            r = sc.run_cache_bench(b, requests=args.requests, page_size=args.page_size,
+                                   kv_slots=args.kv_slots, layers=args.layers, heads=args.heads,
+                                   head_dim=args.head_dim, rounds=args.repeat, warmup=args.warmup,
+                                   threads=args.threads)
+        except sc.BenchFailure as e:
+            print(f"bench-storage --cache --storage {b}: {e}", file=sys.stderr)
+            failed = True
+            continue
+        out["comparisons"].extend(r["comparisons"])
+        out["machine"] = r["machine"]
+        print(sc.format_table(r))
+        failed = failed or r["comparisons"][0]["identical_outcomes"] is False
+    if args.json and out["comparisons"]:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=2)
+    return 1 if failed else 0

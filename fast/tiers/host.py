@@ -201,9 +201,10 @@ def _world_size(group: Any) -> int:
 def with_tp_group(config: HiCacheConfig, params: Any) -> HiCacheConfig:
     """``config`` with the tensor-parallel group the host tier reduces its acks over:
     ``config.tp_group``, else ``params.tp_cache_group`` when it spans more than one rank.
-    Refused by name: a group that is not an initialised torch.distributed group, and a
-    storage tier without its own groups under more than one rank (its hit counts and
-    prefetches would differ between ranks: ``StorageConfig.tp_group`` / ``tp_io_group``)."""
+    Refused by name: a group that is not an initialised torch.distributed group.  A storage
+    tier without its own groups under more than one rank gets them derived from the group
+    (fast/tiers/storage.py ``with_derived_groups``: a collective, as upstream creates its
+    prefetch groups), else its hit counts and prefetches would differ between ranks."""
     group = config.tp_group if config.tp_group is not None \
         else getattr(params, "tp_cache_group", None)
     if group is None:
@@ -215,8 +216,8 @@ def with_tp_group(config: HiCacheConfig, params: Any) -> HiCacheConfig:
     if size == 1:
         return dataclasses.replace(config, tp_group=None)
     if config.storage is not None and getattr(config.storage, "tp_group", None) is None:
-        raise Unsupported(f"tp_cache_group={group!r} spans {size} ranks: the storage tier needs "
-                          "its own groups then (StorageConfig.tp_group and tp_io_group)")
+        from .storage import with_derived_groups
+        config = dataclasses.replace(config, storage=with_derived_groups(config.storage, group))
     return dataclasses.replace(config, tp_group=group)
 
 

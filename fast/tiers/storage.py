@@ -136,7 +136,9 @@ class StorageConfig:
     decide alike as upstream does: the storage hit and the tokens a finished prefetch inserts
     are the MIN over ranks, a prefetch ends when it may end on every rank or was terminated
     on any (MAX), the control queues drain the MIN of their lengths, and an abort waits for
-    every rank (a barrier).  None (the default): one rank, no collective."""
+    every rank (a barrier).  None (the default): one rank, no collective; under a cache whose
+    ``tp_cache_group`` spans several ranks they are derived from it when the cache is built
+    (:func:`with_derived_groups`)."""
 
     backend: Any = None
     io: str = "manual"
@@ -209,6 +211,37 @@ class Prefetch:
     transfer_done: bool = False
     released_from: int | None = None  # slots[released_from:] went to the release queue
     taken: int = 0         # slots[:taken] were handed to the cache
+
+
+def io_group_over(group: Any) -> Any:
+    """A new gloo process group over ``group``'s ranks, for the storage thread's collectives
+    (the scheduler's side keeps ``group``).  Collective over the whole world, as
+    ``torch.distributed.new_group`` is: every rank states its own group's ranks
+    (``all_gather_object``), then every rank creates every distinct rank set, in one order,
+    and keeps the one it belongs to.  So every rank of the world must call it (each with its
+    own tensor-parallel group), as SGLang builds every rank's cache."""
+    import torch.distributed as dist
+    mine = tuple(sorted(dist.get_process_group_ranks(group)))
+    stated: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(stated, mine)
+    out = None
+    for ranks in sorted({tuple(r) for r in stated}):
+        created = dist.new_group(ranks=list(ranks), backend="gloo")
+        if ranks == mine:
+            out = created
+    assert out is not None  # (this rank stated ``mine``)
+    return out
+
+
+def with_derived_groups(config: StorageConfig, group: Any) -> StorageConfig:
+    """``config`` with its tensor-parallel groups derived from the cache's multi-rank
+    ``group`` (SGLang's ``tp_cache_group``) where it has none: ``tp_group`` is ``group``
+    itself, ``tp_io_group`` a new gloo group over the same ranks (:func:`io_group_over`,
+    collective).  Groups given in ``config`` are kept as they are."""
+    config.validate()  # (bad settings are refused before any collective)
+    if config.tp_group is not None:
+        return config
+    return dataclasses.replace(config, tp_group=group, tp_io_group=io_group_over(group))
 
 
 def _reduce(group: Any, values: list[int], op: str) -> list[int]:

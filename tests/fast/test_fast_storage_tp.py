@@ -2,8 +2,9 @@
 joined by torch.distributed over gloo on loopback, each with its own file store that sees a
 different storage progress (one store has only half of a prompt's pages; one rank's read
 comes back short), end with identical trees, because hit counts and inserted tokens are reduced with MIN,
-termination with MAX and the control queues drain the MIN of their lengths.  The test starts
-both processes and stops them (killed if they outlive the timeout)."""
+termination with MAX and the control queues drain the MIN of their lengths.  Once with the
+tier's own groups, once with only the cache's ``tp_cache_group`` (the tier derives its groups
+from it).  The test starts both processes and stops them (killed if they outlive the timeout)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from uniradix.fast.storage import Fault, FaultyBackend, FileStore
 from uniradix.fast.tiers.storage import StorageConfig
 from uniradix.spec.world import PagedPool
 
-rank, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+rank, port, directory, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 group, io_group = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+# "given": the storage tier's own groups; "derived": only the cache's tp_cache_group, from
+# which the tier derives its groups (a collective when the cache is built)
+groups = dict(tp_group=group, tp_io_group=io_group) if mode == "given" else {}
 PS = 4
 geo = kernels.KVGeometry.mha(2, 2, 4, PS, torch.float32)
 
@@ -34,12 +38,16 @@ def world(store, policy):
     alloc = PoolAllocator(PagedPool(64, PS, "kv"), torch, whole_pages=True)
     store.register_mem_pool_host(host)
     storage = StorageConfig(backend=store, io="threads", prefetch_threshold=PS,
-                            prefetch_stop_policy=policy, tp_group=group, tp_io_group=io_group)
+                            prefetch_stop_policy=policy, **groups)
     cfg = HiCacheConfig(host_slots=160, io="sync", device_kv=dev, host_kv=host, copy_impl="torch",
                         load_back_threshold=0, storage=storage)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=PS,
-        hicache=cfg))
+        hicache=cfg, tp_cache_group=None if mode == "given" else group))
+    tp = cache.storage_tier.config
+    if mode == "derived":  # the scheduler's side is the cache's group, the I/O side a new one
+        assert tp.tp_group is group and tp.tp_io_group not in (None, group, io_group)
+        assert dist.get_process_group_ranks(tp.tp_io_group) == [0, 1]
     return cache, alloc
 
 def tree(cache):
@@ -92,11 +100,12 @@ print("RESULT " + json.dumps(results))
 '''
 
 
-def test_two_ranks_with_different_storage_progress_end_with_identical_trees(tmp_path):
+@pytest.mark.parametrize("mode", ["given", "derived"])
+def test_two_ranks_with_different_storage_progress_end_with_identical_trees(tmp_path, mode):
     dirs = [tmp_path / f"rank{rank}" for rank in (0, 1)]
     for d in dirs:
         d.mkdir()
-    res = run_ranks(RANK, [[str(d)] for d in dirs])
+    res = run_ranks(RANK, [[str(d), mode] for d in dirs])
     assert res[0]["tree"] == res[1]["tree"]
     assert res[0] == res[1]
     # A: the hit is rank 1's 3 pages (MIN), not rank 0's 6; rank 1's read stops after 2 of

@@ -79,11 +79,12 @@ def run(tp):
     return log
 
 results = {"tp": run(True), "no_tp": run(False)}
-try:  # a storage tier without its own groups would decide per rank: refused by name
-    build(True, StorageConfig(backend=FileStore(tempfile.mkdtemp()), io="manual"))
-    results["storage"] = "built"
-except fast.Unsupported as e:
-    results["storage"] = str(e)
+# a storage tier without its own groups takes the cache's group for the scheduler's side and
+# a new group over the same ranks for its I/O (else it would decide per rank)
+tp = build(True, StorageConfig(backend=FileStore(tempfile.mkdtemp()), io="manual"))[0]
+tp = tp.storage_tier.config
+results["storage"] = [tp.tp_group is group, tp.tp_io_group not in (None, group),
+                      dist.get_process_group_ranks(tp.tp_io_group)]
 dist.barrier(group=group)
 dist.destroy_process_group()
 print("RESULT " + json.dumps(results))
@@ -104,7 +105,7 @@ def test_two_ranks_whose_acks_finish_at_different_times_end_with_identical_trees
     assert r0["no_tp"] != r1["no_tp"]
     assert [v for k, v in r0["no_tp"] if k == "evicted"] == [9, 6]
     assert [v for k, v in r1["no_tp"] if k == "evicted"] == [3, 3]
-    assert "tp_cache_group" in r0["storage"] and "StorageConfig.tp_group" in r0["storage"]
+    assert r0["storage"] == r1["storage"] == [True, True, [0, 1]]
 
 
 def test_a_tp_cache_group_that_is_not_a_process_group_is_refused():

@@ -8,7 +8,9 @@ store: pages go device -> host -> Mooncake and come back (prefetch -> host -> de
 same cache after a reset and into a second cache on its own Mooncake client; and the master
 restarted mid-run: while it is down reads are misses and backups fail; after it is back the old
 pages are misses (the new master knows no objects), nothing wrong is loaded, the trees stay
-consistent, and backups work again once the client has re-mounted."""
+consistent, and backups work again once the client has re-mounted; and a Mooncake client that
+fails, times out, reads short or fails a backup (a FaultyBackend around it): a miss or the pages
+read before the fault, with the host pool untouched beyond them, or nothing stored."""
 from __future__ import annotations
 
 import itertools
@@ -20,7 +22,13 @@ import torch
 from uniradix import fast, kernels
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.fast.hicache import HiCacheConfig, InitLoadBackParams
-from uniradix.fast.storage import MooncakeMaster, MooncakeStore, mooncake_available
+from uniradix.fast.storage import (
+    Fault,
+    FaultyBackend,
+    MooncakeMaster,
+    MooncakeStore,
+    mooncake_available,
+)
 from uniradix.fast.tiers import storage as fstorage
 from uniradix.spec.world import PagedPool
 
@@ -46,15 +54,19 @@ class World:
     """A cache with real KV (device pool, host pool) whose storage tier runs on its own Mooncake
     client in ``namespace`` (caches in one namespace share pages)."""
 
-    def __init__(self, address: str, namespace: str, kv: int = 256, host: int = 512) -> None:
+    def __init__(self, address: str, namespace: str, kv: int = 256, host: int = 512,
+                 faulty: bool = False) -> None:
         self.geo = kernels.KVGeometry.mha(2, 2, 4, PS, torch.float32)
         self.dev = kernels.DevicePool.allocate(self.geo, kv + PS)
         self.host = kernels.HostPool.allocate(self.geo, kernels.Layout.PAGE_FIRST, host + PS,
                                               pin_memory=False)
         self.alloc = PoolAllocator(PagedPool(kv, PS, "kv"), torch, whole_pages=True)
         self.store = MooncakeStore(address, global_segment_size=SEGMENT, namespace=namespace)
-        self.store.register_mem_pool_host(self.host)
-        storage = fstorage.StorageConfig(backend=self.store, io="threads", prefetch_threshold=PS,
+        # ``faulty``: the tier reaches the store through a FaultyBackend (``self.faults``)
+        self.faults = FaultyBackend(self.store) if faulty else None
+        backend = self.faults if self.faults is not None else self.store
+        backend.register_mem_pool_host(self.host)  # (the wrapper registers the store too)
+        storage = fstorage.StorageConfig(backend=backend, io="threads", prefetch_threshold=PS,
                                          prefetch_stop_policy="best_effort")
         cfg = HiCacheConfig(host_slots=host, io="sync", device_kv=self.dev, host_kv=self.host,
                             copy_impl="torch", load_back_threshold=0, storage=storage)
@@ -204,3 +216,45 @@ def test_a_master_restarted_mid_run(master):
             assert torch.equal(a.load(TOKENS), kv) and torch.equal(a.load(second), kv2)
         finally:
             close_all(a, b)
+
+
+def test_faults_over_mooncake_end_as_misses_or_failed_backups(master):
+    """Through the whole cache over Mooncake, one fault at a time on one client (the cache reset
+    and its buffers wiped between them, so whatever reaches the device came from Mooncake)."""
+    ns = next(_namespaces)
+    a = World(master.address, ns)
+    b = None
+    try:
+        kv = a.compute(TOKENS)
+        a.settle()
+        b = World(master.address, ns, faulty=True)
+        assert b.faults is not None
+        for fault, hit in ((Fault("get", "short", keep=2), 2 * PS), (Fault("get", "fail"), 0),
+                           (Fault("exists", "fail"), 0),
+                           (Fault("get", "timeout", delay_s=0.01), 0)):
+            b.cache.reset()
+            b.dev.buffer.zero_()
+            b.host.buffer.zero_()
+            b.faults.inject(fault)
+            assert b.prefetch(f"r-{fault.op}-{fault.kind}", TOKENS) == (len(TOKENS), hit), fault
+            assert b.hit(TOKENS) == (0, hit), fault
+            # nothing beyond the pages read reached the host pool
+            assert b.host.buffer.count_nonzero() == kv[:, :, :hit].count_nonzero(), fault
+            if hit:
+                assert torch.equal(b.load(TOKENS[:hit]), kv[:, :, :hit])
+            b.settle()
+        # a backup the client fails: nothing stored, its host lock released, and a prefetch of
+        # those tokens afterwards is a miss
+        other = list(range(700, 716))
+        b.faults.inject(Fault("set", "fail", times=-1))
+        b.compute(other)
+        b.settle()
+        b.faults.clear_faults()
+        assert b.store.batch_exists(b.keys(other)) == 0
+        assert b.cache.find_node(fast.RadixKey(other)).host_lock_ref == 0
+        b.cache.reset()
+        assert b.prefetch("r-after-failed-backup", other) == (len(other), 0)
+        assert b.hit(other) == (0, 0)
+    finally:
+        a.store.clear()
+        close_all(a, b)
