@@ -324,6 +324,7 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
         req.committed = req.row_len = req.cache_protected_len = n
         req.last_node = m.last_device_node
         req.dec_lock_params = self.cache.inc_lock_ref(m.last_device_node).to_dec_params()
+        req.mamba_branching_seqlen = getattr(m, "mamba_branching_seqlen", None)  # (as sglang's)
         req.admitted = True
         return {"prefix_len": n}
 
