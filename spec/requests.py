@@ -401,9 +401,11 @@ def unfinished_track_cache(state: CacheState, req: Request, tokens: list[int]
     """Extra buffer, ``cache_unfinished_req``: the tokens up to the last track length go into
     the tree with the tracked state's slot, handed over (a fresh slot, one state evicted when
     the pool is empty, takes its place among the track slots); the track length is used up.
-    None, nothing cached: no track point since the last cache, or no fresh slot to be had."""
-    length, req.mamba_track_len = req.mamba_track_len, None
-    if length is None:
+    None, nothing cached: no cacheable track length since the last cache
+    (:func:`cached_track_len`), or no fresh slot to be had."""
+    length = cached_track_len(state, req.mamba_track_len)
+    req.mamba_track_len = None
+    if length == 0:
         return None
     fresh = new_state_slot(state)
     if fresh is None:
@@ -411,7 +413,7 @@ def unfinished_track_cache(state: CacheState, req: Request, tokens: list[int]
     assert req.mamba_track is not None
     k = keep_track_index(req)
     donated, req.mamba_track[k] = req.mamba_track[k], fresh
-    return len(rules.aligned_units(state, tokens[:length])), (donated,)
+    return length, (donated,)
 
 
 def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) -> None:
@@ -443,7 +445,7 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     if is_insert:
         mamba_value = None if req.mamba_slot is None else [req.mamba_slot]
         if req.mamba_track is not None:  # extra buffer: the tracked state, at its length
-            tokens, kv = finished_track_cut(req, tokens, kv)
+            tokens, kv = finished_track_cut(state, req, tokens, kv)
             mamba_value = [req.mamba_track[keep_track_index(req)]]
         out = rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, False,
                            mamba_value=mamba_value, swa_evicted_seqlen=req.swa_evicted_seqlen,
@@ -461,12 +463,21 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     release(state, req)
 
 
-def finished_track_cut(req: Request, tokens: list[int], kv: list[int]
+def cached_track_len(state: CacheState, length: int | None) -> int:
+    """Extra buffer: the length a tracked state is cached at: its own, when whole pages; 0
+    (not cached) without one, or when its length is not page-aligned (a chunk that started
+    inside a page: a node holds whole pages, and a state belongs at its own length only)."""
+    if length is None or length % state.config.page_size:
+        return 0
+    return length
+
+
+def finished_track_cut(state: CacheState, req: Request, tokens: list[int], kv: list[int]
                        ) -> tuple[list[int], list[int]]:
     """Extra buffer, ``cache_finished_req``: only the tokens up to the last track length are
-    cached (none without a track point since the last cache); the committed slots past it are
-    freed with the unaligned tail."""
-    n = min(len(tokens), req.mamba_track_len or 0)
+    cached (none without a cacheable one, :func:`cached_track_len`); the committed slots past
+    it are freed with the unaligned tail."""
+    n = min(len(tokens), cached_track_len(state, req.mamba_track_len))
     return tokens[:n], kv[:n]
 
 

@@ -84,6 +84,7 @@ class Req:
         self.dec_lock_params = None
         self.admitted = False
         self.prefix_indices = None
+        self.mamba_branching_seqlen: int | None = None  # the admission match's (Mamba)
 
     @property
     def fill_ids(self) -> list:

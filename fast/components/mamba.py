@@ -147,27 +147,36 @@ class MambaComponent(AuxComponent):
         the extra buffer those up to its last track length (none without one)."""
         if not self.extra_buffer:
             return n
-        return min(n, getattr(req, "mamba_last_track_seqlen", None) or 0)
+        return min(n, self._cached_len(getattr(req, "mamba_last_track_seqlen", None)))
+
+    def _cached_len(self, length: Any) -> int:
+        """The length a tracked state is cached at: its own when whole pages, else 0 (none:
+        a node holds whole pages, a state belongs at its own length; spec/requests.py
+        ``cached_track_len``)."""
+        if length is None or int(length) % self.cache.page_size:
+            return 0
+        return int(length)
 
     def donate_tracked(self, req: Any) -> tuple[int, Any] | None:
         """Extra buffer, ``cache_unfinished_req``: the last track length and the tracked
         state's slot, handed to the tree (a fresh slot, one state evicted when the pool is
         empty, takes its place); the track length is used up.  None, nothing cached: no track
-        point since the last cache, or no fresh slot."""
-        length, req.mamba_last_track_seqlen = req.mamba_last_track_seqlen, None
-        if length is None:
+        point since the last cache at a whole number of pages, or no fresh slot."""
+        length = self._cached_len(req.mamba_last_track_seqlen)
+        req.mamba_last_track_seqlen = None
+        if length == 0:
             return None
         fresh = self.try_alloc_slot()
         if fresh is None:
             return None
         donate = getattr(self.cache.req_to_token_pool, "donate_mamba_ping_pong_slot", None)
         if donate is not None:  # sglang's pool: keeps its request-to-slot table in step
-            return int(length), donate(req, fresh).reshape(1).to(_INT64)
+            return length, donate(req, fresh).reshape(1).to(_INT64)
         k = self.keep_index(req)
         buf = req.mamba_ping_pong_track_buffer
         donated = buf[k].reshape(1).to(_INT64).clone()
         buf[k] = fresh[0]
-        return int(length), donated
+        return length, donated
 
     def _free_request_states(self, req: Any, kept: bool) -> None:
         """Extra buffer, a request's end: its own state slot goes back, then its track slots
