@@ -380,8 +380,11 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
         mamba = getattr(cache, "mamba", None)
         if mamba is not None:  # the extra buffer caches up to the last track length
             tokens = tokens[:mamba.finished_cache_len(req, len(tokens))]
+            if len(tokens) < committed:  # the slots past it go first, as upstream frees them
+                _free(cache, kv[max(len(tokens), protected):])
+                kv = kv[:len(tokens)]
         params = InsertParams(key=_key_for(cache, tokens, req.extra_key),
-                              value=kv[:len(tokens)].to(torch.int64), prev_prefix_len=protected,
+                              value=kv.to(torch.int64), prev_prefix_len=protected,
                               priority=getattr(req, "priority", 0) or 0)
         cache._prepare_caching_req(req, params, True)  # the components' insert data
         result = cache.insert(params)
@@ -447,7 +450,8 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     computed = kv  # the request's row of computed tokens (its prefix_indices at the end)
     if getattr(cache, "components", None):  # hybrid models: maybe a shorter length, or none
         cut = _unfinished_cache_len(cache, req, tokens)
-        if cut is None:
+        if cut is None:  # nothing cached: the request's prefix is its computed row
+            req.prefix_indices = computed.to(torch.int64)
             return
         n, copy = cut
         n = n + 1 if cache.is_eagle and n else n  # (EAGLE: units are bigrams, one token more)
