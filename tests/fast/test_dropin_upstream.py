@@ -12,7 +12,9 @@ lengths and slots, evictions, sizes after every request, a per-request digest, t
 allocators' final free lists) must be identical.  Full (pages 1 and 16) also runs the request
 path with sglang's own ``Req``: ``init_next_round_input`` (which calls ``match_prefix``),
 chunked prefill through ``cache_unfinished_req``, decode, ``cache_finished_req`` and aborts,
-over reused request rows.
+over reused request rows.  Every eviction policy runs the tree workload (Full, SWA, Mamba, host
+tier), the request path and streaming sessions (Full); sessions also run with SWA and Mamba; the
+Mamba extra buffer runs over sglang's own ``HybridReqToTokenPool`` with it on.
 """
 
 from __future__ import annotations
@@ -553,7 +555,8 @@ def test_available_and_evictable_str_matches_upstream():
 # -- streaming sessions (fast/sessions.py against sglang's StreamingSession) ----------------------
 
 
-def session_workload(impl: str, seed: int = 3, n: int = 150, kind: str = "full") -> dict:
+def session_workload(impl: str, seed: int = 3, n: int = 150, kind: str = "full",
+                     policy: str = "lru") -> dict:
     """Three streaming sessions taking turns with sglang's own Req (its ``session`` a streaming
     one): admission through ``init_next_round_input`` (a session's next turn restored from its
     slot), prefill (chunked, or through the tree), decode, then ``cache_finished_req`` (parks)
@@ -564,9 +567,10 @@ def session_workload(impl: str, seed: int = 3, n: int = 150, kind: str = "full")
     (the request's own positions more than a window and a page behind drop their SWA slots).
     "mamba": at admission a request without a state slot takes one from the request pool's
     ``mamba_allocator`` (one state evicted first when it is empty), as
-    ``HybridReqToTokenPool.alloc`` does; a restored turn has its session's."""
+    ``HybridReqToTokenPool.alloc`` does; a restored turn has its session's.  ``policy``: the
+    caches' eviction policy."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
-    cache, alloc, rtp = build(kind, 1, impl, 96)
+    cache, alloc, rtp = build(kind, 1, impl, 96, policy)
     rows = Rows(rtp.size)
     rng = random.Random(seed)
     log: list = []
@@ -683,6 +687,18 @@ def test_streaming_sessions_same_outcomes(kind):
         assert any(h[5] < h[0] for h in finishes)
     if kind == "mamba":  # parked state slots
         assert max(h[5] for h in finishes) >= 2
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_streaming_sessions_same_outcomes_under_each_policy(policy):
+    """Sessions under every eviction policy other than lru (lru: above): parked turns,
+    restores and the evictions between them, identical to sglang's."""
+    ours = session_workload("fast", policy=policy)
+    theirs = session_workload("upstream", policy=policy)
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
+        assert a == b, f"session event {k}: fast {a} != sglang {b}"
+    assert ours == theirs
+    assert any(e[0] == "evict" for e in ours["log"])
 
 
 # -- the Mamba extra buffer, with sglang's own request pool ----------------------------------------
