@@ -152,7 +152,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         if config.has_host_tier:
             reasons.append("a host tier (host_slots > 0)")
         reasons += unmodelled_settings(config, storage=False)
-        if config.components == ("full", "mamba") and config.page_size != 1:
+        if config.components == ("full", "mamba") and config.page_size != 1 \
+                and not config.mamba_extra_buffer:
             reasons.append("Mamba with page_size > 1 (upstream needs the extra buffer for it)")
         if reasons:
             raise Unsupported("HybridUpstreamAdapter supports SWA or Mamba on the device tier "
