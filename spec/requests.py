@@ -39,7 +39,7 @@ from typing import Any
 from . import cache as rules
 from . import components, sessions
 from .errors import AllocatorError, InvalidInput, Unsupported
-from .state import CacheState, LockHandle
+from .state import CacheState, LockHandle, all_nodes
 
 
 @dataclasses.dataclass(eq=False)
@@ -479,6 +479,27 @@ def finished_track_cut(state: CacheState, req: Request, tokens: list[int], kv: l
     it are freed with the unaligned tail."""
     n = min(len(tokens), cached_track_len(state, req.mamba_track_len))
     return tokens[:n], kv[:n]
+
+
+def request_state_slots(state: CacheState) -> list[str]:
+    """Mamba: the state slots running requests hold (their own and, with the extra buffer,
+    their track slots) are allocated, each held once, and none of them is the tree's."""
+    if state.mamba is None:
+        return []
+    tree = {s for n in all_nodes(state) if components.has(n, "mamba")
+            for s in (n.aux["mamba"].value or ())}
+    seen: set[int] = set()
+    errors = []
+    for rid, req in state.requests.items():
+        slots = ([] if req.mamba_slot is None else [req.mamba_slot]) + (req.mamba_track or [])
+        if any(s in seen for s in slots) or len(set(slots)) != len(slots):
+            errors.append(f"[request] {rid}: a state slot held twice")
+        if any(s in tree for s in slots):
+            errors.append(f"[request] {rid}: holds a state slot the tree holds")
+        if any(not state.mamba.is_allocated(s) for s in slots):
+            errors.append(f"[request] {rid}: holds a state slot the pool says is free")
+        seen.update(slots)
+    return errors
 
 
 def free_state_slot(state: CacheState, req: Request, kept: bool) -> None:

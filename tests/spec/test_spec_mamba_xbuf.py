@@ -140,3 +140,17 @@ def test_kv_check_covers_the_tracked_state(impl, monkeypatch):
     for i, (op, args) in enumerate(steps):
         a.apply({"i": i, "op": op, "args": args})
     assert any("does not hold the state of its path" in v for v in a.violations())
+
+
+def test_invariant_a_track_slot_the_tree_holds():
+    """spec/requests.py ``request_state_slots``: a request's track slot that the tree holds
+    (a hand-over that kept the slot among the track slots) is reported."""
+    from uniradix.spec.invariants import sanity_check
+    _, a = run("spec", XBUF, STORY[:3])
+    state = a.state
+    assert sanity_check(state) == []
+    req = state.requests["a"]
+    req.mamba_track[0] = 2  # the slot the first chunk handed to the tree
+    assert any("holds a state slot the tree holds" in e for e in sanity_check(state))
+    req.mamba_track[0] = req.mamba_slot
+    assert any("a state slot held twice" in e for e in sanity_check(state))
