@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("replay", help="replay traces on an implementation and check every ret")
     r.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (JSON Lines)")
-    r.add_argument("--impl", default="spec", choices=["spec", "fast", "upstream"],
+    r.add_argument("--impl", default="spec",
+                   choices=["spec", "fast", "upstream", "upstream-requests"],
                    help="implementation to replay on (default: spec)")
     r.add_argument("--keep-going", action="store_true",
                    help="go on with the next trace after a divergence (one per trace)")

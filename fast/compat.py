@@ -70,7 +70,6 @@ def mamba_chunk_size(setting: int | None) -> int:
 # Upstream fields no uniradix cache implements: (field, default, what it would ask for).  A
 # value other than the default is refused.
 REFUSED = (
-    ("enable_mamba_extra_buffer", False, "the Mamba extra buffer"),
     ("enable_mamba_extra_buffer_lazy", False, "the lazy Mamba extra buffer"),
     ("cache_ttl_seconds", None, "time-to-live expiry of cache entries"),
 )
@@ -378,12 +377,18 @@ def cache_finished_req(cache: Any, req: Any, is_insert: bool = True) -> None:
     params = result = None
     if is_insert:
         tokens = (list(req.origin_input_ids) + list(req.output_ids))[:committed]
+        mamba = getattr(cache, "mamba", None)
+        if mamba is not None:  # the extra buffer caches up to the last track length
+            tokens = tokens[:mamba.finished_cache_len(req, len(tokens))]
+            if len(tokens) < committed:  # the slots past it go first, as upstream frees them
+                _free(cache, kv[max(len(tokens), protected):])
+                kv = kv[:len(tokens)]
         params = InsertParams(key=_key_for(cache, tokens, req.extra_key),
                               value=kv.to(torch.int64), prev_prefix_len=protected,
                               priority=getattr(req, "priority", 0) or 0)
         cache._prepare_caching_req(req, params, True)  # the components' insert data
         result = cache.insert(params)
-        free_from = max(_aligned_len(cache, committed), protected)
+        free_from = max(_aligned_len(cache, len(tokens)), protected)
     _free(cache, kv[free_from:])
     dec = getattr(req, "dec_lock_params", None)
     cache.dec_lock_ref(req.last_node, dec if dec is not None else _swa_dec_params(req))
@@ -399,6 +404,9 @@ def _unfinished_cache_len(cache: Any, req: Any, tokens: Any) -> tuple[int, Any] 
     prefix runs through it: the insert would not give it the request's slots, the match would
     stop above it).  A state copy with a cut below the page-aligned length is not cached (the
     state is the whole computed length's)."""
+    if cache.mamba is not None and cache.mamba.extra_buffer:  # the tracked state, handed over
+        got = cache.mamba.donate_tracked(req)
+        return None if got is None else (_aligned_len(cache, min(got[0], len(tokens))), got[1])
     n = _aligned_len(cache, len(tokens))
     copy = None
     if cache.mamba is not None:
@@ -442,7 +450,8 @@ def cache_unfinished_req(cache: Any, req: Any, chunked: bool = False) -> None:
     computed = kv  # the request's row of computed tokens (its prefix_indices at the end)
     if getattr(cache, "components", None):  # hybrid models: maybe a shorter length, or none
         cut = _unfinished_cache_len(cache, req, tokens)
-        if cut is None:
+        if cut is None:  # nothing cached: the request's prefix is its computed row
+            req.prefix_indices = computed.to(torch.int64)
             return
         n, copy = cut
         n = n + 1 if cache.is_eagle and n else n  # (EAGLE: units are bigrams, one token more)

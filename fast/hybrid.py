@@ -155,6 +155,7 @@ class HybridRadixCache(UnifiedRadixCache):
                     raise InvalidInput("Mamba needs a req_to_token_pool with a mamba_allocator")
                 self.mamba_allocator = mamba_alloc
                 self.mamba = plugin.get("mamba", MambaComponent)(self, len(comps))
+                self.mamba.extra_buffer = bool(getattr(params, "enable_mamba_extra_buffer", False))
                 comps.append(self.mamba)
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)

@@ -44,6 +44,11 @@ class CacheConfig:
     prefetch_threshold: int = 256
     prefetch_timeout_base: int = 1
     prefetch_timeout_per_page: int = 0
+    # the Mamba extra buffer (spec/requests.py, docs/SPEC.md "The Mamba extra buffer"): a
+    # request tracks its state in ping-pong slots and caches the state of its last track point
+    mamba_extra_buffer: bool = False
+    mamba_track_interval: int = 256  # decode: a track point every this many tokens
+    mamba_track_slots: int = 2  # the ping-pong slots (2: overlap schedule; 1: without)
 
     @property
     def has_host_tier(self) -> bool:
@@ -75,6 +80,10 @@ class CacheConfig:
             del out["eviction_policy"]
         if not self.storage:  # storage settings at their defaults: a version-1 header as before
             for f in STORAGE_FIELDS:
+                if out[f.name] == f.default:
+                    del out[f.name]
+        if not self.mamba_extra_buffer:  # extra buffer off and at its defaults: as before
+            for f in XBUF_FIELDS:
                 if out[f.name] == f.default:
                     del out[f.name]
         return out
@@ -114,6 +123,7 @@ class CacheConfig:
             raise ConfigError(f"host_swa_slots={self.host_swa_slots} is not a multiple of "
                               f"page_size={self.page_size}")
         self.validate_storage()
+        self.validate_extra_buffer()
         if "swa" in self.components and not self.sliding_window:
             raise ConfigError("components with 'swa' need a positive sliding_window")
 
@@ -135,6 +145,32 @@ class CacheConfig:
             raise ConfigError("storage needs a host tier (host_slots > 0) and components ['full']")
 
 
+    def validate_extra_buffer(self) -> None:
+        """The Mamba extra buffer's settings (spec/requests.py): each checked even when off.
+        On, it needs the Mamba component; the request model covers it for Full + Mamba on the
+        device alone (other combinations are ``Unsupported``, by name); its track points are
+        page-aligned, so the chunk size and the decode interval are multiples of the page."""
+        if not isinstance(self.mamba_extra_buffer, bool):
+            raise ConfigError(f"mamba_extra_buffer must be true or false, got "
+                              f"{self.mamba_extra_buffer!r}")
+        v = self.mamba_track_interval
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"mamba_track_interval must be an integer >= 1, got {v!r}")
+        if self.mamba_track_slots not in (1, 2) or isinstance(self.mamba_track_slots, bool):
+            raise ConfigError(f"mamba_track_slots must be 1 or 2, got {self.mamba_track_slots!r}")
+        if not self.mamba_extra_buffer:
+            return
+        if "mamba" not in self.components:
+            raise ConfigError("mamba_extra_buffer needs the 'mamba' component")
+        if self.components != ("full", "mamba") or self.has_host_tier or self.eagle:
+            raise Unsupported("mamba_extra_buffer is modelled for components ['full', 'mamba'] "
+                              "on the device alone, without EAGLE keys")
+        for name in ("mamba_cache_chunk_size", "mamba_track_interval"):
+            if getattr(self, name) % self.page_size:
+                raise ConfigError(f"mamba_extra_buffer: {name}={getattr(self, name)} is not a "
+                                  f"multiple of page_size={self.page_size}")
+
+
 def check_policy(name: object) -> str:
     """A policy name the spec knows, or Unsupported naming it (and the setting)."""
     if not isinstance(name, str) or name not in POLICIES:
@@ -147,3 +183,6 @@ STORAGE_FIELDS = tuple(f for f in dataclasses.fields(CacheConfig)
                        if f.name in ("storage", "storage_key_mode", "prefetch_stop_policy",
                                      "prefetch_threshold", "prefetch_timeout_base",
                                      "prefetch_timeout_per_page"))
+XBUF_FIELDS = tuple(f for f in dataclasses.fields(CacheConfig)
+                    if f.name in ("mamba_extra_buffer", "mamba_track_interval",
+                                  "mamba_track_slots"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from . import components, queries, sessions
+from . import components, queries, requests, sessions
 from .host import host_invariants
 from .keys import namespaced_child_key
 from .state import CacheState, all_nodes, up
@@ -137,6 +137,7 @@ INVARIANTS: tuple[Callable[[CacheState], list[str]], ...] = (
 INVARIANTS += (components.aux_invariants, components.aux_host_invariants)  # hybrid models
 INVARIANTS += (sessions.session_invariants,)  # streaming sessions (spec/sessions.py)
 INVARIANTS += (storage_invariants,)  # storage tier (spec/storage.py)
+INVARIANTS += (requests.request_state_slots,)  # requests' Mamba state slots (spec/requests.py)
 
 
 def sanity_check(state: CacheState) -> list[str]:

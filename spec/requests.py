@@ -20,6 +20,14 @@ admission (one state evicted when the pool is empty); a prefill chunk caches a c
 fresh slot, kept by the tree unless the node already had a state), and its finishing insert
 hands the slot itself to the tree, which keeps it unless the node already had one
 (``mamba_exist``): then, as on abort, it is freed.
+
+The Mamba extra buffer (``mamba_extra_buffer``; docs/SPEC.md "The Mamba extra buffer"): a
+request also holds ``mamba_track_slots`` track slots (ping-pong).  At a track point (a prefill
+chunk of at least ``mamba_cache_chunk_size`` tokens, or a decode step reaching a multiple of
+``mamba_track_interval``) the state at that length is written into the slot ``mamba_next_track``
+names, which then moves to the other slot.  What the cache caches is that tracked state at its
+length, never the running state: a chunk hands the tracked slot to the tree (a fresh slot takes
+its place), the finish inserts only up to the last track length with the tracked slot.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any
 from . import cache as rules
 from . import components, sessions
 from .errors import AllocatorError, InvalidInput, Unsupported
-from .state import CacheState, LockHandle
+from .state import CacheState, LockHandle, all_nodes
 
 
 @dataclasses.dataclass(eq=False)
@@ -51,6 +59,13 @@ class Request:
     # it and from cache_protected_len on are freed), and its own Mamba state slot
     swa_evicted_seqlen: int = 0
     mamba_slot: int | None = None
+    # the Mamba extra buffer: the track slots, which one the next track point writes, the
+    # length of the last tracked state (None: none since the last cache), and the admission
+    # match's branching length (a state worth tracking inside the next chunk)
+    mamba_track: list[int] | None = None
+    mamba_next_track: int = 0
+    mamba_track_len: int | None = None
+    mamba_branching: int | None = None
 
     @property
     def all_ids(self) -> list[int]:
@@ -92,6 +107,9 @@ def check_hybrid_arrival(state: CacheState, session: str | None) -> None:
     in tokens, not bigram units).  (Streaming sessions with SWA or Mamba: spec/sessions.py.)"""
     if components.aux_names(state) and state.config.eagle:
         raise Unsupported("req_arrive: the request model with SWA or Mamba takes no EAGLE keys")
+    if session is not None and state.config.mamba_extra_buffer:
+        raise Unsupported("req_arrive: streaming sessions with mamba_extra_buffer are not "
+                          "modelled")
 
 
 def get_request(state: CacheState, rid: object, admitted: bool | None = None) -> Request:
@@ -117,12 +135,19 @@ def admit(state: CacheState, req: Request) -> int:
     req.committed = req.cache_protected_len = len(m.device_indices)
     req.lock = lock = rules.inc_lock_ref(state, m.last_device_node)
     if "mamba" in components.aux_names(state):  # the request's own state slot
-        slot = new_state_slot(state)
-        if slot is None:  # every state is locked: the request waits, holding nothing
+        if state.config.mamba_extra_buffer:  # and its track slots
+            slots = new_state_slots(state, 1 + state.config.mamba_track_slots)
+        else:
+            one = new_state_slot(state)
+            slots = None if one is None else [one]
+        if slots is None:  # every state is locked: the request waits, holding nothing
             rules.dec_lock_ref(state, lock)
             req.lock, req.row, req.committed, req.cache_protected_len = None, [], 0, 0
             return 0
-        req.mamba_slot = slot
+        req.mamba_slot = slots[0]
+        if state.config.mamba_extra_buffer:
+            req.mamba_track, req.mamba_next_track = slots[1:], 0
+            req.mamba_track_len, req.mamba_branching = None, m.mamba_branching_seqlen
     req.admitted = True
     return req.committed
 
@@ -136,6 +161,66 @@ def new_state_slot(state: CacheState) -> int | None:
     if state.mamba.available_size() == 0:
         return None
     return state.mamba.alloc(1)[0]
+
+
+def new_state_slots(state: CacheState, k: int) -> list[int] | None:
+    """Extra buffer, admission: ``k`` state slots (the request's own, then its track slots),
+    evicting the states the pool is short of in one call first (upstream's ``alloc_req_slots``);
+    None, nothing taken, when still short."""
+    assert state.mamba is not None
+    short = k - state.mamba.available_size()
+    if short > 0:
+        components.evict(state, 0, mamba_num=short)
+    if state.mamba.available_size() < k:
+        return None
+    return state.mamba.alloc(1) + state.mamba.alloc(k - 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The Mamba extra buffer's track points (the scheduler's side), one rule each
+# ----------------------------------------------------------------------------------------------
+
+
+def extend_track_len(prefix: int, n: int, chunk: int, branching: int | None) -> int | None:
+    """The length whose state a prefill chunk of ``n`` tokens after ``prefix`` tracks: none
+    for a chunk shorter than ``chunk``; else the branching length where it lies strictly inside
+    the chunk at a whole number of chunks from its start; else the chunk's last whole chunk.
+    pre: prefix >= 0 and n >= 0 and chunk >= 1
+    post: __return__ is None or prefix < __return__ <= prefix + n"""
+    if n < chunk:
+        return None
+    if branching is not None and prefix < branching < prefix + n \
+            and (branching - prefix) % chunk == 0:
+        return branching
+    return prefix + n // chunk * chunk
+
+
+def decode_track_lens(before: int, n: int, interval: int) -> list[int]:
+    """The track points of ``n`` decode steps after ``before`` computed tokens: each computed
+    length reached that is a multiple of ``interval``, in order.
+    pre: before >= 0 and n >= 0 and interval >= 1
+    post: all(before < x <= before + n and x % interval == 0 for x in __return__)"""
+    first = before // interval * interval + interval
+    return list(range(first, before + n + 1, interval))
+
+
+def next_track_after(next_track: int, slots: int) -> int:
+    """The track slot the track point after this one writes: the other one of two, the same
+    one of one."""
+    return 1 - next_track if slots == 2 else next_track
+
+
+def keep_track_index(req: Request) -> int:
+    """The track slot holding the last tracked state (the one the last track point wrote)."""
+    assert req.mamba_track is not None
+    return next_track_after(req.mamba_next_track, len(req.mamba_track))
+
+
+def track(req: Request, length: int) -> None:
+    """A track point: the state at ``length`` goes into the next track slot, which moves on."""
+    assert req.mamba_track is not None
+    req.mamba_track_len = length
+    req.mamba_next_track = next_track_after(req.mamba_next_track, len(req.mamba_track))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +261,11 @@ def extend(state: CacheState, req: Request, n: int) -> Reservation:
                            f"{len(req.input_ids) - req.committed} left")
     r = reserve(state, req, n)
     if r.ok:
+        if req.mamba_track is not None:
+            at = extend_track_len(req.committed, n, state.config.mamba_cache_chunk_size,
+                                  req.mamba_branching)
+            if at is not None:
+                track(req, at)
         req.committed += n
     return r
 
@@ -190,6 +280,9 @@ def decode(state: CacheState, req: Request, n: int) -> Reservation:
     if r.ok:
         base = len(req.output_ids)
         req.output_ids.extend(output_token(req, base + j) for j in range(n))
+        if req.mamba_track is not None:
+            for at in decode_track_lens(req.committed, n, state.config.mamba_track_interval):
+                track(req, at)
         req.committed += n
     return r
 
@@ -274,9 +367,12 @@ def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
     SWA: up to the first SWA tombstone past the protected length that a lock holds (another
     request's matched prefix runs through it): the insert would not give it the request's
     slots (``components.insert_overlap``), the re-match would stop above it, and the request
-    keeps its own slots from there on.  Mamba: the copy is a fresh state slot (one state
+    keeps its own slots from there on.  With the extra buffer: :func:`unfinished_track_cache`.
+    Mamba: the copy is a fresh state slot (one state
     evicted when the pool is empty); with none to be had, or with a cut below the page-aligned
     length (the state is the whole computed length's), the chunk is not cached."""
+    if state.config.mamba_extra_buffer:
+        return unfinished_track_cache(state, req, tokens)
     n = len(rules.aligned_units(state, tokens))
     names = components.aux_names(state)
     slot: tuple[int, ...] | None = None
@@ -298,6 +394,26 @@ def unfinished_cache_len(state: CacheState, req: Request, tokens: list[int]
         state.mamba.free(list(slot))
         return None
     return cut, slot
+
+
+def unfinished_track_cache(state: CacheState, req: Request, tokens: list[int]
+                           ) -> tuple[int, tuple[int, ...]] | None:
+    """Extra buffer, ``cache_unfinished_req``: the tokens up to the last track length go into
+    the tree with the tracked state's slot, handed over (a fresh slot, one state evicted when
+    the pool is empty, takes its place among the track slots); the track length is used up.
+    None, nothing cached: no cacheable track length since the last cache
+    (:func:`cached_track_len`), or no fresh slot to be had."""
+    length = cached_track_len(state, req.mamba_track_len)
+    req.mamba_track_len = None
+    if length == 0:
+        return None
+    fresh = new_state_slot(state)
+    if fresh is None:
+        return None
+    assert req.mamba_track is not None
+    k = keep_track_index(req)
+    donated, req.mamba_track[k] = req.mamba_track[k], fresh
+    return length, (donated,)
 
 
 def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) -> None:
@@ -328,6 +444,9 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     free_from = req.cache_protected_len
     if is_insert:
         mamba_value = None if req.mamba_slot is None else [req.mamba_slot]
+        if req.mamba_track is not None:  # extra buffer: the tracked state, at its length
+            tokens, kv = finished_track_cut(state, req, tokens, kv)
+            mamba_value = [req.mamba_track[keep_track_index(req)]]
         out = rules.insert(state, tokens, req.extra_key, kv, req.cache_protected_len, False,
                            mamba_value=mamba_value, swa_evicted_seqlen=req.swa_evicted_seqlen,
                            priority=req.priority)
@@ -344,8 +463,56 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     release(state, req)
 
 
+def cached_track_len(state: CacheState, length: int | None) -> int:
+    """Extra buffer: the length a tracked state is cached at: its own, when whole pages; 0
+    (not cached) without one, or when its length is not page-aligned (a chunk that started
+    inside a page: a node holds whole pages, and a state belongs at its own length only)."""
+    if length is None or length % state.config.page_size:
+        return 0
+    return length
+
+
+def finished_track_cut(state: CacheState, req: Request, tokens: list[int], kv: list[int]
+                       ) -> tuple[list[int], list[int]]:
+    """Extra buffer, ``cache_finished_req``: only the tokens up to the last track length are
+    cached (none without a cacheable one, :func:`cached_track_len`); the committed slots past
+    it are freed with the unaligned tail."""
+    n = min(len(tokens), cached_track_len(state, req.mamba_track_len))
+    return tokens[:n], kv[:n]
+
+
+def request_state_slots(state: CacheState) -> list[str]:
+    """Mamba: the state slots running requests hold (their own and, with the extra buffer,
+    their track slots) are allocated, each held once, and none of them is the tree's."""
+    if state.mamba is None:
+        return []
+    tree = {s for n in all_nodes(state) if components.has(n, "mamba")
+            for s in (n.aux["mamba"].value or ())}
+    seen: set[int] = set()
+    errors = []
+    for rid, req in state.requests.items():
+        slots = ([] if req.mamba_slot is None else [req.mamba_slot]) + (req.mamba_track or [])
+        if any(s in seen for s in slots) or len(set(slots)) != len(slots):
+            errors.append(f"[request] {rid}: a state slot held twice")
+        if any(s in tree for s in slots):
+            errors.append(f"[request] {rid}: holds a state slot the tree holds")
+        if any(not state.mamba.is_allocated(s) for s in slots):
+            errors.append(f"[request] {rid}: holds a state slot the pool says is free")
+        seen.update(slots)
+    return errors
+
+
 def free_state_slot(state: CacheState, req: Request, kept: bool) -> None:
-    """Mamba: the request's state slot goes back to the pool unless the tree took it."""
+    """Mamba: the request's state slot goes back to the pool unless the tree took it.  With
+    the extra buffer the tree takes a track slot, never the request's own: that one goes back,
+    then the track slots but the kept one."""
+    if req.mamba_track is not None:
+        assert state.mamba is not None  # track slots imply the Mamba component
+        keep = keep_track_index(req) if kept else None
+        state.mamba.free([req.mamba_slot] if req.mamba_slot is not None else [])
+        state.mamba.free([s for k, s in enumerate(req.mamba_track) if k != keep])
+        req.mamba_slot, req.mamba_track, req.mamba_track_len = None, None, None
+        return
     if req.mamba_slot is not None and not kept:
         assert state.mamba is not None  # a state slot implies the Mamba component
         state.mamba.free([req.mamba_slot])

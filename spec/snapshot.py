@@ -51,7 +51,7 @@ def snapshot(state: CacheState) -> dict[str, Any]:
         "sizes": {"full_evictable": queries.evictable_size(state),
                   "full_protected": queries.protected_size(state)},
         "pool": sorted(state.kv.allocated_pages()),
-        "requests": [request_view(r, components.aux_names(state))
+        "requests": [request_view(r, components.aux_names(state), state.config.mamba_extra_buffer)
                      for _, r in sorted(state.requests.items())],
         **({"host": host_view(state)} if state.host is not None else {}),
         **({"sessions": sessions_view(state)} if state.sessions else {}),
@@ -101,15 +101,22 @@ def host_view(state: CacheState) -> dict[str, Any]:
     return view
 
 
-def request_view(req: Any, aux: tuple[str, ...] = ()) -> dict[str, Any]:
+def request_view(req: Any, aux: tuple[str, ...] = (), xbuf: bool = False) -> dict[str, Any]:
     """A running request as the world sees it: its row and how much of it is computed and
-    protected; with SWA where its own SWA data starts, with Mamba its state slot."""
+    protected; with SWA where its own SWA data starts, with Mamba its state slot, and with the
+    Mamba extra buffer its track slots, the next one to write, the last track length and the
+    admission's branching length."""
     out = {"rid": req.rid, "admitted": req.admitted, "row": list(req.row),
            "committed": req.committed, "protected": req.cache_protected_len}
     if "swa" in aux:
         out["swa_evicted_seqlen"] = req.swa_evicted_seqlen
     if "mamba" in aux:
         out["mamba_slot"] = req.mamba_slot
+    if xbuf:
+        out["mamba_track"] = None if req.mamba_track is None else list(req.mamba_track)
+        out["mamba_next_track"] = req.mamba_next_track
+        out["mamba_track_len"] = req.mamba_track_len
+        out["mamba_branching"] = req.mamba_branching
     return out
 
 
@@ -134,7 +141,7 @@ def hybrid_snapshot(state: CacheState, nodes: list[dict[str, Any]]) -> dict[str,
         "device_leaf_order": [path_of(state, n) for n in queries.device_eviction_order(state)],
         "sizes": sizes,
         "pool": sorted(state.kv.allocated_pages()),
-        "requests": [request_view(r, components.aux_names(state))
+        "requests": [request_view(r, components.aux_names(state), state.config.mamba_extra_buffer)
                      for _, r in sorted(state.requests.items())],
     }
     for name in components.aux_names(state):

@@ -439,11 +439,16 @@ ADAPTERS["fast"] = _fast_adapter
 
 
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
-    """An adapter by name: ``spec``, ``fast`` or ``upstream`` (needs sglang importable).  A
+    """An adapter by name: ``spec``, ``fast``, ``upstream`` (the tree-level API) or
+    ``upstream-requests`` (upstream's request path and streaming sessions, Full on the device
+    alone; both need sglang importable).  A
     config outside the implementation's declared capabilities is refused here, naming each
     missing capability (conformance/adapters/capabilities.py)."""
     if impl in CAPABILITIES:
         CAPABILITIES[impl].check(config)
+    if impl == "upstream-requests":  # the request path and sessions (upstream_requests.py)
+        from uniradix.conformance.adapters.upstream_requests import UpstreamRequestAdapter
+        return UpstreamRequestAdapter(config)
     if impl == "upstream":
         if config.components != ("full",) and config.has_host_tier:  # upstream_host_aux.py
             from uniradix.conformance.adapters.upstream_host_aux import HostAuxUpstreamAdapter
@@ -460,5 +465,6 @@ def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
         from uniradix.conformance.adapters.upstream import UpstreamAdapter
         return UpstreamAdapter(config)
     if impl not in ADAPTERS:
-        raise Unsupported(f"unknown implementation {impl!r}; known: {sorted(ADAPTERS) + ['upstream']}")
+        raise Unsupported(f"unknown implementation {impl!r}; known: "
+                          f"{sorted(ADAPTERS) + ['upstream', 'upstream-requests']}")
     return ADAPTERS[impl](config)

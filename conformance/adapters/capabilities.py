@@ -79,7 +79,7 @@ class Capabilities:
         if config.disable and not self.disable:
             out.append("a disabled cache")
         if (comps == ("full", "mamba") and not config.has_host_tier
-                and self.mamba_page_sizes is not None
+                and not config.mamba_extra_buffer and self.mamba_page_sizes is not None
                 and config.page_size not in self.mamba_page_sizes):
             out.append(f"Mamba with page_size {config.page_size}")
         return out
@@ -145,6 +145,11 @@ CAPABILITIES: dict[str, Capabilities] = {
         name="upstream", components=frozenset(COMPONENT_SETS), host_tier=True,
         host_aux=frozenset({"swa", "mamba"}), storage=True, cow_mamba=True,
         eagle=False, disable=False, request_ops=False, mamba_page_sizes=frozenset({1})),
+    # upstream SGLang 0.5.13.post1 through its request path with sglang's own Req and the
+    # embedded StreamingSession (UpstreamRequestAdapter): Full on the device alone, the
+    # tree-level API too
+    "upstream-requests": Capabilities(
+        name="upstream-requests", sessions=True, eagle=False, disable=False),
 }
 
 

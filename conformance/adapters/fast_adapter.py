@@ -84,6 +84,7 @@ class Req:
         self.dec_lock_params = None
         self.admitted = False
         self.prefix_indices = None
+        self.mamba_branching_seqlen: int | None = None  # the admission match's (Mamba)
 
     @property
     def fill_ids(self) -> list:
@@ -324,6 +325,7 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
         req.committed = req.row_len = req.cache_protected_len = n
         req.last_node = m.last_device_node
         req.dec_lock_params = self.cache.inc_lock_ref(m.last_device_node).to_dec_params()
+        req.mamba_branching_seqlen = getattr(m, "mamba_branching_seqlen", None)  # (as sglang's)
         req.admitted = True
         return {"prefix_len": n}
 

@@ -29,7 +29,7 @@ from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.fast.sessions import VirtualNode
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
-from uniradix.spec.requests import output_token_id
+from uniradix.spec.requests import decode_track_lens, extend_track_len, next_track_after, output_token_id
 from uniradix.spec.world import HybridKVPool, PagedPool, hybrid_pools
 
 
@@ -122,7 +122,8 @@ class HybridFastAdapter(FastAdapter):
             is_eagle=config.eagle, tree_components=comps,
             sliding_window_size=config.sliding_window,
             mamba_cache_chunk_size=config.mamba_cache_chunk_size,
-            eviction_policy=config.eviction_policy, hicache=hicache)
+            eviction_policy=config.eviction_policy, hicache=hicache,
+            enable_mamba_extra_buffer=config.mamba_extra_buffer)
         self.cache = fast.UnifiedRadixCache(self.params)
         self.handles: dict[int, tuple] = {}
         self.host_handles: dict[int, tuple] = {}
@@ -232,6 +233,9 @@ class HybridFastAdapter(FastAdapter):
         req = self.requests[rid]
         req.swa_evicted_seqlen = 0  # where its own SWA data starts (page-aligned)
         req.mamba_pool_idx = None  # its own Mamba state slot, from admission
+        # the extra buffer (spec/requests.py): track slots, next one, last track length
+        req.mamba_ping_pong_track_buffer = req.mamba_next_track_idx = None
+        req.mamba_last_track_seqlen = req.mamba_branching_seqlen = None
         return out
 
     def _request_view(self, req: Any) -> dict[str, Any]:
@@ -241,6 +245,12 @@ class HybridFastAdapter(FastAdapter):
         if "mamba" in self.config.components:
             idx = req.mamba_pool_idx
             out["mamba_slot"] = None if idx is None else int(idx.reshape(-1)[0])
+        if self.config.mamba_extra_buffer:  # (spec/snapshot.py request_view)
+            buf = req.mamba_ping_pong_track_buffer
+            out["mamba_track"] = None if buf is None else [int(s) for s in buf.tolist()]
+            out["mamba_next_track"] = req.mamba_next_track_idx or 0
+            out["mamba_track_len"] = req.mamba_last_track_seqlen
+            out["mamba_branching"] = req.mamba_branching_seqlen if req.admitted else None
         return out
 
     def _req_effects(self, obs: dict) -> dict:
@@ -257,7 +267,9 @@ class HybridFastAdapter(FastAdapter):
             return self._req_effects(obs)
         req = self.requests[step["args"]["rid"]]
         restored = req.admitted and req.last_node.__class__ is VirtualNode
-        if req.admitted and not restored:  # the request's own state slot (a restored one:
+        if req.admitted and not restored and self.config.mamba_extra_buffer:
+            self._admit_states(req, obs)
+        elif req.admitted and not restored:  # the request's own state slot (a restored one:
             # the session's, from its slot, fast/sessions.py)
             if self.mamba.available_size() == 0:
                 self.cache.evict(fast.EvictParams(num_tokens=0, mamba_num=1))
@@ -270,6 +282,35 @@ class HybridFastAdapter(FastAdapter):
         obs["mamba_pool_idx"] = (None if req.mamba_pool_idx is None
                                  else int(req.mamba_pool_idx.reshape(-1)[0]))
         return self._req_effects(obs)
+
+    def _admit_states(self, req: Any, obs: dict) -> None:
+        """Extra buffer, admission: the request's own state slot and its track slots, the
+        states the pool is short of evicted in one call first; it waits holding nothing when
+        still short (spec/requests.py ``new_state_slots``)."""
+        assert self.mamba is not None
+        k = 1 + self.config.mamba_track_slots
+        short = k - self.mamba.available_size()
+        if short > 0:
+            self.cache.evict(fast.EvictParams(num_tokens=0, mamba_num=short))
+        if self.mamba.available_size() < k:
+            self.cache.dec_lock_ref(req.last_node, req.dec_lock_params)
+            self._release_row(req)
+            req.mamba_branching_seqlen = None
+            obs["prefix_len"] = 0
+            return
+        req.mamba_pool_idx = torch.tensor(self.mamba.alloc(1), dtype=torch.int64)
+        req.mamba_ping_pong_track_buffer = torch.tensor(self.mamba.alloc(k - 1),
+                                                        dtype=torch.int64)
+        req.mamba_next_track_idx = 0
+
+    def _track(self, req: Any, lengths: list[int]) -> None:
+        """Extra buffer: the request's track points in this step, in order."""
+        if req.mamba_ping_pong_track_buffer is None:
+            return
+        for at in lengths:
+            req.mamba_last_track_seqlen = at
+            req.mamba_next_track_idx = next_track_after(
+                req.mamba_next_track_idx, len(req.mamba_ping_pong_track_buffer))
 
     def _release_row(self, req: Any) -> None:
         """Undo an admission that cannot take a state slot: the request holds nothing."""
@@ -308,7 +349,23 @@ class HybridFastAdapter(FastAdapter):
             req.swa_evicted_seqlen = new
 
     def op_req_chunk(self, step: dict) -> dict:
-        return self._req_effects(super().op_req_chunk(step))
+        if self.config.mamba_extra_buffer:  # the track point comes before the cache
+            self._chunk_track = step
+        try:
+            return self._req_effects(super().op_req_chunk(step))
+        finally:
+            self._chunk_track = None
+
+    _chunk_track: dict | None = None
+
+    def _commit(self, req: Any, n: int) -> None:
+        """``n`` more tokens computed; with the extra buffer a prefill chunk's track point
+        first (a decode step's: op_req_decode)."""
+        if self._chunk_track is not None:
+            at = extend_track_len(req.committed, n, self.config.mamba_cache_chunk_size,
+                                  req.mamba_branching_seqlen)
+            self._track(req, [] if at is None else [at])
+        super()._commit(req, n)
 
     def op_req_decode(self, step: dict) -> dict:
         rid, n = args_of(step, "rid", "n")
@@ -322,6 +379,9 @@ class HybridFastAdapter(FastAdapter):
             base = len(req.output_ids)
             req.output_ids.extend(output_token_id(req.origin_input_ids, base + j)
                                   for j in range(n))
+            if self.config.mamba_extra_buffer:
+                self._track(req, decode_track_lens(req.committed, n,
+                                                   self.config.mamba_track_interval))
             self._commit(req, n)
         return self._req_effects({"ok": ok, "evicted": evicted})
 

@@ -152,7 +152,8 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         if config.has_host_tier:
             reasons.append("a host tier (host_slots > 0)")
         reasons += unmodelled_settings(config, storage=False)
-        if config.components == ("full", "mamba") and config.page_size != 1:
+        if config.components == ("full", "mamba") and config.page_size != 1 \
+                and not config.mamba_extra_buffer:
             reasons.append("Mamba with page_size > 1 (upstream needs the extra buffer for it)")
         if reasons:
             raise Unsupported("HybridUpstreamAdapter supports SWA or Mamba on the device tier "
@@ -191,10 +192,13 @@ class HybridUpstreamAdapter(UpstreamAdapter):
         return self.up.UnifiedRadixCache(params)
 
     def _mamba_extra_buffer(self) -> bool:
-        """Whether to tell upstream the Mamba extra buffer is on.  The flag only changes its
-        request path; in the tree it lifts the page-size-1 check (Full+SWA+Mamba and the host
-        tier adapter, conformance/adapters/upstream_host_aux.py, drive Mamba at page 4 with it)."""
-        return len(self.config.components) == 3 and self.config.page_size > 1
+        """Whether to tell upstream the Mamba extra buffer is on: the config's
+        ``mamba_extra_buffer``, or to lift the page-size-1 check.  The flag only changes its
+        request path, which this adapter does not drive; in the tree it lifts the check
+        (Full+SWA+Mamba and the host tier adapter, conformance/adapters/upstream_host_aux.py,
+        drive Mamba at page 4 with it)."""
+        return (len(self.config.components) == 3 and self.config.page_size > 1) \
+            or self.config.mamba_extra_buffer
 
     # -- effects -------------------------------------------------------------------------------
     def _swa_kv(self) -> HybridKVPool:

@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from uniradix.spec.config import CacheConfig
-from uniradix.spec.requests import output_token_id
+from uniradix.spec.requests import decode_track_lens, extend_track_len, next_track_after, output_token_id
 
 LAYERS, HEADS, DIM = 2, 4, 8
 _ELEMS = LAYERS * HEADS * DIM
@@ -255,6 +255,8 @@ class KVChecked:
     def apply(self, step: dict) -> dict:
         op = step.get("op")
         args = step.get("args") or {}
+        n = args.get("n")
+        self._last_n = n if isinstance(n, int) else 0
         before = self.inner.snapshot() if op in ("insert", "req_chunk", "req_decode") or (
             self.states is not None and op in REQUEST_STATE_OPS) else None
         if self.host is not None:
@@ -370,6 +372,8 @@ class KVChecked:
             self.states.device[own] = state
         held = {s for node in before.get("nodes", [])
                 for s in ((node.get("mamba") or {}).get("value") or ())}
+        if self.config.mamba_extra_buffer:  # the tracked states: written, never assumed
+            held.update(self._track_states(op, was.get(rid), obs))
         held.difference_update(obs.get("mamba_freed", ()))  # (freed and taken again: new)
         for node in after.get("nodes", []):
             slots: list[int] = list((node.get("mamba") or {}).get("value") or ())
@@ -380,6 +384,32 @@ class KVChecked:
                 self.states.device[slots[0]] = state
             elif path["tokens"]:
                 self.states.device[slots[0]] = self._fps(path["extra_key"], path["tokens"])[-1]
+
+    def _track_states(self, op: str, was: dict | None, obs: dict) -> list[int]:
+        """The Mamba extra buffer: a step's track points write the state at each track length
+        into the track slot they name (spec/requests.py).  Returns the request's track slots
+        before the step: a node that takes one of them (a chunk's hand-over, the finish) must
+        hold what a track point wrote there, so it is checked, not computed."""
+        assert self.states is not None  # called only with the Mamba state pool
+        slots = list((was or {}).get("mamba_track") or ())
+        if not slots or op not in ("req_chunk", "req_decode") or not obs.get("ok", True):
+            return slots
+        assert was is not None
+        c, n = was["committed"], self._last_n
+        if op == "req_chunk":
+            at = extend_track_len(c, n, self.config.mamba_cache_chunk_size,
+                                  was.get("mamba_branching"))
+            lengths = [] if at is None else [at]
+        else:
+            lengths = decode_track_lens(c, n, self.config.mamba_track_interval)
+        tokens, ek = self._request_tokens(was["rid"], c + n)
+        k = was.get("mamba_next_track") or 0
+        for at in lengths:
+            self.states.device[slots[k]] = self._fps(ek, tokens[:at])[-1]
+            k = next_track_after(k, len(slots))
+        return slots
+
+    _last_n = 0  # the step's ``n`` (req_chunk / req_decode), for _track_states
 
     def _compute_row(self, i: Any, rid: str, before: dict, obs: dict, after: dict) -> None:
         was = {r["rid"]: r for r in before.get("requests", [])}

@@ -100,6 +100,10 @@ NAMED_CONFIGS: dict[str, dict] = {
     "sessions-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
     # EAGLE bigram keys under a host tier (Full only, page 2): host pools drawn as for "hicache-"
     "eagle-host-p2": {"page_size": 2, "eagle": True, "write_policy": "write_through"},
+    # the Mamba extra buffer (track slots; the tracked state cached): its track slots (1 or 2),
+    # track interval and chunk size drawn per segment (whole pages at page 4)
+    "mamba-xbuf-p1": {"page_size": 1, "components": ("full", "mamba"), "mamba_extra_buffer": True},
+    "mamba-xbuf-p4": {"page_size": 4, "components": ("full", "mamba"), "mamba_extra_buffer": True},
 }
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
@@ -158,6 +162,10 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
     if "mamba" in base.get("components", ()):
         base = dict(base, mamba_slots=rng.randint(2, 8),
                     mamba_cache_chunk_size=rng.randint(1, 4))
+    if base.get("mamba_extra_buffer"):  # 1 + 1-2 state slots a request: a bigger pool
+        base = dict(base, mamba_slots=rng.randint(3, 12), mamba_track_slots=rng.choice([1, 2]),
+                    mamba_cache_chunk_size=ps * rng.randint(1, 4 if ps == 1 else 2),
+                    mamba_track_interval=ps * rng.randint(1, 12 if ps == 1 else 3))
     if name.startswith("hicache-") or name.startswith("host-") or "write_policy" in base:
         policy = base["write_policy"]
         if isinstance(policy, tuple):

@@ -26,6 +26,7 @@ class MambaComponent(AuxComponent):
     host_allocator: Any = None  # the host state pool, with a host tier
     controller: Any = None  # the host tier's controller (its copy logs)
     request_state: int | None = None  # the requester's state slot of the last load back
+    extra_buffer = False  # enable_mamba_extra_buffer: requests cache their tracked states
     _loading: torch.Tensor | None = None  # the state slot a load back in progress took
 
     def reset(self) -> None:
@@ -130,10 +131,80 @@ class MambaComponent(AuxComponent):
                                "in the tree is locked and the pool is full")
         return slot
 
+    # -- the extra buffer (spec/requests.py: track slots, the tracked state cached) ----------
+    @staticmethod
+    def keep_index(req: Any) -> int:
+        """The track slot holding the last tracked state: the one the last track point wrote
+        (the other of two, the same of one)."""
+        buf, nxt = req.mamba_ping_pong_track_buffer, req.mamba_next_track_idx
+        if buf is None or nxt is None:
+            raise InvalidInput("the extra buffer needs the request's "
+                               "mamba_ping_pong_track_buffer and mamba_next_track_idx")
+        return 1 - int(nxt) if len(buf) == 2 else int(nxt)
+
+    def finished_cache_len(self, req: Any, n: int) -> int:
+        """How many of a finished request's ``n`` committed tokens are cached: all, or with
+        the extra buffer those up to its last track length (none without one)."""
+        if not self.extra_buffer:
+            return n
+        return min(n, self._cached_len(getattr(req, "mamba_last_track_seqlen", None)))
+
+    def _cached_len(self, length: Any) -> int:
+        """The length a tracked state is cached at: its own when whole pages, else 0 (none:
+        a node holds whole pages, a state belongs at its own length; spec/requests.py
+        ``cached_track_len``)."""
+        if length is None or int(length) % self.cache.page_size:
+            return 0
+        return int(length)
+
+    def donate_tracked(self, req: Any) -> tuple[int, Any] | None:
+        """Extra buffer, ``cache_unfinished_req``: the last track length and the tracked
+        state's slot, handed to the tree (a fresh slot, one state evicted when the pool is
+        empty, takes its place); the track length is used up.  None, nothing cached: no track
+        point since the last cache at a whole number of pages, or no fresh slot."""
+        length = self._cached_len(req.mamba_last_track_seqlen)
+        req.mamba_last_track_seqlen = None
+        if length == 0:
+            return None
+        fresh = self.try_alloc_slot()
+        if fresh is None:
+            return None
+        donate = getattr(self.cache.req_to_token_pool, "donate_mamba_ping_pong_slot", None)
+        if donate is not None:  # sglang's pool: keeps its request-to-slot table in step
+            return length, donate(req, fresh).reshape(1).to(_INT64)
+        k = self.keep_index(req)
+        buf = req.mamba_ping_pong_track_buffer
+        donated = buf[k].reshape(1).to(_INT64).clone()
+        buf[k] = fresh[0]
+        return length, donated
+
+    def _free_request_states(self, req: Any, kept: bool) -> None:
+        """Extra buffer, a request's end: its own state slot goes back, then its track slots
+        but the one the tree took (``kept``)."""
+        keep = self.keep_index(req) if kept else None
+        free = getattr(self.cache.req_to_token_pool, "free_mamba_cache", None)
+        if free is not None:  # sglang's pool
+            free(req, mamba_ping_pong_track_buffer_to_keep=keep)
+            return
+        if getattr(req, "mamba_pool_idx", None) is not None:
+            self.allocator.free(self._request_state(req))
+        buf = req.mamba_ping_pong_track_buffer
+        rest = [int(s) for k, s in enumerate(buf.reshape(-1).tolist()) if k != keep]
+        if rest:
+            self.allocator.free(torch.tensor(rest, dtype=_INT64))
+        req.mamba_pool_idx = req.mamba_ping_pong_track_buffer = req.mamba_next_track_idx = None
+
     def prepare_caching_req(self, req: Any, params: Any, finished: bool) -> None:
         """Finished: the request's own state goes to the tree.  Unfinished: the request keeps
         computing in its state, so a copy in a fresh slot goes to the tree (the pool's
-        ``copy_from`` copies the data where the pool has any)."""
+        ``copy_from`` copies the data where the pool has any).  With the extra buffer the
+        tracked state goes instead: finished, its track slot; unfinished, the slot
+        ``donate_tracked`` handed over (no copy)."""
+        if self.extra_buffer:
+            if finished:
+                buf = req.mamba_ping_pong_track_buffer
+                params.mamba_value = buf[self.keep_index(req)].reshape(1).to(_INT64).clone()
+            return
         src = self._request_state(req)
         if finished:
             params.mamba_value = src.clone()
@@ -150,6 +221,10 @@ class MambaComponent(AuxComponent):
         """A state the tree did not take goes back: finished, the request's own (through the
         request pool's ``free_mamba_cache`` where it has one); unfinished, the copy."""
         exist = result.mamba_exist if result is not None else True
+        if finished and self.extra_buffer:
+            if getattr(req, "mamba_ping_pong_track_buffer", None) is not None:
+                self._free_request_states(req, not exist)
+            return
         if finished:
             if not exist:
                 return  # the tree holds the request's state now

@@ -12,7 +12,9 @@ lengths and slots, evictions, sizes after every request, a per-request digest, t
 allocators' final free lists) must be identical.  Full (pages 1 and 16) also runs the request
 path with sglang's own ``Req``: ``init_next_round_input`` (which calls ``match_prefix``),
 chunked prefill through ``cache_unfinished_req``, decode, ``cache_finished_req`` and aborts,
-over reused request rows.
+over reused request rows.  Every eviction policy runs the tree workload (Full, SWA, Mamba, host
+tier), the request path and streaming sessions (Full); sessions also run with SWA and Mamba; the
+Mamba extra buffer runs over sglang's own ``HybridReqToTokenPool`` with it on.
 """
 
 from __future__ import annotations
@@ -553,7 +555,8 @@ def test_available_and_evictable_str_matches_upstream():
 # -- streaming sessions (fast/sessions.py against sglang's StreamingSession) ----------------------
 
 
-def session_workload(impl: str, seed: int = 3, n: int = 150, kind: str = "full") -> dict:
+def session_workload(impl: str, seed: int = 3, n: int = 150, kind: str = "full",
+                     policy: str = "lru") -> dict:
     """Three streaming sessions taking turns with sglang's own Req (its ``session`` a streaming
     one): admission through ``init_next_round_input`` (a session's next turn restored from its
     slot), prefill (chunked, or through the tree), decode, then ``cache_finished_req`` (parks)
@@ -564,9 +567,10 @@ def session_workload(impl: str, seed: int = 3, n: int = 150, kind: str = "full")
     (the request's own positions more than a window and a page behind drop their SWA slots).
     "mamba": at admission a request without a state slot takes one from the request pool's
     ``mamba_allocator`` (one state evicted first when it is empty), as
-    ``HybridReqToTokenPool.alloc`` does; a restored turn has its session's."""
+    ``HybridReqToTokenPool.alloc`` does; a restored turn has its session's.  ``policy``: the
+    caches' eviction policy."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
-    cache, alloc, rtp = build(kind, 1, impl, 96)
+    cache, alloc, rtp = build(kind, 1, impl, 96, policy)
     rows = Rows(rtp.size)
     rng = random.Random(seed)
     log: list = []
@@ -683,3 +687,148 @@ def test_streaming_sessions_same_outcomes(kind):
         assert any(h[5] < h[0] for h in finishes)
     if kind == "mamba":  # parked state slots
         assert max(h[5] for h in finishes) >= 2
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_streaming_sessions_same_outcomes_under_each_policy(policy):
+    """Sessions under every eviction policy other than lru (lru: above): parked turns,
+    restores and the evictions between them, identical to sglang's."""
+    ours = session_workload("fast", policy=policy)
+    theirs = session_workload("upstream", policy=policy)
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
+        assert a == b, f"session event {k}: fast {a} != sglang {b}"
+    assert ours == theirs
+    assert any(e[0] == "evict" for e in ours["log"])
+
+
+# -- the Mamba extra buffer, with sglang's own request pool ----------------------------------------
+
+
+def xbuf_workload(ps: int, overlap: bool, impl: str, seed: int = 5, n: int = 160,
+                  interval: int = 8) -> dict:
+    """``enable_mamba_extra_buffer=True`` on sglang's ``HybridReqToTokenPool`` (two track slots
+    with the overlap schedule, one without) and on ``CacheInitParams``.  sglang's own Req
+    through the scheduler's calls: ``init_next_round_input`` (a Mamba cache's match copies the
+    matched state into the request, ``cow_mamba``), a lock, sglang's ``alloc_req_slots`` (three
+    states a request, the shortfall evicted; the pool's ``alloc`` takes the request's state and
+    track slots), prefill in one or two page-aligned chunks with ``cache_unfinished_req``
+    after each, decode one token at a time, then ``cache_finished_req`` or an abort.  The track
+    points are the scheduler's (``_mamba_radix_cache_v2_req_prepare_for_extend``,
+    ``_mamba_check_track_boundary``), by spec/requests.py's rules."""
+    from sglang.srt.mem_cache.common import alloc_req_slots
+
+    from uniradix.spec.requests import decode_track_lens, extend_track_len
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=4, n_groups=1,
+                                    num_heads=1, head_dim=2, state_size=2, conv_kernel=2)
+    rtp = HybridReqToTokenPool(size=8, mamba_size=12, mamba_spec_state_size=12,
+                               max_context_len=512, device="cpu", enable_memory_saver=False,
+                               cache_params=Mamba2CacheParams(shape=shape, layers=[0]),
+                               mamba_layer_ids=[0], enable_mamba_extra_buffer=True,
+                               enable_overlap_schedule=overlap)
+    kv_slots = 256
+    alloc = TokenToKVPoolAllocator(kv_slots, torch.float16, "cpu", None, False) if ps == 1 \
+        else PagedTokenToKVPoolAllocator(kv_slots, ps, torch.float16, "cpu", None, False)
+    params = up.CacheInitParams(disable=False, req_to_token_pool=rtp,
+                                token_to_kv_pool_allocator=alloc, page_size=ps,
+                                tree_components=(CT.FULL, CT.MAMBA),
+                                enable_mamba_extra_buffer=True)
+    cache = fast.UnifiedRadixCache(params) if impl == "fast" else up.UnifiedRadixCache(params)
+    log: list = []
+
+    def states():
+        return (rtp.mamba_allocator.available_size(), cache.mamba_evictable_size(),
+                cache.mamba_protected_size(), cache.evictable_size(), cache.protected_size(),
+                alloc.available_size())
+
+    def track(req, at):
+        req.mamba_last_track_seqlen = at
+        req.mamba_next_track_idx = rtp.get_mamba_ping_pong_other_idx(req.mamba_next_track_idx)
+
+    def compute(req, k):
+        c = req.kv_committed_len
+        need = -(-(c + k) // ps) * ps - -(-c // ps) * ps
+        if need > alloc.available_size():
+            log.append(("evict", cache.evict(up.EvictParams(
+                num_tokens=need - alloc.available_size())).num_tokens_evicted))
+        if need > alloc.available_size():
+            return False
+        if need:
+            req.spare = alloc.alloc(need) if req.spare is None \
+                else torch.cat([req.spare, alloc.alloc(need)])
+        rtp.write((req.req_pool_idx, slice(c, c + k)), req.spare[:k].to(torch.int32))
+        req.spare = req.spare[k:]
+        req.kv_committed_len = req.kv_allocated_len = c + k
+        return True
+
+    def finish(req, aborted):
+        cache.cache_finished_req(req, is_insert=not aborted)
+        rtp.free(req)
+        log.append(("finish", req.rid, aborted, states()))
+
+    running: list = []
+    for k, (prompt, out_len, u) in enumerate(prompts(seed, n)):
+        while len(running) >= 2:
+            r = running.pop(0)
+            finish(r, r.rid.endswith("3"))
+        req = Req(rid=f"r{k}", origin_input_text="", origin_input_ids=array("q", prompt),
+                  sampling_params=SamplingParams(max_new_tokens=out_len))
+        req.init_next_round_input(tree_cache=cache)
+        hit = len(req.prefix_indices)
+        cache.inc_lock_ref(req.last_node)
+        alloc_req_slots(rtp, [req], cache)
+        req.spare = None
+        rtp.write((req.req_pool_idx, slice(0, hit)), req.prefix_indices.to(torch.int32))
+        req.kv_committed_len = req.kv_allocated_len = hit
+        buf = req.mamba_ping_pong_track_buffer.tolist()
+        log.append(("admit", req.rid, hit, req.mamba_branching_seqlen, int(req.mamba_pool_idx),
+                    buf, states()))
+        left = len(prompt) - hit
+        first = left // 2 // ps * ps if u < 0.5 else 0
+        ok = True
+        for part in ([first, left - first] if first else [left]):
+            c = req.kv_committed_len
+            if not compute(req, part):
+                ok = False
+                break
+            at = extend_track_len(c, part, MAMBA_CHUNK, req.mamba_branching_seqlen)
+            if at is not None:
+                track(req, at)
+            req.fill_len = req.kv_committed_len
+            cache.cache_unfinished_req(req, chunked=part == first)
+            log.append(("chunk", req.rid, req.cache_protected_len, len(req.prefix_indices),
+                        req.mamba_last_track_seqlen,
+                        req.mamba_ping_pong_track_buffer.tolist(), states()))
+        if not ok:
+            finish(req, True)
+            continue
+        for j in range(out_len):
+            if not compute(req, 1):
+                break
+            req.output_ids.append((prompt[j % len(prompt)] * 7 + j) % 50 + 1)
+            for at in decode_track_lens(req.kv_committed_len - 1, 1, interval):
+                track(req, at)
+        running.append(req)
+    for r in running:
+        finish(r, False)
+    return {"log": log, "free": free_list(alloc), "states": states(),
+            "mamba_free": sorted(rtp.mamba_allocator.free_pages.tolist())
+            if hasattr(rtp.mamba_allocator, "free_pages") else None}
+
+
+XBUF_CONFIGS = [(1, True), (1, False), (4, True)]
+
+
+@pytest.mark.parametrize("ps, overlap", XBUF_CONFIGS,
+                         ids=[f"p{p}-{'two' if o else 'one'}-track" for p, o in XBUF_CONFIGS])
+def test_mamba_extra_buffer_same_outcomes(ps, overlap):
+    """fast and sglang, each over its own ``HybridReqToTokenPool`` with the extra buffer: the
+    same hits, track slots, cached lengths, state and KV pools after every request."""
+    ours = xbuf_workload(ps, overlap, "fast")
+    theirs = xbuf_workload(ps, overlap, "upstream")
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
+        assert a == b, f"event {k}: fast {a} != sglang {b}"
+    assert ours == theirs
+    chunks = [e for e in ours["log"] if e[0] == "chunk"]
+    assert any(e[2] > 0 for e in chunks)  # chunks cached tracked states
+    assert any(e[0] == "admit" and e[2] > 0 for e in ours["log"])  # and later requests hit
+    assert ours["states"][1] > 0  # the tree holds states at the end

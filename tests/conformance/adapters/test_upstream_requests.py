@@ -101,3 +101,31 @@ def test_a_recording_replays_on_spec_and_fast(tmp_path):
         assert replay_trace(trace, impl).divergence is None, impl
     with pytest.raises(ValueError, match="unknown sessions config"):
         record_sessions("full-p1", 1, 10, path)
+
+
+def test_reachable_by_name_in_conform():
+    """``upstream-requests`` names this adapter for ``make_adapter`` and ``conform``: a session
+    config runs its request-level ops and sessions against upstream, not the tree level only."""
+    import collections
+
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.explore.conform import run_conform
+    from uniradix.spec.errors import Unsupported
+
+    assert type(make_adapter("upstream-requests", CacheConfig())) is UpstreamRequestAdapter
+    with pytest.raises(Unsupported, match="components"):
+        make_adapter("upstream-requests", CacheConfig(components=("full", "mamba"),
+                                                      mamba_slots=4))
+    ops: collections.Counter = collections.Counter()
+
+    class Counted(UpstreamRequestAdapter):
+        def apply(self, step: dict) -> dict:
+            ops[step["op"]] += 1
+            ops["a session's"] += bool((step.get("args") or {}).get("session"))
+            return super().apply(step)
+
+    Counted.impl_name = "upstream-requests"  # type: ignore[attr-defined]
+    res = run_conform(["spec", Counted], config="sessions-p1", steps=200, seed=1, out=None,
+                      progress=False, log=lambda m: None)
+    assert (res.steps, res.divergences, res.violations) == (200, 0, 0)
+    assert ops["req_finish"] > 0 and ops["a session's"] > 0
