@@ -157,8 +157,12 @@ def test_value_tensor_refcounts_come_back():
     cache.insert(fast.InsertParams(key=key([1, 2, 3, 4, 5, 6, 7, 8]), value=v))
     assert sys.getrefcount(v) == base  # the tree copies the caller's slots
     m = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4, 5, 6, 7, 8])))
-    held = m.device_indices  # a one-node match hands out the node's own tensor
     node = m.last_device_node
+    # the node keeps its slots as C memory: a match builds its own tensor of them, and
+    # node.value is a view of the node's memory, made on the first read and kept on the node
+    held = node.value
+    assert m.device_indices is not held and m.device_indices.tolist() == v.tolist()
+    assert node.value is held and held.tolist() == v.tolist()
     del m
     in_tree = sys.getrefcount(held)
 
@@ -167,7 +171,7 @@ def test_value_tensor_refcounts_come_back():
         return sys.getrefcount(node) - sum(1 for _, n in cache._heap if n is node)  # noqa: F821
 
     before = node_refs()
-    # splitting replaces the node's tensor: the old one is dropped by the tree
+    # splitting replaces the node's slots: the view of the old ones is dropped by the tree
     m2 = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4])))
     assert sys.getrefcount(held) == in_tree - 1
     del m2
