@@ -1476,9 +1476,9 @@ error:
 /* match(cache, units, extra_key) -> (indices or None, node)                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The matched nodes' values (the list chunks, or the single value first) as one new int64
- * tensor: one torch.empty and a memcpy per node when every value is a Slots or a plain
- * tensor, otherwise torch.cat of them as tensors (another device: as before). */
+/* The matched nodes' values (two or more) as one new int64 tensor: one torch.empty and a
+ * memcpy per node when every value is a Slots or a plain tensor, otherwise torch.cat of them
+ * as tensors (another device: as before).  (One node hands out its own value: core_match.) */
 static PyObject *
 concat_values(PyObject *chunks, PyObject *first)
 {
@@ -1651,8 +1651,12 @@ core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto done;
     }
     PyObject *indices;
-    if (chunks != NULL || (first != NULL && IS_SLOTS(first))) {
-        if ((indices = concat_values(chunks != NULL ? chunks : NULL, first)) == NULL)
+    if (chunks != NULL) {
+        if ((indices = concat_values(chunks, NULL)) == NULL)
+            goto done;
+    } else if (first != NULL && IS_SLOTS(first)) {
+        /* one node: its own slots, as its tensor was before (node is that node) */
+        if ((indices = Node_get_value(node, NULL)) == NULL)
             goto done;
     } else if (first != NULL) {
         indices = first;  /* ownership moves */
