@@ -63,7 +63,8 @@ typedef struct {
     PyObject *children;   /* dict: child key -> TreeNode */
     PyObject *parent;     /* TreeNode or None */
     PyObject *key;        /* array('q') (EAGLE: list of pairs) */
-    PyObject *value;      /* int64 tensor or None */
+    PyObject *value;      /* Slots (see below), another int64 tensor, or None */
+    PyObject *vcache;     /* NULL, or the tensor view of a Slots value handed to Python */
     PyObject *extra_key;
     PyObject *ck;         /* the key this node is filed under in its parent's children */
     long long lock_ref;
@@ -78,6 +79,142 @@ static PyTypeObject NodeType;
 #define IS_NODE(o) (Py_IS_TYPE((o), &NodeType))
 #define IS_NONE(o) ((o) == NULL || (o) == Py_None)
 
+/* ---- Slots: a node's device slots as raw C memory ---------------------------------------- */
+/*
+ * What the C core stores as a node's value when the slots came from a plain tensor (exact
+ * torch.Tensor, int64, CPU, 1-D, contiguous): the int64s inline in one small object, with no
+ * torch tensor behind them.  A node's slots are only ever read by the tree (match
+ * concatenates them, evict frees them, split copies them into two new ones), so most nodes
+ * never need a tensor; Python reading ``node.value`` gets a tensor view of the same memory
+ * (torch.frombuffer), made on the first read and kept on the node (vcache) until its value
+ * changes, so an in-place write through that tensor is seen by the tree exactly as it was
+ * when the value was a tensor.  A Slots object is never written by the C core after it is
+ * made (a split makes two new ones), so a view handed out stays what it was, as a tensor the
+ * tree replaced did.  Anything else (CUDA, another dtype or layout, a tensor set from Python)
+ * stays a tensor, on the old paths.  Counted by sys.getsizeof (itemsize 8).
+ */
+typedef struct {
+    PyObject_VAR_HEAD
+    long long data[1];
+} Slots;
+
+static PyTypeObject SlotsType;
+
+#define IS_SLOTS(o) (Py_IS_TYPE((o), &SlotsType))
+
+/* A new Slots holding a copy of p[0:n]; NULL on error. */
+static PyObject *
+slots_from(const long long *p, Py_ssize_t n)
+{
+    Slots *s = PyObject_NewVar(Slots, &SlotsType, n);
+    if (s == NULL)
+        return NULL;
+    if (n)
+        memcpy(s->data, p, (size_t)n * sizeof(long long));
+    return (PyObject *)s;
+}
+
+static void
+Slots_dealloc(PyObject *self)
+{
+    PyObject_Free(self);
+}
+
+static int
+Slots_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, self, ((Slots *)self)->data,
+                             Py_SIZE(self) * (Py_ssize_t)sizeof(long long), 0, flags);
+}
+
+static Py_ssize_t
+Slots_len(PyObject *self)
+{
+    return Py_SIZE(self);
+}
+
+static PyBufferProcs Slots_as_buffer = {Slots_getbuffer, NULL};
+static PySequenceMethods Slots_as_sequence = {.sq_length = Slots_len};
+
+static PyTypeObject SlotsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uniradix.fast._core.Slots",
+    .tp_doc = "A node's device slots as int64s in C memory (read node.value for a tensor).",
+    .tp_basicsize = offsetof(Slots, data),
+    .tp_itemsize = sizeof(long long),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = Slots_dealloc,
+    .tp_as_buffer = &Slots_as_buffer,
+    .tp_as_sequence = &Slots_as_sequence,
+};
+
+static PyObject *g_frombuffer = NULL;  /* torch.frombuffer (imported on first use) */
+static PyObject *g_empty = NULL;       /* torch.empty */
+static PyObject *g_empty_kw = NULL;    /* ("dtype",) */
+static PyObject *g_Tensor, *g_int64;   /* (set by setup_api, below) */
+
+/* torch's frombuffer, empty and int64 where setup_* has not set them; 0 or -1. */
+static int
+ensure_torch(void)
+{
+    if (g_frombuffer != NULL && g_empty != NULL && g_int64 != NULL && g_empty_kw != NULL)
+        return 0;
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (torch == NULL)
+        return -1;
+    int rc = -1;
+    if (g_empty_kw == NULL && (g_empty_kw = Py_BuildValue("(s)", "dtype")) == NULL)
+        goto done;
+    if (g_frombuffer == NULL && (g_frombuffer = PyObject_GetAttrString(torch, "frombuffer")) == NULL)
+        goto done;
+    if (g_empty == NULL && (g_empty = PyObject_GetAttrString(torch, "empty")) == NULL)
+        goto done;
+    if (g_int64 == NULL && (g_int64 = PyObject_GetAttrString(torch, "int64")) == NULL)
+        goto done;
+    rc = 0;
+done:
+    Py_DECREF(torch);
+    return rc;
+}
+
+/* The int64 tensor over a Slots' memory (a view: writes through it change the slots); new
+ * reference, NULL on error. */
+static PyObject *
+slots_view(PyObject *s)
+{
+    if (ensure_torch() < 0)
+        return NULL;
+    if (Py_SIZE(s) == 0) {  /* frombuffer refuses an empty buffer */
+        PyObject *zero = PyLong_FromLong(0);
+        if (zero == NULL)
+            return NULL;
+        PyObject *a[2] = {zero, g_int64};
+        PyObject *t = PyObject_Vectorcall(g_empty, a, 1, g_empty_kw);
+        Py_DECREF(zero);
+        return t;
+    }
+    PyObject *a[2] = {s, g_int64};
+    return PyObject_Vectorcall(g_frombuffer, a, 1, g_empty_kw);
+}
+
+/* v as a tensor: a Slots' view, anything else itself; new reference. */
+static PyObject *
+as_tensor(PyObject *v)
+{
+    return IS_SLOTS(v) ? slots_view(v) : Py_NewRef(v);
+}
+
+/* Set a node's value (new reference taken on v), dropping the view of the old one. */
+static void
+set_value(Node *n, PyObject *v)
+{
+    PyObject *old = n->value, *oc = n->vcache;
+    n->value = Py_NewRef(v);
+    n->vcache = NULL;
+    Py_XDECREF(old);
+    Py_XDECREF(oc);
+}
+
 /* A new node; steals no references.  parent may be Py_None. */
 static Node *
 node_create(PyObject *key, PyObject *value, PyObject *parent, PyObject *extra_key,
@@ -88,12 +225,13 @@ node_create(PyObject *key, PyObject *value, PyObject *parent, PyObject *extra_ke
         return NULL;
     n->children = PyDict_New();
     if (n->children == NULL) {
-        n->parent = n->key = n->value = n->extra_key = n->ck = NULL;
+        n->parent = n->key = n->value = n->vcache = n->extra_key = n->ck = NULL;
         Py_DECREF(n);
         return NULL;
     }
     Py_INCREF(key); n->key = key;
     Py_INCREF(value); n->value = value;
+    n->vcache = NULL;
     Py_INCREF(parent); n->parent = parent;
     Py_INCREF(extra_key); n->extra_key = extra_key;
     Py_INCREF(ck); n->ck = ck;
@@ -129,6 +267,7 @@ Node_traverse(Node *self, visitproc visit, void *arg)
     Py_VISIT(self->parent);
     Py_VISIT(self->key);
     Py_VISIT(self->value);
+    Py_VISIT(self->vcache);
     Py_VISIT(self->extra_key);
     Py_VISIT(self->ck);
     return 0;
@@ -141,6 +280,7 @@ Node_clear(Node *self)
     Py_CLEAR(self->parent);
     Py_CLEAR(self->key);
     Py_CLEAR(self->value);
+    Py_CLEAR(self->vcache);
     Py_CLEAR(self->extra_key);
     Py_CLEAR(self->ck);
     return 0;
@@ -180,11 +320,30 @@ Node_get_evicted(Node *self, void *closure)
     return PyBool_FromLong(!IS_NONE(self->parent) && IS_NONE(self->value));
 }
 
+/* node.value: a tensor or None, as ever; a Slots value is read through its view */
+static PyObject *
+Node_get_value(Node *self, void *closure)
+{
+    if (IS_NONE(self->value))
+        Py_RETURN_NONE;
+    if (!IS_SLOTS(self->value))
+        return Py_NewRef(self->value);
+    if (self->vcache == NULL && (self->vcache = slots_view(self->value)) == NULL)
+        return NULL;
+    return Py_NewRef(self->vcache);
+}
+
+static int
+Node_set_value(Node *self, PyObject *v, void *closure)
+{
+    set_value(self, v == NULL ? Py_None : v);
+    return 0;
+}
+
 static PyMemberDef Node_members[] = {
     {"children", T_OBJECT, offsetof(Node, children), 0, NULL},
     {"parent", T_OBJECT, offsetof(Node, parent), 0, NULL},
     {"key", T_OBJECT, offsetof(Node, key), 0, NULL},
-    {"value", T_OBJECT, offsetof(Node, value), 0, "device slots; None when evicted"},
     {"extra_key", T_OBJECT, offsetof(Node, extra_key), 0, NULL},
     {"ck", T_OBJECT, offsetof(Node, ck), 0, "the key this node is filed under in its parent"},
     {"lock_ref", T_LONGLONG, offsetof(Node, lock_ref), 0, NULL},
@@ -197,6 +356,8 @@ static PyMemberDef Node_members[] = {
 
 static PyGetSetDef Node_getset[] = {
     {"evicted", (getter)Node_get_evicted, NULL, NULL, NULL},
+    {"value", (getter)Node_get_value, (setter)Node_set_value,
+     "device slots (an int64 tensor); None when evicted", NULL},
     {NULL}
 };
 
@@ -788,9 +949,22 @@ narrow_copy(PyObject *value, Py_ssize_t start, Py_ssize_t length)
 static int
 owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
 {
-    PyObject *lst = PyObject_CallMethodNoArgs(tensor, s_tolist);
-    if (lst == NULL)
+    PyObject *lst;
+    if (IS_SLOTS(tensor)) {
+        Py_ssize_t n = Py_SIZE(tensor);
+        if ((lst = PyList_New(n)) == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *x = PyLong_FromLongLong(((Slots *)tensor)->data[i]);
+            if (x == NULL) {
+                Py_DECREF(lst);
+                return -1;
+            }
+            PyList_SET_ITEM(lst, i, x);
+        }
+    } else if ((lst = PyObject_CallMethodNoArgs(tensor, s_tolist)) == NULL) {
         return -1;
+    }
     PyObject *r = PyObject_CallMethodOneArg(owned, method, lst);
     Py_DECREF(lst);
     if (r == NULL)
@@ -832,10 +1006,7 @@ typedef struct {
     Py_ssize_t n;
 } Seg;
 
-static PyObject *g_empty = NULL;     /* torch.empty */
 static PyObject *g_classify = NULL;  /* fast/frees.py native_kind(cls) -> 0, 1, 2 */
-static PyObject *g_empty_kw = NULL;  /* ("dtype",) */
-static PyObject *g_Tensor, *g_int64;  /* (set by setup_api, below) */
 static PyObject *s_free_pages, *s_release_pages, *s_need_sort, *s_in_group, *s_debug_mode,
     *s_on_batch, *s_narrow, *s_tail, *s_tail_hw, *s_page_size_attr;
 static int piece_is_plain(PyObject *t);
@@ -901,6 +1072,18 @@ plain_data(PyObject *t, const long long **p, Py_ssize_t *n)
     if (*p == NULL && PyErr_Occurred())
         return -1;
     return 1;
+}
+
+/* A node value's data: a Slots' own memory, or plain_data of a tensor; 1, 0 or -1. */
+static int
+value_data(PyObject *v, const long long **p, Py_ssize_t *n)
+{
+    if (IS_SLOTS(v)) {
+        *p = ((Slots *)v)->data;
+        *n = Py_SIZE(v);
+        return 1;
+    }
+    return plain_data(v, p, n);
 }
 
 /* torch.empty(n, dtype=torch.int64) and its data; NULL on error. */
@@ -1147,7 +1330,7 @@ native_release_list(PyObject *self, PyObject *alloc, PyObject *pieces)
     }
     int rc = 1;
     for (Py_ssize_t i = 0; i < k && rc == 1; i++)
-        rc = plain_data(PyList_GET_ITEM(pieces, i), &segs[i].p, &segs[i].n);
+        rc = value_data(PyList_GET_ITEM(pieces, i), &segs[i].p, &segs[i].n);
     if (rc == 1)
         rc = native_release(self, alloc, segs, k);
     if (segs != small)
@@ -1188,6 +1371,22 @@ native_release_ranges(PyObject *self, PyObject *alloc, PyObject *value, const Py
 
 /* ---- split ------------------------------------------------------------------------------- */
 
+/* value[start:start + length] as a node's new value: a Slots when value is a Slots or a plain
+ * tensor, otherwise (another device, dtype or layout) torch.narrow_copy as before; new
+ * reference, NULL on error. */
+static PyObject *
+value_slice(PyObject *value, Py_ssize_t start, Py_ssize_t length)
+{
+    const long long *p;
+    Py_ssize_t n;
+    int ok = value_data(value, &p, &n);
+    if (ok < 0)
+        return NULL;
+    if (ok && start >= 0 && length >= 0 && start + length <= n)
+        return slots_from(p + start, length);
+    return narrow_copy(value, start, length);
+}
+
 /* Cut child after split_len units (0 < split_len < len(child.key)); the new upper node takes
  * its place.  Advances *clock as _split does (one step for the upper node, one for touching
  * the child).  Returns a new reference to the upper node. */
@@ -1219,7 +1418,7 @@ split(Node *child, Py_ssize_t split_len, long long *clock, PyObject *heap, Py_ss
     if (value == Py_None) {
         upper_value = Py_None;
         Py_INCREF(upper_value);
-    } else if ((upper_value = narrow_copy(value, 0, split_len)) == NULL) {
+    } else if ((upper_value = value_slice(value, 0, split_len)) == NULL) {
         goto error;
     }
     upper = node_create(upper_key, upper_value, (PyObject *)parent, ek, *clock,
@@ -1233,7 +1432,7 @@ split(Node *child, Py_ssize_t split_len, long long *clock, PyObject *heap, Py_ss
     if (lower_key == NULL)
         goto error;
     if (value != Py_None) {
-        lower_value = narrow_copy(value, split_len, klen - split_len);
+        lower_value = value_slice(value, split_len, klen - split_len);
         if (lower_value == NULL)
             goto error;
     }
@@ -1241,7 +1440,7 @@ split(Node *child, Py_ssize_t split_len, long long *clock, PyObject *heap, Py_ss
      * key and the dict insert (memory errors) */
     SET_FIELD(child->key, lower_key);
     if (lower_value != NULL) {
-        SET_FIELD(child->value, lower_value);
+        set_value(child, lower_value);
         upper->dev_children = 1;
     }
     SET_FIELD(child->parent, (PyObject *)upper);
@@ -1276,6 +1475,57 @@ error:
 /* ------------------------------------------------------------------------------------------ */
 /* match(cache, units, extra_key) -> (indices or None, node)                                   */
 /* ------------------------------------------------------------------------------------------ */
+
+/* The matched nodes' values (two or more) as one new int64 tensor: one torch.empty and a
+ * memcpy per node when every value is a Slots or a plain tensor, otherwise torch.cat of them
+ * as tensors (another device: as before).  (One node hands out its own value: core_match.) */
+static PyObject *
+concat_values(PyObject *chunks, PyObject *first)
+{
+    Py_ssize_t k = chunks != NULL ? PyList_GET_SIZE(chunks) : 1;
+    PyObject *const *items = chunks != NULL ? &PyList_GET_ITEM(chunks, 0) : &first;
+    Seg small[16], *segs = k <= 16 ? small : PyMem_Malloc((size_t)k * sizeof(Seg));
+    if (segs == NULL)
+        return PyErr_NoMemory();
+    PyObject *out = NULL;
+    int ok = 1;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < k && ok == 1; i++) {
+        ok = value_data(items[i], &segs[i].p, &segs[i].n);
+        total += ok == 1 ? segs[i].n : 0;
+    }
+    if (ok < 0)
+        goto done;
+    if (ok == 1) {
+        long long *dst;
+        if (ensure_torch() < 0 || (out = new_int64(total, &dst)) == NULL)
+            goto done;
+        copy_segs((char *)dst, segs, k);
+        goto done;
+    }
+    if (g_cat == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "uniradix._core: setup() was not called");
+        goto done;
+    }
+    PyObject *list = PyList_New(k);
+    if (list == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *t = as_tensor(items[i]);
+        if (t == NULL) {
+            Py_DECREF(list);
+            goto done;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    PyObject *a[1] = {list};
+    out = PyObject_Vectorcall(g_cat, a, 1, NULL);
+    Py_DECREF(list);
+done:
+    if (segs != small)
+        PyMem_Free(segs);
+    return out;
+}
 
 static PyObject *
 core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -1402,13 +1652,11 @@ core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *indices;
     if (chunks != NULL) {
-        if (g_cat == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "uniradix._core: setup() was not called");
+        if ((indices = concat_values(chunks, NULL)) == NULL)
             goto done;
-        }
-        PyObject *a[1] = {chunks};
-        indices = PyObject_Vectorcall(g_cat, a, 1, NULL);
-        if (indices == NULL)
+    } else if (first != NULL && IS_SLOTS(first)) {
+        /* one node: its own slots, as its tensor was before (node is that node) */
+        if ((indices = Node_get_value(node, NULL)) == NULL)
             goto done;
     } else if (first != NULL) {
         indices = first;  /* ownership moves */
@@ -1572,10 +1820,10 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         end = pos + shared;
         if (IS_NONE(child->value)) {
             /* unevict: the node holds device data again, the fresh slots (copied) */
-            PyObject *nv = narrow_copy(value, pos, shared);
+            PyObject *nv = value_slice(value, pos, shared);
             if (nv == NULL)
                 goto done;
-            SET_FIELD(child->value, nv);
+            set_value(child, nv);
             Py_DECREF(nv);
             if (!IS_NODE(child->parent)) {
                 PyErr_SetString(PyExc_TypeError, "a parent is not a TreeNode");
@@ -1662,7 +1910,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(rest);
             goto done;
         }
-        PyObject *lv = narrow_copy(value, pos, n - pos);
+        PyObject *lv = value_slice(value, pos, n - pos);
         if (lv == NULL) {
             Py_DECREF(rest);
             Py_DECREF(ck);
@@ -1869,12 +2117,25 @@ flush_frees(PyObject *self, PyObject *alloc, PyObject *free_fn, PyObject *batch)
     PyErr_Fetch(&et, &ev, &tb);
     int native = alloc == NULL ? 0 : native_release_list(self, alloc, batch);
     PyObject *r = NULL;
-    if (native == 1)
+    if (native == 1) {
         r = Py_NewRef(Py_None);
-    else if (native == 0)
+    } else if (native == 0) {
+        /* the Python path frees tensors: a Slots value goes as its view */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *v = PyList_GET_ITEM(batch, i);
+            if (IS_SLOTS(v)) {
+                PyObject *t = slots_view(v);
+                if (t == NULL)
+                    goto failed;
+                PyList_SET_ITEM(batch, i, t);
+                Py_DECREF(v);
+            }
+        }
         r = n == 1 && free_fn != NULL
             ? PyObject_CallOneArg(free_fn, PyList_GET_ITEM(batch, 0))
             : PyObject_CallMethodOneArg(self, s_free_values, batch);
+    }
+failed:
     Py_XDECREF(r);
     if (et != NULL) {
         if (r == NULL)
@@ -1982,7 +2243,7 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         freed += k;
         evictable -= k;
-        SET_FIELD(node->value, Py_None);
+        set_value(node, Py_None);
         Node *parent = (Node *)node->parent;
         Py_INCREF(parent);
         int rc = detach(parent, node);
@@ -2043,7 +2304,7 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 
 static PyObject *g_RadixKey, *g_MatchResult, *g_InsertResult, *g_IncResult, *g_DecResult,
-    *g_EvictResult, *g_Tensor, *g_int64, *g_array;
+    *g_EvictResult, *g_array;
 static PyObject *s_key, *s_value, *s_prev, *s_chunked, *s_token_ids, *s_extra_key,
     *s_is_bigram, *s_is_eagle, *s_disable, *s_validate_slots, *s_empty, *s_dtype, *s_shape,
     *s_num_tokens, *s_skip, *s_compact, *s_zero;
@@ -2791,6 +3052,8 @@ static struct PyModuleDef core_module = {
 PyMODINIT_FUNC
 PyInit__core(void)
 {
+    if (PyType_Ready(&SlotsType) < 0)
+        return NULL;
     if (PyType_Ready(&NodeType) < 0)
         return NULL;
 #define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL

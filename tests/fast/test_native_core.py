@@ -157,8 +157,11 @@ def test_value_tensor_refcounts_come_back():
     cache.insert(fast.InsertParams(key=key([1, 2, 3, 4, 5, 6, 7, 8]), value=v))
     assert sys.getrefcount(v) == base  # the tree copies the caller's slots
     m = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4, 5, 6, 7, 8])))
-    held = m.device_indices  # a one-node match hands out the node's own tensor
     node = m.last_device_node
+    # the node keeps its slots as C memory; node.value is a view of that memory, made on the
+    # first read and kept on the node; a one-node match hands out that same view
+    held = m.device_indices
+    assert node.value is held and held.tolist() == v.tolist()
     del m
     in_tree = sys.getrefcount(held)
 
@@ -167,7 +170,7 @@ def test_value_tensor_refcounts_come_back():
         return sys.getrefcount(node) - sum(1 for _, n in cache._heap if n is node)  # noqa: F821
 
     before = node_refs()
-    # splitting replaces the node's tensor: the old one is dropped by the tree
+    # splitting replaces the node's slots: the view of the old ones is dropped by the tree
     m2 = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4])))
     assert sys.getrefcount(held) == in_tree - 1
     del m2
@@ -348,3 +351,51 @@ def test_insert_frees_duplicates_one_call_per_node(page_size, py, monkeypatch):
     assert log == [list(range(4000 + ps, 4000 + 2 * ps)),
                    list(range(4000 + 2 * ps, 4000 + 4 * ps)),
                    list(range(4000 + 4 * ps, 4000 + 6 * ps))]
+
+
+def _slots_of(node):
+    """The C-memory slots object the node holds (fast/_core.c Slots), or None."""
+    return next((o for o in gc.get_referents(node) if type(o).__name__ == "Slots"), None)
+
+
+@native
+def test_node_slots_are_c_memory_and_value_is_a_view():
+    cache = make()
+    v = torch.arange(100, 112, dtype=torch.int64)
+    cache.insert(fast.InsertParams(key=key(list(range(12))), value=v))
+    node = cache.match_prefix(fast.MatchPrefixParams(key=key(list(range(12))))).last_device_node
+    slots = _slots_of(node)
+    assert slots is not None and len(slots) == 12
+    assert sys.getsizeof(slots) == sys.getsizeof(_slots_of(node)) >= 12 * 8
+    view = node.value  # made on the first read, then the same tensor until the value changes
+    assert node.value is view and view.dtype == torch.int64 and view.tolist() == v.tolist()
+    # a write through the view is the tree's slots, as it was when the value was a tensor
+    view[3] = 7
+    cache.insert(fast.InsertParams(key=key(list(range(14))), value=torch.arange(200, 214)))
+    m = cache.match_prefix(fast.MatchPrefixParams(key=key(list(range(14)))))
+    assert m.device_indices.tolist() == [100, 101, 102, 7] + list(range(104, 112)) + [212, 213]
+    m.device_indices[4] = 9  # a multi-node match's tensor is its own: the tree is unchanged
+    assert node.value[4].item() == 104
+
+
+@native
+def test_match_concatenates_c_slots_and_tensors_set_from_python():
+    cache = make()
+    cache.insert(fast.InsertParams(key=key([1, 2, 3, 4]), value=torch.arange(10, 14)))
+    cache.insert(fast.InsertParams(key=key([1, 2, 3, 4, 5, 6]), value=torch.arange(20, 26)))
+    m = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4, 5, 6])))
+    assert m.device_indices.tolist() == [10, 11, 12, 13, 24, 25]
+    leaf = m.last_device_node
+    # a value set from Python stays that tensor (here not contiguous: torch.cat's path)
+    t = torch.arange(30, 34)[::2]
+    leaf.value = t
+    assert leaf.value is t and _slots_of(leaf) is None
+    m = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4, 5, 6])))
+    assert m.device_indices.tolist() == [10, 11, 12, 13, 30, 32]
+    # a split of the Python-set value gives each half its own slots
+    m = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4, 5, 7])))
+    assert m.device_indices.tolist() == [10, 11, 12, 13, 30]
+    assert t.tolist() == [30, 32]
+    evicted = cache.evict(fast.EvictParams(num_tokens=100)).num_tokens_evicted
+    # frees through the allocator's own free (not one the C core writes into): tensors
+    assert evicted == 6 and cache.token_to_kv_pool_allocator.freed == 4 + 6
