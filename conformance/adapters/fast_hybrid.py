@@ -29,7 +29,6 @@ from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.fast.sessions import VirtualNode
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
-from uniradix.spec.requests import output_token_id
 from uniradix.spec.world import HybridKVPool, PagedPool, hybrid_pools
 
 
@@ -310,20 +309,14 @@ class HybridFastAdapter(FastAdapter):
     def op_req_chunk(self, step: dict) -> dict:
         return self._req_effects(super().op_req_chunk(step))
 
-    def op_req_decode(self, step: dict) -> dict:
-        rid, n = args_of(step, "rid", "n")
-        req = self._get(rid, admitted=True)
-        n = self._count(n)
-        if req.committed < len(req.origin_input_ids):
-            raise InvalidInput(f"req {rid!r}: decode before the prompt is computed")
+    def _before_decode(self, req: Any) -> None:
         self._slide_window(req)
-        ok, evicted = self._reserve(req, n)
-        if ok:
-            base = len(req.output_ids)
-            req.output_ids.extend(output_token_id(req.origin_input_ids, base + j)
-                                  for j in range(n))
-            self._commit(req, n)
-        return self._req_effects({"ok": ok, "evicted": evicted})
+
+    def op_req_decode(self, step: dict) -> dict:
+        # the Full adapter's decode, the window slid first (_before_decode); its obs already
+        # has ``freed`` (the window's full slots stay, so only the SWA log holds the slide's
+        # frees), which _req_effects keeps, adding swa_freed / mamba_freed
+        return self._req_effects(super().op_req_decode(step))
 
     def op_req_finish(self, step: dict) -> dict:
         return self._req_effects(super().op_req_finish(step))
