@@ -115,3 +115,21 @@ HOST_REQUEST_TRACES = [os.path.join(CORPUS, "regressions-host-aux", name) for na
 def test_host_request_regressions_replay_with_the_kv_check(trace, impl, capsys):
     from uniradix.conformance.cli import main as cli_main
     assert cli_main(["replay", trace, "--impl", impl, "--check-kv"]) == 0
+
+
+@pytest.mark.parametrize("name, aux", [("sessions-host-swa-p1", "swa"),
+                                       ("sessions-host-mamba-p1", "mamba")])
+def test_session_configs_with_a_host_tier_run_clean_spec_against_fast(name, aux):
+    """Streaming sessions with a host tier and SWA or Mamba (conform's named configs): both
+    write policies by segment, spec against fast clean."""
+    from uniradix.conformance.explore.conform import SESSION_CONFIGS, run_conform, segment_config
+    assert name in SESSION_CONFIGS
+    policies = set()
+    for seg in range(4):
+        _, cfg = segment_config(name, 1, seg)
+        assert cfg.has_host_tier and tuple(cfg.components) == ("full", aux)
+        policies.add(cfg.write_policy)
+    assert policies == {"write_through", "write_back"}
+    res = run_conform(["spec", "fast"], steps=300, seed=2, config=name, out=None,
+                      progress=False, log=lambda m: None)
+    assert res.finding is None, str(res.finding)
