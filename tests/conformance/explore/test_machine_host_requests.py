@@ -136,10 +136,12 @@ def test_session_configs_with_a_host_tier_run_clean_spec_against_fast(name, aux)
 
 
 @pytest.mark.upstream
-def test_upstream_still_fails_its_sanity_check_on_a_host_lock_of_an_evicted_swa_leaf():
-    """Found by conform spec,upstream on host-swa-wt-p1 (README in regressions-host-aux):
-    0.5.13.post1's own sanity check fails after the host lock; the spec and fast replay the
-    trace clean (tests/conformance/traces/test_corpus_replay.py)."""
+@pytest.mark.parametrize("aux", ["swa", "mamba"])
+def test_upstream_still_fails_its_sanity_check_on_a_host_lock_of_an_evicted_leaf(aux):
+    """Found by conform spec,upstream on host-swa-wt-p1 / host-mamba-wt-p1 (README in
+    regressions-host-aux): 0.5.13.post1's own sanity check fails after the host lock (the
+    aux host LRU lost the node); the spec and fast replay the traces clean
+    (tests/conformance/traces/test_corpus_replay.py)."""
     from uniradix.conformance.adapters import upstream as upstream_mod
     from uniradix.conformance.traces.replay import replay_trace
     from uniradix.conformance.traces.trace import load_trace
@@ -147,7 +149,7 @@ def test_upstream_still_fails_its_sanity_check_on_a_host_lock_of_an_evicted_swa_
         pytest.skip("upstream sglang is not importable here (scripts/upstream-venv.sh)")
     trace = load_trace(os.path.join(
         CORPUS, "regressions-host-aux",
-        "upstream-violation-host-swa-wt-p1-host-lock-of-an-evicted-leaf.jsonl"))
+        f"upstream-violation-host-{aux}-wt-p1-host-lock-of-an-evicted-leaf.jsonl"))
     div = replay_trace(trace, "upstream").divergence
     assert div is not None and div.step == trace.steps[-1]["i"]
-    assert "swa host LRU" in str(div)
+    assert f"{aux} host LRU" in str(div)
