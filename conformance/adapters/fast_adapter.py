@@ -383,12 +383,18 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
         n = self._count(n)
         if req.committed < len(req.origin_input_ids):
             raise SpecInvalidInput(f"req {rid!r}: decode before the prompt is computed")
+        self._before_decode(req)
         ok, evicted = self._reserve(req, n)
         if ok:
             base = len(req.output_ids)
             req.output_ids.extend(output_token_id(req.origin_input_ids, base + j) for j in range(n))
             self._commit(req, n)
         return {"ok": ok, "evicted": evicted, "freed": self.pool.take_freed()}
+
+    def _before_decode(self, req: Req) -> None:
+        """What the scheduler does to a running request before its decode step reserves room
+        (nothing with the Full component alone; SWA slides the window, fast_hybrid.py).  Its
+        frees are the step's: ``op_req_decode`` takes the pool's freed log once, after it."""
 
     def _release(self, req: Req) -> None:
         del self.requests[req.rid]

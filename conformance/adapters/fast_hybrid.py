@@ -29,7 +29,7 @@ from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.fast.sessions import VirtualNode
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import AllocatorError, InvalidInput, Unsupported
-from uniradix.spec.requests import decode_track_lens, extend_track_len, next_track_after, output_token_id
+from uniradix.spec.requests import decode_track_lens, extend_track_len, next_track_after
 from uniradix.spec.world import HybridKVPool, PagedPool, hybrid_pools
 
 
@@ -357,6 +357,7 @@ class HybridFastAdapter(FastAdapter):
             self._chunk_track = None
 
     _chunk_track: dict | None = None
+    _decode_track = False
 
     def _commit(self, req: Any, n: int) -> None:
         """``n`` more tokens computed; with the extra buffer a prefill chunk's track point
@@ -365,25 +366,24 @@ class HybridFastAdapter(FastAdapter):
             at = extend_track_len(req.committed, n, self.config.mamba_cache_chunk_size,
                                   req.mamba_branching_seqlen)
             self._track(req, [] if at is None else [at])
+        elif self._decode_track:
+            self._track(req, decode_track_lens(req.committed, n,
+                                               self.config.mamba_track_interval))
         super()._commit(req, n)
 
-    def op_req_decode(self, step: dict) -> dict:
-        rid, n = args_of(step, "rid", "n")
-        req = self._get(rid, admitted=True)
-        n = self._count(n)
-        if req.committed < len(req.origin_input_ids):
-            raise InvalidInput(f"req {rid!r}: decode before the prompt is computed")
+    def _before_decode(self, req: Any) -> None:
         self._slide_window(req)
-        ok, evicted = self._reserve(req, n)
-        if ok:
-            base = len(req.output_ids)
-            req.output_ids.extend(output_token_id(req.origin_input_ids, base + j)
-                                  for j in range(n))
-            if self.config.mamba_extra_buffer:
-                self._track(req, decode_track_lens(req.committed, n,
-                                                   self.config.mamba_track_interval))
-            self._commit(req, n)
-        return self._req_effects({"ok": ok, "evicted": evicted})
+
+    def op_req_decode(self, step: dict) -> dict:
+        # the Full adapter's decode, the window slid first (_before_decode); its obs already
+        # has ``freed`` (the window's full slots stay, so only the SWA log holds the slide's
+        # frees), which _req_effects keeps, adding swa_freed / mamba_freed; with the extra
+        # buffer a decode step's track points come before its commit (_commit)
+        self._decode_track = bool(self.config.mamba_extra_buffer)
+        try:
+            return self._req_effects(super().op_req_decode(step))
+        finally:
+            self._decode_track = False
 
     def op_req_finish(self, step: dict) -> dict:
         return self._req_effects(super().op_req_finish(step))

@@ -270,6 +270,13 @@ class KVChecked:
             return obs
         i = step.get("i")
         after = self.inner.snapshot()
+        # a request step evicts for room before it computes and caches after: under write-back
+        # its trips (the backups of what it evicts) come before what it computes, under
+        # write-through (its insert's backups) after
+        trips_first = self.host is not None and op in REQUEST_STATE_OPS \
+            and self.config.write_policy == "write_back"
+        if trips_first:
+            self._run_trips(i, after)
         if op == "req_arrive":
             self.tokens[args["rid"]] = (list(args["tokens"]), args.get("extra_key"))
         elif op == "insert":
@@ -284,22 +291,28 @@ class KVChecked:
             got = list(obs.get("device_indices", []))
             self._expect(i, f"match_prefix result for {len(args['tokens'])} tokens",
                          args.get("extra_key"), list(args["tokens"]), got)
-        if self.host is not None:  # the step's trips between the tiers, in order
-            self.host.run(self.inner.take_copies())
-            self._check_host(i, after)
-            if self.states is not None:
-                self.states.run(self.inner.take_state_copies())
-            if self.swa is not None:
-                self.swa.run(self.inner.take_swa_copies())
         if self.states is not None and op in REQUEST_STATE_OPS:
             assert before is not None  # taken for every request step with Mamba above
             self._request_states(op, args.get("rid"), before, obs, after)
+        if not trips_first:
+            self._run_trips(i, after)
         self._check_state(i, after)
         if self.states is not None:
             self._check_states(i, after)
         if self.swa is not None:
             self._check_swa(i, after)
         return obs
+
+    def _run_trips(self, i: Any, after: dict) -> None:
+        """The step's trips between the tiers, in order (none without a host tier)."""
+        if self.host is None:
+            return
+        self.host.run(self.inner.take_copies())
+        self._check_host(i, after)
+        if self.states is not None:
+            self.states.run(self.inner.take_state_copies())
+        if self.swa is not None:
+            self.swa.run(self.inner.take_swa_copies())
 
     # computing tokens ----------------------------------------------------------------------
     def _fps(self, extra_key: str | None, tokens: Sequence[int]) -> list[int]:

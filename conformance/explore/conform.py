@@ -104,13 +104,20 @@ NAMED_CONFIGS: dict[str, dict] = {
     # track interval and chunk size drawn per segment (whole pages at page 4)
     "mamba-xbuf-p1": {"page_size": 1, "components": ("full", "mamba"), "mamba_extra_buffer": True},
     "mamba-xbuf-p4": {"page_size": 4, "components": ("full", "mamba"), "mamba_extra_buffer": True},
+    # streaming sessions with a host tier and SWA or Mamba (host pools drawn as for "host-");
+    # write-through and write-back alternating every two segments
+    "sessions-host-swa-p1": {"page_size": 1, "write_policy": ("write_through", "write_back"),
+                             "components": ("full", "swa")},
+    "sessions-host-mamba-p1": {"page_size": 1, "write_policy": ("write_through", "write_back"),
+                               "components": ("full", "mamba")},
 }
 # the storage tier (conformance/explore/storage_driver.py): its own workload; not in the default cycle
 STORAGE_CONFIGS = ("storage",) + tuple(f"storage-{w}-p{p}-{s}" for w in ("wt", "wb")
                                        for p in (1, 4) for s in ("be", "wc", "to"))
 COW_CONFIGS = ("mamba-cow",)  # the named configs whose matches copy the Mamba state
 SESSION_CONFIGS = ("sessions-p1", "sessions-p4", "sessions-swa-p1", "sessions-mamba-p1",
-                   "sessions-swa-mamba-p4")  # the named configs with streaming sessions
+                   "sessions-swa-mamba-p4", "sessions-host-swa-p1",
+                   "sessions-host-mamba-p1")  # the named configs with streaming sessions
 SEGMENT_STEPS = 1500
 DEFAULT_STEPS = 20_000
 DEFAULT_OUT = os.path.join("tests", "corpus", "regressions")

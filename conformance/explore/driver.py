@@ -56,6 +56,31 @@ POLICY_CHOICES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 PRIORITY_CHOICES = (0, 0, 1, 2, 3, -1)
 
 
+# The scheduler's init_load_back after a match with a host hit (shared by this driver and the
+# lockstep scenarios of conformance/explore/machine.py): a host hit is loaded back this often
+# (else the request computes it again), with no memory quota 4 times in 5
+LOAD_BACK_CHANCE = 0.75
+LOAD_BACK_UNLIMITED = 0.8
+
+
+def load_back_wanted(rng: random.Random, best: int, matched: int) -> bool:
+    """Whether the scheduler loads back a match's host part: there is one (``best`` units on
+    either tier past the ``matched`` device units) and the draw says so.  Draws nothing when
+    there is none."""
+    return best > matched and rng.random() < LOAD_BACK_CHANCE
+
+
+def load_back_args(rng: random.Random, tokens: Sequence[int], extra_key: str | None,
+                   best: int, matched: int) -> dict:
+    """A ``load_back`` step's args for the host part of a match of ``tokens``: the node at
+    ``best`` units, the last device node at ``matched``, and a memory quota (none, or 0 to
+    ``2 * best`` tokens)."""
+    quota = None if rng.random() < LOAD_BACK_UNLIMITED else rng.randint(0, 2 * best)
+    return {"node": {"tokens": list(tokens[:best]), "extra_key": extra_key},
+            "last_device_node": {"tokens": list(tokens[:matched]), "extra_key": extra_key},
+            "mem_quota": quota}
+
+
 class RecordingError(RuntimeError):
     """The implementation rejected a step the driver meant to be valid, or broke an invariant."""
 
@@ -401,7 +426,7 @@ class Driver:
         req.prefix = list(ret["device_indices"])
         if self.done():
             return
-        if self.host_tier and ret["best_match_node"] > req.matched and self.rng.random() < 0.75:
+        if self.host_tier and load_back_wanted(self.rng, ret["best_match_node"], req.matched):
             self._load_back(req, prompt, ret["best_match_node"])
             if self.done():
                 return
@@ -440,11 +465,8 @@ class Driver:
             self.emit("evict", {"num_tokens": 0, "mamba_num": 1})
             if self.free_mamba == 0 or self.done():
                 return
-        quota = None if self.rng.random() < 0.8 else self.rng.randint(0, 2 * best)
-        ret = self.emit("load_back", {
-            "node": {"tokens": prompt[:best], "extra_key": req.extra_key},
-            "last_device_node": {"tokens": prompt[: req.matched], "extra_key": req.extra_key},
-            "mem_quota": quota})
+        ret = self.emit("load_back", load_back_args(self.rng, prompt, req.extra_key, best,
+                                                     req.matched))
         req.prefix += list(ret["device_indices"])
         req.matched = ret["last_node"]
         if ret.get("mamba_pool_idx") is not None:

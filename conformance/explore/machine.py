@@ -42,11 +42,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from uniradix.conformance.adapters.base import ADAPTERS
+from uniradix.conformance.explore.driver import load_back_args, load_back_wanted
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.requests import output_token_id
 
 NAMESPACES = (None, "a", "b")
-# the host tier's actions (configs with host_slots > 0 only; they leave the request-level ops out)
+# the host tier's actions (configs with host_slots > 0 only)
 HOST_ACTIONS = ("io_complete", "check_events", "evict_host", "load_back", "host_lock",
                 "host_unlock")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -268,6 +269,7 @@ class Scenario:
         self.ctx: dict = {}                         # what observe() needs about the pending step
         self.queue: list[str] = []                  # follow-up actions of a compound one
         self.serving: dict = {}                     # the prompt being served (``serve``)
+        self.admitting: dict = {}                   # the request being admitted (host tier)
         # hybrid models: Mamba state slots held by the driver; request-level ops only when the
         # actions are given (runner_actions: every implementation's request model covers them)
         self.swa = "swa" in config.components
@@ -348,17 +350,15 @@ class Scenario:
 
     # -- which actions make sense now ----------------------------------------------------------
     def can(self, action: str) -> bool:
-        if action.startswith("serve_"):
+        if action.startswith(("serve_", "admit_")):
             return True
         if action in ("release_session", "session_held"):  # with the request path only
-            return (self.sessions and "req_arrive" in self.actions and not self.host
+            return (self.sessions and "req_arrive" in self.actions
                     and (action == "session_held" or bool(self.session_tokens)))
         if action not in self.actions:
             return False
         if action in HOST_ACTIONS:
             return host_can(self, action)
-        if action.startswith("req_") and self.host:  # the host tier: tree-level API only
-            return False
         if action == "alloc":
             return len(self.pages) < max(1, self.num_pages // 2)
         if action == "free":
@@ -615,6 +615,10 @@ class Scenario:
         rid = f"r{self.next_rid}"
         self.next_rid += 1
         tokens, ek = self.query(ch, min_len=1)
+        hits = [m for m in self.matches if m.best > m.length] if self.host else []
+        if hits and ch.chance(0.4):  # a prompt through a match's host hit, to be loaded back
+            m = ch.choice(hits)
+            tokens, ek = list(m.tokens[: m.best]) + self._tokens(ch, ch.integer(1, 4)), m.extra_key
         args: dict = {"rid": rid, "tokens": tokens, "extra_key": ek}
         if self.sessions and ch.chance(0.7):  # a session's turn: its parked tokens, then more
             busy = {r.session for r in self.reqs.values()}
@@ -636,7 +640,33 @@ class Scenario:
         return {"op": "session_held", "args": {}}
 
     def _p_req_admit(self, ch: Any) -> dict:
-        return {"op": "req_admit", "args": {"rid": ch.choice(self._waiting()).rid}}
+        """Admit a waiting request.  With a host tier the scheduler first matches the prompt
+        (without its last token, as ``req_admit`` does) and loads a host hit back by the
+        recording driver's rules (conformance/explore/driver.py ``load_back_wanted``), so the
+        request's match finds it on the device: match_prefix -> [load_back] -> req_admit."""
+        r = ch.choice(self._waiting())
+        if not self.host:
+            return {"op": "req_admit", "args": {"rid": r.rid}}
+        self.admitting = {"rid": r.rid}
+        self.queue = ["admit_load_back", "admit_request"]
+        self.ctx = {"admit": True}
+        return {"op": "match_prefix", "args": {"tokens": list(r.tokens[:-1]),
+                                               "extra_key": r.extra_key}}
+
+    def _p_admit_load_back(self, ch: Any) -> dict | None:
+        m = self.admitting.get("match")
+        if m is None or not load_back_wanted(ch.rng, m.best, m.length):
+            return None
+        self.ctx = {"match": m}
+        return {"op": "load_back", "args": load_back_args(ch.rng, m.tokens, m.extra_key,
+                                                          m.best, m.length)}
+
+    def _p_admit_request(self, ch: Any) -> dict | None:
+        rid, self.admitting = self.admitting.get("rid"), {}
+        r = self.reqs.get(rid) if rid is not None else None
+        if r is None or r.admitted:
+            return None
+        return {"op": "req_admit", "args": {"rid": rid}}
 
     def _p_req_chunk(self, ch: Any) -> dict:
         r = ch.choice(self._prefilling())
@@ -873,6 +903,8 @@ class Scenario:
                                           self.epoch, obs.get("best_match_node", 0)))
             if ctx.get("serve"):
                 self.serving["match"] = self.matches[-1]
+            if ctx.get("admit"):
+                self.admitting["match"] = self.matches[-1]
             if len(self.matches) > MAX_MATCHES:
                 self.matches.pop(0)
             self._remember(args["tokens"], args["extra_key"])
@@ -899,6 +931,7 @@ class Scenario:
             self.cached.clear()
             self.queue.clear()
             self.serving = {}
+            self.admitting = {}
             self.host_handles.clear()
             self.session_tokens.clear()
             self.epoch += 1
@@ -952,8 +985,7 @@ HOST_OPS = ("load_back", "host_lock", "host_unlock")
 
 
 def host_can(sc: Scenario, action: str) -> bool:
-    """Host actions need a host tier (which leaves the request-level ops out: the host tier
-    is driven through the tree-level API, as the scheduler's HiCache path does)."""
+    """Host actions need a host tier."""
     if not sc.host:
         return False
     if action == "load_back":
@@ -981,14 +1013,12 @@ def _p_evict_host(sc: Scenario, ch: Any) -> dict:
 
 def _p_load_back(sc: Scenario, ch: Any) -> dict:
     """init_load_back for the host part of a match (taken in any epoch: its paths may have
-    stopped being nodes, which is then a rejected step on every implementation)."""
+    stopped being nodes, which is then a rejected step on every implementation); the args
+    as the recording driver draws them (``load_back_args``)."""
     m = ch.choice([m for m in sc.matches if m.best > m.length])
-    quota = None if ch.chance(0.75) else ch.integer(0, 2 * (m.best - m.length))
     sc.ctx = {"match": m}
-    return {"op": "load_back", "args": {
-        "node": {"tokens": list(m.tokens[: m.best]), "extra_key": m.extra_key},
-        "last_device_node": {"tokens": list(m.tokens[: m.length]), "extra_key": m.extra_key},
-        "mem_quota": quota}}
+    return {"op": "load_back", "args": load_back_args(ch.rng, m.tokens, m.extra_key, m.best,
+                                                      m.length)}
 
 
 def _p_host_lock(sc: Scenario, ch: Any) -> dict:
@@ -1013,6 +1043,8 @@ def host_observe(sc: Scenario, op: str, args: dict, ctx: dict, obs: dict) -> Non
     if op == "load_back":
         if obs.get("freed"):
             sc.epoch += 1
+        if obs.get("mamba_pool_idx") is not None:  # the requester's state slot: the driver's
+            sc.mamba_held.append(obs["mamba_pool_idx"])
         m = ctx["match"]
         if obs["device_indices"] and sc.usable(m):  # the loaded path, as a fresh match
             sc.matches.append(MatchSeen(list(m.tokens), m.extra_key, obs["last_node"],
@@ -1084,6 +1116,28 @@ def draw_host_config(ch: Any) -> CacheConfig:
     """A host-tier config only (pages 1, 2 or 4; every write policy)."""
     ps = ch.choice([1, 2, 4])
     return host_config(ch, ps, ch.integer(16 // ps, 64 // ps) * ps, ch.choice(WRITE_POLICIES))
+
+
+def draw_host_aux_config(ch: Any) -> CacheConfig:
+    """A host tier with SWA, Mamba or both (pages 1 or 4, every write policy): the host pools
+    of :func:`host_config`, an SWA pool of 50-100% of the KV pool with a window of 1..12 and an
+    SWA host pool of the host pool or half of it, 2..8 state slots (chunk size 1..4) with a
+    host state pool of 1/2 to 2 device ones; as ``conform``'s host-swa-*/host-mamba-* draw
+    them."""
+    ps = ch.choice([1, 4])
+    pages = ch.integer(16 // ps, 64 // ps)
+    cfg = host_config(ch, ps, pages * ps, ch.choice(WRITE_POLICIES))
+    comps = ch.choice([("full", "swa"), ("full", "mamba"), ("full", "swa", "mamba")])
+    extra: dict[str, Any] = {"components": comps}
+    if "swa" in comps:
+        extra.update(sliding_window=ch.integer(1, 12),
+                     swa_slots=ch.integer(max(1, pages // 2), pages) * ps,
+                     host_swa_slots=ch.choice([None, max(ps, cfg.host_slots // 2 // ps * ps)]))
+    if "mamba" in comps:
+        mamba = ch.integer(2, 8)
+        extra.update(mamba_slots=mamba, mamba_cache_chunk_size=ch.integer(1, 4),
+                     host_mamba_slots=max(1, mamba * ch.integer(1, 4) // 2))
+    return dataclasses.replace(cfg, **extra)
 
 
 def draw_policy_config(ch: Any) -> CacheConfig:
@@ -1250,7 +1304,7 @@ def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
         @precondition(ready("req_admit"))
         @rule(seed=SEED)
         def admit_request(self, seed: int) -> None:
-            self._do("req_admit", seed)
+            self._do_all("req_admit", seed)  # with a host tier: match, load back, admit
 
         @precondition(ready("req_chunk"))
         @rule(seed=SEED)

@@ -1,0 +1,155 @@
+"""The request path with a host tier in the lockstep scenarios (issue 12 item 5): with a host
+tier the scheduler matches a request's prompt and loads a host hit back before admitting it
+(conformance/explore/machine.py ``Scenario._p_req_admit``, by the recording driver's rules
+in conformance/explore/driver.py), and the request-level ops run on Full, host+SWA and
+host+Mamba configs, spec against fast."""
+
+import os
+import random
+
+import pytest
+
+from conftest import CORPUS
+from uniradix.conformance.explore.driver import load_back_args, load_back_wanted
+from uniradix.conformance.explore.machine import (
+    ACTIONS,
+    RandomChooser,
+    Scenario,
+    draw_host_aux_config,
+    make_machine,
+)
+
+hypothesis = pytest.importorskip("hypothesis")
+torch = pytest.importorskip("torch")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
+
+SETTINGS = settings(max_examples=8, stateful_step_count=50, deadline=None, database=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+def test_load_back_rules_draw_nothing_without_a_host_hit():
+    rng = random.Random(1)
+    state = rng.getstate()
+    assert not load_back_wanted(rng, 4, 4) and not load_back_wanted(rng, 2, 4)
+    assert rng.getstate() == state
+    args = load_back_args(random.Random(3), [1, 2, 3, 4], "a", 3, 1)
+    assert args["node"] == {"tokens": [1, 2, 3], "extra_key": "a"}
+    assert args["last_device_node"] == {"tokens": [1], "extra_key": "a"}
+    assert args["mem_quota"] is None or 0 <= args["mem_quota"] <= 6
+
+
+def _run(name: str, seed: int, steps: int, snapshot_every: int = 1) -> list:
+    """conform's random stepping (``random_segment``) on a named config, spec against fast,
+    keeping each step's observation (the spec's)."""
+    from uniradix.conformance.explore.conform import segment_config
+    from uniradix.conformance.explore.lockstep import Lockstep
+    _, cfg = segment_config(name, seed, 0)
+    ls = Lockstep.from_impls(["spec", "fast"], cfg, snapshot_every=snapshot_every)
+    rng = random.Random(f"host-req:{seed}")
+    ch = RandomChooser(rng)
+    sc = Scenario(cfg, ch, actions=ACTIONS)
+    ls.prime()
+    out: list = []
+    while len(out) < steps:
+        step = sc.propose(sc.next_action(rng), ch)
+        if step is None:
+            continue
+        step = {"i": len(out), **step}
+        obs, finding = ls.check(step)
+        assert finding is None, str(finding)
+        sc.observe(step, obs)
+        out.append((step, obs))
+    return out
+
+
+@pytest.mark.parametrize("name", ["hicache-wt-p1", "host-swa-wb-p4", "host-mamba-wt-p1"])
+def test_requests_are_admitted_after_loading_their_host_hit_back(name):
+    """On host configs the request path runs, spec against fast, and a request whose prompt
+    has a host hit is matched, loaded back and admitted in three steps: its admission's
+    prefix covers what the load back put on the device."""
+    loaded = 0
+    ops: set = set()
+    for seed in (1, 2):
+        run = _run(name, seed, 300, snapshot_every=20)
+        ops.update(step["op"] for step, _ in run)
+        for (m, mo), (lb, lo), (ad, ao) in zip(run, run[1:], run[2:], strict=False):
+            if not (m["op"] == "match_prefix" and lb["op"] == "load_back"
+                    and ad["op"] == "req_admit"):
+                continue
+            assert lb["args"]["node"]["tokens"] == m["args"]["tokens"][:mo["best_match_node"]]
+            if lo["device_indices"] and "error" not in ao:
+                loaded += 1
+                assert ao["prefix_len"] >= len(mo["device_indices"]) + len(lo["device_indices"])
+    assert {"req_admit", "req_chunk", "req_decode", "req_finish", "load_back"} <= ops
+    assert loaded > 0
+
+
+def test_hypothesis_machine_runs_requests_on_host_swa_and_mamba():
+    """The Hypothesis machine on a host tier with SWA, Mamba or both, the request-level ops
+    on (``actions``: the Scenario leaves them out for aux components by default).  (The
+    Full host tier's machine, with request steps too: tests/fast/test_hicache.py.)"""
+    run_state_machine_as_test(make_machine(["spec", "fast"], draw=draw_host_aux_config,
+                                           actions=ACTIONS, name="HostAuxRequestMachine"),
+                              settings=SETTINGS)
+
+
+def test_host_aux_configs_drawn_are_valid_and_cover_each_component_set():
+    seen = set()
+    for seed in range(40):
+        cfg = draw_host_aux_config(RandomChooser(random.Random(seed)))
+        cfg.validate()
+        assert cfg.has_host_tier
+        seen.add(tuple(cfg.components))
+    assert seen == {("full", "swa"), ("full", "mamba"), ("full", "swa", "mamba")}
+
+
+# findings of the request path with a host tier (tests/corpus/regressions-host-aux/README.md)
+HOST_REQUEST_TRACES = [os.path.join(CORPUS, "regressions-host-aux", name) for name in (
+    "conform-host-mamba-wt-p1-s1-request-chunk-backs-up-its-state-copy.jsonl",)]
+
+
+@pytest.mark.parametrize("impl", ["spec", "fast"])
+@pytest.mark.parametrize("trace", HOST_REQUEST_TRACES, ids=os.path.basename)
+def test_host_request_regressions_replay_with_the_kv_check(trace, impl, capsys):
+    from uniradix.conformance.cli import main as cli_main
+    assert cli_main(["replay", trace, "--impl", impl, "--check-kv"]) == 0
+
+
+@pytest.mark.parametrize("name, aux", [("sessions-host-swa-p1", "swa"),
+                                       ("sessions-host-mamba-p1", "mamba")])
+def test_session_configs_with_a_host_tier_run_clean_spec_against_fast(name, aux):
+    """Streaming sessions with a host tier and SWA or Mamba (conform's named configs): both
+    write policies by segment, spec against fast clean."""
+    from uniradix.conformance.explore.conform import SESSION_CONFIGS, run_conform, segment_config
+    assert name in SESSION_CONFIGS
+    policies = set()
+    for seg in range(4):
+        _, cfg = segment_config(name, 1, seg)
+        assert cfg.has_host_tier and tuple(cfg.components) == ("full", aux)
+        policies.add(cfg.write_policy)
+    assert policies == {"write_through", "write_back"}
+    res = run_conform(["spec", "fast"], steps=150, seed=2, config=name, out=None,
+                      progress=False, log=lambda m: None)
+    assert res.finding is None, str(res.finding)
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("aux", ["swa", "mamba"])
+def test_upstream_still_fails_its_sanity_check_on_a_host_lock_of_an_evicted_leaf(aux):
+    """Found by conform spec,upstream on host-swa-wt-p1 / host-mamba-wt-p1 (README in
+    regressions-host-aux): 0.5.13.post1's own sanity check fails after the host lock (the
+    aux host LRU lost the node); the spec and fast replay the traces clean
+    (tests/conformance/traces/test_corpus_replay.py)."""
+    from uniradix.conformance.adapters import upstream as upstream_mod
+    from uniradix.conformance.traces.replay import replay_trace
+    from uniradix.conformance.traces.trace import load_trace
+    if not upstream_mod.upstream_available():
+        pytest.skip("upstream sglang is not importable here (scripts/upstream-venv.sh)")
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions-host-aux",
+        f"upstream-violation-host-{aux}-wt-p1-host-lock-of-an-evicted-leaf.jsonl"))
+    div = replay_trace(trace, "upstream").divergence
+    assert div is not None and div.step == trace.steps[-1]["i"]
+    assert f"{aux} host LRU" in str(div)
