@@ -845,6 +845,12 @@ class Step:
         """After the insert: release what the cache did not keep; the digest's numbers."""
         return ()
 
+    def prefilled(self, run: Run, req: Request) -> tuple[int, ...]:
+        """``req`` is admitted and its prompt computed (the scheduler's prefill): Mamba caches
+        the prompt's state here through :meth:`Run.cache_unfinished`.  Returns this step's
+        numbers for the digest (they must agree)."""
+        return ()
+
     def request_done(self, run: Run) -> None:
         """Once per request, admitted or aborted (a scheduler step: the host tier's acks)."""
 
@@ -868,6 +874,40 @@ class Run:
         out = fn(*args)
         self.stats.op_times[op].append(time.perf_counter() - t0)
         return out
+
+    def cache_unfinished(self, req: Request, length: int, **fields: Any) -> Any:
+        """What a scheduler's ``cache_unfinished_req`` does after a prefill, for the first
+        ``length`` tokens of ``req``'s prompt (page-aligned down): a timed insert (``fields``
+        extend its ``InsertParams``), then a timed match of the same key, the lock moved
+        from ``req.node`` to the match's last device node, and the request's slots up to
+        the match replaced by the tree's (the insert freed its duplicates).  Returns the
+        insert's result (None: that prefix is not beyond what the request already holds
+        from the tree, and nothing is inserted)."""
+        ps = self.stats.page_size
+        aligned = min(length, len(req.prompt)) // ps * ps
+        if aligned <= req.matched:
+            return None
+        api = self.api
+        key = api.RadixKey(req.prompt[:aligned])
+        params = api.InsertParams(key=key, value=req.slots[:aligned],
+                                  prev_prefix_len=req.matched)
+        for name, value in fields.items():
+            setattr(params, name, value)
+        result = self.timed("insert", self.cache.insert, params)
+        m = self.timed("match", self.cache.match_prefix,
+                       api.MatchPrefixParams(key=api.RadixKey(req.prompt[:aligned])))
+        new = m.device_indices
+        self.timed("unlock", self.cache.dec_lock_ref, req.node, req.dec)
+        lock = self.timed("lock", self.cache.inc_lock_ref, m.last_device_node)
+        req.dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
+        req.node = m.last_device_node
+        n = len(new)
+        if n > len(req.slots):
+            raise RuntimeError(f"{self.stats.impl}: the prompt's match after its insert "
+                                      f"holds {n} slots, the request only {len(req.slots)}")
+        req.slots = self.values.cat(new, req.slots[n:])
+        req.matched = n
+        return result
 
     def evict(self, req: Request, **params: Any) -> Any:
         """A timed ``evict(EvictParams(**params))`` for ``req``, counted in the stats, the
@@ -1004,6 +1044,11 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
             req.tokens = prompt + output
             req.slots = values.cat(req.indices, fresh)
             running.append(req)
+            cached: tuple[int, ...] = ()
+            for step in steps:
+                cached += step.prefilled(run, req)
+            if cached:
+                record(4, req.matched, *cached)
         for step in steps:
             step.request_done(run)
     while running:
