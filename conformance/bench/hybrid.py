@@ -15,7 +15,10 @@ timed, the pool frees they trigger included):
 * **Mamba** (:class:`MambaStep`; 256 state slots): each request takes a state slot at
   admission (evicting one state, ``mamba_num=1``, when none is free; aborting when still none),
   hands it to its insert as ``mamba_value`` and frees it when the insert answers
-  ``mamba_exist``; the branching seqlen uses chunk size 64.
+  ``mamba_exist``; the branching seqlen uses chunk size 64.  After admission (the prefill)
+  it caches a copy of the state with the prompt, as a scheduler's ``cache_unfinished_req``
+  does with the Mamba extra buffer (:meth:`MambaStep.prefilled`): that is what later
+  requests sharing the prefix hit.
 
 What must agree across implementations: hit rate, evicted tokens and, in the digest, each
 request's matched length, Full and aux units evicted for it, insert ``prefix_len`` and
@@ -43,6 +46,7 @@ from uniradix.conformance.bench.loop import (
 )
 
 COMPONENTS = ("full", "swa", "mamba")
+CHUNK = 64  # the Mamba chunk size (conformance/bench/configs.py's MAMBA_CHUNK)
 
 
 class SwaFreeListAllocator(FreeListAllocator):
@@ -141,6 +145,7 @@ class MambaStep(Step):
     def start(self, run: Run) -> None:
         req_pool = run.parts[0]
         self.states: Any = req_pool.mamba_allocator
+        self._branching: dict[int, int] = {}  # id(request) -> its match's branching seqlen
 
     def admit(self, run: Run, req: Request) -> bool:
         if req.state is not None:  # a host tier's load back gave it one
@@ -159,8 +164,38 @@ class MambaStep(Step):
         return (req.aux_evicted.get("mamba", 0),)
 
     def aborted(self, run: Run, req: Request) -> None:
+        self._branching.pop(id(req), None)
         if req.state is not None:
             self.states.free(req.state)
+
+    def after_match(self, run: Run, req: Request, match: Any) -> None:
+        branching = getattr(match, "mamba_branching_seqlen", None)
+        self._branching[id(req)] = int(branching) if branching is not None else 0
+
+    def prefilled(self, run: Run, req: Request) -> tuple[int, ...]:
+        # the scheduler's cache_unfinished_req after the prefill, with the state tracked as
+        # SGLang's Mamba extra buffer tracks it: at the match's branching seqlen when the
+        # match gave one (the KV match went past the last state: the next request sharing
+        # that prefix then hits it), else at the prompt's last chunk boundary.  The state
+        # goes into a fresh slot (one state evicted when none is free; nothing cached when
+        # still none) and is freed when the tree already holds one there.  Without this step
+        # only the finished prompt + output holds a state, which no later prompt of these
+        # workloads reaches: Mamba would never hit.
+        branching = self._branching.pop(id(req), 0)
+        length = branching if branching > req.matched else len(req.prompt) // CHUNK * CHUNK
+        if length <= req.matched:
+            return (0, 0, 0, 0)
+        slot = self.states.alloc(1)
+        if slot is None:
+            run.evict(req, num_tokens=0, mamba_num=1)
+            slot = self.states.alloc(1)
+        if slot is None:
+            return (length, 0, 0, 0)
+        result = run.cache_unfinished(req, length, mamba_value=slot)
+        exist = result is None or bool(getattr(result, "mamba_exist", False))
+        if exist:
+            self.states.free(slot)
+        return (length, 1, 0 if result is None else int(result.prefix_len), int(exist))
 
     def insert_params(self, run: Run, req: Request, params: Any) -> None:
         params.mamba_value = req.state

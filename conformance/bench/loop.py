@@ -39,7 +39,8 @@ the spec's wrapper needs the slot checks of the environment's
 tensors when torch is not installed). Slot numbers may differ between the two allocators; no
 cache decision depends on them, and :func:`compare` checks that the outcomes agree.
 
-**What is timed** (``time.perf_counter`` around each call, nothing else): the five cache calls
+**What is timed** (``time.perf_counter`` around each call, nothing else; ``--clock cpu``:
+``time.thread_time``, less the clock's own cost): the five cache calls
 ``match_prefix``, ``inc_lock_ref``, ``evict``, ``insert`` and ``dec_lock_ref``, including the pool
 frees they trigger (an insert frees duplicate slots; an evict frees the evicted nodes' slots).
 Not timed: building keys, values and parameter objects, the harness's own ``alloc`` and tail
@@ -137,6 +138,30 @@ ALLOCATORS = ("freelist", "sglang")
 # allocator of fast / upstream live (--device): production keeps them on the GPU.  The spec
 # runs over the environment's pool model, on the CPU only.
 DEVICES = ("cpu", "cuda")
+# what a timed call is measured with: ``wall`` (time.perf_counter, the default) or ``cpu``
+# (time.thread_time: this thread's CPU time, blind to other processes on a shared machine,
+# less the clock's own cost per call: :func:`clock_cost`)
+CLOCKS = ("wall", "cpu")
+
+
+def clock_cost(clock: Callable[[], float], samples: int = 2001) -> float:
+    """The median reading of ``clock() - clock()`` back to back: what one timed call adds by
+    reading the clock around it (subtracted from every ``cpu`` sample)."""
+    out = []
+    for _ in range(samples):
+        t0 = clock()
+        out.append(clock() - t0)
+    return statistics.median(out)
+
+
+def bench_clock(name: str) -> tuple[Callable[[], float], float]:
+    """The clock of ``--clock name`` and the cost subtracted from each of its samples (0 for
+    ``wall``: today's numbers stay as they were)."""
+    if name == "wall":
+        return time.perf_counter, 0.0
+    if name == "cpu":
+        return time.thread_time, clock_cost(time.thread_time)
+    raise ValueError(f"unknown clock {name!r}; known: {', '.join(CLOCKS)}")
 
 MOONCAKE_FILE = "mooncake_conversation.jsonl.gz"
 MOONCAKE_BLOCK = 512
@@ -210,16 +235,18 @@ class TimedPagedPool(PagedPool):
     """The environment's pool, keeping the time spent in :meth:`free` (``free_seconds``): the
     part of the timed cache calls that is the world's, not the cache's, reported separately."""
 
-    def __init__(self, usable_slots: int, page_size: int = 1, name: str = "kv") -> None:
+    def __init__(self, usable_slots: int, page_size: int = 1, name: str = "kv",
+                  clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__(usable_slots, page_size, name)
         self.free_seconds = 0.0
+        self.clock = clock
 
     def free(self, slots) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             super().free(slots)
         finally:
-            self.free_seconds += time.perf_counter() - t0
+            self.free_seconds += self.clock() - t0
 
 
 def sglang_allocator(usable_slots: int, page_size: int, device: str = "cpu"):
@@ -738,6 +765,7 @@ class BenchStats:
     cached_tokens: int = 0  # slots the tree holds at the end (pool slots in use)
     # calls to the KV allocator's free made by the timed cache calls (None: not counted)
     free_calls: int | None = None
+    clock: str = "wall"  # CLOCKS: what the op times were measured with
     op_times: dict = dataclasses.field(default_factory=lambda: {op: [] for op in OPS})
 
     @property
@@ -776,7 +804,7 @@ class BenchStats:
                 "pool_free_share": round(self.pool_share, 4),
                 "hit_rate": round(self.hit_rate, 6), "evicted_tokens": self.evicted_tokens,
                 "evict_calls": self.evict_calls, "cached_tokens": self.cached_tokens,
-                "free_calls": self.free_calls,
+                "free_calls": self.free_calls, "clock": self.clock,
                 "timed_s": round(self.seconds, 4), "wall_s": round(self.wall_seconds, 3),
                 "digest": self.digest,
                 "op_median_us": {k: round(v, 2) for k, v in self.op_medians_us().items()},
@@ -845,6 +873,12 @@ class Step:
         """After the insert: release what the cache did not keep; the digest's numbers."""
         return ()
 
+    def prefilled(self, run: Run, req: Request) -> tuple[int, ...]:
+        """``req`` is admitted and its prompt computed (the scheduler's prefill): Mamba caches
+        the prompt's state here through :meth:`Run.cache_unfinished`.  Returns this step's
+        numbers for the digest (they must agree)."""
+        return ()
+
     def request_done(self, run: Run) -> None:
         """Once per request, admitted or aborted (a scheduler step: the host tier's acks)."""
 
@@ -861,13 +895,49 @@ class Run:
         self.values = bundle.values
         self.stats = stats
         self.steps = steps
+        self.clock: Callable[[], float] = time.perf_counter  # run_bench's ``clock``
 
     def timed(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, its time added to ``op``'s."""
-        t0 = time.perf_counter()
+        clock = self.clock
+        t0 = clock()
         out = fn(*args)
-        self.stats.op_times[op].append(time.perf_counter() - t0)
+        self.stats.op_times[op].append(clock() - t0)
         return out
+
+    def cache_unfinished(self, req: Request, length: int, **fields: Any) -> Any:
+        """What a scheduler's ``cache_unfinished_req`` does after a prefill, for the first
+        ``length`` tokens of ``req``'s prompt (page-aligned down): a timed insert (``fields``
+        extend its ``InsertParams``), then a timed match of the same key, the lock moved
+        from ``req.node`` to the match's last device node, and the request's slots up to
+        the match replaced by the tree's (the insert freed its duplicates).  Returns the
+        insert's result (None: that prefix is not beyond what the request already holds
+        from the tree, and nothing is inserted)."""
+        ps = self.stats.page_size
+        aligned = min(length, len(req.prompt)) // ps * ps
+        if aligned <= req.matched:
+            return None
+        api = self.api
+        key = api.RadixKey(req.prompt[:aligned])
+        params = api.InsertParams(key=key, value=req.slots[:aligned],
+                                  prev_prefix_len=req.matched)
+        for name, value in fields.items():
+            setattr(params, name, value)
+        result = self.timed("insert", self.cache.insert, params)
+        m = self.timed("match", self.cache.match_prefix,
+                       api.MatchPrefixParams(key=api.RadixKey(req.prompt[:aligned])))
+        new = m.device_indices
+        self.timed("unlock", self.cache.dec_lock_ref, req.node, req.dec)
+        lock = self.timed("lock", self.cache.inc_lock_ref, m.last_device_node)
+        req.dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
+        req.node = m.last_device_node
+        n = len(new)
+        if n > len(req.slots):
+            raise RuntimeError(f"{self.stats.impl}: the prompt's match after its insert "
+                                      f"holds {n} slots, the request only {len(req.slots)}")
+        req.slots = self.values.cat(new, req.slots[n:])
+        req.matched = n
+        return result
 
     def evict(self, req: Request, **params: Any) -> Any:
         """A timed ``evict(EvictParams(**params))`` for ``req``, counted in the stats, the
@@ -896,12 +966,14 @@ class DrainEvents(Step):
 
 def run_bench(bundle: ApiBundle, workload: BenchWorkload,
               progress: Callable[[int, int], None] | None = None,
-              keep: list | None = None) -> BenchStats:
+              keep: list | None = None, clock: str = "wall") -> BenchStats:
     """Drive one fresh cache of ``bundle`` through ``workload``, with the bundle's steps; see
     the module docstring.  ``keep``, when given, receives (cache, allocator, pool, *the build's
-    other parts) after the run."""
+    other parts) after the run.  ``clock`` (:data:`CLOCKS`) times the calls; the run's wall
+    time is always ``time.perf_counter``."""
     ps = workload.page_size
-    pool = TimedPagedPool(workload.kv_slots, ps, name="kv")
+    timer, cost = bench_clock(clock)
+    pool = TimedPagedPool(workload.kv_slots, ps, name="kv", clock=timer)
     built = bundle.build(pool)
     cache, allocator = built[0], built[1]
     free_calls = getattr(allocator, "_bench_free_calls", None)  # see make_allocator
@@ -909,11 +981,12 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     RadixKey, MatchP, InsertP = bundle.RadixKey, bundle.MatchPrefixParams, bundle.InsertParams
     values = bundle.values
     stats = BenchStats(bundle.name, bundle.version, workload_label(workload.name, bundle.label),
-                       ps, workload.kv_slots, values=values.name)
+                       ps, workload.kv_slots, values=values.name, clock=clock)
     steps = [make() for make in bundle.steps]
     for step in steps:
         stats.op_times.update({op: [] for op in step.ops})
     run = Run(bundle, built, stats, steps)
+    run.clock = timer
     for step in steps:
         step.start(run)
     rooms = [s for s in steps if type(s).make_room is not Step.make_room]
@@ -923,7 +996,6 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     room = rooms[0] if rooms else None
     t_match, t_lock, _t_evict, t_insert, t_unlock = (stats.op_times[op] for op in OPS)
     digest = hashlib.blake2b(digest_size=16)
-    clock = time.perf_counter
     running: collections.deque[Request] = collections.deque()
 
     def record(*fields: int) -> None:
@@ -937,9 +1009,9 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
                          prev_prefix_len=req.matched)
         for step in steps:
             step.insert_params(run, req, params)
-        t0 = clock()
+        t0 = timer()
         result = cache.insert(params)
-        t1 = clock()
+        t1 = timer()
         t_insert.append(t1 - t0)
         if aligned < len(req.slots):
             before = pool.free_seconds
@@ -948,9 +1020,9 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
         fields: tuple[int, ...] = ()
         for step in steps:
             fields += step.inserted(run, req, result)
-        t0 = clock()
+        t0 = timer()
         cache.dec_lock_ref(req.node, req.dec)
-        t1 = clock()
+        t1 = timer()
         t_unlock.append(t1 - t0)
         record(2, int(result.prefix_len), 0, *fields)
         stats.requests += 1
@@ -958,21 +1030,21 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
             progress(stats.requests + stats.aborted, workload.requests)
 
     gc.collect()
-    wall0 = clock()
+    wall0 = time.perf_counter()
     for prompt, output in workload.stream():
         while len(running) >= workload.inflight:
             finish(running.popleft())
         params = MatchP(key=RadixKey(prompt))
-        t0 = clock()
+        t0 = timer()
         m = cache.match_prefix(params)
-        t1 = clock()
+        t1 = timer()
         t_match.append(t1 - t0)
         req = Request(prompt, output, m.last_device_node, m.device_indices)
         for step in steps:
             step.after_match(run, req, m)
-        t0 = clock()
+        t0 = timer()
         lock = cache.inc_lock_ref(req.node)
-        t1 = clock()
+        t1 = timer()
         t_lock.append(t1 - t0)
         req.dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
         req.matched = matched = len(req.indices)
@@ -994,9 +1066,9 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
         if fresh is None:
             for step in steps:
                 step.aborted(run, req)
-            t0 = clock()
+            t0 = timer()
             cache.dec_lock_ref(req.node, req.dec)
-            t1 = clock()
+            t1 = timer()
             t_unlock.append(t1 - t0)
             record(3, 0, 0)
             stats.aborted += 1
@@ -1004,11 +1076,19 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
             req.tokens = prompt + output
             req.slots = values.cat(req.indices, fresh)
             running.append(req)
+            cached: tuple[int, ...] = ()
+            for step in steps:
+                cached += step.prefilled(run, req)
+            if cached:
+                record(4, req.matched, *cached)
         for step in steps:
             step.request_done(run)
     while running:
         finish(running.popleft())
-    stats.wall_seconds = clock() - wall0
+    stats.wall_seconds = time.perf_counter() - wall0
+    if cost:  # the cpu clock: each sample less the clock's own cost (never below 0)
+        for times in stats.op_times.values():
+            times[:] = [max(0.0, t - cost) for t in times]
     stats.seconds = sum(sum(ts) for ts in stats.op_times.values())
     stats.digest = digest.hexdigest()
     stats.pool_free_seconds = pool.free_seconds
@@ -1039,6 +1119,7 @@ class Comparison:
     peer_differences: list = dataclasses.field(default_factory=list)
     allocator: str = "freelist"  # the KV allocator of fast / upstream (ALLOCATORS)
     device: str = "cpu"  # where their values and allocator live (DEVICES)
+    clock: str = "wall"  # what the calls were timed with (CLOCKS)
     # how this configuration drives the implementations, where that is a rule of its own (the
     # host tier's load back: conformance/bench/host.py LOAD_BACK_RULE); in the JSON and output
     notes: list = dataclasses.field(default_factory=list)
@@ -1075,7 +1156,7 @@ class Comparison:
         return {
             "workload": workload, "page_size": self.page_size, "requests": self.requests,
             "kv_slots": self.kv_slots, "repeats": max((len(r) for r in self.runs.values()), default=0),
-            "allocator": self.allocator, "device": self.device,
+            "allocator": self.allocator, "device": self.device, "clock": self.clock,
             "identical_outcomes": self.identical, "mismatches": self.mismatches,
             "ratios_withheld": (None if self.identical else
                                 "the outcomes differ (mismatches): no speed ratio between "
@@ -1130,15 +1211,15 @@ def check_identical(stats: Iterable[BenchStats]) -> list[str]:
 def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             strict: bool = True, log: Callable[[str], None] | None = None,
             repeats_for: dict | None = None, allocator: str = "freelist",
-            device: str = "cpu", config: Any = None) -> Comparison:
+            device: str = "cpu", config: Any = None, clock: str = "wall") -> Comparison:
     """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
     overrides that per implementation), alternating them and rotating the order each round so
     that machine noise hits all alike; fast and upstream over the KV allocator ``allocator``
     (:data:`ALLOCATORS`) on ``device`` (:data:`DEVICES`), in the configuration ``config`` (a
     :class:`~uniradix.conformance.bench.configs.BenchConfig`; None: Full on the device tier).
     An implementation that refuses the configuration or cannot be built is recorded in
-    ``missing`` with the reason.  Raises :class:`ConformanceMismatch` (when ``strict``) if any
-    outcome differs."""
+    ``missing`` with the reason.  ``clock`` (:data:`CLOCKS`) times the calls.  Raises
+    :class:`ConformanceMismatch` (when ``strict``) if any outcome differs."""
     repeats_for = dict(repeats_for or {})
     bundles, missing = {}, {}
     label = "" if config is None else config.name
@@ -1153,7 +1234,7 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             missing[impl] = str(e)
     cmp = Comparison(workload_label(workload.name, label), workload.page_size, workload.requests,
                      workload.kv_slots, {impl: [] for impl in bundles}, missing,
-                     allocator=allocator, device=device)
+                     allocator=allocator, device=device, clock=clock)
     if config is not None and config.hicache:
         from uniradix.conformance.bench.host import LOAD_BACK_RULE
         cmp.notes.append(LOAD_BACK_RULE)
@@ -1165,7 +1246,7 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             if rep >= repeats_for.get(impl, repeats) or impl in cmp.missing:
                 continue
             try:
-                s = run_bench(bundles[impl], workload)
+                s = run_bench(bundles[impl], workload, clock=clock)
             except Exception as e:  # a speed peer may not take this workload at all
                 if impl not in PEERS:
                     raise
@@ -1373,6 +1454,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="torch intra-op threads for every implementation (default 1: more "
                         "threads give every implementation multi-ms tails on long index "
                         "tensors); recorded in the JSON")
+    b.add_argument("--clock", choices=CLOCKS, default="wall",
+                   help="what each timed cache call is measured with: wall (time.perf_counter, "
+                        "default) or cpu (time.thread_time: this thread's CPU time, which other "
+                        "processes on a shared machine do not inflate, less the clock's own "
+                        "cost per call); recorded in the JSON")
     b.add_argument("--device", choices=DEVICES, default="cpu",
                    help="where the scheduler loop's value tensors and the KV allocator of fast "
                         "and upstream live (default cpu; cuda: the production setting, refused "
@@ -1495,6 +1581,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         say(f"--torch-threads must be at least 1, got {threads}")
         return 2
     device = getattr(args, "device", "cpu")
+    if device != "cpu" and getattr(args, "clock", "wall") == "cpu":
+        say(f"--clock cpu with --device {device}: CPU time leaves out the time a call waits on "
+            f"the device; use --clock wall")
+        return 2
     if device != "cpu":
         if not only_full:
             say(f"--device {device} runs the Full configuration only (the host tier and hybrid "
@@ -1518,7 +1608,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         say(f"--budget must be positive, got {budget}")
         return 2
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    results: dict = {"comparisons": [], "memory": [], "allocator": allocator, "device": device}
+    clock = getattr(args, "clock", "wall")
+    results: dict = {"comparisons": [], "memory": [], "allocator": allocator, "device": device,
+                     "clock": clock}
     if "fast" in args.impl:  # the C core, or the pure-Python fallback (a Python it was not
         try:                 # built for, or UNIRADIX_PURE_PYTHON=1)
             from uniradix.fast.cache import NATIVE
@@ -1531,7 +1623,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
         results["torch_threads"] = torch.get_num_threads()
         log(f"torch intra-op threads: {results['torch_threads']}; allocator: {allocator}; "
-            f"device: {device}")
+            f"device: {device}; clock: {clock}")
     status = 0
     for config in configs:
         for wname in args.workload:
@@ -1546,7 +1638,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 spec_rounds = {} if args.spec_repeat is None else {"spec": max(1, args.spec_repeat)}
                 cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
                               log=log, repeats_for=spec_rounds, allocator=allocator,
-                              device=device, config=None if config.is_full else config)
+                              device=device, config=None if config.is_full else config,
+                              clock=clock)
                 print_comparison(cmp)
                 if config.hicache:
                     from uniradix.conformance.bench.host import print_host_ops

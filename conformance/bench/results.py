@@ -165,7 +165,8 @@ def _throughput_from_comparison(c: dict) -> dict:
            "rounds": c.get("repeats"), "identical_outcomes": c.get("identical_outcomes"),
            "mismatches": list(c.get("mismatches") or []),
            "peer_differences": list(c.get("peer_differences") or []),
-           "missing": dict(c.get("missing") or {}), "impls": impls, "noise_source": "rounds"}
+           "missing": dict(c.get("missing") or {}), "impls": impls, "noise_source": "rounds",
+           "clock": str(c.get("clock") or "wall")}  # a bench from before --clock: wall
     fig["ratios"] = fast_ratios(impls, c.get("identical_outcomes"))
     return fig
 

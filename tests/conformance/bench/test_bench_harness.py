@@ -472,3 +472,45 @@ def test_differing_outcomes_withhold_the_ratios(capsys):
     out = capsys.readouterr().out
     assert "ratios (req/s): withheld" in out and "fast/spec" not in out
     assert "OUTCOMES DIFFER" in out
+
+
+def test_cpu_clock_times_the_same_work_and_is_recorded(tmp_path):
+    """``--clock cpu``: the same outcomes as the wall clock, every sample the thread's CPU time
+    less the clock's own cost (never negative), the clock named in the stats, the comparison,
+    the JSON and the dashboard record; the default stays ``wall``."""
+    from uniradix.conformance.bench import results as R
+    spec = bench.get_bundle("spec")
+    wall = bench.run_bench(spec, tiny(4))
+    cpu = bench.run_bench(spec, tiny(4), clock="cpu")
+    assert (wall.clock, cpu.clock) == ("wall", "cpu") and wall.outcome() == cpu.outcome()
+    assert all(t >= 0 for ts in cpu.op_times.values() for t in ts) and cpu.seconds > 0
+    assert cpu.summary()["clock"] == "cpu"
+    cost = bench.clock_cost(bench.time.thread_time)
+    assert 0 <= cost < 1e-4  # a reading costs well under 100 us
+    assert bench.bench_clock("wall") == (bench.time.perf_counter, 0.0)
+    with pytest.raises(ValueError, match="unknown clock 'tsc'"):
+        bench.bench_clock("tsc")
+    out = tmp_path / "c.json"
+    assert bench.main(["--impl", "spec", "--requests", "40", "--page-size", "4", "--repeat",
+                       "1", "--clock", "cpu", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["clock"] == "cpu" and data["comparisons"][0]["clock"] == "cpu"
+    assert data["comparisons"][0]["impls"]["spec"]["runs"][0]["clock"] == "cpu"
+    (fig,) = R.normalize(data, file=str(out))["figures"]["throughput"]
+    assert fig["clock"] == "cpu"
+    old = dict(data["comparisons"][0])
+    del old["clock"]  # a bench JSON from before the option
+    (fig,) = R.normalize({"comparisons": [old], "memory": []}, file="old.json")["figures"][
+        "throughput"]
+    assert fig["clock"] == "wall"
+
+
+def test_clock_defaults_to_wall_and_unknown_or_cuda_cpu_are_refused(capsys):
+    import argparse
+    p = argparse.ArgumentParser()
+    bench.add_bench_parser(p.add_subparsers(dest="command"))
+    assert p.parse_args(["bench"]).clock == "wall"
+    with pytest.raises(SystemExit):
+        p.parse_args(["bench", "--clock", "tsc"])
+    assert bench.main(["--clock", "cpu", "--device", "cuda", "--impl", "fast"]) == 2
+    assert "--clock cpu with --device cuda" in capsys.readouterr().err
