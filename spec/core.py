@@ -14,6 +14,7 @@ take part in the cache's rules (spec/cache.py), declared once as :class:`Plugin`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -129,12 +130,34 @@ def up(node: Node) -> Node:
 
 def all_nodes(state: CacheState) -> list[Node]:
     """Every node, root first, in depth-first order."""
+    taken = _READING.get(id(state))
+    if taken is not None:  # inside read_only(state): the tree is as it was when that began
+        return list(taken)
     out, stack = [], [state.root]
     while stack:
         node = stack.pop()
         out.append(node)
         stack.extend(node.children.values())
     return out
+
+
+# the node list of each state a read-only pass is running on, by id of the state (read_only)
+_READING: dict[int, list[Node]] = {}
+
+
+@contextlib.contextmanager
+def read_only(state: CacheState) -> Iterator[None]:
+    """A pass that only reads ``state`` (the invariants, the snapshot) walks the tree once:
+    inside it :func:`all_nodes` returns the list taken when it began.  A speed-up only: the
+    pass must not change the state (nothing in it may add, drop or move a node)."""
+    if id(state) in _READING:  # nested in another read-only pass on the same state
+        yield
+        return
+    _READING[id(state)] = all_nodes(state)
+    try:
+        yield
+    finally:
+        del _READING[id(state)]
 
 
 # ----------------------------------------------------------------------------------------------

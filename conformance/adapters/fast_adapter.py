@@ -169,8 +169,17 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
             return [units[0][0]] + [u[1] for u in units] if units else []
         return units
 
+    # while snapshot() runs: id(node) -> (node, its path), so that each path is walked once
+    _paths: dict | None = None
+
     def _path(self, node) -> dict:
-        return {"tokens": self._tokens_of(node), "extra_key": node.extra_key}
+        if self._paths is None:
+            return {"tokens": self._tokens_of(node), "extra_key": node.extra_key}
+        hit = self._paths.get(id(node))
+        if hit is None:
+            hit = self._paths[id(node)] = (node, {"tokens": self._tokens_of(node),
+                                                  "extra_key": node.extra_key})
+        return hit[1]
 
     def _units_len(self, node) -> int:
         n = 0
@@ -180,6 +189,13 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
         return n
 
     def snapshot(self) -> dict[str, Any]:
+        self._paths = {}  # the tree does not change while it is read
+        try:
+            return self._snapshot()
+        finally:
+            self._paths = None
+
+    def _snapshot(self) -> dict[str, Any]:
         nodes = []
         for node in self.cache.all_nodes():
             if node is self.cache.root_node:

@@ -102,16 +102,57 @@ def slot_contents(fps: Sequence[int]) -> np.ndarray:
     return words.astype(np.float32).reshape(-1, LAYERS, HEADS, DIM).transpose(1, 0, 2, 3)
 
 
+class ReadMemo:
+    """What the checks last read in each slot of a pool, to read only what may have changed.
+
+    ``known[s] == f`` (``f >= 0``) says: slot ``s`` was read and found to hold fingerprint
+    ``f``'s contents, and nothing has written it since; every write of the pool forgets the
+    slots it writes (:meth:`forget`).  A check of ``(s, f)`` against a slot known to hold ``f``
+    then has the result reading it would have, so :meth:`to_read` leaves it out; any other pair
+    (an unknown slot, or one known to hold another fingerprint) is read.  The first wrong pair
+    of a check is therefore the same pair, with the same message, as without the memo.
+    ``writes`` counts the writes: while it stays the same, no slot's contents changed.
+    With ``remember`` False (a class switch) every check reads every pair and is never skipped
+    (the tests compare the findings both ways)."""
+
+    remember = True
+
+    def __init__(self, slots: int) -> None:
+        self.known = np.full(slots, -1, dtype=np.int64)  # fingerprints are >= 0
+        self.writes = 0
+
+    def forget(self, slots: Any = None) -> None:
+        """Slots written (every slot when ``slots`` is None: a write not known slot by slot)."""
+        self.writes += 1
+        if slots is None:
+            self.known[:] = -1
+        else:
+            self.known[np.asarray(slots, dtype=np.int64)] = -1
+
+    def to_read(self, idx: np.ndarray, fps: np.ndarray) -> np.ndarray:
+        """The positions (ascending) of the pairs ``(idx[k], fps[k])`` a check must read."""
+        if not self.remember:
+            return np.arange(len(idx))
+        return np.flatnonzero(self.known[idx] != fps)
+
+    def learn(self, idx: np.ndarray, fps: np.ndarray) -> None:
+        """These slots were just read and each held its fingerprint's contents."""
+        self.known[idx] = fps
+
+
 class KVPool:
     """The KV data of every slot (index = slot id), NaN until a token is computed into it.
     A numpy array (single-threaded and cheap on tiny arrays; ``torch.from_numpy`` shares it
-    with the copy kernels when the host tier needs them)."""
+    with the copy kernels when the host tier needs them).  ``memo``: what the checks have read
+    (:class:`ReadMemo`); whatever writes ``data`` forgets the slots it writes there."""
 
     def __init__(self, slots: int) -> None:
         self.data = np.full((LAYERS, slots, HEADS, DIM), np.nan, dtype=np.float32)
+        self.memo = ReadMemo(slots)
 
     def write(self, slots: Sequence[int], fps: Sequence[int]) -> None:
         if slots:
+            self.memo.forget(list(slots))
             self.data[:, list(slots)] = slot_contents(fps)
 
     def first_wrong(self, slots: Sequence[int], fps: Sequence[int]) -> int | None:
@@ -119,14 +160,29 @@ class KVPool:
         if not slots:
             return None
         size = self.data.shape[1]
-        outside = [k for k, s in enumerate(slots) if not (type(s) is int and 0 <= s < size)]
-        if outside:  # a slot outside the pool holds no KV at all
-            return outside[0]
-        bad = self.data[:, list(slots)] != slot_contents(fps)  # NaN != anything
-        per_slot = bad.reshape(LAYERS, len(slots), -1).any(axis=2).any(axis=0)
-        if not per_slot.any():
-            return None
-        return int(per_slot.argmax())
+        if set(map(type, slots)) != {int} or min(slots) < 0 or max(slots) >= size:
+            outside = [k for k, s in enumerate(slots) if not (type(s) is int and 0 <= s < size)]
+            if outside:  # a slot outside the pool holds no KV at all
+                return outside[0]
+        idx = np.array(slots, dtype=np.int64)
+        want = np.array(fps, dtype=np.int64)
+        return _first_wrong(self.memo, idx, want, lambda k: self.data[:, idx[k]])
+
+
+def _first_wrong(memo: ReadMemo, idx: np.ndarray, fps: np.ndarray,
+                 rows: Callable[[np.ndarray], np.ndarray]) -> int | None:
+    """The first ``k`` whose slot ``idx[k]`` does not hold ``fps[k]``'s contents (``rows(ks)``:
+    what the slots at positions ``ks`` hold, ``(layers, len(ks), heads, dim)``), reading only
+    the pairs ``memo`` does not know to be right; None when every pair is right (then learnt)."""
+    todo = memo.to_read(idx, fps)
+    if not len(todo):
+        return None
+    bad = rows(todo) != slot_contents(fps[todo])  # NaN != anything
+    per_slot = bad.reshape(LAYERS, len(todo), -1).any(axis=2).any(axis=0)
+    if not per_slot.any():
+        memo.learn(idx[todo], fps[todo])
+        return None
+    return int(todo[per_slot.argmax()])
 
 
 class HostKV:
@@ -140,6 +196,7 @@ class HostKV:
 
         from uniradix import kernels
         self.kernels, self.torch, self.impl = kernels, torch, impl
+        self.device_pool = device
         self.geometry = kernels.KVGeometry.mla(LAYERS, HEADS * DIM, page_size, torch.float32)
         slots = device.data.shape[1]
         self.device = kernels.DevicePool(self.geometry, torch.from_numpy(device.data).view(
@@ -152,6 +209,7 @@ class HostKV:
         self.layout = self.host.layout
         self.page_size = page_size
         self.stored: dict[str, np.ndarray] = {}  # the storage tier: page key -> its host data
+        self.memo = ReadMemo(tokens)  # what the host checks have read (:class:`ReadMemo`)
 
     def _index(self, slots: Sequence[int]) -> tuple:
         """The index of ``slots`` in the host buffer, in its layout."""
@@ -171,6 +229,7 @@ class HostKV:
             for k, key in enumerate(dst):
                 self.stored[key] = self.data[self._index(src[k * ps: (k + 1) * ps])].copy()
             return
+        self.memo.forget(dst[: len(src) * ps])
         for k, key in enumerate(src):
             where = self._index(dst[k * ps: (k + 1) * ps])
             page = self.stored.get(key)
@@ -180,12 +239,18 @@ class HostKV:
                 self.data[where] = page
 
     def run(self, copies: list) -> None:
-        """Run the logged copies in order."""
+        """Run the logged copies in order.  The slots they write are forgotten by the read
+        memos; a copy engine other than the torch reference (whose indexed copies write exactly
+        the slots named) makes them forget every slot of the pool it writes."""
         t = self.torch
+        exact = self.impl == "torch"
         for kind, src, dst in copies:
             if kind in ("store", "fetch"):
                 self._storage_copy(kind, src, dst)
-            elif kind == "backup":
+                continue
+            (self.memo if kind == "backup" else self.device_pool.memo).forget(
+                dst if exact else None)
+            if kind == "backup":
                 self.kernels.backup_all_layers(
                     self.device, self.host, device_indices=t.tensor(src, dtype=t.int64),
                     host_indices=t.tensor(dst, dtype=t.int64), impl=self.impl)
@@ -193,6 +258,12 @@ class HostKV:
                 self.kernels.load_all_layers(
                     self.host, self.device, host_indices=t.tensor(src, dtype=t.int64),
                     device_indices=t.tensor(dst, dtype=t.int64), impl=self.impl)
+
+    def first_wrong(self, slots: Sequence[int], fps: Sequence[int]) -> int | None:
+        """Index of the first host slot whose contents are not its fingerprint's, or None."""
+        idx = np.array(slots, dtype=np.int64)
+        return _first_wrong(self.memo, idx, np.array(fps, dtype=np.int64),
+                            lambda k: self.rows(idx[k]))
 
     def rows(self, slots: Sequence[int]) -> np.ndarray:
         """What host slots hold: ``(layers, len(slots), heads, dim)``."""
@@ -244,10 +315,23 @@ class KVChecked:
         self.tokens: dict[str, tuple] = {}  # rid -> (prompt tokens, extra_key)
         self.errors: list[str] = []
         self._fp_cache: dict = {}
+        # the inner adapter's snapshot after the last step it accepted (None: none taken since
+        # the last step); it is what snapshot() returns until the next step
+        self._snap: dict | None = None
+        self._arrivals = 0  # req_arrive steps so far (what ``tokens`` says changes only then)
+        # what the last clean device / host check read: a check of the same nodes (and
+        # requests) over the same, unwritten pool finds nothing again (_check_state)
+        self._clean_state: tuple | None = None
+        self._clean_host: tuple | None = None
 
     # the adapter protocol ------------------------------------------------------------------
     def snapshot(self) -> dict:
-        return self.inner.snapshot()
+        """The inner adapter's snapshot.  Taken once per step: the state changes only in
+        :meth:`apply` (a caller must not change the dict).  After a rejected step it is taken
+        anew, so a rejection that changed the state still shows."""
+        if self._snap is None:
+            self._snap = self.inner.snapshot()
+        return self._snap
 
     def violations(self) -> list[str]:
         return list(self.inner.violations()) + self.errors
@@ -257,8 +341,9 @@ class KVChecked:
         args = step.get("args") or {}
         n = args.get("n")
         self._last_n = n if isinstance(n, int) else 0
-        before = self.inner.snapshot() if op in ("insert", "req_chunk", "req_decode") or (
+        before = self.snapshot() if op in ("insert", "req_chunk", "req_decode") or (
             self.states is not None and op in REQUEST_STATE_OPS) else None
+        self._snap = None
         if self.host is not None:
             self.inner.take_copies()
             if self.states is not None:
@@ -269,7 +354,7 @@ class KVChecked:
         if "error" in obs:
             return obs
         i = step.get("i")
-        after = self.inner.snapshot()
+        after = self.snapshot()
         # a request step evicts for room before it computes and caches after: under write-back
         # its trips (the backups of what it evicts) come before what it computes, under
         # write-through (its insert's backups) after
@@ -279,6 +364,7 @@ class KVChecked:
             self._run_trips(i, after)
         if op == "req_arrive":
             self.tokens[args["rid"]] = (list(args["tokens"]), args.get("extra_key"))
+            self._arrivals += 1
         elif op == "insert":
             self._compute(i, args.get("extra_key"), list(args["tokens"]), list(args["value"]),
                           0, _owned(before, obs))
@@ -462,7 +548,12 @@ class KVChecked:
 
     def _check_state(self, i: Any, snap: dict) -> None:
         """Every cached node's slots and every running request's computed row (as ``snap``,
-        the adapter's snapshot after the step, shows them), in one batch."""
+        the adapter's snapshot after the step, shows them), in one batch.  Skipped when the
+        last check found all of them right and neither they nor the pool changed since."""
+        seen = (snap.get("nodes"), snap.get("requests"), self._arrivals, self.kv.memo.writes)
+        if seen == self._clean_state and ReadMemo.remember:
+            return
+        self._clean_state = None
         slots: list = []
         fps: list = []
         owners: list = []  # (first index in slots, description)
@@ -492,6 +583,8 @@ class KVChecked:
             what = f"request {who!r} row" if isinstance(who, str) else f"node {_short_path(who)}"
             self.errors.append(f"[kv] step {i}: {what} holds slot {slots[bad]} at position "
                                f"{start + bad - at}, which does not hold that token's KV")
+        else:
+            self._clean_state = seen
 
 
     def _check_states(self, i: Any, snap: dict) -> None:
@@ -529,7 +622,13 @@ class KVChecked:
                 return
 
     def _check_host(self, i: Any, snap: dict) -> None:
-        """Every node's host copy holds the fingerprints of its path."""
+        """Every node's host copy holds the fingerprints of its path (skipped as
+        :meth:`_check_state` is)."""
+        assert self.host is not None  # called only with a host tier
+        seen = (snap.get("host", {}).get("nodes"), self.host.memo.writes)
+        if seen == self._clean_host and ReadMemo.remember:
+            return
+        self._clean_host = None
         slots: list = []
         fps: list = []
         owners: list = []
@@ -545,17 +644,14 @@ class KVChecked:
             owners.append((len(slots), start, path))
             slots.extend(host_value)
             fps.extend(self._fps(path["extra_key"], tokens)[start: units])
-        if not slots:
-            return
-        assert self.host is not None  # called only with a host tier
-        bad = self.host.rows(slots) != slot_contents(fps)
-        per_slot = bad.reshape(LAYERS, len(slots), -1).any(axis=2).any(axis=0)
-        if per_slot.any():
-            k = int(per_slot.argmax())
+        k = self.host.first_wrong(slots, fps) if slots else None
+        if k is not None:
             at, start, path = max((o for o in owners if o[0] <= k), key=lambda o: o[0])
             self.errors.append(f"[kv] step {i}: node {_short_path(path)} holds host slot "
                                f"{slots[k]} at position {start + k - at}, which does not hold "
                                "that token's KV")
+        else:
+            self._clean_host = seen
 
 
 def _aux_parts(snap: dict, name: str, pools: StatePool) -> list[tuple[dict, str, dict]]:

@@ -455,7 +455,8 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
             log(f"conform: {finding}")
             log(f"conform: found in segment {segment} (config {name}, kv_slots {cfg.kv_slots}, "
                 f"seed {seed}) after {len(taken)} steps of it; shrinking...")
-            sr = shrink(impls, cfg, taken, finding, max_seconds=shrink_seconds)
+            sr = shrink(impls, cfg, taken, finding, max_seconds=shrink_seconds,
+                        events=compare_events)
             res.shrunk_steps = len(sr.steps)
             log(f"conform: shrunk to {len(sr.steps)} steps ({sr.trials} trials, "
                 f"{sr.seconds:.1f}s): {sr.finding}")

@@ -82,12 +82,13 @@ class Finding:
         return f"{self.where}.{self.path}" if self.path else self.where
 
     def signature(self) -> tuple:
-        """What makes two findings "the same kind" while shrinking: the kind, the op, the
-        check that failed and the implementations it is about (not the exact values)."""
-        head = self.path.split(".")[0].split("[")[0]
-        if self.where == "violations":
-            head = ""
-        return (self.kind, self.op, self.where, head, self.impls)
+        """What makes two findings "the same" while shrinking: the kind (divergence or
+        violation), the op, the check that failed, what failed in it (the differing field,
+        ``path`` without its indices and node labels: ``nodes[...].lock_ref`` is
+        ``nodes.lock_ref``; for a violation the invariant, its messages' tag such as ``lock``
+        or ``kv``; for a crash the exception type) and the implementations it is about (not
+        the exact values)."""
+        return (self.kind, self.op, self.where, _field_name(self.path), self.impls)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "step": self.step, "op": self.op, "field": self.field,
@@ -104,6 +105,19 @@ class LockstepError(AssertionError):
     def __init__(self, finding: Finding) -> None:
         super().__init__(str(finding))
         self.finding = finding
+
+
+def _field_name(path: str) -> str:
+    """``path`` without its bracketed parts (list indices, node labels)."""
+    out, depth = [], 0
+    for ch in path:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
 
 
 def _short(x: Any, limit: int = 240) -> str:
@@ -467,12 +481,13 @@ def renumber(steps: Sequence[dict]) -> list[dict]:
 
 def run_steps(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict], *,
               full_ops: set | None = None, snapshot_every: int = 1,
-              record: list | None = None) -> Finding | None:
+              record: list | None = None, events: bool = True) -> Finding | None:
     """Replay ``steps`` (already numbered) in lockstep on fresh adapters; return the first
     finding or None.  ``full_ops``: check snapshots and violations only at steps with these
     ops (and at rejected steps) — cheap trial runs while shrinking.  ``record``: filled with
-    each step plus the reference implementation's observation as ``ret``."""
-    ls = Lockstep.from_impls(impls, config, snapshot_every=snapshot_every)
+    each step plus the reference implementation's observation as ``ret``.  ``events``: compare
+    KV events (:class:`Lockstep`)."""
+    ls = Lockstep.from_impls(impls, config, snapshot_every=snapshot_every, events=events)
     ls.prime()
     for s in steps:
         full = None if full_ops is None else (s.get("op") in full_ops)
@@ -497,29 +512,34 @@ class ShrinkResult:
 
 def shrink(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict],
            finding: Finding, *, max_seconds: float = 120.0,
-           on_progress: Callable[[int, int], None] | None = None) -> ShrinkResult:
-    """Delta debugging: drop chunks of steps (halves, quarters, ... single steps) while a
-    finding of the same kind (:meth:`Finding.signature`) still reproduces; cut everything after
-    the failing step.  Handle references are renumbered (:func:`renumber`); a step whose context
-    was dropped simply becomes a rejected one on every side.  Trial runs compare observations on
-    every step and snapshots/violations only at steps with the finding's op; the result is
-    confirmed with a full-check run.  Stops improving after ``max_seconds``."""
+           on_progress: Callable[[int, int], None] | None = None,
+           events: bool = True) -> ShrinkResult:
+    """Delta debugging: drop chunks of steps (halves, quarters, ... single steps) while the
+    same finding (:meth:`Finding.signature`: the same kind, op, check, field or invariant, and
+    implementations) still reproduces; cut everything after the failing step.  Handle
+    references are renumbered (:func:`renumber`); a step whose context was dropped simply
+    becomes a rejected one on every side.  Every run compares KV events as the run that found
+    it did (``events``).  Trial runs compare observations on every step and snapshots /
+    violations only at steps with the finding's op; the result is confirmed with a full-check
+    run.  When that run stops at another finding first, the steps are shrunk again, from the
+    given ones, with every check on every step, so the result is always the finding given
+    (the given steps, if nothing smaller reproduces it).  Stops improving after
+    ``max_seconds``."""
     t0 = time.monotonic()
     target = finding.signature()
     trials = 0
-    cur = renumber(list(steps)[: _index_of(steps, finding.step) + 1])
-    cur_finding = finding
+    given = renumber(list(steps)[: _index_of(steps, finding.step) + 1])
 
-    def trial(candidate: list) -> tuple[list, Finding] | None:
+    def trial(candidate: list, full_ops: set | None) -> tuple[list, Finding] | None:
         nonlocal trials
         trials += 1
         numbered = renumber(candidate)
-        f = run_steps(impls, config, numbered, full_ops={target[1]})
+        f = run_steps(impls, config, numbered, full_ops=full_ops, events=events)
         if f is None or f.signature() != target:
             return None
         return numbered[: f.step + 1], f
 
-    for _round in range(3):
+    def reduce(cur: list, cur_finding: Finding, full_ops: set | None) -> tuple[list, Finding]:
         # chunks of half the steps, then quarters, ... then single steps until none can go
         chunk = max(1, (len(cur) - 1) // 2)
         while len(cur) >= 2 and time.monotonic() - t0 < max_seconds:
@@ -527,7 +547,7 @@ def shrink(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict]
             lo = 0
             while lo < len(cur) - 1 and time.monotonic() - t0 < max_seconds:
                 body, last = cur[:-1], cur[-1]  # the failing step is never dropped by a trial
-                r = trial(body[:lo] + body[lo + chunk:] + [last])
+                r = trial(body[:lo] + body[lo + chunk:] + [last], full_ops)
                 if r is not None:
                     cur, cur_finding = r
                     changed = True
@@ -538,16 +558,16 @@ def shrink(impls: Sequence[ImplSpec], config: CacheConfig, steps: Sequence[dict]
             if chunk == 1 and not changed:
                 break
             chunk = max(1, chunk // 2)
-        # confirm with every check on every step; a different first finding restarts on it
-        full = run_steps(impls, config, cur)
-        trials += 1
-        if full is None:  # only the cheap trial run saw it; keep what we have
-            break
-        cur = cur[: full.step + 1]
-        cur_finding = full
-        if full.signature() == target or time.monotonic() - t0 >= max_seconds:
-            break
-        target = full.signature()
+        return cur, cur_finding
+
+    cur, cur_finding = reduce(given, finding, {target[1]})
+    # confirm with every check on every step
+    full = run_steps(impls, config, cur, events=events)
+    trials += 1
+    if full is not None and full.signature() == target:
+        cur, cur_finding = cur[: full.step + 1], full
+    else:  # the cheap trials hid another finding: every trial runs every check now
+        cur, cur_finding = reduce(given, finding, None)
     return ShrinkResult(cur, cur_finding, trials, time.monotonic() - t0, len(steps))
 
 

@@ -36,12 +36,27 @@ def test_pool_starts_poisoned_and_holds_exact_contents():
     assert pool.first_wrong([3, 5, 6], fps) is None
     assert pool.first_wrong([3, 6, 5], fps) == 1  # two slots swapped
     assert (pool.data[:, [3, 5, 6]] == slot_contents(fps)).all()
-    # every element of a slot is pinned down: one flipped element is seen
+    # every element of a slot is pinned down: one flipped element is seen (whatever writes
+    # the pool tells its read memo, which otherwise knows slot 5 holds fps[1])
     pool.data[1, 5, 3, 7] += 1
+    pool.memo.forget([5])
     assert pool.first_wrong([3, 5, 6], fps) == 1
     # the other slots stay poisoned
     untouched = [s for s in range(8) if s not in (3, 5, 6)]
     assert np.isnan(pool.data[:, untouched]).all()
+
+
+def test_a_write_makes_the_check_read_the_slot_again():
+    """The read memo skips only pairs it has found right since the slot's last write."""
+    pool = KVPool(8)
+    fps = fingerprints(None, [4, 5, 6])
+    pool.write([2, 3, 4], fps)
+    assert pool.first_wrong([2, 3, 4], fps) is None  # read, and learnt
+    assert pool.first_wrong([2, 3, 4], fps) is None  # known
+    assert pool.first_wrong([3, 2, 4], fps) == 0  # a known slot asked for another fingerprint
+    pool.write([3], fps[:1])  # slot 3 now holds the first token's KV
+    assert pool.first_wrong([2, 3, 4], fps) == 1
+    assert pool.first_wrong([2, 3, 4], [fps[0], fps[0], fps[2]]) is None  # what it holds now
 
 
 def test_spec_and_fast_keep_every_slot_right_across_configs():
@@ -103,6 +118,59 @@ def test_a_shared_slot_mixup_is_found_only_by_the_kv_check(monkeypatch, tmp_path
     assert trace is not None and os.path.exists(trace)
     assert cli_main(["replay", trace, "--impl", "fast", "--check-kv"]) == 1
     assert cli_main(["replay", trace, "--impl", "fast"]) == 0
+
+
+def _overwrite_the_last_backup(monkeypatch, after=25):
+    """A planted host-tier bug on the spec: from the ``after``-th backup on, a backup also copies
+    its first page's KV over the first page of the backup before it, on the host and on the
+    device, and a load back copies the page it loads over that host page too.  The slots it
+    spoils belong to another node, whose slots did not change: only a check that reads what a
+    copy wrote sees it."""
+    from uniradix.conformance.adapters.host_ops import SpecHostOps
+
+    orig = SpecHostOps.take_copies
+    seen: dict = {}  # id(adapter) -> [backups so far, (src, dst) of the last one]
+
+    def overwriting(self):
+        ps = self.config.page_size
+        mine = seen.setdefault(id(self), [0, None])
+        out = []
+        for kind, src, dst in orig(self):
+            out.append((kind, src, dst))
+            if not src:
+                continue
+            mine[0] += kind == "backup"
+            if mine[0] >= after and mine[1] is not None:
+                last_src, last_dst = mine[1]
+                if kind == "backup":
+                    out.append(("backup", src[:ps], last_dst[:ps]))
+                    out.append(("load", dst[:ps], last_src[:ps]))
+                else:
+                    out.append(("backup", dst[:ps], last_dst[:ps]))
+            if kind == "backup":
+                mine[1] = (src, dst)
+        return out
+
+    monkeypatch.setattr(SpecHostOps, "take_copies", overwriting)
+
+
+def test_the_read_memo_changes_no_finding(monkeypatch):
+    """The checks read only slots that may have changed since they were found right
+    (ReadMemo), and skip a check whose nodes and pool did not change: a bug that spoils slots
+    of nodes that did not change gives the same first finding, step and message, as reading
+    every slot on every step."""
+    from uniradix.conformance.env.kvcheck import ReadMemo
+    found = []
+    for remember in (True, False):
+        with monkeypatch.context() as m:
+            _overwrite_the_last_backup(m)
+            m.setattr(ReadMemo, "remember", remember)
+            res = run_conform([kv_checked("spec"), kv_checked("spec")], config="hicache-wt-p4",
+                              steps=800, seed=1, out=None, progress=False, log=lambda m: None,
+                              shrink_seconds=0)
+        assert res.finding is not None and res.finding.path == "kv", str(res.finding)
+        found.append((res.steps, res.finding.to_dict()))
+    assert found[0] == found[1]
 
 
 @pytest.mark.parametrize("impl", ["spec", "fast"])
@@ -213,6 +281,31 @@ def test_eagle_host_copies_are_checked_at_their_bigram_positions(impl):
         checked.apply(step)
         assert checked.violations() == [], step["i"]
     assert checked.host is not None
+
+
+def test_a_write_since_the_last_clean_check_is_read_whatever_the_nodes():
+    """A check of the same nodes over a pool nothing wrote since is skipped; a write in
+    between (a copy, or a token computed) makes the next check read again, on the host and on
+    the device, though the nodes are the same."""
+    trace, checked = _eagle_host_checked("spec")
+    for step in trace.steps:
+        checked.apply(step)
+    assert checked.violations() == []
+    snap = checked.snapshot()
+    node = next(n for n in snap["host"]["nodes"] if n["host_value"])
+    checked._check_host(100, snap)
+    assert checked.violations() == []  # (skipped: nothing changed)
+    assert checked.host is not None
+    ps = trace.config.page_size
+    checked.host.run([("fetch", ["never-stored"], node["host_value"][:ps])])  # NaN, no key
+    checked._check_host(101, snap)
+    assert any("step 101" in e and "holds host slot" in e for e in checked.violations())
+    node = next(n for n in snap["nodes"] if n["value"])
+    checked._check_state(102, snap)
+    assert not any("step 102" in e for e in checked.violations())
+    checked.kv.write(node["value"][:1], [12345])
+    checked._check_state(103, snap)
+    assert any("step 103" in e and "holds slot" in e for e in checked.violations())
 
 
 def test_an_eagle_host_copy_mixup_is_found_by_the_kv_check():

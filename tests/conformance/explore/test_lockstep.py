@@ -276,7 +276,7 @@ def test_machine_finds_broken_adapter(broken, broken_registered, tmp_path):
     trace = load_trace(path)
     assert trace.steps[-1]["i"] == finding.step
     # no wall-clock cap (a cap makes the result depend on the machine's load): the shrinker
-    # stops by itself (3 rounds, each ending at single-step chunks that drop nothing), and on
+    # stops by itself (a round ending at single-step chunks that drop nothing), and on
     # this derandomized run its work is a fixed number of trials (14, 23 and 47 here)
     sr = shrink(["spec", broken], trace.config, trace.steps, finding, max_seconds=math.inf)
     assert sr.trials <= 100, sr.trials
