@@ -129,13 +129,24 @@ def close_all(*worlds: World | None) -> None:
             w.close()
 
 
-def test_device_host_mooncake_and_back_into_a_reset_cache_and_a_second_cache(master):
+def seeded(address: str) -> tuple[str, World, torch.Tensor]:
+    """A new namespace and a world over it whose cache computed TOKENS and backed them up to
+    Mooncake (closed again if that fails)."""
     ns = next(_namespaces)
-    a = World(master.address, ns)
-    b = None
+    a = World(address, ns)
     try:
         kv = a.compute(TOKENS)
         a.settle()
+    except BaseException:
+        a.close()
+        raise
+    return ns, a, kv
+
+
+def test_device_host_mooncake_and_back_into_a_reset_cache_and_a_second_cache(master):
+    ns, a, kv = seeded(master.address)
+    b = None
+    try:
         stats = a.store.get_stats()
         assert stats.pages_set == len(TOKENS) // PS and stats.failed_sets == 0
         assert a.store.batch_exists(a.keys(TOKENS)) == len(TOKENS) // PS
@@ -221,12 +232,9 @@ def test_a_master_restarted_mid_run(master):
 def test_faults_over_mooncake_end_as_misses_or_failed_backups(master):
     """Through the whole cache over Mooncake, one fault at a time on one client (the cache reset
     and its buffers wiped between them, so whatever reaches the device came from Mooncake)."""
-    ns = next(_namespaces)
-    a = World(master.address, ns)
+    ns, a, kv = seeded(master.address)
     b = None
     try:
-        kv = a.compute(TOKENS)
-        a.settle()
         b = World(master.address, ns, faulty=True)
         assert b.faults is not None
         for fault, hit in ((Fault("get", "short", keep=2), 2 * PS), (Fault("get", "fail"), 0),
