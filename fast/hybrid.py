@@ -159,6 +159,10 @@ class HybridRadixCache(UnifiedRadixCache):
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 0, 1 or 2
+        # SWA alone with its own validator: a match without a host tier counts the window
+        # inline (the validator's rule, without a call per node)
+        self._swa_only = (len(comps) == 1 and comps[0] is self.swa
+                          and type(comps[0]).validator is SwaComponent.validator)
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
         self._events = compat.kv_events_for(params)  # KV events (fast/events.py), or None
         if hicache is not None:
@@ -267,6 +271,13 @@ class HybridRadixCache(UnifiedRadixCache):
         return (node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0
                 and node.value is not None and node.parent is not None)
 
+    def _push_if_leaf(self, node: HybridNode) -> None:
+        # (``_is_leaf`` and the base's push, inlined: this runs for every stamped node; a
+        # policy sets its own push on the instance, fast/policies.py)
+        if (node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0
+                and node.value is not None and node.parent is not None):
+            heapq.heappush(self._heap, (node.last_access_time, node))
+
     def _stamp(self, node: HybridNode) -> None:
         self._clock += STRIDE
         node.last_access_time = self._clock
@@ -278,7 +289,13 @@ class HybridRadixCache(UnifiedRadixCache):
     def _touch(self, node: HybridNode) -> None:
         """A node on an insert's walk: newest stamp, front of the aux lists."""
         self._stamp(node)
-        if self._n_aux and node is not self.root_node:
+        n = self._n_aux
+        if n and node is not self.root_node:
+            if n == 1:  # (one component: no zip)
+                rec = node.aux[0]
+                if rec.value is not None:
+                    self.components[0].lru.move_to_front(rec)
+                return
             for comp, rec in zip(self.components, node.aux, strict=True):
                 if rec.value is not None:
                     comp.lru.move_to_front(rec)
@@ -361,9 +378,15 @@ class HybridRadixCache(UnifiedRadixCache):
         last_device = root  # the deepest node of the walk holding device data
         best_device = root  # with a host tier: the deepest device node valid on the device
         plain = not self.components  # no validators: the walk's end is the match
+        swa_i, window, run = -1, 0, float("inf")
         if plain:
             validators: list = []
             device_validators: list = []
+        elif self._swa_only and tier is None:  # (SwaComponent.validator, inlined below)
+            swa = self.components[0]
+            assert isinstance(swa, SwaComponent)
+            swa_i, window = swa.i, swa.window
+            validators = device_validators = []
         elif tier is None:
             validators = [comp.validator() for comp in self.components]
             device_validators = []
@@ -392,7 +415,14 @@ class HybridRadixCache(UnifiedRadixCache):
                 if split:
                     break
                 continue
-            if one is not None:
+            if swa_i >= 0:  # contiguous SWA units ending here; a tombstone restarts the run
+                if child.aux[swa_i].value is None:
+                    run = 0
+                    ok = False
+                else:
+                    run += k
+                    ok = run >= window
+            elif one is not None:
                 ok = one(child, k)
             else:
                 ok = True
