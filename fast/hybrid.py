@@ -74,6 +74,7 @@ from .token_range import check_token_range
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
 FULL = 0  # the Full component's id in skip_lock_node_ids (upstream's ComponentType)
 _INT64 = torch.int64
+_INF = float("inf")
 _narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per slice / copy
 
 
@@ -159,10 +160,17 @@ class HybridRadixCache(UnifiedRadixCache):
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 0, 1 or 2
-        # SWA alone with its own validator: a match without a host tier counts the window
-        # inline (the validator's rule, without a call per node)
-        self._swa_only = (len(comps) == 1 and comps[0] is self.swa
-                          and type(comps[0]).validator is SwaComponent.validator)
+        # one component with its own validator: a match without a host tier applies the rule
+        # inline, without a call per node (SWA: a window of contiguous data up to the node;
+        # Mamba: data on the node, the same rule with a window of 0); -1: the validators
+        self._inline_window = -1
+        if len(comps) == 1:
+            one = comps[0]
+            if isinstance(one, SwaComponent) and type(one).validator is SwaComponent.validator:
+                self._inline_window = one.window
+            elif isinstance(one, MambaComponent) \
+                    and type(one).validator is MambaComponent.validator:
+                self._inline_window = 0
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
         self._events = compat.kv_events_for(params)  # KV events (fast/events.py), or None
         if hicache is not None:
@@ -378,14 +386,12 @@ class HybridRadixCache(UnifiedRadixCache):
         last_device = root  # the deepest node of the walk holding device data
         best_device = root  # with a host tier: the deepest device node valid on the device
         plain = not self.components  # no validators: the walk's end is the match
-        swa_i, window, run = -1, 0, float("inf")
+        inline_i, window, run = -1, 0, _INF
         if plain:
             validators: list = []
             device_validators: list = []
-        elif self._swa_only and tier is None:  # (SwaComponent.validator, inlined below)
-            swa = self.components[0]
-            assert isinstance(swa, SwaComponent)
-            swa_i, window = swa.i, swa.window
+        elif self._inline_window >= 0 and tier is None:  # (the validator, inlined below)
+            inline_i, window = self.components[0].i, self._inline_window
             validators = device_validators = []
         elif tier is None:
             validators = [comp.validator() for comp in self.components]
@@ -415,8 +421,8 @@ class HybridRadixCache(UnifiedRadixCache):
                 if split:
                     break
                 continue
-            if swa_i >= 0:  # contiguous SWA units ending here; a tombstone restarts the run
-                if child.aux[swa_i].value is None:
+            if inline_i >= 0:  # contiguous units with data ending here; a tombstone restarts
+                if child.aux[inline_i].value is None:
                     run = 0
                     ok = False
                 else:
@@ -563,7 +569,7 @@ class HybridRadixCache(UnifiedRadixCache):
                 self._check_aux(plan, prev, params)
         if self.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
             return api.InsertResult(prefix_len=0)
-        if self._events is not None or getattr(self, "storage_tier", None) is not None:
+        if self._events is not None or self.storage_tier is not None:
             check_token_range(units, self.is_eagle)  # page keys take [0, 2**32) (fast/token_range.py)
 
         self._stamp(self.root_node)
