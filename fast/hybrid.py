@@ -74,6 +74,7 @@ from .token_range import check_token_range
 STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fits below it)
 FULL = 0  # the Full component's id in skip_lock_node_ids (upstream's ComponentType)
 _INT64 = torch.int64
+_INF = float("inf")
 _narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per slice / copy
 
 
@@ -160,6 +161,17 @@ class HybridRadixCache(UnifiedRadixCache):
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 0, 1 or 2
+        # one component with its own validator: a match without a host tier applies the rule
+        # inline, without a call per node (SWA: a window of contiguous data up to the node;
+        # Mamba: data on the node, the same rule with a window of 0); -1: the validators
+        self._inline_window = -1
+        if len(comps) == 1:
+            one = comps[0]
+            if isinstance(one, SwaComponent) and type(one).validator is SwaComponent.validator:
+                self._inline_window = one.window
+            elif isinstance(one, MambaComponent) \
+                    and type(one).validator is MambaComponent.validator:
+                self._inline_window = 0
         self.mamba_cache_chunk_size = compat.mamba_chunk_size(settings.mamba_cache_chunk_size)
         self._events = compat.kv_events_for(params)  # KV events (fast/events.py), or None
         if hicache is not None:
@@ -268,6 +280,13 @@ class HybridRadixCache(UnifiedRadixCache):
         return (node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0
                 and node.value is not None and node.parent is not None)
 
+    def _push_if_leaf(self, node: HybridNode) -> None:
+        # (``_is_leaf`` and the base's push, inlined: this runs for every stamped node; a
+        # policy sets its own push on the instance, fast/policies.py)
+        if (node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0
+                and node.value is not None and node.parent is not None):
+            heapq.heappush(self._heap, (node.last_access_time, node))
+
     def _stamp(self, node: HybridNode) -> None:
         self._clock += STRIDE
         node.last_access_time = self._clock
@@ -279,7 +298,13 @@ class HybridRadixCache(UnifiedRadixCache):
     def _touch(self, node: HybridNode) -> None:
         """A node on an insert's walk: newest stamp, front of the aux lists."""
         self._stamp(node)
-        if self._n_aux and node is not self.root_node:
+        n = self._n_aux
+        if n and node is not self.root_node:
+            if n == 1:  # (one component: no zip)
+                rec = node.aux[0]
+                if rec.value is not None:
+                    self.components[0].lru.move_to_front(rec)
+                return
             for comp, rec in zip(self.components, node.aux, strict=True):
                 if rec.value is not None:
                     comp.lru.move_to_front(rec)
@@ -362,9 +387,13 @@ class HybridRadixCache(UnifiedRadixCache):
         last_device = root  # the deepest node of the walk holding device data
         best_device = root  # with a host tier: the deepest device node valid on the device
         plain = not self.components  # no validators: the walk's end is the match
+        inline_i, window, run = -1, 0, _INF
         if plain:
             validators: list = []
             device_validators: list = []
+        elif self._inline_window >= 0 and tier is None:  # (the validator, inlined below)
+            inline_i, window = self.components[0].i, self._inline_window
+            validators = device_validators = []
         elif tier is None:
             validators = [comp.validator() for comp in self.components]
             device_validators = []
@@ -393,7 +422,14 @@ class HybridRadixCache(UnifiedRadixCache):
                 if split:
                     break
                 continue
-            if one is not None:
+            if inline_i >= 0:  # contiguous units with data ending here; a tombstone restarts
+                if child.aux[inline_i].value is None:
+                    run = 0
+                    ok = False
+                else:
+                    run += k
+                    ok = run >= window
+            elif one is not None:
                 ok = one(child, k)
             else:
                 ok = True
@@ -534,7 +570,7 @@ class HybridRadixCache(UnifiedRadixCache):
                 self._check_aux(plan, prev, params)
         if self.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
             return api.InsertResult(prefix_len=0)
-        if self._events is not None or getattr(self, "storage_tier", None) is not None:
+        if self._events is not None or self.storage_tier is not None:
             check_token_range(units, self.is_eagle)  # page keys take [0, 2**32) (fast/token_range.py)
 
         self._stamp(self.root_node)

@@ -234,7 +234,11 @@ class SwaComponent(AuxComponent):
                 result.skip_lock_node_ids[SWA_SPLIT_EPOCH] = {-1 - self._split_epoch}
             else:
                 k = len(cur.key)
-                self._lock_rec(cur, rec, k)
+                if rec.lock == 0:  # (``_lock_rec``, inlined: one call per node saved)
+                    self.evictable -= k
+                    self.protected += k
+                rec.lock += 1
+                cur.aux_lock += 1
                 size += k
                 if size >= window:
                     if rec.boundary is None:
@@ -252,12 +256,20 @@ class SwaComponent(AuxComponent):
         while cur is not root:
             rec = cur.aux[i]
             if cur.id in skip or rec.lock == 0 or (skip and split_off_skipped(rec, skip, seen)):
-                cur = self._up(cur, params)
+                up = cur.parent  # (``_up`` only for a node out of the tree)
+                cur = up if up is not None else self._up(cur, params)
                 continue
-            self._unlock_rec(cur, rec, len(cur.key), unlocked)
+            if rec.lock == 1:  # (``_unlock_rec``, inlined)
+                k = len(cur.key)
+                self.evictable += k
+                self.protected -= k
+                unlocked.append(cur)
+            rec.lock -= 1
+            cur.aux_lock -= 1
             if boundary and rec.boundary == boundary:
                 break
-            cur = self._up(cur, params)
+            up = cur.parent
+            cur = up if up is not None else self._up(cur, params)
 
     def _up(self, node: Any, params: Any) -> Any:
         """The next node of an unlock's walk: the parent; for a node the host tier took out of
