@@ -70,6 +70,8 @@ class _Wrap:
 
     _tokens_of = FastAdapter._tokens_of
     _path = FastAdapter._path
+    _snapshot = FastAdapter._snapshot
+    _paths = None
 
 
 @pytest.mark.parametrize("call", [
