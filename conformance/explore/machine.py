@@ -160,6 +160,19 @@ def draw_swa_mamba_config(ch: Any) -> CacheConfig:
                        disable=ch.chance(0.03))
 
 
+def draw_mamba_xbuf_config(ch: Any) -> CacheConfig:
+    """Full + Mamba with the extra buffer (spec/requests.py: track slots, the tracked state
+    cached): page 1 or 4, 3..12 state slots (a request takes 1 + 1-2), one or two track slots,
+    a chunk size and a track interval in whole pages; as ``conform``'s mamba-xbuf-* draw them."""
+    ps = ch.choice([1, 4])
+    pages = ch.integer(16 // ps, 96 // ps)
+    return CacheConfig(page_size=ps, kv_slots=pages * ps, components=("full", "mamba"),
+                       mamba_slots=ch.integer(3, 12), mamba_extra_buffer=True,
+                       mamba_track_slots=ch.choice([1, 2]),
+                       mamba_cache_chunk_size=ps * ch.integer(1, 4 if ps == 1 else 2),
+                       mamba_track_interval=ps * ch.integer(1, 12 if ps == 1 else 3))
+
+
 def draw_config(ch: Any) -> CacheConfig:
     """page_size 1/2/4, kv_slots 16..96 in whole pages (eviction is frequent), EAGLE on or off,
     a disabled cache rarely; a host tier in about a third of the runs (host_config)."""
