@@ -305,6 +305,9 @@ class AuxComponent:
         if {id(r) for r in self.host_lru} != acc["host_members"]:
             errors.append(f"[aux-host] the {self.name} host list differs from its host-only "
                           "records")
+        held = [s for v in acc["host_values"] for s in v.tolist()]
+        if len(set(held)) != len(held):
+            errors.append(f"[aux-host] a {self.name} host slot is held twice in the tree")
 
     def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:
         """The component's own checks of a value it holds."""

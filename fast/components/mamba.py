@@ -466,12 +466,6 @@ class MambaComponent(AuxComponent):
             if rec.host_lock == 0 and rec.value is None and rec.host_value is not None:
                 self.host_lru[rec] = None  # host-only and unlocked again: the newest
 
-    def host_tree_violations(self, acc: dict, errors: list) -> None:
-        super().host_tree_violations(acc, errors)
-        states = [s for v in acc["host_values"] for s in v.tolist()]
-        if len(set(states)) != len(states):
-            errors.append("[aux-host] a host Mamba slot is held twice in the tree")
-
     # -- checks ----------------------------------------------------------------------------
     def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:
         if len(value) != 1:

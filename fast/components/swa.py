@@ -544,12 +544,6 @@ class SwaComponent(AuxComponent):
             seen = seen or x is node
         return root
 
-    def host_tree_violations(self, acc: dict, errors: list) -> None:
-        super().host_tree_violations(acc, errors)
-        slots = [s for v in acc["host_values"] for s in v.tolist()]
-        if len(set(slots)) != len(slots):
-            errors.append("[aux-host] an SWA host slot is held twice in the tree")
-
     # -- checks ----------------------------------------------------------------------------
     def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:
         if value.tolist() != self.translate(node.value).tolist():

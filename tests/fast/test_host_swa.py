@@ -193,3 +193,22 @@ def test_an_swa_mixup_on_fasts_host_trip_is_found_by_the_kv_check(monkeypatch):
     trace = load_trace(os.path.join(CORPUS, "upstream-host-swa", "host-swa-wb-p1-s016.jsonl"))
     assert replay_trace(trace, "fast").divergence is None
     assert replay_trace(trace, "fast", check_kv=True).divergence is not None
+
+
+@pytest.mark.parametrize("component", ["swa", "mamba"])
+def test_a_host_slot_two_nodes_hold_is_a_violation_of_either_component(component):
+    """fast's own check (components' ``host_tree_violations``, one rule for SWA and Mamba):
+    two nodes' host data of one component on the same host slot."""
+    s = pair(components=("full", "swa", "mamba"), mamba_slots=4, mamba_cache_chunk_size=4)
+    for tokens in ([1, 2, 3, 4], [9, 10, 11, 12]):
+        slots = both("alloc", s, n=4)["slots"]
+        state = both("mamba_alloc", s, n=1)["slots"]
+        both("insert", s, tokens=tokens, value=slots, mamba_value=state)
+    acks(s)
+    cache = s[1].a.cache
+    i = [c.name for c in cache.components].index(component)
+    a, b = (n.aux[i] for n in cache.root_node.children.values())
+    assert a.host_value is not None and b.host_value is not None
+    assert s[1].a.violations() == []
+    b.host_value = a.host_value.clone()
+    assert f"[aux-host] a {component} host slot is held twice in the tree" in s[1].a.violations()
