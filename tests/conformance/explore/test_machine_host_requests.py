@@ -10,23 +10,14 @@ import random
 import pytest
 
 from conftest import CORPUS
+from machine_runs import run_machine
 from uniradix.conformance.explore.driver import load_back_args, load_back_wanted
 from uniradix.conformance.explore.machine import (
     ACTIONS,
     RandomChooser,
     Scenario,
     draw_host_aux_config,
-    make_machine,
 )
-
-hypothesis = pytest.importorskip("hypothesis")
-torch = pytest.importorskip("torch")
-
-from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
-
-SETTINGS = settings(max_examples=8, stateful_step_count=50, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))
 
 
 def test_load_back_rules_draw_nothing_without_a_host_hit():
@@ -90,9 +81,7 @@ def test_hypothesis_machine_runs_requests_on_host_swa_and_mamba():
     """The Hypothesis machine on a host tier with SWA, Mamba or both, the request-level ops
     on (``actions``: the Scenario leaves them out for aux components by default).  (The
     Full host tier's machine, with request steps too: tests/fast/test_hicache.py.)"""
-    run_state_machine_as_test(make_machine(["spec", "fast"], draw=draw_host_aux_config,
-                                           actions=ACTIONS, name="HostAuxRequestMachine"),
-                              settings=SETTINGS)
+    run_machine(draw_host_aux_config, "HostAuxRequestMachine", examples=8, steps=50)
 
 
 def test_host_aux_configs_drawn_are_valid_and_cover_each_component_set():
