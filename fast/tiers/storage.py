@@ -34,6 +34,7 @@ given to ``register_mem_pool_host`` (the caller registers its ``uniradix.kernels
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import queue
 import threading
@@ -230,7 +231,33 @@ def io_group_over(group: Any) -> Any:
         if ranks == mine:
             out = created
     assert out is not None  # (this rank stated ``mine``)
+    _mark_created(out)
     return out
+
+
+# Objects uniradix created for a storage config, not the caller: the I/O groups
+# :func:`io_group_over` derives and the backends :func:`storage_config_from_server_args` builds.
+# The tier built from the config claims them (``StorageTier.__init__``) and releases them in its
+# ``close``; a group or backend the caller put in a config is never in here, so never released.
+_created: dict[int, Any] = {}
+_created_lock = threading.Lock()
+
+
+def _mark_created(obj: Any) -> None:
+    with _created_lock:
+        _created[id(obj)] = obj
+
+
+def _claim(obj: Any) -> Any:
+    """``obj`` when uniradix created it and no tier has claimed it yet (now this one has);
+    else None."""
+    if obj is None:
+        return None
+    with _created_lock:
+        if _created.get(id(obj)) is obj:
+            del _created[id(obj)]
+            return obj
+    return None
 
 
 def with_derived_groups(config: StorageConfig, group: Any) -> StorageConfig:
@@ -273,6 +300,17 @@ class StorageTier:
 
     def __init__(self, cache: Any, config: StorageConfig) -> None:
         config.validate()
+        # what uniradix created for this config; released by close()
+        self._own_io_group: Any = _claim(config.tp_io_group)
+        self._own_backend: Any = _claim(config.backend)
+        self.closed = False
+        try:
+            self._build(cache, config)
+        except BaseException:
+            self._release_owned(barrier=False)  # (no collective ran on the group yet)
+            raise
+
+    def _build(self, cache: Any, config: StorageConfig) -> None:
         host = cache.tier
         if host is None:
             raise Unsupported("the storage tier needs a host tier")
@@ -379,7 +417,7 @@ class StorageTier:
 
     # -- backup --------------------------------------------------------------------------------
     def write_backup_storage(self, node: Any) -> None:
-        if node.host_value is None or node.parent is None or self.cache.disable:
+        if node.host_value is None or node.parent is None or self.cache.disable or self.closed:
             return
         cache = self.cache
         cache.inc_host_lock_ref(node)
@@ -404,7 +442,8 @@ class StorageTier:
         if rid in self.ongoing:
             raise InvalidInput(f"prefetch: request {rid!r} already has a prefetch in flight")
         toks = as_token_array(tokens)
-        if cache.disable or (anchor is not cache.root_node and anchor.host_value is None):
+        if cache.disable or self.closed or (
+                anchor is not cache.root_node and anchor.host_value is None):
             return 0
         ps = self.page_size
         units = cache._units(RadixKey(toks, None, is_bigram=cache.is_eagle))
@@ -606,6 +645,8 @@ class StorageTier:
     def _check_manual(self, what: str) -> None:
         if self.threads:
             raise Unsupported(f"{what}: the storage threads run the I/O (io='threads')")
+        if self.closed:
+            raise InvalidInput(f"{what}: the storage tier is closed")
 
     def run_backups(self, count: int) -> int:
         """Write the ``count`` oldest pending backups (-1: all) and ack them."""
@@ -854,13 +895,45 @@ class StorageTier:
             time.sleep(0.001)
         return True
 
-    def close(self) -> None:
-        """Stop the storage thread (after its queued jobs)."""
+    def close(self, barrier_timeout_s: float = 300.0) -> None:
+        """Release what the tier holds; a second call does nothing.
+
+        The storage thread stops after its queued jobs.  Then what uniradix created for this
+        tier, and only that, is released: an I/O gloo group derived from the cache's
+        ``tp_cache_group`` (:func:`with_derived_groups`) is destroyed after a barrier over it,
+        so no rank tears it down while another still uses it (so with a derived group close
+        is collective: every rank closes its cache, as every rank built one; a rank that has
+        not arrived within ``barrier_timeout_s`` seconds raises, the group destroyed all the
+        same), and a backend built from SGLang's server arguments
+        (:func:`storage_config_from_server_args`) is closed (Mooncake unregisters the host
+        pool and closes its client).  Groups and backends given in the config are the
+        caller's and stay open.  A closed tier starts no backup and no prefetch (as upstream
+        with its backend detached), and refuses the manual I/O steps."""
+        if self.closed:
+            return
+        self.closed = True
         if self._jobs is not None and self._workers:
             self._jobs.put(None)
             for t in self._workers:
                 t.join()
             self._workers.clear()
+        self._release_owned(barrier=True, timeout_s=barrier_timeout_s)
+
+    def _release_owned(self, barrier: bool, timeout_s: float = 300.0) -> None:
+        group, backend = self._own_io_group, self._own_backend
+        self._own_io_group = self._own_backend = None
+        try:
+            if group is not None:
+                import torch.distributed as dist
+                try:
+                    if barrier:
+                        dist.monitored_barrier(group=group,
+                                               timeout=datetime.timedelta(seconds=timeout_s))
+                finally:
+                    dist.destroy_process_group(group)
+        finally:
+            if backend is not None:
+                backend.close()
 
     # -- checks ----------------------------------------------------------------------------------
     def held_host_slots(self) -> list[int]:
@@ -990,13 +1063,18 @@ def storage_config_from_server_args(server_args: Any, page_size: int, host_kv: A
             raise InvalidInput("hicache_storage_backend='mooncake' needs master_server_address "
                                "in hicache_storage_backend_extra_config")
         backend = MooncakeStore(settings.pop("master_server_address"), **settings)
-    backend.register_mem_pool_host(host_kv)
-    per_ki = extra.get("prefetch_timeout_per_ki_token", 0)
-    config = StorageConfig(
-        backend=backend, io="threads",
-        prefetch_threshold=extra.get("prefetch_threshold", 256),
-        prefetch_stop_policy=getattr(server_args, "hicache_storage_prefetch_policy", "timeout"),
-        prefetch_timeout_base=extra.get("prefetch_timeout_base", 1),
-        prefetch_timeout_per_page=per_ki * page_size / 1024 if per_ki else 0)
-    config.validate()
+    try:
+        backend.register_mem_pool_host(host_kv)
+        per_ki = extra.get("prefetch_timeout_per_ki_token", 0)
+        config = StorageConfig(
+            backend=backend, io="threads",
+            prefetch_threshold=extra.get("prefetch_threshold", 256),
+            prefetch_stop_policy=getattr(server_args, "hicache_storage_prefetch_policy", "timeout"),
+            prefetch_timeout_base=extra.get("prefetch_timeout_base", 1),
+            prefetch_timeout_per_page=per_ki * page_size / 1024 if per_ki else 0)
+        config.validate()
+    except BaseException:
+        backend.close()  # (refused: nobody else holds it)
+        raise
+    _mark_created(backend)  # the tier built from this config closes it
     return config
