@@ -176,10 +176,15 @@ class Side:
 
     def __init__(self, name: str, version: str, cache: Any, alloc: Any, api: Any,
                  write_kv: Callable[[Any, Any], None], read_kv: Callable[[Any], Any],
-                 backups_in_flight: Callable[[], int], close: Callable[[], None]) -> None:
+                 backups_in_flight: Callable[[], int], close: Callable[[], None],
+                 prefetch_slots: Callable[[str], Any],
+                 slots_back: Callable[[Any], bool]) -> None:
         self.name, self.version, self.cache, self.alloc, self.api = name, version, cache, alloc, api
         self.write_kv, self.read_kv = write_kv, read_kv
         self.backups_in_flight, self.close = backups_in_flight, close
+        # the host slots a prefetch of ``rid`` took (None: none started), and whether every
+        # one of them is back: in the tree or free in the host pool (see run_side)
+        self.prefetch_slots, self.slots_back = prefetch_slots, slots_back
 
 
 def _kv_values(tokens: Any, start: int, torch: Any) -> Any:
@@ -242,7 +247,15 @@ def build_fast(shape: Shape, backend: str, directory: str, address: str | None) 
         InitLoadBackParams=fast.hicache.InitLoadBackParams)
     def in_flight() -> int:  # backups not acked, or storage jobs still queued
         return len(tier.ongoing_backup) + (0 if tier.wait_idle(0) else 1)
-    return Side("fast", "uniradix", cache, alloc, api, write_kv, read_kv, in_flight, close)
+
+    def prefetch_slots(rid: str) -> Any:
+        op = tier.ongoing.get(rid)
+        return None if op is None else op.slots
+
+    def slots_back(slots: Any) -> bool:  # the tier holds no host slot outside the tree
+        return not tier.held_host_slots()
+    return Side("fast", "uniradix", cache, alloc, api, write_kv, read_kv, in_flight, close,
+                prefetch_slots, slots_back)
 
 
 def _segment(shape: Shape) -> int:
@@ -328,7 +341,27 @@ def build_upstream(shape: Shape, backend: str, directory: str, address: str | No
         InitLoadBackParams=InitLoadBackParams)
     def in_flight() -> int:  # host writes not acked (their backups not yet issued), backups
         return len(ctl.ack_write_queue) + len(cache.ongoing_backup)  # not acked
-    return Side("upstream", up.version, cache, alloc, api, write_kv, read_kv, in_flight, close)
+
+    def prefetch_slots(rid: str) -> Any:
+        entry = cache.ongoing_prefetch.get(rid)
+        return None if entry is None else entry[2]
+
+    def slots_back(slots: Any) -> bool:  # each slot free in the host pool or held by a node
+        from sglang.srt.mem_cache.unified_radix_cache import BASE_COMPONENT_TYPE
+        held = [cd.host_value for n in cache._collect_all_nodes()
+                if (cd := n.component_data[BASE_COMPONENT_TYPE]).host_value is not None]
+        back = torch.cat([_free_slots(ctl.mem_pool_host), *held])
+        return bool(torch.isin(slots, back).all())
+    return Side("upstream", up.version, cache, alloc, api, write_kv, read_kv, in_flight, close,
+                prefetch_slots, slots_back)
+
+
+def _free_slots(pool: Any) -> Any:
+    """The free slots of upstream's host KV pool (a pool group keeps them in its KV entry)."""
+    free = getattr(pool, "free_slots", None)
+    if free is not None:
+        return free
+    return pool.entries[0].host_pool.free_slots
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,6 +406,8 @@ def run_side(side: Side, reqs: list[tuple[list[int], list[int]]], tag: str) -> d
     digest = hashlib.sha256()
     outcome = {"device_hit": 0, "storage_loaded": 0, "host_loaded": 0, "reused": 0,
                "aborted": 0, "prompt_tokens": 0}
+    per_request: list[list[int]] = []
+    release_waits = 0
     clock = time.perf_counter
     for r, (prompt, output) in enumerate(reqs):
         rid = f"{tag}-{r}"
@@ -383,6 +418,7 @@ def run_side(side: Side, reqs: list[tuple[list[int], list[int]]], tag: str) -> d
         device_hit = len(m.device_indices)
         have = device_hit + m.host_hit_length
         cache.prefetch_from_storage(rid, m.last_host_node, prompt[have:])
+        taken = side.prefetch_slots(rid)
 
         def prefetched(rid: str = rid) -> bool:  # a scheduler step: queues, then the request
             cache.check_hicache_events()
@@ -390,6 +426,19 @@ def run_side(side: Side, reqs: list[tuple[list[int], list[int]]], tag: str) -> d
         _wait(prefetched, "a prefetch", side.name)
         loaded = int(cache.pop_prefetch_loaded_tokens(rid))
         t2 = clock()
+        # (untimed) the prefetch's host slots are all back before anything else allocates
+        # host slots: upstream's prefetch thread queues a revoke before the release of the
+        # revoked slots, so a drain can end the prefetch with its slots still on the way, and
+        # this step's write-through would evict host nodes for them (docs/STORAGE.md
+        # "Upstream's outcomes with Mooncake"); counted, never hidden
+        if taken is not None and not side.slots_back(taken):
+            release_waits += 1
+
+            def back(taken: Any = taken) -> bool:
+                cache.check_hicache_events()
+                return side.slots_back(taken)
+            _wait(back, "the release of a prefetch's host slots", side.name)
+        t2m = clock()
         m = cache.match_prefix(api.MatchPrefixParams(key=key))
         t3 = clock()
         host_hit = m.host_hit_length
@@ -435,7 +484,7 @@ def run_side(side: Side, reqs: list[tuple[list[int], list[int]]], tag: str) -> d
             return side.backups_in_flight() == 0
         _wait(settled, "the step's backups", side.name)
         t9 = clock()
-        times["match"] += (t1 - t0) + (t3 - t2)
+        times["match"] += (t1 - t0) + (t3 - t2m)
         times["prefetch"] += t2 - t1
         times["load_back"] += t4 - t3
         times["insert"] += (t6 - t5) + (t8 - t7)
@@ -447,7 +496,9 @@ def run_side(side: Side, reqs: list[tuple[list[int], list[int]]], tag: str) -> d
         outcome["aborted"] += int(aborted)
         outcome["prompt_tokens"] += len(prompt)
         digest.update(f"{r}:{device_hit}:{loaded}:{host_hit}:{n}:{int(aborted)};".encode())
-    return {"times": times, "outcome": outcome, "digest": digest.hexdigest()[:16]}
+        per_request.append([device_hit, loaded, host_hit, n, int(aborted)])
+    return {"times": times, "outcome": outcome, "digest": digest.hexdigest()[:16],
+            "per_request": per_request, "release_waits": release_waits}
 
 
 def run_cache_bench(backend: str, *, requests: int = 60, page_size: int = 16, kv_slots: int = 1024,
@@ -529,11 +580,15 @@ def run_cache_bench(backend: str, *, requests: int = 60, page_size: int = 16, kv
         for i, res in enumerate(results[impl]):
             key = (res["digest"], res["outcome"])
             if ref is None:
-                ref = (f"{impl} round {i}", key)
+                ref = (f"{impl} round {i}", key, res["per_request"])
             elif key != ref[1]:
+                first = next(r for r, (a, b) in enumerate(zip(res["per_request"], ref[2],
+                                                              strict=True)) if a != b)
                 mismatches.append(f"{impl} round {i}: outcome {res['outcome']} (digest "
                                   f"{res['digest']}) differs from {ref[0]}'s {ref[1][1]} "
-                                  f"(digest {ref[1][0]})")
+                                  f"(digest {ref[1][0]}); first at request {first}: "
+                                  f"{_outcome_of(res['per_request'][first])} against "
+                                  f"{_outcome_of(ref[2][first])}")
     comparison_impls: dict[str, dict] = {}
     for impl in run_impls:
         runs = []
@@ -542,7 +597,8 @@ def run_cache_bench(backend: str, *, requests: int = 60, page_size: int = 16, kv
             runs.append({"requests_per_s": round(requests / total, 1),
                          "op_median_us": {op: round(res["times"][op] / requests * 1e6, 2)
                                           for op in OPS},
-                         "digest": res["digest"], "outcome": res["outcome"]})
+                         "digest": res["digest"], "outcome": res["outcome"],
+                         "release_waits": res["release_waits"]})
         o = results[impl][0]["outcome"] if results[impl] else {}
         rps = [r["requests_per_s"] for r in runs]
         s = stat(rps, 1)
@@ -579,6 +635,12 @@ def run_cache_bench(backend: str, *, requests: int = 60, page_size: int = 16, kv
     return {"comparisons": [comparison], "machine": machine_info()}
 
 
+def _outcome_of(row: list[int]) -> str:
+    device_hit, loaded, host_hit, n, aborted = row
+    return (f"device hit {device_hit}, prefetched {loaded}, host hit {host_hit}, "
+            f"on device {n}{', aborted' if aborted else ''}")
+
+
 def _installed_names() -> list[str]:
     """What :func:`upstream_on_cpu` put into upstream's module (after a first call)."""
     import sglang.srt.mem_cache.memory_pool_host as mph
@@ -606,6 +668,11 @@ def format_table(result: dict) -> str:
                          + "".join(f"{med[op]:>14,.1f}" for op in OPS)
                          + f"   {d['hit_rate']:>8}  {d['storage_loaded_tokens']:>7}  "
                            f"{d['host_loaded_tokens']:>4}  {d['aborted']:>7}")
+        waits = {impl: [r.get("release_waits", 0) for r in d["runs"]]
+                 for impl, d in c["impls"].items()}
+        lines.append("requests whose prefetch ended with host slots still on the way back, "
+                     "per round (waited for, untimed): "
+                     + "; ".join(f"{impl} {w}" for impl, w in waits.items()))
         for pair, r in c["ratios"].items():
             if r:
                 lines.append(f"ratio {pair}: {r['median']:.2f}x ({r['min']:.2f}..{r['max']:.2f})")

@@ -85,3 +85,92 @@ def test_bad_settings_through_the_api_are_refused_by_name():
         sc.run_cache_bench("file", requests=0)
     with pytest.raises(ValueError, match="unknown implementation 'spec'"):
         sc.run_cache_bench("file", impls=("spec",))
+
+
+def test_a_prefetch_ending_before_its_host_slots_are_back_is_waited_for_and_counted(monkeypatch):
+    """The loop waits (untimed) until a prefetch's host slots are back before the step goes on,
+    and counts the requests that needed it; the outcomes do not move."""
+    plain = sc.run_cache_bench("file", **TINY, impls=("fast",))
+    real = sc.build_fast
+
+    def late(*args):  # every prefetch's slots come back one poll late
+        side = real(*args)
+        back, seen = side.slots_back, set()
+
+        def slots_back(slots):
+            key = tuple(slots.tolist())
+            if key not in seen:
+                seen.add(key)
+                return False
+            return back(slots)
+        side.slots_back = slots_back
+        return side
+    monkeypatch.setattr(sc, "build_fast", late)
+    out = sc.run_cache_bench("file", **TINY, impls=("fast",))
+    [run] = out["comparisons"][0]["impls"]["fast"]["runs"]
+    [ref] = plain["comparisons"][0]["impls"]["fast"]["runs"]
+    assert ref["release_waits"] == 0 and run["release_waits"] > 0
+    assert run["digest"] == ref["digest"]
+    assert "fast [" in sc.format_table(out)
+
+
+def test_a_mismatch_names_the_first_request_that_differs(monkeypatch):
+    real = sc.build_fast
+    built = []
+
+    def second_round_differs(*args):
+        side = real(*args)
+        built.append(side)
+        if len(built) == 2:  # round 2: request 3 reports one more token prefetched
+            pop = side.cache.pop_prefetch_loaded_tokens
+            side.cache.pop_prefetch_loaded_tokens = (
+                lambda rid: pop(rid) + (1 if rid.endswith("-3") else 0))
+        return side
+    monkeypatch.setattr(sc, "build_fast", second_round_differs)
+    out = sc.run_cache_bench("file", **{**TINY, "rounds": 2}, impls=("fast",))
+    [m] = out["comparisons"][0]["mismatches"]
+    assert "fast round 1" in m and "first at request 3" in m
+
+
+@pytest.mark.upstream
+def test_upstream_can_end_a_revoked_prefetch_before_its_host_slots_are_back(tmp_path):
+    """Why upstream's outcomes moved between runs (docs/STORAGE.md "Upstream's outcomes with
+    Mooncake"): its prefetch thread queues a revoke, then the release of the revoked host
+    slots.  Held between the two, a scheduler step drains the revoke, the prefetch is over,
+    and its slots are not back: a write-through in that step would evict host nodes for
+    them.  Fast queues both under one lock."""
+    import threading
+    if not upstream_mod.upstream_available():
+        pytest.skip("upstream sglang is not importable here")
+    shape = sc.Shape(4, 64, 1, 1, 8)
+    side = sc.build_upstream(shape, "file", str(tmp_path), None)
+    gate, entered = threading.Event(), threading.Event()
+    try:
+        cache, ctl = side.cache, side.cache.cache_controller
+        release = ctl.append_host_mem_release
+
+        def held(*args, **kwargs):
+            if threading.current_thread() is not threading.main_thread():
+                entered.set()  # the prefetch thread: the revoke is queued, the release not yet
+                gate.wait(10)
+            return release(*args, **kwargs)
+        ctl.append_host_mem_release = held
+        free = ctl.mem_pool_host.available_size()
+        cache.prefetch_from_storage("r", cache.root_node, list(range(100, 116)))  # not stored
+        slots = side.prefetch_slots("r")
+        assert slots is not None and len(slots) == 16
+        assert entered.wait(10)
+        cache.check_hicache_events()
+        assert cache.check_prefetch_progress("r") is True  # the prefetch is over ...
+        assert not side.slots_back(slots)  # ... and its slots are not back
+        assert ctl.mem_pool_host.available_size() == free - 16
+        gate.set()
+
+        def back():
+            cache.check_hicache_events()
+            return side.slots_back(slots)
+        sc._wait(back, "the release", "upstream")
+        assert ctl.mem_pool_host.available_size() == free
+    finally:
+        gate.set()
+        side.close()
