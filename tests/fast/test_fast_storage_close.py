@@ -185,3 +185,24 @@ def test_a_closed_manual_tier_refuses_the_io_steps_and_starts_nothing():
     cache.check_hicache_events()
     assert tier.backups == [] and tier.ongoing_backup == {}
     assert cache.violations() == []
+
+
+def test_a_tier_that_fails_to_build_closes_the_backend_it_was_given_to_own(tmp_path, monkeypatch):
+    """A backend built from server arguments is closed when the tier refuses to build (here: no
+    host tier), and is not closed twice by anyone later."""
+    from uniradix.fast.tiers import storage as fstorage
+    closes: list[object] = []
+    monkeypatch.setattr(FileStore, "close", lambda self: closes.append(self))
+    geo = kernels.KVGeometry.mha(1, 1, 8, PS, torch.float32)
+    host = kernels.HostPool.allocate(geo, kernels.Layout.PAGE_FIRST, 32 + PS, pin_memory=False)
+    args = types.SimpleNamespace(
+        hicache_storage_backend="file", hicache_storage_prefetch_policy="best_effort",
+        hicache_storage_backend_extra_config=json.dumps({"file_path": str(tmp_path)}))
+    config = fstorage.storage_config_from_server_args(args, PS, host)
+    no_host_tier = types.SimpleNamespace(tier=None, components=())
+    with pytest.raises(fast.Unsupported, match="needs a host tier"):
+        fstorage.StorageTier(no_host_tier, config)
+    assert closes == [config.backend]
+    with pytest.raises(fast.Unsupported, match="needs a host tier"):
+        fstorage.StorageTier(no_host_tier, config)  # claimed already: not closed again
+    assert closes == [config.backend]
