@@ -2,8 +2,8 @@
 thread always; the I/O gloo group it derived from the cache's ``tp_cache_group`` (destroyed
 after a barrier over it, so on every rank) and a backend it built from SGLang's server
 arguments (closed); never a group or a backend the caller gave it.  A second close does
-nothing, and a closed tier starts no backup and no prefetch.  The two-rank test runs two
-processes over gloo on loopback, as tests/fast/test_fast_storage_tp.py does."""
+nothing, and a closed tier starts no backup and no prefetch.  The derived group's destruction
+runs on two ranks in tests/fast/test_fast_storage_tp.py (its close at the end)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import threading
 import types
 
 import pytest
-
-from ranks import run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -26,113 +24,56 @@ from uniradix.spec.world import PagedPool  # noqa: E402
 
 PS = 4
 
-RANK = r'''
-import json, os, sys, threading, torch, torch.distributed as dist
-from uniradix import fast, kernels
-from uniradix.conformance.env.pools import PoolAllocator
-from uniradix.fast.hicache import HiCacheConfig
-from uniradix.fast.storage import FileStore
-from uniradix.fast.tiers.storage import StorageConfig
-from uniradix.spec.world import PagedPool
+class _CountingStore(FileStore):
+    """The caller's backend: the tier must leave it open."""
 
-rank, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-group, io_group = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
-PS = 4
-geo = kernels.KVGeometry.mha(2, 2, 4, PS, torch.float32)
-
-class CountingStore(FileStore):  # the caller's backend: the tier must not close it
     closes = 0
-    def close(self):
-        CountingStore.closes += 1
+
+    def close(self) -> None:
+        self.closes += 1
         super().close()
 
-def alive(group):
-    """Whether ``group`` is still a process group here (a destroyed one is unknown)."""
-    try:
-        dist.get_process_group_ranks(group)
-    except (KeyError, ValueError, RuntimeError):
-        return False
-    return True
 
-def sums(group):
-    t = torch.ones(1)
-    dist.all_reduce(t, group=group)
-    return int(t.item())
-
-def storage_threads():
+def _storage_threads() -> int:
     return sum(t.name == "uniradix-storage" and t.is_alive() for t in threading.enumerate())
 
-def run(mode, directory):
-    groups = dict(tp_group=group, tp_io_group=io_group) if mode == "given" else {}
-    os.makedirs(directory)
-    store = CountingStore(directory)
+
+def test_close_stops_the_thread_leaves_the_callers_backend_open_and_starts_nothing_after(tmp_path):
+    store = _CountingStore(str(tmp_path))
+    geo = kernels.KVGeometry.mha(2, 2, 4, PS, torch.float32)
     dev = kernels.DevicePool.allocate(geo, 64 + PS)
     host = kernels.HostPool.allocate(geo, kernels.Layout.PAGE_FIRST, 160 + PS, pin_memory=False)
     alloc = PoolAllocator(PagedPool(64, PS, "kv"), torch, whole_pages=True)
     store.register_mem_pool_host(host)
     storage = StorageConfig(backend=store, io="threads", prefetch_threshold=PS,
-                            prefetch_stop_policy="wait_complete", **groups)
+                            prefetch_stop_policy="wait_complete")
     cfg = HiCacheConfig(host_slots=160, io="sync", device_kv=dev, host_kv=host, copy_impl="torch",
                         load_back_threshold=0, storage=storage)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=PS,
-        hicache=cfg, tp_cache_group=None if mode == "given" else group))
+        hicache=cfg))
     tier = cache.storage_tier
-    io = tier.config.tp_io_group
-    out = {"threads_before": storage_threads(), "io_alive_before": alive(io)}
-    # use the I/O group (a hit query reduces over it) before closing
-    A = list(range(100, 124))
-    cache.insert(fast.InsertParams(key=fast.RadixKey(A), value=alloc.alloc(len(A))))
+    before = _storage_threads()
+    assert before >= 1
+    a = list(range(100, 124))
+    cache.insert(fast.InsertParams(key=fast.RadixKey(a), value=alloc.alloc(len(a))))
     cache.check_hicache_events()
     assert tier.wait_idle(30)
     cache.check_hicache_events()
-    out["requested"] = tier.prefetch_from_storage("r", cache.root_node, list(range(100, 140)))
-    while not tier.check_prefetch_progress("r"):
-        pass
-    assert tier.wait_idle(30)
-    cache.check_hicache_events()
-
+    stored = len(list(tmp_path.glob("*.urxp")))
+    assert stored == 6
     tier.close()
-    out["io_alive_after"] = alive(io)
-    out["group_alive_after"] = alive(group) and sums(group) == 2  # the caller's group still works
-    out["threads_after"] = storage_threads()
-    tier.close()  # a second close: nothing happens (no collective, no error)
-    out["second_close_ok"] = True
-    out["backend_closes"] = CountingStore.closes
+    assert _storage_threads() == before - 1 and not tier._workers
+    tier.close()  # a second close: nothing happens
+    assert store.closes == 0  # the caller's backend stays open
     # a closed tier starts nothing: no prefetch, no backup of a new node
-    B = list(range(300, 316))
-    out["requested_closed"] = tier.prefetch_from_storage("s", cache.root_node, B)
-    cache.insert(fast.InsertParams(key=fast.RadixKey(B), value=alloc.alloc(len(B))))
+    assert tier.prefetch_from_storage("r", cache.root_node, a) == 0
+    b = list(range(300, 316))
+    cache.insert(fast.InsertParams(key=fast.RadixKey(b), value=alloc.alloc(len(b))))
     cache.check_hicache_events()
-    out["pending_backups"] = len(tier.backups) + len(tier.ongoing_backup)
-    out["violations"] = cache.violations()
-    return out
-
-results = {mode: run(mode, f"{directory}/{mode}") for mode in ("derived", "given")}
-assert alive(group) and alive(io_group) and sums(io_group) == 2  # the caller's groups
-dist.barrier(group=group)
-dist.destroy_process_group()
-print("RESULT " + json.dumps(results))
-'''
-
-
-def test_close_releases_what_the_tier_created_and_only_that(tmp_path):
-    dirs = [tmp_path / f"rank{rank}" for rank in (0, 1)]
-    for d in dirs:
-        d.mkdir()
-    res = run_ranks(RANK, [[str(d)] for d in dirs])
-    for by_mode in res:
-        for mode, r in by_mode.items():
-            assert r["threads_before"] == 1 and r["threads_after"] == 0
-            assert r["io_alive_before"] is True
-            # the derived I/O group is gone on every rank; a given one is the caller's: kept
-            assert r["io_alive_after"] is (mode == "given"), mode
-            assert r["group_alive_after"] is True
-            assert r["second_close_ok"] is True
-            assert r["backend_closes"] == 0  # the caller's backend stays open
-            assert r["requested"] == 40 and r["requested_closed"] == 0
-            assert r["pending_backups"] == 0 and r["violations"] == []
+    assert tier.backups == [] and tier.ongoing_backup == {}
+    assert len(list(tmp_path.glob("*.urxp"))) == stored
+    assert cache.violations() == []
 
 
 def _server_args_cache(tmp_path, backend: str, extra: dict):

@@ -4,7 +4,9 @@ different storage progress (one store has only half of a prompt's pages; one ran
 comes back short), end with identical trees, because hit counts and inserted tokens are reduced with MIN,
 termination with MAX and the control queues drain the MIN of their lengths.  Once with the
 tier's own groups, once with only the cache's ``tp_cache_group`` (the tier derives its groups
-from it).  The test starts both processes and stops them (killed if they outlive the timeout)."""
+from it).  Then ``close()``: the derived I/O group is destroyed on both ranks, given groups
+and the cache's group are kept (tests/fast/test_fast_storage_close.py has the rest of what close
+releases).  The test starts both processes and stops them (killed if they outlive the timeout)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from ranks import run_ranks
 pytest.importorskip("torch")
 
 RANK = r'''
-import json, sys, torch, torch.distributed as dist
+import json, sys, threading, torch, torch.distributed as dist
 from uniradix import fast, kernels
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.fast.hicache import HiCacheConfig
@@ -93,6 +95,20 @@ cache.check_hicache_events()
 assert cache.violations() == [], cache.violations()
 results["tree"] = tree(cache)
 results["host_free"] = cache.cache_controller.mem_pool_host.available_size()
+io = tier.config.tp_io_group
+tier.close()
+# close(): a derived I/O group is destroyed on every rank, a given one is the caller's (kept);
+# the caller's groups still reduce; the storage thread is gone; a second close does nothing
+try:
+    dist.get_process_group_ranks(io)
+    results["io_group_after_close"] = True
+except (KeyError, ValueError, RuntimeError):
+    results["io_group_after_close"] = False
+ones = torch.ones(1)
+dist.all_reduce(ones, group=group)
+results["group_after_close"] = int(ones.item())
+results["storage_threads_after_close"] = sum(
+    t.name == "uniradix-storage" and t.is_alive() for t in threading.enumerate())
 tier.close()
 dist.barrier(group=group)
 dist.destroy_process_group()
@@ -113,3 +129,6 @@ def test_two_ranks_with_different_storage_progress_end_with_identical_trees(tmp_
     # (MIN): 2 pages, or none when rank 0 had not read yet.  B: both stores have it all.
     assert res[0]["a_requested"] == res[0]["b_requested"] == 24
     assert res[0]["a_loaded"] in (0, 8) and res[0]["b_loaded"] == 24
+    # close() destroyed the I/O group the tier derived, kept the caller's groups
+    assert res[0]["io_group_after_close"] is (mode == "given")
+    assert res[0]["group_after_close"] == 2 and res[0]["storage_threads_after_close"] == 0
