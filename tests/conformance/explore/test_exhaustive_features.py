@@ -20,7 +20,8 @@ from uniradix.conformance.traces.trace import load_trace
 from uniradix.fast import policies
 from uniradix.spec.errors import ConfigError
 
-NEW = ("lfu-p1", "slru-p1", "fifo-p1", "priority-p1", "mamba-cow-p1", "sessions-p1")
+NEW = ("lfu-p1", "slru-p1", "fifo-p1", "priority-p1", "mamba-cow-p1", "sessions-p1", "mru-p1",
+       "filo-p1")
 INSERTS = tuple(k for k in ex.OP_KINDS if k.name == "insert")
 
 
@@ -34,7 +35,9 @@ def test_the_new_universes_are_named_and_small():
 
 @pytest.mark.parametrize("policy,key", [("lfu", lambda n: (0, n.last_access_time)),
                                         ("priority", lambda n: (0, n.last_access_time)),
-                                        ("fifo", lambda n: (0, n.last_access_time))])
+                                        ("fifo", lambda n: (0, n.last_access_time)),
+                                        ("mru", lambda n: (0, n.last_access_time)),
+                                        ("filo", lambda n: (0, n.last_access_time))])
 def test_a_policy_order_planted_wrong_is_found(monkeypatch, tmp_path, policy, key):
     """fast's heap key of ``policy`` made LRU's: inserts alone show it in the leaf order."""
     monkeypatch.setitem(policies.KEYS, policy, key)
