@@ -186,10 +186,11 @@ class Universe:
                               "tree-level API only (no requests, EAGLE or disable with host_slots)")
         if u.cow and not u.mamba:
             raise ConfigError(f"universe {u.name}: cow needs the Mamba component")
-        if u.mamba and (u.host or u.eagle or (u.requests and not u.mamba_extra_buffer)):
+        if u.mamba and (u.host or (u.eagle and (u.requests or u.cow))
+                        or (u.requests and not u.mamba_extra_buffer)):
             raise ConfigError(f"universe {u.name}: Mamba is explored through the tree-level API "
-                              "only (no host tier, requests or EAGLE), requests only with the "
-                              "extra buffer (mamba_extra_buffer)")
+                              "only (no host tier, requests, or EAGLE with requests or cow), "
+                              "requests only with the extra buffer (mamba_extra_buffer)")
         if u.mamba_extra_buffer and (not u.requests or u.cow):
             raise ConfigError(f"universe {u.name}: mamba_extra_buffer is explored through "
                               "requests (requests > 0), without cow")
@@ -252,6 +253,11 @@ UNIVERSES: dict[str, Universe] = {u.name: u for u in (
              max_locks=1, invalid=False, depth=2, eviction_policy="mru"),
     Universe("filo-p1", page_size=1, kv_slots=3, tokens=(1, 2), max_len=2, extra_keys=(None,),
              max_locks=1, invalid=False, depth=2, eviction_policy="filo"),
+    # EAGLE bigram keys with an aux component (Mamba; tree-level, as fast runs them): keys of
+    # 0-2 bigrams, 2 state slots; depth 1 here, 2 behind slow (docs/CHECKS.md)
+    Universe("eagle-mamba-p1", page_size=1, kv_slots=4, eagle=True, components=("full", "mamba"),
+             mamba_slots=2, tokens=(1, 2), max_len=3, extra_keys=(None,), max_locks=1,
+             depth=1),
     # the Mamba extra buffer, driven by requests alone (the tree rules do not change with it:
     # mamba-cow-p1 explores them): a whole request (admit, prefill, decode to the next track
     # point, finish) is one transition, its steps one at a time too; state pools small enough
