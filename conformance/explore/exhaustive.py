@@ -259,8 +259,8 @@ UNIVERSES: dict[str, Universe] = {u.name: u for u in (
              mamba_slots=2, tokens=(1, 2), max_len=3, extra_keys=(None,), max_locks=1,
              depth=1),
     # the Mamba extra buffer, driven by requests alone (the tree rules do not change with it:
-    # mamba-cow-p1 explores them): a whole request (admit, prefill, decode to the next track
-    # point, finish) is one transition, its steps one at a time too; state pools small enough
+    # mamba-cow-p1 explores them): a whole request (admit, prefill, decode across the next
+    # track point, finish) is one transition, its steps one at a time too; state pools small enough
     # that admission evicts states and a request can find the pool empty, KV pools that a
     # second prompt evicts from
     Universe("mamba-xbuf-p1", page_size=1, kv_slots=5, components=("full", "mamba"),
