@@ -79,7 +79,11 @@ class Universe:
     implementation must reject, leaving the state unchanged.  ``depth``: the default depth.
     ``host_slots`` > 0: a host tier (HiCache) with ``write_policy`` and
     ``write_through_threshold``, and the host rows of :data:`OP_KINDS`; ``max_host_locks``:
-    host locks the driver may hold at once.
+    host locks the driver may hold at once.  ``mamba_extra_buffer`` (with ``requests``):
+    the Mamba extra buffer with ``mamba_track_slots``, ``mamba_track_interval`` and
+    ``mamba_cache_chunk_size``, and the extra-buffer request rows of :data:`OP_KINDS`.
+    ``tree_ops`` False: no tree-level rows (match, insert, serve, lock, unlock, reset,
+    invalid): the cache is driven by requests (and ``evict``) alone.
     """
 
     name: str
@@ -105,6 +109,11 @@ class Universe:
     mamba_slots: int = 0
     cow: bool = False
     sessions: tuple = ()
+    mamba_extra_buffer: bool = False
+    mamba_track_slots: int = 2
+    mamba_track_interval: int = 256
+    mamba_cache_chunk_size: int = 4
+    tree_ops: bool = True
 
     def config(self) -> CacheConfig:
         return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots, eagle=self.eagle,
@@ -112,7 +121,11 @@ class Universe:
                            write_policy=self.write_policy,
                            write_through_threshold=self.write_through_threshold,
                            eviction_policy=self.eviction_policy,
-                           components=tuple(self.components), mamba_slots=self.mamba_slots)
+                           components=tuple(self.components), mamba_slots=self.mamba_slots,
+                           mamba_extra_buffer=self.mamba_extra_buffer,
+                           mamba_track_slots=self.mamba_track_slots,
+                           mamba_track_interval=self.mamba_track_interval,
+                           mamba_cache_chunk_size=self.mamba_cache_chunk_size)
 
     @property
     def mamba(self) -> bool:
@@ -173,9 +186,16 @@ class Universe:
                               "tree-level API only (no requests, EAGLE or disable with host_slots)")
         if u.cow and not u.mamba:
             raise ConfigError(f"universe {u.name}: cow needs the Mamba component")
-        if u.mamba and (u.host or u.requests or u.eagle):
+        if u.mamba and (u.host or (u.eagle and (u.requests or u.cow))
+                        or (u.requests and not u.mamba_extra_buffer)):
             raise ConfigError(f"universe {u.name}: Mamba is explored through the tree-level API "
-                              "only (no host tier, requests or EAGLE)")
+                              "only (no host tier, requests, or EAGLE with requests or cow), "
+                              "requests only with the extra buffer (mamba_extra_buffer)")
+        if u.mamba_extra_buffer and (not u.requests or u.cow):
+            raise ConfigError(f"universe {u.name}: mamba_extra_buffer is explored through "
+                              "requests (requests > 0), without cow")
+        if not u.tree_ops and not u.requests:
+            raise ConfigError(f"universe {u.name}: tree_ops false needs requests > 0")
         if u.sessions and (not u.requests or u.components != ("full",) or u.disable):
             raise ConfigError(f"universe {u.name}: sessions need requests and the Full "
                               "component alone")
@@ -228,6 +248,29 @@ UNIVERSES: dict[str, Universe] = {u.name: u for u in (
     # (so a restore is two away), its steps one at a time too
     Universe("sessions-p1", page_size=1, kv_slots=4, tokens=(1, 2), max_len=1,
              extra_keys=(None,), max_locks=1, requests=1, sessions=("s",), depth=2),
+    # the other two eviction policies of issue 18's seven (lru is every other universe's)
+    Universe("mru-p1", page_size=1, kv_slots=3, tokens=(1, 2), max_len=2, extra_keys=(None,),
+             max_locks=1, invalid=False, depth=2, eviction_policy="mru"),
+    Universe("filo-p1", page_size=1, kv_slots=3, tokens=(1, 2), max_len=2, extra_keys=(None,),
+             max_locks=1, invalid=False, depth=2, eviction_policy="filo"),
+    # EAGLE bigram keys with an aux component (Mamba; tree-level, as fast runs them): keys of
+    # 0-2 bigrams, 2 state slots; depth 1 here, 2 behind slow (docs/CHECKS.md)
+    Universe("eagle-mamba-p1", page_size=1, kv_slots=4, eagle=True, components=("full", "mamba"),
+             mamba_slots=2, tokens=(1, 2), max_len=3, extra_keys=(None,), max_locks=1,
+             depth=1),
+    # the Mamba extra buffer, driven by requests alone (the tree rules do not change with it:
+    # mamba-cow-p1 explores them): a whole request (admit, prefill, decode across the next
+    # track point, finish) is one transition, its steps one at a time too; state pools small enough
+    # that admission evicts states and a request can find the pool empty, KV pools that a
+    # second prompt evicts from
+    Universe("mamba-xbuf-p1", page_size=1, kv_slots=5, components=("full", "mamba"),
+             mamba_slots=3, mamba_extra_buffer=True, mamba_track_slots=1,
+             mamba_track_interval=2, mamba_cache_chunk_size=1, tokens=(1, 2), max_len=2,
+             extra_keys=(None,), requests=2, tree_ops=False, invalid=False, depth=2),
+    Universe("mamba-xbuf-p2", page_size=2, kv_slots=8, components=("full", "mamba"),
+             mamba_slots=4, mamba_extra_buffer=True, mamba_track_slots=2,
+             mamba_track_interval=2, mamba_cache_chunk_size=2, tokens=(1,), max_len=4,
+             extra_keys=(None,), requests=1, tree_ops=False, invalid=False, depth=2),
 )}
 
 
@@ -332,7 +375,9 @@ class World:
         if st.mamba is not None:
             tree = {s for n in all_nodes(st) if components.has(n, "mamba")
                     for s in n.aux["mamba"].value}
-            reqs = {r.mamba_slot for r in st.requests.values() if r.mamba_slot is not None}
+            reqs = {s for r in st.requests.values()
+                    for s in ([r.mamba_slot] if r.mamba_slot is not None else [])
+                    + list(r.mamba_track or ())}
             w.mamba_held = sorted(set(st.mamba.allocated_pages()) - tree - reqs)
             w.mamba_free = st.mamba.available_size()
         w.parked = {name: (list(slot.tokens), slot.extra_key)
@@ -666,14 +711,75 @@ def t_req_step(u: Universe, w: World) -> Iterator[Transition]:
             yield Transition(f"req_admit {rid}", single("req_admit", {"rid": rid}))
         elif r.committed < len(r.input_ids):
             left = len(r.input_ids) - r.committed
-            for n in sorted({1, left}):
+            sizes = {1, left}
+            if u.mamba_extra_buffer and u.mamba_cache_chunk_size < left:  # tracks at its end
+                sizes.add(u.mamba_cache_chunk_size)
+            for n in sorted(sizes):
                 yield Transition(f"req_chunk {rid} {n}", single(
                     "req_chunk", {"rid": rid, "n": n, "chunked": n < left}))
         else:
             yield Transition(f"req_decode {rid} 1", single("req_decode", {"rid": rid, "n": 1}))
+            k = to_track_point(u, r.committed)
+            if u.mamba_extra_buffer and k > 1:  # across the next track point in one step
+                yield Transition(f"req_decode {rid} {k}", single(
+                    "req_decode", {"rid": rid, "n": k}))
         if r.admitted:
             yield Transition(f"req_finish {rid}", single("req_finish", {"rid": rid}))
         yield Transition(f"req_abort {rid}", single("req_abort", {"rid": rid}))
+
+
+# -- the Mamba extra buffer's request transitions (universes with mamba_extra_buffer) ----------
+
+
+def to_track_point(u: Universe, committed: int) -> int:
+    """Decode steps from ``committed`` computed tokens to the next decode track point."""
+    return u.mamba_track_interval - committed % u.mamba_track_interval
+
+
+def _start(d: Driver, rid: str, tokens: list, ek: str | None) -> int | None:
+    """Arrive and admit (the admission takes the request's state and track slots, evicting
+    states when the pool is short; without them the request waits, holding nothing); the
+    prefix length when admitted, else None."""
+    if "error" in d.step("req_arrive", {"rid": rid, **_args_key(tokens, ek)}):
+        return None
+    admit = d.step("req_admit", {"rid": rid})
+    if "error" in admit or admit.get("mamba_pool_idx") is None:
+        return None
+    return int(admit["prefix_len"])
+
+
+def run_start(d: Driver, rid: str, tokens: list, ek: str | None) -> None:
+    _start(d, rid, tokens, ek)
+
+
+def run_request(d: Driver, rid: str, tokens: list, ek: str | None) -> None:
+    """A whole request: arrive, admit, prefill the rest in one chunk (tracked at its last whole
+    chunk, the tracked state cached), decode across the next track point to one token past
+    it, finish (cached up to that track point, the slots past it freed); it stops where a step
+    is refused or finds no room, leaving the request where it is."""
+    prefix = _start(d, rid, tokens, ek)
+    if prefix is None:
+        return
+    left = len(tokens) - prefix
+    if left > 0 and not d.step("req_chunk", {"rid": rid, "n": left, "chunked": False}).get("ok"):
+        return
+    n = to_track_point(d.universe, len(tokens)) + 1
+    if not d.step("req_decode", {"rid": rid, "n": n}).get("ok"):
+        return
+    d.step("req_finish", {"rid": rid})
+
+
+def t_req_start(u: Universe, w: World) -> Iterator[Transition]:
+    """Extra buffer: a new request arrives and is admitted in one transition (``req_start``),
+    or runs to its end in one (``req_run``, :func:`run_request`)."""
+    if len(w.requests) >= u.requests:
+        return
+    rid = w.next_rid()
+    for toks, ek in u.keys():
+        yield Transition(f"req_start {rid} {toks} {ek}",
+                         functools.partial(run_start, rid=rid, tokens=toks, ek=ek))
+        yield Transition(f"req_run {rid} {toks} {ek}",
+                         functools.partial(run_request, rid=rid, tokens=toks, ek=ek))
 
 
 # -- host-tier transitions (universes with host_slots > 0) --------------------------------------
@@ -862,16 +968,17 @@ class OpKind:
 
 # The transition table; the host tier's rows apply to universes with a host tier.
 OP_KINDS: tuple[OpKind, ...] = (
-    OpKind("match_prefix", t_match),
-    OpKind("insert", t_insert),
-    OpKind("serve", t_serve),
-    OpKind("lock", t_lock),
-    OpKind("unlock", t_unlock),
+    OpKind("match_prefix", t_match, lambda u: u.tree_ops),
+    OpKind("insert", t_insert, lambda u: u.tree_ops),
+    OpKind("serve", t_serve, lambda u: u.tree_ops),
+    OpKind("lock", t_lock, lambda u: u.tree_ops),
+    OpKind("unlock", t_unlock, lambda u: u.tree_ops),
     OpKind("evict", t_evict),
-    OpKind("reset", t_reset),
-    OpKind("invalid", t_invalid),
-    OpKind("req_arrive", t_req_arrive, lambda u: u.requests > 0),
+    OpKind("reset", t_reset, lambda u: u.tree_ops),
+    OpKind("invalid", t_invalid, lambda u: u.tree_ops),
+    OpKind("req_arrive", t_req_arrive, lambda u: u.requests > 0 and not u.mamba_extra_buffer),
     OpKind("req_step", t_req_step, lambda u: u.requests > 0),
+    OpKind("req_start", t_req_start, lambda u: u.requests > 0 and u.mamba_extra_buffer),
     OpKind("evict_host", t_evict_host, lambda u: u.host),
     OpKind("load_back", t_load_back, lambda u: u.host),
     OpKind("host_lock", t_host_lock, lambda u: u.host),

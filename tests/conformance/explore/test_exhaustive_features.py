@@ -20,7 +20,8 @@ from uniradix.conformance.traces.trace import load_trace
 from uniradix.fast import policies
 from uniradix.spec.errors import ConfigError
 
-NEW = ("lfu-p1", "slru-p1", "fifo-p1", "priority-p1", "mamba-cow-p1", "sessions-p1")
+NEW = ("lfu-p1", "slru-p1", "fifo-p1", "priority-p1", "mamba-cow-p1", "sessions-p1", "mru-p1",
+       "filo-p1")
 INSERTS = tuple(k for k in ex.OP_KINDS if k.name == "insert")
 
 
@@ -34,7 +35,9 @@ def test_the_new_universes_are_named_and_small():
 
 @pytest.mark.parametrize("policy,key", [("lfu", lambda n: (0, n.last_access_time)),
                                         ("priority", lambda n: (0, n.last_access_time)),
-                                        ("fifo", lambda n: (0, n.last_access_time))])
+                                        ("fifo", lambda n: (0, n.last_access_time)),
+                                        ("mru", lambda n: (0, n.last_access_time)),
+                                        ("filo", lambda n: (0, n.last_access_time))])
 def test_a_policy_order_planted_wrong_is_found(monkeypatch, tmp_path, policy, key):
     """fast's heap key of ``policy`` made LRU's: inserts alone show it in the leaf order."""
     monkeypatch.setitem(policies.KEYS, policy, key)
@@ -140,6 +143,30 @@ def test_bad_feature_universes_are_refused_by_name():
         ex.parse_universe('{"base": "priority-p1", "priorities": 3}')
     with pytest.raises(Exception, match="eviction_policy"):
         ex.parse_universe('{"base": "full-p1", "eviction_policy": "random"}')
+
+
+def test_eagle_keys_with_mamba_insert_bigrams_with_a_state():
+    """eagle-mamba-p1: EAGLE bigram keys on Full + Mamba at tree level, spec and fast in
+    lockstep on every step: [1, 2, 1] is 2 bigrams with a state; serving [1, 2, 2] matches
+    nothing (the shared bigram's node would be a split with no state), evicts the old leaf
+    and caches [1, 2, 2] with a fresh state over a stateless inner node [1, 2]."""
+    u = ex.UNIVERSES["eagle-mamba-p1"]
+    assert ex.parse_universe("eagle-mamba-p1") is u and u.depth == 1
+    assert ex.Universe.from_dict(u.to_dict()) == u
+    spec, steps = _after(u, ["insert [1, 2, 1] None", "serve [1, 2, 2] None"])
+    assert [s["op"] for s in steps].count("evict") == 1
+    states = {tuple(n["path"]["tokens"]): n["mamba"]["value"] for n in spec.snapshot()["nodes"]}
+    assert states == {(1, 2): None, (1, 2, 2): [1]}, states
+    with pytest.raises(ConfigError, match="EAGLE with requests or cow"):
+        ex.parse_universe('{"base": "eagle-mamba-p1", "cow": true}')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_eagle_mamba_finds_nothing_at_depth_2():
+    res = ex.explore(ex.UNIVERSES["eagle-mamba-p1"], ["spec", "fast"], depth=2, progress=False)
+    assert res.finding is None, f"{res.finding}\n{res.labels}"
+    assert res.complete and res.depth == 2
 
 
 @pytest.mark.slow
