@@ -154,7 +154,8 @@ class CacheConfig:
         """The Mamba extra buffer's settings (spec/requests.py): each checked even when off.
         On, it needs the Mamba component; the request model covers it for Full + Mamba on the
         device alone (other combinations are ``Unsupported``, by name); its track points are
-        page-aligned, so the chunk size and the decode interval are multiples of the page."""
+        page-aligned, so the chunk size and the decode interval are multiples of the page.
+        Its lazy variant needs it on and two track slots (upstream: the overlap schedule)."""
         if not isinstance(self.mamba_extra_buffer, bool):
             raise ConfigError(f"mamba_extra_buffer must be true or false, got "
                               f"{self.mamba_extra_buffer!r}")

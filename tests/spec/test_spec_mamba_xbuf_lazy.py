@@ -164,3 +164,34 @@ def test_invariant_one_track_slot_between_steps():
     assert sanity_check(state) == []
     state.requests["a"].mamba_track.append(state.mamba.alloc(1)[0])
     assert any("holds 2 track slots, not 1" in e for e in sanity_check(state))
+
+
+LAZY_CONFIGS = ["mamba-xbuf-lazy-p1", "mamba-xbuf-lazy-p4"]
+
+
+def conform_lazy(name: str, steps: int, seed: int):
+    from uniradix.conformance.env.kvcheck import kv_checked
+    from uniradix.conformance.explore.conform import run_conform
+    return run_conform([kv_checked("spec"), kv_checked("fast")], steps=steps, seed=seed,
+                       config=name, out=None, progress=False, log=lambda m: None)
+
+
+@pytest.mark.parametrize("name", LAZY_CONFIGS)
+def test_conform_configs_draw_lazy_with_two_track_slots_and_run_clean(name):
+    """conform's named lazy configs: every segment lazy, two track slots, its page size;
+    a short spec-against-fast run with the KV check is clean."""
+    from uniradix.conformance.explore.conform import segment_config
+    for seg in range(4):
+        _, cfg = segment_config(name, 1, seg)
+        assert cfg.mamba_extra_buffer_lazy and cfg.mamba_track_slots == 2
+        assert cfg.page_size == int(name[-1])
+    res = conform_lazy(name, 300, 1)
+    assert res.finding is None, str(res.finding)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("name", LAZY_CONFIGS)
+def test_conform_lazy_long(name, seed):
+    res = conform_lazy(name, 5000, seed)
+    assert res.finding is None, str(res.finding)
