@@ -417,7 +417,8 @@ class HybridFastAdapter(FastAdapter):
             self._decode_track = False
 
     def op_req_finish(self, step: dict) -> dict:
-        rid = (step.get("args") or {}).get("rid")
+        args = step.get("args")
+        rid = args.get("rid") if isinstance(args, dict) else None
         req = self.requests.get(rid) if isinstance(rid, str) else None
         if req is not None and req.admitted and not getattr(req, "mamba_lazy_is_insert", True):
             # lazy: its last decode step's state went over the only track slot; upstream
