@@ -70,11 +70,11 @@ def mamba_chunk_size(setting: int | None) -> int:
 # Upstream fields no uniradix cache implements: (field, default, what it would ask for).  A
 # value other than the default is refused.
 REFUSED = (
-    ("enable_mamba_extra_buffer_lazy", False, "the lazy Mamba extra buffer"),
     ("cache_ttl_seconds", None, "time-to-live expiry of cache entries"),
 )
 # (``component_registry_override`` is honoured where it names a class uniradix can run and
-# refused by name otherwise: :func:`component_overrides`)
+# refused by name otherwise: :func:`component_overrides`; ``enable_mamba_extra_buffer_lazy``
+# is honoured, its invalid combinations refused by name: :func:`check_extra_buffer_lazy`)
 
 
 # Settings of a Full-only cache that the C core of the device-only Full path does not implement
@@ -151,6 +151,7 @@ def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> N
         if value != default:
             _refuse(field, value, why)
     component_overrides(params)
+    check_extra_buffer_lazy(params)
     if not finished_insert and getattr(params, "disable_finished_insert", False):
         _refuse("disable_finished_insert", True, "skipping the insert of finished requests "
                 "(this cache has no cache_finished_req)")
@@ -163,6 +164,32 @@ def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> N
             group = getattr(params, field, None)
             if group is not None and _world_size(group) != 1:
                 _refuse(field, group, "a host tier shared across ranks")
+
+
+def check_extra_buffer_lazy(params: Any) -> None:
+    """``enable_mamba_extra_buffer_lazy`` (the lazy Mamba extra buffer, fast/components/
+    mamba.py): a bool; on, it needs ``enable_mamba_extra_buffer`` (it is a variant of it) and,
+    where the request pool says, a pool built lazy with two ping-pong positions (upstream's
+    lazy mode runs with the overlap schedule only); a pool built lazy needs it on.  Anything
+    else is refused by name: the cache and the pool would disagree on the tracked slot."""
+    lazy = getattr(params, "enable_mamba_extra_buffer_lazy", False)
+    if lazy is not True and lazy is not False:
+        raise InvalidInput(f"enable_mamba_extra_buffer_lazy must be a bool, got {lazy!r}")
+    if lazy and not getattr(params, "enable_mamba_extra_buffer", False):
+        raise Unsupported("CacheInitParams.enable_mamba_extra_buffer_lazy=True without "
+                          "enable_mamba_extra_buffer: the lazy mode is a variant of the extra "
+                          "buffer (set both)")
+    pool = getattr(params, "req_to_token_pool", None)
+    pool_lazy = getattr(pool, "enable_mamba_extra_buffer_lazy", None)
+    if pool_lazy is not None and bool(pool_lazy) != lazy:
+        raise Unsupported(f"CacheInitParams.enable_mamba_extra_buffer_lazy={lazy!r} but the "
+                          f"req_to_token_pool's enable_mamba_extra_buffer_lazy={pool_lazy!r}: "
+                          "the cache and the pool would disagree on the tracked slot")
+    size = getattr(pool, "mamba_ping_pong_track_buffer_size", 2)
+    if lazy and size != 2:
+        raise Unsupported("CacheInitParams.enable_mamba_extra_buffer_lazy=True with a pool of "
+                          f"{size} ping-pong position(s): the lazy mode needs two (the overlap "
+                          "schedule)")
 
 
 def _world_size(group: Any) -> int:

@@ -157,6 +157,8 @@ class HybridRadixCache(UnifiedRadixCache):
                 self.mamba_allocator = mamba_alloc
                 self.mamba = plugin.get("mamba", MambaComponent)(self, len(comps))
                 self.mamba.extra_buffer = bool(getattr(params, "enable_mamba_extra_buffer", False))
+                self.mamba.extra_buffer_lazy = bool(  # (compat.check_extra_buffer_lazy)
+                    getattr(params, "enable_mamba_extra_buffer_lazy", False))
                 comps.append(self.mamba)
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)

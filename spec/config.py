@@ -49,6 +49,9 @@ class CacheConfig:
     mamba_extra_buffer: bool = False
     mamba_track_interval: int = 256  # decode: a track point every this many tokens
     mamba_track_slots: int = 2  # the ping-pong slots (2: overlap schedule; 1: without)
+    # the lazy variant (upstream's extra_buffer_lazy): a request holds one track slot, a decode
+    # track point takes a fresh one for its state and frees the old (spec/requests.py)
+    mamba_extra_buffer_lazy: bool = False
 
     @property
     def has_host_tier(self) -> bool:
@@ -86,6 +89,8 @@ class CacheConfig:
             for f in XBUF_FIELDS:
                 if out[f.name] == f.default:
                     del out[f.name]
+        if not self.mamba_extra_buffer_lazy:  # not lazy: the header stays as it was
+            out.pop("mamba_extra_buffer_lazy", None)
         return out
 
     def validate(self) -> None:
@@ -149,7 +154,8 @@ class CacheConfig:
         """The Mamba extra buffer's settings (spec/requests.py): each checked even when off.
         On, it needs the Mamba component; the request model covers it for Full + Mamba on the
         device alone (other combinations are ``Unsupported``, by name); its track points are
-        page-aligned, so the chunk size and the decode interval are multiples of the page."""
+        page-aligned, so the chunk size and the decode interval are multiples of the page.
+        Its lazy variant needs it on and two track slots (upstream: the overlap schedule)."""
         if not isinstance(self.mamba_extra_buffer, bool):
             raise ConfigError(f"mamba_extra_buffer must be true or false, got "
                               f"{self.mamba_extra_buffer!r}")
@@ -158,6 +164,16 @@ class CacheConfig:
             raise ConfigError(f"mamba_track_interval must be an integer >= 1, got {v!r}")
         if self.mamba_track_slots not in (1, 2) or isinstance(self.mamba_track_slots, bool):
             raise ConfigError(f"mamba_track_slots must be 1 or 2, got {self.mamba_track_slots!r}")
+        if not isinstance(self.mamba_extra_buffer_lazy, bool):
+            raise ConfigError(f"mamba_extra_buffer_lazy must be true or false, got "
+                              f"{self.mamba_extra_buffer_lazy!r}")
+        if self.mamba_extra_buffer_lazy and not self.mamba_extra_buffer:
+            raise ConfigError("mamba_extra_buffer_lazy needs mamba_extra_buffer (it is a "
+                              "variant of the extra buffer)")
+        if self.mamba_extra_buffer_lazy and self.mamba_track_slots != 2:
+            raise ConfigError("mamba_extra_buffer_lazy needs mamba_track_slots=2 (upstream's "
+                              "lazy mode runs with the overlap schedule only), got "
+                              f"{self.mamba_track_slots}")
         if not self.mamba_extra_buffer:
             return
         if "mamba" not in self.components:

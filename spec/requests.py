@@ -28,6 +28,13 @@ chunk of at least ``mamba_cache_chunk_size`` tokens, or a decode step reaching a
 names, which then moves to the other slot.  What the cache caches is that tracked state at its
 length, never the running state: a chunk hands the tracked slot to the tree (a fresh slot takes
 its place), the finish inserts only up to the last track length with the tracked slot.
+
+Its lazy variant (``mamba_extra_buffer_lazy``; docs/SPEC.md "The lazy extra buffer"): a request
+holds one track slot between steps (:func:`held_track_slots`), which a prefill chunk's track point
+writes in place; a decode track point takes a fresh slot for its state (one state evicted when
+the pool is empty) and frees the old one (:func:`lazy_track`).  With no fresh slot to be had the
+state is written over the only one, and a request that finishes on that step caches nothing
+(:func:`finish_inserts`).
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ class Request:
     mamba_next_track: int = 0
     mamba_track_len: int | None = None
     mamba_branching: int | None = None
+    # lazy extra buffer: the last decode step was a track point that found no fresh slot (its
+    # state went over the only track slot); a finish now inserts nothing
+    mamba_track_overwritten: bool = False
 
     @property
     def all_ids(self) -> list[int]:
@@ -136,7 +146,7 @@ def admit(state: CacheState, req: Request) -> int:
     req.lock = lock = rules.inc_lock_ref(state, m.last_device_node)
     if "mamba" in components.aux_names(state):  # the request's own state slot
         if state.config.mamba_extra_buffer:  # and its track slots
-            slots = new_state_slots(state, 1 + state.config.mamba_track_slots)
+            slots = new_state_slots(state, 1 + held_track_slots(state))
         else:
             one = new_state_slot(state)
             slots = None if one is None else [one]
@@ -202,6 +212,34 @@ def decode_track_lens(before: int, n: int, interval: int) -> list[int]:
     post: all(before < x <= before + n and x % interval == 0 for x in __return__)"""
     first = before // interval * interval + interval
     return list(range(first, before + n + 1, interval))
+
+
+def held_track_slots(state: CacheState) -> int:
+    """The track slots a request holds from admission on: ``mamba_track_slots``; lazy, one
+    (upstream's admission counts two states a request, its own and one track slot)."""
+    return 1 if state.config.mamba_extra_buffer_lazy else state.config.mamba_track_slots
+
+
+def lazy_track(state: CacheState, req: Request, length: int) -> bool:
+    """Lazy extra buffer, a decode track point: a fresh state slot (one state evicted when the
+    pool is empty, :func:`new_state_slot`) takes the state at ``length`` and the old track slot
+    goes back to the pool (the request holds one again).  With none to be had the state goes
+    over the only track slot.  Either way ``length`` is the last track length.  Returns whether
+    a fresh slot was had."""
+    assert state.mamba is not None and req.mamba_track is not None
+    req.mamba_track_len = length
+    fresh = new_state_slot(state)
+    if fresh is None:
+        return False
+    old, req.mamba_track[req.mamba_next_track] = req.mamba_track[req.mamba_next_track], fresh
+    state.mamba.free([old])
+    return True
+
+
+def finish_inserts(req: Request) -> bool:
+    """Lazy extra buffer: whether a finish caches the request: not when its last decode step
+    was a track point that found no fresh slot (upstream then releases it as an abort)."""
+    return not req.mamba_track_overwritten
 
 
 def next_track_after(next_track: int, slots: int) -> int:
@@ -281,8 +319,13 @@ def decode(state: CacheState, req: Request, n: int) -> Reservation:
         base = len(req.output_ids)
         req.output_ids.extend(output_token(req, base + j) for j in range(n))
         if req.mamba_track is not None:
+            lazy = state.config.mamba_extra_buffer_lazy
+            req.mamba_track_overwritten = False
             for at in decode_track_lens(req.committed, n, state.config.mamba_track_interval):
-                track(req, at)
+                if not lazy:
+                    track(req, at)
+                elif not lazy_track(state, req, at) and at == req.committed + n:
+                    req.mamba_track_overwritten = True
         req.committed += n
     return r
 
@@ -426,6 +469,7 @@ def cache_finished_req(state: CacheState, req: Request, is_insert: bool = True) 
     positions' pages is read (the seed frees from the committed length).
     """
     rules.check_flag("is_insert", is_insert)
+    is_insert = is_insert and finish_inserts(req)
     if req.session is not None:  # streaming sessions: park the row, or end the session
         if is_insert:
             sessions.park(state, req)
@@ -483,7 +527,9 @@ def finished_track_cut(state: CacheState, req: Request, tokens: list[int], kv: l
 
 def request_state_slots(state: CacheState) -> list[str]:
     """Mamba: the state slots running requests hold (their own and, with the extra buffer,
-    their track slots) are allocated, each held once, and none of them is the tree's."""
+    their track slots) are allocated, each held once, and none of them is the tree's; an
+    admitted request holds as many track slots as :func:`held_track_slots` says (lazy: one
+    between steps)."""
     if state.mamba is None:
         return []
     tree = {s for n in all_nodes(state) if components.has(n, "mamba")
@@ -498,6 +544,9 @@ def request_state_slots(state: CacheState) -> list[str]:
             errors.append(f"[request] {rid}: holds a state slot the tree holds")
         if any(not state.mamba.is_allocated(s) for s in slots):
             errors.append(f"[request] {rid}: holds a state slot the pool says is free")
+        if req.mamba_track is not None and len(req.mamba_track) != held_track_slots(state):
+            errors.append(f"[request] {rid}: holds {len(req.mamba_track)} track slots, not "
+                          f"{held_track_slots(state)}")
         seen.update(slots)
     return errors
 

@@ -63,7 +63,8 @@ def _snapshot(state: CacheState) -> dict[str, Any]:
         "sizes": {"full_evictable": queries.evictable_size(state),
                   "full_protected": queries.protected_size(state)},
         "pool": sorted(state.kv.allocated_pages()),
-        "requests": [request_view(r, components.aux_names(state), state.config.mamba_extra_buffer)
+        "requests": [request_view(r, components.aux_names(state), state.config.mamba_extra_buffer,
+                                     state.config.mamba_extra_buffer_lazy)
                      for _, r in sorted(state.requests.items())],
         **({"host": host_view(state, path)} if state.host is not None else {}),
         **({"sessions": sessions_view(state)} if state.sessions else {}),
@@ -117,11 +118,13 @@ def host_view(state: CacheState, path: PathOf | None = None) -> dict[str, Any]:
     return view
 
 
-def request_view(req: Any, aux: tuple[str, ...] = (), xbuf: bool = False) -> dict[str, Any]:
+def request_view(req: Any, aux: tuple[str, ...] = (), xbuf: bool = False,
+                 lazy: bool = False) -> dict[str, Any]:
     """A running request as the world sees it: its row and how much of it is computed and
     protected; with SWA where its own SWA data starts, with Mamba its state slot, and with the
     Mamba extra buffer its track slots, the next one to write, the last track length and the
-    admission's branching length."""
+    admission's branching length (lazy: and whether its last decode step's state went over
+    its only track slot)."""
     out = {"rid": req.rid, "admitted": req.admitted, "row": list(req.row),
            "committed": req.committed, "protected": req.cache_protected_len}
     if "swa" in aux:
@@ -133,6 +136,8 @@ def request_view(req: Any, aux: tuple[str, ...] = (), xbuf: bool = False) -> dic
         out["mamba_next_track"] = req.mamba_next_track
         out["mamba_track_len"] = req.mamba_track_len
         out["mamba_branching"] = req.mamba_branching
+    if lazy:  # its last decode step's state went over the only track slot
+        out["mamba_track_overwritten"] = req.mamba_track_overwritten
     return out
 
 
@@ -159,7 +164,8 @@ def hybrid_snapshot(state: CacheState, nodes: list[dict[str, Any]],
         "device_leaf_order": [path(n) for n in queries.device_eviction_order(state)],
         "sizes": sizes,
         "pool": sorted(state.kv.allocated_pages()),
-        "requests": [request_view(r, components.aux_names(state), state.config.mamba_extra_buffer)
+        "requests": [request_view(r, components.aux_names(state), state.config.mamba_extra_buffer,
+                                     state.config.mamba_extra_buffer_lazy)
                      for _, r in sorted(state.requests.items())],
     }
     for name in components.aux_names(state):

@@ -123,7 +123,8 @@ class HybridFastAdapter(FastAdapter):
             sliding_window_size=config.sliding_window,
             mamba_cache_chunk_size=config.mamba_cache_chunk_size,
             eviction_policy=config.eviction_policy, hicache=hicache,
-            enable_mamba_extra_buffer=config.mamba_extra_buffer)
+            enable_mamba_extra_buffer=config.mamba_extra_buffer,
+            enable_mamba_extra_buffer_lazy=config.mamba_extra_buffer_lazy)
         self.cache = fast.UnifiedRadixCache(self.params)
         self.handles: dict[int, tuple] = {}
         self.host_handles: dict[int, tuple] = {}
@@ -236,6 +237,7 @@ class HybridFastAdapter(FastAdapter):
         # the extra buffer (spec/requests.py): track slots, next one, last track length
         req.mamba_ping_pong_track_buffer = req.mamba_next_track_idx = None
         req.mamba_last_track_seqlen = req.mamba_branching_seqlen = None
+        req.mamba_lazy_is_insert = True  # lazy: false once a track point finds no fresh slot
         return out
 
     def _request_view(self, req: Any) -> dict[str, Any]:
@@ -249,8 +251,14 @@ class HybridFastAdapter(FastAdapter):
             buf = req.mamba_ping_pong_track_buffer
             out["mamba_track"] = None if buf is None else [int(s) for s in buf.tolist()]
             out["mamba_next_track"] = req.mamba_next_track_idx or 0
+            if self.config.mamba_extra_buffer_lazy:  # the held slot only (the spec's list)
+                out["mamba_track"] = None if buf is None else \
+                    [s for s in out["mamba_track"] if s != -1]
+                out["mamba_next_track"] = 0
             out["mamba_track_len"] = req.mamba_last_track_seqlen
             out["mamba_branching"] = req.mamba_branching_seqlen if req.admitted else None
+        if self.config.mamba_extra_buffer_lazy:
+            out["mamba_track_overwritten"] = not req.mamba_lazy_is_insert
         return out
 
     def _req_effects(self, obs: dict) -> dict:
@@ -288,7 +296,8 @@ class HybridFastAdapter(FastAdapter):
         states the pool is short of evicted in one call first; it waits holding nothing when
         still short (spec/requests.py ``new_state_slots``)."""
         assert self.mamba is not None
-        k = 1 + self.config.mamba_track_slots
+        lazy = self.config.mamba_extra_buffer_lazy  # one track slot (upstream's two positions,
+        k = 2 if lazy else 1 + self.config.mamba_track_slots  # the second empty: -1)
         short = k - self.mamba.available_size()
         if short > 0:
             self.cache.evict(fast.EvictParams(num_tokens=0, mamba_num=short))
@@ -299,18 +308,39 @@ class HybridFastAdapter(FastAdapter):
             obs["prefix_len"] = 0
             return
         req.mamba_pool_idx = torch.tensor(self.mamba.alloc(1), dtype=torch.int64)
-        req.mamba_ping_pong_track_buffer = torch.tensor(self.mamba.alloc(k - 1),
-                                                        dtype=torch.int64)
+        req.mamba_ping_pong_track_buffer = torch.tensor(
+            self.mamba.alloc(k - 1) + ([-1] if lazy else []), dtype=torch.int64)
         req.mamba_next_track_idx = 0
 
     def _track(self, req: Any, lengths: list[int]) -> None:
         """Extra buffer: the request's track points in this step, in order."""
         if req.mamba_ping_pong_track_buffer is None:
             return
+        if self.config.mamba_extra_buffer_lazy:
+            self._lazy_track(req, lengths)
+            return
         for at in lengths:
             req.mamba_last_track_seqlen = at
             req.mamba_next_track_idx = next_track_after(
                 req.mamba_next_track_idx, len(req.mamba_ping_pong_track_buffer))
+
+    def _lazy_track(self, req: Any, lengths: list[int]) -> None:
+        """Lazy extra buffer: a prefill chunk's track point writes the only track slot in
+        place; each decode track point takes a fresh slot (fast/components/mamba.py
+        ``lazy_track_point``).  The request finishes without caching when its last decode step
+        was a track point that found none (upstream's ``mamba_lazy_is_insert``)."""
+        if self._chunk_track is not None:
+            for at in lengths:
+                req.mamba_last_track_seqlen = at
+            return
+        assert self.cache.mamba is not None
+        req.mamba_lazy_is_insert = True
+        end = req.committed + self._decode_n
+        for at in lengths:
+            if not self.cache.mamba.lazy_track_point(req, at) and at == end:
+                req.mamba_lazy_is_insert = False
+
+    _decode_n = 0  # the decode step's n (for _lazy_track)
 
     def _release_row(self, req: Any) -> None:
         """Undo an admission that cannot take a state slot: the request holds nothing."""
@@ -367,6 +397,7 @@ class HybridFastAdapter(FastAdapter):
                                   req.mamba_branching_seqlen)
             self._track(req, [] if at is None else [at])
         elif self._decode_track:
+            self._decode_n = n
             self._track(req, decode_track_lens(req.committed, n,
                                                self.config.mamba_track_interval))
         super()._commit(req, n)
@@ -386,6 +417,13 @@ class HybridFastAdapter(FastAdapter):
             self._decode_track = False
 
     def op_req_finish(self, step: dict) -> dict:
+        args = step.get("args")
+        rid = args.get("rid") if isinstance(args, dict) else None
+        req = self.requests.get(rid) if isinstance(rid, str) else None
+        if req is not None and req.admitted and not getattr(req, "mamba_lazy_is_insert", True):
+            # lazy: its last decode step's state went over the only track slot; upstream
+            # releases it with is_insert=False (spec/requests.py finish_inserts)
+            return self._req_effects(super().op_req_abort(step))
         return self._req_effects(super().op_req_finish(step))
 
     def op_req_abort(self, step: dict) -> dict:

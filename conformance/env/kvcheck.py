@@ -472,7 +472,7 @@ class KVChecked:
         held = {s for node in before.get("nodes", [])
                 for s in ((node.get("mamba") or {}).get("value") or ())}
         if self.config.mamba_extra_buffer:  # the tracked states: written, never assumed
-            held.update(self._track_states(op, was.get(rid), obs))
+            held.update(self._track_states(op, was.get(rid), obs, now.get(rid)))
         held.difference_update(obs.get("mamba_freed", ()))  # (freed and taken again: new)
         for node in after.get("nodes", []):
             slots: list[int] = list((node.get("mamba") or {}).get("value") or ())
@@ -484,11 +484,14 @@ class KVChecked:
             elif path["tokens"]:
                 self.states.device[slots[0]] = self._fps(path["extra_key"], path["tokens"])[-1]
 
-    def _track_states(self, op: str, was: dict | None, obs: dict) -> list[int]:
+    def _track_states(self, op: str, was: dict | None, obs: dict,
+                      now: dict | None = None) -> list[int]:
         """The Mamba extra buffer: a step's track points write the state at each track length
         into the track slot they name (spec/requests.py).  Returns the request's track slots
         before the step: a node that takes one of them (a chunk's hand-over, the finish) must
-        hold what a track point wrote there, so it is checked, not computed."""
+        hold what a track point wrote there, so it is checked, not computed.  Lazy, a decode
+        step's track points each take a fresh slot (or, with none to be had, write the only
+        one): the slot the request holds after the step holds the last one's state."""
         assert self.states is not None  # called only with the Mamba state pool
         slots = list((was or {}).get("mamba_track") or ())
         if not slots or op not in ("req_chunk", "req_decode") or not obs.get("ok", True):
@@ -502,6 +505,11 @@ class KVChecked:
         else:
             lengths = decode_track_lens(c, n, self.config.mamba_track_interval)
         tokens, ek = self._request_tokens(was["rid"], c + n)
+        if self.config.mamba_extra_buffer_lazy and op == "req_decode":
+            after = list((now or {}).get("mamba_track") or ())
+            if lengths and after:
+                self.states.device[after[0]] = self._fps(ek, tokens[:lengths[-1]])[-1]
+            return slots + after
         k = was.get("mamba_next_track") or 0
         for at in lengths:
             self.states.device[slots[k]] = self._fps(ek, tokens[:at])[-1]

@@ -104,6 +104,12 @@ NAMED_CONFIGS: dict[str, dict] = {
     # track interval and chunk size drawn per segment (whole pages at page 4)
     "mamba-xbuf-p1": {"page_size": 1, "components": ("full", "mamba"), "mamba_extra_buffer": True},
     "mamba-xbuf-p4": {"page_size": 4, "components": ("full", "mamba"), "mamba_extra_buffer": True},
+    # its lazy variant (one track slot a request; a decode track point takes a fresh one): the
+    # same draws, two track slots (the overlap schedule, which the lazy mode needs)
+    "mamba-xbuf-lazy-p1": {"page_size": 1, "components": ("full", "mamba"),
+                           "mamba_extra_buffer": True, "mamba_extra_buffer_lazy": True},
+    "mamba-xbuf-lazy-p4": {"page_size": 4, "components": ("full", "mamba"),
+                           "mamba_extra_buffer": True, "mamba_extra_buffer_lazy": True},
     # streaming sessions with a host tier and SWA or Mamba (host pools drawn as for "host-");
     # write-through and write-back alternating every two segments
     "sessions-host-swa-p1": {"page_size": 1, "write_policy": ("write_through", "write_back"),
@@ -173,6 +179,8 @@ def segment_config(which: Any, seed: int, segment: int) -> tuple[str, CacheConfi
         base = dict(base, mamba_slots=rng.randint(3, 12), mamba_track_slots=rng.choice([1, 2]),
                     mamba_cache_chunk_size=ps * rng.randint(1, 4 if ps == 1 else 2),
                     mamba_track_interval=ps * rng.randint(1, 12 if ps == 1 else 3))
+        if base.get("mamba_extra_buffer_lazy"):
+            base["mamba_track_slots"] = 2
     if name.startswith("hicache-") or name.startswith("host-") or "write_policy" in base:
         policy = base["write_policy"]
         if isinstance(policy, tuple):

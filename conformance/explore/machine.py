@@ -163,12 +163,14 @@ def draw_swa_mamba_config(ch: Any) -> CacheConfig:
 def draw_mamba_xbuf_config(ch: Any) -> CacheConfig:
     """Full + Mamba with the extra buffer (spec/requests.py: track slots, the tracked state
     cached): page 1 or 4, 3..12 state slots (a request takes 1 + 1-2), one or two track slots,
-    a chunk size and a track interval in whole pages; as ``conform``'s mamba-xbuf-* draw them."""
+    a chunk size and a track interval in whole pages; as ``conform``'s mamba-xbuf-* draw them;
+    the lazy variant in about a third of the runs (two track slots: the overlap schedule)."""
     ps = ch.choice([1, 4])
     pages = ch.integer(16 // ps, 96 // ps)
+    slots, lazy = ch.integer(3, 12), ch.chance(0.33)
     return CacheConfig(page_size=ps, kv_slots=pages * ps, components=("full", "mamba"),
-                       mamba_slots=ch.integer(3, 12), mamba_extra_buffer=True,
-                       mamba_track_slots=ch.choice([1, 2]),
+                       mamba_slots=slots, mamba_extra_buffer=True, mamba_extra_buffer_lazy=lazy,
+                       mamba_track_slots=2 if lazy else ch.choice([1, 2]),
                        mamba_cache_chunk_size=ps * ch.integer(1, 4 if ps == 1 else 2),
                        mamba_track_interval=ps * ch.integer(1, 12 if ps == 1 else 3))
 

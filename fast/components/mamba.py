@@ -27,6 +27,7 @@ class MambaComponent(AuxComponent):
     controller: Any = None  # the host tier's controller (its copy logs)
     request_state: int | None = None  # the requester's state slot of the last load back
     extra_buffer = False  # enable_mamba_extra_buffer: requests cache their tracked states
+    extra_buffer_lazy = False  # enable_mamba_extra_buffer_lazy: one track slot a request
     _loading: torch.Tensor | None = None  # the state slot a load back in progress took
 
     def reset(self) -> None:
@@ -132,14 +133,19 @@ class MambaComponent(AuxComponent):
         return slot
 
     # -- the extra buffer (spec/requests.py: track slots, the tracked state cached) ----------
-    @staticmethod
-    def keep_index(req: Any) -> int:
+    def keep_index(self, req: Any) -> int:
         """The track slot holding the last tracked state: the one the last track point wrote
-        (the other of two, the same of one)."""
+        (the other of two, the same of one); lazy, the one ``mamba_next_track_idx`` names (a
+        track point moves it to the slot it takes).  sglang's pool answers where it can."""
         buf, nxt = req.mamba_ping_pong_track_buffer, req.mamba_next_track_idx
         if buf is None or nxt is None:
             raise InvalidInput("the extra buffer needs the request's "
                                "mamba_ping_pong_track_buffer and mamba_next_track_idx")
+        ask = getattr(self.cache.req_to_token_pool, "get_mamba_ping_pong_keep_idx", None)
+        if ask is not None:
+            return int(ask(req))
+        if self.extra_buffer_lazy:
+            return int(nxt)
         return 1 - int(nxt) if len(buf) == 2 else int(nxt)
 
     def finished_cache_len(self, req: Any, n: int) -> int:
@@ -178,9 +184,42 @@ class MambaComponent(AuxComponent):
         buf[k] = fresh[0]
         return length, donated
 
+    def lazy_track_point(self, req: Any, length: int) -> bool:
+        """Lazy extra buffer, a decode step reaching a track point (spec/requests.py
+        ``lazy_track``; upstream's scheduler does it in two halves, before and after the
+        forward): a fresh slot (one state evicted when the pool is empty) goes into the empty
+        track position and ``mamba_next_track_idx`` moves there, the state at ``length`` is
+        written into it, and the old slot goes back.  With no fresh slot the state goes over
+        the only one.  ``mamba_last_track_seqlen`` becomes ``length``; returns whether a fresh
+        slot was had (a request finishing on a step without one caches nothing)."""
+        buf = req.mamba_ping_pong_track_buffer
+        if buf is None or req.mamba_next_track_idx is None or len(buf) != 2:
+            raise InvalidInput("the lazy extra buffer needs the request's two-position "
+                               "mamba_ping_pong_track_buffer and mamba_next_track_idx")
+        req.mamba_last_track_seqlen = length
+        other = 1 - int(req.mamba_next_track_idx)
+        if int(buf[other]) != -1:
+            raise InvalidInput("lazy extra buffer: both track positions hold a slot at a "
+                               "track point")
+        fresh = self.try_alloc_slot()
+        if fresh is None:
+            return False
+        pool = self.cache.req_to_token_pool
+        put = getattr(pool, "set_mamba_ping_pong_slot", None)
+        if put is None:  # a pool without sglang's request-to-slot table
+            def put(r: Any, k: int, v: Any) -> None:
+                r.mamba_ping_pong_track_buffer[k] = v
+        put(req, other, fresh[0])
+        old = int(buf[1 - other])
+        req.mamba_next_track_idx = other
+        self.allocator.free(torch.tensor([old], dtype=_INT64))
+        put(req, 1 - other, -1)
+        return True
+
     def _free_request_states(self, req: Any, kept: bool) -> None:
         """Extra buffer, a request's end: its own state slot goes back, then its track slots
-        but the one the tree took (``kept``)."""
+        but the one the tree took (``kept``); lazy, an empty track position (-1) frees
+        nothing."""
         keep = self.keep_index(req) if kept else None
         free = getattr(self.cache.req_to_token_pool, "free_mamba_cache", None)
         if free is not None:  # sglang's pool
@@ -189,7 +228,7 @@ class MambaComponent(AuxComponent):
         if getattr(req, "mamba_pool_idx", None) is not None:
             self.allocator.free(self._request_state(req))
         buf = req.mamba_ping_pong_track_buffer
-        rest = [int(s) for k, s in enumerate(buf.reshape(-1).tolist()) if k != keep]
+        rest = [int(s) for k, s in enumerate(buf.reshape(-1).tolist()) if k != keep and s != -1]
         if rest:
             self.allocator.free(torch.tensor(rest, dtype=_INT64))
         req.mamba_pool_idx = req.mamba_ping_pong_track_buffer = req.mamba_next_track_idx = None

@@ -40,7 +40,11 @@ torch = up.torch
 
 from sglang.srt import server_args as sglang_server_args  # noqa: E402
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
-from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.environ import envs  # noqa: E402
+from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch  # noqa: E402
+from sglang.srt.managers.scheduler_components.batch_result_processor import (  # noqa: E402
+    SchedulerBatchResultProcessor,
+)
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams  # noqa: E402
@@ -705,7 +709,7 @@ def test_streaming_sessions_same_outcomes_under_each_policy(policy):
 
 
 def xbuf_workload(ps: int, overlap: bool, impl: str, seed: int = 5, n: int = 160,
-                  interval: int = 8) -> dict:
+                  interval: int = 8, lazy: bool = False, mamba_size: int = 12) -> dict:
     """``enable_mamba_extra_buffer=True`` on sglang's ``HybridReqToTokenPool`` (two track slots
     with the overlap schedule, one without) and on ``CacheInitParams``.  sglang's own Req
     through the scheduler's calls: ``init_next_round_input`` (a Mamba cache's match copies the
@@ -714,16 +718,23 @@ def xbuf_workload(ps: int, overlap: bool, impl: str, seed: int = 5, n: int = 160
     track slots), prefill in one or two page-aligned chunks with ``cache_unfinished_req``
     after each, decode one token at a time, then ``cache_finished_req`` or an abort.  The track
     points are the scheduler's (``_mamba_radix_cache_v2_req_prepare_for_extend``,
-    ``_mamba_check_track_boundary``), by spec/requests.py's rules."""
+    ``_mamba_check_track_boundary``), by spec/requests.py's rules.  ``lazy``: the pool and
+    the params built with ``enable_mamba_extra_buffer_lazy`` (two states a request at
+    admission); a decode track point runs sglang's own scheduler steps, ``ScheduleBatch.
+    mamba_lazy_prealloc_at_boundary`` before the forward and ``SchedulerBatchResultProcessor.
+    mamba_lazy_post_decode_at_boundary`` after it (a request finishes on its last decode
+    step), and the finish passes ``req.mamba_lazy_is_insert``; sglang's
+    ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL`` fails the fresh slots of requests r*7."""
     from sglang.srt.mem_cache.common import alloc_req_slots
 
     from uniradix.spec.requests import decode_track_lens, extend_track_len
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=4, n_groups=1,
                                     num_heads=1, head_dim=2, state_size=2, conv_kernel=2)
-    rtp = HybridReqToTokenPool(size=8, mamba_size=12, mamba_spec_state_size=12,
+    rtp = HybridReqToTokenPool(size=8, mamba_size=mamba_size, mamba_spec_state_size=mamba_size,
                                max_context_len=512, device="cpu", enable_memory_saver=False,
                                cache_params=Mamba2CacheParams(shape=shape, layers=[0]),
                                mamba_layer_ids=[0], enable_mamba_extra_buffer=True,
+                               enable_mamba_extra_buffer_lazy=lazy,
                                enable_overlap_schedule=overlap)
     kv_slots = 256
     alloc = TokenToKVPoolAllocator(kv_slots, torch.float16, "cpu", None, False) if ps == 1 \
@@ -731,7 +742,8 @@ def xbuf_workload(ps: int, overlap: bool, impl: str, seed: int = 5, n: int = 160
     params = up.CacheInitParams(disable=False, req_to_token_pool=rtp,
                                 token_to_kv_pool_allocator=alloc, page_size=ps,
                                 tree_components=(CT.FULL, CT.MAMBA),
-                                enable_mamba_extra_buffer=True)
+                                enable_mamba_extra_buffer=True,
+                                enable_mamba_extra_buffer_lazy=lazy)
     cache = fast.UnifiedRadixCache(params) if impl == "fast" else up.UnifiedRadixCache(params)
     log: list = []
 
@@ -742,7 +754,26 @@ def xbuf_workload(ps: int, overlap: bool, impl: str, seed: int = 5, n: int = 160
 
     def track(req, at):
         req.mamba_last_track_seqlen = at
-        req.mamba_next_track_idx = rtp.get_mamba_ping_pong_other_idx(req.mamba_next_track_idx)
+        if not lazy:  # (lazy: a chunk's track point writes the only track slot in place)
+            req.mamba_next_track_idx = rtp.get_mamba_ping_pong_other_idx(
+                req.mamba_next_track_idx)
+
+    def lazy_decode_track(req, last):
+        """sglang's lazy steps around the forward of one decode token (the request finishing
+        on it when ``last``)."""
+        batch = types.SimpleNamespace(reqs=[req], req_to_token_pool=rtp, tree_cache=cache,
+                                      seq_lens_cpu=torch.tensor([req.kv_committed_len]))
+        # requests r*7: sglang's own test switch fails the fresh slot (the state goes over
+        # the only track slot; finishing on that step, the request caches nothing)
+        with envs.SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL.override(req.rid.endswith("7")):
+            ScheduleBatch.mamba_lazy_prealloc_at_boundary(batch, interval)
+        if last:
+            req.finished_reason = FINISH_LENGTH(length=req.kv_committed_len)
+        if req.kv_committed_len % interval == 0:
+            req.mamba_last_track_seqlen = req.kv_committed_len
+            SchedulerBatchResultProcessor.mamba_lazy_post_decode_at_boundary(None, req, batch)
+            log.append(("decode-track", req.rid, req.mamba_ping_pong_track_buffer.tolist(),
+                        req.mamba_next_track_idx, req.mamba_lazy_is_insert, states()))
 
     def compute(req, k):
         c = req.kv_committed_len
@@ -761,7 +792,7 @@ def xbuf_workload(ps: int, overlap: bool, impl: str, seed: int = 5, n: int = 160
         return True
 
     def finish(req, aborted):
-        cache.cache_finished_req(req, is_insert=not aborted)
+        cache.cache_finished_req(req, is_insert=not aborted and req.mamba_lazy_is_insert)
         rtp.free(req)
         log.append(("finish", req.rid, aborted, states()))
 
@@ -805,6 +836,9 @@ def xbuf_workload(ps: int, overlap: bool, impl: str, seed: int = 5, n: int = 160
             if not compute(req, 1):
                 break
             req.output_ids.append((prompt[j % len(prompt)] * 7 + j) % 50 + 1)
+            if lazy:
+                lazy_decode_track(req, j == out_len - 1)
+                continue
             for at in decode_track_lens(req.kv_committed_len - 1, 1, interval):
                 track(req, at)
         running.append(req)
@@ -832,3 +866,21 @@ def test_mamba_extra_buffer_same_outcomes(ps, overlap):
     assert any(e[2] > 0 for e in chunks)  # chunks cached tracked states
     assert any(e[0] == "admit" and e[2] > 0 for e in ours["log"])  # and later requests hit
     assert ours["states"][1] > 0  # the tree holds states at the end
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_mamba_extra_buffer_lazy_same_outcomes(ps):
+    """The lazy extra buffer (``enable_mamba_extra_buffer_lazy`` on sglang's pool and on the
+    params; sglang's own lazy scheduler steps at each decode track point): fast and sglang
+    give the same hits, track slots, cached lengths, state and KV pools after every request
+    and track point, including the requests that finish on a step whose fresh slot failed."""
+    ours = xbuf_workload(ps, True, "fast", lazy=True, mamba_size=8)
+    theirs = xbuf_workload(ps, True, "upstream", lazy=True, mamba_size=8)
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
+        assert a == b, f"event {k}: fast {a} != sglang {b}"
+    assert ours == theirs
+    tracks = [e for e in ours["log"] if e[0] == "decode-track"]
+    assert all(e[2].count(-1) == 1 for e in tracks)  # one track slot held after each
+    assert any(not e[4] for e in tracks)  # finishes on a failed track point: no insert
+    assert any(e[0] == "admit" and e[2] > 0 for e in ours["log"])  # later requests hit
+    assert any(e[0] == "chunk" and e[2] > 0 for e in ours["log"])

@@ -13,7 +13,7 @@ from uniradix.conformance.explore.machine import RandomChooser, draw_mamba_xbuf_
 # (about 5 minutes on a loaded 2-core machine: behind the slow marker)
 
 
-def test_drawn_configs_are_valid_and_cover_both_page_sizes_and_track_slots():
+def test_drawn_configs_are_valid_and_cover_page_sizes_track_slots_and_lazy():
     seen = set()
     for seed in range(40):
         cfg = draw_mamba_xbuf_config(RandomChooser(random.Random(seed)))
@@ -21,8 +21,10 @@ def test_drawn_configs_are_valid_and_cover_both_page_sizes_and_track_slots():
         assert cfg.mamba_extra_buffer and cfg.components == ("full", "mamba")
         assert cfg.mamba_cache_chunk_size % cfg.page_size == 0
         assert cfg.mamba_track_interval % cfg.page_size == 0
-        seen.add((cfg.page_size, cfg.mamba_track_slots))
-    assert seen == {(1, 1), (1, 2), (4, 1), (4, 2)}
+        seen.add((cfg.page_size, cfg.mamba_track_slots, cfg.mamba_extra_buffer_lazy))
+    # the lazy variant too, always with two track slots (spec/config.py refuses one)
+    assert seen == {(1, 1, False), (1, 2, False), (4, 1, False), (4, 2, False),
+                    (1, 2, True), (4, 2, True)}
 
 
 def test_hypothesis_machine_runs_requests_with_the_mamba_extra_buffer():
