@@ -353,7 +353,8 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
 
     Two places where the spec departs from upstream on purpose, both states SGLang's scheduler
     never reaches; the adapter applies the spec's rule there and records it in
-    :attr:`departures` (a recording with one is not upstream's own behaviour):
+    :attr:`departures` (a recording with one is not upstream's own behaviour;
+    ``spec_rules=False`` leaves upstream alone there too):
 
     * a track length that is not whole pages (a chunk that started inside a page) is cached
       nowhere (``cached_track_len``): the adapter hands the cache no track length then;
@@ -362,7 +363,8 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
       the eviction upstream would make first, and skips the cache call only when it frees
       nothing."""
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, spec_rules: bool = True) -> None:
+        self.spec_rules = spec_rules  # False: upstream's own behaviour there too (tests)
         self.departures: list[str] = []
         if config.components != ("full", "mamba"):
             raise Unsupported(f"MambaUpstreamRequestAdapter drives components ['full', 'mamba'] "
@@ -450,7 +452,8 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
         """The spec's rule for a track length inside a page (the class docstring): the cache
         gets none."""
         at = r.req.mamba_last_track_seqlen
-        if self.config.mamba_extra_buffer and at is not None and at % self.config.page_size:
+        if self.spec_rules and self.config.mamba_extra_buffer and at is not None \
+                and at % self.config.page_size:
             self.departures.append(f"req {r.req.rid}: track length {at} inside a page")
             r.req.mamba_last_track_seqlen = None
 
@@ -466,7 +469,7 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
         req = r.req
         needs_slot = not self.config.mamba_extra_buffer or req.mamba_last_track_seqlen is not None
         mamba = self.rtt.pool.mamba_allocator
-        if needs_slot and mamba.available_size() == 0:
+        if self.spec_rules and needs_slot and mamba.available_size() == 0:
             # the eviction upstream's _alloc_mamba_slot makes first
             self.cache.evict(self.up.EvictParams(num_tokens=0, mamba_num=1))
             if mamba.available_size() == 0:  # upstream would assert: nothing cached
