@@ -447,8 +447,10 @@ def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
     if impl in CAPABILITIES:
         CAPABILITIES[impl].check(config)
     if impl == "upstream-requests":  # the request path and sessions (upstream_requests.py)
-        from uniradix.conformance.adapters.upstream_requests import UpstreamRequestAdapter
-        return UpstreamRequestAdapter(config)
+        from uniradix.conformance.adapters import upstream_requests as ur
+        if config.components == ("full", "mamba"):  # with or without the extra buffer
+            return ur.MambaUpstreamRequestAdapter(config)
+        return ur.UpstreamRequestAdapter(config)
     if impl == "upstream":
         if config.components != ("full",) and config.has_host_tier:  # upstream_host_aux.py
             from uniradix.conformance.adapters.upstream_host_aux import HostAuxUpstreamAdapter

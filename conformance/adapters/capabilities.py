@@ -147,9 +147,12 @@ CAPABILITIES: dict[str, Capabilities] = {
         eagle=False, disable=False, request_ops=False, mamba_page_sizes=frozenset({1})),
     # upstream SGLang 0.5.13.post1 through its request path with sglang's own Req and the
     # embedded StreamingSession (UpstreamRequestAdapter): Full on the device alone, the
-    # tree-level API too
+    # tree-level API too; Full + Mamba on the device, with or without the extra buffer, over
+    # sglang's HybridReqToTokenPool (MambaUpstreamRequestAdapter), without sessions
     "upstream-requests": Capabilities(
-        name="upstream-requests", sessions=True, eagle=False, disable=False),
+        name="upstream-requests", components=frozenset({("full",), ("full", "mamba")}),
+        sessions=True, cow_mamba=True, eagle=False, disable=False, request_ops_with_aux=True,
+        mamba_page_sizes=frozenset({1})),
 }
 
 

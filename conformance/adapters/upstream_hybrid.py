@@ -175,11 +175,12 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             override = {ct.SWA: hy.HeldTombstoneSWAComponent if self.keep_held_tombstones
                         else hy.SeedEraSWAComponent}
         else:
-            self.allocator = PoolAllocator(self.pool, self.up.torch)
+            self.allocator = PoolAllocator(self.pool, self.up.torch, whole_pages=self.whole_pages)
         if "mamba" in self.config.components:  # Full + Mamba, or Full + SWA + Mamba
-            req_pool = hy.MambaReqPool(self.mamba)
+            req_pool = self._mamba_req_pool()
             hy.server_args._global_server_args = types.SimpleNamespace(
-                mamba_cache_chunk_size=self.config.mamba_cache_chunk_size)
+                mamba_cache_chunk_size=self.config.mamba_cache_chunk_size,
+                strip_thinking_cache=False)  # (what sglang's Req reads when it is cached)
         params = self.up.CacheInitParams(
             disable=False, req_to_token_pool=req_pool,
             token_to_kv_pool_allocator=self.allocator, page_size=self.config.page_size,
@@ -190,6 +191,15 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             enable_mamba_extra_buffer=self._mamba_extra_buffer(),
             enable_kv_cache_events=True)  # its KV-event mixin, as the Full adapter's
         return self.up.UnifiedRadixCache(params)
+
+    #: frees of some slots of a page release the whole page (a request's partial last page, as
+    #: sglang's paged allocator frees it); the tree-level API frees whole values only
+    whole_pages = False
+
+    def _mamba_req_pool(self):
+        """The ``HybridReqToTokenPool`` the cache reads its Mamba allocator from (the request
+        path's adapter, conformance/adapters/upstream_requests.py, builds sglang's own)."""
+        return self.hy.MambaReqPool(self.mamba)
 
     def _mamba_extra_buffer(self) -> bool:
         """Whether to tell upstream the Mamba extra buffer is on: the config's

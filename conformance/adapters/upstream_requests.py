@@ -29,10 +29,11 @@ from typing import Any
 from uniradix.conformance.adapters.fast_adapter import ReqToTokenPool
 from uniradix.conformance.adapters.session_ops import check_session_arg
 from uniradix.conformance.adapters.upstream import UpstreamAdapter
+from uniradix.conformance.adapters.upstream_hybrid import HybridUpstreamAdapter
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
 from uniradix.spec.errors import InvalidInput, Unsupported
-from uniradix.spec.requests import output_token_id
+from uniradix.spec.requests import decode_track_lens, extend_track_len, output_token_id
 
 # a request's output is produced by ``req_decode`` steps; sglang's Req only needs a bound
 _MAX_NEW_TOKENS = 1 << 20
@@ -60,7 +61,8 @@ class UpstreamRequestAdapter(UpstreamAdapter):
         if config.eagle or config.disable:
             raise Unsupported("UpstreamRequestAdapter drives neither EAGLE keys nor a "
                               "disabled cache")
-        self.rtt = ReqToTokenPool()
+        # the rows (fast_adapter's ReqToTokenPool; with Mamba sglang's pool behind _Rows)
+        self.rtt: Any = ReqToTokenPool()
         super().__init__(config)
         self.requests: dict[str, _Running] = {}
         # what SGLang's session controller keeps of a parked session: its tokens, extra_key
@@ -134,6 +136,9 @@ class UpstreamRequestAdapter(UpstreamAdapter):
         r.pending += self.pool.alloc(need)
         r.row_len += need
         return True, evicted
+
+    def _cache_unfinished(self, r: _Running, chunked: bool) -> None:
+        self.cache.cache_unfinished_req(r.req, chunked=chunked)
 
     def _commit(self, r: _Running, n: int) -> None:
         self._write(r, r.committed, r.pending[:n])
@@ -225,7 +230,7 @@ class UpstreamRequestAdapter(UpstreamAdapter):
         ok, evicted = self._reserve(r, n)
         if ok:
             self._commit(r, n)
-            self.cache.cache_unfinished_req(r.req, chunked=chunked)
+            self._cache_unfinished(r, chunked)
         return {"ok": ok, "evicted": evicted, "freed": self.pool.take_freed()}
 
     def _op_req_decode(self, step: dict, args: dict) -> dict:
@@ -329,6 +334,214 @@ class UpstreamRequestAdapter(UpstreamAdapter):
         return out
 
 
+class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter):
+    """The request path of a Full + Mamba cache, with or without the Mamba extra buffer
+    (docs/SPEC.md "The Mamba extra buffer"), over sglang's own ``HybridReqToTokenPool`` (the
+    extra buffer on when the config has it; two track slots with the overlap schedule, one
+    without) whose ``mamba_allocator`` is the environment's state pool (lowest-first, as the
+    spec's), and the tree-level ops of :class:`HybridUpstreamAdapter`.
+
+    The scheduler's side, as spec/requests.py models it: admission matches without
+    copy-on-write, locks the match, evicts the states the pool is short of in one call
+    (``new_state_slots``; without the extra buffer one state when the pool is empty) and then
+    takes the row, the running state slot and the track slots with sglang's
+    ``HybridReqToTokenPool.alloc``; it waits, holding nothing, when still short.  Track points
+    (``extend_track_len``, ``decode_track_lens``) move ``mamba_last_track_seqlen`` and
+    ``mamba_next_track_idx`` with sglang's ``get_mamba_ping_pong_other_idx``.  The cache's own
+    ``cache_unfinished_req`` / ``cache_finished_req`` do the rest (the donation of the tracked
+    slot, ``free_mamba_cache``).
+
+    Two places where the spec departs from upstream on purpose, both states SGLang's scheduler
+    never reaches; the adapter applies the spec's rule there and records it in
+    :attr:`departures` (a recording with one is not upstream's own behaviour;
+    ``spec_rules=False`` leaves upstream alone there too):
+
+    * a track length that is not whole pages (a chunk that started inside a page) is cached
+      nowhere (``cached_track_len``): the adapter hands the cache no track length then;
+    * no fresh state slot for the cache of a chunk even after evicting one state
+      (upstream's ``_alloc_mamba_slot`` asserts): the chunk is not cached.  The adapter makes
+      the eviction upstream would make first, and skips the cache call only when it frees
+      nothing."""
+
+    def __init__(self, config: CacheConfig, spec_rules: bool = True) -> None:
+        self.spec_rules = spec_rules  # False: upstream's own behaviour there too (tests)
+        self.departures: list[str] = []
+        if config.components != ("full", "mamba"):
+            raise Unsupported(f"MambaUpstreamRequestAdapter drives components ['full', 'mamba'] "
+                              f"only, not {list(config.components)}")
+        super().__init__(config)
+        self._tracking: str | None = None  # "chunk" / "decode": the step's track points
+
+    def _build_cache(self):
+        return HybridUpstreamAdapter._build_cache(self)  # with _mamba_req_pool's pool
+
+    whole_pages = True
+
+    def _mamba_req_pool(self):
+        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+        cfg = self.config
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=4, n_groups=1,
+                                        num_heads=1, head_dim=2, state_size=2, conv_kernel=2)
+        rtp = HybridReqToTokenPool(
+            size=_ROWS, mamba_size=cfg.mamba_slots, mamba_spec_state_size=cfg.mamba_slots,
+            max_context_len=_MAX_CONTEXT, device="cpu", enable_memory_saver=False,
+            cache_params=Mamba2CacheParams(shape=shape, layers=[0]), mamba_layer_ids=[0],
+            enable_mamba_extra_buffer=cfg.mamba_extra_buffer,
+            enable_overlap_schedule=cfg.mamba_track_slots == 2)
+        rtp.mamba_allocator = PoolAllocator(self.mamba, self.up.torch)
+        self.rtt = _Rows(rtp)
+        return rtp
+
+    # -- the scheduler's side ----------------------------------------------------------------
+    def _op_req_arrive(self, step: dict, args: dict) -> dict:
+        if args.get("session") is not None:
+            raise Unsupported("req_arrive: streaming sessions with Mamba are not driven on "
+                              "upstream's request path")
+        return super()._op_req_arrive(step, args)
+
+    def _state_effects(self, obs: dict) -> dict:
+        """A request step's pool effects with Mamba (TRACE.md): ``freed``, ``mamba_freed``."""
+        if "freed" not in obs:
+            obs["freed"] = self.pool.take_freed()
+        obs.update(self._effects())
+        return obs
+
+    def _op_req_admit(self, step: dict, args: dict) -> dict:
+        r = self._get(args.get("rid"), admitted=False)
+        req = r.req
+        req.init_next_round_input(tree_cache=self.cache, cow_mamba=False)
+        n = len(req.prefix_indices)
+        r.dec_params = self.cache.inc_lock_ref(req.last_node)
+        mamba = self.rtt.pool.mamba_allocator
+        k = 1 + self.config.mamba_track_slots if self.config.mamba_extra_buffer else 1
+        short = k - mamba.available_size() if self.config.mamba_extra_buffer \
+            else int(mamba.available_size() == 0)
+        if short > 0:
+            self.cache.evict(self.up.EvictParams(num_tokens=0, mamba_num=short))
+        if mamba.available_size() < k:  # every state is locked: it waits, holding nothing
+            self.cache.dec_lock_ref(req.last_node, r.dec_params)
+            r.dec_params = None
+            return self._state_effects({"prefix_len": 0, "mamba_pool_idx": None})
+        self.rtt.pool.alloc([req])  # sglang's: the row, the running slot, the track slots
+        self._write(r, 0, [int(v) for v in req.prefix_indices.tolist()])
+        r.row_len = r.committed = n
+        self._sync(r)
+        r.admitted = True
+        return self._state_effects({"prefix_len": n,
+                                    "mamba_pool_idx": int(req.mamba_pool_idx.reshape(-1)[0])})
+
+    def _track(self, req: Any, lengths: list[int]) -> None:
+        for at in lengths:
+            req.mamba_last_track_seqlen = at
+            req.mamba_next_track_idx = self.rtt.pool.get_mamba_ping_pong_other_idx(
+                req.mamba_next_track_idx)
+
+    def _commit(self, r: _Running, n: int) -> None:
+        req = r.req
+        if self.config.mamba_extra_buffer and self._tracking == "chunk":
+            at = extend_track_len(r.committed, n, self.config.mamba_cache_chunk_size,
+                                  req.mamba_branching_seqlen)
+            self._track(req, [] if at is None else [at])
+        elif self.config.mamba_extra_buffer and self._tracking == "decode":
+            self._track(req, decode_track_lens(r.committed, n,
+                                               self.config.mamba_track_interval))
+        super()._commit(r, n)
+
+    def _cacheable_track(self, r: _Running) -> None:
+        """The spec's rule for a track length inside a page (the class docstring): the cache
+        gets none."""
+        at = r.req.mamba_last_track_seqlen
+        if self.spec_rules and self.config.mamba_extra_buffer and at is not None \
+                and at % self.config.page_size:
+            self.departures.append(f"req {r.req.rid}: track length {at} inside a page")
+            r.req.mamba_last_track_seqlen = None
+
+    def _op_req_chunk(self, step: dict, args: dict) -> dict:
+        self._tracking = "chunk"
+        try:
+            return self._state_effects(super()._op_req_chunk(step, args))
+        finally:
+            self._tracking = None
+
+    def _cache_unfinished(self, r: _Running, chunked: bool) -> None:
+        self._cacheable_track(r)
+        req = r.req
+        needs_slot = not self.config.mamba_extra_buffer or req.mamba_last_track_seqlen is not None
+        mamba = self.rtt.pool.mamba_allocator
+        if self.spec_rules and needs_slot and mamba.available_size() == 0:
+            # the eviction upstream's _alloc_mamba_slot makes first
+            self.cache.evict(self.up.EvictParams(num_tokens=0, mamba_num=1))
+            if mamba.available_size() == 0:  # upstream would assert: nothing cached
+                self.departures.append(f"req {req.rid}: no state slot to cache a chunk")
+                req.mamba_last_track_seqlen = None
+                return
+        self.cache.cache_unfinished_req(req, chunked=chunked)
+
+    def _op_req_decode(self, step: dict, args: dict) -> dict:
+        self._tracking = "decode"
+        try:
+            return self._state_effects(super()._op_req_decode(step, args))
+        finally:
+            self._tracking = None
+
+    def _before_finish(self, r: _Running) -> None:
+        super()._before_finish(r)
+        self._cacheable_track(r)
+
+    def _op_req_finish(self, step: dict, args: dict) -> dict:
+        return self._state_effects(super()._op_req_finish(step, args))
+
+    def _op_req_abort(self, step: dict, args: dict) -> dict:
+        return self._state_effects(super()._op_req_abort(step, args))
+
+    def _release_row(self, r: _Running) -> None:
+        del self.requests[r.req.rid]
+        if r.admitted:
+            self.rtt.pool.free(r.req)  # sglang's: the row only (the state slots: the cache)
+
+    def _op_reset(self, step: dict, args: dict) -> dict:
+        out = HybridUpstreamAdapter._op_reset(self, step, args)
+        self.requests.clear()
+        self.rtt.pool.clear()
+        return out
+
+    # -- the state -----------------------------------------------------------------------------
+    def _request_view(self, r: _Running) -> dict:
+        out = super()._request_view(r)
+        req = r.req
+        idx = req.mamba_pool_idx if r.admitted else None
+        out["mamba_slot"] = None if idx is None else int(idx.reshape(-1)[0])
+        if self.config.mamba_extra_buffer:  # (spec/snapshot.py request_view)
+            buf = req.mamba_ping_pong_track_buffer if r.admitted else None
+            out["mamba_track"] = None if buf is None else [int(s) for s in buf.tolist()]
+            out["mamba_next_track"] = (req.mamba_next_track_idx or 0) if r.admitted else 0
+            out["mamba_track_len"] = req.mamba_last_track_seqlen if r.admitted else None
+            out["mamba_branching"] = req.mamba_branching_seqlen if r.admitted else None
+        return out
+
+
+class _Rows:
+    """sglang's ``HybridReqToTokenPool`` (``pool``) seen through the row interface
+    :class:`UpstreamRequestAdapter` writes rows with."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    @property
+    def req_to_token(self) -> Any:
+        return self.pool.req_to_token
+
+    def ensure(self, cols: int) -> None:
+        if cols > self.pool.max_context_len:
+            raise InvalidInput(f"a request longer than {self.pool.max_context_len} tokens")
+
+
+# sglang's HybridReqToTokenPool for the Mamba request path: rows, and columns a row holds
+_ROWS = 64
+_MAX_CONTEXT = 1 << 14
+
+
 # -- recording the sessions corpus (tests/corpus/upstream-sessions) -----------------------------
 
 SESSION_CONFIGS = ("sessions-p1", "sessions-p4")
@@ -364,3 +577,96 @@ def record_sessions(config_name: str, seed: int, steps: int, path: str) -> list[
 def load_version() -> str:
     from uniradix.conformance.adapters.upstream import load_upstream
     return str(load_upstream().version)
+
+
+# -- recording the Mamba request-path corpus (tests/corpus/upstream-mamba-requests) --------------
+
+MAMBA_CONFIGS = ("mamba-xbuf-p1", "mamba-xbuf-p4", "mamba")
+
+
+# the recorder's weights of the request-level actions (conformance/explore/machine.py
+# Scenario.WEIGHTS; conform's are 1.5-2.5, which leave about one step in seven on the request
+# path): most steps are requests, so the track points, the donated slots and the cut finishes
+# come often
+REQUEST_WEIGHTS = {"req_arrive": 5.0, "req_admit": 6.0, "req_chunk": 8.0, "req_decode": 7.0,
+                   "req_finish": 4.0, "req_abort": 0.6}
+
+
+def page_aligned_chunks(spec: Any, step: dict) -> bool:
+    """Whether ``step`` keeps chunked prefill page-aligned, as SGLang's scheduler does: a
+    ``req_chunk`` that is not a prompt's last one ends on a page boundary (``spec`` is the
+    spec's adapter, whose requests say how far each one has come).  A chunk that ends inside a
+    page starts the next one there, and its track length is one of the spec's departures."""
+    if step.get("op") != "req_chunk":
+        return True
+    args = step.get("args") or {}
+    req = spec.state.requests.get(args.get("rid")) if isinstance(args.get("rid"), str) else None
+    n = args.get("n")
+    if req is None or not req.admitted or type(n) is not int:
+        return True  # the spec refuses it; nothing to keep aligned
+    end = req.committed + n
+    return end % spec.config.page_size == 0 or end >= len(req.input_ids)
+
+
+def state_slot_to_be_had(spec: Any, step: dict) -> bool:
+    """Whether a ``req_chunk`` finds a state slot for what it caches: a free one, or an
+    evictable state (``spec`` is the spec's adapter).  Upstream's ``_alloc_mamba_slot`` asserts
+    when it finds neither, where the spec caches nothing (docs/SPEC.md "The Mamba extra
+    buffer"); the recorder draws such a step again (more often than needed: the chunk's own
+    room-making can free states too)."""
+    from uniradix.spec import components
+    state = spec.state
+    if step.get("op") != "req_chunk" or state.mamba is None:
+        return True
+    return state.mamba.available_size() > 0 or components.sizes(state)["mamba_evictable"] > 0
+
+
+def record_mamba(config_name: str, seed: int, steps: int, path: str) -> list[dict]:
+    """Record one trace of ``conform``'s workload for ``config_name`` (one of
+    :data:`MAMBA_CONFIGS`: tree-level steps, requests, the Mamba pool ops) from
+    :class:`MambaUpstreamRequestAdapter`, writing it to ``path``; the config is ``conform``'s
+    with the pool sizes drawn from ``seed``.  Chunked prefill is kept page-aligned
+    (:func:`page_aligned_chunks`) and a chunk runs only when a state slot is to be had for its
+    cache (:func:`state_slot_to_be_had`): a proposal that is not is drawn again.  The spec runs in
+    lockstep while the steps are drawn (the request actions weighted up,
+    :data:`REQUEST_WEIGHTS`), every snapshot compared and upstream's
+    ``sanity_check`` after every step; a finding, or a step where the adapter applied one of
+    the spec's departures (``departures``: the trace would not be upstream's own behaviour),
+    raises ``RuntimeError`` (nothing written).  Returns the recorded steps."""
+    import random
+
+    from uniradix.conformance.adapters.base import SpecAdapter
+    from uniradix.conformance.explore.conform import segment_config
+    from uniradix.conformance.explore.lockstep import Lockstep, write_trace
+    from uniradix.conformance.explore.machine import RandomChooser, Scenario, runner_actions
+
+    if config_name not in MAMBA_CONFIGS:
+        raise ValueError(f"unknown Mamba config {config_name!r}; known: {MAMBA_CONFIGS}")
+    _, config = segment_config(config_name, seed, 0)
+    up, spec = MambaUpstreamRequestAdapter(config), SpecAdapter(config)
+    ls = Lockstep([up, spec], ["upstream", "spec"])
+    rng = random.Random(f"upstream-mamba-requests:{config_name}:{seed}")
+    ch = RandomChooser(rng)
+    sc = Scenario(config, ch, actions=runner_actions(ls, None))
+    sc.WEIGHTS = dict(sc.WEIGHTS, **REQUEST_WEIGHTS)
+    taken: list[dict] = []
+    ls.prime()
+    while len(taken) < steps:
+        step = sc.propose(sc.next_action(rng), ch)
+        if step is None or not (page_aligned_chunks(spec, step)
+                                and state_slot_to_be_had(spec, step)):
+            continue
+        step = {"i": len(taken), **step}
+        taken.append(step)
+        obs, finding = ls.check(step)
+        if finding is not None:
+            raise RuntimeError(f"{config_name} seed {seed} step {step['i']}: {finding}")
+        if up.departures:
+            raise RuntimeError(f"{config_name} seed {seed} step {step['i']}: the spec's rule "
+                               f"applied, not upstream's: {up.departures[0]}")
+        sc.observe(step, obs)
+    source = (f"sglang {load_version()} UnifiedRadixCache on CPU, request path with sglang's "
+              f"Req and HybridReqToTokenPool (uniradix.conformance.adapters.upstream_requests."
+              f"MambaUpstreamRequestAdapter, config {config_name}, seed {seed}, chunked prefill "
+              f"page-aligned)")
+    return write_trace(path, [MambaUpstreamRequestAdapter], config, taken, source, seed=seed)

@@ -57,7 +57,7 @@ STEPS = [("req_arrive", {"rid": "r", "tokens": [1, 2]}),
 def impls() -> list[str]:
     out = ["spec", "fast"]
     if upstream_mod.upstream_available():
-        out.append("upstream")
+        out += ["upstream", "upstream-requests"]
     return out
 
 

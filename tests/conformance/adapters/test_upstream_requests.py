@@ -113,9 +113,9 @@ def test_reachable_by_name_in_conform():
     from uniradix.spec.errors import Unsupported
 
     assert type(make_adapter("upstream-requests", CacheConfig())) is UpstreamRequestAdapter
-    with pytest.raises(Unsupported, match="components"):
-        make_adapter("upstream-requests", CacheConfig(components=("full", "mamba"),
-                                                      mamba_slots=4))
+    with pytest.raises(Unsupported, match="components"):  # (Full + Mamba: its own file)
+        make_adapter("upstream-requests", CacheConfig(components=("full", "swa"),
+                                                      swa_slots=16, sliding_window=4))
     ops: collections.Counter = collections.Counter()
 
     class Counted(UpstreamRequestAdapter):

@@ -21,8 +21,10 @@ from uniradix.conformance.traces.trace import load_trace
 # and every trace behind `slow`: tests/corpus/upstream-policies in tests/spec/test_spec_policies.py
 # and tests/fast/test_fast_policies.py, the storage corpus in
 # tests/conformance/traces/test_storage_corpus.py, tests/corpus/upstream-host-swa in
-# tests/conformance/traces/test_host_swa_corpus.py.
-OWN_FILES = ("upstream-policies", "upstream-storage", "upstream-host-swa")
+# tests/conformance/traces/test_host_swa_corpus.py, tests/corpus/upstream-mamba-requests (with
+# the KV check) in tests/conformance/traces/test_mamba_requests_corpus.py.
+OWN_FILES = ("upstream-policies", "upstream-storage", "upstream-host-swa",
+             "upstream-mamba-requests")
 ALL_TRACES = sorted(t for t in glob.glob(os.path.join(CORPUS, "**", "*.jsonl"), recursive=True)
                     if not is_spec_only(t)
                     and not any(os.sep + d + os.sep in t for d in OWN_FILES))
