@@ -161,6 +161,11 @@ class HybridRadixCache(UnifiedRadixCache):
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 0, 1 or 2
+        if not comps and type(self)._new_node is HybridRadixCache._new_node:
+            # no aux record to add: a new node is a plain ``Node`` (``_new_node`` with n == 0)
+            self._new_node = Node  # type: ignore[method-assign]
+        else:  # (init_hicache builds again on the same instance)
+            self.__dict__.pop("_new_node", None)
         # one component with its own validator: a match without a host tier applies the rule
         # inline, without a call per node (SWA: a window of contiguous data up to the node;
         # Mamba: data on the node, the same rule with a window of 0); -1: the validators
