@@ -605,7 +605,7 @@ class HybridRadixCache(UnifiedRadixCache):
             hi = pos + taken
             if lo < hi:  # this node's duplicates: one piece per node, as upstream frees them
                 self._free(_narrow(value, 0, lo, hi - lo))  # (release() joins what it may)
-            if tier is not None:
+            if tier is not None and not tier.write_back:  # (write-back counts no hits)
                 tier.count_hit(child, chunked)
             if keyed:
                 policies.walked(self, child, priority, chunked)
@@ -798,7 +798,6 @@ class HybridRadixCache(UnifiedRadixCache):
         tracker = [0] * (1 + len(self.components))  # Full units, then each component's
         batch = FreeBatch()
         heap = self._heap
-        is_leaf = self._is_leaf
         evict_leaf = self._evict_leaf
         heappop = heapq.heappop
         key_of = self._policy_key  # None: entries keyed by the stamp (lru)
@@ -807,8 +806,12 @@ class HybridRadixCache(UnifiedRadixCache):
         try:
             while tracker[0] < want and heap:
                 stamp, node = heappop(heap)
+                # (the entry is live: its stamp or key is the node's and ``_is_leaf``, written
+                # out; a leaf passed over in this call is not tried again)
                 if (node.last_access_time != stamp if key_of is None else key_of(node) != stamp) \
-                        or not is_leaf(node) or id(node) in passed_ids:
+                        or node.lock_ref or node.aux_lock or node.dev_children \
+                        or node.value is None or node.parent is None \
+                        or (passed_ids and id(node) in passed_ids):
                     continue
                 if evict_leaf(node, tracker, batch) is False:
                     passed_over.append(node)

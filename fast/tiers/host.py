@@ -489,7 +489,8 @@ class HostIncLockRefResult(api.IncLockRefResult):
         return HostDecLockRefParams(
             swa_uuid_for_lock=self.swa_uuid_for_lock,
             swa_uuid_for_host_lock=self.swa_uuid_for_host_lock,
-            skip_lock_node_ids={k: set(v) for k, v in self.skip_lock_node_ids.items()},
+            skip_lock_node_ids={k: set(v) for k, v in self.skip_lock_node_ids.items()}
+            if self.skip_lock_node_ids else {},  # (no copy to make: no comprehension call)
             anchor=self.anchor)
 
 
@@ -772,7 +773,13 @@ class HostTier:
         node.value = None
         parent = node.parent
         parent.dev_children -= 1
-        self.update_host_leaf(node)
+        # (``update_host_leaf``, written out: the node is attached, evicted now, backed up)
+        if node.host_lock_ref == 0 and not node.children \
+                and (not node.aux or not any(r.host_lock for r in node.aux)):
+            self.host_leaves.add(node)
+            self.host_leaf_heap.push(node.last_access_time, node)
+        else:
+            self.host_leaves.discard(node)
         cache._push_if_leaf(parent)
         return True
 
@@ -906,7 +913,11 @@ class HostTier:
             return
         if write_back:
             for ack in queue:
-                ack.finish_event.synchronize()
+                finish = ack.finish_event
+                if finish.__class__ is _Event:  # (its synchronize, written out)
+                    finish.done = True
+                else:
+                    finish.synchronize()
         done = self._finished(queue)
         if not done:
             return
