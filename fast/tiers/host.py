@@ -37,7 +37,7 @@ import torch
 
 from .. import compat
 from .. import params as api  # the API types, named api.X
-from ..errors import InvalidInput, Unsupported
+from ..errors import HandleError, InvalidInput, Unsupported
 from ..frees import APPEND, release
 from ..structures import LazyHeap
 
@@ -747,6 +747,30 @@ class HostTier:
         cache._protected += delta
         return HostDecLockRefParams(anchor=node)
 
+    def _full_write_unlock(self, anchor: Any) -> None:
+        """``cache.dec_lock_ref(node, params)`` of a write-through lock on a cache with no aux
+        component (not disabled), written out: ``params.anchor`` is ``anchor`` and nothing is
+        skipped, so every node from ``anchor`` up to the root counts one lock less (all checked
+        first: a refused unlock changes nothing), and each one whose count reaches 0 may be an
+        evictable leaf now (pushed in the walk's order, as the general path pushes them)."""
+        cache = self.cache
+        root = cache.root_node
+        cur = anchor
+        while cur is not root:
+            if cur.lock_ref <= 0:
+                raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
+            cur = cur.parent
+        delta, cur = 0, anchor
+        push = cache._push_if_leaf
+        while cur is not root:
+            cur.lock_ref -= 1
+            if cur.lock_ref == 0:
+                delta += len(cur.key)
+                push(cur)
+            cur = cur.parent
+        cache._evictable += delta
+        cache._protected -= delta
+
     # -- device eviction with a host tier ----------------------------------------------------
     def evict_leaf(self, node: Any, tracker: list, batch: Any) -> bool:
         """Evict one device leaf the host tier's way: a backed-up leaf goes to the host (it
@@ -918,10 +942,15 @@ class HostTier:
                     finish.done = True
                 else:
                     finish.synchronize()
-        done = self._finished(queue)
+        first = queue[0].finish_event
+        if first.__class__ is _Event and len(queue) == 1 and self.tp_group is None:
+            done = 1 if first.done else 0  # (``_finished`` of one _Event ack, written out)
+        else:
+            done = self._finished(queue)
         if not done:
             return
         cache = self.cache
+        plain = not cache.components and not cache.disable  # (locks: ``_full_write_lock``'s)
         for ack in queue[:done]:
             del queue[0]
             finish = ack.finish_event
@@ -933,7 +962,10 @@ class HostTier:
                 entry = self.ongoing_write_through.pop(ack_id, None)
                 if entry is not None:
                     if entry.lock is not None:
-                        cache.dec_lock_ref(entry.node, entry.lock)
+                        if plain:
+                            self._full_write_unlock(entry.lock.anchor)
+                        else:
+                            cache.dec_lock_ref(entry.node, entry.lock)
                     if self.storage is not None:  # backed up to storage
                         self.storage.after_write_ack(ack_id, entry.node)
 

@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 
 from uniradix import fast  # noqa: E402
 from uniradix.conformance.env.pools import PoolAllocator  # noqa: E402
-from uniradix.fast.hicache import HiCacheConfig, InitLoadBackParams  # noqa: E402
+from uniradix.fast.errors import HandleError  # noqa: E402
+from uniradix.fast.hicache import HiCacheConfig, HostDecLockRefParams, InitLoadBackParams  # noqa: E402
 from uniradix.fast.hybrid import HybridRadixCache  # noqa: E402
 from uniradix.fast.node import Node  # noqa: E402
 from uniradix.spec.world import PagedPool  # noqa: E402
@@ -32,6 +33,8 @@ def _general(cache) -> None:
     """Put ``cache`` on the general paths the specialised ones equal."""
     tier = cache.tier
     tier._full_write_lock = lambda node: cache.inc_lock_ref(node).to_dec_params()
+    tier._full_write_unlock = lambda anchor: cache.dec_lock_ref(
+        anchor, HostDecLockRefParams(anchor=anchor))
     cache.check_hicache_events = types.MethodType(HybridRadixCache.check_hicache_events, cache)
     cache._new_node = types.MethodType(HybridRadixCache._new_node, cache)
 
@@ -99,7 +102,8 @@ def test_specialised_host_paths_equal_the_general_ones(policy, io, page):
 
 
 def test_the_write_lock_equals_inc_lock_ref():
-    """The write-through lock written out: the same counts and the same unlock params."""
+    """The write-through lock and unlock written out: the same counts, the same unlock params,
+    the same state after the unlock, and a second unlock refused with nothing changed."""
     cache, alloc = _cache("write_back", "sync", 1)  # (write-back: no lock of its own)
     for toks in ([1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6, 7]):
         cache.insert(fast.InsertParams(key=fast.RadixKey(toks), value=alloc.alloc(len(toks))))
@@ -115,5 +119,8 @@ def test_the_write_lock_equals_inc_lock_ref():
             special.swa_uuid_for_host_lock) == (general.anchor, general.skip_lock_node_ids,
                                                 general.swa_uuid_for_lock,
                                                 general.swa_uuid_for_host_lock)
-    cache.dec_lock_ref(node, special)
+    cache.tier._full_write_unlock(special.anchor)
     assert _tree(cache) == before and cache.violations() == []
+    with pytest.raises(HandleError, match="not locked"):  # released twice: refused, unchanged
+        cache.tier._full_write_unlock(special.anchor)
+    assert _tree(cache) == before
