@@ -380,7 +380,7 @@ class HiCacheController:
                                               device_indices=device_indices,
                                               host_indices=host_indices, check_values=False)
         else:
-            if self._moves_data():
+            if self.device_kv is not None and self.host_kv is not None:  # (_moves_data)
                 from uniradix.kernels import backup_all_layers
                 backup_all_layers(self.device_kv, self.host_kv, device_indices=device_indices,
                                   host_indices=host_indices, impl=self.copy_impl)
@@ -935,17 +935,16 @@ class HostTier:
         queue = self.controller.ack_write_queue
         if not queue:  # (nothing queued: nothing to wait for, no rank asked; _finished's 0)
             return
-        if write_back:
-            for ack in queue:
-                finish = ack.finish_event
-                if finish.__class__ is _Event:  # (its synchronize, written out)
-                    finish.done = True
-                else:
-                    finish.synchronize()
         first = queue[0].finish_event
         if first.__class__ is _Event and len(queue) == 1 and self.tp_group is None:
-            done = 1 if first.done else 0  # (``_finished`` of one _Event ack, written out)
+            # (one _Event ack, no tp group: its wait and ``_finished``'s count, written out)
+            if write_back:
+                first.done = True
+            done = 1 if first.done else 0
         else:
+            if write_back:
+                for ack in queue:
+                    ack.finish_event.synchronize()
             done = self._finished(queue)
         if not done:
             return
