@@ -788,10 +788,10 @@ class HybridRadixCache(UnifiedRadixCache):
         if not self.components:
             return api.EvictResult(self._evict_units(want)[0])
         tracker = self._evict_units(want, {"swa": swa_want, "mamba": mamba_want})
-        got = {comp.name: tracker[comp.i + 1] for comp in self.components}
+        swa, mamba = self.swa, self.mamba  # (the components named swa and mamba, if any)
         return api.EvictResult(num_tokens_evicted=tracker[0],
-                               swa_num_tokens_evicted=got.get("swa", 0),
-                               mamba_num_evicted=got.get("mamba", 0))
+                               swa_num_tokens_evicted=0 if swa is None else tracker[swa.i + 1],
+                               mamba_num_evicted=0 if mamba is None else tracker[mamba.i + 1])
 
     def _evict_units(self, want: int, wants: dict | None = None) -> list:
         """``evict``'s work; returns the units freed: Full, then each component's."""
@@ -801,8 +801,10 @@ class HybridRadixCache(UnifiedRadixCache):
         evict_leaf = self._evict_leaf
         heappop = heapq.heappop
         key_of = self._policy_key  # None: entries keyed by the stamp (lru)
-        passed_over = []  # leaves whose write-back backup failed: not tried again in this call
-        passed_ids: set[int] = set()  # (the lazy heap may hold a leaf more than once)
+        # leaves whose write-back backup failed: not tried again in this call (their ids: the
+        # lazy heap may hold a leaf more than once); made at the first such leaf
+        passed_over: list | None = None
+        passed_ids: set[int] | None = None
         try:
             while tracker[0] < want and heap:
                 stamp, node = heappop(heap)
@@ -814,13 +816,16 @@ class HybridRadixCache(UnifiedRadixCache):
                         or (passed_ids and id(node) in passed_ids):
                     continue
                 if evict_leaf(node, tracker, batch) is False:
+                    if passed_over is None:
+                        passed_over, passed_ids = [], set()
                     passed_over.append(node)
-                    passed_ids.add(id(node))
+                    passed_ids.add(id(node))  # type: ignore[union-attr]
             if wants:
                 for comp in self.components:
                     comp.drive(wants[comp.name], tracker, batch)
-            for node in passed_over:
-                self._push_if_leaf(node)
+            if passed_over is not None:
+                for node in passed_over:
+                    self._push_if_leaf(node)
             if self.tier is not None and self.tier.write_back:
                 self.tier.writing_check(write_back=True)
         finally:
