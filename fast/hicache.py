@@ -55,6 +55,20 @@ class HiCacheRadixCache(HybridRadixCache):
             raise Unsupported("HiCacheRadixCache needs a host tier: params.hicache or the "
                               "hicache argument")
 
+    def check_hicache_events(self) -> None:
+        """``HybridRadixCache.check_hicache_events`` with the tier known to be there: the
+        finished writes, then the finished loads (each skipped when its ack queue is empty,
+        where it would do nothing), then the storage tier's control queues."""
+        tier = self.tier
+        assert tier is not None  # (set by __init__)
+        controller = tier.controller
+        if controller.ack_write_queue:
+            tier.writing_check()
+        if controller.ack_load_queue:
+            tier.loading_check()
+        if self.storage_tier is not None:
+            self.storage_tier.drain()
+
     # -- the storage tier (fast/tiers/storage.py), under upstream's method names --------------
     @property
     def enable_storage(self) -> bool:

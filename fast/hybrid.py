@@ -163,6 +163,11 @@ class HybridRadixCache(UnifiedRadixCache):
         self.components: tuple[AuxComponent, ...] = tuple(comps)
         self._has_mamba = any(c.name == "mamba" for c in self.components)
         self._n_aux = len(comps)  # 0, 1 or 2
+        if not comps and type(self)._new_node is HybridRadixCache._new_node:
+            # no aux record to add: a new node is a plain ``Node`` (``_new_node`` with n == 0)
+            self._new_node = Node  # type: ignore[method-assign]
+        else:  # (init_hicache builds again on the same instance)
+            self.__dict__.pop("_new_node", None)
         # one component with its own validator: a match without a host tier applies the rule
         # inline, without a call per node (SWA: a window of contiguous data up to the node;
         # Mamba: data on the node, the same rule with a window of 0); -1: the validators
@@ -602,7 +607,7 @@ class HybridRadixCache(UnifiedRadixCache):
             hi = pos + taken
             if lo < hi:  # this node's duplicates: one piece per node, as upstream frees them
                 self._free(_narrow(value, 0, lo, hi - lo))  # (release() joins what it may)
-            if tier is not None:
+            if tier is not None and not tier.write_back:  # (write-back counts no hits)
                 tier.count_hit(child, chunked)
             if keyed:
                 policies.walked(self, child, priority, chunked)
@@ -785,36 +790,44 @@ class HybridRadixCache(UnifiedRadixCache):
         if not self.components:
             return api.EvictResult(self._evict_units(want)[0])
         tracker = self._evict_units(want, {"swa": swa_want, "mamba": mamba_want})
-        got = {comp.name: tracker[comp.i + 1] for comp in self.components}
+        swa, mamba = self.swa, self.mamba  # (the components named swa and mamba, if any)
         return api.EvictResult(num_tokens_evicted=tracker[0],
-                               swa_num_tokens_evicted=got.get("swa", 0),
-                               mamba_num_evicted=got.get("mamba", 0))
+                               swa_num_tokens_evicted=0 if swa is None else tracker[swa.i + 1],
+                               mamba_num_evicted=0 if mamba is None else tracker[mamba.i + 1])
 
     def _evict_units(self, want: int, wants: dict | None = None) -> list:
         """``evict``'s work; returns the units freed: Full, then each component's."""
         tracker = [0] * (1 + len(self.components))  # Full units, then each component's
         batch = FreeBatch()
         heap = self._heap
-        is_leaf = self._is_leaf
         evict_leaf = self._evict_leaf
         heappop = heapq.heappop
         key_of = self._policy_key  # None: entries keyed by the stamp (lru)
-        passed_over = []  # leaves whose write-back backup failed: not tried again in this call
-        passed_ids: set[int] = set()  # (the lazy heap may hold a leaf more than once)
+        # leaves whose write-back backup failed: not tried again in this call (their ids: the
+        # lazy heap may hold a leaf more than once); made at the first such leaf
+        passed_over: list | None = None
+        passed_ids: set[int] | None = None
         try:
             while tracker[0] < want and heap:
                 stamp, node = heappop(heap)
+                # (the entry is live: its stamp or key is the node's and ``_is_leaf``, written
+                # out; a leaf passed over in this call is not tried again)
                 if (node.last_access_time != stamp if key_of is None else key_of(node) != stamp) \
-                        or not is_leaf(node) or id(node) in passed_ids:
+                        or node.lock_ref or node.aux_lock or node.dev_children \
+                        or node.value is None or node.parent is None \
+                        or (passed_ids and id(node) in passed_ids):
                     continue
                 if evict_leaf(node, tracker, batch) is False:
+                    if passed_over is None:
+                        passed_over, passed_ids = [], set()
                     passed_over.append(node)
-                    passed_ids.add(id(node))
+                    passed_ids.add(id(node))  # type: ignore[union-attr]
             if wants:
                 for comp in self.components:
                     comp.drive(wants[comp.name], tracker, batch)
-            for node in passed_over:
-                self._push_if_leaf(node)
+            if passed_over is not None:
+                for node in passed_over:
+                    self._push_if_leaf(node)
             if self.tier is not None and self.tier.write_back:
                 self.tier.writing_check(write_back=True)
         finally:

@@ -256,7 +256,9 @@ class AuxComponent:
             nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of this list
             if x.lock == 0:
                 node = x.node
-                if cache._is_leaf(node):
+                # (``cache._is_leaf(node)``, written out)
+                if node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+                        and node.value is not None and node.parent is not None:
                     cache._evict_leaf(node, tracker, batch)
                 else:
                     self.drop(node, tracker, batch, False)

@@ -37,7 +37,7 @@ import torch
 
 from .. import compat
 from .. import params as api  # the API types, named api.X
-from ..errors import InvalidInput, Unsupported
+from ..errors import HandleError, InvalidInput, Unsupported
 from ..frees import APPEND, release
 from ..structures import LazyHeap
 
@@ -380,7 +380,7 @@ class HiCacheController:
                                               device_indices=device_indices,
                                               host_indices=host_indices, check_values=False)
         else:
-            if self._moves_data():
+            if self.device_kv is not None and self.host_kv is not None:  # (_moves_data)
                 from uniradix.kernels import backup_all_layers
                 backup_all_layers(self.device_kv, self.host_kv, device_indices=device_indices,
                                   host_indices=host_indices, impl=self.copy_impl)
@@ -489,7 +489,8 @@ class HostIncLockRefResult(api.IncLockRefResult):
         return HostDecLockRefParams(
             swa_uuid_for_lock=self.swa_uuid_for_lock,
             swa_uuid_for_host_lock=self.swa_uuid_for_host_lock,
-            skip_lock_node_ids={k: set(v) for k, v in self.skip_lock_node_ids.items()},
+            skip_lock_node_ids={k: set(v) for k, v in self.skip_lock_node_ids.items()}
+            if self.skip_lock_node_ids else {},  # (no copy to make: no comprehension call)
             anchor=self.anchor)
 
 
@@ -586,7 +587,7 @@ class HostTier:
         can hold a node whose Full host copy is not host-locked)."""
         return (node.parent is not None and node.value is None and node.host_value is not None
                 and node.host_lock_ref == 0 and not node.children
-                and not any(r.host_lock for r in node.aux))
+                and (not node.aux or not any(r.host_lock for r in node.aux)))
 
     def update_host_leaf(self, node: Any) -> None:
         """Recompute ``node``'s host-leaf membership (after any of its inputs changed)."""
@@ -703,14 +704,15 @@ class HostTier:
         host_indices = cc.mem_pool_host.alloc(n)
         if host_indices is None:
             return 0
-        done: list = []
-        for comp in cache.components:  # each component backs its own data up (Mamba: the state)
-            if not comp.backup(node):
-                for c in done:
-                    c.drop_host(node)
-                cc.mem_pool_host.free(host_indices)
-                return 0
-            done.append(comp)
+        if cache.components:
+            done: list = []
+            for comp in cache.components:  # each component backs its own data up (Mamba: the state)
+                if not comp.backup(node):
+                    for c in done:
+                        c.drop_host(node)
+                    cc.mem_pool_host.free(host_indices)
+                    return 0
+                done.append(comp)
         cc.submit_write(node.value, host_indices, node.id)
         # a copy: a host allocator hands out views of its free list (sglang's does), and a view
         # would keep that whole list alive for as long as the node holds its host copy
@@ -718,9 +720,56 @@ class HostTier:
         self.host_tokens += n
         if cache._events is not None:  # announced at the ack (fast/events.py)
             cache._events.host_written(node.id, node)
-        lock = None if write_back else cache.inc_lock_ref(node).to_dec_params()
+        if write_back:
+            lock = None
+        elif cache.components or cache.disable:
+            lock = cache.inc_lock_ref(node).to_dec_params()
+        else:
+            lock = self._full_write_lock(node)
         self.ongoing_write_through[node.id] = InFlight(node, lock)
         return n
+
+    def _full_write_lock(self, node: Any) -> HostDecLockRefParams:
+        """``cache.inc_lock_ref(node).to_dec_params()`` for a cache with no aux component (not
+        disabled), written out: the lock a write-through backup holds until its ack.  ``node``
+        is attached and holds device data (it is being backed up), so the lock skips no node
+        and its anchor is ``node``; every node from it up to the root counts one more lock
+        (tests/fast/test_host_fast_paths.py checks both ways give the same tree and params)."""
+        cache = self.cache
+        root = cache.root_node
+        delta, cur = 0, node
+        while cur is not root:
+            if cur.lock_ref == 0:
+                delta += len(cur.key)
+            cur.lock_ref += 1
+            cur = cur.parent
+        cache._evictable -= delta
+        cache._protected += delta
+        return HostDecLockRefParams(anchor=node)
+
+    def _full_write_unlock(self, anchor: Any) -> None:
+        """``cache.dec_lock_ref(node, params)`` of a write-through lock on a cache with no aux
+        component (not disabled), written out: ``params.anchor`` is ``anchor`` and nothing is
+        skipped, so every node from ``anchor`` up to the root counts one lock less (all checked
+        first: a refused unlock changes nothing), and each one whose count reaches 0 may be an
+        evictable leaf now (pushed in the walk's order, as the general path pushes them)."""
+        cache = self.cache
+        root = cache.root_node
+        cur = anchor
+        while cur is not root:
+            if cur.lock_ref <= 0:
+                raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
+            cur = cur.parent
+        delta, cur = 0, anchor
+        push = cache._push_if_leaf
+        while cur is not root:
+            cur.lock_ref -= 1
+            if cur.lock_ref == 0:
+                delta += len(cur.key)
+                push(cur)
+            cur = cur.parent
+        cache._evictable += delta
+        cache._protected -= delta
 
     # -- device eviction with a host tier ----------------------------------------------------
     def evict_leaf(self, node: Any, tracker: list, batch: Any) -> bool:
@@ -748,7 +797,13 @@ class HostTier:
         node.value = None
         parent = node.parent
         parent.dev_children -= 1
-        self.update_host_leaf(node)
+        # (``update_host_leaf``, written out: the node is attached, evicted now, backed up)
+        if node.host_lock_ref == 0 and not node.children \
+                and (not node.aux or not any(r.host_lock for r in node.aux)):
+            self.host_leaves.add(node)
+            self.host_leaf_heap.push(node.last_access_time, node)
+        else:
+            self.host_leaves.discard(node)
         cache._push_if_leaf(parent)
         return True
 
@@ -878,31 +933,60 @@ class HostTier:
         processes the MIN over the ranks of its done prefix (as 0.5.13.post1), so all ranks
         unlock, back up to storage and publish the same writes."""
         queue = self.controller.ack_write_queue
-        if write_back:
-            for ack in queue:
-                ack.finish_event.synchronize()
-        for ack in queue[: self._finished(queue)]:
+        if not queue:  # (nothing queued: nothing to wait for, no rank asked; _finished's 0)
+            return
+        first = queue[0].finish_event
+        if first.__class__ is _Event and len(queue) == 1 and self.tp_group is None:
+            # (one _Event ack, no tp group: its wait and ``_finished``'s count, written out)
+            if write_back:
+                first.done = True
+            done = 1 if first.done else 0
+        else:
+            if write_back:
+                for ack in queue:
+                    ack.finish_event.synchronize()
+            done = self._finished(queue)
+        if not done:
+            return
+        cache = self.cache
+        plain = not cache.components and not cache.disable  # (locks: ``_full_write_lock``'s)
+        for ack in queue[:done]:
             del queue[0]
-            ack.finish_event.synchronize()  # (done here: the MIN is at most this rank's count)
+            finish = ack.finish_event
+            if finish.__class__ is not _Event:  # (an _Event is done once its query said so)
+                finish.synchronize()  # (done here: the MIN is at most this rank's count)
             for ack_id in ack.node_ids:
-                if self.cache._events is not None:
-                    self.cache._events.host_acked(ack_id)
+                if cache._events is not None:
+                    cache._events.host_acked(ack_id)
                 entry = self.ongoing_write_through.pop(ack_id, None)
-                if entry is not None and entry.lock is not None:
-                    self.cache.dec_lock_ref(entry.node, entry.lock)
-                if entry is not None and self.storage is not None:  # backed up to storage
-                    self.storage.after_write_ack(ack_id, entry.node)
+                if entry is not None:
+                    if entry.lock is not None:
+                        if plain:
+                            self._full_write_unlock(entry.lock.anchor)
+                        else:
+                            cache.dec_lock_ref(entry.node, entry.lock)
+                    if self.storage is not None:  # backed up to storage
+                        self.storage.after_write_ack(ack_id, entry.node)
 
     def loading_check(self) -> None:
         """Process finished loads (the done prefix of the load-ack queue), unlocking them;
         with a ``tp_group`` the MIN over the ranks of the done prefix."""
         queue = self.controller.ack_load_queue
-        for ack in queue[: self._finished(queue)]:
+        if not queue:  # (_finished's 0, no rank asked)
+            return
+        done = self._finished(queue)
+        if not done:
+            return
+        ongoing = self.ongoing_load_back
+        dec_lock_ref = self.cache.dec_lock_ref
+        for ack in queue[:done]:
             del queue[0]
-            ack.finish_event.synchronize()
+            finish = ack.finish_event
+            if finish.__class__ is not _Event:  # (an _Event is done once its query said so)
+                finish.synchronize()
             for ack_id in ack.node_ids:
-                entry = self.ongoing_load_back.pop(ack_id)
-                self.cache.dec_lock_ref(entry.node, entry.lock)
+                entry = ongoing.pop(ack_id)
+                dec_lock_ref(entry.node, entry.lock)
 
     def _finished(self, queue: list) -> int:
         """How many acks at the front of ``queue`` to process: the done prefix, reduced with
@@ -911,7 +995,9 @@ class HostTier:
             return 0
         done = 0
         for ack in queue:
-            if not ack.finish_event.query():
+            finish = ack.finish_event
+            # (an _Event's query, read directly: one call less per ack)
+            if not (finish.done if finish.__class__ is _Event else finish.query()):
                 break
             done += 1
         return done if self.tp_group is None else _min_over(self.tp_group, done)

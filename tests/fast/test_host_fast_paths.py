@@ -1,0 +1,126 @@
+"""The host tier's specialised paths against the general paths they stand for: each scenario runs
+on two caches built alike, one as built (the specialised paths) and one with each specialised
+path replaced by the general one it equals, and the two must agree step by step (results, the
+whole tree, the counters, the in-flight locks)."""
+
+import random
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from uniradix import fast  # noqa: E402
+from uniradix.conformance.env.pools import PoolAllocator  # noqa: E402
+from uniradix.fast.errors import HandleError  # noqa: E402
+from uniradix.fast.hicache import HiCacheConfig, HostDecLockRefParams, InitLoadBackParams  # noqa: E402
+from uniradix.fast.hybrid import HybridRadixCache  # noqa: E402
+from uniradix.fast.node import Node  # noqa: E402
+from uniradix.spec.world import PagedPool  # noqa: E402
+
+
+def _cache(policy: str, io: str, page: int):
+    alloc = PoolAllocator(PagedPool(48, page, "kv"), torch)
+    cfg = HiCacheConfig(host_slots=64, write_policy=policy, io=io, load_back_threshold=0,
+                        write_through_threshold=1)
+    cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
+        page_size=page, hicache=cfg))
+    return cache, alloc
+
+
+def _general(cache) -> None:
+    """Put ``cache`` on the general paths the specialised ones equal."""
+    tier = cache.tier
+    tier._full_write_lock = lambda node: cache.inc_lock_ref(node).to_dec_params()
+    tier._full_write_unlock = lambda anchor: cache.dec_lock_ref(
+        anchor, HostDecLockRefParams(anchor=anchor))
+    cache.check_hicache_events = types.MethodType(HybridRadixCache.check_hicache_events, cache)
+    cache._new_node = types.MethodType(HybridRadixCache._new_node, cache)
+
+
+def _tree(cache) -> list:
+    out, stack = [], [(cache.root_node, ())]
+    while stack:
+        node, path = stack.pop()
+        here = path + (tuple(node.key),)
+        out.append((here, None if node.value is None else node.value.tolist(),
+                    None if node.host_value is None else node.host_value.tolist(),
+                    node.lock_ref, node.host_lock_ref, node.last_access_time, node.hit_count,
+                    node.dev_children, node.aux))
+        stack.extend((c, here) for c in node.children.values())
+    tier = cache.tier
+    return sorted(out, key=repr) + [
+        cache._evictable, cache._protected, tier.host_tokens, len(tier.host_leaves),
+        sorted(len(e.node.key) for e in tier.ongoing_write_through.values()),
+        sorted(len(e.node.key) for e in tier.ongoing_load_back.values()),
+        len(tier.controller.ack_write_queue), len(tier.controller.ack_load_queue)]
+
+
+def _step(cache, alloc, rng: random.Random, page: int) -> object:
+    op = rng.random()
+    tokens = [rng.randrange(3) for _ in range(page * rng.randrange(1, 5))]
+    key = fast.RadixKey(tokens)
+    if op < 0.4:
+        slots = alloc.alloc(len(tokens))
+        if slots is None:
+            return cache.evict(fast.EvictParams(num_tokens=len(tokens))).num_tokens_evicted
+        return cache.insert(fast.InsertParams(key=key, value=slots)).prefix_len
+    if op < 0.6:
+        m = cache.match_prefix(fast.MatchPrefixParams(key=key))
+        if not m.host_hit_length:
+            return (m.device_indices.tolist(), 0)
+        req = types.SimpleNamespace(last_node=m.last_device_node)
+        idx, _ = cache.init_load_back(InitLoadBackParams(m.best_match_node, 0, None, req))
+        cache.ready_to_load_host_cache()
+        return (m.device_indices.tolist(), idx.tolist())
+    if op < 0.75:
+        return cache.evict(fast.EvictParams(num_tokens=rng.randrange(1, 12))).num_tokens_evicted
+    if op < 0.8:
+        return cache.evict_host(rng.randrange(1, 12))
+    if op < 0.9 and cache.tier.controller.io == "manual":
+        cache.cache_controller.complete(rng.randrange(-1, 3), rng.randrange(-1, 3))
+        return None
+    return cache.check_hicache_events()
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+@pytest.mark.parametrize("io", ["sync", "manual"])
+@pytest.mark.parametrize("page", [1, 2])
+def test_specialised_host_paths_equal_the_general_ones(policy, io, page):
+    (a, alloc_a), (b, alloc_b) = _cache(policy, io, page), _cache(policy, io, page)
+    assert a._new_node is Node  # (no aux component: a new node is a plain Node)
+    _general(b)
+    ra, rb = random.Random(7), random.Random(7)
+    for step in range(300):
+        got_a, got_b = _step(a, alloc_a, ra, page), _step(b, alloc_b, rb, page)
+        assert got_a == got_b, step
+        assert _tree(a) == _tree(b), step
+        if step % 20 == 0:  # (the written-out leaf tests keep the leaf sets and heaps right)
+            assert a.violations() == [], step
+    assert a.violations() == [] and b.violations() == []
+
+
+def test_the_write_lock_equals_inc_lock_ref():
+    """The write-through lock and unlock written out: the same counts, the same unlock params,
+    the same state after the unlock, and a second unlock refused with nothing changed."""
+    cache, alloc = _cache("write_back", "sync", 1)  # (write-back: no lock of its own)
+    for toks in ([1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6, 7]):
+        cache.insert(fast.InsertParams(key=fast.RadixKey(toks), value=alloc.alloc(len(toks))))
+    node = cache.find_node(fast.RadixKey([1, 2, 3, 6, 7]))
+    before = _tree(cache)
+    general = cache.inc_lock_ref(node).to_dec_params()
+    locked = _tree(cache)
+    cache.dec_lock_ref(node, general)
+    assert _tree(cache) == before
+    special = cache.tier._full_write_lock(node)
+    assert _tree(cache) == locked
+    assert (special.anchor, special.skip_lock_node_ids, special.swa_uuid_for_lock,
+            special.swa_uuid_for_host_lock) == (general.anchor, general.skip_lock_node_ids,
+                                                general.swa_uuid_for_lock,
+                                                general.swa_uuid_for_host_lock)
+    cache.tier._full_write_unlock(special.anchor)
+    assert _tree(cache) == before and cache.violations() == []
+    with pytest.raises(HandleError, match="not locked"):  # released twice: refused, unchanged
+        cache.tier._full_write_unlock(special.anchor)
+    assert _tree(cache) == before
