@@ -40,6 +40,7 @@
 #include <structmember.h>
 #include <string.h>
 #include <limits.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Module state (set once by setup())                                                          */
@@ -1199,10 +1200,40 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
     return out;
 }
 
+/* The free timer (free_timer below): when on, the time spent in native_release (the writes
+ * into an allocator's list that stand for its free() calls) is summed on one of two clocks,
+ * the ones the bench times calls with: 1 CLOCK_MONOTONIC (time.perf_counter), 2
+ * CLOCK_THREAD_CPUTIME_ID (time.thread_time). 0: off, no clock is read. */
+static int g_free_clock = 0;
+static double g_free_seconds = 0.0;
+
+static double
+free_clock_now(void)
+{
+    struct timespec ts;
+    clock_gettime(g_free_clock == 2 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs,
+                                  Py_ssize_t k);
+
 /* Release segs (k pieces in free order, npieces counted for an observing wrapper) into
- * alloc as k free() calls would leave it; 1, 0 (not handled, nothing changed) or -1. */
+ * alloc as k free() calls would leave it; 1, 0 (not handled, nothing changed) or -1.  Timed
+ * while the free timer is on. */
 static int
 native_release(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssize_t k)
+{
+    if (!g_free_clock)
+        return native_release_untimed(self, alloc, segs, k);
+    double t0 = free_clock_now();
+    int rc = native_release_untimed(self, alloc, segs, k);
+    g_free_seconds += free_clock_now() - t0;
+    return rc;
+}
+
+static int
+native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssize_t k)
 {
     if (g_empty == NULL || g_Tensor == NULL || k == 0)
         return 0;
@@ -2818,6 +2849,25 @@ core_native_release(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(r);
 }
 
+/* free_timer(clock) -> seconds: the free timer's sum so far, then reset to 0, and the timer
+ * set to clock (0 off, 1 wall, 2 this thread's CPU time; see native_release). */
+static PyObject *
+core_free_timer(PyObject *mod, PyObject *arg)
+{
+    long c = PyLong_AsLong(arg);
+    if (c == -1 && PyErr_Occurred())
+        return NULL;
+    if (c < 0 || c > 2) {
+        PyErr_Format(PyExc_ValueError, "free_timer: clock must be 0 (off), 1 (wall) or 2 "
+                     "(thread CPU time), got %ld", c);
+        return NULL;
+    }
+    double sum = g_free_seconds;
+    g_free_seconds = 0.0;
+    g_free_clock = (int)c;
+    return PyFloat_FromDouble(sum);
+}
+
 static PyObject *
 core_setup_frees(PyObject *mod, PyObject *args)
 {
@@ -3025,6 +3075,10 @@ static PyMethodDef core_methods[] = {
     {"native_release", (PyCFunction)(void (*)(void))core_native_release, METH_FASTCALL,
      "native_release(holder, alloc, pieces) -> whether the pieces went straight into sglang's "
      "exact allocator (as one free each would leave it); False: nothing changed"},
+    {"free_timer", (PyCFunction)core_free_timer, METH_O,
+     "free_timer(clock) -> seconds spent in the native frees since the last call (then reset); "
+     "clock 0 stops timing them, 1 times them on CLOCK_MONOTONIC (time.perf_counter), 2 on "
+     "this thread's CPU time (time.thread_time)"},
     {"setup_frees", (PyCFunction)core_setup_frees, METH_VARARGS,
      "setup_frees(torch.empty, native_kind): the native frees into sglang's exact allocators "
      "(native_kind(cls) -> 0 none, 1 appending TokenToKVPoolAllocator, 2 paged)"},

@@ -288,10 +288,18 @@ def count_frees(alloc: Any) -> None:
     harness's own frees."""
     raw = alloc.free
     box = [0]
+    timing: list = [None, 0.0]  # --alloc-time: [clock or None, seconds inside raw]
 
     def free(free_index):
         box[0] += 1
-        return raw(free_index)
+        clock = timing[0]
+        if clock is None:
+            return raw(free_index)
+        t0 = clock()
+        try:
+            return raw(free_index)
+        finally:
+            timing[1] += clock() - t0
 
     def on_batch(pieces: int) -> None:  # fast/frees.py wrote a batch of frees as one call
         box[0] += 1
@@ -300,6 +308,46 @@ def count_frees(alloc: Any) -> None:
     alloc.free = free
     alloc._bench_free_calls = box
     alloc._bench_raw_free = raw
+    alloc._bench_free_timing = timing
+
+
+# --alloc-time: the C core's free timer clock for each bench clock (fast/_core.c free_timer)
+_CORE_FREE_CLOCK = {"wall": 1, "cpu": 2}
+
+
+class AllocTimer:
+    """The time a run's cache calls spend inside the KV allocator's frees (``--alloc-time``):
+    the allocator's ``free`` calls, timed in the wrapper :func:`count_frees` installs, plus the
+    C core's native frees (fast/_core.c ``free_timer``: the writes into sglang's exact
+    allocators' lists that stand for their ``free`` calls, fast/frees.py).  Both on the run's
+    clock.  Not counted: the list writes of fast/frees.py's Python path (the C core takes every
+    Full cache on the CPU).  :meth:`read` is the running total in seconds."""
+
+    def __init__(self, allocator: Any, clock: str, timer: Callable[[], float]) -> None:
+        timing = getattr(allocator, "_bench_free_timing", None)
+        if timing is None:
+            raise ValueError("--alloc-time: the allocator's free is not wrapped by count_frees")
+        timing[0], timing[1] = timer, 0.0
+        self.timing: list = timing
+        self.core = sys.modules.get("uniradix.fast._core")
+        if self.core is not None and not hasattr(self.core, "free_timer"):
+            self.core = None  # an older build: no native free timer
+        self.code = _CORE_FREE_CLOCK[clock]
+        self.native = 0.0
+        if self.core is not None:
+            self.core.free_timer(self.code)  # reset, and on
+
+    def read(self) -> float:
+        if self.core is not None:
+            self.native += self.core.free_timer(self.code)
+        return self.timing[1] + self.native
+
+    def stop(self) -> float:
+        total = self.read()
+        if self.core is not None:
+            self.core.free_timer(0)
+        self.timing[0] = None
+        return total
 
 
 def _torch_or_none():
@@ -767,6 +815,10 @@ class BenchStats:
     free_calls: int | None = None
     clock: str = "wall"  # CLOCKS: what the op times were measured with
     op_times: dict = dataclasses.field(default_factory=lambda: {op: [] for op in OPS})
+    # --alloc-time: seconds of the timed calls spent inside the allocator's frees (AllocTimer),
+    # in all and per op (None: not measured)
+    alloc_seconds: float | None = None
+    op_alloc_seconds: dict = dataclasses.field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:
@@ -808,7 +860,10 @@ class BenchStats:
                 "timed_s": round(self.seconds, 4), "wall_s": round(self.wall_seconds, 3),
                 "digest": self.digest,
                 "op_median_us": {k: round(v, 2) for k, v in self.op_medians_us().items()},
-                "op_calls": {k: len(v) for k, v in self.op_times.items()}}
+                "op_calls": {k: len(v) for k, v in self.op_times.items()},
+                "alloc_s": None if self.alloc_seconds is None else round(self.alloc_seconds, 6),
+                "op_alloc_s": {k: round(v, 6) for k, v in self.op_alloc_seconds.items()},
+                "op_total_s": {k: round(sum(v), 6) for k, v in self.op_times.items()}}
 
 
 @dataclasses.dataclass
@@ -896,13 +951,19 @@ class Run:
         self.stats = stats
         self.steps = steps
         self.clock: Callable[[], float] = time.perf_counter  # run_bench's ``clock``
+        self.alloc: AllocTimer | None = None  # --alloc-time
 
     def timed(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)``, its time added to ``op``'s."""
-        clock = self.clock
+        """``fn(*args)``, its time added to ``op``'s (and with ``--alloc-time`` the time it
+        spent inside the allocator's frees to ``op``'s share of that)."""
+        clock, alloc = self.clock, self.alloc
+        a0 = 0.0 if alloc is None else alloc.read()
         t0 = clock()
         out = fn(*args)
         self.stats.op_times[op].append(clock() - t0)
+        if alloc is not None:
+            shares = self.stats.op_alloc_seconds
+            shares[op] = shares.get(op, 0.0) + alloc.read() - a0
         return out
 
     def cache_unfinished(self, req: Request, length: int, **fields: Any) -> Any:
@@ -966,11 +1027,14 @@ class DrainEvents(Step):
 
 def run_bench(bundle: ApiBundle, workload: BenchWorkload,
               progress: Callable[[int, int], None] | None = None,
-              keep: list | None = None, clock: str = "wall") -> BenchStats:
+              keep: list | None = None, clock: str = "wall",
+              alloc_time: bool = False) -> BenchStats:
     """Drive one fresh cache of ``bundle`` through ``workload``, with the bundle's steps; see
     the module docstring.  ``keep``, when given, receives (cache, allocator, pool, *the build's
     other parts) after the run.  ``clock`` (:data:`CLOCKS`) times the calls; the run's wall
-    time is always ``time.perf_counter``."""
+    time is always ``time.perf_counter``.  ``alloc_time``: also the time the calls spend inside
+    the allocator's frees (:class:`AllocTimer`; ``alloc_seconds`` and, per op,
+    ``op_alloc_seconds`` of the stats)."""
     ps = workload.page_size
     timer, cost = bench_clock(clock)
     pool = TimedPagedPool(workload.kv_slots, ps, name="kv", clock=timer)
@@ -987,6 +1051,9 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
         stats.op_times.update({op: [] for op in step.ops})
     run = Run(bundle, built, stats, steps)
     run.clock = timer
+    # (an allocator count_frees did not wrap, the spec's pool model: not measured)
+    timeable = alloc_time and getattr(allocator, "_bench_free_timing", None) is not None
+    alloc = run.alloc = AllocTimer(allocator, clock, timer) if timeable else None
     for step in steps:
         step.start(run)
     rooms = [s for s in steps if type(s).make_room is not Step.make_room]
@@ -1009,10 +1076,14 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
                          prev_prefix_len=req.matched)
         for step in steps:
             step.insert_params(run, req, params)
+        a0 = 0.0 if alloc is None else alloc.read()
         t0 = timer()
         result = cache.insert(params)
         t1 = timer()
         t_insert.append(t1 - t0)
+        if alloc is not None:
+            shares = stats.op_alloc_seconds
+            shares["insert"] = shares.get("insert", 0.0) + alloc.read() - a0
         if aligned < len(req.slots):
             before = pool.free_seconds
             harness_free(req.slots[aligned:])
@@ -1086,6 +1157,8 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     while running:
         finish(running.popleft())
     stats.wall_seconds = time.perf_counter() - wall0
+    if alloc is not None:
+        stats.alloc_seconds = alloc.stop()
     if cost:  # the cpu clock: each sample less the clock's own cost (never below 0)
         for times in stats.op_times.values():
             times[:] = [max(0.0, t - cost) for t in times]
@@ -1123,6 +1196,7 @@ class Comparison:
     # how this configuration drives the implementations, where that is a rule of its own (the
     # host tier's load back: conformance/bench/host.py LOAD_BACK_RULE); in the JSON and output
     notes: list = dataclasses.field(default_factory=list)
+    alloc_time: bool = False  # --alloc-time: the runs measured the time inside the allocator
 
     def median_rps(self, impl: str) -> float:
         return statistics.median(s.requests_per_s for s in self.runs[impl])
@@ -1137,6 +1211,22 @@ class Comparison:
         per_run = [s.op_medians_us() for s in self.runs[impl]]
         ops = list(dict.fromkeys(op for d in per_run for op in d))  # OPS, plus the host tier's
         return {op: statistics.median(d[op] for d in per_run if op in d) for op in ops}
+
+    def median_alloc_seconds(self, impl: str) -> float | None:
+        """The median over rounds of the seconds ``impl``'s timed calls spent inside the
+        allocator's frees (None: not measured)."""
+        got = [s.alloc_seconds for s in self.runs.get(impl, []) if s.alloc_seconds is not None]
+        return statistics.median(got) if got else None
+
+    def cap(self, a: str = "fast", b: str = "upstream") -> float | None:
+        """``b``'s median timed seconds over ``a``'s median seconds inside the allocator's frees:
+        the most ``a``/``b`` could reach if everything ``a`` does besides those frees (which
+        ``b`` pays too) cost nothing.  None where not measured or the outcomes differ."""
+        mine = self.median_alloc_seconds(a)
+        if not self.identical or mine is None or b not in self.runs or not self.runs[b]:
+            return None
+        theirs = statistics.median(s.seconds for s in self.runs[b])
+        return theirs / mine if mine > 0 else None
 
     def ratio(self, a: str, b: str) -> float | None:
         """req/s of ``a`` over ``b``; None when either was not measured, or when both are
@@ -1162,6 +1252,8 @@ class Comparison:
                                 "the outcomes differ (mismatches): no speed ratio between "
                                 "conforming implementations"),
             "notes": self.notes,
+            "alloc_time": self.alloc_time,
+            "cap": None if self.cap() is None else round(self.cap() or 0.0, 3),
             "peer_differences": self.peer_differences,
             "missing": self.missing,
             "impls": {impl: {
@@ -1174,6 +1266,8 @@ class Comparison:
                 "hit_rate": round(first[impl].hit_rate, 6),
                 "evicted_tokens": first[impl].evicted_tokens,
                 "free_calls": first[impl].free_calls,
+                "alloc_s_median": (None if self.median_alloc_seconds(impl) is None
+                                   else round(self.median_alloc_seconds(impl) or 0.0, 6)),
                 "aborted": first[impl].aborted,
                 "digest": first[impl].digest,
                 "runs": [s.summary() for s in runs],
@@ -1211,14 +1305,16 @@ def check_identical(stats: Iterable[BenchStats]) -> list[str]:
 def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             strict: bool = True, log: Callable[[str], None] | None = None,
             repeats_for: dict | None = None, allocator: str = "freelist",
-            device: str = "cpu", config: Any = None, clock: str = "wall") -> Comparison:
+            device: str = "cpu", config: Any = None, clock: str = "wall",
+            alloc_time: bool = False) -> Comparison:
     """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
     overrides that per implementation), alternating them and rotating the order each round so
     that machine noise hits all alike; fast and upstream over the KV allocator ``allocator``
     (:data:`ALLOCATORS`) on ``device`` (:data:`DEVICES`), in the configuration ``config`` (a
     :class:`~uniradix.conformance.bench.configs.BenchConfig`; None: Full on the device tier).
     An implementation that refuses the configuration or cannot be built is recorded in
-    ``missing`` with the reason.  ``clock`` (:data:`CLOCKS`) times the calls.  Raises
+    ``missing`` with the reason.  ``clock`` (:data:`CLOCKS`) times the calls; ``alloc_time``
+    also the time inside the allocator's frees (:class:`AllocTimer`).  Raises
     :class:`ConformanceMismatch` (when ``strict``) if any outcome differs."""
     repeats_for = dict(repeats_for or {})
     bundles, missing = {}, {}
@@ -1234,7 +1330,7 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             missing[impl] = str(e)
     cmp = Comparison(workload_label(workload.name, label), workload.page_size, workload.requests,
                      workload.kv_slots, {impl: [] for impl in bundles}, missing,
-                     allocator=allocator, device=device, clock=clock)
+                     allocator=allocator, device=device, clock=clock, alloc_time=alloc_time)
     if config is not None and config.hicache:
         from uniradix.conformance.bench.host import LOAD_BACK_RULE
         cmp.notes.append(LOAD_BACK_RULE)
@@ -1246,7 +1342,7 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             if rep >= repeats_for.get(impl, repeats) or impl in cmp.missing:
                 continue
             try:
-                s = run_bench(bundles[impl], workload, clock=clock)
+                s = run_bench(bundles[impl], workload, clock=clock, alloc_time=alloc_time)
             except Exception as e:  # a speed peer may not take this workload at all
                 if impl not in PEERS:
                     raise
@@ -1459,6 +1555,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         "default) or cpu (time.thread_time: this thread's CPU time, which other "
                         "processes on a shared machine do not inflate, less the clock's own "
                         "cost per call); recorded in the JSON")
+    b.add_argument("--alloc-time", action="store_true",
+                   help="also time what the timed calls spend inside the KV allocator's frees "
+                        "(its free() calls, and the C core's direct writes into sglang's "
+                        "allocators' lists that stand for them), per run and for evict and "
+                        "insert, on the --clock; prints the cap: upstream's timed seconds over "
+                        "fast's seconds inside the frees. Full only; in the JSON")
     b.add_argument("--device", choices=DEVICES, default="cpu",
                    help="where the scheduler loop's value tensors and the KV allocator of fast "
                         "and upstream live (default cpu; cuda: the production setting, refused "
@@ -1542,6 +1644,22 @@ def print_comparison(cmp: Comparison, out=None) -> None:
     if counted:
         p(f"  allocator: {cmp.allocator}; its free() calls per run from the timed cache calls: "
           + ", ".join(f"{impl} {n}" for impl, n in counted))
+    timed = [impl for impl in cmp.runs if cmp.median_alloc_seconds(impl) is not None]
+    if timed:  # --alloc-time
+        parts = []
+        for impl in timed:
+            runs = cmp.runs[impl]
+            inside = cmp.median_alloc_seconds(impl) or 0.0
+            total = statistics.median(s.seconds for s in runs)
+            ops = {op: statistics.median(s.op_alloc_seconds.get(op, 0.0) for s in runs)
+                   for op in ("evict", "insert")}
+            parts.append(f"{impl} {inside:.4f} of {total:.4f} s ({100 * inside / total:.1f}%"
+                         if total else f"{impl} {inside:.4f} s (")
+            parts[-1] += "; " + ", ".join(f"{op} {v:.4f}" for op, v in ops.items()) + ")"
+        p("  inside the allocator's frees (medians): " + "; ".join(parts))
+        if cmp.cap() is not None:
+            p(f"  cap: upstream's timed seconds / fast's seconds inside the allocator's frees = "
+              f"{_fmt_ratio(cmp.cap())} (fast/upstream if nothing else fast does cost anything)")
     names = ", ".join(i for i in cmp.runs if i not in PEERS)
     if not cmp.runs:
         p("  nothing measured (every implementation refused or could not be built)")
@@ -1603,6 +1721,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             say("--events runs the Full configuration over the freelist allocator only")
             return 2
         args.impl = list(args.impl) + [n for n in OBSERVED if n not in args.impl]
+    alloc_time = getattr(args, "alloc_time", False)
+    if alloc_time and not only_full:
+        say("--alloc-time runs the Full configuration only (the host tier and hybrid benches "
+            "build their own allocators, which it does not time)")
+        return 2
     budget = getattr(args, "budget", None)
     if budget is not None and budget <= 0:
         say(f"--budget must be positive, got {budget}")
@@ -1639,7 +1762,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
                               log=log, repeats_for=spec_rounds, allocator=allocator,
                               device=device, config=None if config.is_full else config,
-                              clock=clock)
+                              clock=clock, alloc_time=alloc_time)
                 print_comparison(cmp)
                 if config.hicache:
                     from uniradix.conformance.bench.host import print_host_ops
