@@ -20,16 +20,25 @@ scenarios and compares the trees.
 
 from __future__ import annotations
 
+from array import array
 from heapq import heappush
 from typing import Any
 
+import torch
+
+from . import compat
+from .cache import STRIDE
 from .components import MAMBA_ID, SWA_ID
 from .components.swa import SWA_SPLIT_EPOCH, split_off_skipped
 from .errors import HandleError, NodeNotFound
+from .keys import shared_len
 from .node import Node
-from .params import DecLockRefParams, DecLockRefResult, IncLockRefResult
+from .params import DecLockRefParams, DecLockRefResult, IncLockRefResult, MatchResult
+from .radix_key import RadixKey
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
+_INF = float("inf")
+_cat = torch.cat
 
 
 def _not_attached() -> NodeNotFound:
@@ -38,6 +47,97 @@ def _not_attached() -> NodeNotFound:
 
 def _unlocked_twice() -> HandleError:
     return HandleError("dec_lock_ref: this path is not locked (released twice?)")
+
+
+# ----------------------------------------------------------------------------------------------
+# match_prefix (SWA or Mamba)
+# ----------------------------------------------------------------------------------------------
+
+
+def match_one(cache: Any, params: Any) -> MatchResult | None:
+    """``HybridRadixCache.match_prefix`` with its one component's validator inlined (SWA: a
+    run of contiguous SWA units up to the node reaching the window, restarted at a tombstone;
+    Mamba: a state on the node, the same rule with a window of 0), and ``path_to_front``,
+    ``_stamp_path`` and the leaf push of the matched node in one walk up.  None for what it
+    leaves to the general path: an EAGLE bigram key and a Mamba copy-on-write match."""
+    key = params.key
+    if key.__class__ is not RadixKey:
+        key = compat.as_radix_key(key)
+    if key.is_bigram:
+        return None
+    comp = cache.components[0]
+    window = cache._inline_window
+    if window == 0 and getattr(params, "cow_mamba", False):
+        return None
+    toks = key.token_ids
+    units = toks if toks.__class__ is array else array("q", toks)
+    root = cache.root_node
+    ps = cache.page_size
+    n = len(units) - len(units) % ps
+    if cache.disable or n == 0:
+        return MatchResult(cache._empty, root, root, root, 0, 0, 0, None, None)
+    ek = key.extra_key
+    i = comp.i
+    node, pos, chunks = root, 0, []
+    best, best_chunks = root, 0
+    run = _INF
+    while pos < n:
+        # (keys.child_key and keys.step_len, inlined as in the general path)
+        ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+        child = node.children.get(ck if ek is None else (ek, ck))
+        if child is None or child.value is None:
+            break
+        ckey = child.key
+        k = len(ckey)
+        split = pos + k > n or units[pos: pos + k] != ckey
+        if split:
+            k = shared_len(ckey, units, pos, n, ps)
+            child = cache._split(child, k)
+        chunks.append(child.value)
+        node, pos = child, pos + k
+        if child.aux[i].value is None:
+            run = 0
+        else:
+            run += k
+            if run >= window:
+                best, best_chunks = child, len(chunks)
+        if split:  # the match ends inside the old node
+            break
+    # the matched path: its records to the front of the list (node first), its stamps (the
+    # node newest, each ancestor one older, the root included)
+    lru = comp.lru
+    prev = lru.head
+    clock = cache._clock + STRIDE
+    cache._clock = clock
+    cur = best
+    while cur is not root:
+        cur.last_access_time = clock
+        clock -= 1
+        rec = cur.aux[i]
+        if rec.value is not None:  # (LruList.move_after, inlined)
+            rec.lru_prev.lru_next = rec.lru_next
+            rec.lru_next.lru_prev = rec.lru_prev
+            nxt = prev.lru_next
+            rec.lru_prev, rec.lru_next = prev, nxt
+            prev.lru_next = nxt.lru_prev = rec
+            prev = rec
+        cur = cur.parent
+    root.last_access_time = clock
+    if best is not root and best.lock_ref == 0 and best.aux_lock == 0 \
+            and best.dev_children == 0:  # (``_push_if_leaf``: it holds data, it is attached)
+        heappush(cache._heap, (best.last_access_time, best))
+    if best_chunks == 0:
+        indices = cache._empty
+    elif best_chunks == 1:
+        indices = chunks[0]
+    else:
+        indices = _cat(chunks if best_chunks == len(chunks) else chunks[:best_chunks])
+    branching = None
+    if window == 0 and len(chunks) > best_chunks:
+        c = cache.mamba_cache_chunk_size
+        aligned = pos // c * c
+        branching = aligned if aligned > 0 else None
+    return MatchResult(indices, best, best, best, 0, 0, 0, branching, None)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from uniradix.conformance.adapters.base import make_adapter
-from uniradix.conformance.explore.driver import make_config, record
+from uniradix.conformance.explore.driver import COW_CONFIGS, make_config, record
 from uniradix.conformance.explore.lockstep import Lockstep
 from uniradix.fast.hybrid import FAST_PATHS, HybridRadixCache
 
@@ -43,10 +43,11 @@ def general_paths(adapter):
 
 
 @pytest.mark.parametrize("name,seed", [("swa-w8-p1", 1), ("swa-w8-p4", 2), ("swa-w32-p1", 3),
-                                       ("mamba-p1", 4), ("mamba-p1", 5)])
+                                       ("mamba-p1", 4), ("mamba-cow-p1", 5)])
 def test_fast_paths_equal_the_general_paths(name, seed):
     config = make_config(name, seed)
-    steps = record(make_adapter("fast", config), config, seed, 300, check_violations=False)
+    steps = record(make_adapter("fast", config), config, seed, 300, check_violations=False,
+                   cow=name in COW_CONFIGS)  # (copy-on-write matches: the general path)
     fast_one, general = make_adapter("fast", config), general_paths(make_adapter("fast", config))
     assert all(getattr(fast_one.cache, n) is not None for n in FAST_PATHS)
     ls = Lockstep([fast_one, general], ["fast paths", "general paths"], events=False)
