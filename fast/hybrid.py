@@ -82,7 +82,7 @@ HybridNode = Node  # the one pure-Python node type (fast/node.py)
 
 # the attributes naming the one-component fast paths a cache runs (fast/one_aux.py; None: the
 # general path), which ``HybridRadixCache._pick_fast_paths`` sets
-FAST_PATHS = ("_match_fast", "_inc_lock_fast", "_dec_lock_fast")
+FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -192,6 +192,7 @@ class HybridRadixCache(UnifiedRadixCache):
 
     # the one-component fast paths (fast/one_aux.py) this cache runs, or None: the general path
     _match_fast: Any = None
+    _insert_fast: Any = None
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
 
@@ -199,13 +200,14 @@ class HybridRadixCache(UnifiedRadixCache):
         """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
         and the ``lru`` order (what those paths assume); else the general ones."""
-        self._match_fast = self._inc_lock_fast = self._dec_lock_fast = None
+        self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
         one = self.components[0]
         cls = type(one)
         if cls in (SwaComponent, MambaComponent) and not self.is_eagle and self._inline_window >= 0:
             self._match_fast = one_aux.match_one  # (``_inline_window``: the validator's rule)
+            self._insert_fast = one_aux.insert_one
         if cls is SwaComponent:
             self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_swa, one_aux.dec_lock_swa
         elif cls is MambaComponent:
@@ -565,6 +567,11 @@ class HybridRadixCache(UnifiedRadixCache):
         the last node (SWA inside the window; the Mamba state); with a host tier, count hits
         (write-through backs a node up once its count reaches the threshold).  Returns the
         length already cached and, for Mamba, whether the node had a state already."""
+        fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py)
+        if fast is not None:
+            result = fast(self, params)
+            if result is not None:
+                return result
         key, value = params.key, params.value
         if type(key) is not RadixKey:
             key = compat.as_radix_key(key)

@@ -26,19 +26,28 @@ from typing import Any
 
 import torch
 
-from . import compat
+from . import compat, policies
 from .cache import STRIDE
-from .components import MAMBA_ID, SWA_ID
+from .components import MAMBA_ID, SWA_ID, AuxData
 from .components.swa import SWA_SPLIT_EPOCH, split_off_skipped
-from .errors import HandleError, NodeNotFound
+from .errors import HandleError, InvalidInput, NodeNotFound
 from .keys import shared_len
 from .node import Node
-from .params import DecLockRefParams, DecLockRefResult, IncLockRefResult, MatchResult
+from .params import (
+    DecLockRefParams,
+    DecLockRefResult,
+    IncLockRefResult,
+    InsertResult,
+    MatchResult,
+)
 from .radix_key import RadixKey
+from .token_range import check_token_range
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
 _INF = float("inf")
+_INT64 = torch.int64
 _cat = torch.cat
+_narrow, _narrow_copy = torch.narrow, torch.narrow_copy
 
 
 def _not_attached() -> NodeNotFound:
@@ -138,6 +147,142 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
         aligned = pos // c * c
         branching = aligned if aligned > 0 else None
     return MatchResult(indices, best, best, best, 0, 0, 0, branching, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# insert (SWA or Mamba)
+# ----------------------------------------------------------------------------------------------
+
+
+def insert_one(cache: Any, params: Any) -> InsertResult | None:
+    """``HybridRadixCache._insert`` (inside ``insert``, which releases the frees) with the walk
+    planned inline (``_plan``), each walked node touched inline (``_touch``: stamp, leaf push,
+    its record to the front), the new leaf made and pushed inline, and the component's commit
+    inline (SWA: the leaf's SWA data inside the window; Mamba: the state on the last node).
+    The checks are the general path's, in its order.  None, before anything changes, for an
+    EAGLE bigram key (the general path's)."""
+    key, value = params.key, params.value
+    if key.__class__ is not RadixKey:
+        key = compat.as_radix_key(key)
+    if key.is_bigram:
+        return None
+    toks = key.token_ids
+    units = toks if toks.__class__ is array else array("q", toks)
+    if not isinstance(value, torch.Tensor) or value.dtype != _INT64 or \
+            tuple(value.shape) != (len(toks),):
+        raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
+    prev = params.prev_prefix_len
+    if prev.__class__ is not int or prev < 0:  # (tiers/host.py count_arg)
+        raise InvalidInput(f"prev_prefix_len must be a non-negative int, got {prev!r}")
+    chunked = params.chunked
+    if chunked is not True and chunked is not False:
+        raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
+    priority = getattr(params, "priority", 0)
+    if priority.__class__ is not int:
+        policies.check_priority(priority)
+    ps = cache.page_size
+    n = len(units) - len(units) % ps
+    if n < len(units):
+        units = units[:n]
+    if n < len(toks):
+        value = _narrow(value, 0, 0, n)
+    ek = key.extra_key
+    root = cache.root_node
+    # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
+    plan = []
+    node, pos = root, 0
+    while pos < n:
+        ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+        child = node.children.get(ck if ek is None else (ek, ck))
+        if child is None:
+            break
+        ckey = child.key
+        k = len(ckey)
+        if pos + k > n or units[pos: pos + k] != ckey:
+            plan.append((child, shared_len(ckey, units, pos, n, ps)))
+            break
+        plan.append((child, k))
+        node, pos = child, pos + k
+    if cache.validate_slots and not cache.disable:
+        cache._check_slot_list(plan, value.tolist(), prev)
+    prepared, e = cache._check_aux(plan, prev, params)
+    if cache.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
+        return InsertResult(prefix_len=0)
+    prepared = prepared[0]
+    if cache._events is not None:
+        check_token_range(units, False)  # page keys take [0, 2**32) (fast/token_range.py)
+    cache._clock += STRIDE  # (``_stamp`` of the root: never a leaf)
+    root.last_access_time = cache._clock
+    if n == 0:
+        return InsertResult(prefix_len=0, total_len=len(toks), mamba_exist=True)
+    comp = cache.components[0]
+    swa = cache.swa
+    i = comp.i
+    head = comp.lru.head
+    heap = cache._heap
+    node, pos = root, 0
+    for child, shared in plan:
+        # ``_touch``: the newest stamp, a fresh heap entry for a leaf, its record to the front
+        cache._clock += STRIDE
+        stamp = child.last_access_time = cache._clock
+        if child.lock_ref == 0 and child.aux_lock == 0 and child.dev_children == 0:
+            heappush(heap, (stamp, child))
+        rec = child.aux[i]
+        if rec.value is not None:  # (LruList.move_after, inlined)
+            rec.lru_prev.lru_next = rec.lru_next
+            rec.lru_next.lru_prev = rec.lru_prev
+            nxt = head.lru_next
+            rec.lru_prev, rec.lru_next = head, nxt
+            head.lru_next = nxt.lru_prev = rec
+        if shared < len(child.key):
+            child = cache._split(child, shared)
+        end = pos + shared
+        # a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md)
+        if swa is not None and prev < end and child.aux[i].value is None \
+                and child.lock_ref == 0:
+            taken = swa.overlap(child, pos, shared, value, prev, e)
+        else:
+            taken = shared
+        lo = prev if prev > pos else pos
+        if lo < pos + taken:  # this node's duplicates: one piece per node, as upstream frees
+            cache._free(_narrow(value, 0, lo, pos + taken - lo))
+        node, pos = child, end
+    target, is_new = node, False
+    if pos < n:
+        if swa is not None and e >= n:  # (``skips_leaf``: wholly outside the window)
+            cache._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
+            return InsertResult(prefix_len=pos, mamba_exist=False)
+        cache._clock += STRIDE
+        rest = units[pos:]
+        ck = rest[0] if ps == 1 else tuple(rest[0: ps])
+        if ek is not None:
+            ck = (ek, ck)
+        leaf = Node(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, cache._clock, ck)
+        leaf.aux = (AuxData(leaf),)
+        node.children[ck] = leaf
+        node.dev_children += 1
+        cache._evictable += n - pos
+        if cache.validate_slots:  # (``_own``)
+            cache._owned.update(leaf.value.tolist())
+        heappush(heap, (leaf.last_access_time, leaf))  # (a new leaf: unlocked, no children)
+        if cache._events is not None:
+            cache._events.stored(leaf)
+        target, is_new = leaf, True
+    exist = False
+    if swa is not None:  # (``SwaComponent.commit``)
+        if is_new and e - pos < len(target.key):
+            if e - pos > 0:
+                cache._split(target, e - pos)
+            comp.set(target, comp.translate(target.value))
+    elif is_new or target.aux[i].value is None:  # (``MambaComponent.commit``)
+        comp.set(target, prepared)
+        if not is_new:
+            cache._stamp(target)
+    else:
+        comp.lru.move_to_front(target.aux[i])
+        cache._stamp(target)
+        exist = True
+    return InsertResult(pos, len(toks), exist)
 
 
 # ----------------------------------------------------------------------------------------------
