@@ -191,6 +191,7 @@ class HybridRadixCache(UnifiedRadixCache):
         compat.wire_metrics(self, params)  # enable_metrics (fast/metrics.py)
 
     # the one-component fast paths (fast/one_aux.py) this cache runs, or None: the general path
+    _one_aux: Any = None  # with them: (the one component, whether it is SWA, its id)
     _match_fast: Any = None
     _insert_fast: Any = None
     _inc_lock_fast: Any = None
@@ -206,13 +207,10 @@ class HybridRadixCache(UnifiedRadixCache):
         one = self.components[0]
         cls = type(one)
         if cls in (SwaComponent, MambaComponent) and not self.is_eagle and self._inline_window >= 0:
+            self._one_aux = (one, cls is SwaComponent, one.component_id)
             self._match_fast = one_aux.match_one  # (``_inline_window``: the validator's rule)
             self._insert_fast = one_aux.insert_one
-        if cls is SwaComponent:
-            self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_swa, one_aux.dec_lock_swa
-        elif cls is MambaComponent:
-            self._inc_lock_fast = one_aux.inc_lock_mamba
-            self._dec_lock_fast = one_aux.dec_lock_mamba
+            self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_one, one_aux.dec_lock_one
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""

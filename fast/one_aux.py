@@ -6,6 +6,7 @@ with the same effects, checks and errors: the calls through the component hooks 
 the Full walk and the component's walk share one loop.  ``HybridRadixCache`` picks them once at
 construction (``_pick_fast_paths``); every other shape runs the general paths.  Why they hold:
 
+* the one component's record on a node is ``node.aux[0]``;
 * without a host tier every node in the tree holds Full data (only a host tier leaves evicted
   nodes in the tree), so a lock's Full walk starts at the node itself, and every node of a
   locked path is attached (a node with a Full lock is never evicted);
@@ -50,14 +51,6 @@ _cat = torch.cat
 _narrow, _narrow_copy = torch.narrow, torch.narrow_copy
 
 
-def _not_attached() -> NodeNotFound:
-    return NodeNotFound("the node is not in the tree")
-
-
-def _unlocked_twice() -> HandleError:
-    return HandleError("dec_lock_ref: this path is not locked (released twice?)")
-
-
 # ----------------------------------------------------------------------------------------------
 # match_prefix (SWA or Mamba)
 # ----------------------------------------------------------------------------------------------
@@ -86,7 +79,6 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     if cache.disable or n == 0:
         return MatchResult(cache._empty, root, root, root, 0, 0, 0, None, None)
     ek = key.extra_key
-    i = comp.i
     node, pos, chunks = root, 0, []
     best, best_chunks = root, 0
     run = _INF
@@ -104,7 +96,7 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
             child = cache._split(child, k)
         chunks.append(child.value)
         node, pos = child, pos + k
-        if child.aux[i].value is None:
+        if child.aux[0].value is None:
             run = 0
         else:
             run += k
@@ -122,7 +114,7 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     while cur is not root:
         cur.last_access_time = clock
         clock -= 1
-        rec = cur.aux[i]
+        rec = cur.aux[0]
         if rec.value is not None:  # (LruList.move_after, inlined)
             rec.lru_prev.lru_next = rec.lru_next
             rec.lru_next.lru_prev = rec.lru_prev
@@ -217,8 +209,8 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         return InsertResult(prefix_len=0, total_len=len(toks), mamba_exist=True)
     comp = cache.components[0]
     swa = cache.swa
-    i = comp.i
-    head = comp.lru.head
+    lru = comp.lru
+    head, move_after = lru.head, lru.move_after
     heap = cache._heap
     node, pos = root, 0
     for child, shared in plan:
@@ -227,18 +219,14 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         stamp = child.last_access_time = cache._clock
         if child.lock_ref == 0 and child.aux_lock == 0 and child.dev_children == 0:
             heappush(heap, (stamp, child))
-        rec = child.aux[i]
-        if rec.value is not None:  # (LruList.move_after, inlined)
-            rec.lru_prev.lru_next = rec.lru_next
-            rec.lru_next.lru_prev = rec.lru_prev
-            nxt = head.lru_next
-            rec.lru_prev, rec.lru_next = head, nxt
-            head.lru_next = nxt.lru_prev = rec
+        rec = child.aux[0]
+        if rec.value is not None:
+            move_after(head, rec)
         if shared < len(child.key):
             child = cache._split(child, shared)
         end = pos + shared
         # a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md)
-        if swa is not None and prev < end and child.aux[i].value is None \
+        if swa is not None and prev < end and child.aux[0].value is None \
                 and child.lock_ref == 0:
             taken = swa.overlap(child, pos, shared, value, prev, e)
         else:
@@ -274,213 +262,168 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
             if e - pos > 0:
                 cache._split(target, e - pos)
             comp.set(target, comp.translate(target.value))
-    elif is_new or target.aux[i].value is None:  # (``MambaComponent.commit``)
+    elif is_new or target.aux[0].value is None:  # (``MambaComponent.commit``)
         comp.set(target, prepared)
         if not is_new:
             cache._stamp(target)
     else:
-        comp.lru.move_to_front(target.aux[i])
+        comp.lru.move_to_front(target.aux[0])
         cache._stamp(target)
         exist = True
     return InsertResult(pos, len(toks), exist)
 
 
 # ----------------------------------------------------------------------------------------------
-# SWA
+# Locks (SWA or Mamba)
 # ----------------------------------------------------------------------------------------------
 
 
-def inc_lock_swa(cache: Any, node: Any) -> IncLockRefResult:
-    """``HybridRadixCache.inc_lock_ref`` (``_check_attached``, ``_inc_lock_py``,
-    ``SwaComponent.lock``) in one walk: the Full lock up to the root and, while the window is
-    not full, the SWA lock (tombstones skipped and remembered, the window's end marked)."""
+def inc_lock_one(cache: Any, node: Any) -> IncLockRefResult:
+    """``HybridRadixCache.inc_lock_ref`` (``_check_attached``, ``_inc_lock_py``, the
+    component's ``lock``).  SWA: one walk takes the Full lock up to the root and, while the
+    window is not full, the SWA lock (tombstones skipped and remembered, the window's end
+    marked).  Mamba: the Full walk, then the node's state (a node without one is skipped and
+    remembered)."""
     root = cache.root_node
     if not isinstance(node, Node) or (node is not root and node.parent is None):
-        raise _not_attached()
+        raise NodeNotFound("the node is not in the tree")
     result = IncLockRefResult()
     if cache.disable:
         return result
-    swa = cache.swa
-    i, window = swa.i, swa.window
+    comp, is_swa, _ = cache._one_aux
     cur: Any = node
-    delta = size = 0
-    while cur is not root:
-        k = len(cur.key)
-        if cur.lock_ref == 0:
-            delta += k
-        cur.lock_ref += 1
-        if size < window:
-            rec = cur.aux[i]
+    delta = 0
+    if is_swa:
+        window, size = comp.window, 0
+        while cur is not root:
+            k = len(cur.key)
+            if cur.lock_ref == 0:
+                delta += k
+            cur.lock_ref += 1
+            if size < window:
+                rec = cur.aux[0]
+                if rec.value is None:
+                    result.skip_lock_node_ids.setdefault(SWA_ID, set()).add(cur.id)
+                    result.skip_lock_node_ids[SWA_SPLIT_EPOCH] = {-1 - comp._split_epoch}
+                else:
+                    if rec.lock == 0:
+                        comp.evictable -= k
+                        comp.protected += k
+                    rec.lock += 1
+                    cur.aux_lock += 1
+                    size += k
+                    if size >= window:
+                        if rec.boundary is None:
+                            rec.boundary = comp._next_boundary
+                            comp._next_boundary += 1
+                        result.swa_uuid_for_lock = rec.boundary
+            cur = cur.parent
+    else:
+        while cur is not root:
+            if cur.lock_ref == 0:
+                delta += len(cur.key)
+            cur.lock_ref += 1
+            cur = cur.parent
+        if node is not root:
+            rec = node.aux[0]
             if rec.value is None:
-                result.skip_lock_node_ids.setdefault(SWA_ID, set()).add(cur.id)
-                result.skip_lock_node_ids[SWA_SPLIT_EPOCH] = {-1 - swa._split_epoch}
+                result.skip_lock_node_ids.setdefault(MAMBA_ID, set()).add(node.id)
             else:
                 if rec.lock == 0:
-                    swa.evictable -= k
-                    swa.protected += k
+                    comp.evictable -= 1
+                    comp.protected += 1
                 rec.lock += 1
-                cur.aux_lock += 1
-                size += k
-                if size >= window:
-                    if rec.boundary is None:
-                        rec.boundary = swa._next_boundary
-                        swa._next_boundary += 1
-                    result.swa_uuid_for_lock = rec.boundary
-        cur = cur.parent
+                node.aux_lock += 1
     cache._evictable -= delta
     cache._protected += delta
     result.delta = delta
     return result
 
 
-def dec_lock_swa(cache: Any, node: Any, params: DecLockRefParams | None) -> DecLockRefResult:
-    """``HybridRadixCache.dec_lock_ref`` (``_dec_full_lock``, ``SwaComponent.unlock``, the
-    pushes of the new leaves) for ``params`` None or a plain ``DecLockRefParams``: every Full
-    count is checked first (a refused unlock changes nothing), then one walk undoes the Full
-    lock up to the root and the SWA lock up to the window's end mark."""
+def _push_unlocked(heap: list, node: Any, twice: bool) -> None:
+    """The general path's ``_push_if_leaf`` of a node on its ``unlocked`` list, where it stands
+    once per count that reached 0 (``twice``: its Full and its component's): an evictable leaf
+    now goes on the heap that many times.  (Attached: it was on a locked path.)"""
+    if node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+            and node.value is not None:
+        entry = (node.last_access_time, node)
+        heappush(heap, entry)
+        if twice:
+            heappush(heap, entry)
+
+
+def dec_lock_one(cache: Any, node: Any, params: DecLockRefParams | None) -> DecLockRefResult:
+    """``HybridRadixCache.dec_lock_ref`` (``_dec_full_lock``, the component's ``unlock``, the
+    pushes of the new leaves) for ``params`` None or a plain ``DecLockRefParams``.  Every Full
+    count is checked first (a refused unlock changes nothing).  SWA: then one walk undoes the
+    Full lock up to the root and the SWA lock up to the window's end mark.  Mamba: the node
+    (Full and state), then its ancestors (Full)."""
     root = cache.root_node
     if not isinstance(node, Node) or (node is not root and node.parent is None):
-        raise _not_attached()
+        raise NodeNotFound("the node is not in the tree")
     if cache.disable:
         return DecLockRefResult()
+    comp, is_swa, comp_id = cache._one_aux
     if params is None:
         skip: Any = ()
-        sskip: Any = ()
-        boundary = None
+        cskip: Any = ()  # the component's skipped nodes
     else:
         skips = params.skip_lock_node_ids
         skip = skips.get(FULL, ())
-        sskip = skips.get(SWA_ID, ())
-        boundary = params.swa_uuid_for_lock
+        cskip = skips.get(comp_id, ())
     cur: Any = node
     while cur is not root:
         if cur.lock_ref <= 0 and cur.id not in skip:
-            raise _unlocked_twice()
+            raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
         cur = cur.parent
-    seen = -1 - min(params.skip_lock_node_ids.get(SWA_SPLIT_EPOCH, (0,))) \
-        if sskip and params is not None else 0
-    swa = cache.swa
-    i, heap = swa.i, cache._heap
-    cur, delta, walking = node, 0, True
-    while cur is not root:
-        full0 = swa0 = False
-        if cur.id not in skip:
-            cur.lock_ref -= 1
-            if cur.lock_ref == 0:
-                delta += len(cur.key)
-                full0 = True
-        if walking:
-            rec = cur.aux[i]
-            if rec.lock and cur.id not in sskip \
-                    and not (sskip and split_off_skipped(rec, sskip, seen)):
+    heap = cache._heap
+    cur, delta = node, 0
+    if is_swa:
+        boundary = params.swa_uuid_for_lock if params is not None else None
+        seen = -1 - min(params.skip_lock_node_ids.get(SWA_SPLIT_EPOCH, (0,))) \
+            if cskip and params is not None else 0
+        while cur is not root:  # up to the window's end mark: Full and SWA
+            full0 = swa0 = end = False
+            if cur.id not in skip:
+                cur.lock_ref -= 1
+                if cur.lock_ref == 0:
+                    delta += len(cur.key)
+                    full0 = True
+            rec = cur.aux[0]
+            if rec.lock and cur.id not in cskip \
+                    and not (cskip and split_off_skipped(rec, cskip, seen)):
                 if rec.lock == 1:
                     k = len(cur.key)
-                    swa.evictable += k
-                    swa.protected -= k
+                    comp.evictable += k
+                    comp.protected -= k
                     swa0 = True
                 rec.lock -= 1
                 cur.aux_lock -= 1
-                if boundary and rec.boundary == boundary:
-                    walking = False
-        if (full0 or swa0) and cur.lock_ref == 0 and cur.aux_lock == 0 \
-                and cur.dev_children == 0 and cur.value is not None:
-            entry = (cur.last_access_time, cur)
-            heappush(heap, entry)
-            if full0 and swa0:
-                heappush(heap, entry)
-        cur = cur.parent
-    cache._evictable += delta
-    cache._protected -= delta
-    return DecLockRefResult(delta=delta)
-
-
-# ----------------------------------------------------------------------------------------------
-# Mamba
-# ----------------------------------------------------------------------------------------------
-
-
-def inc_lock_mamba(cache: Any, node: Any) -> IncLockRefResult:
-    """``HybridRadixCache.inc_lock_ref`` (``_check_attached``, ``_inc_lock_py``,
-    ``MambaComponent.lock``): the Full lock up to the root, then the node's state (a node
-    without one is skipped and remembered)."""
-    root = cache.root_node
-    if not isinstance(node, Node) or (node is not root and node.parent is None):
-        raise _not_attached()
-    result = IncLockRefResult()
-    if cache.disable:
-        return result
-    cur: Any = node
-    delta = 0
-    while cur is not root:
-        if cur.lock_ref == 0:
-            delta += len(cur.key)
-        cur.lock_ref += 1
-        cur = cur.parent
-    cache._evictable -= delta
-    cache._protected += delta
-    result.delta = delta
-    if node is not root:
-        mamba = cache.mamba
-        rec = node.aux[mamba.i]
-        if rec.value is None:
-            result.skip_lock_node_ids.setdefault(MAMBA_ID, set()).add(node.id)
-        else:
-            if rec.lock == 0:
-                mamba.evictable -= 1
-                mamba.protected += 1
-            rec.lock += 1
-            node.aux_lock += 1
-    return result
-
-
-def dec_lock_mamba(cache: Any, node: Any, params: DecLockRefParams | None) -> DecLockRefResult:
-    """``HybridRadixCache.dec_lock_ref`` (``_dec_full_lock``, ``MambaComponent.unlock``, the
-    pushes of the new leaves) for ``params`` None or a plain ``DecLockRefParams``: every Full
-    count is checked first, then the node (Full and state), then its ancestors (Full)."""
-    root = cache.root_node
-    if not isinstance(node, Node) or (node is not root and node.parent is None):
-        raise _not_attached()
-    if cache.disable:
-        return DecLockRefResult()
-    if params is None:
-        skip: Any = ()
-        mskip: Any = ()
-    else:
-        skips = params.skip_lock_node_ids
-        skip = skips.get(FULL, ())
-        mskip = skips.get(MAMBA_ID, ())
-    cur: Any = node
-    while cur is not root:
-        if cur.lock_ref <= 0 and cur.id not in skip:
-            raise _unlocked_twice()
-        cur = cur.parent
-    if node is root:
-        return DecLockRefResult(delta=0)
-    heap = cache._heap
-    delta = 0
-    full0 = m0 = False
-    if node.id not in skip:
-        node.lock_ref -= 1
-        if node.lock_ref == 0:
-            delta = len(node.key)
-            full0 = True
-    mamba = cache.mamba
-    rec = node.aux[mamba.i]
-    if rec.lock > 0 and node.id not in mskip:
-        if rec.lock == 1:
-            mamba.evictable += 1
-            mamba.protected -= 1
-            m0 = True
-        rec.lock -= 1
-        node.aux_lock -= 1
-    if (full0 or m0) and node.lock_ref == 0 and node.aux_lock == 0 \
-            and node.dev_children == 0 and node.value is not None:
-        entry = (node.last_access_time, node)
-        heappush(heap, entry)
-        if full0 and m0:
-            heappush(heap, entry)
-    cur = node.parent
-    while cur is not root:
+                end = rec.boundary is not None and rec.boundary == boundary  # (marks: >= 1)
+            if full0 or swa0:
+                _push_unlocked(heap, cur, full0 and swa0)
+            cur = cur.parent
+            if end:
+                break
+    elif node is not root:
+        full0 = m0 = False
+        if node.id not in skip:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                delta = len(node.key)
+                full0 = True
+        rec = node.aux[0]
+        if rec.lock > 0 and node.id not in cskip:
+            if rec.lock == 1:
+                comp.evictable += 1
+                comp.protected -= 1
+                m0 = True
+            rec.lock -= 1
+            node.aux_lock -= 1
+        if full0 or m0:
+            _push_unlocked(heap, node, full0 and m0)
+        cur = node.parent
+    while cur is not root:  # the rest of the path: Full only
         if cur.id not in skip:
             cur.lock_ref -= 1
             if cur.lock_ref == 0:

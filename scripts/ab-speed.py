@@ -288,20 +288,28 @@ def _outcome(stats: B.BenchStats, hits: list[int]) -> dict:
     return dict(stats.outcome(), hits=list(hits))
 
 
+def _probe(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size: int,
+           row: Any) -> tuple[dict[str, list[int]], dict[str, B.ApiBundle]]:
+    """Each side's bundle for ``config`` and the list its hit log fills; a probe build per side
+    names its tree in ``row.kinds``, or says in ``row.refused`` why it cannot build it."""
+    hits: dict[str, list[int]] = {s: [] for s in SIDES}
+    bundles = {s: bundle_for(mods[s], config, s, hits[s]) for s in SIDES}
+    for s in SIDES:
+        try:
+            cache = bundles[s].build(types.SimpleNamespace(num_pages=64, page_size=page_size))[0]
+            row.kinds[s] = tree_kind(cache, mods[s])
+        except Refused as e:
+            row.refused[s] = str(e)
+    return hits, bundles
+
+
 def measure(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size: int,
             workload: B.BenchWorkload, rounds: int, warmup: int,
             log: Any = None, clock: str = "wall", per_call: float = 0.0) -> Row:
     """``rounds`` timed runs per side (after ``warmup`` untimed ones), alternating, timed with
     ``clock`` (:data:`CLOCKS`) less ``per_call`` seconds per timed call (the clock's own)."""
     row = Row(config.name, page_size, workload.name, workload.requests)
-    hits: dict[str, list[int]] = {s: [] for s in SIDES}
-    bundles = {s: bundle_for(mods[s], config, s, hits[s]) for s in SIDES}
-    for s in SIDES:  # a probe: each side builds this configuration (or says why not)
-        try:
-            cache = bundles[s].build(types.SimpleNamespace(num_pages=64, page_size=page_size))[0]
-            row.kinds[s] = tree_kind(cache, mods[s])
-        except Refused as e:
-            row.refused[s] = str(e)
+    hits, bundles = _probe(mods, config, page_size, row)
     if row.refused:
         return row
     reference: dict | None = None
@@ -405,14 +413,7 @@ def count_opcodes(mods: dict[str, types.ModuleType], config: C.BenchConfig, page
     """Each side's opcodes per op over one run of ``workload`` (``warmup`` untraced runs per
     side first, so first-call work such as lazy imports is not counted)."""
     row = OpcodeRow(config.name, page_size, workload.name, workload.requests)
-    hits: dict[str, list[int]] = {s: [] for s in SIDES}
-    bundles = {s: bundle_for(mods[s], config, s, hits[s]) for s in SIDES}
-    for s in SIDES:
-        try:
-            cache = bundles[s].build(types.SimpleNamespace(num_pages=64, page_size=page_size))[0]
-            row.kinds[s] = tree_kind(cache, mods[s])
-        except Refused as e:
-            row.refused[s] = str(e)
+    hits, bundles = _probe(mods, config, page_size, row)
     if row.refused:
         return row
     reference: dict | None = None
@@ -437,9 +438,9 @@ def count_opcodes(mods: dict[str, types.ModuleType], config: C.BenchConfig, page
 
 
 def format_opcode_row(row: OpcodeRow) -> list[str]:
-    head = f"{row.config:<20}{row.workload:<14}{row.page_size:>4}"
+    head = _row_head(row)
     if row.refused:
-        return [head + "  refused: " + "; ".join(f"{s}: {w}" for s, w in row.refused.items())]
+        return [head]
     rt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     lines = [head + f"{row.total('base'):>12,}{row.total('head'):>12,}{rt(row.ratio):>8}  "
              + ("yes" if row.identical else "NO")]
@@ -492,10 +493,18 @@ def parse_configs(value: str) -> list[tuple[C.BenchConfig, int]]:
     return out
 
 
-def format_row(row: Row) -> list[str]:
+def _row_head(row: Any) -> str:
+    """A row's first columns; for a refused configuration, the whole line (who refused, why)."""
     head = f"{row.config:<20}{row.workload:<14}{row.page_size:>4}"
     if row.refused:
-        return [head + "  refused: " + "; ".join(f"{s}: {w}" for s, w in row.refused.items())]
+        head += "  refused: " + "; ".join(f"{s}: {w}" for s, w in row.refused.items())
+    return head
+
+
+def format_row(row: Row) -> list[str]:
+    head = _row_head(row)
+    if row.refused:
+        return [head]
     ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
     rt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     lines = [head + f"{ms(row.median('base')):>10}{ms(row.median('head')):>10}"
@@ -556,6 +565,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.unfreeze()
 
 
+def _cases(args: argparse.Namespace, log: Any) -> Any:
+    """(configuration, page size, workload) for each of ``args``'s configurations and
+    workloads, in order, each named on ``log`` first."""
+    for config, ps in args.configs:
+        for w in args.workloads:
+            n = args.requests if w == "shared-prefix" else args.mooncake_requests
+            workload = materialized(B.make_workload(w, ps, n))
+            if log:
+                log(f"{config.name} {w} page {ps} ({workload.requests} requests)")
+            yield config, ps, workload
+
+
 def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
     log = None if args.quiet else functools.partial(print, flush=True)
     rows: list[Row] = []
@@ -564,17 +585,12 @@ def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
           f"(+{args.warmup} warm-up), one torch thread; times: the timed cache calls, "
           f"{args.clock} clock" + (f" less {per_call * 1e9:.0f} ns per call (the clock's own)"
                                    if per_call else ""), flush=True)
-    for config, ps in args.configs:
-        for w in args.workloads:
-            n = args.requests if w == "shared-prefix" else args.mooncake_requests
-            workload = materialized(B.make_workload(w, ps, n))
-            if log:
-                log(f"{config.name} {w} page {ps} ({workload.requests} requests)")
-            t0 = time.perf_counter()
-            rows.append(measure(mods, config, ps, workload, args.rounds, args.warmup, log,
-                                args.clock, per_call))
-            if log:
-                log(f"    ({time.perf_counter() - t0:.1f} s)")
+    for config, ps, workload in _cases(args, log):
+        t0 = time.perf_counter()
+        rows.append(measure(mods, config, ps, workload, args.rounds, args.warmup, log,
+                            args.clock, per_call))
+        if log:
+            log(f"    ({time.perf_counter() - t0:.1f} s)")
     print(f"\n{'config':<20}{'workload':<14}{'page':>4}{'base ms':>10}{'head ms':>10}"
           f"{'h/b':>9}{'pairs':>9}  identical")
     for row in rows:
@@ -592,13 +608,8 @@ def _run_opcodes(args: argparse.Namespace, mods: dict[str, types.ModuleType]) ->
     rows: list[OpcodeRow] = []
     print(f"base {args.base}  head {args.head}  Python opcodes inside the cache calls, one "
           f"traced run per side (+{args.warmup} untraced warm-up)", flush=True)
-    for config, ps in args.configs:
-        for w in args.workloads:
-            n = args.requests if w == "shared-prefix" else args.mooncake_requests
-            workload = materialized(B.make_workload(w, ps, n))
-            if log:
-                log(f"{config.name} {w} page {ps} ({workload.requests} requests)")
-            rows.append(count_opcodes(mods, config, ps, workload, args.warmup))
+    for config, ps, workload in _cases(args, log):
+        rows.append(count_opcodes(mods, config, ps, workload, args.warmup))
     print(f"\n{'config':<20}{'workload':<14}{'page':>4}{'base ops':>12}{'head ops':>12}"
           f"{'h/b':>8}  identical")
     for row in rows:
