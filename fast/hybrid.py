@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat, policies
+from . import compat, one_aux, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache
 from .components import AuxComponent, AuxData
@@ -79,6 +79,10 @@ _narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per sl
 
 
 HybridNode = Node  # the one pure-Python node type (fast/node.py)
+
+# the attributes naming the one-component fast paths a cache runs (fast/one_aux.py; None: the
+# general path), which ``HybridRadixCache._pick_fast_paths`` sets
+FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -189,8 +193,31 @@ class HybridRadixCache(UnifiedRadixCache):
             self._evict_leaf = self._delete_leaf
         if self._policy_key is not None:
             policies.attach(self)
+        self._pick_fast_paths()
         self.reset()
         compat.wire_metrics(self, params)  # enable_metrics (fast/metrics.py)
+
+    # the one-component fast paths (fast/one_aux.py) this cache runs, or None: the general path
+    _one_aux: Any = None  # with them: (the one component, whether it is SWA, its id)
+    _match_fast: Any = None
+    _insert_fast: Any = None
+    _inc_lock_fast: Any = None
+    _dec_lock_fast: Any = None
+
+    def _pick_fast_paths(self) -> None:
+        """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
+        component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
+        and the ``lru`` order (what those paths assume); else the general ones."""
+        self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
+        if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
+            return
+        one = self.components[0]
+        cls = type(one)
+        if cls in (SwaComponent, MambaComponent) and not self.is_eagle and self._inline_window >= 0:
+            self._one_aux = (one, cls is SwaComponent, one.component_id)
+            self._match_fast = one_aux.match_one  # (``_inline_window``: the validator's rule)
+            self._insert_fast = one_aux.insert_one
+            self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_one, one_aux.dec_lock_one
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""
@@ -375,6 +402,11 @@ class HybridRadixCache(UnifiedRadixCache):
         goes on past rejected nodes (splitting at a partial match); the accepted path becomes
         the most recent.  Mamba answers ``mamba_branching_seqlen`` when the walk went
         further."""
+        fast = self._match_fast  # (one component, no host tier: fast/one_aux.py)
+        if fast is not None:
+            result = fast(self, params)
+            if result is not None:
+                return result
         key = params.key
         units = self._units(key)
         if self.mamba is not None and getattr(params, "cow_mamba", False):
@@ -540,6 +572,11 @@ class HybridRadixCache(UnifiedRadixCache):
         the last node (SWA inside the window; the Mamba state); with a host tier, count hits
         (write-through backs a node up once its count reaches the threshold).  Returns the
         length already cached and, for Mamba, whether the node had a state already."""
+        fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py)
+        if fast is not None:
+            result = fast(self, params)
+            if result is not None:
+                return result
         key, value = params.key, params.value
         if type(key) is not RadixKey:
             key = compat.as_radix_key(key)
@@ -654,6 +691,9 @@ class HybridRadixCache(UnifiedRadixCache):
         its own part (SWA: one window of SWA data above the node, tombstones skipped, marking
         where the window filled up; Mamba: the node's state).  Skipped nodes are remembered in
         the result (pass ``to_dec_params()`` back)."""
+        fast = self._inc_lock_fast  # (one component, no host tier: fast/one_aux.py)
+        if fast is not None:
+            return fast(self, node)
         self._check_attached(node)
         result = api.IncLockRefResult() if self.tier is None else HostIncLockRefResult()
         if self.disable:
@@ -677,6 +717,9 @@ class HybridRadixCache(UnifiedRadixCache):
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``).  With
         a host tier everything below the lock's anchor was skipped, which stays right when a
         skipped node is split or loaded back meanwhile."""
+        fast = self._dec_lock_fast  # (one component, no host tier: fast/one_aux.py)
+        if fast is not None and (params is None or params.__class__ is api.DecLockRefParams):
+            return fast(self, node, params)
         anchor = getattr(params, "anchor", None) if params is not None else None
         if anchor is None:
             self._check_attached(node)

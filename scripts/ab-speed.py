@@ -29,6 +29,15 @@ Run (the harness is the ``uniradix`` on the path; the head defaults to this chec
         [--configs full:1,full:16,swa:1,mamba:1,write_through:1,write_back:1]
         [--workloads shared-prefix,mooncake] [--requests 1000] [--mooncake-requests 200]
         [--clock cpu|wall] [--json out.json]
+    python scripts/ab-speed.py --base PATH_TO_OLD_CHECKOUT --opcodes [--requests 300] ...
+
+``--opcodes`` replaces the timed rounds with a count that does not depend on the machine's
+load: one run per side (after the warm-up runs, untraced) under ``sys.settrace`` with opcode
+events, the loop's clock replaced by the running count of Python opcodes executed, so each
+timed cache call's "time" is the opcodes run inside it (its callees' included; code in C, such
+as the Full C core, counts nothing).  The table gives, per op, each side's opcodes per call
+and ``head/base``; outcomes are compared as in the timed mode.  Each count includes the
+loop's few opcodes between reading the clock and making the call (the same for both sides).
 
 docs/PERFORMANCE.md ("Side by side with the commit before the composable cache") has the
 figures it gave.
@@ -279,20 +288,28 @@ def _outcome(stats: B.BenchStats, hits: list[int]) -> dict:
     return dict(stats.outcome(), hits=list(hits))
 
 
+def _probe(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size: int,
+           row: Any) -> tuple[dict[str, list[int]], dict[str, B.ApiBundle]]:
+    """Each side's bundle for ``config`` and the list its hit log fills; a probe build per side
+    names its tree in ``row.kinds``, or says in ``row.refused`` why it cannot build it."""
+    hits: dict[str, list[int]] = {s: [] for s in SIDES}
+    bundles = {s: bundle_for(mods[s], config, s, hits[s]) for s in SIDES}
+    for s in SIDES:
+        try:
+            cache = bundles[s].build(types.SimpleNamespace(num_pages=64, page_size=page_size))[0]
+            row.kinds[s] = tree_kind(cache, mods[s])
+        except Refused as e:
+            row.refused[s] = str(e)
+    return hits, bundles
+
+
 def measure(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size: int,
             workload: B.BenchWorkload, rounds: int, warmup: int,
             log: Any = None, clock: str = "wall", per_call: float = 0.0) -> Row:
     """``rounds`` timed runs per side (after ``warmup`` untimed ones), alternating, timed with
     ``clock`` (:data:`CLOCKS`) less ``per_call`` seconds per timed call (the clock's own)."""
     row = Row(config.name, page_size, workload.name, workload.requests)
-    hits: dict[str, list[int]] = {s: [] for s in SIDES}
-    bundles = {s: bundle_for(mods[s], config, s, hits[s]) for s in SIDES}
-    for s in SIDES:  # a probe: each side builds this configuration (or says why not)
-        try:
-            cache = bundles[s].build(types.SimpleNamespace(num_pages=64, page_size=page_size))[0]
-            row.kinds[s] = tree_kind(cache, mods[s])
-        except Refused as e:
-            row.refused[s] = str(e)
+    hits, bundles = _probe(mods, config, page_size, row)
     if row.refused:
         return row
     reference: dict | None = None
@@ -319,6 +336,124 @@ def measure(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size:
                                                                  if n < 2 * warmup else ""))
     row.identical = not row.differences
     return row
+
+
+# --------------------------------------------------------------------------------------------
+# Opcode counts (--opcodes)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class OpcodeRow:
+    """One configuration and workload counted once per side: per op, calls and opcodes."""
+
+    config: str
+    page_size: int
+    workload: str
+    requests: int
+    kinds: dict[str, str] = dataclasses.field(default_factory=dict)
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
+    calls: dict[str, dict[str, int]] = dataclasses.field(
+        default_factory=lambda: {s: {} for s in SIDES})
+    opcodes: dict[str, dict[str, int]] = dataclasses.field(
+        default_factory=lambda: {s: {} for s in SIDES})
+    identical: bool | None = None
+    differences: list[str] = dataclasses.field(default_factory=list)
+
+    def total(self, side: str) -> int:
+        return sum(self.opcodes[side].values())
+
+    @property
+    def ratio(self) -> float | None:
+        """head's opcodes over base's, all ops together."""
+        b = self.total("base")
+        return self.total("head") / b if b else None
+
+    def summary(self) -> dict:
+        return {"config": self.config, "page_size": self.page_size, "workload": self.workload,
+                "requests": self.requests, "kinds": self.kinds, "refused": self.refused,
+                "identical_outcomes": self.identical, "differences": self.differences,
+                "calls": self.calls, "opcodes": self.opcodes,
+                "total": {s: self.total(s) for s in SIDES},
+                "ratio_head_over_base": None if self.ratio is None else round(self.ratio, 4)}
+
+
+@contextlib.contextmanager
+def opcode_clock() -> Any:
+    """The loop's timer made the count of Python opcodes this thread has executed since entry
+    (``sys.settrace`` with ``f_trace_opcodes`` on every frame; line events off).  The reader is
+    C code (a bound ``list.__getitem__`` behind ``functools.partial``), so reading it adds no
+    opcodes of its own."""
+    count = [0]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            count[0] += 1
+        return local
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_lines = False
+        frame.f_trace_opcodes = True
+        return local
+
+    saved = B.time
+    B.time = types.SimpleNamespace(  # type: ignore[assignment]
+        perf_counter=functools.partial(count.__getitem__, 0))
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+        B.time = saved
+
+
+def count_opcodes(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size: int,
+                  workload: B.BenchWorkload, warmup: int = 1) -> OpcodeRow:
+    """Each side's opcodes per op over one run of ``workload`` (``warmup`` untraced runs per
+    side first, so first-call work such as lazy imports is not counted)."""
+    row = OpcodeRow(config.name, page_size, workload.name, workload.requests)
+    hits, bundles = _probe(mods, config, page_size, row)
+    if row.refused:
+        return row
+    reference: dict | None = None
+    for n, side in enumerate([s for _ in range(warmup) for s in SIDES] + list(SIDES)):
+        hits[side].clear()
+        if n < warmup * len(SIDES):
+            stats = B.run_bench(bundles[side], workload)
+        else:
+            with opcode_clock():
+                stats = B.run_bench(bundles[side], workload)
+            for op, counts in stats.op_times.items():
+                if counts:
+                    row.calls[side][op] = len(counts)
+                    row.opcodes[side][op] = int(sum(counts))
+        got = _outcome(stats, hits[side])
+        if reference is None:
+            reference = got
+        elif got != reference:
+            row.differences.append(_difference(reference, got, side, n))
+    row.identical = not row.differences
+    return row
+
+
+def format_opcode_row(row: OpcodeRow) -> list[str]:
+    head = _row_head(row)
+    if row.refused:
+        return [head]
+    rt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    lines = [head + f"{row.total('base'):>12,}{row.total('head'):>12,}{rt(row.ratio):>8}  "
+             + ("yes" if row.identical else "NO")]
+    base, head_ = row.opcodes["base"], row.opcodes["head"]
+    for op in [*base, *(o for o in head_ if o not in base)]:
+        per = {s: (row.opcodes[s][op] / row.calls[s][op] if row.calls[s].get(op) else None)
+               for s in SIDES}
+        r = (per["head"] / per["base"]) if per["base"] and per["head"] is not None else None
+        lines.append(f"    {op:<12}" + "".join(
+            f"{s} {row.calls[s].get(op, 0):>6} calls {'-' if per[s] is None else f'{per[s]:9.1f}'}"
+            f"/call   " for s in SIDES) + f"h/b {rt(r)}")
+    lines += [f"    DIFFERENT OUTCOMES: {d}" for d in row.differences]
+    return lines
 
 
 def _difference(ref: dict, got: dict, side: str, n: int) -> str:
@@ -358,10 +493,18 @@ def parse_configs(value: str) -> list[tuple[C.BenchConfig, int]]:
     return out
 
 
-def format_row(row: Row) -> list[str]:
+def _row_head(row: Any) -> str:
+    """A row's first columns; for a refused configuration, the whole line (who refused, why)."""
     head = f"{row.config:<20}{row.workload:<14}{row.page_size:>4}"
     if row.refused:
-        return [head + "  refused: " + "; ".join(f"{s}: {w}" for s, w in row.refused.items())]
+        head += "  refused: " + "; ".join(f"{s}: {w}" for s, w in row.refused.items())
+    return head
+
+
+def format_row(row: Row) -> list[str]:
+    head = _row_head(row)
+    if row.refused:
+        return [head]
     ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
     rt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     lines = [head + f"{ms(row.median('base')):>10}{ms(row.median('head')):>10}"
@@ -395,6 +538,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(default; robust on a shared machine); wall: the bench's perf_counter")
     p.add_argument("--allow-pure-python", action="store_true",
                    help="run a tree without its compiled C core")
+    p.add_argument("--opcodes", action="store_true",
+                   help="count the Python opcodes run inside the cache calls (one traced run "
+                        "per side after --warmup untraced ones; --rounds and --clock unused) "
+                        "instead of timing rounds: deterministic, so a loaded machine does not "
+                        "move it")
     p.add_argument("--json", type=Path, help="write the rows as JSON here")
     p.add_argument("--quiet", action="store_true", help="no per-run lines")
     args = p.parse_args(argv)
@@ -412,9 +560,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     try:
-        return _run(args, mods)
+        return _run_opcodes(args, mods) if args.opcodes else _run(args, mods)
     finally:
         gc.unfreeze()
+
+
+def _cases(args: argparse.Namespace, log: Any) -> Any:
+    """(configuration, page size, workload) for each of ``args``'s configurations and
+    workloads, in order, each named on ``log`` first."""
+    for config, ps in args.configs:
+        for w in args.workloads:
+            n = args.requests if w == "shared-prefix" else args.mooncake_requests
+            workload = materialized(B.make_workload(w, ps, n))
+            if log:
+                log(f"{config.name} {w} page {ps} ({workload.requests} requests)")
+            yield config, ps, workload
 
 
 def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
@@ -425,17 +585,12 @@ def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
           f"(+{args.warmup} warm-up), one torch thread; times: the timed cache calls, "
           f"{args.clock} clock" + (f" less {per_call * 1e9:.0f} ns per call (the clock's own)"
                                    if per_call else ""), flush=True)
-    for config, ps in args.configs:
-        for w in args.workloads:
-            n = args.requests if w == "shared-prefix" else args.mooncake_requests
-            workload = materialized(B.make_workload(w, ps, n))
-            if log:
-                log(f"{config.name} {w} page {ps} ({workload.requests} requests)")
-            t0 = time.perf_counter()
-            rows.append(measure(mods, config, ps, workload, args.rounds, args.warmup, log,
-                                args.clock, per_call))
-            if log:
-                log(f"    ({time.perf_counter() - t0:.1f} s)")
+    for config, ps, workload in _cases(args, log):
+        t0 = time.perf_counter()
+        rows.append(measure(mods, config, ps, workload, args.rounds, args.warmup, log,
+                            args.clock, per_call))
+        if log:
+            log(f"    ({time.perf_counter() - t0:.1f} s)")
     print(f"\n{'config':<20}{'workload':<14}{'page':>4}{'base ms':>10}{'head ms':>10}"
           f"{'h/b':>9}{'pairs':>9}  identical")
     for row in rows:
@@ -444,6 +599,24 @@ def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
         args.json.write_text(json.dumps({"base": str(args.base), "head": str(args.head),
                                          "rounds": args.rounds, "warmup": args.warmup,
                                          "clock": args.clock, "clock_cost_s": per_call,
+                                         "rows": [r.summary() for r in rows]}, indent=1) + "\n")
+    return 1 if any(r.identical is False for r in rows) else 0
+
+
+def _run_opcodes(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
+    log = None if args.quiet else functools.partial(print, flush=True)
+    rows: list[OpcodeRow] = []
+    print(f"base {args.base}  head {args.head}  Python opcodes inside the cache calls, one "
+          f"traced run per side (+{args.warmup} untraced warm-up)", flush=True)
+    for config, ps, workload in _cases(args, log):
+        rows.append(count_opcodes(mods, config, ps, workload, args.warmup))
+    print(f"\n{'config':<20}{'workload':<14}{'page':>4}{'base ops':>12}{'head ops':>12}"
+          f"{'h/b':>8}  identical")
+    for row in rows:
+        print("\n".join(format_opcode_row(row)))
+    if args.json:
+        args.json.write_text(json.dumps({"base": str(args.base), "head": str(args.head),
+                                         "mode": "opcodes", "warmup": args.warmup,
                                          "rows": [r.summary() for r in rows]}, indent=1) + "\n")
     return 1 if any(r.identical is False for r in rows) else 0
 

@@ -109,3 +109,50 @@ def test_differing_outcomes_are_reported(ab, monkeypatch):
     assert m is not None, diff
     assert int(m[2]) == int(m[1]) + 1
     assert ab.format_row(row)[-1].startswith("    DIFFERENT OUTCOMES: run 1 (head)")
+
+
+def test_opcode_clock_counts_the_calls_between_two_readings(ab):
+    """The opcode clock reads the opcodes run since entry, callees included, the same count
+    every time; outside it the loop's clock is back."""
+
+    def inner(n):
+        t = 0
+        for i in range(n):
+            t += i
+        return t
+
+    def outer(n):
+        return inner(n) + inner(n)
+
+    def between(n):
+        clock = ab.B.time.perf_counter
+        t0 = clock()
+        outer(n)
+        return clock() - t0
+
+    saved = ab.B.time
+    with ab.opcode_clock():
+        counts = [between(n) for n in (0, 10, 20, 10)]
+    assert ab.B.time is saved
+    assert counts[1] == counts[3] and counts[0] > 0
+    per_iteration = (counts[1] - counts[0]) / 20  # two inner calls of 10 iterations
+    assert per_iteration >= 3 and counts[2] - counts[1] == counts[1] - counts[0]
+
+
+def test_opcode_count_of_one_tree_against_itself(ab):
+    """Both sides the same loaded fast/: every op's calls and opcodes are equal (the count is
+    deterministic), the swa run has all five ops, and the table prints 1.000."""
+    import uniradix.fast as fast
+
+    mods = {s: fast for s in ab.SIDES}
+    workload = ab.materialized(ab.B.make_workload("shared-prefix", 1, 24))
+    [(config, ps)] = ab.parse_configs("swa:1")
+    row = ab.count_opcodes(mods, config, ps, workload, warmup=0)
+    assert row.identical is True and not row.refused
+    assert row.calls["base"] == row.calls["head"] and row.opcodes["base"] == row.opcodes["head"]
+    assert {"match", "lock", "insert", "unlock"} <= set(row.opcodes["head"])
+    assert all(v > 0 for v in row.opcodes["head"].values())
+    assert row.ratio == 1.0 and row.summary()["total"]["head"] == row.total("head")
+    lines = ab.format_opcode_row(row)
+    assert lines[0].split()[-2:] == ["1.000", "yes"]
+    assert any(line.split()[0] == "match" and line.endswith("h/b 1.000") for line in lines[1:])

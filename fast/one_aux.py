@@ -1,0 +1,436 @@
+"""Fast paths of the composed tree (fast/hybrid.py) for its most common shape: exactly one aux
+component (the stock SWA or Mamba plug-in), no host tier, the ``lru`` eviction order.
+
+Each function here is one of ``HybridRadixCache``'s general paths written out for that shape,
+with the same effects, checks and errors: the calls through the component hooks are inlined and
+the Full walk and the component's walk share one loop.  ``HybridRadixCache`` picks them once at
+construction (``_pick_fast_paths``); every other shape runs the general paths.  Why they hold:
+
+* the one component's record on a node is ``node.aux[0]``;
+* without a host tier every node in the tree holds Full data (only a host tier leaves evicted
+  nodes in the tree), so a lock's Full walk starts at the node itself, and every node of a
+  locked path is attached (a node with a Full lock is never evicted);
+* the leaf test needs only the node's own fields, so a node that a fused walk has finished
+  with can go on the eviction heap at once; the general path pushes the same entries (a node
+  whose Full and aux counts both reached 0 twice, as its ``unlocked`` list holds it twice), in
+  another order, which the heap does not see: its entries are ordered by (stamp, node id).
+
+tests/fast/test_one_aux.py drives each fast path and its general path through the same
+scenarios and compares the trees.
+"""
+
+from __future__ import annotations
+
+from array import array
+from heapq import heappush
+from typing import Any
+
+import torch
+
+from . import compat, policies
+from .cache import STRIDE
+from .components import MAMBA_ID, SWA_ID, AuxData
+from .components.swa import SWA_SPLIT_EPOCH, split_off_skipped
+from .errors import HandleError, InvalidInput, NodeNotFound
+from .keys import shared_len
+from .node import Node
+from .params import (
+    DecLockRefParams,
+    DecLockRefResult,
+    IncLockRefResult,
+    InsertResult,
+    MatchResult,
+)
+from .radix_key import RadixKey
+from .token_range import check_token_range
+
+FULL = 0  # the Full component's id in skip_lock_node_ids
+_INF = float("inf")
+_INT64 = torch.int64
+_cat = torch.cat
+_narrow, _narrow_copy = torch.narrow, torch.narrow_copy
+
+
+# ----------------------------------------------------------------------------------------------
+# match_prefix (SWA or Mamba)
+# ----------------------------------------------------------------------------------------------
+
+
+def match_one(cache: Any, params: Any) -> MatchResult | None:
+    """``HybridRadixCache.match_prefix`` with its one component's validator inlined (SWA: a
+    run of contiguous SWA units up to the node reaching the window, restarted at a tombstone;
+    Mamba: a state on the node, the same rule with a window of 0), and ``path_to_front``,
+    ``_stamp_path`` and the leaf push of the matched node in one walk up.  None for what it
+    leaves to the general path: an EAGLE bigram key and a Mamba copy-on-write match."""
+    key = params.key
+    if key.__class__ is not RadixKey:
+        key = compat.as_radix_key(key)
+    if key.is_bigram:
+        return None
+    comp = cache.components[0]
+    window = cache._inline_window
+    if window == 0 and getattr(params, "cow_mamba", False):
+        return None
+    toks = key.token_ids
+    units = toks if toks.__class__ is array else array("q", toks)
+    root = cache.root_node
+    ps = cache.page_size
+    n = len(units) - len(units) % ps
+    if cache.disable or n == 0:
+        return MatchResult(cache._empty, root, root, root, 0, 0, 0, None, None)
+    ek = key.extra_key
+    node, pos, chunks = root, 0, []
+    best, best_chunks = root, 0
+    run = _INF
+    while pos < n:
+        # (keys.child_key and keys.step_len, inlined as in the general path)
+        ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+        child = node.children.get(ck if ek is None else (ek, ck))
+        if child is None or child.value is None:
+            break
+        ckey = child.key
+        k = len(ckey)
+        split = pos + k > n or units[pos: pos + k] != ckey
+        if split:
+            k = shared_len(ckey, units, pos, n, ps)
+            child = cache._split(child, k)
+        chunks.append(child.value)
+        node, pos = child, pos + k
+        if child.aux[0].value is None:
+            run = 0
+        else:
+            run += k
+            if run >= window:
+                best, best_chunks = child, len(chunks)
+        if split:  # the match ends inside the old node
+            break
+    # the matched path: its records to the front of the list (node first), its stamps (the
+    # node newest, each ancestor one older, the root included)
+    lru = comp.lru
+    prev = lru.head
+    clock = cache._clock + STRIDE
+    cache._clock = clock
+    cur = best
+    while cur is not root:
+        cur.last_access_time = clock
+        clock -= 1
+        rec = cur.aux[0]
+        if rec.value is not None:  # (LruList.move_after, inlined)
+            rec.lru_prev.lru_next = rec.lru_next
+            rec.lru_next.lru_prev = rec.lru_prev
+            nxt = prev.lru_next
+            rec.lru_prev, rec.lru_next = prev, nxt
+            prev.lru_next = nxt.lru_prev = rec
+            prev = rec
+        cur = cur.parent
+    root.last_access_time = clock
+    if best is not root and best.lock_ref == 0 and best.aux_lock == 0 \
+            and best.dev_children == 0:  # (``_push_if_leaf``: it holds data, it is attached)
+        heappush(cache._heap, (best.last_access_time, best))
+    if best_chunks == 0:
+        indices = cache._empty
+    elif best_chunks == 1:
+        indices = chunks[0]
+    else:
+        indices = _cat(chunks if best_chunks == len(chunks) else chunks[:best_chunks])
+    branching = None
+    if window == 0 and len(chunks) > best_chunks:
+        c = cache.mamba_cache_chunk_size
+        aligned = pos // c * c
+        branching = aligned if aligned > 0 else None
+    return MatchResult(indices, best, best, best, 0, 0, 0, branching, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# insert (SWA or Mamba)
+# ----------------------------------------------------------------------------------------------
+
+
+def insert_one(cache: Any, params: Any) -> InsertResult | None:
+    """``HybridRadixCache._insert`` (inside ``insert``, which releases the frees) with the walk
+    planned inline (``_plan``), each walked node touched inline (``_touch``: stamp, leaf push,
+    its record to the front), the new leaf made and pushed inline, and the component's commit
+    inline (SWA: the leaf's SWA data inside the window; Mamba: the state on the last node).
+    The checks are the general path's, in its order.  None, before anything changes, for an
+    EAGLE bigram key (the general path's)."""
+    key, value = params.key, params.value
+    if key.__class__ is not RadixKey:
+        key = compat.as_radix_key(key)
+    if key.is_bigram:
+        return None
+    toks = key.token_ids
+    units = toks if toks.__class__ is array else array("q", toks)
+    if not isinstance(value, torch.Tensor) or value.dtype != _INT64 or \
+            tuple(value.shape) != (len(toks),):
+        raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
+    prev = params.prev_prefix_len
+    if prev.__class__ is not int or prev < 0:  # (tiers/host.py count_arg)
+        raise InvalidInput(f"prev_prefix_len must be a non-negative int, got {prev!r}")
+    chunked = params.chunked
+    if chunked is not True and chunked is not False:
+        raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
+    priority = getattr(params, "priority", 0)
+    if priority.__class__ is not int:
+        policies.check_priority(priority)
+    ps = cache.page_size
+    n = len(units) - len(units) % ps
+    if n < len(units):
+        units = units[:n]
+    if n < len(toks):
+        value = _narrow(value, 0, 0, n)
+    ek = key.extra_key
+    root = cache.root_node
+    # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
+    plan = []
+    node, pos = root, 0
+    while pos < n:
+        ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
+        child = node.children.get(ck if ek is None else (ek, ck))
+        if child is None:
+            break
+        ckey = child.key
+        k = len(ckey)
+        if pos + k > n or units[pos: pos + k] != ckey:
+            plan.append((child, shared_len(ckey, units, pos, n, ps)))
+            break
+        plan.append((child, k))
+        node, pos = child, pos + k
+    if cache.validate_slots and not cache.disable:
+        cache._check_slot_list(plan, value.tolist(), prev)
+    prepared, e = cache._check_aux(plan, prev, params)
+    if cache.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
+        return InsertResult(prefix_len=0)
+    prepared = prepared[0]
+    if cache._events is not None:
+        check_token_range(units, False)  # page keys take [0, 2**32) (fast/token_range.py)
+    cache._clock += STRIDE  # (``_stamp`` of the root: never a leaf)
+    root.last_access_time = cache._clock
+    if n == 0:
+        return InsertResult(prefix_len=0, total_len=len(toks), mamba_exist=True)
+    comp = cache.components[0]
+    swa = cache.swa
+    lru = comp.lru
+    head, move_after = lru.head, lru.move_after
+    heap = cache._heap
+    node, pos = root, 0
+    for child, shared in plan:
+        # ``_touch``: the newest stamp, a fresh heap entry for a leaf, its record to the front
+        cache._clock += STRIDE
+        stamp = child.last_access_time = cache._clock
+        if child.lock_ref == 0 and child.aux_lock == 0 and child.dev_children == 0:
+            heappush(heap, (stamp, child))
+        rec = child.aux[0]
+        if rec.value is not None:
+            move_after(head, rec)
+        if shared < len(child.key):
+            child = cache._split(child, shared)
+        end = pos + shared
+        # a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md)
+        if swa is not None and prev < end and child.aux[0].value is None \
+                and child.lock_ref == 0:
+            taken = swa.overlap(child, pos, shared, value, prev, e)
+        else:
+            taken = shared
+        lo = prev if prev > pos else pos
+        if lo < pos + taken:  # this node's duplicates: one piece per node, as upstream frees
+            cache._free(_narrow(value, 0, lo, pos + taken - lo))
+        node, pos = child, end
+    target, is_new = node, False
+    if pos < n:
+        if swa is not None and e >= n:  # (``skips_leaf``: wholly outside the window)
+            cache._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
+            return InsertResult(prefix_len=pos, mamba_exist=False)
+        cache._clock += STRIDE
+        rest = units[pos:]
+        ck = rest[0] if ps == 1 else tuple(rest[0: ps])
+        if ek is not None:
+            ck = (ek, ck)
+        leaf = Node(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, cache._clock, ck)
+        leaf.aux = (AuxData(leaf),)
+        node.children[ck] = leaf
+        node.dev_children += 1
+        cache._evictable += n - pos
+        if cache.validate_slots:  # (``_own``)
+            cache._owned.update(leaf.value.tolist())
+        heappush(heap, (leaf.last_access_time, leaf))  # (a new leaf: unlocked, no children)
+        if cache._events is not None:
+            cache._events.stored(leaf)
+        target, is_new = leaf, True
+    exist = False
+    if swa is not None:  # (``SwaComponent.commit``)
+        if is_new and e - pos < len(target.key):
+            if e - pos > 0:
+                cache._split(target, e - pos)
+            comp.set(target, comp.translate(target.value))
+    elif is_new or target.aux[0].value is None:  # (``MambaComponent.commit``)
+        comp.set(target, prepared)
+        if not is_new:
+            cache._stamp(target)
+    else:
+        comp.lru.move_to_front(target.aux[0])
+        cache._stamp(target)
+        exist = True
+    return InsertResult(pos, len(toks), exist)
+
+
+# ----------------------------------------------------------------------------------------------
+# Locks (SWA or Mamba)
+# ----------------------------------------------------------------------------------------------
+
+
+def inc_lock_one(cache: Any, node: Any) -> IncLockRefResult:
+    """``HybridRadixCache.inc_lock_ref`` (``_check_attached``, ``_inc_lock_py``, the
+    component's ``lock``).  SWA: one walk takes the Full lock up to the root and, while the
+    window is not full, the SWA lock (tombstones skipped and remembered, the window's end
+    marked).  Mamba: the Full walk, then the node's state (a node without one is skipped and
+    remembered)."""
+    root = cache.root_node
+    if not isinstance(node, Node) or (node is not root and node.parent is None):
+        raise NodeNotFound("the node is not in the tree")
+    result = IncLockRefResult()
+    if cache.disable:
+        return result
+    comp, is_swa, _ = cache._one_aux
+    cur: Any = node
+    delta = 0
+    if is_swa:
+        window, size = comp.window, 0
+        while cur is not root:
+            k = len(cur.key)
+            if cur.lock_ref == 0:
+                delta += k
+            cur.lock_ref += 1
+            if size < window:
+                rec = cur.aux[0]
+                if rec.value is None:
+                    result.skip_lock_node_ids.setdefault(SWA_ID, set()).add(cur.id)
+                    result.skip_lock_node_ids[SWA_SPLIT_EPOCH] = {-1 - comp._split_epoch}
+                else:
+                    if rec.lock == 0:
+                        comp.evictable -= k
+                        comp.protected += k
+                    rec.lock += 1
+                    cur.aux_lock += 1
+                    size += k
+                    if size >= window:
+                        if rec.boundary is None:
+                            rec.boundary = comp._next_boundary
+                            comp._next_boundary += 1
+                        result.swa_uuid_for_lock = rec.boundary
+            cur = cur.parent
+    else:
+        while cur is not root:
+            if cur.lock_ref == 0:
+                delta += len(cur.key)
+            cur.lock_ref += 1
+            cur = cur.parent
+        if node is not root:
+            rec = node.aux[0]
+            if rec.value is None:
+                result.skip_lock_node_ids.setdefault(MAMBA_ID, set()).add(node.id)
+            else:
+                if rec.lock == 0:
+                    comp.evictable -= 1
+                    comp.protected += 1
+                rec.lock += 1
+                node.aux_lock += 1
+    cache._evictable -= delta
+    cache._protected += delta
+    result.delta = delta
+    return result
+
+
+def _push_unlocked(heap: list, node: Any, twice: bool) -> None:
+    """The general path's ``_push_if_leaf`` of a node on its ``unlocked`` list, where it stands
+    once per count that reached 0 (``twice``: its Full and its component's): an evictable leaf
+    now goes on the heap that many times.  (Attached: it was on a locked path.)"""
+    if node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+            and node.value is not None:
+        entry = (node.last_access_time, node)
+        heappush(heap, entry)
+        if twice:
+            heappush(heap, entry)
+
+
+def dec_lock_one(cache: Any, node: Any, params: DecLockRefParams | None) -> DecLockRefResult:
+    """``HybridRadixCache.dec_lock_ref`` (``_dec_full_lock``, the component's ``unlock``, the
+    pushes of the new leaves) for ``params`` None or a plain ``DecLockRefParams``.  Every Full
+    count is checked first (a refused unlock changes nothing).  SWA: then one walk undoes the
+    Full lock up to the root and the SWA lock up to the window's end mark.  Mamba: the node
+    (Full and state), then its ancestors (Full)."""
+    root = cache.root_node
+    if not isinstance(node, Node) or (node is not root and node.parent is None):
+        raise NodeNotFound("the node is not in the tree")
+    if cache.disable:
+        return DecLockRefResult()
+    comp, is_swa, comp_id = cache._one_aux
+    if params is None:
+        skip: Any = ()
+        cskip: Any = ()  # the component's skipped nodes
+    else:
+        skips = params.skip_lock_node_ids
+        skip = skips.get(FULL, ())
+        cskip = skips.get(comp_id, ())
+    cur: Any = node
+    while cur is not root:
+        if cur.lock_ref <= 0 and cur.id not in skip:
+            raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
+        cur = cur.parent
+    heap = cache._heap
+    cur, delta = node, 0
+    if is_swa:
+        boundary = params.swa_uuid_for_lock if params is not None else None
+        seen = -1 - min(params.skip_lock_node_ids.get(SWA_SPLIT_EPOCH, (0,))) \
+            if cskip and params is not None else 0
+        while cur is not root:  # up to the window's end mark: Full and SWA
+            full0 = swa0 = end = False
+            if cur.id not in skip:
+                cur.lock_ref -= 1
+                if cur.lock_ref == 0:
+                    delta += len(cur.key)
+                    full0 = True
+            rec = cur.aux[0]
+            if rec.lock and cur.id not in cskip \
+                    and not (cskip and split_off_skipped(rec, cskip, seen)):
+                if rec.lock == 1:
+                    k = len(cur.key)
+                    comp.evictable += k
+                    comp.protected -= k
+                    swa0 = True
+                rec.lock -= 1
+                cur.aux_lock -= 1
+                end = rec.boundary is not None and rec.boundary == boundary  # (marks: >= 1)
+            if full0 or swa0:
+                _push_unlocked(heap, cur, full0 and swa0)
+            cur = cur.parent
+            if end:
+                break
+    elif node is not root:
+        full0 = m0 = False
+        if node.id not in skip:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                delta = len(node.key)
+                full0 = True
+        rec = node.aux[0]
+        if rec.lock > 0 and node.id not in cskip:
+            if rec.lock == 1:
+                comp.evictable += 1
+                comp.protected -= 1
+                m0 = True
+            rec.lock -= 1
+            node.aux_lock -= 1
+        if full0 or m0:
+            _push_unlocked(heap, node, full0 and m0)
+        cur = node.parent
+    while cur is not root:  # the rest of the path: Full only
+        if cur.id not in skip:
+            cur.lock_ref -= 1
+            if cur.lock_ref == 0:
+                delta += len(cur.key)
+                if cur.aux_lock == 0 and cur.dev_children == 0 and cur.value is not None:
+                    heappush(heap, (cur.last_access_time, cur))
+        cur = cur.parent
+    cache._evictable += delta
+    cache._protected -= delta
+    return DecLockRefResult(delta=delta)
