@@ -29,8 +29,8 @@ import torch
 
 from . import compat, policies
 from .cache import STRIDE
-from .components import MAMBA_ID, SWA_ID, AuxData
-from .components.swa import SWA_SPLIT_EPOCH, split_off_skipped
+from .components import MAMBA_ID, AuxData
+from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
 from .errors import HandleError, InvalidInput, NodeNotFound
 from .keys import shared_len
 from .node import Node
@@ -291,34 +291,11 @@ def inc_lock_one(cache: Any, node: Any) -> IncLockRefResult:
     if cache.disable:
         return result
     comp, is_swa, _ = cache._one_aux
-    cur: Any = node
-    delta = 0
     if is_swa:
-        window, size = comp.window, 0
-        while cur is not root:
-            k = len(cur.key)
-            if cur.lock_ref == 0:
-                delta += k
-            cur.lock_ref += 1
-            if size < window:
-                rec = cur.aux[0]
-                if rec.value is None:
-                    result.skip_lock_node_ids.setdefault(SWA_ID, set()).add(cur.id)
-                    result.skip_lock_node_ids[SWA_SPLIT_EPOCH] = {-1 - comp._split_epoch}
-                else:
-                    if rec.lock == 0:
-                        comp.evictable -= k
-                        comp.protected += k
-                    rec.lock += 1
-                    cur.aux_lock += 1
-                    size += k
-                    if size >= window:
-                        if rec.boundary is None:
-                            rec.boundary = comp._next_boundary
-                            comp._next_boundary += 1
-                        result.swa_uuid_for_lock = rec.boundary
-            cur = cur.parent
+        delta = lock_window(comp, node, result, root, True)
     else:
+        cur: Any = node
+        delta = 0
         while cur is not root:
             if cur.lock_ref == 0:
                 delta += len(cur.key)

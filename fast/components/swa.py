@@ -225,27 +225,7 @@ class SwaComponent(AuxComponent):
     def lock(self, node: Any, result: Any) -> None:
         """One window of SWA data above ``node`` (tombstones skipped and remembered), marking
         the node where the window filled up."""
-        root = self.cache.root_node
-        size, cur, window, i = 0, node, self.window, self.i
-        while cur is not root and size < window:
-            rec = cur.aux[i]
-            if rec.value is None:
-                result.skip_lock_node_ids.setdefault(SWA_ID, set()).add(cur.id)
-                result.skip_lock_node_ids[SWA_SPLIT_EPOCH] = {-1 - self._split_epoch}
-            else:
-                k = len(cur.key)
-                if rec.lock == 0:  # (``_lock_rec``, inlined: one call per node saved)
-                    self.evictable -= k
-                    self.protected += k
-                rec.lock += 1
-                cur.aux_lock += 1
-                size += k
-                if size >= window:
-                    if rec.boundary is None:
-                        rec.boundary = self._next_boundary
-                        self._next_boundary += 1
-                    result.swa_uuid_for_lock = rec.boundary
-            cur = cur.parent
+        lock_window(self, node, result, self.cache.root_node, False)
 
     def unlock(self, node: Any, params: Any, unlocked: list) -> None:
         root = self.cache.root_node
@@ -568,3 +548,41 @@ class SwaHostLock:
         self.skipped = skipped
         self.boundary = boundary
         self.walked = walked  # the nodes the lock walked, node first (for nodes gone since)
+
+
+def lock_window(comp: Any, node: Any, result: Any, root: Any, full: bool) -> int:
+    """``comp``'s SWA lock: one window of SWA data above ``node`` (tombstones skipped and
+    remembered in ``result``, the node where the window filled up marked).  With ``full``, the
+    same walk also takes the Full lock on every node up to ``root`` (the one-component fast
+    path, fast/one_aux.py) and returns how many tokens it newly locked; without, it stops
+    where the window is full and returns 0."""
+    size = delta = 0
+    window = comp.window
+    i = comp.i
+    while node is not root:  # (``node`` walks up: one local less to set up per call)
+        k = len(node.key)
+        if full:
+            if node.lock_ref == 0:
+                delta += k
+            node.lock_ref += 1
+        if size < window:
+            rec = node.aux[i]
+            if rec.value is None:
+                result.skip_lock_node_ids.setdefault(SWA_ID, set()).add(node.id)
+                result.skip_lock_node_ids[SWA_SPLIT_EPOCH] = {-1 - comp._split_epoch}
+            else:
+                if rec.lock == 0:  # (``_lock_rec``, inlined: one call per node saved)
+                    comp.evictable -= k
+                    comp.protected += k
+                rec.lock += 1
+                node.aux_lock += 1
+                size += k
+                if size >= window:
+                    if rec.boundary is None:
+                        rec.boundary = comp._next_boundary
+                        comp._next_boundary += 1
+                    result.swa_uuid_for_lock = rec.boundary
+        elif not full:
+            break
+        node = node.parent
+    return delta
