@@ -235,21 +235,28 @@ def bench_clock(kind: str) -> Any:
 
 
 @dataclasses.dataclass
-class Row:
+class RowCommon:
+    """What every table row holds: the configuration and workload, each side's cache kind or
+    refusal, and whether the sides' outcomes matched."""
+
     config: str
     page_size: int
     workload: str
     requests: int
     kinds: dict[str, str] = dataclasses.field(default_factory=dict)
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
+    identical: bool | None = None
+    differences: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Row(RowCommon):
     seconds: dict[str, list[float]] = dataclasses.field(
         default_factory=lambda: {s: [] for s in SIDES})
     # per side, per op: the op's summed seconds in each timed run
     op_seconds: dict[str, dict[str, list[float]]] = dataclasses.field(
         default_factory=lambda: {s: {} for s in SIDES})
     order: list[str] = dataclasses.field(default_factory=list)
-    identical: bool | None = None
-    differences: list[str] = dataclasses.field(default_factory=list)
     hit_rate: float | None = None
 
     def median(self, side: str) -> float | None:
@@ -344,21 +351,13 @@ def measure(mods: dict[str, types.ModuleType], config: C.BenchConfig, page_size:
 
 
 @dataclasses.dataclass
-class OpcodeRow:
+class OpcodeRow(RowCommon):
     """One configuration and workload counted once per side: per op, calls and opcodes."""
 
-    config: str
-    page_size: int
-    workload: str
-    requests: int
-    kinds: dict[str, str] = dataclasses.field(default_factory=dict)
-    refused: dict[str, str] = dataclasses.field(default_factory=dict)
     calls: dict[str, dict[str, int]] = dataclasses.field(
         default_factory=lambda: {s: {} for s in SIDES})
     opcodes: dict[str, dict[str, int]] = dataclasses.field(
         default_factory=lambda: {s: {} for s in SIDES})
-    identical: bool | None = None
-    differences: list[str] = dataclasses.field(default_factory=list)
 
     def total(self, side: str) -> int:
         return sum(self.opcodes[side].values())
@@ -441,8 +440,7 @@ def format_opcode_row(row: OpcodeRow) -> list[str]:
     head = _row_head(row)
     if row.refused:
         return [head]
-    rt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    lines = [head + f"{row.total('base'):>12,}{row.total('head'):>12,}{rt(row.ratio):>8}  "
+    lines = [head + f"{row.total('base'):>12,}{row.total('head'):>12,}{_ratio_text(row.ratio):>8}  "
              + ("yes" if row.identical else "NO")]
     base, head_ = row.opcodes["base"], row.opcodes["head"]
     for op in [*base, *(o for o in head_ if o not in base)]:
@@ -451,7 +449,7 @@ def format_opcode_row(row: OpcodeRow) -> list[str]:
         r = (per["head"] / per["base"]) if per["base"] and per["head"] is not None else None
         lines.append(f"    {op:<12}" + "".join(
             f"{s} {row.calls[s].get(op, 0):>6} calls {'-' if per[s] is None else f'{per[s]:9.1f}'}"
-            f"/call   " for s in SIDES) + f"h/b {rt(r)}")
+            f"/call   " for s in SIDES) + f"h/b {_ratio_text(r)}")
     lines += [f"    DIFFERENT OUTCOMES: {d}" for d in row.differences]
     return lines
 
@@ -493,7 +491,12 @@ def parse_configs(value: str) -> list[tuple[C.BenchConfig, int]]:
     return out
 
 
-def _row_head(row: Any) -> str:
+def _ratio_text(v: float | None) -> str:
+    """A ratio as the tables print it ("-" where there is none)."""
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _row_head(row: RowCommon) -> str:
     """A row's first columns; for a refused configuration, the whole line (who refused, why)."""
     head = f"{row.config:<20}{row.workload:<14}{row.page_size:>4}"
     if row.refused:
@@ -506,9 +509,8 @@ def format_row(row: Row) -> list[str]:
     if row.refused:
         return [head]
     ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
-    rt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     lines = [head + f"{ms(row.median('base')):>10}{ms(row.median('head')):>10}"
-             f"{rt(row.ratio):>9}{rt(row.pair_ratio):>9}  "
+             f"{_ratio_text(row.ratio):>9}{_ratio_text(row.pair_ratio):>9}  "
              + ("yes" if row.identical else "NO")]
     for s in SIDES:
         lines.append(f"    {s} ({row.kinds.get(s, '?')}) ms: "
