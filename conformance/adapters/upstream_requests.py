@@ -457,12 +457,17 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
             self.departures.append(f"req {r.req.rid}: track length {at} inside a page")
             r.req.mamba_last_track_seqlen = None
 
-    def _op_req_chunk(self, step: dict, args: dict) -> dict:
-        self._tracking = "chunk"
+    def _tracked(self, tracking: str, op: Any, step: dict, args: dict) -> dict:
+        """``op`` (a base class step) with the step's track points marked as ``tracking``
+        while it runs, and its state effects added."""
+        self._tracking = tracking
         try:
-            return self._state_effects(super()._op_req_chunk(step, args))
+            return self._state_effects(op(step, args))
         finally:
             self._tracking = None
+
+    def _op_req_chunk(self, step: dict, args: dict) -> dict:
+        return self._tracked("chunk", super()._op_req_chunk, step, args)
 
     def _cache_unfinished(self, r: _Running, chunked: bool) -> None:
         self._cacheable_track(r)
@@ -479,11 +484,7 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
         self.cache.cache_unfinished_req(req, chunked=chunked)
 
     def _op_req_decode(self, step: dict, args: dict) -> dict:
-        self._tracking = "decode"
-        try:
-            return self._state_effects(super()._op_req_decode(step, args))
-        finally:
-            self._tracking = None
+        return self._tracked("decode", super()._op_req_decode, step, args)
 
     def _before_finish(self, r: _Running) -> None:
         super()._before_finish(r)
