@@ -59,7 +59,7 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -593,15 +593,22 @@ def _run(args: argparse.Namespace, mods: dict[str, types.ModuleType]) -> int:
                             args.clock, per_call))
         if log:
             log(f"    ({time.perf_counter() - t0:.1f} s)")
-    print(f"\n{'config':<20}{'workload':<14}{'page':>4}{'base ms':>10}{'head ms':>10}"
-          f"{'h/b':>9}{'pairs':>9}  identical")
+    return _report(args, f"{'base ms':>10}{'head ms':>10}{'h/b':>9}{'pairs':>9}", rows,
+                   format_row, {"rounds": args.rounds, "warmup": args.warmup,
+                                "clock": args.clock, "clock_cost_s": per_call})
+
+
+def _report(args: argparse.Namespace, columns: str, rows: Sequence[Row] | Sequence[OpcodeRow],
+            fmt: Callable[[Any], list[str]], settings: dict) -> int:
+    """The table of ``rows`` (``columns`` after the common ones), the JSON file when asked for
+    (the sides, ``settings``, the rows' summaries); 1 when a row's sides' outcomes differ."""
+    print(f"\n{'config':<20}{'workload':<14}{'page':>4}{columns}  identical")
     for row in rows:
-        print("\n".join(format_row(row)))
+        print("\n".join(fmt(row)))
     if args.json:
         args.json.write_text(json.dumps({"base": str(args.base), "head": str(args.head),
-                                         "rounds": args.rounds, "warmup": args.warmup,
-                                         "clock": args.clock, "clock_cost_s": per_call,
-                                         "rows": [r.summary() for r in rows]}, indent=1) + "\n")
+                                         **settings, "rows": [r.summary() for r in rows]},
+                                        indent=1) + "\n")
     return 1 if any(r.identical is False for r in rows) else 0
 
 
@@ -612,15 +619,8 @@ def _run_opcodes(args: argparse.Namespace, mods: dict[str, types.ModuleType]) ->
           f"traced run per side (+{args.warmup} untraced warm-up)", flush=True)
     for config, ps, workload in _cases(args, log):
         rows.append(count_opcodes(mods, config, ps, workload, args.warmup))
-    print(f"\n{'config':<20}{'workload':<14}{'page':>4}{'base ops':>12}{'head ops':>12}"
-          f"{'h/b':>8}  identical")
-    for row in rows:
-        print("\n".join(format_opcode_row(row)))
-    if args.json:
-        args.json.write_text(json.dumps({"base": str(args.base), "head": str(args.head),
-                                         "mode": "opcodes", "warmup": args.warmup,
-                                         "rows": [r.summary() for r in rows]}, indent=1) + "\n")
-    return 1 if any(r.identical is False for r in rows) else 0
+    return _report(args, f"{'base ops':>12}{'head ops':>12}{'h/b':>8}", rows, format_opcode_row,
+                   {"mode": "opcodes", "warmup": args.warmup})
 
 
 if __name__ == "__main__":
