@@ -36,3 +36,11 @@ def assert_refused(*cases: tuple[str, str], error: type[Exception] = ConfigError
     for text, match in cases:
         with pytest.raises(error, match=match):
             ex.parse_universe(text)
+
+
+def assert_nothing_found(names: tuple[str, ...], depth: int) -> None:
+    """Each named universe explored to ``depth``, spec against fast: no finding, complete."""
+    for name in names:
+        res = ex.explore(ex.UNIVERSES[name], ["spec", "fast"], depth=depth, progress=False)
+        assert res.finding is None, f"{name}: {res.finding}\n{res.labels}"
+        assert res.complete and res.depth == depth

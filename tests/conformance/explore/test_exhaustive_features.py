@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from exhaustive_steps import after, assert_refused
+from exhaustive_steps import after, assert_nothing_found, assert_refused
 from uniradix.conformance.adapters.base import SpecAdapter
 from uniradix.conformance.explore import exhaustive as ex
 from uniradix.conformance.explore.lockstep import Lockstep
@@ -139,16 +139,11 @@ def test_eagle_keys_with_mamba_insert_bigrams_with_a_state():
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_eagle_mamba_finds_nothing_at_depth_2():
-    res = ex.explore(ex.UNIVERSES["eagle-mamba-p1"], ["spec", "fast"], depth=2, progress=False)
-    assert res.finding is None, f"{res.finding}\n{res.labels}"
-    assert res.complete and res.depth == 2
+    assert_nothing_found(("eagle-mamba-p1",), 2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_feature_universes_find_nothing_at_depth_3():
     """One level deeper than the default suite (docs/CHECKS.md has the numbers)."""
-    for name in NEW:
-        res = ex.explore(ex.UNIVERSES[name], ["spec", "fast"], depth=3, progress=False)
-        assert res.finding is None, f"{name}: {res.finding}\n{res.labels}"
-        assert res.complete and res.depth == 3
+    assert_nothing_found(NEW, 3)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from exhaustive_steps import after, assert_refused
+from exhaustive_steps import after, assert_nothing_found, assert_refused
 from uniradix.conformance.adapters.base import SpecAdapter
 from uniradix.conformance.explore import exhaustive as ex
 from uniradix.conformance.traces.replay import replay_trace
@@ -150,7 +150,4 @@ def test_bad_xbuf_universes_are_refused_by_name():
 @pytest.mark.timeout(1800)
 def test_xbuf_universes_find_nothing_one_level_deeper():
     """Depth 3 (docs/CHECKS.md has the numbers; p2 at depth 4 is a manual run)."""
-    for name in XBUF:
-        res = ex.explore(ex.UNIVERSES[name], ["spec", "fast"], depth=3, progress=False)
-        assert res.finding is None, f"{name}: {res.finding}\n{res.labels}"
-        assert res.complete and res.depth == 3
+    assert_nothing_found(XBUF, 3)
