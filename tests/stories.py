@@ -98,3 +98,21 @@ class LockstepFace:
 
     def violations(self) -> list:
         return []
+
+
+def run_steps(impl: str, config: CacheConfig, steps: list) -> tuple[list, object]:
+    """``steps`` as ``(op, args)`` pairs through a fresh ``impl`` adapter of ``config``: every
+    observation, and the adapter (its invariants hold after them)."""
+    a = make_adapter(impl, config)
+    out = [a.apply({"i": i, "op": op, "args": args}) for i, (op, args) in enumerate(steps)]
+    assert a.violations() == []
+    return out, a
+
+
+# One request through the Mamba extra buffer: an 11-token prompt in two chunks (6 then 5),
+# seven decoded tokens, the finish (tests/spec/test_spec_mamba_xbuf*.py).
+XBUF_STORY = [("req_arrive", {"rid": "a", "tokens": list(range(1, 12))}),
+              ("req_admit", {"rid": "a"}),
+              ("req_chunk", {"rid": "a", "n": 6, "chunked": True}),
+              ("req_chunk", {"rid": "a", "n": 5, "chunked": False}),
+              ("req_decode", {"rid": "a", "n": 7}), ("req_finish", {"rid": "a"})]

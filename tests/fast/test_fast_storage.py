@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from storage_caches import server_args_cache  # noqa: E402
 from stories import LockstepFace  # noqa: E402
 from uniradix import fast, kernels  # noqa: E402
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
@@ -253,23 +254,10 @@ def test_manual_steps_are_refused_in_threads_mode(tmp_path):
 
 def test_server_args_attach_the_file_store(tmp_path):
     """SGLang's `--hicache-storage-backend file` through `init_hicache`, as the host tier is."""
-    import json
     import types
-    geo = kernels.KVGeometry.mha(2, 2, 4, PS, torch.float32)
-    dev = kernels.DevicePool.allocate(geo, 32 + PS)
-    host = kernels.HostPool.allocate(geo, kernels.Layout.PAGE_FIRST, 64 + PS, pin_memory=False)
-    alloc = PoolAllocator(PagedPool(32, PS, "kv"), torch, whole_pages=True)
-    params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
-                                  token_to_kv_pool_allocator=alloc, page_size=PS)
-    args = types.SimpleNamespace(
-        hicache_write_policy="write_through", hicache_ratio=2.0, hicache_size=0,
-        hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
-        hicache_storage_backend_extra_config=json.dumps(
-            {"file_path": str(tmp_path), "prefetch_threshold": 8,
-             "prefetch_timeout_per_ki_token": 1.0}))
-    cache = fast.UnifiedRadixCache(params)
-    params.hicache = HiCacheConfig(host_slots=64, device_kv=dev, host_kv=host, copy_impl="torch")
-    cache.init_hicache(args, params)
+    cache, alloc, args, params = server_args_cache(
+        "file", {"file_path": str(tmp_path), "prefetch_threshold": 8,
+                 "prefetch_timeout_per_ki_token": 1.0}, prefetch_policy="wait_complete")
     tier = cache.storage_tier
     assert isinstance(tier.backend, FileStore) and tier.threads
     assert tier.config.prefetch_stop_policy == "wait_complete" and tier.threshold == 8

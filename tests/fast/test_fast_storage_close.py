@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from storage_caches import server_args_cache  # noqa: E402
 from uniradix import fast, kernels  # noqa: E402
 from uniradix.conformance.env.pools import PoolAllocator  # noqa: E402
 from uniradix.fast.hicache import HiCacheConfig  # noqa: E402
@@ -76,27 +77,11 @@ def test_close_stops_the_thread_leaves_the_callers_backend_open_and_starts_nothi
     assert cache.violations() == []
 
 
-def _server_args_cache(tmp_path, backend: str, extra: dict):
-    geo = kernels.KVGeometry.mha(2, 2, 4, PS, torch.float32)
-    dev = kernels.DevicePool.allocate(geo, 32 + PS)
-    host = kernels.HostPool.allocate(geo, kernels.Layout.PAGE_FIRST, 64 + PS, pin_memory=False)
-    alloc = PoolAllocator(PagedPool(32, PS, "kv"), torch, whole_pages=True)
-    params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
-                                  token_to_kv_pool_allocator=alloc, page_size=PS)
-    args = types.SimpleNamespace(
-        hicache_write_policy="write_through", hicache_ratio=2.0, hicache_size=0,
-        hicache_storage_backend=backend, hicache_storage_prefetch_policy="best_effort",
-        hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": PS, **extra}))
-    cache = fast.UnifiedRadixCache(params)
-    params.hicache = HiCacheConfig(host_slots=64, device_kv=dev, host_kv=host, copy_impl="torch")
-    cache.init_hicache(args, params)
-    return cache, alloc
-
-
 def test_close_closes_a_backend_built_from_server_args_once(tmp_path, monkeypatch):
     closes: list[object] = []
     monkeypatch.setattr(FileStore, "close", lambda self: closes.append(self))
-    cache, alloc = _server_args_cache(tmp_path, "file", {"file_path": str(tmp_path)})
+    cache, alloc, _, _ = server_args_cache(
+        "file", {"prefetch_threshold": PS, "file_path": str(tmp_path)})
     tier = cache.storage_tier
     cache.insert(fast.InsertParams(key=fast.RadixKey(list(range(8))), value=alloc.alloc(8)))
     cache.check_hicache_events()

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from stories import XBUF_STORY, run_steps
 from uniradix.conformance.adapters.base import make_adapter
 from uniradix.conformance.env.kvcheck import KVChecked
 from uniradix.spec import requests as reqs
@@ -61,25 +62,12 @@ def test_config_refusals(changes, error):
             changes.get("components", XBUF.components))})
 
 
-def run(impl: str, config: CacheConfig, steps: list) -> tuple[list, object]:
-    a = make_adapter(impl, config)
-    out = [a.apply({"i": i, "op": op, "args": args}) for i, (op, args) in enumerate(steps)]
-    assert a.violations() == []
-    return out, a
-
-
-STORY = [("req_arrive", {"rid": "a", "tokens": list(range(1, 12))}), ("req_admit", {"rid": "a"}),
-         ("req_chunk", {"rid": "a", "n": 6, "chunked": True}),
-         ("req_chunk", {"rid": "a", "n": 5, "chunked": False}),
-         ("req_decode", {"rid": "a", "n": 7}), ("req_finish", {"rid": "a"})]
-
-
 @pytest.mark.parametrize("impl", ["spec", "fast"])
 def test_tracked_states_are_cached_at_their_lengths(impl):
     """Two ping-pong slots: each chunk hands its tracked slot to the tree at the track length
     (4, then 10), a fresh slot taking its place; the finish caches up to the decode's track
     point (16), not the committed 18, and frees the own slot and the other track slot."""
-    out, a = run(impl, XBUF, STORY)
+    out, a = run_steps(impl, XBUF, XBUF_STORY)
     assert out[1]["mamba_pool_idx"] == 1
     nodes = {len(n["path"]["tokens"]): n["mamba"]["value"] for n in a.snapshot()["nodes"]}
     assert nodes == {4: [2], 10: [3], 16: [4]}
@@ -92,7 +80,7 @@ def test_one_track_slot_and_abort(impl):
     """One track slot: the finish keeps it in the tree and frees the own slot only; a
     request without a track point caches nothing at its finish; an abort frees all three."""
     cfg = dataclasses.replace(XBUF, mamba_track_slots=1)
-    out, a = run(impl, cfg, STORY + [
+    out, a = run_steps(impl, cfg, XBUF_STORY + [
         ("req_arrive", {"rid": "b", "tokens": [50, 51, 52]}), ("req_admit", {"rid": "b"}),
         ("req_chunk", {"rid": "b", "n": 3, "chunked": False}), ("req_finish", {"rid": "b"}),
         ("req_arrive", {"rid": "c", "tokens": [60, 61]}), ("req_admit", {"rid": "c"}),
@@ -106,7 +94,7 @@ def test_one_track_slot_and_abort(impl):
 @pytest.mark.parametrize("impl", ["spec", "fast"])
 def test_admission_waits_without_room_for_three_states(impl):
     cfg = dataclasses.replace(XBUF, mamba_slots=5)
-    out, _ = run(impl, cfg, [
+    out, _ = run_steps(impl, cfg, [
         ("req_arrive", {"rid": "a", "tokens": [1, 2]}), ("req_admit", {"rid": "a"}),
         ("req_arrive", {"rid": "b", "tokens": [3, 4]}), ("req_admit", {"rid": "b"})])
     assert out[3]["prefix_len"] == 0 and out[3]["mamba_pool_idx"] is None
@@ -146,7 +134,7 @@ def test_invariant_a_track_slot_the_tree_holds():
     """spec/requests.py ``request_state_slots``: a request's track slot that the tree holds
     (a hand-over that kept the slot among the track slots) is reported."""
     from uniradix.spec.invariants import sanity_check
-    _, a = run("spec", XBUF, STORY[:3])
+    _, a = run_steps("spec", XBUF, XBUF_STORY[:3])
     state = a.state
     assert sanity_check(state) == []
     req = state.requests["a"]

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from stories import XBUF_STORY, run_steps
 from uniradix.conformance.adapters.base import make_adapter
 from uniradix.conformance.env.kvcheck import KVChecked
 from uniradix.spec import requests as reqs
@@ -39,21 +40,8 @@ def test_config_refusals(changes, words):
         CacheConfig.from_dict({**LAZY.to_dict(), **changes})
 
 
-def run(impl: str, config: CacheConfig, steps: list) -> tuple[list, object]:
-    a = make_adapter(impl, config)
-    out = [a.apply({"i": i, "op": op, "args": args}) for i, (op, args) in enumerate(steps)]
-    assert a.violations() == []
-    return out, a
-
-
 def nodes_of(a) -> dict:
     return {len(n["path"]["tokens"]): n["mamba"]["value"] for n in a.snapshot()["nodes"]}
-
-
-STORY = [("req_arrive", {"rid": "a", "tokens": list(range(1, 12))}), ("req_admit", {"rid": "a"}),
-         ("req_chunk", {"rid": "a", "n": 6, "chunked": True}),
-         ("req_chunk", {"rid": "a", "n": 5, "chunked": False}),
-         ("req_decode", {"rid": "a", "n": 7}), ("req_finish", {"rid": "a"})]
 
 
 @pytest.mark.parametrize("impl", ["spec", "fast"])
@@ -62,13 +50,13 @@ def test_one_track_slot_and_a_fresh_one_at_a_decode_track_point(impl):
     point writes the only track slot in place and hands it to the tree (4, then 10), a fresh
     slot taking its place; the decode's track point (16) takes the fresh slot 5 and frees 4;
     the finish caches up to 16 with slot 5 and frees the own slot only."""
-    out, a = run(impl, LAZY, STORY[:5])
+    out, a = run_steps(impl, LAZY, XBUF_STORY[:5])
     assert out[1]["mamba_pool_idx"] == 1 and out[1]["mamba_freed"] == []
     req = a.snapshot()["requests"][0]
     assert req["mamba_track"] == [5] and req["mamba_track_len"] == 16
     assert req["mamba_track_overwritten"] is False
     assert out[4]["mamba_freed"] == [4]
-    out, a = run(impl, LAZY, STORY)
+    out, a = run_steps(impl, LAZY, XBUF_STORY)
     assert nodes_of(a) == {4: [2], 10: [3], 16: [5]}
     assert out[5]["freed"] == [17, 18] and out[5]["mamba_freed"] == [1]
     assert a.snapshot()["mamba_pool"] == [2, 3, 5]
@@ -84,7 +72,7 @@ def test_no_fresh_slot_on_the_finishing_step_caches_nothing(impl):
     """No state to evict at the track point (8): the state goes over the only track slot and
     the request, finishing on that step, is released as an abort: nothing cached, both of its
     states and its pages freed."""
-    out, a = run(impl, TIGHT, ONE + [("req_decode", {"rid": "a", "n": 5}),
+    out, a = run_steps(impl, TIGHT, ONE + [("req_decode", {"rid": "a", "n": 5}),
                                      ("req_finish", {"rid": "a"})])
     assert out[3]["mamba_freed"] == []
     assert out[4]["mamba_freed"] == [1, 2] and out[4]["freed"] == list(range(1, 9))
@@ -96,14 +84,14 @@ def test_no_fresh_slot_then_more_steps_caches_the_overwritten_state(impl):
     """The same track point found no fresh slot, but the request decodes on (upstream marks
     only a request finishing on that step): the finish caches up to 8 with the slot written
     in place.  A track point with the pool empty evicts a state for its fresh slot."""
-    out, a = run(impl, TIGHT, ONE + [("req_decode", {"rid": "a", "n": 6}),
+    out, a = run_steps(impl, TIGHT, ONE + [("req_decode", {"rid": "a", "n": 6}),
                                      ("req_finish", {"rid": "a"})])
     assert a.snapshot()["requests"] == [] and nodes_of(a) == {8: [2]}
     assert out[4]["mamba_freed"] == [1]
     # with a third state slot: a's track point takes it; b's, with the pool empty, evicts the
     # state a cached (unlocked) for its fresh slot and frees its old track slot
     cfg = dataclasses.replace(LAZY, mamba_slots=3)
-    out, a = run(impl, cfg, ONE + [("req_decode", {"rid": "a", "n": 6}),
+    out, a = run_steps(impl, cfg, ONE + [("req_decode", {"rid": "a", "n": 6}),
                                    ("req_finish", {"rid": "a"}),
                                    ("req_arrive", {"rid": "b", "tokens": [9, 8, 7]}),
                                    ("req_admit", {"rid": "b"}),
@@ -159,7 +147,7 @@ def test_invariant_one_track_slot_between_steps():
     """spec/requests.py ``request_state_slots``: a lazy request holding two track slots
     between steps (a track point that did not give the old one back) is reported."""
     from uniradix.spec.invariants import sanity_check
-    _, a = run("spec", LAZY, STORY[:2])
+    _, a = run_steps("spec", LAZY, XBUF_STORY[:2])
     state = a.state
     assert sanity_check(state) == []
     state.requests["a"].mamba_track.append(state.mamba.alloc(1)[0])

@@ -34,6 +34,7 @@ from uniradix.conformance.traces.replay import replay_trace  # noqa: E402
 from uniradix.conformance.traces.trace import load_trace  # noqa: E402
 from uniradix.spec.errors import Unsupported  # noqa: E402
 from uniradix.spec.requests import output_token_id  # noqa: E402
+from upstream_lockstep import lockstep_steps  # noqa: E402
 
 
 def xbuf(ps: int, slots: int = 8, track_slots: int = 2, chunk: int | None = None,
@@ -44,25 +45,10 @@ def xbuf(ps: int, slots: int = 8, track_slots: int = 2, chunk: int | None = None
                        mamba_track_interval=interval or 2 * ps)
 
 
-def _plain(snap: dict) -> dict:
-    """A snapshot without hit counts (0.5.13.post1 counts them differently, docs/SPEC.md)."""
-    return {**snap, "nodes": [{k: v for k, v in n.items() if k != "hit_count"}
-                              for n in snap["nodes"]]}
-
-
 def _both(config: CacheConfig, steps: list, up=None) -> tuple:
     up = up if up is not None else MambaUpstreamRequestAdapter(config)
     spec = SpecAdapter(config)
-    out = []
-    for k, (op, args) in enumerate(steps):
-        s = {"i": k, "op": op, "args": args}
-        a, b = up.apply(s), spec.apply(s)
-        b.pop("message", None)  # (a rejection's wording is the spec's own)
-        assert a == b, (s, a, b)
-        assert _plain(up.snapshot()) == _plain(spec.snapshot()), s
-        assert up.violations() == []
-        out.append(a)
-    return out, up, spec
+    return lockstep_steps(up, spec, steps), up, spec
 
 
 PROMPT = list(range(1, 18))  # 17 tokens

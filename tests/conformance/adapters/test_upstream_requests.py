@@ -27,27 +27,11 @@ from uniradix.conformance.adapters.upstream_requests import (  # noqa: E402
 )
 from uniradix.conformance.traces.replay import replay_trace  # noqa: E402
 from uniradix.conformance.traces.trace import load_trace  # noqa: E402
-
-
-def _plain(snap: dict) -> dict:
-    """A snapshot without hit counts (0.5.13.post1 counts them differently, docs/SPEC.md; the
-    upstream adapters leave them uncompared)."""
-    return {**snap, "nodes": [{k: v for k, v in n.items() if k != "hit_count"}
-                              for n in snap["nodes"]]}
+from upstream_lockstep import lockstep_steps  # noqa: E402
 
 
 def _both(config: CacheConfig, steps: list) -> list:
-    up, spec = UpstreamRequestAdapter(config), SpecAdapter(config)
-    out = []
-    for k, (op, args) in enumerate(steps):
-        s = {"i": k, "op": op, "args": args}
-        a, b = up.apply(s), spec.apply(s)
-        b.pop("message", None)  # (a rejection's wording is the spec's own)
-        assert a == b, (s, a, b)
-        assert _plain(up.snapshot()) == _plain(spec.snapshot()), s
-        assert up.violations() == []
-        out.append(a)
-    return out
+    return lockstep_steps(UpstreamRequestAdapter(config), SpecAdapter(config), steps)
 
 
 @pytest.mark.parametrize("ps", [1, 4])

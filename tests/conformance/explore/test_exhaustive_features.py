@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 
+from exhaustive_steps import after, assert_nothing_found, assert_refused
 from uniradix.conformance.adapters.base import SpecAdapter
 from uniradix.conformance.explore import exhaustive as ex
-from uniradix.conformance.explore.lockstep import Lockstep, impl_labels
+from uniradix.conformance.explore.lockstep import Lockstep
 from uniradix.conformance.traces.replay import replay_trace
 from uniradix.conformance.traces.trace import load_trace
 from uniradix.fast import policies
-from uniradix.spec.errors import ConfigError
 
 NEW = ("lfu-p1", "slru-p1", "fifo-p1", "priority-p1", "mamba-cow-p1", "sessions-p1", "mru-p1",
        "filo-p1")
@@ -55,29 +55,9 @@ def test_a_policy_order_planted_wrong_is_found(monkeypatch, tmp_path, policy, ke
     assert replay_trace(trace, "fast").divergence is None
 
 
-def _after(u: ex.Universe, labels: list[str]) -> tuple[SpecAdapter, list[dict]]:
-    """Run the transitions named ``labels`` in turn (spec and fast in lockstep, every check);
-    the spec's adapter after them and every step."""
-    path: list[dict] = []
-    for label in labels:
-        base = SpecAdapter(u.config())
-        for s in path:
-            base.apply(s)
-        ts = {t.label: t for t in ex.transitions(u, ex.World.of(u, base))}
-        assert label in ts, sorted(ts)
-        ls = ex._fresh(["spec", "fast"], u.config(), impl_labels(["spec", "fast"]), path)
-        d = ex.Driver(ls, u, len(path))
-        ts[label].run(d)  # every step checked in lockstep; a finding raises
-        path += d.steps
-    base = SpecAdapter(u.config())
-    for s in path:
-        base.apply(s)
-    return base, path
-
-
 def test_a_session_turn_is_restored_from_its_slot():
     u = ex.UNIVERSES["sessions-p1"]
-    spec, steps = _after(u, ["turn r0 [1] None session s", "turn r0 [1, 2] None session s"])
+    spec, steps = after(u, ["turn r0 [1] None session s", "turn r0 [1, 2] None session s"])
     admits = [s for s in steps if s["op"] == "req_admit"]
     assert len(admits) == 2
     assert spec.state.sessions["s"].tokens == [1, 2]
@@ -90,7 +70,7 @@ def test_a_session_turn_is_restored_from_its_slot():
 
 def test_a_cow_match_on_an_empty_state_pool_evicts_one_state():
     u = ex.UNIVERSES["mamba-cow-p1"]
-    spec, steps = _after(u, ["insert [1] None", "insert [2] None", "match_prefix cow [1] None"])
+    spec, steps = after(u, ["insert [1] None", "insert [2] None", "match_prefix cow [1] None"])
     cow = steps[-1]
     assert cow["op"] == "match_prefix" and cow["args"]["cow_mamba"] is True
     obs = SpecAdapter(u.config())
@@ -125,24 +105,20 @@ def test_key_keeps_the_creation_order_apart_under_fifo_only():
 
 def test_key_holds_the_parked_sessions():
     u = ex.UNIVERSES["sessions-p1"]
-    spec, _ = _after(u, ["turn r0 [1] None session s"])
+    spec, _ = after(u, ["turn r0 [1] None session s"])
     fp = ex.spec_fingerprint(spec)
     assert fp[6][0][:3] == ("s", (1,), None) and fp[6][0][3] is not None
 
 
 def test_bad_feature_universes_are_refused_by_name():
-    with pytest.raises(ConfigError, match="cow needs the Mamba"):
-        ex.parse_universe('{"base": "full-p1", "cow": true}')
-    with pytest.raises(ConfigError, match="sessions need requests"):
-        ex.parse_universe('{"base": "full-p1", "sessions": ["s"]}')
-    with pytest.raises(ConfigError, match="tree-level API only"):
-        ex.parse_universe('{"base": "mamba-cow-p1", "requests": 1}')
-    with pytest.raises(ConfigError, match="priorities"):
-        ex.parse_universe('{"base": "priority-p1", "priorities": ["high"]}')
-    with pytest.raises(ConfigError, match="must be a list"):
-        ex.parse_universe('{"base": "priority-p1", "priorities": 3}')
-    with pytest.raises(Exception, match="eviction_policy"):
-        ex.parse_universe('{"base": "full-p1", "eviction_policy": "random"}')
+    assert_refused(
+        ('{"base": "full-p1", "cow": true}', "cow needs the Mamba"),
+        ('{"base": "full-p1", "sessions": ["s"]}', "sessions need requests"),
+        ('{"base": "mamba-cow-p1", "requests": 1}', "tree-level API only"),
+        ('{"base": "priority-p1", "priorities": ["high"]}', "priorities"),
+        ('{"base": "priority-p1", "priorities": 3}', "must be a list"))
+    assert_refused(('{"base": "full-p1", "eviction_policy": "random"}', "eviction_policy"),
+                   error=Exception)
 
 
 def test_eagle_keys_with_mamba_insert_bigrams_with_a_state():
@@ -153,27 +129,21 @@ def test_eagle_keys_with_mamba_insert_bigrams_with_a_state():
     u = ex.UNIVERSES["eagle-mamba-p1"]
     assert ex.parse_universe("eagle-mamba-p1") is u and u.depth == 1
     assert ex.Universe.from_dict(u.to_dict()) == u
-    spec, steps = _after(u, ["insert [1, 2, 1] None", "serve [1, 2, 2] None"])
+    spec, steps = after(u, ["insert [1, 2, 1] None", "serve [1, 2, 2] None"])
     assert [s["op"] for s in steps].count("evict") == 1
     states = {tuple(n["path"]["tokens"]): n["mamba"]["value"] for n in spec.snapshot()["nodes"]}
     assert states == {(1, 2): None, (1, 2, 2): [1]}, states
-    with pytest.raises(ConfigError, match="EAGLE with requests or cow"):
-        ex.parse_universe('{"base": "eagle-mamba-p1", "cow": true}')
+    assert_refused(('{"base": "eagle-mamba-p1", "cow": true}', "EAGLE with requests or cow"))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_eagle_mamba_finds_nothing_at_depth_2():
-    res = ex.explore(ex.UNIVERSES["eagle-mamba-p1"], ["spec", "fast"], depth=2, progress=False)
-    assert res.finding is None, f"{res.finding}\n{res.labels}"
-    assert res.complete and res.depth == 2
+    assert_nothing_found(("eagle-mamba-p1",), 2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_feature_universes_find_nothing_at_depth_3():
     """One level deeper than the default suite (docs/CHECKS.md has the numbers)."""
-    for name in NEW:
-        res = ex.explore(ex.UNIVERSES[name], ["spec", "fast"], depth=3, progress=False)
-        assert res.finding is None, f"{name}: {res.finding}\n{res.labels}"
-        assert res.complete and res.depth == 3
+    assert_nothing_found(NEW, 3)

@@ -13,35 +13,14 @@ from __future__ import annotations
 
 import pytest
 
+from exhaustive_steps import after, assert_nothing_found, assert_refused
 from uniradix.conformance.adapters.base import SpecAdapter
 from uniradix.conformance.explore import exhaustive as ex
-from uniradix.conformance.explore.lockstep import impl_labels
 from uniradix.conformance.traces.replay import replay_trace
 from uniradix.conformance.traces.trace import load_trace
 from uniradix.fast.components.mamba import MambaComponent
-from uniradix.spec.errors import ConfigError
 
 XBUF = ("mamba-xbuf-p1", "mamba-xbuf-p2")
-
-
-def _after(u: ex.Universe, labels: list[str]) -> tuple[SpecAdapter, list[dict]]:
-    """Run the transitions named ``labels`` in turn, spec and fast in lockstep with every
-    check (a finding raises); the spec's adapter after them, and every step."""
-    path: list[dict] = []
-    for label in labels:
-        base = SpecAdapter(u.config())
-        for s in path:
-            base.apply(s)
-        ts = {t.label: t for t in ex.transitions(u, ex.World.of(u, base))}
-        assert label in ts, sorted(ts)
-        ls = ex._fresh(["spec", "fast"], u.config(), impl_labels(["spec", "fast"]), path)
-        d = ex.Driver(ls, u, len(path))
-        ts[label].run(d)
-        path += d.steps
-    base = SpecAdapter(u.config())
-    for s in path:
-        base.apply(s)
-    return base, path
 
 
 def test_the_xbuf_universes_are_named_small_and_request_driven():
@@ -62,7 +41,7 @@ def test_a_whole_request_tracks_caches_and_is_cut_at_its_last_track_point():
     """p1, interval 2: prefill [1, 2] (tracked at 2, that state cached with the prompt),
     decode 3 (across the track point at 4), finish: cached up to 4, the fifth slot freed."""
     u = ex.UNIVERSES["mamba-xbuf-p1"]
-    spec, steps = _after(u, ["req_run r0 [1, 2] None"])
+    spec, steps = after(u, ["req_run r0 [1, 2] None"])
     assert [s["op"] for s in steps] == ["req_arrive", "req_admit", "req_chunk", "req_decode",
                                        "req_finish"]
     assert steps[3]["args"]["n"] == 3
@@ -77,12 +56,12 @@ def test_a_whole_request_tracks_caches_and_is_cut_at_its_last_track_point():
 
 def test_the_single_steps_decode_to_the_track_point_and_a_second_request_waits():
     u = ex.UNIVERSES["mamba-xbuf-p1"]
-    spec, steps = _after(u, ["req_start r0 [1, 2] None", "req_chunk r0 2"])
+    spec, steps = after(u, ["req_start r0 [1, 2] None", "req_chunk r0 2"])
     w = ex.World.of(u, spec)
     labels = [t.label for t in ex.transitions(u, w)]
     assert "req_decode r0 1" in labels and "req_decode r0 2" in labels  # 2: onto the point
     # r0 holds 2 of the 3 state slots (its own and one track slot), the tree one: r1 waits
-    spec, steps = _after(u, ["req_start r0 [1, 2] None", "req_chunk r0 2",
+    spec, steps = after(u, ["req_start r0 [1, 2] None", "req_chunk r0 2",
                              "req_start r1 [2] None"])
     assert steps[-1]["op"] == "req_admit"
     obs = SpecAdapter(u.config())
@@ -157,25 +136,18 @@ def test_the_keep_fault_cannot_show_with_one_track_slot(monkeypatch):
 
 
 def test_bad_xbuf_universes_are_refused_by_name():
-    with pytest.raises(ConfigError, match="requests > 0"):
-        ex.parse_universe('{"base": "mamba-xbuf-p1", "requests": 0, "tree_ops": true}')
-    with pytest.raises(ConfigError, match="without cow"):
-        ex.parse_universe('{"base": "mamba-xbuf-p1", "cow": true}')
-    with pytest.raises(ConfigError, match="tree_ops false needs requests"):
-        ex.parse_universe('{"base": "full-p1", "tree_ops": false}')
-    with pytest.raises(ConfigError, match="requests only with the extra buffer"):
-        ex.parse_universe('{"base": "mamba-xbuf-p1", "mamba_extra_buffer": false}')
-    with pytest.raises(ConfigError, match="mamba_track_slots"):
-        ex.parse_universe('{"base": "mamba-xbuf-p1", "mamba_track_slots": 3}')
-    with pytest.raises(ConfigError, match="mamba_track_interval"):
-        ex.parse_universe('{"base": "mamba-xbuf-p2", "mamba_track_interval": 3}')
+    assert_refused(
+        ('{"base": "mamba-xbuf-p1", "requests": 0, "tree_ops": true}', "requests > 0"),
+        ('{"base": "mamba-xbuf-p1", "cow": true}', "without cow"),
+        ('{"base": "full-p1", "tree_ops": false}', "tree_ops false needs requests"),
+        ('{"base": "mamba-xbuf-p1", "mamba_extra_buffer": false}',
+         "requests only with the extra buffer"),
+        ('{"base": "mamba-xbuf-p1", "mamba_track_slots": 3}', "mamba_track_slots"),
+        ('{"base": "mamba-xbuf-p2", "mamba_track_interval": 3}', "mamba_track_interval"))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_xbuf_universes_find_nothing_one_level_deeper():
     """Depth 3 (docs/CHECKS.md has the numbers; p2 at depth 4 is a manual run)."""
-    for name in XBUF:
-        res = ex.explore(ex.UNIVERSES[name], ["spec", "fast"], depth=3, progress=False)
-        assert res.finding is None, f"{name}: {res.finding}\n{res.labels}"
-        assert res.complete and res.depth == 3
+    assert_nothing_found(XBUF, 3)

@@ -19,6 +19,7 @@ import time
 import pytest
 import torch
 
+from storage_caches import server_args_cache
 from uniradix import fast, kernels
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.fast.hicache import HiCacheConfig, InitLoadBackParams
@@ -271,23 +272,9 @@ def test_faults_over_mooncake_end_as_misses_or_failed_backups(master):
 def test_close_releases_a_mooncake_client_built_from_server_args(master):
     """SGLang's `--hicache-storage-backend mooncake`: the tier built the client, so its close
     unregisters the host pool and closes the client (once; a second close does nothing)."""
-    import json
-    import types
-    geo = kernels.KVGeometry.mha(2, 2, 4, PS, torch.float32)
-    dev = kernels.DevicePool.allocate(geo, 32 + PS)
-    host = kernels.HostPool.allocate(geo, kernels.Layout.PAGE_FIRST, 64 + PS, pin_memory=False)
-    alloc = PoolAllocator(PagedPool(32, PS, "kv"), torch, whole_pages=True)
-    params = fast.CacheInitParams(disable=False, req_to_token_pool=None,
-                                  token_to_kv_pool_allocator=alloc, page_size=PS)
-    args = types.SimpleNamespace(
-        hicache_write_policy="write_through", hicache_ratio=2.0, hicache_size=0,
-        hicache_storage_backend="mooncake", hicache_storage_prefetch_policy="best_effort",
-        hicache_storage_backend_extra_config=json.dumps(
-            {"master_server_address": master.address, "global_segment_size": SEGMENT,
-             "namespace": next(_namespaces), "prefetch_threshold": PS}))
-    cache = fast.UnifiedRadixCache(params)
-    params.hicache = HiCacheConfig(host_slots=64, device_kv=dev, host_kv=host, copy_impl="torch")
-    cache.init_hicache(args, params)
+    cache, alloc, _, _ = server_args_cache("mooncake", {
+        "master_server_address": master.address, "global_segment_size": SEGMENT,
+        "namespace": next(_namespaces), "prefetch_threshold": PS})
     tier = cache.storage_tier
     store = tier.backend
     assert isinstance(store, MooncakeStore) and store._registered is not None
