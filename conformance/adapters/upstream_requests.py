@@ -354,7 +354,8 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
     Two places where the spec departs from upstream on purpose, both states SGLang's scheduler
     never reaches; the adapter applies the spec's rule there and records it in
     :attr:`departures` (a recording with one is not upstream's own behaviour;
-    ``spec_rules=False`` leaves upstream alone there too):
+    ``spec_rules=False`` leaves upstream alone there too, and admits with sglang's own
+    ``alloc_req_slots``, which evicts against a fixed count of states per request):
 
     * a track length that is not whole pages (a chunk that started inside a page) is cached
       nowhere (``cached_track_len``): the adapter hands the cache no track length then;
@@ -415,15 +416,21 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
         r.dec_params = self.cache.inc_lock_ref(req.last_node)
         mamba = self.rtt.pool.mamba_allocator
         k = 1 + self.config.mamba_track_slots if self.config.mamba_extra_buffer else 1
-        short = k - mamba.available_size() if self.config.mamba_extra_buffer \
-            else int(mamba.available_size() == 0)
-        if short > 0:
-            self.cache.evict(self.up.EvictParams(num_tokens=0, mamba_num=short))
-        if mamba.available_size() < k:  # every state is locked: it waits, holding nothing
-            self.cache.dec_lock_ref(req.last_node, r.dec_params)
-            r.dec_params = None
-            return self._state_effects({"prefix_len": 0, "mamba_pool_idx": None})
-        self.rtt.pool.alloc([req])  # sglang's: the row, the running slot, the track slots
+        if not self.spec_rules and self.config.mamba_extra_buffer:
+            # upstream's own admission: sglang's alloc_req_slots evicts against its fixed
+            # states-per-request count (docs/SPEC.md), then takes the row and the slots
+            from sglang.srt.mem_cache.common import alloc_req_slots
+            alloc_req_slots(self.rtt.pool, [req], self.cache)
+        else:
+            short = k - mamba.available_size() if self.config.mamba_extra_buffer \
+                else int(mamba.available_size() == 0)
+            if short > 0:
+                self.cache.evict(self.up.EvictParams(num_tokens=0, mamba_num=short))
+            if mamba.available_size() < k:  # every state locked: it waits, holding nothing
+                self.cache.dec_lock_ref(req.last_node, r.dec_params)
+                r.dec_params = None
+                return self._state_effects({"prefix_len": 0, "mamba_pool_idx": None})
+            self.rtt.pool.alloc([req])  # sglang's: the row, the running slot, the track slots
         self._write(r, 0, [int(v) for v in req.prefix_indices.tolist()])
         r.row_len = r.committed = n
         self._sync(r)

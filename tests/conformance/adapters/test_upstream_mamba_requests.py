@@ -149,6 +149,32 @@ def test_no_state_slot_for_a_chunk_s_cache_is_the_spec_s_departure():
         own.apply({"i": 2, "op": "req_chunk", "args": steps[2][1]})
 
 
+def test_one_track_slot_admission_evicts_only_what_it_takes_unlike_upstream():
+    """docs/SPEC.md: with one track slot a request takes two states, and the spec evicts only
+    the shortfall of those two; sglang's ``alloc_req_slots`` evicts against a fixed three, so
+    upstream drops a cached state (and its pages) that the spec keeps."""
+    cfg = xbuf(1, slots=4, track_slots=1, chunk=2, interval=4)
+    steps = []
+    for rid, toks in (("a", [1, 2, 3, 4, 5]), ("c", [7, 8, 9, 10, 11])):
+        steps += [("req_arrive", {"rid": rid, "tokens": toks}), ("req_admit", {"rid": rid}),
+                  ("req_chunk", {"rid": rid, "n": 5, "chunked": False}),
+                  ("req_finish", {"rid": rid})]
+    steps += [("req_arrive", {"rid": "b", "tokens": [20, 21, 22]}), ("req_admit", {"rid": "b"})]
+    obs, up, spec = _both(cfg, steps)
+    assert obs[-1]["freed"] == [] and obs[-1]["mamba_freed"] == []
+
+    def states(adapter) -> list[int]:
+        return sorted(len(n["path"]["tokens"]) for n in adapter.snapshot()["nodes"]
+                      if n["mamba"]["value"] is not None)
+
+    assert states(spec) == states(up) == [4, 4]
+    own = MambaUpstreamRequestAdapter(cfg, spec_rules=False)
+    got = [own.apply({"i": k, "op": op, "args": args}) for k, (op, args) in enumerate(steps)]
+    assert got[:-1] == obs[:-1]
+    assert got[-1]["mamba_freed"] and got[-1]["freed"]  # one cached state evicted for nothing
+    assert states(own) == [4]
+
+
 def test_refusals_by_name():
     cfg = xbuf(1)
     up = MambaUpstreamRequestAdapter(cfg)
