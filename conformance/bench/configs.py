@@ -125,8 +125,11 @@ def capability_gaps(impl: str, config: BenchConfig, page_size: int) -> list[str]
     return caps.missing(config.cache_config(page_size))
 
 
-def config_bundle(impl: str, config: BenchConfig, page_size: int) -> B.ApiBundle:
-    """``impl`` built for ``config`` at ``page_size``, with the loop's steps for it;
+def config_bundle(impl: str, config: BenchConfig, page_size: int,
+                  allocator: str = "freelist") -> B.ApiBundle:
+    """``impl`` built for ``config`` at ``page_size``, with the loop's steps for it, over the KV
+    allocator ``allocator`` (loop.py ``ALLOCATORS``: the bench's free lists, or sglang's own
+    allocators and pools, conformance/bench/sglang_alloc.py);
     :class:`~uniradix.conformance.bench.loop.ImplMissing` says why when it is refused (its
     capabilities, or what the bench drives: module docstring) or cannot be built here."""
     if config.is_full:
@@ -140,8 +143,12 @@ def config_bundle(impl: str, config: BenchConfig, page_size: int) -> B.ApiBundle
     if gaps:
         raise B.ImplMissing(f"{impl}: refused: it does not model " + ", ".join(gaps)
                             + " (its declared capabilities)")
-    make = fast_builder if impl == "fast" else upstream_builder
-    bundle = make(config)
+    if allocator == "sglang":
+        from uniradix.conformance.bench.sglang_alloc import config_bundle as over_sglang
+        bundle = over_sglang(impl, config)
+    else:
+        make = fast_builder if impl == "fast" else upstream_builder
+        bundle = make(config)
     try:  # a probe: the cache builds here (an Unsupported or an import error says why not)
         bundle.build(B.PagedPool(64 * page_size, page_size, "probe"))
     except Exception as e:

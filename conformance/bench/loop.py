@@ -1325,7 +1325,7 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
                 bundles[impl] = get_bundle(impl, allocator, device)
             else:
                 from uniradix.conformance.bench.configs import config_bundle
-                bundles[impl] = config_bundle(impl, config, workload.page_size)
+                bundles[impl] = config_bundle(impl, config, workload.page_size, allocator)
         except ImplMissing as e:
             missing[impl] = str(e)
     cmp = Comparison(workload_label(workload.name, label), workload.page_size, workload.requests,
@@ -1334,6 +1334,9 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
     if config is not None and config.hicache:
         from uniradix.conformance.bench.host import LOAD_BACK_RULE
         cmp.notes.append(LOAD_BACK_RULE)
+        if allocator == "sglang":
+            from uniradix.conformance.bench.sglang_alloc import CONTROLLER_NOTE
+            cmp.notes.append(CONTROLLER_NOTE)
     order = list(bundles)
     rounds = max([repeats_for.get(i, repeats) for i in order] or [0])
     for rep in range(rounds):
@@ -1544,8 +1547,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--allocator", choices=ALLOCATORS, default="freelist",
                    help="the KV allocator under fast and upstream: freelist (the bench's own, "
                         "default) or sglang (sglang's TokenToKVPoolAllocator at page 1, "
-                        "PagedTokenToKVPoolAllocator above; needs sglang; the spec stays on "
-                        "the pool model; Full only)")
+                        "PagedTokenToKVPoolAllocator above; with SWA, Mamba and a host tier "
+                        "its SWA allocator, request pool and host pools: "
+                        "conformance/bench/sglang_alloc.py; needs sglang; the spec stays on "
+                        "the pool model)")
     b.add_argument("--torch-threads", type=int, default=1, metavar="N",
                    help="torch intra-op threads for every implementation (default 1: more "
                         "threads give every implementation multi-ms tails on long index "
@@ -1690,10 +1695,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     configs = bench_configs(args)
     only_full = all(c.is_full for c in configs)
     allocator = getattr(args, "allocator", "freelist")
-    if allocator != "freelist" and not only_full:
-        say("--allocator sglang runs the Full configuration only (the host tier and hybrid "
-            "benches build their own allocators)")
-        return 2
     threads = getattr(args, "torch_threads", 1)
     if threads < 1:
         say(f"--torch-threads must be at least 1, got {threads}")
