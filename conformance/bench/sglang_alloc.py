@@ -28,9 +28,10 @@ dimension 1 behind each KV pool: the cache moves slots only, no KV data is copie
   submit, as with the bench's own allocators; each comparison says so in its ``notes``
   (:data:`CONTROLLER_NOTE`).
 
-Refused by name (``ImplMissing``, recorded in the comparison's ``missing``): a host tier with
-SWA and Mamba together (upstream's host adapter takes one aux component), and anything where
-sglang does not import.  Nothing falls back to the bench's own free lists.
+Refused by name (``ImplMissing``, recorded in the comparison's ``missing``, naming the
+configuration): upstream with a host tier and SWA and Mamba together (the controller model
+takes one aux component; its declared capabilities refuse it first), and every configuration
+where sglang does not import.  Nothing falls back to the bench's own free lists.
 """
 
 from __future__ import annotations
@@ -271,11 +272,16 @@ def config_bundle(impl: str, config: C.BenchConfig) -> B.ApiBundle:
     if impl not in BUILDS:
         raise B.ImplMissing(f"{impl}: --allocator sglang builds fast and upstream only "
                             f"in the {config.name} configuration")
-    if config.hicache and len(config.aux) > 1:
-        raise B.ImplMissing(f"{impl}: --allocator sglang, {config.name}: refused: a host tier "
-                            f"with SWA and Mamba together (upstream's host adapter takes one "
-                            f"aux component)")
-    s = _sglang()
+    if impl == "upstream" and config.hicache and len(config.aux) > 1:
+        raise B.ImplMissing(f"upstream: --allocator sglang, {config.name}: refused: a host "
+                            f"tier with SWA and Mamba together (the controller model of "
+                            f"conformance/adapters/upstream_host_aux.py takes one aux "
+                            f"component)")
+    try:
+        s = _sglang()
+    except B.ImplMissing as e:
+        raise B.ImplMissing(f"{impl}: --allocator sglang, {config.name}: not measured: {e}") \
+            from e
     up = s.up
     if impl == "fast":
         try:
