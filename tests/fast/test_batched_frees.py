@@ -526,7 +526,7 @@ def test_bench_cli_allocator_and_threads(tmp_path, capsys):
     assert fast_row["free_calls"] > 0
     assert "free() calls per run" in capsys.readouterr().out
     assert bench.main(["bench", "--impl", "fast", "--allocator", "sglang",
-                       "--hicache", "write_through"]) == 2
+                       "--hicache", "write_through", "--alloc-time"]) == 2  # (Full only)
     assert bench.main(["bench", "--impl", "fast", "--torch-threads", "0"]) == 2
 
 
