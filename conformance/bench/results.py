@@ -166,7 +166,9 @@ def _throughput_from_comparison(c: dict) -> dict:
            "mismatches": list(c.get("mismatches") or []),
            "peer_differences": list(c.get("peer_differences") or []),
            "missing": dict(c.get("missing") or {}), "impls": impls, "noise_source": "rounds",
-           "clock": str(c.get("clock") or "wall")}  # a bench from before --clock: wall
+           "clock": str(c.get("clock") or "wall"),  # a bench from before --clock: wall
+           # the KV allocator under fast and upstream (bench --allocator; before it: freelist)
+           "allocator": str(c.get("allocator") or "freelist")}
     fig["ratios"] = fast_ratios(impls, c.get("identical_outcomes"))
     return fig
 

@@ -116,6 +116,14 @@ def test_the_cli_runs_a_configuration_over_sglang_or_records_why_not(tmp_path, c
     data = json.loads(out.read_text())
     (c,) = data["comparisons"]
     assert data["allocator"] == "sglang" and c["workload"] == "shared-prefix+swa"
+    from uniradix.conformance.bench import results as R
+    (fig,) = R.normalize(data, file=str(out))["figures"]["throughput"]
+    assert fig["allocator"] == "sglang"  # the dashboard's record keeps it
+    old = dict(c)
+    del old["allocator"]  # a bench JSON from before the key
+    (fig,) = R.normalize({"comparisons": [old], "memory": []}, file="old.json")["figures"][
+        "throughput"]
+    assert fig["allocator"] == "freelist"
     if HAVE_SGLANG:
         assert rc == 0 and set(c["impls"]) == {"fast", "upstream"} and not c["missing"]
     else:
