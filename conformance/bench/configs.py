@@ -22,6 +22,10 @@ gains is measured as soon as it is declared.  Beyond the declarations, the bench
   bench's free lists (conformance/bench/host.py, as conformance/adapters/upstream_host_aux.py
   drives it over the pool model).
 
+With ``--allocator sglang`` every configuration of fast and upstream is built over sglang's own
+allocators and pools instead, fast from sglang's ``CacheInitParams``
+(conformance/bench/sglang_alloc.py); the capability refusals above come first.
+
 Sizes (as the hybrid and host benches had them): an SWA window of :data:`SWA_WINDOW` with an
 SWA pool of half the KV pool; :data:`MAMBA_SLOTS` Mamba state slots, chunk size
 :data:`MAMBA_CHUNK`; a host pool of twice the device pool (the SWA host pool the same, the

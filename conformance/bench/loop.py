@@ -132,7 +132,8 @@ COMPONENT_CHOICES = ("full", "swa", "mamba", "swa+mamba")
 OPS = ("match", "lock", "evict", "insert", "unlock")
 # the KV allocator under fast / upstream (--allocator): the bench's FreeListAllocator, or
 # sglang's own (TokenToKVPoolAllocator at page 1, PagedTokenToKVPoolAllocator above; only where
-# sglang imports).  The spec always runs over the environment's pool model.
+# sglang imports; outside Full its SWA allocator and pools: conformance/bench/sglang_alloc.py).
+# The spec always runs over the environment's pool model.
 ALLOCATORS = ("freelist", "sglang")
 # where the scheduler loop's value tensors (the slots it allocates and inserts) and the KV
 # allocator of fast / upstream live (--device): production keeps them on the GPU.  The spec
