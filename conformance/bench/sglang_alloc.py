@@ -132,7 +132,7 @@ def sglang_parts(config: C.BenchConfig, kv_slots: int, page_size: int) -> types.
             size=ROWS, mamba_size=C.MAMBA_SLOTS, mamba_spec_state_size=C.MAMBA_SLOTS,
             max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False,
             cache_params=s.Mamba2CacheParams(shape=shape, layers=[0]), mamba_layer_ids=[0],
-            enable_mamba_extra_buffer=False)
+            enable_mamba_extra_buffer=_extra_buffer(config, ps))
     host, aux_host = None, {}
     if config.hicache:
         def host_pool(device_pool: Any) -> Any:
@@ -147,6 +147,13 @@ def sglang_parts(config: C.BenchConfig, kv_slots: int, page_size: int) -> types.
     loop = PagedSwaAlloc(alloc) if "swa" in config.components and ps > 1 else alloc
     return types.SimpleNamespace(alloc=alloc, loop=loop, req_pool=req_pool, host=host,
                                  aux_host=aux_host, kv=kv)
+
+
+def _extra_buffer(config: C.BenchConfig, page_size: int) -> bool:
+    """``enable_mamba_extra_buffer`` of the cache params and of the Mamba request pool alike (as
+    sglang builds both from one server argument): on where configs.py's ``upstream_build`` turns
+    it on to lift upstream's page-size-1 check for Mamba."""
+    return (len(config.components) == 3 or bool(config.hicache)) and page_size > 1
 
 
 def _init_params(config: C.BenchConfig, parts: Any, page_size: int, upstream: bool) -> Any:
@@ -164,8 +171,7 @@ def _init_params(config: C.BenchConfig, parts: Any, page_size: int, upstream: bo
         kw.update(
             sliding_window_size=C.SWA_WINDOW if "swa" in config.components else None,
             # lifts upstream's page-size-1 check for Mamba (as configs.py's upstream_build)
-            enable_mamba_extra_buffer=((len(config.components) == 3 or bool(config.hicache))
-                                       and page_size > 1))
+            enable_mamba_extra_buffer=_extra_buffer(config, page_size))
         if upstream and "swa" in config.components:
             from uniradix.conformance.adapters.upstream_hybrid import load_hybrid
             kw["component_registry_override"] = {ct.SWA: load_hybrid().SeedEraSWAComponent}

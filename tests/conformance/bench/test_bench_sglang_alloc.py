@@ -44,7 +44,7 @@ def _sglang_classes():
 
 
 CASES = [("swa", 1), ("swa", 16), ("mamba", 1), ("swa+mamba", 16), ("write_through", 16),
-         ("write_back+swa", 1), ("write_through+mamba", 1)]
+         ("write_back+swa", 1), ("write_through+mamba", 16)]
 
 
 @pytest.mark.upstream
