@@ -103,13 +103,13 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
     ``alloc.<method>`` in as few calls as :func:`free_order` allows.  Returns the number of
     allocator calls made."""
     k = len(pieces)
+    if k == 1:  # one call per piece is what every order stands for: no order to work out
+        getattr(alloc, method)(pieces[0])
+        return 1
     if k == 0:
         return 0
     fn = getattr(alloc, method)
     order = free_order(alloc, method)
-    if k == 1 and order != PAGED:
-        fn(pieces[0])
-        return 1
     if order == APPEND:
         if method == "free" and append_release(alloc, pieces):
             return 1
