@@ -82,7 +82,7 @@ HybridNode = Node  # the one pure-Python node type (fast/node.py)
 
 # the attributes naming the one-component fast paths a cache runs (fast/one_aux.py; None: the
 # general path), which ``HybridRadixCache._pick_fast_paths`` sets
-FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast")
+FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast", "_evict_fast")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -203,12 +203,14 @@ class HybridRadixCache(UnifiedRadixCache):
     _insert_fast: Any = None
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
+    _evict_fast: Any = None
 
     def _pick_fast_paths(self) -> None:
         """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
         and the ``lru`` order (what those paths assume); else the general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
+        self._evict_fast = None
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
         one = self.components[0]
@@ -218,6 +220,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self._match_fast = one_aux.match_one  # (``_inline_window``: the validator's rule)
             self._insert_fast = one_aux.insert_one
             self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_one, one_aux.dec_lock_one
+            self._evict_fast = one_aux.evict_one
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""
@@ -822,6 +825,11 @@ class HybridRadixCache(UnifiedRadixCache):
         component in order (``AuxComponent.drive``) until ``swa_num_tokens`` / ``mamba_num``
         of its units are freed (by any driver).  Write-back ends by waiting for every pending
         write.  The slots go back to the allocators at the end, as one ``FreeBatch``."""
+        fast = self._evict_fast  # (one component, no host tier: fast/one_aux.py)
+        if fast is not None:
+            result = fast(self, params)
+            if result is not None:
+                return result
         want = count_arg("num_tokens", params.num_tokens)
         swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
         if swa_want.__class__ is not int or mamba_want.__class__ is not int \
