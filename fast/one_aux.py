@@ -425,7 +425,10 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
     calls per evicted node written out: the Full leaf deletion is :func:`_delete_leaf_one`,
     the component's ``drop`` of an internal node's data is inline (one component: no cascade).
     Frees go through the same ``FreeBatch`` and ``_release``.  None for what it leaves to the
-    general path: an argument that is not a non-negative int (the general path refuses it)."""
+    general path: an argument that is not a non-negative int (the general path refuses it),
+    and a cache with its own ``_evict_units`` (enable_metrics wraps it, fast/metrics.py)."""
+    if "_evict_units" in cache.__dict__:
+        return None
     want = params.num_tokens
     swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
     if want.__class__ is not int or swa_want.__class__ is not int \
