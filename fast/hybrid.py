@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat, one_aux, policies
+from . import compat, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache
 from .components import AuxComponent, AuxData
@@ -57,7 +57,6 @@ from .components.mamba import MambaComponent
 from .components.swa import SwaComponent
 from .errors import InvalidInput, Unsupported
 from .frees import FreeBatch, release
-from .keys import shared_len
 from .node import Node
 from .radix_key import RadixKey
 from .structures import LazyHeap
@@ -443,17 +442,12 @@ class HybridRadixCache(UnifiedRadixCache):
             validators = [comp.host_validator() for comp in self.components]
             device_validators = [comp.validator() for comp in self.components]
         one = validators[0] if len(validators) == 1 else None
+        step = keys.match_step
         while pos < n:
-            # NOTE: keys.child_key and keys.step_len, inlined (a call costs as much as the work)
-            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
-            child = node.children.get(ck if ek is None else (ek, ck))
+            child, k, split = step(node.children, units, pos, n, ps, ek)
             if child is None or (child.value is None and child.host_value is None):
                 break
-            ckey = child.key
-            k = len(ckey)
-            split = pos + k > n or units[pos: pos + k] != ckey
             if split:
-                k = shared_len(ckey, units, pos, n, ps)
                 child = self._split(child, k)
             value = child.value
             if value is not None:

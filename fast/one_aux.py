@@ -27,13 +27,12 @@ from typing import Any
 
 import torch
 
-from . import compat, policies
+from . import compat, keys, policies
 from .cache import STRIDE
 from .components import MAMBA_ID, AuxData
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
 from .errors import HandleError, InvalidInput, NodeNotFound
 from .frees import FreeBatch
-from .keys import shared_len
 from .node import Node
 from .params import (
     DecLockRefParams,
@@ -84,17 +83,12 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     node, pos, chunks = root, 0, []
     best, best_chunks = root, 0
     run = _INF
+    step = keys.match_step
     while pos < n:
-        # (keys.child_key and keys.step_len, inlined as in the general path)
-        ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
-        child = node.children.get(ck if ek is None else (ek, ck))
+        child, k, split = step(node.children, units, pos, n, ps, ek)
         if child is None or child.value is None:
             break
-        ckey = child.key
-        k = len(ckey)
-        split = pos + k > n or units[pos: pos + k] != ckey
         if split:
-            k = shared_len(ckey, units, pos, n, ps)
             child = cache._split(child, k)
         chunks.append(child.value)
         node, pos = child, pos + k
@@ -183,20 +177,7 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     ek = key.extra_key
     root = cache.root_node
     # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
-    plan = []
-    node, pos = root, 0
-    while pos < n:
-        ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
-        child = node.children.get(ck if ek is None else (ek, ck))
-        if child is None:
-            break
-        ckey = child.key
-        k = len(ckey)
-        if pos + k > n or units[pos: pos + k] != ckey:
-            plan.append((child, shared_len(ckey, units, pos, n, ps)))
-            break
-        plan.append((child, k))
-        node, pos = child, pos + k
+    plan = cache._plan(ek, units)
     if cache.validate_slots and not cache.disable:
         cache._check_slot_list(plan, value.tolist(), prev)
     prepared, e = cache._check_aux(plan, prev, params)
@@ -295,14 +276,8 @@ def inc_lock_one(cache: Any, node: Any) -> IncLockRefResult:
     comp, is_swa, _ = cache._one_aux
     if is_swa:
         delta = lock_window(comp, node, result, root, True)
-    else:
-        cur: Any = node
-        delta = 0
-        while cur is not root:
-            if cur.lock_ref == 0:
-                delta += len(cur.key)
-            cur.lock_ref += 1
-            cur = cur.parent
+    else:  # (the Full walk: every node holds Full data without a host tier, none is skipped)
+        delta = cache._inc_lock_py(root, node, result)
         if node is not root:
             rec = node.aux[0]
             if rec.value is None:
