@@ -258,6 +258,9 @@ def release_ranges(alloc: Any, value: torch.Tensor, bounds: Sequence[int]) -> in
     ...``, in free order, one range per node as upstream frees them) through ``alloc.free`` in
     as few calls as :func:`free_order` allows; under :data:`APPEND` adjacent ranges are freed
     as one slice (a view, no copy).  Returns the number of allocator calls made."""
+    if len(bounds) == 2:  # one range: one call whatever the order, as in release
+        alloc.free(value[bounds[0]:bounds[1]])
+        return 1
     order = free_order(alloc)
     if order == PAGED and paged_release(
             alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)]):

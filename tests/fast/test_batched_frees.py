@@ -110,6 +110,11 @@ def test_one_piece_is_one_free_call_without_asking_the_order(monkeypatch):
         ref.free(ref.alloc(8)[[4, 5, 6, 7, 0, 1, 2, 3]])
         assert frees.release(alloc, [piece]) == 1
         assert alloc.calls == 1 and torch.equal(alloc.pages, ref.pages)
+        # one range of a value: the same
+        value = torch.cat([torch.tensor([99, 98]), alloc.alloc(8)[[4, 5, 6, 7, 0, 1, 2, 3]]])
+        ref.free(ref.alloc(8)[[4, 5, 6, 7, 0, 1, 2, 3]])
+        assert frees.release_ranges(alloc, value, [2, 10]) == 1
+        assert alloc.calls == 2 and torch.equal(alloc.pages, ref.pages)
     with pytest.raises(AssertionError):
         frees.release(AppendAllocator(8), [torch.tensor([1]), torch.tensor([2])])
 
