@@ -3047,6 +3047,9 @@ done:
     return result;
 }
 
+static PyObject *core_match_step(PyObject *, PyObject *const *, Py_ssize_t);  /* (at the end) */
+static PyObject *core_match_step_setup(PyObject *, PyObject *const *, Py_ssize_t);
+
 static PyMethodDef core_methods[] = {
     {"setup", (PyCFunction)core_setup, METH_VARARGS,
      "setup(narrow_copy, cat, stride): the torch callables and the clock step."},
@@ -3095,6 +3098,12 @@ static PyMethodDef core_methods[] = {
      "api_dec(cache, node, params) -> DecLockRefResult, or None when the Python path must run"},
     {"api_evict", (PyCFunction)(void (*)(void))api_evict, METH_FASTCALL,
      "api_evict(cache, params) -> EvictResult, or None when the Python path must run"},
+    {"match_step", (PyCFunction)(void (*)(void))core_match_step, METH_FASTCALL,
+     "match_step(children, units, pos, n, page_size, extra_key) -> (child, k, split) or the "
+     "no-step tuple: fast/keys.py match_step_py, for array('q') units and keys"},
+    {"match_step_setup", (PyCFunction)(void (*)(void))core_match_step_setup, METH_FASTCALL,
+     "match_step_setup(fallback, no_step): match_step's Python definition (called for what it "
+     "does not take) and its no-step answer"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -3187,4 +3196,94 @@ PyInit__core(void)
         return NULL;
     }
     return m;
+}
+
+
+/* ------------------------------------------------------------------------------------------ */
+/* One step of the Python-side walks (fast/keys.py match_step_py, which is the definition)    */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The composed tree's walks (fast/hybrid.py, fast/one_aux.py) and the Full cache's Python
+ * walks (fast/cache.py) take one step per node: the child holding the page at pos, and how far
+ * the walk goes into it.  For array('q') units and keys this does it without slicing: the
+ * child key is built once for the dict lookup and the key is compared in place.  Anything
+ * else (EAGLE's bigram lists, a key that is not an int64 buffer) goes to the Python
+ * definition, so the two give the same answers (tests/fast/test_match_step.py).
+ */
+
+static PyObject *g_step_fallback = NULL;  /* keys.match_step_py */
+static PyObject *g_no_step = NULL;        /* keys.NO_STEP */
+
+static PyObject *
+core_match_step_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyTuple_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "match_step_setup(fallback, no_step: tuple)");
+        return NULL;
+    }
+    Py_XSETREF(g_step_fallback, Py_NewRef(args[0]));
+    Py_XSETREF(g_no_step, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+core_match_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "match_step(children, units, pos, n, page_size, extra_key)");
+        return NULL;
+    }
+    if (g_step_fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "match_step: match_step_setup was not called");
+        return NULL;
+    }
+    PyObject *children = args[0], *units = args[1], *ek = args[5];
+    if (!PyDict_CheckExact(children) || !PyLong_CheckExact(args[2]) || !PyLong_CheckExact(args[3])
+            || !PyLong_CheckExact(args[4]) || !PyObject_CheckBuffer(units))
+        return PyObject_Vectorcall(g_step_fallback, args, (size_t)nargs, NULL);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[2]), n = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t ps = PyLong_AsSsize_t(args[4]);
+    if ((pos == -1 || n == -1 || ps == -1) && PyErr_Occurred())
+        return NULL;
+    KeyView uk, kv;
+    if (key_view(units, &uk) < 0) {
+        PyErr_Clear();
+        return PyObject_Vectorcall(g_step_fallback, args, (size_t)nargs, NULL);
+    }
+    if (pos < 0 || ps < 1 || n > uk.n || pos + ps > n) {  /* not a whole page at pos */
+        key_release(&uk);
+        return PyObject_Vectorcall(g_step_fallback, args, (size_t)nargs, NULL);
+    }
+    PyObject *ck = child_key(uk.p, pos, ps, ek);
+    if (ck == NULL) {
+        key_release(&uk);
+        return NULL;
+    }
+    PyObject *child = PyDict_GetItemWithError(children, ck);  /* borrowed */
+    Py_DECREF(ck);
+    if (child == NULL) {
+        key_release(&uk);
+        return PyErr_Occurred() ? NULL : Py_NewRef(g_no_step);
+    }
+    Py_INCREF(child);  /* the lookup's reference is borrowed from a dict that may change */
+    PyObject *ckey = PyObject_GetAttr(child, s_key);
+    if (ckey == NULL || key_view(ckey, &kv) < 0) {
+        Py_XDECREF(ckey);
+        Py_DECREF(child);
+        key_release(&uk);
+        PyErr_Clear();  /* (no key attribute: the definition raises it again) */
+        return PyObject_Vectorcall(g_step_fallback, args, (size_t)nargs, NULL);
+    }
+    Py_ssize_t k = kv.n;
+    int split = !(pos + k <= n && memcmp(uk.p + pos, kv.p, (size_t)k * sizeof(long long)) == 0);
+    if (split)
+        k = shared_pages(kv.p, kv.n, uk.p + pos, n - pos, ps);
+    key_release(&kv);
+    Py_DECREF(ckey);
+    key_release(&uk);
+    PyObject *kk = PyLong_FromSsize_t(k);
+    PyObject *r = kk == NULL ? NULL : PyTuple_Pack(3, child, kk, split ? Py_True : Py_False);
+    Py_XDECREF(kk);
+    Py_DECREF(child);
+    return r;
 }

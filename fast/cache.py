@@ -63,10 +63,10 @@ from typing import Any
 
 import torch
 
-from . import compat
+from . import compat, keys
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .frees import native_kind, release, release_ranges
-from .keys import child_key, shared_len, step_len
+from .keys import child_key, shared_len
 from .node import Node
 from .params import (
     CacheInitParams,
@@ -124,6 +124,7 @@ if NATIVE:
     # what evict and insert free goes straight into sglang's exact allocators on the CPU
     # (fast/_core.c "native frees"; fast/frees.py native_kind says which those are)
     _core.setup_frees(torch.empty, native_kind)
+    keys.bind_core(_core)  # the walks' per-node step in C (fast/keys.py match_step)
 
 
 def _full_leaf(node: TreeNode) -> bool:
@@ -373,18 +374,16 @@ class UnifiedRadixCache(compat.EngineDefaults):
             return _match_result((self._empty if indices is None else indices,
                                   node, node, node, 0, 0, 0, None, None))
         node, pos, chunks = root, 0, []
+        step = keys.match_step
         while pos < n:
-            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
-            child = node.children.get(ck if ek is None else (ek, ck))
+            child, k, split = step(node.children, units, pos, n, ps, ek)
             if child is None or child.value is None:
                 break
-            ckey = child.key
-            end = pos + len(ckey)
-            if end <= n and units[pos:end] == ckey:
+            if not split:
                 chunks.append(child.value)
-                node, pos = child, end
+                node, pos = child, pos + k
                 continue
-            node = self._split(child, self._shared(ckey, units, pos, n))
+            node = self._split(child, k)
             chunks.append(node.value)
             break
         self._stamp_path(node)
@@ -426,19 +425,15 @@ class UnifiedRadixCache(compat.EngineDefaults):
         may split the node it was just given (the walk then ends anyway)."""
         node, pos, n = self.root_node, 0, len(units)
         ps = self.page_size
+        step = keys.match_step
         while pos < n:
-            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
-            child = node.children.get(ck if ek is None else (ek, ck))
+            child, k, split = step(node.children, units, pos, n, ps, ek)
             if child is None:
                 return
-            ckey = child.key
-            end = pos + len(ckey)
-            if end <= n and units[pos:end] == ckey:
-                yield child, len(ckey)
-                node, pos = child, end
-                continue
-            yield child, self._shared(ckey, units, pos, n)
-            return
+            yield child, k
+            if split:
+                return
+            node, pos = child, pos + k
 
     def _plan(self, ek, units) -> list:
         """The whole walk of an insert, before anything changes, as a list of (node, shared
@@ -446,13 +441,13 @@ class UnifiedRadixCache(compat.EngineDefaults):
         node, pos, n = self.root_node, 0, len(units)
         ps = self.page_size
         plan = []
+        step = keys.match_step
         while pos < n:
-            child = node.children.get(self._ck(ek, units, pos))
+            child, k, split = step(node.children, units, pos, n, ps, ek)
             if child is None:
                 break
-            k = step_len(child.key, units, pos, n, ps)
             plan.append((child, k))
-            if k < len(child.key):
+            if split:
                 break
             node, pos = child, pos + k
         return plan

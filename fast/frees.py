@@ -103,13 +103,13 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
     ``alloc.<method>`` in as few calls as :func:`free_order` allows.  Returns the number of
     allocator calls made."""
     k = len(pieces)
+    if k == 1:  # one call per piece is what every order stands for: no order to work out
+        getattr(alloc, method)(pieces[0])
+        return 1
     if k == 0:
         return 0
     fn = getattr(alloc, method)
     order = free_order(alloc, method)
-    if k == 1 and order != PAGED:
-        fn(pieces[0])
-        return 1
     if order == APPEND:
         if method == "free" and append_release(alloc, pieces):
             return 1
@@ -258,6 +258,9 @@ def release_ranges(alloc: Any, value: torch.Tensor, bounds: Sequence[int]) -> in
     ...``, in free order, one range per node as upstream frees them) through ``alloc.free`` in
     as few calls as :func:`free_order` allows; under :data:`APPEND` adjacent ranges are freed
     as one slice (a view, no copy).  Returns the number of allocator calls made."""
+    if len(bounds) == 2:  # one range: one call whatever the order, as in release
+        alloc.free(value[bounds[0]:bounds[1]])
+        return 1
     order = free_order(alloc)
     if order == PAGED and paged_release(
             alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)]):

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat, one_aux, policies
+from . import compat, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache
 from .components import AuxComponent, AuxData
@@ -57,7 +57,6 @@ from .components.mamba import MambaComponent
 from .components.swa import SwaComponent
 from .errors import InvalidInput, Unsupported
 from .frees import FreeBatch, release
-from .keys import shared_len
 from .node import Node
 from .radix_key import RadixKey
 from .structures import LazyHeap
@@ -82,7 +81,7 @@ HybridNode = Node  # the one pure-Python node type (fast/node.py)
 
 # the attributes naming the one-component fast paths a cache runs (fast/one_aux.py; None: the
 # general path), which ``HybridRadixCache._pick_fast_paths`` sets
-FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast")
+FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast", "_evict_fast")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -203,12 +202,14 @@ class HybridRadixCache(UnifiedRadixCache):
     _insert_fast: Any = None
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
+    _evict_fast: Any = None
 
     def _pick_fast_paths(self) -> None:
         """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
         and the ``lru`` order (what those paths assume); else the general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
+        self._evict_fast = None
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
         one = self.components[0]
@@ -218,6 +219,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self._match_fast = one_aux.match_one  # (``_inline_window``: the validator's rule)
             self._insert_fast = one_aux.insert_one
             self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_one, one_aux.dec_lock_one
+            self._evict_fast = one_aux.evict_one
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""
@@ -440,17 +442,12 @@ class HybridRadixCache(UnifiedRadixCache):
             validators = [comp.host_validator() for comp in self.components]
             device_validators = [comp.validator() for comp in self.components]
         one = validators[0] if len(validators) == 1 else None
+        step = keys.match_step
         while pos < n:
-            # NOTE: keys.child_key and keys.step_len, inlined (a call costs as much as the work)
-            ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
-            child = node.children.get(ck if ek is None else (ek, ck))
+            child, k, split = step(node.children, units, pos, n, ps, ek)
             if child is None or (child.value is None and child.host_value is None):
                 break
-            ckey = child.key
-            k = len(ckey)
-            split = pos + k > n or units[pos: pos + k] != ckey
             if split:
-                k = shared_len(ckey, units, pos, n, ps)
                 child = self._split(child, k)
             value = child.value
             if value is not None:
@@ -822,6 +819,11 @@ class HybridRadixCache(UnifiedRadixCache):
         component in order (``AuxComponent.drive``) until ``swa_num_tokens`` / ``mamba_num``
         of its units are freed (by any driver).  Write-back ends by waiting for every pending
         write.  The slots go back to the allocators at the end, as one ``FreeBatch``."""
+        fast = self._evict_fast  # (one component, no host tier: fast/one_aux.py)
+        if fast is not None:
+            result = fast(self, params)
+            if result is not None:
+                return result
         want = count_arg("num_tokens", params.num_tokens)
         swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
         if swa_want.__class__ is not int or mamba_want.__class__ is not int \

@@ -64,6 +64,43 @@ def step_len(ckey: Sequence, units: Sequence, pos: int, n: int, page_size: int) 
     return shared_len(ckey, units, pos, n, page_size)
 
 
+#: :func:`match_step`'s answer where no child holds the page
+NO_STEP: tuple = (None, 0, False)
+
+
+def match_step_py(children: dict, units: Sequence, pos: int, n: int, page_size: int,
+                  extra_key: Hashable | None) -> tuple:
+    """One step of a walk down the tree (match or insert) from a node with ``children``: the
+    child holding the page of ``units`` at ``pos`` (:func:`child_key`), how far the walk goes
+    into it (:func:`step_len`) and whether that ends inside it (``(child, k, split)``: ``split``
+    when ``k < len(child.key)``, the caller splits the child there), or :data:`NO_STEP`.
+    ``pos < n``, ``n`` whole pages.  This is the definition; the C core's ``match_step``
+    (fast/_core.c) gives the same answers for ``array('q')`` units and keys and calls this
+    for anything else (EAGLE's bigram lists)."""
+    ck = units[pos] if page_size == 1 else tuple(units[pos: pos + page_size])
+    child = children.get(ck if extra_key is None else (extra_key, ck))
+    if child is None:
+        return NO_STEP
+    ckey = child.key
+    k = len(ckey)
+    if pos + k <= n and units[pos: pos + k] == ckey:
+        return child, k, False
+    return child, shared_len(ckey, units, pos, n, page_size), True
+
+
+#: the step the walks use: :func:`match_step_py`, or the C core's where :func:`bind_core` set it
+match_step: Callable[..., tuple] = match_step_py
+
+
+def bind_core(core: Any) -> None:
+    """Make :data:`match_step` the C core's (``core``: fast/_core.c's module, loaded by
+    fast/cache.py), with :func:`match_step_py` as its fallback.  Called once, at import, before
+    the modules that walk import the name."""
+    global match_step
+    core.match_step_setup(match_step_py, NO_STEP)
+    match_step = core.match_step
+
+
 def heap_victim(heap: list, live: Callable[[Any, Any], bool]) -> Any:
     """Victim selection over a lazily deleted heap of ``(stamp, node)``: pop entries until one
     is live (``live(stamp, node)``: the stamp is still the node's and the node is an evictable

@@ -22,21 +22,22 @@ scenarios and compares the trees.
 from __future__ import annotations
 
 from array import array
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import Any
 
 import torch
 
-from . import compat, policies
+from . import compat, keys, policies
 from .cache import STRIDE
 from .components import MAMBA_ID, AuxData
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
 from .errors import HandleError, InvalidInput, NodeNotFound
-from .keys import shared_len
+from .frees import FreeBatch
 from .node import Node
 from .params import (
     DecLockRefParams,
     DecLockRefResult,
+    EvictResult,
     IncLockRefResult,
     InsertResult,
     MatchResult,
@@ -82,17 +83,12 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     node, pos, chunks = root, 0, []
     best, best_chunks = root, 0
     run = _INF
+    step = keys.match_step
     while pos < n:
-        # (keys.child_key and keys.step_len, inlined as in the general path)
-        ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
-        child = node.children.get(ck if ek is None else (ek, ck))
+        child, k, split = step(node.children, units, pos, n, ps, ek)
         if child is None or child.value is None:
             break
-        ckey = child.key
-        k = len(ckey)
-        split = pos + k > n or units[pos: pos + k] != ckey
         if split:
-            k = shared_len(ckey, units, pos, n, ps)
             child = cache._split(child, k)
         chunks.append(child.value)
         node, pos = child, pos + k
@@ -181,20 +177,7 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     ek = key.extra_key
     root = cache.root_node
     # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
-    plan = []
-    node, pos = root, 0
-    while pos < n:
-        ck = units[pos] if ps == 1 else tuple(units[pos: pos + ps])
-        child = node.children.get(ck if ek is None else (ek, ck))
-        if child is None:
-            break
-        ckey = child.key
-        k = len(ckey)
-        if pos + k > n or units[pos: pos + k] != ckey:
-            plan.append((child, shared_len(ckey, units, pos, n, ps)))
-            break
-        plan.append((child, k))
-        node, pos = child, pos + k
+    plan = cache._plan(ek, units)
     if cache.validate_slots and not cache.disable:
         cache._check_slot_list(plan, value.tolist(), prev)
     prepared, e = cache._check_aux(plan, prev, params)
@@ -293,14 +276,8 @@ def inc_lock_one(cache: Any, node: Any) -> IncLockRefResult:
     comp, is_swa, _ = cache._one_aux
     if is_swa:
         delta = lock_window(comp, node, result, root, True)
-    else:
-        cur: Any = node
-        delta = 0
-        while cur is not root:
-            if cur.lock_ref == 0:
-                delta += len(cur.key)
-            cur.lock_ref += 1
-            cur = cur.parent
+    else:  # (the Full walk: every node holds Full data without a host tier, none is skipped)
+        delta = cache._inc_lock_py(root, node, result)
         if node is not root:
             rec = node.aux[0]
             if rec.value is None:
@@ -411,3 +388,102 @@ def dec_lock_one(cache: Any, node: Any, params: DecLockRefParams | None) -> DecL
     cache._evictable += delta
     cache._protected -= delta
     return DecLockRefResult(delta=delta)
+
+
+# ----------------------------------------------------------------------------------------------
+# evict (SWA or Mamba)
+# ----------------------------------------------------------------------------------------------
+
+
+def evict_one(cache: Any, params: Any) -> EvictResult | None:
+    """``HybridRadixCache.evict`` (``_evict_units``, then the component's ``drive``) with the
+    calls per evicted node written out: the Full leaf deletion is :func:`_delete_leaf_one`,
+    the component's ``drop`` of an internal node's data is inline (one component: no cascade).
+    Frees go through the same ``FreeBatch`` and ``_release``.  None for what it leaves to the
+    general path: an argument that is not a non-negative int (the general path refuses it),
+    and a cache with its own ``_evict_units`` (enable_metrics wraps it, fast/metrics.py)."""
+    if "_evict_units" in cache.__dict__:
+        return None
+    want = params.num_tokens
+    swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
+    if want.__class__ is not int or swa_want.__class__ is not int \
+            or mamba_want.__class__ is not int or want < 0 or swa_want < 0 or mamba_want < 0:
+        return None
+    if cache.disable:
+        return EvictResult()
+    comp, is_swa, _ = cache._one_aux
+    tracker = [0, 0]  # Full units, the component's units
+    batch = FreeBatch()
+    heap = cache._heap
+    try:
+        while tracker[0] < want and heap:
+            stamp, node = heappop(heap)
+            # (the entry is live: its stamp is the node's and the node is an evictable leaf)
+            if node.last_access_time != stamp or node.lock_ref or node.aux_lock \
+                    or node.dev_children or node.value is None or node.parent is None:
+                continue
+            _delete_leaf_one(cache, comp, is_swa, node, tracker, batch)
+        aux_want = swa_want if is_swa else mamba_want
+        lru = comp.lru
+        head = lru.head
+        x = lru.tail.lru_prev
+        while tracker[1] < aux_want and x is not head:
+            nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
+            if x.lock == 0:
+                node = x.node
+                if node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+                        and node.value is not None and node.parent is not None:
+                    _delete_leaf_one(cache, comp, is_swa, node, tracker, batch)
+                else:  # (``AuxComponent.drop``, not a leaf: SWA frees its slots, a tombstone)
+                    k = len(node.key) if is_swa else 1
+                    tracker[1] += k
+                    comp.evictable -= k
+                    later = x.lru_next  # (LruList.remove; ``nxt`` is x's older neighbour)
+                    nxt.lru_next = later
+                    later.lru_prev = nxt
+                    x.lru_prev = x.lru_next = None
+                    if is_swa:
+                        batch.add("free_swa", node.value)
+                    else:
+                        batch.states.append(x.value)
+                    x.value = None
+            x = nxt
+    finally:
+        cache._release(batch)
+    live = cache._evictable // cache.page_size
+    if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
+        cache._leaf_heap.compact(cache._is_leaf)
+    return EvictResult(tracker[0], tracker[1] if is_swa else 0, 0 if is_swa else tracker[1])
+
+
+def _delete_leaf_one(cache: Any, comp: Any, is_swa: bool, node: Any, tracker: list,
+                     batch: Any) -> None:
+    """``HybridRadixCache._delete_leaf`` of device leaf ``node`` for one component: its
+    component data (``drop`` as a leaf: a Mamba state onto ``batch.states``; SWA slots go back
+    with the Full slots), its Full slots (a ``"free"`` run), then it leaves the tree and its
+    parent may become a leaf."""
+    if cache._events is not None:
+        cache._events.removed(node)
+    rec = node.aux[0]
+    k = len(node.key)
+    if rec.value is not None:
+        u = k if is_swa else 1
+        tracker[1] += u
+        comp.evictable -= u
+        prev, nxt = rec.lru_prev, rec.lru_next  # (LruList.remove)
+        prev.lru_next = nxt
+        nxt.lru_prev = prev
+        rec.lru_prev = rec.lru_next = None
+        if not is_swa:
+            batch.states.append(rec.value)
+        rec.value = None
+    batch.add("free", node.value)
+    tracker[0] += k
+    cache._evictable -= k
+    node.value = None  # (``_detach_leaf``)
+    parent = node.parent
+    del parent.children[node.ck]
+    node.parent = None
+    parent.dev_children -= 1
+    if parent is not cache.root_node and parent.dev_children == 0:
+        cache._push_if_leaf(parent)

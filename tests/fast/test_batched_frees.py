@@ -98,6 +98,27 @@ def test_free_order_of_allocators():
     assert frees.free_order(bench.FreeListAllocator(64, 4, torch)) == frees.APPEND
 
 
+def test_one_piece_is_one_free_call_without_asking_the_order(monkeypatch):
+    """One piece: one ``free`` call, whatever the order; ``free_order`` is not consulted."""
+    def no_order(alloc, method="free"):
+        raise AssertionError("free_order asked for one piece")
+
+    monkeypatch.setattr(frees, "free_order", no_order)
+    for alloc, ref in ((AppendAllocator(8), AppendAllocator(8)),
+                       (SortedPagesAllocator(64, 4), SortedPagesAllocator(64, 4))):
+        piece = alloc.alloc(8)[[4, 5, 6, 7, 0, 1, 2, 3]]
+        ref.free(ref.alloc(8)[[4, 5, 6, 7, 0, 1, 2, 3]])
+        assert frees.release(alloc, [piece]) == 1
+        assert alloc.calls == 1 and torch.equal(alloc.pages, ref.pages)
+        # one range of a value: the same
+        value = torch.cat([torch.tensor([99, 98]), alloc.alloc(8)[[4, 5, 6, 7, 0, 1, 2, 3]]])
+        ref.free(ref.alloc(8)[[4, 5, 6, 7, 0, 1, 2, 3]])
+        assert frees.release_ranges(alloc, value, [2, 10]) == 1
+        assert alloc.calls == 2 and torch.equal(alloc.pages, ref.pages)
+    with pytest.raises(AssertionError):
+        frees.release(AppendAllocator(8), [torch.tensor([1]), torch.tensor([2])])
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_release_leaves_the_free_list_of_one_call_per_piece(seed):
     rng = random.Random(seed)
