@@ -695,7 +695,7 @@ class HostTier:
             if self.write_backup(parent) <= 0:
                 return 0
         cc = self.controller
-        n = len(node.value)
+        n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
         avail = cc.mem_pool_host.available_size()
         if avail < n:
             needed = n - avail
