@@ -506,8 +506,10 @@ class HybridRadixCache(UnifiedRadixCache):
                 mamba_hit = 1 if self.mamba.wants_load_back(best) else 0
             if self.swa is not None and best is not root:
                 swa_hit = self.swa.host_hit(best)
-            return api.MatchResult(indices, best_device, best, best,
-                                   tier.host_hit(best, best_device), swa_hit, mamba_hit)
+            # (no host tokens between a node and itself: host_hit's 0 without the call)
+            host_hit = tier.host_hit(best, best_device) if best is not best_device else 0
+            return api.MatchResult(indices, best_device, best, best, host_hit, swa_hit,
+                                   mamba_hit)
         self._stamp_path(best)
         if best is not root:
             self._push_if_leaf(best)
@@ -528,12 +530,13 @@ class HybridRadixCache(UnifiedRadixCache):
         clock = self._clock + STRIDE
         self._clock = clock
         cur: Any = node
+        push = self._push_if_leaf
         while cur is not root:
             cur.last_access_time = clock
-            if cur.value is not None:
-                self._push_if_leaf(cur)
-            else:
+            if cur.value is None:
                 tier.restamped(cur)
+            elif cur.dev_children == 0:  # (the leaf test's part most path nodes fail)
+                push(cur)
             clock -= 1
             cur = cur.parent
         root.last_access_time = clock
