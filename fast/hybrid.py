@@ -570,7 +570,8 @@ class HybridRadixCache(UnifiedRadixCache):
             return self._insert(params)
         finally:
             pieces, self._deferred = self._deferred, None
-            release(self.token_to_kv_pool_allocator, pieces)
+            if pieces:  # (release() of nothing does nothing)
+                release(self.token_to_kv_pool_allocator, pieces)
 
     def _insert(self, params: api.InsertParams) -> api.InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
@@ -716,12 +717,13 @@ class HybridRadixCache(UnifiedRadixCache):
         if fast is not None:
             return fast(self, node)
         self._check_attached(node)
-        result = api.IncLockRefResult() if self.tier is None else HostIncLockRefResult()
+        tier = self.tier
+        result = api.IncLockRefResult() if tier is None else HostIncLockRefResult()
         if self.disable:
             return result
         root = self.root_node
         delta = self._inc_lock_py(root, node, result)
-        if self.tier is not None:
+        if tier is not None:
             anchor: Any = node
             while anchor is not root and anchor.value is None:
                 anchor = anchor.parent
