@@ -171,6 +171,11 @@ class HybridRadixCache(UnifiedRadixCache):
             self._new_node = Node  # type: ignore[method-assign]
         else:  # (init_hicache builds again on the same instance)
             self.__dict__.pop("_new_node", None)
+        if not comps and type(self)._touch is HybridRadixCache._touch:
+            # no aux record to move: a touch is the stamp (``_touch`` with n == 0)
+            self._touch = self._stamp  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("_touch", None)
         # one component with its own validator: a match without a host tier applies the rule
         # inline, without a call per node (SWA: a window of contiguous data up to the node;
         # Mamba: data on the node, the same rule with a window of 0); -1: the validators
@@ -498,8 +503,10 @@ class HybridRadixCache(UnifiedRadixCache):
                 mamba_hit = 1 if self.mamba.wants_load_back(best) else 0
             if self.swa is not None and best is not root:
                 swa_hit = self.swa.host_hit(best)
-            return api.MatchResult(indices, best_device, best, best,
-                                   tier.host_hit(best, best_device), swa_hit, mamba_hit)
+            # (no host tokens between a node and itself: host_hit's 0 without the call)
+            host_hit = tier.host_hit(best, best_device) if best is not best_device else 0
+            return api.MatchResult(indices, best_device, best, best, host_hit, swa_hit,
+                                   mamba_hit)
         self._stamp_path(best)
         if best is not root:
             self._push_if_leaf(best)
@@ -520,12 +527,13 @@ class HybridRadixCache(UnifiedRadixCache):
         clock = self._clock + STRIDE
         self._clock = clock
         cur: Any = node
+        push = self._push_if_leaf
         while cur is not root:
             cur.last_access_time = clock
-            if cur.value is not None:
-                self._push_if_leaf(cur)
-            else:
+            if cur.value is None:
                 tier.restamped(cur)
+            elif cur.dev_children == 0:  # (the leaf test's part most path nodes fail)
+                push(cur)
             clock -= 1
             cur = cur.parent
         root.last_access_time = clock
@@ -559,7 +567,8 @@ class HybridRadixCache(UnifiedRadixCache):
             return self._insert(params)
         finally:
             pieces, self._deferred = self._deferred, None
-            release(self.token_to_kv_pool_allocator, pieces)
+            if pieces:  # (release() of nothing does nothing)
+                release(self.token_to_kv_pool_allocator, pieces)
 
     def _insert(self, params: api.InsertParams) -> api.InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
@@ -580,9 +589,11 @@ class HybridRadixCache(UnifiedRadixCache):
         units = self._units(key)
         toks = key.token_ids
         if not isinstance(value, torch.Tensor) or value.dtype != _INT64 or \
-                tuple(value.shape) != (len(toks),):
+                value.shape != (len(toks),):  # (a torch.Size is a tuple)
             raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
-        prev = count_arg("prev_prefix_len", params.prev_prefix_len)
+        prev = params.prev_prefix_len
+        if prev.__class__ is not int or prev < 0:
+            count_arg("prev_prefix_len", prev)  # (raises)
         chunked = params.chunked
         if chunked is not True and chunked is not False:
             raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
@@ -590,8 +601,9 @@ class HybridRadixCache(UnifiedRadixCache):
         if priority.__class__ is not int:
             priority = policies.check_priority(priority)
         keyed = self._policy_key is not None
-        n = len(units) - len(units) % self.page_size
-        if n < len(units):
+        n = len(units)
+        if n % self.page_size:
+            n -= n % self.page_size
             units = units[:n]
         if n < len(toks):
             value = _narrow(value, 0, 0, n)
@@ -614,13 +626,18 @@ class HybridRadixCache(UnifiedRadixCache):
         if self._events is not None or self.storage_tier is not None:
             check_token_range(units, self.is_eagle)  # page keys take [0, 2**32) (fast/token_range.py)
 
-        self._stamp(self.root_node)
+        # (``_stamp`` of the root, written out: it is locked, so never a leaf to push)
+        root = self.root_node
+        self._clock += STRIDE
+        root.last_access_time = self._clock
         if n == 0:
             return api.InsertResult(prefix_len=0, total_len=len(toks),
                                     mamba_exist=bool(self.components))
-        node, pos = self.root_node, 0
+        node, pos = root, 0
         swa = self.swa
         swa_i = swa.i if swa is not None else -1
+        # write-through counts hits on the nodes of an insert that is not chunked
+        hits = tier is not None and not tier.write_back and not chunked
         for child, shared in plan:
             self._touch(child)
             if shared < len(child.key):
@@ -637,18 +654,18 @@ class HybridRadixCache(UnifiedRadixCache):
                 taken = swa.overlap(child, pos, shared, value, prev, e)
             else:
                 taken = shared
-            lo = max(prev, pos)
+            lo = prev if prev > pos else pos
             hi = pos + taken
             if lo < hi:  # this node's duplicates: one piece per node, as upstream frees them
                 self._free(_narrow(value, 0, lo, hi - lo))  # (release() joins what it may)
-            if tier is not None and not tier.write_back:  # (write-back counts no hits)
-                tier.count_hit(child, chunked)
+            if hits:
+                tier.count_hit(child, chunked)  # type: ignore[union-attr]
             if keyed:
                 policies.walked(self, child, priority, chunked)
             node, pos = child, end
         target, is_new = node, False
         if pos < n:
-            if any([comp.skips_leaf(pos, n, e) for comp in self.components]):
+            if self.components and any([comp.skips_leaf(pos, n, e) for comp in self.components]):
                 self._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
                 # the tree took no state either: a Mamba caller keeps (frees) its slot, as the
                 # spec says (the seed leaks it here; docs/SPEC.md)
@@ -662,21 +679,26 @@ class HybridRadixCache(UnifiedRadixCache):
             node.children[ck] = leaf
             node.dev_children += 1
             self._evictable += n - pos
-            self._own(leaf.value)
+            if self.validate_slots:
+                self._own(leaf.value)
             self._push_if_leaf(leaf)
             if self._events is not None:
                 self._events.stored(leaf)
             target, is_new = leaf, True
-        result = {"mamba_exist": False}
+        mamba_exist = False
         if prepared:
+            result = {"mamba_exist": False}
             for comp, prep in zip(self.components, prepared, strict=True):
                 comp.commit(target, is_new, pos, prep, e, result)
+            mamba_exist = result["mamba_exist"]
         if is_new and tier is not None:
-            tier.update_host_leaf(node)
-            tier.count_hit(target, chunked)
+            # (``update_host_leaf(node)``: it has a child now, so it is no host leaf)
+            tier.host_leaves.discard(node)
+            if hits:
+                tier.count_hit(target, chunked)
         if is_new and keyed:
             policies.new_leaf(self, target, priority, chunked)
-        return api.InsertResult(pos, len(toks), result["mamba_exist"])
+        return api.InsertResult(pos, len(toks), mamba_exist)
 
     # ------------------------------------------------------------------------------------------
     # Locks
@@ -692,12 +714,13 @@ class HybridRadixCache(UnifiedRadixCache):
         if fast is not None:
             return fast(self, node)
         self._check_attached(node)
-        result = api.IncLockRefResult() if self.tier is None else HostIncLockRefResult()
+        tier = self.tier
+        result = api.IncLockRefResult() if tier is None else HostIncLockRefResult()
         if self.disable:
             return result
         root = self.root_node
         delta = self._inc_lock_py(root, node, result)
-        if self.tier is not None:
+        if tier is not None:
             anchor: Any = node
             while anchor is not root and anchor.value is None:
                 anchor = anchor.parent

@@ -695,7 +695,7 @@ class HostTier:
             if self.write_backup(parent) <= 0:
                 return 0
         cc = self.controller
-        n = len(node.value)
+        n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
         avail = cc.mem_pool_host.available_size()
         if avail < n:
             needed = n - avail
@@ -949,7 +949,6 @@ class HostTier:
         if not done:
             return
         cache = self.cache
-        plain = not cache.components and not cache.disable  # (locks: ``_full_write_lock``'s)
         for ack in queue[:done]:
             del queue[0]
             finish = ack.finish_event
@@ -961,7 +960,7 @@ class HostTier:
                 entry = self.ongoing_write_through.pop(ack_id, None)
                 if entry is not None:
                     if entry.lock is not None:
-                        if plain:
+                        if not cache.components and not cache.disable:  # (``_full_write_lock``'s)
                             self._full_write_unlock(entry.lock.anchor)
                         else:
                             cache.dec_lock_ref(entry.node, entry.lock)

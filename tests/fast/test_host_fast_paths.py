@@ -37,6 +37,7 @@ def _general(cache) -> None:
         anchor, HostDecLockRefParams(anchor=anchor))
     cache.check_hicache_events = types.MethodType(HybridRadixCache.check_hicache_events, cache)
     cache._new_node = types.MethodType(HybridRadixCache._new_node, cache)
+    cache._touch = types.MethodType(HybridRadixCache._touch, cache)
 
 
 def _tree(cache) -> list:
