@@ -714,9 +714,10 @@ class HostTier:
                     return 0
                 done.append(comp)
         cc.submit_write(node.value, host_indices, node.id)
-        # a copy: a host allocator hands out views of its free list (sglang's does), and a view
-        # would keep that whole list alive for as long as the node holds its host copy
-        node.host_value = host_indices.clone()
+        # a view of a host allocator's free list (sglang's hands those out) would keep that
+        # whole list alive for as long as the node holds its host copy: such a view is copied;
+        # a tensor of its own (HostSlotAllocator's) is kept as it is
+        node.host_value = host_indices if host_indices._base is None else host_indices.clone()
         self.host_tokens += n
         if cache._events is not None:  # announced at the ack (fast/events.py)
             cache._events.host_written(node.id, node)

@@ -59,3 +59,34 @@ def test_host_values_do_not_keep_the_host_free_list_alive(policy):
     cache.check_hicache_events()
     assert all(n.host_value is not None and _owns(n.host_value) for n in nodes)
     assert cache.violations() == []
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_a_host_allocator_s_own_tensors_are_kept_and_views_copied(policy):
+    """fast's own host allocator hands out tensors of their own: those are kept without a copy;
+    views (ViewHostAllocator, as sglang's) are copied."""
+    for host, copied in ((None, False), (ViewHostAllocator(1024), True)):
+        alloc = PoolAllocator(PagedPool(64, 1, "kv"), torch)
+        cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
+            page_size=1, hicache=HiCacheConfig(host_allocator=host, host_slots=256,
+                                               write_policy=policy)))
+        handed: list = []
+        pool = cache.cache_controller.mem_pool_host
+        real = pool.alloc
+
+        def spy(n, real=real, handed=handed):
+            out = real(n)
+            handed.append(out)
+            return out
+
+        pool.alloc = spy
+        cache.insert(fast.InsertParams(key=fast.RadixKey([1, 2, 3, 4]), value=alloc.alloc(4)))
+        node = cache.find_node(fast.RadixKey([1, 2, 3, 4]))
+        if policy == "write_back":
+            assert cache.write_backup(node, write_back=True) == 4
+        cache.check_hicache_events()
+        assert len(handed) == 1 and node.host_value is not None and _owns(node.host_value)
+        assert (node.host_value is not handed[0]) is copied
+        assert node.host_value.tolist() == handed[0].tolist()
+        assert cache.violations() == []
