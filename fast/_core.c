@@ -53,7 +53,7 @@ static long long g_next_id = 1;
 
 static PyObject *s_root_node, *s_page_size, *s_clock, *s_heap, *s_evictable, *s_protected,
     *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update,
-    *s_free_values, *s_free_ranges, *s_numel, *s_data_ptr, *s_is_cpu, *s_ndim, *s_is_contiguous;
+    *s_free_values, *s_free_joined, *s_free_ranges, *s_numel, *s_data_ptr, *s_is_cpu, *s_ndim, *s_is_contiguous;
 
 /* ------------------------------------------------------------------------------------------ */
 /* TreeNode                                                                                    */
@@ -2238,6 +2238,56 @@ detach(Node *parent, Node *child)
     return 0;
 }
 
+/* Two or more evicted values, every one a Slots: their concatenation in free order, made here
+ * (one torch.empty and a copy each, where a view per value and torch.cat of them cost a
+ * torch call per value more), handed with their lengths to the cache's _free_joined
+ * (fast/cache.py), which frees it as fast/frees.py allows (one call where a free of the
+ * concatenation is the same as a free of each in turn, else each as a view of it).  2 when
+ * done, 0 when a value is not a Slots (nothing done), -1 on error. */
+static int
+free_joined(PyObject *self, PyObject *batch)
+{
+    Py_ssize_t n = PyList_GET_SIZE(batch), total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(batch, i);
+        if (!IS_SLOTS(v))
+            return 0;
+        total += Py_SIZE(v);
+    }
+    if (ensure_torch() < 0)
+        return -1;
+    PyObject *lengths = PyList_New(n);
+    if (lengths == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromSsize_t(Py_SIZE(PyList_GET_ITEM(batch, i)));
+        if (x == NULL) {
+            Py_DECREF(lengths);
+            return -1;
+        }
+        PyList_SET_ITEM(lengths, i, x);
+    }
+    long long *dst;
+    PyObject *joined = new_int64(total, &dst);
+    if (joined == NULL) {
+        Py_DECREF(lengths);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Slots *v = (Slots *)PyList_GET_ITEM(batch, i);
+        if (Py_SIZE(v))
+            memcpy(dst, v->data, (size_t)Py_SIZE(v) * sizeof(long long));
+        dst += Py_SIZE(v);
+    }
+    PyObject *r = PyObject_CallMethodObjArgs(self, s_free_joined, joined, lengths, NULL);
+    Py_DECREF(joined);
+    Py_DECREF(lengths);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 2;
+}
+
 /* Hand the evicted nodes' values back: into sglang's exact allocators on the CPU directly
  * (native frees), else one piece straight to the allocator's own free (at any page size:
  * one free of one piece is exactly what one free per node does), else through the cache's
@@ -2256,6 +2306,8 @@ flush_frees(PyObject *self, PyObject *alloc, PyObject *batch)
     PyObject *r = NULL;
     if (native == 1) {
         r = Py_NewRef(Py_None);
+    } else if (native == 0 && n > 1 && (native = free_joined(self, batch)) < 0) {
+        goto failed;
     } else if (native == 0) {
         /* the Python path frees tensors: a Slots value goes as its view */
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -2277,6 +2329,8 @@ flush_frees(PyObject *self, PyObject *alloc, PyObject *batch)
         } else {
             r = PyObject_CallMethodOneArg(self, s_free_values, batch);
         }
+    } else if (native == 2) {
+        r = Py_NewRef(Py_None);  /* done by free_joined */
     }
 failed:
     Py_XDECREF(r);
@@ -3276,6 +3330,7 @@ PyInit__core(void)
     INTERN(s_skip, "skip_lock_node_ids");
     INTERN(s_compact, "_compact_heap");
     INTERN(s_free_values, "_free_values");
+    INTERN(s_free_joined, "_free_joined");
     INTERN(s_free_ranges, "_free_ranges");
     INTERN(s_numel, "numel");
     INTERN(s_data_ptr, "data_ptr");
