@@ -1648,6 +1648,8 @@ done:
     return out;
 }
 
+static PyObject *match_impl(PyObject *self, PyObject *units, PyObject *ek, Py_ssize_t ps_known);
+
 static PyObject *
 core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1655,7 +1657,13 @@ core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "match(cache, units, extra_key)");
         return NULL;
     }
-    PyObject *self = args[0], *units = args[1], *ek = args[2];
+    return match_impl(args[0], args[1], args[2], 0);
+}
+
+/* The match; ps_known: the page size api_match read (0: read it here). */
+static PyObject *
+match_impl(PyObject *self, PyObject *units, PyObject *ek, Py_ssize_t ps_known)
+{
     Py_ssize_t ps;
     long long clock;
     KeyView uk, ck_view;
@@ -1663,7 +1671,7 @@ core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyObject *heap = NULL, *chunks = NULL, *result = NULL;
     PyObject *first = NULL;  /* the single chunk, kept apart to avoid a list for one node */
     Node *node = NULL;
-    Node *root = get_root(self, 0, &ps);
+    Node *root = get_root(self, ps_known, &ps);
     if (root == NULL)
         return NULL;
     if (get_ll(self, s_clock, &clock) < 0) {
@@ -2618,8 +2626,7 @@ api_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(ek);
         Py_RETURN_NONE;
     }
-    PyObject *cargs[3] = {self, toks, ek};
-    PyObject *res = core_match(mod, cargs, 3);
+    PyObject *res = match_impl(self, toks, ek, ps);
     Py_DECREF(toks);
     Py_DECREF(ek);
     if (res == NULL)
