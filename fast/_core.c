@@ -8,13 +8,13 @@
  *              GC-aware: parent <-> children form cycles.
  *   match      the match_prefix walk, split, path stamps, heap push, concatenation.
  *   insert     the insert walk: touches, heap pushes, split, unevict, frees of duplicate
- *              slots (one range per node, as upstream; at page size 1 a single range
- *              straight to free, otherwise through the cache's _free_ranges: fast/frees.py),
- *              the new leaf.
+ *              slots (one range per node, as upstream; a single range straight to free, two
+ *              or more through the cache's _free_ranges: fast/frees.py), the new leaf.
  *   inc_lock / dec_lock   the lock loops.
  *   evict      the eviction loop over the lazily deleted heap; the evicted values are freed
- *              together at the end (at page size 1 one piece straight to free; otherwise
- *              through the cache's _free_values: fast/frees.py).
+ *              together at the end (one piece straight to free; two or more C-held values as
+ *              one joined tensor through the cache's _free_joined, others through
+ *              _free_values: fast/frees.py).
  *   paged_front  the pages k frees of a sorted-prepend paged allocator put in front of its
  *              free list, in one pass (fast/frees.py's PAGED batches).
  *   native frees  what evict and insert free goes straight into sglang's exact allocators on

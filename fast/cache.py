@@ -692,7 +692,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def _free_ranges(self, value: torch.Tensor, bounds: list) -> None:
         """Free the insert's duplicates, ``value[lo:hi]`` per node (the C core's insert calls
-        this for two or more, or any at page size > 1), in as few allocator calls as exactness
+        this for two or more), in as few allocator calls as exactness
         allows (fast/frees.py)."""
         release_ranges(self.token_to_kv_pool_allocator, value, bounds)
 
