@@ -2041,6 +2041,8 @@ insert_impl(PyObject *self, PyObject *units, PyObject *ek, PyObject *value, Py_s
         if (free_slice(free_fn, value, free_lo, free_hi) < 0)
             goto done;
     }
+    if (bounds != NULL || free_lo >= 0)
+        vd.state = -2;  /* an allocator's Python free ran: read the value again for the leaf */
     if (pos < n) {
         clock += g_stride;
         PyObject *rest = PySequence_GetSlice(units, pos, n);
