@@ -8,13 +8,13 @@
  *              GC-aware: parent <-> children form cycles.
  *   match      the match_prefix walk, split, path stamps, heap push, concatenation.
  *   insert     the insert walk: touches, heap pushes, split, unevict, frees of duplicate
- *              slots (one range per node, as upstream; at page size 1 a single range
- *              straight to free, otherwise through the cache's _free_ranges: fast/frees.py),
- *              the new leaf.
+ *              slots (one range per node, as upstream; a single range straight to free, two
+ *              or more through the cache's _free_ranges: fast/frees.py), the new leaf.
  *   inc_lock / dec_lock   the lock loops.
  *   evict      the eviction loop over the lazily deleted heap; the evicted values are freed
- *              together at the end (at page size 1 one piece straight to free; otherwise
- *              through the cache's _free_values: fast/frees.py).
+ *              together at the end (one piece straight to free; two or more C-held values as
+ *              one joined tensor through the cache's _free_joined, others through
+ *              _free_values: fast/frees.py).
  *   paged_front  the pages k frees of a sorted-prepend paged allocator put in front of its
  *              free list, in one pass (fast/frees.py's PAGED batches).
  *   native frees  what evict and insert free goes straight into sglang's exact allocators on
@@ -53,7 +53,7 @@ static long long g_next_id = 1;
 
 static PyObject *s_root_node, *s_page_size, *s_clock, *s_heap, *s_evictable, *s_protected,
     *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update,
-    *s_free_values, *s_free_ranges, *s_numel, *s_data_ptr, *s_is_cpu, *s_ndim, *s_is_contiguous;
+    *s_free_values, *s_free_joined, *s_free_ranges, *s_numel, *s_data_ptr, *s_is_cpu, *s_ndim, *s_is_contiguous;
 
 /* ------------------------------------------------------------------------------------------ */
 /* TreeNode                                                                                    */
@@ -103,11 +103,65 @@ static PyTypeObject SlotsType;
 
 #define IS_SLOTS(o) (Py_IS_TYPE((o), &SlotsType))
 
+/* Slots memory: small ones (under SLOTS_POOL_MIN bytes) come from CPython's object allocator;
+ * larger ones come from a cache of freed blocks by size class (four classes per power of two,
+ * a block at most 25% larger than asked), up to SLOTS_POOL_CAP bytes kept, the rest from and
+ * back to the raw allocator.  What an evict frees is what the next inserts need (the new
+ * leaves of a full pool are as long as the evicted ones), so a long leaf's slots land in
+ * memory the process has already touched instead of fresh pages (measured on Mooncake: the
+ * page faults of insert, see docs/PERFORMANCE.md).  The class is a function of the length,
+ * so a block goes back to the list it came from; nothing else changes: the object, its
+ * buffer and sys.getsizeof are as before. */
+#define SLOTS_POOL_MIN ((size_t)4096)
+#define SLOTS_POOL_CLASSES 128
+#define SLOTS_POOL_CAP ((size_t)64 << 20)
+static void *g_slots_pool[SLOTS_POOL_CLASSES];
+static size_t g_slots_pool_bytes = 0;
+
+/* The class of a block of size bytes (>= SLOTS_POOL_MIN) and that class's block size; a
+ * class >= SLOTS_POOL_CLASSES is not pooled (allocated at its exact size). */
+static int
+slots_class(size_t size, size_t *block)
+{
+    int k = 63 - __builtin_clzll((unsigned long long)size);  /* 2^k <= size < 2^(k+1) */
+    size_t base = (size_t)1 << k, step = base >> 2;
+    size_t sub = (size - base + step - 1) / step;  /* 0..4 */
+    if (sub == 4) {
+        k += 1;
+        sub = 0;
+        base <<= 1;
+    }
+    int c = (k - 12) * 4 + (int)sub;
+    *block = c < SLOTS_POOL_CLASSES ? base + sub * step : size;
+    return c;
+}
+
+/* A new Slots of n items (uninitialised data); NULL on error. */
+static Slots *
+slots_alloc(Py_ssize_t n)
+{
+    size_t size = offsetof(Slots, data) + (size_t)n * sizeof(long long);
+    if (size < SLOTS_POOL_MIN)
+        return PyObject_NewVar(Slots, &SlotsType, n);
+    size_t block;
+    int c = slots_class(size, &block);
+    void *m;
+    if (c < SLOTS_POOL_CLASSES && g_slots_pool[c] != NULL) {
+        m = g_slots_pool[c];
+        g_slots_pool[c] = *(void **)m;
+        g_slots_pool_bytes -= block;
+    } else if ((m = PyMem_RawMalloc(block)) == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    return (Slots *)PyObject_InitVar((PyVarObject *)m, &SlotsType, n);
+}
+
 /* A new Slots holding a copy of p[0:n]; NULL on error. */
 static PyObject *
 slots_from(const long long *p, Py_ssize_t n)
 {
-    Slots *s = PyObject_NewVar(Slots, &SlotsType, n);
+    Slots *s = slots_alloc(n);
     if (s == NULL)
         return NULL;
     if (n)
@@ -118,7 +172,20 @@ slots_from(const long long *p, Py_ssize_t n)
 static void
 Slots_dealloc(PyObject *self)
 {
-    PyObject_Free(self);
+    size_t size = offsetof(Slots, data) + (size_t)Py_SIZE(self) * sizeof(long long);
+    if (size < SLOTS_POOL_MIN) {
+        PyObject_Free(self);
+        return;
+    }
+    size_t block;
+    int c = slots_class(size, &block);
+    if (c < SLOTS_POOL_CLASSES && g_slots_pool_bytes + block <= SLOTS_POOL_CAP) {
+        *(void **)self = g_slots_pool[c];
+        g_slots_pool[c] = self;
+        g_slots_pool_bytes += block;
+        return;
+    }
+    PyMem_RawFree(self);
 }
 
 static int
@@ -903,10 +970,10 @@ write_back(PyObject *self, PyObject *name, long long x)
 
 /* The cache's root node (new reference) and page size. */
 static Node *
-get_root(PyObject *self, Py_ssize_t *ps)
+get_root(PyObject *self, Py_ssize_t ps_known, Py_ssize_t *ps)
 {
-    long long p;
-    if (get_ll(self, s_page_size, &p) < 0)
+    long long p = ps_known;
+    if (p == 0 && get_ll(self, s_page_size, &p) < 0)
         return NULL;
     if (p < 1) {
         PyErr_SetString(PyExc_ValueError, "page_size must be >= 1");
@@ -1010,7 +1077,7 @@ typedef struct {
 static PyObject *g_classify = NULL;  /* fast/frees.py native_kind(cls) -> 0, 1, 2 */
 static PyObject *s_free_pages, *s_release_pages, *s_need_sort, *s_in_group, *s_debug_mode,
     *s_on_batch, *s_narrow, *s_tail, *s_tail_hw, *s_page_size_attr;
-static int piece_is_plain(PyObject *t);
+static int piece_is_plain(PyObject *t, Py_ssize_t *n);
 static Py_ssize_t paged_front_into(const Seg *segs, Py_ssize_t k, long long ps, long long **out);
 
 #define KIND_SLOTS 4
@@ -1052,21 +1119,16 @@ alloc_kind(PyObject *alloc)
 }
 
 /* A plain tensor (exact torch.Tensor, int64, CPU, 1-D, contiguous): its data and length;
- * 1, 0 (not plain) or -1. */
+ * 1, 0 (not plain) or -1.  Five reads of torch's Python API (dtype, is_cpu, shape,
+ * is_contiguous(), data_ptr()): the length comes from the shape, not a numel() call. */
 static int
 plain_data(PyObject *t, const long long **p, Py_ssize_t *n)
 {
-    int ok = piece_is_plain(t);
+    int ok = piece_is_plain(t, n);
     if (ok <= 0)
         return ok;
-    PyObject *o = PyObject_CallMethodNoArgs(t, s_numel);
+    PyObject *o = PyObject_CallMethodNoArgs(t, s_data_ptr);
     if (o == NULL)
-        return -1;
-    *n = PyLong_AsSsize_t(o);
-    Py_DECREF(o);
-    if (*n == -1 && PyErr_Occurred())
-        return -1;
-    if ((o = PyObject_CallMethodNoArgs(t, s_data_ptr)) == NULL)
         return -1;
     *p = (const long long *)PyLong_AsVoidPtr(o);
     Py_DECREF(o);
@@ -1369,16 +1431,39 @@ native_release_list(PyObject *self, PyObject *alloc, PyObject *pieces)
     return rc;
 }
 
+/* A value's plain data, read at most once per call (insert reads it for its frees, an
+ * unevict and the new leaf): state -2 not read yet, then value_data's answer. */
+typedef struct {
+    PyObject *obj;
+    const long long *p;
+    Py_ssize_t n;
+    int state;
+} VData;
+
+#define VDATA_INIT(v) {(v), NULL, 0, -2}
+
+static int
+vdata_get(VData *vd)
+{
+    if (vd->state == -2) {
+        int ok = value_data(vd->obj, &vd->p, &vd->n);
+        if (ok < 0)
+            return -1;
+        vd->state = ok;
+    }
+    return vd->state;
+}
+
 /* native_release of value[lo:hi] for each (lo, hi) of ranges (2k Py_ssize_t). */
 static int
-native_release_ranges(PyObject *self, PyObject *alloc, PyObject *value, const Py_ssize_t *ranges,
+native_release_ranges(PyObject *self, PyObject *alloc, VData *vd, const Py_ssize_t *ranges,
                       Py_ssize_t k)
 {
-    const long long *vp;
-    Py_ssize_t vn;
-    int rc = plain_data(value, &vp, &vn);
+    int rc = vdata_get(vd);
     if (rc <= 0)
         return rc;
+    const long long *vp = vd->p;
+    Py_ssize_t vn = vd->n;
     Seg small[16], *segs = k <= 16 ? small : PyMem_Malloc((size_t)k * sizeof(Seg));
     if (segs == NULL) {
         PyErr_NoMemory();
@@ -1406,16 +1491,21 @@ native_release_ranges(PyObject *self, PyObject *alloc, PyObject *value, const Py
  * tensor, otherwise (another device, dtype or layout) torch.narrow_copy as before; new
  * reference, NULL on error. */
 static PyObject *
-value_slice(PyObject *value, Py_ssize_t start, Py_ssize_t length)
+vdata_slice(VData *vd, Py_ssize_t start, Py_ssize_t length)
 {
-    const long long *p;
-    Py_ssize_t n;
-    int ok = value_data(value, &p, &n);
+    int ok = vdata_get(vd);
     if (ok < 0)
         return NULL;
-    if (ok && start >= 0 && length >= 0 && start + length <= n)
-        return slots_from(p + start, length);
-    return narrow_copy(value, start, length);
+    if (ok && start >= 0 && length >= 0 && start + length <= vd->n)
+        return slots_from(vd->p + start, length);
+    return narrow_copy(vd->obj, start, length);
+}
+
+static PyObject *
+value_slice(PyObject *value, Py_ssize_t start, Py_ssize_t length)
+{
+    VData vd = VDATA_INIT(value);
+    return vdata_slice(&vd, start, length);
 }
 
 /* Cut child after split_len units (0 < split_len < len(child.key)); the new upper node takes
@@ -1558,6 +1648,8 @@ done:
     return out;
 }
 
+static PyObject *match_impl(PyObject *self, PyObject *units, PyObject *ek, Py_ssize_t ps_known);
+
 static PyObject *
 core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1565,7 +1657,13 @@ core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "match(cache, units, extra_key)");
         return NULL;
     }
-    PyObject *self = args[0], *units = args[1], *ek = args[2];
+    return match_impl(args[0], args[1], args[2], 0);
+}
+
+/* The match; ps_known: the page size api_match read (0: read it here). */
+static PyObject *
+match_impl(PyObject *self, PyObject *units, PyObject *ek, Py_ssize_t ps_known)
+{
     Py_ssize_t ps;
     long long clock;
     KeyView uk, ck_view;
@@ -1573,7 +1671,7 @@ core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyObject *heap = NULL, *chunks = NULL, *result = NULL;
     PyObject *first = NULL;  /* the single chunk, kept apart to avoid a list for one node */
     Node *node = NULL;
-    Node *root = get_root(self, &ps);
+    Node *root = get_root(self, ps_known, &ps);
     if (root == NULL)
         return NULL;
     if (get_ll(self, s_clock, &clock) < 0) {
@@ -1760,6 +1858,12 @@ append_ssize(PyObject *list, Py_ssize_t v)
     return r;
 }
 
+/* The insert; vd: the value's data (already read by api_insert, or to be read at most once
+ * here); ps_known: the page size api_insert read (0: read it here). */
+static PyObject *
+insert_impl(PyObject *self, PyObject *units, PyObject *ek, PyObject *value, Py_ssize_t prev,
+            VData *vd, Py_ssize_t ps_known);
+
 static PyObject *
 core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1767,7 +1871,6 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "insert(cache, units, extra_key, value, prev)");
         return NULL;
     }
-    PyObject *self = args[0], *units = args[1], *ek = args[2], *value = args[3];
     Py_ssize_t prev = PyLong_AsSsize_t(args[4]);
     if (prev == -1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
@@ -1775,6 +1878,15 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();  /* a huge prev_prefix_len: nothing is a duplicate */
         prev = PY_SSIZE_T_MAX;
     }
+    VData vd = VDATA_INIT(args[3]);
+    return insert_impl(args[0], args[1], args[2], args[3], prev, &vd, 0);
+}
+
+static PyObject *
+insert_impl(PyObject *self, PyObject *units, PyObject *ek, PyObject *value, Py_ssize_t prev,
+            VData *vdp, Py_ssize_t ps_known)
+{
+#define vd (*vdp)
     Py_ssize_t ps;
     long long clock, evictable, protected_;
     KeyView uk, ck_view;
@@ -1783,7 +1895,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyObject *leaf_ck = NULL, *bounds = NULL;  /* bounds: [lo0, hi0, lo1, hi1, ...] */
     Node *node = NULL, *child = NULL;
     int wrote_clock = 0;
-    Node *root = get_root(self, &ps);
+    Node *root = get_root(self, ps_known, &ps);
     if (root == NULL)
         return NULL;
     if (get_ll(self, s_clock, &clock) < 0 || get_ll(self, s_evictable, &evictable) < 0
@@ -1851,7 +1963,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         end = pos + shared;
         if (IS_NONE(child->value)) {
             /* unevict: the node holds device data again, the fresh slots (copied) */
-            PyObject *nv = value_slice(value, pos, shared);
+            PyObject *nv = vdata_slice(&vd, pos, shared);
             if (nv == NULL)
                 goto done;
             set_value(child, nv);
@@ -1896,7 +2008,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         if (bounds == NULL) {
             Py_ssize_t one[2] = {free_lo, free_hi};
-            native = native_release_ranges(self, alloc, value, one, 1);
+            native = native_release_ranges(self, alloc, &vd, one, 1);
         } else {
             Py_ssize_t nb = PyList_GET_SIZE(bounds);
             Py_ssize_t *r = PyMem_Malloc((size_t)nb * sizeof(Py_ssize_t));
@@ -1906,7 +2018,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             }
             for (Py_ssize_t i = 0; i < nb; i++)
                 r[i] = PyLong_AsSsize_t(PyList_GET_ITEM(bounds, i));
-            native = native_release_ranges(self, alloc, value, r, nb / 2);
+            native = native_release_ranges(self, alloc, &vd, r, nb / 2);
             PyMem_Free(r);
         }
         if (native < 0)
@@ -1916,9 +2028,8 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_CLEAR(bounds);
         }
     }
-    if (free_lo >= 0 && bounds == NULL && ps > 1
-            && (bounds = Py_BuildValue("[nn]", free_lo, free_hi)) == NULL)
-        goto done;  /* page size > 1: one range goes through _free_ranges too (as in evict) */
+    /* one range left (any page size): the allocator's own free of it, which is exactly what
+     * one free per node does; two or more: _free_ranges batches them (fast/frees.py) */
     if (bounds != NULL) {
         PyObject *r = PyObject_CallMethodObjArgs(self, s_free_ranges, value, bounds, NULL);
         if (r == NULL)
@@ -1930,6 +2041,8 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (free_slice(free_fn, value, free_lo, free_hi) < 0)
             goto done;
     }
+    if (bounds != NULL || free_lo >= 0)
+        vd.state = -2;  /* an allocator's Python free ran: read the value again for the leaf */
     if (pos < n) {
         clock += g_stride;
         PyObject *rest = PySequence_GetSlice(units, pos, n);
@@ -1941,7 +2054,7 @@ core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(rest);
             goto done;
         }
-        PyObject *lv = value_slice(value, pos, n - pos);
+        PyObject *lv = vdata_slice(&vd, pos, n - pos);
         if (lv == NULL) {
             Py_DECREF(rest);
             Py_DECREF(ck);
@@ -1991,6 +2104,7 @@ done:
     Py_XDECREF(owned);
     Py_DECREF(root);
     return result;
+#undef vd
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -2134,12 +2248,64 @@ detach(Node *parent, Node *child)
     return 0;
 }
 
-/* Hand the evicted nodes' values back: one piece straight to the allocator's free (page size
- * 1: free_fn is set), otherwise through the cache's _free_values (fast/frees.py: as few calls as the allocator's semantics
- * allow, the same final free list as one call each).  Runs on the error path too (the nodes
- * in ``batch`` have left the tree), keeping the first error. */
+/* Two or more evicted values, every one a Slots: their concatenation in free order, made here
+ * (one torch.empty and a copy each, where a view per value and torch.cat of them cost a
+ * torch call per value more), handed with their lengths to the cache's _free_joined
+ * (fast/cache.py), which frees it as fast/frees.py allows (one call where a free of the
+ * concatenation is the same as a free of each in turn, else each as a view of it).  2 when
+ * done, 0 when a value is not a Slots (nothing done), -1 on error. */
 static int
-flush_frees(PyObject *self, PyObject *alloc, PyObject *free_fn, PyObject *batch)
+free_joined(PyObject *self, PyObject *batch)
+{
+    Py_ssize_t n = PyList_GET_SIZE(batch), total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(batch, i);
+        if (!IS_SLOTS(v))
+            return 0;
+        total += Py_SIZE(v);
+    }
+    if (ensure_torch() < 0)
+        return -1;
+    PyObject *lengths = PyList_New(n);
+    if (lengths == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromSsize_t(Py_SIZE(PyList_GET_ITEM(batch, i)));
+        if (x == NULL) {
+            Py_DECREF(lengths);
+            return -1;
+        }
+        PyList_SET_ITEM(lengths, i, x);
+    }
+    long long *dst;
+    PyObject *joined = new_int64(total, &dst);
+    if (joined == NULL) {
+        Py_DECREF(lengths);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Slots *v = (Slots *)PyList_GET_ITEM(batch, i);
+        if (Py_SIZE(v))
+            memcpy(dst, v->data, (size_t)Py_SIZE(v) * sizeof(long long));
+        dst += Py_SIZE(v);
+    }
+    PyObject *r = PyObject_CallMethodObjArgs(self, s_free_joined, joined, lengths, NULL);
+    Py_DECREF(joined);
+    Py_DECREF(lengths);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 2;
+}
+
+/* Hand the evicted nodes' values back: into sglang's exact allocators on the CPU directly
+ * (native frees), else one piece straight to the allocator's own free (at any page size:
+ * one free of one piece is exactly what one free per node does), else through the cache's
+ * _free_values (fast/frees.py: as few calls as the allocator's semantics allow, the same
+ * final free list as one call each).  Runs on the error path too (the nodes in ``batch`` have
+ * left the tree), keeping the first error. */
+static int
+flush_frees(PyObject *self, PyObject *alloc, PyObject *batch)
 {
     Py_ssize_t n = batch == NULL ? 0 : PyList_GET_SIZE(batch);
     if (n == 0)
@@ -2150,6 +2316,8 @@ flush_frees(PyObject *self, PyObject *alloc, PyObject *free_fn, PyObject *batch)
     PyObject *r = NULL;
     if (native == 1) {
         r = Py_NewRef(Py_None);
+    } else if (native == 0 && n > 1 && (native = free_joined(self, batch)) < 0) {
+        goto failed;
     } else if (native == 0) {
         /* the Python path frees tensors: a Slots value goes as its view */
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -2162,9 +2330,17 @@ flush_frees(PyObject *self, PyObject *alloc, PyObject *free_fn, PyObject *batch)
                 Py_DECREF(v);
             }
         }
-        r = n == 1 && free_fn != NULL
-            ? PyObject_CallOneArg(free_fn, PyList_GET_ITEM(batch, 0))
-            : PyObject_CallMethodOneArg(self, s_free_values, batch);
+        if (n == 1 && alloc != NULL) {
+            PyObject *free_fn = PyObject_GetAttr(alloc, s_free);
+            if (free_fn != NULL) {
+                r = PyObject_CallOneArg(free_fn, PyList_GET_ITEM(batch, 0));
+                Py_DECREF(free_fn);
+            }
+        } else {
+            r = PyObject_CallMethodOneArg(self, s_free_values, batch);
+        }
+    } else if (native == 2) {
+        r = Py_NewRef(Py_None);  /* done by free_joined */
     }
 failed:
     Py_XDECREF(r);
@@ -2194,9 +2370,9 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t ps;
     long long evictable, freed = 0;
-    PyObject *heap = NULL, *alloc = NULL, *free_fn = NULL, *owned = NULL, *result = NULL;
+    PyObject *heap = NULL, *alloc = NULL, *owned = NULL, *result = NULL;
     PyObject *batch = NULL;  /* the evicted values, freed together at the end */
-    Node *root = get_root(self, &ps);
+    Node *root = get_root(self, 0, &ps);
     if (root == NULL)
         return NULL;
     if (get_ll(self, s_evictable, &evictable) < 0) {
@@ -2211,11 +2387,7 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "_heap must be a list");
         goto done;
     }
-    /* page size > 1: even one piece goes through _free_values (a paged allocator's free
-     * may have a faster exact equivalent there, fast/frees.py) */
-    if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL
-            || (ps == 1 && (free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
-            || (batch = PyList_New(0)) == NULL)
+    if ((alloc = PyObject_GetAttr(self, s_alloc)) == NULL || (batch = PyList_New(0)) == NULL)
         goto done;
     {
         PyObject *validate = PyObject_GetAttr(self, s_validate);
@@ -2313,14 +2485,13 @@ core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     result = PyLong_FromLongLong(freed);
 done:
-    if (flush_frees(self, alloc, free_fn, batch) < 0)
+    if (flush_frees(self, alloc, batch) < 0)
         Py_CLEAR(result);
     if (evictable != ev0 && write_back(self, s_evictable, evictable) < 0)
         Py_CLEAR(result);
     Py_XDECREF(batch);
     Py_XDECREF(heap);
     Py_XDECREF(alloc);
-    Py_XDECREF(free_fn);
     Py_XDECREF(owned);
     Py_DECREF(root);
     return result;
@@ -2457,8 +2628,7 @@ api_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(ek);
         Py_RETURN_NONE;
     }
-    PyObject *cargs[3] = {self, toks, ek};
-    PyObject *res = core_match(mod, cargs, 3);
+    PyObject *res = match_impl(self, toks, ek, ps);
     Py_DECREF(toks);
     Py_DECREF(ek);
     if (res == NULL)
@@ -2517,22 +2687,33 @@ api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if ((PyObject *)Py_TYPE(value) != g_Tensor)
         goto decline_or_fail;
     r = -1;
-    if ((o = PyObject_GetAttr(value, s_dtype)) == NULL)
-        goto decline_or_fail;
-    r = 0;
-    if (o != g_int64)
-        goto decline_or_fail;
-    Py_CLEAR(o);
-    r = -1;
-    if ((o = PyObject_GetAttr(value, s_shape)) == NULL)
-        goto decline_or_fail;
     Py_ssize_t n = PyObject_Length(toks);
     if (n < 0)
         goto decline_or_fail;
-    r = 0;
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 1 || !PyLong_Check(PyTuple_GET_ITEM(o, 0)))
+    /* the value's metadata, read once for the whole call: a plain tensor's length and data
+     * (kept for the insert's slices and frees), else its dtype and shape as before */
+    VData vd = VDATA_INIT(value);
+    if ((r = vdata_get(&vd)) < 0)
         goto decline_or_fail;
-    {
+    if (r == 1) {
+        r = 0;
+        if (vd.n != n)
+            goto decline_or_fail;
+    } else {
+        r = -1;
+        if ((o = PyObject_GetAttr(value, s_dtype)) == NULL)
+            goto decline_or_fail;
+        r = 0;
+        if (o != g_int64)
+            goto decline_or_fail;
+        Py_CLEAR(o);
+        r = -1;
+        if ((o = PyObject_GetAttr(value, s_shape)) == NULL)
+            goto decline_or_fail;
+        r = 0;
+        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 1
+                || !PyLong_Check(PyTuple_GET_ITEM(o, 0)))
+            goto decline_or_fail;
         Py_ssize_t len0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 0));
         if (len0 == -1 && PyErr_Occurred()) {
             r = -1;
@@ -2540,8 +2721,8 @@ api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         if (len0 != n)
             goto decline_or_fail;
+        Py_CLEAR(o);
     }
-    Py_CLEAR(o);
     r = -1;
     if ((prev = PyObject_GetAttr(params, s_prev)) == NULL)
         goto decline_or_fail;
@@ -2555,13 +2736,14 @@ api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (o != Py_True && o != Py_False)
         goto decline_or_fail;
     Py_CLEAR(o);
+    Py_ssize_t ps;
     {
         PyObject *ps_o = PyObject_GetAttr(self, s_page_size);
         if (ps_o == NULL) {
             r = -1;
             goto decline_or_fail;
         }
-        Py_ssize_t ps = PyLong_AsSsize_t(ps_o);
+        ps = PyLong_AsSsize_t(ps_o);
         Py_DECREF(ps_o);
         if (ps == -1 && PyErr_Occurred()) {
             r = -1;
@@ -2570,8 +2752,16 @@ api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (ps < 1 || n % ps)
             goto decline_or_fail;  /* an unaligned key: the Python path cuts it */
     }
-    PyObject *cargs[5] = {self, toks, ek, value, prev};
-    PyObject *pos = core_insert(mod, cargs, 5);
+    Py_ssize_t prev_n = PyLong_AsSsize_t(prev);
+    if (prev_n == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            r = -1;
+            goto decline_or_fail;
+        }
+        PyErr_Clear();  /* a huge prev_prefix_len: nothing is a duplicate */
+        prev_n = PY_SSIZE_T_MAX;
+    }
+    PyObject *pos = insert_impl(self, toks, ek, value, prev_n, &vd, ps);
     Py_DECREF(toks);
     Py_DECREF(ek);
     Py_DECREF(value);
@@ -2937,9 +3127,10 @@ floor_div_ll(long long a, long long b)
 }
 
 /* 1 if ``t`` is a torch.Tensor (exactly) of int64 on the CPU, 1-D and contiguous, so its
- * memory can be read as numel() int64s from data_ptr(); 0 if not; -1 on error. */
+ * memory can be read as *n int64s from data_ptr() (*n: its length, from its shape); 0 if not;
+ * -1 on error. */
 static int
-piece_is_plain(PyObject *t)
+piece_is_plain(PyObject *t, Py_ssize_t *n)
 {
     if (g_Tensor == NULL || (PyObject *)Py_TYPE(t) != g_Tensor)
         return 0;
@@ -2956,12 +3147,19 @@ piece_is_plain(PyObject *t)
     Py_DECREF(o);
     if (!ok)
         return 0;
-    if ((o = PyObject_GetAttr(t, s_ndim)) == NULL)
+    if ((o = PyObject_GetAttr(t, s_shape)) == NULL)
         return -1;
-    ok = PyLong_Check(o) && PyLong_AsLong(o) == 1;
+    ok = PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 1 && PyLong_Check(PyTuple_GET_ITEM(o, 0));
+    if (ok) {
+        *n = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 0));
+        if (*n == -1 && PyErr_Occurred()) {
+            Py_DECREF(o);
+            return -1;
+        }
+    }
     Py_DECREF(o);
     if (!ok)
-        return PyErr_Occurred() ? -1 : 0;
+        return 0;
     if ((o = PyObject_CallMethodNoArgs(t, s_is_contiguous)) == NULL)
         return -1;
     ok = o == Py_True;
@@ -3150,6 +3348,7 @@ PyInit__core(void)
     INTERN(s_skip, "skip_lock_node_ids");
     INTERN(s_compact, "_compact_heap");
     INTERN(s_free_values, "_free_values");
+    INTERN(s_free_joined, "_free_joined");
     INTERN(s_free_ranges, "_free_ranges");
     INTERN(s_numel, "numel");
     INTERN(s_data_ptr, "data_ptr");

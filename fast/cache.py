@@ -63,7 +63,7 @@ from typing import Any
 
 import torch
 
-from . import compat, keys
+from . import compat, frees, keys
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .frees import native_kind, release, release_ranges
 from .keys import child_key, shared_len
@@ -687,7 +687,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
 
     def _free_ranges(self, value: torch.Tensor, bounds: list) -> None:
         """Free the insert's duplicates, ``value[lo:hi]`` per node (the C core's insert calls
-        this for two or more, or any at page size > 1), in as few allocator calls as exactness
+        this for two or more), in as few allocator calls as exactness
         allows (fast/frees.py)."""
         release_ranges(self.token_to_kv_pool_allocator, value, bounds)
 
@@ -695,6 +695,18 @@ class UnifiedRadixCache(compat.EngineDefaults):
         """Free the values one call released, in this order, in as few allocator calls as the
         allocator's semantics allow (fast/frees.py; the C core's evict calls this)."""
         release(self.token_to_kv_pool_allocator, values)
+
+    def _free_joined(self, joined: torch.Tensor, lengths: list) -> None:
+        """Free two or more evicted values the C core's evict holds as C memory: ``joined`` is
+        their concatenation in free order, ``lengths`` each one's length.  One free of
+        ``joined`` where the allocator frees a concatenation exactly as it frees the pieces in
+        turn (fast/frees.py ``free_order`` APPEND); otherwise the pieces, as views of it,
+        through :meth:`_free_values`."""
+        alloc = self.token_to_kv_pool_allocator
+        if frees.free_order(alloc) == frees.APPEND:  # (looked up at each call)
+            release(alloc, [joined])
+        else:
+            self._free_values(list(joined.split(lengths)))
 
     def _evict_py(self, want: int) -> int:
         heap = self._heap
