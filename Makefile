@@ -21,8 +21,11 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/uniradix run --json bench-results/run.json --dashboard bench-results/dashboard.html
 
+# The default suite on TEST_JOBS pytest-xdist workers (default 2, CI's cores), a test file per
+# worker (module fixtures run once); TEST_JOBS=0 runs it in one process.
+TEST_JOBS ?= 2
 test: install browser ibverbs lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # ruff over the tree, then mypy over the four packages, both reported before either fails the
 # target (docs/LINT.md; settings in pyproject.toml). mypy reads the packages by their installed
