@@ -2513,6 +2513,30 @@ static PyObject *s_key, *s_value, *s_prev, *s_chunked, *s_token_ids, *s_extra_ke
 
 #define DECLINE(x) do { Py_XDECREF(x); Py_RETURN_NONE; } while (0)
 
+/* 1 if ``t``'s dtype is torch.int64 and its shape is one int (*n: that length); 0 if not;
+ * -1 on error. */
+static int
+int64_1d_len(PyObject *t, Py_ssize_t *n)
+{
+    PyObject *o = PyObject_GetAttr(t, s_dtype);
+    if (o == NULL)
+        return -1;
+    int ok = o == g_int64;
+    Py_DECREF(o);
+    if (!ok)
+        return 0;
+    if ((o = PyObject_GetAttr(t, s_shape)) == NULL)
+        return -1;
+    ok = PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 1 && PyLong_Check(PyTuple_GET_ITEM(o, 0));
+    if (ok) {
+        *n = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 0));
+        if (*n == -1 && PyErr_Occurred())
+            ok = -1;
+    }
+    Py_DECREF(o);
+    return ok;
+}
+
 /* 1 when self.<name> is False, 0 when it is anything else, -1 on error */
 static int
 attr_is_false(PyObject *self, PyObject *name)
@@ -2700,28 +2724,12 @@ api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (vd.n != n)
             goto decline_or_fail;
     } else {
-        r = -1;
-        if ((o = PyObject_GetAttr(value, s_dtype)) == NULL)
+        Py_ssize_t len0 = 0;
+        if ((r = int64_1d_len(value, &len0)) <= 0)
             goto decline_or_fail;
         r = 0;
-        if (o != g_int64)
-            goto decline_or_fail;
-        Py_CLEAR(o);
-        r = -1;
-        if ((o = PyObject_GetAttr(value, s_shape)) == NULL)
-            goto decline_or_fail;
-        r = 0;
-        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 1
-                || !PyLong_Check(PyTuple_GET_ITEM(o, 0)))
-            goto decline_or_fail;
-        Py_ssize_t len0 = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 0));
-        if (len0 == -1 && PyErr_Occurred()) {
-            r = -1;
-            goto decline_or_fail;
-        }
         if (len0 != n)
             goto decline_or_fail;
-        Py_CLEAR(o);
     }
     r = -1;
     if ((prev = PyObject_GetAttr(params, s_prev)) == NULL)
@@ -3134,29 +3142,13 @@ piece_is_plain(PyObject *t, Py_ssize_t *n)
 {
     if (g_Tensor == NULL || (PyObject *)Py_TYPE(t) != g_Tensor)
         return 0;
-    PyObject *o = PyObject_GetAttr(t, s_dtype);
+    int ok = int64_1d_len(t, n);
+    if (ok <= 0)
+        return ok;
+    PyObject *o = PyObject_GetAttr(t, s_is_cpu);
     if (o == NULL)
         return -1;
-    int ok = o == g_int64;
-    Py_DECREF(o);
-    if (!ok)
-        return 0;
-    if ((o = PyObject_GetAttr(t, s_is_cpu)) == NULL)
-        return -1;
     ok = o == Py_True;
-    Py_DECREF(o);
-    if (!ok)
-        return 0;
-    if ((o = PyObject_GetAttr(t, s_shape)) == NULL)
-        return -1;
-    ok = PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 1 && PyLong_Check(PyTuple_GET_ITEM(o, 0));
-    if (ok) {
-        *n = PyLong_AsSsize_t(PyTuple_GET_ITEM(o, 0));
-        if (*n == -1 && PyErr_Occurred()) {
-            Py_DECREF(o);
-            return -1;
-        }
-    }
     Py_DECREF(o);
     if (!ok)
         return 0;

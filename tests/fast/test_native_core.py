@@ -379,6 +379,28 @@ def test_node_slots_are_c_memory_and_value_is_a_view():
 
 
 @native
+@pytest.mark.parametrize("value, error", [
+    (torch.arange(10, 18)[::2], None),  # int64, 1-D, not contiguous: the dtype/shape check
+    (torch.arange(5, 9, dtype=torch.int32), "1-D int64"),
+    (torch.arange(10, 14).reshape(2, 2), "1-D int64"),
+    (torch.arange(10, 13), "3 slots for 4 tokens"),
+])
+def test_insert_of_a_value_that_is_not_plain_int64_data(value, error):
+    """A value the C core cannot read as plain int64 memory is checked by dtype and shape
+    (fast/_core.c ``int64_1d_len``); a wrong one is refused by name and leaves no node."""
+    cache = make(validate_slots=False)
+    params = fast.InsertParams(key=key([1, 2, 3, 4]), value=value)
+    if error is None:
+        assert cache.insert(params).prefix_len == 0
+        m = cache.match_prefix(fast.MatchPrefixParams(key=key([1, 2, 3, 4])))
+        assert m.device_indices.tolist() == value.tolist()
+    else:
+        with pytest.raises(fast.InvalidInput, match=error):
+            cache.insert(params)
+        assert cache.root_node.children == {} and cache.evictable_size() == 0
+
+
+@native
 def test_match_concatenates_c_slots_and_tensors_set_from_python():
     cache = make()
     cache.insert(fast.InsertParams(key=key([1, 2, 3, 4]), value=torch.arange(10, 14)))
