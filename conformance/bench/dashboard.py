@@ -300,7 +300,9 @@ def _legend(names: Iterable[str], colors: dict | None = None) -> str:
 
 def _fig_title(fig: dict) -> str:
     cfg = "" if fig["config"] == "full" else f" + {fig['config']}"
-    return f"{fig['workload']}{cfg}, page {fig['page_size']}, {fig['requests']:,} req"
+    alloc = fig.get("allocator") or "freelist"  # (a figure from before the key: freelist)
+    over = "" if alloc == "freelist" else f", over {alloc}'s allocators"
+    return f"{fig['workload']}{cfg}, page {fig['page_size']}, {fig['requests']:,} req{over}"
 
 
 def _fig_meta(fig: dict, machine: dict) -> str:

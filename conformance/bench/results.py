@@ -136,8 +136,14 @@ def split_workload(name: str) -> tuple[str, str]:
     return base, (config or "full")
 
 
-def figure_id(workload: str, config: str, page_size: int, requests: int) -> str:
-    return f"{workload}/{config}/p{page_size}/{requests}req"
+def figure_id(workload: str, config: str, page_size: int, requests: int,
+              allocator: str = "freelist") -> str:
+    """A figure's identity across commits.  The bench's own free lists (``freelist``, and every
+    figure from before ``allocator`` was recorded) keep the plain id; any other allocator is a
+    different measurement and gets its own id (``.../<requests>req/<allocator>-alloc``), so the
+    dashboard never merges a figure over sglang's allocators with one over the free lists."""
+    base = f"{workload}/{config}/p{page_size}/{requests}req"
+    return base if allocator == "freelist" else f"{base}/{allocator}-alloc"
 
 
 def _throughput_from_comparison(c: dict) -> dict:
@@ -159,7 +165,8 @@ def _throughput_from_comparison(c: dict) -> dict:
                        "aborted": d.get("aborted"),
                        "pool_free_share": d.get("pool_free_share_median"),
                        "digest": d.get("digest")}
-    fig = {"id": figure_id(workload, config, int(c["page_size"]), int(c["requests"])),
+    allocator = str(c.get("allocator") or "freelist")
+    fig = {"id": figure_id(workload, config, int(c["page_size"]), int(c["requests"]), allocator),
            "workload": workload, "config": config, "page_size": int(c["page_size"]),
            "requests": int(c["requests"]), "kv_slots": c.get("kv_slots"),
            "rounds": c.get("repeats"), "identical_outcomes": c.get("identical_outcomes"),
@@ -168,7 +175,7 @@ def _throughput_from_comparison(c: dict) -> dict:
            "missing": dict(c.get("missing") or {}), "impls": impls, "noise_source": "rounds",
            "clock": str(c.get("clock") or "wall"),  # a bench from before --clock: wall
            # the KV allocator under fast and upstream (bench --allocator; before it: freelist)
-           "allocator": str(c.get("allocator") or "freelist")}
+           "allocator": allocator}
     fig["ratios"] = fast_ratios(impls, c.get("identical_outcomes"))
     return fig
 

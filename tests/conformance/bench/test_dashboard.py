@@ -282,3 +282,24 @@ def test_run_takes_a_dashboard_page():
     args = build_parser().parse_args(["run", "--json", "r.json", "--dashboard", "d/page.html"])
     assert args.dashboard == "d/page.html"
     assert build_parser().parse_args(["run"]).dashboard is None
+
+
+def test_figures_over_different_allocators_keep_apart():
+    """A bench over sglang's allocators measures something else than one over the bench's free
+    lists: the two records of one commit give two figures, never one merged figure."""
+    free = R.normalize(fx.bench_json(), commit=fx.COMMIT_A, machine=fx.MACHINE)
+    data = fx.bench_json()
+    for c in data["comparisons"]:
+        c["allocator"] = "sglang"
+    sg = R.normalize(data, commit=fx.COMMIT_A, machine=fx.MACHINE)
+    ids = {f["id"] for f in sg["figures"]["throughput"]}
+    assert ids == {"shared-prefix/full/p1/60req/sglang-alloc",
+                   "shared-prefix/full/p16/60req/sglang-alloc"}
+    merged = R.CommitResults(sha="a" * 40, date=None, subject=None, dirty=False,
+                             records=[free, sg]).throughput()
+    assert set(merged) == ids | {f["id"] for f in free["figures"]["throughput"]}
+    for fid, (fig, _machine) in merged.items():
+        assert fig["records"] == 1
+        assert fig["allocator"] == ("sglang" if fid.endswith("sglang-alloc") else "freelist")
+        assert D._fig_title(fig).endswith(
+            ", over sglang's allocators" if fid.endswith("sglang-alloc") else "60 req")
