@@ -1443,8 +1443,9 @@ def memory_per_token(impl: str, page_size: int = 16, requests: int = 100,
     with a pool large enough that nothing is evicted (with SWA, twice that: the SWA pool is
     half the KV pool); then :func:`deep_sizeof` walks the cache object (tree nodes, keys,
     values, host values, and whatever indexes the implementation keeps: leaf sets, LRU lists,
-    counters), excluding the world: the allocators and the environment's pool, the Mamba
-    request pool, the host pools (the aux ones too), and for upstream the bench's model of its
+    counters), excluding the world: the allocators (an SWA allocator's sub-allocators too) and
+    the environment's pool, the Mamba request pool, the host pools (the aux ones too, wherever
+    the implementation keeps them), and for upstream the bench's model of its
     cache controller (conformance/adapters/upstream_host.py; fast's own controller is fast's
     and is counted).
     The total is divided by the KV slots the tree holds.  A deep getsizeof walk rather than
@@ -1477,6 +1478,13 @@ def memory_per_token(impl: str, page_size: int = 16, requests: int = 100,
         world.extend(e.host_pool for e in (getattr(host, "entry_map", None) or {}).values())
         if type(controller).__module__.startswith("uniradix.conformance"):
             world.append(controller)  # the bench's model of upstream's controller
+    # the world's parts that the tree reaches by another way than through the objects above:
+    # an SWA allocator's two sub-allocators (fast's host tier keeps the full one), and each
+    # aux component's host pool (fast keeps it on the component; upstream's is in entry_map)
+    for x in list(world):
+        world.extend(getattr(x, name, None) for name in ("full_attn_allocator",
+                                                          "swa_attn_allocator"))
+    world.extend(getattr(c, "host_allocator", None) for c in getattr(cache, "components", ()))
     gc.collect()
     tree_bytes = deep_sizeof(cache, exclude=[x for x in world if x is not None])
     return MemoryReport(impl, page_size, w.requests, stats.cached_tokens, tree_bytes, name)

@@ -311,7 +311,14 @@ class SwaComponent(AuxComponent):
         slots = pool.alloc(n) if pool.available_size() >= n else None
         if slots is None:
             return False
-        rec.host_value = slots if slots.dtype is _INT64 else slots.to(_INT64)
+        # as the Full backup (fast/tiers/host.py): a view of the pool's free list (sglang's
+        # host pools and the bench's hand those out) would keep that whole list alive for as
+        # long as the node holds its SWA host copy, so such a view is copied
+        if slots.dtype is not _INT64:
+            slots = slots.to(_INT64)
+        elif slots._base is not None:
+            slots = slots.clone()
+        rec.host_value = slots
         self._copy("backup", rec.value, rec.host_value)
         return True
 
