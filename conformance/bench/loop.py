@@ -519,7 +519,7 @@ def upstream_bundle(tree_core: str | None = None, allocator: str = "freelist",
                           f"later have one; measure it in a venv with such a release)")
     values = spec_api.TorchValues(up.torch)
     from uniradix.conformance.bench.peers_newer import adapter_for  # (a newer release's match)
-    adapt, note = adapter_for(name, want, up.version)
+    adapt, note = adapter_for(name, want, up)
 
     def build(pool: PagedPool):
         alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size,

@@ -79,23 +79,21 @@ def slots_on_nodes(match_result_type: Any, cache_type: Any) -> bool:
     return "device_indices" not in fields and hasattr(cache_type, "path_device_indices")
 
 
-def adapter_for(name: str, want: str, version: str) -> tuple[Callable[[Any], Any], str]:
+def adapter_for(name: str, want: str, up: Any) -> tuple[Callable[[Any], Any], str]:
     """What ``upstream_bundle`` applies to each cache it builds for the peer ``name``, pinned to
-    the tree core ``want`` (``python`` or ``rust``) on sglang ``version``, and the note its
+    the tree core ``want`` (``python`` or ``rust``), on the sglang that ``up`` (the namespace of
+    :func:`~uniradix.conformance.adapters.upstream.load_upstream`) names, and the note its
     version string carries: on a release with the slots on the nodes, a check that the built
     cache runs on ``want`` (:class:`ImplMissing` if sglang fell back to another core) and
     :class:`SlotsFromPath` around it, noted ``"; " + SLOTS_RULE``; on an older release the
     cache unchanged (the loop reads its match as it is) and no note."""
-    from sglang.srt.mem_cache.base_prefix_cache import MatchResult
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-
-    if not slots_on_nodes(MatchResult, UnifiedRadixCache):
+    if not slots_on_nodes(getattr(up, "MatchResult", None), up.UnifiedRadixCache):
         return _unchanged, ""
 
     def adapt(cache: Any) -> SlotsFromPath:
         got = tree_core_in_use(cache)
         if got != want:
-            raise ImplMissing(f"{name}: asked sglang {version} for its {want} tree core and it "
+            raise ImplMissing(f"{name}: asked sglang {up.version} for its {want} tree core and it "
                               f"built the {got} one")
         return SlotsFromPath(cache)
 
