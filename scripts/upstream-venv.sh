@@ -2,9 +2,10 @@
 # Build a throwaway virtualenv holding upstream SGLang 0.5.13.post1 (CPU torch), for recording
 # golden traces and measuring side by side. Never a project dependency.
 # Usage: scripts/upstream-venv.sh [VENV_DIR]   (default: .venv-upstream)
-# SGLANG_VERSION=0.5.19 scripts/upstream-venv.sh DIR builds one with a later release instead, for
-# `uniradix bench --impl upstream,upstream-rust` (its Rust tree core); the conformance adapter and
-# the golden corpus follow 0.5.13.post1.
+# SGLANG_VERSION=0.5.23 scripts/upstream-venv.sh DIR builds one with a later release instead, for
+# `uniradix bench --impl upstream,upstream-rust` (its Rust tree core, which the wheel ships
+# prebuilt for Linux; 0.5.19 and 0.5.23 were measured); the conformance adapter and the golden
+# corpus follow 0.5.13.post1.
 set -euo pipefail
 venv=${1:-.venv-upstream}
 version=${SGLANG_VERSION:-0.5.13.post1}

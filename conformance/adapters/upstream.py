@@ -166,7 +166,8 @@ def load_upstream() -> types.SimpleNamespace:
         torch=torch, version=version, RadixKey=RadixKey, ComponentType=ComponentType,
         UnifiedRadixCache=UnifiedRadixCache, CacheInitParams=CacheInitParams,
         MatchPrefixParams=bpc.MatchPrefixParams, InsertParams=bpc.InsertParams,
-        EvictParams=bpc.EvictParams, DecLockRefParams=bpc.DecLockRefParams)
+        EvictParams=bpc.EvictParams, DecLockRefParams=bpc.DecLockRefParams,
+        MatchResult=bpc.MatchResult)
     return _IMPORTED
 
 

@@ -518,6 +518,8 @@ def upstream_bundle(tree_core: str | None = None, allocator: str = "freelist",
         raise ImplMissing(f"{name}: sglang {up.version} has no Rust tree core (0.5.17 and "
                           f"later have one; measure it in a venv with such a release)")
     values = spec_api.TorchValues(up.torch)
+    from uniradix.conformance.bench.peers_newer import adapter_for  # (a newer release's match)
+    adapt, note = adapter_for(name, want, up)
 
     def build(pool: PagedPool):
         alloc = make_allocator(allocator, pool.num_pages * pool.page_size, pool.page_size,
@@ -529,7 +531,7 @@ def upstream_bundle(tree_core: str | None = None, allocator: str = "freelist",
         if pluggable:  # read by the constructor only; set even for the Python core (not the
             os.environ[TREE_CORE_ENV] = want  # default on the releases that have this switch)
         try:
-            return up.UnifiedRadixCache(params), alloc
+            return adapt(up.UnifiedRadixCache(params)), alloc
         finally:
             if before is None:
                 os.environ.pop(TREE_CORE_ENV, None)
@@ -549,7 +551,7 @@ def upstream_bundle(tree_core: str | None = None, allocator: str = "freelist",
                           f"({TREE_CORE_ENV}={want}) and it built the {got} one")
     if problem is not None:
         raise ImplMissing(f"{name}: sglang {up.version}: {problem}")
-    version = f"sglang {up.version} ({got} tree core)"
+    version = f"sglang {up.version} ({got} tree core{note})"
     return ApiBundle(name, version, up.RadixKey, up.MatchPrefixParams,
                      up.InsertParams, up.EvictParams, values, build)
 

@@ -426,7 +426,7 @@ def test_upstream_without_device_indices_is_not_measured_with_the_reason(monkeyp
 @pytest.mark.upstream
 def test_upstream_peer_is_pinned_to_the_python_tree():
     b = bundle_or_skip("upstream")
-    assert b.version.endswith("(python tree core)")
+    assert "(python tree core" in b.version  # (0.5.23 adds how its slots are read)
 
 
 @pytest.mark.parametrize("args", [["--components", "swa"], ["--hicache", "write_through"]])
