@@ -74,22 +74,27 @@ class FreeTiming:
         self._restore = []
 
     def timed(self, pool: str, box: list | None, fn: Callable[..., Any], args: tuple,
-              kwargs: dict) -> Any:
-        """``fn(*args, **kwargs)``, its time added to ``pool``'s (and ``box[1]``)."""
+              kwargs: dict, wrote: Callable[[Any], bool] | None = None) -> Any:
+        """``fn(*args, **kwargs)``, its time added to ``pool``'s (and ``box[1]``); with
+        ``wrote``, only where ``wrote(result)`` (a list write that did not happen is not a
+        free: the caller frees otherwise, and that is timed then)."""
         clock = self.clock
         assert clock is not None
         self.depth = 1
         t0 = clock()
+        out: Any = False
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            return out
         finally:
             dt = clock() - t0
             self.depth = 0
-            self.seconds += dt
-            self.by_pool[pool] = self.by_pool.get(pool, 0.0) + dt
-            self.calls[pool] = self.calls.get(pool, 0) + 1
-            if box is not None:
-                box[1] += dt
+            if wrote is None or wrote(out):
+                self.seconds += dt
+                self.by_pool[pool] = self.by_pool.get(pool, 0.0) + dt
+                self.calls[pool] = self.calls.get(pool, 0) + 1
+                if box is not None:
+                    box[1] += dt
 
 
 TIMING = FreeTiming()
@@ -148,7 +153,8 @@ def watch_pools(kv: Any, mamba: Any = None, hosts: Iterable[Any] = ()) -> None:
 def _observe(watch: FreeTiming, fn: Callable[..., Any]) -> Callable[..., Any]:
     """fast/frees.py's ``fn(alloc, pieces, ...)`` (a direct write into ``alloc``'s list), timed
     under the pool ``alloc`` is wrapped for; the C core's timer is read before (its time so far
-    counts) and after (its time inside this call is this call's: dropped)."""
+    counts) and after (its time inside this call is this call's: dropped).  A call that
+    returns False wrote nothing (fast then calls the pool's ``free``, timed there): not counted."""
     def observed(alloc: Any, *args: Any, **kwargs: Any) -> Any:
         pool = getattr(alloc, "__dict__", {}).get("_bench_pool")
         if watch.clock is None or watch.depth or pool is None:
@@ -157,7 +163,7 @@ def _observe(watch: FreeTiming, fn: Callable[..., Any]) -> Callable[..., Any]:
         if flush is not None:
             flush(False)
         try:
-            return watch.timed(pool, None, fn, (alloc, *args), kwargs)
+            return watch.timed(pool, None, fn, (alloc, *args), kwargs, wrote=bool)
         finally:
             if flush is not None:
                 flush(True)

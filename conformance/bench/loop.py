@@ -817,6 +817,7 @@ class BenchStats:
     alloc_seconds: float | None = None
     op_alloc_seconds: dict = dataclasses.field(default_factory=dict)
     alloc_pools: dict = dataclasses.field(default_factory=dict)  # of which per pool (AllocTimer)
+    alloc_calls: dict = dataclasses.field(default_factory=dict)  # the frees timed, per pool
 
     @property
     def hit_rate(self) -> float:
@@ -877,6 +878,7 @@ class BenchStats:
                 "alloc_s": None if self.alloc_seconds is None else round(self.alloc_seconds, 6),
                 "op_alloc_s": {k: round(v, 6) for k, v in self.op_alloc_seconds.items()},
                 "alloc_s_by_pool": {k: round(v, 6) for k, v in self.alloc_pools.items()},
+                "alloc_calls_by_pool": dict(self.alloc_calls),
                 "alloc_share": _round_or_none(self.alloc_share, 4),
                 "requests_per_s_ex_alloc": _round_or_none(self.requests_per_s_ex_alloc, 1),
                 "op_total_s": {k: round(sum(v), 6) for k, v in self.op_times.items()}}
@@ -1181,6 +1183,7 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     if alloc is not None:
         stats.alloc_seconds = alloc.stop()
         stats.alloc_pools = alloc.by_pool()
+        stats.alloc_calls = dict(pool_timing.TIMING.calls)
     if cost:  # the cpu clock: each sample less the clock's own cost (never below 0)
         for times in stats.op_times.values():
             times[:] = [max(0.0, t - cost) for t in times]
