@@ -235,3 +235,23 @@ def test_alloc_time_over_sglangs_allocators(config, page_size):
     cmp = bench.Comparison("w", page_size, 10, 64, {"fast": [f], "upstream": [u]}, {},
                            alloc_time=True)
     assert cmp.cap() == pytest.approx(u.seconds / f.alloc_seconds)
+
+
+def test_the_dashboard_record_keeps_the_pool_share_and_the_cap():
+    from uniradix.conformance.bench import results
+
+    def stats(impl: str, seconds: float, alloc: float) -> bench.BenchStats:
+        s = bench.BenchStats(impl, "v", "mooncake+swa", 16, 64, requests=10, seconds=seconds)
+        s.alloc_seconds = alloc
+        return s
+    runs = {"fast": [stats("fast", 1.0, 0.5), stats("fast", 2.0, 0.5)],
+            "upstream": [stats("upstream", 4.0, 1.0), stats("upstream", 4.0, 2.0)]}
+    c = bench.Comparison("mooncake+swa", 16, 10, 64, runs, {}, alloc_time=True).summary()
+    fig = results._throughput_from_comparison(c)
+    assert fig["cap"] == pytest.approx(4.0 / 0.5)
+    f, u = fig["impls"]["fast"], fig["impls"]["upstream"]
+    assert f["alloc_share"] == {"median": 0.375, "min": 0.25, "max": 0.5, "n": 2}
+    assert f["requests_per_s_ex_alloc"]["min"] == pytest.approx(6.7, abs=0.05)  # 10 / 1.5
+    assert u["alloc_share"]["median"] == pytest.approx(0.375)
+    plain = results._throughput_from_comparison({**c, "alloc_time": False})
+    assert "cap" not in plain and "alloc_share" not in plain["impls"]["fast"]
