@@ -1075,6 +1075,7 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     run.clock = timer
     # (an allocator count_frees did not wrap, the spec's pool model: not measured)
     timeable = alloc_time and getattr(allocator, "_bench_free_timing", None) is not None
+    pool_timing.TIMING.stop()  # (a run that raised may have left the pools' timer on)
     alloc = run.alloc = AllocTimer(allocator, clock, timer) if timeable else None
     for step in steps:
         step.start(run)

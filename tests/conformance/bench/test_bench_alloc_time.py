@@ -255,3 +255,12 @@ def test_the_dashboard_record_keeps_the_pool_share_and_the_cap():
     assert u["alloc_share"]["median"] == pytest.approx(0.375)
     plain = results._throughput_from_comparison({**c, "alloc_time": False})
     assert "cap" not in plain and "alloc_share" not in plain["impls"]["fast"]
+
+
+def test_a_run_after_one_that_raised_times_nothing():
+    frees = pytest.importorskip("uniradix.fast.frees")
+    original = frees.append_release
+    AT.TIMING.start(time.thread_time, None)  # as a run that raised inside would leave it
+    s, _ = _run("fast", BenchConfig.parse("mamba"), 1, "freelist")
+    assert AT.TIMING.clock is None and frees.append_release is original
+    assert s.alloc_seconds is None and AT.TIMING.calls == {}
