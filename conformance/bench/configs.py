@@ -188,6 +188,7 @@ def allocators(components: tuple[str, ...], kv_slots: int, page_size: int, torch
         alloc = swa_cls(kv_slots, kv_slots // 2 // page_size * page_size, page_size, torch)
     else:
         alloc = B.FreeListAllocator(kv_slots, page_size, torch)
+        B.count_frees(alloc)  # (--alloc-time; SwaFreeListAllocator counts its own)
     return alloc, (mamba_cls(MAMBA_SLOTS, torch) if "mamba" in components else None)
 
 

@@ -43,6 +43,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from uniradix.conformance.bench import alloc_time
 from uniradix.conformance.bench import loop as B
 
 HOST_OPS = B.OPS + ("load_back", "events")
@@ -58,6 +59,7 @@ class HostFreeList(B.FreeListAllocator):
     def __init__(self, usable_slots: int, page_size: int, torch_module) -> None:
         super().__init__(usable_slots, page_size, torch_module)
         self._usable = usable_slots
+        alloc_time.wrap(self, "free", "host")  # counted (and with --alloc-time timed)
 
     def clear(self) -> None:
         B.FreeListAllocator.__init__(self, self._usable, self.page_size, self.torch)

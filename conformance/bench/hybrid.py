@@ -32,6 +32,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from uniradix.conformance.bench.alloc_time import harness_free, watch_pools, wrap
 from uniradix.conformance.bench.loop import (
     ApiBundle,
     BenchStats,
@@ -63,6 +64,7 @@ class SwaFreeListAllocator(FreeListAllocator):
             available_size=self.full_available_size)
         self.swa_attn_allocator = self.swa
         self.is_not_in_free_group = True
+        watch_pools(self)  # its frees counted (and with --alloc-time timed), nested ones once
 
     def full_available_size(self) -> int:
         return FreeListAllocator.available_size(self)
@@ -112,6 +114,7 @@ class MambaReqPool:
 
     def __init__(self, slots: int, torch_module) -> None:
         self.mamba_allocator = FreeListAllocator(slots, 1, torch_module)
+        wrap(self.mamba_allocator, "free", "mamba")  # (as alloc_time.watch_pools)
         self.mamba_pool = self.mamba_allocator
         self.enable_mamba_extra_buffer = False
 
@@ -166,7 +169,7 @@ class MambaStep(Step):
     def aborted(self, run: Run, req: Request) -> None:
         self._branching.pop(id(req), None)
         if req.state is not None:
-            self.states.free(req.state)
+            harness_free(self.states, req.state)
 
     def after_match(self, run: Run, req: Request, match: Any) -> None:
         branching = getattr(match, "mamba_branching_seqlen", None)
@@ -194,7 +197,7 @@ class MambaStep(Step):
         result = run.cache_unfinished(req, length, mamba_value=slot)
         exist = result is None or bool(getattr(result, "mamba_exist", False))
         if exist:
-            self.states.free(slot)
+            harness_free(self.states, slot)  # (the scheduler's free, not the cache's)
         return (length, 1, 0 if result is None else int(result.prefix_len), int(exist))
 
     def insert_params(self, run: Run, req: Request, params: Any) -> None:
@@ -203,7 +206,7 @@ class MambaStep(Step):
     def inserted(self, run: Run, req: Request, result: Any) -> tuple[int, ...]:
         exist = bool(getattr(result, "mamba_exist", False))
         if exist:
-            self.states.free(req.state)
+            harness_free(self.states, req.state)
         return (int(exist),)
 
 

@@ -106,6 +106,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from uniradix.conformance.adapters import spec_api
+from uniradix.conformance.bench import alloc_time as pool_timing
 from uniradix.conformance.bench import subcommand_main
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.conformance.env.workload import SharedPrefix, shared_prefix_requests
@@ -281,35 +282,14 @@ def make_allocator(kind: str, usable_slots: int, page_size: int, torch_module,
     return alloc
 
 
-def count_frees(alloc: Any) -> None:
-    """Count the calls to ``alloc.free`` from now on in ``alloc._bench_free_calls`` (a
-    one-item list), through an instance attribute wrapping the bound method (the class is
-    untouched, so fast/frees.py still recognises the allocator; a batch it writes in one step
-    counts as one call); the unwrapped method stays in ``alloc._bench_raw_free`` for the
-    harness's own frees."""
-    raw = alloc.free
-    box = [0]
-    timing: list = [None, 0.0]  # --alloc-time: [clock or None, seconds inside raw]
-
-    def free(free_index):
-        box[0] += 1
-        clock = timing[0]
-        if clock is None:
-            return raw(free_index)
-        t0 = clock()
-        try:
-            return raw(free_index)
-        finally:
-            timing[1] += clock() - t0
-
-    def on_batch(pieces: int) -> None:  # fast/frees.py wrote a batch of frees as one call
-        box[0] += 1
-
-    free.uniradix_on_batch = on_batch  # type: ignore[attr-defined]
-    alloc.free = free
-    alloc._bench_free_calls = box
-    alloc._bench_raw_free = raw
-    alloc._bench_free_timing = timing
+def count_frees(alloc: Any, method: str = "free", pool: str = "kv") -> None:
+    """Count the calls to ``alloc.<method>`` from now on in ``alloc._bench_free_calls`` (for
+    ``free``; a one-item list), through an instance attribute wrapping the bound method (the
+    class is untouched, so fast/frees.py still recognises the allocator; a batch it writes in
+    one step counts as one call); the unwrapped method stays in ``alloc._bench_raw_free`` for
+    the harness's own frees.  With ``--alloc-time`` the wrapper also times the outermost calls
+    under ``pool`` (conformance/bench/alloc_time.py ``wrap``, ``watch_pools``)."""
+    pool_timing.wrap(alloc, method, pool)
 
 
 # --alloc-time: the C core's free timer clock for each bench clock (fast/_core.c free_timer)
@@ -317,18 +297,19 @@ _CORE_FREE_CLOCK = {"wall": 1, "cpu": 2}
 
 
 class AllocTimer:
-    """The time a run's cache calls spend inside the KV allocator's frees (``--alloc-time``):
-    the allocator's ``free`` calls, timed in the wrapper :func:`count_frees` installs, plus the
-    C core's native frees (fast/_core.c ``free_timer``: the writes into sglang's exact
-    allocators' lists that stand for their ``free`` calls, fast/frees.py).  Both on the run's
-    clock.  Not counted: the list writes of fast/frees.py's Python path (the C core takes every
-    Full cache on the CPU).  :meth:`read` is the running total in seconds."""
+    """The time a run's cache calls spend inside the pools' frees (``--alloc-time``): every
+    free the bench wrapped (:func:`count_frees`, conformance/bench/alloc_time.py: the KV
+    allocator, an SWA allocator's frees and sub-allocators, the Mamba state allocator, the
+    host pools; nested calls once), fast/frees.py's direct list writes into those pools, and
+    the C core's native frees (fast/_core.c ``free_timer``: the writes into sglang's exact
+    allocators' lists that stand for their ``free`` calls).  All on the run's clock.
+    :meth:`read` is the running total in seconds; :meth:`by_pool` splits it."""
 
     def __init__(self, allocator: Any, clock: str, timer: Callable[[], float]) -> None:
         timing = getattr(allocator, "_bench_free_timing", None)
         if timing is None:
             raise ValueError("--alloc-time: the allocator's free is not wrapped by count_frees")
-        timing[0], timing[1] = timer, 0.0
+        timing[1] = 0.0
         self.timing: list = timing
         self.core = sys.modules.get("uniradix.fast._core")
         if self.core is not None and not hasattr(self.core, "free_timer"):
@@ -337,17 +318,32 @@ class AllocTimer:
         self.native = 0.0
         if self.core is not None:
             self.core.free_timer(self.code)  # reset, and on
+        pool_timing.TIMING.start(timer, self._flush)
+
+    def _flush(self, drop: bool = False) -> None:
+        """Take the C core's sum so far (and reset it): counted, or ``drop``ped (its time was
+        inside a call timed otherwise)."""
+        if self.core is not None:
+            got = self.core.free_timer(self.code)
+            if not drop:
+                self.native += got
 
     def read(self) -> float:
+        self._flush()
+        return pool_timing.TIMING.seconds + self.native
+
+    def by_pool(self) -> dict[str, float]:
+        """Seconds per pool (pool_timing.POOLS; ``native``: the C core's writes)."""
+        out = dict(pool_timing.TIMING.by_pool)
         if self.core is not None:
-            self.native += self.core.free_timer(self.code)
-        return self.timing[1] + self.native
+            out["native"] = self.native
+        return out
 
     def stop(self) -> float:
         total = self.read()
         if self.core is not None:
             self.core.free_timer(0)
-        self.timing[0] = None
+        pool_timing.TIMING.stop()
         return total
 
 
@@ -822,6 +818,8 @@ class BenchStats:
     # in all and per op (None: not measured)
     alloc_seconds: float | None = None
     op_alloc_seconds: dict = dataclasses.field(default_factory=dict)
+    alloc_pools: dict = dataclasses.field(default_factory=dict)  # of which per pool (AllocTimer)
+    alloc_calls: dict = dataclasses.field(default_factory=dict)  # the frees timed, per pool
 
     @property
     def hit_rate(self) -> float:
@@ -839,6 +837,21 @@ class BenchStats:
     def requests_per_s_ex_pool(self) -> float:
         """Requests/s counting the cache's own work only (the pool's frees taken out)."""
         own = self.seconds - self.pool_free_seconds
+        return self.requests / own if own > 0 else 0.0
+
+    @property
+    def alloc_share(self) -> float | None:
+        """--alloc-time: the share of the timed seconds spent inside the pools' frees."""
+        if self.alloc_seconds is None:
+            return None
+        return self.alloc_seconds / self.seconds if self.seconds else 0.0
+
+    @property
+    def requests_per_s_ex_alloc(self) -> float | None:
+        """--alloc-time: requests/s counting the timed seconds outside the pools' frees."""
+        if self.alloc_seconds is None:
+            return None
+        own = self.seconds - self.alloc_seconds
         return self.requests / own if own > 0 else 0.0
 
     def op_medians_us(self) -> dict[str, float]:
@@ -866,7 +879,15 @@ class BenchStats:
                 "op_calls": {k: len(v) for k, v in self.op_times.items()},
                 "alloc_s": None if self.alloc_seconds is None else round(self.alloc_seconds, 6),
                 "op_alloc_s": {k: round(v, 6) for k, v in self.op_alloc_seconds.items()},
+                "alloc_s_by_pool": {k: round(v, 6) for k, v in self.alloc_pools.items()},
+                "alloc_calls_by_pool": dict(self.alloc_calls),
+                "alloc_share": _round_or_none(self.alloc_share, 4),
+                "requests_per_s_ex_alloc": _round_or_none(self.requests_per_s_ex_alloc, 1),
                 "op_total_s": {k: round(sum(v), 6) for k, v in self.op_times.items()}}
+
+
+def _round_or_none(v: float | None, digits: int) -> float | None:
+    return None if v is None else round(v, digits)
 
 
 @dataclasses.dataclass
@@ -1056,6 +1077,7 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     run.clock = timer
     # (an allocator count_frees did not wrap, the spec's pool model: not measured)
     timeable = alloc_time and getattr(allocator, "_bench_free_timing", None) is not None
+    pool_timing.TIMING.stop()  # (a run that raised may have left the pools' timer on)
     alloc = run.alloc = AllocTimer(allocator, clock, timer) if timeable else None
     for step in steps:
         step.start(run)
@@ -1089,7 +1111,8 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
             shares["insert"] = shares.get("insert", 0.0) + alloc.read() - a0
         if aligned < len(req.slots):
             before = pool.free_seconds
-            harness_free(req.slots[aligned:])
+            with pool_timing.quiet():  # (an SWA allocator's sub-allocators are wrapped too)
+                harness_free(req.slots[aligned:])
             pool.free_seconds = before  # the harness's own free is not cache work
         fields: tuple[int, ...] = ()
         for step in steps:
@@ -1162,6 +1185,8 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
     stats.wall_seconds = time.perf_counter() - wall0
     if alloc is not None:
         stats.alloc_seconds = alloc.stop()
+        stats.alloc_pools = alloc.by_pool()
+        stats.alloc_calls = dict(pool_timing.TIMING.calls)
     if cost:  # the cpu clock: each sample less the clock's own cost (never below 0)
         for times in stats.op_times.values():
             times[:] = [max(0.0, t - cost) for t in times]
@@ -1221,6 +1246,17 @@ class Comparison:
         got = [s.alloc_seconds for s in self.runs.get(impl, []) if s.alloc_seconds is not None]
         return statistics.median(got) if got else None
 
+    def median_alloc_share(self, impl: str) -> float | None:
+        """The median over rounds of ``impl``'s share of its timed seconds inside the pools'
+        frees (None: not measured)."""
+        return pool_timing.median_or_none(s.alloc_share for s in self.runs.get(impl, []))
+
+    def median_rps_ex_alloc(self, impl: str) -> float | None:
+        """The median over rounds of ``impl``'s requests/s without its time inside the
+        pools' frees (None: not measured)."""
+        return pool_timing.median_or_none(s.requests_per_s_ex_alloc
+                                         for s in self.runs.get(impl, []))
+
     def cap(self, a: str = "fast", b: str = "upstream") -> float | None:
         """``b``'s median timed seconds over ``a``'s median seconds inside the allocator's frees:
         the most ``a``/``b`` could reach if everything ``a`` does besides those frees (which
@@ -1271,6 +1307,12 @@ class Comparison:
                 "free_calls": first[impl].free_calls,
                 "alloc_s_median": (None if self.median_alloc_seconds(impl) is None
                                    else round(self.median_alloc_seconds(impl) or 0.0, 6)),
+                "alloc_share_median": _round_or_none(self.median_alloc_share(impl), 4),
+                "requests_per_s_ex_alloc_median": _round_or_none(self.median_rps_ex_alloc(impl),
+                                                                 1),
+                "alloc_s_by_pool_median": {
+                    pool: round(statistics.median(s.alloc_pools.get(pool, 0.0) for s in runs), 6)
+                    for pool in pool_timing.POOLS if any(pool in s.alloc_pools for s in runs)},
                 "aborted": first[impl].aborted,
                 "digest": first[impl].digest,
                 "runs": [s.summary() for s in runs],
@@ -1576,7 +1618,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         "(its free() calls, and the C core's direct writes into sglang's "
                         "allocators' lists that stand for them), per run and for evict and "
                         "insert, on the --clock; prints the cap: upstream's timed seconds over "
-                        "fast's seconds inside the frees. Full only; in the JSON")
+                        "fast's seconds inside the frees. Every configuration: also the SWA "
+                        "allocator's, the Mamba state allocator's and the host pools' frees; "
+                        "in the JSON")
     b.add_argument("--device", choices=DEVICES, default="cpu",
                    help="where the scheduler loop's value tensors and the KV allocator of fast "
                         "and upstream live (default cpu; cuda: the production setting, refused "
@@ -1627,14 +1671,20 @@ def print_comparison(cmp: Comparison, out=None) -> None:
     for impl, runs in cmp.runs.items():
         med = cmp.median_ops_us(impl)
         s = runs[0]
+        # --alloc-time: ex-pool and pool% are the time inside the pools' frees where measured
+        ex, share = cmp.median_rps_ex_alloc(impl), cmp.median_alloc_share(impl)
+        if ex is None or share is None:
+            ex, share = cmp.median_rps_ex_pool(impl), cmp.median_pool_share(impl)
         p(f"  {impl:<{w}}{len(runs):>6}{cmp.median_rps(impl):>10.1f}"
-          f"{cmp.median_rps_ex_pool(impl):>10.1f}{100 * cmp.median_pool_share(impl):>6.1f}  "
+          f"{ex:>10.1f}{100 * share:>6.1f}  "
           + "".join(f"{med[op]:>11.1f}" if op in med else f"{'-':>11}" for op in OPS)
           + f"{s.hit_rate:>10.4f}{s.evicted_tokens:>11}{s.aborted:>8}")
     for impl, why in cmp.missing.items():
         p(f"  {impl:<{w}}not measured: {why}")
     p("  req/s: finished requests / summed time of the cache calls; ex-pool: the same without "
-      "the pool's frees (pool%)")
+      "the pool's frees (pool%)"
+      + ("; with --alloc-time, for fast and upstream, the pools' frees they measured"
+         if cmp.alloc_time else ""))
     for note in cmp.notes:
         p(f"  note: {note}")
     if not cmp.identical:
@@ -1671,7 +1721,10 @@ def print_comparison(cmp: Comparison, out=None) -> None:
                    for op in ("evict", "insert")}
             parts.append(f"{impl} {inside:.4f} of {total:.4f} s ({100 * inside / total:.1f}%"
                          if total else f"{impl} {inside:.4f} s (")
-            parts[-1] += "; " + ", ".join(f"{op} {v:.4f}" for op, v in ops.items()) + ")"
+            parts[-1] += "; " + ", ".join(f"{op} {v:.4f}" for op, v in ops.items())
+            pools = {pool: statistics.median(s.alloc_pools.get(pool, 0.0) for s in runs)
+                     for pool in pool_timing.POOLS if any(pool in s.alloc_pools for s in runs)}
+            parts[-1] += "; " + ", ".join(f"{k} {v:.4f}" for k, v in pools.items()) + ")"
         p("  inside the allocator's frees (medians): " + "; ".join(parts))
         if cmp.cap() is not None:
             p(f"  cap: upstream's timed seconds / fast's seconds inside the allocator's frees = "
@@ -1734,10 +1787,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return 2
         args.impl = list(args.impl) + [n for n in OBSERVED if n not in args.impl]
     alloc_time = getattr(args, "alloc_time", False)
-    if alloc_time and not only_full:
-        say("--alloc-time runs the Full configuration only (the host tier and hybrid benches "
-            "build their own allocators, which it does not time)")
-        return 2
     budget = getattr(args, "budget", None)
     if budget is not None and budget <= 0:
         say(f"--budget must be positive, got {budget}")
@@ -1819,6 +1868,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("\nmatrix: fast's requests/s and its ratio to each peer (medians), bytes per "
               "cached token")
         print("\n".join(matrix_table(results)))
+    if alloc_time and len(results["comparisons"]) > 1:
+        print("\nwhere the time goes (--alloc-time, medians; conformance/bench/alloc_time.py)")
+        print("\n".join(pool_timing.alloc_table(results)))
     if args.json:
         write_json(args.json, results)
     return status

@@ -165,6 +165,10 @@ def _throughput_from_comparison(c: dict) -> dict:
                        "aborted": d.get("aborted"),
                        "pool_free_share": d.get("pool_free_share_median"),
                        "digest": d.get("digest")}
+        if c.get("alloc_time"):  # bench --alloc-time: the time inside the pools' frees
+            impls[impl].update(
+                alloc_share=stat(r.get("alloc_share") for r in runs),
+                requests_per_s_ex_alloc=stat((r.get("requests_per_s_ex_alloc") for r in runs), 1))
     allocator = str(c.get("allocator") or "freelist")
     fig = {"id": figure_id(workload, config, int(c["page_size"]), int(c["requests"]), allocator),
            "workload": workload, "config": config, "page_size": int(c["page_size"]),
@@ -177,6 +181,8 @@ def _throughput_from_comparison(c: dict) -> dict:
            # the KV allocator under fast and upstream (bench --allocator; before it: freelist)
            "allocator": allocator}
     fig["ratios"] = fast_ratios(impls, c.get("identical_outcomes"))
+    if c.get("alloc_time"):
+        fig["cap"] = c.get("cap")
     return fig
 
 

@@ -41,6 +41,7 @@ import types
 from typing import Any
 
 from uniradix.conformance.adapters import spec_api
+from uniradix.conformance.bench import alloc_time
 from uniradix.conformance.bench import configs as C
 from uniradix.conformance.bench import loop as B
 
@@ -144,6 +145,9 @@ def sglang_parts(config: C.BenchConfig, kv_slots: int, page_size: int) -> types.
         if "mamba" in config.components:
             aux_host["mamba"] = s.MambaPoolHost(req_pool.mamba_pool, HOST_RATIO, 0,
                                                 pin_memory=False, device="cpu")
+    # every free counted (and with --alloc-time timed) before the cache keeps a bound method
+    alloc_time.watch_pools(alloc, None if req_pool is None else req_pool.mamba_allocator,
+                           [host, *aux_host.values()])
     loop = PagedSwaAlloc(alloc) if "swa" in config.components and ps > 1 else alloc
     return types.SimpleNamespace(alloc=alloc, loop=loop, req_pool=req_pool, host=host,
                                  aux_host=aux_host, kv=kv)
