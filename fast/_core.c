@@ -1515,9 +1515,9 @@ native_release_ranges(PyObject *self, PyObject *alloc, VData *vd, const Py_ssize
     return rc;
 }
 
-/* swa_take(mapping, pieces) -> tensor or None: the SWA slots of sglang's
+/* swa_take(mapping, pieces) -> (tensor, lengths) or None: the SWA slots of sglang's
  * SWATokenToKVPoolAllocator.free_swa called on each piece in turn (a new int64 tensor, in
- * that order), with mapping (full_to_swa_index_mapping) zeroed at every piece's slots as
+ * that order, and a list of how many each piece gave), with mapping (full_to_swa_index_mapping) zeroed at every piece's slots as
  * those calls leave it: per piece, its slots' mapped values, those > 0 kept, then the
  * piece's slots set to 0 (a slot repeated within a piece is taken each time, one repeated
  * in a later piece is 0 by then).  None, with nothing changed, where mapping or a piece is
@@ -1540,7 +1540,7 @@ core_swa_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Seg small[16], *segs = k <= 16 ? small : PyMem_Malloc((size_t)(k ? k : 1) * sizeof(Seg));
     if (segs == NULL)
         return PyErr_NoMemory();
-    PyObject *res = NULL;
+    PyObject *res = NULL, *lens = NULL;
     long long *buf = NULL;
     for (Py_ssize_t i = 0; i < k; i++) {
         ok = value_data(PyList_GET_ITEM(pieces, i), &segs[i].p, &segs[i].n);
@@ -1559,11 +1559,15 @@ core_swa_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         ok = -1;
         goto out;
     }
+    if ((lens = PyList_New(k)) == NULL) {
+        ok = -1;
+        goto out;
+    }
     long long *map = (long long *)mp;
     Py_ssize_t used = 0;
     for (Py_ssize_t i = 0; i < k; i++) {
         const long long *p = segs[i].p;
-        Py_ssize_t n = segs[i].n;
+        Py_ssize_t n = segs[i].n, was = used;
         for (Py_ssize_t j = 0; j < n; j++) {
             long long v = map[p[j]];
             if (v > 0)
@@ -1571,6 +1575,13 @@ core_swa_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         for (Py_ssize_t j = 0; j < n; j++)
             map[p[j]] = 0;
+        PyObject *c = PyLong_FromSsize_t(used - was);
+        if (c == NULL) {  /* (the mapping is written: an error past this point is fatal
+                           * to the caller's state, as a MemoryError inside free would be) */
+            ok = -1;
+            goto out;
+        }
+        PyList_SET_ITEM(lens, i, c);
     }
     long long *dst;
     if ((res = new_int64(used, &dst)) == NULL) {
@@ -1583,11 +1594,17 @@ out:
     PyMem_Free(buf);
     if (segs != small)
         PyMem_Free(segs);
-    if (ok < 0)
-        return NULL;
-    if (ok == 0)
+    if (ok <= 0) {
+        Py_XDECREF(lens);
+        Py_XDECREF(res);
+        if (ok < 0)
+            return NULL;
         Py_RETURN_NONE;
-    return res;
+    }
+    PyObject *pair = PyTuple_Pack(2, res, lens);
+    Py_DECREF(res);
+    Py_DECREF(lens);
+    return pair;
 }
 
 /* ---- split ------------------------------------------------------------------------------- */
@@ -3375,8 +3392,9 @@ static PyMethodDef core_methods[] = {
      "native_release(holder, alloc, pieces) -> whether the pieces went straight into sglang's "
      "exact allocator (as one free each would leave it); False: nothing changed"},
     {"swa_take", (PyCFunction)(void (*)(void))core_swa_take, METH_FASTCALL,
-     "swa_take(mapping, pieces) -> the SWA slots free_swa of each piece in turn frees (mapping "
-     "zeroed there), or None where sglang's own method must run (nothing changed)"},
+     "swa_take(mapping, pieces) -> (the SWA slots free_swa of each piece in turn frees, how "
+     "many each piece gave), mapping zeroed there; or None where sglang's own method must run "
+     "(nothing changed)"},
     {"free_timer", (PyCFunction)core_free_timer, METH_O,
      "free_timer(clock) -> seconds spent in the native frees since the last call (then reset); "
      "clock 0 stops timing them, 1 times them on CLOCK_MONOTONIC (time.perf_counter), 2 on "

@@ -293,56 +293,67 @@ def native_release(alloc: Any, pieces: Sequence[torch.Tensor], holder: Any = Non
 _SWA = ("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator")
 
 
-def _swa_exact(alloc: Any, method: str) -> bool:
+def _swa_exact(alloc: Any, method: str) -> int:
     """Whether ``alloc`` is exactly sglang's ``SWATokenToKVPoolAllocator`` with its own
     ``free`` and ``free_swa`` (no instance ``free`` unless it only observes, none of
-    ``free_swa``), outside a free group for ``free``, over two page-1 sub-allocators of
-    exactly ``TokenToKVPoolAllocator``."""
+    ``free_swa``), outside a free group for ``free``, over two sub-allocators of one exact
+    class: its :func:`native_kind` (:data:`NATIVE_APPEND` at page 1, :data:`NATIVE_PAGED`
+    above), else :data:`NATIVE_NONE`."""
     cls = type(alloc)
     if (cls.__module__, cls.__name__) != _SWA:
-        return False
+        return NATIVE_NONE
     for name in ("free", "free_swa"):
         fn = getattr(cls, name, None)
         if getattr(fn, "__qualname__", None) != f"{_SWA[1]}.{name}" \
                 or getattr(fn, "__module__", None) != _SWA[0]:
-            return False
+            return NATIVE_NONE
     inst = alloc.__dict__
     if "free_swa" in inst or ("free" in inst
                               and not callable(getattr(inst["free"], "uniradix_on_batch", None))):
-        return False
+        return NATIVE_NONE
     if method == "free" and alloc.is_not_in_free_group is not True:
-        return False
-    return all(native_kind(type(getattr(alloc, s, None))) == NATIVE_APPEND
-               for s in ("full_attn_allocator", "swa_attn_allocator"))
+        return NATIVE_NONE
+    kinds = {native_kind(type(getattr(alloc, s, None)))
+             for s in ("full_attn_allocator", "swa_attn_allocator")}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {NATIVE_APPEND, NATIVE_PAGED} \
+        else NATIVE_NONE
 
 
 def swa_release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") -> bool:
-    """Leave sglang's ``SWATokenToKVPoolAllocator`` (page 1) as ``alloc.<method>(p)`` for each
-    piece in turn would, in its own steps, each without copying a free list: ``free`` is the
-    full sub-allocator's free of the piece (:func:`native_release`), then ``free_swa``; that
-    is the gather of ``full_to_swa_index_mapping`` at the piece, the values > 0 kept, the swa
-    sub-allocator's free of them and the mapping zeroed at the piece (the C core's
-    ``swa_take`` for every piece, then one :func:`native_release` of what it took: the swa
-    sub-allocator appends, so one free of the concatenation is its frees in turn).  ``free``'s
-    checks of both sub-allocators' sizes run once at the end.  False, with nothing changed,
-    where :func:`_swa_exact` does not hold or the C core is absent; where a step past the
-    first cannot be native, sglang's own methods finish it."""
+    """Leave sglang's ``SWATokenToKVPoolAllocator`` as ``alloc.<method>(p)`` for each piece in
+    turn would, in its own steps: ``free`` is the full sub-allocator's free of the piece
+    (:func:`native_release`), then ``free_swa``; that is the gather of
+    ``full_to_swa_index_mapping`` at the piece, the values > 0 kept, the swa sub-allocator's
+    free of them and the mapping zeroed at the piece (the C core's ``swa_take`` for every
+    piece, then one :func:`native_release` of what each piece gave).  At page 1 no free list
+    is copied; at page > 1 (paged sub-allocators) each list is written once for all the
+    pieces, as :func:`paged_release`.  ``free``'s checks of both sub-allocators' sizes run
+    once at the end.  False, with nothing changed, where :func:`_swa_exact` does not hold or
+    the C core is absent; where a step past the first cannot be native, sglang's own methods
+    finish it, one call per piece."""
     core = _native_core()
-    if core is None or not _swa_exact(alloc, method):
+    if core is None:
+        return False
+    kind = _swa_exact(alloc, method)
+    if not kind:
         return False
     full, swa = alloc.full_attn_allocator, alloc.swa_attn_allocator
     pieces = pieces if type(pieces) is list else list(pieces)
     if method == "free" and not native_release(full, pieces):
         return False
-    taken = core.swa_take(alloc.full_to_swa_index_mapping, pieces)
-    if taken is None:
+    res = core.swa_take(alloc.full_to_swa_index_mapping, pieces)
+    if res is None:
         if method == "free":  # the full side is done: free_swa of each piece, as free goes on
             for p in pieces:
                 alloc.free_swa(p)
         else:
             return False
-    elif taken.shape[0] and not native_release(swa, [taken]):
-        swa.free(taken)  # the sub-allocator appends: one free of them all is exact
+    elif res[0].shape[0]:
+        taken, lens = res
+        parts = [taken] if kind == NATIVE_APPEND else list(taken.split(lens))
+        if not native_release(swa, parts):
+            for p in parts:  # (at page 1 the sub-allocator appends: one part, one free)
+                swa.free(p)
     if method == "free":
         assert full.available_size() <= full.size  # noqa: S101 -- free's own checks
         assert swa.available_size() <= swa.size  # noqa: S101

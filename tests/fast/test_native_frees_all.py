@@ -41,13 +41,17 @@ def _token(slots: int, need_sort: bool):
     return token(slots, t.float16, "cpu", None, need_sort)
 
 
-def _swa(slots: int, need_sort: bool):
+def _swa(slots: int, need_sort: bool, ps: int = 1):
     t, _, swa, _, pool = _sglang()
-    kv = pool(size=slots, size_swa=slots // 2, page_size=1, dtype=t.float16, head_num=1,
+    kv = pool(size=slots, size_swa=slots // 2, page_size=ps, dtype=t.float16, head_num=1,
               head_dim=1, swa_attention_layer_ids=[1], full_attention_layer_ids=[0],
               enable_kvcache_transpose=False, device="cpu")
-    return swa(slots, slots // 2, page_size=1, dtype=t.float16, device="cpu", kvcache=kv,
+    return swa(slots, slots // 2, page_size=ps, dtype=t.float16, device="cpu", kvcache=kv,
                need_sort=need_sort)
+
+
+def _swa16(slots: int, need_sort: bool):
+    return _swa(slots // 16 * 16, need_sort, 16)
 
 
 def _mamba(slots: int, need_sort: bool):
@@ -68,6 +72,7 @@ def _host(which: str):
 KINDS = {
     "token": (_token, {"group"}),
     "swa": (_swa, {"group", "swa"}),
+    "swa16": (_swa16, {"group", "swa"}),
     "mamba": (_mamba, set()),
     "host_kv": (_host("kv"), set()),
     "host_mamba": (_host("mamba"), set()),
@@ -92,8 +97,27 @@ def _state(a) -> list:
     return out
 
 
+def _page(a) -> int:
+    return a.page_size if hasattr(a, "full_attn_allocator") else 1
+
+
 def _alloc(a, n: int):
+    """``n`` units: slots, or at page > 1 whole pages (as the bench allocates from the SWA
+    allocator there, conformance/bench/sglang_alloc.py PagedSwaAlloc)."""
+    if _page(a) > 1:
+        from uniradix.conformance.bench import sglang_alloc
+        return sglang_alloc.PagedSwaAlloc(a).alloc(n * _page(a))
     return a.alloc(n)
+
+
+def _units(t, ps: int) -> list:
+    """What was allocated, as units the test frees whole: slots, or pages' slot tuples."""
+    v = t.tolist()
+    return v if ps == 1 else [tuple(v[i:i + ps]) for i in range(0, len(v), ps)]
+
+
+def _flat(units: list, ps: int) -> list:
+    return units if ps == 1 else [x for u in units for x in u]
 
 
 @pytest.mark.parametrize(("kind", "need_sort"), [(k, False) for k in sorted(KINDS)]
@@ -104,29 +128,32 @@ def test_release_equals_one_sglang_free_per_piece(kind, need_sort, seed):
     rng = random.Random(seed * 31 + len(kind))
     slots = rng.choice([300, 12000]) if kind != "host_kv" else 6000
     got, ref = build(slots, need_sort), build(slots, need_sort)
+    ps = _page(got)
     handed: list[tuple] = []  # (tensor alloc returned, its values then)
     held: list[int] = []
     backup = None
     in_group = False
     for _ in range(40):
-        n = rng.randint(1, 30)
+        n = rng.randint(1, 30 if ps == 1 else 3)
         a, b = _alloc(got, n), _alloc(ref, n)
         assert (a is None) == (b is None)
         if a is not None:
             assert a.tolist() == b.tolist()
             handed.append((a, a.tolist()))
-            held += a.tolist()
+            held += _units(a, ps)
         rng.shuffle(held)
-        k = rng.randint(0, min(len(held), 60))
-        freed = held[:k]
+        k = rng.randint(0, min(len(held), 60 // ps))
+        freed = _flat(held[:k], ps)
         method = "free_swa" if "swa" in has and rng.random() < 0.25 else "free"
         if method == "free":
             held = held[k:]  # (free_swa keeps the full slots held: free them later)
         pieces, i = [], 0
         while i < len(freed):
-            j = i + rng.randint(0, 9)  # empty pieces too
+            j = i + rng.randint(0, 9) * ps  # empty pieces too
             pieces.append(torch.tensor(freed[i:j], dtype=torch.int64))
-            i = max(j, i + 1) if j == i and rng.random() < 0.5 else j
+            i = max(j, i + ps) if j == i and rng.random() < 0.5 else j
+        if ps > 1:  # a piece's slots in any order (the pages sorted within each free)
+            pieces = [p[torch.randperm(len(p))] if rng.random() < 0.5 else p for p in pieces]
         if "group" in has and not in_group and rng.random() < 0.1:
             got.free_group_begin()
             ref.free_group_begin()
@@ -140,7 +167,7 @@ def test_release_equals_one_sglang_free_per_piece(kind, need_sort, seed):
             ref.free_group_end()
             in_group = False
         elif roll < 0.1 and held:  # sglang's own free: the list leaves the tail buffer
-            extra = torch.tensor(held[:3], dtype=torch.int64)
+            extra = torch.tensor(_flat(held[:3], ps), dtype=torch.int64)
             held = held[3:]
             got.free(extra)
             ref.free(extra)
@@ -154,7 +181,8 @@ def test_release_equals_one_sglang_free_per_piece(kind, need_sort, seed):
         assert got.available_size() == ref.available_size()
         for t, values in handed:
             assert t.tolist() == values  # no slot handed out was ever overwritten
-    if cache_mod.NATIVE and slots > 1000 and not need_sort and kind != "host_mamba":
+    if cache_mod.NATIVE and slots > 1000 and not need_sort and kind not in ("host_mamba",
+                                                                             "swa16"):
         # the long lists went through the tail buffer, not sglang's copy of the list (the
         # host Mamba pool is always short: twice the device's 256 states)
         assert all(frees.tail_holder(s)._free_tail is not None for s in _subs(got))
