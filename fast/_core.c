@@ -1523,8 +1523,22 @@ native_release_ranges(PyObject *self, PyObject *alloc, VData *vd, const Py_ssize
  * in a later piece is 0 by then).  None, with nothing changed, where mapping or a piece is
  * not a plain CPU int64 tensor or a slot is outside [0, len(mapping)) (where torch's indexing
  * would wrap or raise: the caller runs sglang's own method). */
+static PyObject *swa_take_untimed(PyObject *const *args, Py_ssize_t nargs);
+
+/* Timed like native_release while the free timer is on (it stands for free_swa's gathers). */
 static PyObject *
 core_swa_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!g_free_clock)
+        return swa_take_untimed(args, nargs);
+    double t0 = free_clock_now();
+    PyObject *r = swa_take_untimed(args, nargs);
+    g_free_seconds += free_clock_now() - t0;
+    return r;
+}
+
+static PyObject *
+swa_take_untimed(PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2 || !PyList_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "swa_take(mapping, pieces: list)");

@@ -337,3 +337,21 @@ def test_observer_told_once_per_batch():
             ref.free(p)
         assert _state(got) == _state(ref)
         assert got._bench_free_calls == [1]
+
+
+def test_free_timer_counts_the_native_frees_of_every_allocator():
+    """``--alloc-time``'s C timer (fast/_core.c ``free_timer``) sums the native frees of the
+    SWA allocator's steps and of the Mamba allocator, not only the Full cache's."""
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    core = cache_mod._core
+    for kind in ("swa", "mamba"):
+        a = KINDS[kind][0](6000, False)
+        a.alloc(8)
+        core.free_timer(1)  # reset, and on (wall clock)
+        try:
+            assert frees.release(a, _pieces()) == 1
+            assert core.free_timer(1) > 0.0
+            assert core.free_timer(1) == 0.0  # nothing freed since
+        finally:
+            core.free_timer(0)
