@@ -1051,23 +1051,30 @@ owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
  *
  *   NK_PAGED   sglang's PagedTokenToKVPoolAllocator: the pages k frees put in front of the
  *              list (paged_front below) and the old list, written into one new tensor.
- *   NK_APPEND  sglang's TokenToKVPoolAllocator (page 1): free appends.  need_sort: the pieces
- *              appended to release_pages in one new tensor.  Otherwise the free list gets a
- *              tail (a list longer than 4x the new slots + 4096; a shorter one is copied
- *              with them into a new tensor of exactly their size, as free does): free_pages
- *              becomes a view of a buffer this cache keeps (_free_tail) with
+ *   NK_APPEND  sglang's TokenToKVPoolAllocator (page 1): free appends to free_pages
+ *              (need_sort: to release_pages).
+ *   NK_SLOTS   sglang's MambaSlotAllocator: free appends to free_slots.
+ *   NK_HOST    sglang's host pools (HostKVCache.free, MambaPoolHost.free): free appends to
+ *              free_slots under the pool's lock, which is held here too.
+ *
+ *              The appending kinds give the list a tail (a list longer than 4x the new
+ *              slots + 4096; a shorter one is copied with them into a new tensor of exactly
+ *              their size, as free does): the list becomes a view of a buffer kept on a
+ *              holder (_free_tail: the cache for its own KV allocator, otherwise one holder
+ *              per allocator, fast/frees.py tail_holder) with
  *              spare room after its end, so an append writes only the new slots instead of
  *              copying the whole list each time (a free list of millions of slots is
  *              copied once per doubling).  The buffer is written only past the highest index
  *              ever written into it (_free_tail_hw), so no tensor anyone holds (a slice alloc
- *              handed out, a backup_state) ever sees a value change; free_pages is appended to
- *              in place only while it still ends exactly there, otherwise a new buffer is made.
+ *              handed out, a backup_state) ever sees a value change; the list is appended to
+ *              in place only while it still ends exactly there, otherwise a new buffer is made
+ *              (spare room: at most max(list, 64k) slots per holder, docs/COMPAT.md "Frees").
  *
  * Each returns 1 (done), 0 (not one of these cases: nothing changed, the caller takes the
  * Python path) or -1 (error).
  */
 
-enum { NK_NONE = 0, NK_APPEND = 1, NK_PAGED = 2 };
+enum { NK_NONE = 0, NK_APPEND = 1, NK_PAGED = 2, NK_SLOTS = 3, NK_HOST = 4 };
 
 typedef struct {
     const long long *p;
@@ -1076,11 +1083,12 @@ typedef struct {
 
 static PyObject *g_classify = NULL;  /* fast/frees.py native_kind(cls) -> 0, 1, 2 */
 static PyObject *s_free_pages, *s_release_pages, *s_need_sort, *s_in_group, *s_debug_mode,
-    *s_on_batch, *s_narrow, *s_tail, *s_tail_hw, *s_page_size_attr;
+    *s_on_batch, *s_narrow, *s_tail, *s_tail_hw, *s_page_size_attr, *s_free_slots, *s_lock,
+    *s_acquire, *s_release;
 static int piece_is_plain(PyObject *t, Py_ssize_t *n);
 static Py_ssize_t paged_front_into(const Seg *segs, Py_ssize_t k, long long ps, long long **out);
 
-#define KIND_SLOTS 4
+#define KIND_SLOTS 8
 static struct { PyObject *type; PyObject *free; int kind; } g_kinds[KIND_SLOTS];
 static int g_kind_next = 0;
 
@@ -1108,7 +1116,7 @@ alloc_kind(PyObject *alloc)
         Py_XDECREF(fn);
         return -1;
     }
-    if (kind != NK_APPEND && kind != NK_PAGED)
+    if (kind < NK_APPEND || kind > NK_HOST)
         kind = NK_NONE;
     int i = g_kind_next;
     g_kind_next = (g_kind_next + 1) % KIND_SLOTS;
@@ -1302,25 +1310,27 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
     int kind = alloc_kind(alloc);
     if (kind <= 0)
         return kind;
-    PyObject *o = PyObject_GetAttr(alloc, s_in_group);
-    if (o == NULL)
-        return -1;
-    int outside = o == Py_True;
-    Py_DECREF(o);
-    if (!outside)
-        return 0;  /* inside a free group free() only queues */
-    o = PyObject_GetAttr(alloc, s_debug_mode);
-    if (o == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+    PyObject *o;
+    if (kind == NK_APPEND || kind == NK_PAGED) {  /* the KV allocators' free groups, debug */
+        if ((o = PyObject_GetAttr(alloc, s_in_group)) == NULL)
             return -1;
-        PyErr_Clear();
-        if (kind == NK_PAGED)
-            return 0;  /* the paged class always has one: something else */
-    } else {
-        int t = PyObject_IsTrue(o);
+        int outside = o == Py_True;
         Py_DECREF(o);
-        if (t)
-            return t < 0 ? -1 : 0;  /* debug mode: its per-call checks run */
+        if (!outside)
+            return 0;  /* inside a free group free() only queues */
+        o = PyObject_GetAttr(alloc, s_debug_mode);
+        if (o == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return -1;
+            PyErr_Clear();
+            if (kind == NK_PAGED)
+                return 0;  /* the paged class always has one: something else */
+        } else {
+            int t = PyObject_IsTrue(o);
+            Py_DECREF(o);
+            if (t)
+                return t < 0 ? -1 : 0;  /* debug mode: its per-call checks run */
+        }
     }
     /* free as the instance resolves it: the class's, or a wrapper that only observes */
     PyObject *observer = NULL;
@@ -1341,16 +1351,27 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
     }
     Py_DECREF(fn);
     int rc = -1;
-    PyObject *target = NULL, *out = NULL;
+    PyObject *target = NULL, *out = NULL, *lock = NULL;
     long long *front = NULL;
-    o = PyObject_GetAttr(alloc, s_need_sort);
-    if (o == NULL)
-        goto done;
-    int need_sort = PyObject_IsTrue(o);
-    Py_DECREF(o);
-    if (need_sort < 0)
-        goto done;
-    PyObject *tname = need_sort ? s_release_pages : s_free_pages;
+    PyObject *tname = s_free_slots;
+    if (kind == NK_HOST) {  /* the pool's free holds its lock (an RLock) */
+        if ((lock = PyObject_GetAttr(alloc, s_lock)) == NULL)
+            goto done;
+        if ((o = PyObject_CallMethodNoArgs(lock, s_acquire)) == NULL) {
+            Py_CLEAR(lock);
+            goto done;
+        }
+        Py_DECREF(o);
+    }
+    if (kind == NK_APPEND || kind == NK_PAGED) {
+        if ((o = PyObject_GetAttr(alloc, s_need_sort)) == NULL)
+            goto done;
+        int need_sort = PyObject_IsTrue(o);
+        Py_DECREF(o);
+        if (need_sort < 0)
+            goto done;
+        tname = need_sort ? s_release_pages : s_free_pages;
+    }
     if ((target = PyObject_GetAttr(alloc, tname)) == NULL)
         goto done;
     const long long *tp;
@@ -1385,12 +1406,6 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
             memcpy(dst, front, (size_t)nf * 8);
         if (tn)
             memcpy(dst + nf, tp, (size_t)tn * 8);
-    } else if (need_sort) {
-        if ((out = new_int64(tn + total, &dst)) == NULL)
-            goto done;
-        if (tn)
-            memcpy(dst, tp, (size_t)tn * 8);
-        copy_segs((char *)(dst + tn), segs, k);
     } else if ((out = append_tail(self, tp, tn, segs, k, total)) == NULL) {
         goto done;
     }
@@ -1404,6 +1419,21 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
     }
     rc = 1;
 done:
+    if (lock != NULL) {  /* released even on error, the error kept */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *r = PyObject_CallMethodNoArgs(lock, s_release);
+        if (r == NULL) {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            rc = -1;
+        } else {
+            Py_DECREF(r);
+            PyErr_Restore(et, ev, tb);
+        }
+        Py_DECREF(lock);
+    }
     PyMem_Free(front);
     Py_XDECREF(out);
     Py_XDECREF(target);
@@ -1483,6 +1513,112 @@ native_release_ranges(PyObject *self, PyObject *alloc, VData *vd, const Py_ssize
     if (segs != small)
         PyMem_Free(segs);
     return rc;
+}
+
+/* swa_take(mapping, pieces) -> (tensor, lengths) or None: the SWA slots of sglang's
+ * SWATokenToKVPoolAllocator.free_swa called on each piece in turn (a new int64 tensor, in
+ * that order, and a list of how many each piece gave), with mapping (full_to_swa_index_mapping) zeroed at every piece's slots as
+ * those calls leave it: per piece, its slots' mapped values, those > 0 kept, then the
+ * piece's slots set to 0 (a slot repeated within a piece is taken each time, one repeated
+ * in a later piece is 0 by then).  None, with nothing changed, where mapping or a piece is
+ * not a plain CPU int64 tensor or a slot is outside [0, len(mapping)) (where torch's indexing
+ * would wrap or raise: the caller runs sglang's own method). */
+static PyObject *swa_take_untimed(PyObject *const *args, Py_ssize_t nargs);
+
+/* Timed like native_release while the free timer is on (it stands for free_swa's gathers). */
+static PyObject *
+core_swa_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!g_free_clock)
+        return swa_take_untimed(args, nargs);
+    double t0 = free_clock_now();
+    PyObject *r = swa_take_untimed(args, nargs);
+    g_free_seconds += free_clock_now() - t0;
+    return r;
+}
+
+static PyObject *
+swa_take_untimed(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "swa_take(mapping, pieces: list)");
+        return NULL;
+    }
+    const long long *mp;
+    Py_ssize_t mn;
+    int ok = plain_data(args[0], &mp, &mn);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *pieces = args[1];
+    Py_ssize_t k = PyList_GET_SIZE(pieces), total = 0;
+    Seg small[16], *segs = k <= 16 ? small : PyMem_Malloc((size_t)(k ? k : 1) * sizeof(Seg));
+    if (segs == NULL)
+        return PyErr_NoMemory();
+    PyObject *res = NULL, *lens = NULL;
+    long long *buf = NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        ok = value_data(PyList_GET_ITEM(pieces, i), &segs[i].p, &segs[i].n);
+        if (ok <= 0)
+            goto out;
+        for (Py_ssize_t j = 0; j < segs[i].n; j++) {
+            if (segs[i].p[j] < 0 || segs[i].p[j] >= mn) {
+                ok = 0;
+                goto out;
+            }
+        }
+        total += segs[i].n;
+    }
+    if ((buf = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(long long))) == NULL) {
+        PyErr_NoMemory();
+        ok = -1;
+        goto out;
+    }
+    if ((lens = PyList_New(k)) == NULL) {
+        ok = -1;
+        goto out;
+    }
+    long long *map = (long long *)mp;
+    Py_ssize_t used = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const long long *p = segs[i].p;
+        Py_ssize_t n = segs[i].n, was = used;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            long long v = map[p[j]];
+            if (v > 0)
+                buf[used++] = v;
+        }
+        for (Py_ssize_t j = 0; j < n; j++)
+            map[p[j]] = 0;
+        PyObject *c = PyLong_FromSsize_t(used - was);
+        if (c == NULL) {  /* (the mapping is written: an error past this point is fatal
+                           * to the caller's state, as a MemoryError inside free would be) */
+            ok = -1;
+            goto out;
+        }
+        PyList_SET_ITEM(lens, i, c);
+    }
+    long long *dst;
+    if ((res = new_int64(used, &dst)) == NULL) {
+        ok = -1;
+        goto out;
+    }
+    if (used)
+        memcpy(dst, buf, (size_t)used * 8);
+out:
+    PyMem_Free(buf);
+    if (segs != small)
+        PyMem_Free(segs);
+    if (ok <= 0) {
+        Py_XDECREF(lens);
+        Py_XDECREF(res);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *pair = PyTuple_Pack(2, res, lens);
+    Py_DECREF(res);
+    Py_DECREF(lens);
+    return pair;
 }
 
 /* ---- split ------------------------------------------------------------------------------- */
@@ -3032,7 +3168,8 @@ core_setup(PyObject *mod, PyObject *args)
 }
 
 /* native_release(holder, alloc, pieces) -> bool: the native frees of a list of tensors, the
- * tail buffer kept on holder (the cache); False where the Python path must run (nothing
+ * tail buffer kept on holder (the cache, or the allocator's holder from fast/frees.py
+ * tail_holder); False where the Python path must run (nothing
  * changed).  What evict calls; exposed for the exactness tests. */
 static PyObject *
 core_native_release(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -3268,13 +3405,18 @@ static PyMethodDef core_methods[] = {
     {"native_release", (PyCFunction)(void (*)(void))core_native_release, METH_FASTCALL,
      "native_release(holder, alloc, pieces) -> whether the pieces went straight into sglang's "
      "exact allocator (as one free each would leave it); False: nothing changed"},
+    {"swa_take", (PyCFunction)(void (*)(void))core_swa_take, METH_FASTCALL,
+     "swa_take(mapping, pieces) -> (the SWA slots free_swa of each piece in turn frees, how "
+     "many each piece gave), mapping zeroed there; or None where sglang's own method must run "
+     "(nothing changed)"},
     {"free_timer", (PyCFunction)core_free_timer, METH_O,
      "free_timer(clock) -> seconds spent in the native frees since the last call (then reset); "
      "clock 0 stops timing them, 1 times them on CLOCK_MONOTONIC (time.perf_counter), 2 on "
      "this thread's CPU time (time.thread_time)"},
     {"setup_frees", (PyCFunction)core_setup_frees, METH_VARARGS,
      "setup_frees(torch.empty, native_kind): the native frees into sglang's exact allocators "
-     "(native_kind(cls) -> 0 none, 1 appending TokenToKVPoolAllocator, 2 paged)"},
+     "(native_kind(cls) -> 0 none, 1 appending TokenToKVPoolAllocator, 2 paged, 3 "
+     "MambaSlotAllocator, 4 a host pool)"},
     {"setup_api", (PyCFunction)core_setup_api, METH_VARARGS,
      "setup_api(RadixKey, MatchResult, InsertResult, IncLockRefResult, DecLockRefResult, "
      "EvictResult, torch.Tensor, torch.int64, array.array)"},
@@ -3357,6 +3499,10 @@ PyInit__core(void)
     INTERN(s_tail, "_free_tail");
     INTERN(s_tail_hw, "_free_tail_hw");
     INTERN(s_page_size_attr, "page_size");
+    INTERN(s_free_slots, "free_slots");
+    INTERN(s_lock, "lock");
+    INTERN(s_acquire, "acquire");
+    INTERN(s_release, "release");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

@@ -577,7 +577,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
             if self._deferred is not None:
                 self._deferred.append(slots)
             else:
-                self.token_to_kv_pool_allocator.free(slots)
+                release(self.token_to_kv_pool_allocator, [slots], holder=self._tail())
             if self.validate_slots:
                 self._owned.difference_update(slots.tolist())
 
@@ -689,12 +689,18 @@ class UnifiedRadixCache(compat.EngineDefaults):
         """Free the insert's duplicates, ``value[lo:hi]`` per node (the C core's insert calls
         this for two or more), in as few allocator calls as exactness
         allows (fast/frees.py)."""
-        release_ranges(self.token_to_kv_pool_allocator, value, bounds)
+        release_ranges(self.token_to_kv_pool_allocator, value, bounds, holder=self._tail())
 
     def _free_values(self, values: list) -> None:
         """Free the values one call released, in this order, in as few allocator calls as the
         allocator's semantics allow (fast/frees.py; the C core's evict calls this)."""
-        release(self.token_to_kv_pool_allocator, values)
+        release(self.token_to_kv_pool_allocator, values, holder=self._tail())
+
+    def _tail(self) -> Any:
+        """Whose tail buffer this cache's frees grow its KV allocator's list into
+        (fast/_core.c "native frees"): its own where its C core frees too, so the two paths
+        share one buffer; otherwise the allocator's (fast/frees.py ``tail_holder``)."""
+        return self if self.core == "c" else None
 
     def _free_joined(self, joined: torch.Tensor, lengths: list) -> None:
         """Free two or more evicted values the C core's evict holds as C memory: ``joined`` is
@@ -704,7 +710,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         through :meth:`_free_values`."""
         alloc = self.token_to_kv_pool_allocator
         if frees.free_order(alloc) == frees.APPEND:  # (looked up at each call)
-            release(alloc, [joined])
+            release(alloc, [joined], holder=self._tail())
         else:
             self._free_values(list(joined.split(lengths)))
 

@@ -33,9 +33,13 @@ asks :func:`free_order` what a ``free``-like method does with a concatenation:
   the allocator gets :data:`PER_CALL`.
 * :data:`PER_CALL`: anything else, one call per piece.
 
-The C core (``fast/_core.c``, "native frees") takes both exact sglang classes itself on the
-CPU, for the Full cache's evict and insert (:func:`native_kind` tells it which class is
-which); at page 1 it keeps spare room after the free list (docs/COMPAT.md "Frees").
+The C core (``fast/_core.c``, "native frees") takes the exact sglang classes itself on the
+CPU (:func:`native_kind` tells it which class is which): for the Full cache's evict and
+insert, and through :func:`release` for every other path (hybrid, host tier; the Mamba slot
+allocator and the host pools, which append to ``free_slots``; the SWA allocator in its own
+steps, :func:`swa_release`).  Where the list appends, it keeps spare room after it, so a free
+writes only the new slots (docs/COMPAT.md "Frees").  Without the C core
+(``UNIRADIX_PURE_PYTHON=1``) the Python code below runs, with the same results.
 
 An allocator outside sglang declares its semantics with a class attribute
 ``uniradix_free_order`` (:data:`APPEND` or :data:`PER_CALL`); the conformance environment's
@@ -49,6 +53,7 @@ slots it is given (the conformance runs' ``freed`` effects) sees the same sequen
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,16 +103,24 @@ def free_order(alloc: Any, method: str = "free") -> str:
     return known
 
 
-def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") -> int:
+def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free",
+            holder: Any = None) -> int:
     """Free ``pieces`` (1-D slot tensors, in the order one call each would free them) through
-    ``alloc.<method>`` in as few calls as :func:`free_order` allows.  Returns the number of
-    allocator calls made."""
+    ``alloc.<method>`` in as few calls as :func:`free_order` allows; where the C core can write
+    the allocator's list as those calls would leave it (:func:`native_release`,
+    :func:`swa_release`), it does, without copying the list.  ``holder``: whose tail buffer
+    the list may grow into (default the allocator's own, :func:`tail_holder`).  Returns the
+    number of allocator calls made (a batch written in one step counts one)."""
     k = len(pieces)
+    if k == 0:
+        return 0
+    if method == "free" and native_release(alloc, pieces, holder):
+        return 1
+    if (method == "free" or method == "free_swa") and swa_release(alloc, pieces, method):
+        return 1
     if k == 1:  # one call per piece is what every order stands for: no order to work out
         getattr(alloc, method)(pieces[0])
         return 1
-    if k == 0:
-        return 0
     fn = getattr(alloc, method)
     order = free_order(alloc, method)
     if order == APPEND:
@@ -123,22 +136,34 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") ->
 
 
 # native_kind's answers (the C core's classes of allocator, fast/_core.c "native frees")
-NATIVE_NONE, NATIVE_APPEND, NATIVE_PAGED = 0, 1, 2
+NATIVE_NONE, NATIVE_APPEND, NATIVE_PAGED, NATIVE_SLOTS, NATIVE_HOST = 0, 1, 2, 3, 4
+_HOST = "sglang.srt.mem_cache.memory_pool_host"
 _EXACT: dict[tuple[str, str, Any], int] = {  # (module, class, its free's qualname) -> kind
     ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator",
      "TokenToKVPoolAllocator.free"): NATIVE_APPEND,
     ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator",
      "PagedTokenToKVPoolAllocator.free"): NATIVE_PAGED,
+    ("sglang.srt.mem_cache.allocator.mamba", "MambaSlotAllocator",
+     "MambaSlotAllocator.free"): NATIVE_SLOTS,
+    (_HOST, "MHATokenToKVPoolHost", "HostKVCache.free"): NATIVE_HOST,
+    (_HOST, "MLATokenToKVPoolHost", "HostKVCache.free"): NATIVE_HOST,
+    (_HOST, "MambaPoolHost", "MambaPoolHost.free"): NATIVE_HOST,
 }
 _FREE_MODULES = {"TokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.token",
-                 "PagedTokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.paged"}
+                 "PagedTokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.paged",
+                 "MambaSlotAllocator": "sglang.srt.mem_cache.allocator.mamba",
+                 "MHATokenToKVPoolHost": _HOST, "MLATokenToKVPoolHost": _HOST,
+                 "MambaPoolHost": _HOST}
 
 
 def native_kind(cls: type) -> int:
-    """Whether ``cls`` is exactly one of sglang 0.5.13.post1's KV allocators whose list may be
+    """Whether ``cls`` is exactly one of sglang 0.5.13.post1's allocators whose list may be
     written directly (:func:`append_release`, :func:`paged_release`, and the C core's native
     frees): :data:`NATIVE_APPEND` for ``TokenToKVPoolAllocator``, :data:`NATIVE_PAGED` for
-    ``PagedTokenToKVPoolAllocator``, each with its own ``free`` on the class; else
+    ``PagedTokenToKVPoolAllocator``, :data:`NATIVE_SLOTS` for ``MambaSlotAllocator``
+    (``free`` appends to ``free_slots``), :data:`NATIVE_HOST` for the host pools
+    ``MHATokenToKVPoolHost``, ``MLATokenToKVPoolHost`` and ``MambaPoolHost`` (``free`` appends
+    to ``free_slots`` under the pool's lock), each with that ``free`` on the class; else
     :data:`NATIVE_NONE` (a subclass, which may free differently, or anything else)."""
     fn = getattr(cls, "free", None)
     qual = getattr(fn, "__qualname__", None)
@@ -227,6 +252,117 @@ def paged_release(alloc: Any, pieces: Sequence[torch.Tensor]) -> bool:
     return True
 
 
+class TailHolder:
+    """Where the C core keeps one allocator list's tail buffer (fast/_core.c "native frees":
+    ``_free_tail``, the buffer the list is a view of, and ``_free_tail_hw``, the highest index
+    ever written into it)."""
+
+    __slots__ = ("_free_tail", "_free_tail_hw", "__weakref__")
+
+    def __init__(self) -> None:
+        self._free_tail: torch.Tensor | None = None
+        self._free_tail_hw = 0
+
+
+_HOLDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tail_holder(alloc: Any) -> TailHolder:
+    """``alloc``'s own :class:`TailHolder` (one per allocator, kept while it lives)."""
+    h = _HOLDERS.get(alloc)
+    if h is None:
+        h = _HOLDERS[alloc] = TailHolder()
+    return h
+
+
+def native_release(alloc: Any, pieces: Sequence[torch.Tensor], holder: Any = None) -> bool:
+    """Leave ``alloc`` as ``alloc.free(p)`` for each piece in turn would, through the C core
+    (fast/_core.c "native frees"), which appends the pieces to the list without copying it
+    where it can: ``alloc`` one of :func:`native_kind`'s exact classes, its list and every
+    piece a 1-D int64 CPU tensor, and for the KV allocators outside a free group and sglang's
+    debug mode, no ``free`` on the instance unless it only observes.  ``holder``: whose tail
+    buffer the list grows into (default :func:`tail_holder` of ``alloc``).  False, with
+    nothing changed, anywhere else (and always without the C core)."""
+    core = _native_core()
+    if core is None or not native_kind(type(alloc)):
+        return False
+    return bool(core.native_release(tail_holder(alloc) if holder is None else holder, alloc,
+                                    pieces if type(pieces) is list else list(pieces)))
+
+
+_SWA = ("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator")
+
+
+def _swa_exact(alloc: Any, method: str) -> int:
+    """Whether ``alloc`` is exactly sglang's ``SWATokenToKVPoolAllocator`` with its own
+    ``free`` and ``free_swa`` (no instance ``free`` unless it only observes, none of
+    ``free_swa``), outside a free group for ``free``, over two sub-allocators of one exact
+    class: its :func:`native_kind` (:data:`NATIVE_APPEND` at page 1, :data:`NATIVE_PAGED`
+    above), else :data:`NATIVE_NONE`."""
+    cls = type(alloc)
+    if (cls.__module__, cls.__name__) != _SWA:
+        return NATIVE_NONE
+    for name in ("free", "free_swa"):
+        fn = getattr(cls, name, None)
+        if getattr(fn, "__qualname__", None) != f"{_SWA[1]}.{name}" \
+                or getattr(fn, "__module__", None) != _SWA[0]:
+            return NATIVE_NONE
+    inst = alloc.__dict__
+    if "free_swa" in inst or ("free" in inst
+                              and not callable(getattr(inst["free"], "uniradix_on_batch", None))):
+        return NATIVE_NONE
+    if method == "free" and alloc.is_not_in_free_group is not True:
+        return NATIVE_NONE
+    kinds = {native_kind(type(getattr(alloc, s, None)))
+             for s in ("full_attn_allocator", "swa_attn_allocator")}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {NATIVE_APPEND, NATIVE_PAGED} \
+        else NATIVE_NONE
+
+
+def swa_release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free") -> bool:
+    """Leave sglang's ``SWATokenToKVPoolAllocator`` as ``alloc.<method>(p)`` for each piece in
+    turn would, in its own steps: ``free`` is the full sub-allocator's free of the piece
+    (:func:`native_release`), then ``free_swa``; that is the gather of
+    ``full_to_swa_index_mapping`` at the piece, the values > 0 kept, the swa sub-allocator's
+    free of them and the mapping zeroed at the piece (the C core's ``swa_take`` for every
+    piece, then one :func:`native_release` of what each piece gave).  At page 1 no free list
+    is copied; at page > 1 (paged sub-allocators) each list is written once for all the
+    pieces, as :func:`paged_release`.  ``free``'s checks of both sub-allocators' sizes run
+    once at the end.  False, with nothing changed, where :func:`_swa_exact` does not hold or
+    the C core is absent; where a step past the first cannot be native, sglang's own methods
+    finish it, one call per piece."""
+    core = _native_core()
+    if core is None:
+        return False
+    kind = _swa_exact(alloc, method)
+    if not kind:
+        return False
+    full, swa = alloc.full_attn_allocator, alloc.swa_attn_allocator
+    pieces = pieces if type(pieces) is list else list(pieces)
+    if method == "free" and not native_release(full, pieces):
+        return False
+    res = core.swa_take(alloc.full_to_swa_index_mapping, pieces)
+    if res is None:
+        if method == "free":  # the full side is done: free_swa of each piece, as free goes on
+            for p in pieces:
+                alloc.free_swa(p)
+        else:
+            return False
+    elif res[0].shape[0]:
+        taken, lens = res
+        parts = [taken] if kind == NATIVE_APPEND else list(taken.split(lens))
+        if not native_release(swa, parts):
+            for p in parts:  # (at page 1 the sub-allocator appends: one part, one free)
+                swa.free(p)
+    if method == "free":
+        assert full.available_size() <= full.size  # noqa: S101 -- free's own checks
+        assert swa.available_size() <= swa.size  # noqa: S101
+        observer = alloc.__dict__.get("free")
+        if observer is not None:
+            observer.uniradix_on_batch(len(pieces))
+    return True
+
+
 def _native_core() -> Any:
     """The C core's module where the fast cache loaded it (not under UNIRADIX_PURE_PYTHON=1,
     nor where it is not built), else None."""
@@ -253,18 +389,19 @@ def _front_by_torch(live: list[torch.Tensor], page_size: int) -> torch.Tensor | 
     return keys % span + lo
 
 
-def release_ranges(alloc: Any, value: torch.Tensor, bounds: Sequence[int]) -> int:
+def release_ranges(alloc: Any, value: torch.Tensor, bounds: Sequence[int],
+                   holder: Any = None) -> int:
     """Free ``value[lo:hi]`` for each ``(lo, hi)`` in ``bounds`` (flat: ``lo0, hi0, lo1, hi1,
     ...``, in free order, one range per node as upstream frees them) through ``alloc.free`` in
-    as few calls as :func:`free_order` allows; under :data:`APPEND` adjacent ranges are freed
-    as one slice (a view, no copy).  Returns the number of allocator calls made."""
+    as few calls as :func:`free_order` allows (through :func:`release`); under :data:`APPEND`
+    adjacent ranges are freed as one slice (a view, no copy).  Returns the number of allocator
+    calls made."""
     if len(bounds) == 2:  # one range: one call whatever the order, as in release
-        alloc.free(value[bounds[0]:bounds[1]])
-        return 1
+        return release(alloc, [value[bounds[0]:bounds[1]]], holder=holder)
     order = free_order(alloc)
-    if order == PAGED and paged_release(
-            alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)]):
-        return 1
+    if order == PAGED:
+        return release(alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)],
+                       holder=holder)
     if order == APPEND:
         merged: list[torch.Tensor] = []
         lo, hi = bounds[0], bounds[1]
@@ -275,8 +412,9 @@ def release_ranges(alloc: Any, value: torch.Tensor, bounds: Sequence[int]) -> in
                 merged.append(value[lo:hi])
                 lo, hi = bounds[i], bounds[i + 1]
         merged.append(value[lo:hi])
-        return release(alloc, merged)
-    return release(alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)])
+        return release(alloc, merged, holder=holder)
+    return release(alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)],
+                   holder=holder)
 
 
 class FreeBatch:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput, Unsupported
-from ..frees import FreeBatch
+from ..frees import FreeBatch, release
 from ..params import EvictParams, MatchPrefixParams, MatchResult
 from ..tiers.host import Copy, HostSlotAllocator
 from . import MAMBA_ID, AuxComponent, Validator
@@ -416,7 +416,7 @@ class MambaComponent(AuxComponent):
         if rec.host_value is None:
             return 0
         self.host_lru.pop(rec, None)
-        self.host_allocator.free(rec.host_value)
+        release(self.host_allocator, [rec.host_value])  # (fast/frees.py)
         rec.host_value = None
         return 1
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput, Unsupported
-from ..frees import FreeBatch
+from ..frees import FreeBatch, release
 from ..tiers.host import Copy, HostSlotAllocator
 from . import SWA_ID, AuxComponent, Validator
 
@@ -330,7 +330,7 @@ class SwaComponent(AuxComponent):
             return 0
         self.host_lru.pop(rec, None)
         k = len(rec.host_value)
-        self.host_allocator.free(rec.host_value)
+        release(self.host_allocator, [rec.host_value])  # (fast/frees.py)
         rec.host_value = None
         return k
 

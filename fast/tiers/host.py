@@ -455,7 +455,7 @@ class HiCacheController:
         return out
 
     def append_host_mem_release(self, host_indices) -> None:
-        self.mem_pool_host.free(host_indices)
+        release(self.mem_pool_host, [host_indices])  # (fast/frees.py: without a list copy)
 
     def reset(self) -> None:
         self.ack_write_queue.clear()
@@ -710,7 +710,7 @@ class HostTier:
                 if not comp.backup(node):
                     for c in done:
                         c.drop_host(node)
-                    cc.mem_pool_host.free(host_indices)
+                    release(cc.mem_pool_host, [host_indices])
                     return 0
                 done.append(comp)
         cc.submit_write(node.value, host_indices, node.id)
@@ -843,7 +843,7 @@ class HostTier:
         self.host_tokens -= k
         node.host_value = None
         if pieces is None:
-            self.controller.mem_pool_host.free(host)
+            release(self.controller.mem_pool_host, [host])
         else:
             pieces.append(host)
         parent = node.parent

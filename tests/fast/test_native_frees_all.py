@@ -1,0 +1,357 @@
+"""Native frees on every path (fast/frees.py ``release``, ``native_release``, ``swa_release``;
+fast/_core.c "native frees" and ``swa_take``): over each of sglang's own allocators the bench
+uses (``TokenToKVPoolAllocator``, ``SWATokenToKVPoolAllocator``, ``MambaSlotAllocator``, the
+host pools ``MHATokenToKVPoolHost`` and ``MambaPoolHost``), fast's release of k pieces leaves
+the allocator exactly as a twin freed one piece per call by sglang's own method: the same free
+lists (and SWA mapping) after every step of random interleavings of alloc, release, sglang's
+own free, backup_state / restore_state, free groups and need_sort; no slot handed out earlier
+ever changes.  Where the list may not be written (a subclass, debug mode, an instance ``free``,
+a piece that is not a CPU int64 tensor), sglang's own method runs."""
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import uniradix.fast.cache as cache_mod  # noqa: E402
+from uniradix.conformance.bench import configs as C  # noqa: E402
+from uniradix.fast import frees  # noqa: E402
+
+pytestmark = pytest.mark.upstream
+
+
+def _sglang():
+    """sglang's torch and allocator classes, or a skip where sglang does not import."""
+    try:
+        from uniradix.conformance.adapters.upstream import load_upstream
+        torch_mod = load_upstream().torch
+        from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
+        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    except Exception as e:  # noqa: BLE001 - absent, or an install that fails at import
+        pytest.skip(f"sglang's allocators do not import here ({type(e).__name__}: {e})")
+    return torch_mod, TokenToKVPoolAllocator, SWATokenToKVPoolAllocator, MambaSlotAllocator, \
+        SWAKVPool
+
+
+def _token(slots: int, need_sort: bool):
+    t, token, _, _, _ = _sglang()
+    return token(slots, t.float16, "cpu", None, need_sort)
+
+
+def _swa(slots: int, need_sort: bool, ps: int = 1):
+    t, _, swa, _, pool = _sglang()
+    kv = pool(size=slots, size_swa=slots // 2, page_size=ps, dtype=t.float16, head_num=1,
+              head_dim=1, swa_attention_layer_ids=[1], full_attention_layer_ids=[0],
+              enable_kvcache_transpose=False, device="cpu")
+    return swa(slots, slots // 2, page_size=ps, dtype=t.float16, device="cpu", kvcache=kv,
+               need_sort=need_sort)
+
+
+def _swa16(slots: int, need_sort: bool):
+    return _swa(slots // 16 * 16, need_sort, 16)
+
+
+def _mamba(slots: int, need_sort: bool):
+    return _sglang()[3](slots, "cpu")
+
+
+def _host(which: str):
+    def make(slots: int, need_sort: bool):
+        _sglang()
+        from uniradix.conformance.bench import sglang_alloc
+        parts = sglang_alloc.sglang_parts(C.BenchConfig(("full", "mamba"), "write_through"),
+                                          slots, 1)
+        return parts.host if which == "kv" else parts.aux_host["mamba"]
+    return make
+
+
+# kind -> (builder, what it has: "group" free groups and backup_state, "swa" free_swa too)
+KINDS = {
+    "token": (_token, {"group"}),
+    "swa": (_swa, {"group", "swa"}),
+    "swa16": (_swa16, {"group", "swa"}),
+    "mamba": (_mamba, set()),
+    "host_kv": (_host("kv"), set()),
+    "host_mamba": (_host("mamba"), set()),
+}
+
+
+def _subs(a) -> list:
+    return [a.full_attn_allocator, a.swa_attn_allocator] if hasattr(a, "full_attn_allocator") \
+        else [a]
+
+
+def _state(a) -> list:
+    """Everything a free may change: each (sub-)allocator's lists, the SWA mapping."""
+    out = []
+    for s in _subs(a):
+        if hasattr(s, "free_pages"):
+            out += [s.free_pages.tolist(), s.release_pages.tolist()]
+        else:
+            out.append(s.free_slots.tolist())
+    if hasattr(a, "full_to_swa_index_mapping"):
+        out.append(a.full_to_swa_index_mapping.tolist())
+    return out
+
+
+def _page(a) -> int:
+    return a.page_size if hasattr(a, "full_attn_allocator") else 1
+
+
+def _alloc(a, n: int):
+    """``n`` units: slots, or at page > 1 whole pages (as the bench allocates from the SWA
+    allocator there, conformance/bench/sglang_alloc.py PagedSwaAlloc)."""
+    if _page(a) > 1:
+        from uniradix.conformance.bench import sglang_alloc
+        return sglang_alloc.PagedSwaAlloc(a).alloc(n * _page(a))
+    return a.alloc(n)
+
+
+def _units(t, ps: int) -> list:
+    """What was allocated, as units the test frees whole: slots, or pages' slot tuples."""
+    v = t.tolist()
+    return v if ps == 1 else [tuple(v[i:i + ps]) for i in range(0, len(v), ps)]
+
+
+def _flat(units: list, ps: int) -> list:
+    return units if ps == 1 else [x for u in units for x in u]
+
+
+@pytest.mark.parametrize(("kind", "need_sort"), [(k, False) for k in sorted(KINDS)]
+                         + [(k, True) for k in sorted(KINDS) if "group" in KINDS[k][1]])
+@pytest.mark.parametrize("seed", range(6))
+def test_release_equals_one_sglang_free_per_piece(kind, need_sort, seed):
+    build, has = KINDS[kind]
+    rng = random.Random(seed * 31 + len(kind))
+    slots = rng.choice([300, 12000]) if kind != "host_kv" else 6000
+    got, ref = build(slots, need_sort), build(slots, need_sort)
+    ps = _page(got)
+    handed: list[tuple] = []  # (tensor alloc returned, its values then)
+    held: list[int] = []
+    backup = None
+    in_group = False
+    for _ in range(40):
+        n = rng.randint(1, 30 if ps == 1 else 3)
+        a, b = _alloc(got, n), _alloc(ref, n)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.tolist() == b.tolist()
+            handed.append((a, a.tolist()))
+            held += _units(a, ps)
+        rng.shuffle(held)
+        k = rng.randint(0, min(len(held), 60 // ps))
+        freed = _flat(held[:k], ps)
+        method = "free_swa" if "swa" in has and rng.random() < 0.25 else "free"
+        if method == "free":
+            held = held[k:]  # (free_swa keeps the full slots held: free them later)
+        pieces, i = [], 0
+        while i < len(freed):
+            j = i + rng.randint(0, 9) * ps  # empty pieces too
+            pieces.append(torch.tensor(freed[i:j], dtype=torch.int64))
+            i = max(j, i + ps) if j == i and rng.random() < 0.5 else j
+        if ps > 1:  # a piece's slots in any order (the pages sorted within each free)
+            pieces = [p[torch.randperm(len(p))] if rng.random() < 0.5 else p for p in pieces]
+        if "group" in has and not in_group and rng.random() < 0.1:
+            got.free_group_begin()
+            ref.free_group_begin()
+            in_group = True
+        frees.release(got, pieces, method)
+        for p in pieces:
+            getattr(ref, method)(p)
+        roll = rng.random()
+        if in_group and roll < 0.4:
+            got.free_group_end()
+            ref.free_group_end()
+            in_group = False
+        elif roll < 0.1 and held:  # sglang's own free: the list leaves the tail buffer
+            extra = torch.tensor(_flat(held[:3], ps), dtype=torch.int64)
+            held = held[3:]
+            got.free(extra)
+            ref.free(extra)
+        elif "group" in has and not in_group and roll < 0.25:
+            backup = (got.backup_state(), ref.backup_state())
+        elif "group" in has and not in_group and roll < 0.35 and backup is not None:
+            got.restore_state(backup[0])
+            ref.restore_state(backup[1])
+            held = []  # what the restored lists hold may be handed out again
+        assert _state(got) == _state(ref)
+        assert got.available_size() == ref.available_size()
+        for t, values in handed:
+            assert t.tolist() == values  # no slot handed out was ever overwritten
+    if cache_mod.NATIVE and slots > 1000 and not need_sort and kind not in ("host_mamba",
+                                                                             "swa16"):
+        # the long lists went through the tail buffer, not sglang's copy of the list (the
+        # host Mamba pool is always short: twice the device's 256 states)
+        assert all(frees.tail_holder(s)._free_tail is not None for s in _subs(got))
+
+
+def test_swa_take_repeats_as_free_swa_in_turn():
+    """A slot repeated within one piece is taken each time (free_swa gathers before it zeroes),
+    one repeated in a later piece is not (zeroed by then); slots that map to 0 are skipped.
+    (The C core's ``swa_take``; without it one ``free_swa`` of the concatenation runs, which
+    is the same only where no slot is in two pieces, as in every cache's frees: a slot in two
+    pieces is a double free.)"""
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    got, ref = _swa(64, False), _swa(64, False)
+    a, b = got.alloc(10), ref.alloc(10)
+    assert a.tolist() == b.tolist()
+    got.full_to_swa_index_mapping[a[9]] = 0  # one slot without an SWA slot
+    ref.full_to_swa_index_mapping[b[9]] = 0
+    s = a.tolist()
+    pieces = [torch.tensor([s[0], s[1], s[0]]), torch.tensor([s[1], s[2], s[9]]),
+              torch.tensor([], dtype=torch.int64), torch.tensor([s[3]])]
+    assert frees.release(got, pieces, "free_swa") == 1
+    for p in pieces:
+        ref.free_swa(p)
+    assert _state(got) == _state(ref)
+
+
+def test_swa_take_declines_slots_outside_the_mapping():
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    a = _swa(64, False)
+    m = a.full_to_swa_index_mapping
+    before = m.tolist()
+    assert cache_mod._core.swa_take(m, [torch.tensor([1]), torch.tensor([-1])]) is None
+    assert cache_mod._core.swa_take(m, [torch.tensor([len(before)])]) is None
+    assert cache_mod._core.swa_take(m.to(torch.int32), [torch.tensor([1])]) is None
+    assert m.tolist() == before  # nothing changed
+
+
+def _pieces() -> list:
+    return [torch.tensor([1, 2], dtype=torch.int64), torch.tensor([3], dtype=torch.int64)]
+
+
+@pytest.mark.parametrize("kind", ["token", "swa", "mamba", "host_kv"])
+def test_subclass_gets_its_own_free(kind):
+    """A subclass may free differently: its own ``free`` runs, once per piece."""
+    build = KINDS[kind][0]
+    base = build(6000, False)
+    calls = []
+
+    class Sub(type(base)):
+        def free(self, idx):
+            calls.append(idx.tolist())
+            return super().free(idx)
+    got = base
+    got.__class__ = Sub
+    ref = build(6000, False)
+    got.alloc(8)
+    ref.alloc(8)
+    frees.release(got, _pieces())
+    for p in _pieces():
+        ref.free(p)
+    assert calls == [[1, 2], [3]]
+    assert _state(got) == _state(ref)
+    assert all(frees.tail_holder(s)._free_tail is None for s in _subs(got)
+               if frees.native_kind(type(s)))
+
+
+@pytest.mark.parametrize("kind", ["token", "swa"])
+def test_debug_mode_runs_sglang_free(kind):
+    got, ref = KINDS[kind][0](6000, False), KINDS[kind][0](6000, False)
+    for a in (got, ref):
+        a.alloc(8)
+    for s in _subs(got):
+        s.debug_mode = True
+    frees.release(got, _pieces())
+    for p in _pieces():
+        ref.free(p)
+    assert _state(got) == _state(ref)
+    assert all(frees.tail_holder(s)._free_tail is None for s in _subs(got))
+
+
+@pytest.mark.parametrize("kind", ["token", "swa", "mamba", "host_kv", "host_mamba"])
+def test_instance_free_runs(kind):
+    """A ``free`` set on the instance that does not say it only observes is called."""
+    got, ref = KINDS[kind][0](6000, False), KINDS[kind][0](6000, False)
+    got.alloc(8)
+    ref.alloc(8)
+    seen = []
+    raw = got.free
+
+    def free(idx):
+        seen.append(idx.tolist())
+        return raw(idx)
+    got.free = free
+    frees.release(got, _pieces())
+    for p in _pieces():
+        ref.free(p)
+    assert seen and sum(seen, []) == [1, 2, 3]
+    assert _state(got) == _state(ref)
+
+
+def test_swa_instance_free_swa_runs():
+    got, ref = _swa(6000, False), _swa(6000, False)
+    got.alloc(8)
+    ref.alloc(8)
+    seen = []
+    raw = got.free_swa
+    got.free_swa = lambda idx: (seen.append(idx.tolist()), raw(idx))[1]
+    frees.release(got, _pieces())
+    for p in _pieces():
+        ref.free(p)
+    assert seen
+    assert _state(got) == _state(ref)
+
+
+@pytest.mark.parametrize("kind", ["token", "swa", "mamba", "host_kv", "host_mamba"])
+def test_pieces_not_cpu_int64_run_sglang_free(kind):
+    """int32 or non-contiguous pieces: sglang's own free (its dtype promotion); a piece on
+    another device (``meta``, no CUDA needed): sglang's own free raises, as for the twin."""
+    got, ref = KINDS[kind][0](6000, False), KINDS[kind][0](6000, False)
+    got.alloc(8)
+    ref.alloc(8)
+    odd = [torch.tensor([1, 2], dtype=torch.int32), torch.tensor([3, 0, 4, 0])[::2]]
+    frees.release(got, odd)
+    for p in odd:
+        ref.free(p)
+    assert _state(got) == _state(ref)
+    meta = [torch.empty(n, dtype=torch.int64, device="meta") for n in (1, 2)]
+    errors = []
+    for run in (lambda: frees.release(got, meta), lambda: [ref.free(p) for p in meta]):
+        try:
+            run()
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001 - compared below
+            errors.append(type(e))
+    assert errors[0] == errors[1]
+    assert _state(got) == _state(ref)
+
+
+def test_observer_told_once_per_batch():
+    """The bench's counting wrapper (it only observes) keeps the native path and is told once
+    per batch, for the KV allocator and for the SWA allocator."""
+    from uniradix.conformance.bench import loop as bench
+    for kind in ("token", "swa"):
+        got, ref = KINDS[kind][0](6000, False), KINDS[kind][0](6000, False)
+        got.alloc(8)
+        ref.alloc(8)
+        bench.count_frees(got)
+        assert frees.release(got, _pieces()) == 1
+        for p in _pieces():
+            ref.free(p)
+        assert _state(got) == _state(ref)
+        assert got._bench_free_calls == [1]
+
+
+def test_free_timer_counts_the_native_frees_of_every_allocator():
+    """``--alloc-time``'s C timer (fast/_core.c ``free_timer``) sums the native frees of the
+    SWA allocator's steps and of the Mamba allocator, not only the Full cache's."""
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    core = cache_mod._core
+    for kind in ("swa", "mamba"):
+        a = KINDS[kind][0](6000, False)
+        a.alloc(8)
+        core.free_timer(1)  # reset, and on (wall clock)
+        try:
+            assert frees.release(a, _pieces()) == 1
+            assert core.free_timer(1) > 0.0
+            assert core.free_timer(1) == 0.0  # nothing freed since
+        finally:
+            core.free_timer(0)
