@@ -295,10 +295,10 @@ _SWA = ("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator")
 
 def _swa_exact(alloc: Any, method: str) -> int:
     """Whether ``alloc`` is exactly sglang's ``SWATokenToKVPoolAllocator`` with its own
-    ``free`` and ``free_swa`` (no instance ``free`` unless it only observes, none of
-    ``free_swa``), outside a free group for ``free``, over two sub-allocators of one exact
-    class: its :func:`native_kind` (:data:`NATIVE_APPEND` at page 1, :data:`NATIVE_PAGED`
-    above), else :data:`NATIVE_NONE`."""
+    ``free`` and ``free_swa`` (no instance ``free`` or ``free_swa`` unless it only observes:
+    it carries ``uniradix_on_batch``, called once per batch written), outside a free group
+    for ``free``, over two sub-allocators of one exact class: its :func:`native_kind`
+    (:data:`NATIVE_APPEND` at page 1, :data:`NATIVE_PAGED` above), else :data:`NATIVE_NONE`."""
     cls = type(alloc)
     if (cls.__module__, cls.__name__) != _SWA:
         return NATIVE_NONE
@@ -308,9 +308,10 @@ def _swa_exact(alloc: Any, method: str) -> int:
                 or getattr(fn, "__module__", None) != _SWA[0]:
             return NATIVE_NONE
     inst = alloc.__dict__
-    if "free_swa" in inst or ("free" in inst
-                              and not callable(getattr(inst["free"], "uniradix_on_batch", None))):
-        return NATIVE_NONE
+    for name in ("free", "free_swa"):  # an instance method only where it only observes
+        own = inst.get(name)
+        if own is not None and not callable(getattr(own, "uniradix_on_batch", None)):
+            return NATIVE_NONE
     if method == "free" and alloc.is_not_in_free_group is not True:
         return NATIVE_NONE
     kinds = {native_kind(type(getattr(alloc, s, None)))
@@ -357,9 +358,9 @@ def swa_release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free"
     if method == "free":
         assert full.available_size() <= full.size  # noqa: S101 -- free's own checks
         assert swa.available_size() <= swa.size  # noqa: S101
-        observer = alloc.__dict__.get("free")
-        if observer is not None:
-            observer.uniradix_on_batch(len(pieces))
+    observer = alloc.__dict__.get(method)
+    if observer is not None:
+        observer.uniradix_on_batch(len(pieces))
     return True
 
 

@@ -303,6 +303,32 @@ def test_swa_instance_free_swa_runs():
     assert _state(got) == _state(ref)
 
 
+@pytest.mark.parametrize("method", ["free", "free_swa"])
+def test_swa_observing_instance_methods_keep_the_native_steps(method):
+    """An instance ``free`` / ``free_swa`` that only observes (it carries ``uniradix_on_batch``,
+    as the bench's counters do: conformance/bench/alloc_time.py) keeps the native steps: it is
+    told once per batch and never called, and the lists end as the twin's."""
+    if getattr(cache_mod, "_core", None) is None:
+        pytest.skip("the C core is not built")
+    got, ref = _swa(6000, False), _swa(6000, False)
+    got.alloc(8)
+    ref.alloc(8)
+    called, told = [], []
+    for name in ("free", "free_swa"):
+        raw = getattr(got, name)
+
+        def watch(idx, raw=raw, name=name):
+            called.append(name)
+            return raw(idx)
+        watch.uniradix_on_batch = lambda n, name=name: told.append((name, n))
+        setattr(got, name, watch)
+    frees.release(got, _pieces(), method)
+    for p in _pieces():
+        getattr(ref, method)(p)
+    assert called == [] and told == [(method, 2)]
+    assert _state(got) == _state(ref)
+
+
 @pytest.mark.parametrize("kind", ["token", "swa", "mamba", "host_kv", "host_mamba"])
 def test_pieces_not_cpu_int64_run_sglang_free(kind):
     """int32 or non-contiguous pieces: sglang's own free (its dtype promotion); a piece on
