@@ -131,6 +131,36 @@ def _refuse(field: str, value: Any, why: str) -> None:
                       "uniradix.fast (leave it at its default)")
 
 
+# The cache API the drop-in follows (sglang 0.5.13.post1's): fields of sglang's InsertParams it
+# reads.  Later releases dropped them (0.5.23: ``component_evicted_seqlens`` and
+# ``inserted_len`` instead; docs/COMPAT.md "Newer releases").
+SGLANG_INSERT_FIELDS = ("chunked", "swa_evicted_seqlen")
+
+
+def check_sglang_api(params: Any) -> None:
+    """Refuse, by release and field, ``params`` from an sglang release whose cache API the
+    drop-in does not follow: its ``InsertParams`` (in the module beside its
+    ``CacheInitParams``'s, ``base_prefix_cache``) lacks a field the cache reads.  Such a
+    release's scheduler would hand every call objects the cache cannot read; without this it
+    would fail at the first insert with an ``AttributeError``.  Params not from sglang (or an
+    sglang whose module cannot be read) pass."""
+    module = type(params).__module__ or ""
+    if not module.startswith("sglang."):
+        return
+    base = sys.modules.get("sglang.srt.mem_cache.base_prefix_cache")
+    cls = getattr(base, "InsertParams", None)
+    fields = getattr(cls, "__dataclass_fields__", None)
+    if not fields:
+        return
+    missing = [f for f in SGLANG_INSERT_FIELDS if f not in fields]
+    if missing:
+        version = getattr(sys.modules.get("sglang"), "__version__", "unknown")
+        raise Unsupported(
+            f"sglang {version}: its InsertParams has no {', '.join(missing)}; uniradix.fast is a "
+            "drop-in for sglang 0.5.13.post1's cache API (docs/COMPAT.md lists what a newer "
+            "release changed)")
+
+
 def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> None:
     """Refuse every setting the cache would not honour.
 
@@ -143,6 +173,7 @@ def check_settings(params: Any, *, finished_insert: bool, multi_rank: bool) -> N
     ``chunked_prefill_size`` and, for a Full-only cache, ``sliding_window_size`` change nothing
     in upstream's unified cache either, so any value passes.
     """
+    check_sglang_api(params)
     # an unknown eviction policy is refused by name (the known ones other than lru run on
     # the composed tree, PYTHON_TREE; the C core orders by LRU only)
     policy_name(getattr(params, "eviction_policy", "lru"))
