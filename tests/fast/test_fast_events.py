@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 import pytest
 import torch
@@ -180,6 +181,12 @@ def test_the_publisher_carries_the_caches_events_to_a_router():
         assert pub.publish(c.take_events())
         c.evict(fast.EvictParams(num_tokens=2))  # the oldest leaf: the page (3, 4)
         assert pub.publish(c.take_events())
+        # the sender thread buffers a batch once it has sent it; a replay asked for before then
+        # gets the batches buffered so far (the publisher is asynchronous): wait for all three
+        deadline = time.monotonic() + 10
+        while pub.stats.published_batches < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pub.stats.published_batches == 3
         with kv.KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint) as sub:
             batches = sub.replay(0)
     assert [seq for seq, _ in batches] == [0, 1, 2]
