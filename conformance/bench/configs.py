@@ -284,7 +284,8 @@ def upstream_build(config: BenchConfig, up: Any, hy: Any, kv_slots: int, page_si
     if config.aux:
         if "mamba" in config.components:  # upstream reads the chunk size from server args
             hy.server_args._global_server_args = types.SimpleNamespace(
-                mamba_cache_chunk_size=MAMBA_CHUNK)
+                mamba_cache_chunk_size=MAMBA_CHUNK,
+                strip_thinking_cache=False)  # (what sglang's Req reads when it is cached)
         kw.update(
             sliding_window_size=SWA_WINDOW if "swa" in config.components else None,
             component_registry_override=({ct.SWA: hy.SeedEraSWAComponent}

@@ -171,7 +171,8 @@ def _init_params(config: C.BenchConfig, parts: Any, page_size: int, upstream: bo
         if "mamba" in config.components:  # sglang's Mamba component reads it from server args
             from uniradix.conformance.adapters.upstream_hybrid import load_hybrid
             load_hybrid().server_args._global_server_args = types.SimpleNamespace(
-                mamba_cache_chunk_size=C.MAMBA_CHUNK)
+                mamba_cache_chunk_size=C.MAMBA_CHUNK,
+                strip_thinking_cache=False)  # (what sglang's Req reads when it is cached)
         kw.update(
             sliding_window_size=C.SWA_WINDOW if "swa" in config.components else None,
             # lifts upstream's page-size-1 check for Mamba (as configs.py's upstream_build)
