@@ -42,6 +42,17 @@
 #include <limits.h>
 #include <time.h>
 
+/* A Python call's result that is only checked for an error: -1 when the call failed (r NULL,
+ * the error set), else 0 with r released.  (Callers drop their arguments first.) */
+static int
+discard(PyObject *r)
+{
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Module state (set once by setup())                                                          */
 /* ------------------------------------------------------------------------------------------ */
@@ -1035,10 +1046,7 @@ owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
     }
     PyObject *r = PyObject_CallMethodOneArg(owned, method, lst);
     Py_DECREF(lst);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 0;
+    return discard(r);
 }
 
 /* ---- native frees: sglang's exact allocators on the CPU ---------------------------------- */
@@ -1412,10 +1420,8 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
     if (PyObject_SetAttr(alloc, tname, out) < 0)
         goto done;
     if (observer != NULL) {
-        PyObject *r = PyObject_CallFunction(observer, "n", k);
-        if (r == NULL)
+        if (discard(PyObject_CallFunction(observer, "n", k)) < 0)
             goto done;
-        Py_DECREF(r);
     }
     rc = 1;
 done:
@@ -1977,10 +1983,7 @@ free_slice(PyObject *free_fn, PyObject *value, Py_ssize_t lo, Py_ssize_t hi)
         return -1;
     PyObject *r = PyObject_CallOneArg(free_fn, part);
     Py_DECREF(part);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 0;
+    return discard(r);
 }
 
 static int
@@ -2167,10 +2170,8 @@ insert_impl(PyObject *self, PyObject *units, PyObject *ek, PyObject *value, Py_s
     /* one range left (any page size): the allocator's own free of it, which is exactly what
      * one free per node does; two or more: _free_ranges batches them (fast/frees.py) */
     if (bounds != NULL) {
-        PyObject *r = PyObject_CallMethodObjArgs(self, s_free_ranges, value, bounds, NULL);
-        if (r == NULL)
+        if (discard(PyObject_CallMethodObjArgs(self, s_free_ranges, value, bounds, NULL)) < 0)
             goto done;
-        Py_DECREF(r);
     } else if (free_lo >= 0) {
         if ((free_fn = PyObject_GetAttr(alloc, s_free)) == NULL)
             goto done;
@@ -2428,10 +2429,7 @@ free_joined(PyObject *self, PyObject *batch)
     PyObject *r = PyObject_CallMethodObjArgs(self, s_free_joined, joined, lengths, NULL);
     Py_DECREF(joined);
     Py_DECREF(lengths);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 2;
+    return discard(r) < 0 ? -1 : 2;
 }
 
 /* Hand the evicted nodes' values back: into sglang's exact allocators on the CPU directly
