@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .errors import InvalidInput, Unsupported
+from .frees import release
 from .params import DecLockRefParams, InsertParams, MatchPrefixParams
 from .policies import policy_name
 from .radix_key import RadixKey
@@ -396,9 +397,14 @@ def _aligned_len(cache: Any, n_tokens: int) -> int:
     return n - n % cache.page_size
 
 
-def _free(cache: Any, slots) -> None:
+def _free(cache: Any, slots: torch.Tensor) -> None:
+    """A request's own slots back to the KV allocator, as its ``free`` would take them, through
+    fast/frees.py's ``release``: into sglang's exact allocators on the CPU without copying their
+    free list, grown into the same tail buffer as the tree's own frees (``cache._tail()``).
+    The row's slots are int32 in SGLang's ``req_to_token``; ``free`` leaves the same int64 list
+    whichever it is given."""
     if len(slots):
-        cache.token_to_kv_pool_allocator.free(slots)
+        release(cache.token_to_kv_pool_allocator, [slots.to(torch.int64)], holder=cache._tail())
 
 
 def _swa_dec_params(req: Any) -> Any:

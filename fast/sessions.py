@@ -60,6 +60,7 @@ import torch
 
 from . import params as api
 from .errors import InvalidInput
+from .frees import release
 
 _INSTALLED = ("match_prefix", "inc_lock_ref", "dec_lock_ref")
 
@@ -177,12 +178,18 @@ class StreamingSessions:
     def _row(self, idx: int) -> torch.Tensor:
         return self.cache.req_to_token_pool.req_to_token[idx]
 
+    def _free_kv(self, slots: torch.Tensor) -> None:
+        """A slot's KV slots back to the allocator as its ``free`` takes them, without copying
+        sglang's free list where fast/frees.py can write it (the cache's own tail buffer)."""
+        release(self.cache.token_to_kv_pool_allocator, [slots.to(torch.int64)],
+                holder=self.cache._tail())
+
     def _free_from(self, idx: int, start: int, end: int) -> None:
         """Free row ``idx``'s slots ``[start rounded up to a page, end)`` (the paged allocator
         frees the page of every slot it is given, so a partial page stays whole)."""
         start = _ceil(start, self.cache.page_size)
         if start < end:
-            self.cache.token_to_kv_pool_allocator.free(self._row(idx)[start:end])
+            self._free_kv(self._row(idx)[start:end])
 
     # -- the session-aware entries (installed on the cache while a slot exists) ----------------
     def match_prefix(self, params: Any) -> api.MatchResult:
@@ -351,8 +358,7 @@ class StreamingSessions:
         if idx is not None:
             start = slot.cache_protected_len
             if start < slot.kv_allocated_len:
-                cache.token_to_kv_pool_allocator.free(
-                    self._row(idx)[start:slot.kv_allocated_len])
+                self._free_kv(self._row(idx)[start:slot.kv_allocated_len])
             free_slots = getattr(cache.req_to_token_pool, "free_slots", None)
             if free_slots is not None:
                 free_slots.append(idx)
@@ -372,10 +378,10 @@ class StreamingSessions:
         if slot.mamba_pool_idx is not None:
             idx = slot.mamba_pool_idx
             t = idx if isinstance(idx, torch.Tensor) else torch.tensor(int(idx))
-            allocator.free(t.reshape(1).to(torch.int64))
+            release(allocator, [t.reshape(1).to(torch.int64)])
             slot.mamba_pool_idx = None
         if slot.mamba_ping_pong_track_buffer is not None:
-            allocator.free(slot.mamba_ping_pong_track_buffer)
+            release(allocator, [slot.mamba_ping_pong_track_buffer])
             slot.mamba_ping_pong_track_buffer = None
 
     def _held(self, active_pool_idxs: set | None) -> list[SessionSlot]:

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInput, Unsupported
+from ..frees import release
 from ..node import Node
 from ..radix_key import RadixKey, as_token_array
 
@@ -512,10 +513,12 @@ class StorageTier:
         ps = self.page_size
         prefix_len, inserted = self._insert_host(op.anchor, op.extra_key, op.units[:done],
                                                  op.slots[:done], op.keys[: done // ps])
+        back = []  # freed in this order, in one batch (fast/frees.py)
         if prefix_len:
-            self.host.controller.mem_pool_host.free(op.slots[:prefix_len])
+            back.append(op.slots[:prefix_len])
         if prefix_len + inserted < done:  # pages no node may take (spec: may_take_host_child)
-            self.host.controller.mem_pool_host.free(op.slots[prefix_len + inserted:done])
+            back.append(op.slots[prefix_len + inserted:done])
+        release(self.host.controller.mem_pool_host, back)
         with self._lock:
             self._release(op.slots[done:read])  # read here, not on every rank
             op.taken = read
@@ -639,7 +642,7 @@ class StorageTier:
             for b in acked:
                 self.metrics.backuped(b.written)
         if pages:
-            self.host.controller.mem_pool_host.free(torch.cat(pages))
+            release(self.host.controller.mem_pool_host, pages)  # in order, one batch
 
     # -- the environment (manual mode: the trace's steps) --------------------------------------
     def _check_manual(self, what: str) -> None:

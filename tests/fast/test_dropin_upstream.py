@@ -884,3 +884,46 @@ def test_mamba_extra_buffer_lazy_same_outcomes(ps):
     assert any(not e[4] for e in tracks)  # finishes on a failed track point: no insert
     assert any(e[0] == "admit" and e[2] > 0 for e in ours["log"])  # later requests hit
     assert any(e[0] == "chunk" and e[2] > 0 for e in ours["log"])
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_finished_req_frees_without_copying_the_free_list(ps):
+    """The request path's frees (``cache_finished_req``, here an abort and a finish) go into
+    sglang's allocator the way the tree's own frees do (fast/frees.py ``release``): at page 1
+    appended into the list's tail buffer, so the list is not copied (its storage stays the
+    same from one finish to the next, where sglang's own ``free`` makes a new tensor every
+    time); at both page sizes the list ends exactly as sglang's ``free`` of the same slots
+    leaves a twin allocator."""
+    if fast.cache.NATIVE is False:
+        pytest.skip("the C core is not built (UNIRADIX_PURE_PYTHON=1 or no compiler)")
+    rtp = ReqToTokenPool(size=2, max_context_len=64, device="cpu", enable_memory_saver=False)
+
+    def allocator():
+        return TokenToKVPoolAllocator(65536, torch.float16, "cpu", None, False) if ps == 1 \
+            else PagedTokenToKVPoolAllocator(4096, ps, torch.float16, "cpu", None, False)
+
+    alloc, twin = allocator(), allocator()
+    cache = fast.UnifiedRadixCache(up.CacheInitParams(
+        disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=ps,
+        tree_components=(CT.FULL,)))
+    storages = []
+    for k, insert in enumerate([False, True, False, True]):
+        tokens = [k + 1] * 40
+        req = Req(rid=f"r{k}", origin_input_text="", origin_input_ids=array("q", tokens),
+                  sampling_params=SamplingParams(max_new_tokens=1))
+        req.init_next_round_input(tree_cache=cache)
+        cache.inc_lock_ref(req.last_node)
+        req.req_pool_idx = 0
+        slots = alloc.alloc(-(-len(tokens) // ps) * ps)
+        assert torch.equal(slots, twin.alloc(len(slots)))
+        rtp.write((0, slice(0, len(tokens))), slots[:len(tokens)].to(torch.int32))
+        req.kv_committed_len = len(tokens)
+        cache.cache_finished_req(req, is_insert=insert)
+        # the twin: what sglang's free leaves for the slots this finish gave back
+        kept = (len(tokens) // ps) * ps if insert else 0
+        twin.free(slots[kept:len(tokens)])
+        assert alloc.free_pages.tolist() == twin.free_pages.tolist(), f"finish {k}"
+        storages.append(alloc.free_pages.untyped_storage().data_ptr())
+    if ps == 1:  # the first free made the tail buffer (a list of 65k slots gets one: fast/_core.c
+        # "native frees"); every later finish appends in place
+        assert len(set(storages)) == 1, storages
