@@ -16,6 +16,16 @@ from . import MAMBA_ID, AuxComponent, Validator
 _INT64 = torch.int64
 
 
+def mamba_state(mv: Any) -> torch.Tensor:
+    """An insert's ``mamba_value`` checked (a one-slot int64 tensor) and copied: the tree holds
+    its own tensor, which no later write to the caller's can change."""
+    if mv is None:
+        raise InvalidInput("insert: the Mamba component needs a mamba_value")
+    if not isinstance(mv, torch.Tensor) or mv.dtype != _INT64 or mv.shape != (1,):
+        raise InvalidInput("insert: mamba_value must be a one-slot int64 tensor")
+    return mv.clone()
+
+
 class MambaComponent(AuxComponent):
     """Mamba (linear attention) states: one per node at most, on the last node of an insert;
     a lock holds the node's own state; a split leaves it on the lower part."""
@@ -81,10 +91,7 @@ class MambaComponent(AuxComponent):
     # -- insert ----------------------------------------------------------------------------
     def check_insert(self, plan: list, prev: int, params: Any, e: int) -> Any:
         mv = params.mamba_value
-        if mv is None:
-            raise InvalidInput("insert: the Mamba component needs a mamba_value")
-        if not isinstance(mv, torch.Tensor) or mv.dtype != _INT64 or tuple(mv.shape) != (1,):
-            raise InvalidInput("insert: mamba_value must be a one-slot int64 tensor")
+        state = mamba_state(mv)
         if self.cache.validate_slots:
             slot = int(mv[0])
             is_alloc = getattr(self.allocator, "is_allocated", None)
