@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .errors import InvalidInput, Unsupported
+from .frees import release
 from .params import DecLockRefParams, InsertParams, MatchPrefixParams
 from .policies import policy_name
 from .radix_key import RadixKey
@@ -484,7 +485,7 @@ def _unfinished_cache_len(cache: Any, req: Any, tokens: Any) -> tuple[int, Any] 
                 break
             start += shared
     if copy is not None and cut < n:
-        cache.mamba.allocator.free(copy)
+        release(cache.mamba.allocator, [copy])  # (fast/frees.py: natively where it can)
         return None
     return cut, copy
 
