@@ -302,7 +302,7 @@ class MambaComponent(AuxComponent):
             if idx.numel() != 1 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
                 raise InvalidInput(f"match_prefix: req.mamba_pool_idx must be one integer slot, "
                                    f"got {idx!r}")
-            slot = int(idx.reshape(-1)[0])
+            slot = int(idx.item())  # (one element: what indexing it gives, without 2 torch calls)
         elif isinstance(idx, bool) or not isinstance(idx, int):
             raise InvalidInput(f"match_prefix: req.mamba_pool_idx must be null or an int, "
                                f"got {idx!r}")
