@@ -490,7 +490,7 @@ def _unfinished_cache_len(cache: Any, req: Any, tokens: Any) -> tuple[int, Any] 
                 break
             start += shared
     if copy is not None and cut < n:
-        cache.mamba.allocator.free(copy)
+        release(cache.mamba.allocator, [copy])  # (fast/frees.py: natively where it can)
         return None
     return cut, copy
 

@@ -30,6 +30,7 @@ import torch
 from . import compat, keys, policies
 from .cache import STRIDE
 from .components import MAMBA_ID, AuxData
+from .components.mamba import mamba_state
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
 from .errors import HandleError, InvalidInput, NodeNotFound
 from .frees import FreeBatch
@@ -49,7 +50,7 @@ FULL = 0  # the Full component's id in skip_lock_node_ids
 _INF = float("inf")
 _INT64 = torch.int64
 _cat = torch.cat
-_narrow, _narrow_copy = torch.narrow, torch.narrow_copy
+_narrow_copy = torch.narrow_copy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,17 +174,26 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     if n < len(units):
         units = units[:n]
     if n < len(toks):
-        value = _narrow(value, 0, 0, n)
+        value = value[:n]  # (a slice: the view torch.narrow makes, in half its time)
     ek = key.extra_key
     root = cache.root_node
     # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
     plan = cache._plan(ek, units)
     if cache.validate_slots and not cache.disable:
         cache._check_slot_list(plan, value.tolist(), prev)
-    prepared, e = cache._check_aux(plan, prev, params)
-    if cache.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
-        return InsertResult(prefix_len=0)
-    prepared = prepared[0]
+    swa = cache.swa
+    e = params.swa_evicted_seqlen
+    if swa is None and e.__class__ is int and e == 0 and not cache.validate_slots:
+        # Mamba: ``_check_aux`` and the component's ``check_insert`` for what passes their
+        # setting checks without a call (no SWA setting, no slot ledger to consult)
+        if cache.disable:  # (a disabled cache checks only the settings)
+            return InsertResult(prefix_len=0)
+        prepared = mamba_state(params.mamba_value)
+    else:
+        checked, e = cache._check_aux(plan, prev, params)
+        if cache.disable:  # (after the checks: a disabled cache refuses bad input as the spec)
+            return InsertResult(prefix_len=0)
+        prepared = checked[0]
     if cache._events is not None:
         check_token_range(units, False)  # page keys take [0, 2**32) (fast/token_range.py)
     cache._clock += STRIDE  # (``_stamp`` of the root: never a leaf)
@@ -191,7 +201,6 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     if n == 0:
         return InsertResult(prefix_len=0, total_len=len(toks), mamba_exist=True)
     comp = cache.components[0]
-    swa = cache.swa
     lru = comp.lru
     head, move_after = lru.head, lru.move_after
     heap = cache._heap
@@ -216,12 +225,12 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
             taken = shared
         lo = prev if prev > pos else pos
         if lo < pos + taken:  # this node's duplicates: one piece per node, as upstream frees
-            cache._free(_narrow(value, 0, lo, pos + taken - lo))
+            cache._free(value[lo:pos + taken])
         node, pos = child, end
     target, is_new = node, False
     if pos < n:
         if swa is not None and e >= n:  # (``skips_leaf``: wholly outside the window)
-            cache._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
+            cache._free(value[pos:n])  # no leaf: the slots go back
             return InsertResult(prefix_len=pos, mamba_exist=False)
         cache._clock += STRIDE
         rest = units[pos:]
@@ -246,11 +255,21 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
                 cache._split(target, e - pos)
             comp.set(target, comp.translate(target.value))
     elif is_new or target.aux[0].value is None:  # (``MambaComponent.commit``)
-        comp.set(target, prepared)
+        rec = target.aux[0]  # (``AuxComponent.set``: no host copy without a host tier)
+        rec.value = prepared
+        nxt = head.lru_next  # (LruList.push_front, inlined)
+        rec.lru_prev, rec.lru_next = head, nxt
+        head.lru_next = nxt.lru_prev = rec
+        if rec.lock:
+            comp.protected += 1
+        else:
+            comp.evictable += 1
+        if comp.tracks_slots:
+            comp.on_set(prepared)
         if not is_new:
             cache._stamp(target)
     else:
-        comp.lru.move_to_front(target.aux[0])
+        move_after(head, target.aux[0])
         cache._stamp(target)
         exist = True
     return InsertResult(pos, len(toks), exist)

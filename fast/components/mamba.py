@@ -16,6 +16,16 @@ from . import MAMBA_ID, AuxComponent, Validator
 _INT64 = torch.int64
 
 
+def mamba_state(mv: Any) -> torch.Tensor:
+    """An insert's ``mamba_value`` checked (a one-slot int64 tensor) and copied: the tree holds
+    its own tensor, which no later write to the caller's can change."""
+    if mv is None:
+        raise InvalidInput("insert: the Mamba component needs a mamba_value")
+    if not isinstance(mv, torch.Tensor) or mv.dtype != _INT64 or mv.shape != (1,):
+        raise InvalidInput("insert: mamba_value must be a one-slot int64 tensor")
+    return mv.clone()
+
+
 class MambaComponent(AuxComponent):
     """Mamba (linear attention) states: one per node at most, on the last node of an insert;
     a lock holds the node's own state; a split leaves it on the lower part."""
@@ -81,10 +91,7 @@ class MambaComponent(AuxComponent):
     # -- insert ----------------------------------------------------------------------------
     def check_insert(self, plan: list, prev: int, params: Any, e: int) -> Any:
         mv = params.mamba_value
-        if mv is None:
-            raise InvalidInput("insert: the Mamba component needs a mamba_value")
-        if not isinstance(mv, torch.Tensor) or mv.dtype != _INT64 or tuple(mv.shape) != (1,):
-            raise InvalidInput("insert: mamba_value must be a one-slot int64 tensor")
+        state = mamba_state(mv)
         if self.cache.validate_slots:
             slot = int(mv[0])
             is_alloc = getattr(self.allocator, "is_allocated", None)
@@ -92,7 +99,7 @@ class MambaComponent(AuxComponent):
                 raise InvalidInput(f"insert: mamba slot {slot} is not allocated")
             if slot in self.owned:
                 raise InvalidInput(f"insert: mamba slot {slot} is already the tree's")
-        return mv.clone()
+        return state
 
     def commit(self, target: Any, is_new: bool, pos: int, prepared: Any, e: int,
                result: dict) -> None:
@@ -212,7 +219,7 @@ class MambaComponent(AuxComponent):
         put(req, other, fresh[0])
         old = int(buf[1 - other])
         req.mamba_next_track_idx = other
-        self.allocator.free(torch.tensor([old], dtype=_INT64))
+        release(self.allocator, [torch.tensor([old], dtype=_INT64)])  # (fast/frees.py)
         put(req, 1 - other, -1)
         return True
 
@@ -225,12 +232,14 @@ class MambaComponent(AuxComponent):
         if free is not None:  # sglang's pool
             free(req, mamba_ping_pong_track_buffer_to_keep=keep)
             return
+        pieces = []  # in free order: the request's own state, then its track slots
         if getattr(req, "mamba_pool_idx", None) is not None:
-            self.allocator.free(self._request_state(req))
+            pieces.append(self._request_state(req))
         buf = req.mamba_ping_pong_track_buffer
         rest = [int(s) for k, s in enumerate(buf.reshape(-1).tolist()) if k != keep and s != -1]
         if rest:
-            self.allocator.free(torch.tensor(rest, dtype=_INT64))
+            pieces.append(torch.tensor(rest, dtype=_INT64))
+        release(self.allocator, pieces)  # (fast/frees.py: one write where the pool allows)
         req.mamba_pool_idx = req.mamba_ping_pong_track_buffer = req.mamba_next_track_idx = None
 
     def prepare_caching_req(self, req: Any, params: Any, finished: bool) -> None:
@@ -271,12 +280,12 @@ class MambaComponent(AuxComponent):
             if free is not None:
                 free(req)
             elif getattr(req, "mamba_pool_idx", None) is not None:
-                self.allocator.free(self._request_state(req))
+                release(self.allocator, [self._request_state(req)])  # (fast/frees.py)
                 req.mamba_pool_idx = None
         else:
             value = params.mamba_value if params is not None else None
             if value is not None and exist:
-                self.allocator.free(value)
+                release(self.allocator, [value])
             req.mamba_last_track_seqlen = None
 
     # -- copy-on-write (match_prefix with cow_mamba) -----------------------------------------
@@ -293,7 +302,7 @@ class MambaComponent(AuxComponent):
             if idx.numel() != 1 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
                 raise InvalidInput(f"match_prefix: req.mamba_pool_idx must be one integer slot, "
                                    f"got {idx!r}")
-            slot = int(idx.reshape(-1)[0])
+            slot = int(idx.item())  # (one element: what indexing it gives, without 2 torch calls)
         elif isinstance(idx, bool) or not isinstance(idx, int):
             raise InvalidInput(f"match_prefix: req.mamba_pool_idx must be null or an int, "
                                f"got {idx!r}")
@@ -474,7 +483,7 @@ class MambaComponent(AuxComponent):
     def cancel_load_back(self, node: Any) -> None:
         """A later component's ``alloc_load_back`` failed: the state slot goes back."""
         assert self._loading is not None
-        self.allocator.free(self._loading)
+        release(self.allocator, [self._loading])  # (fast/frees.py)
         self._loading = None
 
     def commit_load_back(self, node: Any) -> None:
