@@ -638,6 +638,7 @@ class HybridRadixCache(UnifiedRadixCache):
         swa_i = swa.i if swa is not None else -1
         # write-through counts hits on the nodes of an insert that is not chunked
         hits = tier is not None and not tier.write_back and not chunked
+        threshold = tier.write_through_threshold if hits else 0  # type: ignore[union-attr]
         for child, shared in plan:
             self._touch(child)
             if shared < len(child.key):
@@ -658,8 +659,10 @@ class HybridRadixCache(UnifiedRadixCache):
             hi = pos + taken
             if lo < hi:  # this node's duplicates: one piece per node, as upstream frees them
                 self._free(_narrow(value, 0, lo, hi - lo))  # (release() joins what it may)
-            if hits:
-                tier.count_hit(child, chunked)  # type: ignore[union-attr]
+            if hits:  # (``tier.count_hit``, written out: ``child`` holds device data here)
+                child.hit_count += 1
+                if child.host_value is None and child.hit_count >= threshold:
+                    tier.write_backup(child)  # type: ignore[union-attr]
             if keyed:
                 policies.walked(self, child, priority, chunked)
             node, pos = child, end
@@ -694,8 +697,10 @@ class HybridRadixCache(UnifiedRadixCache):
         if is_new and tier is not None:
             # (``update_host_leaf(node)``: it has a child now, so it is no host leaf)
             tier.host_leaves.discard(node)
-            if hits:
-                tier.count_hit(target, chunked)
+            if hits:  # (``count_hit`` of the new leaf, written out: it has no host copy)
+                target.hit_count += 1
+                if target.hit_count >= threshold:
+                    tier.write_backup(target)
         if is_new and keyed:
             policies.new_leaf(self, target, priority, chunked)
         return api.InsertResult(pos, len(toks), mamba_exist)

@@ -30,6 +30,7 @@ upstream 0.5.13.post1).  Complexities: ``evict_host`` O(k log L) for k host leav
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 from typing import Any, NamedTuple
 
@@ -325,6 +326,12 @@ class InFlight(NamedTuple):
     lock: Any  # Optional[api.DecLockRefParams]
 
 
+# the records of a backup built through tuple.__new__ with all their fields given: NamedTuple's
+# Python-level __new__ skipped (one backup makes one of each)
+_ack = functools.partial(tuple.__new__, Ack)
+_in_flight = functools.partial(tuple.__new__, InFlight)
+
+
 class HiCacheController:
     """Moves KV between the device pool and the host pool and queues one ack per backup and
     one per ``start_loading`` (acks are ``Ack(start_event, finish_event, node_ids)``, oldest
@@ -356,6 +363,10 @@ class HiCacheController:
         self.ack_write_queue: list[Ack] = []
         self.ack_load_queue: list[Ack] = []
         self._pending_loads: list[PendingLoad] = []
+        # a backup is only its ack (no copy logged, none to run, no stream), decided once:
+        # ``HostTier.write_backup`` then queues the ack itself, ``submit_write`` written out
+        self.ack_only = self.copies is None and self.stream is None and not self._moves_data()
+        self.sync = self.io == "sync"
 
     def _moves_data(self) -> bool:
         return self.device_kv is not None and self.host_kv is not None
@@ -384,8 +395,8 @@ class HiCacheController:
                 from uniradix.kernels import backup_all_layers
                 backup_all_layers(self.device_kv, self.host_kv, device_indices=device_indices,
                                   host_indices=host_indices, impl=self.copy_impl)
-            finish = _Event(self.io == "sync")
-        self.ack_write_queue.append(Ack(None, finish, [node_id]))
+            finish = _Event(self.sync)
+        self.ack_write_queue.append(_ack((None, finish, [node_id])))
 
     def load(self, host_indices, priority=None, node_id: int = -1, extra_pools=None):
         """Take device slots for ``host_indices``; the copy is queued by ``start_loading``."""
@@ -695,25 +706,37 @@ class HostTier:
             if self.write_backup(parent) <= 0:
                 return 0
         cc = self.controller
-        n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
-        avail = cc.mem_pool_host.available_size()
-        if avail < n:
+        pool = cc.mem_pool_host
+        value = node.value
+        n = value.shape[0]  # (len() of a tensor is a Python-level wrapper)
+        # the pool checks its room itself: ask it first (an alloc that finds the pool short
+        # takes nothing), and only when it is short make room (host leaves) and ask again --
+        # the calls ``available_size()``, ``evict_host``, ``alloc`` would make, without the
+        # room check on every backup
+        host_indices = pool.alloc(n)
+        if host_indices is None:
+            avail = pool.available_size()
+            if avail >= n:
+                return 0
             needed = n - avail
             if self.evict_host(needed) < needed:
                 return 0
-        host_indices = cc.mem_pool_host.alloc(n)
-        if host_indices is None:
-            return 0
+            host_indices = pool.alloc(n)
+            if host_indices is None:
+                return 0
         if cache.components:
             done: list = []
             for comp in cache.components:  # each component backs its own data up (Mamba: the state)
                 if not comp.backup(node):
                     for c in done:
                         c.drop_host(node)
-                    release(cc.mem_pool_host, [host_indices])
+                    release(pool, [host_indices])
                     return 0
                 done.append(comp)
-        cc.submit_write(node.value, host_indices, node.id)
+        if cc.ack_only:  # (``submit_write`` written out: the ack is all it does)
+            cc.ack_write_queue.append(_ack((None, _Event(cc.sync), [node.id])))
+        else:
+            cc.submit_write(value, host_indices, node.id)
         # a view of a host allocator's free list (sglang's hands those out) would keep that
         # whole list alive for as long as the node holds its host copy: such a view is copied;
         # a tensor of its own (HostSlotAllocator's) is kept as it is
@@ -727,7 +750,7 @@ class HostTier:
             lock = cache.inc_lock_ref(node).to_dec_params()
         else:
             lock = self._full_write_lock(node)
-        self.ongoing_write_through[node.id] = InFlight(node, lock)
+        self.ongoing_write_through[node.id] = _in_flight((node, lock))
         return n
 
     def _full_write_lock(self, node: Any) -> HostDecLockRefParams:
