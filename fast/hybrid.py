@@ -51,7 +51,7 @@ import torch
 
 from . import compat, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
-from .cache import UnifiedRadixCache
+from .cache import UnifiedRadixCache, _match_result
 from .components import AuxComponent, AuxData
 from .components.mamba import MambaComponent
 from .components.swa import SwaComponent
@@ -505,8 +505,9 @@ class HybridRadixCache(UnifiedRadixCache):
                 swa_hit = self.swa.host_hit(best)
             # (no host tokens between a node and itself: host_hit's 0 without the call)
             host_hit = tier.host_hit(best, best_device) if best is not best_device else 0
-            return api.MatchResult(indices, best_device, best, best, host_hit, swa_hit,
-                                   mamba_hit)
+            # (all nine fields given: NamedTuple's Python-level __new__ skipped, as cache.py's)
+            return _match_result((indices, best_device, best, best, host_hit, swa_hit,
+                                  mamba_hit, None, None))
         self._stamp_path(best)
         if best is not root:
             self._push_if_leaf(best)

@@ -329,6 +329,7 @@ class InFlight(NamedTuple):
 # the records of a backup built through tuple.__new__ with all their fields given: NamedTuple's
 # Python-level __new__ skipped (one backup makes one of each)
 _ack = functools.partial(tuple.__new__, Ack)
+_narrow_copy = torch.narrow_copy
 _in_flight = functools.partial(tuple.__new__, InFlight)
 
 
@@ -669,7 +670,7 @@ class HostTier:
         n, cur = 0, best
         while cur is not last_device and cur is not root:
             if cur.host_value is not None:
-                n += len(cur.host_value)
+                n += cur.host_value.shape[0]  # (len() of a tensor: a Python-level wrapper)
             cur = cur.parent
         return n
 
@@ -705,34 +706,12 @@ class HostTier:
         if not write_back and parent is not cache.root_node and parent.host_value is None:
             if self.write_backup(parent) <= 0:
                 return 0
+        host_indices = self._take_host(node)
+        if host_indices is None:
+            return 0
         cc = self.controller
-        pool = cc.mem_pool_host
         value = node.value
         n = value.shape[0]  # (len() of a tensor is a Python-level wrapper)
-        # the pool checks its room itself: ask it first (an alloc that finds the pool short
-        # takes nothing), and only when it is short make room (host leaves) and ask again --
-        # the calls ``available_size()``, ``evict_host``, ``alloc`` would make, without the
-        # room check on every backup
-        host_indices = pool.alloc(n)
-        if host_indices is None:
-            avail = pool.available_size()
-            if avail >= n:
-                return 0
-            needed = n - avail
-            if self.evict_host(needed) < needed:
-                return 0
-            host_indices = pool.alloc(n)
-            if host_indices is None:
-                return 0
-        if cache.components:
-            done: list = []
-            for comp in cache.components:  # each component backs its own data up (Mamba: the state)
-                if not comp.backup(node):
-                    for c in done:
-                        c.drop_host(node)
-                    release(pool, [host_indices])
-                    return 0
-                done.append(comp)
         if cc.ack_only:  # (``submit_write`` written out: the ack is all it does)
             cc.ack_write_queue.append(_ack((None, _Event(cc.sync), [node.id])))
         else:
@@ -752,6 +731,39 @@ class HostTier:
             lock = self._full_write_lock(node)
         self.ongoing_write_through[node.id] = _in_flight((node, lock))
         return n
+
+    def _take_host(self, node: Any) -> torch.Tensor | None:
+        """A backup's host slots for ``node``'s device data (making room by evicting host
+        leaves), then each aux component's backup of its own data (``AuxComponent.backup``; a
+        failure undoes them and frees the slots); None, with nothing taken, when some pool is
+        short.  The pool checks its room itself: it is asked first (an alloc that finds the
+        pool short takes nothing), and only when it is short is room made and it is asked
+        again -- the calls ``available_size()``, ``evict_host``, ``alloc`` would make, without
+        the room check on every backup."""
+        pool = self.controller.mem_pool_host
+        n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
+        host_indices = pool.alloc(n)
+        if host_indices is None:
+            avail = pool.available_size()
+            if avail >= n:
+                return None
+            needed = n - avail
+            if self.evict_host(needed) < needed:
+                return None
+            host_indices = pool.alloc(n)
+            if host_indices is None:
+                return None
+        components = self.cache.components
+        if components:
+            done: list = []
+            for comp in components:  # each component backs its own data up (Mamba: the state)
+                if not comp.backup(node):
+                    for c in done:
+                        c.drop_host(node)
+                    release(pool, [host_indices])
+                    return None
+                done.append(comp)
+        return host_indices
 
     def _full_write_lock(self, node: Any) -> HostDecLockRefParams:
         """``cache.inc_lock_ref(node).to_dec_params()`` for a cache with no aux component (not
@@ -806,9 +818,23 @@ class HostTier:
                 parent = cache._delete_leaf(node, tracker, batch)
                 self.delete_tombstones(parent)
                 return True
-            if self.write_backup(node, write_back=True) == 0:
-                return False
-            self.writing_check(write_back=True)
+            cc = self.controller
+            if cc.ack_only and not cc.ack_write_queue and self.tp_group is None \
+                    and self.storage is None and cache._events is None \
+                    and node.id not in self.ongoing_write_through:
+                # (``write_backup(node, write_back=True)`` then ``writing_check(write_back=
+                # True)``, written out for an empty ack queue and an ack nobody observes: the
+                # ack and its in-flight record would be made and processed at once, changing
+                # nothing else, so neither is made)
+                host = self._take_host(node)
+                if host is None:
+                    return False
+                node.host_value = host if host._base is None else host.clone()
+                self.host_tokens += node.value.shape[0]
+            else:
+                if self.write_backup(node, write_back=True) == 0:
+                    return False
+                self.writing_check(write_back=True)
         if cache._events is not None:
             cache._events.removed(node)
         if cache.components:
@@ -862,7 +888,7 @@ class HostTier:
         for comp in self.cache.components:
             comp.drop_host(node)
         host = node.host_value
-        k = len(host)
+        k = host.shape[0]
         self.host_tokens -= k
         node.host_value = None
         if pieces is None:
@@ -892,7 +918,9 @@ class HostTier:
         if not segment:
             return False
         segment.reverse()
-        n_tokens = sum(len(s.host_value) for s in segment)
+        n_tokens = 0
+        for s in segment:  # (a tensor's shape[0]: len() is a Python-level wrapper)
+            n_tokens += s.host_value.shape[0]
         aux = [c for c in cache.components if c.wants_load_back(node)]
         guard = cache.inc_lock_ref(node)
         params = guard.to_dec_params()
@@ -934,8 +962,10 @@ class HostTier:
         cache.dec_lock_ref(node, params)
         pos = 0
         for s in segment:
-            k = len(s.host_value)
-            s.value = device_indices[pos: pos + k].clone()
+            k = s.host_value.shape[0]
+            # (a copy of its own, not a view of the allocator's list: ``clone`` of the slice
+            # in one op)
+            s.value = _narrow_copy(device_indices, 0, pos, k)
             pos += k
             assert s.parent is not None  # evicted: attached
             s.parent.dev_children += 1
