@@ -767,7 +767,8 @@ class HostTier:
 
     def _full_write_lock(self, node: Any) -> HostDecLockRefParams:
         """``cache.inc_lock_ref(node).to_dec_params()`` for a cache with no aux component (not
-        disabled), written out: the lock a write-through backup holds until its ack.  ``node``
+        disabled), written out: the lock a write-through backup (and a load back) holds until
+        its ack.  ``node``
         is attached and holds device data (it is being backed up), so the lock skips no node
         and its anchor is ``node``; every node from it up to the root counts one more lock
         (tests/fast/test_host_fast_paths.py checks both ways give the same tree and params)."""
@@ -977,7 +978,11 @@ class HostTier:
                 cache._events.stored(s)
         for comp in aux:
             comp.commit_load_back(node)
-        self.ongoing_load_back[node.id] = InFlight(node, cache.inc_lock_ref(node).to_dec_params())
+        # the lock held until the ack: ``node`` holds device data now, so with no aux component
+        # it is the write-through lock written out (``_full_write_lock``)
+        lock = cache.inc_lock_ref(node).to_dec_params() if cache.components or cache.disable \
+            else self._full_write_lock(node)
+        self.ongoing_load_back[node.id] = _in_flight((node, lock))
         return True
 
     # -- acks ----------------------------------------------------------------------------------
@@ -1031,7 +1036,9 @@ class HostTier:
         if not done:
             return
         ongoing = self.ongoing_load_back
-        dec_lock_ref = self.cache.dec_lock_ref
+        cache = self.cache
+        dec_lock_ref = cache.dec_lock_ref
+        plain = not cache.components and not cache.disable  # (``load_back``'s written-out lock)
         for ack in queue[:done]:
             del queue[0]
             finish = ack.finish_event
@@ -1039,7 +1046,10 @@ class HostTier:
                 finish.synchronize()
             for ack_id in ack.node_ids:
                 entry = ongoing.pop(ack_id)
-                dec_lock_ref(entry.node, entry.lock)
+                if plain:
+                    self._full_write_unlock(entry.lock.anchor)
+                else:
+                    dec_lock_ref(entry.node, entry.lock)
 
     def _finished(self, queue: list) -> int:
         """How many acks at the front of ``queue`` to process: the done prefix, reduced with
