@@ -51,7 +51,7 @@ import torch
 
 from . import compat, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
-from .cache import UnifiedRadixCache
+from .cache import UnifiedRadixCache, _match_result
 from .components import AuxComponent, AuxData
 from .components.mamba import MambaComponent
 from .components.swa import SwaComponent
@@ -505,8 +505,9 @@ class HybridRadixCache(UnifiedRadixCache):
                 swa_hit = self.swa.host_hit(best)
             # (no host tokens between a node and itself: host_hit's 0 without the call)
             host_hit = tier.host_hit(best, best_device) if best is not best_device else 0
-            return api.MatchResult(indices, best_device, best, best, host_hit, swa_hit,
-                                   mamba_hit)
+            # (all nine fields given: NamedTuple's Python-level __new__ skipped, as cache.py's)
+            return _match_result((indices, best_device, best, best, host_hit, swa_hit,
+                                  mamba_hit, None, None))
         self._stamp_path(best)
         if best is not root:
             self._push_if_leaf(best)
@@ -638,6 +639,7 @@ class HybridRadixCache(UnifiedRadixCache):
         swa_i = swa.i if swa is not None else -1
         # write-through counts hits on the nodes of an insert that is not chunked
         hits = tier is not None and not tier.write_back and not chunked
+        threshold = tier.write_through_threshold if hits else 0  # type: ignore[union-attr]
         for child, shared in plan:
             self._touch(child)
             if shared < len(child.key):
@@ -658,8 +660,10 @@ class HybridRadixCache(UnifiedRadixCache):
             hi = pos + taken
             if lo < hi:  # this node's duplicates: one piece per node, as upstream frees them
                 self._free(_narrow(value, 0, lo, hi - lo))  # (release() joins what it may)
-            if hits:
-                tier.count_hit(child, chunked)  # type: ignore[union-attr]
+            if hits:  # (``tier.count_hit``, written out: ``child`` holds device data here)
+                child.hit_count += 1
+                if child.host_value is None and child.hit_count >= threshold:
+                    tier.write_backup(child)  # type: ignore[union-attr]
             if keyed:
                 policies.walked(self, child, priority, chunked)
             node, pos = child, end
@@ -694,8 +698,10 @@ class HybridRadixCache(UnifiedRadixCache):
         if is_new and tier is not None:
             # (``update_host_leaf(node)``: it has a child now, so it is no host leaf)
             tier.host_leaves.discard(node)
-            if hits:
-                tier.count_hit(target, chunked)
+            if hits:  # (``count_hit`` of the new leaf, written out: it has no host copy)
+                target.hit_count += 1
+                if target.hit_count >= threshold:
+                    tier.write_backup(target)
         if is_new and keyed:
             policies.new_leaf(self, target, priority, chunked)
         return api.InsertResult(pos, len(toks), mamba_exist)

@@ -30,6 +30,7 @@ upstream 0.5.13.post1).  Complexities: ``evict_host`` O(k log L) for k host leav
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 from typing import Any, NamedTuple
 
@@ -325,6 +326,13 @@ class InFlight(NamedTuple):
     lock: Any  # Optional[api.DecLockRefParams]
 
 
+# the records of a backup built through tuple.__new__ with all their fields given: NamedTuple's
+# Python-level __new__ skipped (one backup makes one of each)
+_ack = functools.partial(tuple.__new__, Ack)
+_narrow_copy = torch.narrow_copy
+_in_flight = functools.partial(tuple.__new__, InFlight)
+
+
 class HiCacheController:
     """Moves KV between the device pool and the host pool and queues one ack per backup and
     one per ``start_loading`` (acks are ``Ack(start_event, finish_event, node_ids)``, oldest
@@ -356,6 +364,10 @@ class HiCacheController:
         self.ack_write_queue: list[Ack] = []
         self.ack_load_queue: list[Ack] = []
         self._pending_loads: list[PendingLoad] = []
+        # a backup is only its ack (no copy logged, none to run, no stream), decided once:
+        # ``HostTier.write_backup`` then queues the ack itself, ``submit_write`` written out
+        self.ack_only = self.copies is None and self.stream is None and not self._moves_data()
+        self.sync = self.io == "sync"
 
     def _moves_data(self) -> bool:
         return self.device_kv is not None and self.host_kv is not None
@@ -384,8 +396,8 @@ class HiCacheController:
                 from uniradix.kernels import backup_all_layers
                 backup_all_layers(self.device_kv, self.host_kv, device_indices=device_indices,
                                   host_indices=host_indices, impl=self.copy_impl)
-            finish = _Event(self.io == "sync")
-        self.ack_write_queue.append(Ack(None, finish, [node_id]))
+            finish = _Event(self.sync)
+        self.ack_write_queue.append(_ack((None, finish, [node_id])))
 
     def load(self, host_indices, priority=None, node_id: int = -1, extra_pools=None):
         """Take device slots for ``host_indices``; the copy is queued by ``start_loading``."""
@@ -658,7 +670,7 @@ class HostTier:
         n, cur = 0, best
         while cur is not last_device and cur is not root:
             if cur.host_value is not None:
-                n += len(cur.host_value)
+                n += cur.host_value.shape[0]  # (len() of a tensor: a Python-level wrapper)
             cur = cur.parent
         return n
 
@@ -694,26 +706,16 @@ class HostTier:
         if not write_back and parent is not cache.root_node and parent.host_value is None:
             if self.write_backup(parent) <= 0:
                 return 0
-        cc = self.controller
-        n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
-        avail = cc.mem_pool_host.available_size()
-        if avail < n:
-            needed = n - avail
-            if self.evict_host(needed) < needed:
-                return 0
-        host_indices = cc.mem_pool_host.alloc(n)
+        host_indices = self._take_host(node)
         if host_indices is None:
             return 0
-        if cache.components:
-            done: list = []
-            for comp in cache.components:  # each component backs its own data up (Mamba: the state)
-                if not comp.backup(node):
-                    for c in done:
-                        c.drop_host(node)
-                    release(cc.mem_pool_host, [host_indices])
-                    return 0
-                done.append(comp)
-        cc.submit_write(node.value, host_indices, node.id)
+        cc = self.controller
+        value = node.value
+        n = value.shape[0]  # (len() of a tensor is a Python-level wrapper)
+        if cc.ack_only:  # (``submit_write`` written out: the ack is all it does)
+            cc.ack_write_queue.append(_ack((None, _Event(cc.sync), [node.id])))
+        else:
+            cc.submit_write(value, host_indices, node.id)
         # a view of a host allocator's free list (sglang's hands those out) would keep that
         # whole list alive for as long as the node holds its host copy: such a view is copied;
         # a tensor of its own (HostSlotAllocator's) is kept as it is
@@ -727,12 +729,46 @@ class HostTier:
             lock = cache.inc_lock_ref(node).to_dec_params()
         else:
             lock = self._full_write_lock(node)
-        self.ongoing_write_through[node.id] = InFlight(node, lock)
+        self.ongoing_write_through[node.id] = _in_flight((node, lock))
         return n
+
+    def _take_host(self, node: Any) -> torch.Tensor | None:
+        """A backup's host slots for ``node``'s device data (making room by evicting host
+        leaves), then each aux component's backup of its own data (``AuxComponent.backup``; a
+        failure undoes them and frees the slots); None, with nothing taken, when some pool is
+        short.  The pool checks its room itself: it is asked first (an alloc that finds the
+        pool short takes nothing), and only when it is short is room made and it is asked
+        again -- the calls ``available_size()``, ``evict_host``, ``alloc`` would make, without
+        the room check on every backup."""
+        pool = self.controller.mem_pool_host
+        n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
+        host_indices = pool.alloc(n)
+        if host_indices is None:
+            avail = pool.available_size()
+            if avail >= n:
+                return None
+            needed = n - avail
+            if self.evict_host(needed) < needed:
+                return None
+            host_indices = pool.alloc(n)
+            if host_indices is None:
+                return None
+        components = self.cache.components
+        if components:
+            done: list = []
+            for comp in components:  # each component backs its own data up (Mamba: the state)
+                if not comp.backup(node):
+                    for c in done:
+                        c.drop_host(node)
+                    release(pool, [host_indices])
+                    return None
+                done.append(comp)
+        return host_indices
 
     def _full_write_lock(self, node: Any) -> HostDecLockRefParams:
         """``cache.inc_lock_ref(node).to_dec_params()`` for a cache with no aux component (not
-        disabled), written out: the lock a write-through backup holds until its ack.  ``node``
+        disabled), written out: the lock a write-through backup (and a load back) holds until
+        its ack.  ``node``
         is attached and holds device data (it is being backed up), so the lock skips no node
         and its anchor is ``node``; every node from it up to the root counts one more lock
         (tests/fast/test_host_fast_paths.py checks both ways give the same tree and params)."""
@@ -783,9 +819,23 @@ class HostTier:
                 parent = cache._delete_leaf(node, tracker, batch)
                 self.delete_tombstones(parent)
                 return True
-            if self.write_backup(node, write_back=True) == 0:
-                return False
-            self.writing_check(write_back=True)
+            cc = self.controller
+            if cc.ack_only and not cc.ack_write_queue and self.tp_group is None \
+                    and self.storage is None and cache._events is None \
+                    and node.id not in self.ongoing_write_through:
+                # (``write_backup(node, write_back=True)`` then ``writing_check(write_back=
+                # True)``, written out for an empty ack queue and an ack nobody observes: the
+                # ack and its in-flight record would be made and processed at once, changing
+                # nothing else, so neither is made)
+                host = self._take_host(node)
+                if host is None:
+                    return False
+                node.host_value = host if host._base is None else host.clone()
+                self.host_tokens += node.value.shape[0]
+            else:
+                if self.write_backup(node, write_back=True) == 0:
+                    return False
+                self.writing_check(write_back=True)
         if cache._events is not None:
             cache._events.removed(node)
         if cache.components:
@@ -839,7 +889,7 @@ class HostTier:
         for comp in self.cache.components:
             comp.drop_host(node)
         host = node.host_value
-        k = len(host)
+        k = host.shape[0]
         self.host_tokens -= k
         node.host_value = None
         if pieces is None:
@@ -869,7 +919,9 @@ class HostTier:
         if not segment:
             return False
         segment.reverse()
-        n_tokens = sum(len(s.host_value) for s in segment)
+        n_tokens = 0
+        for s in segment:  # (a tensor's shape[0]: len() is a Python-level wrapper)
+            n_tokens += s.host_value.shape[0]
         aux = [c for c in cache.components if c.wants_load_back(node)]
         guard = cache.inc_lock_ref(node)
         params = guard.to_dec_params()
@@ -911,8 +963,10 @@ class HostTier:
         cache.dec_lock_ref(node, params)
         pos = 0
         for s in segment:
-            k = len(s.host_value)
-            s.value = device_indices[pos: pos + k].clone()
+            k = s.host_value.shape[0]
+            # (a copy of its own, not a view of the allocator's list: ``clone`` of the slice
+            # in one op)
+            s.value = _narrow_copy(device_indices, 0, pos, k)
             pos += k
             assert s.parent is not None  # evicted: attached
             s.parent.dev_children += 1
@@ -924,7 +978,11 @@ class HostTier:
                 cache._events.stored(s)
         for comp in aux:
             comp.commit_load_back(node)
-        self.ongoing_load_back[node.id] = InFlight(node, cache.inc_lock_ref(node).to_dec_params())
+        # the lock held until the ack: ``node`` holds device data now, so with no aux component
+        # it is the write-through lock written out (``_full_write_lock``)
+        lock = cache.inc_lock_ref(node).to_dec_params() if cache.components or cache.disable \
+            else self._full_write_lock(node)
+        self.ongoing_load_back[node.id] = _in_flight((node, lock))
         return True
 
     # -- acks ----------------------------------------------------------------------------------
@@ -978,7 +1036,9 @@ class HostTier:
         if not done:
             return
         ongoing = self.ongoing_load_back
-        dec_lock_ref = self.cache.dec_lock_ref
+        cache = self.cache
+        dec_lock_ref = cache.dec_lock_ref
+        plain = not cache.components and not cache.disable  # (``load_back``'s written-out lock)
         for ack in queue[:done]:
             del queue[0]
             finish = ack.finish_event
@@ -986,7 +1046,10 @@ class HostTier:
                 finish.synchronize()
             for ack_id in ack.node_ids:
                 entry = ongoing.pop(ack_id)
-                dec_lock_ref(entry.node, entry.lock)
+                if plain:
+                    self._full_write_unlock(entry.lock.anchor)
+                else:
+                    dec_lock_ref(entry.node, entry.lock)
 
     def _finished(self, queue: list) -> int:
         """How many acks at the front of ``queue`` to process: the done prefix, reduced with

@@ -32,6 +32,7 @@ def _cache(policy: str, io: str, page: int):
 def _general(cache) -> None:
     """Put ``cache`` on the general paths the specialised ones equal."""
     tier = cache.tier
+    tier.controller.ack_only = False  # every backup through ``submit_write``
     tier._full_write_lock = lambda node: cache.inc_lock_ref(node).to_dec_params()
     tier._full_write_unlock = lambda anchor: cache.dec_lock_ref(
         anchor, HostDecLockRefParams(anchor=anchor))
