@@ -1380,6 +1380,22 @@ core_tail_spares(PyObject *mod, PyObject *noargs)
     return out;
 }
 
+/* t[start:stop], the list as a view of its buffer: a subscript, not a narrow() call (the
+ * same view; measured 1.3 against 1.9 us a call). */
+static PyObject *
+slice_of(PyObject *t, Py_ssize_t start, Py_ssize_t stop)
+{
+    PyObject *a = PyLong_FromSsize_t(start), *b = PyLong_FromSsize_t(stop);
+    PyObject *sl = a != NULL && b != NULL ? PySlice_New(a, b, NULL) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    if (sl == NULL)
+        return NULL;
+    PyObject *out = PyObject_GetItem(t, sl);
+    Py_DECREF(sl);
+    return out;
+}
+
 /* The free list of an NK_APPEND allocator (need_sort off) with segs appended, through the
  * cache's tail buffer (see above); a new reference, NULL on error. */
 static PyObject *
@@ -1429,8 +1445,7 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
                 Py_DECREF(buf);
                 return NULL;
             }
-            PyObject *out = PyObject_CallMethod(buf, "narrow", "inn", 0, start,
-                                                (Py_ssize_t)(hw + total - start));
+            PyObject *out = slice_of(buf, start, (Py_ssize_t)(hw + total));
             Py_DECREF(buf);
             return out;
         }
@@ -1450,7 +1465,7 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
         Py_DECREF(nb);
         return NULL;
     }
-    PyObject *out = PyObject_CallMethod(nb, "narrow", "inn", 0, (Py_ssize_t)0, used);
+    PyObject *out = slice_of(nb, 0, used);
     Py_DECREF(nb);
     return out;
 }
