@@ -635,6 +635,119 @@ def test_sglang_token_allocator_batched_equals_one_free_per_piece(seed, path, ne
             assert t.tolist() == values  # no slot handed out was ever overwritten
 
 
+def _buffer_span(holder) -> tuple[int, int] | None:
+    """The memory range [start, end) of a holder's tail buffer, None without one."""
+    t = holder._free_tail
+    return None if t is None else (t.data_ptr(), t.data_ptr() + t.numel() * 8)
+
+
+@pytest.mark.upstream
+def test_tail_buffer_memory_reused_only_when_nobody_holds_it():
+    """A tail buffer's memory (fast/_core.c "tail buffer memory") goes back to the spare blocks
+    only once no tensor over it lives (the list, a slice alloc handed out, a backup_state, the
+    holder's buffer), and a later buffer takes it instead of fresh memory; two allocators
+    re-making their buffers in turn never share a block; every list stays exactly as sglang's
+    own frees leave it and no slot handed out ever changes."""
+    core = _native_core()
+    rng = random.Random(11)
+    pairs = [(_sglang_token(False, 20000), _sglang_token(False, 20000)) for _ in range(2)]
+    holders = [_Holder(), _Holder()]
+    held: list[list[int]] = [[], []]
+    handed: list[tuple] = []  # (tensor alloc returned, its values then)
+    spans_seen: set[int] = set()  # the start of every buffer made so far
+    reused = 0
+    for _ in range(300):
+        i = rng.randrange(2)
+        got, ref = pairs[i]
+        n = rng.randint(1, 40)
+        a, b = got.alloc(n), ref.alloc(n)
+        assert a.tolist() == b.tolist()
+        handed.append((a, a.tolist()))
+        held[i] += a.tolist()
+        rng.shuffle(held[i])
+        k = rng.randint(1, len(held[i]))
+        pieces = [torch.tensor(held[i][:k], dtype=torch.int64)]
+        held[i] = held[i][k:]
+        before = _buffer_span(holders[i])
+        assert core.native_release(holders[i], got, pieces)
+        ref.free(pieces[0])
+        after = _buffer_span(holders[i])
+        if after != before and after is not None:  # a new buffer: fresh or a spare block
+            reused += after[0] in spans_seen
+            spans_seen.add(after[0])
+        other = _buffer_span(holders[1 - i])
+        if after is not None and other is not None:
+            assert after[1] <= other[0] or other[1] <= after[0]  # never one block twice
+        roll = rng.random()
+        if roll < 0.3 and held[i]:  # sglang's own free: the next release makes a new buffer
+            extra = torch.tensor(held[i][:2], dtype=torch.int64)
+            held[i] = held[i][2:]
+            got.free(extra)
+            ref.free(extra)
+        elif roll < 0.5:  # slices handed out die: their buffers may become spare blocks
+            rng.shuffle(handed)
+            del handed[: len(handed) // 2]
+        for g, r in pairs:
+            assert g.free_pages.tolist() == r.free_pages.tolist()
+            assert g.available_size() == r.available_size()
+        for t, values in handed:
+            assert t.tolist() == values  # no slot handed out was ever overwritten
+    assert reused > 0  # the spare blocks were taken, not only fresh memory
+
+
+TAIL_SPARE_MAX, TAIL_SPARE_CAP = 2, 256 << 20  # fast/_core.c: blocks and bytes kept
+
+
+def _spares_after_put(spares: list[int], cap: int) -> list[int]:
+    """fast/_core.c ``tail_spare_put``'s rule on block lengths (int64 items): a retired block
+    is kept if it is among the TAIL_SPARE_MAX largest within TAIL_SPARE_CAP bytes."""
+    spares = list(spares)
+    while True:
+        if cap * 8 > TAIL_SPARE_CAP:
+            return spares
+        if len(spares) < TAIL_SPARE_MAX and (sum(spares) + cap) * 8 <= TAIL_SPARE_CAP:
+            return spares + [cap]
+        if not spares or min(spares) >= cap:
+            return spares
+        spares.remove(min(spares))
+
+
+@pytest.mark.upstream
+def test_tail_spares_keep_the_largest_blocks_within_bounds():
+    """Retired tail blocks are kept for reuse two at most, the largest ones within 256 MiB, and
+    a buffer takes the smallest spare that fits (fast/_core.c ``tail_spare_put`` /
+    ``tail_spare_take``): the memory the spares hold is bounded."""
+    core = _native_core()
+    base = max(core.tail_spares(), default=0)
+    made = []
+    for size in (base + 70000, base + 90000, base + 80000):  # three buffers over fresh memory
+        a = _sglang_token(False, size)
+        h = _Holder()
+        a.alloc(1)
+        assert core.native_release(h, a, [torch.tensor([1], dtype=torch.int64)])
+        made.append((a, h, h._free_tail.numel()))
+    caps = [c for _, _, c in made]
+    assert len(set(caps)) == 3 and min(caps) > base
+    del a, h
+    expect = sorted(core.tail_spares())
+    while made:  # the allocators and holders die, the last made first: their blocks retire
+        expect = _spares_after_put(expect, made.pop()[2])
+        assert sorted(core.tail_spares()) == sorted(expect)
+    assert len(expect) <= TAIL_SPARE_MAX and sum(expect) * 8 <= TAIL_SPARE_CAP
+    want = 2 * (base + 70000)  # what a list of base + 70000 slots asks for
+    fits = [c for c in expect if c >= want]
+    b = _sglang_token(False, base + 70000)
+    b.alloc(1)
+    h = _Holder()
+    assert core.native_release(h, b, [torch.tensor([1], dtype=torch.int64)])
+    if fits:  # the smallest spare that fits is taken
+        assert h._free_tail.numel() == min(fits)
+        expect.remove(min(fits))
+    else:
+        assert h._free_tail.numel() == want
+    assert sorted(core.tail_spares()) == sorted(expect)
+
+
 @pytest.mark.upstream
 def test_native_frees_only_where_exact():
     """The C core writes sglang's list only for the exact class, outside a free group, not in
