@@ -114,6 +114,15 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free",
     k = len(pieces)
     if k == 0:
         return 0
+    if method == "free" or method == "free_swa":  # sglang's SWA allocator: one C call
+        core = sys.modules.get(_CORE)
+        if core is not None:
+            if core is not _SWA_READY[0]:
+                _setup_swa(core)
+            if type(pieces) is not list:
+                pieces = list(pieces)
+            if core.swa_free(alloc, pieces, method == "free_swa"):
+                return 1
     if method == "free" and native_release(alloc, pieces, holder):
         return 1
     if (method == "free" or method == "free_swa") and swa_release(alloc, pieces, method):
@@ -255,13 +264,16 @@ def paged_release(alloc: Any, pieces: Sequence[torch.Tensor]) -> bool:
 class TailHolder:
     """Where the C core keeps one allocator list's tail buffer (fast/_core.c "native frees":
     ``_free_tail``, the buffer the list is a view of, and ``_free_tail_hw``, the highest index
-    ever written into it)."""
+    ever written into it; ``_free_tail_at``, the buffer and its capacity as the C core made
+    it, which spares it reading them through torch again)."""
 
-    __slots__ = ("_free_tail", "_free_tail_hw", "__weakref__")
+    __slots__ = ("_free_tail", "_free_tail_hw", "_free_tail_at", "__weakref__")
 
     def __init__(self) -> None:
         self._free_tail: torch.Tensor | None = None
         self._free_tail_hw = 0
+        # (buffer, capacity) as the C core made it, so it reads only the buffer's data pointer
+        self._free_tail_at: tuple[torch.Tensor, int] | None = None
 
 
 _HOLDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -293,20 +305,38 @@ def native_release(alloc: Any, pieces: Sequence[torch.Tensor], holder: Any = Non
 _SWA = ("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator")
 
 
+def swa_class_ok(cls: type) -> bool:
+    """Whether ``cls`` is exactly sglang's ``SWATokenToKVPoolAllocator`` with its own ``free``
+    and ``free_swa`` (the class part of :func:`_swa_exact`, which the C core's ``swa_free``
+    caches per class and methods)."""
+    if (cls.__module__, cls.__name__) != _SWA:
+        return False
+    for name in ("free", "free_swa"):
+        fn = getattr(cls, name, None)
+        if getattr(fn, "__qualname__", None) != f"{_SWA[1]}.{name}" \
+                or getattr(fn, "__module__", None) != _SWA[0]:
+            return False
+    return True
+
+
+_CORE = f"{__package__}._core"
+_SWA_READY: list[Any] = [None]  # the C core module setup_swa_frees was called on
+
+
+def _setup_swa(core: Any) -> None:
+    """Hand the C core ``swa_free``'s class check and the tail holders (once per module)."""
+    core.setup_swa_frees(swa_class_ok, tail_holder)
+    _SWA_READY[0] = core
+
+
 def _swa_exact(alloc: Any, method: str) -> int:
     """Whether ``alloc`` is exactly sglang's ``SWATokenToKVPoolAllocator`` with its own
     ``free`` and ``free_swa`` (no instance ``free`` or ``free_swa`` unless it only observes:
     it carries ``uniradix_on_batch``, called once per batch written), outside a free group
     for ``free``, over two sub-allocators of one exact class: its :func:`native_kind`
     (:data:`NATIVE_APPEND` at page 1, :data:`NATIVE_PAGED` above), else :data:`NATIVE_NONE`."""
-    cls = type(alloc)
-    if (cls.__module__, cls.__name__) != _SWA:
+    if not swa_class_ok(type(alloc)):
         return NATIVE_NONE
-    for name in ("free", "free_swa"):
-        fn = getattr(cls, name, None)
-        if getattr(fn, "__qualname__", None) != f"{_SWA[1]}.{name}" \
-                or getattr(fn, "__module__", None) != _SWA[0]:
-            return NATIVE_NONE
     inst = alloc.__dict__
     for name in ("free", "free_swa"):  # an instance method only where it only observes
         own = inst.get(name)
