@@ -18,7 +18,8 @@
  *   paged_front  the pages k frees of a sorted-prepend paged allocator put in front of its
  *              free list, in one pass (fast/frees.py's PAGED batches).
  *   native frees  what evict and insert free goes straight into sglang's exact allocators on
- *              the CPU, as one free per piece would leave them (see that section).
+ *              the CPU, as one free per piece would leave them (see that section); the SWA
+ *              allocator's whole release in one call (swa_free).
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
@@ -1077,6 +1078,12 @@ owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
  *              handed out, a backup_state) ever sees a value change; the list is appended to
  *              in place only while it still ends exactly there, otherwise a new buffer is made
  *              (spare room: at most max(list, 64k) slots per holder, docs/COMPAT.md "Frees").
+ *              The holder also keeps the buffer's capacity with it (_free_tail_at), so an
+ *              append reads only the buffer's data pointer through torch (tail_data); a
+ *              buffer set on the holder any other way is read in full.
+ *
+ *   The SWA allocator (sglang's SWATokenToKVPoolAllocator) is not a kind: swa_free below
+ *   releases its batches in one call through the two sub-allocators' kinds.
  *
  * Each returns 1 (done), 0 (not one of these cases: nothing changed, the caller takes the
  * Python path) or -1 (error).
