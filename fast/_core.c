@@ -1996,6 +1996,12 @@ swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa)
     int ok = swa_class_ok(alloc);
     if (ok <= 0)
         return ok;
+    /* the pieces held for the whole call (their memory is read after Python code runs: the
+     * holders' lookup, an observer of the full sub-allocator) */
+    PyObject *held = PyList_GetSlice(pieces, 0, k);
+    if (held == NULL)
+        return -1;
+    pieces = held;
     int rc = -1;
     PyObject *dict = NULL, *obs = NULL, *other = NULL, *full = NULL, *swa = NULL,
         *mapping = NULL, *hf = NULL, *hs = NULL, *lens = NULL;
@@ -2004,7 +2010,7 @@ swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa)
     dict = PyObject_GenericGetDict(alloc, NULL);
     if (dict == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
+            goto done;
         PyErr_Clear();
     }
     /* an instance free or free_swa only where it observes; the one called is told */
@@ -2135,6 +2141,7 @@ done:
     Py_XDECREF(obs);
     Py_XDECREF(other);
     Py_XDECREF(dict);
+    Py_DECREF(held);
     return rc;
 }
 
