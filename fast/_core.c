@@ -2166,6 +2166,27 @@ core_swa_free(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(r);
 }
 
+/* native_release(None, alloc, pieces): the holder is alloc's own, found through holder_of's
+ * table (no WeakKeyDictionary lookup per call), and only where alloc is of a native kind (no
+ * holder is made for another allocator); False where setup_swa_frees has not run. */
+static PyObject *
+core_native_release_own(PyObject *alloc, PyObject *pieces)
+{
+    if (g_tail_holder == NULL)
+        Py_RETURN_FALSE;
+    int kind = alloc_kind(alloc);
+    if (kind <= 0)
+        return kind < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *h = holder_of(alloc);
+    if (h == NULL)
+        return NULL;
+    int r = native_release_list(h, alloc, pieces);
+    Py_DECREF(h);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
 /* setup_swa_frees(swa_class_ok, tail_holder): the SWA allocator's release in one call. */
 static PyObject *
 core_setup_swa_frees(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -3730,6 +3751,8 @@ core_setup(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *core_native_release_own(PyObject *alloc, PyObject *pieces);  /* (swa_free's block) */
+
 /* native_release(holder, alloc, pieces) -> bool: the native frees of a list of tensors, the
  * tail buffer kept on holder (the cache, or the allocator's holder from fast/frees.py
  * tail_holder); False where the Python path must run (nothing
@@ -3741,6 +3764,8 @@ core_native_release(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "native_release(holder, alloc, pieces: list)");
         return NULL;
     }
+    if (args[0] == Py_None)  /* the allocator's own holder (swa_free's table) */
+        return core_native_release_own(args[1], args[2]);
     int r = native_release_list(args[0], args[1], args[2]);
     if (r < 0)
         return NULL;
@@ -3967,7 +3992,8 @@ static PyMethodDef core_methods[] = {
      "heappop(list): the heap pop the C paths use (for tests)."},
     {"native_release", (PyCFunction)(void (*)(void))core_native_release, METH_FASTCALL,
      "native_release(holder, alloc, pieces) -> whether the pieces went straight into sglang's "
-     "exact allocator (as one free each would leave it); False: nothing changed"},
+     "exact allocator (as one free each would leave it); False: nothing changed.  holder None: "
+     "the allocator's own (fast/frees.py tail_holder, once setup_swa_frees has run)"},
     {"swa_take", (PyCFunction)(void (*)(void))core_swa_take, METH_FASTCALL,
      "swa_take(mapping, pieces) -> (the SWA slots free_swa of each piece in turn frees, how "
      "many each piece gave), mapping zeroed there; or None where sglang's own method must run "

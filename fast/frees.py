@@ -295,10 +295,13 @@ def native_release(alloc: Any, pieces: Sequence[torch.Tensor], holder: Any = Non
     debug mode, no ``free`` on the instance unless it only observes.  ``holder``: whose tail
     buffer the list grows into (default :func:`tail_holder` of ``alloc``).  False, with
     nothing changed, anywhere else (and always without the C core)."""
-    core = _native_core()
-    if core is None or not native_kind(type(alloc)):
+    core = sys.modules.get(_CORE)
+    if core is None:
         return False
-    return bool(core.native_release(tail_holder(alloc) if holder is None else holder, alloc,
+    if core is not _SWA_READY[0]:
+        _setup_swa(core)
+    # (holder None: the C core checks the kind itself and finds the allocator's own holder)
+    return bool(core.native_release(holder, alloc,
                                     pieces if type(pieces) is list else list(pieces)))
 
 
