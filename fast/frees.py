@@ -37,9 +37,10 @@ The C core (``fast/_core.c``, "native frees") takes the exact sglang classes its
 CPU (:func:`native_kind` tells it which class is which): for the Full cache's evict and
 insert, and through :func:`release` for every other path (hybrid, host tier; the Mamba slot
 allocator and the host pools, which append to ``free_slots``; the SWA allocator in its own
-steps, :func:`swa_release`).  Where the list appends, it keeps spare room after it, so a free
-writes only the new slots (docs/COMPAT.md "Frees").  Without the C core
-(``UNIRADIX_PURE_PYTHON=1``) the Python code below runs, with the same results.
+steps, :func:`swa_release`, all of them in one C call, ``swa_free``).  Where the list
+appends, it keeps spare room after it, so a free writes only the new slots (docs/COMPAT.md
+"Frees").  Without the C core (``UNIRADIX_PURE_PYTHON=1``) the Python code below runs, with
+the same results.
 
 An allocator outside sglang declares its semantics with a class attribute
 ``uniradix_free_order`` (:data:`APPEND` or :data:`PER_CALL`); the conformance environment's
@@ -107,10 +108,12 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free",
             holder: Any = None) -> int:
     """Free ``pieces`` (1-D slot tensors, in the order one call each would free them) through
     ``alloc.<method>`` in as few calls as :func:`free_order` allows; where the C core can write
-    the allocator's list as those calls would leave it (:func:`native_release`,
-    :func:`swa_release`), it does, without copying the list.  ``holder``: whose tail buffer
-    the list may grow into (default the allocator's own, :func:`tail_holder`).  Returns the
-    number of allocator calls made (a batch written in one step counts one)."""
+    the allocator's list as those calls would leave it (:func:`native_release`; for sglang's SWA
+    allocator the C core's ``swa_free``, which does :func:`swa_release`'s steps in one call,
+    that function running where it declines), it does, without copying the list.
+    ``holder``: whose tail buffer the list may grow into (default the allocator's own,
+    :func:`tail_holder`).  Returns the number of allocator calls made (a batch written in one
+    step counts one)."""
     k = len(pieces)
     if k == 0:
         return 0
