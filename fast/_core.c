@@ -18,7 +18,8 @@
  *   paged_front  the pages k frees of a sorted-prepend paged allocator put in front of its
  *              free list, in one pass (fast/frees.py's PAGED batches).
  *   native frees  what evict and insert free goes straight into sglang's exact allocators on
- *              the CPU, as one free per piece would leave them (see that section).
+ *              the CPU, as one free per piece would leave them (see that section); the SWA
+ *              allocator's whole release in one call (swa_free).
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
@@ -1081,6 +1082,12 @@ owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
  *              below).  A new buffer's memory is a block no tensor holds any more when one
  *              is spare (the list of a 4M-slot pool moved into fresh memory costs ~18 ms of
  *              page faults, into a reused block ~4 ms).
+ *              The holder also keeps the buffer's capacity with it (_free_tail_at), so an
+ *              append reads only the buffer's data pointer through torch (tail_data); a
+ *              buffer set on the holder any other way is read in full.
+ *
+ *   The SWA allocator (sglang's SWATokenToKVPoolAllocator) is not a kind: swa_free below
+ *   releases its batches in one call through the two sub-allocators' kinds.
  *
  * Each returns 1 (done), 0 (not one of these cases: nothing changed, the caller takes the
  * Python path) or -1 (error).
@@ -1096,13 +1103,26 @@ typedef struct {
 static PyObject *g_classify = NULL;  /* fast/frees.py native_kind(cls) -> 0, 1, 2 */
 static PyObject *s_free_pages, *s_release_pages, *s_need_sort, *s_in_group, *s_debug_mode,
     *s_on_batch, *s_narrow, *s_tail, *s_tail_hw, *s_page_size_attr, *s_free_slots, *s_lock,
-    *s_acquire, *s_release;
+    *s_acquire, *s_release, *s_tail_at;
 static int piece_is_plain(PyObject *t, Py_ssize_t *n);
 static Py_ssize_t paged_front_into(const Seg *segs, Py_ssize_t k, long long ps, long long **out);
 
 #define KIND_SLOTS 8
 static struct { PyObject *type; PyObject *free; int kind; } g_kinds[KIND_SLOTS];
 static int g_kind_next = 0;
+
+/* obj.name where it may be missing, without raising and clearing an AttributeError (the
+ * token allocator has no debug_mode: an exception made and dropped on every free): 1 found
+ * (*out a new reference), 0 missing (*out NULL), -1 on error. */
+static int
+optional_attr(PyObject *obj, PyObject *name, PyObject **out)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(obj, name, out);
+#else
+    return _PyObject_LookupAttr(obj, name, out);
+#endif
+}
 
 /* The kind of alloc's class (its free looked up on the class, so a patched method is a new
  * classification); -1 on error. */
@@ -1380,18 +1400,69 @@ core_tail_spares(PyObject *mod, PyObject *noargs)
     return out;
 }
 
-/* t[start:stop], the list as a view of its buffer: a subscript, not a narrow() call (the
- * same view; measured 1.3 against 1.9 us a call). */
-static PyObject *
-slice_of(PyObject *t, Py_ssize_t start, Py_ssize_t stop)
+/* The tail buffer buf's data and capacity (1), or 0 where it is not a plain tensor, -1 on
+ * error.  Its capacity is cached on the holder with it (_free_tail_at: (buffer, capacity),
+ * written when append_tail makes the buffer), so a buffer the holder still has from there is
+ * not read through torch's API again but for its data pointer, which is read every time (a
+ * view's resize_ could move the storage the buffer and its views share; the buffer itself is
+ * never handed out, so its length, dtype and layout stay those it was made with).  A buffer
+ * set on the holder any other way is read in full (plain_data). */
+static int
+tail_data(PyObject *self, PyObject *buf, const long long **bp, Py_ssize_t *cap)
 {
-    PyObject *a = PyLong_FromSsize_t(start), *b = PyLong_FromSsize_t(stop);
-    PyObject *sl = a != NULL && b != NULL ? PySlice_New(a, b, NULL) : NULL;
+    PyObject *at;
+    if (optional_attr(self, s_tail_at, &at) < 0)
+        return -1;
+    if (at != NULL && PyTuple_CheckExact(at) && PyTuple_GET_SIZE(at) == 2
+               && PyTuple_GET_ITEM(at, 0) == buf && PyLong_CheckExact(PyTuple_GET_ITEM(at, 1))) {
+        *cap = PyLong_AsSsize_t(PyTuple_GET_ITEM(at, 1));
+        Py_DECREF(at);
+        if (*cap == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *o = PyObject_CallMethodNoArgs(buf, s_data_ptr);
+        if (o == NULL)
+            return -1;
+        *bp = (const long long *)PyLong_AsVoidPtr(o);
+        Py_DECREF(o);
+        return (*bp == NULL && PyErr_Occurred()) ? -1 : 1;
+    }
+    Py_XDECREF(at);
+    return plain_data(buf, bp, cap);
+}
+
+/* Record (buf, cap) as the holder's tail buffer for tail_data; 0, or -1 on error (a holder
+ * that cannot take the attribute just goes without the cache). */
+static int
+tail_remember(PyObject *self, PyObject *buf, Py_ssize_t cap)
+{
+    PyObject *c = PyLong_FromSsize_t(cap);
+    if (c == NULL)
+        return -1;
+    PyObject *at = PyTuple_Pack(2, buf, c);
+    Py_DECREF(c);
+    if (at == NULL)
+        return -1;
+    int r = PyObject_SetAttr(self, s_tail_at, at);
+    Py_DECREF(at);
+    if (r < 0 && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        r = 0;
+    }
+    return r;
+}
+
+/* buf[start:stop] (a view, as buf.narrow(0, start, stop - start) but through torch's
+ * indexing, about half the cost per call); a new reference, NULL on error. */
+static PyObject *
+tail_view(PyObject *buf, Py_ssize_t start, Py_ssize_t stop)
+{
+    PyObject *a = PyLong_FromSsize_t(start), *b = a == NULL ? NULL : PyLong_FromSsize_t(stop);
+    PyObject *sl = b == NULL ? NULL : PySlice_New(a, b, NULL);
     Py_XDECREF(a);
     Py_XDECREF(b);
     if (sl == NULL)
         return NULL;
-    PyObject *out = PyObject_GetItem(t, sl);
+    PyObject *out = PyObject_GetItem(buf, sl);
     Py_DECREF(sl);
     return out;
 }
@@ -1427,7 +1498,7 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
     if (buf != NULL && buf != Py_None) {
         const long long *bp;
         Py_ssize_t cap;
-        int ok = plain_data(buf, &bp, &cap);
+        int ok = tail_data(self, buf, &bp, &cap);
         if (ok < 0 || (ok && get_ll(self, s_tail_hw, &hw) < 0)) {
             Py_DECREF(buf);
             return NULL;
@@ -1445,7 +1516,7 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
                 Py_DECREF(buf);
                 return NULL;
             }
-            PyObject *out = slice_of(buf, start, (Py_ssize_t)(hw + total));
+            PyObject *out = tail_view(buf, start, (Py_ssize_t)(hw + total));
             Py_DECREF(buf);
             return out;
         }
@@ -1461,11 +1532,12 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
     if (tn)
         memcpy(dst, tp, (size_t)tn * 8);
     copy_segs((char *)(dst + tn), segs, k);
-    if (PyObject_SetAttr(self, s_tail, nb) < 0 || set_ll(self, s_tail_hw, used) < 0) {
+    if (PyObject_SetAttr(self, s_tail, nb) < 0 || set_ll(self, s_tail_hw, used) < 0
+            || tail_remember(self, nb, cap) < 0) {
         Py_DECREF(nb);
         return NULL;
     }
-    PyObject *out = slice_of(nb, 0, used);
+    PyObject *out = tail_view(nb, 0, used);
     Py_DECREF(nb);
     return out;
 }
@@ -1518,11 +1590,10 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
         Py_DECREF(o);
         if (!outside)
             return 0;  /* inside a free group free() only queues */
-        o = PyObject_GetAttr(alloc, s_debug_mode);
-        if (o == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-                return -1;
-            PyErr_Clear();
+        int has = optional_attr(alloc, s_debug_mode, &o);
+        if (has < 0)
+            return -1;
+        if (!has) {
             if (kind == NK_PAGED)
                 return 0;  /* the paged class always has one: something else */
         } else {
@@ -1817,6 +1888,506 @@ out:
     Py_DECREF(res);
     Py_DECREF(lens);
     return pair;
+}
+
+/* ---- the SWA allocator's release in one call --------------------------------------------- */
+/*
+ * swa_free(alloc, pieces, only_swa) does all of fast/frees.py swa_release (the reference and
+ * the fallback) for sglang's exact SWATokenToKVPoolAllocator in one C call, in its steps and
+ * order: the full sub-allocator's write of every piece (native_release: free, not free_swa),
+ * then free_swa's part for every piece in turn (the SWA slots full_to_swa_index_mapping holds
+ * at the piece, those > 0 kept, the mapping zeroed there: swa_take's loop), one write of what
+ * they gave into the SWA sub-allocator's list (per piece at page > 1, as paged frees),
+ * free's size checks of both sub-allocators, and the observing instance method told once.
+ * The pieces are read once for all of it, the taken SWA slots never become a tensor, and
+ * the exactness checks are cheap: the class part (fast/frees.py swa_class_ok: the class and
+ * its free / free_swa are sglang's) is cached per (class, free, free_swa), the instance part
+ * (an instance free / free_swa only where it observes, outside a free group for free) is two
+ * dict lookups and one attribute read.  The sub-allocators' tail buffers are their holders
+ * from fast/frees.py tail_holder, found through a small table of weak references (no
+ * WeakKeyDictionary lookup per call).
+ *
+ * Returns 1 (done), 0 (nothing changed: the Python steps run) or -1 (error).  Everything that
+ * can decline (class, instance, free group, the sub-allocators' kinds, a piece or the mapping
+ * that is not a plain CPU int64 tensor, a slot outside the mapping, the full side's own
+ * conditions) is decided before anything is written; where the SWA side's list cannot be
+ * written natively, its free runs on the taken slots as the Python steps do.
+ */
+
+static PyObject *g_swa_classify = NULL;  /* fast/frees.py swa_class_ok(cls) -> bool */
+static PyObject *g_tail_holder = NULL;   /* fast/frees.py tail_holder(alloc) -> holder */
+static PyObject *s_full_attn, *s_swa_attn, *s_mapping, *s_free_swa, *s_available_size,
+    *s_size_attr, *s_split, *s_module_attr, *s_qualname;
+
+#define SWA_KIND_SLOTS 4
+static struct { PyObject *type, *free, *free_swa; int ok; } g_swa_kinds[SWA_KIND_SLOTS];
+static int g_swa_kind_next = 0;
+
+/* Whether alloc's class is sglang's SWA allocator with its own free and free_swa (cached per
+ * class and the two methods the class resolves; a patched method is a new classification);
+ * 1, 0 or -1. */
+static int
+swa_class_ok(PyObject *alloc)
+{
+    PyTypeObject *tp = Py_TYPE(alloc);
+    PyObject *f = _PyType_Lookup(tp, s_free), *fs = _PyType_Lookup(tp, s_free_swa);
+    for (int i = 0; i < SWA_KIND_SLOTS; i++)
+        if (g_swa_kinds[i].type == (PyObject *)tp && g_swa_kinds[i].free == f
+                && g_swa_kinds[i].free_swa == fs)
+            return g_swa_kinds[i].ok;
+    if (g_swa_classify == NULL || f == NULL || fs == NULL)
+        return 0;
+    Py_INCREF(f);  /* kept while Python code runs, then by the table */
+    Py_INCREF(fs);
+    PyObject *r = PyObject_CallOneArg(g_swa_classify, (PyObject *)tp);
+    int ok = r == NULL ? -1 : PyObject_IsTrue(r);
+    Py_XDECREF(r);
+    if (ok < 0) {
+        Py_DECREF(f);
+        Py_DECREF(fs);
+        return -1;
+    }
+    int i = g_swa_kind_next;
+    g_swa_kind_next = (g_swa_kind_next + 1) % SWA_KIND_SLOTS;
+    Py_XSETREF(g_swa_kinds[i].type, Py_NewRef((PyObject *)tp));
+    Py_XSETREF(g_swa_kinds[i].free, f);
+    Py_XSETREF(g_swa_kinds[i].free_swa, fs);
+    g_swa_kinds[i].ok = ok;
+    return ok;
+}
+
+#define HOLDER_SLOTS 8
+static struct { PyObject *alloc_ref, *holder_ref; } g_holders[HOLDER_SLOTS];
+static int g_holder_next = 0;
+
+/* alloc's tail holder (fast/frees.py tail_holder), a new reference; NULL on error.  The table
+ * holds weak references only (an allocator or holder that dies is never kept, nor matched:
+ * its reference then reads None). */
+static PyObject *
+holder_of(PyObject *alloc)
+{
+    for (int i = 0; i < HOLDER_SLOTS; i++) {
+        PyObject *ar = g_holders[i].alloc_ref;
+        if (ar != NULL && PyWeakref_GET_OBJECT(ar) == alloc) {
+            PyObject *h = PyWeakref_GET_OBJECT(g_holders[i].holder_ref);
+            if (h != Py_None)
+                return Py_NewRef(h);
+        }
+    }
+    PyObject *h = PyObject_CallOneArg(g_tail_holder, alloc);
+    if (h == NULL)
+        return NULL;
+    PyObject *ar = PyWeakref_NewRef(alloc, NULL);
+    PyObject *hr = ar == NULL ? NULL : PyWeakref_NewRef(h, NULL);
+    if (hr == NULL) {  /* not weakly referenceable: no table entry, the holder still serves */
+        Py_XDECREF(ar);
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+            Py_DECREF(h);
+            return NULL;
+        }
+        PyErr_Clear();
+        return h;
+    }
+    int i = g_holder_next;
+    g_holder_next = (g_holder_next + 1) % HOLDER_SLOTS;
+    Py_XSETREF(g_holders[i].alloc_ref, ar);
+    Py_XSETREF(g_holders[i].holder_ref, hr);
+    return h;
+}
+
+/* An instance method name of alloc only where it observes: 1 (none: *obs NULL; or one that
+ * carries a callable uniradix_on_batch: *obs that callable, a new reference), 0 (one that
+ * does not), -1 on error. */
+static int
+swa_observer(PyObject *dict, PyObject *name, PyObject **obs)
+{
+    *obs = NULL;
+    PyObject *own = dict == NULL ? NULL : PyDict_GetItemWithError(dict, name);  /* borrowed */
+    if (own == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    Py_INCREF(own);
+    PyObject *o = PyObject_GetAttr(own, s_on_batch);
+    Py_DECREF(own);
+    if (o == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    if (!PyCallable_Check(o)) {
+        Py_DECREF(o);
+        return 0;
+    }
+    *obs = o;
+    return 1;
+}
+
+static PyObject *s_shape;  /* (a tentative definition: the API section below interns it) */
+
+#define AVAIL_SLOTS 4
+static struct { PyObject *type, *fn; int ok; } g_avail[AVAIL_SLOTS];
+static int g_avail_next = 0;
+
+/* Whether sub's class (kind NK_APPEND or NK_PAGED) resolves available_size to sglang's own
+ * (TokenToKVPoolAllocator's, or for the paged class the base class's), by the function's
+ * module and qualified name, cached per (class, function); 1, 0 or -1. */
+static int
+avail_is_sglangs(PyObject *sub, int kind)
+{
+    PyTypeObject *tp = Py_TYPE(sub);
+    PyObject *fn = _PyType_Lookup(tp, s_available_size);  /* borrowed, may be NULL */
+    for (int i = 0; i < AVAIL_SLOTS; i++)
+        if (g_avail[i].type == (PyObject *)tp && g_avail[i].fn == fn)
+            return g_avail[i].ok;
+    if (fn == NULL)
+        return 0;
+    Py_INCREF(fn);
+    const char *want_mod = kind == NK_APPEND ? "sglang.srt.mem_cache.allocator.token"
+                                             : "sglang.srt.mem_cache.allocator.base";
+    const char *want_qual = kind == NK_APPEND ? "TokenToKVPoolAllocator.available_size"
+                                              : "BaseTokenToKVPoolAllocator.available_size";
+    int ok = 0;
+    PyObject *mod = NULL, *qual = NULL;
+    if (optional_attr(fn, s_module_attr, &mod) < 0 || optional_attr(fn, s_qualname, &qual) < 0) {
+        ok = -1;
+    } else if (mod != NULL && qual != NULL && PyUnicode_Check(mod) && PyUnicode_Check(qual)) {
+        ok = PyUnicode_CompareWithASCIIString(mod, want_mod) == 0
+             && PyUnicode_CompareWithASCIIString(qual, want_qual) == 0;
+    }
+    Py_XDECREF(mod);
+    Py_XDECREF(qual);
+    if (ok < 0) {
+        Py_DECREF(fn);
+        return -1;
+    }
+    int i = g_avail_next;
+    g_avail_next = (g_avail_next + 1) % AVAIL_SLOTS;
+    Py_XSETREF(g_avail[i].type, Py_NewRef((PyObject *)tp));
+    Py_XSETREF(g_avail[i].fn, fn);  /* the reference taken above */
+    g_avail[i].ok = ok;
+    return ok;
+}
+
+/* len(sub.<name>) for a tensor of one or more dimensions, from its shape (torch's len() costs
+ * several times a shape read); 1, 0 (not such a tensor) or -1. */
+static int
+list_len(PyObject *sub, PyObject *name, Py_ssize_t *n)
+{
+    PyObject *t = PyObject_GetAttr(sub, name);
+    if (t == NULL)
+        return -1;
+    int ok = 0;
+    if (g_Tensor != NULL && (PyObject *)Py_TYPE(t) == g_Tensor) {
+        PyObject *sh = PyObject_GetAttr(t, s_shape);
+        if (sh == NULL) {
+            ok = -1;
+        } else {
+            if (PyTuple_Check(sh) && PyTuple_GET_SIZE(sh) >= 1
+                    && PyLong_Check(PyTuple_GET_ITEM(sh, 0))) {
+                *n = PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, 0));
+                ok = (*n == -1 && PyErr_Occurred()) ? -1 : 1;
+            }
+            Py_DECREF(sh);
+        }
+    }
+    Py_DECREF(t);
+    return ok;
+}
+
+/* sub.available_size() <= sub.size, as free asserts it; 0, or -1 with AssertionError.  Where
+ * sub's available_size is sglang's own (avail_is_sglangs) it is computed here as that method
+ * does, (len(free_pages) + len(release_pages)), times page_size for the paged class;
+ * otherwise the method is called. */
+static int
+swa_size_check(PyObject *sub, int kind)
+{
+    PyObject *a = NULL;
+    int own = avail_is_sglangs(sub, kind);
+    if (own < 0)
+        return -1;
+    if (own) {
+        Py_ssize_t nf, nr;
+        long long ps = 1;
+        int ok = list_len(sub, s_free_pages, &nf);
+        if (ok > 0)
+            ok = list_len(sub, s_release_pages, &nr);
+        if (ok > 0 && kind == NK_PAGED && get_ll(sub, s_page_size_attr, &ps) < 0)
+            ok = -1;
+        if (ok < 0)
+            return -1;
+        if (ok > 0 && (a = PyLong_FromLongLong(((long long)nf + nr) * ps)) == NULL)
+            return -1;
+    }
+    if (a == NULL && (a = PyObject_CallMethodNoArgs(sub, s_available_size)) == NULL)
+        return -1;
+    PyObject *n = PyObject_GetAttr(sub, s_size_attr);
+    if (n == NULL) {
+        Py_DECREF(a);
+        return -1;
+    }
+    int le = PyObject_RichCompareBool(a, n, Py_LE);
+    Py_DECREF(a);
+    Py_DECREF(n);
+    if (le < 0)
+        return -1;
+    if (!le) {
+        PyErr_SetNone(PyExc_AssertionError);
+        return -1;
+    }
+    return 0;
+}
+
+/* Where the SWA sub-allocator's list cannot be written natively: its own free of the taken
+ * slots (one call at page 1, where it appends; at page > 1 one per piece, empty ones too), as
+ * fast/frees.py swa_release does; 0 or -1. */
+static int
+swa_free_taken(PyObject *swa, const long long *taken, Py_ssize_t used, PyObject *lens, int paged)
+{
+    long long *dst;
+    PyObject *t = new_int64(used, &dst);
+    if (t == NULL)
+        return -1;
+    if (used)
+        memcpy(dst, taken, (size_t)used * 8);
+    PyObject *parts = paged ? PyObject_CallMethodOneArg(t, s_split, lens) : PyTuple_Pack(1, t);
+    Py_DECREF(t);
+    if (parts == NULL)
+        return -1;
+    PyObject *seq = PySequence_Fast(parts, "split");
+    Py_DECREF(parts);
+    if (seq == NULL)
+        return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && rc == 0; i++)
+        rc = discard(PyObject_CallMethodOneArg(swa, s_free, PySequence_Fast_GET_ITEM(seq, i)));
+    Py_DECREF(seq);
+    return rc;
+}
+
+static int
+swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa)
+{
+    Py_ssize_t k = PyList_GET_SIZE(pieces);
+    if (g_empty == NULL || g_Tensor == NULL || g_tail_holder == NULL || k == 0)
+        return 0;
+    int ok = swa_class_ok(alloc);
+    if (ok <= 0)
+        return ok;
+    /* the pieces held for the whole call (their memory is read after Python code runs: the
+     * holders' lookup, an observer of the full sub-allocator) */
+    PyObject *held = PyList_GetSlice(pieces, 0, k);
+    if (held == NULL)
+        return -1;
+    pieces = held;
+    int rc = -1;
+    PyObject *dict = NULL, *obs = NULL, *other = NULL, *full = NULL, *swa = NULL,
+        *mapping = NULL, *hf = NULL, *hs = NULL, *lens = NULL;
+    Seg small[16], *segs = small, *tsegs = NULL;
+    long long *taken = NULL;
+    dict = PyObject_GenericGetDict(alloc, NULL);
+    if (dict == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            goto done;
+        PyErr_Clear();
+    }
+    /* an instance free or free_swa only where it observes; the one called is told */
+    if ((ok = swa_observer(dict, only_swa ? s_free : s_free_swa, &other)) <= 0
+            || (ok = swa_observer(dict, only_swa ? s_free_swa : s_free, &obs)) <= 0) {
+        rc = ok;
+        goto done;
+    }
+    if (!only_swa) {  /* inside a free group free only queues */
+        PyObject *o = PyObject_GetAttr(alloc, s_in_group);
+        if (o == NULL)
+            goto done;
+        ok = o == Py_True;
+        Py_DECREF(o);
+        if (!ok) {
+            rc = 0;
+            goto done;
+        }
+    }
+    if ((full = PyObject_GetAttr(alloc, s_full_attn)) == NULL
+            || (swa = PyObject_GetAttr(alloc, s_swa_attn)) == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            rc = 0;
+        }
+        goto done;
+    }
+    int kind = alloc_kind(full), ks = alloc_kind(swa);
+    if (kind < 0 || ks < 0)
+        goto done;
+    if (kind != ks || (kind != NK_APPEND && kind != NK_PAGED)) {
+        rc = 0;
+        goto done;
+    }
+    if (k > 16 && (segs = PyMem_Malloc((size_t)k * sizeof(Seg))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if ((ok = value_data(PyList_GET_ITEM(pieces, i), &segs[i].p, &segs[i].n)) <= 0) {
+            rc = ok;
+            goto done;
+        }
+        total += segs[i].n;
+    }
+    if ((mapping = PyObject_GetAttr(alloc, s_mapping)) == NULL)
+        goto done;
+    const long long *mp;
+    Py_ssize_t mn;
+    if ((ok = plain_data(mapping, &mp, &mn)) <= 0) {
+        rc = ok;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {  /* where torch's indexing would wrap or raise */
+        for (Py_ssize_t j = 0; j < segs[i].n; j++) {
+            if (segs[i].p[j] < 0 || segs[i].p[j] >= mn) {
+                rc = 0;
+                goto done;
+            }
+        }
+    }
+    if ((hf = holder_of(full)) == NULL || (hs = holder_of(swa)) == NULL)
+        goto done;
+    if (!only_swa) {  /* the full side: every piece, one write (nothing written when 0) */
+        if ((ok = native_release_untimed(hf, full, segs, k)) <= 0) {
+            rc = ok;
+            goto done;
+        }
+    }
+    /* from here on the state is written: an error is as one inside sglang's free */
+    if ((taken = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(long long))) == NULL
+            || (tsegs = PyMem_Malloc((size_t)k * sizeof(Seg))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    long long *map = (long long *)mp;
+    Py_ssize_t used = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {  /* free_swa of each piece in turn */
+        const long long *p = segs[i].p;
+        Py_ssize_t n = segs[i].n, was = used;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            long long v = map[p[j]];
+            if (v > 0)
+                taken[used++] = v;
+        }
+        for (Py_ssize_t j = 0; j < n; j++)
+            map[p[j]] = 0;
+        tsegs[i].p = taken + was;
+        tsegs[i].n = used - was;
+    }
+    if (used) {
+        Seg whole = {taken, used};
+        int paged = kind == NK_PAGED;
+        if ((ok = native_release_untimed(hs, swa, paged ? tsegs : &whole, paged ? k : 1)) < 0)
+            goto done;
+        if (ok == 0) {
+            if (paged) {
+                if ((lens = PyList_New(k)) == NULL)
+                    goto done;
+                for (Py_ssize_t i = 0; i < k; i++) {
+                    PyObject *c = PyLong_FromSsize_t(tsegs[i].n);
+                    if (c == NULL)
+                        goto done;
+                    PyList_SET_ITEM(lens, i, c);
+                }
+            }
+            if (swa_free_taken(swa, taken, used, lens, paged) < 0)
+                goto done;
+        }
+    }
+    if (!only_swa && (swa_size_check(full, kind) < 0 || swa_size_check(swa, kind) < 0))
+        goto done;
+    if (obs != NULL && discard(PyObject_CallFunction(obs, "n", k)) < 0)
+        goto done;
+    rc = 1;
+done:
+    if (segs != small)
+        PyMem_Free(segs);
+    PyMem_Free(tsegs);
+    PyMem_Free(taken);
+    Py_XDECREF(lens);
+    Py_XDECREF(hs);
+    Py_XDECREF(hf);
+    Py_XDECREF(mapping);
+    Py_XDECREF(swa);
+    Py_XDECREF(full);
+    Py_XDECREF(obs);
+    Py_XDECREF(other);
+    Py_XDECREF(dict);
+    Py_DECREF(held);
+    return rc;
+}
+
+/* swa_free(alloc, pieces: list, only_swa) -> bool (see above); timed as a whole while the free
+ * timer is on (it stands for the frees of both sub-allocators and free_swa's gathers). */
+static PyObject *
+core_swa_free(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "swa_free(alloc, pieces: list, only_swa)");
+        return NULL;
+    }
+    int only_swa = PyObject_IsTrue(args[2]);
+    if (only_swa < 0)
+        return NULL;
+    double t0 = g_free_clock ? free_clock_now() : 0.0;
+    int r = swa_free_untimed(args[0], args[1], only_swa);
+    if (g_free_clock)
+        g_free_seconds += free_clock_now() - t0;
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* native_release(None, alloc, pieces): the holder is alloc's own, found through holder_of's
+ * table (no WeakKeyDictionary lookup per call), and only where alloc is of a native kind (no
+ * holder is made for another allocator); False where setup_swa_frees has not run. */
+static PyObject *
+core_native_release_own(PyObject *alloc, PyObject *pieces)
+{
+    if (g_tail_holder == NULL)
+        Py_RETURN_FALSE;
+    int kind = alloc_kind(alloc);
+    if (kind <= 0)
+        return kind < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *h = holder_of(alloc);
+    if (h == NULL)
+        return NULL;
+    int r = native_release_list(h, alloc, pieces);
+    Py_DECREF(h);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* setup_swa_frees(swa_class_ok, tail_holder): the SWA allocator's release in one call. */
+static PyObject *
+core_setup_swa_frees(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "setup_swa_frees(swa_class_ok, tail_holder)");
+        return NULL;
+    }
+    Py_XSETREF(g_swa_classify, Py_NewRef(args[0]));
+    Py_XSETREF(g_tail_holder, Py_NewRef(args[1]));
+    for (int i = 0; i < SWA_KIND_SLOTS; i++) {  /* classify again with the new function */
+        Py_CLEAR(g_swa_kinds[i].type);
+        Py_CLEAR(g_swa_kinds[i].free);
+        Py_CLEAR(g_swa_kinds[i].free_swa);
+    }
+    for (int i = 0; i < AVAIL_SLOTS; i++) {
+        Py_CLEAR(g_avail[i].type);
+        Py_CLEAR(g_avail[i].fn);
+    }
+    for (int i = 0; i < HOLDER_SLOTS; i++) {
+        Py_CLEAR(g_holders[i].alloc_ref);
+        Py_CLEAR(g_holders[i].holder_ref);
+    }
+    Py_RETURN_NONE;
 }
 
 /* ---- split ------------------------------------------------------------------------------- */
@@ -3357,6 +3928,8 @@ core_setup(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *core_native_release_own(PyObject *alloc, PyObject *pieces);  /* (swa_free's block) */
+
 /* native_release(holder, alloc, pieces) -> bool: the native frees of a list of tensors, the
  * tail buffer kept on holder (the cache, or the allocator's holder from fast/frees.py
  * tail_holder); False where the Python path must run (nothing
@@ -3368,6 +3941,8 @@ core_native_release(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "native_release(holder, alloc, pieces: list)");
         return NULL;
     }
+    if (args[0] == Py_None)  /* the allocator's own holder (swa_free's table) */
+        return core_native_release_own(args[1], args[2]);
     int r = native_release_list(args[0], args[1], args[2]);
     if (r < 0)
         return NULL;
@@ -3594,7 +4169,8 @@ static PyMethodDef core_methods[] = {
      "heappop(list): the heap pop the C paths use (for tests)."},
     {"native_release", (PyCFunction)(void (*)(void))core_native_release, METH_FASTCALL,
      "native_release(holder, alloc, pieces) -> whether the pieces went straight into sglang's "
-     "exact allocator (as one free each would leave it); False: nothing changed"},
+     "exact allocator (as one free each would leave it); False: nothing changed.  holder None: "
+     "the allocator's own (fast/frees.py tail_holder, once setup_swa_frees has run)"},
     {"swa_take", (PyCFunction)(void (*)(void))core_swa_take, METH_FASTCALL,
      "swa_take(mapping, pieces) -> (the SWA slots free_swa of each piece in turn frees, how "
      "many each piece gave), mapping zeroed there; or None where sglang's own method must run "
@@ -3626,6 +4202,13 @@ static PyMethodDef core_methods[] = {
     {"match_step_setup", (PyCFunction)(void (*)(void))core_match_step_setup, METH_FASTCALL,
      "match_step_setup(fallback, no_step): match_step's Python definition (called for what it "
      "does not take) and its no-step answer"},
+    {"swa_free", (PyCFunction)(void (*)(void))core_swa_free, METH_FASTCALL,
+     "swa_free(alloc, pieces, only_swa) -> whether sglang's exact SWA allocator was left as "
+     "free (only_swa: free_swa) of each piece in turn leaves it, in one call (fast/frees.py "
+     "swa_release's steps); False: nothing changed"},
+    {"setup_swa_frees", (PyCFunction)(void (*)(void))core_setup_swa_frees, METH_FASTCALL,
+     "setup_swa_frees(swa_class_ok, tail_holder): swa_free's class check and the "
+     "sub-allocators' tail holders (fast/frees.py)"},
     {"tail_spares", (PyCFunction)core_tail_spares, METH_NOARGS,
      "tail_spares() -> the lengths (int64 items) of the retired tail-buffer blocks kept for "
      "the next buffers (fast/_core.c \"tail buffer memory\")"},
@@ -3698,6 +4281,16 @@ PyInit__core(void)
     INTERN(s_lock, "lock");
     INTERN(s_acquire, "acquire");
     INTERN(s_release, "release");
+    INTERN(s_tail_at, "_free_tail_at");
+    INTERN(s_full_attn, "full_attn_allocator");
+    INTERN(s_swa_attn, "swa_attn_allocator");
+    INTERN(s_mapping, "full_to_swa_index_mapping");
+    INTERN(s_free_swa, "free_swa");
+    INTERN(s_available_size, "available_size");
+    INTERN(s_size_attr, "size");
+    INTERN(s_split, "split");
+    INTERN(s_module_attr, "__module__");
+    INTERN(s_qualname, "__qualname__");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

@@ -37,9 +37,10 @@ The C core (``fast/_core.c``, "native frees") takes the exact sglang classes its
 CPU (:func:`native_kind` tells it which class is which): for the Full cache's evict and
 insert, and through :func:`release` for every other path (hybrid, host tier; the Mamba slot
 allocator and the host pools, which append to ``free_slots``; the SWA allocator in its own
-steps, :func:`swa_release`).  Where the list appends, it keeps spare room after it, so a free
-writes only the new slots (docs/COMPAT.md "Frees").  Without the C core
-(``UNIRADIX_PURE_PYTHON=1``) the Python code below runs, with the same results.
+steps, :func:`swa_release`, all of them in one C call, ``swa_free``).  Where the list
+appends, it keeps spare room after it, so a free writes only the new slots (docs/COMPAT.md
+"Frees").  Without the C core (``UNIRADIX_PURE_PYTHON=1``) the Python code below runs, with
+the same results.
 
 An allocator outside sglang declares its semantics with a class attribute
 ``uniradix_free_order`` (:data:`APPEND` or :data:`PER_CALL`); the conformance environment's
@@ -107,13 +108,24 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free",
             holder: Any = None) -> int:
     """Free ``pieces`` (1-D slot tensors, in the order one call each would free them) through
     ``alloc.<method>`` in as few calls as :func:`free_order` allows; where the C core can write
-    the allocator's list as those calls would leave it (:func:`native_release`,
-    :func:`swa_release`), it does, without copying the list.  ``holder``: whose tail buffer
-    the list may grow into (default the allocator's own, :func:`tail_holder`).  Returns the
-    number of allocator calls made (a batch written in one step counts one)."""
+    the allocator's list as those calls would leave it (:func:`native_release`; for sglang's SWA
+    allocator the C core's ``swa_free``, which does :func:`swa_release`'s steps in one call,
+    that function running where it declines), it does, without copying the list.
+    ``holder``: whose tail buffer the list may grow into (default the allocator's own,
+    :func:`tail_holder`).  Returns the number of allocator calls made (a batch written in one
+    step counts one)."""
     k = len(pieces)
     if k == 0:
         return 0
+    if method == "free" or method == "free_swa":  # sglang's SWA allocator: one C call
+        core = sys.modules.get(_CORE)
+        if core is not None:
+            if core is not _SWA_READY[0]:
+                _setup_swa(core)
+            if type(pieces) is not list:
+                pieces = list(pieces)
+            if core.swa_free(alloc, pieces, method == "free_swa"):
+                return 1
     if method == "free" and native_release(alloc, pieces, holder):
         return 1
     if (method == "free" or method == "free_swa") and swa_release(alloc, pieces, method):
@@ -255,13 +267,16 @@ def paged_release(alloc: Any, pieces: Sequence[torch.Tensor]) -> bool:
 class TailHolder:
     """Where the C core keeps one allocator list's tail buffer (fast/_core.c "native frees":
     ``_free_tail``, the buffer the list is a view of, and ``_free_tail_hw``, the highest index
-    ever written into it)."""
+    ever written into it; ``_free_tail_at``, the buffer and its capacity as the C core made
+    it, which spares it reading them through torch again)."""
 
-    __slots__ = ("_free_tail", "_free_tail_hw", "__weakref__")
+    __slots__ = ("_free_tail", "_free_tail_hw", "_free_tail_at", "__weakref__")
 
     def __init__(self) -> None:
         self._free_tail: torch.Tensor | None = None
         self._free_tail_hw = 0
+        # (buffer, capacity) as the C core made it, so it reads only the buffer's data pointer
+        self._free_tail_at: tuple[torch.Tensor, int] | None = None
 
 
 _HOLDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -283,14 +298,41 @@ def native_release(alloc: Any, pieces: Sequence[torch.Tensor], holder: Any = Non
     debug mode, no ``free`` on the instance unless it only observes.  ``holder``: whose tail
     buffer the list grows into (default :func:`tail_holder` of ``alloc``).  False, with
     nothing changed, anywhere else (and always without the C core)."""
-    core = _native_core()
-    if core is None or not native_kind(type(alloc)):
+    core = sys.modules.get(_CORE)
+    if core is None:
         return False
-    return bool(core.native_release(tail_holder(alloc) if holder is None else holder, alloc,
+    if core is not _SWA_READY[0]:
+        _setup_swa(core)
+    # (holder None: the C core checks the kind itself and finds the allocator's own holder)
+    return bool(core.native_release(holder, alloc,
                                     pieces if type(pieces) is list else list(pieces)))
 
 
 _SWA = ("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator")
+
+
+def swa_class_ok(cls: type) -> bool:
+    """Whether ``cls`` is exactly sglang's ``SWATokenToKVPoolAllocator`` with its own ``free``
+    and ``free_swa`` (the class part of :func:`_swa_exact`, which the C core's ``swa_free``
+    caches per class and methods)."""
+    if (cls.__module__, cls.__name__) != _SWA:
+        return False
+    for name in ("free", "free_swa"):
+        fn = getattr(cls, name, None)
+        if getattr(fn, "__qualname__", None) != f"{_SWA[1]}.{name}" \
+                or getattr(fn, "__module__", None) != _SWA[0]:
+            return False
+    return True
+
+
+_CORE = f"{__package__}._core"
+_SWA_READY: list[Any] = [None]  # the C core module setup_swa_frees was called on
+
+
+def _setup_swa(core: Any) -> None:
+    """Hand the C core ``swa_free``'s class check and the tail holders (once per module)."""
+    core.setup_swa_frees(swa_class_ok, tail_holder)
+    _SWA_READY[0] = core
 
 
 def _swa_exact(alloc: Any, method: str) -> int:
@@ -299,14 +341,8 @@ def _swa_exact(alloc: Any, method: str) -> int:
     it carries ``uniradix_on_batch``, called once per batch written), outside a free group
     for ``free``, over two sub-allocators of one exact class: its :func:`native_kind`
     (:data:`NATIVE_APPEND` at page 1, :data:`NATIVE_PAGED` above), else :data:`NATIVE_NONE`."""
-    cls = type(alloc)
-    if (cls.__module__, cls.__name__) != _SWA:
+    if not swa_class_ok(type(alloc)):
         return NATIVE_NONE
-    for name in ("free", "free_swa"):
-        fn = getattr(cls, name, None)
-        if getattr(fn, "__qualname__", None) != f"{_SWA[1]}.{name}" \
-                or getattr(fn, "__module__", None) != _SWA[0]:
-            return NATIVE_NONE
     inst = alloc.__dict__
     for name in ("free", "free_swa"):  # an instance method only where it only observes
         own = inst.get(name)

@@ -124,10 +124,31 @@ def _flat(units: list, ps: int) -> list:
     return units if ps == 1 else [x for u in units for x in u]
 
 
-@pytest.mark.parametrize(("kind", "need_sort"), [(k, False) for k in sorted(KINDS)]
-                         + [(k, True) for k in sorted(KINDS) if "group" in KINDS[k][1]])
+def _release(got, pieces: list, method: str, via: str, in_group: bool) -> None:
+    """Free ``pieces`` through fast/frees.py ``release`` (``via="release"``), or straight
+    through the C core's one-call SWA release (``via="swa_free"``), which must take every
+    batch but a ``free`` inside a free group (where ``free`` only queues)."""
+    if via == "swa_free":
+        core = cache_mod._core
+        if core is not frees._SWA_READY[0]:
+            frees._setup_swa(core)  # (release does this on its first call)
+        done = core.swa_free(got, pieces, method == "free_swa")
+        assert done is (bool(pieces) and (method == "free_swa" or not in_group))
+        if done:
+            return
+    frees.release(got, pieces, method)
+
+
+_CASES = [(k, False, "release") for k in sorted(KINDS)] \
+    + [(k, True, "release") for k in sorted(KINDS) if "group" in KINDS[k][1]] \
+    + [(k, ns, "swa_free") for k in ("swa", "swa16") for ns in (False, True)]
+
+
+@pytest.mark.parametrize(("kind", "need_sort", "via"), _CASES)
 @pytest.mark.parametrize("seed", range(6))
-def test_release_equals_one_sglang_free_per_piece(kind, need_sort, seed):
+def test_release_equals_one_sglang_free_per_piece(kind, need_sort, via, seed):
+    if via == "swa_free" and not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
     build, has = KINDS[kind]
     rng = random.Random(seed * 31 + len(kind))
     slots = rng.choice([300, 12000]) if kind != "host_kv" else 6000
@@ -162,7 +183,7 @@ def test_release_equals_one_sglang_free_per_piece(kind, need_sort, seed):
             got.free_group_begin()
             ref.free_group_begin()
             in_group = True
-        frees.release(got, pieces, method)
+        _release(got, pieces, method, via, in_group)
         for p in pieces:
             getattr(ref, method)(p)
         roll = rng.random()
@@ -385,3 +406,88 @@ def test_free_timer_counts_the_native_frees_of_every_allocator():
             assert core.free_timer(1) == 0.0  # nothing freed since
         finally:
             core.free_timer(0)
+
+
+def test_swa_free_takes_the_whole_batch_in_one_call():
+    """``release`` of an SWA batch is one C call (fast/_core.c ``swa_free``): the Python steps
+    (``swa_release``) do not run, for ``free`` and ``free_swa``."""
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    got, ref = _swa(6000, False), _swa(6000, False)
+    got.alloc(8)
+    ref.alloc(8)
+    steps = []
+    real = frees.swa_release
+    frees.swa_release = lambda *a, **k: steps.append(a) or real(*a, **k)  # type: ignore
+    try:
+        for method in ("free_swa", "free"):
+            assert frees.release(got, _pieces(), method) == 1
+            for p in _pieces():
+                getattr(ref, method)(p)
+            assert _state(got) == _state(ref)
+    finally:
+        frees.swa_release = real
+    assert steps == []
+
+
+def test_swa_free_runs_a_patched_available_size():
+    """free's size checks: where sglang's class resolves ``available_size`` to another function
+    (patched), the C call runs it, as free would; with sglang's own it computes the same sum
+    itself.  A double free past the pool's size fails free's check, as in sglang."""
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    got, ref = _swa(64, False), _swa(64, False)
+    cls = type(got.full_attn_allocator)
+    real = cls.available_size
+    calls = []
+
+    def counted(self):
+        calls.append(self)
+        return real(self)
+    cls.available_size = counted
+    try:
+        a = got.alloc(4)
+        ref.alloc(4)
+        calls.clear()  # (alloc asks too)
+        assert frees.release(got, [a[:2], a[2:]]) == 1
+        ref.free(a[:2])
+        ref.free(a[2:])
+        assert _state(got) == _state(ref)
+        assert got.full_attn_allocator in calls and got.swa_attn_allocator in calls
+    finally:
+        cls.available_size = real
+    errors = []
+    for alloc in (got, ref):  # never allocated: the full list would outgrow the pool
+        try:
+            frees.release(alloc, [torch.tensor([1, 2], dtype=torch.int64)])
+            errors.append(None)
+        except AssertionError:
+            errors.append(AssertionError)
+    assert errors == [AssertionError, AssertionError]
+
+
+def test_tail_buffer_set_by_someone_else_is_read_in_full():
+    """The capacity the C core keeps with a tail buffer it made (``_free_tail_at``) serves only
+    that buffer: a buffer set on the holder another way (here a view of a larger tensor, the
+    list a view of it ending at ``_free_tail_hw``) is read again, so nothing is written past its
+    end, and the list still ends as sglang's free leaves it."""
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    got, ref = _token(12000, False), _token(12000, False)
+    a, b = got.alloc(6000), ref.alloc(6000)
+    assert a.tolist() == b.tolist()
+    frees.release(got, [a[:100]])  # the C core makes the holder's buffer (and its capacity)
+    ref.free(b[:100])
+    holder = frees.tail_holder(got)
+    assert holder._free_tail_at is not None
+    n = len(got.free_pages)
+    big = torch.full((n + 1000,), -7, dtype=torch.int64)
+    big[:n] = got.free_pages
+    holder._free_tail = big[:n]  # a buffer exactly as long as the list: no room after it
+    holder._free_tail_hw = n
+    got.free_pages = holder._free_tail[:n]
+    frees.release(got, [a[100:150], a[150:200]])
+    ref.free(b[100:150])
+    ref.free(b[150:200])
+    assert _state(got) == _state(ref)
+    assert (big[n:] == -7).all()  # nothing written past the foreign buffer's end
