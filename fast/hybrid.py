@@ -224,7 +224,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self._match_fast = one_aux.match_one  # (``_inline_window``: the validator's rule)
             self._insert_fast = one_aux.insert_one
             self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_one, one_aux.dec_lock_one
-            self._evict_fast = one_aux.evict_one
+            self._evict_fast = one_aux.evict_swa if cls is SwaComponent else one_aux.evict_one
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import compat, keys, policies
-from .cache import STRIDE
+from .cache import STRIDE, _core
 from .components import MAMBA_ID, AuxData
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
 from .errors import HandleError, InvalidInput, NodeNotFound
@@ -49,7 +49,7 @@ FULL = 0  # the Full component's id in skip_lock_node_ids
 _INF = float("inf")
 _INT64 = torch.int64
 _cat = torch.cat
-_narrow, _narrow_copy = torch.narrow, torch.narrow_copy
+_narrow_copy = torch.narrow_copy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,17 +173,33 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     if n < len(units):
         units = units[:n]
     if n < len(toks):
-        value = _narrow(value, 0, 0, n)
+        value = value[:n]  # (torch.narrow's view: a slice costs less in situ)
     ek = key.extra_key
     root = cache.root_node
     # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
     plan = cache._plan(ek, units)
     if cache.validate_slots and not cache.disable:
         cache._check_slot_list(plan, value.tolist(), prev)
-    prepared, e = cache._check_aux(plan, prev, params)
-    if cache.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
-        return InsertResult(prefix_len=0)
-    prepared = prepared[0]
+    swa = cache.swa
+    if swa is not None:  # (``_check_aux`` with ``SwaComponent.check_insert``, inlined)
+        e = params.swa_evicted_seqlen
+        if e.__class__ is not int or e < 0 or e % ps or params.mamba_value is not None:
+            _, e = cache._check_aux(plan, prev, params)  # (raises: its checks, its order)
+        if cache.disable:
+            return InsertResult(prefix_len=0)
+        if prev:  # (a node before prev_prefix_len cannot hold it: nothing to check at 0)
+            start = 0
+            for child, shared in plan:
+                if start < prev < start + shared and e < start + shared \
+                        and child.value is not None and child.aux[0].value is None:
+                    swa.check_insert(plan, prev, params, e)  # (raises)
+                start += shared
+        prepared = None
+    else:
+        prepared, e = cache._check_aux(plan, prev, params)
+        if cache.disable:  # (after the checks: a disabled cache refuses bad input as the spec does)
+            return InsertResult(prefix_len=0)
+        prepared = prepared[0]
     if cache._events is not None:
         check_token_range(units, False)  # page keys take [0, 2**32) (fast/token_range.py)
     cache._clock += STRIDE  # (``_stamp`` of the root: never a leaf)
@@ -191,9 +207,8 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     if n == 0:
         return InsertResult(prefix_len=0, total_len=len(toks), mamba_exist=True)
     comp = cache.components[0]
-    swa = cache.swa
     lru = comp.lru
-    head, move_after = lru.head, lru.move_after
+    head = lru.head
     heap = cache._heap
     node, pos = root, 0
     for child, shared in plan:
@@ -203,8 +218,12 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         if child.lock_ref == 0 and child.aux_lock == 0 and child.dev_children == 0:
             heappush(heap, (stamp, child))
         rec = child.aux[0]
-        if rec.value is not None:
-            move_after(head, rec)
+        if rec.value is not None:  # (LruList.move_after to the front, inlined)
+            rec.lru_prev.lru_next = rec.lru_next
+            rec.lru_next.lru_prev = rec.lru_prev
+            nxt = head.lru_next
+            rec.lru_prev, rec.lru_next = head, nxt
+            head.lru_next = nxt.lru_prev = rec
         if shared < len(child.key):
             child = cache._split(child, shared)
         end = pos + shared
@@ -216,19 +235,26 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
             taken = shared
         lo = prev if prev > pos else pos
         if lo < pos + taken:  # this node's duplicates: one piece per node, as upstream frees
-            cache._free(_narrow(value, 0, lo, pos + taken - lo))
+            cache._free(value[lo: pos + taken])  # (torch.narrow's view)
         node, pos = child, end
     target, is_new = node, False
+    both = None  # (a new leaf's Full and SWA slots from ``swa_leaf``)
     if pos < n:
         if swa is not None and e >= n:  # (``skips_leaf``: wholly outside the window)
-            cache._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
+            cache._free(value[pos:n])  # no leaf: the slots go back (torch.narrow's view)
             return InsertResult(prefix_len=pos, mamba_exist=False)
         cache._clock += STRIDE
         rest = units[pos:]
         ck = rest[0] if ps == 1 else tuple(rest[0: ps])
         if ek is not None:
             ck = (ek, ck)
-        leaf = Node(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, cache._clock, ck)
+        # the leaf's Full slots (a copy: the caller's tensor is not kept) and, where its SWA
+        # data will be all of it (the window starts at or before it), its SWA slots: over
+        # sglang's own map both in one C call (``swa_leaf``), else torch and ``translate``
+        if swa is not None and e <= pos and swa.map_pool is not None:
+            both = _core.swa_leaf(value, pos, n - pos, swa.map_pool.full_to_swa_index_mapping)
+        full = _narrow_copy(value, 0, pos, n - pos) if both is None else both[0]
+        leaf = Node(rest, full, node, ek, cache._clock, ck)
         leaf.aux = (AuxData(leaf),)
         node.children[ck] = leaf
         node.dev_children += 1
@@ -244,7 +270,13 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         if is_new and e - pos < len(target.key):
             if e - pos > 0:
                 cache._split(target, e - pos)
-            comp.set(target, comp.translate(target.value))
+            # (``AuxComponent.set`` of a new leaf, inlined: unlocked, no host copy)
+            rec = target.aux[0]
+            rec.value = comp.translate(target.value) if both is None else both[1]
+            nxt = head.lru_next
+            rec.lru_prev, rec.lru_next = head, nxt
+            head.lru_next = nxt.lru_prev = rec
+            comp.evictable += len(target.key)
     elif is_new or target.aux[0].value is None:  # (``MambaComponent.commit``)
         comp.set(target, prepared)
         if not is_new:
@@ -454,6 +486,99 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
     if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
         cache._leaf_heap.compact(cache._is_leaf)
     return EvictResult(tracker[0], tracker[1] if is_swa else 0, 0 if is_swa else tracker[1])
+
+
+def evict_swa(cache: Any, params: Any) -> EvictResult | None:
+    """:func:`evict_one` for the SWA component, with the Full leaf deletions of its first
+    loop (the oldest leaves: nearly every node an SWA evict takes) written out, counters in
+    locals and the leaf pushes inline: the same nodes in the same order, the same frees in the
+    same runs, the same counts.  (The second loop, the SWA list from its oldest, is
+    :func:`evict_one`'s.)"""
+    if "_evict_units" in cache.__dict__:
+        return None
+    want = params.num_tokens
+    swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
+    if want.__class__ is not int or swa_want.__class__ is not int \
+            or mamba_want.__class__ is not int or want < 0 or swa_want < 0 or mamba_want < 0:
+        return None
+    if cache.disable:
+        return EvictResult()
+    comp = cache._one_aux[0]
+    tracker = [0, 0]  # Full units, SWA units (the second loop's, and the result)
+    batch = FreeBatch()
+    heap = cache._heap
+    root = cache.root_node
+    events = cache._events
+    add = batch.add
+    full = swa_units = 0  # the first loop's counts, into ``tracker`` after it
+    try:
+        while full < want and heap:
+            stamp, node = heappop(heap)
+            # (the entry is live: its stamp is the node's and the node is an evictable leaf)
+            if node.last_access_time != stamp or node.lock_ref or node.aux_lock \
+                    or node.dev_children or node.value is None or node.parent is None:
+                continue
+            # (``_delete_leaf_one``: its SWA data goes with its Full slots, through the map)
+            if events is not None:
+                events.removed(node)
+            rec = node.aux[0]
+            k = len(node.key)
+            if rec.value is not None:
+                swa_units += k
+                comp.evictable -= k
+                prev, nxt = rec.lru_prev, rec.lru_next  # (LruList.remove)
+                prev.lru_next = nxt
+                nxt.lru_prev = prev
+                rec.lru_prev = rec.lru_next = None
+                rec.value = None
+            add("free", node.value)
+            full += k
+            cache._evictable -= k
+            node.value = None  # (``_detach_leaf``)
+            parent = node.parent
+            del parent.children[node.ck]
+            node.parent = None
+            parent.dev_children -= 1
+            if parent is not root and parent.dev_children == 0 and parent.lock_ref == 0 \
+                    and parent.aux_lock == 0 and parent.value is not None \
+                    and parent.parent is not None:  # (``_push_if_leaf``)
+                heappush(heap, (parent.last_access_time, parent))
+        tracker[0], tracker[1] = full, swa_units
+        if swa_want > swa_units:
+            _drive_swa(cache, comp, swa_want, tracker, batch)
+    finally:
+        cache._release(batch)
+    live = cache._evictable // cache.page_size
+    if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
+        cache._leaf_heap.compact(cache._is_leaf)
+    return EvictResult(tracker[0], tracker[1], 0)
+
+
+def _drive_swa(cache: Any, comp: Any, swa_want: int, tracker: list, batch: Any) -> None:
+    """:func:`evict_one`'s second loop for SWA: the SWA list from its oldest record until
+    ``swa_want`` SWA units are freed (a leaf leaves the tree, an internal node becomes a
+    tombstone)."""
+    lru = comp.lru
+    head = lru.head
+    x = lru.tail.lru_prev
+    while tracker[1] < swa_want and x is not head:
+        nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
+        if x.lock == 0:
+            node = x.node
+            if node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+                    and node.value is not None and node.parent is not None:
+                _delete_leaf_one(cache, comp, True, node, tracker, batch)
+            else:  # (``AuxComponent.drop``, not a leaf: SWA frees its slots, a tombstone)
+                k = len(node.key)
+                tracker[1] += k
+                comp.evictable -= k
+                later = x.lru_next  # (LruList.remove; ``nxt`` is x's older neighbour)
+                nxt.lru_next = later
+                later.lru_prev = nxt
+                x.lru_prev = x.lru_next = None
+                batch.add("free_swa", node.value)
+                x.value = None
+        x = nxt
 
 
 def _delete_leaf_one(cache: Any, comp: Any, is_swa: bool, node: Any, tracker: list,
