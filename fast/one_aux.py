@@ -156,8 +156,8 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         return None
     toks = key.token_ids
     units = toks if toks.__class__ is array else array("q", toks)
-    if not isinstance(value, torch.Tensor) or value.dtype != _INT64 or \
-            tuple(value.shape) != (len(toks),):
+    if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 or \
+            value.shape != (len(toks),):  # (dtypes are singletons; a torch.Size is a tuple)
         raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
     prev = params.prev_prefix_len
     if prev.__class__ is not int or prev < 0:  # (tiers/host.py count_arg)
@@ -489,11 +489,11 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
 
 
 def evict_swa(cache: Any, params: Any) -> EvictResult | None:
-    """:func:`evict_one` for the SWA component, with the Full leaf deletions of its first
-    loop (the oldest leaves: nearly every node an SWA evict takes) written out, counters in
-    locals and the leaf pushes inline: the same nodes in the same order, the same frees in the
-    same runs, the same counts.  (The second loop, the SWA list from its oldest, is
-    :func:`evict_one`'s.)"""
+    """:func:`evict_one` for the SWA component with every call per node written out: the
+    Full leaf deletions (``_delete_leaf_one``) of both loops, the tombstones of the second,
+    the leaf pushes, the counters in locals.  The same nodes in the same order, the same frees
+    in the same runs, the same counts.  (Over sglang's allocators the SWA pool is the one that
+    runs short: nearly all of an evict is the second loop, the SWA list from its oldest.)"""
     if "_evict_units" in cache.__dict__:
         return None
     want = params.num_tokens
@@ -504,15 +504,14 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
     if cache.disable:
         return EvictResult()
     comp = cache._one_aux[0]
-    tracker = [0, 0]  # Full units, SWA units (the second loop's, and the result)
     batch = FreeBatch()
     heap = cache._heap
     root = cache.root_node
     events = cache._events
     add = batch.add
-    full = swa_units = 0  # the first loop's counts, into ``tracker`` after it
+    full = swa_units = 0  # Full units, SWA units
     try:
-        while full < want and heap:
+        while full < want and heap:  # the oldest evictable leaves
             stamp, node = heappop(heap)
             # (the entry is live: its stamp is the node's and the node is an evictable leaf)
             if node.last_access_time != stamp or node.lock_ref or node.aux_lock \
@@ -543,42 +542,48 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
                     and parent.aux_lock == 0 and parent.value is not None \
                     and parent.parent is not None:  # (``_push_if_leaf``)
                 heappush(heap, (parent.last_access_time, parent))
-        tracker[0], tracker[1] = full, swa_units
-        if swa_want > swa_units:
-            _drive_swa(cache, comp, swa_want, tracker, batch)
+        lru = comp.lru
+        head = lru.head
+        x = lru.tail.lru_prev
+        while swa_units < swa_want and x is not head:  # the SWA list from its oldest
+            nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
+            if x.lock == 0:
+                node = x.node
+                k = len(node.key)
+                leaf = node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+                    and node.value is not None and node.parent is not None
+                if leaf and events is not None:
+                    events.removed(node)
+                swa_units += k  # (the record leaves the list: LruList.remove; ``nxt`` is
+                comp.evictable -= k  # x's older neighbour)
+                later = x.lru_next
+                nxt.lru_next = later
+                later.lru_prev = nxt
+                x.lru_prev = x.lru_next = None
+                if leaf:  # (``_delete_leaf_one``, as above)
+                    x.value = None
+                    add("free", node.value)
+                    full += k
+                    cache._evictable -= k
+                    node.value = None
+                    parent = node.parent
+                    del parent.children[node.ck]
+                    node.parent = None
+                    parent.dev_children -= 1
+                    if parent is not root and parent.dev_children == 0 \
+                            and parent.lock_ref == 0 and parent.aux_lock == 0 \
+                            and parent.value is not None and parent.parent is not None:
+                        heappush(heap, (parent.last_access_time, parent))
+                else:  # (``AuxComponent.drop``, not a leaf: SWA frees its slots, a tombstone)
+                    add("free_swa", node.value)
+                    x.value = None
+            x = nxt
     finally:
         cache._release(batch)
     live = cache._evictable // cache.page_size
     if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
         cache._leaf_heap.compact(cache._is_leaf)
-    return EvictResult(tracker[0], tracker[1], 0)
-
-
-def _drive_swa(cache: Any, comp: Any, swa_want: int, tracker: list, batch: Any) -> None:
-    """:func:`evict_one`'s second loop for SWA: the SWA list from its oldest record until
-    ``swa_want`` SWA units are freed (a leaf leaves the tree, an internal node becomes a
-    tombstone)."""
-    lru = comp.lru
-    head = lru.head
-    x = lru.tail.lru_prev
-    while tracker[1] < swa_want and x is not head:
-        nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
-        if x.lock == 0:
-            node = x.node
-            if node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
-                    and node.value is not None and node.parent is not None:
-                _delete_leaf_one(cache, comp, True, node, tracker, batch)
-            else:  # (``AuxComponent.drop``, not a leaf: SWA frees its slots, a tombstone)
-                k = len(node.key)
-                tracker[1] += k
-                comp.evictable -= k
-                later = x.lru_next  # (LruList.remove; ``nxt`` is x's older neighbour)
-                nxt.lru_next = later
-                later.lru_prev = nxt
-                x.lru_prev = x.lru_next = None
-                batch.add("free_swa", node.value)
-                x.value = None
-        x = nxt
+    return EvictResult(full, swa_units, 0)
 
 
 def _delete_leaf_one(cache: Any, comp: Any, is_swa: bool, node: Any, tracker: list,
