@@ -571,7 +571,8 @@ def sglang_map_pool(alloc: Any) -> Any:
                 or _TRANSLATE in getattr(obj, "__dict__", ()):
             return None
         fn = cls.__dict__.get(_TRANSLATE)
-        if getattr(fn, "__qualname__", None) != f"{name}.{_TRANSLATE}":
+        if getattr(fn, "__qualname__", None) != f"{name}.{_TRANSLATE}" \
+                or getattr(fn, "__module__", None) != module:
             return None
     return pool
 
