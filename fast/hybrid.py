@@ -564,6 +564,11 @@ class HybridRadixCache(UnifiedRadixCache):
         in as few allocator calls as the allocator allows (fast/frees.py)."""
         self._deferred = []
         try:
+            fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py; here,
+            if fast is not None:  # not in ``_insert``: one Python frame less per insert)
+                result = fast(self, params)
+                if result is not None:
+                    return result
             return self._insert(params)
         finally:
             pieces, self._deferred = self._deferred, None
@@ -577,12 +582,8 @@ class HybridRadixCache(UnifiedRadixCache):
         instead), add the remainder as a new leaf, then each component commits its data on
         the last node (SWA inside the window; the Mamba state); with a host tier, count hits
         (write-through backs a node up once its count reaches the threshold).  Returns the
-        length already cached and, for Mamba, whether the node had a state already."""
-        fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py)
-        if fast is not None:
-            result = fast(self, params)
-            if result is not None:
-                return result
+        length already cached and, for Mamba, whether the node had a state already.  (The
+        one-component fast path, where it answers, ran in :meth:`insert`.)"""
         key, value = params.key, params.value
         if type(key) is not RadixKey:
             key = compat.as_radix_key(key)
