@@ -4142,6 +4142,106 @@ done:
 static PyObject *core_match_step(PyObject *, PyObject *const *, Py_ssize_t);  /* (at the end) */
 static PyObject *core_match_step_setup(PyObject *, PyObject *const *, Py_ssize_t);
 
+/* ---- SWA slots through sglang's map (fast/components/swa.py, fast/one_aux.py) ------------ */
+/*
+ * sglang's SWATokenToKVPoolAllocator keeps, for each full slot, its SWA slot in an int64 CPU
+ * tensor (full_to_swa_index_mapping, read through its pool's translate_loc_from_full_to_swa as
+ * that tensor indexed by the full slots: a new tensor).  Measured in situ (a one-component
+ * SWA insert, shared-prefix page 1) that call was 15 us of a 51 us insert: two Python methods,
+ * an assert and torch's advanced indexing.  Here the map is read directly, only where the
+ * caller has made sure it is exactly sglang's (fast/components/swa.py SwaComponent): the same
+ * values, in a new int64 tensor, as that indexing returns.  Nothing here writes the map.
+ */
+
+/* The slots of idx[0:n] all inside [0, mn) (where torch's indexing neither wraps a negative
+ * one nor raises): 1, else 0. */
+static int
+slots_inside(const long long *idx, Py_ssize_t n, Py_ssize_t mn)
+{
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (idx[j] < 0 || idx[j] >= mn)
+            return 0;
+    return 1;
+}
+
+/* mapping at idx[0:n] as a new int64 tensor; NULL on error. */
+static PyObject *
+gather_new(const long long *map, const long long *idx, Py_ssize_t n)
+{
+    long long *dst;
+    PyObject *t = new_int64(n, &dst);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < n; j++)
+        dst[j] = map[idx[j]];
+    return t;
+}
+
+/* swa_gather(mapping, full) -> mapping[full] as a new int64 tensor; None (nothing done) where
+ * either is not a plain CPU int64 tensor or a slot of full lies outside [0, len(mapping)):
+ * the caller runs sglang's own method then. */
+static PyObject *
+core_swa_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "swa_gather(mapping, full)");
+        return NULL;
+    }
+    const long long *mp, *fp;
+    Py_ssize_t mn, fn;
+    int ok = plain_data(args[0], &mp, &mn);
+    if (ok > 0)
+        ok = plain_data(args[1], &fp, &fn);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    if (!slots_inside(fp, fn, mn))
+        Py_RETURN_NONE;
+    return gather_new(mp, fp, fn);
+}
+
+/* swa_leaf(value, start, length, mapping) -> (value[start:start + length] copied into a new
+ * int64 tensor, mapping at those slots as a new int64 tensor): an insert's new leaf, its Full
+ * slots (torch.narrow_copy's values) and its SWA slots, in one call.  None (nothing done) as
+ * swa_gather, and where the range is not inside value. */
+static PyObject *
+core_swa_leaf(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "swa_leaf(value, start, length, mapping)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), length = PyLong_AsSsize_t(args[2]);
+    if ((start == -1 || length == -1) && PyErr_Occurred())
+        return NULL;
+    const long long *vp, *mp;
+    Py_ssize_t vn, mn;
+    int ok = plain_data(args[0], &vp, &vn);
+    if (ok > 0)
+        ok = plain_data(args[3], &mp, &mn);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    if (start < 0 || length < 0 || start > vn || length > vn - start)
+        Py_RETURN_NONE;
+    const long long *src = vp + start;
+    if (!slots_inside(src, length, mn))
+        Py_RETURN_NONE;
+    long long *dst;
+    PyObject *full = new_int64(length, &dst);
+    if (full == NULL)
+        return NULL;
+    if (length)
+        memcpy(dst, src, (size_t)length * sizeof(long long));
+    PyObject *swa = gather_new(mp, src, length);
+    if (swa == NULL) {
+        Py_DECREF(full);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_Pack(2, full, swa);
+    Py_DECREF(full);
+    Py_DECREF(swa);
+    return pair;
+}
+
 static PyMethodDef core_methods[] = {
     {"setup", (PyCFunction)core_setup, METH_VARARGS,
      "setup(narrow_copy, cat, stride): the torch callables and the clock step."},
@@ -4212,6 +4312,12 @@ static PyMethodDef core_methods[] = {
     {"tail_spares", (PyCFunction)core_tail_spares, METH_NOARGS,
      "tail_spares() -> the lengths (int64 items) of the retired tail-buffer blocks kept for "
      "the next buffers (fast/_core.c \"tail buffer memory\")"},
+    {"swa_gather", (PyCFunction)(void (*)(void))core_swa_gather, METH_FASTCALL,
+     "swa_gather(mapping, full) -> mapping[full] as a new int64 tensor (sglang's SWA map read "
+     "directly), or None where sglang's own method must run"},
+    {"swa_leaf", (PyCFunction)(void (*)(void))core_swa_leaf, METH_FASTCALL,
+     "swa_leaf(value, start, length, mapping) -> (value[start:start + length] copied, mapping "
+     "at those slots), each a new int64 tensor, or None where the Python path must run"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -224,7 +224,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self._match_fast = one_aux.match_one  # (``_inline_window``: the validator's rule)
             self._insert_fast = one_aux.insert_one
             self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_one, one_aux.dec_lock_one
-            self._evict_fast = one_aux.evict_one
+            self._evict_fast = one_aux.evict_swa if cls is SwaComponent else one_aux.evict_one
 
     def _attach_tier(self, hicache: HiCacheConfig) -> None:
         """Compose the host tier (its state and the names upstream's HiCache cache has)."""
@@ -565,6 +565,11 @@ class HybridRadixCache(UnifiedRadixCache):
         in as few allocator calls as the allocator allows (fast/frees.py)."""
         self._deferred = []
         try:
+            fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py; here,
+            if fast is not None:  # not in ``_insert``: one Python frame less per insert)
+                result = fast(self, params)
+                if result is not None:
+                    return result
             return self._insert(params)
         finally:
             pieces, self._deferred = self._deferred, None
@@ -578,12 +583,8 @@ class HybridRadixCache(UnifiedRadixCache):
         instead), add the remainder as a new leaf, then each component commits its data on
         the last node (SWA inside the window; the Mamba state); with a host tier, count hits
         (write-through backs a node up once its count reaches the threshold).  Returns the
-        length already cached and, for Mamba, whether the node had a state already."""
-        fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py)
-        if fast is not None:
-            result = fast(self, params)
-            if result is not None:
-                return result
+        length already cached and, for Mamba, whether the node had a state already.  (The
+        one-component fast path, where it answers, ran in :meth:`insert`.)"""
         key, value = params.key, params.value
         if type(key) is not RadixKey:
             key = compat.as_radix_key(key)

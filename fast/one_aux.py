@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import compat, keys, policies
-from .cache import STRIDE
+from .cache import STRIDE, _core
 from .components import MAMBA_ID, AuxData
 from .components.mamba import mamba_state
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
@@ -157,8 +157,8 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         return None
     toks = key.token_ids
     units = toks if toks.__class__ is array else array("q", toks)
-    if not isinstance(value, torch.Tensor) or value.dtype != _INT64 or \
-            tuple(value.shape) != (len(toks),):
+    if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 or \
+            value.shape != (len(toks),):  # (dtypes are singletons; a torch.Size is a tuple)
         raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
     prev = params.prev_prefix_len
     if prev.__class__ is not int or prev < 0:  # (tiers/host.py count_arg)
@@ -183,7 +183,20 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         cache._check_slot_list(plan, value.tolist(), prev)
     swa = cache.swa
     e = params.swa_evicted_seqlen
-    if swa is None and e.__class__ is int and e == 0 and not cache.validate_slots:
+    if swa is not None:  # (``_check_aux`` with ``SwaComponent.check_insert``, inlined)
+        if e.__class__ is not int or e < 0 or e % ps or params.mamba_value is not None:
+            _, e = cache._check_aux(plan, prev, params)  # (raises: its checks, its order)
+        if cache.disable:
+            return InsertResult(prefix_len=0)
+        if prev:  # (a node before prev_prefix_len cannot hold it: nothing to check at 0)
+            start = 0
+            for child, shared in plan:
+                if start < prev < start + shared and e < start + shared \
+                        and child.value is not None and child.aux[0].value is None:
+                    swa.check_insert(plan, prev, params, e)  # (raises)
+                start += shared
+        prepared = None
+    elif e.__class__ is int and e == 0 and not cache.validate_slots:
         # Mamba: ``_check_aux`` and the component's ``check_insert`` for what passes their
         # setting checks without a call (no SWA setting, no slot ledger to consult)
         if cache.disable:  # (a disabled cache checks only the settings)
@@ -202,7 +215,7 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         return InsertResult(prefix_len=0, total_len=len(toks), mamba_exist=True)
     comp = cache.components[0]
     lru = comp.lru
-    head, move_after = lru.head, lru.move_after
+    head = lru.head
     heap = cache._heap
     node, pos = root, 0
     for child, shared in plan:
@@ -212,8 +225,12 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         if child.lock_ref == 0 and child.aux_lock == 0 and child.dev_children == 0:
             heappush(heap, (stamp, child))
         rec = child.aux[0]
-        if rec.value is not None:
-            move_after(head, rec)
+        if rec.value is not None:  # (LruList.move_after to the front, inlined)
+            rec.lru_prev.lru_next = rec.lru_next
+            rec.lru_next.lru_prev = rec.lru_prev
+            nxt = head.lru_next
+            rec.lru_prev, rec.lru_next = head, nxt
+            head.lru_next = nxt.lru_prev = rec
         if shared < len(child.key):
             child = cache._split(child, shared)
         end = pos + shared
@@ -228,6 +245,7 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
             cache._free(value[lo:pos + taken])
         node, pos = child, end
     target, is_new = node, False
+    both = None  # (a new leaf's Full and SWA slots from ``swa_leaf``)
     if pos < n:
         if swa is not None and e >= n:  # (``skips_leaf``: wholly outside the window)
             cache._free(value[pos:n])  # no leaf: the slots go back
@@ -237,7 +255,13 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         ck = rest[0] if ps == 1 else tuple(rest[0: ps])
         if ek is not None:
             ck = (ek, ck)
-        leaf = Node(rest, _narrow_copy(value, 0, pos, n - pos), node, ek, cache._clock, ck)
+        # the leaf's Full slots (a copy: the caller's tensor is not kept) and, where its SWA
+        # data will be all of it (the window starts at or before it), its SWA slots: over
+        # sglang's own map both in one C call (``swa_leaf``), else torch and ``translate``
+        if swa is not None and e <= pos and swa.map_pool is not None:
+            both = _core.swa_leaf(value, pos, n - pos, swa.map_pool.full_to_swa_index_mapping)
+        full = _narrow_copy(value, 0, pos, n - pos) if both is None else both[0]
+        leaf = Node(rest, full, node, ek, cache._clock, ck)
         leaf.aux = (AuxData(leaf),)
         node.children[ck] = leaf
         node.dev_children += 1
@@ -253,7 +277,13 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         if is_new and e - pos < len(target.key):
             if e - pos > 0:
                 cache._split(target, e - pos)
-            comp.set(target, comp.translate(target.value))
+            # (``AuxComponent.set`` of a new leaf, inlined: unlocked, no host copy)
+            rec = target.aux[0]
+            rec.value = comp.translate(target.value) if both is None else both[1]
+            nxt = head.lru_next
+            rec.lru_prev, rec.lru_next = head, nxt
+            head.lru_next = nxt.lru_prev = rec
+            comp.evictable += len(target.key)
     elif is_new or target.aux[0].value is None:  # (``MambaComponent.commit``)
         rec = target.aux[0]  # (``AuxComponent.set``: no host copy without a host tier)
         rec.value = prepared
@@ -269,7 +299,7 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         if not is_new:
             cache._stamp(target)
     else:
-        move_after(head, target.aux[0])
+        lru.move_after(head, target.aux[0])
         cache._stamp(target)
         exist = True
     return InsertResult(pos, len(toks), exist)
@@ -473,6 +503,104 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
     if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
         cache._leaf_heap.compact(cache._is_leaf)
     return EvictResult(tracker[0], tracker[1] if is_swa else 0, 0 if is_swa else tracker[1])
+
+
+def evict_swa(cache: Any, params: Any) -> EvictResult | None:
+    """:func:`evict_one` for the SWA component with every call per node written out: the
+    Full leaf deletions (``_delete_leaf_one``) of both loops, the tombstones of the second,
+    the leaf pushes, the counters in locals.  The same nodes in the same order, the same frees
+    in the same runs, the same counts.  (Over sglang's allocators the SWA pool is the one that
+    runs short: nearly all of an evict is the second loop, the SWA list from its oldest.)"""
+    if "_evict_units" in cache.__dict__:
+        return None
+    want = params.num_tokens
+    swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
+    if want.__class__ is not int or swa_want.__class__ is not int \
+            or mamba_want.__class__ is not int or want < 0 or swa_want < 0 or mamba_want < 0:
+        return None
+    if cache.disable:
+        return EvictResult()
+    comp = cache._one_aux[0]
+    batch = FreeBatch()
+    heap = cache._heap
+    root = cache.root_node
+    events = cache._events
+    add = batch.add
+    full = swa_units = 0  # Full units, SWA units
+    try:
+        while full < want and heap:  # the oldest evictable leaves
+            stamp, node = heappop(heap)
+            # (the entry is live: its stamp is the node's and the node is an evictable leaf)
+            if node.last_access_time != stamp or node.lock_ref or node.aux_lock \
+                    or node.dev_children or node.value is None or node.parent is None:
+                continue
+            # (``_delete_leaf_one``: its SWA data goes with its Full slots, through the map)
+            if events is not None:
+                events.removed(node)
+            rec = node.aux[0]
+            k = len(node.key)
+            if rec.value is not None:
+                swa_units += k
+                comp.evictable -= k
+                prev, nxt = rec.lru_prev, rec.lru_next  # (LruList.remove)
+                prev.lru_next = nxt
+                nxt.lru_prev = prev
+                rec.lru_prev = rec.lru_next = None
+                rec.value = None
+            add("free", node.value)
+            full += k
+            cache._evictable -= k
+            node.value = None  # (``_detach_leaf``)
+            parent = node.parent
+            del parent.children[node.ck]
+            node.parent = None
+            parent.dev_children -= 1
+            if parent is not root and parent.dev_children == 0 and parent.lock_ref == 0 \
+                    and parent.aux_lock == 0 and parent.value is not None \
+                    and parent.parent is not None:  # (``_push_if_leaf``)
+                heappush(heap, (parent.last_access_time, parent))
+        lru = comp.lru
+        head = lru.head
+        x = lru.tail.lru_prev
+        while swa_units < swa_want and x is not head:  # the SWA list from its oldest
+            nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
+            if x.lock == 0:
+                node = x.node
+                k = len(node.key)
+                leaf = node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+                    and node.value is not None and node.parent is not None
+                if leaf and events is not None:
+                    events.removed(node)
+                swa_units += k  # (the record leaves the list: LruList.remove; ``nxt`` is
+                comp.evictable -= k  # x's older neighbour)
+                later = x.lru_next
+                nxt.lru_next = later
+                later.lru_prev = nxt
+                x.lru_prev = x.lru_next = None
+                if leaf:  # (``_delete_leaf_one``, as above)
+                    x.value = None
+                    add("free", node.value)
+                    full += k
+                    cache._evictable -= k
+                    node.value = None
+                    parent = node.parent
+                    del parent.children[node.ck]
+                    node.parent = None
+                    parent.dev_children -= 1
+                    if parent is not root and parent.dev_children == 0 \
+                            and parent.lock_ref == 0 and parent.aux_lock == 0 \
+                            and parent.value is not None and parent.parent is not None:
+                        heappush(heap, (parent.last_access_time, parent))
+                else:  # (``AuxComponent.drop``, not a leaf: SWA frees its slots, a tombstone)
+                    add("free_swa", node.value)
+                    x.value = None
+            x = nxt
+    finally:
+        cache._release(batch)
+    live = cache._evictable // cache.page_size
+    if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
+        cache._leaf_heap.compact(cache._is_leaf)
+    return EvictResult(full, swa_units, 0)
 
 
 def _delete_leaf_one(cache: Any, comp: Any, is_swa: bool, node: Any, tracker: list,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..cache import _core
 from ..errors import InvalidInput, Unsupported
 from ..frees import FreeBatch, release
 from ..tiers.host import Copy, HostSlotAllocator
@@ -42,6 +43,11 @@ class SwaComponent(AuxComponent):
     def __init__(self, cache: Any, i: int, window: int) -> None:
         self.window = window
         super().__init__(cache, i)
+        self.map_pool = sglang_map_pool(cache.token_to_kv_pool_allocator)
+
+    # where the C core may read the allocator's full-to-SWA map itself: the pool holding it
+    # (``sglang_map_pool``), else None (the allocator's method runs)
+    map_pool: Any = None
 
     def reset(self) -> None:
         super().reset()
@@ -61,7 +67,14 @@ class SwaComponent(AuxComponent):
         return len(node.key)
 
     def translate(self, full: torch.Tensor) -> torch.Tensor:
-        """The SWA slots of the Full slots ``full`` (the allocator's map)."""
+        """The SWA slots of the Full slots ``full`` (the allocator's map; over sglang's own
+        allocator and pool, read by the C core: the same values, without two Python calls
+        and torch's indexing)."""
+        pool = self.map_pool
+        if pool is not None:
+            swa = _core.swa_gather(pool.full_to_swa_index_mapping, full)
+            if swa is not None:
+                return swa
         swa = self.cache.token_to_kv_pool_allocator.translate_loc_from_full_to_swa(full)
         return swa if swa.dtype is _INT64 else swa.to(_INT64)  # (.to: a torch call even as a no-op)
 
@@ -535,6 +548,33 @@ class SwaComponent(AuxComponent):
     def value_violations(self, node: Any, value: torch.Tensor, errors: list) -> None:
         if value.tolist() != self.translate(node.value).tolist():
             errors.append(f"[aux] {node!r}: SWA slots are not the mapped ones")
+
+
+_SGLANG_SWA = (("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator"),
+               ("sglang.srt.mem_cache.swa_memory_pool", "SWAKVPool"))
+_TRANSLATE = "translate_loc_from_full_to_swa"
+
+
+def sglang_map_pool(alloc: Any) -> Any:
+    """The pool whose ``full_to_swa_index_mapping`` the C core may read in place of
+    ``alloc.translate_loc_from_full_to_swa`` (``swa_gather``): only where the C core is
+    built, ``alloc`` is exactly sglang's ``SWATokenToKVPoolAllocator`` and its ``_kvcache``
+    exactly sglang's ``SWAKVPool``, each with its own ``translate_loc_from_full_to_swa`` (that
+    method is the map indexed by the slots, asserted present; a subclass or an instance method
+    may do otherwise); else None.  Decided once per cache: the classes do not change."""
+    if _core is None:
+        return None
+    pool = getattr(alloc, "_kvcache", None)
+    for obj, (module, name) in zip((alloc, pool), _SGLANG_SWA, strict=True):
+        cls = type(obj)
+        if (cls.__module__, cls.__name__) != (module, name) \
+                or _TRANSLATE in getattr(obj, "__dict__", ()):
+            return None
+        fn = cls.__dict__.get(_TRANSLATE)
+        if getattr(fn, "__qualname__", None) != f"{name}.{_TRANSLATE}" \
+                or getattr(fn, "__module__", None) != module:
+            return None
+    return pool
 
 
 def split_off_skipped(rec: Any, skip: Any, seen: int) -> bool:
