@@ -53,7 +53,7 @@ from . import compat, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache, _match_result
 from .components import AuxComponent, AuxData
-from .components.mamba import MambaComponent
+from .components.mamba import MambaComponent, mamba_state
 from .components.swa import SwaComponent
 from .errors import InvalidInput, Unsupported
 from .frees import FreeBatch, release
@@ -208,6 +208,8 @@ class HybridRadixCache(UnifiedRadixCache):
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
     _evict_fast: Any = None
+    _inline_touch = False  # see ``_pick_fast_paths``
+    _pair: tuple[int, int, int] | None = None  # see ``_pick_fast_paths``
 
     def _pick_fast_paths(self) -> None:
         """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
@@ -215,6 +217,22 @@ class HybridRadixCache(UnifiedRadixCache):
         and the ``lru`` order (what those paths assume); else the general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
         self._evict_fast = None
+        cls_ = type(self)
+        # the general insert's walk touches each node inline (``_touch``, ``_stamp`` and
+        # ``_push_if_leaf`` as this class has them: a policy pushes its own key, a subclass
+        # may stamp otherwise)
+        self._inline_touch = (self._policy_key is None and bool(self.components)
+                              and cls_._touch is HybridRadixCache._touch
+                              and cls_._stamp is HybridRadixCache._stamp
+                              and cls_._push_if_leaf is HybridRadixCache._push_if_leaf)
+        # the stock SWA and Mamba plug-ins together without a host tier: the general match
+        # applies both validators' rules inline and moves both lists in one walk up the path;
+        # (SWA's index, its window, Mamba's index), else None
+        self._pair = None
+        if self.tier is None and len(self.components) == 2 and self.swa is not None \
+                and self.mamba is not None and type(self.swa) is SwaComponent \
+                and type(self.mamba) is MambaComponent:
+            self._pair = (self.swa.i, self.swa.window, self.mamba.i)
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
         one = self.components[0]
@@ -415,6 +433,8 @@ class HybridRadixCache(UnifiedRadixCache):
             if result is not None:
                 return result
         key = params.key
+        if key.__class__ is not RadixKey:  # (once: ``_units`` and the extra key read it)
+            key = compat.as_radix_key(key)
         units = self._units(key)
         if self.mamba is not None and getattr(params, "cow_mamba", False):
             # Mamba copy-on-write: the plain match, then the request's state (the plug-in)
@@ -424,8 +444,6 @@ class HybridRadixCache(UnifiedRadixCache):
         n = len(units) - len(units) % ps
         if self.disable or n == 0:
             return api.MatchResult(self._empty, root, root, root, 0, 0, 0, None, None)
-        if key.__class__ is not RadixKey:
-            key = compat.as_radix_key(key)
         ek = key.extra_key
         node, pos, chunks = root, 0, []
         best, best_chunks = root, 0
@@ -434,7 +452,12 @@ class HybridRadixCache(UnifiedRadixCache):
         best_device = root  # with a host tier: the deepest device node valid on the device
         plain = not self.components  # no validators: the walk's end is the match
         inline_i, window, run = -1, 0, _INF
-        if plain:
+        pair = self._pair
+        mamba_i = -1
+        if pair is not None:  # (both validators, inlined below)
+            inline_i, window, mamba_i = pair
+            validators = device_validators = []
+        elif plain:
             validators: list = []
             device_validators: list = []
         elif self._inline_window >= 0 and tier is None:  # (the validator, inlined below)
@@ -470,6 +493,8 @@ class HybridRadixCache(UnifiedRadixCache):
                 else:
                     run += k
                     ok = run >= window
+                    if mamba_i >= 0 and child.aux[mamba_i].value is None:
+                        ok = False  # (SWA's run counts on: every validator sees every node)
             elif one is not None:
                 ok = one(child, k)
             else:
@@ -493,8 +518,23 @@ class HybridRadixCache(UnifiedRadixCache):
                 break
         if plain:  # (device nodes are a prefix of the walk)
             best, best_device, best_chunks = node, last_device, len(chunks)
-        for comp in self.components:
-            comp.path_to_front(best)
+        if pair is None:
+            for comp in self.components:
+                comp.path_to_front(best)
+        else:  # (each plug-in's ``path_to_front``, both lists in one walk: the same moves)
+            comps = self.components
+            l0, l1 = comps[0].lru, comps[1].lru
+            p0, p1 = l0.head, l1.head
+            cur = best
+            while cur is not root:
+                r0, r1 = cur.aux
+                if r0.value is not None:
+                    l0.move_after(p0, r0)
+                    p0 = r0
+                if r1.value is not None:
+                    l1.move_after(p1, r1)
+                    p1 = r1
+                cur = cur.parent
         indices = self._indices(chunks if best_chunks == len(chunks) else chunks[:best_chunks])
         if tier is not None:
             self._stamp_tiered_path(best)
@@ -608,7 +648,7 @@ class HybridRadixCache(UnifiedRadixCache):
             n -= n % self.page_size
             units = units[:n]
         if n < len(toks):
-            value = _narrow(value, 0, 0, n)
+            value = value[:n]  # (a view, as ``torch.narrow``'s, one torch call cheaper)
         ek = key.extra_key
         plan = self._plan(ek, units)  # (units cut to whole pages)
         tier = self.tier
@@ -617,7 +657,21 @@ class HybridRadixCache(UnifiedRadixCache):
             self._check_slot_list(plan, slots, prev)
             if tier is not None:
                 tier.check_unevict_slots(plan, slots)
-        if self.components:
+        if self._pair is not None and not self.validate_slots and not self.disable:
+            # ``_check_aux`` for the stock SWA and Mamba plug-ins, written out, in its order:
+            # the settings, then each plug-in's ``check_insert`` (SWA's loop can only raise
+            # with a ``prev_prefix_len``; Mamba's without a slot ledger is ``mamba_state``)
+            e = params.swa_evicted_seqlen
+            if e.__class__ is not int or e < 0 or e % self.page_size:
+                self._check_aux(plan, prev, params)  # (raises: its checks, its message)
+            swa_i, _, mamba_i = self._pair
+            prepared = [None, None]
+            if prev and swa_i == 0:
+                self.swa.check_insert(plan, prev, params, e)  # type: ignore[union-attr]
+            prepared[mamba_i] = mamba_state(params.mamba_value)
+            if prev and swa_i == 1:
+                self.swa.check_insert(plan, prev, params, e)  # type: ignore[union-attr]
+        elif self.components:
             prepared, e = self._check_aux(plan, prev, params)
         else:  # (no aux component: only the settings that would need one are checked)
             prepared, e = (), 0
@@ -641,8 +695,24 @@ class HybridRadixCache(UnifiedRadixCache):
         # write-through counts hits on the nodes of an insert that is not chunked
         hits = tier is not None and not tier.write_back and not chunked
         threshold = tier.write_through_threshold if hits else 0  # type: ignore[union-attr]
+        inline_touch = self._inline_touch
+        comps = self.components
+        heap = self._heap
         for child, shared in plan:
-            self._touch(child)
+            if inline_touch:  # ``_touch`` (``_stamp``, ``_push_if_leaf``), written out
+                clock = self._clock + STRIDE
+                self._clock = clock
+                child.last_access_time = clock
+                if child.value is not None:
+                    if child.lock_ref == 0 and child.aux_lock == 0 and child.dev_children == 0:
+                        heapq.heappush(heap, (clock, child))  # (attached: a plan node)
+                elif tier is not None:
+                    tier.restamped(child)
+                for comp, rec in zip(comps, child.aux, strict=True):
+                    if rec.value is not None:
+                        comp.lru.move_to_front(rec)
+            else:
+                self._touch(child)
             if shared < len(child.key):
                 child = self._split(child, shared)
             end = pos + shared
@@ -660,7 +730,7 @@ class HybridRadixCache(UnifiedRadixCache):
             lo = prev if prev > pos else pos
             hi = pos + taken
             if lo < hi:  # this node's duplicates: one piece per node, as upstream frees them
-                self._free(_narrow(value, 0, lo, hi - lo))  # (release() joins what it may)
+                self._free(value[lo:hi])  # (a view; release() joins what it may)
             if hits:  # (``tier.count_hit``, written out: ``child`` holds device data here)
                 child.hit_count += 1
                 if child.host_value is None and child.hit_count >= threshold:
@@ -671,7 +741,7 @@ class HybridRadixCache(UnifiedRadixCache):
         target, is_new = node, False
         if pos < n:
             if self.components and any([comp.skips_leaf(pos, n, e) for comp in self.components]):
-                self._free(_narrow(value, 0, pos, n - pos))  # no leaf: the slots go back
+                self._free(value[pos:n])  # no leaf: the slots go back
                 # the tree took no state either: a Mamba caller keeps (frees) its slot, as the
                 # spec says (the seed leaks it here; docs/SPEC.md)
                 return api.InsertResult(prefix_len=pos, mamba_exist=self._has_mamba)
