@@ -454,12 +454,14 @@ class HybridRadixCache(UnifiedRadixCache):
         inline_i, window, run = -1, 0, _INF
         pair = self._pair
         mamba_i = -1
+        validators: list
+        device_validators: list
         if pair is not None:  # (both validators, inlined below)
             inline_i, window, mamba_i = pair
             validators = device_validators = []
         elif plain:
-            validators: list = []
-            device_validators: list = []
+            validators = []
+            device_validators = []
         elif self._inline_window >= 0 and tier is None:  # (the validator, inlined below)
             inline_i, window = self.components[0].i, self._inline_window
             validators = device_validators = []
@@ -556,7 +558,8 @@ class HybridRadixCache(UnifiedRadixCache):
             c = self.mamba_cache_chunk_size
             aligned = pos // c * c
             branching = aligned if aligned > 0 else None
-        return api.MatchResult(indices, best, best, best, 0, 0, 0, branching, None)
+        # (all nine fields given: NamedTuple's Python-level __new__ skipped, as cache.py's)
+        return _match_result((indices, best, best, best, 0, 0, 0, branching, None))
 
     def _stamp_tiered_path(self, node: HybridNode) -> None:
         """A match's stamps with a host tier (``_stamp_path``'s order): an ancestor whose path
@@ -665,7 +668,7 @@ class HybridRadixCache(UnifiedRadixCache):
             if e.__class__ is not int or e < 0 or e % self.page_size:
                 self._check_aux(plan, prev, params)  # (raises: its checks, its message)
             swa_i, _, mamba_i = self._pair
-            prepared = [None, None]
+            prepared: Any = [None, None]
             if prev and swa_i == 0:
                 self.swa.check_insert(plan, prev, params, e)  # type: ignore[union-attr]
             prepared[mamba_i] = mamba_state(params.mamba_value)
@@ -761,7 +764,26 @@ class HybridRadixCache(UnifiedRadixCache):
                 self._events.stored(leaf)
             target, is_new = leaf, True
         mamba_exist = False
-        if prepared:
+        if self._pair is not None and prepared:
+            # each stock plug-in's ``commit``, written out, in component order
+            swa_c = self.swa
+            for comp in comps:
+                if comp is swa_c:  # SWA data inside the window; a tombstone split off before
+                    if is_new and e - pos < len(target.key):
+                        if e - pos > 0:
+                            self._split(target, e - pos)
+                        swa_c.set(target, swa_c.translate(target.value))
+                else:  # the Mamba state, unless the node has one
+                    rec = target.aux[comp.i]
+                    if is_new or rec.value is None:
+                        comp.set(target, prepared[comp.i])
+                        if not is_new:
+                            self._stamp(target)
+                    else:
+                        comp.lru.move_to_front(rec)
+                        self._stamp(target)
+                        mamba_exist = True
+        elif prepared:
             result = {"mamba_exist": False}
             for comp, prep in zip(self.components, prepared, strict=True):
                 comp.commit(target, is_new, pos, prep, e, result)
@@ -864,9 +886,26 @@ class HybridRadixCache(UnifiedRadixCache):
         """A device leaf's device data goes: each component's first (a Mamba state onto
         ``batch.states``; SWA slots go back with the Full slots through the allocator's map),
         then its Full slots (a ``"free"`` run), counted in ``tracker``."""
-        for comp in self.components:
-            if node.aux[comp.i].value is not None:
-                comp.drop(node, tracker, batch, True)
+        if self._pair is not None:  # the stock plug-ins' ``drop`` on a leaf, written out
+            mamba = self.mamba
+            for comp, rec in zip(self.components, node.aux, strict=True):
+                value = rec.value
+                if value is not None:
+                    if comp is mamba:  # one state, onto the batch
+                        k = 1
+                        batch.states.append(value)
+                    else:  # SWA: its slots go back with the Full slots, through the map
+                        k = len(node.key)
+                    tracker[comp.i + 1] += k
+                    comp.evictable -= k
+                    comp.lru.remove(rec)
+                    rec.value = None
+                    if rec.host_value is not None and rec.host_lock == 0:
+                        comp.host_lru[rec] = None
+        else:
+            for comp in self.components:
+                if node.aux[comp.i].value is not None:
+                    comp.drop(node, tracker, batch, True)
         batch.add("free", node.value)
         k = len(node.key)
         tracker[0] += k
