@@ -25,14 +25,14 @@ class World:
     """A Full + SWA + Mamba fast cache over the spec's pools, driven like a scheduler."""
 
     def __init__(self, page_size: int = 1, window: int = 4, kv: int = 64, mamba: int = 8,
-                 chunk: int = 2) -> None:
+                 chunk: int = 2, comps: tuple = ("full", "swa", "mamba")) -> None:
         self.pool = HybridKVPool(kv, kv, page_size)
         self.mpool = PagedPool(mamba, 1, "mamba")
         self.alloc = SwaPoolAllocator(self.pool, torch)
         self.rtt = MambaReqPool(self.mpool)
         self.cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=False, req_to_token_pool=self.rtt, token_to_kv_pool_allocator=self.alloc,
-            page_size=page_size, tree_components=("full", "swa", "mamba"),
+            page_size=page_size, tree_components=comps,
             sliding_window_size=window, mamba_cache_chunk_size=chunk))
 
     def t(self, xs) -> torch.Tensor:
@@ -208,6 +208,65 @@ def test_random_workloads_keep_every_invariant(page_size, window, seed):
     w.evict(full=1000, swa=1000, mamba=1000)
     w.check()
     assert w.pool.allocated_pages() == frozenset() and w.mpool.allocated_pages() == frozenset()
+
+
+def _snapshot(w: World, log: list) -> tuple:
+    """Everything two caches fed the same steps must agree on: each node (in tree order) with
+    its key, slots, stamp, locks and aux data, each aux list's order, the sizes, the heap's
+    live entries and the frees the allocator received, in order."""
+    c = w.cache
+    nodes = list(c.all_nodes())
+    at = {id(n): i for i, n in enumerate(nodes)}
+    tree = [(at.get(id(n.parent)), list(n.key), None if n.value is None else n.value.tolist(),
+             n.lock_ref, n.last_access_time, n.aux_lock,
+             [(None if r.value is None else r.value.tolist(), r.lock) for r in n.aux])
+            for n in nodes]
+    lists = [[at[id(n)] for n in c.lru_order(name)] for name in ("swa", "mamba")]
+    heap = sorted((s, at[id(n)]) for s, n in c._heap
+                  if id(n) in at and n.last_access_time == s and c._is_leaf(n))
+    return (tree, lists, heap, c.evictable_size(), c.protected_size(), c.swa_evictable_size(),
+            c.swa_protected_size(), c.mamba_evictable_size(), c.mamba_protected_size(),
+            list(log))
+
+
+def _logged(w: World) -> list:
+    """The allocator's frees, in order (observing instance methods in front of its own)."""
+    log: list = []
+    for name in ("free", "free_swa"):
+        own = getattr(w.alloc, name)
+
+        def call(slots, _own=own, _name=name):
+            log.append((_name, slots.tolist()))
+            return _own(slots)
+        setattr(w.alloc, name, call)
+    return log
+
+
+@pytest.mark.parametrize("comps", [("full", "swa", "mamba"), ("full", "mamba", "swa")])
+@pytest.mark.parametrize("page_size,window,seed", [(1, 2, 5), (2, 4, 6), (1, 4, 7)])
+def test_the_inlined_pair_path_matches_the_per_component_path(comps, page_size, window, seed):
+    """fast/hybrid.py writes the stock SWA + Mamba plug-ins' hooks out (``_pair``: match
+    validators and list moves, insert checks and commits, a leaf's drops; ``_inline_touch``):
+    the same steps on a cache taking the plug-ins' own calls end in the same state after
+    every step, with the same frees in the same order, in either component order."""
+    worlds, logs, locks = [], [], []
+    for inline in (True, False):
+        w = World(page_size=page_size, window=window, kv=48, mamba=6, comps=comps)
+        if not inline:
+            w.cache._pair = None
+            w.cache._inline_touch = False
+        else:
+            assert w.cache._pair is not None and w.cache._inline_touch
+        worlds.append(w)
+        logs.append(_logged(w))
+        locks.append([])
+    rngs = [random.Random(seed), random.Random(seed)]
+    for _ in range(300):
+        for w, rng, lk in zip(worlds, rngs, locks, strict=True):
+            _random_step(w, rng, lk)
+        assert _snapshot(worlds[0], logs[0]) == _snapshot(worlds[1], logs[1])
+    for w in worlds:
+        w.check()
 
 
 # ----------------------------------------------------------------------------------------------
