@@ -74,7 +74,7 @@ STRIDE = 1 << 20  # clock step per touch (a match path of up to STRIDE nodes fit
 FULL = 0  # the Full component's id in skip_lock_node_ids (upstream's ComponentType)
 _INT64 = torch.int64
 _INF = float("inf")
-_narrow, _narrow_copy = torch.narrow, torch.narrow_copy  # one torch call per slice / copy
+_narrow_copy = torch.narrow_copy  # one torch call per copy (a slice is a view: plain indexing)
 
 
 HybridNode = Node  # the one pure-Python node type (fast/node.py)
