@@ -2164,12 +2164,27 @@ swa_free_taken(PyObject *swa, const long long *taken, Py_ssize_t used, PyObject 
     return rc;
 }
 
+/* which: NULL (every piece freed by free, or with only_swa by free_swa), or for a batch of
+ * both (fast/frees.py FreeBatch: runs of free and free_swa in free order) one byte per piece,
+ * 1 where the piece is free's, 0 where it is free_swa's.  Such a batch leaves the allocator as
+ * the calls in turn would: the full sub-allocator's list gets free's pieces in their order
+ * (free_swa never touches it), and the SWA side is free_swa of every piece in turn (free's
+ * second step), one write of what they give; free's size checks once at the end, each
+ * observing instance method told the number of its pieces. */
 static int
-swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa)
+swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa, const char *which)
 {
     Py_ssize_t k = PyList_GET_SIZE(pieces);
     if (g_empty == NULL || g_Tensor == NULL || g_tail_holder == NULL || k == 0)
         return 0;
+    Py_ssize_t nfree = only_swa ? 0 : k;  /* the pieces free takes (the full side's) */
+    if (which != NULL) {
+        nfree = 0;
+        for (Py_ssize_t i = 0; i < k; i++)
+            nfree += which[i] != 0;
+        only_swa = nfree == 0;
+    }
+    int mixed = nfree > 0 && nfree < k;
     int ok = swa_class_ok(alloc);
     if (ok <= 0)
         return ok;
@@ -2182,7 +2197,7 @@ swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa)
     int rc = -1;
     PyObject *dict = NULL, *obs = NULL, *other = NULL, *full = NULL, *swa = NULL,
         *mapping = NULL, *hf = NULL, *hs = NULL, *lens = NULL;
-    Seg small[16], *segs = small, *tsegs = NULL;
+    Seg small[16], *segs = small, *tsegs = NULL, *fsegs = NULL;
     long long *taken = NULL;
     dict = PyObject_GenericGetDict(alloc, NULL);
     if (dict == NULL) {
@@ -2190,12 +2205,15 @@ swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa)
             goto done;
         PyErr_Clear();
     }
-    /* an instance free or free_swa only where it observes; the one called is told */
+    /* an instance free or free_swa only where it observes; the one called is told (both,
+     * for a mixed batch: obs is free's, other free_swa's) */
     if ((ok = swa_observer(dict, only_swa ? s_free : s_free_swa, &other)) <= 0
             || (ok = swa_observer(dict, only_swa ? s_free_swa : s_free, &obs)) <= 0) {
         rc = ok;
         goto done;
     }
+    if (!mixed)
+        Py_CLEAR(other);  /* (not called: only checked) */
     if (!only_swa) {  /* inside a free group free only queues */
         PyObject *o = PyObject_GetAttr(alloc, s_in_group);
         if (o == NULL)
@@ -2252,8 +2270,19 @@ swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa)
     }
     if ((hf = holder_of(full)) == NULL || (hs = holder_of(swa)) == NULL)
         goto done;
-    if (!only_swa) {  /* the full side: every piece, one write (nothing written when 0) */
-        if ((ok = native_release_untimed(hf, full, segs, k)) <= 0) {
+    if (!only_swa) {  /* the full side: free's pieces, one write (nothing written when 0) */
+        const Seg *fs = segs;
+        if (mixed) {
+            if ((fsegs = PyMem_Malloc((size_t)nfree * sizeof(Seg))) == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t i = 0, f = 0; i < k; i++)
+                if (which[i])
+                    fsegs[f++] = segs[i];
+            fs = fsegs;
+        }
+        if ((ok = native_release_untimed(hf, full, fs, nfree)) <= 0) {
             rc = ok;
             goto done;
         }
@@ -2301,12 +2330,15 @@ swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa)
     }
     if (!only_swa && (swa_size_check(full, kind) < 0 || swa_size_check(swa, kind) < 0))
         goto done;
-    if (obs != NULL && discard(PyObject_CallFunction(obs, "n", k)) < 0)
+    if (obs != NULL && discard(PyObject_CallFunction(obs, "n", mixed ? nfree : k)) < 0)
+        goto done;
+    if (other != NULL && discard(PyObject_CallFunction(other, "n", k - nfree)) < 0)
         goto done;
     rc = 1;
 done:
     if (segs != small)
         PyMem_Free(segs);
+    PyMem_Free(fsegs);
     PyMem_Free(tsegs);
     PyMem_Free(taken);
     Py_XDECREF(lens);
@@ -2323,7 +2355,8 @@ done:
 }
 
 /* swa_free(alloc, pieces: list, only_swa) -> bool (see above); timed as a whole while the free
- * timer is on (it stands for the frees of both sub-allocators and free_swa's gathers). */
+ * timer is on (it stands for the frees of both sub-allocators and free_swa's gathers).
+ * only_swa may be a bytes object of one byte per piece instead: a mixed batch (which, above). */
 static PyObject *
 core_swa_free(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2331,11 +2364,19 @@ core_swa_free(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "swa_free(alloc, pieces: list, only_swa)");
         return NULL;
     }
-    int only_swa = PyObject_IsTrue(args[2]);
-    if (only_swa < 0)
+    const char *which = NULL;
+    int only_swa = 0;
+    if (PyBytes_CheckExact(args[2])) {
+        if (PyBytes_GET_SIZE(args[2]) != PyList_GET_SIZE(args[1])) {
+            PyErr_SetString(PyExc_ValueError, "swa_free: one byte per piece");
+            return NULL;
+        }
+        which = PyBytes_AS_STRING(args[2]);
+    } else if ((only_swa = PyObject_IsTrue(args[2])) < 0) {
         return NULL;
+    }
     double t0 = g_free_clock ? free_clock_now() : 0.0;
-    int r = swa_free_untimed(args[0], args[1], only_swa);
+    int r = swa_free_untimed(args[0], args[1], only_swa, which);
     if (g_free_clock)
         g_free_seconds += free_clock_now() - t0;
     if (r < 0)

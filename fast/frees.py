@@ -479,8 +479,34 @@ class FreeBatch:
 
     def release(self, alloc: Any, state_alloc: Any = None) -> None:
         """Free every run through ``alloc`` and the states through ``state_alloc``, in as few
-        calls as each allocator allows."""
-        for method, pieces in self.runs:
+        calls as each allocator allows (runs of both of sglang's SWA allocator's methods: one
+        C call for all of them, :func:`_swa_runs`)."""
+        runs = self.runs
+        if len(runs) > 1 and _swa_runs(alloc, runs):
+            runs = []
+        for method, pieces in runs:
             release(alloc, pieces, method)
         if self.states:
             release(state_alloc, self.states)
+
+
+def _swa_runs(alloc: Any, runs: list[tuple[str, list[torch.Tensor]]]) -> bool:
+    """Runs of ``free`` and ``free_swa`` (an SWA evict's leaves and tombstones, in free order)
+    through the C core's ``swa_free`` in one call, one byte per piece saying whose it is: the
+    full sub-allocator's list gets ``free``'s pieces in order (``free_swa`` never touches it)
+    and the SWA side is ``free_swa`` of every piece in turn, which is what the runs in turn
+    leave, both lists and the map.  False, with nothing changed, where it declines (not
+    exactly sglang's SWA allocator, a free group, ...: the runs then go one by one)."""
+    core = sys.modules.get(_CORE)
+    if core is None:
+        return False
+    if core is not _SWA_READY[0]:
+        _setup_swa(core)
+    pieces: list[torch.Tensor] = []
+    which = bytearray()
+    for method, part in runs:
+        if method != "free" and method != "free_swa":
+            return False
+        pieces += part
+        which += (b"\x01" if method == "free" else b"\x00") * len(part)
+    return bool(core.swa_free(alloc, pieces, bytes(which)))

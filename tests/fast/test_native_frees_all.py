@@ -491,3 +491,75 @@ def test_tail_buffer_set_by_someone_else_is_read_in_full():
     ref.free(b[150:200])
     assert _state(got) == _state(ref)
     assert (big[n:] == -7).all()  # nothing written past the foreign buffer's end
+
+
+@pytest.mark.parametrize("kind", ["swa", "swa16"])
+@pytest.mark.parametrize("need_sort", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_mixed_runs_equal_the_runs_in_turn(kind, need_sort, seed):
+    """An SWA evict's batch holds runs of ``free`` (leaves) and ``free_swa`` (tombstones) in free
+    order; ``FreeBatch.release`` hands them to the C core in one call (fast/frees.py
+    ``_swa_runs``).  After every batch both lists and the map equal a twin freed one piece per
+    call by sglang's own methods in the same order, and no slot handed out changes; outside a
+    free group no run goes through ``release`` one by one."""
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    build = KINDS[kind][0]
+    rng = random.Random(seed * 7 + len(kind) + need_sort)
+    got, ref = build(12000, need_sort), build(12000, need_sort)
+    ps = _page(got)
+    handed: list[tuple] = []
+    held: list = []  # units whose full slots are held
+    swa_done: set = set()  # units whose SWA slots went back already (a tombstone's)
+    in_group = False
+    per_run = []
+    real = frees.release
+    frees.release = lambda *a, **k: per_run.append(a[2] if len(a) > 2 else "free") \
+        or real(*a, **k)  # type: ignore[assignment]
+    try:
+        for _ in range(30):
+            n = rng.randint(1, 30 if ps == 1 else 3)
+            a, b = _alloc(got, n), _alloc(ref, n)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.tolist() == b.tolist()
+                handed.append((a, a.tolist()))
+                held += _units(a, ps)
+            rng.shuffle(held)
+            batch, calls = frees.FreeBatch(), []
+            for _ in range(rng.randint(2, 8)):
+                k = rng.randint(0, min(len(held), 4))
+                units, held = held[:k], held[k:]
+                tomb = [u for u in units if u not in swa_done and rng.random() < 0.4]
+                for u in units:
+                    if u in tomb:  # a tombstone now, its full slots freed later
+                        held.append(u)
+                        swa_done.add(u)
+                    else:
+                        swa_done.discard(u)
+                for method, part in (("free_swa", tomb),
+                                     ("free", [u for u in units if u not in tomb])):
+                    if part:
+                        t = torch.tensor(_flat(part, ps), dtype=torch.int64)
+                        batch.add(method, t)
+                        calls.append((method, t))
+            if rng.random() < 0.1 and not in_group:
+                got.free_group_begin()
+                ref.free_group_begin()
+                in_group = True
+            per_run.clear()
+            batch.release(got)
+            for method, t in calls:
+                getattr(ref, method)(t)
+            if len(batch.runs) > 1 and not in_group:
+                assert per_run == [], "the runs went one by one"
+            if in_group and rng.random() < 0.5:
+                got.free_group_end()
+                ref.free_group_end()
+                in_group = False
+            assert _state(got) == _state(ref)
+            assert got.available_size() == ref.available_size()
+            for t, values in handed:
+                assert t.tolist() == values
+    finally:
+        frees.release = real
