@@ -33,7 +33,7 @@ from .components import MAMBA_ID, AuxData
 from .components.mamba import mamba_state
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
 from .errors import HandleError, InvalidInput, NodeNotFound
-from .frees import FreeBatch
+from .frees import FreeBatch, release
 from .node import Node
 from .params import (
     DecLockRefParams,
@@ -217,6 +217,11 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     lru = comp.lru
     head = lru.head
     heap = cache._heap
+    # Mamba over the C core without a slot ledger, inside ``insert`` (its queue of frees):
+    # the duplicates are queued here and written at the end (see the end of this function)
+    deferred = cache._deferred
+    direct = swa is None and deferred is not None and _core is not None \
+        and not cache.validate_slots
     node, pos = root, 0
     for child, shared in plan:
         # ``_touch``: the newest stamp, a fresh heap entry for a leaf, its record to the front
@@ -242,7 +247,10 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
             taken = shared
         lo = prev if prev > pos else pos
         if lo < pos + taken:  # this node's duplicates: one piece per node, as upstream frees
-            cache._free(value[lo:pos + taken])
+            if direct:  # (``_free``, inlined: ``insert`` releases its queue at its end)
+                deferred.append(value[lo:pos + taken])
+            else:
+                cache._free(value[lo:pos + taken])
         node, pos = child, end
     target, is_new = node, False
     both = None  # (a new leaf's Full and SWA slots from ``swa_leaf``)
@@ -302,6 +310,18 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         lru.move_after(head, target.aux[0])
         cache._stamp(target)
         exist = True
+    if direct and deferred:
+        # ``insert``'s release of its queue (one ``release`` of the pieces in order, after
+        # this returns), written by the C core here without the layers of fast/frees.py
+        # ``release`` in front of it; where the C core declines (nothing changed), the
+        # pieces stay queued and ``insert`` releases them as before
+        try:
+            done = _core.native_release(None, cache.token_to_kv_pool_allocator, deferred)
+        except BaseException:
+            deferred.clear()  # (tried once, as ``insert``'s release would have: no retry)
+            raise
+        if done:
+            deferred.clear()
     return InsertResult(pos, len(toks), exist)
 
 
@@ -461,6 +481,8 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
     if cache.disable:
         return EvictResult()
     comp, is_swa, _ = cache._one_aux
+    if not is_swa and _core is not None and not cache.validate_slots:
+        return _evict_mamba(cache, comp, want, mamba_want)
     tracker = [0, 0]  # Full units, the component's units
     batch = FreeBatch()
     heap = cache._heap
@@ -601,6 +623,103 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
     if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
         cache._leaf_heap.compact(cache._is_leaf)
     return EvictResult(full, swa_units, 0)
+
+
+def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResult:
+    """:func:`evict_one` for the Mamba component over the C core without a slot ledger, every
+    call per node written out (``_delete_leaf_one``, ``AuxComponent.drop``, the leaf pushes)
+    and the frees handed to the C core's ``native_release`` directly: the same nodes in the
+    same order, the same two writes (the KV slots of the deleted leaves in deletion order,
+    then the states in drop order) as ``FreeBatch.release`` makes through fast/frees.py
+    ``release``, which still runs for an allocator the C core declines (``native_release``
+    answers False with nothing changed: not one of its exact classes, a free group, the
+    first call before fast/frees.py set it up, ...).  An evict frees two lists, so the
+    layers of ``release`` in front of each write were a third of its time."""
+    kv: list = []  # the deleted leaves' Full slots, in deletion order
+    states: list = []  # the dropped states, in drop order
+    heap = cache._heap
+    root = cache.root_node
+    events = cache._events
+    full = units = 0  # Full units, states
+    try:
+        while full < want and heap:  # the oldest evictable leaves
+            stamp, node = heappop(heap)
+            # (the entry is live: its stamp is the node's and the node is an evictable leaf)
+            if node.last_access_time != stamp or node.lock_ref or node.aux_lock \
+                    or node.dev_children or node.value is None or node.parent is None:
+                continue
+            # (``_delete_leaf_one``: its state goes, then its Full slots)
+            if events is not None:
+                events.removed(node)
+            rec = node.aux[0]
+            if rec.value is not None:
+                units += 1
+                comp.evictable -= 1
+                prev, nxt = rec.lru_prev, rec.lru_next  # (LruList.remove)
+                prev.lru_next = nxt
+                nxt.lru_prev = prev
+                rec.lru_prev = rec.lru_next = None
+                states.append(rec.value)
+                rec.value = None
+            kv.append(node.value)
+            k = len(node.key)
+            full += k
+            cache._evictable -= k
+            node.value = None  # (``_detach_leaf``)
+            parent = node.parent
+            del parent.children[node.ck]
+            node.parent = None
+            parent.dev_children -= 1
+            if parent is not root and parent.dev_children == 0 and parent.lock_ref == 0 \
+                    and parent.aux_lock == 0 and parent.value is not None \
+                    and parent.parent is not None:  # (``_push_if_leaf``)
+                heappush(heap, (parent.last_access_time, parent))
+        head = comp.lru.head
+        x = comp.lru.tail.lru_prev
+        while units < mamba_want and x is not head:  # the state list from its oldest
+            nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
+            if x.lock == 0:
+                node = x.node
+                leaf = node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+                    and node.value is not None and node.parent is not None
+                if leaf and events is not None:  # (``_delete_leaf_one``: before any change)
+                    events.removed(node)
+                units += 1  # (the record leaves the list: LruList.remove; ``nxt`` is x's
+                comp.evictable -= 1  # older neighbour)
+                later = x.lru_next
+                nxt.lru_next = later
+                later.lru_prev = nxt
+                x.lru_prev = x.lru_next = None
+                states.append(x.value)
+                x.value = None
+                if leaf:  # (``_delete_leaf_one``, as above: then its Full slots)
+                    kv.append(node.value)
+                    k = len(node.key)
+                    full += k
+                    cache._evictable -= k
+                    node.value = None
+                    parent = node.parent
+                    del parent.children[node.ck]
+                    node.parent = None
+                    parent.dev_children -= 1
+                    if parent is not root and parent.dev_children == 0 \
+                            and parent.lock_ref == 0 and parent.aux_lock == 0 \
+                            and parent.value is not None and parent.parent is not None:
+                        heappush(heap, (parent.last_access_time, parent))
+            x = nxt
+    finally:  # (``_release``: the KV list's write, then the states'; no ledger to update)
+        if kv:
+            alloc = cache.token_to_kv_pool_allocator
+            if not _core.native_release(None, alloc, kv):
+                release(alloc, kv)
+        if states:
+            alloc = comp.allocator
+            if not _core.native_release(None, alloc, states):
+                release(alloc, states)
+    live = cache._evictable // cache.page_size
+    if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
+        cache._leaf_heap.compact(cache._is_leaf)
+    return EvictResult(full, 0, units)
 
 
 def _delete_leaf_one(cache: Any, comp: Any, is_swa: bool, node: Any, tracker: list,

@@ -1,0 +1,118 @@
+"""The Mamba fast paths' frees written by the C core directly (fast/one_aux.py: an insert's
+duplicates at its end, an evict's KV slots then its states, through ``_core.native_release``
+without fast/frees.py's ``release`` in front): over sglang's own ``TokenToKVPoolAllocator``
+and ``MambaSlotAllocator`` a Mamba-only cache on the fast paths leaves both free lists, after
+every call, exactly as a twin cache on the general paths whose allocators free through
+sglang's own ``free`` (an instance ``free`` that is not an observer: no native write there),
+with the same answers.  No slot is lost or freed twice: each list always holds what neither
+the tree nor the test holds."""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import uniradix.fast as fast  # noqa: E402
+from uniradix.fast.hybrid import FAST_PATHS  # noqa: E402
+
+pytestmark = pytest.mark.upstream
+
+KV_SLOTS, STATES = 96, 12
+
+
+def _classes():
+    """sglang's two allocator classes, or a skip where sglang does not import."""
+    try:
+        from uniradix.conformance.adapters.upstream import load_upstream
+        load_upstream()
+        from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    except Exception as e:  # noqa: BLE001 - absent, or an install that fails at import
+        pytest.skip(f"sglang's allocators do not import here ({type(e).__name__}: {e})")
+    return TokenToKVPoolAllocator, MambaSlotAllocator
+
+
+def _cache(general: bool, events: bool):
+    """A Full + Mamba cache over fresh sglang allocators; ``general``: its fast paths off and
+    sglang's ``free`` on each allocator's instance (every free is sglang's own)."""
+    token_cls, mamba_cls = _classes()
+    kv = token_cls(KV_SLOTS, torch.float16, "cpu", None, False)
+    states = mamba_cls(STATES, "cpu")
+    if general:
+        for alloc in (kv, states):
+            own = type(alloc).free
+            alloc.free = types.MethodType(lambda self, idx, own=own: own(self, idx), alloc)
+    pool = types.SimpleNamespace(mamba_allocator=states, mamba_pool=None)
+    cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+        disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=kv, page_size=1,
+        tree_components=("full", "mamba"), enable_kv_cache_events=events))
+    if general:
+        for name in FAST_PATHS:
+            setattr(cache, name, None)
+    else:
+        assert all(getattr(cache, n) is not None for n in FAST_PATHS)
+    return cache, kv, states
+
+
+def _lists(kv, states):
+    return kv.free_pages.tolist(), states.free_slots.tolist()
+
+
+@pytest.mark.parametrize("seed,events", [(1, False), (2, False), (3, True)])
+def test_direct_frees_equal_sglang_free_per_call(seed, events):
+    rng = random.Random(seed)
+    one, kv1, st1 = _cache(False, events)
+    two, kv2, st2 = _cache(True, events)
+    prefixes = [[rng.randrange(4) for _ in range(rng.randrange(1, 8))] for _ in range(4)]
+    dups = evicts = 0
+    for _ in range(400):
+        if rng.random() < 0.25:  # an evict of Full units and states
+            want, states_want = rng.randrange(0, 24), rng.randrange(0, 4)
+            r1 = one.evict(fast.EvictParams(num_tokens=want, mamba_num=states_want))
+            r2 = two.evict(fast.EvictParams(num_tokens=want, mamba_num=states_want))
+            assert (r1.num_tokens_evicted, r1.mamba_num_evicted) == \
+                (r2.num_tokens_evicted, r2.mamba_num_evicted)
+            evicts += r1.num_tokens_evicted > 0 and r1.mamba_num_evicted > 0
+        else:  # an insert of fresh slots over a shared prefix (the shared part: duplicates)
+            toks = rng.choice(prefixes) + [rng.randrange(4) for _ in range(rng.randrange(0, 6))]
+            n = len(toks)
+            if kv1.available_size() < n or st1.available_size() < 1:
+                one.evict(fast.EvictParams(num_tokens=n, mamba_num=1))
+                two.evict(fast.EvictParams(num_tokens=n, mamba_num=1))
+                if kv1.available_size() < n or st1.available_size() < 1:
+                    continue
+            outs = []
+            for cache, kv, st in ((one, kv1, st1), (two, kv2, st2)):
+                value, state = kv.alloc(n), st.alloc(1)
+                res = cache.insert(fast.InsertParams(
+                    key=fast.RadixKey(toks), value=value, mamba_value=state.reshape(1).clone(),
+                    prev_prefix_len=0))
+                if res.mamba_exist:  # the tree kept its own state: the caller frees this one
+                    st.free(state.reshape(1))
+                outs.append((res.prefix_len, res.mamba_exist, value.tolist()))
+            assert outs[0] == outs[1]
+            dups += outs[0][0] > 0
+        assert _lists(kv1, st1) == _lists(kv2, st2)
+        held = sum(len(x.value) for x in _nodes(one))
+        assert held + kv1.available_size() == KV_SLOTS  # nothing lost, nothing twice
+        assert len(set(kv1.free_pages.tolist())) == kv1.available_size()
+        assert len(set(st1.free_slots.tolist())) == st1.available_size()
+        assert sum(x.aux[0].value is not None for x in _nodes(one)) + st1.available_size() \
+            == STATES
+        if events:
+            assert one.take_events() == two.take_events()
+    assert dups > 20 and evicts > 5, (dups, evicts)
+
+
+def _nodes(cache):
+    """Every node of the tree but the root."""
+    out, todo = [], list(cache.root_node.children.values())
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        todo.extend(node.children.values())
+    return out
