@@ -5,7 +5,9 @@ and ``MambaSlotAllocator`` a Mamba-only cache on the fast paths leaves both free
 every call, exactly as a twin cache on the general paths whose allocators free through
 sglang's own ``free`` (an instance ``free`` that is not an observer: no native write there),
 with the same answers.  No slot is lost or freed twice: each list always holds what neither
-the tree nor the test holds."""
+the tree nor the test holds.  Over allocators the C core does not write (a plain list
+allocator here, and without the C core) the same paths fall back to fast/frees.py's
+``release``: the same ``free`` calls, with the same slots, as the general paths make."""
 
 from __future__ import annotations
 
@@ -18,8 +20,6 @@ torch = pytest.importorskip("torch")
 
 import uniradix.fast as fast  # noqa: E402
 from uniradix.fast.hybrid import FAST_PATHS  # noqa: E402
-
-pytestmark = pytest.mark.upstream
 
 KV_SLOTS, STATES = 96, 12
 
@@ -36,20 +36,51 @@ def _classes():
     return TokenToKVPoolAllocator, MambaSlotAllocator
 
 
-def _cache(general: bool, events: bool):
-    """A Full + Mamba cache over fresh sglang allocators; ``general``: its fast paths off and
-    sglang's ``free`` on each allocator's instance (every free is sglang's own)."""
-    token_cls, mamba_cls = _classes()
-    kv = token_cls(KV_SLOTS, torch.float16, "cpu", None, False)
-    states = mamba_cls(STATES, "cpu")
-    if general:
+class ListAllocator:
+    """A plain allocator (no class the C core writes, no slot ledger): a free list that
+    ``free`` appends to, and a log of every ``free`` call's slots."""
+
+    def __init__(self, slots: int) -> None:
+        self.free_slots = torch.arange(1, slots + 1, dtype=torch.int64)
+        self.log: list = []
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, n: int):
+        if n > len(self.free_slots):
+            return None
+        out, self.free_slots = self.free_slots[:n].clone(), self.free_slots[n:]
+        return out
+
+    def free(self, index) -> None:
+        self.log.append(index.tolist())
+        self.free_slots = torch.cat((self.free_slots, index))
+
+    @property
+    def free_pages(self):
+        return self.free_slots
+
+
+def _cache(general: bool, events: bool, kind: str):
+    """A Full + Mamba cache over fresh allocators (``kind`` "sglang": sglang's, else
+    :class:`ListAllocator`), no slot ledger; ``general``: its fast paths off, and over
+    sglang's allocators sglang's ``free`` on each instance (every free is sglang's own)."""
+    if kind == "sglang":
+        token_cls, mamba_cls = _classes()
+        kv = token_cls(KV_SLOTS, torch.float16, "cpu", None, False)
+        states = mamba_cls(STATES, "cpu")
+    else:
+        kv, states = ListAllocator(KV_SLOTS), ListAllocator(STATES)
+    if general and kind == "sglang":
         for alloc in (kv, states):
             own = type(alloc).free
             alloc.free = types.MethodType(lambda self, idx, own=own: own(self, idx), alloc)
     pool = types.SimpleNamespace(mamba_allocator=states, mamba_pool=None)
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=kv, page_size=1,
-        tree_components=("full", "mamba"), enable_kv_cache_events=events))
+        tree_components=("full", "mamba"), enable_kv_cache_events=events,
+        validate_slots=False))
     if general:
         for name in FAST_PATHS:
             setattr(cache, name, None)
@@ -62,11 +93,16 @@ def _lists(kv, states):
     return kv.free_pages.tolist(), states.free_slots.tolist()
 
 
-@pytest.mark.parametrize("seed,events", [(1, False), (2, False), (3, True)])
-def test_direct_frees_equal_sglang_free_per_call(seed, events):
+SGLANG = pytest.mark.upstream
+
+
+@pytest.mark.parametrize("kind,seed,events", [
+    pytest.param("sglang", 1, False, marks=SGLANG), pytest.param("sglang", 2, False, marks=SGLANG),
+    pytest.param("sglang", 3, True, marks=SGLANG), ("list", 4, False), ("list", 5, True)])
+def test_direct_frees_equal_the_general_paths(kind, seed, events):
     rng = random.Random(seed)
-    one, kv1, st1 = _cache(False, events)
-    two, kv2, st2 = _cache(True, events)
+    one, kv1, st1 = _cache(False, events, kind)
+    two, kv2, st2 = _cache(True, events, kind)
     prefixes = [[rng.randrange(4) for _ in range(rng.randrange(1, 8))] for _ in range(4)]
     dups = evicts = 0
     for _ in range(400):
@@ -97,6 +133,9 @@ def test_direct_frees_equal_sglang_free_per_call(seed, events):
             assert outs[0] == outs[1]
             dups += outs[0][0] > 0
         assert _lists(kv1, st1) == _lists(kv2, st2)
+        assert (one._evictable, one._protected, one.mamba.evictable, one.mamba.protected) == \
+            (two._evictable, two._protected, two.mamba.evictable, two.mamba.protected)
+        assert _shape(one) == _shape(two)
         held = sum(len(x.value) for x in _nodes(one))
         assert held + kv1.available_size() == KV_SLOTS  # nothing lost, nothing twice
         assert len(set(kv1.free_pages.tolist())) == kv1.available_size()
@@ -105,6 +144,8 @@ def test_direct_frees_equal_sglang_free_per_call(seed, events):
             == STATES
         if events:
             assert one.take_events() == two.take_events()
+        if kind == "list":  # the same free calls with the same slots
+            assert (kv1.log, st1.log) == (kv2.log, st2.log)
     assert dups > 20 and evicts > 5, (dups, evicts)
 
 
@@ -116,3 +157,15 @@ def _nodes(cache):
         out.append(node)
         todo.extend(node.children.values())
     return out
+
+
+def _shape(cache):
+    """The tree as (the node's keys from the top, its slots, its state), sorted."""
+    def path(node):
+        out = []
+        while node.parent is not None:
+            out.append(tuple(node.key))
+            node = node.parent
+        return tuple(reversed(out))
+    return sorted((path(x), x.value.tolist(), None if x.aux[0].value is None
+                   else x.aux[0].value.tolist()) for x in _nodes(cache))
