@@ -53,6 +53,30 @@ _cat = torch.cat
 _narrow_copy = torch.narrow_copy
 
 
+def _key_parts(key: Any) -> tuple[array, Any, bool]:
+    """``key``'s token ids as ``array('q')``, its extra key and its ``is_bigram``, as
+    ``compat.as_radix_key`` would make them, without building the ``RadixKey``: for an object
+    of sglang's ``RadixKey`` shape with a list of ints (what a scheduler passes), the list
+    converted once and checked for bools in C (``map(type, ...)``, not a generator); anything
+    else, or anything ``as_radix_key`` would refuse, through ``as_radix_key`` itself (its
+    checks, its errors, its order)."""
+    if key.__class__ is not RadixKey:
+        toks = getattr(key, "token_ids", None)
+        if toks.__class__ is list:
+            ek, bigram = getattr(key, "extra_key", None), getattr(key, "is_bigram", None)
+            if (ek is None or ek.__class__ is str) and (bigram is True or bigram is False):
+                units: array | None
+                try:
+                    units = array("q", toks)
+                except (TypeError, OverflowError):
+                    units = None  # (refused: as_radix_key raises its own error below)
+                if units is not None and bool not in map(type, toks):
+                    return units, ek, bigram
+        key = compat.as_radix_key(key)
+    toks = key.token_ids
+    return toks if toks.__class__ is array else array("q", toks), key.extra_key, key.is_bigram
+
+
 # ----------------------------------------------------------------------------------------------
 # match_prefix (SWA or Mamba)
 # ----------------------------------------------------------------------------------------------
@@ -64,23 +88,18 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     Mamba: a state on the node, the same rule with a window of 0), and ``path_to_front``,
     ``_stamp_path`` and the leaf push of the matched node in one walk up.  None for what it
     leaves to the general path: an EAGLE bigram key and a Mamba copy-on-write match."""
-    key = params.key
-    if key.__class__ is not RadixKey:
-        key = compat.as_radix_key(key)
-    if key.is_bigram:
+    units, ek, bigram = _key_parts(params.key)
+    if bigram:
         return None
     comp = cache.components[0]
     window = cache._inline_window
     if window == 0 and getattr(params, "cow_mamba", False):
         return None
-    toks = key.token_ids
-    units = toks if toks.__class__ is array else array("q", toks)
     root = cache.root_node
     ps = cache.page_size
     n = len(units) - len(units) % ps
     if cache.disable or n == 0:
         return MatchResult(cache._empty, root, root, root, 0, 0, 0, None, None)
-    ek = key.extra_key
     node, pos, chunks = root, 0, []
     best, best_chunks = root, 0
     run = _INF
@@ -150,15 +169,13 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     inline (SWA: the leaf's SWA data inside the window; Mamba: the state on the last node).
     The checks are the general path's, in its order.  None, before anything changes, for an
     EAGLE bigram key (the general path's)."""
-    key, value = params.key, params.value
-    if key.__class__ is not RadixKey:
-        key = compat.as_radix_key(key)
-    if key.is_bigram:
+    value = params.value
+    units, ek, bigram = _key_parts(params.key)
+    if bigram:
         return None
-    toks = key.token_ids
-    units = toks if toks.__class__ is array else array("q", toks)
+    total = len(units)
     if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 or \
-            value.shape != (len(toks),):  # (dtypes are singletons; a torch.Size is a tuple)
+            value.shape != (total,):  # (dtypes are singletons; a torch.Size is a tuple)
         raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
     prev = params.prev_prefix_len
     if prev.__class__ is not int or prev < 0:  # (tiers/host.py count_arg)
@@ -173,9 +190,8 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     n = len(units) - len(units) % ps
     if n < len(units):
         units = units[:n]
-    if n < len(toks):
+    if n < total:
         value = value[:n]  # (a slice: the view torch.narrow makes, in half its time)
-    ek = key.extra_key
     root = cache.root_node
     # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
     plan = cache._plan(ek, units)
@@ -212,7 +228,7 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     cache._clock += STRIDE  # (``_stamp`` of the root: never a leaf)
     root.last_access_time = cache._clock
     if n == 0:
-        return InsertResult(prefix_len=0, total_len=len(toks), mamba_exist=True)
+        return InsertResult(prefix_len=0, total_len=total, mamba_exist=True)
     comp = cache.components[0]
     lru = comp.lru
     head = lru.head
@@ -322,7 +338,7 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
             raise
         if done:
             deferred.clear()
-    return InsertResult(pos, len(toks), exist)
+    return InsertResult(pos, total, exist)
 
 
 # ----------------------------------------------------------------------------------------------

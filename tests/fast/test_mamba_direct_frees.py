@@ -167,5 +167,54 @@ def _shape(cache):
             out.append(tuple(node.key))
             node = node.parent
         return tuple(reversed(out))
-    return sorted((path(x), x.value.tolist(), None if x.aux[0].value is None
-                   else x.aux[0].value.tolist()) for x in _nodes(cache))
+    return sorted(((path(x), x.value.tolist(), None if x.aux[0].value is None
+                   else x.aux[0].value.tolist()) for x in _nodes(cache)), key=repr)
+
+
+KEYS = [  # objects of sglang's RadixKey shape: (token_ids, extra_key, is_bigram)
+    ([1, 2, 3, 4], None, False), ([1, 2, 3, 4], "ns", False), ([3, 1], None, False),
+    ([1, True, 3], None, False), ([1, "a", 3], None, False), ([1, 2 ** 70], None, False),
+    ([1, 2.0], None, False), ([1, 2, 3], 5, False), ([1, 2, 3], None, 1),
+    ((1, 2, 3), None, False), ([], None, False), ([1, 2, 3], None, True)]
+
+
+def _outcome(fn):
+    try:
+        r = fn()
+    except Exception as e:  # noqa: BLE001 - the error itself is compared
+        return type(e).__name__, str(e)
+    return _plain(r)
+
+
+def _plain(r):
+    """A result's fields that compare across two caches (no node objects)."""
+    out = {}
+    for name in ("prefix_len", "total_len", "mamba_exist", "mamba_branching_seqlen"):
+        if hasattr(r, name):
+            out[name] = getattr(r, name)
+    idx = getattr(r, "device_indices", None)
+    if idx is not None:
+        out["device_indices"] = idx.tolist()
+    return out
+
+
+@pytest.mark.parametrize("toks,ek,bigram", KEYS)
+def test_sglang_shaped_keys_as_the_general_paths(toks, ek, bigram):
+    """The fast paths read a key of sglang's shape without building uniradix's ``RadixKey``
+    (fast/one_aux.py ``_key_parts``): the same answers and the same errors as the general
+    paths, which convert it (fast/compat.py ``as_radix_key``)."""
+    one, kv1, st1 = _cache(False, False, "list")
+    two, kv2, st2 = _cache(True, False, "list")
+    seed = fast.RadixKey([1, 2, 3])
+    for cache, kv, st in ((one, kv1, st1), (two, kv2, st2)):  # something to match against
+        cache.insert(fast.InsertParams(key=seed, value=kv.alloc(3), mamba_value=st.alloc(1)))
+    key = types.SimpleNamespace(token_ids=toks, extra_key=ek, is_bigram=bigram)
+    n = len(toks)
+    got = []
+    for cache, kv, st in ((one, kv1, st1), (two, kv2, st2)):
+        m = _outcome(lambda c=cache: c.match_prefix(fast.MatchPrefixParams(key=key)))
+        i = _outcome(lambda c=cache, kv=kv, st=st: c.insert(fast.InsertParams(
+            key=key, value=kv.alloc(n) if n else torch.empty(0, dtype=torch.int64),
+            mamba_value=st.alloc(1))))
+        got.append((m, i, _lists(kv, st), _shape(cache)))
+    assert got[0] == got[1]
