@@ -33,7 +33,7 @@ from .components import MAMBA_ID, AuxData
 from .components.mamba import mamba_state
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
 from .errors import HandleError, InvalidInput, NodeNotFound
-from .frees import FreeBatch
+from .frees import FreeBatch, release
 from .node import Node
 from .params import (
     DecLockRefParams,
@@ -53,6 +53,30 @@ _cat = torch.cat
 _narrow_copy = torch.narrow_copy
 
 
+def _key_parts(key: Any) -> tuple[array, Any, bool]:
+    """``key``'s token ids as ``array('q')``, its extra key and its ``is_bigram``, as
+    ``compat.as_radix_key`` would make them, without building the ``RadixKey``: for an object
+    of sglang's ``RadixKey`` shape with a list of ints (what a scheduler passes), the list
+    converted once and checked for bools in C (``map(type, ...)``, not a generator); anything
+    else, or anything ``as_radix_key`` would refuse, through ``as_radix_key`` itself (its
+    checks, its errors, its order)."""
+    if key.__class__ is not RadixKey:
+        toks = getattr(key, "token_ids", None)
+        if toks.__class__ is list:
+            ek, bigram = getattr(key, "extra_key", None), getattr(key, "is_bigram", None)
+            if (ek is None or ek.__class__ is str) and (bigram is True or bigram is False):
+                units: array | None
+                try:
+                    units = array("q", toks)
+                except (TypeError, OverflowError):
+                    units = None  # (refused: as_radix_key raises its own error below)
+                if units is not None and bool not in map(type, toks):
+                    return units, ek, bigram
+        key = compat.as_radix_key(key)
+    toks = key.token_ids
+    return toks if toks.__class__ is array else array("q", toks), key.extra_key, key.is_bigram
+
+
 # ----------------------------------------------------------------------------------------------
 # match_prefix (SWA or Mamba)
 # ----------------------------------------------------------------------------------------------
@@ -64,23 +88,18 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     Mamba: a state on the node, the same rule with a window of 0), and ``path_to_front``,
     ``_stamp_path`` and the leaf push of the matched node in one walk up.  None for what it
     leaves to the general path: an EAGLE bigram key and a Mamba copy-on-write match."""
-    key = params.key
-    if key.__class__ is not RadixKey:
-        key = compat.as_radix_key(key)
-    if key.is_bigram:
+    units, ek, bigram = _key_parts(params.key)
+    if bigram:
         return None
     comp = cache.components[0]
     window = cache._inline_window
     if window == 0 and getattr(params, "cow_mamba", False):
         return None
-    toks = key.token_ids
-    units = toks if toks.__class__ is array else array("q", toks)
     root = cache.root_node
     ps = cache.page_size
     n = len(units) - len(units) % ps
     if cache.disable or n == 0:
         return MatchResult(cache._empty, root, root, root, 0, 0, 0, None, None)
-    ek = key.extra_key
     node, pos, chunks = root, 0, []
     best, best_chunks = root, 0
     run = _INF
@@ -150,15 +169,13 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     inline (SWA: the leaf's SWA data inside the window; Mamba: the state on the last node).
     The checks are the general path's, in its order.  None, before anything changes, for an
     EAGLE bigram key (the general path's)."""
-    key, value = params.key, params.value
-    if key.__class__ is not RadixKey:
-        key = compat.as_radix_key(key)
-    if key.is_bigram:
+    value = params.value
+    units, ek, bigram = _key_parts(params.key)
+    if bigram:
         return None
-    toks = key.token_ids
-    units = toks if toks.__class__ is array else array("q", toks)
+    total = len(units)
     if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 or \
-            value.shape != (len(toks),):  # (dtypes are singletons; a torch.Size is a tuple)
+            value.shape != (total,):  # (dtypes are singletons; a torch.Size is a tuple)
         raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
     prev = params.prev_prefix_len
     if prev.__class__ is not int or prev < 0:  # (tiers/host.py count_arg)
@@ -173,9 +190,8 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     n = len(units) - len(units) % ps
     if n < len(units):
         units = units[:n]
-    if n < len(toks):
+    if n < total:
         value = value[:n]  # (a slice: the view torch.narrow makes, in half its time)
-    ek = key.extra_key
     root = cache.root_node
     # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
     plan = cache._plan(ek, units)
@@ -212,11 +228,16 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     cache._clock += STRIDE  # (``_stamp`` of the root: never a leaf)
     root.last_access_time = cache._clock
     if n == 0:
-        return InsertResult(prefix_len=0, total_len=len(toks), mamba_exist=True)
+        return InsertResult(prefix_len=0, total_len=total, mamba_exist=True)
     comp = cache.components[0]
     lru = comp.lru
     head = lru.head
     heap = cache._heap
+    # Mamba over the C core without a slot ledger, inside ``insert`` (its queue of frees):
+    # the duplicates are queued here and written at the end (see the end of this function)
+    deferred = cache._deferred
+    direct = swa is None and deferred is not None and _core is not None \
+        and not cache.validate_slots
     node, pos = root, 0
     for child, shared in plan:
         # ``_touch``: the newest stamp, a fresh heap entry for a leaf, its record to the front
@@ -242,7 +263,10 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
             taken = shared
         lo = prev if prev > pos else pos
         if lo < pos + taken:  # this node's duplicates: one piece per node, as upstream frees
-            cache._free(value[lo:pos + taken])
+            if direct:  # (``_free``, inlined: ``insert`` releases its queue at its end)
+                deferred.append(value[lo:pos + taken])
+            else:
+                cache._free(value[lo:pos + taken])
         node, pos = child, end
     target, is_new = node, False
     both = None  # (a new leaf's Full and SWA slots from ``swa_leaf``)
@@ -302,7 +326,19 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         lru.move_after(head, target.aux[0])
         cache._stamp(target)
         exist = True
-    return InsertResult(pos, len(toks), exist)
+    if direct and deferred:
+        # ``insert``'s release of its queue (one ``release`` of the pieces in order, after
+        # this returns), written by the C core here without the layers of fast/frees.py
+        # ``release`` in front of it; where the C core declines (nothing changed), the
+        # pieces stay queued and ``insert`` releases them as before
+        try:
+            done = _core.native_release(None, cache.token_to_kv_pool_allocator, deferred)
+        except BaseException:
+            deferred.clear()  # (tried once, as ``insert``'s release would have: no retry)
+            raise
+        if done:
+            deferred.clear()
+    return InsertResult(pos, total, exist)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,6 +497,8 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
     if cache.disable:
         return EvictResult()
     comp, is_swa, _ = cache._one_aux
+    if not is_swa and _core is not None and not cache.validate_slots:
+        return _evict_mamba(cache, comp, want, mamba_want)
     tracker = [0, 0]  # Full units, the component's units
     batch = FreeBatch()
     heap = cache._heap
@@ -601,6 +639,103 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
     if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
         cache._leaf_heap.compact(cache._is_leaf)
     return EvictResult(full, swa_units, 0)
+
+
+def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResult:
+    """:func:`evict_one` for the Mamba component over the C core without a slot ledger, every
+    call per node written out (``_delete_leaf_one``, ``AuxComponent.drop``, the leaf pushes)
+    and the frees handed to the C core's ``native_release`` directly: the same nodes in the
+    same order, the same two writes (the KV slots of the deleted leaves in deletion order,
+    then the states in drop order) as ``FreeBatch.release`` makes through fast/frees.py
+    ``release``, which still runs for an allocator the C core declines (``native_release``
+    answers False with nothing changed: not one of its exact classes, a free group, the
+    first call before fast/frees.py set it up, ...).  An evict frees two lists, so the
+    layers of ``release`` in front of each write were a third of its time."""
+    kv: list = []  # the deleted leaves' Full slots, in deletion order
+    states: list = []  # the dropped states, in drop order
+    heap = cache._heap
+    root = cache.root_node
+    events = cache._events
+    full = units = 0  # Full units, states
+    try:
+        while full < want and heap:  # the oldest evictable leaves
+            stamp, node = heappop(heap)
+            # (the entry is live: its stamp is the node's and the node is an evictable leaf)
+            if node.last_access_time != stamp or node.lock_ref or node.aux_lock \
+                    or node.dev_children or node.value is None or node.parent is None:
+                continue
+            # (``_delete_leaf_one``: its state goes, then its Full slots)
+            if events is not None:
+                events.removed(node)
+            rec = node.aux[0]
+            if rec.value is not None:
+                units += 1
+                comp.evictable -= 1
+                prev, nxt = rec.lru_prev, rec.lru_next  # (LruList.remove)
+                prev.lru_next = nxt
+                nxt.lru_prev = prev
+                rec.lru_prev = rec.lru_next = None
+                states.append(rec.value)
+                rec.value = None
+            kv.append(node.value)
+            k = len(node.key)
+            full += k
+            cache._evictable -= k
+            node.value = None  # (``_detach_leaf``)
+            parent = node.parent
+            del parent.children[node.ck]
+            node.parent = None
+            parent.dev_children -= 1
+            if parent is not root and parent.dev_children == 0 and parent.lock_ref == 0 \
+                    and parent.aux_lock == 0 and parent.value is not None \
+                    and parent.parent is not None:  # (``_push_if_leaf``)
+                heappush(heap, (parent.last_access_time, parent))
+        head = comp.lru.head
+        x = comp.lru.tail.lru_prev
+        while units < mamba_want and x is not head:  # the state list from its oldest
+            nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
+            if x.lock == 0:
+                node = x.node
+                leaf = node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+                    and node.value is not None and node.parent is not None
+                if leaf and events is not None:  # (``_delete_leaf_one``: before any change)
+                    events.removed(node)
+                units += 1  # (the record leaves the list: LruList.remove; ``nxt`` is x's
+                comp.evictable -= 1  # older neighbour)
+                later = x.lru_next
+                nxt.lru_next = later
+                later.lru_prev = nxt
+                x.lru_prev = x.lru_next = None
+                states.append(x.value)
+                x.value = None
+                if leaf:  # (``_delete_leaf_one``, as above: then its Full slots)
+                    kv.append(node.value)
+                    k = len(node.key)
+                    full += k
+                    cache._evictable -= k
+                    node.value = None
+                    parent = node.parent
+                    del parent.children[node.ck]
+                    node.parent = None
+                    parent.dev_children -= 1
+                    if parent is not root and parent.dev_children == 0 \
+                            and parent.lock_ref == 0 and parent.aux_lock == 0 \
+                            and parent.value is not None and parent.parent is not None:
+                        heappush(heap, (parent.last_access_time, parent))
+            x = nxt
+    finally:  # (``_release``: the KV list's write, then the states'; no ledger to update)
+        if kv:
+            alloc = cache.token_to_kv_pool_allocator
+            if not _core.native_release(None, alloc, kv):
+                release(alloc, kv)
+        if states:
+            alloc = comp.allocator
+            if not _core.native_release(None, alloc, states):
+                release(alloc, states)
+    live = cache._evictable // cache.page_size
+    if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
+        cache._leaf_heap.compact(cache._is_leaf)
+    return EvictResult(full, 0, units)
 
 
 def _delete_leaf_one(cache: Any, comp: Any, is_swa: bool, node: Any, tracker: list,
