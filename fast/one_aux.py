@@ -480,13 +480,11 @@ def dec_lock_one(cache: Any, node: Any, params: DecLockRefParams | None) -> DecL
 # ----------------------------------------------------------------------------------------------
 
 
-def evict_one(cache: Any, params: Any) -> EvictResult | None:
-    """``HybridRadixCache.evict`` (``_evict_units``, then the component's ``drive``) with the
-    calls per evicted node written out: the Full leaf deletion is :func:`_delete_leaf_one`,
-    the component's ``drop`` of an internal node's data is inline (one component: no cascade).
-    Frees go through the same ``FreeBatch`` and ``_release``.  None for what it leaves to the
-    general path: an argument that is not a non-negative int (the general path refuses it),
-    and a cache with its own ``_evict_units`` (enable_metrics wraps it, fast/metrics.py)."""
+def _evict_wants(cache: Any, params: Any) -> tuple[int, int, int] | None:
+    """``params``' three amounts (Full tokens, SWA tokens, Mamba states) where the evicts below
+    take the call; None for what they leave to the general path: an amount that is not a
+    non-negative int (the general path refuses it), and a cache with its own
+    ``_evict_units`` (enable_metrics wraps it, fast/metrics.py)."""
     if "_evict_units" in cache.__dict__:
         return None
     want = params.num_tokens
@@ -494,6 +492,19 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
     if want.__class__ is not int or swa_want.__class__ is not int \
             or mamba_want.__class__ is not int or want < 0 or swa_want < 0 or mamba_want < 0:
         return None
+    return want, swa_want, mamba_want
+
+
+def evict_one(cache: Any, params: Any) -> EvictResult | None:
+    """``HybridRadixCache.evict`` (``_evict_units``, then the component's ``drive``) with the
+    calls per evicted node written out: the Full leaf deletion is :func:`_delete_leaf_one`,
+    the component's ``drop`` of an internal node's data is inline (one component: no cascade).
+    Frees go through the same ``FreeBatch`` and ``_release``.  None for what it leaves to the
+    general path (:func:`_evict_wants`)."""
+    wants = _evict_wants(cache, params)
+    if wants is None:
+        return None
+    want, swa_want, mamba_want = wants
     if cache.disable:
         return EvictResult()
     comp, is_swa, _ = cache._one_aux
@@ -549,13 +560,10 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
     the leaf pushes, the counters in locals.  The same nodes in the same order, the same frees
     in the same runs, the same counts.  (Over sglang's allocators the SWA pool is the one that
     runs short: nearly all of an evict is the second loop, the SWA list from its oldest.)"""
-    if "_evict_units" in cache.__dict__:
+    wants = _evict_wants(cache, params)
+    if wants is None:
         return None
-    want = params.num_tokens
-    swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
-    if want.__class__ is not int or swa_want.__class__ is not int \
-            or mamba_want.__class__ is not int or want < 0 or swa_want < 0 or mamba_want < 0:
-        return None
+    want, swa_want, mamba_want = wants
     if cache.disable:
         return EvictResult()
     comp = cache._one_aux[0]

@@ -124,6 +124,20 @@ def _flat(units: list, ps: int) -> list:
     return units if ps == 1 else [x for u in units for x in u]
 
 
+def _alloc_both(got, ref, rng: random.Random, handed: list, held: list) -> None:
+    """A random alloc from both twins, which must hand out the same slots: what ``got`` gave is
+    remembered with its values (``handed``) and its units join ``held``, then shuffled."""
+    ps = _page(got)
+    n = rng.randint(1, 30 if ps == 1 else 3)
+    a, b = _alloc(got, n), _alloc(ref, n)
+    assert (a is None) == (b is None)
+    if a is not None:
+        assert a.tolist() == b.tolist()
+        handed.append((a, a.tolist()))
+        held += _units(a, ps)
+    rng.shuffle(held)
+
+
 def _release(got, pieces: list, method: str, via: str, in_group: bool) -> None:
     """Free ``pieces`` through fast/frees.py ``release`` (``via="release"``), or straight
     through the C core's one-call SWA release (``via="swa_free"``), which must take every
@@ -159,14 +173,7 @@ def test_release_equals_one_sglang_free_per_piece(kind, need_sort, via, seed):
     backup = None
     in_group = False
     for _ in range(40):
-        n = rng.randint(1, 30 if ps == 1 else 3)
-        a, b = _alloc(got, n), _alloc(ref, n)
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert a.tolist() == b.tolist()
-            handed.append((a, a.tolist()))
-            held += _units(a, ps)
-        rng.shuffle(held)
+        _alloc_both(got, ref, rng, handed, held)
         k = rng.randint(0, min(len(held), 60 // ps))
         freed = _flat(held[:k], ps)
         method = "free_swa" if "swa" in has and rng.random() < 0.25 else "free"
@@ -518,14 +525,7 @@ def test_mixed_runs_equal_the_runs_in_turn(kind, need_sort, seed):
         or real(*a, **k)  # type: ignore[assignment]
     try:
         for _ in range(30):
-            n = rng.randint(1, 30 if ps == 1 else 3)
-            a, b = _alloc(got, n), _alloc(ref, n)
-            assert (a is None) == (b is None)
-            if a is not None:
-                assert a.tolist() == b.tolist()
-                handed.append((a, a.tolist()))
-                held += _units(a, ps)
-            rng.shuffle(held)
+            _alloc_both(got, ref, rng, handed, held)
             batch, calls = frees.FreeBatch(), []
             for _ in range(rng.randint(2, 8)):
                 k = rng.randint(0, min(len(held), 4))
