@@ -193,15 +193,19 @@ def test_cache_reading_the_map_equals_its_twin_calling_the_method(ps, window, se
     assert caches[0].swa.map_pool is allocs[0]._kvcache
     caches[1].swa.map_pool = None  # the twin: the allocator's method
     prompts = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
-    reads = []  # per translate call: whether it read the map; then the leaves swa_leaf made
+    # per translate call: (whether the reading cache made it, whether it read the map); per
+    # swa_leaf call: whether it was handed the reading cache's map
+    reads: list[tuple[bool, bool]] = []
+    leaves: list[bool] = []
     translate, swa_leaf = swa_mod.SwaComponent.translate, _core.swa_leaf
+    reader = caches[0].swa
 
     def counting(self, full):
-        reads.append(self.map_pool is not None)
+        reads.append((self is reader, self.map_pool is not None))
         return translate(self, full)
 
     def counting_leaf(*args):
-        reads.append("leaf")
+        leaves.append(args[3] is reader.map_pool.full_to_swa_index_mapping)
         return swa_leaf(*args)
 
     monkeypatch.setattr(swa_mod.SwaComponent, "translate", counting)
@@ -240,4 +244,7 @@ def test_cache_reading_the_map_equals_its_twin_calling_the_method(ps, window, se
         assert _alloc_state(allocs[0]) == _alloc_state(allocs[1])
         for cache in caches:
             assert cache.violations() == []
-    assert True in reads and False in reads and "leaf" in reads  # every way ran
+    # the reading cache read the map on every translate, the twin never did, both translated,
+    # and every leaf swa_leaf made came from the reading cache's map
+    assert set(reads) == {(True, True), (False, False)}, set(reads)
+    assert len(leaves) > 0 and all(leaves), leaves
