@@ -554,6 +554,39 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
     return EvictResult(tracker[0], tracker[1] if is_swa else 0, 0 if is_swa else tracker[1])
 
 
+def _pop_leaf(heap: list) -> Any:
+    """The oldest live entry's node off the leaf heap (an entry is live while its stamp is the
+    node's and the node is an evictable leaf; stale ones are dropped), None once it is empty."""
+    while heap:
+        stamp, node = heappop(heap)
+        if node.last_access_time == stamp and not node.lock_ref and not node.aux_lock \
+                and not node.dev_children and node.value is not None \
+                and node.parent is not None:
+            return node
+    return None
+
+
+def _unlink(rec: Any) -> None:
+    """``LruList.remove`` of a component record (its neighbours joined)."""
+    prev, nxt = rec.lru_prev, rec.lru_next
+    prev.lru_next = nxt
+    nxt.lru_prev = prev
+    rec.lru_prev = rec.lru_next = None
+
+
+def _unhook(node: Any, heap: list, root: Any) -> None:
+    """The end of ``_detach_leaf`` for a leaf whose slots and data already went: it leaves its
+    parent, and the parent, if that made it an evictable leaf, goes on the heap
+    (``_push_if_leaf``).  Shared by the written-out evicts below."""
+    parent = node.parent
+    del parent.children[node.ck]
+    node.parent = None
+    parent.dev_children -= 1
+    if parent is not root and parent.dev_children == 0 and parent.lock_ref == 0 \
+            and parent.aux_lock == 0 and parent.value is not None and parent.parent is not None:
+        heappush(heap, (parent.last_access_time, parent))
+
+
 def evict_swa(cache: Any, params: Any) -> EvictResult | None:
     """:func:`evict_one` for the SWA component with every call per node written out: the
     Full leaf deletions (``_delete_leaf_one``) of both loops, the tombstones of the second,
@@ -574,12 +607,10 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
     add = batch.add
     full = swa_units = 0  # Full units, SWA units
     try:
-        while full < want and heap:  # the oldest evictable leaves
-            stamp, node = heappop(heap)
-            # (the entry is live: its stamp is the node's and the node is an evictable leaf)
-            if node.last_access_time != stamp or node.lock_ref or node.aux_lock \
-                    or node.dev_children or node.value is None or node.parent is None:
-                continue
+        while full < want:  # the oldest evictable leaves
+            node = _pop_leaf(heap)
+            if node is None:
+                break
             # (``_delete_leaf_one``: its SWA data goes with its Full slots, through the map)
             if events is not None:
                 events.removed(node)
@@ -588,23 +619,13 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
             if rec.value is not None:
                 swa_units += k
                 comp.evictable -= k
-                prev, nxt = rec.lru_prev, rec.lru_next  # (LruList.remove)
-                prev.lru_next = nxt
-                nxt.lru_prev = prev
-                rec.lru_prev = rec.lru_next = None
+                _unlink(rec)
                 rec.value = None
             add("free", node.value)
             full += k
             cache._evictable -= k
             node.value = None  # (``_detach_leaf``)
-            parent = node.parent
-            del parent.children[node.ck]
-            node.parent = None
-            parent.dev_children -= 1
-            if parent is not root and parent.dev_children == 0 and parent.lock_ref == 0 \
-                    and parent.aux_lock == 0 and parent.value is not None \
-                    and parent.parent is not None:  # (``_push_if_leaf``)
-                heappush(heap, (parent.last_access_time, parent))
+            _unhook(node, heap, root)
         lru = comp.lru
         head = lru.head
         x = lru.tail.lru_prev
@@ -617,26 +638,16 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
                     and node.value is not None and node.parent is not None
                 if leaf and events is not None:
                     events.removed(node)
-                swa_units += k  # (the record leaves the list: LruList.remove; ``nxt`` is
-                comp.evictable -= k  # x's older neighbour)
-                later = x.lru_next
-                nxt.lru_next = later
-                later.lru_prev = nxt
-                x.lru_prev = x.lru_next = None
+                swa_units += k  # (the record leaves the list; ``nxt``, its older
+                comp.evictable -= k  # neighbour, stays where it is)
+                _unlink(x)
                 if leaf:  # (``_delete_leaf_one``, as above)
                     x.value = None
                     add("free", node.value)
                     full += k
                     cache._evictable -= k
                     node.value = None
-                    parent = node.parent
-                    del parent.children[node.ck]
-                    node.parent = None
-                    parent.dev_children -= 1
-                    if parent is not root and parent.dev_children == 0 \
-                            and parent.lock_ref == 0 and parent.aux_lock == 0 \
-                            and parent.value is not None and parent.parent is not None:
-                        heappush(heap, (parent.last_access_time, parent))
+                    _unhook(node, heap, root)
                 else:  # (``AuxComponent.drop``, not a leaf: SWA frees its slots, a tombstone)
                     add("free_swa", node.value)
                     x.value = None
@@ -666,12 +677,10 @@ def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResu
     events = cache._events
     full = units = 0  # Full units, states
     try:
-        while full < want and heap:  # the oldest evictable leaves
-            stamp, node = heappop(heap)
-            # (the entry is live: its stamp is the node's and the node is an evictable leaf)
-            if node.last_access_time != stamp or node.lock_ref or node.aux_lock \
-                    or node.dev_children or node.value is None or node.parent is None:
-                continue
+        while full < want:  # the oldest evictable leaves
+            node = _pop_leaf(heap)
+            if node is None:
+                break
             # (``_delete_leaf_one``: its state goes, then its Full slots)
             if events is not None:
                 events.removed(node)
@@ -679,10 +688,7 @@ def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResu
             if rec.value is not None:
                 units += 1
                 comp.evictable -= 1
-                prev, nxt = rec.lru_prev, rec.lru_next  # (LruList.remove)
-                prev.lru_next = nxt
-                nxt.lru_prev = prev
-                rec.lru_prev = rec.lru_next = None
+                _unlink(rec)
                 states.append(rec.value)
                 rec.value = None
             kv.append(node.value)
@@ -690,14 +696,7 @@ def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResu
             full += k
             cache._evictable -= k
             node.value = None  # (``_detach_leaf``)
-            parent = node.parent
-            del parent.children[node.ck]
-            node.parent = None
-            parent.dev_children -= 1
-            if parent is not root and parent.dev_children == 0 and parent.lock_ref == 0 \
-                    and parent.aux_lock == 0 and parent.value is not None \
-                    and parent.parent is not None:  # (``_push_if_leaf``)
-                heappush(heap, (parent.last_access_time, parent))
+            _unhook(node, heap, root)
         head = comp.lru.head
         x = comp.lru.tail.lru_prev
         while units < mamba_want and x is not head:  # the state list from its oldest
@@ -708,12 +707,9 @@ def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResu
                     and node.value is not None and node.parent is not None
                 if leaf and events is not None:  # (``_delete_leaf_one``: before any change)
                     events.removed(node)
-                units += 1  # (the record leaves the list: LruList.remove; ``nxt`` is x's
-                comp.evictable -= 1  # older neighbour)
-                later = x.lru_next
-                nxt.lru_next = later
-                later.lru_prev = nxt
-                x.lru_prev = x.lru_next = None
+                units += 1  # (the record leaves the list; ``nxt``, its older neighbour,
+                comp.evictable -= 1  # stays where it is)
+                _unlink(x)
                 states.append(x.value)
                 x.value = None
                 if leaf:  # (``_delete_leaf_one``, as above: then its Full slots)
@@ -722,14 +718,7 @@ def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResu
                     full += k
                     cache._evictable -= k
                     node.value = None
-                    parent = node.parent
-                    del parent.children[node.ck]
-                    node.parent = None
-                    parent.dev_children -= 1
-                    if parent is not root and parent.dev_children == 0 \
-                            and parent.lock_ref == 0 and parent.aux_lock == 0 \
-                            and parent.value is not None and parent.parent is not None:
-                        heappush(heap, (parent.last_access_time, parent))
+                    _unhook(node, heap, root)
             x = nxt
     finally:  # (``_release``: the KV list's write, then the states'; no ledger to update)
         if kv:
