@@ -4283,7 +4283,216 @@ core_swa_leaf(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return pair;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Python-node fields: the composed tree's nodes and records, read and written in place       */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The composed tree (fast/hybrid.py, fast/one_aux.py) keeps its nodes as the pure-Python
+ * classes fast/node.py Node, fast/components AuxData (one record per aux component) and
+ * fast/structures.py _Sentinel (an LRU list's ends), all with __slots__.  A slot is a
+ * PyObject * at a fixed offset in the instance, which the class's member descriptor names;
+ * setup_pynode reads those offsets once, so the C paths of the composed tree read and write
+ * the fields directly, as the interpreter's specialised LOAD_ATTR / STORE_ATTR on a slot do,
+ * without a type lookup per access.  Rules that keep this exactly as safe as attribute access:
+ *  - only an object whose type IS the registered class is accessed through its offsets
+ *    (PN_IS, AD_IS, SE_IS); anything else goes through the Python path;
+ *  - a slot that is unset (NULL) reads as an AttributeError naming the field, as Python's;
+ *  - a write takes a new reference and drops the old one after the store (Py_XSETREF).
+ */
+
+static PyTypeObject *g_pn_type = NULL, *g_ad_type = NULL, *g_se_type = NULL;
+
+/* Node (fast/node.py) */
+static Py_ssize_t PN_children, PN_parent, PN_key, PN_value, PN_lock_ref, PN_last_access_time,
+    PN_hit_count, PN_extra_key, PN_dev_children, PN_id, PN_ck, PN_host_value, PN_host_lock_ref,
+    PN_aux, PN_aux_lock, PN_created, PN_priority;
+/* AuxData (fast/components/__init__.py) */
+static Py_ssize_t AD_node, AD_value, AD_lock, AD_boundary, AD_lru_prev, AD_lru_next,
+    AD_host_value, AD_host_lock, AD_host_boundary, AD_former_parent, AD_split_from;
+/* _Sentinel (fast/structures.py) */
+static Py_ssize_t SE_lru_prev, SE_lru_next;
+
+#define PN_IS(o) ((PyTypeObject *)Py_TYPE(o) == g_pn_type)
+#define AD_IS(o) ((PyTypeObject *)Py_TYPE(o) == g_ad_type)
+#define SE_IS(o) ((PyTypeObject *)Py_TYPE(o) == g_se_type)
+#define SLOT_AT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+/* The offset of slot `name` of class tp: its member descriptor must be a writable object
+ * slot (what __slots__ makes). */
+static int
+pyslot_offset(PyTypeObject *tp, const char *name, Py_ssize_t *off)
+{
+    PyObject *d = PyDict_GetItemString(tp->tp_dict, name);  /* borrowed */
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "setup_pynode: %s.%s is not a __slots__ field",
+                     tp->tp_name, name);
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY) || m->offset <= 0) {
+        PyErr_Format(PyExc_TypeError, "setup_pynode: %s.%s is not a writable object slot",
+                     tp->tp_name, name);
+        return -1;
+    }
+    *off = m->offset;
+    return 0;
+}
+
+/* A field's value (borrowed), or NULL with AttributeError when it is unset. */
+static inline PyObject *
+pyslot_get(PyObject *o, Py_ssize_t off, const char *name)
+{
+    PyObject *v = SLOT_AT(o, off);
+    if (v == NULL)
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%s'",
+                     Py_TYPE(o)->tp_name, name);
+    return v;
+}
+
+/* Store v (borrowed; a new reference is taken) in a field. */
+static inline void
+pyslot_set(PyObject *o, Py_ssize_t off, PyObject *v)
+{
+    Py_XSETREF(SLOT_AT(o, off), Py_NewRef(v));
+}
+
+/* An int field as a C long long: -1 with the error set when it is unset or not an int. */
+static inline int
+pyslot_ll(PyObject *o, Py_ssize_t off, const char *name, long long *out)
+{
+    PyObject *v = pyslot_get(o, off, name);
+    if (v == NULL)
+        return -1;
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
+/* Store a C long long in an int field; -1 when the int cannot be made. */
+static inline int
+pyslot_set_ll(PyObject *o, Py_ssize_t off, long long x)
+{
+    PyObject *v = PyLong_FromLongLong(x);
+    if (v == NULL)
+        return -1;
+    Py_XSETREF(SLOT_AT(o, off), v);
+    return 0;
+}
+
+/* The offsets of the LRU links of an LRU list member: an AuxData record or a sentinel; 0 for
+ * anything else (the caller declines or raises). */
+static inline Py_ssize_t
+lru_prev_off(PyObject *o)
+{
+    return AD_IS(o) ? AD_lru_prev : SE_IS(o) ? SE_lru_prev : 0;
+}
+
+static inline Py_ssize_t
+lru_next_off(PyObject *o)
+{
+    return AD_IS(o) ? AD_lru_next : SE_IS(o) ? SE_lru_next : 0;
+}
+
+/* Every field the C paths use: its class (0 Node, 1 AuxData, 2 _Sentinel), where its offset
+ * is kept, its name. */
+static const struct { int cls; Py_ssize_t *var; const char *name; } g_pyslot_fields[] = {
+    {0, &PN_children, "children"},
+    {0, &PN_parent, "parent"},
+    {0, &PN_key, "key"},
+    {0, &PN_value, "value"},
+    {0, &PN_lock_ref, "lock_ref"},
+    {0, &PN_last_access_time, "last_access_time"},
+    {0, &PN_hit_count, "hit_count"},
+    {0, &PN_extra_key, "extra_key"},
+    {0, &PN_dev_children, "dev_children"},
+    {0, &PN_id, "id"},
+    {0, &PN_ck, "ck"},
+    {0, &PN_host_value, "host_value"},
+    {0, &PN_host_lock_ref, "host_lock_ref"},
+    {0, &PN_aux, "aux"},
+    {0, &PN_aux_lock, "aux_lock"},
+    {0, &PN_created, "created"},
+    {0, &PN_priority, "priority"},
+    {1, &AD_node, "node"},
+    {1, &AD_value, "value"},
+    {1, &AD_lock, "lock"},
+    {1, &AD_boundary, "boundary"},
+    {1, &AD_lru_prev, "lru_prev"},
+    {1, &AD_lru_next, "lru_next"},
+    {1, &AD_host_value, "host_value"},
+    {1, &AD_host_lock, "host_lock"},
+    {1, &AD_host_boundary, "host_boundary"},
+    {1, &AD_former_parent, "former_parent"},
+    {1, &AD_split_from, "split_from"},
+    {2, &SE_lru_prev, "lru_prev"},
+    {2, &SE_lru_next, "lru_next"},
+};
+#define N_PYSLOT_FIELDS ((int)(sizeof(g_pyslot_fields) / sizeof(g_pyslot_fields[0])))
+
+/* setup_pynode(Node, AuxData, _Sentinel): read the three classes' slot offsets. */
+static PyObject *
+core_setup_pynode(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "setup_pynode(Node, AuxData, _Sentinel): three classes");
+        return NULL;
+    }
+    PyTypeObject *pn = (PyTypeObject *)args[0], *ad = (PyTypeObject *)args[1],
+                 *se = (PyTypeObject *)args[2];
+    /* every offset is read before any is stored, so a refused call changes nothing */
+    PyTypeObject *tps[3] = {pn, ad, se};
+    Py_ssize_t offs[N_PYSLOT_FIELDS];
+    for (int i = 0; i < N_PYSLOT_FIELDS; i++)
+        if (pyslot_offset(tps[g_pyslot_fields[i].cls], g_pyslot_fields[i].name, &offs[i]) < 0)
+            return NULL;
+    for (int i = 0; i < N_PYSLOT_FIELDS; i++)
+        *g_pyslot_fields[i].var = offs[i];
+    Py_INCREF(pn);
+    Py_INCREF(ad);
+    Py_INCREF(se);
+    Py_XSETREF(g_pn_type, pn);
+    Py_XSETREF(g_ad_type, ad);
+    Py_XSETREF(g_se_type, se);
+    Py_RETURN_NONE;
+}
+
+/* pynode_get(obj, name) -> the field read through its offset (what the C paths see), for the
+ * tests that check the offsets against Python's own attribute access. */
+static PyObject *
+core_pynode_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "pynode_get(obj, name)");
+        return NULL;
+    }
+    PyObject *o = args[0];
+    int cls = PN_IS(o) ? 0 : AD_IS(o) ? 1 : SE_IS(o) ? 2 : -1;
+    if (cls < 0) {
+        PyErr_SetString(PyExc_TypeError, "pynode_get: not a registered class (setup_pynode)");
+        return NULL;
+    }
+    const char *name = PyUnicode_AsUTF8(args[1]);
+    if (name == NULL)
+        return NULL;
+    Py_ssize_t off = 0;
+    for (int i = 0; i < N_PYSLOT_FIELDS; i++)
+        if (g_pyslot_fields[i].cls == cls && strcmp(g_pyslot_fields[i].name, name) == 0)
+            off = *g_pyslot_fields[i].var;
+    if (off == 0) {
+        PyErr_Format(PyExc_TypeError, "pynode_get: %s is not a field the C paths use", name);
+        return NULL;
+    }
+    PyObject *v = pyslot_get(o, off, name);
+    return v == NULL ? NULL : Py_NewRef(v);
+}
+
 static PyMethodDef core_methods[] = {
+    {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
+     "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
+    {"pynode_get", (PyCFunction)(void (*)(void))core_pynode_get, METH_FASTCALL,
+     "pynode_get(obj, name) -> the field as the C paths read it (tests)"},
     {"setup", (PyCFunction)core_setup, METH_VARARGS,
      "setup(narrow_copy, cat, stride): the torch callables and the clock step."},
     {"match", (PyCFunction)(void (*)(void))core_match, METH_FASTCALL,

@@ -44,6 +44,7 @@ from .params import (
     MatchResult,
 )
 from .radix_key import RadixKey
+from .structures import LruList
 from .token_range import check_token_range
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
@@ -51,6 +52,11 @@ _INF = float("inf")
 _INT64 = torch.int64
 _cat = torch.cat
 _narrow_copy = torch.narrow_copy
+
+if _core is not None:
+    # the slot offsets of the node, record and LRU-end classes, so the C core's paths of the
+    # composed tree read their fields in place (fast/_core.c "Python-node fields")
+    _core.setup_pynode(Node, AuxData, type(LruList().head))
 
 
 def _key_parts(key: Any) -> tuple[array, Any, bool]:
