@@ -15,7 +15,7 @@ py=${PYTHON:-python3}
 # `bench-storage` and tests/fast/storage/test_storage_sglang.py reach upstream's Mooncake backend
 mooncake_pkg=""
 [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && mooncake_pkg="mooncake-transfer-engine-non-cuda>=0.3.13"
-ready='import importlib.metadata as m; m.version("sglang"); m.version("pytest")'
+ready='import importlib.metadata as m; m.version("sglang"); m.version("pytest"); m.version("prometheus_client")'
 [ -z "$mooncake_pkg" ] || ready="$ready; m.version(\"mooncake-transfer-engine-non-cuda\")"
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$ready" 2>/dev/null; then
   echo "upstream venv ready: $venv"; exit 0
@@ -30,8 +30,8 @@ echo "torch==2.13.0" > "$cons"
   starlette tqdm ipython pydantic aiohttp msgspec pyzmq transformers==5.8.1 openai \
   partial_json_parser dill sentencepiece einops compressed-tensors gguf
 # the test runner, so the `upstream`-marked tests run inside this venv (pyproject's addopts need
-# pytest-benchmark and pytest-timeout)
-"$venv/bin/pip" install -q -c "$cons" pytest pytest-benchmark pytest-timeout hypothesis
+# pytest-benchmark and pytest-timeout; tests/fast/test_metrics.py imports prometheus_client)
+"$venv/bin/pip" install -q -c "$cons" pytest pytest-benchmark pytest-timeout hypothesis prometheus_client
 # (it links against the system library libibverbs1: `make ibverbs` installs that)
 [ -z "$mooncake_pkg" ] || "$venv/bin/pip" install -q -c "$cons" "$mooncake_pkg"
 # later releases import xgrammar at module level (transformers stays at 5.8.1: the torchvision
