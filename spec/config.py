@@ -15,7 +15,8 @@ from .errors import ConfigError, Unsupported
 # the eviction policies (their orders: spec/policies.py, which checks it has one for each)
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-COMPONENT_SETS = (("full",), ("full", "swa"), ("full", "mamba"), ("full", "swa", "mamba"))
+COMPONENT_SETS = (("full",), ("full", "swa"), ("full", "mamba"), ("full", "swa", "mamba"),
+                  ("full", "mamba", "swa"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,6 +68,9 @@ NAMED_CONFIGS: dict[str, dict] = {
     # Full + SWA + Mamba in one tree: both aux components' draws
     "full-swa-mamba-p1": {"page_size": 1, "components": ("full", "swa", "mamba")},
     "full-swa-mamba-p4": {"page_size": 4, "components": ("full", "swa", "mamba")},
+    # the same two components in the other order (the hooks run in component order)
+    "full-mamba-swa-p1": {"page_size": 1, "components": ("full", "mamba", "swa")},
+    "full-mamba-swa-p4": {"page_size": 4, "components": ("full", "mamba", "swa")},
     # host tier (HiCache); host_slots and thresholds are drawn per segment too (host_config)
     "hicache-wt-p1": {"page_size": 1, "write_policy": "write_through"},
     "hicache-wt-p4": {"page_size": 4, "write_policy": "write_through"},
@@ -94,6 +97,8 @@ NAMED_CONFIGS: dict[str, dict] = {
                              "components": ("full", "swa", "mamba")},
     "host-swa-mamba-wb-p4": {"page_size": 4, "write_policy": "write_back",
                              "components": ("full", "swa", "mamba")},
+    "host-mamba-swa-wt-p4": {"page_size": 4, "write_policy": "write_through",
+                             "components": ("full", "mamba", "swa")},
     # streaming sessions with SWA and Mamba (a parked turn's SWA window and state slot)
     "sessions-swa-p1": {"page_size": 1, "components": ("full", "swa")},
     "sessions-mamba-p1": {"page_size": 1, "components": ("full", "mamba")},

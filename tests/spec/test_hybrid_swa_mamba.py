@@ -27,11 +27,14 @@ def paths(order: list) -> list:
     return [o["tokens"] for o in order]
 
 
-def test_config_takes_both_aux_components_in_one_order():
-    c = CacheConfig.from_dict({"components": ["full", "swa", "mamba"], "sliding_window": 4,
-                               "swa_slots": 8, "mamba_slots": 2, "kv_slots": 8})
-    assert c.components == ("full", "swa", "mamba")
-    for bad in (["full", "mamba", "swa"], ["swa", "mamba"], ["full", "swa", "mamba", "swa"]):
+def test_config_takes_both_aux_components_in_either_order():
+    """Upstream keeps ``tree_components`` in the order given and runs every hook in it, so
+    both orders of the two aux components are configs of their own."""
+    for order in (["full", "swa", "mamba"], ["full", "mamba", "swa"]):
+        c = CacheConfig.from_dict({"components": order, "sliding_window": 4,
+                                   "swa_slots": 8, "mamba_slots": 2, "kv_slots": 8})
+        assert c.components == tuple(order)
+    for bad in (["swa", "mamba"], ["full", "swa", "mamba", "swa"], ["mamba", "full", "swa"]):
         with pytest.raises(ConfigError, match="components must be one of"):
             CacheConfig.from_dict({"components": bad, "sliding_window": 4})
     with pytest.raises(ConfigError, match="sliding_window"):
