@@ -39,7 +39,7 @@ from uniradix.conformance.explore.lockstep import (
 )
 from uniradix.conformance.explore.lockstep import tree_only as adapter_tree_only
 from uniradix.conformance.explore.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
-from uniradix.conformance.traces.replay import held_swa_tombstone_takeover
+from uniradix.conformance.traces.replay import held_swa_tombstone_takeover, swa_skipped_leaf_keeps_state
 from uniradix.conformance.traces.trace import Trace
 from uniradix.spec.config import POLICIES, CacheConfig
 from uniradix.spec.errors import ConfigError, Unsupported
@@ -260,12 +260,18 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     """The documented rule a divergence from upstream is an instance of (docs/SPEC.md,
     "differences"), or None.  Only divergences with upstream qualify: the spec and fast never
     differ by a rule.  Known rule: an insert over an SWA tombstone a lock holds, inside the
-    caller's window (issue 18; the seed frees the tombstone's full slots, the spec keeps them)."""
+    caller's window (issue 18; the seed frees the tombstone's full slots, the spec keeps them);
+    with SWA and Mamba, ``mamba_exist`` of an insert whose new leaf SWA does not create (the
+    seed answers false and leaks the state slot, the spec true)."""
     if finding.kind != DIVERGENCE or not any(lab.startswith("upstream") for lab in labels):
         return None
     if finding.op == "insert" and held_swa_tombstone_takeover(
             Trace({}, config, list(taken)), finding.step):
         return "issue 18: an insert over an SWA tombstone a lock holds (docs/SPEC.md)"
+    if finding.op == "insert" and finding.field.endswith("mamba_exist") \
+            and swa_skipped_leaf_keeps_state(Trace({}, config, list(taken)), finding.step):
+        return ("mamba_exist of an insert whose new leaf SWA does not create: the seed leaks "
+                "the state slot (docs/SPEC.md)")
     return None
 
 

@@ -248,6 +248,38 @@ def expected_divergence(path: str) -> int | None:
     return None
 
 
+def _spec_state_before(trace: Trace, step_i: int) -> tuple[Any, dict] | None:
+    """The spec's state just before step ``step_i`` of ``trace`` and that step, or None when
+    the trace has no such step."""
+    from uniradix.conformance.adapters.base import SpecAdapter
+    adapter = SpecAdapter(trace.config)
+    for idx, step in enumerate(trace.steps):
+        if step.get("i", idx) == step_i:
+            return adapter.state, step
+        adapter.apply(step)
+    return None
+
+
+def swa_skipped_leaf_keeps_state(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is an insert, with SWA and Mamba, whose new leaf
+    SWA's skip rule does not create (the whole rest of the key lies before the caller's window,
+    ``swa_evicted_seqlen``), on the spec's state before it: the tree takes no state, so the spec
+    answers ``mamba_exist`` true (the caller keeps and frees its state); the seed answers false
+    and leaks the state slot (docs/SPEC.md, "The request path for SWA and Mamba")."""
+    from uniradix.spec import cache as rules
+    comps = trace.config.components
+    if "swa" not in comps or "mamba" not in comps:
+        return False
+    found = _spec_state_before(trace, step_i)
+    if found is None or found[1]["op"] != "insert":
+        return False
+    state, step = found
+    args = step.get("args", {})
+    units = rules.aligned_units(state, rules.check_int_list("tokens", args["tokens"]))
+    start = sum(shared for _, shared in rules.insert_plan(state, args.get("extra_key"), units))
+    return start < len(units) and args.get("swa_evicted_seqlen", 0) >= len(units)
+
+
 def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
     walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the

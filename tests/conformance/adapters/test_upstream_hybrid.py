@@ -74,3 +74,28 @@ def test_upstream_frees_the_slots_of_an_swa_tombstone_another_holder_locked():
     obs = [up.apply(s) for s in trace.steps[:10]]
     assert obs[8]["device_indices"] == [9, 10, 11, 12, 5, 6, 7, 8]
     assert obs[9]["slots"] == [1, 2, 3, 4]
+
+
+def test_upstream_answers_no_state_taken_when_swa_skips_the_new_leaf():
+    """docs/SPEC.md, "The request path for SWA and Mamba": an insert whose whole new part lies
+    before the caller's window creates no leaf, so the tree takes no state.  The spec and fast
+    answer ``mamba_exist`` true (the caller frees its state); upstream answers false and the
+    state slot leaks.  The conform run against upstream counts it as that documented
+    difference, not a divergence."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "corpus", "regressions",
+                        "swa-skipped-leaf-mamba-exist.jsonl")
+    trace = load_trace(path)
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is None
+    d = replay_trace(trace, "upstream").divergence
+    assert d is not None and (d.step, d.field, d.actual) == (2, "mamba_exist", False)
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    finding = Finding(DIVERGENCE, 2, "insert", "observation", "mamba_exist",
+                      {"spec": True, "upstream": False}, ("spec", "upstream"))
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             finding) is not None
+    # the same insert inside the window is no such difference
+    inside = [dict(s, args=dict(s["args"], swa_evicted_seqlen=0)) if s["op"] == "insert" else s
+              for s in trace.steps]
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, inside,
+                                             finding) is None
