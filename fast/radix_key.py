@@ -22,7 +22,7 @@ def as_token_array(token_ids) -> array:
             arr = array("q", token_ids)
         except (TypeError, OverflowError):
             raise InvalidInput("token ids must be ints") from None
-        if any(type(t) is bool for t in token_ids):
+        if bool in map(type, token_ids):  # (map: the types are compared in C, no generator)
             raise InvalidInput("token ids must be ints, not bools")
         return arr
     if hasattr(token_ids, "tolist"):  # a tensor or numpy array of integers
