@@ -4501,6 +4501,9 @@ core_pynode_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * Why a call either runs whole or declines: each first walks the path and reads every field it
  * will touch (nodes and records of exactly the registered classes, set slots, counts that are
  * plain ints, keys that are arrays or lists, skip sets that are sets); only then does it write.
+ * The component's and the cache's counters, the next boundary mark and the split epoch are
+ * ordinary attributes, read where the Python path reads them and moved once by the sum of its
+ * steps (ck_add): reading them up front would cost more than the walk on a short path.
  * The comparisons it makes on the heap are those heapq makes; entries of the usual shape (an int
  * stamp, a Node) are compared in C as tuple and Node.__lt__ compare them (stamp, then id).
  */
@@ -4657,6 +4660,32 @@ ck_attr_ll(PyObject *o, PyObject *name, long long *out)
     return ok;
 }
 
+/* o.name += d as the Python path's ``-=`` / ``+=`` steps add up (d 0: no step), also after an
+ * error (which stays the one raised); -1 on error. */
+static int
+ck_add(PyObject *o, PyObject *name, long long d)
+{
+    if (d == 0)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *v = PyObject_GetAttr(o, name), *dv = NULL, *sum = NULL;
+    int r = -1;
+    if (v != NULL && (dv = PyLong_FromLongLong(d)) != NULL
+            && (sum = PyNumber_Add(v, dv)) != NULL)
+        r = PyObject_SetAttr(o, name, sum);
+    Py_XDECREF(v);
+    Py_XDECREF(dv);
+    Py_XDECREF(sum);
+    if (et != NULL) {
+        if (r < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    return r;
+}
+
 /* What both calls check first, in the Python functions' order: the root, the node (a Node in
  * the tree: NodeNotFound otherwise), the cache not disabled, its one component.  1: go on
  * (*root and *comp new references, *is_swa), 0: decline, -1: error raised. */
@@ -4717,19 +4746,14 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int r = ck_begin(cache, node, &root, &comp, &is_swa, &comp_id);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *out = NULL, *skipped = NULL, *uuid = NULL, *skips = NULL;
-    long long window = 0, ai = 0, cev = 0, cpr = 0, nb = 0, epoch = 0, ev = 0, pr = 0, x;
-    /* every read the walk will need, before any write */
+    PyObject *out = NULL, *skipped = NULL, *uuid = NULL, *skips = NULL, *epoch = NULL;
+    long long window = 0, ai = 0, x;
+    /* every read the walk needs to decide, before any write (the counters and marks it moves
+     * are read where the Python path reads them: see ck_add) */
     int ok = 1;
     if (is_swa)
         ok = (r = ck_attr_ll(comp, s_ck_window, &window)) > 0
-            && (r = ck_attr_ll(comp, s_ck_i, &ai)) > 0 && ai >= 0
-            && (r = ck_attr_ll(comp, s_ck_next_boundary, &nb)) > 0
-            && (r = ck_attr_ll(comp, s_ck_split_epoch, &epoch)) > 0;
-    ok = ok && (r = ck_attr_ll(comp, s_ck_evictable, &cev)) > 0
-        && (r = ck_attr_ll(comp, s_ck_protected, &cpr)) > 0
-        && (r = ck_attr_ll(cache, s_evictable, &ev)) > 0
-        && (r = ck_attr_ll(cache, s_protected, &pr)) > 0;
+            && (r = ck_attr_ll(comp, s_ck_i, &ai)) > 0 && ai >= 0;
     if (ok) {
         PyObject *cur = node;
         while (ok && cur != root) {
@@ -4748,7 +4772,7 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(comp_id);
         return r < 0 ? NULL : Py_NewRef(Py_None);
     }
-    long long cev0 = cev, cpr0 = cpr, nb0 = nb, delta = 0, size = 0;
+    long long moved = 0, delta = 0, size = 0;  /* moved: comp's units evictable -> protected */
     PyObject *cur = node;
     int failed = 1;
     if (is_swa) {  /* lock_window(comp, node, result, root, True) */
@@ -4766,20 +4790,25 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     goto done;
                 if (PySet_Add(skipped, SLOT_AT(cur, PN_id)) < 0)
                     goto done;
+                if (epoch == NULL && (epoch = PyObject_GetAttr(comp, s_ck_split_epoch)) == NULL)
+                    goto done;
                 continue;
             }
             x = ck_field(rec, AD_lock);
-            if (x == 0) {
-                cev -= k;
-                cpr += k;
-            }
+            if (x == 0)
+                moved += k;
             CK_SET(rec, AD_lock, x + 1);
             CK_SET(cur, PN_aux_lock, ck_field(cur, PN_aux_lock) + 1);
             size += k;
             if (size >= window) {
-                if (SLOT_AT(rec, AD_boundary) == Py_None) {
-                    CK_SET(rec, AD_boundary, nb);
-                    nb += 1;
+                if (SLOT_AT(rec, AD_boundary) == Py_None) {  /* the next mark, taken */
+                    PyObject *nb = PyObject_GetAttr(comp, s_ck_next_boundary);
+                    if (nb == NULL)
+                        goto done;
+                    pyslot_set(rec, AD_boundary, nb);
+                    Py_DECREF(nb);
+                    if (ck_add(comp, s_ck_next_boundary, 1) < 0)
+                        goto done;
                 }
                 uuid = Py_NewRef(SLOT_AT(rec, AD_boundary));
             }
@@ -4799,10 +4828,8 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     goto done;
             } else {
                 x = ck_field(rec, AD_lock);
-                if (x == 0) {
-                    cev -= 1;
-                    cpr += 1;
-                }
+                if (x == 0)
+                    moved += 1;
                 CK_SET(rec, AD_lock, x + 1);
                 CK_SET(node, PN_aux_lock, ck_field(node, PN_aux_lock) + 1);
             }
@@ -4810,24 +4837,22 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     failed = 0;
 done:
-    /* the counters, written once, also after a failed write (what was done stays counted) */
-    if (cev != cev0 || cpr != cpr0) {
-        write_back(comp, s_ck_evictable, cev);
-        write_back(comp, s_ck_protected, cpr);
-    }
-    if (nb != nb0)
-        write_back(comp, s_ck_next_boundary, nb);
-    int w1 = write_back(cache, s_evictable, ev - delta);
-    int w2 = write_back(cache, s_protected, pr + delta);
-    if (w1 < 0 || w2 < 0 || failed || PyErr_Occurred())
+    /* the counters, moved once, also after a failed write (what was done stays counted) */
+    ck_add(comp, s_ck_evictable, -moved);
+    ck_add(comp, s_ck_protected, moved);
+    ck_add(cache, s_evictable, -delta);
+    if (ck_add(cache, s_protected, delta) < 0 || failed)
         goto out;
     if ((skips = PyDict_New()) == NULL)
         goto out;
     if (skipped != NULL) {
         if (PyDict_SetItem(skips, is_swa ? g_ck_swa_id : g_ck_mamba_id, skipped) < 0)
             goto out;
-        if (is_swa) {
-            PyObject *e = PyLong_FromLongLong(-1 - epoch), *es = NULL;
+        if (is_swa) {  /* {-1 - comp._split_epoch} */
+            PyObject *m1 = PyLong_FromLong(-1), *e = NULL, *es = NULL;
+            if (m1 != NULL)
+                e = PyNumber_Subtract(m1, epoch);
+            Py_XDECREF(m1);
             if (e == NULL || (es = PySet_New(NULL)) == NULL || PySet_Add(es, e) < 0
                     || PyDict_SetItem(skips, g_ck_epoch_key, es) < 0) {
                 Py_XDECREF(e);
@@ -4849,6 +4874,7 @@ done:
 out:
     Py_XDECREF(skips);
     Py_XDECREF(skipped);
+    Py_XDECREF(epoch);
     Py_XDECREF(uuid);
     Py_DECREF(root);
     Py_DECREF(comp);
@@ -4893,7 +4919,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         return r < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *out = NULL, *skips = NULL, *skip = NULL, *cskip = NULL, *heap = NULL,
         *boundary = Py_None, *owned = NULL;  /* (owned: params' boundary, a new reference) */
-    long long cev = 0, cpr = 0, ev = 0, pr = 0, seen = 0, x;
+    long long seen = 0, x;
     int ok = params == Py_None || (PyObject *)Py_TYPE(params) == g_ck_dec_params;
     if (ok && params != Py_None) {
         skips = PyObject_GetAttr(params, s_skip);
@@ -4936,11 +4962,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     if (ok) {
         heap = PyObject_GetAttr(cache, s_heap);
-        ok = heap != NULL && PyList_CheckExact(heap)
-            && (r = ck_attr_ll(comp, s_ck_evictable, &cev)) > 0
-            && (r = ck_attr_ll(comp, s_ck_protected, &cpr)) > 0
-            && (r = ck_attr_ll(cache, s_evictable, &ev)) > 0
-            && (r = ck_attr_ll(cache, s_protected, &pr)) > 0;
+        ok = heap != NULL && PyList_CheckExact(heap);
     }
     /* the Python path's check walk (every Full count, before any change), reading every field */
     PyObject *cur = node;
@@ -4964,7 +4986,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             PyErr_Clear();
         goto out;
     }
-    long long cev0 = cev, cpr0 = cpr, delta = 0;
+    long long moved = 0, delta = 0;  /* moved: comp's units protected -> evictable */
     int failed = 1;
     cur = node;
     if (is_swa) {  /* up to the window's end mark: Full and SWA */
@@ -4992,9 +5014,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             }
             if (take) {
                 if (x == 1) {
-                    long long k = Py_SIZE(SLOT_AT(cur, PN_key));
-                    cev += k;
-                    cpr -= k;
+                    moved += Py_SIZE(SLOT_AT(cur, PN_key));
                     swa0 = 1;
                 }
                 CK_SET(rec, AD_lock, x - 1);
@@ -5024,8 +5044,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         x = ck_field(rec, AD_lock);
         if (x > 0 && !ck_in(cskip, id)) {
             if (x == 1) {
-                cev += 1;
-                cpr -= 1;
+                moved += 1;
                 m0 = 1;
             }
             CK_SET(rec, AD_lock, x - 1);
@@ -5056,14 +5075,11 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     failed = 0;
 done:
-    /* the counters, written once, also after a failed write (what was done stays counted) */
-    if (cev != cev0 || cpr != cpr0) {
-        write_back(comp, s_ck_evictable, cev);
-        write_back(comp, s_ck_protected, cpr);
-    }
-    int w1 = write_back(cache, s_evictable, ev + delta);
-    int w2 = write_back(cache, s_protected, pr - delta);
-    if (w1 < 0 || w2 < 0 || failed || PyErr_Occurred()) {
+    /* the counters, moved once, also after a failed write (what was done stays counted) */
+    ck_add(comp, s_ck_evictable, moved);
+    ck_add(comp, s_ck_protected, -moved);
+    ck_add(cache, s_evictable, delta);
+    if (ck_add(cache, s_protected, -delta) < 0 || failed) {
         r = -1;
         goto out;
     }
