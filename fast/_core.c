@@ -5008,7 +5008,8 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 PyObject *sf = SLOT_AT(rec, AD_split_from);
                 for (Py_ssize_t j = 0; take && j < PyTuple_GET_SIZE(sf); j++) {
                     PyObject *p = PyTuple_GET_ITEM(sf, j);
-                    if (PyLong_AsLongLong(PyTuple_GET_ITEM(p, 0)) > seen && ck_in(cskip, PyTuple_GET_ITEM(p, 1)))
+                    if (PyLong_AsLongLong(PyTuple_GET_ITEM(p, 0)) > seen
+                            && ck_in(cskip, PyTuple_GET_ITEM(p, 1)))
                         take = 0;
                 }
             }
