@@ -4488,6 +4488,655 @@ core_pynode_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return v == NULL ? NULL : Py_NewRef(v);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* composed tree: clock                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * fast/one_aux.py's lock paths for the composed tree with one aux component (SWA or Mamba, no
+ * host tier): clock_inc is inc_lock_one, clock_dec is dec_lock_one, the same steps in the same
+ * order with the same results (counts, boundary marks, skip sets, heap entries and their order
+ * in the list, counters, errors).  The Python functions stay the reference; these return None
+ * (having changed nothing) for anything they do not handle, and the Python function runs.
+ *
+ * Why a call either runs whole or declines: each first walks the path and reads every field it
+ * will touch (nodes and records of exactly the registered classes, set slots, counts that are
+ * plain ints, keys that are arrays or lists, skip sets that are sets); only then does it write.
+ * The component's and the cache's counters, the next boundary mark and the split epoch are
+ * ordinary attributes, read where the Python path reads them and moved once by the sum of its
+ * steps (ck_add): reading them up front would cost more than the walk on a short path.
+ * The comparisons it makes on the heap are those heapq makes; entries of the usual shape (an int
+ * stamp, a Node) are compared in C as tuple and Node.__lt__ compare them (stamp, then id).
+ */
+
+static PyObject *g_ck_inc_result, *g_ck_dec_result, *g_ck_dec_params, *g_ck_not_found,
+    *g_ck_handle_error, *g_ck_swa_id, *g_ck_mamba_id, *g_ck_epoch_key;
+static PyObject *s_ck_one_aux, *s_ck_window, *s_ck_i, *s_ck_evictable, *s_ck_protected,
+    *s_ck_next_boundary, *s_ck_split_epoch, *s_ck_swa_uuid;
+
+/* v as a C long long when it is exactly an int that fits: 1, else 0 (no error set). */
+static inline int
+ck_ll(PyObject *v, long long *out)
+{
+    if (v == NULL || !PyLong_CheckExact(v))
+        return 0;
+    int ovf;
+    long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
+    if (ovf)
+        return 0;
+    *out = x;
+    return 1;
+}
+
+/* A node's int field that the checks found plain (no error possible). */
+static inline long long
+ck_field(PyObject *o, Py_ssize_t off)
+{
+    return PyLong_AsLongLong(SLOT_AT(o, off));
+}
+
+/* Whether node n is a Node whose fields the lock walks read are set and plain: parent, key (an
+ * array or list: its length is Py_SIZE), value, lock_ref, aux_lock, dev_children,
+ * last_access_time, id (ints); with rec_at >= 0 its record aux[rec_at] too (an AuxData with
+ * value, lock (int) and boundary (None or int) set), and with splits its split_from (a tuple of
+ * (int, int) pairs). */
+static int
+ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
+{
+    long long x;
+    if (!PN_IS(n) || SLOT_AT(n, PN_parent) == NULL || SLOT_AT(n, PN_value) == NULL)
+        return 0;
+    PyObject *key = SLOT_AT(n, PN_key);
+    if (key == NULL || !(PyList_CheckExact(key) || (g_array != NULL
+                                                    && Py_TYPE(key) == (PyTypeObject *)g_array)))
+        return 0;
+    if (!ck_ll(SLOT_AT(n, PN_lock_ref), &x) || !ck_ll(SLOT_AT(n, PN_aux_lock), &x)
+            || !ck_ll(SLOT_AT(n, PN_dev_children), &x)
+            || !ck_ll(SLOT_AT(n, PN_last_access_time), &x) || !ck_ll(SLOT_AT(n, PN_id), &x))
+        return 0;
+    if (rec_at < 0)
+        return 1;
+    PyObject *aux = SLOT_AT(n, PN_aux);
+    if (aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) <= rec_at)
+        return 0;
+    PyObject *rec = PyTuple_GET_ITEM(aux, rec_at);
+    if (!AD_IS(rec) || SLOT_AT(rec, AD_value) == NULL || !ck_ll(SLOT_AT(rec, AD_lock), &x))
+        return 0;
+    PyObject *b = SLOT_AT(rec, AD_boundary);
+    if (b == NULL || (b != Py_None && !ck_ll(b, &x)))
+        return 0;
+    if (splits) {
+        PyObject *sf = SLOT_AT(rec, AD_split_from);
+        if (sf == NULL || !PyTuple_CheckExact(sf))
+            return 0;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(sf); j++) {
+            PyObject *p = PyTuple_GET_ITEM(sf, j);
+            if (!PyTuple_CheckExact(p) || PyTuple_GET_SIZE(p) != 2
+                    || !ck_ll(PyTuple_GET_ITEM(p, 0), &x) || !ck_ll(PyTuple_GET_ITEM(p, 1), &x))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* a < b for two heap entries, as heapq compares them; -1 on error.  (stamp, Node) tuples with
+ * int stamps: the stamps, then (the same node: equal) Node.__lt__, which compares ids. */
+static int
+ck_lt(PyObject *a, PyObject *b)
+{
+    if (PyTuple_CheckExact(a) && PyTuple_CheckExact(b) && PyTuple_GET_SIZE(a) == 2
+            && PyTuple_GET_SIZE(b) == 2) {
+        PyObject *na = PyTuple_GET_ITEM(a, 1), *nb = PyTuple_GET_ITEM(b, 1);
+        long long x, y, ia, ib;
+        if (ck_ll(PyTuple_GET_ITEM(a, 0), &x) && ck_ll(PyTuple_GET_ITEM(b, 0), &y)
+                && PN_IS(na) && PN_IS(nb) && ck_ll(SLOT_AT(na, PN_id), &ia)
+                && ck_ll(SLOT_AT(nb, PN_id), &ib)) {
+            if (x != y)
+                return x < y;
+            return na != nb && ia < ib;
+        }
+    }
+    return PyObject_RichCompareBool(a, b, Py_LT);
+}
+
+/* heapq.heappush(heap, entry): the same comparisons, the same list afterwards. */
+static int
+ck_heap_push(PyObject *heap, PyObject *entry)
+{
+    if (PyList_Append(heap, entry) < 0)
+        return -1;
+    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1, size = pos + 1;
+    while (pos > 0) {
+        Py_ssize_t up = (pos - 1) >> 1;
+        PyObject *parent = PyList_GET_ITEM(heap, up);
+        Py_INCREF(parent);
+        int lt = ck_lt(entry, parent);
+        Py_DECREF(parent);
+        if (lt < 0)
+            return -1;
+        if (size != PyList_GET_SIZE(heap) || PyList_GET_ITEM(heap, pos) != entry) {
+            PyErr_SetString(PyExc_RuntimeError, "list changed size during iteration");
+            return -1;
+        }
+        if (!lt)
+            break;
+        PyList_SET_ITEM(heap, pos, PyList_GET_ITEM(heap, up));
+        PyList_SET_ITEM(heap, up, entry);
+        pos = up;
+    }
+    return 0;
+}
+
+/* one_aux._push_unlocked: node (unlocked now) on the heap, twice when both its counts reached
+ * 0, if it is an evictable leaf. */
+static int
+ck_push_unlocked(PyObject *heap, PyObject *node, int twice)
+{
+    if (ck_field(node, PN_lock_ref) != 0 || ck_field(node, PN_aux_lock) != 0
+            || ck_field(node, PN_dev_children) != 0 || SLOT_AT(node, PN_value) == Py_None)
+        return 0;
+    PyObject *entry = PyTuple_Pack(2, SLOT_AT(node, PN_last_access_time), node);
+    if (entry == NULL)
+        return -1;
+    int r = ck_heap_push(heap, entry);
+    if (r == 0 && twice)
+        r = ck_heap_push(heap, entry);
+    Py_DECREF(entry);
+    return r;
+}
+
+/* An attribute that must be a plain int: 1 (*out set), 0 to decline (no error), -1 error. */
+static int
+ck_attr_ll(PyObject *o, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();  /* (the Python path raises it where it reads it) */
+        return 0;
+    }
+    int ok = ck_ll(v, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+/* o.name += d as the Python path's ``-=`` / ``+=`` steps add up (d 0: no step), also after an
+ * error (which stays the one raised); -1 on error. */
+static int
+ck_add(PyObject *o, PyObject *name, long long d)
+{
+    if (d == 0)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *v = PyObject_GetAttr(o, name), *dv = NULL, *sum = NULL;
+    int r = -1;
+    if (v != NULL && (dv = PyLong_FromLongLong(d)) != NULL
+            && (sum = PyNumber_Add(v, dv)) != NULL)
+        r = PyObject_SetAttr(o, name, sum);
+    Py_XDECREF(v);
+    Py_XDECREF(dv);
+    Py_XDECREF(sum);
+    if (et != NULL) {
+        if (r < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    return r;
+}
+
+/* What both calls check first, in the Python functions' order: the root, the node (a Node in
+ * the tree: NodeNotFound otherwise), the cache not disabled, its one component.  1: go on
+ * (*root and *comp new references, *is_swa), 0: decline, -1: error raised. */
+static int
+ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int *is_swa,
+         PyObject **comp_id)
+{
+    *root = *comp = *comp_id = NULL;
+    if (g_ck_inc_result == NULL || g_pn_type == NULL || !PN_IS(node))
+        return 0;
+    PyObject *r = PyObject_GetAttr(cache, s_root_node);
+    if (r == NULL)
+        return -1;
+    if (!PN_IS(r) || SLOT_AT(node, PN_parent) == NULL) {
+        Py_DECREF(r);
+        return 0;
+    }
+    if (node != r && SLOT_AT(node, PN_parent) == Py_None) {
+        Py_DECREF(r);
+        PyErr_SetString(g_ck_not_found, "the node is not in the tree");
+        return -1;
+    }
+    PyObject *d = PyObject_GetAttr(cache, s_disable);
+    PyObject *one = d == NULL ? NULL : PyObject_GetAttr(cache, s_ck_one_aux);
+    int ok = d == Py_False && one != NULL && PyTuple_CheckExact(one)
+        && PyTuple_GET_SIZE(one) == 3 && (PyTuple_GET_ITEM(one, 1) == Py_True
+                                          || PyTuple_GET_ITEM(one, 1) == Py_False);
+    Py_XDECREF(d);
+    if (!ok) {
+        Py_XDECREF(one);
+        Py_DECREF(r);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    *root = r;
+    *comp = Py_NewRef(PyTuple_GET_ITEM(one, 0));
+    *is_swa = PyTuple_GET_ITEM(one, 1) == Py_True;
+    *comp_id = Py_NewRef(PyTuple_GET_ITEM(one, 2));
+    Py_DECREF(one);
+    return 1;
+}
+
+/* Store x in an int slot; -1 when the int cannot be made. */
+#define CK_SET(o, off, x) do { if (pyslot_set_ll((o), (off), (x)) < 0) goto done; } while (0)
+
+/* clock_inc(cache, node) -> one_aux.inc_lock_one's IncLockRefResult, or None. */
+static PyObject *
+core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "clock_inc(cache, node)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *node = args[1], *root, *comp, *comp_id;
+    int is_swa;
+    int r = ck_begin(cache, node, &root, &comp, &is_swa, &comp_id);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *out = NULL, *skipped = NULL, *uuid = NULL, *skips = NULL, *epoch = NULL;
+    long long window = 0, ai = 0, x;
+    /* every read the walk needs to decide, before any write (the counters and marks it moves
+     * are read where the Python path reads them: see ck_add) */
+    int ok = 1;
+    if (is_swa)
+        ok = (r = ck_attr_ll(comp, s_ck_window, &window)) > 0
+            && (r = ck_attr_ll(comp, s_ck_i, &ai)) > 0 && ai >= 0;
+    if (ok) {
+        PyObject *cur = node;
+        while (ok && cur != root) {
+            /* SWA: each node's record aux[i]; Mamba: the node's own aux[0] only */
+            ok = ck_node_ok(cur, is_swa ? (Py_ssize_t)ai : (cur == node ? 0 : -1), 0);
+            if (ok)
+                cur = SLOT_AT(cur, PN_parent);
+        }
+        /* (Mamba: a node without Full data starts _inc_lock_py's skipped segment) */
+        if (ok && !is_swa && node != root && SLOT_AT(node, PN_value) == Py_None)
+            ok = 0;
+    }
+    if (!ok) {
+        Py_DECREF(root);
+        Py_DECREF(comp);
+        Py_DECREF(comp_id);
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    long long moved = 0, delta = 0, size = 0;  /* moved: comp's units evictable -> protected */
+    PyObject *cur = node;
+    int failed = 1;
+    if (is_swa) {  /* lock_window(comp, node, result, root, True) */
+        for (; cur != root; cur = SLOT_AT(cur, PN_parent)) {
+            long long k = Py_SIZE(SLOT_AT(cur, PN_key));
+            x = ck_field(cur, PN_lock_ref);
+            if (x == 0)
+                delta += k;
+            CK_SET(cur, PN_lock_ref, x + 1);
+            if (size >= window)
+                continue;
+            PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), ai);
+            if (SLOT_AT(rec, AD_value) == Py_None) {
+                if (skipped == NULL && (skipped = PySet_New(NULL)) == NULL)
+                    goto done;
+                if (PySet_Add(skipped, SLOT_AT(cur, PN_id)) < 0)
+                    goto done;
+                if (epoch == NULL && (epoch = PyObject_GetAttr(comp, s_ck_split_epoch)) == NULL)
+                    goto done;
+                continue;
+            }
+            x = ck_field(rec, AD_lock);
+            if (x == 0)
+                moved += k;
+            CK_SET(rec, AD_lock, x + 1);
+            CK_SET(cur, PN_aux_lock, ck_field(cur, PN_aux_lock) + 1);
+            size += k;
+            if (size >= window) {
+                if (SLOT_AT(rec, AD_boundary) == Py_None) {  /* the next mark, taken */
+                    PyObject *nb = PyObject_GetAttr(comp, s_ck_next_boundary);
+                    if (nb == NULL)
+                        goto done;
+                    pyslot_set(rec, AD_boundary, nb);
+                    Py_DECREF(nb);
+                    if (ck_add(comp, s_ck_next_boundary, 1) < 0)
+                        goto done;
+                }
+                uuid = Py_NewRef(SLOT_AT(rec, AD_boundary));
+            }
+        }
+    } else {
+        for (; cur != root; cur = SLOT_AT(cur, PN_parent)) {  /* _inc_lock_py's Full walk */
+            x = ck_field(cur, PN_lock_ref);
+            if (x == 0)
+                delta += Py_SIZE(SLOT_AT(cur, PN_key));
+            CK_SET(cur, PN_lock_ref, x + 1);
+        }
+        if (node != root) {
+            PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(node, PN_aux), 0);
+            if (SLOT_AT(rec, AD_value) == Py_None) {
+                if ((skipped = PySet_New(NULL)) == NULL
+                        || PySet_Add(skipped, SLOT_AT(node, PN_id)) < 0)
+                    goto done;
+            } else {
+                x = ck_field(rec, AD_lock);
+                if (x == 0)
+                    moved += 1;
+                CK_SET(rec, AD_lock, x + 1);
+                CK_SET(node, PN_aux_lock, ck_field(node, PN_aux_lock) + 1);
+            }
+        }
+    }
+    failed = 0;
+done:
+    /* the counters, moved once, also after a failed write (what was done stays counted) */
+    ck_add(comp, s_ck_evictable, -moved);
+    ck_add(comp, s_ck_protected, moved);
+    ck_add(cache, s_evictable, -delta);
+    if (ck_add(cache, s_protected, delta) < 0 || failed)
+        goto out;
+    if ((skips = PyDict_New()) == NULL)
+        goto out;
+    if (skipped != NULL) {
+        if (PyDict_SetItem(skips, is_swa ? g_ck_swa_id : g_ck_mamba_id, skipped) < 0)
+            goto out;
+        if (is_swa) {  /* {-1 - comp._split_epoch} */
+            PyObject *m1 = PyLong_FromLong(-1), *e = NULL, *es = NULL;
+            if (m1 != NULL)
+                e = PyNumber_Subtract(m1, epoch);
+            Py_XDECREF(m1);
+            if (e == NULL || (es = PySet_New(NULL)) == NULL || PySet_Add(es, e) < 0
+                    || PyDict_SetItem(skips, g_ck_epoch_key, es) < 0) {
+                Py_XDECREF(e);
+                Py_XDECREF(es);
+                goto out;
+            }
+            Py_DECREF(e);
+            Py_DECREF(es);
+        }
+    }
+    {
+        PyObject *d = PyLong_FromLongLong(delta);
+        if (d == NULL)
+            goto out;
+        PyObject *a[4] = {d, uuid != NULL ? uuid : Py_None, Py_None, skips};
+        out = PyObject_Vectorcall(g_ck_inc_result, a, 4, NULL);
+        Py_DECREF(d);
+    }
+out:
+    Py_XDECREF(skips);
+    Py_XDECREF(skipped);
+    Py_XDECREF(epoch);
+    Py_XDECREF(uuid);
+    Py_DECREF(root);
+    Py_DECREF(comp);
+    Py_DECREF(comp_id);
+    return out;
+}
+
+/* A skip set of params: NULL (none), or a set; 0 to decline anything else. */
+static int
+ck_skip_set(PyObject *skips, PyObject *key, PyObject **out)
+{
+    *out = NULL;
+    PyObject *s = PyDict_GetItemWithError(skips, key);  /* borrowed; ints: no error */
+    if (s == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    if (!PyAnySet_CheckExact(s))
+        return 0;
+    if (PySet_GET_SIZE(s) > 0)
+        *out = s;
+    return 1;
+}
+
+/* id in s (s NULL: empty); the ids are plain ints, so this cannot fail. */
+static inline int
+ck_in(PyObject *s, PyObject *id)
+{
+    return s != NULL && PySet_Contains(s, id) > 0;
+}
+
+/* clock_dec(cache, node, params) -> one_aux.dec_lock_one's DecLockRefResult, or None. */
+static PyObject *
+core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "clock_dec(cache, node, params)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *node = args[1], *params = args[2], *root, *comp, *comp_id;
+    int is_swa;
+    int r = ck_begin(cache, node, &root, &comp, &is_swa, &comp_id);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *out = NULL, *skips = NULL, *skip = NULL, *cskip = NULL, *heap = NULL,
+        *boundary = Py_None, *owned = NULL;  /* (owned: params' boundary, a new reference) */
+    long long seen = 0, x;
+    int ok = params == Py_None || (PyObject *)Py_TYPE(params) == g_ck_dec_params;
+    if (ok && params != Py_None) {
+        skips = PyObject_GetAttr(params, s_skip);
+        ok = skips != NULL && PyDict_CheckExact(skips)
+            && (r = ck_skip_set(skips, s_zero, &skip)) > 0
+            && (r = ck_skip_set(skips, comp_id, &cskip)) > 0;
+        if (ok && is_swa) {
+            boundary = owned = PyObject_GetAttr(params, s_ck_swa_uuid);
+            ok = boundary != NULL && (boundary == Py_None || ck_ll(boundary, &x));
+        }
+        if (ok && is_swa && cskip != NULL) {  /* the split epoch the lock saw */
+            PyObject *es = PyDict_GetItemWithError(skips, g_ck_epoch_key);
+            long long lo = 0;
+            if (es != NULL) {
+                ok = PyAnySet_CheckExact(es) && PySet_GET_SIZE(es) > 0;
+                PyObject *it = ok ? PyObject_GetIter(es) : NULL, *e;
+                int first = 1;
+                if (ok && it == NULL) {
+                    ok = 0;
+                    r = -1;
+                }
+                while (ok && (e = PyIter_Next(it)) != NULL) {
+                    ok = ck_ll(e, &x);
+                    Py_DECREF(e);
+                    if (ok && (first || x < lo))
+                        lo = x;
+                    first = 0;
+                }
+                Py_XDECREF(it);
+                if (PyErr_Occurred()) {
+                    ok = 0;
+                    r = -1;
+                }
+            } else if (PyErr_Occurred()) {
+                ok = 0;
+                r = -1;
+            }
+            seen = -1 - lo;
+        }
+    }
+    if (ok) {
+        heap = PyObject_GetAttr(cache, s_heap);
+        ok = heap != NULL && PyList_CheckExact(heap);
+    }
+    /* the Python path's check walk (every Full count, before any change), reading every field */
+    PyObject *cur = node;
+    while (ok && cur != root) {
+        ok = ck_node_ok(cur, is_swa ? 0 : (cur == node ? 0 : -1), is_swa && cskip != NULL);
+        if (!ok)
+            break;
+        if (ck_field(cur, PN_lock_ref) <= 0 && !ck_in(skip, SLOT_AT(cur, PN_id))) {
+            PyErr_SetString(g_ck_handle_error,
+                            "dec_lock_ref: this path is not locked (released twice?)");
+            r = -1;
+            ok = 0;
+            break;
+        }
+        cur = SLOT_AT(cur, PN_parent);
+    }
+    if (!ok) {
+        if (r < 0 || (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError)))
+            r = -1;
+        else
+            PyErr_Clear();
+        goto out;
+    }
+    long long moved = 0, delta = 0;  /* moved: comp's units protected -> evictable */
+    int failed = 1;
+    cur = node;
+    if (is_swa) {  /* up to the window's end mark: Full and SWA */
+        while (cur != root) {
+            int full0 = 0, swa0 = 0, end = 0;
+            PyObject *id = SLOT_AT(cur, PN_id);
+            if (!ck_in(skip, id)) {
+                x = ck_field(cur, PN_lock_ref) - 1;
+                CK_SET(cur, PN_lock_ref, x);
+                if (x == 0) {
+                    delta += Py_SIZE(SLOT_AT(cur, PN_key));
+                    full0 = 1;
+                }
+            }
+            PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), 0);
+            x = ck_field(rec, AD_lock);
+            int take = x != 0 && !ck_in(cskip, id);
+            if (take && cskip != NULL) {  /* split_off_skipped(rec, cskip, seen) */
+                PyObject *sf = SLOT_AT(rec, AD_split_from);
+                for (Py_ssize_t j = 0; take && j < PyTuple_GET_SIZE(sf); j++) {
+                    PyObject *p = PyTuple_GET_ITEM(sf, j);
+                    if (PyLong_AsLongLong(PyTuple_GET_ITEM(p, 0)) > seen
+                            && ck_in(cskip, PyTuple_GET_ITEM(p, 1)))
+                        take = 0;
+                }
+            }
+            if (take) {
+                if (x == 1) {
+                    moved += Py_SIZE(SLOT_AT(cur, PN_key));
+                    swa0 = 1;
+                }
+                CK_SET(rec, AD_lock, x - 1);
+                CK_SET(cur, PN_aux_lock, ck_field(cur, PN_aux_lock) - 1);
+                PyObject *b = SLOT_AT(rec, AD_boundary);
+                end = b != Py_None && boundary != Py_None
+                    && PyLong_AsLongLong(b) == PyLong_AsLongLong(boundary);
+            }
+            if ((full0 || swa0) && ck_push_unlocked(heap, cur, full0 && swa0) < 0)
+                goto done;
+            cur = SLOT_AT(cur, PN_parent);
+            if (end)
+                break;
+        }
+    } else if (node != root) {  /* the node: Full and its state */
+        int full0 = 0, m0 = 0;
+        PyObject *id = SLOT_AT(node, PN_id);
+        if (!ck_in(skip, id)) {
+            x = ck_field(node, PN_lock_ref) - 1;
+            CK_SET(node, PN_lock_ref, x);
+            if (x == 0) {
+                delta = Py_SIZE(SLOT_AT(node, PN_key));
+                full0 = 1;
+            }
+        }
+        PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(node, PN_aux), 0);
+        x = ck_field(rec, AD_lock);
+        if (x > 0 && !ck_in(cskip, id)) {
+            if (x == 1) {
+                moved += 1;
+                m0 = 1;
+            }
+            CK_SET(rec, AD_lock, x - 1);
+            CK_SET(node, PN_aux_lock, ck_field(node, PN_aux_lock) - 1);
+        }
+        if ((full0 || m0) && ck_push_unlocked(heap, node, full0 && m0) < 0)
+            goto done;
+        cur = SLOT_AT(node, PN_parent);
+    }
+    for (; cur != root; cur = SLOT_AT(cur, PN_parent)) {  /* the rest of the path: Full only */
+        if (ck_in(skip, SLOT_AT(cur, PN_id)))
+            continue;
+        x = ck_field(cur, PN_lock_ref) - 1;
+        CK_SET(cur, PN_lock_ref, x);
+        if (x != 0)
+            continue;
+        delta += Py_SIZE(SLOT_AT(cur, PN_key));
+        if (ck_field(cur, PN_aux_lock) == 0 && ck_field(cur, PN_dev_children) == 0
+                && SLOT_AT(cur, PN_value) != Py_None) {
+            PyObject *entry = PyTuple_Pack(2, SLOT_AT(cur, PN_last_access_time), cur);
+            if (entry == NULL)
+                goto done;
+            int pr_ = ck_heap_push(heap, entry);
+            Py_DECREF(entry);
+            if (pr_ < 0)
+                goto done;
+        }
+    }
+    failed = 0;
+done:
+    /* the counters, moved once, also after a failed write (what was done stays counted) */
+    ck_add(comp, s_ck_evictable, moved);
+    ck_add(comp, s_ck_protected, -moved);
+    ck_add(cache, s_evictable, delta);
+    if (ck_add(cache, s_protected, -delta) < 0 || failed) {
+        r = -1;
+        goto out;
+    }
+    {
+        PyObject *d = PyLong_FromLongLong(delta);
+        if (d == NULL) {
+            r = -1;
+            goto out;
+        }
+        out = PyObject_Vectorcall(g_ck_dec_result, &d, 1, NULL);
+        Py_DECREF(d);
+        if (out == NULL)
+            r = -1;
+    }
+out:
+    Py_XDECREF(owned);
+    Py_XDECREF(skips);
+    Py_XDECREF(heap);
+    Py_DECREF(root);
+    Py_DECREF(comp);
+    Py_DECREF(comp_id);
+    if (out == NULL && r >= 0)
+        return Py_NewRef(Py_None);
+    return out;
+}
+
+#undef CK_SET
+
+/* setup_clock(IncLockRefResult, DecLockRefResult, DecLockRefParams, NodeNotFound, HandleError,
+ * SWA_ID, MAMBA_ID, SWA_SPLIT_EPOCH): the classes and skip-dict keys the lock paths use. */
+static PyObject *
+core_setup_clock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "setup_clock(IncLockRefResult, DecLockRefResult, "
+                        "DecLockRefParams, NodeNotFound, HandleError, SWA_ID, MAMBA_ID, "
+                        "SWA_SPLIT_EPOCH)");
+        return NULL;
+    }
+    for (int i = 0; i < 5; i++)
+        if (!PyType_Check(args[i])) {
+            PyErr_SetString(PyExc_TypeError, "setup_clock: the first five are classes");
+            return NULL;
+        }
+    for (int i = 5; i < 8; i++)
+        if (!PyLong_CheckExact(args[i])) {
+            PyErr_SetString(PyExc_TypeError, "setup_clock: the skip keys are ints");
+            return NULL;
+        }
+    PyObject **dst[8] = {&g_ck_inc_result, &g_ck_dec_result, &g_ck_dec_params, &g_ck_not_found,
+                         &g_ck_handle_error, &g_ck_swa_id, &g_ck_mamba_id, &g_ck_epoch_key};
+    for (int i = 0; i < 8; i++)
+        Py_XSETREF(*dst[i], Py_NewRef(args[i]));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
     {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
      "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
@@ -4568,6 +5217,15 @@ static PyMethodDef core_methods[] = {
     {"swa_leaf", (PyCFunction)(void (*)(void))core_swa_leaf, METH_FASTCALL,
      "swa_leaf(value, start, length, mapping) -> (value[start:start + length] copied, mapping "
      "at those slots), each a new int64 tensor, or None where the Python path must run"},
+    {"setup_clock", (PyCFunction)(void (*)(void))core_setup_clock, METH_FASTCALL,
+     "setup_clock(IncLockRefResult, DecLockRefResult, DecLockRefParams, NodeNotFound, "
+     "HandleError, SWA_ID, MAMBA_ID, SWA_SPLIT_EPOCH): what clock_inc and clock_dec use"},
+    {"clock_inc", (PyCFunction)(void (*)(void))core_clock_inc, METH_FASTCALL,
+     "clock_inc(cache, node) -> fast/one_aux.py inc_lock_one's result, or None where the "
+     "Python path must run"},
+    {"clock_dec", (PyCFunction)(void (*)(void))core_clock_dec, METH_FASTCALL,
+     "clock_dec(cache, node, params) -> fast/one_aux.py dec_lock_one's result, or None where "
+     "the Python path must run"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -4647,6 +5305,14 @@ PyInit__core(void)
     INTERN(s_split, "split");
     INTERN(s_module_attr, "__module__");
     INTERN(s_qualname, "__qualname__");
+    INTERN(s_ck_one_aux, "_one_aux");  /* (composed tree: clock) */
+    INTERN(s_ck_window, "window");
+    INTERN(s_ck_i, "i");
+    INTERN(s_ck_evictable, "evictable");
+    INTERN(s_ck_protected, "protected");
+    INTERN(s_ck_next_boundary, "_next_boundary");
+    INTERN(s_ck_split_epoch, "_split_epoch");
+    INTERN(s_ck_swa_uuid, "swa_uuid_for_lock");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

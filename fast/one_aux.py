@@ -29,7 +29,7 @@ import torch
 
 from . import compat, keys, policies
 from .cache import STRIDE, _core
-from .components import MAMBA_ID, AuxData
+from .components import MAMBA_ID, SWA_ID, AuxData
 from .components.mamba import mamba_state
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
 from .errors import HandleError, InvalidInput, NodeNotFound
@@ -57,6 +57,9 @@ if _core is not None:
     # the slot offsets of the node, record and LRU-end classes, so the C core's paths of the
     # composed tree read their fields in place (fast/_core.c "Python-node fields")
     _core.setup_pynode(Node, AuxData, type(LruList().head))
+    # the lock paths below in C ("composed tree: clock"): their result classes, errors, keys
+    _core.setup_clock(IncLockRefResult, DecLockRefResult, DecLockRefParams, NodeNotFound,
+                      HandleError, SWA_ID, MAMBA_ID, SWA_SPLIT_EPOCH)
 
 
 def _key_parts(key: Any) -> tuple[array, Any, bool]:
@@ -353,6 +356,16 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
 
 
 def inc_lock_one(cache: Any, node: Any) -> IncLockRefResult:
+    """``inc_lock_one_py`` in C where the C core is built (fast/_core.c "composed tree:
+    clock": the same steps); the Python function where the C one declines the call."""
+    if _core is not None:
+        done = _core.clock_inc(cache, node)
+        if done is not None:
+            return done
+    return inc_lock_one_py(cache, node)
+
+
+def inc_lock_one_py(cache: Any, node: Any) -> IncLockRefResult:
     """``HybridRadixCache.inc_lock_ref`` (``_check_attached``, ``_inc_lock_py``, the
     component's ``lock``).  SWA: one walk takes the Full lock up to the root and, while the
     window is not full, the SWA lock (tombstones skipped and remembered, the window's end
@@ -398,6 +411,16 @@ def _push_unlocked(heap: list, node: Any, twice: bool) -> None:
 
 
 def dec_lock_one(cache: Any, node: Any, params: DecLockRefParams | None) -> DecLockRefResult:
+    """``dec_lock_one_py`` in C where the C core is built (fast/_core.c "composed tree:
+    clock": the same steps); the Python function where the C one declines the call."""
+    if _core is not None:
+        done = _core.clock_dec(cache, node, params)
+        if done is not None:
+            return done
+    return dec_lock_one_py(cache, node, params)
+
+
+def dec_lock_one_py(cache: Any, node: Any, params: DecLockRefParams | None) -> DecLockRefResult:
     """``HybridRadixCache.dec_lock_ref`` (``_dec_full_lock``, the component's ``unlock``, the
     pushes of the new leaves) for ``params`` None or a plain ``DecLockRefParams``.  Every Full
     count is checked first (a refused unlock changes nothing).  SWA: then one walk undoes the
