@@ -57,6 +57,9 @@ if _core is not None:
     # the slot offsets of the node, record and LRU-end classes, so the C core's paths of the
     # composed tree read their fields in place (fast/_core.c "Python-node fields")
     _core.setup_pynode(Node, AuxData, type(LruList().head))
+    _core.one_match_setup(heappush)
+#: :func:`match_one`'s walk in C (fast/_core.c "composed tree: cmatch"), or None: Python's
+_one_match = _core.one_match if _core is not None else None
 
 
 def _key_parts(key: Any) -> tuple[array, Any, bool]:
@@ -101,6 +104,10 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     window = cache._inline_window
     if window == 0 and getattr(params, "cow_mamba", False):
         return None
+    if _one_match is not None:  # (the steps below, in C; None: it left them to this code)
+        result = _one_match(cache, comp, units, ek, window)
+        if result is not None:
+            return result
     root = cache.root_node
     ps = cache.page_size
     n = len(units) - len(units) % ps
