@@ -308,9 +308,12 @@ def test_no_reference_leaks():
     comp = cache.components[0]
     units = one_aux._key_parts(fast.RadixKey(a))[0]
     short = one_aux._key_parts(fast.RadixKey(a[:8]))[0]
-    objs = [cache.root_node, comp.lru.head, cache._empty, cache]
-    for node in list(cache.root_node.children.values()):
-        objs += [node, node.aux[0], node.value]
+    objs = [cache.root_node, comp.lru.head, comp.lru.tail, cache._empty, cache]
+    stack = list(cache.root_node.children.values())
+    while stack:  # every node, its record and its slots
+        node = stack.pop()
+        objs += [node, node.aux[0], node.value, node.aux[0].value, node.last_access_time]
+        stack.extend(node.children.values())
     for _ in range(50):
         one_aux._one_match(cache, comp, units, None, 32)
     cache._heap.clear()
@@ -325,6 +328,23 @@ def test_no_reference_leaks():
     gc.collect()
     assert [sys.getrefcount(o) for o in objs] == counts
     assert _rss() - rss < 4 << 20
+
+
+@needs_core
+@pytest.mark.parametrize("field", ["lock_ref", "aux_lock", "dev_children"])
+def test_leaf_push_reads_each_count(field):
+    """The matched node goes on the heap only when all three of its counts are 0; each count
+    set alone on both twins (a state the request path does not make for ``aux_lock``) must
+    keep it off in both."""
+    t = _twin("swa", 1)
+    a = _pages(1, *range(1, 6))
+    _insert(t, a)
+    for side in (t.c, t.py):
+        (node,) = side.cache.root_node.children.values()
+        setattr(node, field, getattr(node, field) + 1)
+        side.cache._heap.clear()
+    t.match(a)
+    assert t.c.cache._heap == []
 
 
 def _rss() -> int:
