@@ -4505,6 +4505,7 @@ core_pynode_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * offset).  tests/fast/test_one_aux_c_cmatch.py runs this against the Python function.
  */
 
+static PyObject *s_cm_components, *s_cm_window, *s_cm_cow;
 static PyObject *s_cm_lru, *s_cm_head, *s_cm_split, *s_cm_chunk, *s_cm_aux, *s_cm_lock_ref,
     *s_cm_aux_lock, *s_cm_dev_children, *s_cm_stamp, *s_cm_parent, *s_cm_lru_prev,
     *s_cm_lru_next;
@@ -4646,25 +4647,16 @@ cm_child(PyObject *children, const long long *p, Py_ssize_t pos, Py_ssize_t ps, 
     return c;
 }
 
+/* The match after match_one's key and argument checks, over the key's units u[0:ulen]: the
+ * MatchResult (new reference), Py_None (new reference: declined, nothing changed), or NULL
+ * with the error set. */
 static PyObject *
-core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, PyObject *ek,
+         long long window)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "one_match(cache, comp, units, extra_key, window)");
-        return NULL;
-    }
-    PyObject *cache = args[0], *comp = args[1], *units = args[2], *ek = args[3];
-    if (g_pn_type == NULL || g_MatchResult == NULL || g_cm_heappush == NULL
-            || !PyLong_CheckExact(args[4]))
-        Py_RETURN_NONE;  /* (before setup_pynode / setup_api / one_match_setup: Python's) */
-    int ovf;
-    long long window = PyLong_AsLongLongAndOverflow(args[4], &ovf);
-    if (ovf || (window == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    KeyView uk, kv;
-    uk.held = kv.held = 0;
+    int ovf = 0;
+    KeyView kv;
+    kv.held = 0;
     PyObject *root = NULL, *disable = NULL, *node = NULL, *best = NULL, *chunks = NULL;
     PyObject *lru = NULL, *prev = NULL, *cur = NULL, *rec = NULL, *v = NULL, *heap = NULL;
     PyObject *indices = NULL, *branching = NULL, *result = NULL;
@@ -4677,13 +4669,11 @@ core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     long long ps = PyLong_CheckExact(pso) ? PyLong_AsLongLongAndOverflow(pso, &ovf) : 0;
     Py_DECREF(pso);
-    if (!PN_IS(root) || ps < 1 || ovf || key_view(units, &uk) < 0) {
-        PyErr_Clear();
+    if (!PN_IS(root) || ps < 1 || ovf) {
         declined = 1;
         goto done;
     }
-    const long long *u = uk.p;
-    Py_ssize_t n = uk.n - uk.n % (Py_ssize_t)ps;
+    Py_ssize_t n = ulen - ulen % (Py_ssize_t)ps;
     if ((disable = PyObject_GetAttr(cache, s_disable)) == NULL)
         goto done;
     int dis = PyObject_IsTrue(disable);
@@ -4903,7 +4893,6 @@ result:;
     Py_DECREF(targs);
 done:
     key_release(&kv);
-    key_release(&uk);
     Py_XDECREF(root);
     Py_XDECREF(disable);
     Py_XDECREF(node);
@@ -4919,6 +4908,116 @@ done:
     Py_XDECREF(branching);
     if (declined)
         Py_RETURN_NONE;
+    return result;
+}
+
+/* getattr(o, name, None) as a new reference (None where o has no such attribute); NULL with
+ * any other error set. */
+static PyObject *
+cm_getattr_or_none(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        v = Py_NewRef(Py_None);
+    }
+    return v;
+}
+
+/* one_match(cache, params): match_one whole where it does not decline.  The key's parts as
+ * _key_parts makes them, for the two shapes it converts without as_radix_key: uniradix's
+ * RadixKey with an array('q') (read in place), and an object of sglang's RadixKey shape with
+ * a list of exact ints, its extra_key None or a str, its is_bigram a bool (the list read into
+ * C memory once: the same values array('q', ...) holds, no array made).  Anything else (a
+ * bigram, a token that is not an exact int or does not fit int64, another shape, an error
+ * while reading) is declined: the Python function runs from its start, with its checks and
+ * errors.  Then match_one's argument reads (the component, the window, a Mamba
+ * copy-on-write match declined) and cm_match. */
+static PyObject *
+core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "one_match(cache, params)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *params = args[1];
+    if (g_pn_type == NULL || g_MatchResult == NULL || g_RadixKey == NULL || g_array == NULL
+            || g_cm_heappush == NULL)
+        Py_RETURN_NONE;  /* (before setup_pynode / setup_api / one_match_setup: Python's) */
+    KeyView uk;
+    uk.held = 0;
+    long long small[256], *owned = NULL;
+    const long long *u = NULL;
+    Py_ssize_t ulen = 0;
+    PyObject *key = NULL, *toks = NULL, *ek = NULL, *bigram = NULL, *comps = NULL, *comp = NULL;
+    PyObject *wo = NULL, *result = NULL;
+    if ((key = PyObject_GetAttr(params, s_key)) == NULL)
+        goto decline;
+    if ((PyObject *)Py_TYPE(key) == g_RadixKey) {
+        if ((toks = PyObject_GetAttr(key, s_token_ids)) == NULL
+                || (PyObject *)Py_TYPE(toks) != g_array || key_view(toks, &uk) < 0
+                || (ek = PyObject_GetAttr(key, s_extra_key)) == NULL
+                || (bigram = PyObject_GetAttr(key, s_is_bigram)) == NULL)
+            goto decline;
+        int b = PyObject_IsTrue(bigram);
+        if (b != 0)  /* (a bigram: the general path; an error: Python's) */
+            goto decline;
+        u = uk.p;
+        ulen = uk.n;
+    } else {
+        if ((toks = cm_getattr_or_none(key, s_token_ids)) == NULL || !PyList_CheckExact(toks)
+                || (ek = cm_getattr_or_none(key, s_extra_key)) == NULL
+                || (ek != Py_None && !PyUnicode_CheckExact(ek))
+                || (bigram = cm_getattr_or_none(key, s_is_bigram)) == NULL
+                || bigram != Py_False)
+            goto decline;
+        ulen = PyList_GET_SIZE(toks);
+        owned = ulen <= 256 ? small : PyMem_Malloc((size_t)ulen * sizeof(long long));
+        if (owned == NULL)
+            goto decline;
+        for (Py_ssize_t i = 0; i < ulen; i++) {
+            PyObject *x = PyList_GET_ITEM(toks, i);
+            int ovf;
+            if (!PyLong_CheckExact(x))
+                goto decline;
+            owned[i] = PyLong_AsLongLongAndOverflow(x, &ovf);
+            if (ovf)
+                goto decline;
+        }
+        u = owned;
+    }
+    /* comp = cache.components[0]; window = cache._inline_window */
+    if ((comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
+            || (comp = PySequence_GetItem(comps, 0)) == NULL
+            || (wo = PyObject_GetAttr(cache, s_cm_window)) == NULL || !PyLong_CheckExact(wo))
+        goto decline;
+    int ovf;
+    long long window = PyLong_AsLongLongAndOverflow(wo, &ovf);
+    if (ovf)
+        goto decline;
+    if (window == 0) {  /* a Mamba copy-on-write match: the general path's */
+        PyObject *cow = cm_getattr_or_none(params, s_cm_cow);
+        int c = cow == NULL ? -1 : PyObject_IsTrue(cow);
+        Py_XDECREF(cow);
+        if (c != 0)
+            goto decline;
+    }
+    result = cm_match(cache, comp, u, ulen, ek, window);
+    goto done;
+decline:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+done:
+    key_release(&uk);
+    if (owned != NULL && owned != small)
+        PyMem_Free(owned);
+    Py_XDECREF(key);
+    Py_XDECREF(toks);
+    Py_XDECREF(ek);
+    Py_XDECREF(bigram);
+    Py_XDECREF(comps);
+    Py_XDECREF(comp);
+    Py_XDECREF(wo);
     return result;
 }
 
@@ -5015,7 +5114,7 @@ static PyMethodDef core_methods[] = {
      "swa_leaf(value, start, length, mapping) -> (value[start:start + length] copied, mapping "
      "at those slots), each a new int64 tensor, or None where the Python path must run"},
     {"one_match", (PyCFunction)(void (*)(void))core_one_match, METH_FASTCALL,
-     "one_match(cache, comp, units, extra_key, window) -> fast/one_aux.py match_one's "
+     "one_match(cache, params) -> fast/one_aux.py match_one's "
      "MatchResult, or None (nothing changed) where the Python function must run"},
     {"one_match_setup", (PyCFunction)(void (*)(void))core_one_match_setup, METH_FASTCALL,
      "one_match_setup(heappush): heapq.heappush, for one_match's push onto a heap that is "
@@ -5111,6 +5210,9 @@ PyInit__core(void)
     INTERN(s_cm_parent, "parent");
     INTERN(s_cm_lru_prev, "lru_prev");
     INTERN(s_cm_lru_next, "lru_next");
+    INTERN(s_cm_components, "components");
+    INTERN(s_cm_window, "_inline_window");
+    INTERN(s_cm_cow, "cow_mamba");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

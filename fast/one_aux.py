@@ -97,6 +97,10 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     Mamba: a state on the node, the same rule with a window of 0), and ``path_to_front``,
     ``_stamp_path`` and the leaf push of the matched node in one walk up.  None for what it
     leaves to the general path: an EAGLE bigram key and a Mamba copy-on-write match."""
+    if _one_match is not None:  # (all of it in C; None: it left the call to this code)
+        result = _one_match(cache, params)
+        if result is not None:
+            return result
     units, ek, bigram = _key_parts(params.key)
     if bigram:
         return None
@@ -104,10 +108,6 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     window = cache._inline_window
     if window == 0 and getattr(params, "cow_mamba", False):
         return None
-    if _one_match is not None:  # (the steps below, in C; None: it left them to this code)
-        result = _one_match(cache, comp, units, ek, window)
-        if result is not None:
-            return result
     root = cache.root_node
     ps = cache.page_size
     n = len(units) - len(units) % ps

@@ -163,15 +163,32 @@ class Twin:
         assert state(self.c.cache) == state(self.py.cache), step
         return outs[0]
 
-    def match(self, tokens, extra_key=None):
-        """A match on both caches directly (the whole result, the nodes as paths)."""
+    def match(self, tokens, extra_key=None, key=None):
+        """A match on both caches directly (the whole result, the nodes as paths, or the
+        error); ``key``: the key object to pass (default: a RadixKey of the tokens)."""
         params = fast.MatchPrefixParams(key=fast.RadixKey(list(tokens), extra_key))
-        a = result_view(self.c.cache.match_prefix(params))
-        with python_match():
-            b = result_view(self.py.cache.match_prefix(params))
-        assert a == b
+        if key is not None:
+            params.key = key
+        outs = []
+        for side in (self.c, self.py):
+            try:
+                if side is self.py:
+                    with python_match():
+                        outs.append(result_view(side.cache.match_prefix(params)))
+                else:
+                    outs.append(result_view(side.cache.match_prefix(params)))
+            except Exception as e:  # noqa: BLE001 - the two must raise alike
+                outs.append(("raised", type(e), str(e)))
+        assert outs[0] == outs[1]
         assert state(self.c.cache) == state(self.py.cache)
-        return a
+        return outs[0]
+
+
+class SglKey:
+    """An object of sglang's RadixKey shape (what a scheduler passes): a list of token ids."""
+
+    def __init__(self, token_ids, extra_key=None, is_bigram=False):
+        self.token_ids, self.extra_key, self.is_bigram = token_ids, extra_key, is_bigram
 
 
 def _pages(ps: int, *ids: int) -> list:
@@ -275,6 +292,42 @@ def test_disabled_cache_and_errors(monkeypatch):
 
 
 @needs_core
+@pytest.mark.parametrize("ps", [1, 16])
+def test_key_shapes(ps, monkeypatch):
+    """The key read in C (uniradix's RadixKey in place, sglang's shape with a list of ints
+    read once) and what it leaves to the Python code, which converts or refuses it: the same
+    answers and errors either way."""
+    counting = Counting(one_aux._one_match)
+    monkeypatch.setattr(one_aux, "_one_match", counting)
+    t = _twin("swa", ps)
+    a = _pages(ps, *range(1, 6))
+    _insert(t, a)
+    _insert(t, a[: 2 * ps] + _pages(ps, 8), extra_key="ns")
+    t.match(a, key=SglKey(list(a)))
+    t.match(a, key=SglKey(a[: 3 * ps] + _pages(ps, 9)))  # a split
+    t.match(a, key=SglKey(a[: 2 * ps] + _pages(ps, 8), "ns"))
+    t.match(a, key=SglKey(list(a), None, True))  # a bigram: the general path
+    assert counting.taken == 3 and counting.calls == 4
+    declined = [
+        SglKey([True] + a[1:]),  # a bool: refused
+        SglKey([a[0], 2 ** 70] + a[2:]),  # too large for int64: refused
+        SglKey(tuple(a)),  # a tuple: converted by as_radix_key
+        SglKey(list(a), b"ns"),  # an extra_key that is not a str
+        SglKey(list(a), None, 0),  # an is_bigram that is not a bool
+        SglKey(list(map(type("Tok", (int,), {}), a))),  # an int subclass: array converts it
+        fast.RadixKey(a, is_bigram=True),
+        object(),  # no token ids
+    ]
+    for key in declined:
+        t.match(a, key=key)
+    assert counting.taken == 3 and counting.calls == 4 + len(declined)
+    ours = fast.RadixKey(a)
+    ours.token_ids = list(a)  # not an array: converted by the Python code
+    t.match(a, key=ours)
+    assert counting.taken == 3
+
+
+@needs_core
 def test_declines_change_nothing():
     """What the C walk leaves to the Python code (a node it may not read by offset, a key
     that is not an array) comes back None with nothing changed."""
@@ -282,18 +335,26 @@ def test_declines_change_nothing():
     a = _pages(1, *range(1, 6))
     _insert(t, a)
     cache = t.c.cache
-    comp = cache.components[0]
-    units = one_aux._key_parts(fast.RadixKey(a))[0]
+    params = fast.MatchPrefixParams(key=fast.RadixKey(a))
     node = next(iter(cache.root_node.children.values()))
     before = state(cache)
+    key = node.key
     node.key = list(node.key)  # (EAGLE's shape: match_step_py's)
-    assert one_aux._one_match(cache, comp, units, None, cache._inline_window) is None
-    node.key = units[: len(node.key)]
+    assert one_aux._one_match(cache, params) is None
+    node.key = key
     assert state(cache) == before
-    assert one_aux._one_match(cache, comp, list(a), None, cache._inline_window) is None
-    assert one_aux._one_match(cache, comp, units, None, 2 ** 80) is None
+    rec = node.aux
+    node.aux = [rec[0]]  # a list, not a tuple: Python's indexing, not the offset
+    assert one_aux._one_match(cache, params) is None
+    node.aux = rec
+    cache._inline_window = 2 ** 80
+    assert one_aux._one_match(cache, params) is None
+    cache._inline_window = 0
+    params.cow_mamba = True  # (Mamba's copy-on-write: the general path)
+    assert one_aux._one_match(cache, params) is None
     assert state(cache) == before
-    assert one_aux._one_match(cache, comp, units, None, cache._inline_window) is not None
+    params.cow_mamba = False
+    assert one_aux._one_match(cache, params) is not None
 
 
 @needs_core
@@ -306,8 +367,9 @@ def test_no_reference_leaks():
     _insert(t, a[:48] + _pages(16, 20, 21))
     cache = t.c.cache
     comp = cache.components[0]
-    units = one_aux._key_parts(fast.RadixKey(a))[0]
-    short = one_aux._key_parts(fast.RadixKey(a[:8]))[0]
+    params = fast.MatchPrefixParams(key=SglKey(a))
+    short = fast.MatchPrefixParams(key=fast.RadixKey(a[:8]))
+    long_ = fast.MatchPrefixParams(key=SglKey(a * 3))  # (over 256 tokens: C memory)
     objs = [cache.root_node, comp.lru.head, comp.lru.tail, cache._empty, cache]
     stack = list(cache.root_node.children.values())
     while stack:  # every node, its record and its slots
@@ -315,15 +377,17 @@ def test_no_reference_leaks():
         objs += [node, node.aux[0], node.value, node.aux[0].value, node.last_access_time]
         stack.extend(node.children.values())
     for _ in range(50):
-        one_aux._one_match(cache, comp, units, None, 32)
+        one_aux._one_match(cache, params)
     cache._heap.clear()
     gc.collect()
     counts = [sys.getrefcount(o) for o in objs]
     rss = _rss()
     for _ in range(20000):
-        r = one_aux._one_match(cache, comp, units, None, 32)
-        one_aux._one_match(cache, comp, short, None, 32)
+        r = one_aux._one_match(cache, params)
+        one_aux._one_match(cache, short)
+        one_aux._one_match(cache, long_)
         cache._heap.clear()
+    assert r is not None and len(r.device_indices) == len(a)
     del r
     gc.collect()
     assert [sys.getrefcount(o) for o in objs] == counts
