@@ -4925,10 +4925,11 @@ cm_getattr_or_none(PyObject *o, PyObject *name)
 }
 
 /* one_match(cache, params): match_one whole where it does not decline.  The key's parts as
- * _key_parts makes them, for the two shapes it converts without as_radix_key: uniradix's
- * RadixKey with an array('q') (read in place), and an object of sglang's RadixKey shape with
- * a list of exact ints, its extra_key None or a str, its is_bigram a bool (the list read into
- * C memory once: the same values array('q', ...) holds, no array made).  Anything else (a
+ * _key_parts makes them, for three shapes: uniradix's RadixKey with an array (read in place);
+ * an object of sglang's RadixKey shape with an array('q') (as_radix_key keeps that array: read
+ * in place); the same shape with a list of exact ints, its extra_key None or a str, its
+ * is_bigram a bool (the list read into C memory once: the values array('q', ...) holds, no
+ * array made).  Anything else (a
  * bigram, a token that is not an exact int or does not fit int64, another shape, an error
  * while reading) is declined: the Python function runs from its start, with its checks and
  * errors.  Then match_one's argument reads (the component, the window, a Mamba
@@ -4964,8 +4965,19 @@ core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto decline;
         u = uk.p;
         ulen = uk.n;
+    } else if ((toks = cm_getattr_or_none(key, s_token_ids)) != NULL
+               && (PyObject *)Py_TYPE(toks) == g_array) {
+        /* (as_radix_key: the same array where its typecode is 'q'; its three attributes read
+         * without defaults, the extra key None or a str, the bigram flag a bool) */
+        if (key_view(toks, &uk) < 0 || uk.buf.format[0] != 'q'
+                || (ek = PyObject_GetAttr(key, s_extra_key)) == NULL
+                || (ek != Py_None && !PyUnicode_CheckExact(ek))
+                || (bigram = PyObject_GetAttr(key, s_is_bigram)) == NULL || bigram != Py_False)
+            goto decline;
+        u = uk.p;
+        ulen = uk.n;
     } else {
-        if ((toks = cm_getattr_or_none(key, s_token_ids)) == NULL || !PyList_CheckExact(toks)
+        if (toks == NULL || !PyList_CheckExact(toks)
                 || (ek = cm_getattr_or_none(key, s_extra_key)) == NULL
                 || (ek != Py_None && !PyUnicode_CheckExact(ek))
                 || (bigram = cm_getattr_or_none(key, s_is_bigram)) == NULL

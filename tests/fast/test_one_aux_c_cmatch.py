@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+from array import array
 import sys
 from contextlib import contextmanager
 
@@ -184,6 +185,13 @@ class Twin:
         return outs[0]
 
 
+class NoExtra:
+    """A key with token ids and no other attribute."""
+
+    def __init__(self, token_ids):
+        self.token_ids = token_ids
+
+
 class SglKey:
     """An object of sglang's RadixKey shape (what a scheduler passes): a list of token ids."""
 
@@ -306,8 +314,10 @@ def test_key_shapes(ps, monkeypatch):
     t.match(a, key=SglKey(list(a)))
     t.match(a, key=SglKey(a[: 3 * ps] + _pages(ps, 9)))  # a split
     t.match(a, key=SglKey(a[: 2 * ps] + _pages(ps, 8), "ns"))
+    t.match(a, key=SglKey(array("q", a)))  # (how the bench calls it: an array)
+    t.match(a, key=SglKey(array("q", a[: 2 * ps] + _pages(ps, 8)), "ns"))
     t.match(a, key=SglKey(list(a), None, True))  # a bigram: the general path
-    assert counting.taken == 3 and counting.calls == 4
+    assert counting.taken == 5 and counting.calls == 6
     declined = [
         SglKey([True] + a[1:]),  # a bool: refused
         SglKey([a[0], 2 ** 70] + a[2:]),  # too large for int64: refused
@@ -317,14 +327,19 @@ def test_key_shapes(ps, monkeypatch):
         SglKey(list(map(type("Tok", (int,), {}), a))),  # an int subclass: array converts it
         fast.RadixKey(a, is_bigram=True),
         object(),  # no token ids
+        SglKey(array("l", a)),  # an array of another typecode: refused
+        SglKey(array("q", a), type("Ns", (str,), {})("ns")),  # a str subclass: converted
+        SglKey(array("q", a), None, None),  # an is_bigram that is not a bool: refused
+        SglKey(array("q", a), None, True),  # a bigram: the general path
+        NoExtra(array("q", a)),  # no extra_key: refused
     ]
     for key in declined:
         t.match(a, key=key)
-    assert counting.taken == 3 and counting.calls == 4 + len(declined)
+    assert counting.taken == 5 and counting.calls == 6 + len(declined)
     ours = fast.RadixKey(a)
     ours.token_ids = list(a)  # not an array: converted by the Python code
     t.match(a, key=ours)
-    assert counting.taken == 3
+    assert counting.taken == 5
 
 
 @needs_core
@@ -370,6 +385,7 @@ def test_no_reference_leaks():
     params = fast.MatchPrefixParams(key=SglKey(a))
     short = fast.MatchPrefixParams(key=fast.RadixKey(a[:8]))
     long_ = fast.MatchPrefixParams(key=SglKey(a * 3))  # (over 256 tokens: C memory)
+    arr = fast.MatchPrefixParams(key=SglKey(array("q", a)))
     objs = [cache.root_node, comp.lru.head, comp.lru.tail, cache._empty, cache]
     stack = list(cache.root_node.children.values())
     while stack:  # every node, its record and its slots
@@ -386,6 +402,7 @@ def test_no_reference_leaks():
         r = one_aux._one_match(cache, params)
         one_aux._one_match(cache, short)
         one_aux._one_match(cache, long_)
+        one_aux._one_match(cache, arr)
         cache._heap.clear()
     assert r is not None and len(r.device_indices) == len(a)
     del r
