@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from array import array
 import sys
+from array import array
 from contextlib import contextmanager
 
 import pytest
