@@ -5137,6 +5137,563 @@ core_setup_clock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* composed tree: cmatch                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * one_match(cache, comp, units, extra_key, window): fast/one_aux.py match_one after its key
+ * and argument checks (the composed tree with one SWA or Mamba component, no host tier, the
+ * lru order), the same steps in the same order: the walk down with match_step's step (a split
+ * through the cache's own _split, a Python call), the matched path's records to the front of
+ * the component's LRU list and its stamps in one walk up, the matched node's leaf push, the
+ * concatenation, the Mamba branching length, the MatchResult.  None, having changed nothing,
+ * for what it leaves to the Python function: anything on the walk down that is not exactly a
+ * Node, its AuxData and a dict of children with an array('q') key (the walk down changes
+ * nothing until its last step's split).  After the split, an object of another class is read
+ * and written through Python's attribute access, as the Python function would (never by
+ * offset).  tests/fast/test_one_aux_c_cmatch.py runs this against the Python function.
+ */
+
+static PyObject *s_cm_components, *s_cm_window, *s_cm_cow;
+static PyObject *s_cm_lru, *s_cm_head, *s_cm_split, *s_cm_chunk, *s_cm_aux, *s_cm_lock_ref,
+    *s_cm_aux_lock, *s_cm_dev_children, *s_cm_stamp, *s_cm_parent, *s_cm_lru_prev,
+    *s_cm_lru_next;
+static PyObject *g_cm_heappush = NULL;  /* heapq.heappush: a heap that is not a list */
+
+/* A field of o: through its slot where off > 0 (the caller checked o's class), else Python's
+ * attribute access.  New reference; NULL with the error set. */
+static PyObject *
+cm_get(PyObject *o, Py_ssize_t off, PyObject *name)
+{
+    if (off > 0) {
+        PyObject *v = SLOT_AT(o, off);
+        if (v == NULL) {
+            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
+                         Py_TYPE(o)->tp_name, name);
+            return NULL;
+        }
+        return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+/* o.name = v (borrowed): through its slot where off > 0, else Python's; 0 or -1. */
+static int
+cm_set(PyObject *o, Py_ssize_t off, PyObject *name, PyObject *v)
+{
+    if (off > 0) {
+        pyslot_set(o, off, v);
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
+}
+
+#define CM_OFF(o, field) (PN_IS(o) ? (field) : 0)
+
+/* node.aux[0] (new reference), as Python indexes it. */
+static PyObject *
+cm_rec(PyObject *node)
+{
+    PyObject *aux = cm_get(node, CM_OFF(node, PN_aux), s_cm_aux);
+    if (aux == NULL)
+        return NULL;
+    PyObject *rec = PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) > 0
+        ? Py_NewRef(PyTuple_GET_ITEM(aux, 0)) : PySequence_GetItem(aux, 0);
+    Py_DECREF(aux);
+    return rec;
+}
+
+/* `o == 0` for a count field: 1, 0, or -1 on error. */
+static int
+cm_is_zero(PyObject *o)
+{
+    if (PyLong_CheckExact(o)) {
+        int ovf;
+        long long x = PyLong_AsLongLongAndOverflow(o, &ovf);
+        return !ovf && x == 0;
+    }
+    return PyObject_RichCompareBool(o, s_zero, Py_EQ);
+}
+
+/* node.<field> == 0: 1, 0, or -1. */
+static int
+cm_field_zero(PyObject *node, Py_ssize_t field, PyObject *name)
+{
+    PyObject *v = cm_get(node, CM_OFF(node, field), name);
+    if (v == NULL)
+        return -1;
+    int r = cm_is_zero(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* LruList.move_after, inlined as match_one writes it: rec out of its place, then between prev
+ * and prev's next; the reads and writes in Python's order (each link's offset where the
+ * object is an AuxData or a sentinel, else Python's attribute access).  0 or -1. */
+static int
+cm_move_after(PyObject *rec, PyObject *prev)
+{
+    int rc = -1;
+    PyObject *a = NULL, *b = NULL, *nxt = NULL;
+    /* rec.lru_prev.lru_next = rec.lru_next */
+    if ((b = cm_get(rec, lru_next_off(rec), s_cm_lru_next)) == NULL
+            || (a = cm_get(rec, lru_prev_off(rec), s_cm_lru_prev)) == NULL
+            || cm_set(a, lru_next_off(a), s_cm_lru_next, b) < 0)
+        goto done;
+    Py_CLEAR(a);
+    Py_CLEAR(b);
+    /* rec.lru_next.lru_prev = rec.lru_prev */
+    if ((a = cm_get(rec, lru_prev_off(rec), s_cm_lru_prev)) == NULL
+            || (b = cm_get(rec, lru_next_off(rec), s_cm_lru_next)) == NULL
+            || cm_set(b, lru_prev_off(b), s_cm_lru_prev, a) < 0)
+        goto done;
+    /* nxt = prev.lru_next; rec.lru_prev, rec.lru_next = prev, nxt */
+    if ((nxt = cm_get(prev, lru_next_off(prev), s_cm_lru_next)) == NULL
+            || cm_set(rec, lru_prev_off(rec), s_cm_lru_prev, prev) < 0
+            || cm_set(rec, lru_next_off(rec), s_cm_lru_next, nxt) < 0)
+        goto done;
+    /* prev.lru_next = nxt.lru_prev = rec */
+    if (cm_set(prev, lru_next_off(prev), s_cm_lru_next, rec) < 0
+            || cm_set(nxt, lru_prev_off(nxt), s_cm_lru_prev, rec) < 0)
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(nxt);
+    return rc;
+}
+
+/* The child of an exact Node's children dict holding the page of p[pos:] (borrowed), NULL if
+ * none (or with an error set): match_step's lookup, with the Full core's probe at page size
+ * > 1 where it is on (the same dict answer without building the page tuple). */
+static PyObject *
+cm_child(PyObject *children, const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyObject *ek)
+{
+#ifdef HAVE_PROBE
+    if (ps > 1 && g_probe != NULL && PyDict_GET_SIZE(children) > 0) {
+        Py_hash_t h;
+        PyObject *e = IS_NONE(ek) ? NULL : ek;
+        int r = page_hash(p + pos, ps, e, &h);
+        if (r < 0)
+            return NULL;
+        if (r > 0) {
+            g_probe->p = p + pos;
+            g_probe->ps = ps;
+            g_probe->ek = e;
+            PyObject *c = _PyDict_GetItem_KnownHash(children, (PyObject *)g_probe, h);
+            g_probe->p = NULL;
+            g_probe->ek = NULL;
+            return c;
+        }
+    }
+#endif
+    PyObject *ck = child_key(p, pos, ps, ek);
+    if (ck == NULL)
+        return NULL;
+    PyObject *c = PyDict_GetItemWithError(children, ck);
+    Py_DECREF(ck);
+    return c;
+}
+
+/* The match after match_one's key and argument checks, over the key's units u[0:ulen]: the
+ * MatchResult (new reference), Py_None (new reference: declined, nothing changed), or NULL
+ * with the error set. */
+static PyObject *
+cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, PyObject *ek,
+         long long window)
+{
+    int ovf = 0;
+    KeyView kv;
+    kv.held = 0;
+    PyObject *root = NULL, *disable = NULL, *node = NULL, *best = NULL, *chunks = NULL;
+    PyObject *lru = NULL, *prev = NULL, *cur = NULL, *rec = NULL, *v = NULL, *heap = NULL;
+    PyObject *indices = NULL, *branching = NULL, *result = NULL;
+    int declined = 0;
+    /* root = cache.root_node; ps = cache.page_size; n = whole pages of units */
+    if ((root = PyObject_GetAttr(cache, s_root_node)) == NULL)
+        return NULL;
+    PyObject *pso = PyObject_GetAttr(cache, s_page_size);
+    if (pso == NULL)
+        goto done;
+    long long ps = PyLong_CheckExact(pso) ? PyLong_AsLongLongAndOverflow(pso, &ovf) : 0;
+    Py_DECREF(pso);
+    if (!PN_IS(root) || ps < 1 || ovf) {
+        declined = 1;
+        goto done;
+    }
+    Py_ssize_t n = ulen - ulen % (Py_ssize_t)ps;
+    if ((disable = PyObject_GetAttr(cache, s_disable)) == NULL)
+        goto done;
+    int dis = PyObject_IsTrue(disable);
+    if (dis < 0)
+        goto done;
+    if (dis || n == 0) {
+        if ((indices = PyObject_GetAttr(cache, s_empty)) == NULL)
+            goto done;
+        best = Py_NewRef(root);
+        goto result;
+    }
+    /* the walk down: read only until its last step's split */
+    if ((chunks = PyList_New(0)) == NULL)
+        goto done;
+    node = Py_NewRef(root);
+    best = Py_NewRef(root);
+    Py_ssize_t pos = 0, best_chunks = 0;
+    long long run = 0;
+    int run_inf = 1;  /* (Python's float('inf'): no tombstone met yet) */
+    while (pos < n) {
+        PyObject *children = SLOT_AT(node, PN_children);
+        if (children == NULL || !PyDict_CheckExact(children)) {
+            declined = 1;
+            goto done;
+        }
+        PyObject *child = cm_child(children, u, pos, (Py_ssize_t)ps, ek);  /* borrowed */
+        if (child == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
+        if (!PN_IS(child) || SLOT_AT(child, PN_value) == NULL || SLOT_AT(child, PN_key) == NULL) {
+            declined = 1;
+            goto done;
+        }
+        if (IS_NONE(SLOT_AT(child, PN_value)))
+            break;
+        Py_INCREF(child);
+        if (key_view(SLOT_AT(child, PN_key), &kv) < 0) {  /* (EAGLE's lists: match_step_py) */
+            PyErr_Clear();
+            Py_DECREF(child);
+            declined = 1;
+            goto done;
+        }
+        Py_ssize_t k = kv.n;
+        int split = !(pos + k <= n && memcmp(u + pos, kv.p, (size_t)k * sizeof(long long)) == 0);
+        if (split)
+            k = shared_pages(kv.p, kv.n, u + pos, n - pos, (Py_ssize_t)ps);
+        key_release(&kv);
+        if (!split) {
+            /* checked before anything changes: its record is an AuxData (the Python function
+             * reads the same fields; another class goes there) */
+            PyObject *aux = SLOT_AT(child, PN_aux);
+            if (aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) < 1
+                    || !AD_IS(PyTuple_GET_ITEM(aux, 0))
+                    || SLOT_AT(PyTuple_GET_ITEM(aux, 0), AD_value) == NULL) {
+                Py_DECREF(child);
+                declined = 1;
+                goto done;
+            }
+        } else {
+            /* child = cache._split(child, k): the one change of the walk down, its last step */
+            PyObject *ko = PyLong_FromSsize_t(k);
+            PyObject *upper = ko == NULL ? NULL
+                : PyObject_CallMethodObjArgs(cache, s_cm_split, child, ko, NULL);
+            Py_XDECREF(ko);
+            Py_DECREF(child);
+            if (upper == NULL)
+                goto done;
+            child = upper;
+        }
+        /* chunks.append(child.value); node, pos = child, pos + k */
+        if ((v = cm_get(child, CM_OFF(child, PN_value), s_value)) == NULL
+                || PyList_Append(chunks, v) < 0) {
+            Py_DECREF(child);
+            goto done;
+        }
+        Py_CLEAR(v);
+        Py_SETREF(node, child);
+        pos += k;
+        /* the validator's rule: a run of component data reaching the window */
+        if ((rec = cm_rec(child)) == NULL)
+            goto done;
+        v = cm_get(rec, AD_IS(rec) ? AD_value : 0, s_value);
+        Py_CLEAR(rec);
+        if (v == NULL)
+            goto done;
+        if (IS_NONE(v)) {
+            run_inf = 0;
+            run = 0;
+        } else {
+            run += k;
+            if (run_inf || run >= window) {
+                Py_INCREF(child);
+                Py_SETREF(best, child);
+                best_chunks = PyList_GET_SIZE(chunks);
+            }
+        }
+        Py_CLEAR(v);
+        if (split)  /* the match ends inside the old node */
+            break;
+    }
+    /* the matched path: its records to the front of the list (node first), its stamps (the
+     * node newest, each ancestor one older, the root included) */
+    if ((lru = PyObject_GetAttr(comp, s_cm_lru)) == NULL
+            || (prev = PyObject_GetAttr(lru, s_cm_head)) == NULL)
+        goto done;
+    long long clock;
+    if (get_ll(cache, s_clock, &clock) < 0)
+        goto done;
+    clock += g_stride;
+    if (set_ll(cache, s_clock, clock) < 0)
+        goto done;
+    cur = Py_NewRef(best);
+    while (cur != root) {
+        if ((v = PyLong_FromLongLong(clock)) == NULL
+                || cm_set(cur, CM_OFF(cur, PN_last_access_time), s_cm_stamp, v) < 0)
+            goto done;
+        Py_CLEAR(v);
+        clock -= 1;
+        if ((rec = cm_rec(cur)) == NULL
+                || (v = cm_get(rec, AD_IS(rec) ? AD_value : 0, s_value)) == NULL)
+            goto done;
+        int held = !IS_NONE(v);
+        Py_CLEAR(v);
+        if (held) {  /* (LruList.move_after, inlined) */
+            if (cm_move_after(rec, prev) < 0)
+                goto done;
+            Py_SETREF(prev, rec);
+            rec = NULL;
+        } else {
+            Py_CLEAR(rec);
+        }
+        PyObject *up = cm_get(cur, CM_OFF(cur, PN_parent), s_cm_parent);
+        if (up == NULL)
+            goto done;
+        Py_SETREF(cur, up);
+    }
+    if ((v = PyLong_FromLongLong(clock)) == NULL
+            || cm_set(root, PN_last_access_time, s_cm_stamp, v) < 0)
+        goto done;
+    Py_CLEAR(v);
+    if (best != root) {  /* (``_push_if_leaf``: it holds data, it is attached) */
+        int leaf = cm_field_zero(best, PN_lock_ref, s_cm_lock_ref);
+        if (leaf > 0)
+            leaf = cm_field_zero(best, PN_aux_lock, s_cm_aux_lock);
+        if (leaf > 0)
+            leaf = cm_field_zero(best, PN_dev_children, s_cm_dev_children);
+        if (leaf < 0)
+            goto done;
+        if (leaf) {
+            if ((heap = PyObject_GetAttr(cache, s_heap)) == NULL
+                    || (v = cm_get(best, CM_OFF(best, PN_last_access_time), s_cm_stamp)) == NULL)
+                goto done;
+            PyObject *entry = PyTuple_Pack(2, v, best);
+            Py_CLEAR(v);
+            if (entry == NULL)
+                goto done;
+            int r;
+            if (PyList_CheckExact(heap)) {
+                r = heap_push(heap, entry);
+            } else {
+                PyObject *a[2] = {heap, entry};
+                r = discard(PyObject_Vectorcall(g_cm_heappush, a, 2, NULL));
+            }
+            Py_DECREF(entry);
+            if (r < 0)
+                goto done;
+        }
+    }
+    if (best_chunks == 0) {
+        if ((indices = PyObject_GetAttr(cache, s_empty)) == NULL)
+            goto done;
+    } else if (best_chunks == 1) {
+        indices = Py_NewRef(PyList_GET_ITEM(chunks, 0));
+    } else {
+        PyObject *part = best_chunks == PyList_GET_SIZE(chunks) ? Py_NewRef(chunks)
+            : PyList_GetSlice(chunks, 0, best_chunks);
+        if (part == NULL)
+            goto done;
+        indices = concat_values(part, NULL);
+        Py_DECREF(part);
+        if (indices == NULL)
+            goto done;
+    }
+    if (window == 0 && PyList_GET_SIZE(chunks) > best_chunks) {
+        /* Mamba: the walk went past the state; the chunk-aligned length it reached */
+        PyObject *c = PyObject_GetAttr(cache, s_cm_chunk);
+        PyObject *p = c == NULL ? NULL : PyLong_FromSsize_t(pos);
+        PyObject *q = p == NULL ? NULL : PyNumber_FloorDivide(p, c);
+        PyObject *aligned = q == NULL ? NULL : PyNumber_Multiply(q, c);
+        Py_XDECREF(c);
+        Py_XDECREF(p);
+        Py_XDECREF(q);
+        if (aligned == NULL)
+            goto done;
+        int pos_ = PyObject_RichCompareBool(aligned, s_zero, Py_GT);
+        if (pos_ < 0) {
+            Py_DECREF(aligned);
+            goto done;
+        }
+        if (pos_)
+            branching = aligned;
+        else
+            Py_DECREF(aligned);
+    }
+result:;
+    PyObject *items = PyTuple_Pack(9, indices, best, best, best, s_zero, s_zero, s_zero,
+                                   branching != NULL ? branching : Py_None, Py_None);
+    if (items == NULL)
+        goto done;
+    PyObject *targs = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (targs == NULL)
+        goto done;
+    result = PyTuple_Type.tp_new((PyTypeObject *)g_MatchResult, targs, NULL);
+    Py_DECREF(targs);
+done:
+    key_release(&kv);
+    Py_XDECREF(root);
+    Py_XDECREF(disable);
+    Py_XDECREF(node);
+    Py_XDECREF(best);
+    Py_XDECREF(chunks);
+    Py_XDECREF(lru);
+    Py_XDECREF(prev);
+    Py_XDECREF(cur);
+    Py_XDECREF(rec);
+    Py_XDECREF(v);
+    Py_XDECREF(heap);
+    Py_XDECREF(indices);
+    Py_XDECREF(branching);
+    if (declined)
+        Py_RETURN_NONE;
+    return result;
+}
+
+/* getattr(o, name, None) as a new reference (None where o has no such attribute); NULL with
+ * any other error set. */
+static PyObject *
+cm_getattr_or_none(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        v = Py_NewRef(Py_None);
+    }
+    return v;
+}
+
+/* one_match(cache, params): match_one whole where it does not decline.  The key's parts as
+ * _key_parts makes them, for three shapes: uniradix's RadixKey with an array (read in place);
+ * an object of sglang's RadixKey shape with an array('q') (as_radix_key keeps that array: read
+ * in place); the same shape with a list of exact ints, its extra_key None or a str, its
+ * is_bigram a bool (the list read into C memory once: the values array('q', ...) holds, no
+ * array made).  Anything else (a
+ * bigram, a token that is not an exact int or does not fit int64, another shape, an error
+ * while reading) is declined: the Python function runs from its start, with its checks and
+ * errors.  Then match_one's argument reads (the component, the window, a Mamba
+ * copy-on-write match declined) and cm_match. */
+static PyObject *
+core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "one_match(cache, params)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *params = args[1];
+    if (g_pn_type == NULL || g_MatchResult == NULL || g_RadixKey == NULL || g_array == NULL
+            || g_cm_heappush == NULL)
+        Py_RETURN_NONE;  /* (before setup_pynode / setup_api / one_match_setup: Python's) */
+    KeyView uk;
+    uk.held = 0;
+    long long small[256], *owned = NULL;
+    const long long *u = NULL;
+    Py_ssize_t ulen = 0;
+    PyObject *key = NULL, *toks = NULL, *ek = NULL, *bigram = NULL, *comps = NULL, *comp = NULL;
+    PyObject *wo = NULL, *result = NULL;
+    if ((key = PyObject_GetAttr(params, s_key)) == NULL)
+        goto decline;
+    if ((PyObject *)Py_TYPE(key) == g_RadixKey) {
+        if ((toks = PyObject_GetAttr(key, s_token_ids)) == NULL
+                || (PyObject *)Py_TYPE(toks) != g_array || key_view(toks, &uk) < 0
+                || (ek = PyObject_GetAttr(key, s_extra_key)) == NULL
+                || (bigram = PyObject_GetAttr(key, s_is_bigram)) == NULL)
+            goto decline;
+        int b = PyObject_IsTrue(bigram);
+        if (b != 0)  /* (a bigram: the general path; an error: Python's) */
+            goto decline;
+        u = uk.p;
+        ulen = uk.n;
+    } else if ((toks = cm_getattr_or_none(key, s_token_ids)) != NULL
+               && (PyObject *)Py_TYPE(toks) == g_array) {
+        /* (as_radix_key: the same array where its typecode is 'q'; its three attributes read
+         * without defaults, the extra key None or a str, the bigram flag a bool) */
+        if (key_view(toks, &uk) < 0 || uk.buf.format[0] != 'q'
+                || (ek = PyObject_GetAttr(key, s_extra_key)) == NULL
+                || (ek != Py_None && !PyUnicode_CheckExact(ek))
+                || (bigram = PyObject_GetAttr(key, s_is_bigram)) == NULL || bigram != Py_False)
+            goto decline;
+        u = uk.p;
+        ulen = uk.n;
+    } else {
+        if (toks == NULL || !PyList_CheckExact(toks)
+                || (ek = cm_getattr_or_none(key, s_extra_key)) == NULL
+                || (ek != Py_None && !PyUnicode_CheckExact(ek))
+                || (bigram = cm_getattr_or_none(key, s_is_bigram)) == NULL
+                || bigram != Py_False)
+            goto decline;
+        ulen = PyList_GET_SIZE(toks);
+        owned = ulen <= 256 ? small : PyMem_Malloc((size_t)ulen * sizeof(long long));
+        if (owned == NULL)
+            goto decline;
+        for (Py_ssize_t i = 0; i < ulen; i++) {
+            PyObject *x = PyList_GET_ITEM(toks, i);
+            int ovf;
+            if (!PyLong_CheckExact(x))
+                goto decline;
+            owned[i] = PyLong_AsLongLongAndOverflow(x, &ovf);
+            if (ovf)
+                goto decline;
+        }
+        u = owned;
+    }
+    /* comp = cache.components[0]; window = cache._inline_window */
+    if ((comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
+            || (comp = PySequence_GetItem(comps, 0)) == NULL
+            || (wo = PyObject_GetAttr(cache, s_cm_window)) == NULL || !PyLong_CheckExact(wo))
+        goto decline;
+    int ovf;
+    long long window = PyLong_AsLongLongAndOverflow(wo, &ovf);
+    if (ovf)
+        goto decline;
+    if (window == 0) {  /* a Mamba copy-on-write match: the general path's */
+        PyObject *cow = cm_getattr_or_none(params, s_cm_cow);
+        int c = cow == NULL ? -1 : PyObject_IsTrue(cow);
+        Py_XDECREF(cow);
+        if (c != 0)
+            goto decline;
+    }
+    result = cm_match(cache, comp, u, ulen, ek, window);
+    goto done;
+decline:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+done:
+    key_release(&uk);
+    if (owned != NULL && owned != small)
+        PyMem_Free(owned);
+    Py_XDECREF(key);
+    Py_XDECREF(toks);
+    Py_XDECREF(ek);
+    Py_XDECREF(bigram);
+    Py_XDECREF(comps);
+    Py_XDECREF(comp);
+    Py_XDECREF(wo);
+    return result;
+}
+
+/* one_match_setup(heappush): heapq.heappush, for a heap that is not a list. */
+static PyObject *
+core_one_match_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "one_match_setup(heappush)");
+        return NULL;
+    }
+    Py_XSETREF(g_cm_heappush, Py_NewRef(args[0]));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
     {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
      "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
@@ -5226,6 +5783,12 @@ static PyMethodDef core_methods[] = {
     {"clock_dec", (PyCFunction)(void (*)(void))core_clock_dec, METH_FASTCALL,
      "clock_dec(cache, node, params) -> fast/one_aux.py dec_lock_one's result, or None where "
      "the Python path must run"},
+    {"one_match", (PyCFunction)(void (*)(void))core_one_match, METH_FASTCALL,
+     "one_match(cache, params) -> fast/one_aux.py match_one's "
+     "MatchResult, or None (nothing changed) where the Python function must run"},
+    {"one_match_setup", (PyCFunction)(void (*)(void))core_one_match_setup, METH_FASTCALL,
+     "one_match_setup(heappush): heapq.heappush, for one_match's push onto a heap that is "
+     "not a list"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -5313,6 +5876,21 @@ PyInit__core(void)
     INTERN(s_ck_next_boundary, "_next_boundary");
     INTERN(s_ck_split_epoch, "_split_epoch");
     INTERN(s_ck_swa_uuid, "swa_uuid_for_lock");
+    INTERN(s_cm_lru, "lru");
+    INTERN(s_cm_head, "head");
+    INTERN(s_cm_split, "_split");
+    INTERN(s_cm_chunk, "mamba_cache_chunk_size");
+    INTERN(s_cm_aux, "aux");
+    INTERN(s_cm_lock_ref, "lock_ref");
+    INTERN(s_cm_aux_lock, "aux_lock");
+    INTERN(s_cm_dev_children, "dev_children");
+    INTERN(s_cm_stamp, "last_access_time");
+    INTERN(s_cm_parent, "parent");
+    INTERN(s_cm_lru_prev, "lru_prev");
+    INTERN(s_cm_lru_next, "lru_next");
+    INTERN(s_cm_components, "components");
+    INTERN(s_cm_window, "_inline_window");
+    INTERN(s_cm_cow, "cow_mamba");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

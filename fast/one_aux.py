@@ -60,6 +60,9 @@ if _core is not None:
     # the lock paths below in C ("composed tree: clock"): their result classes, errors, keys
     _core.setup_clock(IncLockRefResult, DecLockRefResult, DecLockRefParams, NodeNotFound,
                       HandleError, SWA_ID, MAMBA_ID, SWA_SPLIT_EPOCH)
+    _core.one_match_setup(heappush)
+#: :func:`match_one`'s walk in C (fast/_core.c "composed tree: cmatch"), or None: Python's
+_one_match = _core.one_match if _core is not None else None
 
 
 def _key_parts(key: Any) -> tuple[array, Any, bool]:
@@ -97,6 +100,10 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
     Mamba: a state on the node, the same rule with a window of 0), and ``path_to_front``,
     ``_stamp_path`` and the leaf push of the matched node in one walk up.  None for what it
     leaves to the general path: an EAGLE bigram key and a Mamba copy-on-write match."""
+    if _one_match is not None:  # (all of it in C; None: it left the call to this code)
+        result = _one_match(cache, params)
+        if result is not None:
+            return result
     units, ek, bigram = _key_parts(params.key)
     if bigram:
         return None
