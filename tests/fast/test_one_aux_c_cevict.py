@@ -221,10 +221,11 @@ def _run(kind: str, ps: int, seed: int, events: bool, monkeypatch, rounds: int =
     for step in range(rounds):
         r = rng.random()
         if r < 0.2:  # an evict of random size (sometimes more than the tree holds)
-            want, aux = rng.choice((0, ps, 3 * ps, 40 * ps, 2 ** 70)), rng.randrange(0, 12 * ps)
-            outs = [_outcome(lambda c=c: c.evict(fast.EvictParams(
-                num_tokens=want, swa_num_tokens=aux if kind == "swa" else 0,
-                mamba_num=0 if kind == "swa" else aux % 4))) for c, _, _ in twins]
+            aux = rng.randrange(0, 12 * ps)
+            params = fast.EvictParams(
+                num_tokens=rng.choice((0, ps, 3 * ps, 40 * ps, 2 ** 70)),
+                swa_num_tokens=aux if kind == "swa" else 0, mamba_num=0 if kind == "swa" else aux % 4)
+            outs = [_outcome(lambda c=c, p=params: c.evict(p)) for c, _, _ in twins]
         elif r < 0.3 and helds[0]:  # a held lock goes
             i = rng.randrange(len(helds[0]))
             outs = []
@@ -256,7 +257,42 @@ def test_c_loops_equal_the_python_loops(kind, ps, seed, monkeypatch):
     # the C loops ran and did the work: calls that took both Full units and the component's
     assert all(d is not None for d in done)
     assert sum(1 for full, units in done if full and units) >= 3, done
-    assert sum(1 for full, units in done if units and not full) >= 1, done
+
+
+@pytest.mark.parametrize("kind", ["swa", "mamba"])
+@pytest.mark.parametrize("ps", [1, 16])
+def test_internal_records_dropped(kind, ps, monkeypatch):
+    """The LRU loop's other branch: records of internal nodes (a prompt, then longer ones
+    through it) lose their data without their node (SWA: a tombstone, its SWA slots a
+    ``free_swa`` run; Mamba: the state), oldest first, locked ones passed over."""
+    proxy, twins = _twins(kind, ps, 3, True, monkeypatch)
+    base = [1] * ps + [2] * ps
+    held: list[list] = [[], []]
+    for i, tail in enumerate(([], [3] * ps, [4] * ps, [3] * ps + [5] * ps)):
+        outs = [_request(c, a, s, base + tail, 0, h if i == 2 else None)
+                for (c, a, s), h in zip(twins, held, strict=True)]
+        assert outs[0] == outs[1]
+
+    def nodes(cache, internal_with_data: bool) -> set:
+        """The internal nodes holding the component's data, or every node without it."""
+        out, todo = set(), list(cache.root_node.children.values())
+        while todo:
+            node = todo.pop()
+            todo.extend(node.children.values())
+            has = node.aux[0].value is not None
+            if (bool(node.children) and has) if internal_with_data else not has:
+                out.add(_path(node))
+        return out
+
+    before = nodes(twins[0][0], True)
+    assert before
+    outs = [_outcome(lambda c=c: c.evict(fast.EvictParams(
+        num_tokens=0, swa_num_tokens=100 * ps, mamba_num=100))) for c, _, _ in twins]
+    assert outs[0] == outs[1]
+    assert _state(*twins[0]) == _state(*twins[1])
+    assert twins[0][0]._events.seen == twins[1][0]._events.seen
+    assert before & nodes(twins[0][0], False)  # (data dropped, their nodes kept)
+    assert proxy.done[-1] is not None and proxy.done[-1][1] > 0
 
 
 @pytest.mark.parametrize("kind", ["swa", "mamba"])
