@@ -5026,8 +5026,8 @@ ce_amount(PyObject *o)
     return ovf < 0 ? -1 : x;
 }
 
-/* An exact int attribute as a C long long: 1 read, 0 not an exact int or out of range (the
- * call declines), -1 with an error (the attribute is missing: the Python raises it too). */
+/* An exact int attribute as a C long long: 1 read, 0 not an exact int or out of range, -1
+ * with an error (a missing attribute); the call declines for either. */
 static int
 ce_int_attr(PyObject *o, PyObject *name, long long *out)
 {
@@ -5056,16 +5056,16 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
     ev->heap = PyObject_GetAttr(ev->cache, s_heap);
     ev->root = ev->heap == NULL ? NULL : PyObject_GetAttr(ev->cache, s_root_node);
     ev->events = ev->root == NULL ? NULL : PyObject_GetAttr(ev->cache, s_ce_events);
-    if (ev->events == NULL)
-        goto out;  /* (a missing attribute: the Python raises it as well) */
-    if (ev->events == Py_None)
+    int ok = ev->events != NULL;
+    if (ok && ev->events == Py_None)
         Py_CLEAR(ev->events);
-    int ok = ce_int_attr(ev->cache, s_evictable, &ev->cache_ev);
+    if (ok)
+        ok = ce_int_attr(ev->cache, s_evictable, &ev->cache_ev);
     if (ok > 0)
         ok = ce_int_attr(ev->comp, s_ce_comp_evictable, &ev->comp_ev);
-    if (ok < 0)
-        goto out;
-    if (!ok || !PyList_CheckExact(ev->heap) || !PN_IS(ev->root)) {
+    if (ok <= 0 || !PyList_CheckExact(ev->heap) || !PN_IS(ev->root)) {
+        /* (a missing attribute too: the Python path meets it where it reads it) */
+        PyErr_Clear();
         result = Py_NewRef(Py_None);
         goto out;
     }

@@ -341,6 +341,16 @@ def test_declines_change_nothing():
     assert _core.aux_evict_swa(cache, comp, 1, 1, ()) is None
     assert _core.aux_evict_mamba(cache, comp, 1, 1, [], ()) is None
     assert _state(cache, alloc, states) == before
+    for owner, name in ((comp, "evictable"), (cache, "_evictable")):
+        kept = getattr(owner, name)
+        setattr(owner, name, float(kept))  # (a counter that is not an exact int)
+        assert _core.aux_evict_swa(cache, comp, 1, 1, []) is None
+        setattr(owner, name, kept)
+    heap = cache._heap
+    cache._heap = tuple(heap)  # (not a list)
+    assert _core.aux_evict_swa(cache, comp, 1, 1, []) is None
+    cache._heap = heap
+    assert _state(cache, alloc, states) == before
     with pytest.raises(TypeError):
         _core.aux_evict_swa(cache, comp, 1, 1)
     assert _state(cache, alloc, states) == before
