@@ -5694,6 +5694,687 @@ core_one_match_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* composed tree: cevict (fast/one_aux.py evict_swa and _evict_mamba, their loops in C)       */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * An evict of the one-component composed tree (fast/one_aux.py evict_swa, _evict_mamba): the
+ * oldest evictable leaves off the Full leaf heap, then the component's LRU list from its
+ * oldest record, each evicted node's steps written out.  These functions are those two
+ * loops, step for step: the same nodes in the same order, the same heap entries (heapq's own
+ * sift steps, so the list itself is the same), the same LRU unlinks, stamps and counters, the
+ * same pieces queued for the frees, the same event calls.  The frees themselves stay where
+ * the Python has them (the FreeBatch's release, or native_release then fast/frees.py
+ * release): these functions only fill the lists, and the caller hands them back in its
+ * `finally`, also when an error stops the loops half way, as the Python does.
+ *
+ * The counters (cache._evictable, comp.evictable) are kept in C locals and written back once
+ * at the end, on the error path too; where events are on, they are written back before each
+ * events.removed(node) and read again after it, so the callback sees what it sees under the
+ * Python.  A call declines (None, nothing changed) where the arguments are not what the
+ * Python fast path gets (see aux_evict_prepare); anything of the tree that is not exactly a
+ * Node, AuxData or LRU sentinel met half way cannot be declined any more and raises
+ * TypeError (fast/hybrid.py _new_node makes only those).
+ */
+
+static PyObject *s_ce_comp_evictable, *s_ce_lru, *s_ce_head, *s_ce_tail, *s_ce_events,
+    *s_ce_removed, *s_ce_lru_prev;
+
+typedef struct {
+    PyObject *cache, *comp;
+    PyObject *heap;      /* cache._heap: the Full leaf heap (a list with heapq's invariant) */
+    PyObject *root;      /* cache.root_node */
+    PyObject *events;    /* cache._events, or NULL when None */
+    int is_swa;
+    PyObject *runs;      /* SWA: the FreeBatch's runs, [(method, [slots, ...]), ...] */
+    PyObject *kv;        /* Mamba: the deleted leaves' Full slots */
+    PyObject *states;    /* Mamba: the dropped states */
+    long long cache_ev;  /* cache._evictable */
+    long long comp_ev;   /* comp.evictable */
+    long long full;      /* Full units evicted */
+    long long units;     /* the component's units evicted */
+} AuxEvict;
+
+/* a < b for two heap entries, as Python's `<` on them: a fast path for (int, Node) tuples
+ * (the stamp first, then Node.__lt__, which compares ids; the same node is equal to itself),
+ * else Python's comparison. */
+static int
+ce_entry_lt(PyObject *a, PyObject *b)
+{
+    if (PyTuple_CheckExact(a) && PyTuple_CheckExact(b) && PyTuple_GET_SIZE(a) == 2
+            && PyTuple_GET_SIZE(b) == 2) {
+        PyObject *sa = PyTuple_GET_ITEM(a, 0), *sb = PyTuple_GET_ITEM(b, 0);
+        PyObject *na = PyTuple_GET_ITEM(a, 1), *nb = PyTuple_GET_ITEM(b, 1);
+        if (PyLong_CheckExact(sa) && PyLong_CheckExact(sb) && PN_IS(na) && PN_IS(nb)) {
+            int oa, ob;
+            long long x = PyLong_AsLongLongAndOverflow(sa, &oa);
+            long long y = PyLong_AsLongLongAndOverflow(sb, &ob);
+            if (!oa && !ob) {
+                if (x != y)
+                    return x < y;
+                if (na == nb)
+                    return 0;
+                PyObject *ia = SLOT_AT(na, PN_id), *ib = SLOT_AT(nb, PN_id);
+                if (ia != NULL && ib != NULL && PyLong_CheckExact(ia) && PyLong_CheckExact(ib)) {
+                    x = PyLong_AsLongLongAndOverflow(ia, &oa);
+                    y = PyLong_AsLongLongAndOverflow(ib, &ob);
+                    if (!oa && !ob)
+                        return x < y;
+                }
+            }
+        }
+    }
+    return PyObject_RichCompareBool(a, b, Py_LT);
+}
+
+/* heapq's _siftdown(heap, start, pos): the item at pos moves up while it is below its parent. */
+static int
+ce_siftdown(PyObject *heap, Py_ssize_t start, Py_ssize_t pos)
+{
+    Py_ssize_t size = PyList_GET_SIZE(heap);
+    while (pos > start) {
+        Py_ssize_t up = (pos - 1) >> 1;
+        PyObject *item = PyList_GET_ITEM(heap, pos), *parent = PyList_GET_ITEM(heap, up);
+        Py_INCREF(item);
+        Py_INCREF(parent);
+        int lt = ce_entry_lt(item, parent);
+        Py_DECREF(parent);
+        Py_DECREF(item);
+        if (lt < 0)
+            return -1;
+        if (size != PyList_GET_SIZE(heap)) {
+            PyErr_SetString(PyExc_RuntimeError, "list changed size during iteration");
+            return -1;
+        }
+        if (!lt)
+            break;
+        item = PyList_GET_ITEM(heap, pos);  /* (both stay owned by the list: a swap) */
+        PyList_SET_ITEM(heap, pos, PyList_GET_ITEM(heap, up));
+        PyList_SET_ITEM(heap, up, item);
+        pos = up;
+    }
+    return 0;
+}
+
+/* heapq.heappush(heap, entry): entry is borrowed (the list takes its own reference). */
+static int
+ce_heappush(PyObject *heap, PyObject *entry)
+{
+    if (PyList_Append(heap, entry) < 0)
+        return -1;
+    return ce_siftdown(heap, 0, PyList_GET_SIZE(heap) - 1);
+}
+
+/* heapq.heappop(heap) of a non-empty list (new reference): the last item goes to the top,
+ * the smaller child moves up until a leaf is reached (heapq's _siftup), then it moves back
+ * up (_siftdown) -- heapq's steps, so the list is left as heapq leaves it. */
+static PyObject *
+ce_heappop(PyObject *heap)
+{
+    Py_ssize_t n = PyList_GET_SIZE(heap);
+    PyObject *last = PyList_GET_ITEM(heap, n - 1);
+    Py_INCREF(last);
+    if (PyList_SetSlice(heap, n - 1, n, NULL) < 0) {
+        Py_DECREF(last);
+        return NULL;
+    }
+    n--;
+    if (n == 0)
+        return last;
+    PyObject *top = PyList_GET_ITEM(heap, 0);  /* the list's reference moves to us */
+    PyList_SET_ITEM(heap, 0, last);            /* and ours of `last` to the list */
+    Py_ssize_t pos = 0, limit = n >> 1;
+    while (pos < limit) {
+        Py_ssize_t c = 2 * pos + 1;
+        if (c + 1 < n) {
+            PyObject *a = PyList_GET_ITEM(heap, c), *b = PyList_GET_ITEM(heap, c + 1);
+            Py_INCREF(a);
+            Py_INCREF(b);
+            int lt = ce_entry_lt(a, b);
+            Py_DECREF(a);
+            Py_DECREF(b);
+            if (lt < 0)
+                goto error;
+            if (n != PyList_GET_SIZE(heap)) {
+                PyErr_SetString(PyExc_RuntimeError, "list changed size during iteration");
+                goto error;
+            }
+            c += !lt;
+        }
+        PyObject *t = PyList_GET_ITEM(heap, c);
+        PyList_SET_ITEM(heap, c, PyList_GET_ITEM(heap, pos));
+        PyList_SET_ITEM(heap, pos, t);
+        pos = c;
+    }
+    if (ce_siftdown(heap, 0, pos) < 0)
+        goto error;
+    return top;
+error:
+    Py_DECREF(top);
+    return NULL;
+}
+
+/* A field of a registered node (borrowed), or NULL with an error: TypeError for an object
+ * that is not exactly a Node (only those are read through offsets). */
+static PyObject *
+ce_node_field(PyObject *node, Py_ssize_t off, const char *name)
+{
+    if (!PN_IS(node)) {
+        PyErr_Format(PyExc_TypeError, "evict: a tree node of type %.100s, not Node",
+                     Py_TYPE(node)->tp_name);
+        return NULL;
+    }
+    return pyslot_get(node, off, name);
+}
+
+/* `not v` as Python has it (1, 0, or -1 with an error); exact ints without a call. */
+static inline int
+ce_not(PyObject *v)
+{
+    if (PyLong_CheckExact(v)) {
+        int ovf;
+        long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
+        return !ovf && x == 0;
+    }
+    int t = PyObject_IsTrue(v);
+    return t < 0 ? -1 : !t;
+}
+
+/* `v == 0` as Python has it (1, 0, or -1 with an error); exact ints without a call. */
+static inline int
+ce_is_zero(PyObject *v)
+{
+    if (PyLong_CheckExact(v))
+        return ce_not(v);
+    return PyObject_RichCompareBool(v, s_zero, Py_EQ);
+}
+
+/* The evictable-leaf test of the loops, on `node`'s fields in the Python's order:
+ * `stamp` NULL: `lock_ref == 0 and aux_lock == 0 and dev_children == 0 and value is not None
+ * and parent is not None` (the LRU loop's); else `last_access_time == stamp and not lock_ref
+ * and not aux_lock and not dev_children and ...` (_pop_leaf's).  1, 0, or -1 with an error. */
+static int
+ce_is_leaf(PyObject *node, PyObject *stamp)
+{
+    PyObject *v;
+    int t;
+    if (stamp != NULL) {
+        if ((v = ce_node_field(node, PN_last_access_time, "last_access_time")) == NULL)
+            return -1;
+        if ((t = PyObject_RichCompareBool(v, stamp, Py_EQ)) <= 0)
+            return t;
+    }
+    static const struct { Py_ssize_t *off; const char *name; } counts[3] = {
+        {&PN_lock_ref, "lock_ref"}, {&PN_aux_lock, "aux_lock"}, {&PN_dev_children, "dev_children"}};
+    for (int i = 0; i < 3; i++) {
+        if ((v = ce_node_field(node, *counts[i].off, counts[i].name)) == NULL)
+            return -1;
+        if ((t = stamp != NULL ? ce_not(v) : ce_is_zero(v)) <= 0)
+            return t;
+    }
+    if ((v = ce_node_field(node, PN_value, "value")) == NULL)
+        return -1;
+    if (v == Py_None)
+        return 0;
+    if ((v = ce_node_field(node, PN_parent, "parent")) == NULL)
+        return -1;
+    return v != Py_None;
+}
+
+/* _pop_leaf: the oldest live entry's node off the heap (new reference), or NULL: with an
+ * error set, or none when the heap ran empty. */
+static PyObject *
+ce_pop_leaf(PyObject *heap)
+{
+    while (PyList_GET_SIZE(heap) > 0) {
+        PyObject *e = ce_heappop(heap);
+        if (e == NULL)
+            return NULL;
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 2) {
+            Py_DECREF(e);
+            PyErr_SetString(PyExc_TypeError, "evict: a leaf heap entry that is not (stamp, node)");
+            return NULL;
+        }
+        PyObject *node = PyTuple_GET_ITEM(e, 1);
+        int live = ce_is_leaf(node, PyTuple_GET_ITEM(e, 0));
+        if (live > 0)
+            Py_INCREF(node);
+        Py_DECREF(e);
+        if (live < 0)
+            return NULL;
+        if (live)
+            return node;
+    }
+    return NULL;
+}
+
+/* A member of an LRU list's link field (0 for the previous, 1 for the next): its offset, or
+ * 0 with TypeError for an object that is neither a record nor a sentinel. */
+static Py_ssize_t
+ce_link_off(PyObject *o, int next)
+{
+    Py_ssize_t off = next ? lru_next_off(o) : lru_prev_off(o);
+    if (off == 0)
+        PyErr_Format(PyExc_TypeError, "evict: an LRU list member of type %.100s",
+                     Py_TYPE(o)->tp_name);
+    return off;
+}
+
+/* _unlink(rec): LruList.remove of a record, its neighbours joined, its links None. */
+static int
+ce_unlink(PyObject *rec)
+{
+    PyObject *prev = pyslot_get(rec, AD_lru_prev, "lru_prev");
+    if (prev == NULL)
+        return -1;
+    PyObject *nxt = pyslot_get(rec, AD_lru_next, "lru_next");
+    if (nxt == NULL)
+        return -1;
+    Py_ssize_t prev_next = ce_link_off(prev, 1);
+    if (prev_next == 0)
+        return -1;
+    Py_ssize_t nxt_prev = ce_link_off(nxt, 0);
+    if (nxt_prev == 0)
+        return -1;
+    Py_INCREF(prev);
+    Py_INCREF(nxt);
+    pyslot_set(prev, prev_next, nxt);
+    pyslot_set(nxt, nxt_prev, prev);
+    pyslot_set(rec, AD_lru_prev, Py_None);
+    pyslot_set(rec, AD_lru_next, Py_None);
+    Py_DECREF(prev);
+    Py_DECREF(nxt);
+    return 0;
+}
+
+/* _unhook(node, heap, root): the leaf leaves its parent (`del parent.children[node.ck]`, its
+ * parent None, the parent's device-child count down), and the parent, if that made it an
+ * evictable leaf (and it is not the root), goes on the heap as (its stamp, it). */
+static int
+ce_unhook(AuxEvict *ev, PyObject *node)
+{
+    PyObject *parent = ce_node_field(node, PN_parent, "parent");
+    if (parent == NULL)
+        return -1;
+    Py_INCREF(parent);
+    int rc = -1;
+    PyObject *children = ce_node_field(parent, PN_children, "children");
+    PyObject *ck = children == NULL ? NULL : ce_node_field(node, PN_ck, "ck");
+    if (ck == NULL)
+        goto done;
+    if ((PyDict_CheckExact(children) ? PyDict_DelItem(children, ck)
+                                     : PyObject_DelItem(children, ck)) < 0)
+        goto done;
+    pyslot_set(node, PN_parent, Py_None);
+    long long dc;
+    if (pyslot_ll(parent, PN_dev_children, "dev_children", &dc) < 0
+            || pyslot_set_ll(parent, PN_dev_children, dc - 1) < 0)
+        goto done;
+    rc = 0;
+    if (parent == ev->root || dc - 1 != 0)
+        goto done;
+    int leaf = ce_is_leaf(parent, NULL);  /* (dev_children read again: it is 0) */
+    if (leaf <= 0) {
+        rc = leaf;
+        goto done;
+    }
+    PyObject *stamp = pyslot_get(parent, PN_last_access_time, "last_access_time");
+    PyObject *entry = stamp == NULL ? NULL : PyTuple_Pack(2, stamp, parent);
+    if (entry == NULL) {
+        rc = -1;
+        goto done;
+    }
+    rc = ce_heappush(ev->heap, entry);
+    Py_DECREF(entry);
+done:
+    Py_DECREF(parent);
+    return rc;
+}
+
+/* FreeBatch.add(method, slots): onto the last run when it has that method, else a new run. */
+static int
+ce_add(AuxEvict *ev, PyObject *method, PyObject *slots)
+{
+    Py_ssize_t n = PyList_GET_SIZE(ev->runs);
+    if (n > 0) {
+        PyObject *last = PyList_GET_ITEM(ev->runs, n - 1);
+        if (!PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 2) {
+            PyErr_SetString(PyExc_TypeError, "evict: a free run that is not (method, pieces)");
+            return -1;
+        }
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(last, 0), method, Py_EQ);
+        if (same < 0)
+            return -1;
+        if (same) {
+            PyObject *pieces = PyTuple_GET_ITEM(last, 1);
+            if (PyList_CheckExact(pieces))
+                return PyList_Append(pieces, slots);
+            return discard(PyObject_CallMethod(pieces, "append", "O", slots));
+        }
+    }
+    PyObject *pieces = PyList_New(1);
+    if (pieces == NULL)
+        return -1;
+    PyList_SET_ITEM(pieces, 0, Py_NewRef(slots));
+    PyObject *run = PyTuple_Pack(2, method, pieces);
+    Py_DECREF(pieces);
+    if (run == NULL)
+        return -1;
+    int r = PyList_Append(ev->runs, run);
+    Py_DECREF(run);
+    return r;
+}
+
+/* The counters into their attributes (before an event callback, and at the end). */
+static int
+ce_flush(AuxEvict *ev)
+{
+    if (set_ll(ev->comp, s_ce_comp_evictable, ev->comp_ev) < 0)
+        return -1;
+    return set_ll(ev->cache, s_evictable, ev->cache_ev);
+}
+
+/* events.removed(node) with the counters as the Python has them at that point, read again
+ * after it. */
+static int
+ce_removed(AuxEvict *ev, PyObject *node)
+{
+    if (ce_flush(ev) < 0)
+        return -1;
+    if (discard(PyObject_CallMethodOneArg(ev->events, s_ce_removed, node)) < 0)
+        return -1;
+    if (get_ll(ev->comp, s_ce_comp_evictable, &ev->comp_ev) < 0)
+        return -1;
+    return get_ll(ev->cache, s_evictable, &ev->cache_ev);
+}
+
+/* len(node.key) */
+static Py_ssize_t
+ce_key_len(PyObject *node)
+{
+    PyObject *key = ce_node_field(node, PN_key, "key");
+    return key == NULL ? -1 : PyObject_Size(key);
+}
+
+/* The end of _delete_leaf_one for a leaf whose component data went: its Full slots queued
+ * (a "free" run, or the KV list), its units counted, its value None, then _unhook.  k: the
+ * key's length, or -1 when it is read here (the Mamba loops read it after queueing). */
+static int
+ce_leaf_full(AuxEvict *ev, PyObject *node, Py_ssize_t k)
+{
+    PyObject *value = ce_node_field(node, PN_value, "value");
+    if (value == NULL)
+        return -1;
+    if ((ev->is_swa ? ce_add(ev, s_free, value) : PyList_Append(ev->kv, value)) < 0)
+        return -1;
+    if (k < 0 && (k = ce_key_len(node)) < 0)
+        return -1;
+    ev->full += k;
+    ev->cache_ev -= k;
+    pyslot_set(node, PN_value, Py_None);
+    return ce_unhook(ev, node);
+}
+
+/* node.aux[0], the one component's record (borrowed), checked to be an AuxData. */
+static PyObject *
+ce_record(PyObject *node)
+{
+    PyObject *aux = ce_node_field(node, PN_aux, "aux");
+    if (aux == NULL)
+        return NULL;
+    PyObject *rec;
+    if (PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) > 0) {
+        rec = PyTuple_GET_ITEM(aux, 0);
+    } else {
+        PyErr_SetString(PyExc_TypeError, "evict: node.aux is not a tuple of records");
+        return NULL;
+    }
+    if (!AD_IS(rec)) {
+        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
+                     Py_TYPE(rec)->tp_name);
+        return NULL;
+    }
+    return rec;
+}
+
+/* The first loop's step: the popped leaf `node` deleted (_delete_leaf_one as written out in
+ * evict_swa and _evict_mamba). */
+static int
+ce_delete_popped(AuxEvict *ev, PyObject *node)
+{
+    if (ev->events != NULL && ce_removed(ev, node) < 0)
+        return -1;
+    PyObject *rec = ce_record(node);
+    if (rec == NULL)
+        return -1;
+    Py_INCREF(rec);
+    int rc = -1;
+    Py_ssize_t k = -1;
+    if (ev->is_swa && (k = ce_key_len(node)) < 0)
+        goto done;
+    PyObject *rv = pyslot_get(rec, AD_value, "value");
+    if (rv == NULL)
+        goto done;
+    if (rv != Py_None) {
+        long long u = ev->is_swa ? k : 1;
+        ev->units += u;
+        ev->comp_ev -= u;
+        if (ce_unlink(rec) < 0)
+            goto done;
+        if (!ev->is_swa && PyList_Append(ev->states, rv) < 0)
+            goto done;
+        pyslot_set(rec, AD_value, Py_None);
+    }
+    rc = ce_leaf_full(ev, node, k);
+done:
+    Py_DECREF(rec);
+    return rc;
+}
+
+/* The second loop's step on record x (not locked; x.lock == 0 checked): its node deleted
+ * when an evictable leaf, else its component data dropped (SWA: a tombstone whose SWA slots
+ * go as a "free_swa" run; Mamba: the state). */
+static int
+ce_drop_record(AuxEvict *ev, PyObject *x)
+{
+    PyObject *node = pyslot_get(x, AD_node, "node");
+    if (node == NULL)
+        return -1;
+    Py_INCREF(node);
+    int rc = -1;
+    Py_ssize_t k = -1;
+    if (ev->is_swa && (k = ce_key_len(node)) < 0)
+        goto done;
+    int leaf = ce_is_leaf(node, NULL);
+    if (leaf < 0)
+        goto done;
+    if (leaf && ev->events != NULL && ce_removed(ev, node) < 0)
+        goto done;
+    long long u = ev->is_swa ? k : 1;
+    ev->units += u;
+    ev->comp_ev -= u;
+    if (ce_unlink(x) < 0)
+        goto done;
+    if (ev->is_swa) {
+        if (leaf) {
+            pyslot_set(x, AD_value, Py_None);
+            rc = ce_leaf_full(ev, node, k);
+        } else {
+            PyObject *value = ce_node_field(node, PN_value, "value");
+            if (value == NULL || ce_add(ev, s_free_swa, value) < 0)
+                goto done;
+            pyslot_set(x, AD_value, Py_None);
+            rc = 0;
+        }
+    } else {
+        PyObject *rv = pyslot_get(x, AD_value, "value");
+        if (rv == NULL || PyList_Append(ev->states, rv) < 0)
+            goto done;
+        pyslot_set(x, AD_value, Py_None);
+        rc = leaf ? ce_leaf_full(ev, node, -1) : 0;
+    }
+done:
+    Py_DECREF(node);
+    return rc;
+}
+
+/* An amount as a C long long: an exact int >= 0 (one past LLONG_MAX counts as LLONG_MAX:
+ * no tree holds that many units); -1 for anything else (the call declines). */
+static long long
+ce_amount(PyObject *o)
+{
+    if (!PyLong_CheckExact(o))
+        return -1;
+    int ovf;
+    long long x = PyLong_AsLongLongAndOverflow(o, &ovf);
+    if (ovf > 0)
+        return LLONG_MAX;
+    return ovf < 0 ? -1 : x;
+}
+
+/* An exact int attribute as a C long long: 1 read, 0 not an exact int or out of range, -1
+ * with an error (a missing attribute); the call declines for either. */
+static int
+ce_int_attr(PyObject *o, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int ok = 0;
+    if (PyLong_CheckExact(v)) {
+        int ovf;
+        *out = PyLong_AsLongLongAndOverflow(v, &ovf);
+        ok = !ovf;
+    }
+    Py_DECREF(v);
+    return ok;
+}
+
+/* The two loops of the evict (see the section's comment).  Returns (Full units, the
+ * component's units), None having changed nothing (declined), or NULL with an error. */
+static PyObject *
+aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
+{
+    long long want = ce_amount(want_o), aux_want = ce_amount(aux_want_o);
+    if (g_pn_type == NULL || want < 0 || aux_want < 0)
+        Py_RETURN_NONE;
+    PyObject *result = NULL, *head = NULL, *x = NULL;
+    ev->heap = PyObject_GetAttr(ev->cache, s_heap);
+    ev->root = ev->heap == NULL ? NULL : PyObject_GetAttr(ev->cache, s_root_node);
+    ev->events = ev->root == NULL ? NULL : PyObject_GetAttr(ev->cache, s_ce_events);
+    int ok = ev->events != NULL;
+    if (ok && ev->events == Py_None)
+        Py_CLEAR(ev->events);
+    if (ok)
+        ok = ce_int_attr(ev->cache, s_evictable, &ev->cache_ev);
+    if (ok > 0)
+        ok = ce_int_attr(ev->comp, s_ce_comp_evictable, &ev->comp_ev);
+    if (ok <= 0 || !PyList_CheckExact(ev->heap) || !PN_IS(ev->root)) {
+        /* (a missing attribute too: the Python path meets it where it reads it) */
+        PyErr_Clear();
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    /* from here on the tree changes: the counters are written back on every way out */
+    ev->full = ev->units = 0;
+    while (ev->full < want) {  /* the oldest evictable leaves */
+        PyObject *node = ce_pop_leaf(ev->heap);
+        if (node == NULL) {
+            if (PyErr_Occurred())
+                goto write_back;
+            break;
+        }
+        int r = ce_delete_popped(ev, node);
+        Py_DECREF(node);
+        if (r < 0)
+            goto write_back;
+    }
+    PyObject *lru = PyObject_GetAttr(ev->comp, s_ce_lru);
+    if (lru == NULL)
+        goto write_back;
+    head = PyObject_GetAttr(lru, s_ce_head);
+    PyObject *tail = head == NULL ? NULL : PyObject_GetAttr(lru, s_ce_tail);
+    Py_DECREF(lru);
+    if (tail == NULL)
+        goto write_back;
+    x = SE_IS(tail) ? Py_XNewRef(pyslot_get(tail, SE_lru_prev, "lru_prev"))
+                    : PyObject_GetAttr(tail, s_ce_lru_prev);
+    Py_DECREF(tail);
+    if (x == NULL)
+        goto write_back;
+    while (ev->units < aux_want && x != head) {  /* the component's list from its oldest */
+        if (!AD_IS(x)) {
+            PyErr_Format(PyExc_TypeError, "evict: an LRU list member of type %.100s",
+                         Py_TYPE(x)->tp_name);
+            goto write_back;
+        }
+        PyObject *nxt = pyslot_get(x, AD_lru_prev, "lru_prev");
+        if (nxt == NULL)
+            goto write_back;
+        Py_INCREF(nxt);  /* (evicting x never unlinks another record of the list) */
+        PyObject *lock = pyslot_get(x, AD_lock, "lock");
+        int free_ = lock == NULL ? -1 : ce_is_zero(lock);
+        if (free_ > 0 && ce_drop_record(ev, x) < 0)
+            free_ = -1;
+        Py_SETREF(x, nxt);
+        if (free_ < 0)
+            goto write_back;
+    }
+    result = Py_BuildValue("(LL)", ev->full, ev->units);
+write_back:  /* (write_back keeps a pending error as the one raised) */
+    if (write_back(ev->comp, s_ce_comp_evictable, ev->comp_ev) < 0)
+        Py_CLEAR(result);
+    if (write_back(ev->cache, s_evictable, ev->cache_ev) < 0)
+        Py_CLEAR(result);
+out:
+    Py_XDECREF(x);
+    Py_XDECREF(head);
+    Py_XDECREF(ev->heap);
+    Py_XDECREF(ev->root);
+    Py_XDECREF(ev->events);
+    return result;
+}
+
+/* aux_evict_swa(cache, comp, want, swa_want, runs): evict_swa's loops, the pieces added to
+ * `runs` (its FreeBatch's) as FreeBatch.add would. */
+static PyObject *
+core_aux_evict_swa(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "aux_evict_swa(cache, comp, want, swa_want, runs)");
+        return NULL;
+    }
+    if (!PyList_CheckExact(args[4]))
+        Py_RETURN_NONE;
+    AuxEvict ev = {0};
+    ev.cache = args[0];
+    ev.comp = args[1];
+    ev.is_swa = 1;
+    ev.runs = args[4];
+    return aux_evict_run(&ev, args[2], args[3]);
+}
+
+/* aux_evict_mamba(cache, comp, want, mamba_want, kv, states): _evict_mamba's loops, the
+ * deleted leaves' Full slots appended to `kv`, the dropped states to `states`. */
+static PyObject *
+core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "aux_evict_mamba(cache, comp, want, mamba_want, kv, states)");
+        return NULL;
+    }
+    if (!PyList_CheckExact(args[4]) || !PyList_CheckExact(args[5]))
+        Py_RETURN_NONE;
+    AuxEvict ev = {0};
+    ev.cache = args[0];
+    ev.comp = args[1];
+    ev.is_swa = 0;
+    ev.kv = args[4];
+    ev.states = args[5];
+    return aux_evict_run(&ev, args[2], args[3]);
+}
+
 static PyMethodDef core_methods[] = {
     {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
      "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
@@ -5789,6 +6470,13 @@ static PyMethodDef core_methods[] = {
     {"one_match_setup", (PyCFunction)(void (*)(void))core_one_match_setup, METH_FASTCALL,
      "one_match_setup(heappush): heapq.heappush, for one_match's push onto a heap that is "
      "not a list"},
+    {"aux_evict_swa", (PyCFunction)(void (*)(void))core_aux_evict_swa, METH_FASTCALL,
+     "aux_evict_swa(cache, comp, want, swa_want, runs) -> (Full units, SWA units): fast/one_aux.py "
+     "evict_swa's loops, the frees added to runs (a FreeBatch's); None: declined, nothing changed"},
+    {"aux_evict_mamba", (PyCFunction)(void (*)(void))core_aux_evict_mamba, METH_FASTCALL,
+     "aux_evict_mamba(cache, comp, want, mamba_want, kv, states) -> (Full units, states): "
+     "fast/one_aux.py _evict_mamba's loops, the frees appended to kv and states; None: "
+     "declined, nothing changed"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -5891,6 +6579,13 @@ PyInit__core(void)
     INTERN(s_cm_components, "components");
     INTERN(s_cm_window, "_inline_window");
     INTERN(s_cm_cow, "cow_mamba");
+    INTERN(s_ce_comp_evictable, "evictable");
+    INTERN(s_ce_lru, "lru");
+    INTERN(s_ce_head, "head");
+    INTERN(s_ce_tail, "tail");
+    INTERN(s_ce_events, "_events");
+    INTERN(s_ce_removed, "removed");
+    INTERN(s_ce_lru_prev, "lru_prev");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

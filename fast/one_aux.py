@@ -643,6 +643,11 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
     add = batch.add
     full = swa_units = 0  # Full units, SWA units
     try:
+        done = None if _core is None else _core.aux_evict_swa(cache, comp, want, swa_want,
+                                                               batch.runs)
+        if done is not None:  # (the loops below, in C: fast/_core.c "composed tree: cevict")
+            full, swa_units = done
+            want = swa_want = 0  # (nothing left for the loops below)
         while full < want:  # the oldest evictable leaves
             node = _pop_leaf(heap)
             if node is None:
@@ -713,6 +718,10 @@ def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResu
     events = cache._events
     full = units = 0  # Full units, states
     try:
+        done = _core.aux_evict_mamba(cache, comp, want, mamba_want, kv, states)
+        if done is not None:  # (the loops below, in C: fast/_core.c "composed tree: cevict")
+            full, units = done
+            want = mamba_want = 0  # (nothing left for the loops below)
         while full < want:  # the oldest evictable leaves
             node = _pop_leaf(heap)
             if node is None:
