@@ -1246,13 +1246,29 @@ copy_segs(char *dst, const Seg *segs, Py_ssize_t k)
 #define TAIL_SPARE_MAX 2
 #define TAIL_SPARE_CAP ((size_t)256 << 20)
 
-typedef struct {
+typedef struct TailMem {
     PyObject_HEAD
     long long *data;
-    Py_ssize_t cap;  /* items */
+    Py_ssize_t cap;      /* items */
+    Py_ssize_t touched;  /* items [0, touched) have been written (their pages are mapped) */
+    struct TailMem *prev, *next;  /* the live blocks (g_tail_live), found by their data */
 } TailMem;
 
-static struct { long long *data; Py_ssize_t cap; } g_tail_spare[TAIL_SPARE_MAX];
+static struct { long long *data; Py_ssize_t cap, touched; } g_tail_spare[TAIL_SPARE_MAX];
+
+/* The live TailMem blocks, so append_tail can find a buffer's block (and how far its memory
+ * has been written) from the data pointer it reads anyway: a few at a time (a buffer per
+ * allocator, and retired ones until the last view over them dies). */
+static TailMem *g_tail_live = NULL;
+
+static TailMem *
+tail_live_find(const long long *data)
+{
+    for (TailMem *m = g_tail_live; m != NULL; m = m->next)
+        if (m->data == data)
+            return m;
+    return NULL;
+}
 
 /* Bytes held by the spare list. */
 static size_t
@@ -1268,7 +1284,7 @@ tail_spare_bytes(void)
 /* Keep a block (data, cap) as a spare if it is among the TAIL_SPARE_MAX largest within
  * TAIL_SPARE_CAP bytes; what is not kept (it, or a smaller spare it displaces) is freed. */
 static void
-tail_spare_put(long long *data, Py_ssize_t cap)
+tail_spare_put(long long *data, Py_ssize_t cap, Py_ssize_t touched)
 {
     for (;;) {
         int free_slot = -1, smallest = -1;
@@ -1286,6 +1302,7 @@ tail_spare_put(long long *data, Py_ssize_t cap)
         if (free_slot >= 0 && tail_spare_bytes() + bytes <= TAIL_SPARE_CAP) {
             g_tail_spare[free_slot].data = data;
             g_tail_spare[free_slot].cap = cap;
+            g_tail_spare[free_slot].touched = touched;
             return;
         }
         if (smallest < 0 || g_tail_spare[smallest].cap >= cap) {
@@ -1299,7 +1316,7 @@ tail_spare_put(long long *data, Py_ssize_t cap)
 
 /* The smallest spare block of at least want items, taken off the list; NULL if none. */
 static long long *
-tail_spare_take(Py_ssize_t want, Py_ssize_t *cap)
+tail_spare_take(Py_ssize_t want, Py_ssize_t *cap, Py_ssize_t *touched)
 {
     int best = -1;
     for (int i = 0; i < TAIL_SPARE_MAX; i++)
@@ -1310,6 +1327,7 @@ tail_spare_take(Py_ssize_t want, Py_ssize_t *cap)
         return NULL;
     long long *d = g_tail_spare[best].data;
     *cap = g_tail_spare[best].cap;
+    *touched = g_tail_spare[best].touched;
     g_tail_spare[best].data = NULL;
     return d;
 }
@@ -1318,8 +1336,14 @@ static void
 TailMem_dealloc(PyObject *self)
 {
     TailMem *m = (TailMem *)self;
+    if (m->prev != NULL)
+        m->prev->next = m->next;
+    else if (g_tail_live == m)
+        g_tail_live = m->next;
+    if (m->next != NULL)
+        m->next->prev = m->prev;
     if (m->data != NULL)
-        tail_spare_put(m->data, m->cap);
+        tail_spare_put(m->data, m->cap, m->touched);
     PyObject_Free(self);
 }
 
@@ -1344,10 +1368,11 @@ static PyTypeObject TailMemType = {
 };
 
 /* A new tail buffer of at least want items (> 0): an int64 tensor over a spare block when
- * one is large enough, else over fresh memory; its data and length in *data, *cap.  A new
- * reference, NULL on error (a block taken goes back to the spares with the object). */
+ * one is large enough, else over fresh memory; its data and length in *data, *cap, its block
+ * in *mem (alive as long as the tensor).  A new reference, NULL on error (a block taken goes
+ * back to the spares with the object). */
 static PyObject *
-tail_buffer_new(Py_ssize_t want, long long **data, Py_ssize_t *cap)
+tail_buffer_new(Py_ssize_t want, long long **data, Py_ssize_t *cap, TailMem **mem)
 {
     if (ensure_torch() < 0)
         return NULL;
@@ -1358,7 +1383,9 @@ tail_buffer_new(Py_ssize_t want, long long **data, Py_ssize_t *cap)
     TailMem *m = PyObject_New(TailMem, &TailMemType);
     if (m == NULL)
         return NULL;
-    m->data = tail_spare_take(want, &m->cap);
+    m->prev = m->next = NULL;
+    m->touched = 0;
+    m->data = tail_spare_take(want, &m->cap, &m->touched);
     if (m->data == NULL) {
         m->cap = want;
         if ((m->data = PyMem_RawMalloc((size_t)want * 8)) == NULL) {
@@ -1367,6 +1394,10 @@ tail_buffer_new(Py_ssize_t want, long long **data, Py_ssize_t *cap)
             return NULL;
         }
     }
+    m->next = g_tail_live;
+    if (g_tail_live != NULL)
+        g_tail_live->prev = m;
+    g_tail_live = m;
     PyObject *a[2] = {(PyObject *)m, g_int64};
     long long *d = m->data;
     Py_ssize_t c = m->cap;
@@ -1376,6 +1407,7 @@ tail_buffer_new(Py_ssize_t want, long long **data, Py_ssize_t *cap)
         return NULL;
     *data = d;
     *cap = c;
+    *mem = m;
     return t;
 }
 
@@ -1467,27 +1499,41 @@ tail_view(PyObject *buf, Py_ssize_t start, Py_ssize_t stop)
     return out;
 }
 
+/* 1 if tail_buffer_new(want) would take a spare block whose first used items have been
+ * written before (so writing them costs no page faults). */
+static int
+tail_spare_warm(Py_ssize_t want, Py_ssize_t used)
+{
+    int best = -1;
+    for (int i = 0; i < TAIL_SPARE_MAX; i++)
+        if (g_tail_spare[i].data != NULL && g_tail_spare[i].cap >= want
+            && (best < 0 || g_tail_spare[i].cap < g_tail_spare[best].cap))
+            best = i;
+    return best >= 0 && g_tail_spare[best].touched >= used;
+}
+
 /* The free list of an NK_APPEND allocator (need_sort off) with segs appended, through the
- * cache's tail buffer (see above); a new reference, NULL on error. */
+ * cache's tail buffer (see above); a new reference, NULL on error.  Three ways, the first that
+ * applies:
+ * - the list is still the view of the tail buffer that ends at its high-water mark and the
+ *   slots fit after it: written there, the list not copied; for a short list (at most about
+ *   four times the new slots) only where that memory has been written before;
+ * - a short list, where a new buffer would be fresh memory: the list and the new slots in a
+ *   new tensor of exactly that size, as free's own torch.cat makes, whose memory the process
+ *   has used before;
+ * - a new buffer (a spare block, or fresh memory) with room after the list.
+ * Why: fresh memory costs a page fault per 512 slots written, more than copying a short list
+ * (the first fill of a pool: evict's faults 10k -> 1.7k with the copy); memory written before
+ * costs none, and on a full pool (what an evict frees is allocated again at once) the list
+ * then stays the buffer's view from one free to the next, so each free writes only its own
+ * slots, where the copy cost a pass over the list, a torch.empty and its malloc every time
+ * (Mooncake page 1, from the second pool on: evict's median 49-62 us -> 41-44 us;
+ * docs/PERFORMANCE.md). */
 static PyObject *
 append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs, Py_ssize_t k,
             Py_ssize_t total)
 {
-    if (tn <= 4 * total + 4096) {
-        /* a short list (the steady state of a full pool: what an evict frees is allocated
-         * again at once): the list and the new slots in a new tensor of exactly that size,
-         * as free's own torch.cat makes, whose memory the process has used before; the tail
-         * buffer's is fresh pages, a page fault per 512 slots written (measured: Mooncake
-         * page 1, evict's faults 10k -> 1.7k and its CPU time down a third) */
-        long long *dst;
-        PyObject *out = new_int64(tn + total, &dst);
-        if (out == NULL)
-            return NULL;
-        if (tn)
-            memcpy(dst, tp, (size_t)tn * 8);
-        copy_segs((char *)(dst + tn), segs, k);
-        return out;
-    }
+    int is_short = tn <= 4 * total + 4096;
     PyObject *buf = PyObject_GetAttr(self, s_tail);
     if (buf == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -1504,14 +1550,20 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
             return NULL;
         }
         Py_ssize_t start = -1;
+        TailMem *m = NULL;
         if (ok && hw >= 0 && hw <= cap && hw + total <= cap) {
             if (tn == 0)
                 start = (Py_ssize_t)hw;  /* an empty list: the new one starts at hw */
             else if (tp >= bp && tp + tn == bp + hw)
                 start = (Py_ssize_t)(tp - bp);  /* still the view that ends at hw */
+            if (start >= 0 && ((m = tail_live_find(bp)) != NULL ? m->touched < hw + total
+                                                                 : 0) && is_short)
+                start = -1;  /* fresh memory after hw: a short list is copied (below) */
         }
         if (start >= 0) {
             copy_segs((char *)(bp + hw), segs, k);
+            if (m != NULL && m->touched < hw + total)
+                m->touched = (Py_ssize_t)(hw + total);
             if (set_ll(self, s_tail_hw, hw + total) < 0) {
                 Py_DECREF(buf);
                 return NULL;
@@ -1526,12 +1578,24 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
      * least 64k slots), so the copy of the list is paid once per that many slots appended */
     Py_ssize_t used = tn + total, cap = used + (used > 65536 ? used : 65536);
     long long *dst;
-    PyObject *nb = tail_buffer_new(cap, &dst, &cap);
+    if (is_short && !tail_spare_warm(cap, used)) {
+        PyObject *out = new_int64(used, &dst);  /* the short list copied */
+        if (out == NULL)
+            return NULL;
+        if (tn)
+            memcpy(dst, tp, (size_t)tn * 8);
+        copy_segs((char *)(dst + tn), segs, k);
+        return out;
+    }
+    TailMem *m;
+    PyObject *nb = tail_buffer_new(cap, &dst, &cap, &m);
     if (nb == NULL)
         return NULL;
     if (tn)
         memcpy(dst, tp, (size_t)tn * 8);
     copy_segs((char *)(dst + tn), segs, k);
+    if (m->touched < used)
+        m->touched = used;
     if (PyObject_SetAttr(self, s_tail, nb) < 0 || set_ll(self, s_tail_hw, used) < 0
             || tail_remember(self, nb, cap) < 0) {
         Py_DECREF(nb);
