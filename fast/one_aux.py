@@ -244,6 +244,11 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     deferred = cache._deferred
     direct = swa is None and deferred is not None and _core is not None \
         and not cache.validate_slots
+    if _core is not None:  # the rest in C, the same steps (fast/_core.c "composed tree: cinsert")
+        done = _core.one_insert(cache, comp, swa, plan, value, units, ek, prev, e, n, total,
+                                prepared, direct, ps)
+        if done is not None:
+            return done
     node, pos = root, 0
     for child, shared in plan:
         # ``_touch``: the newest stamp, a fresh heap entry for a leaf, its record to the front
