@@ -4506,16 +4506,18 @@ core_pynode_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  *
  * The cache's _clock is kept in a C local: written back before every Python call that may read
  * or move it (_split, overlap, _stamp) and read again after, and at the end, error paths too.
- * It declines (None, nothing changed) where the Python loop does things this does not:
- * KV events (cache._events), the slot ledger (validate_slots), a _deferred or _heap that is not
- * a plain list, a plan entry that is not a (node, int) pair, units that are not int64 buffers.
+ * KV events (the new leaf's ``stored``) and the slot ledger (validate_slots: the leaf's slots
+ * owned) are the same calls too.  It declines (None, nothing changed) for what the Python
+ * loop takes and this does not: a _heap (or, for the direct frees, a _deferred) that is not
+ * a plain list, a plan entry that is not a (node, int) pair, units that are not an int64
+ * buffer of n items, an int argument that is not a plain int.
  */
 
 static PyObject *s_ci_events, *s_ci_deferred, *s_ci_lru, *s_ci_head, *s_ci_lru_prev,
     *s_ci_lru_next, *s_ci_split_m, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
     *s_ci_tracks, *s_ci_on_set, *s_ci_map_pool, *s_ci_c_evictable, *s_ci_c_protected,
     *s_ci_last_access, *s_ci_lock_ref, *s_ci_aux_lock, *s_ci_dev_children, *s_ci_aux,
-    *s_ci_children, *s_ci_swa_leaf;
+    *s_ci_children, *s_ci_swa_leaf, *s_ci_stored;
 
 /* A field of a Node (off: its offset) as a new reference: through the slot for exactly a
  * Node, else ordinary attribute access. */
@@ -4838,8 +4840,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int vtrue = PyObject_IsTrue(vs);
     if (vtrue < 0)
         goto fail;
-    if (ev != Py_None || vtrue || (direct && !PyList_CheckExact(deferred))
-            || !PyList_CheckExact(heap)) {
+    if ((direct && !PyList_CheckExact(deferred)) || !PyList_CheckExact(heap)) {
         result = Py_NewRef(Py_None);  /* the Python loop's: nothing changed */
         goto done;
     }
@@ -5043,6 +5044,17 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(dco);
         if (r < 0 || ci_add_attr(cache, s_evictable, (long long)(n - pos)) < 0)
             goto leaf_done;
+        if (vtrue) {  /* (``_own``: the slot ledger takes the leaf's slots) */
+            PyObject *owned = PyObject_GetAttr(cache, s_owned);
+            PyObject *lv = owned == NULL ? NULL : ci_nget(leaf, PN_value, s_value);
+            PyObject *lst = lv == NULL ? NULL : PyObject_CallMethodNoArgs(lv, s_tolist);
+            r = lst == NULL ? -1 : discard(PyObject_CallMethodOneArg(owned, s_update, lst));
+            Py_XDECREF(owned);
+            Py_XDECREF(lv);
+            Py_XDECREF(lst);
+            if (r < 0)
+                goto leaf_done;
+        }
         PyObject *lt = ci_nget(leaf, PN_last_access_time, s_ci_last_access);
         if (lt == NULL)
             goto leaf_done;
@@ -5050,6 +5062,12 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(lt);
         if (r < 0)
             goto leaf_done;
+        if (ev != Py_None) {  /* (KV events: the new leaf is stored) */
+            PyObject *a[2] = {ev, leaf};
+            if (discard(PyObject_VectorcallMethod(s_ci_stored, a,
+                                                  2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)) < 0)
+                goto leaf_done;
+        }
         ok = 1;
     leaf_done:
         Py_XDECREF(o_pos);
@@ -5386,6 +5404,7 @@ PyInit__core(void)
     INTERN(s_ci_aux, "aux");
     INTERN(s_ci_children, "children");
     INTERN(s_ci_swa_leaf, "swa_leaf");
+    INTERN(s_ci_stored, "stored");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;
