@@ -199,24 +199,26 @@ def _run(cache, proxy, toks, value, prev, e):
         return r.prefix_len, r.total_len, r.mamba_exist
 
 
+@pytest.mark.parametrize("method", ["_split", "_free"])
 @pytest.mark.parametrize("ps", [1, 16])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_split_failing_half_way_leaves_the_same_state(ps, seed, monkeypatch):
-    """A ``_split`` that raises on its k-th call (inside the walk, or the commit's split at the
-    window) raises the same error from both paths and leaves the same state: the stamps, heap
-    entries and LRU moves made before it stay, the clock as far as it went."""
+def test_a_call_failing_half_way_leaves_the_same_state(method, ps, seed, monkeypatch):
+    """A ``_split`` (inside the walk, or the commit's split at the window) or a ``_free`` (a
+    node's duplicates) that raises on its k-th call raises the same error from both paths and
+    leaves the same state: the stamps, heap entries and LRU moves made before it stay, the
+    clock as far as it went."""
     rng = random.Random(seed)
-    split = HybridRadixCache._split
+    own = getattr(HybridRadixCache, method)
     budget: dict[int, int] = {}
 
-    def failing(self, child, k):
+    def failing(self, *args):
         left = budget.get(id(self), -1)
         if left == 0:
-            raise RuntimeError("split refused")
+            raise RuntimeError(f"{method} refused")
         budget[id(self)] = left - 1
-        return split(self, child, k)
+        return own(self, *args)
 
-    monkeypatch.setattr(HybridRadixCache, "_split", failing)
+    monkeypatch.setattr(HybridRadixCache, method, failing)
     caches = [_list_alloc_cache(ps), _list_alloc_cache(ps)]
     proxies = [_Proxy(True), _Proxy(False)]
     errors = 0
