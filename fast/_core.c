@@ -5218,6 +5218,90 @@ done:
     return result;
 }
 
+/* one_plan(root, units, extra_key, page_size, step) -> [(node, shared units), ...]: fast/cache.py
+ * _plan (the whole walk of an insert, before anything changes) from root, one step per node
+ * through step (keys.match_step: this module's match_step called directly when it is that
+ * function, else called as Python calls it), each pair a new tuple as the Python loop makes. */
+static PyObject *
+core_one_plan(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "one_plan(root, units, extra_key, page_size, step)");
+        return NULL;
+    }
+    PyObject *units = args[1], *ek = args[2], *ps = args[3], *step = args[4];
+    int native = PyCFunction_Check(step) && ((PyCFunctionObject *)step)->m_ml->ml_meth
+        == (PyCFunction)(void (*)(void))core_match_step;
+    Py_ssize_t n = PyObject_Size(units);
+    if (n < 0)
+        return NULL;
+    PyObject *n_o = PyLong_FromSsize_t(n), *plan = n_o == NULL ? NULL : PyList_New(0);
+    PyObject *node = Py_NewRef(args[0]), *pos = Py_NewRef(s_zero), *r = NULL;
+    if (plan == NULL)
+        goto fail;
+    for (;;) {
+        int more = PyObject_RichCompareBool(pos, n_o, Py_LT);
+        if (more < 0)
+            goto fail;
+        if (!more)
+            break;
+        PyObject *children = ci_nget(node, PN_children, s_ci_children);
+        if (children == NULL)
+            goto fail;
+        PyObject *a[6] = {children, units, pos, n_o, ps, ek};
+        r = native ? core_match_step(NULL, a, 6) : PyObject_Vectorcall(step, a, 6, NULL);
+        Py_DECREF(children);
+        if (r == NULL)
+            goto fail;
+        if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) != 3) {  /* (unpacked as Python) */
+            PyObject *t = PySequence_Tuple(r);
+            Py_SETREF(r, t);
+            if (r == NULL)
+                goto fail;
+            if (PyTuple_GET_SIZE(r) != 3) {
+                PyErr_Format(PyExc_ValueError, PyTuple_GET_SIZE(r) > 3
+                             ? "too many values to unpack (expected 3)"
+                             : "not enough values to unpack (expected 3, got %zd)",
+                             PyTuple_GET_SIZE(r));
+                goto fail;
+            }
+        }
+        PyObject *child = PyTuple_GET_ITEM(r, 0), *k = PyTuple_GET_ITEM(r, 1);
+        if (child == Py_None)
+            break;
+        PyObject *pair = PyTuple_Pack(2, child, k);
+        if (pair == NULL)
+            goto fail;
+        int ok = PyList_Append(plan, pair);
+        Py_DECREF(pair);
+        if (ok < 0)
+            goto fail;
+        int split = PyObject_IsTrue(PyTuple_GET_ITEM(r, 2));
+        if (split < 0)
+            goto fail;
+        if (split)
+            break;
+        PyObject *next = PyNumber_Add(pos, k);
+        if (next == NULL)
+            goto fail;
+        Py_SETREF(pos, next);
+        Py_SETREF(node, Py_NewRef(child));
+        Py_CLEAR(r);
+    }
+    Py_XDECREF(r);
+    Py_DECREF(node);
+    Py_DECREF(pos);
+    Py_DECREF(n_o);
+    return plan;
+fail:
+    Py_XDECREF(r);
+    Py_DECREF(node);
+    Py_DECREF(pos);
+    Py_XDECREF(n_o);
+    Py_XDECREF(plan);
+    return NULL;
+}
+
 static PyMethodDef core_methods[] = {
     {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
      "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
@@ -5302,6 +5386,9 @@ static PyMethodDef core_methods[] = {
      "one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared, "
      "direct, page_size) -> InsertResult: fast/one_aux.py insert_one's walk, leaf and commit; "
      "None where the Python loop must run (nothing changed)"},
+    {"one_plan", (PyCFunction)(void (*)(void))core_one_plan, METH_FASTCALL,
+     "one_plan(root, units, extra_key, page_size, step) -> [(node, shared units)]: "
+     "fast/cache.py _plan's walk from root"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -29,6 +29,7 @@ from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
 from uniradix.conformance.explore.driver import make_config, record  # noqa: E402
 from uniradix.conformance.explore.lockstep import Lockstep  # noqa: E402
 from uniradix.fast import one_aux  # noqa: E402
+from uniradix.fast.cache import UnifiedRadixCache  # noqa: E402
 from uniradix.fast.hybrid import HybridRadixCache  # noqa: E402
 from uniradix.spec.config import CacheConfig  # noqa: E402
 
@@ -39,7 +40,8 @@ pytestmark = pytest.mark.skipif(_real is None or not hasattr(_real, "one_insert"
 
 class _Proxy:
     """``one_aux``'s view of the C core: every helper the real one's, ``one_insert`` either
-    declining (the Python loop runs) or counted (answers, declines)."""
+    declining (the Python loop runs) or counted (answers, declines), ``one_plan`` the C walk
+    or fast/cache.py's ``_plan``."""
 
     def __init__(self, c_insert: bool) -> None:
         self.c_insert = c_insert
@@ -47,6 +49,13 @@ class _Proxy:
 
     def __getattr__(self, name):
         return getattr(_real, name)
+
+    def one_plan(self, root, units, ek, ps, step):
+        if self.c_insert:
+            return _real.one_plan(root, units, ek, ps, step)
+        # the Python loop's twin plans with fast/cache.py's own _plan
+        return UnifiedRadixCache._plan(types.SimpleNamespace(root_node=root, page_size=ps),
+                                       ek, units)
 
     def one_insert(self, *args):
         if not self.c_insert:
@@ -152,6 +161,35 @@ def test_c_insert_equals_the_python_loop(name, seed):
         assert _state(c_side.cache) == _state(py_side.cache), step
         inserts += step["op"] == "insert"
     assert inserts > 40 and c_proxy.answers > 0.8 * inserts, (inserts, c_proxy.answers)
+
+
+@pytest.mark.parametrize("ps", [1, 4, 16])
+def test_one_plan_equals_the_cache_plan(ps):
+    """``one_plan`` against fast/cache.py ``_plan`` on a grown tree (extra keys, splits that
+    end inside a node, keys ending mid-node, no match): the same pairs, the same node objects;
+    with a step that is not the C core's own (keys.match_step_py) too."""
+    from uniradix.fast import keys
+    rng = random.Random(ps)
+    cache = _list_alloc_cache(ps)
+    alloc = cache.token_to_kv_pool_allocator
+    base = [rng.randrange(1, 5) for _ in range(6 * ps)]
+    for _ in range(60):
+        toks = base[:rng.randrange(0, 6) * ps] + [rng.randrange(1, 5)
+                                                   for _ in range(rng.randrange(1, 4) * ps)]
+        ek = rng.choice((None, None, "a"))
+        cache.insert(fast.InsertParams(key=fast.RadixKey(toks, ek), value=alloc.alloc(len(toks))))
+    checked = 0
+    for _ in range(300):
+        toks = base[:rng.randrange(0, 7) * ps] + [rng.randrange(1, 5)
+                                                   for _ in range(rng.randrange(0, 4) * ps)]
+        units, ek = array("q", toks), rng.choice((None, "a", "b"))
+        want = cache._plan(ek, units)
+        for step in (keys.match_step, keys.match_step_py):
+            got = _real.one_plan(cache.root_node, units, ek, ps, step)
+            assert len(got) == len(want)
+            assert all(a[0] is b[0] and a[1] == b[1] for a, b in zip(got, want, strict=True))
+        checked += len(want) > 1
+    assert checked > 30
 
 
 # ---- direct drivers: allocators, errors, declines ---------------------------------------------
