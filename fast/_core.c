@@ -4492,8 +4492,9 @@ core_pynode_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 /* composed tree: cinsert                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 /*
- * one_insert: fast/one_aux.py insert_one from its walk on (the checks, the plan and the root's
- * stamp stay in Python): each planned node touched (stamp, leaf push, its record to the front
+ * one_plan: fast/cache.py _plan's walk (insert_one's plan, before anything changes), one C call.
+ * one_insert: fast/one_aux.py insert_one from its walk on (the checks and the root's stamp stay
+ * in Python): each planned node touched (stamp, leaf push, its record to the front
  * of the component's list), split where the insert ends inside it, an SWA tombstone's overlap,
  * the caller's duplicates queued, the new leaf (its Full slots and, over sglang's map, its SWA
  * slots in one pass: swa_leaf), the component's commit and, for Mamba over the native frees,
