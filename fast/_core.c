@@ -6439,6 +6439,821 @@ core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return aux_evict_run(&ev, args[2], args[3]);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* composed tree: cinsert                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * one_plan: fast/cache.py _plan's walk (insert_one's plan, before anything changes), one C call.
+ * one_insert: fast/one_aux.py insert_one from its walk on (the checks and the root's stamp stay
+ * in Python): each planned node touched (stamp, leaf push, its record to the front
+ * of the component's list), split where the insert ends inside it, an SWA tombstone's overlap,
+ * the caller's duplicates queued, the new leaf (its Full slots and, over sglang's map, its SWA
+ * slots in one pass: swa_leaf), the component's commit and, for Mamba over the native frees,
+ * the queue's release.  Same steps, same order, same objects as the Python loop; the calls
+ * that do more than a field write (the cache's _split, _free and _stamp, the SWA component's
+ * overlap and translate, the Mamba component's on_set, the Node and AuxData constructors) are
+ * the same Python calls.  The Python loop ran about 20 attribute reads and writes per planned
+ * node through the interpreter; here they are slot stores (setup_pynode's offsets, for objects
+ * of exactly those classes; anything else goes through ordinary attribute access).
+ *
+ * The cache's _clock is kept in a C local: written back before every Python call that may read
+ * or move it (_split, overlap, _stamp) and read again after, and at the end, error paths too.
+ * KV events (the new leaf's ``stored``) and the slot ledger (validate_slots: the leaf's slots
+ * owned) are the same calls too.  It declines (None, nothing changed) for what the Python
+ * loop takes and this does not: a _heap (or, for the direct frees, a _deferred) that is not
+ * a plain list, a plan entry that is not a (node, int) pair, units that are not an int64
+ * buffer of n items, an int argument that is not a plain int.
+ */
+
+static PyObject *s_ci_events, *s_ci_deferred, *s_ci_lru, *s_ci_head, *s_ci_lru_prev,
+    *s_ci_lru_next, *s_ci_split_m, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
+    *s_ci_tracks, *s_ci_on_set, *s_ci_map_pool, *s_ci_c_evictable, *s_ci_c_protected,
+    *s_ci_last_access, *s_ci_lock_ref, *s_ci_aux_lock, *s_ci_dev_children, *s_ci_aux,
+    *s_ci_children, *s_ci_swa_leaf, *s_ci_stored;
+
+/* A field of a Node (off: its offset) as a new reference: through the slot for exactly a
+ * Node, else ordinary attribute access. */
+static PyObject *
+ci_nget(PyObject *o, Py_ssize_t off, PyObject *name)
+{
+    if (PN_IS(o)) {
+        PyObject *v = SLOT_AT(o, off);
+        if (v == NULL) {
+            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
+                         Py_TYPE(o)->tp_name, name);
+            return NULL;
+        }
+        return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+/* The same for an AuxData field. */
+static PyObject *
+ci_aget(PyObject *o, Py_ssize_t off, PyObject *name)
+{
+    if (AD_IS(o)) {
+        PyObject *v = SLOT_AT(o, off);
+        if (v == NULL) {
+            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
+                         Py_TYPE(o)->tp_name, name);
+            return NULL;
+        }
+        return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+/* Store v (borrowed) in a Node field / an AuxData field; 0 or -1. */
+static int
+ci_nset(PyObject *o, Py_ssize_t off, PyObject *name, PyObject *v)
+{
+    if (PN_IS(o)) {
+        pyslot_set(o, off, v);
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
+}
+
+static int
+ci_aset(PyObject *o, Py_ssize_t off, PyObject *name, PyObject *v)
+{
+    if (AD_IS(o)) {
+        pyslot_set(o, off, v);
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
+}
+
+/* An int field of a Node as a C long long (what `== 0` on it needs); -1 with the error set. */
+static int
+ci_nget_ll(PyObject *o, Py_ssize_t off, PyObject *name, long long *out)
+{
+    PyObject *v = ci_nget(o, off, name);
+    if (v == NULL)
+        return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
+/* An LRU link (next: lru_next, else lru_prev) of a record or sentinel, new reference. */
+static PyObject *
+ci_link(PyObject *o, int next)
+{
+    Py_ssize_t off = next ? lru_next_off(o) : lru_prev_off(o);
+    PyObject *name = next ? s_ci_lru_next : s_ci_lru_prev;
+    if (off) {
+        PyObject *v = SLOT_AT(o, off);
+        if (v == NULL) {
+            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
+                         Py_TYPE(o)->tp_name, name);
+            return NULL;
+        }
+        return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+static int
+ci_set_link(PyObject *o, int next, PyObject *v)
+{
+    Py_ssize_t off = next ? lru_next_off(o) : lru_prev_off(o);
+    if (off) {
+        pyslot_set(o, off, v);
+        return 0;
+    }
+    return PyObject_SetAttr(o, next ? s_ci_lru_next : s_ci_lru_prev, v);
+}
+
+/* Link rec right after head (LruList.insert_after / the inlined push_front):
+ * nxt = head.lru_next; rec.lru_prev, rec.lru_next = head, nxt; head.lru_next = nxt.lru_prev = rec */
+static int
+ci_link_front(PyObject *head, PyObject *rec)
+{
+    PyObject *nxt = ci_link(head, 1);
+    if (nxt == NULL)
+        return -1;
+    int r = -1;
+    if (ci_set_link(rec, 0, head) == 0 && ci_set_link(rec, 1, nxt) == 0
+            && ci_set_link(head, 1, rec) == 0 && ci_set_link(nxt, 0, rec) == 0)
+        r = 0;
+    Py_DECREF(nxt);
+    return r;
+}
+
+/* LruList.move_after(head, rec), inlined as fast/one_aux.py does: unlink, then link after
+ * head. */
+static int
+ci_move_front(PyObject *head, PyObject *rec)
+{
+    PyObject *p = ci_link(rec, 0), *q = p == NULL ? NULL : ci_link(rec, 1);
+    int r = -1;
+    if (q != NULL && ci_set_link(p, 1, q) == 0 && ci_set_link(q, 0, p) == 0)
+        r = ci_link_front(head, rec);
+    Py_XDECREF(p);
+    Py_XDECREF(q);
+    return r;
+}
+
+/* node.aux[0], new reference. */
+static PyObject *
+ci_rec(PyObject *node)
+{
+    PyObject *aux = ci_nget(node, PN_aux, s_ci_aux);
+    if (aux == NULL)
+        return NULL;
+    PyObject *rec = PySequence_GetItem(aux, 0);
+    Py_DECREF(aux);
+    return rec;
+}
+
+/* Whether node.aux[0].value is None: 1, 0 or -1. */
+static int
+ci_rec_empty(PyObject *node)
+{
+    PyObject *rec = ci_rec(node);
+    if (rec == NULL)
+        return -1;
+    PyObject *v = ci_aget(rec, AD_value, s_value);
+    Py_DECREF(rec);
+    if (v == NULL)
+        return -1;
+    int r = v == Py_None;
+    Py_DECREF(v);
+    return r;
+}
+
+/* len(node.key); -1 with the error set. */
+static Py_ssize_t
+ci_key_len(PyObject *node)
+{
+    PyObject *k = ci_nget(node, PN_key, s_key);
+    if (k == NULL)
+        return -1;
+    Py_ssize_t n = PyObject_Size(k);
+    Py_DECREF(k);
+    return n;
+}
+
+/* value[lo:hi] (a view, as the Python slice), new reference. */
+static PyObject *
+ci_slice(PyObject *value, Py_ssize_t lo, Py_ssize_t hi)
+{
+    PyObject *a = PyLong_FromSsize_t(lo), *b = a == NULL ? NULL : PyLong_FromSsize_t(hi);
+    PyObject *sl = b == NULL ? NULL : PySlice_New(a, b, NULL);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    if (sl == NULL)
+        return NULL;
+    PyObject *r = PyObject_GetItem(value, sl);
+    Py_DECREF(sl);
+    return r;
+}
+
+/* obj.attr += d for an int attribute (a component's or the cache's counter). */
+static int
+ci_add_attr(PyObject *obj, PyObject *name, long long d)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    PyObject *dd = PyLong_FromLongLong(d);
+    PyObject *s = dd == NULL ? NULL : PyNumber_InPlaceAdd(v, dd);
+    Py_DECREF(v);
+    Py_XDECREF(dd);
+    if (s == NULL)
+        return -1;
+    int r = PyObject_SetAttr(obj, name, s);
+    Py_DECREF(s);
+    return r;
+}
+
+/* heappush(heap, (stamp, node)) with the stamp object as the node holds it. */
+static int
+ci_push(PyObject *heap, PyObject *stamp, PyObject *node)
+{
+    PyObject *t = PyTuple_Pack(2, stamp, node);
+    if (t == NULL)
+        return -1;
+    int r = heap_push(heap, t);
+    Py_DECREF(t);
+    return r;
+}
+
+/* The cache's _clock in a C local: stored before a Python call that may read it, read after. */
+static int
+ci_clock_out(PyObject *cache, long long clock)
+{
+    return set_ll(cache, s_clock, clock);
+}
+
+static int
+ci_clock_in(PyObject *cache, long long *clock)
+{
+    return get_ll(cache, s_clock, clock);
+}
+
+/* Call cache.name(node, k) with the clock synced around it; the result (new reference). */
+static PyObject *
+ci_call2(PyObject *obj, PyObject *cache, PyObject *name, PyObject *node, Py_ssize_t k,
+         long long *clock)
+{
+    if (ci_clock_out(cache, *clock) < 0)
+        return NULL;
+    PyObject *kk = PyLong_FromSsize_t(k);
+    if (kk == NULL)
+        return NULL;
+    PyObject *a[3] = {obj, node, kk};
+    PyObject *r = PyObject_VectorcallMethod(name, a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(kk);
+    if (r == NULL || ci_clock_in(cache, clock) < 0) {
+        Py_XDECREF(r);
+        return NULL;
+    }
+    return r;
+}
+
+static PyObject *
+ci_result(Py_ssize_t pos, Py_ssize_t total, int exist)
+{
+    PyObject *a0 = PyLong_FromSsize_t(pos), *a1 = a0 == NULL ? NULL : PyLong_FromSsize_t(total);
+    if (a1 == NULL) {
+        Py_XDECREF(a0);
+        return NULL;
+    }
+    PyObject *a[3] = {a0, a1, exist ? Py_True : Py_False};
+    PyObject *r = PyObject_Vectorcall(g_InsertResult, a, 3, NULL);
+    Py_DECREF(a0);
+    Py_DECREF(a1);
+    return r;
+}
+
+/* one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared,
+ *            direct, page_size) -> InsertResult, or None (nothing changed): see above. */
+static PyObject *
+core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "one_insert(cache, comp, swa, plan, value, units, "
+                        "extra_key, prev, e, n, total, prepared, direct, page_size)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *comp = args[1], *swa = args[2], *plan = args[3],
+             *value = args[4], *units = args[5], *ek = args[6], *prepared = args[11];
+    int is_swa = swa != Py_None, direct = args[12] == Py_True;
+    for (int i = 7; i <= 13; i++)
+        if (i != 11 && i != 12 && !PyLong_CheckExact(args[i]))
+            Py_RETURN_NONE;
+    Py_ssize_t prev = PyLong_AsSsize_t(args[7]), e = PyLong_AsSsize_t(args[8]),
+               n = PyLong_AsSsize_t(args[9]), total = PyLong_AsSsize_t(args[10]),
+               ps = PyLong_AsSsize_t(args[13]);
+    if (prev == -1 || e == -1 || n == -1 || total == -1 || ps == -1) {
+        if (PyErr_Occurred()) {  /* (a huge int: the Python loop's) */
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
+    if (g_pn_type == NULL || g_InsertResult == NULL || !PyList_CheckExact(plan) || ps < 1)
+        Py_RETURN_NONE;
+    Py_ssize_t np = PyList_GET_SIZE(plan);
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *it = PyList_GET_ITEM(plan, i);
+        if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 2
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
+            Py_RETURN_NONE;
+    }
+    KeyView uk;
+    if (key_view(units, &uk) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t un = uk.n;
+    key_release(&uk);
+    if (un != n)
+        Py_RETURN_NONE;
+
+    PyObject *ev = NULL, *vs = NULL, *deferred = NULL, *heap = NULL, *lru = NULL, *head = NULL,
+             *root = NULL, *node = NULL, *child = NULL, *rec = NULL, *both = NULL,
+             *result = NULL;
+    long long clock = 0;
+    int started = 0;
+    if ((ev = PyObject_GetAttr(cache, s_ci_events)) == NULL
+            || (vs = PyObject_GetAttr(cache, s_validate)) == NULL
+            || (deferred = PyObject_GetAttr(cache, s_ci_deferred)) == NULL
+            || (heap = PyObject_GetAttr(cache, s_heap)) == NULL
+            || (lru = PyObject_GetAttr(comp, s_ci_lru)) == NULL
+            || (head = PyObject_GetAttr(lru, s_ci_head)) == NULL
+            || (root = PyObject_GetAttr(cache, s_root_node)) == NULL)
+        goto fail;
+    int vtrue = PyObject_IsTrue(vs);
+    if (vtrue < 0)
+        goto fail;
+    if ((direct && !PyList_CheckExact(deferred)) || !PyList_CheckExact(heap)) {
+        result = Py_NewRef(Py_None);  /* the Python loop's: nothing changed */
+        goto done;
+    }
+    if (ci_clock_in(cache, &clock) < 0)
+        goto fail;
+    started = 1;
+
+    /* the walk (``_touch`` of each planned node, its split, overlap and duplicates) */
+    node = Py_NewRef(root);
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *it = PyList_GET_ITEM(plan, i);
+        Py_ssize_t shared = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 1));
+        if (shared == -1 && PyErr_Occurred())
+            goto fail;
+        Py_XSETREF(child, Py_NewRef(PyTuple_GET_ITEM(it, 0)));
+        clock += g_stride;
+        PyObject *stamp = PyLong_FromLongLong(clock);
+        if (stamp == NULL)
+            goto fail;
+        if (ci_nset(child, PN_last_access_time, s_ci_last_access, stamp) < 0) {
+            Py_DECREF(stamp);
+            goto fail;
+        }
+        long long lr = 0, al = 0, dc = 0;
+        if (ci_nget_ll(child, PN_lock_ref, s_ci_lock_ref, &lr) < 0
+                || (lr == 0 && ci_nget_ll(child, PN_aux_lock, s_ci_aux_lock, &al) < 0)
+                || (lr == 0 && al == 0
+                    && ci_nget_ll(child, PN_dev_children, s_ci_dev_children, &dc) < 0)) {
+            Py_DECREF(stamp);
+            goto fail;
+        }
+        if (lr == 0 && al == 0 && dc == 0 && ci_push(heap, stamp, child) < 0) {
+            Py_DECREF(stamp);
+            goto fail;
+        }
+        Py_DECREF(stamp);
+        Py_XSETREF(rec, ci_rec(child));
+        if (rec == NULL)
+            goto fail;
+        PyObject *rv = ci_aget(rec, AD_value, s_value);
+        if (rv == NULL)
+            goto fail;
+        int has = rv != Py_None;
+        Py_DECREF(rv);
+        if (has && ci_move_front(head, rec) < 0)
+            goto fail;
+        Py_ssize_t klen = ci_key_len(child);
+        if (klen < 0)
+            goto fail;
+        if (shared < klen) {
+            PyObject *up = ci_call2(cache, cache, s_ci_split_m, child, shared, &clock);
+            if (up == NULL)
+                goto fail;
+            Py_SETREF(child, up);
+        }
+        Py_ssize_t end = pos + shared, taken = shared;
+        /* a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md) */
+        if (is_swa && prev < end) {
+            int empty = ci_rec_empty(child);
+            if (empty < 0 || (empty && ci_nget_ll(child, PN_lock_ref, s_ci_lock_ref, &lr) < 0))
+                goto fail;
+            if (empty && lr == 0) {
+                if (ci_clock_out(cache, clock) < 0)
+                    goto fail;
+                PyObject *a[7];
+                PyObject *o_pos = PyLong_FromSsize_t(pos), *o_sh = PyLong_FromSsize_t(shared);
+                PyObject *t = NULL;
+                if (o_pos != NULL && o_sh != NULL) {
+                    a[0] = swa; a[1] = child; a[2] = o_pos; a[3] = o_sh; a[4] = value;
+                    a[5] = args[7]; a[6] = args[8];
+                    t = PyObject_VectorcallMethod(s_ci_overlap, a,
+                                                  7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                }
+                Py_XDECREF(o_pos);
+                Py_XDECREF(o_sh);
+                if (t == NULL)
+                    goto fail;
+                taken = PyLong_AsSsize_t(t);
+                Py_DECREF(t);
+                if ((taken == -1 && PyErr_Occurred()) || ci_clock_in(cache, &clock) < 0)
+                    goto fail;
+            }
+        }
+        Py_ssize_t lo = prev > pos ? prev : pos;
+        if (lo < pos + taken) {  /* this node's duplicates: one piece per node */
+            PyObject *piece = ci_slice(value, lo, pos + taken);
+            if (piece == NULL)
+                goto fail;
+            int r;
+            if (direct) {
+                r = PyList_Append(deferred, piece);
+            } else {
+                PyObject *a[2] = {cache, piece};
+                r = discard(PyObject_VectorcallMethod(s_ci_free_m, a,
+                                                      2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
+            }
+            Py_DECREF(piece);
+            if (r < 0)
+                goto fail;
+        }
+        Py_SETREF(node, child);
+        child = NULL;
+        pos = end;
+    }
+
+    /* the new leaf */
+    PyObject *target = node;  /* (borrowed from node) */
+    int is_new = 0, exist = 0;
+    if (pos < n) {
+        if (is_swa && e >= n) {  /* (``skips_leaf``: wholly outside the window) */
+            PyObject *piece = ci_slice(value, pos, n);
+            if (piece == NULL)
+                goto fail;
+            PyObject *a[2] = {cache, piece};
+            int r = discard(PyObject_VectorcallMethod(s_ci_free_m, a,
+                                                      2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
+            Py_DECREF(piece);
+            if (r < 0)
+                goto fail;
+            if (ci_clock_out(cache, clock) < 0)
+                goto fail;
+            started = 0;
+            result = ci_result(pos, 0, 0);
+            goto done;
+        }
+        clock += g_stride;
+        PyObject *rest = NULL, *ck = NULL, *full = NULL, *stamp = NULL, *leaf = NULL,
+                 *nrec = NULL, *tup = NULL, *children = NULL;
+        int ok = 0;
+        PyObject *o_pos = PyLong_FromSsize_t(pos), *o_len = PyLong_FromSsize_t(n - pos);
+        if (o_pos == NULL || o_len == NULL)
+            goto leaf_done;
+        PyObject *sl = PySlice_New(o_pos, NULL, NULL);
+        if (sl == NULL)
+            goto leaf_done;
+        rest = PyObject_GetItem(units, sl);
+        Py_DECREF(sl);
+        if (rest == NULL)
+            goto leaf_done;
+        if (ps == 1) {
+            ck = PySequence_GetItem(rest, 0);
+        } else {
+            PyObject *pg = PySequence_GetSlice(rest, 0, ps);
+            ck = pg == NULL ? NULL : PySequence_Tuple(pg);
+            Py_XDECREF(pg);
+        }
+        if (ck == NULL)
+            goto leaf_done;
+        if (ek != Py_None) {
+            PyObject *pair = PyTuple_Pack(2, ek, ck);
+            Py_SETREF(ck, pair);
+            if (ck == NULL)
+                goto leaf_done;
+        }
+        /* the Full slots (a copy) and, where the window starts at or before the leaf, its
+         * SWA slots over sglang's map in one pass (swa_leaf) */
+        if (is_swa && e <= pos) {
+            PyObject *mp = PyObject_GetAttr(swa, s_ci_map_pool);
+            if (mp == NULL)
+                goto leaf_done;
+            if (mp != Py_None) {
+                /* (through the module's attribute, as the Python function calls it) */
+                PyObject *mapping = PyObject_GetAttr(mp, s_mapping);
+                PyObject *fn = mapping == NULL ? NULL : PyObject_GetAttr(mod, s_ci_swa_leaf);
+                if (fn != NULL) {
+                    PyObject *a[4] = {value, o_pos, o_len, mapping};
+                    both = PyObject_Vectorcall(fn, a, 4, NULL);
+                    Py_DECREF(fn);
+                }
+                Py_XDECREF(mapping);
+                if (both == NULL) {
+                    Py_DECREF(mp);
+                    goto leaf_done;
+                }
+                if (both == Py_None)
+                    Py_CLEAR(both);
+            }
+            Py_DECREF(mp);
+        }
+        full = both == NULL ? narrow_copy(value, pos, n - pos) : PySequence_GetItem(both, 0);
+        if (full == NULL || (stamp = PyLong_FromLongLong(clock)) == NULL)
+            goto leaf_done;
+        PyObject *na[6] = {rest, full, node, ek, stamp, ck};
+        leaf = PyObject_Vectorcall((PyObject *)g_pn_type, na, 6, NULL);
+        if (leaf == NULL)
+            goto leaf_done;
+        if ((nrec = PyObject_CallOneArg((PyObject *)g_ad_type, leaf)) == NULL
+                || (tup = PyTuple_Pack(1, nrec)) == NULL
+                || ci_nset(leaf, PN_aux, s_ci_aux, tup) < 0
+                || (children = ci_nget(node, PN_children, s_ci_children)) == NULL
+                || PyObject_SetItem(children, ck, leaf) < 0)
+            goto leaf_done;
+        long long dc = 0;
+        if (ci_nget_ll(node, PN_dev_children, s_ci_dev_children, &dc) < 0)
+            goto leaf_done;
+        PyObject *dco = PyLong_FromLongLong(dc + 1);
+        if (dco == NULL)
+            goto leaf_done;
+        int r = ci_nset(node, PN_dev_children, s_ci_dev_children, dco);
+        Py_DECREF(dco);
+        if (r < 0 || ci_add_attr(cache, s_evictable, (long long)(n - pos)) < 0)
+            goto leaf_done;
+        if (vtrue) {  /* (``_own``: the slot ledger takes the leaf's slots) */
+            PyObject *owned = PyObject_GetAttr(cache, s_owned);
+            PyObject *lv = owned == NULL ? NULL : ci_nget(leaf, PN_value, s_value);
+            PyObject *lst = lv == NULL ? NULL : PyObject_CallMethodNoArgs(lv, s_tolist);
+            r = lst == NULL ? -1 : discard(PyObject_CallMethodOneArg(owned, s_update, lst));
+            Py_XDECREF(owned);
+            Py_XDECREF(lv);
+            Py_XDECREF(lst);
+            if (r < 0)
+                goto leaf_done;
+        }
+        PyObject *lt = ci_nget(leaf, PN_last_access_time, s_ci_last_access);
+        if (lt == NULL)
+            goto leaf_done;
+        r = ci_push(heap, lt, leaf);  /* (a new leaf: unlocked, no children) */
+        Py_DECREF(lt);
+        if (r < 0)
+            goto leaf_done;
+        if (ev != Py_None) {  /* (KV events: the new leaf is stored) */
+            PyObject *a[2] = {ev, leaf};
+            if (discard(PyObject_VectorcallMethod(s_ci_stored, a,
+                                                  2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)) < 0)
+                goto leaf_done;
+        }
+        ok = 1;
+    leaf_done:
+        Py_XDECREF(o_pos);
+        Py_XDECREF(o_len);
+        Py_XDECREF(rest);
+        Py_XDECREF(ck);
+        Py_XDECREF(full);
+        Py_XDECREF(stamp);
+        Py_XDECREF(nrec);
+        Py_XDECREF(tup);
+        Py_XDECREF(children);
+        if (!ok) {
+            Py_XDECREF(leaf);
+            goto fail;
+        }
+        Py_SETREF(node, leaf);  /* (node holds the target from here) */
+        target = node;
+        is_new = 1;
+    }
+
+    /* the component's commit */
+    if (is_swa) {  /* (``SwaComponent.commit``) */
+        Py_ssize_t tk = is_new ? ci_key_len(target) : 0;
+        if (tk < 0)
+            goto fail;
+        if (is_new && e - pos < tk) {
+            if (e - pos > 0) {
+                PyObject *up = ci_call2(cache, cache, s_ci_split_m, target, e - pos, &clock);
+                if (up == NULL)
+                    goto fail;
+                Py_DECREF(up);
+            }
+            Py_XSETREF(rec, ci_rec(target));  /* (``AuxComponent.set`` of a new leaf) */
+            if (rec == NULL)
+                goto fail;
+            PyObject *sv;
+            if (both != NULL) {
+                sv = PySequence_GetItem(both, 1);
+            } else {
+                PyObject *tv = ci_nget(target, PN_value, s_value);
+                if (tv == NULL)
+                    goto fail;
+                PyObject *a[2] = {comp, tv};
+                sv = PyObject_VectorcallMethod(s_ci_translate, a,
+                                               2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                Py_DECREF(tv);
+            }
+            if (sv == NULL)
+                goto fail;
+            int r = ci_aset(rec, AD_value, s_value, sv);
+            Py_DECREF(sv);
+            if (r < 0 || ci_link_front(head, rec) < 0)
+                goto fail;
+            if ((tk = ci_key_len(target)) < 0 || ci_add_attr(comp, s_ci_c_evictable, tk) < 0)
+                goto fail;
+        }
+    } else {
+        Py_XSETREF(rec, ci_rec(target));
+        if (rec == NULL)
+            goto fail;
+        PyObject *rv = ci_aget(rec, AD_value, s_value);
+        if (rv == NULL)
+            goto fail;
+        int empty = rv == Py_None;
+        Py_DECREF(rv);
+        if (is_new || empty) {  /* (``MambaComponent.commit``, ``AuxComponent.set``) */
+            if (ci_aset(rec, AD_value, s_value, prepared) < 0 || ci_link_front(head, rec) < 0)
+                goto fail;
+            PyObject *lk = ci_aget(rec, AD_lock, s_lock);
+            if (lk == NULL)
+                goto fail;
+            int locked = PyObject_IsTrue(lk);
+            Py_DECREF(lk);
+            if (locked < 0 || ci_add_attr(comp, locked ? s_ci_c_protected : s_ci_c_evictable,
+                                          1) < 0)
+                goto fail;
+            PyObject *tr = PyObject_GetAttr(comp, s_ci_tracks);
+            if (tr == NULL)
+                goto fail;
+            int tracks = PyObject_IsTrue(tr);
+            Py_DECREF(tr);
+            if (tracks < 0)
+                goto fail;
+            if (tracks) {
+                PyObject *a[2] = {comp, prepared};
+                if (discard(PyObject_VectorcallMethod(s_ci_on_set, a,
+                                                      2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                      NULL)) < 0)
+                    goto fail;
+            }
+        } else {
+            if (ci_move_front(head, rec) < 0)
+                goto fail;
+            exist = 1;
+        }
+        if (!is_new) {  /* (``cache._stamp(target)``) */
+            if (ci_clock_out(cache, clock) < 0)
+                goto fail;
+            PyObject *a[2] = {cache, target};
+            if (discard(PyObject_VectorcallMethod(s_ci_stamp_m, a,
+                                                  2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)) < 0
+                    || ci_clock_in(cache, &clock) < 0)
+                goto fail;
+        }
+    }
+    if (ci_clock_out(cache, clock) < 0)
+        goto fail;
+    started = 0;
+    if (direct && PyList_GET_SIZE(deferred)) {
+        /* ``insert``'s release of its queue, written here (see the Python function); where
+         * the native frees decline (nothing changed) the pieces stay queued for ``insert`` */
+        PyObject *alloc = PyObject_GetAttr(cache, s_alloc);
+        PyObject *done = alloc == NULL ? NULL : core_native_release_own(alloc, deferred);
+        Py_XDECREF(alloc);
+        if (done == NULL) {
+            if (alloc != NULL) {  /* (tried once, as ``insert``'s release would have) */
+                PyObject *et, *evv, *tb;
+                PyErr_Fetch(&et, &evv, &tb);
+                if (PyList_SetSlice(deferred, 0, PyList_GET_SIZE(deferred), NULL) < 0)
+                    PyErr_Clear();
+                PyErr_Restore(et, evv, tb);
+            }
+            goto fail;
+        }
+        int yes = done == Py_True;
+        Py_DECREF(done);
+        if (yes && PyList_SetSlice(deferred, 0, PyList_GET_SIZE(deferred), NULL) < 0)
+            goto fail;
+    }
+    result = ci_result(pos, total, exist);
+    goto done;
+fail:
+    if (started)
+        write_back(cache, s_clock, clock);
+    result = NULL;
+done:
+    Py_XDECREF(ev);
+    Py_XDECREF(vs);
+    Py_XDECREF(deferred);
+    Py_XDECREF(heap);
+    Py_XDECREF(lru);
+    Py_XDECREF(head);
+    Py_XDECREF(root);
+    Py_XDECREF(node);
+    Py_XDECREF(child);
+    Py_XDECREF(rec);
+    Py_XDECREF(both);
+    return result;
+}
+
+/* one_plan(root, units, extra_key, page_size, step) -> [(node, shared units), ...]: fast/cache.py
+ * _plan (the whole walk of an insert, before anything changes) from root, one step per node
+ * through step (keys.match_step: this module's match_step called directly when it is that
+ * function, else called as Python calls it), each pair a new tuple as the Python loop makes. */
+static PyObject *
+core_one_plan(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "one_plan(root, units, extra_key, page_size, step)");
+        return NULL;
+    }
+    PyObject *units = args[1], *ek = args[2], *ps = args[3], *step = args[4];
+    int native = PyCFunction_Check(step) && ((PyCFunctionObject *)step)->m_ml->ml_meth
+        == (PyCFunction)(void (*)(void))core_match_step;
+    Py_ssize_t n = PyObject_Size(units);
+    if (n < 0)
+        return NULL;
+    PyObject *n_o = PyLong_FromSsize_t(n), *plan = n_o == NULL ? NULL : PyList_New(0);
+    PyObject *node = Py_NewRef(args[0]), *pos = Py_NewRef(s_zero), *r = NULL;
+    if (plan == NULL)
+        goto fail;
+    for (;;) {
+        int more = PyObject_RichCompareBool(pos, n_o, Py_LT);
+        if (more < 0)
+            goto fail;
+        if (!more)
+            break;
+        PyObject *children = ci_nget(node, PN_children, s_ci_children);
+        if (children == NULL)
+            goto fail;
+        PyObject *a[6] = {children, units, pos, n_o, ps, ek};
+        r = native ? core_match_step(NULL, a, 6) : PyObject_Vectorcall(step, a, 6, NULL);
+        Py_DECREF(children);
+        if (r == NULL)
+            goto fail;
+        if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) != 3) {  /* (unpacked as Python) */
+            PyObject *t = PySequence_Tuple(r);
+            Py_SETREF(r, t);
+            if (r == NULL)
+                goto fail;
+            if (PyTuple_GET_SIZE(r) != 3) {
+                PyErr_Format(PyExc_ValueError, PyTuple_GET_SIZE(r) > 3
+                             ? "too many values to unpack (expected 3)"
+                             : "not enough values to unpack (expected 3, got %zd)",
+                             PyTuple_GET_SIZE(r));
+                goto fail;
+            }
+        }
+        PyObject *child = PyTuple_GET_ITEM(r, 0), *k = PyTuple_GET_ITEM(r, 1);
+        if (child == Py_None)
+            break;
+        PyObject *pair = PyTuple_Pack(2, child, k);
+        if (pair == NULL)
+            goto fail;
+        int ok = PyList_Append(plan, pair);
+        Py_DECREF(pair);
+        if (ok < 0)
+            goto fail;
+        int split = PyObject_IsTrue(PyTuple_GET_ITEM(r, 2));
+        if (split < 0)
+            goto fail;
+        if (split)
+            break;
+        PyObject *next = PyNumber_Add(pos, k);
+        if (next == NULL)
+            goto fail;
+        Py_SETREF(pos, next);
+        Py_SETREF(node, Py_NewRef(child));
+        Py_CLEAR(r);
+    }
+    Py_XDECREF(r);
+    Py_DECREF(node);
+    Py_DECREF(pos);
+    Py_DECREF(n_o);
+    return plan;
+fail:
+    Py_XDECREF(r);
+    Py_DECREF(node);
+    Py_DECREF(pos);
+    Py_XDECREF(n_o);
+    Py_XDECREF(plan);
+    return NULL;
+}
+
 static PyMethodDef core_methods[] = {
     {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
      "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
@@ -6541,6 +7356,13 @@ static PyMethodDef core_methods[] = {
      "aux_evict_mamba(cache, comp, want, mamba_want, kv, states) -> (Full units, states): "
      "fast/one_aux.py _evict_mamba's loops, the frees appended to kv and states; None: "
      "declined, nothing changed"},
+    {"one_insert", (PyCFunction)(void (*)(void))core_one_insert, METH_FASTCALL,
+     "one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared, "
+     "direct, page_size) -> InsertResult: fast/one_aux.py insert_one's walk, leaf and commit; "
+     "None where the Python loop must run (nothing changed)"},
+    {"one_plan", (PyCFunction)(void (*)(void))core_one_plan, METH_FASTCALL,
+     "one_plan(root, units, extra_key, page_size, step) -> [(node, shared units)]: "
+     "fast/cache.py _plan's walk from root"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -6650,6 +7472,30 @@ PyInit__core(void)
     INTERN(s_ce_events, "_events");
     INTERN(s_ce_removed, "removed");
     INTERN(s_ce_lru_prev, "lru_prev");
+    INTERN(s_ci_events, "_events");
+    INTERN(s_ci_deferred, "_deferred");
+    INTERN(s_ci_lru, "lru");
+    INTERN(s_ci_head, "head");
+    INTERN(s_ci_lru_prev, "lru_prev");
+    INTERN(s_ci_lru_next, "lru_next");
+    INTERN(s_ci_split_m, "_split");
+    INTERN(s_ci_overlap, "overlap");
+    INTERN(s_ci_free_m, "_free");
+    INTERN(s_ci_translate, "translate");
+    INTERN(s_ci_stamp_m, "_stamp");
+    INTERN(s_ci_tracks, "tracks_slots");
+    INTERN(s_ci_on_set, "on_set");
+    INTERN(s_ci_map_pool, "map_pool");
+    INTERN(s_ci_c_evictable, "evictable");
+    INTERN(s_ci_c_protected, "protected");
+    INTERN(s_ci_last_access, "last_access_time");
+    INTERN(s_ci_lock_ref, "lock_ref");
+    INTERN(s_ci_aux_lock, "aux_lock");
+    INTERN(s_ci_dev_children, "dev_children");
+    INTERN(s_ci_aux, "aux");
+    INTERN(s_ci_children, "children");
+    INTERN(s_ci_swa_leaf, "swa_leaf");
+    INTERN(s_ci_stored, "stored");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import compat, keys, policies
-from .cache import STRIDE, _core
+from .cache import STRIDE, UnifiedRadixCache, _core
 from .components import MAMBA_ID, SWA_ID, AuxData
 from .components.mamba import mamba_state
 from .components.swa import SWA_SPLIT_EPOCH, lock_window, split_off_skipped
@@ -52,6 +52,7 @@ _INF = float("inf")
 _INT64 = torch.int64
 _cat = torch.cat
 _narrow_copy = torch.narrow_copy
+_PLAN = UnifiedRadixCache._plan  # (insert_one plans in C where the cache's is this one)
 
 if _core is not None:
     # the slot offsets of the node, record and LRU-end classes, so the C core's paths of the
@@ -210,7 +211,10 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
         value = value[:n]  # (a slice: the view torch.narrow makes, in half its time)
     root = cache.root_node
     # the walk, before anything changes (``_plan``): (node, units shared), the last one cut
-    plan = cache._plan(ek, units)
+    if _core is not None and type(cache)._plan is _PLAN:  # (the same walk, one C call)
+        plan = _core.one_plan(root, units, ek, ps, keys.match_step)
+    else:
+        plan = cache._plan(ek, units)
     if cache.validate_slots and not cache.disable:
         cache._check_slot_list(plan, value.tolist(), prev)
     swa = cache.swa
@@ -254,6 +258,11 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
     deferred = cache._deferred
     direct = swa is None and deferred is not None and _core is not None \
         and not cache.validate_slots
+    if _core is not None:  # the rest in C, the same steps (fast/_core.c "composed tree: cinsert")
+        done = _core.one_insert(cache, comp, swa, plan, value, units, ek, prev, e, n, total,
+                                prepared, direct, ps)
+        if done is not None:
+            return done
     node, pos = root, 0
     for child, shared in plan:
         # ``_touch``: the newest stamp, a fresh heap entry for a leaf, its record to the front
