@@ -21,6 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_mamba_direct_frees import ListAllocator  # noqa: E402  (tests/fast's own)
+
 import uniradix.fast as fast  # noqa: E402
 from uniradix.conformance.bench.hybrid import SwaFreeListAllocator  # noqa: E402
 from uniradix.fast import one_aux  # noqa: E402
@@ -55,28 +57,11 @@ class _Core:
         return r
 
 
-class StateAllocator:
-    """A Mamba state / KV allocator outside sglang: a free list ``free`` appends to, and a log
-    of every ``free`` call's slots."""
+class StateAllocator(ListAllocator):
+    """A Mamba state / KV allocator outside sglang (test_mamba_direct_frees.py's: a free list
+    ``free`` appends to, and a log of every ``free`` call's slots) that says its frees append."""
 
     uniradix_free_order = "append"
-
-    def __init__(self, slots: int) -> None:
-        self.free_slots = torch.arange(1, slots + 1, dtype=torch.int64)
-        self.log: list = []
-
-    def available_size(self) -> int:
-        return len(self.free_slots)
-
-    def alloc(self, n: int):
-        if n > len(self.free_slots):
-            return None
-        out, self.free_slots = self.free_slots[:n].clone(), self.free_slots[n:]
-        return out
-
-    def free(self, index) -> None:
-        self.log.append(index.tolist())
-        self.free_slots = torch.cat((self.free_slots, index))
 
 
 class Events:
