@@ -17,6 +17,13 @@ construction (``_pick_fast_paths``); every other shape runs the general paths.  
 
 tests/fast/test_one_aux.py drives each fast path and its general path through the same
 scenarios and compares the trees.
+
+With the C core built, each of these functions first hands the call to its C twin in
+fast/_core.c ("composed tree" sections: ``one_match``, ``clock_inc`` / ``clock_dec``,
+``one_plan`` / ``one_insert``, ``aux_evict_swa`` / ``aux_evict_mamba``), which does the same
+steps on the same objects; where the twin declines (None, nothing changed) the Python code
+below runs, and it is the whole path with ``UNIRADIX_PURE_PYTHON=1``.
+tests/fast/test_one_aux_c_*.py run each twin against the Python code.
 """
 
 from __future__ import annotations
