@@ -814,7 +814,14 @@ core_page_hash(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
 /* ---- the heap: a Python list of (stamp, node) tuples with heapq's invariant ---------------- */
 
-/* a < b for heap entries; -1 on error.  Fast path for (int, TreeNode) tuples. */
+/* The composed tree's node class and its id slot's offset (set by setup_pynode, in the
+ * "Python-node fields" section below; declared here for entry_lt). */
+static PyTypeObject *g_pn_type;
+static Py_ssize_t PN_id;
+
+/* a < b for heap entries; -1 on error.  Fast path for (int, node) tuples, for the C core's
+ * TreeNode and for the composed tree's pure-Python Node (its id slot an exact int): stamps,
+ * then ids, as the tuples' own comparison and the nodes' __lt__ order them. */
 static int
 entry_lt(PyObject *a, PyObject *b)
 {
@@ -822,7 +829,10 @@ entry_lt(PyObject *a, PyObject *b)
             && PyTuple_GET_SIZE(b) == 2) {
         PyObject *sa = PyTuple_GET_ITEM(a, 0), *sb = PyTuple_GET_ITEM(b, 0);
         PyObject *na = PyTuple_GET_ITEM(a, 1), *nb = PyTuple_GET_ITEM(b, 1);
-        if (PyLong_CheckExact(sa) && PyLong_CheckExact(sb) && IS_NODE(na) && IS_NODE(nb)) {
+        int c_nodes = IS_NODE(na) && IS_NODE(nb);
+        int py_nodes = !c_nodes && g_pn_type != NULL && (PyTypeObject *)Py_TYPE(na) == g_pn_type
+                       && (PyTypeObject *)Py_TYPE(nb) == g_pn_type;
+        if (PyLong_CheckExact(sa) && PyLong_CheckExact(sb) && (c_nodes || py_nodes)) {
             int ovf_a, ovf_b;
             long long x = PyLong_AsLongLongAndOverflow(sa, &ovf_a);
             long long y = PyLong_AsLongLongAndOverflow(sb, &ovf_b);
@@ -831,7 +841,16 @@ entry_lt(PyObject *a, PyObject *b)
                     return x < y;
                 if (na == nb)
                     return 0;
-                return ((Node *)na)->id < ((Node *)nb)->id;
+                if (c_nodes)
+                    return ((Node *)na)->id < ((Node *)nb)->id;
+                PyObject *ia = *(PyObject **)((char *)na + PN_id);
+                PyObject *ib = *(PyObject **)((char *)nb + PN_id);
+                if (ia != NULL && ib != NULL && PyLong_CheckExact(ia) && PyLong_CheckExact(ib)) {
+                    x = PyLong_AsLongLongAndOverflow(ia, &ovf_a);
+                    y = PyLong_AsLongLongAndOverflow(ib, &ovf_b);
+                    if (!ovf_a && !ovf_b)
+                        return x < y;
+                }
             }
         }
     }
@@ -4370,7 +4389,7 @@ core_swa_leaf(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  *  - a write takes a new reference and drops the old one after the store (Py_XSETREF).
  */
 
-static PyTypeObject *g_pn_type = NULL, *g_ad_type = NULL, *g_se_type = NULL;
+static PyTypeObject *g_pn_type, *g_ad_type = NULL, *g_se_type = NULL;
 
 /* Node (fast/node.py) */
 static Py_ssize_t PN_children, PN_parent, PN_key, PN_value, PN_lock_ref, PN_last_access_time,
@@ -4648,54 +4667,6 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
     return 1;
 }
 
-/* a < b for two heap entries, as heapq compares them; -1 on error.  (stamp, Node) tuples with
- * int stamps: the stamps, then (the same node: equal) Node.__lt__, which compares ids. */
-static int
-ck_lt(PyObject *a, PyObject *b)
-{
-    if (PyTuple_CheckExact(a) && PyTuple_CheckExact(b) && PyTuple_GET_SIZE(a) == 2
-            && PyTuple_GET_SIZE(b) == 2) {
-        PyObject *na = PyTuple_GET_ITEM(a, 1), *nb = PyTuple_GET_ITEM(b, 1);
-        long long x, y, ia, ib;
-        if (ck_ll(PyTuple_GET_ITEM(a, 0), &x) && ck_ll(PyTuple_GET_ITEM(b, 0), &y)
-                && PN_IS(na) && PN_IS(nb) && ck_ll(SLOT_AT(na, PN_id), &ia)
-                && ck_ll(SLOT_AT(nb, PN_id), &ib)) {
-            if (x != y)
-                return x < y;
-            return na != nb && ia < ib;
-        }
-    }
-    return PyObject_RichCompareBool(a, b, Py_LT);
-}
-
-/* heapq.heappush(heap, entry): the same comparisons, the same list afterwards. */
-static int
-ck_heap_push(PyObject *heap, PyObject *entry)
-{
-    if (PyList_Append(heap, entry) < 0)
-        return -1;
-    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1, size = pos + 1;
-    while (pos > 0) {
-        Py_ssize_t up = (pos - 1) >> 1;
-        PyObject *parent = PyList_GET_ITEM(heap, up);
-        Py_INCREF(parent);
-        int lt = ck_lt(entry, parent);
-        Py_DECREF(parent);
-        if (lt < 0)
-            return -1;
-        if (size != PyList_GET_SIZE(heap) || PyList_GET_ITEM(heap, pos) != entry) {
-            PyErr_SetString(PyExc_RuntimeError, "list changed size during iteration");
-            return -1;
-        }
-        if (!lt)
-            break;
-        PyList_SET_ITEM(heap, pos, PyList_GET_ITEM(heap, up));
-        PyList_SET_ITEM(heap, up, entry);
-        pos = up;
-    }
-    return 0;
-}
-
 /* one_aux._push_unlocked: node (unlocked now) on the heap, twice when both its counts reached
  * 0, if it is an evictable leaf. */
 static int
@@ -4707,9 +4678,9 @@ ck_push_unlocked(PyObject *heap, PyObject *node, int twice)
     PyObject *entry = PyTuple_Pack(2, SLOT_AT(node, PN_last_access_time), node);
     if (entry == NULL)
         return -1;
-    int r = ck_heap_push(heap, entry);
+    int r = heap_push(heap, entry);
     if (r == 0 && twice)
-        r = ck_heap_push(heap, entry);
+        r = heap_push(heap, entry);
     Py_DECREF(entry);
     return r;
 }
@@ -5138,7 +5109,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             PyObject *entry = PyTuple_Pack(2, SLOT_AT(cur, PN_last_access_time), cur);
             if (entry == NULL)
                 goto done;
-            int pr_ = ck_heap_push(heap, entry);
+            int pr_ = heap_push(heap, entry);
             Py_DECREF(entry);
             if (pr_ < 0)
                 goto done;
@@ -5805,38 +5776,6 @@ typedef struct {
     long long units;     /* the component's units evicted */
 } AuxEvict;
 
-/* a < b for two heap entries, as Python's `<` on them: a fast path for (int, Node) tuples
- * (the stamp first, then Node.__lt__, which compares ids; the same node is equal to itself),
- * else Python's comparison. */
-static int
-ce_entry_lt(PyObject *a, PyObject *b)
-{
-    if (PyTuple_CheckExact(a) && PyTuple_CheckExact(b) && PyTuple_GET_SIZE(a) == 2
-            && PyTuple_GET_SIZE(b) == 2) {
-        PyObject *sa = PyTuple_GET_ITEM(a, 0), *sb = PyTuple_GET_ITEM(b, 0);
-        PyObject *na = PyTuple_GET_ITEM(a, 1), *nb = PyTuple_GET_ITEM(b, 1);
-        if (PyLong_CheckExact(sa) && PyLong_CheckExact(sb) && PN_IS(na) && PN_IS(nb)) {
-            int oa, ob;
-            long long x = PyLong_AsLongLongAndOverflow(sa, &oa);
-            long long y = PyLong_AsLongLongAndOverflow(sb, &ob);
-            if (!oa && !ob) {
-                if (x != y)
-                    return x < y;
-                if (na == nb)
-                    return 0;
-                PyObject *ia = SLOT_AT(na, PN_id), *ib = SLOT_AT(nb, PN_id);
-                if (ia != NULL && ib != NULL && PyLong_CheckExact(ia) && PyLong_CheckExact(ib)) {
-                    x = PyLong_AsLongLongAndOverflow(ia, &oa);
-                    y = PyLong_AsLongLongAndOverflow(ib, &ob);
-                    if (!oa && !ob)
-                        return x < y;
-                }
-            }
-        }
-    }
-    return PyObject_RichCompareBool(a, b, Py_LT);
-}
-
 /* heapq's _siftdown(heap, start, pos): the item at pos moves up while it is below its parent. */
 static int
 ce_siftdown(PyObject *heap, Py_ssize_t start, Py_ssize_t pos)
@@ -5847,7 +5786,7 @@ ce_siftdown(PyObject *heap, Py_ssize_t start, Py_ssize_t pos)
         PyObject *item = PyList_GET_ITEM(heap, pos), *parent = PyList_GET_ITEM(heap, up);
         Py_INCREF(item);
         Py_INCREF(parent);
-        int lt = ce_entry_lt(item, parent);
+        int lt = entry_lt(item, parent);
         Py_DECREF(parent);
         Py_DECREF(item);
         if (lt < 0)
@@ -5864,15 +5803,6 @@ ce_siftdown(PyObject *heap, Py_ssize_t start, Py_ssize_t pos)
         pos = up;
     }
     return 0;
-}
-
-/* heapq.heappush(heap, entry): entry is borrowed (the list takes its own reference). */
-static int
-ce_heappush(PyObject *heap, PyObject *entry)
-{
-    if (PyList_Append(heap, entry) < 0)
-        return -1;
-    return ce_siftdown(heap, 0, PyList_GET_SIZE(heap) - 1);
 }
 
 /* heapq.heappop(heap) of a non-empty list (new reference): the last item goes to the top,
@@ -5900,7 +5830,7 @@ ce_heappop(PyObject *heap)
             PyObject *a = PyList_GET_ITEM(heap, c), *b = PyList_GET_ITEM(heap, c + 1);
             Py_INCREF(a);
             Py_INCREF(b);
-            int lt = ce_entry_lt(a, b);
+            int lt = entry_lt(a, b);
             Py_DECREF(a);
             Py_DECREF(b);
             if (lt < 0)
@@ -6094,7 +6024,7 @@ ce_unhook(AuxEvict *ev, PyObject *node)
         rc = -1;
         goto done;
     }
-    rc = ce_heappush(ev->heap, entry);
+    rc = heap_push(ev->heap, entry);
     Py_DECREF(entry);
 done:
     Py_DECREF(parent);
