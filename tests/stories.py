@@ -116,3 +116,20 @@ XBUF_STORY = [("req_arrive", {"rid": "a", "tokens": list(range(1, 12))}),
               ("req_chunk", {"rid": "a", "n": 6, "chunked": True}),
               ("req_chunk", {"rid": "a", "n": 5, "chunked": False}),
               ("req_decode", {"rid": "a", "n": 7}), ("req_finish", {"rid": "a"})]
+
+
+def replay_twins(ls, steps: list, same=None) -> list[str]:
+    """Recorded ``steps`` (their recorded answers dropped) through ``ls``, a lockstep of two
+    twins (one cache on a path, the other on the path it stands for), primed here: each step's
+    observations must agree, and ``same(step)``, when given, asserts what else the two must
+    share after it (trees, heaps, logs).  Returns the ops run, in order."""
+    ls.prime()
+    ops = []
+    for step in steps:
+        step = {k: v for k, v in step.items() if k != "ret"}
+        _, finding = ls.check(step, full=True)
+        assert finding is None, str(finding)
+        if same is not None:
+            same(step)
+        ops.append(step["op"])
+    return ops

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from stories import replay_twins
 from uniradix.conformance.adapters.base import make_adapter
 from uniradix.conformance.explore.driver import make_config, record
 from uniradix.conformance.explore.lockstep import Lockstep
@@ -207,13 +208,12 @@ def test_c_locks_equal_the_python_locks(name, seed, counted):
     c_twin = _recording(make_adapter("fast", config), logs[0], python=False)
     py_twin = _recording(make_adapter("fast", config), logs[1], python=True)
     ls = Lockstep([c_twin, py_twin], ["C locks", "Python locks"], events=False)
-    ls.prime()
-    for step in steps:
-        step = {k: v for k, v in step.items() if k != "ret"}
-        _, finding = ls.check(step, full=True)
-        assert finding is None, str(finding)
+
+    def same_trees_and_logs(step):
         assert tree_state(c_twin.cache) == tree_state(py_twin.cache), step
         assert logs[0] == logs[1], step
+
+    replay_twins(ls, steps, same_trees_and_logs)
     assert counted.inc > 20 and counted.dec > 20, vars(counted)
     assert counted.declined == 0, vars(counted)
 

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from stories import replay_twins
+
 torch = pytest.importorskip("torch")
 
 import uniradix.fast as fast  # noqa: E402
@@ -125,12 +127,11 @@ def test_c_match_equals_python_match_in_lockstep(name, page, seed, monkeypatch):
     counting = Counting(one_aux._one_match)
     monkeypatch.setattr(one_aux, "_one_match", counting)
     ls = Lockstep([c_side, py_side], ["C match", "Python match"], events=False)
-    ls.prime()
-    for step in steps:
-        step = {k: v for k, v in step.items() if k != "ret"}
-        _, finding = ls.check(step, full=True)
-        assert finding is None, str(finding)
+
+    def same_states(step):
         assert state(c_side.cache) == state(py_side.cache), step
+
+    replay_twins(ls, steps, same_states)
     # the C walk ran (the twin's calls went to Python: only the C side counts)
     assert counting.taken == counting.calls > 20
 
