@@ -39,7 +39,11 @@ from uniradix.conformance.explore.lockstep import (
 )
 from uniradix.conformance.explore.lockstep import tree_only as adapter_tree_only
 from uniradix.conformance.explore.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
-from uniradix.conformance.traces.replay import held_swa_tombstone_takeover, swa_skipped_leaf_keeps_state
+from uniradix.conformance.traces.replay import (
+    held_swa_tombstone_takeover,
+    host_lock_on_host_only_aux,
+    swa_skipped_leaf_keeps_state,
+)
 from uniradix.conformance.traces.trace import Trace
 from uniradix.spec.config import POLICIES, CacheConfig
 from uniradix.spec.errors import ConfigError, Unsupported
@@ -262,7 +266,14 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     differ by a rule.  Known rule: an insert over an SWA tombstone a lock holds, inside the
     caller's window (issue 18; the seed frees the tombstone's full slots, the spec keeps them);
     with SWA and Mamba, ``mamba_exist`` of an insert whose new leaf SWA does not create (the
-    seed answers false and leaks the state slot, the spec true)."""
+    seed answers false and leaks the state slot, the spec true); and one broken invariant:
+    0.5.13.post1's own sanity check after a host lock of a node with host-only aux data (only
+    upstream's check fails; the spec's lock is sound)."""
+    if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
+            and all(lab.startswith("upstream") for lab in finding.impls) \
+            and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
+        return ("upstream's sanity check fails after a host lock of a node with host-only aux "
+                "data (docs/SPEC.md)")
     if finding.kind != DIVERGENCE or not any(lab.startswith("upstream") for lab in labels):
         return None
     if finding.op == "insert" and held_swa_tombstone_takeover(

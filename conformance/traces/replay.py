@@ -280,6 +280,29 @@ def swa_skipped_leaf_keeps_state(trace: Trace, step_i: int) -> bool:
     return start < len(units) and args.get("swa_evicted_seqlen", 0) >= len(units)
 
 
+def host_lock_on_host_only_aux(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is a host lock of a node that holds some aux
+    component's data on the host only (its device copy evicted), on the spec's state before
+    it: after such a lock 0.5.13.post1's own sanity check fails (its Mamba host LRU list no
+    longer holds the locked state; docs/SPEC.md, "Host locks"), while the spec's lock is
+    sound."""
+    from uniradix.spec import cache as rules
+    from uniradix.spec.errors import CacheError
+    if not trace.config.host_slots or len(trace.config.components) < 2:
+        return False
+    found = _spec_state_before(trace, step_i)
+    if found is None or found[1]["op"] != "host_lock":
+        return False
+    state, step = found
+    ref = step.get("args", {}).get("node") or {}
+    try:
+        node = rules.find_node(state, ref.get("tokens", []), ref.get("extra_key"))
+    except CacheError:
+        return False
+    return any(d is not None and d.value is None and d.host_value is not None
+               for d in node.aux.values())
+
+
 def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
     walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the

@@ -164,3 +164,46 @@ def test_mamba_load_back_asserts_when_every_state_slot_is_pinned():
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_upstream_sanity_check_fails_after_a_host_lock_of_host_only_aux_data():
+    """docs/SPEC.md, "Host locks": after a host lock of a node whose Mamba state is on the host
+    only (its device copy evicted), 0.5.13.post1's own sanity check fails (its Mamba host LRU
+    list no longer holds the locked state); the spec and fast lock it soundly.  The conform run
+    against upstream counts it as that documented difference, not a violation; a host lock of a
+    node whose state is still on the device is no such difference, and upstream's check holds
+    there."""
+    from uniradix.conformance.explore import conform as conform_mod
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    path = os.path.join(CORPUS, "regressions", "host-lock-host-only-mamba-state.jsonl")
+    trace = load_trace(path)
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is None
+    lock_i = trace.steps[-1]["i"]
+    assert trace.steps[-1]["op"] == "host_lock" and trace.steps[-2]["op"] == "evict"
+
+    def upstream_violations(steps):
+        up = make_adapter("upstream", trace.config)
+        out = []
+        for s in steps:
+            up.apply({k: v for k, v in s.items() if k != "ret"})
+            out.append(up.violations())
+        return out
+
+    found = upstream_violations(trace.steps)
+    assert all(v == [] for v in found[:-1])
+    assert any("mamba host LRU" in line for line in found[-1]), found[-1]
+    finding = Finding(VIOLATION, lock_i, "host_lock", "violations", "", {"upstream": found[-1]},
+                      ("upstream",))
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             finding) is not None
+    # without the evict the state is still on the device: upstream's check holds, no rule
+    kept = [s for s in trace.steps if s["op"] != "evict"]
+    assert upstream_violations(kept)[-1] == []
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, kept,
+                                             finding) is None
+    # a violation of the spec's own invariants is never excused
+    spec_side = Finding(VIOLATION, lock_i, "host_lock", "violations", "", {"spec": ["x"]},
+                        ("spec",))
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             spec_side) is None
