@@ -42,6 +42,8 @@ from uniradix.conformance.explore.machine import TREE_ACTIONS, RandomChooser, ho
 from uniradix.conformance.traces.replay import (
     held_swa_tombstone_takeover,
     host_lock_on_host_only_aux,
+    host_locked_state_listed,
+    load_back_lost_its_host_state,
     swa_skipped_leaf_keeps_state,
 )
 from uniradix.conformance.traces.trace import Trace
@@ -268,7 +270,9 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     with SWA and Mamba, ``mamba_exist`` of an insert whose new leaf SWA does not create (the
     seed answers false and leaks the state slot, the spec true); and one broken invariant:
     0.5.13.post1's own sanity check after a host lock of a node with host-only aux data (only
-    upstream's check fails; the spec's lock is sound)."""
+    upstream's check fails; the spec's lock is sound); and its Mamba host LRU list holding a
+    host-locked state that an evict left on the host only (the spec keeps it out); a Mamba load
+    back whose room-making took the host state it was to load (upstream loads it anyway)."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
             and all(lab.startswith("upstream") for lab in finding.impls) \
             and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
@@ -276,6 +280,15 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
                 "data (docs/SPEC.md)")
     if finding.kind != DIVERGENCE or not any(lab.startswith("upstream") for lab in labels):
         return None
+    if finding.op == "load_back" and load_back_lost_its_host_state(
+            Trace({}, config, list(taken)), finding.step):
+        return ("a Mamba load back whose room-making took the host state it was to load: "
+                "upstream loads it from a host slot another node holds (docs/SPEC.md)")
+    if finding.field.startswith("snapshot.host.mamba_host_lru_order") and any(
+            host_locked_state_listed(Trace({}, config, list(taken)), finding.step, v)
+            for lab, v in finding.values.items() if lab.startswith("upstream")):
+        return ("a host-locked Mamba state that an evict leaves on the host only: upstream "
+                "lists it in its host LRU list, the spec keeps host-locked data out (docs/SPEC.md)")
     if finding.op == "insert" and held_swa_tombstone_takeover(
             Trace({}, config, list(taken)), finding.step):
         return "issue 18: an insert over an SWA tombstone a lock holds (docs/SPEC.md)"

@@ -303,6 +303,72 @@ def host_lock_on_host_only_aux(trace: Trace, step_i: int) -> bool:
                for d in node.aux.values())
 
 
+def host_locked_state_listed(trace: Trace, step_i: int, listed: Any) -> bool:
+    """Whether ``listed`` (a node path, ``{"tokens", "extra_key"}``: what upstream's Mamba host
+    LRU list holds where it differs from the spec's after step ``step_i`` of ``trace``) is, on
+    the spec's state after that step, a node whose Mamba state is on the host only and
+    host-locked.  The spec keeps host-locked data out of the host LRU list (upstream's own host
+    lock takes it out); 0.5.13.post1's evict puts a host-locked state that becomes host-only
+    back in (docs/SPEC.md, "Host locks")."""
+    from uniradix.conformance.adapters.base import SpecAdapter
+    from uniradix.spec import cache as rules
+    from uniradix.spec.errors import CacheError
+    if not isinstance(listed, dict) or "mamba" not in trace.config.components \
+            or not trace.config.host_slots:
+        return False
+    adapter = SpecAdapter(trace.config)
+    for idx, step in enumerate(trace.steps):
+        adapter.apply(step)
+        if step.get("i", idx) == step_i:
+            break
+    else:
+        return False
+    try:
+        node = rules.find_node(adapter.state, listed.get("tokens", []), listed.get("extra_key"))
+    except CacheError:
+        return False
+    d = node.aux.get("mamba")
+    return d is not None and d.value is None and d.host_value is not None \
+        and d.host_lock_ref > 0
+
+
+def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is a Mamba load back that the spec fails because
+    its own room-making took what it was to load: the node had its state on the host before
+    the step, and after it the spec loaded nothing and the node (or its host state) is gone
+    from the host, taken by a write-back backup making host room.  0.5.13.post1 loads it
+    anyway, from a host slot another node holds by then (docs/SPEC.md, "A Mamba load back with
+    no device state to be had")."""
+    from uniradix.conformance.adapters.base import SpecAdapter
+    from uniradix.spec import cache as rules
+    from uniradix.spec.errors import CacheError
+    if "mamba" not in trace.config.components or not trace.config.host_slots:
+        return False
+
+    def host_state(state: Any, ref: dict) -> bool:
+        try:
+            node = rules.find_node(state, ref.get("tokens", []), ref.get("extra_key"))
+        except CacheError:
+            return False
+        d = node.aux.get("mamba")
+        return d is not None and d.host_value is not None and node.host_value is not None
+
+    adapter = SpecAdapter(trace.config)
+    for idx, step in enumerate(trace.steps):
+        if step.get("i", idx) == step_i:
+            break
+        adapter.apply(step)
+    else:
+        return False
+    if step["op"] != "load_back":
+        return False
+    ref = step.get("args", {}).get("node") or {}
+    if not host_state(adapter.state, ref):
+        return False
+    obs = adapter.apply(step)
+    return obs.get("device_indices") == [] and not host_state(adapter.state, ref)
+
+
 def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
     walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the
