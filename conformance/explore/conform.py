@@ -40,6 +40,7 @@ from uniradix.conformance.explore.lockstep import (
 from uniradix.conformance.explore.lockstep import tree_only as adapter_tree_only
 from uniradix.conformance.explore.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
 from uniradix.conformance.traces.replay import (
+    cow_match_without_a_state_slot,
     held_swa_tombstone_takeover,
     host_lock_on_host_only_aux,
     host_locked_state_listed,
@@ -263,21 +264,27 @@ def _rebuilds_for_events(adapter: Any) -> bool:
 
 def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Sequence[dict],
                           finding: Finding) -> str | None:
-    """The documented rule a divergence from upstream is an instance of (docs/SPEC.md,
-    "differences"), or None.  Only divergences with upstream qualify: the spec and fast never
-    differ by a rule.  Known rule: an insert over an SWA tombstone a lock holds, inside the
-    caller's window (issue 18; the seed frees the tombstone's full slots, the spec keeps them);
-    with SWA and Mamba, ``mamba_exist`` of an insert whose new leaf SWA does not create (the
-    seed answers false and leaks the state slot, the spec true); and one broken invariant:
-    0.5.13.post1's own sanity check after a host lock of a node with host-only aux data (only
-    upstream's check fails; the spec's lock is sound); and its Mamba host LRU list holding a
-    host-locked state that an evict left on the host only (the spec keeps it out); a Mamba load
-    back whose room-making took the host state it was to load (upstream loads it anyway)."""
+    """The documented rule (docs/SPEC.md, "differences") a finding against upstream is an
+    instance of, or None.  Only findings with upstream qualify: the spec and fast never differ
+    by a rule, and a violation qualifies only where upstream's own check or code alone failed.
+    Divergences: an insert over an SWA tombstone a lock holds, inside the caller's window
+    (issue 18; the seed frees the tombstone's full slots, the spec keeps them); with SWA and
+    Mamba, ``mamba_exist`` of an insert whose new leaf SWA does not create (the seed answers
+    false and leaks the state slot, the spec true); a host-locked Mamba state that an evict
+    left on the host only (upstream lists it in its host LRU list, the spec keeps it out); a
+    Mamba load back whose room-making took the host state it was to load (upstream loads it
+    anyway).  Violations: upstream's sanity check after a host lock of a node with host-only
+    aux data; upstream's assertion in a copy-on-write match with no state slot to be had."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
             and all(lab.startswith("upstream") for lab in finding.impls) \
             and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
         return ("upstream's sanity check fails after a host lock of a node with host-only aux "
                 "data (docs/SPEC.md)")
+    if finding.kind == VIOLATION and finding.where == "crash" and finding.op == "match_prefix" \
+            and finding.impls and all(lab.startswith("upstream") for lab in finding.impls) \
+            and cow_match_without_a_state_slot(Trace({}, config, list(taken)), finding.step):
+        return ("a copy-on-write match with no state slot to be had: upstream asserts, the "
+                "spec answers no slot (docs/SPEC.md)")
     if finding.kind != DIVERGENCE or not any(lab.startswith("upstream") for lab in labels):
         return None
     if finding.op == "load_back" and load_back_lost_its_host_state(

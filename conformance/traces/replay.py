@@ -369,6 +369,28 @@ def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
     return obs.get("device_indices") == [] and not host_state(adapter.state, ref)
 
 
+def cow_match_without_a_state_slot(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is a copy-on-write match (``cow_mamba``) that
+    finds a state to copy but no device state slot for the request, even after evicting one
+    state (every other state locked or the caller's): the spec answers ``mamba_pool_idx``
+    None; 0.5.13.post1 asserts (``Can not alloc mamba cache``; docs/SPEC.md, the
+    ``finalize_match_result`` row)."""
+    from uniradix.conformance.adapters.base import SpecAdapter
+    if "mamba" not in trace.config.components:
+        return False
+    adapter = SpecAdapter(trace.config)
+    for idx, step in enumerate(trace.steps):
+        if step.get("i", idx) == step_i:
+            break
+        adapter.apply(step)
+    else:
+        return False
+    if step["op"] != "match_prefix" or not step.get("args", {}).get("cow_mamba"):
+        return False
+    obs = adapter.apply(step)
+    return obs.get("mamba_cow_src") is not None and obs.get("mamba_pool_idx") is None
+
+
 def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
     walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the

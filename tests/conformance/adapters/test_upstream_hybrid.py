@@ -99,3 +99,43 @@ def test_upstream_answers_no_state_taken_when_swa_skips_the_new_leaf():
               for s in trace.steps]
     assert conform_mod.documented_difference(["spec", "upstream"], trace.config, inside,
                                              finding) is None
+
+
+def test_upstream_asserts_in_a_copy_on_write_match_without_a_state_slot():
+    """docs/SPEC.md (``finalize_match_result``): two state slots, one the caller's, one the
+    tree's; a copy-on-write match of that node needs a slot for the request, and the only
+    state it could evict is the one it copies (locked while room is made).  The spec (and fast)
+    answer no slot (``mamba_pool_idx`` None); 0.5.13.post1 asserts.  conform counts the crash
+    as that documented difference; with a free slot it is none, and upstream copies."""
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "corpus", "regressions",
+                        "upstream-crash-mamba-cow-match-without-a-state-slot.jsonl")
+    trace = load_trace(path)
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is None
+    last = trace.steps[-1]
+    assert last["args"]["cow_mamba"] and last["ret"]["mamba_cow_src"] is not None
+    assert last["ret"]["mamba_pool_idx"] is None
+    d = replay_trace(trace, "upstream").divergence
+    assert d is not None and d.step == last["i"] and d.field == "crash"
+    assert "Can not alloc mamba cache" in str(d.actual)
+    finding = Finding(VIOLATION, last["i"], "match_prefix", "crash", "AssertionError",
+                      {"upstream": d.actual}, ("upstream",))
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             finding) is not None
+    # the caller holds no state: a slot is free, the request gets it on both sides
+    free = [{"i": 0, "op": "mamba_alloc", "args": {"n": 1}},
+            {"i": 1, "op": "alloc", "args": {"n": 4}},
+            {"i": 2, "op": "insert", "args": {"tokens": [3], "extra_key": None, "value": [2],
+                                              "prev_prefix_len": 0, "chunked": True,
+                                              "mamba_value": [1]}},
+            dict(last, i=3)]
+    obs = {}
+    for impl in ("spec", "upstream"):
+        a = make_adapter(impl, trace.config)
+        obs[impl] = [a.apply({k: v for k, v in s.items() if k != "ret"}) for s in free][-1]
+    assert obs["spec"]["mamba_pool_idx"] is not None
+    assert obs["spec"]["mamba_pool_idx"] == obs["upstream"]["mamba_pool_idx"]
+    at_3 = Finding(VIOLATION, 3, "match_prefix", "crash", "AssertionError", {}, ("upstream",))
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, free,
+                                             at_3) is None
