@@ -274,17 +274,23 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     left on the host only (upstream lists it in its host LRU list, the spec keeps it out); a
     Mamba load back whose room-making took the host state it was to load (upstream loads it
     anyway).  Violations: upstream's sanity check after a host lock of a node with host-only
-    aux data; upstream's assertion in a copy-on-write match with no state slot to be had."""
+    aux data; upstream's assertion in a copy-on-write match with no state slot to be had; its
+    crash in a Mamba load back whose room-making took the node's Full data from the host."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
             and all(lab.startswith("upstream") for lab in finding.impls) \
             and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
         return ("upstream's sanity check fails after a host lock of a node with host-only aux "
                 "data (docs/SPEC.md)")
-    if finding.kind == VIOLATION and finding.where == "crash" and finding.op == "match_prefix" \
-            and finding.impls and all(lab.startswith("upstream") for lab in finding.impls) \
+    upstream_crash = finding.kind == VIOLATION and finding.where == "crash" and finding.impls \
+        and all(lab.startswith("upstream") for lab in finding.impls)
+    if upstream_crash and finding.op == "match_prefix" \
             and cow_match_without_a_state_slot(Trace({}, config, list(taken)), finding.step):
         return ("a copy-on-write match with no state slot to be had: upstream asserts, the "
                 "spec answers no slot (docs/SPEC.md)")
+    if upstream_crash and finding.op == "load_back" \
+            and load_back_lost_its_host_state(Trace({}, config, list(taken)), finding.step):
+        return ("a Mamba load back whose room-making took the node from the host: upstream "
+                "fails in its commit, the spec loads nothing (docs/SPEC.md)")
     if finding.kind != DIVERGENCE or not any(lab.startswith("upstream") for lab in labels):
         return None
     if finding.op == "load_back" and load_back_lost_its_host_state(

@@ -241,3 +241,36 @@ def test_upstream_loads_a_mamba_state_from_a_host_slot_its_room_making_gave_away
                         {}, ("spec", "upstream"))
             assert conform_mod.documented_difference(["spec", "upstream"], other.config,
                                                      other.steps, f) is None
+
+
+def test_upstream_crashes_loading_a_node_its_room_making_took_from_the_host():
+    """The same rule as above when the room-making takes the node itself: node [2, 1, 2, 2]
+    is on the host only (one host state slot in all); its load back evicts a device state for
+    room, under write-back that state's backup takes the host state slot, and the host leaf it
+    evicts for it is the node being loaded (its KV host copy freed too).  The spec and fast load
+    nothing; 0.5.13.post1 goes on to commit the transfer and fails on the node's missing host
+    copy (a TypeError).  conform counts the crash as that documented difference."""
+    from uniradix.conformance.explore import conform as conform_mod
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    path = os.path.join(REGRESSIONS_HOST_AUX, "upstream-crash-host-mamba-wb-p4-load-back-of-a-"
+                        "node-its-room-making-evicted.jsonl")
+    trace = load_trace(path)
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is None
+    last = trace.steps[-1]
+    assert last["op"] == "load_back" and last["ret"]["device_indices"] == []
+    d = replay_trace(trace, "upstream").divergence
+    assert d is not None and d.step == last["i"] and d.field == "crash"
+    assert "TypeError" in str(d.actual)
+    crash = Finding(VIOLATION, last["i"], "load_back", "crash", "TypeError",
+                    {"upstream": d.actual}, ("upstream",))
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             crash) is not None
+    # a crash of the spec's, or upstream's at a step that is no such load back, is never one
+    ours = Finding(VIOLATION, last["i"], "load_back", "crash", "TypeError", {}, ("spec",))
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             ours) is None
+    at_insert = Finding(VIOLATION, trace.steps[-2]["i"], "load_back", "crash", "TypeError", {},
+                        ("upstream",))
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             at_insert) is None
