@@ -4719,6 +4719,75 @@ pn_key_len(PyObject *node)
     return n;
 }
 
+/* `v == 0` as Python has it (a count): 1, 0, or -1 with the error set; an exact int without
+ * a call. */
+static int
+py_eq_zero(PyObject *v)
+{
+    if (PyLong_CheckExact(v)) {
+        int ovf;
+        long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
+        return !ovf && x == 0;
+    }
+    return PyObject_RichCompareBool(v, s_zero, Py_EQ);
+}
+
+/* `o.name == 0` (off as for pyfield_get): 1, 0, or -1. */
+static int
+pyfield_eq_zero(PyObject *o, Py_ssize_t off, PyObject *name)
+{
+    PyObject *v = pyfield_get(o, off, name);
+    if (v == NULL)
+        return -1;
+    int r = py_eq_zero(v);
+    Py_DECREF(v);
+    return r;
+}
+
+#define PN_ZERO(o, f) pyfield_eq_zero((o), PN_OFF((o), PN_##f), s_##f)
+
+/* `node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0` (fast/one_aux.py's
+ * leaf push test: unlocked, no device children), read as far as Python's `and` reads: 1, 0,
+ * or -1. */
+static int
+pn_unlocked_leaf(PyObject *node)
+{
+    int r = PN_ZERO(node, lock_ref);
+    if (r > 0)
+        r = PN_ZERO(node, aux_lock);
+    if (r > 0)
+        r = PN_ZERO(node, dev_children);
+    return r;
+}
+
+/* `o.name += d` (off as for pyfield_get; a cache's or component's counter: 0), Python's
+ * in-place add, 0 or -1.  Also while an error is pending, which stays the one raised (the
+ * clock paths move their counters once, on the way out of a failed call too: what was done
+ * stays counted); d 0 is no step (the Python path's loop took none, so reads nothing). */
+static int
+pyfield_add(PyObject *o, Py_ssize_t off, PyObject *name, long long d)
+{
+    if (d == 0)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *v = pyfield_get(o, off, name), *dv = NULL, *sum = NULL;
+    int r = -1;
+    if (v != NULL && (dv = PyLong_FromLongLong(d)) != NULL
+            && (sum = PyNumber_InPlaceAdd(v, dv)) != NULL)
+        r = pyfield_set(o, off, name, sum);
+    Py_XDECREF(v);
+    Py_XDECREF(dv);
+    Py_XDECREF(sum);
+    if (et != NULL) {
+        if (r < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    return r;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* composed tree: clock                                                                        */
 /* ------------------------------------------------------------------------------------------ */
@@ -4734,7 +4803,7 @@ pn_key_len(PyObject *node)
  * plain ints, keys that are arrays or lists, skip sets that are sets); only then does it write.
  * The component's and the cache's counters, the next boundary mark and the split epoch are
  * ordinary attributes, read where the Python path reads them and moved once by the sum of its
- * steps (ck_add): reading them up front would cost more than the walk on a short path.
+ * steps (pyfield_add): reading them up front would cost more than the walk on a short path.
  * The comparisons it makes on the heap are those heapq makes; entries of the usual shape (an int
  * stamp, a Node) are compared in C as tuple and Node.__lt__ compare them (stamp, then id).
  */
@@ -4843,32 +4912,6 @@ ck_attr_ll(PyObject *o, PyObject *name, long long *out)
     return ok;
 }
 
-/* o.name += d as the Python path's ``-=`` / ``+=`` steps add up (d 0: no step), also after an
- * error (which stays the one raised); -1 on error. */
-static int
-ck_add(PyObject *o, PyObject *name, long long d)
-{
-    if (d == 0)
-        return PyErr_Occurred() ? -1 : 0;
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyObject *v = PyObject_GetAttr(o, name), *dv = NULL, *sum = NULL;
-    int r = -1;
-    if (v != NULL && (dv = PyLong_FromLongLong(d)) != NULL
-            && (sum = PyNumber_Add(v, dv)) != NULL)
-        r = PyObject_SetAttr(o, name, sum);
-    Py_XDECREF(v);
-    Py_XDECREF(dv);
-    Py_XDECREF(sum);
-    if (et != NULL) {
-        if (r < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
-        return -1;
-    }
-    return r;
-}
-
 /* What both calls check first, in the Python functions' order: the root, the node (a Node in
  * the tree: NodeNotFound otherwise), the cache not disabled, its one component.  1: go on
  * (*root and *comp new references, *is_swa), 0: decline, -1: error raised. */
@@ -4932,7 +4975,7 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyObject *out = NULL, *skipped = NULL, *uuid = NULL, *skips = NULL, *epoch = NULL;
     long long window = 0, ai = 0, x;
     /* every read the walk needs to decide, before any write (the counters and marks it moves
-     * are read where the Python path reads them: see ck_add) */
+     * are read where the Python path reads them: see pyfield_add) */
     int ok = 1;
     if (is_swa)
         ok = (r = ck_attr_ll(comp, s_ck_window, &window)) > 0
@@ -4990,7 +5033,7 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                         goto done;
                     pyslot_set(rec, AD_boundary, nb);
                     Py_DECREF(nb);
-                    if (ck_add(comp, s_ck_next_boundary, 1) < 0)
+                    if (pyfield_add(comp, 0, s_ck_next_boundary, 1) < 0)
                         goto done;
                 }
                 uuid = Py_NewRef(SLOT_AT(rec, AD_boundary));
@@ -5021,10 +5064,10 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     failed = 0;
 done:
     /* the counters, moved once, also after a failed write (what was done stays counted) */
-    ck_add(comp, s_comp_evictable, -moved);
-    ck_add(comp, s_comp_protected, moved);
-    ck_add(cache, s_evictable, -delta);
-    if (ck_add(cache, s_protected, delta) < 0 || failed)
+    pyfield_add(comp, 0, s_comp_evictable, -moved);
+    pyfield_add(comp, 0, s_comp_protected, moved);
+    pyfield_add(cache, 0, s_evictable, -delta);
+    if (pyfield_add(cache, 0, s_protected, delta) < 0 || failed)
         goto out;
     if ((skips = PyDict_New()) == NULL)
         goto out;
@@ -5260,10 +5303,10 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     failed = 0;
 done:
     /* the counters, moved once, also after a failed write (what was done stays counted) */
-    ck_add(comp, s_comp_evictable, moved);
-    ck_add(comp, s_comp_protected, -moved);
-    ck_add(cache, s_evictable, delta);
-    if (ck_add(cache, s_protected, -delta) < 0 || failed) {
+    pyfield_add(comp, 0, s_comp_evictable, moved);
+    pyfield_add(comp, 0, s_comp_protected, -moved);
+    pyfield_add(cache, 0, s_evictable, delta);
+    if (pyfield_add(cache, 0, s_protected, -delta) < 0 || failed) {
         r = -1;
         goto out;
     }
@@ -5339,30 +5382,6 @@ core_setup_clock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *s_cm_components, *s_cm_window, *s_cm_cow, *s_cm_chunk;
 static PyObject *g_cm_heappush = NULL;  /* heapq.heappush: a heap that is not a list */
-
-/* `o == 0` for a count field: 1, 0, or -1 on error. */
-static int
-cm_is_zero(PyObject *o)
-{
-    if (PyLong_CheckExact(o)) {
-        int ovf;
-        long long x = PyLong_AsLongLongAndOverflow(o, &ovf);
-        return !ovf && x == 0;
-    }
-    return PyObject_RichCompareBool(o, s_zero, Py_EQ);
-}
-
-/* node.<field> == 0: 1, 0, or -1. */
-static int
-cm_field_zero(PyObject *node, Py_ssize_t field, PyObject *name)
-{
-    PyObject *v = pyfield_get(node, PN_OFF(node, field), name);
-    if (v == NULL)
-        return -1;
-    int r = cm_is_zero(v);
-    Py_DECREF(v);
-    return r;
-}
 
 /* The child of an exact Node's children dict holding the page of p[pos:] (borrowed), NULL if
  * none (or with an error set): match_step's lookup, with the Full core's probe at page size
@@ -5565,11 +5584,7 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
         goto done;
     Py_CLEAR(v);
     if (best != root) {  /* (``_push_if_leaf``: it holds data, it is attached) */
-        int leaf = cm_field_zero(best, PN_lock_ref, s_lock_ref);
-        if (leaf > 0)
-            leaf = cm_field_zero(best, PN_aux_lock, s_aux_lock);
-        if (leaf > 0)
-            leaf = cm_field_zero(best, PN_dev_children, s_dev_children);
+        int leaf = pn_unlocked_leaf(best);
         if (leaf < 0)
             goto done;
         if (leaf) {
@@ -5944,15 +5959,6 @@ ce_not(PyObject *v)
     return t < 0 ? -1 : !t;
 }
 
-/* `v == 0` as Python has it (1, 0, or -1 with an error); exact ints without a call. */
-static inline int
-ce_is_zero(PyObject *v)
-{
-    if (PyLong_CheckExact(v))
-        return ce_not(v);
-    return PyObject_RichCompareBool(v, s_zero, Py_EQ);
-}
-
 /* The evictable-leaf test of the loops, on `node`'s fields in the Python's order:
  * `stamp` NULL: `lock_ref == 0 and aux_lock == 0 and dev_children == 0 and value is not None
  * and parent is not None` (the LRU loop's); else `last_access_time == stamp and not lock_ref
@@ -5973,7 +5979,7 @@ ce_is_leaf(PyObject *node, PyObject *stamp)
     for (int i = 0; i < 3; i++) {
         if ((v = ce_node_field(node, *counts[i].off, counts[i].name)) == NULL)
             return -1;
-        if ((t = stamp != NULL ? ce_not(v) : ce_is_zero(v)) <= 0)
+        if ((t = stamp != NULL ? ce_not(v) : py_eq_zero(v)) <= 0)
             return t;
     }
     if ((v = ce_node_field(node, PN_value, "value")) == NULL)
@@ -6351,7 +6357,7 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
             goto write_back;
         Py_INCREF(nxt);  /* (evicting x never unlinks another record of the list) */
         PyObject *lock = pyslot_get(x, AD_lock, "lock");
-        int free_ = lock == NULL ? -1 : ce_is_zero(lock);
+        int free_ = lock == NULL ? -1 : py_eq_zero(lock);
         if (free_ > 0 && ce_drop_record(ev, x) < 0)
             free_ = -1;
         Py_SETREF(x, nxt);
@@ -6442,42 +6448,9 @@ core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *s_ci_deferred, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
     *s_ci_tracks, *s_ci_on_set, *s_ci_map_pool, *s_ci_swa_leaf, *s_ci_stored;
 
-/* An int field of a Node as a C long long (what `== 0` on it needs); -1 with the error set. */
-static int
-ci_nget_ll(PyObject *o, Py_ssize_t off, PyObject *name, long long *out)
-{
-    PyObject *v = pyfield_get(o, PN_OFF(o, off), name);
-    if (v == NULL)
-        return -1;
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    *out = x;
-    return 0;
-}
-
 /* value[lo:hi] (a view, as the Python slice), new reference: the native frees' tail_view,
  * which makes exactly that slice. */
 #define ci_slice tail_view
-
-/* obj.attr += d for an int attribute (a component's or the cache's counter). */
-static int
-ci_add_attr(PyObject *obj, PyObject *name, long long d)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    PyObject *dd = PyLong_FromLongLong(d);
-    PyObject *s = dd == NULL ? NULL : PyNumber_InPlaceAdd(v, dd);
-    Py_DECREF(v);
-    Py_XDECREF(dd);
-    if (s == NULL)
-        return -1;
-    int r = PyObject_SetAttr(obj, name, s);
-    Py_DECREF(s);
-    return r;
-}
 
 /* heappush(heap, (stamp, node)) with the stamp object as the node holds it. */
 static int
@@ -6624,15 +6597,8 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(stamp);
             goto fail;
         }
-        long long lr = 0, al = 0, dc = 0;
-        if (ci_nget_ll(child, PN_lock_ref, s_lock_ref, &lr) < 0
-                || (lr == 0 && ci_nget_ll(child, PN_aux_lock, s_aux_lock, &al) < 0)
-                || (lr == 0 && al == 0
-                    && ci_nget_ll(child, PN_dev_children, s_dev_children, &dc) < 0)) {
-            Py_DECREF(stamp);
-            goto fail;
-        }
-        if (lr == 0 && al == 0 && dc == 0 && ci_push(heap, stamp, child) < 0) {
+        int leaf = pn_unlocked_leaf(child);
+        if (leaf < 0 || (leaf && ci_push(heap, stamp, child) < 0)) {
             Py_DECREF(stamp);
             goto fail;
         }
@@ -6655,9 +6621,10 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (is_swa && prev < end) {
             Py_XSETREF(rec, pn_rec(child));
             int held = rec == NULL ? -1 : rec_holds(rec);
-            if (held < 0 || (!held && ci_nget_ll(child, PN_lock_ref, s_lock_ref, &lr) < 0))
+            int free_ = held < 0 ? -1 : held ? 0 : PN_ZERO(child, lock_ref);
+            if (free_ < 0)
                 goto fail;
-            if (!held && lr == 0) {
+            if (free_) {
                 if (ci_clock_out(cache, clock) < 0)
                     goto fail;
                 PyObject *a[7];
@@ -6788,16 +6755,10 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 || (children = PN_GET(node, children)) == NULL
                 || PyObject_SetItem(children, ck, leaf) < 0)
             goto leaf_done;
-        long long dc = 0;
-        if (ci_nget_ll(node, PN_dev_children, s_dev_children, &dc) < 0)
+        if (pyfield_add(node, PN_OFF(node, PN_dev_children), s_dev_children, 1) < 0
+                || pyfield_add(cache, 0, s_evictable, (long long)(n - pos)) < 0)
             goto leaf_done;
-        PyObject *dco = PyLong_FromLongLong(dc + 1);
-        if (dco == NULL)
-            goto leaf_done;
-        int r = PN_SET(node, dev_children, dco);
-        Py_DECREF(dco);
-        if (r < 0 || ci_add_attr(cache, s_evictable, (long long)(n - pos)) < 0)
-            goto leaf_done;
+        int r;
         if (vtrue) {  /* (``_own``: the slot ledger takes the leaf's slots) */
             PyObject *owned = PyObject_GetAttr(cache, s_owned);
             PyObject *lv = owned == NULL ? NULL : PN_GET(leaf, value);
@@ -6875,7 +6836,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(sv);
             if (r < 0 || lru_link_after(head, rec) < 0)
                 goto fail;
-            if ((tk = pn_key_len(target)) < 0 || ci_add_attr(comp, s_comp_evictable, tk) < 0)
+            if ((tk = pn_key_len(target)) < 0 || pyfield_add(comp, 0, s_comp_evictable, tk) < 0)
                 goto fail;
         }
     } else {
@@ -6891,7 +6852,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 goto fail;
             int locked = PyObject_IsTrue(lk);
             Py_DECREF(lk);
-            if (locked < 0 || ci_add_attr(comp, locked ? s_comp_protected : s_comp_evictable,
+            if (locked < 0 || pyfield_add(comp, 0, locked ? s_comp_protected : s_comp_evictable,
                                           1) < 0)
                 goto fail;
             PyObject *tr = PyObject_GetAttr(comp, s_ci_tracks);
