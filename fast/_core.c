@@ -4746,6 +4746,38 @@ pyfield_eq_zero(PyObject *o, Py_ssize_t off, PyObject *name)
 
 #define PN_ZERO(o, f) pyfield_eq_zero((o), PN_OFF((o), PN_##f), s_##f)
 
+/* v as a C long long where it is exactly an int that fits: 1, else 0 (no error set). */
+static inline int
+exact_ll(PyObject *v, long long *out)
+{
+    if (v == NULL || !PyLong_CheckExact(v))
+        return 0;
+    int ovf;
+    long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
+    if (ovf)
+        return 0;
+    *out = x;
+    return 1;
+}
+
+/* An attribute a C path takes only as an exact int that fits (a cache's or component's
+ * counter, a window): 1 (*out set); 0 to decline, no error set (not such an int, or missing:
+ * the Python path meets the AttributeError where it reads it); -1 with any other error. */
+static int
+attr_ll(PyObject *o, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = exact_ll(v, out);
+    Py_DECREF(v);
+    return ok;
+}
+
 /* `node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0` (fast/one_aux.py's
  * leaf push test: unlocked, no device children), read as far as Python's `and` reads: 1, 0,
  * or -1. */
@@ -4757,6 +4789,19 @@ pn_unlocked_leaf(PyObject *node)
         r = PN_ZERO(node, aux_lock);
     if (r > 0)
         r = PN_ZERO(node, dev_children);
+    return r;
+}
+
+/* heappush(heap, (stamp, node)) on a heap that is a list (heap_push: heapq's steps); 0 or
+ * -1. */
+static int
+pn_heap_push(PyObject *heap, PyObject *stamp, PyObject *node)
+{
+    PyObject *entry = PyTuple_Pack(2, stamp, node);
+    if (entry == NULL)
+        return -1;
+    int r = heap_push(heap, entry);
+    Py_DECREF(entry);
     return r;
 }
 
@@ -4813,20 +4858,6 @@ static PyObject *g_ck_inc_result, *g_ck_dec_result, *g_ck_dec_params, *g_ck_not_
 static PyObject *s_ck_one_aux, *s_ck_window, *s_ck_i, *s_ck_next_boundary, *s_ck_split_epoch,
     *s_ck_swa_uuid;
 
-/* v as a C long long when it is exactly an int that fits: 1, else 0 (no error set). */
-static inline int
-ck_ll(PyObject *v, long long *out)
-{
-    if (v == NULL || !PyLong_CheckExact(v))
-        return 0;
-    int ovf;
-    long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
-    if (ovf)
-        return 0;
-    *out = x;
-    return 1;
-}
-
 /* A node's int field that the checks found plain (no error possible). */
 static inline long long
 ck_field(PyObject *o, Py_ssize_t off)
@@ -4849,9 +4880,10 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
     if (key == NULL || !(PyList_CheckExact(key) || (g_array != NULL
                                                     && Py_TYPE(key) == (PyTypeObject *)g_array)))
         return 0;
-    if (!ck_ll(SLOT_AT(n, PN_lock_ref), &x) || !ck_ll(SLOT_AT(n, PN_aux_lock), &x)
-            || !ck_ll(SLOT_AT(n, PN_dev_children), &x)
-            || !ck_ll(SLOT_AT(n, PN_last_access_time), &x) || !ck_ll(SLOT_AT(n, PN_id), &x))
+    if (!exact_ll(SLOT_AT(n, PN_lock_ref), &x) || !exact_ll(SLOT_AT(n, PN_aux_lock), &x)
+            || !exact_ll(SLOT_AT(n, PN_dev_children), &x)
+            || !exact_ll(SLOT_AT(n, PN_last_access_time), &x)
+            || !exact_ll(SLOT_AT(n, PN_id), &x))
         return 0;
     if (rec_at < 0)
         return 1;
@@ -4859,10 +4891,10 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
     if (aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) <= rec_at)
         return 0;
     PyObject *rec = PyTuple_GET_ITEM(aux, rec_at);
-    if (!AD_IS(rec) || SLOT_AT(rec, AD_value) == NULL || !ck_ll(SLOT_AT(rec, AD_lock), &x))
+    if (!AD_IS(rec) || SLOT_AT(rec, AD_value) == NULL || !exact_ll(SLOT_AT(rec, AD_lock), &x))
         return 0;
     PyObject *b = SLOT_AT(rec, AD_boundary);
-    if (b == NULL || (b != Py_None && !ck_ll(b, &x)))
+    if (b == NULL || (b != Py_None && !exact_ll(b, &x)))
         return 0;
     if (splits) {
         PyObject *sf = SLOT_AT(rec, AD_split_from);
@@ -4871,7 +4903,8 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(sf); j++) {
             PyObject *p = PyTuple_GET_ITEM(sf, j);
             if (!PyTuple_CheckExact(p) || PyTuple_GET_SIZE(p) != 2
-                    || !ck_ll(PyTuple_GET_ITEM(p, 0), &x) || !ck_ll(PyTuple_GET_ITEM(p, 1), &x))
+                    || !exact_ll(PyTuple_GET_ITEM(p, 0), &x)
+                    || !exact_ll(PyTuple_GET_ITEM(p, 1), &x))
                 return 0;
         }
     }
@@ -4894,22 +4927,6 @@ ck_push_unlocked(PyObject *heap, PyObject *node, int twice)
         r = heap_push(heap, entry);
     Py_DECREF(entry);
     return r;
-}
-
-/* An attribute that must be a plain int: 1 (*out set), 0 to decline (no error), -1 error. */
-static int
-ck_attr_ll(PyObject *o, PyObject *name, long long *out)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();  /* (the Python path raises it where it reads it) */
-        return 0;
-    }
-    int ok = ck_ll(v, out);
-    Py_DECREF(v);
-    return ok;
 }
 
 /* What both calls check first, in the Python functions' order: the root, the node (a Node in
@@ -4978,8 +4995,8 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
      * are read where the Python path reads them: see pyfield_add) */
     int ok = 1;
     if (is_swa)
-        ok = (r = ck_attr_ll(comp, s_ck_window, &window)) > 0
-            && (r = ck_attr_ll(comp, s_ck_i, &ai)) > 0 && ai >= 0;
+        ok = (r = attr_ll(comp, s_ck_window, &window)) > 0
+            && (r = attr_ll(comp, s_ck_i, &ai)) > 0 && ai >= 0;
     if (ok) {
         PyObject *cur = node;
         while (ok && cur != root) {
@@ -5154,7 +5171,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             && (r = ck_skip_set(skips, comp_id, &cskip)) > 0;
         if (ok && is_swa) {
             boundary = owned = PyObject_GetAttr(params, s_ck_swa_uuid);
-            ok = boundary != NULL && (boundary == Py_None || ck_ll(boundary, &x));
+            ok = boundary != NULL && (boundary == Py_None || exact_ll(boundary, &x));
         }
         if (ok && is_swa && cskip != NULL) {  /* the split epoch the lock saw */
             PyObject *es = PyDict_GetItemWithError(skips, g_ck_epoch_key);
@@ -5168,7 +5185,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     r = -1;
                 }
                 while (ok && (e = PyIter_Next(it)) != NULL) {
-                    ok = ck_ll(e, &x);
+                    ok = exact_ll(e, &x);
                     Py_DECREF(e);
                     if (ok && (first || x < lo))
                         lo = x;
@@ -5291,12 +5308,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         delta += Py_SIZE(SLOT_AT(cur, PN_key));
         if (ck_field(cur, PN_aux_lock) == 0 && ck_field(cur, PN_dev_children) == 0
                 && SLOT_AT(cur, PN_value) != Py_None) {
-            PyObject *entry = PyTuple_Pack(2, SLOT_AT(cur, PN_last_access_time), cur);
-            if (entry == NULL)
-                goto done;
-            int pr_ = heap_push(heap, entry);
-            Py_DECREF(entry);
-            if (pr_ < 0)
+            if (pn_heap_push(heap, SLOT_AT(cur, PN_last_access_time), cur) < 0)
                 goto done;
         }
     }
@@ -6089,13 +6101,7 @@ ce_unhook(AuxEvict *ev, PyObject *node)
         goto done;
     }
     PyObject *stamp = pyslot_get(parent, PN_last_access_time, "last_access_time");
-    PyObject *entry = stamp == NULL ? NULL : PyTuple_Pack(2, stamp, parent);
-    if (entry == NULL) {
-        rc = -1;
-        goto done;
-    }
-    rc = heap_push(ev->heap, entry);
-    Py_DECREF(entry);
+    rc = stamp == NULL ? -1 : pn_heap_push(ev->heap, stamp, parent);
 done:
     Py_DECREF(parent);
     return rc;
@@ -6276,24 +6282,6 @@ ce_amount(PyObject *o)
     return ovf < 0 ? -1 : x;
 }
 
-/* An exact int attribute as a C long long: 1 read, 0 not an exact int or out of range, -1
- * with an error (a missing attribute); the call declines for either. */
-static int
-ce_int_attr(PyObject *o, PyObject *name, long long *out)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    int ok = 0;
-    if (PyLong_CheckExact(v)) {
-        int ovf;
-        *out = PyLong_AsLongLongAndOverflow(v, &ovf);
-        ok = !ovf;
-    }
-    Py_DECREF(v);
-    return ok;
-}
-
 /* The two loops of the evict (see the section's comment).  Returns (Full units, the
  * component's units), None having changed nothing (declined), or NULL with an error. */
 static PyObject *
@@ -6310,9 +6298,9 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
     if (ok && ev->events == Py_None)
         Py_CLEAR(ev->events);
     if (ok)
-        ok = ce_int_attr(ev->cache, s_evictable, &ev->cache_ev);
+        ok = attr_ll(ev->cache, s_evictable, &ev->cache_ev);
     if (ok > 0)
-        ok = ce_int_attr(ev->comp, s_comp_evictable, &ev->comp_ev);
+        ok = attr_ll(ev->comp, s_comp_evictable, &ev->comp_ev);
     if (ok <= 0 || !PyList_CheckExact(ev->heap) || !PN_IS(ev->root)) {
         /* (a missing attribute too: the Python path meets it where it reads it) */
         PyErr_Clear();
@@ -6452,18 +6440,6 @@ static PyObject *s_ci_deferred, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s
  * which makes exactly that slice. */
 #define ci_slice tail_view
 
-/* heappush(heap, (stamp, node)) with the stamp object as the node holds it. */
-static int
-ci_push(PyObject *heap, PyObject *stamp, PyObject *node)
-{
-    PyObject *t = PyTuple_Pack(2, stamp, node);
-    if (t == NULL)
-        return -1;
-    int r = heap_push(heap, t);
-    Py_DECREF(t);
-    return r;
-}
-
 /* The cache's _clock in a C local: stored before a Python call that may read it, read after. */
 static int
 ci_clock_out(PyObject *cache, long long clock)
@@ -6598,7 +6574,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         int leaf = pn_unlocked_leaf(child);
-        if (leaf < 0 || (leaf && ci_push(heap, stamp, child) < 0)) {
+        if (leaf < 0 || (leaf && pn_heap_push(heap, stamp, child) < 0)) {
             Py_DECREF(stamp);
             goto fail;
         }
@@ -6773,7 +6749,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyObject *lt = PN_GET(leaf, last_access_time);
         if (lt == NULL)
             goto leaf_done;
-        r = ci_push(heap, lt, leaf);  /* (a new leaf: unlocked, no children) */
+        r = pn_heap_push(heap, lt, leaf);  /* (a new leaf: unlocked, no children) */
         Py_DECREF(lt);
         if (r < 0)
             goto leaf_done;
