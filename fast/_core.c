@@ -23,9 +23,10 @@
  *   composed tree  the one-component paths of the SWA and Mamba caches (fast/one_aux.py) over
  *              the pure-Python node classes, read through their __slots__ offsets ("Python-node
  *              fields"): the locks ("composed tree: clock"), the match ("cmatch"), the insert's
- *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict").  Each
- *              declines (returns None, nothing changed) what it does not take, and the Python
- *              function runs.
+ *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
+ *              through one set of field, record, LRU and counter helpers ("Python-node
+ *              fields").  Each declines (returns None, nothing changed) what it does not take,
+ *              and the Python function runs.
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
