@@ -685,6 +685,30 @@ page_hash(const long long *p, Py_ssize_t ps, PyObject *ek, Py_hash_t *out)
     *out = h;
     return 1;
 }
+
+/* children[child key of p[0:ps] with extra_key ek] through the probe: 1 looked up (*out the
+ * child, borrowed, or NULL: a miss, or an error set), 0 not taken (page size 1, no probe, an
+ * empty dict, a page the hash does not cover: the caller looks up with the real key), -1 on
+ * error. */
+static inline int
+probe_get(PyObject *children, const long long *p, Py_ssize_t ps, PyObject *ek, PyObject **out)
+{
+    *out = NULL;
+    if (ps <= 1 || g_probe == NULL || PyDict_GET_SIZE(children) == 0)
+        return 0;
+    Py_hash_t h;
+    PyObject *e = IS_NONE(ek) ? NULL : ek;
+    int r = page_hash(p, ps, e, &h);
+    if (r <= 0)
+        return r;
+    g_probe->p = p;
+    g_probe->ps = ps;
+    g_probe->ek = e;
+    *out = _PyDict_GetItem_KnownHash(children, (PyObject *)g_probe, h);
+    g_probe->p = NULL;
+    g_probe->ek = NULL;
+    return 1;
+}
 #endif
 
 /* children[child key of p[pos:]] of node: a borrowed child, or NULL (absent, or an error set).
@@ -701,19 +725,12 @@ child_lookup(Node *node, const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyOb
         return NULL;
     }
 #ifdef HAVE_PROBE
-    if (ps > 1 && g_probe != NULL && PyDict_GET_SIZE(node->children) > 0) {
-        Py_hash_t h;
-        PyObject *e = IS_NONE(ek) ? NULL : ek;
-        int r = page_hash(p + pos, ps, e, &h);
+    {
+        PyObject *c;
+        int r = probe_get(node->children, p + pos, ps, ek, &c);
         if (r < 0)
             return NULL;
         if (r > 0) {
-            g_probe->p = p + pos;
-            g_probe->ps = ps;
-            g_probe->ek = e;
-            PyObject *c = _PyDict_GetItem_KnownHash(node->children, (PyObject *)g_probe, h);
-            g_probe->p = NULL;
-            g_probe->ek = NULL;
             if (c != NULL) {
                 if (!IS_NODE(c)) {
                     PyErr_SetString(PyExc_TypeError, "a child is not a TreeNode");
@@ -5403,22 +5420,9 @@ static PyObject *
 cm_child(PyObject *children, const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyObject *ek)
 {
 #ifdef HAVE_PROBE
-    if (ps > 1 && g_probe != NULL && PyDict_GET_SIZE(children) > 0) {
-        Py_hash_t h;
-        PyObject *e = IS_NONE(ek) ? NULL : ek;
-        int r = page_hash(p + pos, ps, e, &h);
-        if (r < 0)
-            return NULL;
-        if (r > 0) {
-            g_probe->p = p + pos;
-            g_probe->ps = ps;
-            g_probe->ek = e;
-            PyObject *c = _PyDict_GetItem_KnownHash(children, (PyObject *)g_probe, h);
-            g_probe->p = NULL;
-            g_probe->ek = NULL;
-            return c;
-        }
-    }
+    PyObject *pc;
+    if (probe_get(children, p + pos, ps, ek, &pc) != 0)  /* (NULL with the error on -1) */
+        return pc;
 #endif
     PyObject *ck = child_key(p, pos, ps, ek);
     if (ck == NULL)
