@@ -1007,13 +1007,12 @@ set_ll(PyObject *self, PyObject *name, long long x)
     return r;
 }
 
-/* Write scalars back, keeping a pending exception (if any) as the one that is raised. */
+/* The end of a step run while an exception was set aside (PyErr_Fetch(&et, &ev, &tb)): where
+ * one was, it is the one raised again (-1; the step's own error, if any, dropped); else the
+ * step's result r. */
 static int
-write_back(PyObject *self, PyObject *name, long long x)
+keep_error(PyObject *et, PyObject *ev, PyObject *tb, int r)
 {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int r = set_ll(self, name, x);
     if (et != NULL) {
         if (r < 0)
             PyErr_Clear();
@@ -1021,6 +1020,15 @@ write_back(PyObject *self, PyObject *name, long long x)
         return -1;
     }
     return r;
+}
+
+/* Write scalars back, keeping a pending exception (if any) as the one that is raised. */
+static int
+write_back(PyObject *self, PyObject *name, long long x)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    return keep_error(et, ev, tb, set_ll(self, name, x));
 }
 
 /* The cache's root node (new reference) and page size. */
@@ -4842,13 +4850,7 @@ pyfield_add(PyObject *o, Py_ssize_t off, PyObject *name, long long d)
     Py_XDECREF(v);
     Py_XDECREF(dv);
     Py_XDECREF(sum);
-    if (et != NULL) {
-        if (r < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
-        return -1;
-    }
-    return r;
+    return keep_error(et, ev, tb, r);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -6878,9 +6880,8 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (alloc != NULL) {  /* (tried once, as ``insert``'s release would have) */
                 PyObject *et, *evv, *tb;
                 PyErr_Fetch(&et, &evv, &tb);
-                if (PyList_SetSlice(deferred, 0, PyList_GET_SIZE(deferred), NULL) < 0)
-                    PyErr_Clear();
-                PyErr_Restore(et, evv, tb);
+                keep_error(et, evv, tb,
+                           PyList_SetSlice(deferred, 0, PyList_GET_SIZE(deferred), NULL));
             }
             goto fail;
         }
