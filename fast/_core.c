@@ -4738,10 +4738,8 @@ static Py_ssize_t
 pn_key_len(PyObject *node)
 {
     PyObject *k = PN_GET(node, key);
-    if (k == NULL)
-        return -1;
-    Py_ssize_t n = PyObject_Size(k);
-    Py_DECREF(k);
+    Py_ssize_t n = k == NULL ? -1 : PyObject_Size(k);
+    Py_XDECREF(k);
     return n;
 }
 
