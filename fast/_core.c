@@ -23,9 +23,10 @@
  *   composed tree  the one-component paths of the SWA and Mamba caches (fast/one_aux.py) over
  *              the pure-Python node classes, read through their __slots__ offsets ("Python-node
  *              fields"): the locks ("composed tree: clock"), the match ("cmatch"), the insert's
- *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict").  Each
- *              declines (returns None, nothing changed) what it does not take, and the Python
- *              function runs.
+ *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
+ *              through one set of field, record, LRU and counter helpers ("Python-node
+ *              fields").  Each declines (returns None, nothing changed) what it does not take,
+ *              and the Python function runs.
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
@@ -684,6 +685,30 @@ page_hash(const long long *p, Py_ssize_t ps, PyObject *ek, Py_hash_t *out)
     *out = h;
     return 1;
 }
+
+/* children[child key of p[0:ps] with extra_key ek] through the probe: 1 looked up (*out the
+ * child, borrowed, or NULL: a miss, or an error set), 0 not taken (page size 1, no probe, an
+ * empty dict, a page the hash does not cover: the caller looks up with the real key), -1 on
+ * error. */
+static inline int
+probe_get(PyObject *children, const long long *p, Py_ssize_t ps, PyObject *ek, PyObject **out)
+{
+    *out = NULL;
+    if (ps <= 1 || g_probe == NULL || PyDict_GET_SIZE(children) == 0)
+        return 0;
+    Py_hash_t h;
+    PyObject *e = IS_NONE(ek) ? NULL : ek;
+    int r = page_hash(p, ps, e, &h);
+    if (r <= 0)
+        return r;
+    g_probe->p = p;
+    g_probe->ps = ps;
+    g_probe->ek = e;
+    *out = _PyDict_GetItem_KnownHash(children, (PyObject *)g_probe, h);
+    g_probe->p = NULL;
+    g_probe->ek = NULL;
+    return 1;
+}
 #endif
 
 /* children[child key of p[pos:]] of node: a borrowed child, or NULL (absent, or an error set).
@@ -700,19 +725,12 @@ child_lookup(Node *node, const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyOb
         return NULL;
     }
 #ifdef HAVE_PROBE
-    if (ps > 1 && g_probe != NULL && PyDict_GET_SIZE(node->children) > 0) {
-        Py_hash_t h;
-        PyObject *e = IS_NONE(ek) ? NULL : ek;
-        int r = page_hash(p + pos, ps, e, &h);
+    {
+        PyObject *c;
+        int r = probe_get(node->children, p + pos, ps, ek, &c);
         if (r < 0)
             return NULL;
         if (r > 0) {
-            g_probe->p = p + pos;
-            g_probe->ps = ps;
-            g_probe->ek = e;
-            PyObject *c = _PyDict_GetItem_KnownHash(node->children, (PyObject *)g_probe, h);
-            g_probe->p = NULL;
-            g_probe->ek = NULL;
             if (c != NULL) {
                 if (!IS_NODE(c)) {
                     PyErr_SetString(PyExc_TypeError, "a child is not a TreeNode");
@@ -989,13 +1007,12 @@ set_ll(PyObject *self, PyObject *name, long long x)
     return r;
 }
 
-/* Write scalars back, keeping a pending exception (if any) as the one that is raised. */
+/* The end of a step run while an exception was set aside (PyErr_Fetch(&et, &ev, &tb)): where
+ * one was, it is the one raised again (-1; the step's own error, if any, dropped); else the
+ * step's result r. */
 static int
-write_back(PyObject *self, PyObject *name, long long x)
+keep_error(PyObject *et, PyObject *ev, PyObject *tb, int r)
 {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int r = set_ll(self, name, x);
     if (et != NULL) {
         if (r < 0)
             PyErr_Clear();
@@ -1003,6 +1020,15 @@ write_back(PyObject *self, PyObject *name, long long x)
         return -1;
     }
     return r;
+}
+
+/* Write scalars back, keeping a pending exception (if any) as the one that is raised. */
+static int
+write_back(PyObject *self, PyObject *name, long long x)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    return keep_error(et, ev, tb, set_ll(self, name, x));
 }
 
 /* The cache's root node (new reference) and page size. */
@@ -4577,6 +4603,254 @@ core_pynode_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return v == NULL ? NULL : Py_NewRef(v);
 }
 
+/* ---- the same fields where an object may be of another class ----------------------------- */
+/*
+ * The composed tree's C paths meet objects they have not checked: what a Python call they
+ * make (a split, a callback) hands back, a cache or component attribute.  These helpers are
+ * the one way the paths read and write such a field: through its slot where the object is
+ * exactly the class that has it, else through Python's attribute access with the field's
+ * interned name (below), so the steps are the Python path's steps either way.  Their one
+ * convention:
+ *  - a read returns a NEW reference (the attribute access makes one), NULL with the error
+ *    set; an unset slot raises the AttributeError Python's access raises;
+ *  - a write takes v borrowed (the slot takes its own reference, as pyslot_set);
+ *  - `off` is the field's offset where the caller found the object to be of the field's
+ *    class (PN_OFF, AD_OFF, lru_prev_off / lru_next_off), 0 for Python's access; an
+ *    attribute of a cache or component (no slot) is read with off 0.
+ * pyslot_get (borrowed, no fallback) stays for objects whose class the caller checked.
+ */
+
+/* the names of the fields and attributes the composed tree's C paths read */
+static PyObject *s_children, *s_parent, *s_lock_ref, *s_aux_lock, *s_dev_children,
+    *s_last_access_time, *s_aux, *s_lru_prev, *s_lru_next, *s_lru, *s_head, *s_events,
+    *s_split_m, *s_comp_evictable, *s_comp_protected;
+
+#define PN_OFF(o, field) (PN_IS(o) ? (field) : 0)
+#define AD_OFF(o, field) (AD_IS(o) ? (field) : 0)
+/* a Node's / an AuxData's field by its name: PN_GET(node, value) is node.value */
+#define PN_GET(o, f) pyfield_get((o), PN_OFF((o), PN_##f), s_##f)
+#define AD_GET(o, f) pyfield_get((o), AD_OFF((o), AD_##f), s_##f)
+#define PN_SET(o, f, v) pyfield_set((o), PN_OFF((o), PN_##f), s_##f, (v))
+#define AD_SET(o, f, v) pyfield_set((o), AD_OFF((o), AD_##f), s_##f, (v))
+/* an LRU list member's link: LRU_GET(rec, next) is rec.lru_next */
+#define LRU_GET(o, f) pyfield_get((o), lru_##f##_off(o), s_lru_##f)
+#define LRU_SET(o, f, v) pyfield_set((o), lru_##f##_off(o), s_lru_##f, (v))
+
+/* o.name: new reference (see above). */
+static PyObject *
+pyfield_get(PyObject *o, Py_ssize_t off, PyObject *name)
+{
+    if (off > 0) {
+        PyObject *v = SLOT_AT(o, off);
+        if (v == NULL) {
+            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
+                         Py_TYPE(o)->tp_name, name);
+            return NULL;
+        }
+        return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+/* o.name = v (borrowed); 0 or -1. */
+static int
+pyfield_set(PyObject *o, Py_ssize_t off, PyObject *name, PyObject *v)
+{
+    if (off > 0) {
+        pyslot_set(o, off, v);
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
+}
+
+/* LruList.insert_after(prev, rec) as the Python paths write it inline (push_front: prev is
+ * the head): nxt = prev.lru_next; rec.lru_prev, rec.lru_next = prev, nxt;
+ * prev.lru_next = nxt.lru_prev = rec.  0 or -1. */
+static int
+lru_link_after(PyObject *prev, PyObject *rec)
+{
+    PyObject *nxt = LRU_GET(prev, next);
+    if (nxt == NULL)
+        return -1;
+    int rc = -1;
+    if (LRU_SET(rec, prev, prev) == 0 && LRU_SET(rec, next, nxt) == 0
+            && LRU_SET(prev, next, rec) == 0 && LRU_SET(nxt, prev, rec) == 0)
+        rc = 0;
+    Py_DECREF(nxt);
+    return rc;
+}
+
+/* LruList.move_after(prev, rec) as fast/one_aux.py writes it inline: rec out of its place,
+ * rec.lru_prev.lru_next = rec.lru_next then rec.lru_next.lru_prev = rec.lru_prev (each
+ * statement's reads in Python's order: the value, then the object it is stored on), then
+ * lru_link_after(prev, rec).  0 or -1. */
+static int
+lru_move_after(PyObject *prev, PyObject *rec)
+{
+    int rc = -1;
+    PyObject *a = NULL, *b = NULL;
+    if ((b = LRU_GET(rec, next)) == NULL
+            || (a = LRU_GET(rec, prev)) == NULL
+            || LRU_SET(a, next, b) < 0)
+        goto done;
+    Py_CLEAR(a);
+    Py_CLEAR(b);
+    if ((a = LRU_GET(rec, prev)) == NULL
+            || (b = LRU_GET(rec, next)) == NULL
+            || LRU_SET(b, prev, a) < 0)
+        goto done;
+    rc = lru_link_after(prev, rec);
+done:
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return rc;
+}
+
+/* node.aux[0], the node's one component record (the composed tree with one aux component):
+ * a new reference, read as Python indexes it (its errors for an aux that is not a non-empty
+ * tuple). */
+static PyObject *
+pn_rec(PyObject *node)
+{
+    PyObject *aux = PN_GET(node, aux);
+    if (aux == NULL)
+        return NULL;
+    PyObject *rec = PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) > 0
+        ? Py_NewRef(PyTuple_GET_ITEM(aux, 0)) : PySequence_GetItem(aux, 0);
+    Py_DECREF(aux);
+    return rec;
+}
+
+/* `rec.value is not None` (a record holds its component's data): 1, 0, or -1. */
+static int
+rec_holds(PyObject *rec)
+{
+    PyObject *v = AD_GET(rec, value);
+    if (v == NULL)
+        return -1;
+    int held = v != Py_None;
+    Py_DECREF(v);
+    return held;
+}
+
+/* len(node.key); -1 with the error set. */
+static Py_ssize_t
+pn_key_len(PyObject *node)
+{
+    PyObject *k = PN_GET(node, key);
+    Py_ssize_t n = k == NULL ? -1 : PyObject_Size(k);
+    Py_XDECREF(k);
+    return n;
+}
+
+/* `v == 0` as Python has it (a count): 1, 0, or -1 with the error set; an exact int without
+ * a call. */
+static int
+py_eq_zero(PyObject *v)
+{
+    if (PyLong_CheckExact(v)) {
+        int ovf;
+        long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
+        return !ovf && x == 0;
+    }
+    return PyObject_RichCompareBool(v, s_zero, Py_EQ);
+}
+
+/* `o.name == 0` (off as for pyfield_get): 1, 0, or -1. */
+static int
+pyfield_eq_zero(PyObject *o, Py_ssize_t off, PyObject *name)
+{
+    PyObject *v = pyfield_get(o, off, name);
+    if (v == NULL)
+        return -1;
+    int r = py_eq_zero(v);
+    Py_DECREF(v);
+    return r;
+}
+
+#define PN_ZERO(o, f) pyfield_eq_zero((o), PN_OFF((o), PN_##f), s_##f)
+
+/* v as a C long long where it is exactly an int that fits: 1, else 0 (no error set). */
+static inline int
+exact_ll(PyObject *v, long long *out)
+{
+    if (v == NULL || !PyLong_CheckExact(v))
+        return 0;
+    int ovf;
+    long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
+    if (ovf)
+        return 0;
+    *out = x;
+    return 1;
+}
+
+/* An attribute a C path takes only as an exact int that fits (a cache's or component's
+ * counter, a window): 1 (*out set); 0 to decline, no error set (not such an int, or missing:
+ * the Python path meets the AttributeError where it reads it); -1 with any other error. */
+static int
+attr_ll(PyObject *o, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = exact_ll(v, out);
+    Py_DECREF(v);
+    return ok;
+}
+
+/* `node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0` (fast/one_aux.py's
+ * leaf push test: unlocked, no device children), read as far as Python's `and` reads: 1, 0,
+ * or -1. */
+static int
+pn_unlocked_leaf(PyObject *node)
+{
+    int r = PN_ZERO(node, lock_ref);
+    if (r > 0)
+        r = PN_ZERO(node, aux_lock);
+    if (r > 0)
+        r = PN_ZERO(node, dev_children);
+    return r;
+}
+
+/* heappush(heap, (stamp, node)) on a heap that is a list (heap_push: heapq's steps); 0 or
+ * -1. */
+static int
+pn_heap_push(PyObject *heap, PyObject *stamp, PyObject *node)
+{
+    PyObject *entry = PyTuple_Pack(2, stamp, node);
+    if (entry == NULL)
+        return -1;
+    int r = heap_push(heap, entry);
+    Py_DECREF(entry);
+    return r;
+}
+
+/* `o.name += d` (off as for pyfield_get; a cache's or component's counter: 0), Python's
+ * in-place add, 0 or -1.  Also while an error is pending, which stays the one raised (the
+ * clock paths move their counters once, on the way out of a failed call too: what was done
+ * stays counted); d 0 is no step (the Python path's loop took none, so reads nothing). */
+static int
+pyfield_add(PyObject *o, Py_ssize_t off, PyObject *name, long long d)
+{
+    if (d == 0)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *v = pyfield_get(o, off, name), *dv = NULL, *sum = NULL;
+    int r = -1;
+    if (v != NULL && (dv = PyLong_FromLongLong(d)) != NULL
+            && (sum = PyNumber_InPlaceAdd(v, dv)) != NULL)
+        r = pyfield_set(o, off, name, sum);
+    Py_XDECREF(v);
+    Py_XDECREF(dv);
+    Py_XDECREF(sum);
+    return keep_error(et, ev, tb, r);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* composed tree: clock                                                                        */
 /* ------------------------------------------------------------------------------------------ */
@@ -4592,29 +4866,15 @@ core_pynode_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * plain ints, keys that are arrays or lists, skip sets that are sets); only then does it write.
  * The component's and the cache's counters, the next boundary mark and the split epoch are
  * ordinary attributes, read where the Python path reads them and moved once by the sum of its
- * steps (ck_add): reading them up front would cost more than the walk on a short path.
+ * steps (pyfield_add): reading them up front would cost more than the walk on a short path.
  * The comparisons it makes on the heap are those heapq makes; entries of the usual shape (an int
  * stamp, a Node) are compared in C as tuple and Node.__lt__ compare them (stamp, then id).
  */
 
 static PyObject *g_ck_inc_result, *g_ck_dec_result, *g_ck_dec_params, *g_ck_not_found,
     *g_ck_handle_error, *g_ck_swa_id, *g_ck_mamba_id, *g_ck_epoch_key;
-static PyObject *s_ck_one_aux, *s_ck_window, *s_ck_i, *s_ck_evictable, *s_ck_protected,
-    *s_ck_next_boundary, *s_ck_split_epoch, *s_ck_swa_uuid;
-
-/* v as a C long long when it is exactly an int that fits: 1, else 0 (no error set). */
-static inline int
-ck_ll(PyObject *v, long long *out)
-{
-    if (v == NULL || !PyLong_CheckExact(v))
-        return 0;
-    int ovf;
-    long long x = PyLong_AsLongLongAndOverflow(v, &ovf);
-    if (ovf)
-        return 0;
-    *out = x;
-    return 1;
-}
+static PyObject *s_ck_one_aux, *s_ck_window, *s_ck_i, *s_ck_next_boundary, *s_ck_split_epoch,
+    *s_ck_swa_uuid;
 
 /* A node's int field that the checks found plain (no error possible). */
 static inline long long
@@ -4638,9 +4898,10 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
     if (key == NULL || !(PyList_CheckExact(key) || (g_array != NULL
                                                     && Py_TYPE(key) == (PyTypeObject *)g_array)))
         return 0;
-    if (!ck_ll(SLOT_AT(n, PN_lock_ref), &x) || !ck_ll(SLOT_AT(n, PN_aux_lock), &x)
-            || !ck_ll(SLOT_AT(n, PN_dev_children), &x)
-            || !ck_ll(SLOT_AT(n, PN_last_access_time), &x) || !ck_ll(SLOT_AT(n, PN_id), &x))
+    if (!exact_ll(SLOT_AT(n, PN_lock_ref), &x) || !exact_ll(SLOT_AT(n, PN_aux_lock), &x)
+            || !exact_ll(SLOT_AT(n, PN_dev_children), &x)
+            || !exact_ll(SLOT_AT(n, PN_last_access_time), &x)
+            || !exact_ll(SLOT_AT(n, PN_id), &x))
         return 0;
     if (rec_at < 0)
         return 1;
@@ -4648,10 +4909,10 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
     if (aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) <= rec_at)
         return 0;
     PyObject *rec = PyTuple_GET_ITEM(aux, rec_at);
-    if (!AD_IS(rec) || SLOT_AT(rec, AD_value) == NULL || !ck_ll(SLOT_AT(rec, AD_lock), &x))
+    if (!AD_IS(rec) || SLOT_AT(rec, AD_value) == NULL || !exact_ll(SLOT_AT(rec, AD_lock), &x))
         return 0;
     PyObject *b = SLOT_AT(rec, AD_boundary);
-    if (b == NULL || (b != Py_None && !ck_ll(b, &x)))
+    if (b == NULL || (b != Py_None && !exact_ll(b, &x)))
         return 0;
     if (splits) {
         PyObject *sf = SLOT_AT(rec, AD_split_from);
@@ -4660,7 +4921,8 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(sf); j++) {
             PyObject *p = PyTuple_GET_ITEM(sf, j);
             if (!PyTuple_CheckExact(p) || PyTuple_GET_SIZE(p) != 2
-                    || !ck_ll(PyTuple_GET_ITEM(p, 0), &x) || !ck_ll(PyTuple_GET_ITEM(p, 1), &x))
+                    || !exact_ll(PyTuple_GET_ITEM(p, 0), &x)
+                    || !exact_ll(PyTuple_GET_ITEM(p, 1), &x))
                 return 0;
         }
     }
@@ -4682,48 +4944,6 @@ ck_push_unlocked(PyObject *heap, PyObject *node, int twice)
     if (r == 0 && twice)
         r = heap_push(heap, entry);
     Py_DECREF(entry);
-    return r;
-}
-
-/* An attribute that must be a plain int: 1 (*out set), 0 to decline (no error), -1 error. */
-static int
-ck_attr_ll(PyObject *o, PyObject *name, long long *out)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();  /* (the Python path raises it where it reads it) */
-        return 0;
-    }
-    int ok = ck_ll(v, out);
-    Py_DECREF(v);
-    return ok;
-}
-
-/* o.name += d as the Python path's ``-=`` / ``+=`` steps add up (d 0: no step), also after an
- * error (which stays the one raised); -1 on error. */
-static int
-ck_add(PyObject *o, PyObject *name, long long d)
-{
-    if (d == 0)
-        return PyErr_Occurred() ? -1 : 0;
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyObject *v = PyObject_GetAttr(o, name), *dv = NULL, *sum = NULL;
-    int r = -1;
-    if (v != NULL && (dv = PyLong_FromLongLong(d)) != NULL
-            && (sum = PyNumber_Add(v, dv)) != NULL)
-        r = PyObject_SetAttr(o, name, sum);
-    Py_XDECREF(v);
-    Py_XDECREF(dv);
-    Py_XDECREF(sum);
-    if (et != NULL) {
-        if (r < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
-        return -1;
-    }
     return r;
 }
 
@@ -4790,11 +5010,11 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyObject *out = NULL, *skipped = NULL, *uuid = NULL, *skips = NULL, *epoch = NULL;
     long long window = 0, ai = 0, x;
     /* every read the walk needs to decide, before any write (the counters and marks it moves
-     * are read where the Python path reads them: see ck_add) */
+     * are read where the Python path reads them: see pyfield_add) */
     int ok = 1;
     if (is_swa)
-        ok = (r = ck_attr_ll(comp, s_ck_window, &window)) > 0
-            && (r = ck_attr_ll(comp, s_ck_i, &ai)) > 0 && ai >= 0;
+        ok = (r = attr_ll(comp, s_ck_window, &window)) > 0
+            && (r = attr_ll(comp, s_ck_i, &ai)) > 0 && ai >= 0;
     if (ok) {
         PyObject *cur = node;
         while (ok && cur != root) {
@@ -4848,7 +5068,7 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                         goto done;
                     pyslot_set(rec, AD_boundary, nb);
                     Py_DECREF(nb);
-                    if (ck_add(comp, s_ck_next_boundary, 1) < 0)
+                    if (pyfield_add(comp, 0, s_ck_next_boundary, 1) < 0)
                         goto done;
                 }
                 uuid = Py_NewRef(SLOT_AT(rec, AD_boundary));
@@ -4879,10 +5099,10 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     failed = 0;
 done:
     /* the counters, moved once, also after a failed write (what was done stays counted) */
-    ck_add(comp, s_ck_evictable, -moved);
-    ck_add(comp, s_ck_protected, moved);
-    ck_add(cache, s_evictable, -delta);
-    if (ck_add(cache, s_protected, delta) < 0 || failed)
+    pyfield_add(comp, 0, s_comp_evictable, -moved);
+    pyfield_add(comp, 0, s_comp_protected, moved);
+    pyfield_add(cache, 0, s_evictable, -delta);
+    if (pyfield_add(cache, 0, s_protected, delta) < 0 || failed)
         goto out;
     if ((skips = PyDict_New()) == NULL)
         goto out;
@@ -4969,7 +5189,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             && (r = ck_skip_set(skips, comp_id, &cskip)) > 0;
         if (ok && is_swa) {
             boundary = owned = PyObject_GetAttr(params, s_ck_swa_uuid);
-            ok = boundary != NULL && (boundary == Py_None || ck_ll(boundary, &x));
+            ok = boundary != NULL && (boundary == Py_None || exact_ll(boundary, &x));
         }
         if (ok && is_swa && cskip != NULL) {  /* the split epoch the lock saw */
             PyObject *es = PyDict_GetItemWithError(skips, g_ck_epoch_key);
@@ -4983,7 +5203,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     r = -1;
                 }
                 while (ok && (e = PyIter_Next(it)) != NULL) {
-                    ok = ck_ll(e, &x);
+                    ok = exact_ll(e, &x);
                     Py_DECREF(e);
                     if (ok && (first || x < lo))
                         lo = x;
@@ -5106,22 +5326,17 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         delta += Py_SIZE(SLOT_AT(cur, PN_key));
         if (ck_field(cur, PN_aux_lock) == 0 && ck_field(cur, PN_dev_children) == 0
                 && SLOT_AT(cur, PN_value) != Py_None) {
-            PyObject *entry = PyTuple_Pack(2, SLOT_AT(cur, PN_last_access_time), cur);
-            if (entry == NULL)
-                goto done;
-            int pr_ = heap_push(heap, entry);
-            Py_DECREF(entry);
-            if (pr_ < 0)
+            if (pn_heap_push(heap, SLOT_AT(cur, PN_last_access_time), cur) < 0)
                 goto done;
         }
     }
     failed = 0;
 done:
     /* the counters, moved once, also after a failed write (what was done stays counted) */
-    ck_add(comp, s_ck_evictable, moved);
-    ck_add(comp, s_ck_protected, -moved);
-    ck_add(cache, s_evictable, delta);
-    if (ck_add(cache, s_protected, -delta) < 0 || failed) {
+    pyfield_add(comp, 0, s_comp_evictable, moved);
+    pyfield_add(comp, 0, s_comp_protected, -moved);
+    pyfield_add(cache, 0, s_evictable, delta);
+    if (pyfield_add(cache, 0, s_protected, -delta) < 0 || failed) {
         r = -1;
         goto out;
     }
@@ -5195,115 +5410,8 @@ core_setup_clock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * offset).  tests/fast/test_one_aux_c_cmatch.py runs this against the Python function.
  */
 
-static PyObject *s_cm_components, *s_cm_window, *s_cm_cow;
-static PyObject *s_cm_lru, *s_cm_head, *s_cm_split, *s_cm_chunk, *s_cm_aux, *s_cm_lock_ref,
-    *s_cm_aux_lock, *s_cm_dev_children, *s_cm_stamp, *s_cm_parent, *s_cm_lru_prev,
-    *s_cm_lru_next;
+static PyObject *s_cm_components, *s_cm_window, *s_cm_cow, *s_cm_chunk;
 static PyObject *g_cm_heappush = NULL;  /* heapq.heappush: a heap that is not a list */
-
-/* A field of o: through its slot where off > 0 (the caller checked o's class), else Python's
- * attribute access.  New reference; NULL with the error set. */
-static PyObject *
-cm_get(PyObject *o, Py_ssize_t off, PyObject *name)
-{
-    if (off > 0) {
-        PyObject *v = SLOT_AT(o, off);
-        if (v == NULL) {
-            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
-                         Py_TYPE(o)->tp_name, name);
-            return NULL;
-        }
-        return Py_NewRef(v);
-    }
-    return PyObject_GetAttr(o, name);
-}
-
-/* o.name = v (borrowed): through its slot where off > 0, else Python's; 0 or -1. */
-static int
-cm_set(PyObject *o, Py_ssize_t off, PyObject *name, PyObject *v)
-{
-    if (off > 0) {
-        pyslot_set(o, off, v);
-        return 0;
-    }
-    return PyObject_SetAttr(o, name, v);
-}
-
-#define CM_OFF(o, field) (PN_IS(o) ? (field) : 0)
-
-/* node.aux[0] (new reference), as Python indexes it. */
-static PyObject *
-cm_rec(PyObject *node)
-{
-    PyObject *aux = cm_get(node, CM_OFF(node, PN_aux), s_cm_aux);
-    if (aux == NULL)
-        return NULL;
-    PyObject *rec = PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) > 0
-        ? Py_NewRef(PyTuple_GET_ITEM(aux, 0)) : PySequence_GetItem(aux, 0);
-    Py_DECREF(aux);
-    return rec;
-}
-
-/* `o == 0` for a count field: 1, 0, or -1 on error. */
-static int
-cm_is_zero(PyObject *o)
-{
-    if (PyLong_CheckExact(o)) {
-        int ovf;
-        long long x = PyLong_AsLongLongAndOverflow(o, &ovf);
-        return !ovf && x == 0;
-    }
-    return PyObject_RichCompareBool(o, s_zero, Py_EQ);
-}
-
-/* node.<field> == 0: 1, 0, or -1. */
-static int
-cm_field_zero(PyObject *node, Py_ssize_t field, PyObject *name)
-{
-    PyObject *v = cm_get(node, CM_OFF(node, field), name);
-    if (v == NULL)
-        return -1;
-    int r = cm_is_zero(v);
-    Py_DECREF(v);
-    return r;
-}
-
-/* LruList.move_after, inlined as match_one writes it: rec out of its place, then between prev
- * and prev's next; the reads and writes in Python's order (each link's offset where the
- * object is an AuxData or a sentinel, else Python's attribute access).  0 or -1. */
-static int
-cm_move_after(PyObject *rec, PyObject *prev)
-{
-    int rc = -1;
-    PyObject *a = NULL, *b = NULL, *nxt = NULL;
-    /* rec.lru_prev.lru_next = rec.lru_next */
-    if ((b = cm_get(rec, lru_next_off(rec), s_cm_lru_next)) == NULL
-            || (a = cm_get(rec, lru_prev_off(rec), s_cm_lru_prev)) == NULL
-            || cm_set(a, lru_next_off(a), s_cm_lru_next, b) < 0)
-        goto done;
-    Py_CLEAR(a);
-    Py_CLEAR(b);
-    /* rec.lru_next.lru_prev = rec.lru_prev */
-    if ((a = cm_get(rec, lru_prev_off(rec), s_cm_lru_prev)) == NULL
-            || (b = cm_get(rec, lru_next_off(rec), s_cm_lru_next)) == NULL
-            || cm_set(b, lru_prev_off(b), s_cm_lru_prev, a) < 0)
-        goto done;
-    /* nxt = prev.lru_next; rec.lru_prev, rec.lru_next = prev, nxt */
-    if ((nxt = cm_get(prev, lru_next_off(prev), s_cm_lru_next)) == NULL
-            || cm_set(rec, lru_prev_off(rec), s_cm_lru_prev, prev) < 0
-            || cm_set(rec, lru_next_off(rec), s_cm_lru_next, nxt) < 0)
-        goto done;
-    /* prev.lru_next = nxt.lru_prev = rec */
-    if (cm_set(prev, lru_next_off(prev), s_cm_lru_next, rec) < 0
-            || cm_set(nxt, lru_prev_off(nxt), s_cm_lru_prev, rec) < 0)
-        goto done;
-    rc = 0;
-done:
-    Py_XDECREF(a);
-    Py_XDECREF(b);
-    Py_XDECREF(nxt);
-    return rc;
-}
 
 /* The child of an exact Node's children dict holding the page of p[pos:] (borrowed), NULL if
  * none (or with an error set): match_step's lookup, with the Full core's probe at page size
@@ -5312,22 +5420,9 @@ static PyObject *
 cm_child(PyObject *children, const long long *p, Py_ssize_t pos, Py_ssize_t ps, PyObject *ek)
 {
 #ifdef HAVE_PROBE
-    if (ps > 1 && g_probe != NULL && PyDict_GET_SIZE(children) > 0) {
-        Py_hash_t h;
-        PyObject *e = IS_NONE(ek) ? NULL : ek;
-        int r = page_hash(p + pos, ps, e, &h);
-        if (r < 0)
-            return NULL;
-        if (r > 0) {
-            g_probe->p = p + pos;
-            g_probe->ps = ps;
-            g_probe->ek = e;
-            PyObject *c = _PyDict_GetItem_KnownHash(children, (PyObject *)g_probe, h);
-            g_probe->p = NULL;
-            g_probe->ek = NULL;
-            return c;
-        }
-    }
+    PyObject *pc;
+    if (probe_get(children, p + pos, ps, ek, &pc) != 0)  /* (NULL with the error on -1) */
+        return pc;
 #endif
     PyObject *ck = child_key(p, pos, ps, ek);
     if (ck == NULL)
@@ -5428,7 +5523,7 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
             /* child = cache._split(child, k): the one change of the walk down, its last step */
             PyObject *ko = PyLong_FromSsize_t(k);
             PyObject *upper = ko == NULL ? NULL
-                : PyObject_CallMethodObjArgs(cache, s_cm_split, child, ko, NULL);
+                : PyObject_CallMethodObjArgs(cache, s_split_m, child, ko, NULL);
             Py_XDECREF(ko);
             Py_DECREF(child);
             if (upper == NULL)
@@ -5436,7 +5531,7 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
             child = upper;
         }
         /* chunks.append(child.value); node, pos = child, pos + k */
-        if ((v = cm_get(child, CM_OFF(child, PN_value), s_value)) == NULL
+        if ((v = PN_GET(child, value)) == NULL
                 || PyList_Append(chunks, v) < 0) {
             Py_DECREF(child);
             goto done;
@@ -5445,13 +5540,13 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
         Py_SETREF(node, child);
         pos += k;
         /* the validator's rule: a run of component data reaching the window */
-        if ((rec = cm_rec(child)) == NULL)
+        if ((rec = pn_rec(child)) == NULL)
             goto done;
-        v = cm_get(rec, AD_IS(rec) ? AD_value : 0, s_value);
+        int held = rec_holds(rec);
         Py_CLEAR(rec);
-        if (v == NULL)
+        if (held < 0)
             goto done;
-        if (IS_NONE(v)) {
+        if (!held) {
             run_inf = 0;
             run = 0;
         } else {
@@ -5462,14 +5557,13 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
                 best_chunks = PyList_GET_SIZE(chunks);
             }
         }
-        Py_CLEAR(v);
         if (split)  /* the match ends inside the old node */
             break;
     }
     /* the matched path: its records to the front of the list (node first), its stamps (the
      * node newest, each ancestor one older, the root included) */
-    if ((lru = PyObject_GetAttr(comp, s_cm_lru)) == NULL
-            || (prev = PyObject_GetAttr(lru, s_cm_head)) == NULL)
+    if ((lru = PyObject_GetAttr(comp, s_lru)) == NULL
+            || (prev = PyObject_GetAttr(lru, s_head)) == NULL)
         goto done;
     long long clock;
     if (get_ll(cache, s_clock, &clock) < 0)
@@ -5480,43 +5574,39 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
     cur = Py_NewRef(best);
     while (cur != root) {
         if ((v = PyLong_FromLongLong(clock)) == NULL
-                || cm_set(cur, CM_OFF(cur, PN_last_access_time), s_cm_stamp, v) < 0)
+                || PN_SET(cur, last_access_time, v) < 0)
             goto done;
         Py_CLEAR(v);
         clock -= 1;
-        if ((rec = cm_rec(cur)) == NULL
-                || (v = cm_get(rec, AD_IS(rec) ? AD_value : 0, s_value)) == NULL)
+        if ((rec = pn_rec(cur)) == NULL)
             goto done;
-        int held = !IS_NONE(v);
-        Py_CLEAR(v);
+        int held = rec_holds(rec);
+        if (held < 0)
+            goto done;
         if (held) {  /* (LruList.move_after, inlined) */
-            if (cm_move_after(rec, prev) < 0)
+            if (lru_move_after(prev, rec) < 0)
                 goto done;
             Py_SETREF(prev, rec);
             rec = NULL;
         } else {
             Py_CLEAR(rec);
         }
-        PyObject *up = cm_get(cur, CM_OFF(cur, PN_parent), s_cm_parent);
+        PyObject *up = PN_GET(cur, parent);
         if (up == NULL)
             goto done;
         Py_SETREF(cur, up);
     }
     if ((v = PyLong_FromLongLong(clock)) == NULL
-            || cm_set(root, PN_last_access_time, s_cm_stamp, v) < 0)
+            || PN_SET(root, last_access_time, v) < 0)
         goto done;
     Py_CLEAR(v);
     if (best != root) {  /* (``_push_if_leaf``: it holds data, it is attached) */
-        int leaf = cm_field_zero(best, PN_lock_ref, s_cm_lock_ref);
-        if (leaf > 0)
-            leaf = cm_field_zero(best, PN_aux_lock, s_cm_aux_lock);
-        if (leaf > 0)
-            leaf = cm_field_zero(best, PN_dev_children, s_cm_dev_children);
+        int leaf = pn_unlocked_leaf(best);
         if (leaf < 0)
             goto done;
         if (leaf) {
             if ((heap = PyObject_GetAttr(cache, s_heap)) == NULL
-                    || (v = cm_get(best, CM_OFF(best, PN_last_access_time), s_cm_stamp)) == NULL)
+                    || (v = PN_GET(best, last_access_time)) == NULL)
                 goto done;
             PyObject *entry = PyTuple_Pack(2, v, best);
             Py_CLEAR(v);
@@ -5758,8 +5848,7 @@ core_one_match_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * TypeError (fast/hybrid.py _new_node makes only those).
  */
 
-static PyObject *s_ce_comp_evictable, *s_ce_lru, *s_ce_head, *s_ce_tail, *s_ce_events,
-    *s_ce_removed, *s_ce_lru_prev;
+static PyObject *s_ce_tail, *s_ce_removed;
 
 typedef struct {
     PyObject *cache, *comp;
@@ -5854,17 +5943,24 @@ error:
     return NULL;
 }
 
-/* A field of a registered node (borrowed), or NULL with an error: TypeError for an object
- * that is not exactly a Node (only those are read through offsets). */
+/* 0 where node is exactly a Node, else -1 with a TypeError: only those are read and written
+ * through offsets here. */
+static inline int
+ce_check_node(PyObject *node)
+{
+    if (PN_IS(node))
+        return 0;
+    PyErr_Format(PyExc_TypeError, "evict: a tree node of type %.100s, not Node",
+                 Py_TYPE(node)->tp_name);
+    return -1;
+}
+
+/* A field of a registered node (borrowed), or NULL with an error: ce_check_node's TypeError
+ * for an object that is not exactly a Node. */
 static PyObject *
 ce_node_field(PyObject *node, Py_ssize_t off, const char *name)
 {
-    if (!PN_IS(node)) {
-        PyErr_Format(PyExc_TypeError, "evict: a tree node of type %.100s, not Node",
-                     Py_TYPE(node)->tp_name);
-        return NULL;
-    }
-    return pyslot_get(node, off, name);
+    return ce_check_node(node) < 0 ? NULL : pyslot_get(node, off, name);
 }
 
 /* `not v` as Python has it (1, 0, or -1 with an error); exact ints without a call. */
@@ -5878,15 +5974,6 @@ ce_not(PyObject *v)
     }
     int t = PyObject_IsTrue(v);
     return t < 0 ? -1 : !t;
-}
-
-/* `v == 0` as Python has it (1, 0, or -1 with an error); exact ints without a call. */
-static inline int
-ce_is_zero(PyObject *v)
-{
-    if (PyLong_CheckExact(v))
-        return ce_not(v);
-    return PyObject_RichCompareBool(v, s_zero, Py_EQ);
 }
 
 /* The evictable-leaf test of the loops, on `node`'s fields in the Python's order:
@@ -5909,7 +5996,7 @@ ce_is_leaf(PyObject *node, PyObject *stamp)
     for (int i = 0; i < 3; i++) {
         if ((v = ce_node_field(node, *counts[i].off, counts[i].name)) == NULL)
             return -1;
-        if ((t = stamp != NULL ? ce_not(v) : ce_is_zero(v)) <= 0)
+        if ((t = stamp != NULL ? ce_not(v) : py_eq_zero(v)) <= 0)
             return t;
     }
     if ((v = ce_node_field(node, PN_value, "value")) == NULL)
@@ -6019,13 +6106,7 @@ ce_unhook(AuxEvict *ev, PyObject *node)
         goto done;
     }
     PyObject *stamp = pyslot_get(parent, PN_last_access_time, "last_access_time");
-    PyObject *entry = stamp == NULL ? NULL : PyTuple_Pack(2, stamp, parent);
-    if (entry == NULL) {
-        rc = -1;
-        goto done;
-    }
-    rc = heap_push(ev->heap, entry);
-    Py_DECREF(entry);
+    rc = stamp == NULL ? -1 : pn_heap_push(ev->heap, stamp, parent);
 done:
     Py_DECREF(parent);
     return rc;
@@ -6069,7 +6150,7 @@ ce_add(AuxEvict *ev, PyObject *method, PyObject *slots)
 static int
 ce_flush(AuxEvict *ev)
 {
-    if (set_ll(ev->comp, s_ce_comp_evictable, ev->comp_ev) < 0)
+    if (set_ll(ev->comp, s_comp_evictable, ev->comp_ev) < 0)
         return -1;
     return set_ll(ev->cache, s_evictable, ev->cache_ev);
 }
@@ -6083,17 +6164,9 @@ ce_removed(AuxEvict *ev, PyObject *node)
         return -1;
     if (discard(PyObject_CallMethodOneArg(ev->events, s_ce_removed, node)) < 0)
         return -1;
-    if (get_ll(ev->comp, s_ce_comp_evictable, &ev->comp_ev) < 0)
+    if (get_ll(ev->comp, s_comp_evictable, &ev->comp_ev) < 0)
         return -1;
     return get_ll(ev->cache, s_evictable, &ev->cache_ev);
-}
-
-/* len(node.key) */
-static Py_ssize_t
-ce_key_len(PyObject *node)
-{
-    PyObject *key = ce_node_field(node, PN_key, "key");
-    return key == NULL ? -1 : PyObject_Size(key);
 }
 
 /* The end of _delete_leaf_one for a leaf whose component data went: its Full slots queued
@@ -6107,34 +6180,12 @@ ce_leaf_full(AuxEvict *ev, PyObject *node, Py_ssize_t k)
         return -1;
     if ((ev->is_swa ? ce_add(ev, s_free, value) : PyList_Append(ev->kv, value)) < 0)
         return -1;
-    if (k < 0 && (k = ce_key_len(node)) < 0)
+    if (k < 0 && (k = pn_key_len(node)) < 0)
         return -1;
     ev->full += k;
     ev->cache_ev -= k;
     pyslot_set(node, PN_value, Py_None);
     return ce_unhook(ev, node);
-}
-
-/* node.aux[0], the one component's record (borrowed), checked to be an AuxData. */
-static PyObject *
-ce_record(PyObject *node)
-{
-    PyObject *aux = ce_node_field(node, PN_aux, "aux");
-    if (aux == NULL)
-        return NULL;
-    PyObject *rec;
-    if (PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) > 0) {
-        rec = PyTuple_GET_ITEM(aux, 0);
-    } else {
-        PyErr_SetString(PyExc_TypeError, "evict: node.aux is not a tuple of records");
-        return NULL;
-    }
-    if (!AD_IS(rec)) {
-        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
-                     Py_TYPE(rec)->tp_name);
-        return NULL;
-    }
-    return rec;
 }
 
 /* The first loop's step: the popped leaf `node` deleted (_delete_leaf_one as written out in
@@ -6144,13 +6195,17 @@ ce_delete_popped(AuxEvict *ev, PyObject *node)
 {
     if (ev->events != NULL && ce_removed(ev, node) < 0)
         return -1;
-    PyObject *rec = ce_record(node);
+    PyObject *rec = pn_rec(node);
     if (rec == NULL)
         return -1;
-    Py_INCREF(rec);
     int rc = -1;
+    if (!AD_IS(rec)) {  /* (its fields are read and written through their offsets) */
+        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
+                     Py_TYPE(rec)->tp_name);
+        goto done;
+    }
     Py_ssize_t k = -1;
-    if (ev->is_swa && (k = ce_key_len(node)) < 0)
+    if (ev->is_swa && (k = pn_key_len(node)) < 0)
         goto done;
     PyObject *rv = pyslot_get(rec, AD_value, "value");
     if (rv == NULL)
@@ -6183,7 +6238,7 @@ ce_drop_record(AuxEvict *ev, PyObject *x)
     Py_INCREF(node);
     int rc = -1;
     Py_ssize_t k = -1;
-    if (ev->is_swa && (k = ce_key_len(node)) < 0)
+    if (ce_check_node(node) < 0 || (ev->is_swa && (k = pn_key_len(node)) < 0))
         goto done;
     int leaf = ce_is_leaf(node, NULL);
     if (leaf < 0)
@@ -6232,24 +6287,6 @@ ce_amount(PyObject *o)
     return ovf < 0 ? -1 : x;
 }
 
-/* An exact int attribute as a C long long: 1 read, 0 not an exact int or out of range, -1
- * with an error (a missing attribute); the call declines for either. */
-static int
-ce_int_attr(PyObject *o, PyObject *name, long long *out)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    int ok = 0;
-    if (PyLong_CheckExact(v)) {
-        int ovf;
-        *out = PyLong_AsLongLongAndOverflow(v, &ovf);
-        ok = !ovf;
-    }
-    Py_DECREF(v);
-    return ok;
-}
-
 /* The two loops of the evict (see the section's comment).  Returns (Full units, the
  * component's units), None having changed nothing (declined), or NULL with an error. */
 static PyObject *
@@ -6261,14 +6298,14 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
     PyObject *result = NULL, *head = NULL, *x = NULL;
     ev->heap = PyObject_GetAttr(ev->cache, s_heap);
     ev->root = ev->heap == NULL ? NULL : PyObject_GetAttr(ev->cache, s_root_node);
-    ev->events = ev->root == NULL ? NULL : PyObject_GetAttr(ev->cache, s_ce_events);
+    ev->events = ev->root == NULL ? NULL : PyObject_GetAttr(ev->cache, s_events);
     int ok = ev->events != NULL;
     if (ok && ev->events == Py_None)
         Py_CLEAR(ev->events);
     if (ok)
-        ok = ce_int_attr(ev->cache, s_evictable, &ev->cache_ev);
+        ok = attr_ll(ev->cache, s_evictable, &ev->cache_ev);
     if (ok > 0)
-        ok = ce_int_attr(ev->comp, s_ce_comp_evictable, &ev->comp_ev);
+        ok = attr_ll(ev->comp, s_comp_evictable, &ev->comp_ev);
     if (ok <= 0 || !PyList_CheckExact(ev->heap) || !PN_IS(ev->root)) {
         /* (a missing attribute too: the Python path meets it where it reads it) */
         PyErr_Clear();
@@ -6289,16 +6326,16 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
         if (r < 0)
             goto write_back;
     }
-    PyObject *lru = PyObject_GetAttr(ev->comp, s_ce_lru);
+    PyObject *lru = PyObject_GetAttr(ev->comp, s_lru);
     if (lru == NULL)
         goto write_back;
-    head = PyObject_GetAttr(lru, s_ce_head);
+    head = PyObject_GetAttr(lru, s_head);
     PyObject *tail = head == NULL ? NULL : PyObject_GetAttr(lru, s_ce_tail);
     Py_DECREF(lru);
     if (tail == NULL)
         goto write_back;
     x = SE_IS(tail) ? Py_XNewRef(pyslot_get(tail, SE_lru_prev, "lru_prev"))
-                    : PyObject_GetAttr(tail, s_ce_lru_prev);
+                    : PyObject_GetAttr(tail, s_lru_prev);
     Py_DECREF(tail);
     if (x == NULL)
         goto write_back;
@@ -6313,7 +6350,7 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
             goto write_back;
         Py_INCREF(nxt);  /* (evicting x never unlinks another record of the list) */
         PyObject *lock = pyslot_get(x, AD_lock, "lock");
-        int free_ = lock == NULL ? -1 : ce_is_zero(lock);
+        int free_ = lock == NULL ? -1 : py_eq_zero(lock);
         if (free_ > 0 && ce_drop_record(ev, x) < 0)
             free_ = -1;
         Py_SETREF(x, nxt);
@@ -6322,7 +6359,7 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
     }
     result = Py_BuildValue("(LL)", ev->full, ev->units);
 write_back:  /* (write_back keeps a pending error as the one raised) */
-    if (write_back(ev->comp, s_ce_comp_evictable, ev->comp_ev) < 0)
+    if (write_back(ev->comp, s_comp_evictable, ev->comp_ev) < 0)
         Py_CLEAR(result);
     if (write_back(ev->cache, s_evictable, ev->cache_ev) < 0)
         Py_CLEAR(result);
@@ -6401,213 +6438,12 @@ core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * buffer of n items, an int argument that is not a plain int.
  */
 
-static PyObject *s_ci_events, *s_ci_deferred, *s_ci_lru, *s_ci_head, *s_ci_lru_prev,
-    *s_ci_lru_next, *s_ci_split_m, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
-    *s_ci_tracks, *s_ci_on_set, *s_ci_map_pool, *s_ci_c_evictable, *s_ci_c_protected,
-    *s_ci_last_access, *s_ci_lock_ref, *s_ci_aux_lock, *s_ci_dev_children, *s_ci_aux,
-    *s_ci_children, *s_ci_swa_leaf, *s_ci_stored;
-
-/* A field of a Node (off: its offset) as a new reference: through the slot for exactly a
- * Node, else ordinary attribute access. */
-static PyObject *
-ci_nget(PyObject *o, Py_ssize_t off, PyObject *name)
-{
-    if (PN_IS(o)) {
-        PyObject *v = SLOT_AT(o, off);
-        if (v == NULL) {
-            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
-                         Py_TYPE(o)->tp_name, name);
-            return NULL;
-        }
-        return Py_NewRef(v);
-    }
-    return PyObject_GetAttr(o, name);
-}
-
-/* The same for an AuxData field. */
-static PyObject *
-ci_aget(PyObject *o, Py_ssize_t off, PyObject *name)
-{
-    if (AD_IS(o)) {
-        PyObject *v = SLOT_AT(o, off);
-        if (v == NULL) {
-            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
-                         Py_TYPE(o)->tp_name, name);
-            return NULL;
-        }
-        return Py_NewRef(v);
-    }
-    return PyObject_GetAttr(o, name);
-}
-
-/* Store v (borrowed) in a Node field / an AuxData field; 0 or -1. */
-static int
-ci_nset(PyObject *o, Py_ssize_t off, PyObject *name, PyObject *v)
-{
-    if (PN_IS(o)) {
-        pyslot_set(o, off, v);
-        return 0;
-    }
-    return PyObject_SetAttr(o, name, v);
-}
-
-static int
-ci_aset(PyObject *o, Py_ssize_t off, PyObject *name, PyObject *v)
-{
-    if (AD_IS(o)) {
-        pyslot_set(o, off, v);
-        return 0;
-    }
-    return PyObject_SetAttr(o, name, v);
-}
-
-/* An int field of a Node as a C long long (what `== 0` on it needs); -1 with the error set. */
-static int
-ci_nget_ll(PyObject *o, Py_ssize_t off, PyObject *name, long long *out)
-{
-    PyObject *v = ci_nget(o, off, name);
-    if (v == NULL)
-        return -1;
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    *out = x;
-    return 0;
-}
-
-/* An LRU link (next: lru_next, else lru_prev) of a record or sentinel, new reference. */
-static PyObject *
-ci_link(PyObject *o, int next)
-{
-    Py_ssize_t off = next ? lru_next_off(o) : lru_prev_off(o);
-    PyObject *name = next ? s_ci_lru_next : s_ci_lru_prev;
-    if (off) {
-        PyObject *v = SLOT_AT(o, off);
-        if (v == NULL) {
-            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
-                         Py_TYPE(o)->tp_name, name);
-            return NULL;
-        }
-        return Py_NewRef(v);
-    }
-    return PyObject_GetAttr(o, name);
-}
-
-static int
-ci_set_link(PyObject *o, int next, PyObject *v)
-{
-    Py_ssize_t off = next ? lru_next_off(o) : lru_prev_off(o);
-    if (off) {
-        pyslot_set(o, off, v);
-        return 0;
-    }
-    return PyObject_SetAttr(o, next ? s_ci_lru_next : s_ci_lru_prev, v);
-}
-
-/* Link rec right after head (LruList.insert_after / the inlined push_front):
- * nxt = head.lru_next; rec.lru_prev, rec.lru_next = head, nxt; head.lru_next = nxt.lru_prev = rec */
-static int
-ci_link_front(PyObject *head, PyObject *rec)
-{
-    PyObject *nxt = ci_link(head, 1);
-    if (nxt == NULL)
-        return -1;
-    int r = -1;
-    if (ci_set_link(rec, 0, head) == 0 && ci_set_link(rec, 1, nxt) == 0
-            && ci_set_link(head, 1, rec) == 0 && ci_set_link(nxt, 0, rec) == 0)
-        r = 0;
-    Py_DECREF(nxt);
-    return r;
-}
-
-/* LruList.move_after(head, rec), inlined as fast/one_aux.py does: unlink, then link after
- * head. */
-static int
-ci_move_front(PyObject *head, PyObject *rec)
-{
-    PyObject *p = ci_link(rec, 0), *q = p == NULL ? NULL : ci_link(rec, 1);
-    int r = -1;
-    if (q != NULL && ci_set_link(p, 1, q) == 0 && ci_set_link(q, 0, p) == 0)
-        r = ci_link_front(head, rec);
-    Py_XDECREF(p);
-    Py_XDECREF(q);
-    return r;
-}
-
-/* node.aux[0], new reference. */
-static PyObject *
-ci_rec(PyObject *node)
-{
-    PyObject *aux = ci_nget(node, PN_aux, s_ci_aux);
-    if (aux == NULL)
-        return NULL;
-    PyObject *rec = PySequence_GetItem(aux, 0);
-    Py_DECREF(aux);
-    return rec;
-}
-
-/* Whether node.aux[0].value is None: 1, 0 or -1. */
-static int
-ci_rec_empty(PyObject *node)
-{
-    PyObject *rec = ci_rec(node);
-    if (rec == NULL)
-        return -1;
-    PyObject *v = ci_aget(rec, AD_value, s_value);
-    Py_DECREF(rec);
-    if (v == NULL)
-        return -1;
-    int r = v == Py_None;
-    Py_DECREF(v);
-    return r;
-}
-
-/* len(node.key); -1 with the error set. */
-static Py_ssize_t
-ci_key_len(PyObject *node)
-{
-    PyObject *k = ci_nget(node, PN_key, s_key);
-    if (k == NULL)
-        return -1;
-    Py_ssize_t n = PyObject_Size(k);
-    Py_DECREF(k);
-    return n;
-}
+static PyObject *s_ci_deferred, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
+    *s_ci_tracks, *s_ci_on_set, *s_ci_map_pool, *s_ci_swa_leaf, *s_ci_stored;
 
 /* value[lo:hi] (a view, as the Python slice), new reference: the native frees' tail_view,
  * which makes exactly that slice. */
 #define ci_slice tail_view
-
-/* obj.attr += d for an int attribute (a component's or the cache's counter). */
-static int
-ci_add_attr(PyObject *obj, PyObject *name, long long d)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    PyObject *dd = PyLong_FromLongLong(d);
-    PyObject *s = dd == NULL ? NULL : PyNumber_InPlaceAdd(v, dd);
-    Py_DECREF(v);
-    Py_XDECREF(dd);
-    if (s == NULL)
-        return -1;
-    int r = PyObject_SetAttr(obj, name, s);
-    Py_DECREF(s);
-    return r;
-}
-
-/* heappush(heap, (stamp, node)) with the stamp object as the node holds it. */
-static int
-ci_push(PyObject *heap, PyObject *stamp, PyObject *node)
-{
-    PyObject *t = PyTuple_Pack(2, stamp, node);
-    if (t == NULL)
-        return -1;
-    int r = heap_push(heap, t);
-    Py_DECREF(t);
-    return r;
-}
 
 /* The cache's _clock in a C local: stored before a Python call that may read it, read after. */
 static int
@@ -6706,12 +6542,12 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
              *result = NULL;
     long long clock = 0;
     int started = 0;
-    if ((ev = PyObject_GetAttr(cache, s_ci_events)) == NULL
+    if ((ev = PyObject_GetAttr(cache, s_events)) == NULL
             || (vs = PyObject_GetAttr(cache, s_validate)) == NULL
             || (deferred = PyObject_GetAttr(cache, s_ci_deferred)) == NULL
             || (heap = PyObject_GetAttr(cache, s_heap)) == NULL
-            || (lru = PyObject_GetAttr(comp, s_ci_lru)) == NULL
-            || (head = PyObject_GetAttr(lru, s_ci_head)) == NULL
+            || (lru = PyObject_GetAttr(comp, s_lru)) == NULL
+            || (head = PyObject_GetAttr(lru, s_head)) == NULL
             || (root = PyObject_GetAttr(cache, s_root_node)) == NULL)
         goto fail;
     int vtrue = PyObject_IsTrue(vs);
@@ -6738,38 +6574,25 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyObject *stamp = PyLong_FromLongLong(clock);
         if (stamp == NULL)
             goto fail;
-        if (ci_nset(child, PN_last_access_time, s_ci_last_access, stamp) < 0) {
+        if (PN_SET(child, last_access_time, stamp) < 0) {
             Py_DECREF(stamp);
             goto fail;
         }
-        long long lr = 0, al = 0, dc = 0;
-        if (ci_nget_ll(child, PN_lock_ref, s_ci_lock_ref, &lr) < 0
-                || (lr == 0 && ci_nget_ll(child, PN_aux_lock, s_ci_aux_lock, &al) < 0)
-                || (lr == 0 && al == 0
-                    && ci_nget_ll(child, PN_dev_children, s_ci_dev_children, &dc) < 0)) {
-            Py_DECREF(stamp);
-            goto fail;
-        }
-        if (lr == 0 && al == 0 && dc == 0 && ci_push(heap, stamp, child) < 0) {
+        int leaf = pn_unlocked_leaf(child);
+        if (leaf < 0 || (leaf && pn_heap_push(heap, stamp, child) < 0)) {
             Py_DECREF(stamp);
             goto fail;
         }
         Py_DECREF(stamp);
-        Py_XSETREF(rec, ci_rec(child));
-        if (rec == NULL)
+        Py_XSETREF(rec, pn_rec(child));
+        int has = rec == NULL ? -1 : rec_holds(rec);
+        if (has < 0 || (has && lru_move_after(head, rec) < 0))
             goto fail;
-        PyObject *rv = ci_aget(rec, AD_value, s_value);
-        if (rv == NULL)
-            goto fail;
-        int has = rv != Py_None;
-        Py_DECREF(rv);
-        if (has && ci_move_front(head, rec) < 0)
-            goto fail;
-        Py_ssize_t klen = ci_key_len(child);
+        Py_ssize_t klen = pn_key_len(child);
         if (klen < 0)
             goto fail;
         if (shared < klen) {
-            PyObject *up = ci_call2(cache, cache, s_ci_split_m, child, shared, &clock);
+            PyObject *up = ci_call2(cache, cache, s_split_m, child, shared, &clock);
             if (up == NULL)
                 goto fail;
             Py_SETREF(child, up);
@@ -6777,10 +6600,12 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t end = pos + shared, taken = shared;
         /* a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md) */
         if (is_swa && prev < end) {
-            int empty = ci_rec_empty(child);
-            if (empty < 0 || (empty && ci_nget_ll(child, PN_lock_ref, s_ci_lock_ref, &lr) < 0))
+            Py_XSETREF(rec, pn_rec(child));
+            int held = rec == NULL ? -1 : rec_holds(rec);
+            int free_ = held < 0 ? -1 : held ? 0 : PN_ZERO(child, lock_ref);
+            if (free_ < 0)
                 goto fail;
-            if (empty && lr == 0) {
+            if (free_) {
                 if (ci_clock_out(cache, clock) < 0)
                     goto fail;
                 PyObject *a[7];
@@ -6907,23 +6732,17 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto leaf_done;
         if ((nrec = PyObject_CallOneArg((PyObject *)g_ad_type, leaf)) == NULL
                 || (tup = PyTuple_Pack(1, nrec)) == NULL
-                || ci_nset(leaf, PN_aux, s_ci_aux, tup) < 0
-                || (children = ci_nget(node, PN_children, s_ci_children)) == NULL
+                || PN_SET(leaf, aux, tup) < 0
+                || (children = PN_GET(node, children)) == NULL
                 || PyObject_SetItem(children, ck, leaf) < 0)
             goto leaf_done;
-        long long dc = 0;
-        if (ci_nget_ll(node, PN_dev_children, s_ci_dev_children, &dc) < 0)
+        if (pyfield_add(node, PN_OFF(node, PN_dev_children), s_dev_children, 1) < 0
+                || pyfield_add(cache, 0, s_evictable, (long long)(n - pos)) < 0)
             goto leaf_done;
-        PyObject *dco = PyLong_FromLongLong(dc + 1);
-        if (dco == NULL)
-            goto leaf_done;
-        int r = ci_nset(node, PN_dev_children, s_ci_dev_children, dco);
-        Py_DECREF(dco);
-        if (r < 0 || ci_add_attr(cache, s_evictable, (long long)(n - pos)) < 0)
-            goto leaf_done;
+        int r;
         if (vtrue) {  /* (``_own``: the slot ledger takes the leaf's slots) */
             PyObject *owned = PyObject_GetAttr(cache, s_owned);
-            PyObject *lv = owned == NULL ? NULL : ci_nget(leaf, PN_value, s_value);
+            PyObject *lv = owned == NULL ? NULL : PN_GET(leaf, value);
             PyObject *lst = lv == NULL ? NULL : PyObject_CallMethodNoArgs(lv, s_tolist);
             r = lst == NULL ? -1 : discard(PyObject_CallMethodOneArg(owned, s_update, lst));
             Py_XDECREF(owned);
@@ -6932,10 +6751,10 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (r < 0)
                 goto leaf_done;
         }
-        PyObject *lt = ci_nget(leaf, PN_last_access_time, s_ci_last_access);
+        PyObject *lt = PN_GET(leaf, last_access_time);
         if (lt == NULL)
             goto leaf_done;
-        r = ci_push(heap, lt, leaf);  /* (a new leaf: unlocked, no children) */
+        r = pn_heap_push(heap, lt, leaf);  /* (a new leaf: unlocked, no children) */
         Py_DECREF(lt);
         if (r < 0)
             goto leaf_done;
@@ -6967,24 +6786,24 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
     /* the component's commit */
     if (is_swa) {  /* (``SwaComponent.commit``) */
-        Py_ssize_t tk = is_new ? ci_key_len(target) : 0;
+        Py_ssize_t tk = is_new ? pn_key_len(target) : 0;
         if (tk < 0)
             goto fail;
         if (is_new && e - pos < tk) {
             if (e - pos > 0) {
-                PyObject *up = ci_call2(cache, cache, s_ci_split_m, target, e - pos, &clock);
+                PyObject *up = ci_call2(cache, cache, s_split_m, target, e - pos, &clock);
                 if (up == NULL)
                     goto fail;
                 Py_DECREF(up);
             }
-            Py_XSETREF(rec, ci_rec(target));  /* (``AuxComponent.set`` of a new leaf) */
+            Py_XSETREF(rec, pn_rec(target));  /* (``AuxComponent.set`` of a new leaf) */
             if (rec == NULL)
                 goto fail;
             PyObject *sv;
             if (both != NULL) {
                 sv = PySequence_GetItem(both, 1);
             } else {
-                PyObject *tv = ci_nget(target, PN_value, s_value);
+                PyObject *tv = PN_GET(target, value);
                 if (tv == NULL)
                     goto fail;
                 PyObject *a[2] = {comp, tv};
@@ -6994,31 +6813,27 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             }
             if (sv == NULL)
                 goto fail;
-            int r = ci_aset(rec, AD_value, s_value, sv);
+            int r = AD_SET(rec, value, sv);
             Py_DECREF(sv);
-            if (r < 0 || ci_link_front(head, rec) < 0)
+            if (r < 0 || lru_link_after(head, rec) < 0)
                 goto fail;
-            if ((tk = ci_key_len(target)) < 0 || ci_add_attr(comp, s_ci_c_evictable, tk) < 0)
+            if ((tk = pn_key_len(target)) < 0 || pyfield_add(comp, 0, s_comp_evictable, tk) < 0)
                 goto fail;
         }
     } else {
-        Py_XSETREF(rec, ci_rec(target));
-        if (rec == NULL)
+        Py_XSETREF(rec, pn_rec(target));
+        int held = rec == NULL ? -1 : rec_holds(rec);
+        if (held < 0)
             goto fail;
-        PyObject *rv = ci_aget(rec, AD_value, s_value);
-        if (rv == NULL)
-            goto fail;
-        int empty = rv == Py_None;
-        Py_DECREF(rv);
-        if (is_new || empty) {  /* (``MambaComponent.commit``, ``AuxComponent.set``) */
-            if (ci_aset(rec, AD_value, s_value, prepared) < 0 || ci_link_front(head, rec) < 0)
+        if (is_new || !held) {  /* (``MambaComponent.commit``, ``AuxComponent.set``) */
+            if (AD_SET(rec, value, prepared) < 0 || lru_link_after(head, rec) < 0)
                 goto fail;
-            PyObject *lk = ci_aget(rec, AD_lock, s_lock);
+            PyObject *lk = AD_GET(rec, lock);
             if (lk == NULL)
                 goto fail;
             int locked = PyObject_IsTrue(lk);
             Py_DECREF(lk);
-            if (locked < 0 || ci_add_attr(comp, locked ? s_ci_c_protected : s_ci_c_evictable,
+            if (locked < 0 || pyfield_add(comp, 0, locked ? s_comp_protected : s_comp_evictable,
                                           1) < 0)
                 goto fail;
             PyObject *tr = PyObject_GetAttr(comp, s_ci_tracks);
@@ -7036,7 +6851,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     goto fail;
             }
         } else {
-            if (ci_move_front(head, rec) < 0)
+            if (lru_move_after(head, rec) < 0)
                 goto fail;
             exist = 1;
         }
@@ -7063,9 +6878,8 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (alloc != NULL) {  /* (tried once, as ``insert``'s release would have) */
                 PyObject *et, *evv, *tb;
                 PyErr_Fetch(&et, &evv, &tb);
-                if (PyList_SetSlice(deferred, 0, PyList_GET_SIZE(deferred), NULL) < 0)
-                    PyErr_Clear();
-                PyErr_Restore(et, evv, tb);
+                keep_error(et, evv, tb,
+                           PyList_SetSlice(deferred, 0, PyList_GET_SIZE(deferred), NULL));
             }
             goto fail;
         }
@@ -7122,7 +6936,7 @@ core_one_plan(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         if (!more)
             break;
-        PyObject *children = ci_nget(node, PN_children, s_ci_children);
+        PyObject *children = PN_GET(node, children);
         if (children == NULL)
             goto fail;
         PyObject *a[6] = {children, units, pos, n_o, ps, ek};
@@ -7367,43 +7181,34 @@ PyInit__core(void)
     INTERN(s_split, "split");
     INTERN(s_module_attr, "__module__");
     INTERN(s_qualname, "__qualname__");
+    INTERN(s_children, "children");  /* (Python-node fields) */
+    INTERN(s_parent, "parent");
+    INTERN(s_lock_ref, "lock_ref");
+    INTERN(s_aux_lock, "aux_lock");
+    INTERN(s_dev_children, "dev_children");
+    INTERN(s_last_access_time, "last_access_time");
+    INTERN(s_aux, "aux");
+    INTERN(s_lru_prev, "lru_prev");
+    INTERN(s_lru_next, "lru_next");
+    INTERN(s_lru, "lru");
+    INTERN(s_head, "head");
+    INTERN(s_events, "_events");
+    INTERN(s_split_m, "_split");
+    INTERN(s_comp_evictable, "evictable");
+    INTERN(s_comp_protected, "protected");
     INTERN(s_ck_one_aux, "_one_aux");  /* (composed tree: clock) */
     INTERN(s_ck_window, "window");
     INTERN(s_ck_i, "i");
-    INTERN(s_ck_evictable, "evictable");
-    INTERN(s_ck_protected, "protected");
     INTERN(s_ck_next_boundary, "_next_boundary");
     INTERN(s_ck_split_epoch, "_split_epoch");
     INTERN(s_ck_swa_uuid, "swa_uuid_for_lock");
-    INTERN(s_cm_lru, "lru");
-    INTERN(s_cm_head, "head");
-    INTERN(s_cm_split, "_split");
     INTERN(s_cm_chunk, "mamba_cache_chunk_size");
-    INTERN(s_cm_aux, "aux");
-    INTERN(s_cm_lock_ref, "lock_ref");
-    INTERN(s_cm_aux_lock, "aux_lock");
-    INTERN(s_cm_dev_children, "dev_children");
-    INTERN(s_cm_stamp, "last_access_time");
-    INTERN(s_cm_parent, "parent");
-    INTERN(s_cm_lru_prev, "lru_prev");
-    INTERN(s_cm_lru_next, "lru_next");
     INTERN(s_cm_components, "components");
     INTERN(s_cm_window, "_inline_window");
     INTERN(s_cm_cow, "cow_mamba");
-    INTERN(s_ce_comp_evictable, "evictable");
-    INTERN(s_ce_lru, "lru");
-    INTERN(s_ce_head, "head");
     INTERN(s_ce_tail, "tail");
-    INTERN(s_ce_events, "_events");
     INTERN(s_ce_removed, "removed");
-    INTERN(s_ce_lru_prev, "lru_prev");
-    INTERN(s_ci_events, "_events");
     INTERN(s_ci_deferred, "_deferred");
-    INTERN(s_ci_lru, "lru");
-    INTERN(s_ci_head, "head");
-    INTERN(s_ci_lru_prev, "lru_prev");
-    INTERN(s_ci_lru_next, "lru_next");
-    INTERN(s_ci_split_m, "_split");
     INTERN(s_ci_overlap, "overlap");
     INTERN(s_ci_free_m, "_free");
     INTERN(s_ci_translate, "translate");
@@ -7411,14 +7216,6 @@ PyInit__core(void)
     INTERN(s_ci_tracks, "tracks_slots");
     INTERN(s_ci_on_set, "on_set");
     INTERN(s_ci_map_pool, "map_pool");
-    INTERN(s_ci_c_evictable, "evictable");
-    INTERN(s_ci_c_protected, "protected");
-    INTERN(s_ci_last_access, "last_access_time");
-    INTERN(s_ci_lock_ref, "lock_ref");
-    INTERN(s_ci_aux_lock, "aux_lock");
-    INTERN(s_ci_dev_children, "dev_children");
-    INTERN(s_ci_aux, "aux");
-    INTERN(s_ci_children, "children");
     INTERN(s_ci_swa_leaf, "swa_leaf");
     INTERN(s_ci_stored, "stored");
 #undef INTERN
