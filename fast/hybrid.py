@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat, keys, one_aux, policies
+from . import compat, host_full, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache, _match_result
 from .components import AuxComponent, AuxData
@@ -82,6 +82,12 @@ HybridNode = Node  # the one pure-Python node type (fast/node.py)
 # the attributes naming the one-component fast paths a cache runs (fast/one_aux.py; None: the
 # general path), which ``HybridRadixCache._pick_fast_paths`` sets
 FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast", "_evict_fast")
+
+# the hooks fast/host_full.py's paths write out or call, as this class has them (a subclass that
+# overrides one runs the general paths)
+_HOST_FULL_HOOKS = ("_touch", "_stamp", "_push_if_leaf", "_split",
+                    "_cut", "_unevict", "_new_node", "_stamp_tiered_path", "_indices", "_free",
+                    "_units", "_insert", "match_prefix")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -233,6 +239,13 @@ class HybridRadixCache(UnifiedRadixCache):
                 and self.mamba is not None and type(self.swa) is SwaComponent \
                 and type(self.mamba) is MambaComponent:
             self._pair = (self.swa.i, self.swa.window, self.mamba.i)
+        if self.tier is not None and not self.components and self._policy_key is None \
+                and not self.is_eagle and all(
+                    getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_FULL_HOOKS):
+            # the Full component alone over the host tier (fast/host_full.py)
+            self._match_fast = host_full.match_host
+            self._insert_fast = host_full.insert_host
+            return
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
         one = self.components[0]
