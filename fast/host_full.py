@@ -2,22 +2,25 @@
 Full component alone over HiCache's host tier (fast/tiers/host.py), the ``lru`` eviction order,
 plain (not EAGLE) keys.
 
-Each function here is one of ``HybridRadixCache``'s general paths written out for that shape,
+The paths: ``insert_host``, ``match_host``, ``inc_lock_host`` and ``dec_lock_host`` (the host
+tier's own backup for that shape is ``HostTier._write_backup_full``, fast/tiers/host.py).  Each
+function here is one of ``HybridRadixCache``'s general paths written out for that shape,
 with the same effects, checks, errors and order: the method calls the general path makes per
 walked node (``_touch``, ``_stamp``, ``_push_if_leaf``, ``_ck``, ``_free``) are inlined, and the
 key is read without building a ``RadixKey``.  ``HybridRadixCache._pick_fast_paths`` picks them
 once at construction where the cache has that shape and the stock hooks; each one declines
 (returns None having changed nothing) where the call needs what it does not write out (a
-disabled cache, KV events, a storage tier, an EAGLE bigram key), and the
-general path then runs.  Why they hold:
+disabled cache, KV events, a storage tier, an EAGLE bigram key; an unlock without
+the anchor of a lock this cache took), and the general path then runs.  Why they hold:
 
 * with no aux component a node's ``aux`` is empty and ``aux_lock`` 0, so a touch is the stamp
   alone and the leaf test reads the Full fields only;
 * a node of an insert's plan is attached, so its leaf test needs no parent check; a new leaf
   is unlocked, childless and holds device data, so it is an evictable leaf;
-* a match's device nodes are a prefix of its walk (a node with device data has a parent with
-  device data or the root: ``violations`` checks it), so the match is the walk's end and its
-  device part the walk's last device node.
+* with no validator a match ends where its walk ends (the general path's ``plain`` case), its
+  device part the walk's last node with device data;
+* a lock's anchor holds device data and a lock count, so it is not evicted while the lock is
+  held: an unlock walks from it up to the root, as ``_full_write_unlock`` does.
 
 tests/fast/test_host_fast_paths.py drives these paths and the general ones through the same
 random steps and compares the results and the whole trees step by step.
@@ -32,12 +35,13 @@ import torch
 
 from . import keys, policies
 from .cache import STRIDE, UnifiedRadixCache, _core, _match_result
-from .errors import InvalidInput
+from .errors import HandleError, InvalidInput
 from .node import Node
 from .one_aux import _key_parts
-from .params import InsertResult, MatchResult
-from .tiers.host import count_arg
+from .params import DecLockRefResult, InsertResult, MatchResult
+from .tiers.host import HostDecLockRefParams, HostIncLockRefResult, count_arg
 
+FULL = 0  # the Full component's id in skip_lock_node_ids
 _INT64 = torch.int64
 _narrow_copy = torch.narrow_copy
 _cat = torch.cat
@@ -243,3 +247,74 @@ def match_host(cache: Any, params: Any) -> MatchResult | None:
                 host_hit += host.shape[0]
             cur = cur.parent
     return _match_result((indices, last_device, node, node, host_hit, 0, 0, None, None))
+
+
+# ----------------------------------------------------------------------------------------------
+# Locks
+# ----------------------------------------------------------------------------------------------
+
+
+def inc_lock_host(cache: Any, node: Any) -> HostIncLockRefResult:
+    """``HybridRadixCache.inc_lock_ref`` for Full over a host tier: the node's attachment
+    checked (``_check_attached``), the evicted bottom segment skipped and remembered, its first
+    node with device data the anchor, that node up to the root one lock more (``_inc_lock_py``
+    and the anchor's walk as one walk).  A disabled cache gets the empty result, as there."""
+    cache._check_attached(node)
+    result = HostIncLockRefResult()
+    if cache.disable:
+        return result
+    root = cache.root_node
+    cur = node
+    if cur is not root and cur.value is None:
+        skipped = set()
+        while cur is not root and cur.value is None:
+            skipped.add(cur.id)
+            cur = cur.parent
+        result.skip_lock_node_ids = {FULL: skipped}
+    result.anchor = cur
+    delta = 0
+    while cur is not root:
+        if cur.lock_ref == 0:
+            delta += len(cur.key)
+        cur.lock_ref += 1
+        cur = cur.parent
+    cache._evictable -= delta
+    cache._protected += delta
+    result.delta = delta
+    return result
+
+
+def dec_lock_host(cache: Any, node: Any, params: Any) -> DecLockRefResult | None:
+    """``HybridRadixCache.dec_lock_ref`` for Full over a host tier with the params of a lock
+    it took (``HostDecLockRefParams`` with an anchor): every node from the anchor up to the
+    root counts one lock less, all checked first (a refused unlock changes nothing), each one
+    whose count reaches 0 pushed where it is an evictable leaf, in the walk's order.  None,
+    before anything changes, for other params (the general path answers them)."""
+    if params.__class__ is not HostDecLockRefParams:
+        return None
+    anchor = params.anchor
+    if anchor is None:
+        return None
+    if cache.disable:
+        return DecLockRefResult()
+    root = cache.root_node
+    cur = anchor
+    while cur is not root:
+        if cur.lock_ref <= 0:
+            raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
+        cur = cur.parent
+    heap = cache._heap
+    delta, cur = 0, anchor
+    while cur is not root:
+        count = cur.lock_ref - 1
+        cur.lock_ref = count
+        if count == 0:
+            delta += len(cur.key)
+            # (``_push_if_leaf``, pushed in the walk's order as the general path pushes)
+            if cur.aux_lock == 0 and cur.dev_children == 0 and cur.value is not None \
+                    and cur.parent is not None:
+                heappush(heap, (cur.last_access_time, cur))
+        cur = cur.parent
+    cache._evictable += delta
+    cache._protected -= delta
+    return DecLockRefResult(delta=delta)

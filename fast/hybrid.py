@@ -214,6 +214,7 @@ class HybridRadixCache(UnifiedRadixCache):
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
     _evict_fast: Any = None
+    _dec_lock_host: Any = None  # fast/host_full.py's unlock (None where it declines)
     _inline_touch = False  # see ``_pick_fast_paths``
     _pair: tuple[int, int, int] | None = None  # see ``_pick_fast_paths``
 
@@ -222,7 +223,7 @@ class HybridRadixCache(UnifiedRadixCache):
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
         and the ``lru`` order (what those paths assume); else the general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
-        self._evict_fast = None
+        self._evict_fast = self._dec_lock_host = None
         cls_ = type(self)
         # the general insert's walk touches each node inline (``_touch``, ``_stamp`` and
         # ``_push_if_leaf`` as this class has them: a policy pushes its own key, a subclass
@@ -245,6 +246,8 @@ class HybridRadixCache(UnifiedRadixCache):
             # the Full component alone over the host tier (fast/host_full.py)
             self._match_fast = host_full.match_host
             self._insert_fast = host_full.insert_host
+            self._inc_lock_fast = host_full.inc_lock_host
+            self._dec_lock_host = host_full.dec_lock_host
             return
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
@@ -852,6 +855,11 @@ class HybridRadixCache(UnifiedRadixCache):
         fast = self._dec_lock_fast  # (one component, no host tier: fast/one_aux.py)
         if fast is not None and (params is None or params.__class__ is api.DecLockRefParams):
             return fast(self, node, params)
+        host = self._dec_lock_host  # (Full over a host tier: fast/host_full.py)
+        if host is not None:
+            done = host(self, node, params)
+            if done is not None:
+                return done
         anchor = getattr(params, "anchor", None) if params is not None else None
         if anchor is None:
             self._check_attached(node)

@@ -578,6 +578,9 @@ class HostTier:
         alloc = cache.token_to_kv_pool_allocator
         self.full_allocator = alloc if getattr(cache, "swa", None) is None \
             else getattr(alloc, "full_attn_allocator", alloc)
+        if not cache.components and type(self).write_backup is HostTier.write_backup:
+            # the Full component alone: its backups written out (``_write_backup_full``)
+            self.write_backup = self._write_backup_full  # type: ignore[method-assign]
 
     def reset(self) -> None:
         """Forget the host copies and the in-flight transfers (in place: the cache hands the
@@ -730,6 +733,53 @@ class HostTier:
         else:
             lock = self._full_write_lock(node)
         self.ongoing_write_through[node.id] = _in_flight((node, lock))
+        return n
+
+    def _write_backup_full(self, node: Any, write_back: bool = False) -> int:
+        """``write_backup`` for a cache with no aux component (what ``write_backup`` is on such
+        a tier), written out where a backup is only its ack (``controller.ack_only``) and no
+        KV event is announced: ``_take_host`` (with no component to back up) and
+        ``_full_write_lock`` inline, the same steps in the same order.  A write-back backup,
+        a disabled cache, KV events or a controller that copies run ``write_backup`` itself
+        (tests/fast/test_host_fast_paths.py compares the two step by step)."""
+        cache = self.cache
+        cc = self.controller
+        if write_back or not cc.ack_only or cache._events is not None or cache.disable \
+                or cache.components:
+            return HostTier.write_backup(self, node, write_back)
+        parent = node.parent
+        assert parent is not None, "write_backup of the root or a detached node"
+        root = cache.root_node
+        if parent is not root and parent.host_value is None:  # write-through: the parent first
+            if self.write_backup(parent) <= 0:
+                return 0
+        n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
+        pool = cc.mem_pool_host
+        host = pool.alloc(n)
+        if host is None:  # (``_take_host``: room made only when the pool is short)
+            avail = pool.available_size()
+            if avail >= n:
+                return 0
+            needed = n - avail
+            if self.evict_host(needed) < needed:
+                return 0
+            host = pool.alloc(n)
+            if host is None:
+                return 0
+        cc.ack_write_queue.append(_ack((None, _Event(cc.sync), [node.id])))
+        # (a view of the pool's free list is copied: see ``write_backup``)
+        node.host_value = host if host._base is None else host.clone()
+        self.host_tokens += n
+        delta, cur = 0, node  # (``_full_write_lock``: node up to the root, one lock more)
+        while cur is not root:
+            if cur.lock_ref == 0:
+                delta += len(cur.key)
+            cur.lock_ref += 1
+            cur = cur.parent
+        cache._evictable -= delta
+        cache._protected += delta
+        self.ongoing_write_through[node.id] = _in_flight(
+            (node, HostDecLockRefParams(anchor=node)))
         return n
 
     def _take_host(self, node: Any) -> torch.Tensor | None:

@@ -35,6 +35,7 @@ def _general(cache) -> None:
     """Put ``cache`` on the general paths the specialised ones equal."""
     tier = cache.tier
     tier.controller.ack_only = False  # every backup through ``submit_write``
+    tier.__dict__.pop("write_backup", None)  # (``_write_backup_full``: ``write_backup`` itself)
     tier._full_write_lock = lambda node: cache.inc_lock_ref(node).to_dec_params()
     tier._full_write_unlock = lambda anchor: cache.dec_lock_ref(
         anchor, HostDecLockRefParams(anchor=anchor))
@@ -42,6 +43,7 @@ def _general(cache) -> None:
     cache._new_node = types.MethodType(HybridRadixCache._new_node, cache)
     cache._touch = types.MethodType(HybridRadixCache._touch, cache)
     cache._match_fast = cache._insert_fast = None  # (fast/host_full.py's paths)
+    cache._inc_lock_fast = cache._dec_lock_host = None
 
 
 def _tree(cache) -> list:
@@ -78,6 +80,9 @@ def _path(node) -> tuple:
     return tuple(out)
 
 
+_HELD: dict = {}  # a rich step's locks held, per cache: (node, unlock params)
+
+
 def _key(rng: random.Random, tokens: list, rich: bool) -> object:
     """uniradix's ``RadixKey``, or (``rich``) sometimes an object of sglang's ``RadixKey`` shape
     with a list or an ``array('q')`` of token ids, sometimes with an extra key."""
@@ -110,6 +115,25 @@ def _step(cache, alloc, rng: random.Random, page: int, rich: bool = False) -> ob
         r = cache.insert(fast.InsertParams(key=key, value=slots, prev_prefix_len=prev,
                                            chunked=chunked))
         return (r.prefix_len, r.total_len, r.mamba_exist)
+    if rich and op < 0.5:  # a lock of a match's node (maybe evicted), or an unlock of one
+        held = _HELD.setdefault(id(cache), [])
+        if held and (op < 0.45 or len(held) > 4):
+            node, params = held.pop(rng.randrange(len(held)))
+            try:
+                r = cache.dec_lock_ref(node, params)
+            except HandleError as e:  # (a path locked twice, unlocked three times)
+                return ("refused", str(e))
+            return r.delta
+        m = cache.match_prefix(fast.MatchPrefixParams(key=key))
+        node = m.best_match_node if rng.random() < 0.5 else m.last_device_node
+        if node is cache.root_node:
+            return None
+        r = cache.inc_lock_ref(node)
+        params = r.to_dec_params()
+        held.append((node, params))
+        if rng.random() < 0.1:
+            held.append((node, params))  # (the same unlock twice: the second is refused)
+        return (r.delta, {k: len(v) for k, v in r.skip_lock_node_ids.items()}, _path(r.anchor))
     if op < 0.6:
         m = cache.match_prefix(fast.MatchPrefixParams(key=key))
         if rich:
@@ -184,6 +208,9 @@ def test_host_full_paths_equal_the_general_ones(policy, page, threshold):
     (a, alloc_a), (b, alloc_b) = (_cache(policy, "manual", page, threshold),
                                   _cache(policy, "manual", page, threshold))
     assert a._insert_fast is host_full.insert_host and a._match_fast is host_full.match_host
+    assert a.tier.write_backup == a.tier._write_backup_full
+    assert a._inc_lock_fast is host_full.inc_lock_host
+    assert a._dec_lock_host is host_full.dec_lock_host
     answered = {"insert": 0, "match": 0}
 
     def counted(name, fn):
@@ -244,3 +271,21 @@ def test_host_full_paths_decline_and_refuse_alike():
     assert host_full.insert_host(a, fast.InsertParams(key=fast.RadixKey([1]),
                                                       value=alloc_a.alloc(1))) is None
     assert host_full.match_host(a, fast.MatchPrefixParams(key=fast.RadixKey([1]))) is None
+
+
+def test_full_backup_backs_the_parent_up_first():
+    """A node reaching the write-through threshold below a parent without a host copy (the
+    upper part of a split, its hit count restarted): the parent is backed up first, by the
+    written-out backup as by ``write_backup``."""
+    (a, alloc_a), (b, alloc_b) = (_cache("write_through", "sync", 1, 3),
+                                  _cache("write_through", "sync", 1, 3))
+    _general(b)
+    for toks in ([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4]):
+        for cache, alloc in ((a, alloc_a), (b, alloc_b)):
+            slots = alloc.alloc(len(toks))
+            cache.insert(fast.InsertParams(key=fast.RadixKey(toks), value=slots))
+        assert _tree(a) == _tree(b) and _heaps(a) == _heaps(b)
+    upper = a.find_node(fast.RadixKey([1, 2]))
+    lower = a.find_node(fast.RadixKey([1, 2, 3, 4]))
+    assert upper.host_value is not None and lower.host_value is not None
+    assert a.violations() == [] and b.violations() == []
