@@ -80,9 +80,6 @@ def _path(node) -> tuple:
     return tuple(out)
 
 
-_HELD: dict = {}  # a rich step's locks held, per cache: (node, unlock params)
-
-
 def _key(rng: random.Random, tokens: list, rich: bool) -> object:
     """uniradix's ``RadixKey``, or (``rich``) sometimes an object of sglang's ``RadixKey`` shape
     with a list or an ``array('q')`` of token ids, sometimes with an extra key."""
@@ -94,7 +91,10 @@ def _key(rng: random.Random, tokens: list, rich: bool) -> object:
     return types.SimpleNamespace(token_ids=toks, extra_key=ek, is_bigram=False)
 
 
-def _step(cache, alloc, rng: random.Random, page: int, rich: bool = False) -> object:
+def _step(cache, alloc, rng: random.Random, page: int, rich: bool = False,
+          held: list | None = None) -> object:
+    """One random step; ``rich``: the keys a scheduler passes, the caller's own prefix,
+    chunked inserts, and locks held in ``held`` ((node, unlock params)) and released."""
     op = rng.random()
     # (rich: a tail shorter than a page, cut off by the insert and the match)
     tokens = [rng.randrange(3) for _ in range(page * rng.randrange(1, 5)
@@ -115,8 +115,7 @@ def _step(cache, alloc, rng: random.Random, page: int, rich: bool = False) -> ob
         r = cache.insert(fast.InsertParams(key=key, value=slots, prev_prefix_len=prev,
                                            chunked=chunked))
         return (r.prefix_len, r.total_len, r.mamba_exist)
-    if rich and op < 0.5:  # a lock of a match's node (maybe evicted), or an unlock of one
-        held = _HELD.setdefault(id(cache), [])
+    if held is not None and op < 0.5:  # a lock of a match's node (maybe evicted), or an unlock
         if held and (op < 0.45 or len(held) > 4):
             node, params = held.pop(rng.randrange(len(held)))
             try:
@@ -223,8 +222,11 @@ def test_host_full_paths_equal_the_general_ones(policy, page, threshold):
     a._match_fast = counted("match", host_full.match_host)
     _general(b)
     ra, rb = random.Random(11), random.Random(11)
+    held_a: list = []
+    held_b: list = []
     for step in range(400):
-        got_a, got_b = _step(a, alloc_a, ra, page, True), _step(b, alloc_b, rb, page, True)
+        got_a = _step(a, alloc_a, ra, page, True, held_a)
+        got_b = _step(b, alloc_b, rb, page, True, held_b)
         assert got_a == got_b, step
         assert _tree(a) == _tree(b), step
         assert a._clock == b._clock and _heaps(a) == _heaps(b), step
