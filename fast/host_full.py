@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from . import keys, policies
-from .cache import STRIDE, UnifiedRadixCache, _core, _match_result
-from .errors import HandleError, InvalidInput
+from .cache import STRIDE, UnifiedRadixCache, _core, _match_result, lock_walk
+from .errors import InvalidInput
 from .node import Node
 from .one_aux import _key_parts
 from .params import DecLockRefResult, InsertResult, MatchResult
@@ -59,6 +59,26 @@ def _declines(cache: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
+def insert_args(params: Any, value: Any, n_tokens: int) -> tuple[torch.Tensor, int, bool, int]:
+    """An insert's checks after its key's, in the composed tree's order (its general path's and
+    ``insert_host``'s): ``value`` a 1-D int64 tensor of ``n_tokens`` slots, ``prev_prefix_len``
+    a non-negative int, ``chunked`` a bool, ``priority`` an int (None read as 0).  Returns
+    (value, prev_prefix_len, chunked, priority)."""
+    if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 or \
+            value.shape != (n_tokens,):  # (dtypes are singletons; a torch.Size is a tuple)
+        raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
+    prev = params.prev_prefix_len
+    if prev.__class__ is not int or prev < 0:
+        count_arg("prev_prefix_len", prev)  # (raises)
+    chunked = params.chunked
+    if chunked is not True and chunked is not False:
+        raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
+    priority = getattr(params, "priority", 0)
+    if priority.__class__ is not int:
+        priority = policies.check_priority(priority)
+    return value, prev, chunked, priority
+
+
 def insert_host(cache: Any, params: Any) -> InsertResult | None:
     """``HybridRadixCache._insert`` (inside ``insert``, which releases the frees queued on
     ``cache._deferred``) for Full over a host tier: the checks in the general path's order,
@@ -80,18 +100,7 @@ def insert_host(cache: Any, params: Any) -> InsertResult | None:
         return None
     total = len(units)
     value = params.value
-    if not isinstance(value, torch.Tensor) or value.dtype is not _INT64 or \
-            value.shape != (total,):  # (dtypes are singletons; a torch.Size is a tuple)
-        raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
-    prev = params.prev_prefix_len
-    if prev.__class__ is not int or prev < 0:
-        count_arg("prev_prefix_len", prev)  # (raises)
-    chunked = params.chunked
-    if chunked is not True and chunked is not False:
-        raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
-    priority = getattr(params, "priority", 0)
-    if priority.__class__ is not int:
-        policies.check_priority(priority)  # (raises for anything but an int or None)
+    value, prev, chunked, _ = insert_args(params, value, total)
     ps = cache.page_size
     n = total - total % ps
     if n < total:
@@ -272,12 +281,7 @@ def inc_lock_host(cache: Any, node: Any) -> HostIncLockRefResult:
             cur = cur.parent
         result.skip_lock_node_ids = {FULL: skipped}
     result.anchor = cur
-    delta = 0
-    while cur is not root:
-        if cur.lock_ref == 0:
-            delta += len(cur.key)
-        cur.lock_ref += 1
-        cur = cur.parent
+    delta = lock_walk(cur, root)
     cache._evictable -= delta
     cache._protected += delta
     result.delta = delta
@@ -286,10 +290,10 @@ def inc_lock_host(cache: Any, node: Any) -> HostIncLockRefResult:
 
 def dec_lock_host(cache: Any, node: Any, params: Any) -> DecLockRefResult | None:
     """``HybridRadixCache.dec_lock_ref`` for Full over a host tier with the params of a lock
-    it took (``HostDecLockRefParams`` with an anchor): every node from the anchor up to the
-    root counts one lock less, all checked first (a refused unlock changes nothing), each one
-    whose count reaches 0 pushed where it is an evictable leaf, in the walk's order.  None,
-    before anything changes, for other params (the general path answers them)."""
+    it took (``HostDecLockRefParams`` with an anchor): ``HostTier._full_write_unlock`` of the
+    anchor (every node from it up to the root one lock less, all checked first, the new
+    leaves pushed in the walk's order), without the general path's list of unlocked nodes.
+    None, before anything changes, for other params (the general path answers them)."""
     if params.__class__ is not HostDecLockRefParams:
         return None
     anchor = params.anchor
@@ -297,24 +301,4 @@ def dec_lock_host(cache: Any, node: Any, params: Any) -> DecLockRefResult | None
         return None
     if cache.disable:
         return DecLockRefResult()
-    root = cache.root_node
-    cur = anchor
-    while cur is not root:
-        if cur.lock_ref <= 0:
-            raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
-        cur = cur.parent
-    heap = cache._heap
-    delta, cur = 0, anchor
-    while cur is not root:
-        count = cur.lock_ref - 1
-        cur.lock_ref = count
-        if count == 0:
-            delta += len(cur.key)
-            # (``_push_if_leaf``, pushed in the walk's order as the general path pushes)
-            if cur.aux_lock == 0 and cur.dev_children == 0 and cur.value is not None \
-                    and cur.parent is not None:
-                heappush(heap, (cur.last_access_time, cur))
-        cur = cur.parent
-    cache._evictable += delta
-    cache._protected -= delta
-    return DecLockRefResult(delta=delta)
+    return DecLockRefResult(delta=cache.tier._full_write_unlock(anchor))

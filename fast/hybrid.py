@@ -649,18 +649,7 @@ class HybridRadixCache(UnifiedRadixCache):
             key = compat.as_radix_key(key)
         units = self._units(key)
         toks = key.token_ids
-        if not isinstance(value, torch.Tensor) or value.dtype != _INT64 or \
-                value.shape != (len(toks),):  # (a torch.Size is a tuple)
-            raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
-        prev = params.prev_prefix_len
-        if prev.__class__ is not int or prev < 0:
-            count_arg("prev_prefix_len", prev)  # (raises)
-        chunked = params.chunked
-        if chunked is not True and chunked is not False:
-            raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
-        priority = getattr(params, "priority", 0)
-        if priority.__class__ is not int:
-            priority = policies.check_priority(priority)
+        value, prev, chunked, priority = host_full.insert_args(params, value, len(toks))
         keyed = self._policy_key is not None
         n = len(units)
         if n % self.page_size:

@@ -38,6 +38,7 @@ import torch
 
 from .. import compat
 from .. import params as api  # the API types, named api.X
+from ..cache import lock_walk
 from ..errors import HandleError, InvalidInput, Unsupported
 from ..frees import APPEND, release
 from ..structures import LazyHeap
@@ -738,8 +739,8 @@ class HostTier:
     def _write_backup_full(self, node: Any, write_back: bool = False) -> int:
         """``write_backup`` for a cache with no aux component (what ``write_backup`` is on such
         a tier), written out where a backup is only its ack (``controller.ack_only``) and no
-        KV event is announced: ``_take_host`` (with no component to back up) and
-        ``_full_write_lock`` inline, the same steps in the same order.  A write-back backup,
+        KV event is announced: ``_take_host`` (with no component to back up) inline, the
+        same steps in the same order.  A write-back backup,
         a disabled cache, KV events or a controller that copies run ``write_backup`` itself
         (tests/fast/test_host_fast_paths.py compares the two step by step)."""
         cache = self.cache
@@ -770,16 +771,7 @@ class HostTier:
         # (a view of the pool's free list is copied: see ``write_backup``)
         node.host_value = host if host._base is None else host.clone()
         self.host_tokens += n
-        delta, cur = 0, node  # (``_full_write_lock``: node up to the root, one lock more)
-        while cur is not root:
-            if cur.lock_ref == 0:
-                delta += len(cur.key)
-            cur.lock_ref += 1
-            cur = cur.parent
-        cache._evictable -= delta
-        cache._protected += delta
-        self.ongoing_write_through[node.id] = _in_flight(
-            (node, HostDecLockRefParams(anchor=node)))
+        self.ongoing_write_through[node.id] = _in_flight((node, self._full_write_lock(node)))
         return n
 
     def _take_host(self, node: Any) -> torch.Tensor | None:
@@ -823,23 +815,18 @@ class HostTier:
         and its anchor is ``node``; every node from it up to the root counts one more lock
         (tests/fast/test_host_fast_paths.py checks both ways give the same tree and params)."""
         cache = self.cache
-        root = cache.root_node
-        delta, cur = 0, node
-        while cur is not root:
-            if cur.lock_ref == 0:
-                delta += len(cur.key)
-            cur.lock_ref += 1
-            cur = cur.parent
+        delta = lock_walk(node, cache.root_node)
         cache._evictable -= delta
         cache._protected += delta
         return HostDecLockRefParams(anchor=node)
 
-    def _full_write_unlock(self, anchor: Any) -> None:
+    def _full_write_unlock(self, anchor: Any) -> int:
         """``cache.dec_lock_ref(node, params)`` of a write-through lock on a cache with no aux
         component (not disabled), written out: ``params.anchor`` is ``anchor`` and nothing is
         skipped, so every node from ``anchor`` up to the root counts one lock less (all checked
         first: a refused unlock changes nothing), and each one whose count reaches 0 may be an
-        evictable leaf now (pushed in the walk's order, as the general path pushes them)."""
+        evictable leaf now (pushed in the walk's order, as the general path pushes them).
+        Returns the units unlocked (fast/host_full.py ``dec_lock_host`` answers with them)."""
         cache = self.cache
         root = cache.root_node
         cur = anchor
@@ -857,6 +844,7 @@ class HostTier:
             cur = cur.parent
         cache._evictable += delta
         cache._protected -= delta
+        return delta
 
     # -- device eviction with a host tier ----------------------------------------------------
     def evict_leaf(self, node: Any, tracker: list, batch: Any) -> bool:
