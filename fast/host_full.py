@@ -99,8 +99,7 @@ def insert_host(cache: Any, params: Any) -> InsertResult | None:
     if bigram:
         return None
     total = len(units)
-    value = params.value
-    value, prev, chunked, _ = insert_args(params, value, total)
+    value, prev, chunked, _ = insert_args(params, params.value, total)
     ps = cache.page_size
     n = total - total % ps
     if n < total:
