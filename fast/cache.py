@@ -88,6 +88,19 @@ from .structures import LazyHeap
 # __new__ (all nine fields are given).
 _match_result = functools.partial(tuple.__new__, MatchResult)
 
+
+def lock_walk(node: Any, root: Any) -> int:
+    """One Full lock more on ``node`` and each ancestor below ``root`` (the Python paths' lock
+    walk); returns the units of those that were unlocked (the caller moves them from
+    evictable to protected).  O(depth)."""
+    delta = 0
+    while node is not root:
+        if node.lock_ref == 0:
+            delta += len(node.key)
+        node.lock_ref += 1
+        node = node.parent
+    return delta
+
 _INT64 = torch.int64
 _narrow_copy = torch.narrow_copy
 STRIDE = 1 << 20  # clock step per touch; a match path of up to STRIDE nodes fits below it
@@ -619,13 +632,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         while cur is not root and cur.value is None:
             result.skip_lock_node_ids.setdefault(FULL, set()).add(cur.id)
             cur = cur.parent
-        delta = 0
-        while cur is not root:
-            if cur.lock_ref == 0:
-                delta += len(cur.key)
-            cur.lock_ref += 1
-            cur = cur.parent
-        return delta
+        return lock_walk(cur, root)
 
     def _dec_lock_ref_py(self, node: TreeNode, params: DecLockRefParams | None = None) -> DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``)."""

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat, keys, one_aux, policies
+from . import compat, host_full, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache, _match_result
 from .components import AuxComponent, AuxData
@@ -82,6 +82,12 @@ HybridNode = Node  # the one pure-Python node type (fast/node.py)
 # the attributes naming the one-component fast paths a cache runs (fast/one_aux.py; None: the
 # general path), which ``HybridRadixCache._pick_fast_paths`` sets
 FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast", "_evict_fast")
+
+# the hooks fast/host_full.py's paths write out or call, as this class has them (a subclass that
+# overrides one runs the general paths)
+_HOST_FULL_HOOKS = ("_touch", "_stamp", "_push_if_leaf", "_split",
+                    "_cut", "_unevict", "_new_node", "_stamp_tiered_path", "_indices", "_free",
+                    "_units", "_insert", "match_prefix")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -208,6 +214,7 @@ class HybridRadixCache(UnifiedRadixCache):
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
     _evict_fast: Any = None
+    _dec_lock_host: Any = None  # fast/host_full.py's unlock (None where it declines)
     _inline_touch = False  # see ``_pick_fast_paths``
     _pair: tuple[int, int, int] | None = None  # see ``_pick_fast_paths``
 
@@ -216,7 +223,7 @@ class HybridRadixCache(UnifiedRadixCache):
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
         and the ``lru`` order (what those paths assume); else the general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
-        self._evict_fast = None
+        self._evict_fast = self._dec_lock_host = None
         cls_ = type(self)
         # the general insert's walk touches each node inline (``_touch``, ``_stamp`` and
         # ``_push_if_leaf`` as this class has them: a policy pushes its own key, a subclass
@@ -233,6 +240,15 @@ class HybridRadixCache(UnifiedRadixCache):
                 and self.mamba is not None and type(self.swa) is SwaComponent \
                 and type(self.mamba) is MambaComponent:
             self._pair = (self.swa.i, self.swa.window, self.mamba.i)
+        if self.tier is not None and not self.components and self._policy_key is None \
+                and not self.is_eagle and all(
+                    getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_FULL_HOOKS):
+            # the Full component alone over the host tier (fast/host_full.py)
+            self._match_fast = host_full.match_host
+            self._insert_fast = host_full.insert_host
+            self._inc_lock_fast = host_full.inc_lock_host
+            self._dec_lock_host = host_full.dec_lock_host
+            return
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
         one = self.components[0]
@@ -633,18 +649,7 @@ class HybridRadixCache(UnifiedRadixCache):
             key = compat.as_radix_key(key)
         units = self._units(key)
         toks = key.token_ids
-        if not isinstance(value, torch.Tensor) or value.dtype != _INT64 or \
-                value.shape != (len(toks),):  # (a torch.Size is a tuple)
-            raise InvalidInput("value must be a 1-D int64 tensor with one slot per token")
-        prev = params.prev_prefix_len
-        if prev.__class__ is not int or prev < 0:
-            count_arg("prev_prefix_len", prev)  # (raises)
-        chunked = params.chunked
-        if chunked is not True and chunked is not False:
-            raise InvalidInput(f"chunked must be a bool, got {chunked!r}")
-        priority = getattr(params, "priority", 0)
-        if priority.__class__ is not int:
-            priority = policies.check_priority(priority)
+        value, prev, chunked, priority = host_full.insert_args(params, value, len(toks))
         keyed = self._policy_key is not None
         n = len(units)
         if n % self.page_size:
@@ -839,6 +844,11 @@ class HybridRadixCache(UnifiedRadixCache):
         fast = self._dec_lock_fast  # (one component, no host tier: fast/one_aux.py)
         if fast is not None and (params is None or params.__class__ is api.DecLockRefParams):
             return fast(self, node, params)
+        host = self._dec_lock_host  # (Full over a host tier: fast/host_full.py)
+        if host is not None:
+            done = host(self, node, params)
+            if done is not None:
+                return done
         anchor = getattr(params, "anchor", None) if params is not None else None
         if anchor is None:
             self._check_attached(node)

@@ -76,22 +76,29 @@ _one_match = _core.one_match if _core is not None else None
 def _key_parts(key: Any) -> tuple[array, Any, bool]:
     """``key``'s token ids as ``array('q')``, its extra key and its ``is_bigram``, as
     ``compat.as_radix_key`` would make them, without building the ``RadixKey``: for an object
-    of sglang's ``RadixKey`` shape with a list of ints (what a scheduler passes), the list
-    converted once and checked for bools in C (``map(type, ...)``, not a generator); anything
-    else, or anything ``as_radix_key`` would refuse, through ``as_radix_key`` itself (its
-    checks, its errors, its order)."""
+    of sglang's ``RadixKey`` shape (what a scheduler passes) with an ``array('q')`` of token
+    ids, the array itself (what ``RadixKey`` keeps: nothing to convert or check), with a list
+    of ints, the list converted once and checked for bools in C (``map(type, ...)``, not a
+    generator); anything else, or anything ``as_radix_key`` would refuse, through
+    ``as_radix_key`` itself (its checks, its errors, its order).  (fast/host_full.py's paths
+    read their keys here too.)"""
     if key.__class__ is not RadixKey:
-        toks = getattr(key, "token_ids", None)
-        if toks.__class__ is list:
+        toks: Any = getattr(key, "token_ids", None)
+        cls = toks.__class__
+        if cls is list or cls is array:
             ek, bigram = getattr(key, "extra_key", None), getattr(key, "is_bigram", None)
             if (ek is None or ek.__class__ is str) and (bigram is True or bigram is False):
-                units: array | None
-                try:
-                    units = array("q", toks)
-                except (TypeError, OverflowError):
-                    units = None  # (refused: as_radix_key raises its own error below)
-                if units is not None and bool not in map(type, toks):
-                    return units, ek, bigram
+                if cls is array:
+                    if toks.typecode == "q":
+                        return toks, ek, bigram
+                else:
+                    units: array | None
+                    try:
+                        units = array("q", toks)
+                    except (TypeError, OverflowError):
+                        units = None  # (refused: as_radix_key raises its own error below)
+                    if units is not None and bool not in map(type, toks):
+                        return units, ek, bigram
         key = compat.as_radix_key(key)
     toks = key.token_ids
     return toks if toks.__class__ is array else array("q", toks), key.extra_key, key.is_bigram

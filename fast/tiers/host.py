@@ -38,6 +38,7 @@ import torch
 
 from .. import compat
 from .. import params as api  # the API types, named api.X
+from ..cache import lock_walk
 from ..errors import HandleError, InvalidInput, Unsupported
 from ..frees import APPEND, release
 from ..structures import LazyHeap
@@ -578,6 +579,9 @@ class HostTier:
         alloc = cache.token_to_kv_pool_allocator
         self.full_allocator = alloc if getattr(cache, "swa", None) is None \
             else getattr(alloc, "full_attn_allocator", alloc)
+        if not cache.components and type(self).write_backup is HostTier.write_backup:
+            # the Full component alone: its backups written out (``_write_backup_full``)
+            self.write_backup = self._write_backup_full  # type: ignore[method-assign]
 
     def reset(self) -> None:
         """Forget the host copies and the in-flight transfers (in place: the cache hands the
@@ -732,6 +736,44 @@ class HostTier:
         self.ongoing_write_through[node.id] = _in_flight((node, lock))
         return n
 
+    def _write_backup_full(self, node: Any, write_back: bool = False) -> int:
+        """``write_backup`` for a cache with no aux component (what ``write_backup`` is on such
+        a tier), written out where a backup is only its ack (``controller.ack_only``) and no
+        KV event is announced: ``_take_host`` (with no component to back up) inline, the
+        same steps in the same order.  A write-back backup,
+        a disabled cache, KV events or a controller that copies run ``write_backup`` itself
+        (tests/fast/test_host_fast_paths.py compares the two step by step)."""
+        cache = self.cache
+        cc = self.controller
+        if write_back or not cc.ack_only or cache._events is not None or cache.disable \
+                or cache.components:
+            return HostTier.write_backup(self, node, write_back)
+        parent = node.parent
+        assert parent is not None, "write_backup of the root or a detached node"
+        root = cache.root_node
+        if parent is not root and parent.host_value is None:  # write-through: the parent first
+            if self.write_backup(parent) <= 0:
+                return 0
+        n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
+        pool = cc.mem_pool_host
+        host = pool.alloc(n)
+        if host is None:  # (``_take_host``: room made only when the pool is short)
+            avail = pool.available_size()
+            if avail >= n:
+                return 0
+            needed = n - avail
+            if self.evict_host(needed) < needed:
+                return 0
+            host = pool.alloc(n)
+            if host is None:
+                return 0
+        cc.ack_write_queue.append(_ack((None, _Event(cc.sync), [node.id])))
+        # (a view of the pool's free list is copied: see ``write_backup``)
+        node.host_value = host if host._base is None else host.clone()
+        self.host_tokens += n
+        self.ongoing_write_through[node.id] = _in_flight((node, self._full_write_lock(node)))
+        return n
+
     def _take_host(self, node: Any) -> torch.Tensor | None:
         """A backup's host slots for ``node``'s device data (making room by evicting host
         leaves), then each aux component's backup of its own data (``AuxComponent.backup``; a
@@ -773,23 +815,18 @@ class HostTier:
         and its anchor is ``node``; every node from it up to the root counts one more lock
         (tests/fast/test_host_fast_paths.py checks both ways give the same tree and params)."""
         cache = self.cache
-        root = cache.root_node
-        delta, cur = 0, node
-        while cur is not root:
-            if cur.lock_ref == 0:
-                delta += len(cur.key)
-            cur.lock_ref += 1
-            cur = cur.parent
+        delta = lock_walk(node, cache.root_node)
         cache._evictable -= delta
         cache._protected += delta
         return HostDecLockRefParams(anchor=node)
 
-    def _full_write_unlock(self, anchor: Any) -> None:
+    def _full_write_unlock(self, anchor: Any) -> int:
         """``cache.dec_lock_ref(node, params)`` of a write-through lock on a cache with no aux
         component (not disabled), written out: ``params.anchor`` is ``anchor`` and nothing is
         skipped, so every node from ``anchor`` up to the root counts one lock less (all checked
         first: a refused unlock changes nothing), and each one whose count reaches 0 may be an
-        evictable leaf now (pushed in the walk's order, as the general path pushes them)."""
+        evictable leaf now (pushed in the walk's order, as the general path pushes them).
+        Returns the units unlocked (fast/host_full.py ``dec_lock_host`` answers with them)."""
         cache = self.cache
         root = cache.root_node
         cur = anchor
@@ -807,6 +844,7 @@ class HostTier:
             cur = cur.parent
         cache._evictable += delta
         cache._protected -= delta
+        return delta
 
     # -- device eviction with a host tier ----------------------------------------------------
     def evict_leaf(self, node: Any, tracker: list, batch: Any) -> bool:
