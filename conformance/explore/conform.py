@@ -46,6 +46,7 @@ from uniradix.conformance.traces.replay import (
     host_locked_state_listed,
     load_back_lost_its_host_state,
     swa_skipped_leaf_keeps_state,
+    unlock_after_split_of_skipped_node,
 )
 from uniradix.conformance.traces.trace import Trace
 from uniradix.spec.config import POLICIES, CacheConfig
@@ -275,7 +276,9 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     Mamba load back whose room-making took the host state it was to load (upstream loads it
     anyway).  Violations: upstream's sanity check after a host lock of a node with host-only
     aux data; upstream's assertion in a copy-on-write match with no state slot to be had; its
-    crash in a Mamba load back whose room-making took the node's Full data from the host."""
+    crash in a Mamba load back whose room-making took the node's Full data from the host; its
+    assertion in the unlock of a lock that skipped an evicted node a later split cut (the new
+    upper part, never locked, loses a lock)."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
             and all(lab.startswith("upstream") for lab in finding.impls) \
             and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
@@ -287,6 +290,10 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
             and cow_match_without_a_state_slot(Trace({}, config, list(taken)), finding.step):
         return ("a copy-on-write match with no state slot to be had: upstream asserts, the "
                 "spec answers no slot (docs/SPEC.md)")
+    if upstream_crash and finding.op == "unlock" \
+            and unlock_after_split_of_skipped_node(Trace({}, config, list(taken)), finding.step):
+        return ("an unlock after a split cut a node its lock skipped: upstream takes a lock "
+                "from the new upper part it never locked (docs/SPEC.md)")
     if upstream_crash and finding.op == "load_back" \
             and load_back_lost_its_host_state(Trace({}, config, list(taken)), finding.step):
         return ("a Mamba load back whose room-making took the node from the host: upstream "

@@ -391,6 +391,35 @@ def cow_match_without_a_state_slot(trace: Trace, step_i: int) -> bool:
     return obs.get("mamba_cow_src") is not None and obs.get("mamba_pool_idx") is None
 
 
+def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is the unlock of a lock that skipped an evicted
+    segment, where a split since the lock (a match's or an insert's) cut a skipped node: the
+    spec's split hook adds the new upper part to the handle's skipped nodes, so its unlock
+    leaves that part alone; 0.5.13.post1 remembers only the nodes it skipped at lock time and
+    takes a lock from the upper part it never locked (an assertion while that part is still
+    evicted; docs/SPEC.md, "HiCache", the shared defects)."""
+    from uniradix.conformance.adapters.base import SpecAdapter
+    if not trace.config.host_slots:
+        return False
+    adapter = SpecAdapter(trace.config)
+    skipped_at_lock: dict[int, int] = {}  # trace handle -> how many nodes its lock skipped
+    for idx, step in enumerate(trace.steps):
+        i = step.get("i", idx)
+        if i == step_i:
+            break
+        adapter.apply(step)
+        if step["op"] == "lock" and i in adapter.handles:
+            skipped_at_lock[i] = len(adapter.handles[i].skipped)
+    else:
+        return False
+    if step["op"] != "unlock":
+        return False
+    h = step.get("args", {}).get("handle")
+    handle = adapter.handles.get(h) if isinstance(h, int) and not isinstance(h, bool) else None
+    return handle is not None and h in skipped_at_lock \
+        and len(handle.skipped) > skipped_at_lock[h]
+
+
 def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
     walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the

@@ -149,3 +149,22 @@ def test_misuse_steps_get_the_spec_error_names():
         assert adapter.apply(step) == {"error": err}, step
         assert spec.apply(step)["error"] == err, step
     assert adapter.snapshot()["nodes"] == [] and adapter.pool.allocated_pages() == {1, 2}
+
+
+@pytest.mark.parametrize("name", ["upstream-crash-hicache-wb-p4-unlock-after-split.jsonl",
+                                  "upstream-crash-hicache-wb-p1-unlock-after-insert-split.jsonl"])
+def test_upstream_still_asserts_at_an_unlock_after_a_split_of_a_skipped_node(name):
+    """The shared defect of docs/SPEC.md ("HiCache"): 0.5.13.post1 fails its assertion at the
+    unlock of a lock that skipped an evicted node a later split (a match's, an insert's) cut;
+    without the split the same unlock is fine.  The spec and fast replay both traces clean
+    (tests/conformance/traces/test_corpus_replay.py); conform counts the crash as documented
+    (tests/conformance/explore/test_lockstep.py)."""
+    from uniradix.conformance.traces.replay import replay_trace
+    from uniradix.conformance.traces.trace import Trace
+    trace = load_trace(os.path.join(CORPUS, "..", "regressions", name))
+    div = replay_trace(trace, "upstream").divergence
+    assert div is not None and div.step == trace.steps[-1]["i"] and "AssertionError" in str(div)
+    split = max(i for i, s in enumerate(trace.steps) if s["op"] in ("match_prefix", "insert"))
+    unsplit = [{k: v for k, v in s.items() if k != "ret"} if s["op"] == "unlock" else s
+               for s in trace.steps[:split] + trace.steps[split + 1:]]
+    assert replay_trace(Trace(trace.header, trace.config, unsplit), "upstream").divergence is None

@@ -645,3 +645,43 @@ def test_conform_compares_fast_on_its_c_core_every_other_segment(monkeypatch):
     assert res.event_steps == 200  # segments 0 and 2
     fast_cores = [ads[1].cache.core for ads in cores]
     assert fast_cores == (["python", "c"] * 2 if NATIVE else ["python"] * 4)
+
+
+@pytest.mark.parametrize("name", ["upstream-crash-hicache-wb-p4-unlock-after-split.jsonl",
+                                  "upstream-crash-hicache-wb-p1-unlock-after-insert-split.jsonl"])
+def test_conform_counts_upstreams_unlock_after_a_split_of_a_skipped_node(name):
+    """docs/SPEC.md, "HiCache", the shared defects: a lock on an evicted node skips it; a later
+    split (a match's in the p4 trace, an insert's in the p1 trace, found by conform
+    spec,upstream on hicache-wb-p1, seed 2030) cuts the skipped node, and 0.5.13.post1's unlock
+    then asserts on the new upper part.  conform counts upstream's crash at that unlock as the
+    documented difference; the same steps without the split, a crash of the spec or fast, or a
+    crash at another step are not."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    from uniradix.conformance.traces.replay import unlock_after_split_of_skipped_node
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(CORPUS, "regressions", name))
+    last = trace.steps[-1]
+    assert last["op"] == "unlock"
+
+    def crash(impl, step=last["i"], op="unlock"):
+        return Finding(VIOLATION, step, op, "crash", "", {impl: "AssertionError: "}, (impl,))
+
+    labels = ["spec", "upstream"]
+    assert unlock_after_split_of_skipped_node(trace, last["i"])
+    assert "never locked" in documented_difference(labels, trace.config, trace.steps,
+                                                    crash("upstream"))
+    assert documented_difference(labels, trace.config, trace.steps, crash("spec")) is None
+    assert documented_difference(["spec", "fast"], trace.config, trace.steps,
+                                 crash("fast")) is None
+    split = max(i for i, s in enumerate(trace.steps)
+                if s["op"] in ("match_prefix", "insert"))  # the step that splits
+    assert split > [s["op"] for s in trace.steps].index("lock")
+    unsplit = trace.steps[:split] + trace.steps[split + 1:]
+    assert not unlock_after_split_of_skipped_node(Trace(trace.header, trace.config, unsplit),
+                                                  last["i"])
+    assert documented_difference(labels, trace.config, unsplit, crash("upstream")) is None
+    before = trace.steps[split]
+    assert documented_difference(labels, trace.config, trace.steps,
+                                 crash("upstream", before["i"], before["op"])) is None
