@@ -248,16 +248,29 @@ def expected_divergence(path: str) -> int | None:
     return None
 
 
-def _spec_state_before(trace: Trace, step_i: int) -> tuple[Any, dict] | None:
-    """The spec's state just before step ``step_i`` of ``trace`` and that step, or None when
-    the trace has no such step."""
+def _spec_adapter_before(trace: Trace, step_i: int,
+                         after_each: Callable[[Any, int, dict], None] | None = None
+                         ) -> tuple[Any, dict] | None:
+    """A spec adapter that applied the steps of ``trace`` before step ``step_i``, and that
+    step, or None when the trace has no such step.  ``after_each(adapter, i, step)`` runs after
+    each step applied."""
     from uniradix.conformance.adapters.base import SpecAdapter
     adapter = SpecAdapter(trace.config)
     for idx, step in enumerate(trace.steps):
-        if step.get("i", idx) == step_i:
-            return adapter.state, step
+        i = step.get("i", idx)
+        if i == step_i:
+            return adapter, step
         adapter.apply(step)
+        if after_each is not None:
+            after_each(adapter, i, step)
     return None
+
+
+def _spec_state_before(trace: Trace, step_i: int) -> tuple[Any, dict] | None:
+    """The spec's state just before step ``step_i`` of ``trace`` and that step, or None when
+    the trace has no such step."""
+    found = _spec_adapter_before(trace, step_i)
+    return None if found is None else (found[0].state, found[1])
 
 
 def swa_skipped_leaf_keeps_state(trace: Trace, step_i: int) -> bool:
@@ -339,7 +352,6 @@ def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
     from the host, taken by a write-back backup making host room.  0.5.13.post1 loads it
     anyway, from a host slot another node holds by then (docs/SPEC.md, "A Mamba load back with
     no device state to be had")."""
-    from uniradix.conformance.adapters.base import SpecAdapter
     from uniradix.spec import cache as rules
     from uniradix.spec.errors import CacheError
     if "mamba" not in trace.config.components or not trace.config.host_slots:
@@ -353,13 +365,10 @@ def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
         d = node.aux.get("mamba")
         return d is not None and d.host_value is not None and node.host_value is not None
 
-    adapter = SpecAdapter(trace.config)
-    for idx, step in enumerate(trace.steps):
-        if step.get("i", idx) == step_i:
-            break
-        adapter.apply(step)
-    else:
+    found = _spec_adapter_before(trace, step_i)
+    if found is None:
         return False
+    adapter, step = found
     if step["op"] != "load_back":
         return False
     ref = step.get("args", {}).get("node") or {}
@@ -375,16 +384,12 @@ def cow_match_without_a_state_slot(trace: Trace, step_i: int) -> bool:
     state (every other state locked or the caller's): the spec answers ``mamba_pool_idx``
     None; 0.5.13.post1 asserts (``Can not alloc mamba cache``; docs/SPEC.md, the
     ``finalize_match_result`` row)."""
-    from uniradix.conformance.adapters.base import SpecAdapter
     if "mamba" not in trace.config.components:
         return False
-    adapter = SpecAdapter(trace.config)
-    for idx, step in enumerate(trace.steps):
-        if step.get("i", idx) == step_i:
-            break
-        adapter.apply(step)
-    else:
+    found = _spec_adapter_before(trace, step_i)
+    if found is None:
         return False
+    adapter, step = found
     if step["op"] != "match_prefix" or not step.get("args", {}).get("cow_mamba"):
         return False
     obs = adapter.apply(step)
@@ -398,20 +403,18 @@ def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
     leaves that part alone; 0.5.13.post1 remembers only the nodes it skipped at lock time and
     takes a lock from the upper part it never locked (an assertion while that part is still
     evicted; docs/SPEC.md, "HiCache", the shared defects)."""
-    from uniradix.conformance.adapters.base import SpecAdapter
     if not trace.config.host_slots:
         return False
-    adapter = SpecAdapter(trace.config)
     skipped_at_lock: dict[int, int] = {}  # trace handle -> how many nodes its lock skipped
-    for idx, step in enumerate(trace.steps):
-        i = step.get("i", idx)
-        if i == step_i:
-            break
-        adapter.apply(step)
+
+    def note_lock(adapter: Any, i: int, step: dict) -> None:
         if step["op"] == "lock" and i in adapter.handles:
             skipped_at_lock[i] = len(adapter.handles[i].skipped)
-    else:
+
+    found = _spec_adapter_before(trace, step_i, note_lock)
+    if found is None:
         return False
+    adapter, step = found
     if step["op"] != "unlock":
         return False
     h = step.get("args", {}).get("handle")
@@ -424,18 +427,14 @@ def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
     walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the
     caller's window: where the seed frees the tombstone's full slots and the spec does not."""
-    from uniradix.conformance.adapters.base import SpecAdapter
     from uniradix.spec import cache as rules
     from uniradix.spec import components
     if "swa" not in trace.config.components:
         return False
-    adapter = SpecAdapter(trace.config)
-    for idx, step in enumerate(trace.steps):
-        if step.get("i", idx) == step_i:
-            break
-        adapter.apply(step)
-    else:
+    found = _spec_adapter_before(trace, step_i)
+    if found is None:
         return False
+    adapter, step = found
     if step["op"] != "insert":
         return False
     args = step.get("args", {})
