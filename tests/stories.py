@@ -133,3 +133,27 @@ def replay_twins(ls, steps: list, same=None) -> list[str]:
             same(step)
         ops.append(step["op"])
     return ops
+
+
+def upstream_crash_is_documented(path: str, op: str, message: str):
+    """A regression trace of an upstream crash that conform counts as a documented difference:
+    spec and fast replay it clean, upstream 0.5.13.post1 crashes at its last step (an ``op``)
+    with ``message`` in the error, and ``documented_difference`` takes that crash.  Returns the
+    trace and the crash's Finding for the test's own further checks."""
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    from uniradix.conformance.traces.replay import replay_trace
+    from uniradix.conformance.traces.trace import load_trace
+    trace = load_trace(path)
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is None
+    last = trace.steps[-1]
+    assert last["op"] == op
+    d = replay_trace(trace, "upstream").divergence
+    assert d is not None and d.step == last["i"] and d.field == "crash"
+    assert message in str(d.actual)
+    crash = Finding(VIOLATION, last["i"], op, "crash", message, {"upstream": d.actual},
+                    ("upstream",))
+    assert documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                 crash) is not None
+    return trace, crash
