@@ -45,6 +45,7 @@ from uniradix.conformance.traces.replay import (
     host_lock_on_host_only_aux,
     host_locked_state_listed,
     load_back_lost_its_host_state,
+    load_back_without_a_state_slot,
     swa_skipped_leaf_keeps_state,
     unlock_after_split_of_skipped_node,
 )
@@ -277,6 +278,7 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     anyway).  Violations: upstream's sanity check after a host lock of a node with host-only
     aux data; upstream's assertion in a copy-on-write match with no state slot to be had; its
     crash in a Mamba load back whose room-making took the node's Full data from the host; its
+    assertion in a Mamba load back with no device state slot to be had; its
     assertion in the unlock of a lock that skipped an evicted node a later split cut (the new
     upper part, never locked, loses a lock)."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
@@ -298,6 +300,11 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
             and load_back_lost_its_host_state(Trace({}, config, list(taken)), finding.step):
         return ("a Mamba load back whose room-making took the node from the host: upstream "
                 "fails in its commit, the spec loads nothing (docs/SPEC.md)")
+    if upstream_crash and finding.op == "load_back" and any(
+            "Cannot alloc mamba for load_back" in str(v) for v in finding.values.values()) \
+            and load_back_without_a_state_slot(Trace({}, config, list(taken)), finding.step):
+        return ("a Mamba load back with no device state slot to be had: upstream asserts, the "
+                "spec loads nothing (docs/SPEC.md)")
     if finding.kind != DIVERGENCE or not any(lab.startswith("upstream") for lab in labels):
         return None
     if finding.op == "load_back" and load_back_lost_its_host_state(

@@ -378,6 +378,36 @@ def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
     return obs.get("device_indices") == [] and not host_state(adapter.state, ref)
 
 
+def load_back_without_a_state_slot(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is a Mamba load back that the spec fails for want
+    of a device state slot: the node's state is on the host only before it, and after it the
+    spec loaded nothing and its state pool has no free slot (every state locked, or held by
+    the caller, with nothing evictable).  0.5.13.post1 asserts there (``Cannot alloc mamba
+    for load_back``; docs/SPEC.md, "A Mamba load back with no device state to be had")."""
+    if "mamba" not in trace.config.components or not trace.config.host_slots:
+        return False
+    found = _spec_adapter_before(trace, step_i)
+    if found is None:
+        return False
+    adapter, step = found
+    if step["op"] != "load_back":
+        return False
+    from uniradix.spec import cache as rules
+    from uniradix.spec.errors import CacheError
+    ref = step.get("args", {}).get("node") or {}
+    try:
+        node = rules.find_node(adapter.state, ref.get("tokens", []), ref.get("extra_key"))
+    except CacheError:
+        return False
+    d = node.aux.get("mamba")
+    if d is None or d.value is not None or d.host_value is None:
+        return False
+    obs = adapter.apply(step)
+    state = adapter.state
+    return obs.get("device_indices") == [] and obs.get("mamba_pool_idx") is None \
+        and state.mamba is not None and state.mamba.available_size() < 1
+
+
 def cow_match_without_a_state_slot(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is a copy-on-write match (``cow_mamba``) that
     finds a state to copy but no device state slot for the request, even after evicting one

@@ -146,6 +146,18 @@ def test_write_back_aux_eviction_never_ends_when_the_backup_fails(folder, name):
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.mark.parametrize("name", [
+    "upstream-crash-host-mamba-wt-p1-load-back-all-slots-pinned.jsonl",
+    "upstream-crash-host-mamba-wb-p4-load-back-with-every-state-slot-the-callers.jsonl"])
+def test_conform_counts_a_mamba_load_back_with_no_state_slot_as_documented(name):
+    """docs/SPEC.md, "A Mamba load back with no device state to be had": every device state
+    slot pinned by pending write-through acks (the hand-written trace), or held by the caller
+    (found by conform spec,upstream on host-mamba-wb-p4, seed 2030): upstream asserts, the
+    spec and fast load nothing.  conform counts the assertion as documented."""
+    upstream_crash_is_documented(os.path.join(REGRESSIONS_HOST_AUX, name), "load_back",
+                                 "Cannot alloc mamba for load_back")
+
+
 def test_mamba_load_back_asserts_when_every_state_slot_is_pinned():
     """Defect 2 (issue 12 item 6): with both device state slots held by nodes whose
     write-through acks are pending, the load back fails an assertion instead of failing."""

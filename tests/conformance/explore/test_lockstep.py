@@ -685,3 +685,38 @@ def test_conform_counts_upstreams_unlock_after_a_split_of_a_skipped_node(name):
     before = trace.steps[split]
     assert documented_difference(labels, trace.config, trace.steps,
                                  crash("upstream", before["i"], before["op"])) is None
+
+
+def test_conform_counts_upstreams_mamba_load_back_without_a_state_slot():
+    """docs/SPEC.md, "A Mamba load back with no device state to be had": the caller holds every
+    device state slot (found by conform spec,upstream on host-mamba-wb-p4, seed 2030), so the
+    spec loads nothing where 0.5.13.post1 asserts (``Cannot alloc mamba for load_back``).
+    conform counts that assertion as documented; with one slot free the load back happens and
+    the same crash is not counted, nor another crash message, nor a crash of the spec's."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    from uniradix.conformance.traces.replay import load_back_without_a_state_slot
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions-host-aux",
+        "upstream-crash-host-mamba-wb-p4-load-back-with-every-state-slot-the-callers.jsonl"))
+    last = trace.steps[-1]
+    assert last["op"] == "load_back"
+
+    def crash(impl, message="AssertionError: Cannot alloc mamba for load_back"):
+        return Finding(VIOLATION, last["i"], "load_back", "crash", "AssertionError",
+                       {impl: message}, (impl,))
+
+    labels = ["spec", "upstream"]
+    assert load_back_without_a_state_slot(trace, last["i"])
+    assert "no device state slot" in documented_difference(labels, trace.config, trace.steps,
+                                                           crash("upstream"))
+    assert documented_difference(labels, trace.config, trace.steps,
+                                 crash("upstream", "AssertionError: ")) is None
+    assert documented_difference(labels, trace.config, trace.steps, crash("spec")) is None
+    # one state slot fewer taken by the caller: the load back has its slot
+    allocs = [k for k, s in enumerate(trace.steps) if s["op"] == "mamba_alloc"]
+    freer = trace.steps[:allocs[-1]] + trace.steps[allocs[-1] + 1:]
+    assert not load_back_without_a_state_slot(Trace(trace.header, trace.config, freer), last["i"])
+    assert documented_difference(labels, trace.config, freer, crash("upstream")) is None
