@@ -273,7 +273,8 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     (issue 18; the seed frees the tombstone's full slots, the spec keeps them); with SWA and
     Mamba, ``mamba_exist`` of an insert whose new leaf SWA does not create (the seed answers
     false and leaks the state slot, the spec true); a host-locked Mamba state that an evict
-    left on the host only (upstream lists it in its host LRU list, the spec keeps it out); a
+    (or SWA host copy) left on the host only (upstream lists it in its host LRU list, the spec
+    keeps it out); a
     Mamba load back whose room-making took the host state it was to load (upstream loads it
     anyway).  Violations: upstream's sanity check after a host lock of a node with host-only
     aux data; upstream's assertion in a copy-on-write match with no state slot to be had; its
@@ -311,10 +312,13 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
             Trace({}, config, list(taken)), finding.step):
         return ("a Mamba load back whose room-making took the host state it was to load: "
                 "upstream loads it from a host slot another node holds (docs/SPEC.md)")
-    if finding.field.startswith("snapshot.host.mamba_host_lru_order") and any(
-            host_locked_state_listed(Trace({}, config, list(taken)), finding.step, v)
+    listed = next((c for c in ("mamba", "swa")
+                   if finding.field.startswith(f"snapshot.host.{c}_host_lru_order")), None)
+    if listed is not None and any(
+            host_locked_state_listed(Trace({}, config, list(taken)), finding.step, v, listed)
             for lab, v in finding.values.items() if lab.startswith("upstream")):
-        return ("a host-locked Mamba state that an evict leaves on the host only: upstream "
+        what = "Mamba state" if listed == "mamba" else "SWA host copy"
+        return (f"a host-locked {what} that an evict leaves on the host only: upstream "
                 "lists it in its host LRU list, the spec keeps host-locked data out (docs/SPEC.md)")
     if finding.op == "insert" and held_swa_tombstone_takeover(
             Trace({}, config, list(taken)), finding.step):

@@ -316,31 +316,29 @@ def host_lock_on_host_only_aux(trace: Trace, step_i: int) -> bool:
                for d in node.aux.values())
 
 
-def host_locked_state_listed(trace: Trace, step_i: int, listed: Any) -> bool:
-    """Whether ``listed`` (a node path, ``{"tokens", "extra_key"}``: what upstream's Mamba host
-    LRU list holds where it differs from the spec's after step ``step_i`` of ``trace``) is, on
-    the spec's state after that step, a node whose Mamba state is on the host only and
-    host-locked.  The spec keeps host-locked data out of the host LRU list (upstream's own host
-    lock takes it out); 0.5.13.post1's evict puts a host-locked state that becomes host-only
-    back in (docs/SPEC.md, "Host locks")."""
-    from uniradix.conformance.adapters.base import SpecAdapter
+def host_locked_state_listed(trace: Trace, step_i: int, listed: Any,
+                             component: str = "mamba") -> bool:
+    """Whether ``listed`` (a node path, ``{"tokens", "extra_key"}``: what upstream's host LRU
+    list of ``component``, ``"mamba"`` or ``"swa"``, holds where it differs from the spec's
+    after step ``step_i`` of ``trace``) is, on the spec's state after that step, a node whose
+    data of that component is on the host only and host-locked.  The spec keeps host-locked
+    data out of the host LRU lists (upstream's own host lock takes it out); 0.5.13.post1's
+    evict puts host-locked data that becomes host-only back in (docs/SPEC.md, "Host locks")."""
     from uniradix.spec import cache as rules
     from uniradix.spec.errors import CacheError
-    if not isinstance(listed, dict) or "mamba" not in trace.config.components \
+    if not isinstance(listed, dict) or component not in trace.config.components \
             or not trace.config.host_slots:
         return False
-    adapter = SpecAdapter(trace.config)
-    for idx, step in enumerate(trace.steps):
-        adapter.apply(step)
-        if step.get("i", idx) == step_i:
-            break
-    else:
+    found = _spec_adapter_before(trace, step_i)
+    if found is None:
         return False
+    adapter, step = found
+    adapter.apply(step)
     try:
         node = rules.find_node(adapter.state, listed.get("tokens", []), listed.get("extra_key"))
     except CacheError:
         return False
-    d = node.aux.get("mamba")
+    d = node.aux.get(component)
     return d is not None and d.value is None and d.host_value is not None \
         and d.host_lock_ref > 0
 

@@ -720,3 +720,32 @@ def test_conform_counts_upstreams_mamba_load_back_without_a_state_slot():
     freer = trace.steps[:allocs[-1]] + trace.steps[allocs[-1] + 1:]
     assert not load_back_without_a_state_slot(Trace(trace.header, trace.config, freer), last["i"])
     assert documented_difference(labels, trace.config, freer, crash("upstream")) is None
+
+
+@pytest.mark.parametrize("component,path,node", [
+    ("mamba", "regressions/host-locked-mamba-state-host-lru.jsonl",
+     {"tokens": [2, 1, 2, 3], "extra_key": "b"}),
+    ("swa", "regressions-host-aux/host-locked-swa-copy-host-lru-host-swa-wb-p4.jsonl",
+     {"tokens": [4, 4, 2, 4], "extra_key": "a"})])
+def test_conform_counts_a_host_locked_copy_upstream_lists_after_an_evict(component, path, node):
+    """docs/SPEC.md, "Host locks": upstream lists a host-locked Mamba state or SWA copy that an
+    evict leaves on the host only in that component's host LRU list, the spec does not.
+    conform counts upstream's extra entry as documented, for that component's list only, and
+    not once the host lock is gone from the steps."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(CORPUS, *path.split("/")))
+    step = trace.steps[-1]["i"]
+    labels = ["spec", "upstream"]
+
+    def listed(comp):
+        return Finding(DIVERGENCE, step, "evict", "snapshot", f"host.{comp}_host_lru_order[0]",
+                       {"spec": "<missing>", "upstream": node}, ("spec", "upstream"))
+
+    assert documented_difference(labels, trace.config, trace.steps, listed(component))
+    other = "swa" if component == "mamba" else "mamba"
+    assert documented_difference(labels, trace.config, trace.steps, listed(other)) is None
+    unlocked = [s for s in trace.steps if s["op"] != "host_lock"]
+    assert documented_difference(labels, trace.config, unlocked, listed(component)) is None
