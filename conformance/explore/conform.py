@@ -278,7 +278,7 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     Mamba load back whose room-making took the host state it was to load (upstream loads it
     anyway).  Violations: upstream's sanity check after a host lock of a node with host-only
     aux data; upstream's assertion in a copy-on-write match with no state slot to be had; its
-    crash in a Mamba load back whose room-making took the node's Full data from the host; its
+    crash in a load back whose room-making took the node itself from the host; its
     assertion in a Mamba load back with no device state slot to be had; its
     assertion in the unlock of a lock that skipped an evicted node a later split cut (the new
     upper part, never locked, loses a lock)."""
@@ -299,8 +299,8 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
                 "from the new upper part it never locked (docs/SPEC.md)")
     if upstream_crash and finding.op == "load_back" \
             and load_back_lost_its_host_state(Trace({}, config, list(taken)), finding.step):
-        return ("a Mamba load back whose room-making took the node from the host: upstream "
-                "fails in its commit, the spec loads nothing (docs/SPEC.md)")
+        return ("a load back whose room-making took the node from the host: upstream reads "
+                "its missing host copy, the spec loads nothing (docs/SPEC.md)")
     if upstream_crash and finding.op == "load_back" and any(
             "Cannot alloc mamba for load_back" in str(v) for v in finding.values.values()) \
             and load_back_without_a_state_slot(Trace({}, config, list(taken)), finding.step):

@@ -344,16 +344,19 @@ def host_locked_state_listed(trace: Trace, step_i: int, listed: Any,
 
 
 def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
-    """Whether step ``step_i`` of ``trace`` is a Mamba load back that the spec fails because
-    its own room-making took what it was to load: the node had its state on the host before
-    the step, and after it the spec loaded nothing and the node (or its host state) is gone
-    from the host, taken by a write-back backup making host room.  0.5.13.post1 loads it
-    anyway, from a host slot another node holds by then (docs/SPEC.md, "A Mamba load back with
+    """Whether step ``step_i`` of ``trace`` is a load back that the spec fails because its own
+    room-making took what it was to load: the node had its KV data (and with Mamba its state)
+    on the host before the step, and after it the spec loaded nothing and the node (or its host
+    state) is gone from the host, taken by a write-back backup making host room.  0.5.13.post1
+    reads the node's host copy anyway: with the node gone it fails on the missing copy (a
+    ``TypeError``), with only a Mamba state gone it loads that state from a host slot another
+    node holds by then (docs/SPEC.md, "HiCache", the shared defects, and "A Mamba load back with
     no device state to be had")."""
     from uniradix.spec import cache as rules
     from uniradix.spec.errors import CacheError
-    if "mamba" not in trace.config.components or not trace.config.host_slots:
+    if not trace.config.host_slots:
         return False
+    mamba = "mamba" in trace.config.components
 
     def host_state(state: Any, ref: dict) -> bool:
         try:
@@ -361,7 +364,8 @@ def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
         except CacheError:
             return False
         d = node.aux.get("mamba")
-        return d is not None and d.host_value is not None and node.host_value is not None
+        return node.host_value is not None and (not mamba or (d is not None
+                                                               and d.host_value is not None))
 
     found = _spec_adapter_before(trace, step_i)
     if found is None:

@@ -168,3 +168,25 @@ def test_upstream_still_asserts_at_an_unlock_after_a_split_of_a_skipped_node(nam
     unsplit = [{k: v for k, v in s.items() if k != "ret"} if s["op"] == "unlock" else s
                for s in trace.steps[:split] + trace.steps[split + 1:]]
     assert replay_trace(Trace(trace.header, trace.config, unsplit), "upstream").divergence is None
+
+
+def test_upstream_still_fails_a_full_load_back_whose_room_making_evicted_its_node():
+    """The other shared defect of docs/SPEC.md ("HiCache"): a write-back load back whose
+    room-making took the node being loaded off the host; 0.5.13.post1 reads the missing host
+    copy (a TypeError), the spec and fast load nothing.  With host room to spare upstream
+    loads it."""
+    import dataclasses
+
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.traces.replay import replay_trace
+    trace = load_trace(os.path.join(CORPUS, "..", "regressions",
+                                    "hicache-load-back-evicts-itself-from-host.jsonl"))
+    (step,) = [s["i"] for s in trace.steps if s["op"] == "load_back"]
+    div = replay_trace(trace, "upstream").divergence
+    assert div is not None and div.step == step and "TypeError" in str(div)
+    roomy = make_adapter("upstream", dataclasses.replace(trace.config, host_slots=8))
+    for s in trace.steps:
+        obs = roomy.apply({k: v for k, v in s.items() if k != "ret"})
+        if s["i"] == step:
+            assert obs["device_indices"] == [1, 2]
+            break

@@ -749,3 +749,32 @@ def test_conform_counts_a_host_locked_copy_upstream_lists_after_an_evict(compone
     assert documented_difference(labels, trace.config, trace.steps, listed(other)) is None
     unlocked = [s for s in trace.steps if s["op"] != "host_lock"]
     assert documented_difference(labels, trace.config, unlocked, listed(component)) is None
+
+
+def test_conform_counts_upstreams_crash_at_a_full_load_back_that_evicted_its_node():
+    """docs/SPEC.md, "HiCache", the shared defects: under write-back a load back's room-making
+    backs a device leaf up, and that backup's host room takes the node being loaded off the
+    host; the spec (and fast) load nothing, 0.5.13.post1 fails on the node's missing host copy
+    (a TypeError; conform spec,upstream met it on hicache-wb-p1, seed 2030, segment 99).
+    conform counts that crash as documented; with host room to spare the load back happens
+    and the same crash is not counted."""
+    import dataclasses
+
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    from uniradix.conformance.traces.replay import load_back_lost_its_host_state
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(CORPUS, "regressions",
+                                    "hicache-load-back-evicts-itself-from-host.jsonl"))
+    (step,) = [s["i"] for s in trace.steps if s["op"] == "load_back"]
+    crash = Finding(VIOLATION, step, "load_back", "crash", "TypeError",
+                    {"upstream": "TypeError: object of type 'NoneType' has no len()"},
+                    ("upstream",))
+    labels = ["spec", "upstream"]
+    assert load_back_lost_its_host_state(trace, step)
+    assert "took the node" in documented_difference(labels, trace.config, trace.steps, crash)
+    roomy = dataclasses.replace(trace.config, host_slots=8)
+    steps = [{k: v for k, v in s.items() if k != "ret"} for s in trace.steps]
+    assert not load_back_lost_its_host_state(Trace(trace.header, roomy, steps), step)
+    assert documented_difference(labels, roomy, steps, crash) is None
