@@ -735,7 +735,7 @@ def test_conform_counts_a_host_locked_copy_upstream_lists_after_an_evict(compone
     from conftest import CORPUS
     from uniradix.conformance.explore.conform import documented_difference
     from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
-    from uniradix.conformance.traces.trace import Trace, load_trace
+    from uniradix.conformance.traces.trace import load_trace
     trace = load_trace(os.path.join(CORPUS, *path.split("/")))
     step = trace.steps[-1]["i"]
     labels = ["spec", "upstream"]
