@@ -48,6 +48,7 @@ from uniradix.conformance.traces.replay import (
     load_back_without_a_state_slot,
     swa_skipped_leaf_keeps_state,
     unlock_after_split_of_skipped_node,
+    unlock_left_a_device_leaf_out,
 )
 from uniradix.conformance.traces.trace import Trace
 from uniradix.spec.config import POLICIES, CacheConfig
@@ -272,16 +273,16 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     Divergences: an insert over an SWA tombstone a lock holds, inside the caller's window
     (issue 18; the seed frees the tombstone's full slots, the spec keeps them); with SWA and
     Mamba, ``mamba_exist`` of an insert whose new leaf SWA does not create (the seed answers
-    false and leaks the state slot, the spec true); a host-locked Mamba state that an evict
-    (or SWA host copy) left on the host only (upstream lists it in its host LRU list, the spec
-    keeps it out); a
-    Mamba load back whose room-making took the host state it was to load (upstream loads it
-    anyway).  Violations: upstream's sanity check after a host lock of a node with host-only
-    aux data; upstream's assertion in a copy-on-write match with no state slot to be had; its
-    crash in a load back whose room-making took the node itself from the host; its
-    assertion in a Mamba load back with no device state slot to be had; its
-    assertion in the unlock of a lock that skipped an evicted node a later split cut (the new
-    upper part, never locked, loses a lock)."""
+    false and leaks the state slot, the spec true); a host-locked Mamba state (or SWA host
+    copy) left on the host only (upstream lists it in its host LRU list, the spec keeps it
+    out); a Mamba load back whose room-making took the host state it was to load (upstream
+    loads it anyway); with SWA and a host tier, a device leaf that an unlock through an
+    evicted node left out of upstream's evictable leaf set.  Violations: upstream's sanity
+    check after a host lock of a node with host-only aux data; upstream's assertion in a
+    copy-on-write match with no state slot to be had; its crash in a load back whose
+    room-making took the node itself from the host; its assertion in a Mamba load back with
+    no device state slot to be had; its assertion in the unlock of a lock that skipped an
+    evicted node a later split cut (the new upper part, never locked, loses a lock)."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
             and all(lab.startswith("upstream") for lab in finding.impls) \
             and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
@@ -320,6 +321,11 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
         what = "Mamba state" if listed == "mamba" else "SWA host copy"
         return (f"a host-locked {what} that an evict leaves on the host only: upstream "
                 "lists it in its host LRU list, the spec keeps host-locked data out (docs/SPEC.md)")
+    if finding.op == "unlock" and finding.field.startswith("snapshot.device_leaf_order") \
+            and any(unlock_left_a_device_leaf_out(Trace({}, config, list(taken)), finding.step, v)
+                    for lab, v in finding.values.items() if not lab.startswith("upstream")):
+        return ("an unlock through an evicted node with SWA: upstream leaves the device leaf "
+                "above it out of its evictable leaf set, the spec lists it (docs/SPEC.md)")
     if finding.op == "insert" and held_swa_tombstone_takeover(
             Trace({}, config, list(taken)), finding.step):
         return "issue 18: an insert over an SWA tombstone a lock holds (docs/SPEC.md)"

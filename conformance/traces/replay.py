@@ -455,6 +455,36 @@ def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
         and len(handle.skipped) > skipped_at_lock[h]
 
 
+def unlock_left_a_device_leaf_out(trace: Trace, step_i: int, listed: Any) -> bool:
+    """Whether ``listed`` (a node path the spec's device leaf order holds after step ``step_i``
+    of ``trace`` where upstream's does not) is, with SWA and a host tier, a node the unlock at
+    that step took the last lock off, above the handle's own node, which was evicted (the lock
+    skipped it).  0.5.13.post1's Full release re-checks such a node's leaf status while the SWA
+    component still holds its lock, so the node stays out of its evictable leaf set, and the
+    final re-check covers only the evicted node; the spec lists the node as the device leaf it
+    is (docs/SPEC.md, "HiCache", the shared defects)."""
+    from uniradix.spec import cache as rules
+    from uniradix.spec.errors import CacheError
+    comps = trace.config.components
+    if not isinstance(listed, dict) or "swa" not in comps or not trace.config.host_slots:
+        return False
+    found = _spec_adapter_before(trace, step_i)
+    if found is None or found[1]["op"] != "unlock":
+        return False
+    adapter, step = found
+    h = step.get("args", {}).get("handle")
+    handle = adapter.handles.get(h) if isinstance(h, int) and not isinstance(h, bool) else None
+    if handle is None or handle.node.value is not None:
+        return False
+    locked = handle.locked_nodes()
+    adapter.apply(step)
+    try:
+        node = rules.find_node(adapter.state, listed.get("tokens", []), listed.get("extra_key"))
+    except CacheError:
+        return False
+    return node is not handle.node and any(n is node for n in locked) and node.lock_ref == 0
+
+
 def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
     walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the

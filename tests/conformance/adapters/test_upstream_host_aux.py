@@ -284,3 +284,25 @@ def test_upstream_crashes_loading_a_node_its_room_making_took_from_the_host():
                         ("upstream",))
     assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
                                              at_insert) is None
+
+
+def test_upstream_leaves_a_device_leaf_out_of_its_set_after_an_unlock_through_an_evicted_node():
+    """docs/SPEC.md, "HiCache", the shared defects (found by conform spec,upstream on
+    sessions-host-swa-p1, seed 2030): after the unlock of a lock taken on an evicted node, the
+    device node above it, now unlocked and with only evicted children, is a device leaf; the
+    spec and fast list it, 0.5.13.post1 does not (its Full release re-checks the node while SWA
+    still holds its lock).  A lock taken on that node itself leaves it listed on both sides."""
+    trace = load_trace(os.path.join(REGRESSIONS_HOST_AUX,
+                                    "upstream-leaf-left-out-after-unlock-host-swa-p1.jsonl"))
+    leaf = {"tokens": [1], "extra_key": None}
+
+    def leaves(impl, steps):
+        a = make_adapter(impl, trace.config)
+        for s in steps:
+            a.apply({k: v for k, v in s.items() if k != "ret"})
+        return a.snapshot()["device_leaf_order"]
+
+    assert leaf in leaves("spec", trace.steps) and leaf in leaves("fast", trace.steps)
+    assert leaf not in leaves("upstream", trace.steps)
+    direct = [dict(s, args={"node": leaf}) if s["op"] == "lock" else s for s in trace.steps]
+    assert leaf in leaves("upstream", direct) and leaf in leaves("spec", direct)

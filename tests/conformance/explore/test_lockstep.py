@@ -778,3 +778,42 @@ def test_conform_counts_upstreams_crash_at_a_full_load_back_that_evicted_its_nod
     steps = [{k: v for k, v in s.items() if k != "ret"} for s in trace.steps]
     assert not load_back_lost_its_host_state(Trace(trace.header, roomy, steps), step)
     assert documented_difference(labels, roomy, steps, crash) is None
+
+
+def test_conform_counts_a_device_leaf_upstream_leaves_out_after_an_unlock():
+    """docs/SPEC.md, "HiCache", the shared defects: with SWA and a host tier, a lock on an
+    evicted node locks the device node above it; at the unlock 0.5.13.post1's Full release
+    re-checks that node's leaf status while SWA still holds its lock, and the final re-check
+    covers only the evicted node, so the device leaf stays out of upstream's evictable leaf set
+    (conform spec,upstream met it on sessions-host-swa-p1, seed 2030, after 205,930 steps).
+    conform counts the spec's extra leaf as documented; a lock on the device node itself, or
+    another node in the finding, is not."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.replay import unlock_left_a_device_leaf_out
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(CORPUS, "regressions-host-aux",
+                                    "upstream-leaf-left-out-after-unlock-host-swa-p1.jsonl"))
+    last = trace.steps[-1]
+    assert last["op"] == "unlock"
+    leaf = {"tokens": [1], "extra_key": None}
+
+    def missing(node, labels=("spec", "upstream")):
+        return Finding(DIVERGENCE, last["i"], "unlock", "snapshot", "device_leaf_order[0]",
+                       {labels[0]: node, labels[1]: "<missing>"}, labels)
+
+    labels = ["spec", "upstream"]
+    assert unlock_left_a_device_leaf_out(trace, last["i"], leaf)
+    assert "evictable leaf set" in documented_difference(labels, trace.config, trace.steps,
+                                                         missing(leaf))
+    other = {"tokens": [1, 1], "extra_key": None}
+    assert documented_difference(labels, trace.config, trace.steps, missing(other)) is None
+    unlocked = {"tokens": [1, 1, 1, 2], "extra_key": None}  # below the handle's node
+    assert not unlock_left_a_device_leaf_out(trace, last["i"], unlocked)
+    assert documented_difference(["spec", "fast"], trace.config, trace.steps,
+                                 missing(leaf, ("spec", "fast"))) is None
+    direct = [dict(s, args={"node": leaf}) if s["op"] == "lock" else s for s in trace.steps]
+    assert not unlock_left_a_device_leaf_out(Trace(trace.header, trace.config, direct),
+                                             last["i"], leaf)
+    assert documented_difference(labels, trace.config, direct, missing(leaf)) is None
