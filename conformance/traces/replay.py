@@ -428,31 +428,41 @@ def cow_match_without_a_state_slot(trace: Trace, step_i: int) -> bool:
     return obs.get("mamba_cow_src") is not None and obs.get("mamba_pool_idx") is None
 
 
-def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
-    """Whether step ``step_i`` of ``trace`` is the unlock of a lock that skipped an evicted
-    segment, where a split since the lock (a match's or an insert's) cut a skipped node: the
-    spec's split hook adds the new upper part to the handle's skipped nodes, so its unlock
+def unlocks_after_split_of_skipped_node(trace: Trace, upto: int) -> list[int]:
+    """The unlock steps of ``trace``, up to step ``upto``, that release a lock which skipped an
+    evicted segment after a split since the lock (a match's or an insert's) cut a skipped node:
+    the spec's split hook adds the new upper part to the handle's skipped nodes, so its unlock
     leaves that part alone; 0.5.13.post1 remembers only the nodes it skipped at lock time and
-    takes a lock from the upper part it never locked (an assertion while that part is still
-    evicted; docs/SPEC.md, "HiCache", the shared defects)."""
+    takes a lock from the upper part it never locked: an assertion while that part is still
+    evicted, else a lock count another lock (a load back's, a request's) holds there, whose
+    own release may then assert (docs/SPEC.md, "HiCache", the shared defects)."""
+    from uniradix.conformance.adapters.base import SpecAdapter
     if not trace.config.host_slots:
-        return False
+        return []
+    adapter = SpecAdapter(trace.config)
     skipped_at_lock: dict[int, int] = {}  # trace handle -> how many nodes its lock skipped
-
-    def note_lock(adapter: Any, i: int, step: dict) -> None:
+    found: list[int] = []
+    for idx, step in enumerate(trace.steps):
+        i = step.get("i", idx)
+        if i > upto:
+            break
+        if step["op"] == "unlock":
+            h = step.get("args", {}).get("handle")
+            handle = adapter.handles.get(h) if isinstance(h, int) \
+                and not isinstance(h, bool) else None
+            if handle is not None and h in skipped_at_lock \
+                    and len(handle.skipped) > skipped_at_lock[h]:
+                found.append(i)
+        adapter.apply(step)
         if step["op"] == "lock" and i in adapter.handles:
             skipped_at_lock[i] = len(adapter.handles[i].skipped)
+    return found
 
-    found = _spec_adapter_before(trace, step_i, note_lock)
-    if found is None:
-        return False
-    adapter, step = found
-    if step["op"] != "unlock":
-        return False
-    h = step.get("args", {}).get("handle")
-    handle = adapter.handles.get(h) if isinstance(h, int) and not isinstance(h, bool) else None
-    return handle is not None and h in skipped_at_lock \
-        and len(handle.skipped) > skipped_at_lock[h]
+
+def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is such an unlock
+    (:func:`unlocks_after_split_of_skipped_node`)."""
+    return step_i in unlocks_after_split_of_skipped_node(trace, step_i)
 
 
 def unlock_left_a_device_leaf_out(trace: Trace, step_i: int, listed: Any) -> bool:

@@ -190,3 +190,33 @@ def test_upstream_still_fails_a_full_load_back_whose_room_making_evicted_its_nod
         if s["i"] == step:
             assert obs["device_indices"] == [1, 2]
             break
+
+
+def test_upstream_takes_a_load_backs_lock_at_an_unlock_after_a_split():
+    """The unlock-after-split defect where the split's upper part is loaded back before the
+    unlock (tests/corpus/regressions/hicache-unlock-after-split-of-skipped-node.jsonl):
+    0.5.13.post1's unlock takes the load's lock count from it (lock_ref 0 where the spec keeps
+    1) and the load's release asserts in check_hicache_events; without the splitting match
+    upstream replays the trace clean."""
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.traces.replay import replay_trace
+    from uniradix.conformance.traces.trace import Trace
+    trace = load_trace(os.path.join(CORPUS, "..", "regressions",
+                                    "hicache-unlock-after-split-of-skipped-node.jsonl"))
+    (unlock,) = [s["i"] for s in trace.steps if s["op"] == "unlock"]
+    div = replay_trace(trace, "upstream").divergence
+    assert div is not None and div.field == "crash" and div.step > unlock
+    assert trace.steps[div.step]["op"] == "check_hicache_events"
+
+    def upper_lock(impl, steps):
+        a = make_adapter(impl, trace.config)
+        for s in steps:
+            a.apply({k: v for k, v in s.items() if k != "ret"})
+            if s["i"] == unlock:
+                break
+        return {tuple(n["path"]["tokens"]): n["lock_ref"] for n in a.snapshot()["nodes"]}
+
+    assert upper_lock("spec", trace.steps)[(1, 2)] == 1
+    assert upper_lock("upstream", trace.steps)[(1, 2)] == 0
+    unsplit = [s for s in trace.steps if s["op"] != "match_prefix"]
+    assert replay_trace(Trace(trace.header, trace.config, unsplit), "upstream").divergence is None

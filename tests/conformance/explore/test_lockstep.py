@@ -817,3 +817,31 @@ def test_conform_counts_a_device_leaf_upstream_leaves_out_after_an_unlock():
     assert not unlock_left_a_device_leaf_out(Trace(trace.header, trace.config, direct),
                                              last["i"], leaf)
     assert documented_difference(labels, trace.config, direct, missing(leaf)) is None
+
+
+def test_conform_counts_the_later_effects_of_upstreams_unlock_after_a_split():
+    """The same shared defect where the split's upper part is on the device again by the
+    unlock (a load back, tests/corpus/regressions/hicache-unlock-after-split-of-skipped-node.jsonl;
+    an insert over the evicted part in conform spec,upstream's hicache-wb-p1 run, seed 2031):
+    upstream takes the load's lock count at the unlock (a lock_ref divergence there, no
+    crash) and the load's release asserts later, in check_hicache_events.  conform counts
+    both; without the match that splits, neither."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, VIOLATION, Finding
+    from uniradix.conformance.traces.trace import load_trace
+    trace = load_trace(os.path.join(CORPUS, "regressions",
+                                    "hicache-unlock-after-split-of-skipped-node.jsonl"))
+    (unlock,) = [s["i"] for s in trace.steps if s["op"] == "unlock"]
+    release = [s["i"] for s in trace.steps if s["op"] == "check_hicache_events"][-1]
+    taken = Finding(DIVERGENCE, unlock, "unlock", "snapshot",
+                    "nodes[extra_key=None tokens=[1, 2]].lock_ref", {"spec": 1, "upstream": 0},
+                    ("spec", "upstream"))
+    crash = Finding(VIOLATION, release, "check_hicache_events", "crash", "AssertionError",
+                    {"upstream": "AssertionError: "}, ("upstream",))
+    labels = ["spec", "upstream"]
+    for finding in (taken, crash):
+        assert "never locked" in documented_difference(labels, trace.config, trace.steps, finding)
+    unsplit = [s for s in trace.steps if s["op"] != "match_prefix"]
+    for finding in (taken, crash):
+        assert documented_difference(labels, trace.config, unsplit, finding) is None
