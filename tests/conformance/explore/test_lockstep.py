@@ -845,3 +845,28 @@ def test_conform_counts_the_later_effects_of_upstreams_unlock_after_a_split():
     unsplit = [s for s in trace.steps if s["op"] != "match_prefix"]
     for finding in (taken, crash):
         assert documented_difference(labels, trace.config, unsplit, finding) is None
+
+
+def test_conform_counts_upstreams_unlock_after_an_insert_revived_the_split_part():
+    """conform spec,upstream on hicache-wb-p1, seed 2031 (shrunk to 16 steps): a lock on an
+    evicted node; an insert splits it and puts the upper part back on the device, a second
+    lock holds that part; the first lock's unlock in 0.5.13.post1 takes the second lock's
+    count (lock_ref 0 where the spec keeps 1).  conform counts it; without the splits after
+    the lock, not."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions",
+        "upstream-hicache-wb-p1-unlock-takes-a-lock-after-insert-revives-split-part.jsonl"))
+    (first_lock, _), unlock = [s["i"] for s in trace.steps if s["op"] == "lock"], \
+        next(s["i"] for s in trace.steps if s["op"] == "unlock")
+    taken = Finding(DIVERGENCE, unlock, "unlock", "snapshot",
+                    "nodes[extra_key='a' tokens=[3]].lock_ref", {"spec": 1, "upstream": 0},
+                    ("spec", "upstream"))
+    labels = ["spec", "upstream"]
+    assert documented_difference(labels, trace.config, trace.steps, taken)
+    unsplit = [s for s in trace.steps
+               if s["i"] <= first_lock or s["op"] not in ("insert", "match_prefix", "lock")]
+    assert documented_difference(labels, trace.config, unsplit, taken) is None
