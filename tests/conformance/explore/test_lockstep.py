@@ -856,7 +856,7 @@ def test_conform_counts_upstreams_unlock_after_an_insert_revived_the_split_part(
     from conftest import CORPUS
     from uniradix.conformance.explore.conform import documented_difference
     from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
-    from uniradix.conformance.traces.trace import Trace, load_trace
+    from uniradix.conformance.traces.trace import load_trace
     trace = load_trace(os.path.join(
         CORPUS, "regressions",
         "upstream-hicache-wb-p1-unlock-takes-a-lock-after-insert-revives-split-part.jsonl"))
