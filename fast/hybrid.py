@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat, host_full, keys, one_aux, policies
+from . import compat, host_aux, host_full, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache, _match_result
 from .components import AuxComponent, AuxData
@@ -88,6 +88,11 @@ FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast",
 _HOST_FULL_HOOKS = ("_touch", "_stamp", "_push_if_leaf", "_split",
                     "_cut", "_unevict", "_new_node", "_stamp_tiered_path", "_indices", "_free",
                     "_units", "_insert", "match_prefix")
+
+# the hooks fast/host_aux.py's lock paths stand for (through fast/one_aux.py's), as this class
+# has them (a subclass that overrides one runs the general paths)
+_HOST_AUX_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lock",
+                   "_push_if_leaf", "_check_attached")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -223,7 +228,7 @@ class HybridRadixCache(UnifiedRadixCache):
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
         and the ``lru`` order (what those paths assume); else the general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
-        self._evict_fast = self._dec_lock_host = None
+        self._evict_fast = self._dec_lock_host = self._one_aux = None
         cls_ = type(self)
         # the general insert's walk touches each node inline (``_touch``, ``_stamp`` and
         # ``_push_if_leaf`` as this class has them: a policy pushes its own key, a subclass
@@ -248,6 +253,16 @@ class HybridRadixCache(UnifiedRadixCache):
             self._insert_fast = host_full.insert_host
             self._inc_lock_fast = host_full.inc_lock_host
             self._dec_lock_host = host_full.dec_lock_host
+            return
+        if self.tier is not None and len(self.components) == 1 and self._policy_key is None \
+                and type(self.components[0]) in (SwaComponent, MambaComponent) and all(
+                    getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_AUX_HOOKS):
+            # one stock aux component over the host tier: its locks where the host tier makes
+            # no difference (fast/host_aux.py, through fast/one_aux.py's lock paths)
+            one = self.components[0]
+            self._one_aux = (one, type(one) is SwaComponent, one.component_id)
+            self._inc_lock_fast = host_aux.inc_lock_host_aux
+            self._dec_lock_host = host_aux.dec_lock_host_aux
             return
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
@@ -814,9 +829,11 @@ class HybridRadixCache(UnifiedRadixCache):
         its own part (SWA: one window of SWA data above the node, tombstones skipped, marking
         where the window filled up; Mamba: the node's state).  Skipped nodes are remembered in
         the result (pass ``to_dec_params()`` back)."""
-        fast = self._inc_lock_fast  # (one component, no host tier: fast/one_aux.py)
-        if fast is not None:
-            return fast(self, node)
+        fast = self._inc_lock_fast  # (a specialised path: fast/one_aux.py, host_full.py,
+        if fast is not None:        # host_aux.py; None from it: the general path answers)
+            done = fast(self, node)
+            if done is not None:
+                return done
         self._check_attached(node)
         tier = self.tier
         result = api.IncLockRefResult() if tier is None else HostIncLockRefResult()
@@ -844,7 +861,7 @@ class HybridRadixCache(UnifiedRadixCache):
         fast = self._dec_lock_fast  # (one component, no host tier: fast/one_aux.py)
         if fast is not None and (params is None or params.__class__ is api.DecLockRefParams):
             return fast(self, node, params)
-        host = self._dec_lock_host  # (Full over a host tier: fast/host_full.py)
+        host = self._dec_lock_host  # (a host tier: fast/host_full.py, fast/host_aux.py)
         if host is not None:
             done = host(self, node, params)
             if done is not None:
