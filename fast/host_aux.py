@@ -1,6 +1,7 @@
 """Lock paths of the composed tree (fast/hybrid.py) with a host tier and exactly one aux
 component (the stock SWA or Mamba plug-in), the ``lru`` eviction order: ``inc_lock_host_aux``
-and ``dec_lock_host_aux``.
+and ``dec_lock_host_aux``, and ``write_lock`` (the write-through
+backup's lock, ``HostTier.write_backup``).
 
 They hand the call to fast/one_aux.py's lock paths (``inc_lock_one`` / ``dec_lock_one``, with
 their C twins ``clock_inc`` / ``clock_dec``), which are the general paths written out for one
@@ -51,6 +52,19 @@ def inc_lock_host_aux(cache: Any, node: Any) -> HostIncLockRefResult | None:
         return None
     r = one_aux.inc_lock_one(cache, node)
     return HostIncLockRefResult(r.delta, r.swa_uuid_for_lock, r.swa_uuid_for_host_lock,
+                                r.skip_lock_node_ids, node)
+
+
+def write_lock(cache: Any, node: Any) -> HostDecLockRefParams | None:
+    """``cache.inc_lock_ref(node).to_dec_params()`` where ``inc_lock_host_aux`` answers: the
+    lock a write-through backup of ``node`` (attached, with device data) holds until its ack,
+    its params made from ``inc_lock_one``'s result at once (that result is dropped, so its
+    skip sets need no copy).  None, before anything changes, where it declines."""
+    if node.__class__ is not Node or cache.disable or node.value is None \
+            or node.parent is None:
+        return None
+    r = one_aux.inc_lock_one(cache, node)
+    return HostDecLockRefParams(r.swa_uuid_for_lock, r.swa_uuid_for_host_lock,
                                 r.skip_lock_node_ids, node)
 
 

@@ -219,7 +219,9 @@ class HybridRadixCache(UnifiedRadixCache):
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
     _evict_fast: Any = None
-    _dec_lock_host: Any = None  # fast/host_full.py's unlock (None where it declines)
+    _dec_lock_host: Any = None  # fast/host_full.py's or host_aux.py's unlock
+    # fast/host_aux.py's write-through lock (``HostTier.write_backup``; None: inc_lock_ref's)
+    _write_lock: Any = None
     _inline_touch = False  # see ``_pick_fast_paths``
     _pair: tuple[int, int, int] | None = None  # see ``_pick_fast_paths``
 
@@ -228,7 +230,7 @@ class HybridRadixCache(UnifiedRadixCache):
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
         and the ``lru`` order (what those paths assume); else the general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
-        self._evict_fast = self._dec_lock_host = self._one_aux = None
+        self._evict_fast = self._dec_lock_host = self._one_aux = self._write_lock = None
         cls_ = type(self)
         # the general insert's walk touches each node inline (``_touch``, ``_stamp`` and
         # ``_push_if_leaf`` as this class has them: a policy pushes its own key, a subclass
@@ -263,6 +265,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self._one_aux = (one, type(one) is SwaComponent, one.component_id)
             self._inc_lock_fast = host_aux.inc_lock_host_aux
             self._dec_lock_host = host_aux.dec_lock_host_aux
+            self._write_lock = host_aux.write_lock
             return
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
