@@ -1,5 +1,6 @@
-"""Lock paths of the composed tree (fast/hybrid.py) with a host tier and exactly one aux
-component (the stock SWA or Mamba plug-in), the ``lru`` eviction order: ``inc_lock_host_aux``
+"""Paths of the composed tree (fast/hybrid.py) with a host tier and exactly one aux component
+(the stock SWA or Mamba plug-in), the ``lru`` eviction order, plain keys: ``match_host_aux``
+(the general match with the validators written out, below) and the locks ``inc_lock_host_aux``
 and ``dec_lock_host_aux``, and ``write_lock`` (the write-through
 backup's lock, ``HostTier.write_backup``).
 
@@ -33,12 +34,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import one_aux
+from . import keys, one_aux
+from .cache import _match_result
 from .node import Node
-from .params import DecLockRefParams, DecLockRefResult
+from .params import DecLockRefParams, DecLockRefResult, MatchResult
 from .tiers.host import HostDecLockRefParams, HostIncLockRefResult
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
+_INF = float("inf")
 
 
 def inc_lock_host_aux(cache: Any, node: Any) -> HostIncLockRefResult | None:
@@ -82,3 +85,100 @@ def dec_lock_host_aux(cache: Any, node: Any, params: Any) -> DecLockRefResult | 
         return None
     return one_aux.dec_lock_one(cache, node, DecLockRefParams(
         params.swa_uuid_for_lock, params.swa_uuid_for_host_lock, skips))
+
+
+def match_host_aux(cache: Any, params: Any) -> MatchResult | None:
+    """``HybridRadixCache.match_prefix`` with a host tier and one stock aux component, its
+    validators written out: the walk through device nodes and evicted nodes with a host copy
+    (split at a partial match through ``_split``); the match ends at the deepest node the host
+    validator accepts (SWA: a run of one window of SWA data on the device or the host, restarted
+    at a node with neither; Mamba: a state on the device or the host), its device part at the
+    deepest node with device data the device validator accepts (SWA data, a state on the
+    device).  Both validators see every node of the walk, as the general path calls them.
+    Then the component's list moves (``path_to_front``), the stamps (``_stamp_tiered_path``)
+    and the host hits as there.  None, before anything changes, for a disabled cache, an EAGLE
+    bigram key and a copy-on-write Mamba match."""
+    if cache.disable or getattr(params, "cow_mamba", False):
+        return None
+    units, ek, bigram = one_aux._key_parts(params.key)
+    if bigram:
+        return None
+    root = cache.root_node
+    ps = cache.page_size
+    n = len(units)
+    n -= n % ps
+    if n == 0:
+        return _match_result((cache._empty, root, root, root, 0, 0, 0, None, None))
+    comp, is_swa, _ = cache._one_aux
+    window = comp.window if is_swa else 0
+    node, pos, chunks = root, 0, []
+    best = best_device = root
+    best_chunks = 0
+    host_run = dev_run = _INF  # (SWA: the contiguous units each validator has counted)
+    step = keys.match_step
+    split_at = cache._split
+    while pos < n:
+        child, k, split = step(node.children, units, pos, n, ps, ek)
+        if child is None or (child.value is None and child.host_value is None):
+            break
+        if split:
+            child = split_at(child, k)
+        value = child.value
+        if value is not None:
+            chunks.append(value)
+        node, pos = child, pos + k
+        rec = child.aux[0]
+        if is_swa:
+            if rec.value is None:
+                dev_run = 0
+                dev_ok = False
+                if rec.host_value is None:
+                    host_run = 0
+                else:
+                    host_run += k
+                    if host_run >= window:
+                        best = child
+            else:
+                host_run += k
+                if host_run >= window:
+                    best = child
+                dev_run += k
+                dev_ok = dev_run >= window
+        elif rec.value is None:
+            dev_ok = False
+            if rec.host_value is not None:
+                best = child
+        else:
+            best = child
+            dev_ok = True
+        if dev_ok and value is not None:
+            best_device, best_chunks = child, len(chunks)
+        if split:  # the match ends inside the old node
+            break
+    # (``path_to_front(best)``)
+    lru = comp.lru
+    prev = lru.head
+    cur: Any = best
+    while cur is not root:
+        rec = cur.aux[0]
+        if rec.value is not None:
+            lru.move_after(prev, rec)
+            prev = rec
+        cur = cur.parent
+    if best_chunks == 0:  # (``_indices``)
+        indices = cache._empty
+    elif best_chunks == 1:
+        indices = chunks[0]
+    else:
+        indices = cache._indices(chunks if best_chunks == len(chunks) else chunks[:best_chunks])
+    cache._stamp_tiered_path(best)
+    swa_hit = mamba_hit = 0
+    if best is not root:
+        if is_swa:
+            swa_hit = comp.host_hit(best)
+        else:  # (``wants_load_back``: the state on the host only)
+            rec = best.aux[0]
+            mamba_hit = 1 if rec.value is None and rec.host_value is not None else 0
+    host_hit = cache.tier.host_hit(best, best_device) if best is not best_device else 0
+    return _match_result((indices, best_device, best, best, host_hit, swa_hit, mamba_hit,
+                          None, None))

@@ -94,6 +94,9 @@ _HOST_FULL_HOOKS = ("_touch", "_stamp", "_push_if_leaf", "_split",
 _HOST_AUX_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lock",
                    "_push_if_leaf", "_check_attached")
 
+# the hooks fast/host_aux.py's match calls or writes out, as this class has them
+_HOST_AUX_MATCH_HOOKS = ("match_prefix", "_split", "_indices", "_stamp_tiered_path", "_units")
+
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
 
@@ -266,6 +269,9 @@ class HybridRadixCache(UnifiedRadixCache):
             self._inc_lock_fast = host_aux.inc_lock_host_aux
             self._dec_lock_host = host_aux.dec_lock_host_aux
             self._write_lock = host_aux.write_lock
+            if not self.is_eagle and all(getattr(cls_, m) is getattr(HybridRadixCache, m)
+                                         for m in _HOST_AUX_MATCH_HOOKS):
+                self._match_fast = host_aux.match_host_aux
             return
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return

@@ -1,12 +1,12 @@
-"""fast/host_aux.py: the lock paths of a host tier with one aux component (SWA or Mamba) against
-the general paths they stand for.
+"""fast/host_aux.py: the match and lock paths of a host tier with one aux component (SWA or
+Mamba) against the general paths they stand for.
 
 Two fast adapters over the same recorded workload in lockstep: one cache runs the paths
 ``HybridRadixCache`` picks at construction, the other has them switched off before every step.
 Every step's observations, snapshots and invariants must agree, and the two Full eviction heaps
-must hold the same entries.  The workload's locks and unlocks (the requests' and the
-write-through backups' until their acks) must have been answered by the specialised paths
-often, and declined (evicted nodes) too where the workload has them."""
+must hold the same entries.  The workload's matches, locks and unlocks (the requests'
+and the write-through backups' until their acks) must have been answered by the specialised
+paths often."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from uniradix.fast import host_aux
 from uniradix.fast.errors import HandleError
 from uniradix.fast.hicache import HostDecLockRefParams
 
-_SWITCHED = ("_inc_lock_fast", "_dec_lock_host", "_write_lock")
+_SWITCHED = ("_match_fast", "_inc_lock_fast", "_dec_lock_host", "_write_lock")
 
 
 def _general(adapter):
@@ -43,7 +43,7 @@ def _counted(monkeypatch) -> dict:
     """Count the specialised paths' answers and declines (set before the caches are built:
     ``_pick_fast_paths`` takes the functions then)."""
     seen = {"inc": 0, "inc_declined": 0, "dec": 0, "dec_declined": 0, "write": 0,
-            "write_declined": 0}
+            "write_declined": 0, "match": 0, "match_declined": 0}
 
     def wrap(name, fn):
         def call(*args):
@@ -54,6 +54,7 @@ def _counted(monkeypatch) -> dict:
     monkeypatch.setattr(host_aux, "inc_lock_host_aux", wrap("inc", host_aux.inc_lock_host_aux))
     monkeypatch.setattr(host_aux, "dec_lock_host_aux", wrap("dec", host_aux.dec_lock_host_aux))
     monkeypatch.setattr(host_aux, "write_lock", wrap("write", host_aux.write_lock))
+    monkeypatch.setattr(host_aux, "match_host_aux", wrap("match", host_aux.match_host_aux))
     return seen
 
 
@@ -74,7 +75,7 @@ def test_host_aux_locks_equal_the_general_paths(name, seed, monkeypatch):
 
     ops = set(replay_twins(ls, steps, same_heaps))
     assert {"lock", "unlock", "insert", "evict"} <= ops, ops
-    assert seen["inc"] > 20 and seen["dec"] > 20, seen
+    assert seen["inc"] > 20 and seen["dec"] > 20 and seen["match"] > 30, seen
     if "-wt-" in name:  # (write-back's backups at eviction take no lock)
         assert seen["write"] > 10, seen
 

@@ -66,9 +66,9 @@ def test_other_shapes_run_the_general_paths(name):
     cache = make_adapter("fast", make_config(name, 1)).cache
     # (Full alone over a host tier: fast/host_full.py's match and insert,
     # tests/fast/test_host_fast_paths.py)
-    # (one aux component over a host tier: fast/host_aux.py's locks,
+    # (one aux component over a host tier: fast/host_aux.py's match and locks,
     # tests/fast/test_host_aux_paths.py)
     special = {"_match_fast", "_insert_fast", "_inc_lock_fast"} if name == "hicache-wt-p1" \
-        else {"_inc_lock_fast"} if name == "host-swa-wt-p1" else set()
+        else {"_match_fast", "_inc_lock_fast"} if name == "host-swa-wt-p1" else set()
     assert all((getattr(cache, n, None) is None) == (n not in special) for n in FAST_PATHS)
     assert (cache._dec_lock_host is not None) == bool(special)
