@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import keys, one_aux
+from . import host_full, keys, one_aux
 from .cache import _match_result
 from .node import Node
 from .params import DecLockRefParams, DecLockRefResult, MatchResult
@@ -100,15 +100,12 @@ def match_host_aux(cache: Any, params: Any) -> MatchResult | None:
     bigram key and a copy-on-write Mamba match."""
     if cache.disable or getattr(params, "cow_mamba", False):
         return None
-    units, ek, bigram = one_aux._key_parts(params.key)
-    if bigram:
-        return None
+    parts = host_full.match_key(cache, params)
+    if parts is None or isinstance(parts, MatchResult):
+        return parts
+    units, ek, n = parts
     root = cache.root_node
     ps = cache.page_size
-    n = len(units)
-    n -= n % ps
-    if n == 0:
-        return _match_result((cache._empty, root, root, root, 0, 0, 0, None, None))
     comp, is_swa, _ = cache._one_aux
     window = comp.window if is_swa else 0
     node, pos, chunks = root, 0, []

@@ -231,7 +231,10 @@ class HybridRadixCache(UnifiedRadixCache):
     def _pick_fast_paths(self) -> None:
         """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
-        and the ``lru`` order (what those paths assume); else the general ones."""
+        and the ``lru`` order (what those paths assume); with a host tier, fast/host_full.py's
+        for the Full component alone and fast/host_aux.py's (match and locks) for one stock
+        aux component, each under the same conditions on the hooks and the order; else the
+        general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
         self._evict_fast = self._dec_lock_host = self._one_aux = self._write_lock = None
         cls_ = type(self)

@@ -11,7 +11,7 @@ paths often."""
 from __future__ import annotations
 
 import pytest
-from test_one_aux import heap_entries
+from test_one_aux import general_paths, heap_entries
 
 from stories import replay_twins
 from uniradix import fast
@@ -23,20 +23,6 @@ from uniradix.fast.errors import HandleError
 from uniradix.fast.hicache import HostDecLockRefParams
 
 _SWITCHED = ("_match_fast", "_inc_lock_fast", "_dec_lock_host", "_write_lock")
-
-
-def _general(adapter):
-    """``adapter`` with its cache's host-aux lock paths switched off before every step (a
-    reset step builds a new cache)."""
-    apply = adapter.apply
-
-    def apply_general(step):
-        for name in _SWITCHED:
-            setattr(adapter.cache, name, None)
-        return apply(step)
-
-    adapter.apply = apply_general
-    return adapter
 
 
 def _counted(monkeypatch) -> dict:
@@ -66,7 +52,7 @@ def test_host_aux_locks_equal_the_general_paths(name, seed, monkeypatch):
     config = make_config(name, seed)
     steps = record(make_adapter("fast", config), config, seed, 300, check_violations=False)
     seen = _counted(monkeypatch)
-    special, general = make_adapter("fast", config), _general(make_adapter("fast", config))
+    special, general = make_adapter("fast", config), general_paths(make_adapter("fast", config), _SWITCHED)
     assert special.cache._inc_lock_fast is not None and special.cache._dec_lock_host is not None
     ls = Lockstep([special, general], ["host-aux paths", "general paths"], events=False)
 

@@ -29,13 +29,13 @@ def heap_entries(cache: HybridRadixCache) -> list:
     return sorted((stamp, path(node)) for stamp, node in cache._heap)
 
 
-def general_paths(adapter):
-    """``adapter`` with its cache's fast paths switched off before every step (a reset step
-    builds a new cache)."""
+def general_paths(adapter, names=FAST_PATHS):
+    """``adapter`` with its cache's fast paths (the attributes ``names``) switched off before
+    every step (a reset step builds a new cache)."""
     apply = adapter.apply
 
     def apply_general(step):
-        for name in FAST_PATHS:
+        for name in names:
             setattr(adapter.cache, name, None)
         return apply(step)
 
