@@ -1,10 +1,10 @@
 """Paths of the composed tree (fast/hybrid.py) with a host tier and exactly one aux component
 (the stock SWA or Mamba plug-in), the ``lru`` eviction order, plain keys: ``match_host_aux``
 (the general match with the validators written out, below) and the locks ``inc_lock_host_aux``
-and ``dec_lock_host_aux``, and ``write_lock`` (the write-through
-backup's lock, ``HostTier.write_backup``).
+and ``dec_lock_host_aux``, and ``write_lock`` (the write-through backup's lock,
+``HostTier.write_backup``).
 
-They hand the call to fast/one_aux.py's lock paths (``inc_lock_one`` / ``dec_lock_one``, with
+The locks hand the call to fast/one_aux.py's lock paths (``inc_lock_one`` / ``dec_lock_one``, with
 their C twins ``clock_inc`` / ``clock_dec``), which are the general paths written out for one
 aux component without a host tier, wherever the host tier makes no difference to the call, and
 decline (return None having changed nothing, the general path then runs) everywhere else.  Why
@@ -26,8 +26,9 @@ the calls they answer are the same as the general path's:
 
 An evicted node (its lock skips the evicted bottom segment and anchors above it), a detached
 node, a disabled cache and any other params go to the general path.  ``HybridRadixCache.
-_pick_fast_paths`` picks these once at construction; tests/fast/test_host_aux_paths.py drives
-them and the general paths through the same random steps and compares the trees step by step.
+_pick_fast_paths`` picks these once at construction (the match only for plain keys, with the
+hooks it calls as the class has them); tests/fast/test_host_aux_paths.py drives them and the
+general paths through the same recorded steps in lockstep and compares the trees step by step.
 """
 
 from __future__ import annotations
