@@ -182,6 +182,22 @@ def insert_host(cache: Any, params: Any) -> InsertResult | None:
 # ----------------------------------------------------------------------------------------------
 
 
+def match_key(cache: Any, params: Any) -> tuple[Any, Any, int] | MatchResult | None:
+    """A host-tier match's key as the fast paths read it (``one_aux._key_parts``): (units,
+    extra key, whole-page length); the general path's empty result for a key shorter than a
+    page; None for an EAGLE bigram key (the general path answers it).  (fast/host_aux.py's
+    match reads its key here too.)"""
+    units, ek, bigram = _key_parts(params.key)
+    if bigram:
+        return None
+    n = len(units)
+    n -= n % cache.page_size
+    if n == 0:
+        root = cache.root_node
+        return _match_result((cache._empty, root, root, root, 0, 0, 0, None, None))
+    return units, ek, n
+
+
 def match_host(cache: Any, params: Any) -> MatchResult | None:
     """``HybridRadixCache.match_prefix`` for Full over a host tier: the walk through device
     nodes and evicted nodes with a host copy (splitting at a partial match through the cache's
@@ -192,15 +208,12 @@ def match_host(cache: Any, params: Any) -> MatchResult | None:
     changes, for a disabled cache and an EAGLE bigram key."""
     if cache.disable:
         return None
-    units, ek, bigram = _key_parts(params.key)
-    if bigram:
-        return None
+    parts = match_key(cache, params)
+    if parts is None or isinstance(parts, MatchResult):
+        return parts
+    units, ek, n = parts
     root = cache.root_node
     ps = cache.page_size
-    n = len(units)
-    n -= n % ps
-    if n == 0:
-        return _match_result((cache._empty, root, root, root, 0, 0, 0, None, None))
     node, pos, chunks = root, 0, []
     last_device = root
     step = keys.match_step

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat, host_full, keys, one_aux, policies
+from . import compat, host_aux, host_full, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache, _match_result
 from .components import AuxComponent, AuxData
@@ -88,6 +88,14 @@ FAST_PATHS = ("_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast",
 _HOST_FULL_HOOKS = ("_touch", "_stamp", "_push_if_leaf", "_split",
                     "_cut", "_unevict", "_new_node", "_stamp_tiered_path", "_indices", "_free",
                     "_units", "_insert", "match_prefix")
+
+# the hooks fast/host_aux.py's lock paths stand for (through fast/one_aux.py's), as this class
+# has them (a subclass that overrides one runs the general paths)
+_HOST_AUX_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lock",
+                   "_push_if_leaf", "_check_attached")
+
+# the hooks fast/host_aux.py's match calls or writes out, as this class has them
+_HOST_AUX_MATCH_HOOKS = ("match_prefix", "_split", "_indices", "_stamp_tiered_path", "_units")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -214,16 +222,21 @@ class HybridRadixCache(UnifiedRadixCache):
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
     _evict_fast: Any = None
-    _dec_lock_host: Any = None  # fast/host_full.py's unlock (None where it declines)
+    _dec_lock_host: Any = None  # fast/host_full.py's or host_aux.py's unlock
+    # fast/host_aux.py's write-through lock (``HostTier.write_backup``; None: inc_lock_ref's)
+    _write_lock: Any = None
     _inline_touch = False  # see ``_pick_fast_paths``
     _pair: tuple[int, int, int] | None = None  # see ``_pick_fast_paths``
 
     def _pick_fast_paths(self) -> None:
         """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
         component, the stock SWA or Mamba plug-in with its hooks as they are, no host tier
-        and the ``lru`` order (what those paths assume); else the general ones."""
+        and the ``lru`` order (what those paths assume); with a host tier, fast/host_full.py's
+        for the Full component alone and fast/host_aux.py's (match and locks) for one stock
+        aux component, each under the same conditions on the hooks and the order; else the
+        general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
-        self._evict_fast = self._dec_lock_host = None
+        self._evict_fast = self._dec_lock_host = self._one_aux = self._write_lock = None
         cls_ = type(self)
         # the general insert's walk touches each node inline (``_touch``, ``_stamp`` and
         # ``_push_if_leaf`` as this class has them: a policy pushes its own key, a subclass
@@ -248,6 +261,20 @@ class HybridRadixCache(UnifiedRadixCache):
             self._insert_fast = host_full.insert_host
             self._inc_lock_fast = host_full.inc_lock_host
             self._dec_lock_host = host_full.dec_lock_host
+            return
+        if self.tier is not None and len(self.components) == 1 and self._policy_key is None \
+                and type(self.components[0]) in (SwaComponent, MambaComponent) and all(
+                    getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_AUX_HOOKS):
+            # one stock aux component over the host tier: its locks where the host tier makes
+            # no difference (fast/host_aux.py, through fast/one_aux.py's lock paths)
+            one = self.components[0]
+            self._one_aux = (one, type(one) is SwaComponent, one.component_id)
+            self._inc_lock_fast = host_aux.inc_lock_host_aux
+            self._dec_lock_host = host_aux.dec_lock_host_aux
+            self._write_lock = host_aux.write_lock
+            if not self.is_eagle and all(getattr(cls_, m) is getattr(HybridRadixCache, m)
+                                         for m in _HOST_AUX_MATCH_HOOKS):
+                self._match_fast = host_aux.match_host_aux
             return
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
@@ -814,9 +841,11 @@ class HybridRadixCache(UnifiedRadixCache):
         its own part (SWA: one window of SWA data above the node, tombstones skipped, marking
         where the window filled up; Mamba: the node's state).  Skipped nodes are remembered in
         the result (pass ``to_dec_params()`` back)."""
-        fast = self._inc_lock_fast  # (one component, no host tier: fast/one_aux.py)
-        if fast is not None:
-            return fast(self, node)
+        fast = self._inc_lock_fast  # (a specialised path: fast/one_aux.py, host_full.py,
+        if fast is not None:        # host_aux.py; None from it: the general path answers)
+            done = fast(self, node)
+            if done is not None:
+                return done
         self._check_attached(node)
         tier = self.tier
         result = api.IncLockRefResult() if tier is None else HostIncLockRefResult()
@@ -844,7 +873,7 @@ class HybridRadixCache(UnifiedRadixCache):
         fast = self._dec_lock_fast  # (one component, no host tier: fast/one_aux.py)
         if fast is not None and (params is None or params.__class__ is api.DecLockRefParams):
             return fast(self, node, params)
-        host = self._dec_lock_host  # (Full over a host tier: fast/host_full.py)
+        host = self._dec_lock_host  # (a host tier: fast/host_full.py, fast/host_aux.py)
         if host is not None:
             done = host(self, node, params)
             if done is not None:

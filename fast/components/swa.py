@@ -319,9 +319,11 @@ class SwaComponent(AuxComponent):
         if rec.value is None or rec.host_value is not None:
             return True
         pool, n = self.host_allocator, len(rec.value)
-        if pool.available_size() < n:
+        avail = pool.available_size()
+        if avail < n:
             self.evict_swa_host(n)
-        slots = pool.alloc(n) if pool.available_size() >= n else None
+            avail = pool.available_size()  # (asked again only where room was made)
+        slots = pool.alloc(n) if avail >= n else None
         if slots is None:
             return False
         # as the Full backup (fast/tiers/host.py): a view of the pool's free list (sglang's

@@ -730,7 +730,11 @@ class HostTier:
         if write_back:
             lock = None
         elif cache.components or cache.disable:
-            lock = cache.inc_lock_ref(node).to_dec_params()
+            # (one aux component: the lock's params made at once, fast/host_aux.py)
+            write_lock = cache._write_lock
+            lock = write_lock(cache, node) if write_lock is not None else None
+            if lock is None:
+                lock = cache.inc_lock_ref(node).to_dec_params()
         else:
             lock = self._full_write_lock(node)
         self.ongoing_write_through[node.id] = _in_flight((node, lock))

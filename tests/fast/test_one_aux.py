@@ -29,13 +29,13 @@ def heap_entries(cache: HybridRadixCache) -> list:
     return sorted((stamp, path(node)) for stamp, node in cache._heap)
 
 
-def general_paths(adapter):
-    """``adapter`` with its cache's fast paths switched off before every step (a reset step
-    builds a new cache)."""
+def general_paths(adapter, names=FAST_PATHS):
+    """``adapter`` with its cache's fast paths (the attributes ``names``) switched off before
+    every step (a reset step builds a new cache)."""
     apply = adapter.apply
 
     def apply_general(step):
-        for name in FAST_PATHS:
+        for name in names:
             setattr(adapter.cache, name, None)
         return apply(step)
 
@@ -66,7 +66,9 @@ def test_other_shapes_run_the_general_paths(name):
     cache = make_adapter("fast", make_config(name, 1)).cache
     # (Full alone over a host tier: fast/host_full.py's match and insert,
     # tests/fast/test_host_fast_paths.py)
-    host_full = {"_match_fast", "_insert_fast", "_inc_lock_fast"} if name == "hicache-wt-p1" \
-        else set()
-    assert all((getattr(cache, n, None) is None) == (n not in host_full) for n in FAST_PATHS)
-    assert (cache._dec_lock_host is not None) == bool(host_full)
+    # (one aux component over a host tier: fast/host_aux.py's match and locks,
+    # tests/fast/test_host_aux_paths.py)
+    special = {"_match_fast", "_insert_fast", "_inc_lock_fast"} if name == "hicache-wt-p1" \
+        else {"_match_fast", "_inc_lock_fast"} if name == "host-swa-wt-p1" else set()
+    assert all((getattr(cache, n, None) is None) == (n not in special) for n in FAST_PATHS)
+    assert (cache._dec_lock_host is not None) == bool(special)
