@@ -273,6 +273,28 @@ def _spec_state_before(trace: Trace, step_i: int) -> tuple[Any, dict] | None:
     return None if found is None else (found[0].state, found[1])
 
 
+def _spec_node(state: Any, ref: Any) -> Any:
+    """The spec's node at path ``ref`` (``{"tokens", "extra_key"}``) in ``state``, or None."""
+    from uniradix.spec import cache as rules
+    from uniradix.spec.errors import CacheError
+    if not isinstance(ref, dict):
+        return None
+    try:
+        return rules.find_node(state, ref.get("tokens", []), ref.get("extra_key"))
+    except CacheError:
+        return None
+
+
+def _load_back_before(trace: Trace, step_i: int) -> tuple[Any, dict, Any] | None:
+    """For a ``load_back`` step ``step_i``: the spec adapter before it, the step and the node
+    it loads (None where that is no node); None for any other step."""
+    found = _spec_adapter_before(trace, step_i)
+    if found is None or found[1]["op"] != "load_back":
+        return None
+    adapter, step = found
+    return adapter, step, _spec_node(adapter.state, step.get("args", {}).get("node") or {})
+
+
 def swa_skipped_leaf_keeps_state(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert, with SWA and Mamba, whose new leaf
     SWA's skip rule does not create (the whole rest of the key lies before the caller's window,
@@ -299,8 +321,6 @@ def host_lock_on_host_only_aux(trace: Trace, step_i: int) -> bool:
     it: after such a lock 0.5.13.post1's own sanity check fails (its Mamba host LRU list no
     longer holds the locked state; docs/SPEC.md, "Host locks"), while the spec's lock is
     sound."""
-    from uniradix.spec import cache as rules
-    from uniradix.spec.errors import CacheError
     if not trace.config.host_slots or len(trace.config.components) < 2:
         return False
     found = _spec_state_before(trace, step_i)
@@ -308,9 +328,8 @@ def host_lock_on_host_only_aux(trace: Trace, step_i: int) -> bool:
         return False
     state, step = found
     ref = step.get("args", {}).get("node") or {}
-    try:
-        node = rules.find_node(state, ref.get("tokens", []), ref.get("extra_key"))
-    except CacheError:
+    node = _spec_node(state, ref)
+    if node is None:
         return False
     return any(d is not None and d.value is None and d.host_value is not None
                for d in node.aux.values())
@@ -324,8 +343,6 @@ def host_locked_state_listed(trace: Trace, step_i: int, listed: Any,
     data of that component is on the host only and host-locked.  The spec keeps host-locked
     data out of the host LRU lists (upstream's own host lock takes it out); 0.5.13.post1's
     evict puts host-locked data that becomes host-only back in (docs/SPEC.md, "Host locks")."""
-    from uniradix.spec import cache as rules
-    from uniradix.spec.errors import CacheError
     if not isinstance(listed, dict) or component not in trace.config.components \
             or not trace.config.host_slots:
         return False
@@ -334,9 +351,8 @@ def host_locked_state_listed(trace: Trace, step_i: int, listed: Any,
         return False
     adapter, step = found
     adapter.apply(step)
-    try:
-        node = rules.find_node(adapter.state, listed.get("tokens", []), listed.get("extra_key"))
-    except CacheError:
+    node = _spec_node(adapter.state, listed)
+    if node is None:
         return False
     d = node.aux.get(component)
     return d is not None and d.value is None and d.host_value is not None \
@@ -352,32 +368,22 @@ def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
     ``TypeError``), with only a Mamba state gone it loads that state from a host slot another
     node holds by then (docs/SPEC.md, "HiCache", the shared defects, and "A Mamba load back with
     no device state to be had")."""
-    from uniradix.spec import cache as rules
-    from uniradix.spec.errors import CacheError
     if not trace.config.host_slots:
         return False
     mamba = "mamba" in trace.config.components
 
-    def host_state(state: Any, ref: dict) -> bool:
-        try:
-            node = rules.find_node(state, ref.get("tokens", []), ref.get("extra_key"))
-        except CacheError:
-            return False
-        d = node.aux.get("mamba")
-        return node.host_value is not None and (not mamba or (d is not None
-                                                               and d.host_value is not None))
+    def host_state(node: Any) -> bool:
+        d = None if node is None else node.aux.get("mamba")
+        return node is not None and node.host_value is not None \
+            and (not mamba or (d is not None and d.host_value is not None))
 
-    found = _spec_adapter_before(trace, step_i)
-    if found is None:
+    found = _load_back_before(trace, step_i)
+    if found is None or not host_state(found[2]):
         return False
-    adapter, step = found
-    if step["op"] != "load_back":
-        return False
-    ref = step.get("args", {}).get("node") or {}
-    if not host_state(adapter.state, ref):
-        return False
+    adapter, step, _ = found
     obs = adapter.apply(step)
-    return obs.get("device_indices") == [] and not host_state(adapter.state, ref)
+    ref = step.get("args", {}).get("node") or {}
+    return obs.get("device_indices") == [] and not host_state(_spec_node(adapter.state, ref))
 
 
 def load_back_without_a_state_slot(trace: Trace, step_i: int) -> bool:
@@ -388,19 +394,10 @@ def load_back_without_a_state_slot(trace: Trace, step_i: int) -> bool:
     for load_back``; docs/SPEC.md, "A Mamba load back with no device state to be had")."""
     if "mamba" not in trace.config.components or not trace.config.host_slots:
         return False
-    found = _spec_adapter_before(trace, step_i)
-    if found is None:
+    found = _load_back_before(trace, step_i)
+    if found is None or found[2] is None:
         return False
-    adapter, step = found
-    if step["op"] != "load_back":
-        return False
-    from uniradix.spec import cache as rules
-    from uniradix.spec.errors import CacheError
-    ref = step.get("args", {}).get("node") or {}
-    try:
-        node = rules.find_node(adapter.state, ref.get("tokens", []), ref.get("extra_key"))
-    except CacheError:
-        return False
+    adapter, step, node = found
     d = node.aux.get("mamba")
     if d is None or d.value is not None or d.host_value is None:
         return False
@@ -473,8 +470,6 @@ def unlock_left_a_device_leaf_out(trace: Trace, step_i: int, listed: Any) -> boo
     component still holds its lock, so the node stays out of its evictable leaf set, and the
     final re-check covers only the evicted node; the spec lists the node as the device leaf it
     is (docs/SPEC.md, "HiCache", the shared defects)."""
-    from uniradix.spec import cache as rules
-    from uniradix.spec.errors import CacheError
     comps = trace.config.components
     if not isinstance(listed, dict) or "swa" not in comps or not trace.config.host_slots:
         return False
@@ -488,9 +483,8 @@ def unlock_left_a_device_leaf_out(trace: Trace, step_i: int, listed: Any) -> boo
         return False
     locked = handle.locked_nodes()
     adapter.apply(step)
-    try:
-        node = rules.find_node(adapter.state, listed.get("tokens", []), listed.get("extra_key"))
-    except CacheError:
+    node = _spec_node(adapter.state, listed)
+    if node is None:
         return False
     return node is not handle.node and any(n is node for n in locked) and node.lock_ref == 0
 
