@@ -34,12 +34,14 @@ from uniradix.conformance.explore.lockstep import (
     impl_labels,
     impl_name,
     shrink,
+    step_timeout,
     uncompared_node_fields,
     write_trace,
 )
 from uniradix.conformance.explore.lockstep import tree_only as adapter_tree_only
 from uniradix.conformance.explore.machine import TREE_ACTIONS, RandomChooser, host_config, random_segment
 from uniradix.conformance.traces.replay import (
+    aux_evict_passes_over_a_leaf,
     cow_match_without_a_state_slot,
     held_swa_tombstone_takeover,
     host_lock_on_host_only_aux,
@@ -285,7 +287,8 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     a load back whose room-making took the node itself from the host; its assertion in a
     Mamba load back with no device state slot to be had; its assertion in the unlock of a
     lock that skipped an evicted node a later split cut (the new upper part, never locked,
-    loses a lock)."""
+    loses a lock); its hang (no answer within ``--step-timeout``) in a write-back SWA or Mamba
+    eviction whose victim cannot be backed up."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
             and all(lab.startswith("upstream") for lab in finding.impls) \
             and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
@@ -306,6 +309,10 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
             and load_back_lost_its_host_state(Trace({}, config, list(taken)), finding.step):
         return ("a load back whose room-making took the node from the host: upstream reads "
                 "its missing host copy, the spec loads nothing (docs/SPEC.md)")
+    if upstream_crash and any(str(v).startswith("StepTimeout") for v in finding.values.values()) \
+            and aux_evict_passes_over_a_leaf(Trace({}, config, list(taken)), finding.step):
+        return ("a write-back SWA or Mamba eviction whose victim cannot be backed up: upstream "
+                "takes the same leaf forever (a hang), the spec passes it over (docs/SPEC.md)")
     if upstream_crash and finding.op == "load_back" and any(
             "Cannot alloc mamba for load_back" in str(v) for v in finding.values.values()) \
             and load_back_without_a_state_slot(Trace({}, config, list(taken)), finding.step):
@@ -658,10 +665,12 @@ def cmd_conform(args: argparse.Namespace) -> int:
         from uniradix.conformance.env.kvcheck import kv_checked
         impls = [kv_checked(i) for i in impls]
     try:
-        res = run_conform(impls, config=config, steps=args.steps, seconds=args.seconds,
-                          seed=args.seed, out=args.out, shrink_seconds=args.shrink_seconds,
-                          progress=not args.no_progress, snapshot_every=args.snapshot_every,
-                          tree_only=args.tree_only, policy=args.policy, events=args.events)
+        with step_timeout(args.step_timeout if args.step_timeout > 0 else None):
+            res = run_conform(impls, config=config, steps=args.steps, seconds=args.seconds,
+                              seed=args.seed, out=args.out, shrink_seconds=args.shrink_seconds,
+                              progress=not args.no_progress,
+                              snapshot_every=args.snapshot_every, tree_only=args.tree_only,
+                              policy=args.policy, events=args.events)
     except ImportError as e:  # upstream not importable, or torch missing for fast
         print(f"uniradix conform: {e}", file=sys.stderr)
         return 2
@@ -698,6 +707,10 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"folder for the shrunk trace of a finding (default {DEFAULT_OUT})")
     p.add_argument("--shrink-seconds", type=float, default=120.0,
                    help="time limit for shrinking a finding (default 120)")
+    p.add_argument("--step-timeout", type=float, default=20.0, metavar="SECONDS",
+                   help="an implementation that takes longer than this for one step is "
+                        "stopped and reported as hung (a crash finding, StepTimeout; default "
+                        "20; 0: no limit)")
     p.add_argument("--snapshot-every", type=int, default=1, metavar="N",
                    help="compare snapshots and run invariants every N steps only (default 1: "
                         "every step; a rejected step is always followed by a comparison)")

@@ -29,10 +29,13 @@ and :func:`write_trace` (the steps with the first implementation's observations 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from uniradix.conformance.adapters.base import CacheUnderTest, make_adapter
@@ -97,6 +100,50 @@ class Finding:
     def __str__(self) -> str:
         vals = "; ".join(f"{k}: {_short(v)}" for k, v in self.values.items())
         return (f"{self.kind.upper()} at step {self.step} ({self.op}): {self.field}: {vals}")
+
+
+class StepTimeout(Exception):
+    """An implementation gave no answer to one step within the step timeout (a hang)."""
+
+
+#: seconds one adapter may take for one step before it counts as hung (:func:`step_timeout`);
+#: None: no limit
+_STEP_TIMEOUT: list[float | None] = [None]
+
+
+@contextlib.contextmanager
+def step_timeout(seconds: float | None) -> Iterator[None]:
+    """While inside: every :class:`Lockstep` step (shrink trials too) gives each adapter at most
+    ``seconds`` for the step; one that takes longer is interrupted and reported as a crash
+    (:class:`StepTimeout`) of that implementation.  Needs the main thread (SIGALRM); elsewhere
+    no limit applies.  ``uniradix conform --step-timeout``."""
+    if seconds is not None and seconds <= 0:
+        raise ValueError("the step timeout must be positive")
+    previous = _STEP_TIMEOUT[0]
+    _STEP_TIMEOUT[0] = seconds
+    try:
+        yield
+    finally:
+        _STEP_TIMEOUT[0] = previous
+
+
+@contextlib.contextmanager
+def _deadline() -> Iterator[None]:
+    seconds = _STEP_TIMEOUT[0]
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise StepTimeout(f"no answer within {seconds:g} s (a hang)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class LockstepError(AssertionError):
@@ -366,8 +413,9 @@ class Lockstep:
         crashed = {}
         for label, a in zip(self.labels, self.adapters, strict=True):
             try:
-                obs.append(a.apply(step))
-            except Exception as e:  # not a typed rejection: the implementation broke
+                with _deadline():
+                    obs.append(a.apply(step))
+            except Exception as e:  # not a typed rejection: the implementation broke (or hung)
                 crashed[label] = f"{type(e).__name__}: {e}".strip()
                 obs.append({"error": f"crash:{type(e).__name__}", "message": crashed[label]})
         if crashed:

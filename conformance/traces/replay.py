@@ -489,6 +489,48 @@ def unlock_left_a_device_leaf_out(trace: Trace, step_i: int, listed: Any) -> boo
     return node is not handle.node and any(n is node for n in locked) and node.lock_ref == 0
 
 
+def aux_evict_passes_over_a_leaf(trace: Trace, step_i: int) -> bool:
+    """Whether, at step ``step_i`` of ``trace`` under write-back with a host tier, the spec's
+    SWA or Mamba eviction passed a device leaf over because its backup failed (the host pools
+    could not make room: no host leaf to evict).  0.5.13.post1's SWA / Mamba eviction loop
+    takes that same leaf again and again and never returns (docs/SPEC.md, "Write-back
+    eviction that cannot back its victim up")."""
+    from uniradix.spec import components
+    from uniradix.spec.core import CacheState, Node
+    cfg = trace.config
+    if not cfg.host_slots or cfg.write_policy != "write_back" \
+            or not ({"swa", "mamba"} & set(cfg.components)):
+        return False
+    found = _spec_adapter_before(trace, step_i)
+    if found is None:
+        return False
+    adapter, step = found
+    passed: list[bool] = []
+    depth = [0]  # inside evict_aux
+    evict_leaf, evict_aux = components.evict_leaf, components.evict_aux
+
+    def leaf(state: CacheState, leaf: Node, tracker: dict[str, int]) -> bool:
+        done = evict_leaf(state, leaf, tracker)
+        if not done and depth[0]:
+            passed.append(True)
+        return done
+
+    def aux(state: CacheState, comp: components.AuxComponent, request: int,
+            tracker: dict[str, int]) -> None:
+        depth[0] += 1
+        try:
+            evict_aux(state, comp, request, tracker)
+        finally:
+            depth[0] -= 1
+
+    components.evict_leaf, components.evict_aux = leaf, aux
+    try:
+        adapter.apply(step)
+    finally:
+        components.evict_leaf, components.evict_aux = evict_leaf, evict_aux
+    return bool(passed)
+
+
 def held_swa_tombstone_takeover(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is an insert that, on the spec's state before it,
     walks over an SWA tombstone a lock holds, from ``prev_prefix_len`` on and inside the

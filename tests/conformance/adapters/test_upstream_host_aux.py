@@ -306,3 +306,25 @@ def test_upstream_leaves_a_device_leaf_out_of_its_set_after_an_unlock_through_an
     assert leaf not in leaves("upstream", trace.steps)
     direct = [dict(s, args={"node": leaf}) if s["op"] == "lock" else s for s in trace.steps]
     assert leaf in leaves("upstream", direct) and leaf in leaves("spec", direct)
+
+
+def test_conform_stops_upstreams_hang_and_counts_it_as_documented():
+    """With conform's step timeout, upstream's endless write-back SWA eviction (defect 1) is
+    stopped and reported as a StepTimeout crash of upstream's at the evict, which conform
+    counts as the documented difference; the run goes on instead of hanging."""
+    from uniradix.conformance.explore import conform as conform_mod
+    from uniradix.conformance.explore.lockstep import Lockstep, step_timeout
+    trace = load_trace(os.path.join(REGRESSIONS_HOST_AUX,
+                                    "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl"))
+    ls = Lockstep([make_adapter("spec", trace.config), make_adapter("upstream", trace.config)],
+                  ["spec", "upstream"], events=False)
+    finding = None
+    with step_timeout(3):
+        for step in trace.steps:
+            _, finding = ls.check({k: v for k, v in step.items() if k != "ret"})
+            if finding is not None:
+                break
+    assert finding is not None and finding.step == trace.steps[-1]["i"]
+    assert finding.impls == ("upstream",) and finding.values["upstream"].startswith("StepTimeout")
+    assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             finding) is not None

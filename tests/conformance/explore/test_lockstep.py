@@ -870,3 +870,78 @@ def test_conform_counts_upstreams_unlock_after_an_insert_revived_the_split_part(
     unsplit = [s for s in trace.steps
                if s["i"] <= first_lock or s["op"] not in ("insert", "match_prefix", "lock")]
     assert documented_difference(labels, trace.config, unsplit, taken) is None
+
+
+def test_a_step_past_the_step_timeout_is_a_hang_finding():
+    """conform --step-timeout: an implementation that does not answer a step in time is
+    stopped and reported as a crash (StepTimeout) of that implementation; within the time, or
+    with no limit set, nothing is reported."""
+    import time
+
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.explore.lockstep import VIOLATION, Lockstep, step_timeout
+    from uniradix.spec.config import CacheConfig
+
+    class Slow:
+        def __init__(self, inner, seconds):
+            self.inner, self.seconds = inner, seconds
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def apply(self, step):
+            if step["op"] == "evict":
+                time.sleep(self.seconds)
+            return self.inner.apply(step)
+
+    cfg = CacheConfig(page_size=1, kv_slots=16)
+    steps = [{"i": 0, "op": "alloc", "args": {"n": 2}},
+             {"i": 1, "op": "evict", "args": {"num_tokens": 1}}]
+
+    def run(seconds, limit):
+        ls = Lockstep([make_adapter("spec", cfg), Slow(make_adapter("spec", cfg), seconds)],
+                      ["spec", "slow"], events=False)
+        with step_timeout(limit):
+            return [ls.check(s)[1] for s in steps]
+
+    t0 = time.monotonic()
+    _, hung = run(30, 0.2)
+    assert time.monotonic() - t0 < 10
+    assert hung is not None and hung.kind == VIOLATION and hung.where == "crash"
+    assert hung.impls == ("slow",) and hung.values["slow"].startswith("StepTimeout")
+    assert run(0.05, 5) == [None, None]
+    assert run(0.05, None) == [None, None]
+    with pytest.raises(ValueError):
+        with step_timeout(0):
+            pass
+
+
+@pytest.mark.parametrize("name", ["upstream-hang-host-mamba-wb-p1-evict-backup-fails.jsonl",
+                                  "upstream-hang-host-swa-wb-p1-evict-backup-fails.jsonl"])
+def test_conform_counts_upstreams_hang_in_a_write_back_aux_eviction(name):
+    """docs/SPEC.md, "Write-back eviction that cannot back its victim up": upstream's SWA /
+    Mamba eviction takes a leaf whose backup fails again and again; the spec passes it over.
+    conform (with its step timeout) counts upstream's hang at that evict as documented, and
+    nothing else: another step, another crash, or a hang of the spec's."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    from uniradix.conformance.traces.replay import aux_evict_passes_over_a_leaf
+    from uniradix.conformance.traces.trace import load_trace
+    trace = load_trace(os.path.join(CORPUS, "regressions-host-aux", name))
+    last = trace.steps[-1]
+    assert last["op"] == "evict"
+
+    def crash(impl, message="StepTimeout: no answer within 20 s (a hang)", step=last["i"]):
+        return Finding(VIOLATION, step, "evict", "crash", message.split(":")[0],
+                       {impl: message}, (impl,))
+
+    labels = ["spec", "upstream"]
+    assert aux_evict_passes_over_a_leaf(trace, last["i"])
+    assert not any(aux_evict_passes_over_a_leaf(trace, s["i"]) for s in trace.steps[:-1])
+    assert "hang" in documented_difference(labels, trace.config, trace.steps, crash("upstream"))
+    assert documented_difference(labels, trace.config, trace.steps,
+                                 crash("upstream", "AssertionError: ")) is None
+    assert documented_difference(labels, trace.config, trace.steps, crash("spec")) is None
+    assert documented_difference(labels, trace.config, trace.steps,
+                                 crash("upstream", step=trace.steps[-2]["i"])) is None
