@@ -316,23 +316,27 @@ def swa_skipped_leaf_keeps_state(trace: Trace, step_i: int) -> bool:
 
 
 def host_lock_on_host_only_aux(trace: Trace, step_i: int) -> bool:
-    """Whether step ``step_i`` of ``trace`` is a host lock of a node that holds some aux
-    component's data on the host only (its device copy evicted), on the spec's state before
-    it: after such a lock 0.5.13.post1's own sanity check fails (its Mamba host LRU list no
-    longer holds the locked state; docs/SPEC.md, "Host locks"), while the spec's lock is
-    sound."""
+    """Whether step ``step_i`` of ``trace`` is a host lock that, on the spec, locks some aux
+    component's data of a node where that data is on the host only (its device copy evicted):
+    the locked node's own, or with SWA any node of the window of host copies the lock takes
+    above it.  After such a lock 0.5.13.post1's own sanity check fails (its host LRU list of
+    that component no longer holds the node; docs/SPEC.md, "Host locks"), while the spec's lock
+    is sound."""
     if not trace.config.host_slots or len(trace.config.components) < 2:
         return False
-    found = _spec_state_before(trace, step_i)
+    found = _spec_adapter_before(trace, step_i)
     if found is None or found[1]["op"] != "host_lock":
         return False
-    state, step = found
-    ref = step.get("args", {}).get("node") or {}
-    node = _spec_node(state, ref)
+    adapter, step = found
+    node = _spec_node(adapter.state, step.get("args", {}).get("node") or {})
     if node is None:
         return False
-    return any(d is not None and d.value is None and d.host_value is not None
-               for d in node.aux.values())
+    path = list(node.ancestors_to_root())
+    before = [{c: d.host_lock_ref for c, d in n.aux.items() if d is not None} for n in path]
+    adapter.apply(step)
+    return any(d is not None and d.host_lock_ref > was.get(c, 0) and d.value is None
+               and d.host_value is not None
+               for n, was in zip(path, before, strict=True) for c, d in n.aux.items())
 
 
 def host_locked_state_listed(trace: Trace, step_i: int, listed: Any,

@@ -328,3 +328,20 @@ def test_conform_stops_upstreams_hang_and_counts_it_as_documented():
     assert finding.impls == ("upstream",) and finding.values["upstream"].startswith("StepTimeout")
     assert conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
                                              finding) is not None
+
+
+def test_upstream_fails_its_check_when_a_host_locks_window_takes_a_host_only_copy():
+    """docs/SPEC.md, "Host locks": the host lock of a node whose own SWA data is on the device,
+    with the node above it an SWA tombstone with a host copy inside the lock's window: upstream
+    takes that copy out of its SWA host LRU list and its own sanity check fails; without the
+    evict that made the tombstone it holds.  The spec and fast replay it clean."""
+    from uniradix.conformance.traces.trace import Trace
+    trace = load_trace(os.path.join(
+        REGRESSIONS_HOST_AUX,
+        "upstream-violation-host-swa-wt-p1-host-lock-window-takes-a-host-only-copy.jsonl"))
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is None
+    div = replay_trace(trace, "upstream").divergence
+    assert div is not None and div.step == trace.steps[-1]["i"] and "swa host LRU" in str(div)
+    kept = [s for s in trace.steps if s["op"] != "evict"]
+    assert replay_trace(Trace(trace.header, trace.config, kept), "upstream").divergence is None

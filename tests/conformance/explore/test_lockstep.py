@@ -945,3 +945,31 @@ def test_conform_counts_upstreams_hang_in_a_write_back_aux_eviction(name):
     assert documented_difference(labels, trace.config, trace.steps, crash("spec")) is None
     assert documented_difference(labels, trace.config, trace.steps,
                                  crash("upstream", step=trace.steps[-2]["i"])) is None
+
+
+@pytest.mark.parametrize("name", [
+    "upstream-violation-host-swa-wt-p1-host-lock-of-an-evicted-leaf.jsonl",
+    "upstream-violation-host-mamba-wt-p1-host-lock-of-an-evicted-leaf.jsonl",
+    "upstream-violation-host-swa-wt-p1-host-lock-window-takes-a-host-only-copy.jsonl"])
+def test_conform_counts_upstreams_check_after_a_host_lock_of_host_only_aux_data(name):
+    """docs/SPEC.md, "Host locks": a host lock that takes a node's aux data where it is on the
+    host only (the locked node's own, or with SWA a node in the window of host copies above it:
+    the third trace, written by hand after conform spec,upstream, seed 2031, met it on
+    sessions-host-swa-p1) makes upstream's own sanity check fail.  conform counts that
+    violation as documented; without the evict that left the data host-only, not."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    from uniradix.conformance.traces.replay import host_lock_on_host_only_aux
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(CORPUS, "regressions-host-aux", name))
+    last = trace.steps[-1]
+    assert last["op"] == "host_lock"
+    check = Finding(VIOLATION, last["i"], "host_lock", "violations", "",
+                    {"upstream": ["Sanity check FAILED"]}, ("upstream",))
+    labels = ["spec", "upstream"]
+    assert host_lock_on_host_only_aux(trace, last["i"])
+    assert documented_difference(labels, trace.config, trace.steps, check) is not None
+    kept = [s for s in trace.steps if s["op"] != "evict"]
+    assert not host_lock_on_host_only_aux(Trace(trace.header, trace.config, kept), last["i"])
+    assert documented_difference(labels, trace.config, kept, check) is None
