@@ -45,6 +45,7 @@ from uniradix.conformance.traces.replay import (
     cow_match_without_a_state_slot,
     held_swa_tombstone_takeover,
     host_lock_on_host_only_aux,
+    host_locked_copy_freed,
     host_locked_state_listed,
     load_back_lost_its_host_state,
     load_back_without_a_state_slot,
@@ -270,25 +271,26 @@ def _rebuilds_for_events(adapter: Any) -> bool:
 
 def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Sequence[dict],
                           finding: Finding) -> str | None:
-    """The documented rule (docs/SPEC.md, "differences") a finding against upstream is an
-    instance of, or None.  Only findings with upstream qualify: the spec and fast never differ
-    by a rule, and a violation qualifies only where upstream's own check or code alone failed.
-    Divergences: an insert over an SWA tombstone a lock holds, inside the caller's window
-    (issue 18; the seed frees the tombstone's full slots, the spec keeps them); with SWA and
-    Mamba, ``mamba_exist`` of an insert whose new leaf SWA does not create (the seed answers
-    false and leaks the state slot, the spec true); a host-locked Mamba state (or SWA host
-    copy) left on the host only (upstream lists it in its host LRU list, the spec keeps it
-    out); a Mamba load back whose room-making took the host state it was to load (upstream
-    loads it anyway); with SWA and a host tier, a device leaf that an unlock through an
-    evicted node left out of upstream's evictable leaf set; an unlock after a split cut a node
-    its lock skipped (upstream takes a lock from the upper part, which a later lock may hold).
+    """The documented rule (docs/SPEC.md, "differences") a finding against upstream is an instance
+    of, or None.  Only findings with upstream qualify: the spec and fast never differ by a rule,
+    and a violation qualifies only where upstream's own check or code alone failed. Divergences:
+    an insert over an SWA tombstone a lock holds, inside the caller's window (issue 18; the seed
+    frees the tombstone's full slots, the spec keeps them); with SWA and Mamba, ``mamba_exist``
+    of an insert whose new leaf SWA does not create (the seed answers false and leaks the state
+    slot, the spec true); a host-locked Mamba state (or SWA host copy) left on the host only
+    (upstream lists it in its host LRU list, the spec keeps it out), and its host frees that
+    then take such data, lock and all; a Mamba load back whose room-making took the host state
+    it was to load (upstream loads it anyway); with SWA and a host tier, a device leaf that an
+    unlock through an evicted node left out of upstream's evictable leaf set; an unlock after a
+    split cut a node its lock skipped (upstream takes a lock from the upper part, which a later
+    lock may hold).
     Violations: upstream's sanity check after a host lock of a node with host-only aux data;
-    upstream's assertion in a copy-on-write match with no state slot to be had; its crash in
-    a load back whose room-making took the node itself from the host; its assertion in a
-    Mamba load back with no device state slot to be had; its assertion in the unlock of a
-    lock that skipped an evicted node a later split cut (the new upper part, never locked,
-    loses a lock); its hang (no answer within ``--step-timeout``) in a write-back SWA or Mamba
-    eviction whose victim cannot be backed up."""
+    upstream's assertion in a copy-on-write match with no state slot to be had; its crash in a
+    load back whose room-making took the node itself from the host; its assertion in a Mamba
+    load back with no device state slot to be had; its assertion in the unlock of a lock that
+    skipped an evicted node a later split cut (the new upper part, never locked, loses a lock);
+    its hang (no answer within ``--step-timeout``) in a write-back SWA or Mamba eviction whose
+    victim cannot be backed up."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
             and all(lab.startswith("upstream") for lab in finding.impls) \
             and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
@@ -341,6 +343,13 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
                     for lab, v in finding.values.items() if not lab.startswith("upstream")):
         return ("an unlock through an evicted node with SWA: upstream leaves the device leaf "
                 "above it out of its evictable leaf set, the spec lists it (docs/SPEC.md)")
+    freed = next((c for c in ("mamba", "swa")
+                  if finding.field.startswith(f"observation.host_{c}_freed")), None)
+    if freed is not None and any(
+            host_locked_copy_freed(Trace({}, config, list(taken)), finding.step, v, freed)
+            for lab, v in finding.values.items() if lab.startswith("upstream")):
+        return ("upstream frees the host copy of host-locked data an evict left on the host "
+                "only (it had listed it in its host LRU list); the spec keeps it (docs/SPEC.md)")
     if finding.op == "insert" and held_swa_tombstone_takeover(
             Trace({}, config, list(taken)), finding.step):
         return "issue 18: an insert over an SWA tombstone a lock holds (docs/SPEC.md)"

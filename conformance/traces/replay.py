@@ -363,6 +363,33 @@ def host_locked_state_listed(trace: Trace, step_i: int, listed: Any,
         and d.host_lock_ref > 0
 
 
+def host_locked_copy_freed(trace: Trace, step_i: int, slot: Any, component: str) -> bool:
+    """Whether host slot ``slot`` of ``component`` (``"swa"`` or ``"mamba"``: what upstream's
+    host frees of that component hold where they differ from the spec's at step ``step_i`` of
+    ``trace``) belongs, on the spec's state after that step, to a node whose data of that
+    component is on the host only and host-locked.  0.5.13.post1 lists such data in its host
+    LRU list when an evict leaves it host-only (:func:`host_locked_state_listed`), so its next
+    host eviction of that component can free it, lock and all; the spec keeps it (docs/SPEC.md,
+    "Host locks")."""
+    if isinstance(slot, bool) or not isinstance(slot, int) \
+            or component not in trace.config.components or not trace.config.host_slots:
+        return False
+    found = _spec_adapter_before(trace, step_i)
+    if found is None:
+        return False
+    adapter, step = found
+    adapter.apply(step)
+    stack = [adapter.state.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        d = node.aux.get(component)
+        if d is not None and d.value is None and d.host_value is not None \
+                and d.host_lock_ref > 0 and slot in d.host_value:
+            return True
+    return False
+
+
 def load_back_lost_its_host_state(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is a load back that the spec fails because its own
     room-making took what it was to load: the node had its KV data (and with Mamba its state)

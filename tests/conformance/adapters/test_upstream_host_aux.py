@@ -345,3 +345,22 @@ def test_upstream_fails_its_check_when_a_host_locks_window_takes_a_host_only_cop
     assert div is not None and div.step == trace.steps[-1]["i"] and "swa host LRU" in str(div)
     kept = [s for s in trace.steps if s["op"] != "evict"]
     assert replay_trace(Trace(trace.header, trace.config, kept), "upstream").divergence is None
+
+
+def test_upstream_frees_a_host_locked_swa_copy_an_evict_left_host_only():
+    """docs/SPEC.md, "Host locks" (conform spec,upstream, seed 2031): after the last evict
+    0.5.13.post1's node below `[3, 3]` still counts its SWA host lock but has lost its SWA host
+    copy (its slots went in the same evict's host SWA eviction); the spec and fast keep the
+    copy.  Without the host lock upstream replays the steps as the spec does."""
+    trace = load_trace(os.path.join(
+        REGRESSIONS_HOST_AUX, "upstream-frees-a-host-locked-swa-copy-sessions-host-swa-p1.jsonl"))
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is None
+    div = replay_trace(trace, "upstream").divergence
+    assert div is not None and div.step == trace.steps[-1]["i"] and div.field == "host_swa_freed"
+    assert 1 in div.actual and 1 not in div.expected
+    unlocked = [s for s in trace.steps if s["op"] != "host_lock"]
+    a, b = make_adapter("spec", trace.config), make_adapter("upstream", trace.config)
+    for s in unlocked:
+        step = {k: v for k, v in s.items() if k != "ret"}
+        assert a.apply(step) == b.apply(step)

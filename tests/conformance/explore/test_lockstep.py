@@ -973,3 +973,34 @@ def test_conform_counts_upstreams_check_after_a_host_lock_of_host_only_aux_data(
     kept = [s for s in trace.steps if s["op"] != "evict"]
     assert not host_lock_on_host_only_aux(Trace(trace.header, trace.config, kept), last["i"])
     assert documented_difference(labels, trace.config, kept, check) is None
+
+
+def test_conform_counts_upstream_freeing_a_host_locked_copy():
+    """docs/SPEC.md, "Host locks" (conform spec,upstream, seed 2031, segment 158 of
+    sessions-host-swa-p1): an evict leaves a host-locked SWA copy host-only; upstream lists it
+    in its SWA host LRU list and the same evict's host SWA eviction frees it (host slot 1)
+    where the spec frees others.  conform counts that host-free divergence as documented,
+    for a slot of such a copy only, and not once the host lock is gone from the steps."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.replay import host_locked_copy_freed
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(CORPUS, "regressions-host-aux",
+                                    "upstream-frees-a-host-locked-swa-copy-sessions-host-swa-p1.jsonl"))
+    last = trace.steps[-1]
+    assert last["op"] == "evict"
+
+    def freed(up, field="host_swa_freed"):
+        return Finding(DIVERGENCE, last["i"], "evict", "observation", f"{field}[0]",
+                       {"spec": 5, "upstream": up}, ("spec", "upstream"))
+
+    labels = ["spec", "upstream"]
+    assert host_locked_copy_freed(trace, last["i"], 1, "swa")
+    assert "host-locked" in documented_difference(labels, trace.config, trace.steps, freed(1))
+    assert documented_difference(labels, trace.config, trace.steps, freed(11)) is None
+    assert documented_difference(labels, trace.config, trace.steps,
+                                 freed(1, "host_freed")) is None
+    unlocked = [s for s in trace.steps if s["op"] != "host_lock"]
+    assert not host_locked_copy_freed(Trace(trace.header, trace.config, unlocked), last["i"], 1,
+                                      "swa")
