@@ -269,6 +269,13 @@ def _rebuilds_for_events(adapter: Any) -> bool:
     return False
 
 
+def _aux_field(finding: Finding, pattern: str) -> str | None:
+    """The aux component (``"mamba"`` or ``"swa"``) whose field ``pattern`` (``{}`` for the
+    component) the finding is at, or None."""
+    return next((c for c in ("mamba", "swa") if finding.field.startswith(pattern.format(c))),
+                None)
+
+
 def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Sequence[dict],
                           finding: Finding) -> str | None:
     """The documented rule (docs/SPEC.md, "differences") a finding against upstream is an instance
@@ -326,11 +333,11 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
             Trace({}, config, list(taken)), finding.step):
         return ("a Mamba load back whose room-making took the host state it was to load: "
                 "upstream loads it from a host slot another node holds (docs/SPEC.md)")
-    listed = next((c for c in ("mamba", "swa")
-                   if finding.field.startswith(f"snapshot.host.{c}_host_lru_order")), None)
-    if listed is not None and any(
-            host_locked_state_listed(Trace({}, config, list(taken)), finding.step, v, listed)
-            for lab, v in finding.values.items() if lab.startswith("upstream")):
+    trace = Trace({}, config, list(taken))
+    ups = [v for lab, v in finding.values.items() if lab.startswith("upstream")]
+    listed = _aux_field(finding, "snapshot.host.{}_host_lru_order")
+    if listed is not None and any(host_locked_state_listed(trace, finding.step, v, listed)
+                                  for v in ups):
         what = "Mamba state" if listed == "mamba" else "SWA host copy"
         return (f"a host-locked {what} that an evict leaves on the host only: upstream "
                 "lists it in its host LRU list, the spec keeps host-locked data out (docs/SPEC.md)")
@@ -343,11 +350,9 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
                     for lab, v in finding.values.items() if not lab.startswith("upstream")):
         return ("an unlock through an evicted node with SWA: upstream leaves the device leaf "
                 "above it out of its evictable leaf set, the spec lists it (docs/SPEC.md)")
-    freed = next((c for c in ("mamba", "swa")
-                  if finding.field.startswith(f"observation.host_{c}_freed")), None)
-    if freed is not None and any(
-            host_locked_copy_freed(Trace({}, config, list(taken)), finding.step, v, freed)
-            for lab, v in finding.values.items() if lab.startswith("upstream")):
+    freed = _aux_field(finding, "observation.host_{}_freed")
+    if freed is not None and any(host_locked_copy_freed(trace, finding.step, v, freed)
+                                 for v in ups):
         return ("upstream frees the host copy of host-locked data an evict left on the host "
                 "only (it had listed it in its host LRU list); the spec keeps it (docs/SPEC.md)")
     if finding.op == "insert" and held_swa_tombstone_takeover(

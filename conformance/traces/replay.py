@@ -273,6 +273,16 @@ def _spec_state_before(trace: Trace, step_i: int) -> tuple[Any, dict] | None:
     return None if found is None else (found[0].state, found[1])
 
 
+def _spec_state_after(trace: Trace, step_i: int) -> Any:
+    """The spec's state just after step ``step_i`` of ``trace``, or None without that step."""
+    found = _spec_adapter_before(trace, step_i)
+    if found is None:
+        return None
+    adapter, step = found
+    adapter.apply(step)
+    return adapter.state
+
+
 def _spec_node(state: Any, ref: Any) -> Any:
     """The spec's node at path ``ref`` (``{"tokens", "extra_key"}``) in ``state``, or None."""
     from uniradix.spec import cache as rules
@@ -350,12 +360,8 @@ def host_locked_state_listed(trace: Trace, step_i: int, listed: Any,
     if not isinstance(listed, dict) or component not in trace.config.components \
             or not trace.config.host_slots:
         return False
-    found = _spec_adapter_before(trace, step_i)
-    if found is None:
-        return False
-    adapter, step = found
-    adapter.apply(step)
-    node = _spec_node(adapter.state, listed)
+    state = _spec_state_after(trace, step_i)
+    node = None if state is None else _spec_node(state, listed)
     if node is None:
         return False
     d = node.aux.get(component)
@@ -374,12 +380,10 @@ def host_locked_copy_freed(trace: Trace, step_i: int, slot: Any, component: str)
     if isinstance(slot, bool) or not isinstance(slot, int) \
             or component not in trace.config.components or not trace.config.host_slots:
         return False
-    found = _spec_adapter_before(trace, step_i)
-    if found is None:
+    state = _spec_state_after(trace, step_i)
+    if state is None:
         return False
-    adapter, step = found
-    adapter.apply(step)
-    stack = [adapter.state.root]
+    stack = [state.root]
     while stack:
         node = stack.pop()
         stack.extend(node.children.values())
