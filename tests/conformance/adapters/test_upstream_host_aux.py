@@ -358,9 +358,34 @@ def test_upstream_frees_a_host_locked_swa_copy_an_evict_left_host_only():
     assert replay_trace(trace, "fast").divergence is None
     div = replay_trace(trace, "upstream").divergence
     assert div is not None and div.step == trace.steps[-1]["i"] and div.field == "host_swa_freed"
-    assert 1 in div.actual and 1 not in div.expected
+    assert div.expected == [5, 6, 7, 8, 9, 10]  # the spec's: other host SWA copies
+    assert div.actual == [1, 2, 3, 4, 5, 6, 7, 8]  # upstream's: 1-4 are the host-locked copy
+    # the node it belonged to: host-locked with its SWA copy kept (spec), host-locked with the
+    # copy gone (upstream)
+    locked = {"tokens": [3, 3, 1, 1, 1, 2], "extra_key": "b"}
+    spec_side, up = make_adapter("spec", trace.config), make_adapter("upstream", trace.config)
+    for s in trace.steps:
+        step = {k: v for k, v in s.items() if k != "ret"}
+        spec_side.apply(step)
+        up.apply(step)
+    from uniradix.spec import cache as rules
+    d = rules.find_node(spec_side.state, locked["tokens"], locked["extra_key"]).aux["swa"]
+    assert d.value is None and d.host_value == (1, 2, 3, 4) and d.host_lock_ref == 1
+    from sglang.srt.mem_cache.unified_cache_components.tree_component import ComponentType
+    uswa = _upstream_node(up.cache, locked["tokens"]).component_data[ComponentType.SWA]
+    assert uswa.host_value is None and uswa.host_lock_ref == 1
     unlocked = [s for s in trace.steps if s["op"] != "host_lock"]
     a, b = make_adapter("spec", trace.config), make_adapter("upstream", trace.config)
     for s in unlocked:
         step = {k: v for k, v in s.items() if k != "ret"}
         assert a.apply(step) == b.apply(step)
+
+
+def _upstream_node(cache, tokens):
+    """Upstream's node whose path is exactly ``tokens`` (one extra key per trace here)."""
+    node, rest = cache.root_node, list(tokens)
+    while rest:
+        node = next(c for c in node.children.values()
+                    if list(c.key.token_ids) == rest[:len(c.key.token_ids)])
+        rest = rest[len(node.key.token_ids):]
+    return node
