@@ -1106,10 +1106,18 @@ class HybridRadixCache(UnifiedRadixCache):
             raise InvalidInput("init_load_back: the request's last node is not on the path")
         if params.mem_quota is not None:
             count_arg("mem_quota", params.mem_quota)
-        if self.mamba is not None:
-            self.mamba.request_state = None
+        mamba = self.mamba
+        if mamba is not None:
+            own = self._request_slot_of(params.req)
+            mamba.request_state, mamba.request_slot = own, None
         # the seed's guard: only an evicted node is loaded back
-        if node.evicted and tier.load_back(node, params.mem_quota):
+        loaded = node.evicted and tier.load_back(node, params.mem_quota)
+        if mamba is not None and mamba.request_slot is not None and params.req is not None:
+            # the state slot the load back took for the requester is the request's from now
+            # on (whether or not the load then went ahead, as upstream's): its
+            # ``mamba_pool_idx``, which the scheduler frees with the request
+            params.req.mamba_pool_idx = mamba.request_slot
+        if loaded:
             chunks, cur = [], node
             while cur is not last:
                 chunks.append(cur.value)
@@ -1118,6 +1126,29 @@ class HybridRadixCache(UnifiedRadixCache):
                 chunks.reverse()
                 return torch.cat(chunks), node
         return self._empty, last
+
+    def _request_slot_of(self, req: Any) -> int | None:
+        """The requester's own Mamba state slot (``req.mamba_pool_idx``: a one-element tensor
+        or an int), checked to be one the tree does not hold; None when it has none."""
+        idx = getattr(req, "mamba_pool_idx", None)
+        if idx is None:
+            return None
+        if isinstance(idx, torch.Tensor):
+            if idx.numel() != 1 or idx.is_floating_point():
+                raise InvalidInput(f"init_load_back: req.mamba_pool_idx must be one integer "
+                                   f"slot, got a tensor of shape {tuple(idx.shape)}")
+            slot = int(idx.reshape(-1)[0])
+        elif isinstance(idx, int) and not isinstance(idx, bool):
+            slot = idx
+        else:
+            raise InvalidInput(f"init_load_back: req.mamba_pool_idx must be null, an int or a "
+                               f"one-element tensor, got {type(idx).__name__}")
+        mamba = self.mamba
+        assert mamba is not None  # (called only with a Mamba component)
+        if self.validate_slots and slot in mamba.owned:
+            raise InvalidInput(f"init_load_back: req.mamba_pool_idx {slot} is a state the "
+                               "tree holds")
+        return slot
 
     # (without a host tier, as upstream's cache without a controller: no-ops)
     def ready_to_load_host_cache(self) -> int:

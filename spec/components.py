@@ -484,8 +484,11 @@ class MambaComponent(AuxComponent):
     def reserve_load_back(self, state: CacheState, node: Node) -> bool:
         """The requester's own state slot, taken before the load back weighs its size (one
         state is evicted for room when the pool is empty); none to be had: the load back fails
-        (upstream asserts instead, docs/SPEC.md)."""
+        (upstream asserts instead, docs/SPEC.md).  A requester that holds a slot already
+        (``init_load_back``'s ``request_slot``) keeps it: nothing is taken."""
         assert state.mamba is not None and state.host is not None
+        if state.host.request_state is not None:
+            return True
         if state.mamba.available_size() < 1:
             evict(state, 0, mamba_num=1)
         if state.mamba.available_size() < 1:

@@ -405,15 +405,20 @@ def load_back(state: CacheState, node: Node, mem_quota: int | None) -> bool:
 
 
 def init_load_back(state: CacheState, node: Node, last_device_node: Node,
-                   mem_quota: int | None) -> tuple[tuple[int, ...], Node]:
+                   mem_quota: int | None, request_slot: int | None = None
+                   ) -> tuple[tuple[int, ...], Node]:
     """The scheduler's entry: load ``node``'s evicted segment if there is one and return the
     device slots now between ``last_device_node`` and ``node`` with the new last device node;
-    on no load, ``((), last_device_node)``."""
+    on no load, ``((), last_device_node)``.  Mamba: ``request_slot`` is the requester's own
+    state slot when it holds one (``req.mamba_pool_idx``); a load back of a host-only state
+    copies it there and takes no fresh slot for the requester (upstream does the same)."""
     check_ancestor(last_device_node, node)
     if mem_quota is not None:
         rules.check_count("mem_quota", mem_quota)
     assert state.host is not None
-    state.host.request_state = None
+    if request_slot is not None:
+        check_request_slot(state, request_slot)
+    state.host.request_state = request_slot
     # the seed's guard: only an evicted node is loaded back (a state on the host only under a
     # node still on the device stays there; docs/SPEC.md)
     if node.evicted and load_back(state, node, mem_quota):
@@ -427,6 +432,17 @@ def init_load_back(state: CacheState, node: Node, last_device_node: Node,
         if indices:
             return indices, node
     return (), last_device_node
+
+
+def check_request_slot(state: CacheState, slot: int) -> None:
+    """A requester's own Mamba state slot: allocated, and not a state the tree holds."""
+    if state.mamba is None:
+        raise InvalidInput("load_back: a request state slot given to a cache without Mamba")
+    if isinstance(slot, bool) or not isinstance(slot, int) or not state.mamba.is_allocated(slot):
+        raise InvalidInput(f"load_back: the request's state slot {slot!r} is not an allocated "
+                           "Mamba slot")
+    if any(n.aux["mamba"].value == (slot,) for n in all_nodes(state) if "mamba" in n.aux):
+        raise InvalidInput(f"load_back: the request's state slot {slot} is a state the tree holds")
 
 
 def check_ancestor(upper: Node, lower: Node) -> None:

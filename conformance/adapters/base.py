@@ -64,6 +64,18 @@ def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool =
         raise Unsupported("storage: true: the storage tier is not supported here yet")
 
 
+def check_load_back_slot(config: CacheConfig, mamba_slot: Any) -> int | None:
+    """``load_back``'s ``mamba_slot`` (the requester's own state slot), checked as the spec
+    checks it before the implementation's own checks: null, or an int with Mamba."""
+    if mamba_slot is None:
+        return None
+    if "mamba" not in config.components:
+        raise InvalidInput("load_back: mamba_slot needs the Mamba component")
+    if isinstance(mamba_slot, bool) or not isinstance(mamba_slot, int):
+        raise InvalidInput(f"load_back: mamba_slot must be null or an int, got {mamba_slot!r}")
+    return mamba_slot
+
+
 def check_cow_args(config: CacheConfig, cow: Any, mamba_slot: Any, modelled: bool = False
                    ) -> bool:
     """``match_prefix``'s Mamba copy-on-write arguments, checked as the spec checks them:

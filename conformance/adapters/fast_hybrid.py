@@ -210,7 +210,9 @@ class HybridFastAdapter(FastAdapter):
             if self.cache.mamba is None:
                 obs.update(self._effects())
         if self.cache.mamba is not None:  # the state slots it took (TRACE.md)
-            req_slot = self.cache.mamba.request_state
+            # the request's slot as SGLang's scheduler reads it: ``req.mamba_pool_idx``
+            idx = self.load_req.mamba_pool_idx
+            req_slot = None if idx is None else int(idx)
             obs["mamba_device_indices"] = [
                 s for kind, _, dst in self.cache.cache_controller.state_copies[copies:]
                 if kind == "load" and dst != [req_slot] for s in dst]

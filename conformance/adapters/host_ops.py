@@ -63,13 +63,14 @@ class SpecHostOps:
 
     def op_load_back(self, step: dict) -> dict:
         self._host()
-        node_path, last_path, mem_quota = A.args_of(step, "node", "last_device_node",
-                                                    mem_quota=None)
+        node_path, last_path, mem_quota, slot = A.args_of(step, "node", "last_device_node",
+                                                          mem_quota=None, mamba_slot=None)
+        slot = A.check_load_back_slot(self.config, slot)
         node = rules.find_node(self.state, *A.path_arg(node_path))
         last = rules.find_node(self.state, *A.path_arg(last_path))
         copies = len(self.state.host.mamba_copies)
         swa_copies = len(self.state.host.swa_copies)
-        indices, last_node = host.init_load_back(self.state, node, last, mem_quota)
+        indices, last_node = host.init_load_back(self.state, node, last, mem_quota, slot)
         obs = {"device_indices": list(indices), "last_node": len(last_node.path_units())}
         if self.state.host.swa_pool is not None:  # with SWA: the SWA slots it gave (TRACE.md)
             obs["swa_device_indices"] = [s for kind, _, dst in self.state.host.swa_copies[swa_copies:]
@@ -122,13 +123,16 @@ class SpecHostOps:
 class _LoadReq:
     """What ``init_load_back`` reads from a request."""
 
-    def __init__(self, last_node: Any) -> None:
+    def __init__(self, last_node: Any, mamba_pool_idx: int | None = None) -> None:
         self.last_node = last_node
+        self.mamba_pool_idx = mamba_pool_idx  # the requester's own state slot (Mamba)
 
 
 class FastHostOps:
     """Host-tier ops over ``self.cache`` (a ``uniradix.fast`` HiCacheRadixCache, io="manual").
     Host locks follow the spec's handles: an unlock undoes exactly what its lock did."""
+
+    load_req: Any = None  # the last load_back's request (what init_load_back gave it)
 
     cache: Any
     config: Any
@@ -170,11 +174,13 @@ class FastHostOps:
     def op_load_back(self, step: dict) -> dict:
         from uniradix.fast.hicache import InitLoadBackParams
         self._host()
-        node_path, last_path, mem_quota = A.args_of(step, "node", "last_device_node",
-                                                    mem_quota=None)
+        node_path, last_path, mem_quota, slot = A.args_of(step, "node", "last_device_node",
+                                                          mem_quota=None, mamba_slot=None)
+        slot = A.check_load_back_slot(self.config, slot)
         node, last = self._node(node_path), self._node(last_path)
+        self.load_req = _LoadReq(last, slot)  # (Mamba: the slot it holds after, read back)
         indices, last_node = self.cache.init_load_back(InitLoadBackParams(
-            best_match_node=node, host_hit_length=0, mem_quota=mem_quota, req=_LoadReq(last)))
+            best_match_node=node, host_hit_length=0, mem_quota=mem_quota, req=self.load_req))
         self.cache.ready_to_load_host_cache()
         return {"device_indices": indices.tolist(), "last_node": self._units_len(last_node),
                 "freed": self.pool.take_freed()}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from uniradix.conformance.adapters.base import check_load_back_slot
 from uniradix.conformance.adapters.upstream import (
     UpstreamAdapter,
     _count,
@@ -222,6 +223,7 @@ class UpstreamHostAdapter(UpstreamAdapter):
         mem_quota = args.get("mem_quota")
         if mem_quota is not None:
             _count(mem_quota, "mem_quota")
+        check_load_back_slot(self.config, args.get("mamba_slot"))  # (no Mamba: refused)
         cur = node
         while cur is not None and cur is not last:
             cur = cur.parent

@@ -40,6 +40,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from uniradix.conformance.adapters.base import check_load_back_slot
 from uniradix.conformance.adapters.upstream import _path, unmodelled_settings
 from uniradix.conformance.adapters.upstream_host import (
     HostPoolModel,
@@ -298,6 +299,9 @@ class HostAuxUpstreamAdapter(UpstreamHostAdapter, HybridUpstreamAdapter):
         if cur is None:
             raise InvalidInput("load_back: last_device_node is not on the path of the node")
         req = _Req(last)
+        slot = check_load_back_slot(self.config, args.get("mamba_slot"))
+        if slot is not None:
+            req.mamba_pool_idx = self._request_slot(slot, "load_back")
         indices, last_node = self.cache.init_load_back(InitLoadBackParams(
             best_match_node=node, host_hit_length=0, mem_quota=mem_quota, req=req))
         self.cache.ready_to_load_host_cache()

@@ -337,21 +337,25 @@ class HybridUpstreamAdapter(UpstreamAdapter):
             return False, None
         if "mamba" not in self.config.components:
             raise InvalidInput("match_prefix: cow_mamba needs the Mamba component")
-        if slot is not None:
-            if isinstance(slot, bool) or not isinstance(slot, int):
-                raise InvalidInput(f"match_prefix: mamba_slot must be null or an int, got {slot!r}")
-            if not self.mamba.is_allocated(slot):
-                raise InvalidInput(f"match_prefix: mamba_slot {slot} is not allocated")
-            held = {int(v) for n in self._walk_nodes() if n is not self.root
-                    for v in ([] if self._cd(n, "mamba").value is None
-                              else self._cd(n, "mamba").value.tolist())}
-            if slot in held:
-                raise InvalidInput(f"match_prefix: mamba_slot {slot} is the tree's")
-        torch = self.up.torch
         req = types.SimpleNamespace(
-            mamba_pool_idx=None if slot is None else torch.tensor(slot, dtype=torch.int64),
+            mamba_pool_idx=None if slot is None else self._request_slot(slot, "match_prefix"),
             mamba_cow_src_index=None, mamba_needs_clear=True, session=None)
         return True, req
+
+    def _request_slot(self, slot: Any, op: str) -> Any:
+        """A step's ``mamba_slot`` (the requester's own state slot) as the request's
+        ``mamba_pool_idx``, checked as the spec checks it: an allocated slot, not the tree's."""
+        if isinstance(slot, bool) or not isinstance(slot, int):
+            raise InvalidInput(f"{op}: mamba_slot must be null or an int, got {slot!r}")
+        if not self.mamba.is_allocated(slot):
+            raise InvalidInput(f"{op}: mamba_slot {slot} is not allocated")
+        held = {int(v) for n in self._walk_nodes() if n is not self.root
+                for v in ([] if self._cd(n, "mamba").value is None
+                          else self._cd(n, "mamba").value.tolist())}
+        if slot in held:
+            raise InvalidInput(f"{op}: mamba_slot {slot} is the tree's")
+        torch = self.up.torch
+        return torch.tensor(slot, dtype=torch.int64)
 
     def _op_evict(self, step: dict, args: dict) -> dict:
         n = _count(args.get("num_tokens", 0), "num_tokens")

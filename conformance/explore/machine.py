@@ -1032,8 +1032,10 @@ def _p_load_back(sc: Scenario, ch: Any) -> dict:
     as the recording driver draws them (``load_back_args``)."""
     m = ch.choice([m for m in sc.matches if m.best > m.length])
     sc.ctx = {"match": m}
-    return {"op": "load_back", "args": load_back_args(ch.rng, m.tokens, m.extra_key, m.best,
-                                                      m.length)}
+    args = load_back_args(ch.rng, m.tokens, m.extra_key, m.best, m.length)
+    if sc.mamba_held and ch.chance(0.3):  # a requester that holds a state slot already
+        args["mamba_slot"] = ch.choice(sc.mamba_held)
+    return {"op": "load_back", "args": args}
 
 
 def _p_host_lock(sc: Scenario, ch: Any) -> dict:
@@ -1058,8 +1060,8 @@ def host_observe(sc: Scenario, op: str, args: dict, ctx: dict, obs: dict) -> Non
     if op == "load_back":
         if obs.get("freed"):
             sc.epoch += 1
-        if obs.get("mamba_pool_idx") is not None:  # the requester's state slot: the driver's
-            sc.mamba_held.append(obs["mamba_pool_idx"])
+        if args.get("mamba_slot") is None and obs.get("mamba_pool_idx") is not None:
+            sc.mamba_held.append(obs["mamba_pool_idx"])  # the requester's new slot: the driver's
         m = ctx["match"]
         if obs["device_indices"] and sc.usable(m):  # the loaded path, as a fresh match
             sc.matches.append(MatchSeen(list(m.tokens), m.extra_key, obs["last_node"],

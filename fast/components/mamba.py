@@ -36,6 +36,7 @@ class MambaComponent(AuxComponent):
     host_allocator: Any = None  # the host state pool, with a host tier
     controller: Any = None  # the host tier's controller (its copy logs)
     request_state: int | None = None  # the requester's state slot of the last load back
+    request_slot: Any = None  # the same as a 0-d tensor when the load back took it
     extra_buffer = False  # enable_mamba_extra_buffer: requests cache their tracked states
     extra_buffer_lazy = False  # enable_mamba_extra_buffer_lazy: one track slot a request
     _loading: torch.Tensor | None = None  # the state slot a load back in progress took
@@ -45,7 +46,7 @@ class MambaComponent(AuxComponent):
         self.allocator = self.cache.mamba_allocator
         self.owned: set = set()  # state slots the tree holds (validate_slots)
         self.tracks_slots = self.cache.validate_slots
-        self.request_state = None
+        self.request_state = self.request_slot = None
         self._loading = None
         if self.host_allocator is not None:  # the host tier's reset clears its pools
             self.host_allocator.clear()
@@ -395,7 +396,7 @@ class MambaComponent(AuxComponent):
             pool = HostSlotAllocator(n, 1)
         self.host_allocator = pool
         self.controller = tier.controller
-        self.request_state = None
+        self.request_state = self.request_slot = None
 
     def _copy(self, kind: str, src: torch.Tensor, dst: list) -> None:
         copies = self.controller.state_copies
@@ -462,10 +463,15 @@ class MambaComponent(AuxComponent):
     def reserve_load_back(self, node: Any) -> bool:
         """The requester's own state slot (``request_state``), taken before the load back
         weighs its size; none to be had: the load back fails (upstream asserts instead,
-        docs/SPEC.md)."""
+        docs/SPEC.md).  A requester that holds a slot already (``init_load_back`` set
+        ``request_state`` to it) keeps it: nothing is taken."""
+        if self.request_state is not None:
+            return True
         if not self._room():
             return False
-        self.request_state = int(self.allocator.alloc(1).reshape(-1)[0])
+        slot = self.allocator.alloc(1).reshape(-1)
+        self.request_state = int(slot[0])
+        self.request_slot = slot[0]  # the allocator's own element, for req.mamba_pool_idx
         return True
 
     def alloc_load_back(self, node: Any) -> bool:

@@ -115,3 +115,95 @@ def test_the_scheduler_polls_are_no_ops_without_a_host_tier():
     assert hybrid.ready_to_load_host_cache() == 0
     with pytest.raises(fast.Unsupported, match="no host tier"):
         hybrid.evict_host(4)
+
+
+def _evicted_state_cache():
+    """A host-tier Mamba cache (sync io) whose node [1, 2, 3, 4] and its state are on the host
+    only; returns (cache, the match's best node)."""
+    cache = fast.UnifiedRadixCache(_mamba_params(fast.HiCacheConfig(
+        host_slots=32, host_mamba_slots=8, load_back_threshold=0)))
+    alloc, states = cache.token_to_kv_pool_allocator, cache.mamba_allocator
+    kv, st = alloc.alloc(4), states.alloc(1)
+    cache.insert(fast.InsertParams(key=fast.RadixKey([1, 2, 3, 4]), value=kv, mamba_value=st))
+    cache.check_hicache_events()  # the write-through backup's ack: the node is unlocked
+    assert cache.evict(fast.EvictParams(num_tokens=4)).num_tokens_evicted == 4
+    m = cache.match_prefix(fast.MatchPrefixParams(key=fast.RadixKey([1, 2, 3, 4])))
+    assert m.host_hit_length == 4 and len(m.device_indices) == 0
+    return cache, m.best_match_node
+
+
+def test_a_load_back_gives_the_request_its_state_slot():
+    """SGLang's scheduler reads the requester's state slot from ``req.mamba_pool_idx`` after
+    ``init_load_back`` and frees it with the request (0.5.13.post1 sets it there): fast took
+    that slot but kept it to itself, so the scheduler took a second one and the first leaked
+    (the bench's host+Mamba outcome difference, docs/SPEC.md)."""
+    cache, best = _evicted_state_cache()
+    states = cache.mamba_allocator
+    before = states.available_size()
+    req = types.SimpleNamespace(last_node=cache.root_node, mamba_pool_idx=None)
+    new, last = cache.init_load_back(fast.InitLoadBackParams(best_match_node=best, req=req))
+    assert new.tolist() and last is best
+    assert isinstance(req.mamba_pool_idx, torch.Tensor) and req.mamba_pool_idx.dim() == 0
+    slot = int(req.mamba_pool_idx)
+    assert states.available_size() == before - 2  # the node's state and the request's
+    assert slot != int(best.aux[cache.mamba.i].value[0]) and slot not in cache.mamba.owned
+    assert cache.violations() == []
+
+
+def test_a_load_back_keeps_the_slot_the_request_holds():
+    """A requester with a state slot already gets the loaded state there: no second slot."""
+    cache, best = _evicted_state_cache()
+    states = cache.mamba_allocator
+    own = states.alloc(1)[0]
+    before = states.available_size()
+    req = types.SimpleNamespace(last_node=cache.root_node, mamba_pool_idx=own)
+    new, last = cache.init_load_back(fast.InitLoadBackParams(best_match_node=best, req=req))
+    assert new.tolist() and last is best
+    assert req.mamba_pool_idx is own
+    assert states.available_size() == before - 1  # the node's state only
+    assert cache.violations() == []
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([1.0]), torch.tensor([1, 2]), "1", "tree"])
+def test_a_request_slot_that_is_no_slot_is_refused_with_nothing_changed(bad):
+    cache, best = _evicted_state_cache()
+    if bad == "tree":  # a state the tree holds
+        st = cache.mamba_allocator.alloc(1)
+        cache.insert(fast.InsertParams(key=fast.RadixKey([9, 9]),
+                                       value=cache.token_to_kv_pool_allocator.alloc(2),
+                                       mamba_value=st))
+        bad = int(st[0])
+        assert bad in cache.mamba.owned
+    before = (cache.mamba_allocator.available_size(), cache.evictable_size(),
+              cache.token_to_kv_pool_allocator.available_size())
+    req = types.SimpleNamespace(last_node=cache.root_node, mamba_pool_idx=bad)
+    with pytest.raises(fast.InvalidInput, match="mamba_pool_idx"):
+        cache.init_load_back(fast.InitLoadBackParams(best_match_node=best, req=req))
+    assert req.mamba_pool_idx is bad and best.evicted
+    assert (cache.mamba_allocator.available_size(), cache.evictable_size(),
+            cache.token_to_kv_pool_allocator.available_size()) == before
+    assert cache.violations() == []
+
+
+def test_a_load_back_of_a_requester_with_a_slot_on_spec_and_fast():
+    """The trace's ``mamba_slot``: the spec's rule and fast's agree step by step; refused (the
+    state unchanged) for a state the tree holds, and without Mamba."""
+    pair = (Story("spec", **CFG), Story("fast", **CFG))
+    both("alloc", pair, n=6)
+    both("mamba_alloc", pair, n=3)
+    both("insert", pair, tokens=[1, 2, 3, 4], value=[1, 2, 3, 4], mamba_value=[1])
+    both("insert", pair, tokens=[7, 7], value=[5, 6], mamba_value=[2])
+    both("io_complete", pair, writes=-1)
+    both("check_hicache_events", pair)
+    assert both("evict", pair, num_tokens=4)["mamba_freed"] == [1]
+    for bad in (2, True):  # the tree's state (of [7, 7]); not an int
+        r = both("load_back", pair, node=A, last_device_node=ROOT, mamba_slot=bad)
+        assert r["error"] == "InvalidInput"
+    r = both("load_back", pair, node=A, last_device_node=ROOT, mamba_slot=3)
+    assert r["mamba_pool_idx"] == 3 and r["mamba_device_indices"] == [1]
+    full = dict(CFG, components=("full",))
+    full.pop("mamba_slots"), full.pop("mamba_cache_chunk_size")
+    spec, fst = Story("spec", **full), Story("fast", **full)
+    for s in (spec, fst):
+        r = s.step("load_back", node=ROOT, last_device_node=ROOT, mamba_slot=1)
+        assert r["error"] == "InvalidInput" and "needs the Mamba component" in r["message"]

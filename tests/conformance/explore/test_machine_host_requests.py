@@ -62,7 +62,12 @@ def test_requests_are_admitted_after_loading_their_host_hit_back(name):
     prefix covers what the load back put on the device."""
     loaded = 0
     ops: set = set()
-    for seed in (1, 2):
+    # (with Mamba a host hit at admission is rare: a match ends at a node with a state; the
+    # seeds go on until one loads, up to a bound, so a change of the random stream does not
+    # turn this test off)
+    for seed in range(1, 41):
+        if seed > 2 and loaded:
+            break
         run = _run(name, seed, 300, snapshot_every=20)
         ops.update(step["op"] for step, _ in run)
         for (m, mo), (lb, lo), (ad, ao) in zip(run, run[1:], run[2:], strict=False):
