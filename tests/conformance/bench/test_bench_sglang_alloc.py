@@ -130,3 +130,26 @@ def test_the_cli_runs_a_configuration_over_sglang_or_records_why_not(tmp_path, c
         assert set(c["missing"]) == {"fast", "upstream"} and not c["impls"]
         for impl, why in c["missing"].items():
             assert why.startswith(f"{impl}: --allocator sglang, swa: not measured: "), why
+
+
+@pytest.mark.upstream
+@needs_sglang
+def test_host_mamba_load_backs_give_the_request_its_state_as_upstreams_do(monkeypatch):
+    """write_through+mamba over 1,000 shared-prefix requests (page 1): fast's ``init_load_back``
+    kept the requester's state slot from ``req.mamba_pool_idx``, so the loop took a second one
+    at admission; the outcomes parted at about request 530 ("OUTCOMES DIFFER")."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    from uniradix.fast.hybrid import HybridRadixCache
+    given = []
+    orig = HybridRadixCache.init_load_back
+
+    def init_load_back(self, params):
+        out = orig(self, params)
+        given.append(getattr(params.req, "mamba_pool_idx", None) is not None)
+        return out
+    monkeypatch.setattr(HybridRadixCache, "init_load_back", init_load_back)
+    config = C.BenchConfig.parse("write_through+mamba")
+    cmp = bench.compare(["fast", "upstream"], bench.shared_prefix_workload(1, requests=1000),
+                        repeats=1, strict=False, allocator="sglang", config=config)
+    assert not cmp.missing and cmp.identical, (cmp.missing, cmp.mismatches)
+    assert any(given)  # a load back brought a host-only state back for its request
