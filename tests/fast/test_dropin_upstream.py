@@ -14,7 +14,9 @@ path with sglang's own ``Req``: ``init_next_round_input`` (which calls ``match_p
 chunked prefill through ``cache_unfinished_req``, decode, ``cache_finished_req`` and aborts,
 over reused request rows.  Every eviction policy runs the tree workload (Full, SWA, Mamba, host
 tier), the request path and streaming sessions (Full); sessions also run with SWA and Mamba; the
-Mamba extra buffer runs over sglang's own ``HybridReqToTokenPool`` with it on.
+Mamba extra buffer runs over sglang's own ``HybridReqToTokenPool`` with it on; the host tier
+with Mamba runs the request path as the bench builds it (sglang's host pools), load backs
+given the request.
 """
 
 from __future__ import annotations
@@ -927,3 +929,127 @@ def test_finished_req_frees_without_copying_the_free_list(ps):
     if ps == 1:  # the first free made the tail buffer (a list of 65k slots gets one: fast/_core.c
         # "native frees"); every later finish appends in place
         assert len(set(storages)) == 1, storages
+
+
+# -- the host tier with Mamba, the request path with sglang's own Req ------------------------------
+
+
+def host_mamba_request_workload(impl: str, seed: int = 8, n: int = 300,
+                                kv_slots: int = 512) -> dict:
+    """write_through+mamba built as ``uniradix bench --allocator sglang`` builds it (sglang's
+    allocators, ``HybridReqToTokenPool`` and host pools; conformance/bench/sglang_alloc.py),
+    driven with sglang's own Req: ``init_next_round_input`` (a Mamba cache's match is a
+    copy-on-write one, which may give the request its state slot), the host part loaded back
+    with ``init_load_back(req=req)``, then the state slot taken at admission only when the
+    request has none (as ``HybridReqToTokenPool.alloc`` does), prefill (some chunked, through
+    ``cache_unfinished_req``), decode, ``cache_finished_req`` or an abort.  Some prompts
+    continue an earlier request's whole sequence (a multi-turn chat), so they hit its state,
+    on the device or, once the small KV pool evicted it, on the host.  The load back is given
+    no host hit lengths (the bench's rule, conformance/bench/host.py): 0.5.13.post1 given them
+    also loads aux host data under a device node, where the spec and fast keep the seed's
+    guard (docs/SPEC.md)."""
+    from uniradix.conformance.bench import configs as C
+    from uniradix.spec.world import PagedPool
+    cache, _, rtp = C.config_bundle(impl, C.BenchConfig.parse("write_through+mamba"), 1,
+                                    "sglang").build(PagedPool(kv_slots, 1, "kv"))
+    alloc, states = cache.token_to_kv_pool_allocator, rtp.mamba_allocator
+    rows = Rows(rtp.size)
+    rng = random.Random(seed)
+    log: list = []
+    done: list = []  # finished sequences, for follow-up turns
+
+    def sizes():
+        return (cache.evictable_size(), cache.protected_size(), alloc.available_size(),
+                states.available_size(), cache.mamba_evictable_size(),
+                cache.mamba_protected_size())
+
+    def take(k: int):
+        short = k - alloc.available_size()
+        if short > 0:
+            log.append(("evict", cache.evict(up.EvictParams(num_tokens=short)).num_tokens_evicted))
+        return alloc.alloc(k)
+
+    def finish(req, aborted: bool) -> None:
+        cache.cache_finished_req(req, is_insert=not aborted)
+        rows.free.append(req.req_pool_idx)
+        if not aborted:
+            done.append(list(req.origin_input_ids) + list(req.output_ids))
+        log.append(("finish", req.rid, aborted, sizes()))
+
+    running: list = []
+    for k, (body, out_len, u) in enumerate(prompts(seed, n)):
+        while len(running) >= 3:
+            req = running.pop(0)
+            finish(req, req.rid.endswith("3"))
+        # (the bench's request pool rows hold 64 tokens: sglang_alloc.py MAX_CONTEXT)
+        turns = [d for d in done[-8:] if len(d) <= 44]
+        prompt = (rng.choice(turns) + body[:4]) if turns and u < 0.5 else body[:40]
+        out_len = min(out_len, 64 - len(prompt))
+        req = Req(rid=f"r{k}", origin_input_text="", origin_input_ids=array("q", prompt),
+                  sampling_params=SamplingParams(max_new_tokens=out_len))
+        req.init_next_round_input(tree_cache=cache)
+        cow = req.mamba_pool_idx is not None  # the match gave it a state slot
+        loaded = 0
+        if req.needs_host_load_back():
+            req.swa_host_hit_length = req.mamba_host_hit_length = 0  # (the bench's rule)
+            new, req.last_node = cache.init_load_back(InitLoadBackParams(
+                best_match_node=req.best_match_node, host_hit_length=0, req=req))
+            cache.ready_to_load_host_cache()
+            req.prefix_indices = torch.cat([req.prefix_indices, new])
+            loaded = len(new)
+        slot_from_load = not cow and req.mamba_pool_idx is not None
+        hit = len(req.prefix_indices)
+        req.cache_protected_len = hit
+        cache.inc_lock_ref(req.last_node)
+        if req.mamba_pool_idx is None:  # admission's state slot (one state evicted for room)
+            if states.available_size() == 0:
+                log.append(("evict-state", cache.evict(
+                    up.EvictParams(num_tokens=0, mamba_num=1)).mamba_num_evicted))
+            req.mamba_pool_idx = states.alloc(1)[0]
+        req.req_pool_idx = rows.take()
+        rtp.write((req.req_pool_idx, slice(0, hit)), req.prefix_indices.to(torch.int32))
+        req.kv_committed_len = req.kv_allocated_len = hit
+        log.append(("admit", req.rid, hit, loaded, cow, slot_from_load,
+                    int(req.mamba_pool_idx), req.prefix_indices.tolist()))
+        slots = take(len(prompt) + out_len - hit)
+        if slots is None:
+            finish(req, True)
+            continue
+        c = hit
+        first = (len(prompt) - hit) // 2
+        if u > 0.6 and first > 1:  # a chunk, cached unfinished
+            rtp.write((req.req_pool_idx, slice(c, c + first)), slots[:first].to(torch.int32))
+            c = req.kv_committed_len = req.kv_allocated_len = c + first
+            req.fill_len = c
+            cache.cache_unfinished_req(req, chunked=True)
+            log.append(("chunk", req.rid, req.cache_protected_len, sizes()))
+        rtp.write((req.req_pool_idx, slice(c, len(prompt))),
+                  slots[c - hit: len(prompt) - hit].to(torch.int32))
+        for j in range(out_len):  # decode
+            req.output_ids.append((prompt[j % len(prompt)] * 7 + j) % 50 + 1)
+            pos = len(prompt) + j
+            rtp.write((req.req_pool_idx, slice(pos, pos + 1)),
+                      slots[pos - hit: pos - hit + 1].to(torch.int32))
+        req.kv_committed_len = req.kv_allocated_len = len(prompt) + out_len
+        running.append(req)
+        cache.check_hicache_events()
+    for req in running:
+        finish(req, False)
+    log.append(("end", sizes()))
+    return {"log": log, "free_list": free_list(alloc), "states": states.available_size()}
+
+
+def test_host_mamba_request_path_same_outcomes():
+    """fast's ``init_load_back`` took the requester's state slot but never set
+    ``req.mamba_pool_idx``: the admission took a second slot and the first leaked (the
+    bench's write_through+mamba outcome difference at 1,000 requests)."""
+    ours = host_mamba_request_workload("fast")
+    theirs = host_mamba_request_workload("upstream")
+    for k, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True)):
+        assert a == b, f"request event {k}: fast {a} != sglang {b}"
+    assert ours == theirs
+    admits = [e for e in ours["log"] if e[0] == "admit"]
+    assert any(e[3] > 0 for e in admits)  # load backs
+    assert any(e[5] for e in admits)  # a load back gave the request its state slot
+    assert any(e[4] for e in admits)  # a copy-on-write match gave one
+    assert any(e[0] == "evict" for e in ours["log"]) and any(e[0] == "chunk" for e in ours["log"])
