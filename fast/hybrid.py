@@ -1080,15 +1080,32 @@ class HybridRadixCache(UnifiedRadixCache):
 
     def load_back(self, node: HybridNode, mem_quota: int | None = None, req: Any = None) -> bool:
         """Copy the evicted segment ending at ``node`` back to the device
-        (``HostTier.load_back``); False when nothing is loaded."""
-        return self._host_tier().load_back(node, mem_quota)
+        (``HostTier.load_back``); False when nothing is loaded.  Mamba: ``req`` is the
+        requester, which gets a copy of the loaded state in its own slot
+        (``req.mamba_pool_idx``: the one it holds, else a fresh one, the request's from then
+        on whether or not the load went ahead, as upstream's); without a requester no slot is
+        taken for one (upstream takes none either)."""
+        tier = self._host_tier()
+        mamba = self.mamba
+        if mamba is None:
+            return tier.load_back(node, mem_quota)
+        own = self._request_slot_of(req) if req is not None else None
+        # (set for every load back: HostTier.load_back is reached only from here)
+        mamba.request_state, mamba.request_slot = own, None
+        mamba.requester = req is not None
+        loaded = tier.load_back(node, mem_quota)
+        if mamba.request_slot is not None and req is not None:
+            # the state slot the load back took for the requester: its ``mamba_pool_idx``,
+            # which the scheduler frees with the request
+            req.mamba_pool_idx = mamba.request_slot
+        return loaded
 
     def init_load_back(self, params: InitLoadBackParams) -> tuple[torch.Tensor, HybridNode]:
         """The scheduler's entry: load the host part of a match (``best_match_node``) and
         return the device slots now between the request's last device node and it, with the
         new last node; ``(empty, last device node)`` when nothing was loaded.  Without ``req``
         the last device node is the nearest ancestor of ``best_match_node`` not evicted."""
-        tier = self._host_tier()
+        self._host_tier()  # (refused without one)
         node = params.best_match_node
         self._check_attached(node)
         last: Any
@@ -1106,18 +1123,11 @@ class HybridRadixCache(UnifiedRadixCache):
             raise InvalidInput("init_load_back: the request's last node is not on the path")
         if params.mem_quota is not None:
             count_arg("mem_quota", params.mem_quota)
-        mamba = self.mamba
-        if mamba is not None:
-            own = self._request_slot_of(params.req)
-            mamba.request_state, mamba.request_slot = own, None
+        if self.mamba is not None:
+            self._request_slot_of(params.req)  # (checked before anything changes)
+            self.mamba.request_state = None
         # the seed's guard: only an evicted node is loaded back
-        loaded = node.evicted and tier.load_back(node, params.mem_quota)
-        if mamba is not None and mamba.request_slot is not None and params.req is not None:
-            # the state slot the load back took for the requester is the request's from now
-            # on (whether or not the load then went ahead, as upstream's): its
-            # ``mamba_pool_idx``, which the scheduler frees with the request
-            params.req.mamba_pool_idx = mamba.request_slot
-        if loaded:
+        if node.evicted and self.load_back(node, params.mem_quota, params.req):
             chunks, cur = [], node
             while cur is not last:
                 chunks.append(cur.value)
@@ -1127,7 +1137,7 @@ class HybridRadixCache(UnifiedRadixCache):
                 return torch.cat(chunks), node
         return self._empty, last
 
-    def _request_slot_of(self, req: Any) -> int | None:
+    def _request_slot_of(self, req: Any) -> int | None:  # (req None: none)
         """The requester's own Mamba state slot (``req.mamba_pool_idx``: a one-element tensor
         or an int), checked to be one the tree does not hold; None when it has none."""
         idx = getattr(req, "mamba_pool_idx", None)

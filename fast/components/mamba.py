@@ -37,6 +37,7 @@ class MambaComponent(AuxComponent):
     controller: Any = None  # the host tier's controller (its copy logs)
     request_state: int | None = None  # the requester's state slot of the last load back
     request_slot: Any = None  # the same as a 0-d tensor when the load back took it
+    requester = True  # False while a load back without a requester runs: no slot for one
     extra_buffer = False  # enable_mamba_extra_buffer: requests cache their tracked states
     extra_buffer_lazy = False  # enable_mamba_extra_buffer_lazy: one track slot a request
     _loading: torch.Tensor | None = None  # the state slot a load back in progress took
@@ -464,8 +465,8 @@ class MambaComponent(AuxComponent):
         """The requester's own state slot (``request_state``), taken before the load back
         weighs its size; none to be had: the load back fails (upstream asserts instead,
         docs/SPEC.md).  A requester that holds a slot already (``init_load_back`` set
-        ``request_state`` to it) keeps it: nothing is taken."""
-        if self.request_state is not None:
+        ``request_state`` to it) keeps it, and a load back without a requester takes none."""
+        if self.request_state is not None or not self.requester:
             return True
         if not self._room():
             return False

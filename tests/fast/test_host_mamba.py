@@ -207,3 +207,28 @@ def test_a_load_back_of_a_requester_with_a_slot_on_spec_and_fast():
     for s in (spec, fst):
         r = s.step("load_back", node=ROOT, last_device_node=ROOT, mamba_slot=1)
         assert r["error"] == "InvalidInput" and "needs the Mamba component" in r["message"]
+
+
+def test_a_load_back_without_a_requester_takes_no_slot_for_one():
+    """``init_load_back`` without ``req`` and the public ``load_back(node)`` (upstream's
+    ``req=None``): the node's state comes back, and no slot is taken for a requester nobody
+    would free (fast took one, which leaked)."""
+    for call in ("init_load_back", "load_back"):
+        cache, best = _evicted_state_cache()
+        states = cache.mamba_allocator
+        before = states.available_size()
+        if call == "init_load_back":
+            new, last = cache.init_load_back(fast.InitLoadBackParams(best_match_node=best))
+            assert new.tolist() and last is best
+        else:
+            assert cache.load_back(best) is True
+        assert states.available_size() == before - 1, call  # the node's state only
+        assert best.aux[cache.mamba.i].value is not None
+        assert cache.violations() == []
+        # a later load back with a requester takes one for it again
+        req = types.SimpleNamespace(last_node=cache.root_node, mamba_pool_idx=None)
+        cache.ready_to_load_host_cache()
+        cache.check_hicache_events()  # the load's ack: the node is unlocked
+        assert cache.evict(fast.EvictParams(num_tokens=4)).num_tokens_evicted == 4
+        assert cache.load_back(best, req=req) is True
+        assert req.mamba_pool_idx is not None and states.available_size() == before - 2
