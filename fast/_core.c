@@ -2035,6 +2035,7 @@ static PyObject *s_full_attn, *s_swa_attn, *s_mapping, *s_free_swa, *s_available
     *s_size_attr, *s_split, *s_module_attr, *s_qualname;
 
 #define SWA_KIND_SLOTS 4
+#define SWA_PREFETCH 64  /* slots ahead that swa_free_untimed's map walk prefetches */
 static struct { PyObject *type, *free, *free_swa; int ok; } g_swa_kinds[SWA_KIND_SLOTS];
 static int g_swa_kind_next = 0;
 
@@ -2414,6 +2415,9 @@ swa_free_untimed(PyObject *alloc, PyObject *pieces, int only_swa, const char *wh
         const long long *p = segs[i].p;
         Py_ssize_t n = segs[i].n, was = used;
         for (Py_ssize_t j = 0; j < n; j++) {
+            if (j + SWA_PREFETCH < n)  /* the map's lines a few pages on, read ahead: each
+                                        * page's slots sit elsewhere in a large table */
+                __builtin_prefetch(&map[p[j + SWA_PREFETCH]], 1, 1);
             long long v = map[p[j]];
             if (v > 0)
                 taken[used++] = v;
@@ -4233,16 +4237,24 @@ paged_front_into(const Seg *segs, Py_ssize_t k, long long ps, long long **out)
     for (Py_ssize_t i = k - 1; i >= 0; i--) {
         const long long *src = segs[i].p;
         Py_ssize_t n = segs[i].n;
-        long long *seg = *out + used, prev = 0;
+        long long *seg = *out + used, prev = 0, lo = 0, hi = 0;
         Py_ssize_t m = 0;
         int sorted = 1;
         for (Py_ssize_t j = 0; j < n; j++) {
-            long long pg = floor_div_ll(src[j], ps);
+            long long v = src[j];
+            if (m && v >= lo && v < hi)
+                continue;  /* the rest of a page already taken: [lo, hi) are its slots
+                            * (a compare instead of a division per slot) */
+            long long pg = floor_div_ll(v, ps);
             if (m && pg == prev)
-                continue;  /* the rest of a page already taken */
+                continue;
             if (m && pg < prev)
                 sorted = 0;
             seg[m++] = prev = pg;
+            /* (an empty range below slot 0 or where lo + ps would overflow: the division
+             * then decides; lo = pg * ps <= v cannot overflow for pg >= 0) */
+            lo = pg >= 0 ? pg * ps : 0;
+            hi = (pg >= 0 && lo <= LLONG_MAX - ps) ? lo + ps : lo;
         }
         if (!sorted)
             qsort(seg, (size_t)m, sizeof(long long), cmp_ll);

@@ -225,6 +225,38 @@ def test_paged_front_native_rejects_bad_input():
     assert bytes(core.paged_front([torch.tensor([], dtype=torch.int64)], 4)) == b""
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_paged_front_native_takes_each_pieces_pages_once_in_order(seed):
+    """``paged_front`` (the paged frees' page ids: the pieces last first, each piece's pages
+    sorted and once) against the floor divisions it stands for, on pieces whose slots leave a
+    page and come back to it, run backwards, go below 0, or sit at the top of int64 (where a
+    page's slot range would overflow)."""
+    core = frees._native_core()
+    if core is None:
+        pytest.skip("the C core is not built")
+    rng = random.Random(seed)
+    ps = rng.choice([1, 3, 4, 16])
+    top = 2 ** 63 - 1
+    pieces = []
+    for _ in range(rng.randint(1, 5)):
+        kind = rng.choice(["run", "mixed", "negative", "top"])
+        if kind == "run":  # whole pages, in order (a tree node's slots)
+            start = rng.randrange(0, 50) * ps
+            vals = list(range(start, start + ps * rng.randint(1, 4)))
+        elif kind == "mixed":
+            vals = [rng.randrange(0, 8 * ps) for _ in range(rng.randint(0, 20))]
+        elif kind == "negative":
+            vals = [rng.randrange(-5 * ps, 5 * ps) for _ in range(rng.randint(1, 12))]
+        else:
+            vals = [top - rng.randrange(0, 3 * ps) for _ in range(rng.randint(1, 8))]
+        pieces.append(torch.tensor(vals, dtype=torch.int64))
+    want = []
+    for piece in reversed(pieces):
+        want += sorted({v // ps for v in piece.tolist()})
+    got = torch.frombuffer(bytearray(core.paged_front(pieces, ps)), dtype=torch.int64).tolist()
+    assert got == want, (ps, [p.tolist() for p in pieces])
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_release_ranges_frees_one_range_per_node(seed):
     """The insert's duplicates: under APPEND one call (adjacent ranges joined as one slice);
