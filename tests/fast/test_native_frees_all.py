@@ -158,6 +158,15 @@ _CASES = [(k, False, "release") for k in sorted(KINDS)] \
     + [(k, ns, "swa_free") for k in ("swa", "swa16") for ns in (False, True)]
 
 
+def _tensors(state) -> list:
+    """The tensors of a ``backup_state`` (the SWA allocator's nests its sub-allocators')."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [t for x in state for t in _tensors(x)]
+    return []
+
+
 @pytest.mark.parametrize(("kind", "need_sort", "via"), _CASES)
 @pytest.mark.parametrize("seed", range(6))
 def test_release_equals_one_sglang_free_per_piece(kind, need_sort, via, seed):
@@ -205,6 +214,7 @@ def test_release_equals_one_sglang_free_per_piece(kind, need_sort, via, seed):
             ref.free(extra)
         elif "group" in has and not in_group and roll < 0.25:
             backup = (got.backup_state(), ref.backup_state())
+            backed = [t.tolist() for t in _tensors(backup[0])]
         elif "group" in has and not in_group and roll < 0.35 and backup is not None:
             got.restore_state(backup[0])
             ref.restore_state(backup[1])
@@ -213,6 +223,8 @@ def test_release_equals_one_sglang_free_per_piece(kind, need_sort, via, seed):
         assert got.available_size() == ref.available_size()
         for t, values in handed:
             assert t.tolist() == values  # no slot handed out was ever overwritten
+        if backup is not None:  # nor a list a backup_state holds
+            assert [t.tolist() for t in _tensors(backup[0])] == backed
     if cache_mod.NATIVE and slots > 1000 and not need_sort and kind not in ("host_mamba",
                                                                              "swa16"):
         # the long lists went through the tail buffer, not sglang's copy of the list (the
@@ -563,3 +575,4 @@ def test_mixed_runs_equal_the_runs_in_turn(kind, need_sort, seed):
                 assert t.tolist() == values
     finally:
         frees.release = real
+
