@@ -48,6 +48,7 @@ from uniradix.conformance.traces.replay import (
     host_locked_copy_freed,
     host_locked_state_listed,
     load_back_lost_its_host_state,
+    load_back_window_ends_at_a_tombstone,
     load_back_without_a_state_slot,
     swa_skipped_leaf_keeps_state,
     unlock_after_split_of_skipped_node,
@@ -297,7 +298,8 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     load back with no device state slot to be had; its assertion in the unlock of a lock that
     skipped an evicted node a later split cut (the new upper part, never locked, loses a lock);
     its hang (no answer within ``--step-timeout``) in a write-back SWA or Mamba eviction whose
-    victim cannot be backed up."""
+    victim cannot be backed up; its assertion in a load back whose SWA window ends at a
+    tombstone (a best node from an earlier match)."""
     if finding.kind == VIOLATION and finding.op == "host_lock" and finding.impls \
             and all(lab.startswith("upstream") for lab in finding.impls) \
             and host_lock_on_host_only_aux(Trace({}, config, list(taken)), finding.step):
@@ -322,6 +324,12 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
             and aux_evict_passes_over_a_leaf(Trace({}, config, list(taken)), finding.step):
         return ("a write-back SWA or Mamba eviction whose victim cannot be backed up: upstream "
                 "takes the same leaf forever (a hang), the spec passes it over (docs/SPEC.md)")
+    if upstream_crash and finding.op == "load_back" \
+            and load_back_window_ends_at_a_tombstone(Trace({}, config, list(taken)),
+                                                     finding.step):
+        return ("a load back whose SWA window ends at a tombstone: upstream asserts every "
+                "node of the window has SWA data, the spec loads the window it has "
+                "(docs/SPEC.md)")
     if upstream_crash and finding.op == "load_back" and any(
             "Cannot alloc mamba for load_back" in str(v) for v in finding.values.values()) \
             and load_back_without_a_state_slot(Trace({}, config, list(taken)), finding.step):

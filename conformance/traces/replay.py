@@ -442,6 +442,31 @@ def load_back_without_a_state_slot(trace: Trace, step_i: int) -> bool:
         and state.mamba is not None and state.mamba.available_size() < 1
 
 
+def load_back_window_ends_at_a_tombstone(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` is a load back, with SWA and a host tier, of an
+    evicted node whose window (one window of SWA data, from the node up) reaches a node with
+    SWA data on neither tier before it is full: the spec loads the window it has and ends
+    there (spec/components.py ``swa_load_window``); 0.5.13.post1 asserts that every node of
+    the window has SWA data somewhere (its SWA validator would not have answered such a best
+    node: here it comes from an earlier match; docs/SPEC.md, "A load back whose window ends at
+    an SWA tombstone")."""
+    if "swa" not in trace.config.components or not trace.config.host_slots:
+        return False
+    found = _load_back_before(trace, step_i)
+    if found is None or found[2] is None or not found[2].evicted:
+        return False
+    from uniradix.spec.components import window
+    state, cur, size = found[0].state, found[2], 0
+    while not cur.is_root and size < window(state):
+        d = cur.aux.get("swa")
+        data = None if d is None else d.value if d.value is not None else d.host_value
+        if data is None:
+            return True
+        size += len(data)
+        cur = cur.parent
+    return False
+
+
 def cow_match_without_a_state_slot(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is a copy-on-write match (``cow_mamba``) that
     finds a state to copy but no device state slot for the request, even after evicting one

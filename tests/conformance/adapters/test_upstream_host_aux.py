@@ -158,6 +158,16 @@ def test_conform_counts_a_mamba_load_back_with_no_state_slot_as_documented(name)
                                  "Cannot alloc mamba for load_back")
 
 
+def test_conform_counts_a_load_back_of_a_window_ending_at_a_tombstone_as_documented():
+    """docs/SPEC.md, "A load back whose window ends at an SWA tombstone" (conform spec,upstream
+    on sessions-host-swa-p1, seed 2033): upstream asserts in its SWA load-back transfer, the
+    spec and fast load the window they have."""
+    upstream_crash_is_documented(
+        os.path.join(REGRESSIONS_HOST_AUX,
+                     "upstream-crash-sessions-host-swa-p1-load-back-window-ends-at-a-tombstone.jsonl"),
+        "load_back", "AssertionError")
+
+
 def test_mamba_load_back_asserts_when_every_state_slot_is_pinned():
     """Defect 2 (issue 12 item 6): with both device state slots held by nodes whose
     write-through acks are pending, the load back fails an assertion instead of failing."""

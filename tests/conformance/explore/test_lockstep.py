@@ -687,6 +687,46 @@ def test_conform_counts_upstreams_unlock_after_a_split_of_a_skipped_node(name):
                                  crash("upstream", before["i"], before["op"])) is None
 
 
+def test_conform_counts_upstreams_load_back_of_a_window_ending_at_a_tombstone():
+    """docs/SPEC.md, "A load back whose window ends at an SWA tombstone" (found by conform
+    spec,upstream on sessions-host-swa-p1, seed 2033): an insert with ``swa_evicted_seqlen``
+    leaves the node above the leaf an SWA tombstone, an evict takes both to the host, and a
+    load back of the leaf walks its window into the tombstone: 0.5.13.post1 asserts, the spec
+    loads the window it has.  Counted as documented for upstream's crash only; without the
+    tombstone (the insert given its whole window) neither the rule nor the count applies."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import VIOLATION, Finding
+    from uniradix.conformance.traces.replay import load_back_window_ends_at_a_tombstone
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions-host-aux",
+        "upstream-crash-sessions-host-swa-p1-load-back-window-ends-at-a-tombstone.jsonl"))
+    last = trace.steps[-1]
+    assert last["op"] == "load_back"
+
+    def crash(impl):
+        return Finding(VIOLATION, last["i"], "load_back", "crash", "AssertionError",
+                       {impl: "AssertionError: "}, (impl,))
+
+    labels = ["spec", "upstream"]
+    assert load_back_window_ends_at_a_tombstone(trace, last["i"])
+    assert "SWA window ends at a tombstone" in documented_difference(
+        labels, trace.config, trace.steps, crash("upstream"))
+    assert documented_difference(labels, trace.config, trace.steps, crash("spec")) is None
+    assert not any(load_back_window_ends_at_a_tombstone(trace, s["i"]) for s in trace.steps[:-1])
+    # the same load back before the evict: the node is on the device, nothing is loaded
+    early = [s for s in trace.steps[:-1] if s["op"] != "evict"] + [last]
+    assert not load_back_window_ends_at_a_tombstone(
+        Trace(trace.header, trace.config, early), last["i"])
+    whole = [dict(s, args={k: v for k, v in s["args"].items() if k != "swa_evicted_seqlen"})
+             for s in trace.steps]
+    assert whole != trace.steps
+    assert not load_back_window_ends_at_a_tombstone(
+        Trace(trace.header, trace.config, whole), last["i"])
+    assert documented_difference(labels, trace.config, whole, crash("upstream")) is None
+
+
 def test_conform_counts_upstreams_mamba_load_back_without_a_state_slot():
     """docs/SPEC.md, "A Mamba load back with no device state to be had": the caller holds every
     device state slot (found by conform spec,upstream on host-mamba-wb-p4, seed 2030), so the
