@@ -294,6 +294,16 @@ def test_a_policy_name_in_any_case_is_read_as_upstream_reads_it(policy):
 # -- the request path with sglang's own Req ------------------------------------------------------
 
 
+def arrivals(seed: int, n: int, running: list, limit: int, finish):
+    """:func:`prompts` numbered, each once fewer than ``limit`` requests run: the oldest
+    running ones finish first (``finish(req, aborted)``; requests r*3 are aborted)."""
+    for k, (prompt, out_len, u) in enumerate(prompts(seed, n)):
+        while len(running) >= limit:
+            req = running.pop(0)
+            finish(req, req.rid.endswith("3"))
+        yield k, prompt, out_len, u
+
+
 class Rows:
     """Request rows, lowest free first (a finished request's row is the next one's)."""
 
@@ -799,10 +809,7 @@ def xbuf_workload(ps: int, overlap: bool, impl: str, seed: int = 5, n: int = 160
         log.append(("finish", req.rid, aborted, states()))
 
     running: list = []
-    for k, (prompt, out_len, u) in enumerate(prompts(seed, n)):
-        while len(running) >= 2:
-            r = running.pop(0)
-            finish(r, r.rid.endswith("3"))
+    for k, prompt, out_len, u in arrivals(seed, n, running, 2, finish):
         req = Req(rid=f"r{k}", origin_input_text="", origin_input_ids=array("q", prompt),
                   sampling_params=SamplingParams(max_new_tokens=out_len))
         req.init_next_round_input(tree_cache=cache)
@@ -977,10 +984,7 @@ def host_mamba_request_workload(impl: str, seed: int = 8, n: int = 300,
         log.append(("finish", req.rid, aborted, sizes()))
 
     running: list = []
-    for k, (body, out_len, u) in enumerate(prompts(seed, n)):
-        while len(running) >= 3:
-            req = running.pop(0)
-            finish(req, req.rid.endswith("3"))
+    for k, body, out_len, u in arrivals(seed, n, running, 3, finish):
         # (the bench's request pool rows hold 64 tokens: sglang_alloc.py MAX_CONTEXT)
         turns = [d for d in done[-8:] if len(d) <= 44]
         prompt = (rng.choice(turns) + body[:4]) if turns and u < 0.5 else body[:40]
