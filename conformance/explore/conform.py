@@ -50,6 +50,7 @@ from uniradix.conformance.traces.replay import (
     load_back_lost_its_host_state,
     load_back_window_ends_at_a_tombstone,
     load_back_without_a_state_slot,
+    split_of_a_host_locked_swa_copy,
     swa_skipped_leaf_keeps_state,
     unlock_after_split_of_skipped_node,
     unlock_left_a_device_leaf_out,
@@ -291,7 +292,8 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     it was to load (upstream loads it anyway); with SWA and a host tier, a device leaf that an
     unlock through an evicted node left out of upstream's evictable leaf set; an unlock after a
     split cut a node its lock skipped (upstream takes a lock from the upper part, which a later
-    lock may hold).
+    lock may hold); a split of a node whose SWA host copy a host lock holds (upstream's upper
+    part loses the host lock).
     Violations: upstream's sanity check after a host lock of a node with host-only aux data;
     upstream's assertion in a copy-on-write match with no state slot to be had; its crash in a
     load back whose room-making took the node itself from the host; its assertion in a Mamba
@@ -337,6 +339,10 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
                 "spec loads nothing (docs/SPEC.md)")
     if finding.kind != DIVERGENCE or not any(lab.startswith("upstream") for lab in labels):
         return None
+    if "host" in finding.path \
+            and split_of_a_host_locked_swa_copy(Trace({}, config, list(taken)), finding.step):
+        return ("a split of a node whose SWA host copy a host lock holds: upstream's upper "
+                "part loses the host lock, the spec's keeps it (docs/SPEC.md)")
     if finding.op == "load_back" and load_back_lost_its_host_state(
             Trace({}, config, list(taken)), finding.step):
         return ("a Mamba load back whose room-making took the host state it was to load: "

@@ -516,6 +516,33 @@ def unlocks_after_split_of_skipped_node(trace: Trace, upto: int) -> list[int]:
     return found
 
 
+def split_of_a_host_locked_swa_copy(trace: Trace, upto: int) -> bool:
+    """Whether a step of ``trace``, up to step ``upto``, split a node whose SWA host copy a
+    host lock holds, so that the new upper part carries the lock's count on the spec (its split
+    hook copies the SWA host lock count to both parts); 0.5.13.post1's SWA split copies the
+    device lock count only, so its upper part is host-unlocked (listed in its SWA host LRU
+    list, free for a host eviction to take) while the lock holds the node (docs/SPEC.md, "A
+    split of a host-locked SWA copy")."""
+    from uniradix.conformance.adapters.base import SpecAdapter
+    from uniradix.spec.core import all_nodes
+    if "swa" not in trace.config.components or not trace.config.host_slots:
+        return False
+    adapter = SpecAdapter(trace.config)
+
+    def locked_paths() -> set:
+        return {(n.path_units(), n.extra_key) for n in all_nodes(adapter.state)
+                if not n.is_root and "swa" in n.aux and n.aux["swa"].host_lock_ref > 0}
+    for idx, step in enumerate(trace.steps):
+        i = step.get("i", idx)
+        if i > upto:
+            break
+        before = {(n.path_units(), n.extra_key) for n in all_nodes(adapter.state)}
+        adapter.apply(step)
+        if step["op"] in ("insert", "match_prefix") and locked_paths() - before:
+            return True
+    return False
+
+
 def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is such an unlock
     (:func:`unlocks_after_split_of_skipped_node`)."""

@@ -168,6 +168,30 @@ def test_conform_counts_a_load_back_of_a_window_ending_at_a_tombstone_as_documen
         "load_back", "AssertionError")
 
 
+def test_upstreams_split_of_a_host_locked_swa_copy_loses_the_lock():
+    """docs/SPEC.md, "A split of a host-locked SWA copy": upstream 0.5.13.post1 replays the
+    trace up to its last step, where its new upper part has SWA host lock count 0 (the spec's
+    1); conform counts that as documented."""
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.replay import replay_trace
+    from uniradix.conformance.traces.trace import load_trace
+    trace = load_trace(os.path.join(
+        REGRESSIONS_HOST_AUX, "conform-sessions-host-swa-p1-split-of-a-host-locked-swa-copy.jsonl"))
+    assert replay_trace(trace, "spec").divergence is None
+    assert replay_trace(trace, "fast").divergence is None
+    ad = make_adapter("upstream", trace.config)
+    for step in trace.steps:
+        assert "error" not in ad.apply(step)
+    upper = ad._find_node([4, 4, 2, 3, 2], "a")
+    assert upper.component_data[ad.up.ComponentType.SWA].host_lock_ref == 0
+    last = trace.steps[-1]
+    d = Finding(DIVERGENCE, last["i"], "insert", "snapshot",
+                "host.nodes[extra_key='a' tokens=[4, 4, 2, 3, 2]].swa.host_lock_ref",
+                {"spec": 1, "upstream": 0}, ("spec", "upstream"))
+    assert documented_difference(["spec", "upstream"], trace.config, trace.steps, d)
+
+
 def test_mamba_load_back_asserts_when_every_state_slot_is_pinned():
     """Defect 2 (issue 12 item 6): with both device state slots held by nodes whose
     write-through acks are pending, the load back fails an assertion instead of failing."""

@@ -727,6 +727,48 @@ def test_conform_counts_upstreams_load_back_of_a_window_ending_at_a_tombstone():
     assert documented_difference(labels, trace.config, whole, crash("upstream")) is None
 
 
+def test_conform_counts_a_split_of_a_host_locked_swa_copy():
+    """docs/SPEC.md, "A split of a host-locked SWA copy" (found by conform spec,upstream on
+    sessions-host-swa-p1, seed 2034): a host lock holds a node's SWA host copy and an insert
+    splits the node; the spec's upper part keeps the lock's count, 0.5.13.post1's loses it.
+    Counted for a host field from the split on; not before it, not for another field, and not
+    without the host lock."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.replay import split_of_a_host_locked_swa_copy
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions-host-aux",
+        "conform-sessions-host-swa-p1-split-of-a-host-locked-swa-copy.jsonl"))
+    last = trace.steps[-1]
+    assert last["op"] == "insert"
+    path = "host.nodes[extra_key='a' tokens=[4, 4, 2, 3, 2]].swa.host_lock_ref"
+
+    def div(step, where_path):
+        return Finding(DIVERGENCE, step, "insert", "snapshot", where_path,
+                       {"spec": 1, "upstream": 0}, ("spec", "upstream"))
+
+    labels = ["spec", "upstream"]
+    assert split_of_a_host_locked_swa_copy(trace, last["i"])
+    assert not split_of_a_host_locked_swa_copy(trace, last["i"] - 1)
+    assert "loses the host lock" in documented_difference(labels, trace.config, trace.steps,
+                                                          div(last["i"], path))
+    assert documented_difference(labels, trace.config, trace.steps,
+                                 div(last["i"], "nodes[extra_key='a' tokens=[4]].lock_ref")) is None
+    assert documented_difference(["spec", "fast"], trace.config, trace.steps,
+                                 div(last["i"], path)) is None
+    # an insert elsewhere while the host lock holds: no split, nothing counted
+    elsewhere = trace.steps[:-1] + [{"i": last["i"], "op": "insert", "args": {
+        "tokens": [9, 9], "extra_key": "a", "value": [12, 14], "prev_prefix_len": 0,
+        "chunked": False}}]
+    assert not split_of_a_host_locked_swa_copy(Trace(trace.header, trace.config, elsewhere),
+                                               last["i"])
+    unlocked = [s for s in trace.steps if s["op"] != "host_lock"]
+    assert not split_of_a_host_locked_swa_copy(Trace(trace.header, trace.config, unlocked),
+                                               last["i"])
+
+
 def test_conform_counts_upstreams_mamba_load_back_without_a_state_slot():
     """docs/SPEC.md, "A Mamba load back with no device state to be had": the caller holds every
     device state slot (found by conform spec,upstream on host-mamba-wb-p4, seed 2030), so the
