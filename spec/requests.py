@@ -44,9 +44,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import cache as rules
-from . import components, sessions
+from . import components, host, sessions
 from .errors import AllocatorError, InvalidInput, Unsupported
-from .state import CacheState, LockHandle, all_nodes
+from .state import CacheState, LockHandle, Node, all_nodes
 
 
 @dataclasses.dataclass(eq=False)
@@ -145,12 +145,16 @@ def admit(state: CacheState, req: Request) -> int:
     req.committed = req.cache_protected_len = len(m.device_indices)
     req.lock = lock = rules.inc_lock_ref(state, m.last_device_node)
     if "mamba" in components.aux_names(state):  # the request's own state slot
+        own = req.mamba_slot  # kept from a load back of its host hit (load_back_for)
         if state.config.mamba_extra_buffer:  # and its track slots
-            slots = new_state_slots(state, 1 + held_track_slots(state))
+            fresh = new_state_slots(state, (own is None) + held_track_slots(state))
+            slots = None if fresh is None else ([] if own is None else [own]) + fresh
+        elif own is not None:
+            slots = [own]
         else:
             one = new_state_slot(state)
             slots = None if one is None else [one]
-        if slots is None:  # every state is locked: the request waits, holding nothing
+        if slots is None:  # every state is locked: the request waits, holding nothing new
             rules.dec_lock_ref(state, lock)
             req.lock, req.row, req.committed, req.cache_protected_len = None, [], 0, 0
             return 0
@@ -183,7 +187,7 @@ def new_state_slots(state: CacheState, k: int) -> list[int] | None:
         components.evict(state, 0, mamba_num=short)
     if state.mamba.available_size() < k:
         return None
-    return state.mamba.alloc(1) + state.mamba.alloc(k - 1)
+    return state.mamba.alloc(1) + state.mamba.alloc(k - 1) if k else []
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,7 +359,40 @@ def output_token_id(input_ids: Sequence[int], k: int) -> int:
 
 
 def release(state: CacheState, req: Request) -> None:
+    """A waiting request leaves (an abort): the state slot a load back gave it, if any, goes
+    back to the pool (SGLang's ``release_kv_cache`` of a request without a row)."""
+    if req.mamba_slot is not None:
+        assert state.mamba is not None  # a state slot implies the Mamba component
+        state.mamba.free([req.mamba_slot])
+        req.mamba_slot = None
     del state.requests[req.rid]
+
+
+def load_back_requester(state: CacheState, rid: object) -> Request:
+    """``load_back {rid}``'s request: a waiting one (InvalidInput otherwise), and not one whose
+    admission restores it from its session's slot (that one is not matched, so nothing is
+    loaded back for it: InvalidInput)."""
+    req = get_request(state, rid, admitted=False)
+    if req.session is not None and sessions.slot_of(state, req.session) is not None:
+        raise InvalidInput(f"load_back: request {req.rid!r} is restored from session "
+                           f"{req.session!r}'s slot, not matched")
+    return req
+
+
+def load_back_for(state: CacheState, req: Request, node: Node, last_device_node: Node,
+                  mem_quota: int | None) -> tuple[tuple[int, ...], Node]:
+    """The scheduler's ``init_load_back`` for a waiting request (``req=req``) after its match
+    found a host hit: as :func:`~uniradix.spec.host.init_load_back` with the request as the
+    requester.  With Mamba, a load back of a host-only state copies it into the request's own
+    state slot, taken fresh when it holds none; the request keeps that slot, and its admission
+    uses it rather than taking another (upstream's ``req.mamba_pool_idx``).  ``req`` is
+    :func:`load_back_requester`'s."""
+    assert not req.admitted
+    indices, last = host.init_load_back(state, node, last_device_node, mem_quota,
+                                        req.mamba_slot)
+    if state.mamba is not None:
+        req.mamba_slot = state.host.request_state if state.host is not None else None
+    return indices, last
 
 
 # ----------------------------------------------------------------------------------------------

@@ -64,11 +64,14 @@ def check_supported(config: CacheConfig, hybrid: bool = False, host_tier: bool =
         raise Unsupported("storage: true: the storage tier is not supported here yet")
 
 
-def check_load_back_slot(config: CacheConfig, mamba_slot: Any) -> int | None:
+def check_load_back_slot(config: CacheConfig, mamba_slot: Any, rid: Any = None) -> int | None:
     """``load_back``'s ``mamba_slot`` (the requester's own state slot), checked as the spec
-    checks it before the implementation's own checks: null, or an int with Mamba."""
+    checks it before the implementation's own checks: null, or an int with Mamba; not with
+    ``rid`` (a waiting request as the requester: its own slot is the one it holds)."""
     if mamba_slot is None:
         return None
+    if rid is not None:
+        raise InvalidInput("load_back: mamba_slot and rid both name the requester; give one")
     if "mamba" not in config.components:
         raise InvalidInput("load_back: mamba_slot needs the Mamba component")
     if isinstance(mamba_slot, bool) or not isinstance(mamba_slot, int):

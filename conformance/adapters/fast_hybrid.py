@@ -279,8 +279,9 @@ class HybridFastAdapter(FastAdapter):
         restored = req.admitted and req.last_node.__class__ is VirtualNode
         if req.admitted and not restored and self.config.mamba_extra_buffer:
             self._admit_states(req, obs)
-        elif req.admitted and not restored:  # the request's own state slot (a restored one:
-            # the session's, from its slot, fast/sessions.py)
+        elif req.admitted and not restored and req.mamba_pool_idx is None:  # the request's
+            # own state slot (one a load back gave it is kept, as sglang's alloc keeps it; a
+            # restored one: the session's, from its slot, fast/sessions.py)
             if self.mamba.available_size() == 0:
                 self.cache.evict(fast.EvictParams(num_tokens=0, mamba_num=1))
             if self.mamba.available_size() == 0:  # every state is locked: it waits
@@ -300,6 +301,9 @@ class HybridFastAdapter(FastAdapter):
         assert self.mamba is not None
         lazy = self.config.mamba_extra_buffer_lazy  # one track slot (upstream's two positions,
         k = 2 if lazy else 1 + self.config.mamba_track_slots  # the second empty: -1)
+        own = req.mamba_pool_idx  # kept from a load back of its host hit (sglang's alloc keeps it)
+        if own is not None:
+            k -= 1
         short = k - self.mamba.available_size()
         if short > 0:
             self.cache.evict(fast.EvictParams(num_tokens=0, mamba_num=short))
@@ -309,9 +313,11 @@ class HybridFastAdapter(FastAdapter):
             req.mamba_branching_seqlen = None
             obs["prefix_len"] = 0
             return
-        req.mamba_pool_idx = torch.tensor(self.mamba.alloc(1), dtype=torch.int64)
+        if own is None:
+            req.mamba_pool_idx = torch.tensor(self.mamba.alloc(1), dtype=torch.int64)
+            k -= 1
         req.mamba_ping_pong_track_buffer = torch.tensor(
-            self.mamba.alloc(k - 1) + ([-1] if lazy else []), dtype=torch.int64)
+            self.mamba.alloc(k) + ([-1] if lazy else []), dtype=torch.int64)
         req.mamba_next_track_idx = 0
 
     def _track(self, req: Any, lengths: list[int]) -> None:
@@ -429,7 +435,16 @@ class HybridFastAdapter(FastAdapter):
         return self._req_effects(super().op_req_finish(step))
 
     def op_req_abort(self, step: dict) -> dict:
-        return self._req_effects(super().op_req_abort(step))
+        rid = (step.get("args") or {}).get("rid")
+        req = self.requests.get(rid) if isinstance(rid, str) else None
+        obs = super().op_req_abort(step)
+        if req is not None and not req.admitted and req.mamba_pool_idx is not None:
+            # a waiting request's state slot from a load back: sglang's release_kv_cache of a
+            # request without a row frees it
+            assert self.mamba is not None
+            self.mamba.free([int(req.mamba_pool_idx.reshape(-1)[0])])
+            req.mamba_pool_idx = None
+        return self._req_effects(obs)
 
     # -- ops -------------------------------------------------------------------------------------
     def op_alloc(self, step: dict) -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 from uniradix.conformance.adapters import base as A
 from uniradix.spec import cache as rules
 from uniradix.spec import host
+from uniradix.spec import requests as reqs
 from uniradix.spec.errors import HandleError, InvalidInput, Unsupported
 
 HOST_OPS = ("evict_host", "load_back", "io_complete", "check_hicache_events", "host_lock",
@@ -63,14 +64,18 @@ class SpecHostOps:
 
     def op_load_back(self, step: dict) -> dict:
         self._host()
-        node_path, last_path, mem_quota, slot = A.args_of(step, "node", "last_device_node",
-                                                          mem_quota=None, mamba_slot=None)
-        slot = A.check_load_back_slot(self.config, slot)
+        node_path, last_path, mem_quota, slot, rid = A.args_of(
+            step, "node", "last_device_node", mem_quota=None, mamba_slot=None, rid=None)
+        slot = A.check_load_back_slot(self.config, slot, rid)
+        req = None if rid is None else reqs.load_back_requester(self.state, rid)
         node = rules.find_node(self.state, *A.path_arg(node_path))
         last = rules.find_node(self.state, *A.path_arg(last_path))
         copies = len(self.state.host.mamba_copies)
         swa_copies = len(self.state.host.swa_copies)
-        indices, last_node = host.init_load_back(self.state, node, last, mem_quota, slot)
+        if req is not None:  # a waiting request's own load back (docs/TRACE.md)
+            indices, last_node = reqs.load_back_for(self.state, req, node, last, mem_quota)
+        else:
+            indices, last_node = host.init_load_back(self.state, node, last, mem_quota, slot)
         obs = {"device_indices": list(indices), "last_node": len(last_node.path_units())}
         if self.state.host.swa_pool is not None:  # with SWA: the SWA slots it gave (TRACE.md)
             obs["swa_device_indices"] = [s for kind, _, dst in self.state.host.swa_copies[swa_copies:]
@@ -133,6 +138,7 @@ class FastHostOps:
     Host locks follow the spec's handles: an unlock undoes exactly what its lock did."""
 
     load_req: Any = None  # the last load_back's request (what init_load_back gave it)
+    _get: Callable[..., Any]  # the request adapter's (conformance/adapters/fast_adapter.py)
 
     cache: Any
     config: Any
@@ -174,16 +180,30 @@ class FastHostOps:
     def op_load_back(self, step: dict) -> dict:
         from uniradix.fast.hicache import InitLoadBackParams
         self._host()
-        node_path, last_path, mem_quota, slot = A.args_of(step, "node", "last_device_node",
-                                                          mem_quota=None, mamba_slot=None)
-        slot = A.check_load_back_slot(self.config, slot)
+        node_path, last_path, mem_quota, slot, rid = A.args_of(
+            step, "node", "last_device_node", mem_quota=None, mamba_slot=None, rid=None)
+        slot = A.check_load_back_slot(self.config, slot, rid)
+        req = None if rid is None else self._waiting_requester(rid)
         node, last = self._node(node_path), self._node(last_path)
-        self.load_req = _LoadReq(last, slot)  # (Mamba: the slot it holds after, read back)
+        if req is None:
+            self.load_req = _LoadReq(last, slot)  # (Mamba: the slot it holds after, read back)
+        else:  # a waiting request's own (SGLang: after its match in init_next_round_input)
+            req.last_node = last
+            self.load_req = req
         indices, last_node = self.cache.init_load_back(InitLoadBackParams(
             best_match_node=node, host_hit_length=0, mem_quota=mem_quota, req=self.load_req))
         self.cache.ready_to_load_host_cache()
         return {"device_indices": indices.tolist(), "last_node": self._units_len(last_node),
                 "freed": self.pool.take_freed()}
+
+    def _waiting_requester(self, rid: Any) -> Any:
+        """``load_back {rid}``'s request (spec/requests.py ``load_back_for``): waiting, and not
+        one its session's slot restores (InvalidInput otherwise, nothing changed)."""
+        req = self._get(rid, admitted=False)
+        if req.session_id is not None and req.session_id in self.cache.sessions.slots:
+            raise InvalidInput(f"load_back: request {rid!r} is restored from session "
+                               f"{req.session_id!r}'s slot, not matched")
+        return req
 
     def op_io_complete(self, step: dict) -> dict:
         self._host()

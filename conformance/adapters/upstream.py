@@ -254,7 +254,7 @@ _ARGS: dict[str, tuple[frozenset, frozenset]] = {
     "mamba_free": (frozenset({"slots"}), frozenset()),
     # the host tier (conformance/adapters/upstream_host.py), as conformance/adapters/host_ops.py reads them
     "evict_host": (frozenset({"num_tokens"}), frozenset()),
-    "load_back": (frozenset({"node", "last_device_node"}), frozenset({"mem_quota", "mamba_slot"})),
+    "load_back": (frozenset({"node", "last_device_node"}), frozenset({"mem_quota", "mamba_slot", "rid"})),
     "io_complete": (frozenset(), frozenset({"writes", "loads"})),
     "check_hicache_events": (frozenset(), frozenset()),
     "host_lock": (frozenset({"node"}), frozenset()),

@@ -108,6 +108,15 @@ class ModelController:
         self._pending_loads.clear()
 
 
+def refuse_requester(args: dict) -> None:
+    """``load_back {rid}`` names a waiting request as the requester: upstream's host tier is
+    driven tree-level only here (its request path, conformance/adapters/upstream_requests.py,
+    has no host tier), so there is no such request: Unsupported."""
+    if args.get("rid") is not None:
+        raise Unsupported("load_back: rid (a waiting request as the requester) needs the "
+                          "request path, which upstream's host tier is not driven on here")
+
+
 class _Req:
     """What upstream's ``init_load_back`` reads from a request."""
 
@@ -223,7 +232,9 @@ class UpstreamHostAdapter(UpstreamAdapter):
         mem_quota = args.get("mem_quota")
         if mem_quota is not None:
             _count(mem_quota, "mem_quota")
-        check_load_back_slot(self.config, args.get("mamba_slot"))  # (no Mamba: refused)
+        check_load_back_slot(self.config, args.get("mamba_slot"), args.get("rid"))  # (no
+        # Mamba: refused)
+        refuse_requester(args)
         cur = node
         while cur is not None and cur is not last:
             cur = cur.parent

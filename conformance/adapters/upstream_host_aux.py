@@ -47,6 +47,7 @@ from uniradix.conformance.adapters.upstream_host import (
     ModelController,
     ModelEvent,
     UpstreamHostAdapter,
+    refuse_requester,
 )
 from uniradix.conformance.adapters.upstream_hybrid import HybridUpstreamAdapter
 from uniradix.spec.config import CacheConfig
@@ -299,7 +300,8 @@ class HostAuxUpstreamAdapter(UpstreamHostAdapter, HybridUpstreamAdapter):
         if cur is None:
             raise InvalidInput("load_back: last_device_node is not on the path of the node")
         req = _Req(last)
-        slot = check_load_back_slot(self.config, args.get("mamba_slot"))
+        slot = check_load_back_slot(self.config, args.get("mamba_slot"), args.get("rid"))
+        refuse_requester(args)
         if slot is not None:
             req.mamba_pool_idx = self._request_slot(slot, "load_back")
         indices, last_node = self.cache.init_load_back(InitLoadBackParams(

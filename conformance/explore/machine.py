@@ -669,18 +669,28 @@ class Scenario:
                                                "extra_key": r.extra_key}}
 
     def _p_admit_load_back(self, ch: Any) -> dict | None:
+        """The load back for the request being admitted, naming it (``rid``: with Mamba a
+        host-only state goes into the request's own slot, which its admission keeps; SGLang's
+        ``init_load_back(req=req)``).  A session request is not named: a next turn is restored
+        from the session's slot, which the spec refuses a requester for."""
         m = self.admitting.get("match")
         if m is None or not load_back_wanted(ch.rng, m.best, m.length):
             return None
         self.ctx = {"match": m}
-        return {"op": "load_back", "args": load_back_args(ch.rng, m.tokens, m.extra_key,
-                                                          m.best, m.length)}
+        args = load_back_args(ch.rng, m.tokens, m.extra_key, m.best, m.length)
+        r = self.reqs.get(self.admitting.get("rid", ""))
+        if r is not None and r.session is None:
+            args["rid"] = r.rid
+            self.admitting["named"] = True
+        return {"op": "load_back", "args": args}
 
     def _p_admit_request(self, ch: Any) -> dict | None:
-        rid, self.admitting = self.admitting.get("rid"), {}
+        rid, named, self.admitting = self.admitting.get("rid"), self.admitting.get("named"), {}
         r = self.reqs.get(rid) if rid is not None else None
         if r is None or r.admitted:
             return None
+        if named and ch.chance(0.15):  # not admitted this round (the batch is full): it waits
+            return None  # holding what its load back gave it, to be admitted or aborted later
         return {"op": "req_admit", "args": {"rid": rid}}
 
     def _p_req_chunk(self, ch: Any) -> dict:
@@ -1060,7 +1070,8 @@ def host_observe(sc: Scenario, op: str, args: dict, ctx: dict, obs: dict) -> Non
     if op == "load_back":
         if obs.get("freed"):
             sc.epoch += 1
-        if args.get("mamba_slot") is None and obs.get("mamba_pool_idx") is not None:
+        if args.get("mamba_slot") is None and args.get("rid") is None \
+                and obs.get("mamba_pool_idx") is not None:
             sc.mamba_held.append(obs["mamba_pool_idx"])  # the requester's new slot: the driver's
         m = ctx["match"]
         if obs["device_indices"] and sc.usable(m):  # the loaded path, as a fresh match

@@ -232,3 +232,51 @@ def test_a_load_back_without_a_requester_takes_no_slot_for_one():
         assert cache.evict(fast.EvictParams(num_tokens=4)).num_tokens_evicted == 4
         assert cache.load_back(best, req=req) is True
         assert req.mamba_pool_idx is not None and states.available_size() == before - 2
+
+
+def test_a_load_back_for_a_waiting_request_on_spec_and_fast():
+    """The trace's ``rid``: a waiting request as the requester.  The loaded state goes into a
+    fresh slot that is the request's (the driver holds nothing), its admission keeps it and
+    takes no other; refused, with nothing changed, for an unknown or admitted request and with
+    ``mamba_slot`` besides."""
+    pair = (Story("spec", **CFG), Story("fast", **CFG))
+    both("alloc", pair, n=4)
+    both("mamba_alloc", pair, n=1)
+    both("insert", pair, tokens=[1, 2, 3, 4], value=[1, 2, 3, 4], mamba_value=[1])
+    both("io_complete", pair, writes=-1)
+    both("check_hicache_events", pair)
+    assert both("evict", pair, num_tokens=4)["mamba_freed"] == [1]
+    both("req_arrive", pair, rid="a", tokens=[1, 2, 3, 4, 5])
+    both("req_arrive", pair, rid="b", tokens=[1, 2, 3, 4, 6])
+    before = pair[0].a.snapshot()
+    for bad in ({"rid": "zz"}, {"rid": "a", "mamba_slot": 2}, {"rid": 3}):
+        r = both("load_back", pair, node=A, last_device_node=ROOT, **bad)
+        assert r["error"] == "InvalidInput", bad
+    assert pair[0].a.snapshot() == before
+    r = both("load_back", pair, node=A, last_device_node=ROOT, rid="a")
+    assert r["device_indices"] == [1, 2, 3, 4] and r["mamba_pool_idx"] == 1
+    assert r["mamba_device_indices"] == [2]
+    assert [q["mamba_slot"] for q in pair[0].a.snapshot()["requests"]] == [1, None]
+    r = both("req_admit", pair, rid="a")
+    assert r["prefix_len"] == 4 and r["mamba_pool_idx"] == 1 and r["mamba_freed"] == []
+    assert both("mamba_alloc", pair, n=1) == {"slots": [3]}  # no third slot was taken
+    r = both("load_back", pair, node=A, last_device_node=ROOT, rid="a")  # admitted now
+    assert r["error"] == "InvalidInput"
+    assert both("req_abort", pair, rid="b")["mamba_freed"] == []  # it held none
+
+
+def test_a_load_back_for_a_session_request_restored_from_its_slot_is_refused():
+    """A session's next turn is restored from the session's slot, not matched, so no load back
+    names it: InvalidInput on spec and fast, nothing changed; its first turn may be named."""
+    pair = (Story("spec", **CFG), Story("fast", **CFG))
+    both("req_arrive", pair, rid="a", tokens=[1, 2, 3, 4, 5], session="s")
+    r = both("load_back", pair, node=ROOT, last_device_node=ROOT, rid="a")  # a first turn
+    assert r["device_indices"] == [] and r["mamba_pool_idx"] is None
+    both("req_admit", pair, rid="a")
+    both("req_chunk", pair, rid="a", n=5, chunked=False)
+    both("req_finish", pair, rid="a")  # parks the row in the session's slot
+    both("req_arrive", pair, rid="b", tokens=[1, 2, 3, 4, 5, 6, 7], session="s")
+    before = pair[0].a.snapshot()
+    r = both("load_back", pair, node=ROOT, last_device_node=ROOT, rid="b")
+    assert r["error"] == "InvalidInput"
+    assert pair[0].a.snapshot() == before

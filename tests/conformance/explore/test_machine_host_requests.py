@@ -82,6 +82,47 @@ def test_requests_are_admitted_after_loading_their_host_hit_back(name):
     assert loaded > 0
 
 
+def test_a_waiting_requests_load_back_gives_it_the_state_slot_its_admission_keeps():
+    """The admission's load back names the request (``load_back {rid}``, SGLang's
+    ``init_load_back(req=req)``): with Mamba a loaded host-only state goes into a fresh slot
+    that becomes the request's; its admission keeps that slot rather than taking another, and
+    an abort while it still waits frees it.  Spec against fast; the seeds go on until a load
+    back gives a slot, up to a bound; the abort is that run's prefix with the abort in place
+    of the admission."""
+    from uniradix.conformance.explore.conform import segment_config
+    from uniradix.conformance.explore.lockstep import Lockstep
+    kept, prefix, cfg = 0, None, None
+    for seed in range(1, 41):
+        if kept > 1:
+            break
+        held: dict = {}  # rid -> the state slot its load back gave it
+        run = _run("host-mamba-wt-p1", seed, 400, snapshot_every=25)
+        for k, (step, obs) in enumerate(run):
+            op, args = step["op"], step["args"]
+            if "error" in obs:
+                continue
+            if op == "load_back" and args.get("rid") is not None:
+                assert "mamba_slot" not in args
+                if obs["mamba_pool_idx"] is not None:
+                    assert held.get(args["rid"], obs["mamba_pool_idx"]) == obs["mamba_pool_idx"]
+                    held[args["rid"]] = obs["mamba_pool_idx"]
+            elif op == "req_admit" and args["rid"] in held:
+                slot = held.pop(args["rid"])
+                assert obs["mamba_pool_idx"] == slot and slot not in obs["mamba_freed"]
+                kept += 1
+                if prefix is None:  # the steps up to its load back, then the abort
+                    prefix = [s for s, _ in run[:k]] + [
+                        {"i": k, "op": "req_abort", "args": {"rid": args["rid"]}}]
+                    cfg, abort_slot = segment_config("host-mamba-wt-p1", seed, 0)[1], slot
+    assert kept > 0 and prefix is not None
+    ls = Lockstep.from_impls(["spec", "fast"], cfg, snapshot_every=1)
+    ls.prime()
+    for step in prefix:
+        obs, finding = ls.check(step)
+        assert finding is None, str(finding)
+    assert abort_slot in obs["mamba_freed"]
+
+
 def test_hypothesis_machine_runs_requests_on_host_swa_and_mamba():
     """The Hypothesis machine on a host tier with SWA, Mamba or both, the request-level ops
     on (``actions``: the Scenario leaves them out for aux components by default).  (The
