@@ -455,8 +455,8 @@ ADAPTERS["fast"] = _fast_adapter
 
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
     """An adapter by name: ``spec``, ``fast``, ``upstream`` (the tree-level API) or
-    ``upstream-requests`` (upstream's request path and streaming sessions, Full on the device
-    alone; both need sglang importable).  A
+    ``upstream-requests`` (upstream's request path and streaming sessions: Full, with or
+    without a host tier, and Full + Mamba on the device; both need sglang importable).  A
     config outside the implementation's declared capabilities is refused here, naming each
     missing capability (conformance/adapters/capabilities.py)."""
     if impl in CAPABILITIES:
@@ -465,6 +465,8 @@ def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
         from uniradix.conformance.adapters import upstream_requests as ur
         if config.components == ("full", "mamba"):  # with or without the extra buffer
             return ur.MambaUpstreamRequestAdapter(config)
+        if config.has_host_tier:  # HiCache: the controller model of upstream_host.py
+            return ur.HostUpstreamRequestAdapter(config)
         return ur.UpstreamRequestAdapter(config)
     if impl == "upstream":
         if config.components != ("full",) and config.has_host_tier:  # upstream_host_aux.py

@@ -146,11 +146,13 @@ CAPABILITIES: dict[str, Capabilities] = {
         host_aux=frozenset({"swa", "mamba"}), storage=True, cow_mamba=True,
         eagle=False, disable=False, request_ops=False, mamba_page_sizes=frozenset({1})),
     # upstream SGLang 0.5.13.post1 through its request path with sglang's own Req and the
-    # embedded StreamingSession (UpstreamRequestAdapter): Full on the device alone, the
-    # tree-level API too; Full + Mamba on the device, with or without the extra buffer, over
-    # sglang's HybridReqToTokenPool (MambaUpstreamRequestAdapter), without sessions
+    # embedded StreamingSession (UpstreamRequestAdapter): Full, on the device alone or with a
+    # host tier (HostUpstreamRequestAdapter), the tree-level API too; Full + Mamba on the
+    # device, with or without the extra buffer, over sglang's HybridReqToTokenPool
+    # (MambaUpstreamRequestAdapter), without sessions
     "upstream-requests": Capabilities(
         name="upstream-requests", components=frozenset({("full",), ("full", "mamba")}),
+        host_tier=True,
         sessions=True, cow_mamba=True, eagle=False, disable=False, request_ops_with_aux=True,
         mamba_page_sizes=frozenset({1})),
 }

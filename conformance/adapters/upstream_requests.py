@@ -26,9 +26,11 @@ import types
 from array import array
 from typing import Any
 
+from uniradix.conformance.adapters.base import check_load_back_slot
 from uniradix.conformance.adapters.fast_adapter import ReqToTokenPool
 from uniradix.conformance.adapters.session_ops import check_session_arg
-from uniradix.conformance.adapters.upstream import UpstreamAdapter
+from uniradix.conformance.adapters.upstream import UpstreamAdapter, _path
+from uniradix.conformance.adapters.upstream_host import UpstreamHostAdapter
 from uniradix.conformance.adapters.upstream_hybrid import HybridUpstreamAdapter
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
@@ -527,6 +529,52 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
             out["mamba_track_len"] = req.mamba_last_track_seqlen if r.admitted else None
             out["mamba_branching"] = req.mamba_branching_seqlen if r.admitted else None
         return out
+
+
+class HostUpstreamRequestAdapter(UpstreamRequestAdapter, UpstreamHostAdapter):
+    """The request path of a Full cache with a host tier (HiCache): :class:`UpstreamRequestAdapter`
+    over :class:`~uniradix.conformance.adapters.upstream_host.UpstreamHostAdapter`'s cache (the
+    project's model of sglang's cache controller, transfers acked by ``io_complete``).  The
+    request path's inserts back up and evict as the tree-level ones do.  ``load_back {rid}``
+    (docs/TRACE.md) is SGLang's ``init_load_back(req=req)`` with sglang's own ``Req`` of that
+    waiting request, its ``last_node`` the step's ``last_device_node`` (what its match in
+    ``init_next_round_input`` sets) and its aux host hit lengths 0 (the trace's rule); a
+    request whose session has a slot is refused, as the spec refuses it."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        if config.components != ("full",):
+            raise Unsupported(f"HostUpstreamRequestAdapter drives components ['full'] only, "
+                              f"not {list(config.components)}")
+        super().__init__(config)
+
+    def _op_load_back(self, step: dict, args: dict) -> dict:
+        rid = args.get("rid")
+        if rid is None:
+            return super()._op_load_back(step, args)
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+        check_load_back_slot(self.config, args.get("mamba_slot"), rid)
+        r = self._get(rid, admitted=False)
+        if r.session is not None and r.session in self.cache.session.slots:
+            raise InvalidInput(f"load_back: request {rid!r} is restored from session "
+                               f"{r.session!r}'s slot, not matched")
+        node = self._find_node(*_path(args.get("node")))
+        last = self._find_node(*_path(args.get("last_device_node")))
+        cur = node
+        while cur is not None and cur is not last:
+            cur = cur.parent
+        if cur is None:
+            raise InvalidInput("load_back: last_device_node is not on the path of the node")
+        mem_quota = args.get("mem_quota")
+        if mem_quota is not None and (type(mem_quota) is not int or mem_quota < 0):
+            raise InvalidInput(f"mem_quota must be null or an int >= 0, got {mem_quota!r}")
+        req = r.req
+        req.last_node = last
+        req.swa_host_hit_length = req.mamba_host_hit_length = 0
+        indices, last_node = self.cache.init_load_back(InitLoadBackParams(
+            best_match_node=node, host_hit_length=0, mem_quota=mem_quota, req=req))
+        self.cache.ready_to_load_host_cache()
+        return {"device_indices": [int(v) for v in indices.tolist()],
+                "last_node": self._depth(last_node), "freed": self.pool.take_freed()}
 
 
 class _Rows:

@@ -113,3 +113,52 @@ def test_reachable_by_name_in_conform():
                       progress=False, log=lambda m: None)
     assert (res.steps, res.divergences, res.violations) == (200, 0, 0)
     assert ops["req_finish"] > 0 and ops["a session's"] > 0
+
+
+def test_the_request_path_with_a_host_tier_against_the_spec():
+    """``upstream-requests`` with a host tier (Full): conform's host scenario, request-level
+    ops included, where the admission's load back names the request (``load_back {rid}``,
+    ``init_load_back(req=req)`` with sglang's own ``Req``), runs spec against upstream with no
+    divergence on both write policies; a request whose session has a slot is refused as the
+    spec refuses it; a host tier with Mamba stays refused by name."""
+    import collections
+
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.adapters.upstream_requests import HostUpstreamRequestAdapter
+    from uniradix.conformance.explore.conform import run_conform
+    from uniradix.spec.errors import Unsupported
+
+    host = CacheConfig(kv_slots=32, host_slots=64, write_policy="write_through")
+    assert type(make_adapter("upstream-requests", host)) is HostUpstreamRequestAdapter
+    with pytest.raises(Unsupported, match="host tier with the aux component mamba"):
+        make_adapter("upstream-requests", CacheConfig(
+            components=("full", "mamba"), kv_slots=32, host_slots=64, mamba_slots=4))
+    ops: collections.Counter = collections.Counter()
+
+    class Counted(HostUpstreamRequestAdapter):
+        def apply(self, step: dict) -> dict:
+            obs = super().apply(step)
+            named = step["op"] == "load_back" and "rid" in (step.get("args") or {})
+            ops[step["op"] + (" {rid}" if named else "")] += 1
+            ops["loaded for a request"] += named and bool(obs.get("device_indices"))
+            return obs
+
+    Counted.impl_name = "upstream-requests"  # type: ignore[attr-defined]
+    for config in ("hicache-wt-p1", "hicache-wb-p4"):
+        res = run_conform(["spec", Counted], config=config, steps=1500, seed=3, out=None,
+                          progress=False, log=lambda m: None)
+        assert (res.divergences, res.violations) == (0, 0), (config, res.finding)
+    assert ops["req_finish"] > 0 and ops["load_back {rid}"] > 0
+    assert ops["loaded for a request"] > 0
+    steps = [{"op": "req_arrive", "args": {"rid": "a", "tokens": [1, 2, 3], "session": "s"}},
+             {"op": "req_admit", "args": {"rid": "a"}},
+             {"op": "req_chunk", "args": {"rid": "a", "n": 3, "chunked": False}},
+             {"op": "req_finish", "args": {"rid": "a"}},
+             {"op": "req_arrive", "args": {"rid": "b", "tokens": [1, 2, 3, 4], "session": "s"}},
+             {"op": "load_back", "args": {"rid": "b", "node": {"tokens": [], "extra_key": None},
+                                          "last_device_node": {"tokens": [], "extra_key": None}}}]
+    for impl in ("spec", "upstream-requests"):
+        a = make_adapter(impl, host)
+        for k, s in enumerate(steps):
+            obs = a.apply({"i": k, **s})
+        assert obs.get("error") == "InvalidInput", (impl, obs)
