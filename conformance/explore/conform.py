@@ -50,6 +50,7 @@ from uniradix.conformance.traces.replay import (
     load_back_lost_its_host_state,
     load_back_window_ends_at_a_tombstone,
     load_back_without_a_state_slot,
+    split_hit_count_reaches_threshold,
     split_of_a_host_locked_swa_copy,
     swa_skipped_leaf_keeps_state,
     unlock_after_split_of_skipped_node,
@@ -293,7 +294,8 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
     unlock through an evicted node left out of upstream's evictable leaf set; an unlock after a
     split cut a node its lock skipped (upstream takes a lock from the upper part, which a later
     lock may hold); a split of a node whose SWA host copy a host lock holds (upstream's upper
-    part loses the host lock).
+    part loses the host lock); under ``lru`` with a write-through threshold of 2 or more, a
+    hit on a node a split made that upstream's copied hit count takes to the threshold sooner.
     Violations: upstream's sanity check after a host lock of a node with host-only aux data;
     upstream's assertion in a copy-on-write match with no state slot to be had; its crash in a
     load back whose room-making took the node itself from the host; its assertion in a Mamba
@@ -369,6 +371,10 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
                                  for v in ups):
         return ("upstream frees the host copy of host-locked data an evict left on the host "
                 "only (it had listed it in its host LRU list); the spec keeps it (docs/SPEC.md)")
+    if split_hit_count_reaches_threshold(trace, finding.step):
+        return ("a write-through hit on a node a split made: 0.5.13.post1 copies the lower "
+                "part's hit count to it and backs it up sooner, the seed (and the spec under "
+                "lru) starts it at 0 (docs/SPEC.md)")
     if finding.op == "insert" and held_swa_tombstone_takeover(
             Trace({}, config, list(taken)), finding.step):
         return "issue 18: an insert over an SWA tombstone a lock holds (docs/SPEC.md)"

@@ -543,6 +543,47 @@ def split_of_a_host_locked_swa_copy(trace: Trace, upto: int) -> bool:
     return False
 
 
+def split_hit_count_reaches_threshold(trace: Trace, step_i: int) -> bool:
+    """Whether step ``step_i`` of ``trace`` counts a write-through hit on a node a split made
+    (in that step or before) that stays below ``write_through_threshold`` on the spec but would
+    reach it had the split copied the lower part's hit count, as 0.5.13.post1's ``_split_node``
+    does (the seed, and the spec under ``lru``, start the upper part at 0; docs/SPEC.md, "Where
+    0.5.13.post1 differs from the seed", HiCache): upstream backs that node up one or more hits
+    earlier.  Only under ``lru`` with a host tier whose write-through threshold is 2 or more
+    (with 1 both back the node up at its first hit; under the other policies the spec copies
+    the count too)."""
+    from uniradix.conformance.adapters.base import SpecAdapter
+    from uniradix.spec.core import all_nodes
+    from uniradix.spec.policies import follows_upstream_hit_counts
+    cfg = trace.config
+    if not cfg.host_slots or cfg.write_policy == "write_back" or cfg.write_through_threshold < 2:
+        return False
+    adapter = SpecAdapter(cfg)
+    if follows_upstream_hit_counts(adapter.state):
+        return False
+    lost: dict[int, int] = {}  # id(upper node a split made) -> the count its split did not copy
+    for idx, step in enumerate(trace.steps):
+        i = step.get("i", idx)
+        if i > step_i:
+            break
+        held = list(all_nodes(adapter.state))  # (alive through the step: ids stay unique)
+        before = {id(n): n.hit_count for n in held}
+        adapter.apply(step)
+        nodes = list(all_nodes(adapter.state))
+        for n in nodes:  # this step's splits: a new node over a child that was there before
+            if id(n) not in before and not n.is_root:
+                for child in n.children.values():
+                    if id(child) in before:
+                        lost[id(n)] = before[id(child)] + lost.get(id(child), 0)
+        lost = {k: v for k, v in lost.items() if k in {id(n) for n in nodes}}
+        if i == step_i:
+            threshold = cfg.write_through_threshold
+            return any(lost.get(id(n), 0) > 0 and n.hit_count > before.get(id(n), 0)
+                       and n.hit_count < threshold <= n.hit_count + lost[id(n)]
+                       for n in nodes)
+    return False
+
+
 def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
     """Whether step ``step_i`` of ``trace`` is such an unlock
     (:func:`unlocks_after_split_of_skipped_node`)."""

@@ -220,3 +220,28 @@ def test_upstream_takes_a_load_backs_lock_at_an_unlock_after_a_split():
     assert upper_lock("upstream", trace.steps)[(1, 2)] == 0
     unsplit = [s for s in trace.steps if s["op"] != "match_prefix"]
     assert replay_trace(Trace(trace.header, trace.config, unsplit), "upstream").divergence is None
+
+
+@pytest.mark.parametrize("impl", ["upstream", "upstream-requests"])
+def test_upstream_backs_up_a_split_node_one_hit_sooner(impl):
+    """tests/corpus/regressions/upstream-hicache-wt-selective-split-copies-hit-count.jsonl
+    (docs/SPEC.md, HiCache): at write-through threshold 2 under lru, 0.5.13.post1's split gives
+    the new upper node the leaf's hit count, so the second insert backs it up and its write
+    lock protects it (8 evictable tokens on the spec, 5 on upstream); the spec's upper node
+    starts at 0.  With the threshold at 1 both back it up alike."""
+    import dataclasses
+
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.traces.replay import replay_trace
+    from uniradix.conformance.traces.trace import Trace
+    trace = load_trace(os.path.join(CORPUS, "..", "regressions",
+                                    "upstream-hicache-wt-selective-split-copies-hit-count.jsonl"))
+    div = replay_trace(trace, impl).divergence
+    assert div is not None and trace.steps[div.step]["op"] == "sizes"
+    a = make_adapter(impl, trace.config)
+    for s in trace.steps[:-1]:
+        a.apply({k: v for k, v in s.items() if k != "ret"})
+    upper = {tuple(n["path"]["tokens"]): n["lock_ref"] for n in a.snapshot()["nodes"]}
+    assert upper[(2, 1, 3)] == 1  # the write-through backup's lock, one hit sooner
+    one = dataclasses.replace(trace.config, write_through_threshold=1)
+    assert replay_trace(Trace(trace.header, one, trace.steps[:-1]), impl).divergence is None

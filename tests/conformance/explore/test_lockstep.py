@@ -769,6 +769,45 @@ def test_conform_counts_a_split_of_a_host_locked_swa_copy():
                                                last["i"])
 
 
+def test_conform_counts_a_hit_on_a_split_node_upstream_backs_up_sooner():
+    """docs/SPEC.md, HiCache (found by conform spec,upstream-requests on hicache-wt, seed 11):
+    under ``lru`` with write_through_selective at threshold 2, 0.5.13.post1's split copies the
+    leaf's one hit to the new upper node, so the next insert through it backs it up (and holds
+    the write lock); the spec's upper node starts at 0 and stays below the threshold.  Counted
+    at that insert only; not at threshold 1, not under a policy whose hits the spec copies
+    too, not without the first hit, not under write-back."""
+    import dataclasses
+
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.replay import split_hit_count_reaches_threshold
+    from uniradix.conformance.traces.trace import Trace, load_trace
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions", "upstream-hicache-wt-selective-split-copies-hit-count.jsonl"))
+    ins = [s for s in trace.steps if s["op"] == "insert"]
+    assert len(ins) == 2 and trace.config.write_through_threshold == 2
+    at = ins[-1]["i"]
+    div = Finding(DIVERGENCE, at, "insert", "snapshot",
+                  "nodes[extra_key='b' tokens=[2, 1, 3]].lock_ref",
+                  {"spec": 0, "upstream": 1}, ("spec", "upstream"))
+    labels = ["spec", "upstream"]
+    assert split_hit_count_reaches_threshold(trace, at)
+    assert not split_hit_count_reaches_threshold(trace, ins[0]["i"])
+    assert not split_hit_count_reaches_threshold(trace, at + 1)  # (the sizes step after it)
+    assert "copies the lower part's hit count" in documented_difference(labels, trace.config,
+                                                                        trace.steps, div)
+    assert documented_difference(["spec", "fast"], trace.config, trace.steps, div) is None
+    for other in (dict(write_through_threshold=1), dict(eviction_policy="lfu"),
+                  dict(write_policy="write_back")):
+        cfg = dataclasses.replace(trace.config, **other)
+        assert not split_hit_count_reaches_threshold(Trace(trace.header, cfg, trace.steps), at)
+    # the first insert chunked: it counts no hit, so the split passes nothing on
+    chunked = [dict(s, args=dict(s["args"], chunked=True)) if s is ins[0] else s
+               for s in trace.steps]
+    assert not split_hit_count_reaches_threshold(Trace(trace.header, trace.config, chunked), at)
+
+
 def test_conform_counts_upstreams_mamba_load_back_without_a_state_slot():
     """docs/SPEC.md, "A Mamba load back with no device state to be had": the caller holds every
     device state slot (found by conform spec,upstream on host-mamba-wb-p4, seed 2030), so the
