@@ -463,6 +463,8 @@ def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
         CAPABILITIES[impl].check(config)
     if impl == "upstream-requests":  # the request path and sessions (upstream_requests.py)
         from uniradix.conformance.adapters import upstream_requests as ur
+        if config.components == ("full", "mamba") and config.has_host_tier:
+            return ur.HostMambaUpstreamRequestAdapter(config)
         if config.components == ("full", "mamba"):  # with or without the extra buffer
             return ur.MambaUpstreamRequestAdapter(config)
         if config.has_host_tier:  # HiCache: the controller model of upstream_host.py

@@ -51,6 +51,8 @@ class Capabilities:
     # Full + Mamba on the device alone at these page sizes (None: any); upstream needs its Mamba
     # extra buffer past page 1, which its adapters turn on only with SWA or a host tier
     mamba_page_sizes: frozenset[int] | None = None
+    # a host tier with an aux component at these page sizes (None: any)
+    host_aux_page_sizes: frozenset[int] | None = None
 
     def missing(self, config: CacheConfig) -> list[str]:
         """What ``config`` needs that this implementation does not model, each by name
@@ -82,6 +84,9 @@ class Capabilities:
                 and not config.mamba_extra_buffer and self.mamba_page_sizes is not None
                 and config.page_size not in self.mamba_page_sizes):
             out.append(f"Mamba with page_size {config.page_size}")
+        if (aux and config.has_host_tier and self.host_aux_page_sizes is not None
+                and config.page_size not in self.host_aux_page_sizes):
+            out.append(f"a host tier with an aux component at page_size {config.page_size}")
         return out
 
     def check(self, config: CacheConfig) -> None:
@@ -149,10 +154,11 @@ CAPABILITIES: dict[str, Capabilities] = {
     # embedded StreamingSession (UpstreamRequestAdapter): Full, on the device alone or with a
     # host tier (HostUpstreamRequestAdapter), the tree-level API too; Full + Mamba on the
     # device, with or without the extra buffer, over sglang's HybridReqToTokenPool
-    # (MambaUpstreamRequestAdapter), without sessions
+    # (MambaUpstreamRequestAdapter), or with a host tier at page 1
+    # (HostMambaUpstreamRequestAdapter), without sessions
     "upstream-requests": Capabilities(
         name="upstream-requests", components=frozenset({("full",), ("full", "mamba")}),
-        host_tier=True,
+        host_tier=True, host_aux=frozenset({"mamba"}), host_aux_page_sizes=frozenset({1}),
         sessions=True, cow_mamba=True, eagle=False, disable=False, request_ops_with_aux=True,
         mamba_page_sizes=frozenset({1})),
 }

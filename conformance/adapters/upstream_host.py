@@ -234,17 +234,25 @@ class UpstreamHostAdapter(UpstreamAdapter):
             _count(mem_quota, "mem_quota")
         check_load_back_slot(self.config, args.get("mamba_slot"), args.get("rid"))  # (no
         # Mamba: refused)
-        refuse_requester(args)
         cur = node
         while cur is not None and cur is not last:
             cur = cur.parent
         if cur is None:
             raise InvalidInput("load_back: last_device_node is not on the path of the node")
         indices, last_node = self.cache.init_load_back(InitLoadBackParams(
-            best_match_node=node, host_hit_length=0, mem_quota=mem_quota, req=_Req(last)))
+            best_match_node=node, host_hit_length=0, mem_quota=mem_quota,
+            req=self._requester(args, last)))
         self.cache.ready_to_load_host_cache()
         return {"device_indices": [int(v) for v in indices.tolist()],
                 "last_node": self._depth(last_node), "freed": self.pool.take_freed()}
+
+    def _requester(self, args: dict, last: Any) -> Any:
+        """The request a ``load_back`` hands ``init_load_back``: the driver's, whose last
+        device node is the step's (``rid`` is refused: this adapter drives the tree-level API
+        only; the request path's adapters name the request, conformance/adapters/
+        upstream_requests.py)."""
+        refuse_requester(args)
+        return _Req(last)
 
     def _op_io_complete(self, step: dict, args: dict) -> dict:
         writes, loads = args.get("writes", 0), args.get("loads", 0)

@@ -299,9 +299,8 @@ class HostAuxUpstreamAdapter(UpstreamHostAdapter, HybridUpstreamAdapter):
             cur = cur.parent
         if cur is None:
             raise InvalidInput("load_back: last_device_node is not on the path of the node")
-        req = _Req(last)
         slot = check_load_back_slot(self.config, args.get("mamba_slot"), args.get("rid"))
-        refuse_requester(args)
+        req = self._requester(args, last)
         if slot is not None:
             req.mamba_pool_idx = self._request_slot(slot, "load_back")
         indices, last_node = self.cache.init_load_back(InitLoadBackParams(
@@ -316,6 +315,10 @@ class HostAuxUpstreamAdapter(UpstreamHostAdapter, HybridUpstreamAdapter):
         ret["freed"] = self.pool.take_freed()
         ret.update(self._effects())
         return ret
+
+    def _requester(self, args: dict, last: Any) -> Any:
+        refuse_requester(args)
+        return _Req(last)  # (this module's: with the aux fields)
 
     def _op_check_hicache_events(self, step: dict, args: dict) -> dict:
         ret = super()._op_check_hicache_events(step, args)

@@ -26,11 +26,11 @@ import types
 from array import array
 from typing import Any
 
-from uniradix.conformance.adapters.base import check_load_back_slot
 from uniradix.conformance.adapters.fast_adapter import ReqToTokenPool
 from uniradix.conformance.adapters.session_ops import check_session_arg
-from uniradix.conformance.adapters.upstream import UpstreamAdapter, _path
+from uniradix.conformance.adapters.upstream import UpstreamAdapter
 from uniradix.conformance.adapters.upstream_host import UpstreamHostAdapter
+from uniradix.conformance.adapters.upstream_host_aux import HostAuxUpstreamAdapter
 from uniradix.conformance.adapters.upstream_hybrid import HybridUpstreamAdapter
 from uniradix.conformance.env.pools import PoolAllocator
 from uniradix.spec.config import CacheConfig
@@ -418,6 +418,8 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
         r.dec_params = self.cache.inc_lock_ref(req.last_node)
         mamba = self.rtt.pool.mamba_allocator
         k = 1 + self.config.mamba_track_slots if self.config.mamba_extra_buffer else 1
+        if req.mamba_pool_idx is not None:  # a load back gave it its slot: sglang's alloc keeps it
+            k -= 1
         if not self.spec_rules and self.config.mamba_extra_buffer:
             # upstream's own admission: sglang's alloc_req_slots evicts against its fixed
             # states-per-request count (docs/SPEC.md), then takes the row and the slots
@@ -425,7 +427,7 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
             alloc_req_slots(self.rtt.pool, [req], self.cache)
         else:
             short = k - mamba.available_size() if self.config.mamba_extra_buffer \
-                else int(mamba.available_size() == 0)
+                else int(k > 0 and mamba.available_size() == 0)
             if short > 0:
                 self.cache.evict(self.up.EvictParams(num_tokens=0, mamba_num=short))
             if mamba.available_size() < k:  # every state locked: it waits, holding nothing
@@ -503,6 +505,10 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
         return self._state_effects(super()._op_req_finish(step, args))
 
     def _op_req_abort(self, step: dict, args: dict) -> dict:
+        r = self._get(args.get("rid"))
+        if not r.admitted and r.req.mamba_pool_idx is not None:  # a load back's slot, waiting
+            from sglang.srt.mem_cache.common import release_kv_cache
+            release_kv_cache(r.req, self.cache)  # (the scheduler's: frees it, no row yet)
         return self._state_effects(super()._op_req_abort(step, args))
 
     def _release_row(self, r: _Running) -> None:
@@ -520,7 +526,7 @@ class MambaUpstreamRequestAdapter(UpstreamRequestAdapter, HybridUpstreamAdapter)
     def _request_view(self, r: _Running) -> dict:
         out = super()._request_view(r)
         req = r.req
-        idx = req.mamba_pool_idx if r.admitted else None
+        idx = req.mamba_pool_idx  # (a waiting request's: what a load back gave it)
         out["mamba_slot"] = None if idx is None else int(idx.reshape(-1)[0])
         if self.config.mamba_extra_buffer:  # (spec/snapshot.py request_view)
             buf = req.mamba_ping_pong_track_buffer if r.admitted else None
@@ -547,34 +553,50 @@ class HostUpstreamRequestAdapter(UpstreamRequestAdapter, UpstreamHostAdapter):
                               f"not {list(config.components)}")
         super().__init__(config)
 
-    def _op_load_back(self, step: dict, args: dict) -> dict:
-        rid = args.get("rid")
-        if rid is None:
-            return super()._op_load_back(step, args)
-        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
-        check_load_back_slot(self.config, args.get("mamba_slot"), rid)
-        r = self._get(rid, admitted=False)
-        if r.session is not None and r.session in self.cache.session.slots:
-            raise InvalidInput(f"load_back: request {rid!r} is restored from session "
-                               f"{r.session!r}'s slot, not matched")
-        node = self._find_node(*_path(args.get("node")))
-        last = self._find_node(*_path(args.get("last_device_node")))
-        cur = node
-        while cur is not None and cur is not last:
-            cur = cur.parent
-        if cur is None:
-            raise InvalidInput("load_back: last_device_node is not on the path of the node")
-        mem_quota = args.get("mem_quota")
-        if mem_quota is not None and (type(mem_quota) is not int or mem_quota < 0):
-            raise InvalidInput(f"mem_quota must be null or an int >= 0, got {mem_quota!r}")
-        req = r.req
-        req.last_node = last
-        req.swa_host_hit_length = req.mamba_host_hit_length = 0
-        indices, last_node = self.cache.init_load_back(InitLoadBackParams(
-            best_match_node=node, host_hit_length=0, mem_quota=mem_quota, req=req))
-        self.cache.ready_to_load_host_cache()
-        return {"device_indices": [int(v) for v in indices.tolist()],
-                "last_node": self._depth(last_node), "freed": self.pool.take_freed()}
+    def _requester(self, args: dict, last: Any) -> Any:
+        return named_requester(self, args, last, super()._requester)
+
+
+def named_requester(adapter: Any, args: dict, last: Any, driver: Any) -> Any:
+    """``load_back``'s request on a request path with a host tier: ``rid``'s sglang ``Req``
+    (waiting; not one its session's slot restores: InvalidInput, as the spec), its
+    ``last_node`` the step's last device node (what its match in ``init_next_round_input``
+    sets) and its aux host hit lengths 0 (the trace's rule); without ``rid`` the driver's
+    (``driver(args, last)``)."""
+    rid = args.get("rid")
+    if rid is None:
+        return driver(args, last)
+    r = adapter._get(rid, admitted=False)
+    if r.session is not None and r.session in adapter.cache.session.slots:
+        raise InvalidInput(f"load_back: request {rid!r} is restored from session "
+                           f"{r.session!r}'s slot, not matched")
+    req = r.req
+    req.last_node = last
+    req.swa_host_hit_length = req.mamba_host_hit_length = 0
+    return req
+
+
+class HostMambaUpstreamRequestAdapter(MambaUpstreamRequestAdapter, HostAuxUpstreamAdapter):
+    """The request path of a Full + Mamba cache with a host tier at page 1 (no extra buffer):
+    :class:`MambaUpstreamRequestAdapter`'s scheduler over
+    :class:`~uniradix.conformance.adapters.upstream_host_aux.HostAuxUpstreamAdapter`'s cache
+    (past page 1 that adapter turns upstream's extra buffer on, which the spec's config then
+    does not have: refused).  ``load_back {rid}`` hands the cache that request's sglang
+    ``Req``: a loaded host-only state goes into its ``mamba_pool_idx``, which its admission
+    (sglang's ``HybridReqToTokenPool.alloc``) keeps and its abort while waiting frees
+    (sglang's ``release_kv_cache``)."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        if config.page_size != 1 or config.mamba_extra_buffer:
+            raise Unsupported("HostMambaUpstreamRequestAdapter drives the host tier with Mamba "
+                              "at page 1 without the extra buffer only")
+        super().__init__(config)
+
+    def _build_cache(self):
+        return HostAuxUpstreamAdapter._build_cache(self)  # (its Mamba pool: _mamba_req_pool's)
+
+    def _requester(self, args: dict, last: Any) -> Any:
+        return named_requester(self, args, last, super()._requester)
 
 
 class _Rows:

@@ -130,9 +130,11 @@ def test_the_request_path_with_a_host_tier_against_the_spec():
 
     host = CacheConfig(kv_slots=32, host_slots=64, write_policy="write_through")
     assert type(make_adapter("upstream-requests", host)) is HostUpstreamRequestAdapter
-    with pytest.raises(Unsupported, match="host tier with the aux component mamba"):
+    with pytest.raises(Unsupported, match="aux component at page_size 4"):  # (upstream's
+        # extra buffer past page 1)
         make_adapter("upstream-requests", CacheConfig(
-            components=("full", "mamba"), kv_slots=32, host_slots=64, mamba_slots=4))
+            components=("full", "mamba"), kv_slots=32, host_slots=64, mamba_slots=4,
+            page_size=4))
     ops: collections.Counter = collections.Counter()
 
     class Counted(HostUpstreamRequestAdapter):
@@ -162,3 +164,50 @@ def test_the_request_path_with_a_host_tier_against_the_spec():
         for k, s in enumerate(steps):
             obs = a.apply({"i": k, **s})
         assert obs.get("error") == "InvalidInput", (impl, obs)
+
+
+def test_the_request_path_with_a_host_tier_and_mamba_against_the_spec():
+    """``upstream-requests`` on host-mamba-wt-p1: a load back naming a waiting request gives
+    the loaded state's slot to that request's sglang ``Req`` (``mamba_pool_idx``), and its
+    admission keeps it (sglang's ``HybridReqToTokenPool.alloc``), as the spec says; the
+    regression trace of that replays on upstream's request path, and conform runs clean but
+    for documented differences."""
+    import os
+
+    from conftest import CORPUS
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.adapters.upstream_requests import HostMambaUpstreamRequestAdapter
+    from uniradix.conformance.explore.conform import run_conform
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions-host-aux",
+        "load-back-for-a-waiting-request-its-admission-keeps-the-slot.jsonl"))
+    assert type(make_adapter("upstream-requests", trace.config)) is \
+        HostMambaUpstreamRequestAdapter
+    assert replay_trace(trace, "upstream-requests").divergence is None
+    kept = []
+
+    class Counted(HostMambaUpstreamRequestAdapter):
+        def apply(self, step: dict) -> dict:
+            obs = super().apply(step)
+            if step["op"] == "req_admit" and "error" not in obs:
+                r = self.requests.get(step["args"]["rid"])
+                kept.append(getattr(r, "from_load_back", None) == obs["mamba_pool_idx"])
+            if step["op"] == "load_back" and "rid" in step["args"] and "error" not in obs:
+                self.requests[step["args"]["rid"]].from_load_back = obs["mamba_pool_idx"]
+            return obs
+
+    Counted.impl_name = "upstream-requests"  # type: ignore[attr-defined]
+    res = run_conform(["spec", Counted], config="host-mamba-wt-p1", steps=3000, seed=11,
+                      out=None, progress=False, log=lambda m: None)
+    assert (res.divergences, res.violations) == (0, 0), res.finding
+    assert any(kept)
+    # the request aborted while it waits, holding the slot: sglang's release_kv_cache frees it
+    steps = [{k: v for k, v in st.items() if k != "ret"} for st in trace.steps[:-1]]
+    steps.append({"i": len(steps), "op": "req_abort", "args": {"rid": "r21"}})
+    for impl in ("spec", "upstream-requests"):
+        a = make_adapter(impl, trace.config)
+        for st in steps:
+            obs = a.apply(st)
+        assert obs["mamba_freed"] == [1], (impl, obs)
+        assert a.snapshot()["requests"] == []
+
