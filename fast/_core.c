@@ -4733,6 +4733,20 @@ pn_rec(PyObject *node)
     return rec;
 }
 
+/* node.aux[i], one of the node's component records (the composed tree with two aux
+ * components: pair_match): a new reference, read as Python indexes it. */
+static PyObject *
+pn_rec_at(PyObject *node, Py_ssize_t i)
+{
+    PyObject *aux = PN_GET(node, aux);
+    if (aux == NULL)
+        return NULL;
+    PyObject *rec = PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) > i
+        ? Py_NewRef(PyTuple_GET_ITEM(aux, i)) : PySequence_GetItem(aux, i);
+    Py_DECREF(aux);
+    return rec;
+}
+
 /* `rec.value is not None` (a record holds its component's data): 1, 0, or -1. */
 static int
 rec_holds(PyObject *rec)
@@ -5422,7 +5436,7 @@ core_setup_clock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * offset).  tests/fast/test_one_aux_c_cmatch.py runs this against the Python function.
  */
 
-static PyObject *s_cm_components, *s_cm_window, *s_cm_cow, *s_cm_chunk;
+static PyObject *s_cm_components, *s_cm_window, *s_cm_cow, *s_cm_chunk, *s_cm_pair;
 static PyObject *g_cm_heappush = NULL;  /* heapq.heappush: a heap that is not a list */
 
 /* The child of an exact Node's children dict holding the page of p[pos:] (borrowed), NULL if
@@ -5448,16 +5462,20 @@ cm_child(PyObject *children, const long long *p, Py_ssize_t pos, Py_ssize_t ps, 
  * MatchResult (new reference), Py_None (new reference: declined, nothing changed), or NULL
  * with the error set. */
 static PyObject *
-cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, PyObject *ek,
-         long long window)
+cm_match(PyObject *cache, PyObject *comp, Py_ssize_t ai, PyObject *comp2, Py_ssize_t bi,
+         const long long *u, Py_ssize_t ulen, PyObject *ek, long long window)
 {
     int ovf = 0;
     KeyView kv;
     kv.held = 0;
     PyObject *root = NULL, *disable = NULL, *node = NULL, *best = NULL, *chunks = NULL;
     PyObject *lru = NULL, *prev = NULL, *cur = NULL, *rec = NULL, *v = NULL, *heap = NULL;
-    PyObject *indices = NULL, *branching = NULL, *result = NULL;
+    PyObject *indices = NULL, *branching = NULL, *result = NULL, *prev2 = NULL;
     int declined = 0;
+    /* the records the walk reads: the windowed component's at ai and, for the pair, the
+     * Mamba component's at bi (comp2); the Mamba branching length with a Mamba component */
+    Py_ssize_t nrec = comp2 != NULL && bi >= ai ? bi + 1 : ai + 1;
+    int mamba = window == 0 || comp2 != NULL;
     /* root = cache.root_node; ps = cache.page_size; n = whole pages of units */
     if ((root = PyObject_GetAttr(cache, s_root_node)) == NULL)
         return NULL;
@@ -5524,9 +5542,11 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
             /* checked before anything changes: its record is an AuxData (the Python function
              * reads the same fields; another class goes there) */
             PyObject *aux = SLOT_AT(child, PN_aux);
-            if (aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) < 1
-                    || !AD_IS(PyTuple_GET_ITEM(aux, 0))
-                    || SLOT_AT(PyTuple_GET_ITEM(aux, 0), AD_value) == NULL) {
+            int odd = aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) < nrec;
+            for (Py_ssize_t j = 0; !odd && j < nrec; j++)
+                odd = !AD_IS(PyTuple_GET_ITEM(aux, j))
+                    || SLOT_AT(PyTuple_GET_ITEM(aux, j), AD_value) == NULL;
+            if (odd) {
                 Py_DECREF(child);
                 declined = 1;
                 goto done;
@@ -5551,8 +5571,9 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
         Py_CLEAR(v);
         Py_SETREF(node, child);
         pos += k;
-        /* the validator's rule: a run of component data reaching the window */
-        if ((rec = pn_rec(child)) == NULL)
+        /* the validator's rule: a run of component data reaching the window (the pair: and
+         * a Mamba state on the node, SWA's run counted on either way) */
+        if ((rec = pn_rec_at(child, ai)) == NULL)
             goto done;
         int held = rec_holds(rec);
         Py_CLEAR(rec);
@@ -5563,7 +5584,16 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
             run = 0;
         } else {
             run += k;
-            if (run_inf || run >= window) {
+            int state = 1;
+            if (comp2 != NULL) {
+                if ((rec = pn_rec_at(child, bi)) == NULL)
+                    goto done;
+                state = rec_holds(rec);
+                Py_CLEAR(rec);
+                if (state < 0)
+                    goto done;
+            }
+            if ((run_inf || run >= window) && state) {
                 Py_INCREF(child);
                 Py_SETREF(best, child);
                 best_chunks = PyList_GET_SIZE(chunks);
@@ -5577,6 +5607,11 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
     if ((lru = PyObject_GetAttr(comp, s_lru)) == NULL
             || (prev = PyObject_GetAttr(lru, s_head)) == NULL)
         goto done;
+    if (comp2 != NULL) {
+        Py_SETREF(lru, PyObject_GetAttr(comp2, s_lru));
+        if (lru == NULL || (prev2 = PyObject_GetAttr(lru, s_head)) == NULL)
+            goto done;
+    }
     long long clock;
     if (get_ll(cache, s_clock, &clock) < 0)
         goto done;
@@ -5590,18 +5625,23 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
             goto done;
         Py_CLEAR(v);
         clock -= 1;
-        if ((rec = pn_rec(cur)) == NULL)
-            goto done;
-        int held = rec_holds(rec);
-        if (held < 0)
-            goto done;
-        if (held) {  /* (LruList.move_after, inlined) */
-            if (lru_move_after(prev, rec) < 0)
+        /* each record to the front of its list, in component order */
+        for (int side = 0; side < (comp2 != NULL ? 2 : 1); side++) {
+            int second = comp2 != NULL && (side == 0) == (bi < ai);
+            PyObject **at = second ? &prev2 : &prev;
+            if ((rec = pn_rec_at(cur, second ? bi : ai)) == NULL)
                 goto done;
-            Py_SETREF(prev, rec);
-            rec = NULL;
-        } else {
-            Py_CLEAR(rec);
+            int held = rec_holds(rec);
+            if (held < 0)
+                goto done;
+            if (held) {  /* (LruList.move_after, inlined) */
+                if (lru_move_after(*at, rec) < 0)
+                    goto done;
+                Py_SETREF(*at, rec);
+                rec = NULL;
+            } else {
+                Py_CLEAR(rec);
+            }
         }
         PyObject *up = PN_GET(cur, parent);
         if (up == NULL)
@@ -5651,7 +5691,7 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
         if (indices == NULL)
             goto done;
     }
-    if (window == 0 && PyList_GET_SIZE(chunks) > best_chunks) {
+    if (mamba && PyList_GET_SIZE(chunks) > best_chunks) {
         /* Mamba: the walk went past the state; the chunk-aligned length it reached */
         PyObject *c = PyObject_GetAttr(cache, s_cm_chunk);
         PyObject *p = c == NULL ? NULL : PyLong_FromSsize_t(pos);
@@ -5692,6 +5732,7 @@ done:
     Py_XDECREF(chunks);
     Py_XDECREF(lru);
     Py_XDECREF(prev);
+    Py_XDECREF(prev2);
     Py_XDECREF(cur);
     Py_XDECREF(rec);
     Py_XDECREF(v);
@@ -5726,6 +5767,8 @@ cm_getattr_or_none(PyObject *o, PyObject *name)
  * while reading) is declined: the Python function runs from its start, with its checks and
  * errors.  Then match_one's argument reads (the component, the window, a Mamba
  * copy-on-write match declined) and cm_match. */
+static PyObject *cm_entry(PyObject *cache, PyObject *params, int pair);
+
 static PyObject *
 core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -5733,7 +5776,30 @@ core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "one_match(cache, params)");
         return NULL;
     }
-    PyObject *cache = args[0], *params = args[1];
+    return cm_entry(args[0], args[1], 0);
+}
+
+/* pair_match(cache, params): fast/hybrid.py match_prefix's general path for the stock SWA
+ * and Mamba plug-ins together (``_pair``: SWA's index, its window, Mamba's index; no host
+ * tier, the lru order), where it does not decline: the same key shapes as one_match, then
+ * cm_match with both records (the SWA run and the Mamba state as the general path applies
+ * them inline; both lists' moves in one walk up, in component order).  A Mamba
+ * copy-on-write match is declined (the plug-in's).  tests/fast/test_pair_match.py runs this
+ * against the general path. */
+static PyObject *
+core_pair_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pair_match(cache, params)");
+        return NULL;
+    }
+    return cm_entry(args[0], args[1], 1);
+}
+
+/* one_match and pair_match after their argument count (pair: the two-component read). */
+static PyObject *
+cm_entry(PyObject *cache, PyObject *params, int pair)
+{
     if (g_pn_type == NULL || g_MatchResult == NULL || g_RadixKey == NULL || g_array == NULL
             || g_cm_heappush == NULL)
         Py_RETURN_NONE;  /* (before setup_pynode / setup_api / one_match_setup: Python's) */
@@ -5743,7 +5809,8 @@ core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     const long long *u = NULL;
     Py_ssize_t ulen = 0;
     PyObject *key = NULL, *toks = NULL, *ek = NULL, *bigram = NULL, *comps = NULL, *comp = NULL;
-    PyObject *wo = NULL, *result = NULL;
+    PyObject *wo = NULL, *result = NULL, *comp2 = NULL, *po = NULL;
+    Py_ssize_t ai = 0, bi = 0;
     if ((key = PyObject_GetAttr(params, s_key)) == NULL)
         goto decline;
     if ((PyObject *)Py_TYPE(key) == g_RadixKey) {
@@ -5790,23 +5857,40 @@ core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         u = owned;
     }
-    /* comp = cache.components[0]; window = cache._inline_window */
-    if ((comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
-            || (comp = PySequence_GetItem(comps, 0)) == NULL
-            || (wo = PyObject_GetAttr(cache, s_cm_window)) == NULL || !PyLong_CheckExact(wo))
-        goto decline;
     int ovf;
-    long long window = PyLong_AsLongLongAndOverflow(wo, &ovf);
-    if (ovf)
-        goto decline;
-    if (window == 0) {  /* a Mamba copy-on-write match: the general path's */
+    long long window;
+    if (!pair) {  /* comp = cache.components[0]; window = cache._inline_window */
+        if ((comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
+                || (comp = PySequence_GetItem(comps, 0)) == NULL
+                || (wo = PyObject_GetAttr(cache, s_cm_window)) == NULL
+                || !PyLong_CheckExact(wo))
+            goto decline;
+        window = PyLong_AsLongLongAndOverflow(wo, &ovf);
+        if (ovf)
+            goto decline;
+    } else {  /* (swa_i, window, mamba_i) = cache._pair; the two plug-ins by those indices */
+        if ((po = PyObject_GetAttr(cache, s_cm_pair)) == NULL || !PyTuple_CheckExact(po)
+                || PyTuple_GET_SIZE(po) != 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(po, 0))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(po, 1))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(po, 2)))
+            goto decline;
+        ai = PyLong_AsSsize_t(PyTuple_GET_ITEM(po, 0));
+        window = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(po, 1), &ovf);
+        bi = PyLong_AsSsize_t(PyTuple_GET_ITEM(po, 2));
+        if (ovf || ai < 0 || bi < 0 || ai == bi || window < 1
+                || (comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
+                || (comp = PySequence_GetItem(comps, ai)) == NULL
+                || (comp2 = PySequence_GetItem(comps, bi)) == NULL)
+            goto decline;
+    }
+    if (window == 0 || pair) {  /* a Mamba copy-on-write match: the general path's */
         PyObject *cow = cm_getattr_or_none(params, s_cm_cow);
         int c = cow == NULL ? -1 : PyObject_IsTrue(cow);
         Py_XDECREF(cow);
         if (c != 0)
             goto decline;
     }
-    result = cm_match(cache, comp, u, ulen, ek, window);
+    result = cm_match(cache, comp, ai, comp2, bi, u, ulen, ek, window);
     goto done;
 decline:
     PyErr_Clear();
@@ -5821,6 +5905,8 @@ done:
     Py_XDECREF(bigram);
     Py_XDECREF(comps);
     Py_XDECREF(comp);
+    Py_XDECREF(comp2);
+    Py_XDECREF(po);
     Py_XDECREF(wo);
     return result;
 }
@@ -7097,6 +7183,10 @@ static PyMethodDef core_methods[] = {
     {"one_match", (PyCFunction)(void (*)(void))core_one_match, METH_FASTCALL,
      "one_match(cache, params) -> fast/one_aux.py match_one's "
      "MatchResult, or None (nothing changed) where the Python function must run"},
+    {"pair_match", (PyCFunction)(void (*)(void))core_pair_match, METH_FASTCALL,
+     "pair_match(cache, params) -> fast/hybrid.py match_prefix's MatchResult for the stock "
+     "SWA and Mamba plug-ins together, or None (nothing changed) where the general path "
+     "must run"},
     {"one_match_setup", (PyCFunction)(void (*)(void))core_one_match_setup, METH_FASTCALL,
      "one_match_setup(heappush): heapq.heappush, for one_match's push onto a heap that is "
      "not a list"},
@@ -7217,6 +7307,7 @@ PyInit__core(void)
     INTERN(s_cm_chunk, "mamba_cache_chunk_size");
     INTERN(s_cm_components, "components");
     INTERN(s_cm_window, "_inline_window");
+    INTERN(s_cm_pair, "_pair");
     INTERN(s_cm_cow, "cow_mamba");
     INTERN(s_ce_tail, "tail");
     INTERN(s_ce_removed, "removed");

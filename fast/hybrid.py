@@ -51,7 +51,7 @@ import torch
 
 from . import compat, host_aux, host_full, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
-from .cache import UnifiedRadixCache, _match_result
+from .cache import UnifiedRadixCache, _core, _match_result
 from .components import AuxComponent, AuxData
 from .components.mamba import MambaComponent, mamba_state
 from .components.swa import SwaComponent
@@ -96,6 +96,11 @@ _HOST_AUX_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lo
 
 # the hooks fast/host_aux.py's match calls or writes out, as this class has them
 _HOST_AUX_MATCH_HOOKS = ("match_prefix", "_split", "_indices", "_stamp_tiered_path", "_units")
+
+# the hooks the general match's pair branch calls, as this class has them: where one is
+# overridden the C core's twin of that branch (``pair_match``) is not used
+_PAIR_MATCH_HOOKS = ("match_prefix", "_split", "_units", "_indices", "_stamp_path",
+                     "_push_if_leaf")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -253,6 +258,11 @@ class HybridRadixCache(UnifiedRadixCache):
                 and self.mamba is not None and type(self.swa) is SwaComponent \
                 and type(self.mamba) is MambaComponent:
             self._pair = (self.swa.i, self.swa.window, self.mamba.i)
+            if _core is not None and self._policy_key is None and not self.is_eagle and all(
+                    getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _PAIR_MATCH_HOOKS):
+                # the general match's pair branch in C (fast/_core.c "cmatch": the same
+                # steps; None, nothing changed, where it declines: the general path runs)
+                self._match_fast = _core.pair_match
         if self.tier is not None and not self.components and self._policy_key is None \
                 and not self.is_eagle and all(
                     getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_FULL_HOOKS):
@@ -470,7 +480,7 @@ class HybridRadixCache(UnifiedRadixCache):
         goes on past rejected nodes (splitting at a partial match); the accepted path becomes
         the most recent.  Mamba answers ``mamba_branching_seqlen`` when the walk went
         further."""
-        fast = self._match_fast  # (one component, no host tier: fast/one_aux.py)
+        fast = self._match_fast  # (one component: fast/one_aux.py; SWA and Mamba: C, cmatch)
         if fast is not None:
             result = fast(self, params)
             if result is not None:
