@@ -6536,7 +6536,7 @@ core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * buffer of n items, an int argument that is not a plain int.
  */
 
-static PyObject *s_ci_deferred, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
+static PyObject *s_ci_i, *s_ci_deferred, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
     *s_ci_tracks, *s_ci_on_set, *s_ci_map_pool, *s_ci_swa_leaf, *s_ci_stored;
 
 /* value[lo:hi] (a view, as the Python slice), new reference: the native frees' tail_view,
@@ -6591,6 +6591,36 @@ ci_result(Py_ssize_t pos, Py_ssize_t total, int exist)
     return r;
 }
 
+/* The components an insert commits to: one (one_insert: the record aux[0]) or the stock SWA
+ * and Mamba plug-ins together (pair_insert: their records at their indices), in component
+ * order; which of them is SWA (-1: none). */
+typedef struct {
+    int nc;
+    PyObject *comp[2];  /* (borrowed) */
+    Py_ssize_t idx[2];
+    int swa_at;
+} CiShape;
+
+static PyObject *ci_insert(PyObject *mod, PyObject *cache, const CiShape *sh,
+                           PyObject *const *args);
+
+/* The int arguments args[i] for i in ints (exact ints that fit): 1, or 0 (declined). */
+static int
+ci_ints(PyObject *const *args, const int *ints, int k, Py_ssize_t *out)
+{
+    for (int j = 0; j < k; j++) {
+        PyObject *o = args[ints[j]];
+        if (!PyLong_CheckExact(o))
+            return 0;
+        out[j] = PyLong_AsSsize_t(o);
+        if (out[j] == -1 && PyErr_Occurred()) {  /* (a huge int: the Python loop's) */
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared,
  *            direct, page_size) -> InsertResult, or None (nothing changed): see above. */
 static PyObject *
@@ -6601,21 +6631,70 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                         "extra_key, prev, e, n, total, prepared, direct, page_size)");
         return NULL;
     }
-    PyObject *cache = args[0], *comp = args[1], *swa = args[2], *plan = args[3],
-             *value = args[4], *units = args[5], *ek = args[6], *prepared = args[11];
-    int is_swa = swa != Py_None, direct = args[12] == Py_True;
-    for (int i = 7; i <= 13; i++)
-        if (i != 11 && i != 12 && !PyLong_CheckExact(args[i]))
-            Py_RETURN_NONE;
-    Py_ssize_t prev = PyLong_AsSsize_t(args[7]), e = PyLong_AsSsize_t(args[8]),
-               n = PyLong_AsSsize_t(args[9]), total = PyLong_AsSsize_t(args[10]),
-               ps = PyLong_AsSsize_t(args[13]);
-    if (prev == -1 || e == -1 || n == -1 || total == -1 || ps == -1) {
-        if (PyErr_Occurred()) {  /* (a huge int: the Python loop's) */
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
+    CiShape sh = {1, {args[1], NULL}, {0, 0}, args[2] != Py_None ? 0 : -1};
+    /* (cache, swa, plan, value, units, extra_key, prev, e, n, total, prepared, direct, ps) */
+    PyObject *a[13] = {args[0], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
+                       args[9], args[10], args[11], args[12], args[13]};
+    return ci_insert(mod, args[0], &sh, a);
+}
+
+/* pair_insert(cache, swa, mamba, plan, value, units, extra_key, prev, e, n, total, state,
+ *             page_size) -> InsertResult, or None (nothing changed): fast/hybrid.py _insert's
+ * general path from its walk on for the stock SWA and Mamba plug-ins together (``_pair``; no
+ * host tier, the lru order, the stock hooks: the caller checks), the same steps as
+ * one_insert's with both records: each planned node's records to the front of their lists
+ * in component order, the new leaf with two records, each plug-in's commit in component
+ * order (SWA's data inside the window, the Mamba state ``state``).  The caller's duplicates
+ * go through the cache's _free (its queue, released by ``insert``).  Declined as one_insert,
+ * and for a planned node without Full data (the general path's unevict, a host tier's).
+ * tests/fast/test_pair_insert.py runs this against the general path. */
+static PyObject *
+core_pair_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "pair_insert(cache, swa, mamba, plan, value, units, "
+                        "extra_key, prev, e, n, total, state, page_size)");
+        return NULL;
     }
+    PyObject *swa = args[1], *mamba = args[2];
+    PyObject *si = PyObject_GetAttr(swa, s_ci_i), *mi = si == NULL ? NULL
+        : PyObject_GetAttr(mamba, s_ci_i);
+    Py_ssize_t i_s = -1, i_m = -1;
+    if (mi != NULL && PyLong_CheckExact(si) && PyLong_CheckExact(mi)) {
+        i_s = PyLong_AsSsize_t(si);
+        i_m = PyLong_AsSsize_t(mi);
+    }
+    Py_XDECREF(si);
+    Py_XDECREF(mi);
+    if (i_s < 0 || i_m < 0 || i_s > 1 || i_m > 1 || i_s == i_m) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    CiShape sh;
+    sh.nc = 2;
+    sh.comp[i_s] = swa;
+    sh.comp[i_m] = mamba;
+    sh.idx[i_s] = i_s;
+    sh.idx[i_m] = i_m;
+    sh.swa_at = (int)i_s;
+    PyObject *a[13] = {args[0], swa, args[3], args[4], args[5], args[6], args[7], args[8],
+                       args[9], args[10], args[11], Py_False, args[12]};
+    return ci_insert(mod, args[0], &sh, a);
+}
+
+/* one_insert's and pair_insert's work; args: (cache, swa, plan, value, units, extra_key,
+ * prev, e, n, total, prepared, direct, page_size). */
+static PyObject *
+ci_insert(PyObject *mod, PyObject *cache, const CiShape *sh, PyObject *const *args)
+{
+    PyObject *swa = args[1], *plan = args[2], *value = args[3], *units = args[4], *ek = args[5],
+             *prepared = args[10];
+    int is_swa = swa != Py_None, direct = args[11] == Py_True, pair = sh->nc == 2;
+    static const int ints[5] = {6, 7, 8, 9, 12};
+    Py_ssize_t iv[5];
+    if (!ci_ints(args, ints, 5, iv))
+        Py_RETURN_NONE;
+    Py_ssize_t prev = iv[0], e = iv[1], n = iv[2], total = iv[3], ps = iv[4];
     if (g_pn_type == NULL || g_InsertResult == NULL || !PyList_CheckExact(plan) || ps < 1)
         Py_RETURN_NONE;
     Py_ssize_t np = PyList_GET_SIZE(plan);
@@ -6624,6 +6703,11 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 2
                 || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
             Py_RETURN_NONE;
+        if (pair) {  /* (the general path's unevict for a node without Full data) */
+            PyObject *c = PyTuple_GET_ITEM(it, 0);
+            if (!PN_IS(c) || SLOT_AT(c, PN_value) == NULL || IS_NONE(SLOT_AT(c, PN_value)))
+                Py_RETURN_NONE;
+        }
     }
     KeyView uk;
     if (key_view(units, &uk) < 0) {
@@ -6635,18 +6719,22 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (un != n)
         Py_RETURN_NONE;
 
-    PyObject *ev = NULL, *vs = NULL, *deferred = NULL, *heap = NULL, *lru = NULL, *head = NULL,
-             *root = NULL, *node = NULL, *child = NULL, *rec = NULL, *both = NULL,
-             *result = NULL;
+    PyObject *ev = NULL, *vs = NULL, *deferred = NULL, *heap = NULL, *lru = NULL,
+             *heads[2] = {NULL, NULL}, *root = NULL, *node = NULL, *child = NULL, *rec = NULL,
+             *both = NULL, *result = NULL;
     long long clock = 0;
     int started = 0;
     if ((ev = PyObject_GetAttr(cache, s_events)) == NULL
             || (vs = PyObject_GetAttr(cache, s_validate)) == NULL
             || (deferred = PyObject_GetAttr(cache, s_ci_deferred)) == NULL
-            || (heap = PyObject_GetAttr(cache, s_heap)) == NULL
-            || (lru = PyObject_GetAttr(comp, s_lru)) == NULL
-            || (head = PyObject_GetAttr(lru, s_head)) == NULL
-            || (root = PyObject_GetAttr(cache, s_root_node)) == NULL)
+            || (heap = PyObject_GetAttr(cache, s_heap)) == NULL)
+        goto fail;
+    for (int j = 0; j < sh->nc; j++) {
+        Py_XSETREF(lru, PyObject_GetAttr(sh->comp[j], s_lru));
+        if (lru == NULL || (heads[j] = PyObject_GetAttr(lru, s_head)) == NULL)
+            goto fail;
+    }
+    if ((root = PyObject_GetAttr(cache, s_root_node)) == NULL)
         goto fail;
     int vtrue = PyObject_IsTrue(vs);
     if (vtrue < 0)
@@ -6682,10 +6770,12 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         Py_DECREF(stamp);
-        Py_XSETREF(rec, pn_rec(child));
-        int has = rec == NULL ? -1 : rec_holds(rec);
-        if (has < 0 || (has && lru_move_after(head, rec) < 0))
-            goto fail;
+        for (int j = 0; j < sh->nc; j++) {  /* (each record to the front, component order) */
+            Py_XSETREF(rec, pn_rec_at(child, sh->idx[j]));
+            int has = rec == NULL ? -1 : rec_holds(rec);
+            if (has < 0 || (has && lru_move_after(heads[j], rec) < 0))
+                goto fail;
+        }
         Py_ssize_t klen = pn_key_len(child);
         if (klen < 0)
             goto fail;
@@ -6698,7 +6788,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t end = pos + shared, taken = shared;
         /* a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md) */
         if (is_swa && prev < end) {
-            Py_XSETREF(rec, pn_rec(child));
+            Py_XSETREF(rec, pn_rec_at(child, sh->idx[sh->swa_at]));
             int held = rec == NULL ? -1 : rec_holds(rec);
             int free_ = held < 0 ? -1 : held ? 0 : PN_ZERO(child, lock_ref);
             if (free_ < 0)
@@ -6711,7 +6801,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 PyObject *t = NULL;
                 if (o_pos != NULL && o_sh != NULL) {
                     a[0] = swa; a[1] = child; a[2] = o_pos; a[3] = o_sh; a[4] = value;
-                    a[5] = args[7]; a[6] = args[8];
+                    a[5] = args[6]; a[6] = args[7];
                     t = PyObject_VectorcallMethod(s_ci_overlap, a,
                                                   7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
                 }
@@ -6764,12 +6854,12 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (ci_clock_out(cache, clock) < 0)
                 goto fail;
             started = 0;
-            result = ci_result(pos, 0, 0);
+            result = ci_result(pos, 0, pair);  /* (the pair: mamba_exist, as the general path) */
             goto done;
         }
         clock += g_stride;
         PyObject *rest = NULL, *ck = NULL, *full = NULL, *stamp = NULL, *leaf = NULL,
-                 *nrec = NULL, *tup = NULL, *children = NULL;
+                 *nrec = NULL, *nrec2 = NULL, *tup = NULL, *children = NULL;
         int ok = 0;
         PyObject *o_pos = PyLong_FromSsize_t(pos), *o_len = PyLong_FromSsize_t(n - pos);
         if (o_pos == NULL || o_len == NULL)
@@ -6829,7 +6919,8 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (leaf == NULL)
             goto leaf_done;
         if ((nrec = PyObject_CallOneArg((PyObject *)g_ad_type, leaf)) == NULL
-                || (tup = PyTuple_Pack(1, nrec)) == NULL
+                || (pair && (nrec2 = PyObject_CallOneArg((PyObject *)g_ad_type, leaf)) == NULL)
+                || (tup = pair ? PyTuple_Pack(2, nrec, nrec2) : PyTuple_Pack(1, nrec)) == NULL
                 || PN_SET(leaf, aux, tup) < 0
                 || (children = PN_GET(node, children)) == NULL
                 || PyObject_SetItem(children, ck, leaf) < 0)
@@ -6871,6 +6962,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(full);
         Py_XDECREF(stamp);
         Py_XDECREF(nrec);
+        Py_XDECREF(nrec2);
         Py_XDECREF(tup);
         Py_XDECREF(children);
         if (!ok) {
@@ -6882,8 +6974,10 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         is_new = 1;
     }
 
-    /* the component's commit */
-    if (is_swa) {  /* (``SwaComponent.commit``) */
+    /* each component's commit, in component order */
+    for (int j = 0; j < sh->nc; j++) {
+    PyObject *comp = sh->comp[j], *head = heads[j];
+    if (j == sh->swa_at) {  /* (``SwaComponent.commit``) */
         Py_ssize_t tk = is_new ? pn_key_len(target) : 0;
         if (tk < 0)
             goto fail;
@@ -6894,7 +6988,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     goto fail;
                 Py_DECREF(up);
             }
-            Py_XSETREF(rec, pn_rec(target));  /* (``AuxComponent.set`` of a new leaf) */
+            Py_XSETREF(rec, pn_rec_at(target, sh->idx[j]));  /* (``AuxComponent.set``) */
             if (rec == NULL)
                 goto fail;
             PyObject *sv;
@@ -6919,7 +7013,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 goto fail;
         }
     } else {
-        Py_XSETREF(rec, pn_rec(target));
+        Py_XSETREF(rec, pn_rec_at(target, sh->idx[j]));
         int held = rec == NULL ? -1 : rec_holds(rec);
         if (held < 0)
             goto fail;
@@ -6963,6 +7057,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 goto fail;
         }
     }
+    }
     if (ci_clock_out(cache, clock) < 0)
         goto fail;
     started = 0;
@@ -6998,7 +7093,8 @@ done:
     Py_XDECREF(deferred);
     Py_XDECREF(heap);
     Py_XDECREF(lru);
-    Py_XDECREF(head);
+    Py_XDECREF(heads[0]);
+    Py_XDECREF(heads[1]);
     Py_XDECREF(root);
     Py_XDECREF(node);
     Py_XDECREF(child);
@@ -7201,6 +7297,11 @@ static PyMethodDef core_methods[] = {
      "one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared, "
      "direct, page_size) -> InsertResult: fast/one_aux.py insert_one's walk, leaf and commit; "
      "None where the Python loop must run (nothing changed)"},
+    {"pair_insert", (PyCFunction)(void (*)(void))core_pair_insert, METH_FASTCALL,
+     "pair_insert(cache, swa, mamba, plan, value, units, extra_key, prev, e, n, total, state, "
+     "page_size) -> InsertResult: fast/hybrid.py _insert's walk, leaf and commits for the "
+     "stock SWA and Mamba plug-ins together; None where the general path must run (nothing "
+     "changed)"},
     {"one_plan", (PyCFunction)(void (*)(void))core_one_plan, METH_FASTCALL,
      "one_plan(root, units, extra_key, page_size, step) -> [(node, shared units)]: "
      "fast/cache.py _plan's walk from root"},
@@ -7312,6 +7413,7 @@ PyInit__core(void)
     INTERN(s_ce_tail, "tail");
     INTERN(s_ce_removed, "removed");
     INTERN(s_ci_deferred, "_deferred");
+    INTERN(s_ci_i, "i");
     INTERN(s_ci_overlap, "overlap");
     INTERN(s_ci_free_m, "_free");
     INTERN(s_ci_translate, "translate");
