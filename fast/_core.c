@@ -4367,6 +4367,58 @@ core_swa_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return gather_new(mp, fp, fn);
 }
 
+/* ---- state_copy: a Mamba state's own copy, from a slab -------------------------------- */
+/*
+ * An insert's Mamba state is copied (fast/components/mamba.py mamba_state: the tree holds a
+ * tensor no later write to the caller's can change).  ``clone()`` is a whole torch op per
+ * insert; here a slab of STATE_SLAB int64 slots is made once (torch.empty and one split into
+ * one-slot views) and each copy is the next view with the state's value written into it:
+ * a one-slot int64 CPU tensor of its own value that nothing else holds or writes (the slab
+ * keeps the views until it is used up and replaced; a view keeps the slab's memory alive).
+ */
+#define STATE_SLAB 256
+static PyObject *g_slab_views = NULL;  /* the current slab's views (a tuple), or NULL */
+static long long *g_slab_data = NULL;
+static Py_ssize_t g_slab_next = 0;
+
+/* state_copy(state) -> a one-slot int64 CPU tensor holding state's value (see above), or
+ * None (nothing done) where state is not a plain one-slot CPU int64 tensor: the caller
+ * clones it. */
+static PyObject *
+core_state_copy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "state_copy(state)");
+        return NULL;
+    }
+    const long long *p;
+    Py_ssize_t n;
+    int ok = plain_data(args[0], &p, &n);
+    if (ok <= 0 || n != 1)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    if (g_slab_views == NULL || g_slab_next >= PyTuple_GET_SIZE(g_slab_views)) {
+        long long *data;
+        PyObject *slab = new_int64(STATE_SLAB, &data);
+        if (slab == NULL)
+            return NULL;
+        PyObject *one = PyLong_FromLong(1);
+        PyObject *views = one == NULL ? NULL : PyObject_CallMethod(slab, "split", "O", one);
+        Py_XDECREF(one);
+        Py_DECREF(slab);
+        if (views == NULL)
+            return NULL;
+        if (!PyTuple_CheckExact(views) || PyTuple_GET_SIZE(views) != STATE_SLAB) {
+            Py_DECREF(views);
+            Py_RETURN_NONE;
+        }
+        Py_XSETREF(g_slab_views, views);
+        g_slab_data = data;
+        g_slab_next = 0;
+    }
+    g_slab_data[g_slab_next] = p[0];
+    return Py_NewRef(PyTuple_GET_ITEM(g_slab_views, g_slab_next++));
+}
+
 /* swa_leaf(value, start, length, mapping) -> (value[start:start + length] copied into a new
  * int64 tensor, mapping at those slots as a new int64 tensor): an insert's new leaf, its Full
  * slots (torch.narrow_copy's values) and its SWA slots, in one call.  None (nothing done) as
@@ -7297,6 +7349,9 @@ static PyMethodDef core_methods[] = {
      "one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared, "
      "direct, page_size) -> InsertResult: fast/one_aux.py insert_one's walk, leaf and commit; "
      "None where the Python loop must run (nothing changed)"},
+    {"state_copy", (PyCFunction)(void (*)(void))core_state_copy, METH_FASTCALL,
+     "state_copy(state) -> a one-slot int64 tensor of its own with state's value (from a "
+     "slab of views), or None where state is not a plain one-slot CPU int64 tensor"},
     {"pair_insert", (PyCFunction)(void (*)(void))core_pair_insert, METH_FASTCALL,
      "pair_insert(cache, swa, mamba, plan, value, units, extra_key, prev, e, n, total, state, "
      "page_size) -> InsertResult: fast/hybrid.py _insert's walk, leaf and commits for the "
