@@ -5819,16 +5819,12 @@ cm_getattr_or_none(PyObject *o, PyObject *name)
  * while reading) is declined: the Python function runs from its start, with its checks and
  * errors.  Then match_one's argument reads (the component, the window, a Mamba
  * copy-on-write match declined) and cm_match. */
-static PyObject *cm_entry(PyObject *cache, PyObject *params, int pair);
+static PyObject *cm_entry(PyObject *const *args, Py_ssize_t nargs, int pair);
 
 static PyObject *
 core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "one_match(cache, params)");
-        return NULL;
-    }
-    return cm_entry(args[0], args[1], 0);
+    return cm_entry(args, nargs, 0);
 }
 
 /* pair_match(cache, params): fast/hybrid.py match_prefix's general path for the stock SWA
@@ -5841,17 +5837,19 @@ core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 core_pair_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "pair_match(cache, params)");
-        return NULL;
-    }
-    return cm_entry(args[0], args[1], 1);
+    return cm_entry(args, nargs, 1);
 }
 
-/* one_match and pair_match after their argument count (pair: the two-component read). */
+/* one_match (pair 0) and pair_match (pair 1: the two-component read): (cache, params). */
 static PyObject *
-cm_entry(PyObject *cache, PyObject *params, int pair)
+cm_entry(PyObject *const *args, Py_ssize_t nargs, int pair)
 {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, pair ? "pair_match(cache, params)"
+                                              : "one_match(cache, params)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *params = args[1];
     if (g_pn_type == NULL || g_MatchResult == NULL || g_RadixKey == NULL || g_array == NULL
             || g_cm_heappush == NULL)
         Py_RETURN_NONE;  /* (before setup_pynode / setup_api / one_match_setup: Python's) */

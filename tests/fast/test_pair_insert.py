@@ -18,32 +18,18 @@ import dataclasses
 
 import pytest
 
-from stories import replay_twins
+from aux_twins import Counting, Twins, insert_with_state, pages, replay_in_lockstep, tree_state
 
 torch = pytest.importorskip("torch")
 
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
 from uniradix.conformance.explore.driver import make_config, record  # noqa: E402
-from uniradix.conformance.explore.lockstep import Lockstep  # noqa: E402
 from uniradix.fast import hybrid  # noqa: E402
 from uniradix.fast.cache import _core  # noqa: E402
 
 needs_core = pytest.mark.skipif(_core is None, reason="the C core is not built or not in use")
 
 ORDERS = [("full", "swa", "mamba"), ("full", "mamba", "swa")]
-
-
-class Counting:
-    """``_core.pair_insert`` counting the calls it took (not declined)."""
-
-    def __init__(self, fn):
-        self.fn, self.calls, self.taken = fn, 0, 0
-
-    def __call__(self, *args):
-        self.calls += 1
-        r = self.fn(*args)
-        self.taken += r is not None
-        return r
 
 
 @pytest.fixture
@@ -63,38 +49,6 @@ class _Core:
         return getattr(_core, name)
 
 
-def _path(node) -> tuple:
-    out = []
-    while node is not None and node.parent is not None:
-        out.append((node.extra_key, tuple(node.key)))
-        node = node.parent
-    return tuple(reversed(out))
-
-
-def _val(v):
-    return None if v is None else v.tolist()
-
-
-def state(adapter) -> dict:
-    cache = adapter.cache
-    nodes = {}
-    stack = [cache.root_node]
-    while stack:
-        node = stack.pop()
-        recs = tuple((_val(r.value), r.lock, r.boundary) for r in node.aux)
-        nodes[_path(node)] = (node.ck, _val(node.value), node.lock_ref, node.aux_lock,
-                              node.dev_children, node.last_access_time, recs)
-        stack.extend(node.children.values())
-    return {
-        "nodes": nodes,
-        "lru": [[_path(rec.node) for rec in comp.lru.oldest_first()]
-                for comp in cache.components],
-        "heap": [(stamp, _path(node), node.parent is not None) for stamp, node in cache._heap],
-        "counts": (cache._clock, cache._evictable, cache._protected,
-                   [(c.evictable, c.protected) for c in cache.components]),
-    }
-
-
 def _general(adapter):
     assert adapter.cache._pair_insert is True
     adapter.cache._pair_insert = False
@@ -109,46 +63,22 @@ def test_c_pair_insert_equals_general_path_in_lockstep(name, seed, order, counti
     config = dataclasses.replace(make_config(name, seed), components=order)
     steps = record(make_adapter("fast", config), config, seed, 400, check_violations=False)
     c_side, py_side = make_adapter("fast", config), _general(make_adapter("fast", config))
-    ls = Lockstep([c_side, py_side], ["C insert", "general insert"], events=False)
-
-    def same_states(step):
-        assert state(c_side) == state(py_side), step
-
-    ops = replay_twins(ls, steps, same_states)
+    ops = replay_in_lockstep(c_side, py_side, steps, ["C insert", "general insert"])
     assert "insert" in ops
     assert counting.taken == counting.calls > 10
 
 
-class Twin:
+class Twin(Twins):
+    """``c`` with the C pair insert, ``py`` on the general path; the invariants hold after
+    every step on both."""
+
     def __init__(self, config):
-        self.c, self.py = make_adapter("fast", config), _general(make_adapter("fast", config))
-        self.i = 0
+        super().__init__(make_adapter("fast", config), _general(make_adapter("fast", config)))
 
     def __call__(self, op: str, **args):
-        self.i += 1
-        step = {"i": self.i, "op": op, "args": args}
-        outs = []
-        for side in (self.c, self.py):
-            try:
-                outs.append(side.apply(step))
-            except Exception as e:  # noqa: BLE001 - the two must raise alike
-                outs.append(("raised", type(e), str(e)))
-        assert outs[0] == outs[1], step
-        assert state(self.c) == state(self.py), step
+        out = super().__call__(op, **args)
         assert self.c.violations() == [] and self.py.violations() == []
-        return outs[0]
-
-
-def _pages(ps: int, *ids: int) -> list:
-    return [i * 1000 + j for i in ids for j in range(ps)]
-
-
-def _insert(t: Twin, tokens, prev=0, **extra):
-    slots = t("alloc", n=len(tokens) - prev)["slots"]
-    value = list(range(1, prev + 1)) if prev else []  # (the first prev slots are the tree's)
-    (state_,) = t("mamba_alloc", n=1)["slots"]
-    return t("insert", tokens=tokens, value=value + slots, prev_prefix_len=prev,
-             mamba_value=[state_], **extra)
+        return out
 
 
 @needs_core
@@ -159,22 +89,22 @@ def test_pair_insert_scenario(ps, order, counting):
     t = Twin(dataclasses.replace(base, page_size=ps, kv_slots=4096, swa_slots=4096,
                                  sliding_window=2 * ps, mamba_slots=64,
                                  mamba_cache_chunk_size=ps, components=order))
-    a = _pages(ps, *range(1, 9))
-    _insert(t, a[:3 * ps], swa_evicted_seqlen=ps)  # a new leaf split at the window's start
-    _insert(t, a[:3 * ps])  # the same key: the node holds a state already (mamba_exist)
-    _insert(t, a[:5 * ps], swa_evicted_seqlen=5 * ps)  # wholly outside the window: no leaf
-    _insert(t, a[:6 * ps], swa_evicted_seqlen=4 * ps)  # a leaf below, a tombstone split off
-    _insert(t, a[:2 * ps] + _pages(ps, 9))  # a split of a planned node
+    a = pages(ps, *range(1, 9))
+    insert_with_state(t, a[:3 * ps], swa_evicted_seqlen=ps)  # a new leaf split at the window's start
+    insert_with_state(t, a[:3 * ps])  # the same key: the node holds a state already (mamba_exist)
+    insert_with_state(t, a[:5 * ps], swa_evicted_seqlen=5 * ps)  # wholly outside the window: no leaf
+    insert_with_state(t, a[:6 * ps], swa_evicted_seqlen=4 * ps)  # a leaf below, a tombstone split off
+    insert_with_state(t, a[:2 * ps] + pages(ps, 9))  # a split of a planned node
     t("evict", num_tokens=0, swa_num_tokens=2 * ps)  # tombstones
     h = t("lock", node={"tokens": a[:3 * ps], "extra_key": None})["handle"]
-    _insert(t, a[:8 * ps])  # the tombstones take the caller's slots (or keep them: locked)
+    insert_with_state(t, a[:8 * ps])  # the tombstones take the caller's slots (or keep them: locked)
     t("unlock", handle=h)
     t("evict", num_tokens=0, mamba_num=2)
-    _insert(t, a[:3 * ps])  # a node without a state: it takes one, its stamp renewed
-    _insert(t, a[:8 * ps], prev=3 * ps)
+    insert_with_state(t, a[:3 * ps])  # a node without a state: it takes one, its stamp renewed
+    insert_with_state(t, a[:8 * ps], prev=3 * ps)
     t("evict", num_tokens=0, swa_num_tokens=4 * ps)
-    _insert(t, a[:8 * ps], prev=2 * ps, swa_evicted_seqlen=2 * ps)
-    _insert(t, a[:4 * ps] + _pages(ps, 30, 31), extra_key=None)
+    insert_with_state(t, a[:8 * ps], prev=2 * ps, swa_evicted_seqlen=2 * ps)
+    insert_with_state(t, a[:4 * ps] + pages(ps, 30, 31), extra_key=None)
     assert counting.taken == counting.calls >= 9
 
 
@@ -184,11 +114,11 @@ def test_left_to_the_general_path():
     EAGLE cache and a subclass with its own ``_new_node`` never take the C insert."""
     base = make_config("full-swa-mamba-p1", 1)
     t = Twin(dataclasses.replace(base, kv_slots=4096, swa_slots=4096, mamba_slots=64))
-    a = _pages(1, *range(1, 6))
-    _insert(t, a)
+    a = pages(1, *range(1, 6))
+    insert_with_state(t, a)
     cache = t.c.cache
     node = next(iter(cache.root_node.children.values()))
-    before = state(t.c)
+    before = tree_state(t.c.cache)
     value = torch.arange(100, 105, dtype=torch.int64)
     state_ = torch.tensor([7], dtype=torch.int64)
     saved, node.value = node.value, None
@@ -197,7 +127,7 @@ def test_left_to_the_general_path():
     assert _core.pair_insert(cache, cache.swa, cache.mamba, plan, value, array("q", a), None,
                              0, 0, 5, 5, state_, 1) is None
     node.value = saved
-    assert state(t.c) == before
+    assert tree_state(t.c.cache) == before
     assert make_adapter("fast", dataclasses.replace(base, eagle=True)).cache._pair_insert is False
     assert make_adapter("fast", dataclasses.replace(
         base, eviction_policy="lfu")).cache._pair_insert is False

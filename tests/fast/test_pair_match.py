@@ -17,69 +17,16 @@ import dataclasses
 
 import pytest
 
-from stories import replay_twins
+from aux_twins import Counting, Twins, insert_with_state, pages, replay_in_lockstep, result_view, tree_state
 
 torch = pytest.importorskip("torch")
 
 import uniradix.fast as fast  # noqa: E402
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
 from uniradix.conformance.explore.driver import make_config, record  # noqa: E402
-from uniradix.conformance.explore.lockstep import Lockstep  # noqa: E402
 from uniradix.fast.cache import _core  # noqa: E402
 
 needs_core = pytest.mark.skipif(_core is None, reason="the C core is not built or not in use")
-
-
-class Counting:
-    """``_core.pair_match`` counting the calls it took (not declined)."""
-
-    def __init__(self, fn):
-        self.fn, self.calls, self.taken = fn, 0, 0
-
-    def __call__(self, *args):
-        self.calls += 1
-        r = self.fn(*args)
-        self.taken += r is not None
-        return r
-
-
-def _path(node) -> tuple:
-    out = []
-    while node is not None and node.parent is not None:
-        out.append((node.extra_key, tuple(node.key)))
-        node = node.parent
-    return tuple(reversed(out))
-
-
-def _val(v):
-    return None if v is None else v.tolist()
-
-
-def state(cache) -> dict:
-    """Everything a match may write, with node ids replaced by paths (two caches)."""
-    nodes = {}
-    stack = [cache.root_node]
-    while stack:
-        node = stack.pop()
-        recs = tuple((_val(r.value), r.lock, r.boundary) for r in node.aux)
-        nodes[_path(node)] = (node.ck, _val(node.value), node.lock_ref, node.aux_lock,
-                              node.dev_children, node.last_access_time, recs)
-        stack.extend(node.children.values())
-    return {
-        "nodes": nodes,
-        "lru": [[_path(rec.node) for rec in comp.lru.oldest_first()]
-                for comp in cache.components],
-        "heap": [(stamp, _path(node), node.parent is not None) for stamp, node in cache._heap],
-        "counts": (cache._clock, cache._evictable, cache._protected,
-                   [(c.evictable, c.protected) for c in cache.components]),
-    }
-
-
-def result_view(r) -> tuple:
-    return (r.device_indices.tolist(), r.device_indices.dtype, _path(r.last_device_node),
-            _path(r.last_host_node), _path(r.best_match_node), r.host_hit_length,
-            r.swa_host_hit_length, r.mamba_host_hit_length, r.mamba_branching_seqlen,
-            r.cache_protected_len)
 
 
 def _general(adapter):
@@ -106,53 +53,21 @@ def test_c_pair_match_equals_general_path_in_lockstep(name, seed, order, monkeyp
     c_side, py_side = make_adapter("fast", config), _general(make_adapter("fast", config))
     counting = Counting(_core.pair_match)
     c_side.cache._match_fast = counting
-    ls = Lockstep([c_side, py_side], ["C match", "general match"], events=False)
-
-    def same_states(step):
-        assert state(c_side.cache) == state(py_side.cache), step
-
-    replay_twins(ls, steps, same_states)
+    replay_in_lockstep(c_side, py_side, steps, ["C match", "general match"])
     assert counting.taken == counting.calls > 20
 
 
-class Twin:
-    """Two adapters of one config: ``c`` with the C pair match, ``py`` on the general path;
-    each step goes to both, and their answers and states must agree."""
+class Twin(Twins):
+    """``c`` with the C pair match (counted), ``py`` on the general path."""
 
     def __init__(self, config):
-        self.c, self.py = make_adapter("fast", config), _general(make_adapter("fast", config))
+        super().__init__(make_adapter("fast", config), _general(make_adapter("fast", config)))
         self.counting = Counting(_core.pair_match)
         self.c.cache._match_fast = self.counting
-        self.i = 0
-
-    def __call__(self, op: str, **args):
-        self.i += 1
-        step = {"i": self.i, "op": op, "args": args}
-        outs = []
-        for side in (self.c, self.py):
-            try:
-                outs.append(side.apply(step))
-            except Exception as e:  # noqa: BLE001 - the two must raise alike
-                outs.append(("raised", type(e), str(e)))
-        assert outs[0] == outs[1], step
-        assert state(self.c.cache) == state(self.py.cache), step
-        return outs[0]
 
     def match(self, tokens, **params):
-        outs = []
-        for side in (self.c, self.py):
-            p = fast.MatchPrefixParams(key=fast.RadixKey(list(tokens)), **params)
-            try:
-                outs.append(result_view(side.cache.match_prefix(p)))
-            except Exception as e:  # noqa: BLE001 - the two must raise alike
-                outs.append(("raised", type(e), str(e)))
-        assert outs[0] == outs[1]
-        assert state(self.c.cache) == state(self.py.cache)
-        return outs[0]
-
-
-def _pages(ps: int, *ids: int) -> list:
-    return [i * 1000 + j for i in ids for j in range(ps)]
+        return self.both(lambda side: result_view(side.cache.match_prefix(
+            fast.MatchPrefixParams(key=fast.RadixKey(list(tokens)), **params))))
 
 
 def _twin(ps: int, order=ORDERS[0]):
@@ -162,28 +77,20 @@ def _twin(ps: int, order=ORDERS[0]):
                                     mamba_cache_chunk_size=ps, components=order))
 
 
-def _insert(t: Twin, tokens, prev=0, **extra):
-    slots = t("alloc", n=len(tokens) - prev)["slots"]
-    value = list(range(1, prev + 1)) if prev else []  # (the first prev slots are the tree's)
-    (state_,) = t("mamba_alloc", n=1)["slots"]
-    return t("insert", tokens=tokens, value=value + slots, prev_prefix_len=prev,
-             mamba_value=[state_], **extra)
-
-
 @needs_core
 @pytest.mark.parametrize("order", ORDERS, ids=["swa-first", "mamba-first"])
 @pytest.mark.parametrize("ps", [1, 16])
 def test_pair_scenario(ps, order):
     t = _twin(ps, order)
-    a = _pages(ps, *range(1, 9))
+    a = pages(ps, *range(1, 9))
     t.match(a)  # an empty tree
-    _insert(t, a[:3 * ps])  # a state at page 3, SWA data on all three
-    _insert(t, a, prev=3 * ps, swa_evicted_seqlen=4 * ps)  # pages 4: a tombstone, 5-8 data
+    insert_with_state(t, a[:3 * ps])  # a state at page 3, SWA data on all three
+    insert_with_state(t, a, prev=3 * ps, swa_evicted_seqlen=4 * ps)  # pages 4: a tombstone, 5-8 data
     r = t.match(a)
     assert len(r[0]) == 8 * ps  # the run after the tombstone fills the window, a state there
     t.match(a[:6 * ps])  # a split below the state: matched up to page 3, a branching length
     t.match(a[:2 * ps])  # a split above the first state: nothing, a branching length
-    t.match(a[:4 * ps] + _pages(ps, 9))  # a split inside the tombstone
+    t.match(a[:4 * ps] + pages(ps, 9))  # a split inside the tombstone
     t("evict", num_tokens=0, mamba_num=1)  # the oldest state goes: SWA data without a state
     t.match(a)
     t.match(a[:3 * ps])
@@ -192,8 +99,8 @@ def test_pair_scenario(ps, order):
     t("evict", num_tokens=0, swa_num_tokens=3 * ps)  # tombstones: the run restarts
     t.match(a)
     t("unlock", handle=h)
-    _insert(t, a[:3 * ps] + _pages(ps, 20, 21))  # a branch
-    t.match(a[:3 * ps] + _pages(ps, 20, 21))
+    insert_with_state(t, a[:3 * ps] + pages(ps, 20, 21))  # a branch
+    t.match(a[:3 * ps] + pages(ps, 20, 21))
     t("evict", num_tokens=4 * ps, swa_num_tokens=0)
     t.match(a)
     t.match(a[: ps - 1] if ps > 1 else [])  # no whole page: the empty answer
@@ -205,15 +112,15 @@ def test_left_to_the_general_path():
     """A copy-on-write match is declined, nothing changed (the general path answers); an
     EAGLE cache, a subclass with its own hook and a policy order never take the C match."""
     t = _twin(1)
-    a = _pages(1, *range(1, 6))
-    _insert(t, a)
-    before = state(t.c.cache)
+    a = pages(1, *range(1, 6))
+    insert_with_state(t, a)
+    before = tree_state(t.c.cache)
     p = fast.MatchPrefixParams(key=fast.RadixKey(a), cow_mamba=True)
     assert _core.pair_match(t.c.cache, p) is None
-    assert state(t.c.cache) == before
+    assert tree_state(t.c.cache) == before
     t.c.cache._pair = (0, 2 ** 80, 1)  # a window that is not an int64: declined
     assert _core.pair_match(t.c.cache, fast.MatchPrefixParams(key=fast.RadixKey(a))) is None
-    assert state(t.c.cache) == before
+    assert tree_state(t.c.cache) == before
     base = make_config("full-swa-mamba-p1", 1)
     eagle = make_adapter("fast", dataclasses.replace(base, eagle=True)).cache
     assert eagle._pair is not None and eagle._match_fast is None
