@@ -25,8 +25,11 @@
  *              fields"): the locks ("composed tree: clock"), the match ("cmatch"), the insert's
  *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
  *              through one set of field, record, LRU and counter helpers ("Python-node
- *              fields").  Each declines (returns None, nothing changed) what it does not take,
- *              and the Python function runs.
+ *              fields"); the match and the insert also for the stock SWA and Mamba plug-ins
+ *              together (pair_match, pair_insert: fast/hybrid.py's general path for that
+ *              pair), and a Mamba state's copy from a slab (state_copy).  Each declines
+ *              (returns None, nothing changed) what it does not take, and the Python
+ *              function runs.
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
