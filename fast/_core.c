@@ -25,8 +25,11 @@
  *              fields"): the locks ("composed tree: clock"), the match ("cmatch"), the insert's
  *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
  *              through one set of field, record, LRU and counter helpers ("Python-node
- *              fields").  Each declines (returns None, nothing changed) what it does not take,
- *              and the Python function runs.
+ *              fields"); the match and the insert also for the stock SWA and Mamba plug-ins
+ *              together (pair_match, pair_insert: fast/hybrid.py's general path for that
+ *              pair), and a Mamba state's copy from a slab (state_copy).  Each declines
+ *              (returns None, nothing changed) what it does not take, and the Python
+ *              function runs.
  *
  * Each function does exactly what the pure-Python method of the same name in fast/cache.py
  * does, step by step, in the same order (the Python code stays the reference and the fallback;
@@ -4367,6 +4370,58 @@ core_swa_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return gather_new(mp, fp, fn);
 }
 
+/* ---- state_copy: a Mamba state's own copy, from a slab -------------------------------- */
+/*
+ * An insert's Mamba state is copied (fast/components/mamba.py mamba_state: the tree holds a
+ * tensor no later write to the caller's can change).  ``clone()`` is a whole torch op per
+ * insert; here a slab of STATE_SLAB int64 slots is made once (torch.empty and one split into
+ * one-slot views) and each copy is the next view with the state's value written into it:
+ * a one-slot int64 CPU tensor of its own value that nothing else holds or writes (the slab
+ * keeps the views until it is used up and replaced; a view keeps the slab's memory alive).
+ */
+#define STATE_SLAB 256
+static PyObject *g_slab_views = NULL;  /* the current slab's views (a tuple), or NULL */
+static long long *g_slab_data = NULL;
+static Py_ssize_t g_slab_next = 0;
+
+/* state_copy(state) -> a one-slot int64 CPU tensor holding state's value (see above), or
+ * None (nothing done) where state is not a plain one-slot CPU int64 tensor: the caller
+ * clones it. */
+static PyObject *
+core_state_copy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "state_copy(state)");
+        return NULL;
+    }
+    const long long *p;
+    Py_ssize_t n;
+    int ok = plain_data(args[0], &p, &n);
+    if (ok <= 0 || n != 1)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    if (g_slab_views == NULL || g_slab_next >= PyTuple_GET_SIZE(g_slab_views)) {
+        long long *data;
+        PyObject *slab = new_int64(STATE_SLAB, &data);
+        if (slab == NULL)
+            return NULL;
+        PyObject *one = PyLong_FromLong(1);
+        PyObject *views = one == NULL ? NULL : PyObject_CallMethod(slab, "split", "O", one);
+        Py_XDECREF(one);
+        Py_DECREF(slab);
+        if (views == NULL)
+            return NULL;
+        if (!PyTuple_CheckExact(views) || PyTuple_GET_SIZE(views) != STATE_SLAB) {
+            Py_DECREF(views);
+            Py_RETURN_NONE;
+        }
+        Py_XSETREF(g_slab_views, views);
+        g_slab_data = data;
+        g_slab_next = 0;
+    }
+    g_slab_data[g_slab_next] = p[0];
+    return Py_NewRef(PyTuple_GET_ITEM(g_slab_views, g_slab_next++));
+}
+
 /* swa_leaf(value, start, length, mapping) -> (value[start:start + length] copied into a new
  * int64 tensor, mapping at those slots as a new int64 tensor): an insert's new leaf, its Full
  * slots (torch.narrow_copy's values) and its SWA slots, in one call.  None (nothing done) as
@@ -4729,6 +4784,20 @@ pn_rec(PyObject *node)
         return NULL;
     PyObject *rec = PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) > 0
         ? Py_NewRef(PyTuple_GET_ITEM(aux, 0)) : PySequence_GetItem(aux, 0);
+    Py_DECREF(aux);
+    return rec;
+}
+
+/* node.aux[i], one of the node's component records (the composed tree with two aux
+ * components: pair_match): a new reference, read as Python indexes it. */
+static PyObject *
+pn_rec_at(PyObject *node, Py_ssize_t i)
+{
+    PyObject *aux = PN_GET(node, aux);
+    if (aux == NULL)
+        return NULL;
+    PyObject *rec = PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) > i
+        ? Py_NewRef(PyTuple_GET_ITEM(aux, i)) : PySequence_GetItem(aux, i);
     Py_DECREF(aux);
     return rec;
 }
@@ -5422,7 +5491,7 @@ core_setup_clock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * offset).  tests/fast/test_one_aux_c_cmatch.py runs this against the Python function.
  */
 
-static PyObject *s_cm_components, *s_cm_window, *s_cm_cow, *s_cm_chunk;
+static PyObject *s_cm_components, *s_cm_window, *s_cm_cow, *s_cm_chunk, *s_cm_pair;
 static PyObject *g_cm_heappush = NULL;  /* heapq.heappush: a heap that is not a list */
 
 /* The child of an exact Node's children dict holding the page of p[pos:] (borrowed), NULL if
@@ -5448,16 +5517,20 @@ cm_child(PyObject *children, const long long *p, Py_ssize_t pos, Py_ssize_t ps, 
  * MatchResult (new reference), Py_None (new reference: declined, nothing changed), or NULL
  * with the error set. */
 static PyObject *
-cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, PyObject *ek,
-         long long window)
+cm_match(PyObject *cache, PyObject *comp, Py_ssize_t ai, PyObject *comp2, Py_ssize_t bi,
+         const long long *u, Py_ssize_t ulen, PyObject *ek, long long window)
 {
     int ovf = 0;
     KeyView kv;
     kv.held = 0;
     PyObject *root = NULL, *disable = NULL, *node = NULL, *best = NULL, *chunks = NULL;
     PyObject *lru = NULL, *prev = NULL, *cur = NULL, *rec = NULL, *v = NULL, *heap = NULL;
-    PyObject *indices = NULL, *branching = NULL, *result = NULL;
+    PyObject *indices = NULL, *branching = NULL, *result = NULL, *prev2 = NULL;
     int declined = 0;
+    /* the records the walk reads: the windowed component's at ai and, for the pair, the
+     * Mamba component's at bi (comp2); the Mamba branching length with a Mamba component */
+    Py_ssize_t nrec = comp2 != NULL && bi >= ai ? bi + 1 : ai + 1;
+    int mamba = window == 0 || comp2 != NULL;
     /* root = cache.root_node; ps = cache.page_size; n = whole pages of units */
     if ((root = PyObject_GetAttr(cache, s_root_node)) == NULL)
         return NULL;
@@ -5524,9 +5597,11 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
             /* checked before anything changes: its record is an AuxData (the Python function
              * reads the same fields; another class goes there) */
             PyObject *aux = SLOT_AT(child, PN_aux);
-            if (aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) < 1
-                    || !AD_IS(PyTuple_GET_ITEM(aux, 0))
-                    || SLOT_AT(PyTuple_GET_ITEM(aux, 0), AD_value) == NULL) {
+            int odd = aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) < nrec;
+            for (Py_ssize_t j = 0; !odd && j < nrec; j++)
+                odd = !AD_IS(PyTuple_GET_ITEM(aux, j))
+                    || SLOT_AT(PyTuple_GET_ITEM(aux, j), AD_value) == NULL;
+            if (odd) {
                 Py_DECREF(child);
                 declined = 1;
                 goto done;
@@ -5551,8 +5626,9 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
         Py_CLEAR(v);
         Py_SETREF(node, child);
         pos += k;
-        /* the validator's rule: a run of component data reaching the window */
-        if ((rec = pn_rec(child)) == NULL)
+        /* the validator's rule: a run of component data reaching the window (the pair: and
+         * a Mamba state on the node, SWA's run counted on either way) */
+        if ((rec = pn_rec_at(child, ai)) == NULL)
             goto done;
         int held = rec_holds(rec);
         Py_CLEAR(rec);
@@ -5563,7 +5639,16 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
             run = 0;
         } else {
             run += k;
-            if (run_inf || run >= window) {
+            int state = 1;
+            if (comp2 != NULL) {
+                if ((rec = pn_rec_at(child, bi)) == NULL)
+                    goto done;
+                state = rec_holds(rec);
+                Py_CLEAR(rec);
+                if (state < 0)
+                    goto done;
+            }
+            if ((run_inf || run >= window) && state) {
                 Py_INCREF(child);
                 Py_SETREF(best, child);
                 best_chunks = PyList_GET_SIZE(chunks);
@@ -5577,6 +5662,11 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
     if ((lru = PyObject_GetAttr(comp, s_lru)) == NULL
             || (prev = PyObject_GetAttr(lru, s_head)) == NULL)
         goto done;
+    if (comp2 != NULL) {
+        Py_SETREF(lru, PyObject_GetAttr(comp2, s_lru));
+        if (lru == NULL || (prev2 = PyObject_GetAttr(lru, s_head)) == NULL)
+            goto done;
+    }
     long long clock;
     if (get_ll(cache, s_clock, &clock) < 0)
         goto done;
@@ -5590,18 +5680,23 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
             goto done;
         Py_CLEAR(v);
         clock -= 1;
-        if ((rec = pn_rec(cur)) == NULL)
-            goto done;
-        int held = rec_holds(rec);
-        if (held < 0)
-            goto done;
-        if (held) {  /* (LruList.move_after, inlined) */
-            if (lru_move_after(prev, rec) < 0)
+        /* each record to the front of its list, in component order */
+        for (int side = 0; side < (comp2 != NULL ? 2 : 1); side++) {
+            int second = comp2 != NULL && (side == 0) == (bi < ai);
+            PyObject **at = second ? &prev2 : &prev;
+            if ((rec = pn_rec_at(cur, second ? bi : ai)) == NULL)
                 goto done;
-            Py_SETREF(prev, rec);
-            rec = NULL;
-        } else {
-            Py_CLEAR(rec);
+            int held = rec_holds(rec);
+            if (held < 0)
+                goto done;
+            if (held) {  /* (LruList.move_after, inlined) */
+                if (lru_move_after(*at, rec) < 0)
+                    goto done;
+                Py_SETREF(*at, rec);
+                rec = NULL;
+            } else {
+                Py_CLEAR(rec);
+            }
         }
         PyObject *up = PN_GET(cur, parent);
         if (up == NULL)
@@ -5651,7 +5746,7 @@ cm_match(PyObject *cache, PyObject *comp, const long long *u, Py_ssize_t ulen, P
         if (indices == NULL)
             goto done;
     }
-    if (window == 0 && PyList_GET_SIZE(chunks) > best_chunks) {
+    if (mamba && PyList_GET_SIZE(chunks) > best_chunks) {
         /* Mamba: the walk went past the state; the chunk-aligned length it reached */
         PyObject *c = PyObject_GetAttr(cache, s_cm_chunk);
         PyObject *p = c == NULL ? NULL : PyLong_FromSsize_t(pos);
@@ -5692,6 +5787,7 @@ done:
     Py_XDECREF(chunks);
     Py_XDECREF(lru);
     Py_XDECREF(prev);
+    Py_XDECREF(prev2);
     Py_XDECREF(cur);
     Py_XDECREF(rec);
     Py_XDECREF(v);
@@ -5726,11 +5822,34 @@ cm_getattr_or_none(PyObject *o, PyObject *name)
  * while reading) is declined: the Python function runs from its start, with its checks and
  * errors.  Then match_one's argument reads (the component, the window, a Mamba
  * copy-on-write match declined) and cm_match. */
+static PyObject *cm_entry(PyObject *const *args, Py_ssize_t nargs, int pair);
+
 static PyObject *
 core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
+    return cm_entry(args, nargs, 0);
+}
+
+/* pair_match(cache, params): fast/hybrid.py match_prefix's general path for the stock SWA
+ * and Mamba plug-ins together (``_pair``: SWA's index, its window, Mamba's index; no host
+ * tier, the lru order), where it does not decline: the same key shapes as one_match, then
+ * cm_match with both records (the SWA run and the Mamba state as the general path applies
+ * them inline; both lists' moves in one walk up, in component order).  A Mamba
+ * copy-on-write match is declined (the plug-in's).  tests/fast/test_pair_match.py runs this
+ * against the general path. */
+static PyObject *
+core_pair_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    return cm_entry(args, nargs, 1);
+}
+
+/* one_match (pair 0) and pair_match (pair 1: the two-component read): (cache, params). */
+static PyObject *
+cm_entry(PyObject *const *args, Py_ssize_t nargs, int pair)
+{
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "one_match(cache, params)");
+        PyErr_SetString(PyExc_TypeError, pair ? "pair_match(cache, params)"
+                                              : "one_match(cache, params)");
         return NULL;
     }
     PyObject *cache = args[0], *params = args[1];
@@ -5743,7 +5862,8 @@ core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     const long long *u = NULL;
     Py_ssize_t ulen = 0;
     PyObject *key = NULL, *toks = NULL, *ek = NULL, *bigram = NULL, *comps = NULL, *comp = NULL;
-    PyObject *wo = NULL, *result = NULL;
+    PyObject *wo = NULL, *result = NULL, *comp2 = NULL, *po = NULL;
+    Py_ssize_t ai = 0, bi = 0;
     if ((key = PyObject_GetAttr(params, s_key)) == NULL)
         goto decline;
     if ((PyObject *)Py_TYPE(key) == g_RadixKey) {
@@ -5790,23 +5910,40 @@ core_one_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         u = owned;
     }
-    /* comp = cache.components[0]; window = cache._inline_window */
-    if ((comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
-            || (comp = PySequence_GetItem(comps, 0)) == NULL
-            || (wo = PyObject_GetAttr(cache, s_cm_window)) == NULL || !PyLong_CheckExact(wo))
-        goto decline;
     int ovf;
-    long long window = PyLong_AsLongLongAndOverflow(wo, &ovf);
-    if (ovf)
-        goto decline;
-    if (window == 0) {  /* a Mamba copy-on-write match: the general path's */
+    long long window;
+    if (!pair) {  /* comp = cache.components[0]; window = cache._inline_window */
+        if ((comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
+                || (comp = PySequence_GetItem(comps, 0)) == NULL
+                || (wo = PyObject_GetAttr(cache, s_cm_window)) == NULL
+                || !PyLong_CheckExact(wo))
+            goto decline;
+        window = PyLong_AsLongLongAndOverflow(wo, &ovf);
+        if (ovf)
+            goto decline;
+    } else {  /* (swa_i, window, mamba_i) = cache._pair; the two plug-ins by those indices */
+        if ((po = PyObject_GetAttr(cache, s_cm_pair)) == NULL || !PyTuple_CheckExact(po)
+                || PyTuple_GET_SIZE(po) != 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(po, 0))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(po, 1))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(po, 2)))
+            goto decline;
+        ai = PyLong_AsSsize_t(PyTuple_GET_ITEM(po, 0));
+        window = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(po, 1), &ovf);
+        bi = PyLong_AsSsize_t(PyTuple_GET_ITEM(po, 2));
+        if (ovf || ai < 0 || bi < 0 || ai == bi || window < 1
+                || (comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
+                || (comp = PySequence_GetItem(comps, ai)) == NULL
+                || (comp2 = PySequence_GetItem(comps, bi)) == NULL)
+            goto decline;
+    }
+    if (window == 0 || pair) {  /* a Mamba copy-on-write match: the general path's */
         PyObject *cow = cm_getattr_or_none(params, s_cm_cow);
         int c = cow == NULL ? -1 : PyObject_IsTrue(cow);
         Py_XDECREF(cow);
         if (c != 0)
             goto decline;
     }
-    result = cm_match(cache, comp, u, ulen, ek, window);
+    result = cm_match(cache, comp, ai, comp2, bi, u, ulen, ek, window);
     goto done;
 decline:
     PyErr_Clear();
@@ -5821,6 +5958,8 @@ done:
     Py_XDECREF(bigram);
     Py_XDECREF(comps);
     Py_XDECREF(comp);
+    Py_XDECREF(comp2);
+    Py_XDECREF(po);
     Py_XDECREF(wo);
     return result;
 }
@@ -6450,7 +6589,7 @@ core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * buffer of n items, an int argument that is not a plain int.
  */
 
-static PyObject *s_ci_deferred, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
+static PyObject *s_ci_i, *s_ci_deferred, *s_ci_overlap, *s_ci_free_m, *s_ci_translate, *s_ci_stamp_m,
     *s_ci_tracks, *s_ci_on_set, *s_ci_map_pool, *s_ci_swa_leaf, *s_ci_stored;
 
 /* value[lo:hi] (a view, as the Python slice), new reference: the native frees' tail_view,
@@ -6505,6 +6644,36 @@ ci_result(Py_ssize_t pos, Py_ssize_t total, int exist)
     return r;
 }
 
+/* The components an insert commits to: one (one_insert: the record aux[0]) or the stock SWA
+ * and Mamba plug-ins together (pair_insert: their records at their indices), in component
+ * order; which of them is SWA (-1: none). */
+typedef struct {
+    int nc;
+    PyObject *comp[2];  /* (borrowed) */
+    Py_ssize_t idx[2];
+    int swa_at;
+} CiShape;
+
+static PyObject *ci_insert(PyObject *mod, PyObject *cache, const CiShape *sh,
+                           PyObject *const *args);
+
+/* The int arguments args[i] for i in ints (exact ints that fit): 1, or 0 (declined). */
+static int
+ci_ints(PyObject *const *args, const int *ints, int k, Py_ssize_t *out)
+{
+    for (int j = 0; j < k; j++) {
+        PyObject *o = args[ints[j]];
+        if (!PyLong_CheckExact(o))
+            return 0;
+        out[j] = PyLong_AsSsize_t(o);
+        if (out[j] == -1 && PyErr_Occurred()) {  /* (a huge int: the Python loop's) */
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared,
  *            direct, page_size) -> InsertResult, or None (nothing changed): see above. */
 static PyObject *
@@ -6515,21 +6684,70 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                         "extra_key, prev, e, n, total, prepared, direct, page_size)");
         return NULL;
     }
-    PyObject *cache = args[0], *comp = args[1], *swa = args[2], *plan = args[3],
-             *value = args[4], *units = args[5], *ek = args[6], *prepared = args[11];
-    int is_swa = swa != Py_None, direct = args[12] == Py_True;
-    for (int i = 7; i <= 13; i++)
-        if (i != 11 && i != 12 && !PyLong_CheckExact(args[i]))
-            Py_RETURN_NONE;
-    Py_ssize_t prev = PyLong_AsSsize_t(args[7]), e = PyLong_AsSsize_t(args[8]),
-               n = PyLong_AsSsize_t(args[9]), total = PyLong_AsSsize_t(args[10]),
-               ps = PyLong_AsSsize_t(args[13]);
-    if (prev == -1 || e == -1 || n == -1 || total == -1 || ps == -1) {
-        if (PyErr_Occurred()) {  /* (a huge int: the Python loop's) */
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
+    CiShape sh = {1, {args[1], NULL}, {0, 0}, args[2] != Py_None ? 0 : -1};
+    /* (cache, swa, plan, value, units, extra_key, prev, e, n, total, prepared, direct, ps) */
+    PyObject *a[13] = {args[0], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
+                       args[9], args[10], args[11], args[12], args[13]};
+    return ci_insert(mod, args[0], &sh, a);
+}
+
+/* pair_insert(cache, swa, mamba, plan, value, units, extra_key, prev, e, n, total, state,
+ *             page_size) -> InsertResult, or None (nothing changed): fast/hybrid.py _insert's
+ * general path from its walk on for the stock SWA and Mamba plug-ins together (``_pair``; no
+ * host tier, the lru order, the stock hooks: the caller checks), the same steps as
+ * one_insert's with both records: each planned node's records to the front of their lists
+ * in component order, the new leaf with two records, each plug-in's commit in component
+ * order (SWA's data inside the window, the Mamba state ``state``).  The caller's duplicates
+ * go through the cache's _free (its queue, released by ``insert``).  Declined as one_insert,
+ * and for a planned node without Full data (the general path's unevict, a host tier's).
+ * tests/fast/test_pair_insert.py runs this against the general path. */
+static PyObject *
+core_pair_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "pair_insert(cache, swa, mamba, plan, value, units, "
+                        "extra_key, prev, e, n, total, state, page_size)");
+        return NULL;
     }
+    PyObject *swa = args[1], *mamba = args[2];
+    PyObject *si = PyObject_GetAttr(swa, s_ci_i), *mi = si == NULL ? NULL
+        : PyObject_GetAttr(mamba, s_ci_i);
+    Py_ssize_t i_s = -1, i_m = -1;
+    if (mi != NULL && PyLong_CheckExact(si) && PyLong_CheckExact(mi)) {
+        i_s = PyLong_AsSsize_t(si);
+        i_m = PyLong_AsSsize_t(mi);
+    }
+    Py_XDECREF(si);
+    Py_XDECREF(mi);
+    if (i_s < 0 || i_m < 0 || i_s > 1 || i_m > 1 || i_s == i_m) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    CiShape sh;
+    sh.nc = 2;
+    sh.comp[i_s] = swa;
+    sh.comp[i_m] = mamba;
+    sh.idx[i_s] = i_s;
+    sh.idx[i_m] = i_m;
+    sh.swa_at = (int)i_s;
+    PyObject *a[13] = {args[0], swa, args[3], args[4], args[5], args[6], args[7], args[8],
+                       args[9], args[10], args[11], Py_False, args[12]};
+    return ci_insert(mod, args[0], &sh, a);
+}
+
+/* one_insert's and pair_insert's work; args: (cache, swa, plan, value, units, extra_key,
+ * prev, e, n, total, prepared, direct, page_size). */
+static PyObject *
+ci_insert(PyObject *mod, PyObject *cache, const CiShape *sh, PyObject *const *args)
+{
+    PyObject *swa = args[1], *plan = args[2], *value = args[3], *units = args[4], *ek = args[5],
+             *prepared = args[10];
+    int is_swa = swa != Py_None, direct = args[11] == Py_True, pair = sh->nc == 2;
+    static const int ints[5] = {6, 7, 8, 9, 12};
+    Py_ssize_t iv[5];
+    if (!ci_ints(args, ints, 5, iv))
+        Py_RETURN_NONE;
+    Py_ssize_t prev = iv[0], e = iv[1], n = iv[2], total = iv[3], ps = iv[4];
     if (g_pn_type == NULL || g_InsertResult == NULL || !PyList_CheckExact(plan) || ps < 1)
         Py_RETURN_NONE;
     Py_ssize_t np = PyList_GET_SIZE(plan);
@@ -6538,6 +6756,11 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 2
                 || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
             Py_RETURN_NONE;
+        if (pair) {  /* (the general path's unevict for a node without Full data) */
+            PyObject *c = PyTuple_GET_ITEM(it, 0);
+            if (!PN_IS(c) || SLOT_AT(c, PN_value) == NULL || IS_NONE(SLOT_AT(c, PN_value)))
+                Py_RETURN_NONE;
+        }
     }
     KeyView uk;
     if (key_view(units, &uk) < 0) {
@@ -6549,18 +6772,22 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (un != n)
         Py_RETURN_NONE;
 
-    PyObject *ev = NULL, *vs = NULL, *deferred = NULL, *heap = NULL, *lru = NULL, *head = NULL,
-             *root = NULL, *node = NULL, *child = NULL, *rec = NULL, *both = NULL,
-             *result = NULL;
+    PyObject *ev = NULL, *vs = NULL, *deferred = NULL, *heap = NULL, *lru = NULL,
+             *heads[2] = {NULL, NULL}, *root = NULL, *node = NULL, *child = NULL, *rec = NULL,
+             *both = NULL, *result = NULL;
     long long clock = 0;
     int started = 0;
     if ((ev = PyObject_GetAttr(cache, s_events)) == NULL
             || (vs = PyObject_GetAttr(cache, s_validate)) == NULL
             || (deferred = PyObject_GetAttr(cache, s_ci_deferred)) == NULL
-            || (heap = PyObject_GetAttr(cache, s_heap)) == NULL
-            || (lru = PyObject_GetAttr(comp, s_lru)) == NULL
-            || (head = PyObject_GetAttr(lru, s_head)) == NULL
-            || (root = PyObject_GetAttr(cache, s_root_node)) == NULL)
+            || (heap = PyObject_GetAttr(cache, s_heap)) == NULL)
+        goto fail;
+    for (int j = 0; j < sh->nc; j++) {
+        Py_XSETREF(lru, PyObject_GetAttr(sh->comp[j], s_lru));
+        if (lru == NULL || (heads[j] = PyObject_GetAttr(lru, s_head)) == NULL)
+            goto fail;
+    }
+    if ((root = PyObject_GetAttr(cache, s_root_node)) == NULL)
         goto fail;
     int vtrue = PyObject_IsTrue(vs);
     if (vtrue < 0)
@@ -6596,10 +6823,12 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         Py_DECREF(stamp);
-        Py_XSETREF(rec, pn_rec(child));
-        int has = rec == NULL ? -1 : rec_holds(rec);
-        if (has < 0 || (has && lru_move_after(head, rec) < 0))
-            goto fail;
+        for (int j = 0; j < sh->nc; j++) {  /* (each record to the front, component order) */
+            Py_XSETREF(rec, pn_rec_at(child, sh->idx[j]));
+            int has = rec == NULL ? -1 : rec_holds(rec);
+            if (has < 0 || (has && lru_move_after(heads[j], rec) < 0))
+                goto fail;
+        }
         Py_ssize_t klen = pn_key_len(child);
         if (klen < 0)
             goto fail;
@@ -6612,7 +6841,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t end = pos + shared, taken = shared;
         /* a locked SWA tombstone keeps its slots (another holder reads them; docs/SPEC.md) */
         if (is_swa && prev < end) {
-            Py_XSETREF(rec, pn_rec(child));
+            Py_XSETREF(rec, pn_rec_at(child, sh->idx[sh->swa_at]));
             int held = rec == NULL ? -1 : rec_holds(rec);
             int free_ = held < 0 ? -1 : held ? 0 : PN_ZERO(child, lock_ref);
             if (free_ < 0)
@@ -6625,7 +6854,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 PyObject *t = NULL;
                 if (o_pos != NULL && o_sh != NULL) {
                     a[0] = swa; a[1] = child; a[2] = o_pos; a[3] = o_sh; a[4] = value;
-                    a[5] = args[7]; a[6] = args[8];
+                    a[5] = args[6]; a[6] = args[7];
                     t = PyObject_VectorcallMethod(s_ci_overlap, a,
                                                   7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
                 }
@@ -6678,12 +6907,12 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (ci_clock_out(cache, clock) < 0)
                 goto fail;
             started = 0;
-            result = ci_result(pos, 0, 0);
+            result = ci_result(pos, 0, pair);  /* (the pair: mamba_exist, as the general path) */
             goto done;
         }
         clock += g_stride;
         PyObject *rest = NULL, *ck = NULL, *full = NULL, *stamp = NULL, *leaf = NULL,
-                 *nrec = NULL, *tup = NULL, *children = NULL;
+                 *nrec = NULL, *nrec2 = NULL, *tup = NULL, *children = NULL;
         int ok = 0;
         PyObject *o_pos = PyLong_FromSsize_t(pos), *o_len = PyLong_FromSsize_t(n - pos);
         if (o_pos == NULL || o_len == NULL)
@@ -6743,7 +6972,8 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (leaf == NULL)
             goto leaf_done;
         if ((nrec = PyObject_CallOneArg((PyObject *)g_ad_type, leaf)) == NULL
-                || (tup = PyTuple_Pack(1, nrec)) == NULL
+                || (pair && (nrec2 = PyObject_CallOneArg((PyObject *)g_ad_type, leaf)) == NULL)
+                || (tup = pair ? PyTuple_Pack(2, nrec, nrec2) : PyTuple_Pack(1, nrec)) == NULL
                 || PN_SET(leaf, aux, tup) < 0
                 || (children = PN_GET(node, children)) == NULL
                 || PyObject_SetItem(children, ck, leaf) < 0)
@@ -6785,6 +7015,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(full);
         Py_XDECREF(stamp);
         Py_XDECREF(nrec);
+        Py_XDECREF(nrec2);
         Py_XDECREF(tup);
         Py_XDECREF(children);
         if (!ok) {
@@ -6796,8 +7027,10 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         is_new = 1;
     }
 
-    /* the component's commit */
-    if (is_swa) {  /* (``SwaComponent.commit``) */
+    /* each component's commit, in component order */
+    for (int j = 0; j < sh->nc; j++) {
+    PyObject *comp = sh->comp[j], *head = heads[j];
+    if (j == sh->swa_at) {  /* (``SwaComponent.commit``) */
         Py_ssize_t tk = is_new ? pn_key_len(target) : 0;
         if (tk < 0)
             goto fail;
@@ -6808,7 +7041,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     goto fail;
                 Py_DECREF(up);
             }
-            Py_XSETREF(rec, pn_rec(target));  /* (``AuxComponent.set`` of a new leaf) */
+            Py_XSETREF(rec, pn_rec_at(target, sh->idx[j]));  /* (``AuxComponent.set``) */
             if (rec == NULL)
                 goto fail;
             PyObject *sv;
@@ -6833,7 +7066,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 goto fail;
         }
     } else {
-        Py_XSETREF(rec, pn_rec(target));
+        Py_XSETREF(rec, pn_rec_at(target, sh->idx[j]));
         int held = rec == NULL ? -1 : rec_holds(rec);
         if (held < 0)
             goto fail;
@@ -6877,6 +7110,7 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 goto fail;
         }
     }
+    }
     if (ci_clock_out(cache, clock) < 0)
         goto fail;
     started = 0;
@@ -6912,7 +7146,8 @@ done:
     Py_XDECREF(deferred);
     Py_XDECREF(heap);
     Py_XDECREF(lru);
-    Py_XDECREF(head);
+    Py_XDECREF(heads[0]);
+    Py_XDECREF(heads[1]);
     Py_XDECREF(root);
     Py_XDECREF(node);
     Py_XDECREF(child);
@@ -7097,6 +7332,10 @@ static PyMethodDef core_methods[] = {
     {"one_match", (PyCFunction)(void (*)(void))core_one_match, METH_FASTCALL,
      "one_match(cache, params) -> fast/one_aux.py match_one's "
      "MatchResult, or None (nothing changed) where the Python function must run"},
+    {"pair_match", (PyCFunction)(void (*)(void))core_pair_match, METH_FASTCALL,
+     "pair_match(cache, params) -> fast/hybrid.py match_prefix's MatchResult for the stock "
+     "SWA and Mamba plug-ins together, or None (nothing changed) where the general path "
+     "must run"},
     {"one_match_setup", (PyCFunction)(void (*)(void))core_one_match_setup, METH_FASTCALL,
      "one_match_setup(heappush): heapq.heappush, for one_match's push onto a heap that is "
      "not a list"},
@@ -7111,6 +7350,14 @@ static PyMethodDef core_methods[] = {
      "one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared, "
      "direct, page_size) -> InsertResult: fast/one_aux.py insert_one's walk, leaf and commit; "
      "None where the Python loop must run (nothing changed)"},
+    {"state_copy", (PyCFunction)(void (*)(void))core_state_copy, METH_FASTCALL,
+     "state_copy(state) -> a one-slot int64 tensor of its own with state's value (from a "
+     "slab of views), or None where state is not a plain one-slot CPU int64 tensor"},
+    {"pair_insert", (PyCFunction)(void (*)(void))core_pair_insert, METH_FASTCALL,
+     "pair_insert(cache, swa, mamba, plan, value, units, extra_key, prev, e, n, total, state, "
+     "page_size) -> InsertResult: fast/hybrid.py _insert's walk, leaf and commits for the "
+     "stock SWA and Mamba plug-ins together; None where the general path must run (nothing "
+     "changed)"},
     {"one_plan", (PyCFunction)(void (*)(void))core_one_plan, METH_FASTCALL,
      "one_plan(root, units, extra_key, page_size, step) -> [(node, shared units)]: "
      "fast/cache.py _plan's walk from root"},
@@ -7217,10 +7464,12 @@ PyInit__core(void)
     INTERN(s_cm_chunk, "mamba_cache_chunk_size");
     INTERN(s_cm_components, "components");
     INTERN(s_cm_window, "_inline_window");
+    INTERN(s_cm_pair, "_pair");
     INTERN(s_cm_cow, "cow_mamba");
     INTERN(s_ce_tail, "tail");
     INTERN(s_ce_removed, "removed");
     INTERN(s_ci_deferred, "_deferred");
+    INTERN(s_ci_i, "i");
     INTERN(s_ci_overlap, "overlap");
     INTERN(s_ci_free_m, "_free");
     INTERN(s_ci_translate, "translate");

@@ -51,7 +51,7 @@ import torch
 
 from . import compat, host_aux, host_full, keys, one_aux, policies
 from . import params as api  # the API types, named api.X
-from .cache import UnifiedRadixCache, _match_result
+from .cache import UnifiedRadixCache, _core, _match_result
 from .components import AuxComponent, AuxData
 from .components.mamba import MambaComponent, mamba_state
 from .components.swa import SwaComponent
@@ -96,6 +96,17 @@ _HOST_AUX_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lo
 
 # the hooks fast/host_aux.py's match calls or writes out, as this class has them
 _HOST_AUX_MATCH_HOOKS = ("match_prefix", "_split", "_indices", "_stamp_tiered_path", "_units")
+
+# the hooks the general match's pair branch calls, as this class has them: where one is
+# overridden the C core's twin of that branch (``pair_match``) is not used
+_PAIR_MATCH_HOOKS = ("match_prefix", "_split", "_units", "_indices", "_stamp_path",
+                     "_push_if_leaf")
+
+# the hooks the general insert's pair path calls inline or not at all where the C core's twin
+# of its walk, leaf and commits (``pair_insert``) runs: as this class has them, or that twin
+# is not used (``_split``, ``_free`` and ``_stamp`` it calls as methods)
+_PAIR_INSERT_HOOKS = ("_insert", "_plan", "_new_node", "_ck", "_own")
+_PLAN = UnifiedRadixCache._plan
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -227,6 +238,7 @@ class HybridRadixCache(UnifiedRadixCache):
     _write_lock: Any = None
     _inline_touch = False  # see ``_pick_fast_paths``
     _pair: tuple[int, int, int] | None = None  # see ``_pick_fast_paths``
+    _pair_insert = False  # see ``_pick_fast_paths``
 
     def _pick_fast_paths(self) -> None:
         """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
@@ -249,10 +261,21 @@ class HybridRadixCache(UnifiedRadixCache):
         # applies both validators' rules inline and moves both lists in one walk up the path;
         # (SWA's index, its window, Mamba's index), else None
         self._pair = None
+        self._pair_insert = False
         if self.tier is None and len(self.components) == 2 and self.swa is not None \
                 and self.mamba is not None and type(self.swa) is SwaComponent \
                 and type(self.mamba) is MambaComponent:
             self._pair = (self.swa.i, self.swa.window, self.mamba.i)
+            if _core is not None and self._policy_key is None and not self.is_eagle and all(
+                    getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _PAIR_MATCH_HOOKS):
+                # the general match's pair branch in C (fast/_core.c "cmatch": the same
+                # steps; None, nothing changed, where it declines: the general path runs)
+                self._match_fast = _core.pair_match
+            # the general insert's walk, leaf and commits in C (fast/_core.c "cinsert",
+            # ``pair_insert``: the same steps; None, nothing changed, where it declines)
+            self._pair_insert = _core is not None and self._inline_touch \
+                and not self.is_eagle and all(getattr(cls_, m) is getattr(HybridRadixCache, m)
+                                              for m in _PAIR_INSERT_HOOKS)
         if self.tier is not None and not self.components and self._policy_key is None \
                 and not self.is_eagle and all(
                     getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_FULL_HOOKS):
@@ -470,7 +493,7 @@ class HybridRadixCache(UnifiedRadixCache):
         goes on past rejected nodes (splitting at a partial match); the accepted path becomes
         the most recent.  Mamba answers ``mamba_branching_seqlen`` when the walk went
         further."""
-        fast = self._match_fast  # (one component, no host tier: fast/one_aux.py)
+        fast = self._match_fast  # (one component: fast/one_aux.py; SWA and Mamba: C, cmatch)
         if fast is not None:
             result = fast(self, params)
             if result is not None:
@@ -685,7 +708,10 @@ class HybridRadixCache(UnifiedRadixCache):
         if n < len(toks):
             value = value[:n]  # (a view, as ``torch.narrow``'s, one torch call cheaper)
         ek = key.extra_key
-        plan = self._plan(ek, units)  # (units cut to whole pages)
+        if self._pair_insert:  # (the same walk in one C call: fast/_core.c one_plan)
+            plan = _core.one_plan(self.root_node, units, ek, self.page_size, keys.match_step)
+        else:
+            plan = self._plan(ek, units)  # (units cut to whole pages)
         tier = self.tier
         if self.validate_slots and not self.disable:
             slots = value.tolist()
@@ -724,6 +750,14 @@ class HybridRadixCache(UnifiedRadixCache):
         if n == 0:
             return api.InsertResult(prefix_len=0, total_len=len(toks),
                                     mamba_exist=bool(self.components))
+        if self._pair_insert and prepared:
+            # the rest (walk, new leaf, both commits) in C, the same steps (fast/_core.c
+            # "cinsert"); None where it declines, nothing changed: the loop below runs
+            mamba = self.mamba
+            done = _core.pair_insert(self, self.swa, mamba, plan, value, units, ek, prev, e, n,
+                                     len(toks), prepared[mamba.i], self.page_size)  # type: ignore[union-attr]
+            if done is not None:
+                return done
         node, pos = root, 0
         swa = self.swa
         swa_i = swa.i if swa is not None else -1

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..cache import _core
 from ..errors import InvalidInput, Unsupported
 from ..frees import FreeBatch, release
 from ..params import EvictParams, MatchPrefixParams, MatchResult
@@ -14,6 +15,9 @@ from ..tiers.host import Copy, HostSlotAllocator
 from . import MAMBA_ID, AuxComponent, Validator
 
 _INT64 = torch.int64
+# the C core's copy of a plain CPU state (fast/_core.c state_copy: a one-slot view of a slab
+# of its own, the state's value written into it, in place of a torch op per insert), or None
+_state_copy = getattr(_core, "state_copy", None) if _core is not None else None
 
 
 def mamba_state(mv: Any) -> torch.Tensor:
@@ -23,6 +27,10 @@ def mamba_state(mv: Any) -> torch.Tensor:
         raise InvalidInput("insert: the Mamba component needs a mamba_value")
     if not isinstance(mv, torch.Tensor) or mv.dtype != _INT64 or mv.shape != (1,):
         raise InvalidInput("insert: mamba_value must be a one-slot int64 tensor")
+    if _state_copy is not None:  # (the C core: a view of its slab, the value written in)
+        own = _state_copy(mv)
+        if own is not None:
+            return own
     return mv.clone()
 
 

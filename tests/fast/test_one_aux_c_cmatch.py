@@ -20,14 +20,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from stories import replay_twins
+from aux_twins import Counting, Twins, pages, replay_in_lockstep, result_view, tree_state
 
 torch = pytest.importorskip("torch")
 
 import uniradix.fast as fast  # noqa: E402
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
 from uniradix.conformance.explore.driver import make_config, record  # noqa: E402
-from uniradix.conformance.explore.lockstep import Lockstep  # noqa: E402
 from uniradix.fast import one_aux  # noqa: E402
 from uniradix.fast.cache import _core  # noqa: E402
 
@@ -45,57 +44,9 @@ def python_match():
         one_aux._one_match = saved
 
 
-class Counting:
-    """``one_aux._one_match`` counting the calls the C walk took (not declined)."""
-
-    def __init__(self, fn):
-        self.fn, self.calls, self.taken = fn, 0, 0
-
-    def __call__(self, *args):
-        self.calls += 1
-        r = self.fn(*args)
-        self.taken += r is not None
-        return r
-
-
-def _path(node) -> tuple:
-    out = []
-    while node is not None and node.parent is not None:
-        out.append((node.extra_key, tuple(node.key)))
-        node = node.parent
-    return tuple(reversed(out))
-
-
-def _val(v):
-    return None if v is None else v.tolist()
-
-
 def state(cache) -> dict:
-    """Everything a match may write, with node ids replaced by paths (two caches)."""
-    nodes = {}
-    stack = [cache.root_node]
-    while stack:
-        node = stack.pop()
-        recs = tuple((_val(r.value), r.lock, r.boundary) for r in node.aux)
-        nodes[_path(node)] = (node.ck, _val(node.value), node.lock_ref, node.aux_lock,
-                              node.dev_children, node.last_access_time, node.hit_count,
-                              node.created, node.priority, recs)
-        stack.extend(node.children.values())
-    comp = cache.components[0]
-    return {
-        "nodes": nodes,
-        "lru": [_path(rec.node) for rec in comp.lru.oldest_first()],
-        "heap": [(stamp, _path(node), node.parent is not None) for stamp, node in cache._heap],
-        "counts": (cache._clock, cache._evictable, cache._protected, comp.evictable,
-                   comp.protected),
-    }
-
-
-def result_view(r) -> tuple:
-    return (r.device_indices.tolist(), r.device_indices.dtype, _path(r.last_device_node),
-            _path(r.last_host_node), _path(r.best_match_node), r.host_hit_length,
-            r.swa_host_hit_length, r.mamba_host_hit_length, r.mamba_branching_seqlen,
-            r.cache_protected_len)
+    """Everything a match may write (tests/aux_twins.py ``tree_state``)."""
+    return tree_state(cache)
 
 
 # ---- recorded random sequences in lockstep --------------------------------------------------
@@ -126,12 +77,7 @@ def test_c_match_equals_python_match_in_lockstep(name, page, seed, monkeypatch):
     py_side.apply = apply_python
     counting = Counting(one_aux._one_match)
     monkeypatch.setattr(one_aux, "_one_match", counting)
-    ls = Lockstep([c_side, py_side], ["C match", "Python match"], events=False)
-
-    def same_states(step):
-        assert state(c_side.cache) == state(py_side.cache), step
-
-    replay_twins(ls, steps, same_states)
+    replay_in_lockstep(c_side, py_side, steps, ["C match", "Python match"])
     # the C walk ran (the twin's calls went to Python: only the C side counts)
     assert counting.taken == counting.calls > 20
 
@@ -139,31 +85,18 @@ def test_c_match_equals_python_match_in_lockstep(name, page, seed, monkeypatch):
 # ---- scenarios on one cache and its twin ----------------------------------------------------
 
 
-class Twin:
-    """Two adapters of one config: ``c`` runs ``match_one`` as it is, ``py`` without its C
-    walk; each step goes to both, and their answers and states must agree."""
+class Twin(Twins):
+    """``c`` runs ``match_one`` as it is, ``py`` without its C walk."""
 
     def __init__(self, config):
-        self.c, self.py = make_adapter("fast", config), make_adapter("fast", config)
-        self.i = 0  # (a step's index: a lock's handle)
+        super().__init__(make_adapter("fast", config), make_adapter("fast", config))
         assert self.c.cache._match_fast is one_aux.match_one
 
-    def __call__(self, op: str, **args):
-        self.i += 1
-        step = {"i": self.i, "op": op, "args": args}
-        outs = []
-        for side in (self.c, self.py):
-            try:
-                if side is self.py:
-                    with python_match():
-                        outs.append(side.apply(step))
-                else:
-                    outs.append(side.apply(step))
-            except Exception as e:  # noqa: BLE001 - the two must raise alike
-                outs.append(("raised", type(e), str(e)))
-        assert outs[0] == outs[1], step
-        assert state(self.c.cache) == state(self.py.cache), step
-        return outs[0]
+    def run(self, side, fn):
+        if side is self.py:
+            with python_match():
+                return fn()
+        return fn()
 
     def match(self, tokens, extra_key=None, key=None):
         """A match on both caches directly (the whole result, the nodes as paths, or the
@@ -171,19 +104,7 @@ class Twin:
         params = fast.MatchPrefixParams(key=fast.RadixKey(list(tokens), extra_key))
         if key is not None:
             params.key = key
-        outs = []
-        for side in (self.c, self.py):
-            try:
-                if side is self.py:
-                    with python_match():
-                        outs.append(result_view(side.cache.match_prefix(params)))
-                else:
-                    outs.append(result_view(side.cache.match_prefix(params)))
-            except Exception as e:  # noqa: BLE001 - the two must raise alike
-                outs.append(("raised", type(e), str(e)))
-        assert outs[0] == outs[1]
-        assert state(self.c.cache) == state(self.py.cache)
-        return outs[0]
+        return self.both(lambda side: result_view(side.cache.match_prefix(params)))
 
 
 class NoExtra:
@@ -198,10 +119,6 @@ class SglKey:
 
     def __init__(self, token_ids, extra_key=None, is_bigram=False):
         self.token_ids, self.extra_key, self.is_bigram = token_ids, extra_key, is_bigram
-
-
-def _pages(ps: int, *ids: int) -> list:
-    return [i * 1000 + j for i in ids for j in range(ps)]
 
 
 def _twin(kind: str, ps: int, **extra):
@@ -227,20 +144,20 @@ def test_swa_scenario(ps, monkeypatch):
     counting = Counting(one_aux._one_match)
     monkeypatch.setattr(one_aux, "_one_match", counting)
     t = _twin("swa", ps)
-    a = _pages(ps, *range(1, 7))
+    a = pages(ps, *range(1, 7))
     t.match(a)  # an empty tree
     _insert(t, a, swa_evicted_seqlen=2 * ps)  # pages 1-2 a tombstone, 3-6 SWA data
     t.match(a)
     t.match(a[:3 * ps])  # the run from the tombstone is one page: the window is two
-    t.match(a[:4 * ps] + _pages(ps, 9))  # a split inside the data node
-    t.match(a[:ps] + _pages(ps, 9))  # a split inside the tombstone
-    _insert(t, a[:3 * ps] + _pages(ps, 7, 8))  # a branch
-    t.match(a[:3 * ps] + _pages(ps, 7))
+    t.match(a[:4 * ps] + pages(ps, 9))  # a split inside the data node
+    t.match(a[:ps] + pages(ps, 9))  # a split inside the tombstone
+    _insert(t, a[:3 * ps] + pages(ps, 7, 8))  # a branch
+    t.match(a[:3 * ps] + pages(ps, 7))
     h = t("lock", node={"tokens": a[:4 * ps], "extra_key": None})["handle"]
     t.match(a)  # the locked path: no leaf push for a locked node
     t("evict", num_tokens=0, swa_num_tokens=3 * ps)  # tombstones where the data was oldest
     t.match(a)
-    t.match(a[:3 * ps] + _pages(ps, 7, 8))
+    t.match(a[:3 * ps] + pages(ps, 7, 8))
     t("unlock", handle=h)
     t("evict", num_tokens=2 * ps, swa_num_tokens=0)
     t.match(a)
@@ -257,7 +174,7 @@ def test_mamba_scenario(ps, monkeypatch):
     counting = Counting(one_aux._one_match)
     monkeypatch.setattr(one_aux, "_one_match", counting)
     t = _twin("mamba", ps)
-    a = _pages(ps, *range(1, 9))
+    a = pages(ps, *range(1, 9))
     (state1,) = t("mamba_alloc", n=1)["slots"]
     _insert(t, a[:3 * ps], mamba_value=[state1])
     (state2,) = t("mamba_alloc", n=1)["slots"]
@@ -267,7 +184,7 @@ def test_mamba_scenario(ps, monkeypatch):
     t.match(a[:2 * ps])  # a split above the first state: nothing matched, a branching length
     t("evict", num_tokens=0, mamba_num=1)  # the oldest state goes: a node without one
     t.match(a)
-    t.match(a[:5 * ps] + _pages(ps, 9))
+    t.match(a[:5 * ps] + pages(ps, 9))
     h = t("lock", node={"tokens": a[:3 * ps], "extra_key": None})["handle"]
     t.match(a[:3 * ps])
     t("unlock", handle=h)
@@ -281,7 +198,7 @@ def test_disabled_cache_and_errors(monkeypatch):
     t = Twin(dataclasses.replace(make_config("swa-w8-p1", 1), disable=True))
     t.match([1, 2, 3])
     t = _twin("swa", 1)
-    a = _pages(1, *range(1, 6))
+    a = pages(1, *range(1, 6))
     _insert(t, a)
     # the split raises after it split: both raise it, both trees have the split and nothing
     # after it (the C walk stops where the Python code does)
@@ -309,14 +226,14 @@ def test_key_shapes(ps, monkeypatch):
     counting = Counting(one_aux._one_match)
     monkeypatch.setattr(one_aux, "_one_match", counting)
     t = _twin("swa", ps)
-    a = _pages(ps, *range(1, 6))
+    a = pages(ps, *range(1, 6))
     _insert(t, a)
-    _insert(t, a[: 2 * ps] + _pages(ps, 8), extra_key="ns")
+    _insert(t, a[: 2 * ps] + pages(ps, 8), extra_key="ns")
     t.match(a, key=SglKey(list(a)))
-    t.match(a, key=SglKey(a[: 3 * ps] + _pages(ps, 9)))  # a split
-    t.match(a, key=SglKey(a[: 2 * ps] + _pages(ps, 8), "ns"))
+    t.match(a, key=SglKey(a[: 3 * ps] + pages(ps, 9)))  # a split
+    t.match(a, key=SglKey(a[: 2 * ps] + pages(ps, 8), "ns"))
     t.match(a, key=SglKey(array("q", a)))  # (how the bench calls it: an array)
-    t.match(a, key=SglKey(array("q", a[: 2 * ps] + _pages(ps, 8)), "ns"))
+    t.match(a, key=SglKey(array("q", a[: 2 * ps] + pages(ps, 8)), "ns"))
     t.match(a, key=SglKey(list(a), None, True))  # a bigram: the general path
     assert counting.taken == 5 and counting.calls == 6
     declined = [
@@ -348,7 +265,7 @@ def test_declines_change_nothing():
     """What the C walk leaves to the Python code (a node it may not read by offset, a key
     that is not an array) comes back None with nothing changed."""
     t = _twin("swa", 1)
-    a = _pages(1, *range(1, 6))
+    a = pages(1, *range(1, 6))
     _insert(t, a)
     cache = t.c.cache
     params = fast.MatchPrefixParams(key=fast.RadixKey(a))
@@ -378,9 +295,9 @@ def test_no_reference_leaks():
     """A match run many times holds no new reference to the nodes, records, list ends or
     the empty tensor, and the process does not grow."""
     t = _twin("swa", 16)
-    a = _pages(16, *range(1, 9))
+    a = pages(16, *range(1, 9))
     _insert(t, a, swa_evicted_seqlen=32)
-    _insert(t, a[:48] + _pages(16, 20, 21))
+    _insert(t, a[:48] + pages(16, 20, 21))
     cache = t.c.cache
     comp = cache.components[0]
     params = fast.MatchPrefixParams(key=SglKey(a))
@@ -419,7 +336,7 @@ def test_leaf_push_reads_each_count(field):
     set alone on both twins (a state the request path does not make for ``aux_lock``) must
     keep it off in both."""
     t = _twin("swa", 1)
-    a = _pages(1, *range(1, 6))
+    a = pages(1, *range(1, 6))
     _insert(t, a)
     for side in (t.c, t.py):
         (node,) = side.cache.root_node.children.values()

@@ -1,0 +1,122 @@
+"""What the tests of the composed tree's C twins (tests/fast/test_one_aux_c_cmatch.py,
+test_pair_match.py, test_pair_insert.py) compare between a cache on a C path and its twin on
+the Python path: a counting wrapper of the C function, and the tree's state with node ids
+replaced by paths (two caches)."""
+
+from __future__ import annotations
+
+
+class Counting:
+    """A C function counting its calls and those it took (did not decline: not None)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls, self.taken = fn, 0, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        r = self.fn(*args)
+        self.taken += r is not None
+        return r
+
+
+def path_of(node) -> tuple:
+    """A node as its path of (extra key, key) from the root."""
+    out = []
+    while node is not None and node.parent is not None:
+        out.append((node.extra_key, tuple(node.key)))
+        node = node.parent
+    return tuple(reversed(out))
+
+
+def listed(v):
+    return None if v is None else v.tolist()
+
+
+def tree_state(cache) -> dict:
+    """Everything a match or an insert of the composed tree may write: each node's fields
+    (stamps included) and records, every component's LRU order, the leaf heap entry by
+    entry, the clock and the counters."""
+    nodes = {}
+    stack = [cache.root_node]
+    while stack:
+        node = stack.pop()
+        recs = tuple((listed(r.value), r.lock, r.boundary) for r in node.aux)
+        nodes[path_of(node)] = (node.ck, listed(node.value), node.lock_ref, node.aux_lock,
+                                node.dev_children, node.last_access_time, node.hit_count,
+                                node.created, node.priority, recs)
+        stack.extend(node.children.values())
+    return {
+        "nodes": nodes,
+        "lru": [[path_of(rec.node) for rec in comp.lru.oldest_first()]
+                for comp in cache.components],
+        "heap": [(stamp, path_of(node), node.parent is not None) for stamp, node in cache._heap],
+        "counts": (cache._clock, cache._evictable, cache._protected,
+                   [(c.evictable, c.protected) for c in cache.components]),
+    }
+
+
+def result_view(r) -> tuple:
+    """A MatchResult with its nodes as paths."""
+    return (r.device_indices.tolist(), r.device_indices.dtype, path_of(r.last_device_node),
+            path_of(r.last_host_node), path_of(r.best_match_node), r.host_hit_length,
+            r.swa_host_hit_length, r.mamba_host_hit_length, r.mamba_branching_seqlen,
+            r.cache_protected_len)
+
+
+def pages(ps: int, *ids: int) -> list:
+    """Whole pages of distinct tokens, page ``i`` starting at ``i * 1000``."""
+    return [i * 1000 + j for i in ids for j in range(ps)]
+
+
+class Twins:
+    """Two adapters driven alike: ``c`` on the C path, ``py`` on the Python path it stands
+    for; each call goes to both (``run`` says how a side runs it), and their answers (or
+    errors) and tree states must agree."""
+
+    def __init__(self, c, py):
+        self.c, self.py = c, py
+        self.i = 0  # (a step's index: a lock's handle)
+
+    def run(self, side, fn):
+        return fn()
+
+    def both(self, fn):
+        """``fn(side)`` on each side; the common answer."""
+        outs = []
+        for side in (self.c, self.py):
+            try:
+                outs.append(self.run(side, lambda side=side: fn(side)))
+            except Exception as e:  # noqa: BLE001 - the two must raise alike
+                outs.append(("raised", type(e), str(e)))
+        assert outs[0] == outs[1]
+        assert tree_state(self.c.cache) == tree_state(self.py.cache)
+        return outs[0]
+
+    def __call__(self, op: str, **args):
+        self.i += 1
+        step = {"i": self.i, "op": op, "args": args}
+        return self.both(lambda side: side.apply(step))
+
+
+def replay_in_lockstep(c_side, py_side, steps: list, names: list) -> list[str]:
+    """Recorded ``steps`` through the two adapters in lockstep (tests/stories.py
+    ``replay_twins``), their tree states compared after every step.  The ops run."""
+    from stories import replay_twins
+    from uniradix.conformance.explore.lockstep import Lockstep
+
+    ls = Lockstep([c_side, py_side], names, events=False)
+
+    def same_states(step):
+        assert tree_state(c_side.cache) == tree_state(py_side.cache), step
+
+    return replay_twins(ls, steps, same_states)
+
+
+def insert_with_state(t, tokens, prev=0, **extra):
+    """An insert step on twins ``t`` (:class:`Twins`) with fresh slots past ``prev`` and a
+    fresh Mamba state."""
+    slots = t("alloc", n=len(tokens) - prev)["slots"]
+    value = list(range(1, prev + 1)) if prev else []  # (the first prev slots are the tree's)
+    (state_,) = t("mamba_alloc", n=1)["slots"]
+    return t("insert", tokens=tokens, value=value + slots, prev_prefix_len=prev,
+             mamba_value=[state_], **extra)
