@@ -361,10 +361,12 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
             Trace({}, config, list(taken)), finding.step):
         return ("an unlock after a split cut a node its lock skipped: upstream takes a lock "
                 "from the new upper part it never locked (docs/SPEC.md)")
-    if finding.op == "unlock" and finding.field.startswith("snapshot.device_leaf_order") \
+    if finding.op in ("unlock", "load_back") \
+            and finding.field.startswith("snapshot.device_leaf_order") \
             and any(unlock_left_a_device_leaf_out(Trace({}, config, list(taken)), finding.step, v)
                     for lab, v in finding.values.items() if not lab.startswith("upstream")):
-        return ("an unlock through an evicted node with SWA: upstream leaves the device leaf "
+        what = "an unlock" if finding.op == "unlock" else "a load back that gave up"
+        return (f"{what} through an evicted node with SWA: upstream leaves the device leaf "
                 "above it out of its evictable leaf set, the spec lists it (docs/SPEC.md)")
     freed = _aux_field(finding, "observation.host_{}_freed")
     if freed is not None and any(host_locked_copy_freed(trace, finding.step, v, freed)

@@ -592,9 +592,11 @@ def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
 
 def unlock_left_a_device_leaf_out(trace: Trace, step_i: int, listed: Any) -> bool:
     """Whether ``listed`` (a node path the spec's device leaf order holds after step ``step_i``
-    of ``trace`` where upstream's does not) is, with SWA and a host tier, a node the unlock at
-    that step took the last lock off, above the handle's own node, which was evicted (the lock
-    skipped it).  0.5.13.post1's Full release re-checks such a node's leaf status while the SWA
+    of ``trace`` where upstream's does not) is, with SWA and a host tier, a node that step
+    took the last lock off, above an evicted node the lock was taken on (the lock skipped it).
+    The step is an ``unlock`` of such a lock, or a ``load_back`` that loaded nothing: it locks
+    the path of the evicted node it is to load while it makes room, and releases that lock when
+    it gives up.  0.5.13.post1's Full release re-checks such a node's leaf status while the SWA
     component still holds its lock, so the node stays out of its evictable leaf set, and the
     final re-check covers only the evicted node; the spec lists the node as the device leaf it
     is (docs/SPEC.md, "HiCache", the shared defects)."""
@@ -602,19 +604,32 @@ def unlock_left_a_device_leaf_out(trace: Trace, step_i: int, listed: Any) -> boo
     if not isinstance(listed, dict) or "swa" not in comps or not trace.config.host_slots:
         return False
     found = _spec_adapter_before(trace, step_i)
-    if found is None or found[1]["op"] != "unlock":
+    if found is None or found[1]["op"] not in ("unlock", "load_back"):
         return False
     adapter, step = found
-    h = step.get("args", {}).get("handle")
-    handle = adapter.handles.get(h) if isinstance(h, int) and not isinstance(h, bool) else None
-    if handle is None or handle.node.value is not None:
+    args = step.get("args", {})
+    if step["op"] == "unlock":
+        h = args.get("handle")
+        handle = adapter.handles.get(h) if isinstance(h, int) and not isinstance(h, bool) \
+            else None
+        if handle is None:
+            return False
+        taken_on, locked = handle.node, handle.locked_nodes()
+    else:
+        taken_on = _spec_node(adapter.state, args.get("node") or {})
+        if taken_on is None:
+            return False
+        path = list(taken_on.ancestors_to_root())  # what the load back's lock takes: all
+        while path and path[0].value is None:  # but the evicted bottom segment
+            path = path[1:]
+        locked = path
+    if taken_on.value is not None:
         return False
-    locked = handle.locked_nodes()
     adapter.apply(step)
     node = _spec_node(adapter.state, listed)
     if node is None:
         return False
-    return node is not handle.node and any(n is node for n in locked) and node.lock_ref == 0
+    return node is not taken_on and any(n is node for n in locked) and node.lock_ref == 0
 
 
 def aux_evict_passes_over_a_leaf(trace: Trace, step_i: int) -> bool:

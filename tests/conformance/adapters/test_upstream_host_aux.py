@@ -342,6 +342,42 @@ def test_upstream_leaves_a_device_leaf_out_of_its_set_after_an_unlock_through_an
     assert leaf in leaves("upstream", direct) and leaf in leaves("spec", direct)
 
 
+def test_upstream_leaves_a_device_leaf_out_of_its_set_after_a_load_back_that_gave_up():
+    """The same shared defect through a load back (found by conform spec,upstream on
+    host-swa-wt-p1, seed 2035): the load back of ``[3, 2, 3]`` locks ``[3, 2]`` above the
+    evicted node, finds no SWA slots for its window and releases the lock.  Before it, both
+    sides list ``[3, 2]`` as a device leaf; after it the spec and fast still do, 0.5.13.post1
+    does not, and its own sanity check then fails, a violation conform counts as documented."""
+    from uniradix.conformance.explore import conform as conform_mod
+    from uniradix.conformance.explore.lockstep import Lockstep
+    trace = load_trace(os.path.join(
+        REGRESSIONS_HOST_AUX,
+        "upstream-violation-host-swa-wt-p1-load-back-leaves-a-device-leaf-out.jsonl"))
+    leaf = {"tokens": [3, 2], "extra_key": None}
+
+    def leaves(impl, steps):
+        a = make_adapter(impl, trace.config)
+        for s in steps:
+            a.apply({k: v for k, v in s.items() if k != "ret"})
+        return a.snapshot()["device_leaf_order"]
+
+    assert leaf in leaves("upstream", trace.steps[:-1]) and leaf in leaves("spec",
+                                                                          trace.steps[:-1])
+    assert leaf in leaves("spec", trace.steps) and leaf in leaves("fast", trace.steps)
+    assert leaf not in leaves("upstream", trace.steps)
+    ls = Lockstep([make_adapter("spec", trace.config), make_adapter("upstream", trace.config)],
+                  ["spec", "upstream"], events=False)
+    finding = None
+    for step in trace.steps:
+        _, finding = ls.check({k: v for k, v in step.items() if k != "ret"})
+        if finding is not None:
+            break
+    assert finding is not None and finding.step == trace.steps[-1]["i"]
+    said = conform_mod.documented_difference(["spec", "upstream"], trace.config, trace.steps,
+                                             finding)
+    assert said is not None and "load back that gave up" in said
+
+
 def test_conform_stops_upstreams_hang_and_counts_it_as_documented():
     """With conform's step timeout, upstream's endless write-back SWA eviction (defect 1) is
     stopped and reported as a StepTimeout crash of upstream's at the evict, which conform

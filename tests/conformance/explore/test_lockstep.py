@@ -940,6 +940,48 @@ def test_conform_counts_a_device_leaf_upstream_leaves_out_after_an_unlock():
     assert documented_difference(labels, trace.config, direct, missing(leaf)) is None
 
 
+def test_conform_counts_a_device_leaf_upstream_leaves_out_after_a_load_back_that_gave_up():
+    """The same shared defect through a load back (conform spec,upstream met it on
+    host-swa-wt-p1, seed 2035, segment 665): the load back locks the path of the evicted node
+    it is to load, cannot take the SWA slots for its window, and releases the lock; the device
+    node above, now unlocked with only evicted children, stays out of 0.5.13.post1's evictable
+    leaf set.  conform counts the spec's extra leaf as documented; not another node, the
+    evicted node itself, a spec-fast finding, or the node above when a lock of its own still
+    holds it."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.replay import unlock_left_a_device_leaf_out
+    from uniradix.conformance.traces.trace import Trace
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions-host-aux",
+        "upstream-violation-host-swa-wt-p1-load-back-leaves-a-device-leaf-out.jsonl"))
+    last = trace.steps[-1]
+    assert last["op"] == "load_back" and last["ret"]["device_indices"] == []
+    leaf = {"tokens": [3, 2], "extra_key": None}
+
+    def missing(node, labels=("spec", "upstream"), op="load_back"):
+        return Finding(DIVERGENCE, last["i"], op, "snapshot", "device_leaf_order[0]",
+                       {labels[0]: node, labels[1]: "<missing>"}, labels)
+
+    labels = ["spec", "upstream"]
+    assert unlock_left_a_device_leaf_out(trace, last["i"], leaf)
+    said = documented_difference(labels, trace.config, trace.steps, missing(leaf))
+    assert "load back that gave up" in said and "evictable leaf set" in said
+    assert not unlock_left_a_device_leaf_out(trace, last["i"], {"tokens": [1], "extra_key": None})
+    assert documented_difference(labels, trace.config, trace.steps,
+                                 missing({"tokens": [1], "extra_key": None})) is None
+    assert documented_difference(["spec", "fast"], trace.config, trace.steps,
+                                 missing(leaf, ("spec", "fast"))) is None
+    # the evicted node the load back is to load, not the device node above it
+    assert not unlock_left_a_device_leaf_out(trace, last["i"], last["args"]["node"])
+    # a lock of its own on the node above: the load back's release leaves it locked
+    held = trace.steps[:-1] + [{"i": last["i"], "op": "lock", "args": {"node": leaf}},
+                               dict(last, i=last["i"] + 1)]
+    assert not unlock_left_a_device_leaf_out(Trace(trace.header, trace.config, held),
+                                             last["i"] + 1, leaf)
+
+
 def test_conform_counts_the_later_effects_of_upstreams_unlock_after_a_split():
     """The same shared defect where the split's upper part is on the device again by the
     unlock (a load back, tests/corpus/regressions/hicache-unlock-after-split-of-skipped-node.jsonl;
