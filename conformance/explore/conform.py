@@ -50,12 +50,11 @@ from uniradix.conformance.traces.replay import (
     load_back_lost_its_host_state,
     load_back_window_ends_at_a_tombstone,
     load_back_without_a_state_slot,
+    releases_after_split_of_skipped_node,
     split_hit_count_reaches_threshold,
     split_of_a_host_locked_swa_copy,
     swa_skipped_leaf_keeps_state,
-    unlock_after_split_of_skipped_node,
     unlock_left_a_device_leaf_out,
-    unlocks_after_split_of_skipped_node,
 )
 from uniradix.conformance.traces.trace import Trace
 from uniradix.spec.config import POLICIES, CacheConfig
@@ -316,7 +315,8 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
         return ("a copy-on-write match with no state slot to be had: upstream asserts, the "
                 "spec answers no slot (docs/SPEC.md)")
     if upstream_crash and finding.op in ("unlock", "check_hicache_events") \
-            and unlocks_after_split_of_skipped_node(Trace({}, config, list(taken)), finding.step):
+            and releases_after_split_of_skipped_node(Trace({}, config, list(taken)),
+                                                     finding.step):
         return ("an unlock after a split cut a node its lock skipped: upstream takes a lock "
                 "from the new upper part it never locked, here or at a later release "
                 "(docs/SPEC.md)")
@@ -357,10 +357,11 @@ def documented_difference(labels: Sequence[str], config: CacheConfig, taken: Seq
         what = "Mamba state" if listed == "mamba" else "SWA host copy"
         return (f"a host-locked {what} that an evict leaves on the host only: upstream "
                 "lists it in its host LRU list, the spec keeps host-locked data out (docs/SPEC.md)")
-    if finding.op == "unlock" and unlock_after_split_of_skipped_node(
-            Trace({}, config, list(taken)), finding.step):
-        return ("an unlock after a split cut a node its lock skipped: upstream takes a lock "
-                "from the new upper part it never locked (docs/SPEC.md)")
+    if finding.step in releases_after_split_of_skipped_node(Trace({}, config, list(taken)),
+                                                            finding.step):
+        return ("the release of a lock after a split cut a node it skipped (an evicted node, "
+                "or with SWA a tombstone of its window): upstream takes a lock from the new "
+                "upper part it never locked (docs/SPEC.md)")
     if finding.op in ("unlock", "load_back") \
             and finding.field.startswith("snapshot.device_leaf_order") \
             and any(unlock_left_a_device_leaf_out(Trace({}, config, list(taken)), finding.step, v)

@@ -485,34 +485,38 @@ def cow_match_without_a_state_slot(trace: Trace, step_i: int) -> bool:
     return obs.get("mamba_cow_src") is not None and obs.get("mamba_pool_idx") is None
 
 
-def unlocks_after_split_of_skipped_node(trace: Trace, upto: int) -> list[int]:
-    """The unlock steps of ``trace``, up to step ``upto``, that release a lock which skipped an
-    evicted segment after a split since the lock (a match's or an insert's) cut a skipped node:
-    the spec's split hook adds the new upper part to the handle's skipped nodes, so its unlock
-    leaves that part alone; 0.5.13.post1 remembers only the nodes it skipped at lock time and
-    takes a lock from the upper part it never locked: an assertion while that part is still
-    evicted, else a lock count another lock (a load back's, a request's) holds there, whose
-    own release may then assert (docs/SPEC.md, "HiCache", the shared defects)."""
+def releases_after_split_of_skipped_node(trace: Trace, upto: int) -> list[int]:
+    """The steps of ``trace``, up to step ``upto``, that release a lock of any kind (an
+    ``unlock``, a write-through's lock at its ack, a load back's at its ack, a request's) whose
+    skipped nodes grew by a split since it was taken: the Full lock's evicted bottom segment,
+    or with SWA the tombstones its window skipped.  The spec's split hooks add the new upper
+    part to the lock's skipped nodes, so its release leaves that part alone; 0.5.13.post1 (and
+    the seed) remember only the nodes skipped at lock time and take a count from the upper part
+    they never locked, one another lock holds there (a load back's, a request's), whose own
+    release may then fail (docs/SPEC.md: "SWA unlock skips the tombstones the lock skipped by
+    node identity", and "HiCache", the shared defects)."""
     from uniradix.conformance.adapters.base import SpecAdapter
-    if not trace.config.host_slots:
-        return []
     adapter = SpecAdapter(trace.config)
-    skipped_at_lock: dict[int, int] = {}  # trace handle -> how many nodes its lock skipped
+    seen: dict[int, tuple[Any, int, int]] = {}  # serial -> (handle, Full skipped, SWA skipped)
+
+    def skipped(handle: Any) -> tuple[int, int]:
+        swa = handle.aux.get("swa")
+        return len(handle.skipped), len(swa[0]) if swa is not None else 0
+
     found: list[int] = []
     for idx, step in enumerate(trace.steps):
         i = step.get("i", idx)
         if i > upto:
             break
-        if step["op"] == "unlock":
-            h = step.get("args", {}).get("handle")
-            handle = adapter.handles.get(h) if isinstance(h, int) \
-                and not isinstance(h, bool) else None
-            if handle is not None and h in skipped_at_lock \
-                    and len(handle.skipped) > skipped_at_lock[h]:
-                found.append(i)
         adapter.apply(step)
-        if step["op"] == "lock" and i in adapter.handles:
-            skipped_at_lock[i] = len(adapter.handles[i].skipped)
+        live = adapter.state.handles
+        if any(s not in live and (skipped(h)[0] > full or skipped(h)[1] > swa)
+               for s, (h, full, swa) in seen.items()):
+            found.append(i)
+        seen = {s: v for s, v in seen.items() if s in live}
+        for serial, handle in live.items():
+            if serial not in seen:
+                seen[serial] = (handle, *skipped(handle))
     return found
 
 
@@ -582,12 +586,6 @@ def split_hit_count_reaches_threshold(trace: Trace, step_i: int) -> bool:
                        and n.hit_count < threshold <= n.hit_count + lost[id(n)]
                        for n in nodes)
     return False
-
-
-def unlock_after_split_of_skipped_node(trace: Trace, step_i: int) -> bool:
-    """Whether step ``step_i`` of ``trace`` is such an unlock
-    (:func:`unlocks_after_split_of_skipped_node`)."""
-    return step_i in unlocks_after_split_of_skipped_node(trace, step_i)
 
 
 def unlock_left_a_device_leaf_out(trace: Trace, step_i: int, listed: Any) -> bool:

@@ -378,6 +378,34 @@ def test_upstream_leaves_a_device_leaf_out_of_its_set_after_a_load_back_that_gav
     assert said is not None and "load back that gave up" in said
 
 
+def test_upstream_write_acks_release_takes_a_load_backs_swa_lock_after_a_split():
+    """docs/SPEC.md, "SWA unlock skips the tombstones the lock skipped by node identity"
+    (found by conform spec,upstream on host-swa-wt-p1, seed 2035): a write-through's lock
+    skipped the SWA tombstone ``[1, 2, 2]``; a load back gives it SWA data and locks it, a match
+    splits it at ``[1, 2]``, and the write's ack releases its lock.  The spec and fast keep the
+    load's SWA lock on ``[1, 2]``; 0.5.13.post1 takes it off, so that SWA data is evictable
+    while the load holds it.  Without the match that splits, upstream keeps it too."""
+    trace = load_trace(os.path.join(
+        REGRESSIONS_HOST_AUX,
+        "upstream-host-swa-wt-p1-write-ack-after-split-of-a-skipped-tombstone.jsonl"))
+    steps = [s for s in trace.steps if s["op"] != "sizes"]
+    upper = {"tokens": [1, 2], "extra_key": "a"}
+
+    def swa_lock(impl, steps, path):
+        a = make_adapter(impl, trace.config)
+        for s in steps:
+            a.apply({k: v for k, v in s.items() if k != "ret"})
+        (node,) = [n for n in a.snapshot()["nodes"] if n["path"] == path]
+        return node["swa"]["lock_ref"]
+
+    assert swa_lock("spec", steps, upper) == 1 and swa_lock("fast", steps, upper) == 1
+    assert swa_lock("upstream", steps, upper) == 0
+    split = [k for k, s in enumerate(steps) if s["op"] == "match_prefix"][-1]
+    unsplit = steps[:split] + steps[split + 1:]
+    whole = {"tokens": [1, 2, 2], "extra_key": "a"}  # (not split: the loaded node is whole)
+    assert swa_lock("upstream", unsplit, whole) == 1 and swa_lock("spec", unsplit, whole) == 1
+
+
 def test_conform_stops_upstreams_hang_and_counts_it_as_documented():
     """With conform's step timeout, upstream's endless write-back SWA eviction (defect 1) is
     stopped and reported as a StepTimeout crash of upstream's at the evict, which conform

@@ -659,7 +659,7 @@ def test_conform_counts_upstreams_unlock_after_a_split_of_a_skipped_node(name):
     from conftest import CORPUS
     from uniradix.conformance.explore.conform import documented_difference
     from uniradix.conformance.explore.lockstep import VIOLATION, Finding
-    from uniradix.conformance.traces.replay import unlock_after_split_of_skipped_node
+    from uniradix.conformance.traces.replay import releases_after_split_of_skipped_node
     from uniradix.conformance.traces.trace import Trace, load_trace
     trace = load_trace(os.path.join(CORPUS, "regressions", name))
     last = trace.steps[-1]
@@ -669,7 +669,7 @@ def test_conform_counts_upstreams_unlock_after_a_split_of_a_skipped_node(name):
         return Finding(VIOLATION, step, op, "crash", "", {impl: "AssertionError: "}, (impl,))
 
     labels = ["spec", "upstream"]
-    assert unlock_after_split_of_skipped_node(trace, last["i"])
+    assert releases_after_split_of_skipped_node(trace, last["i"]) == [last["i"]]
     assert "never locked" in documented_difference(labels, trace.config, trace.steps,
                                                     crash("upstream"))
     assert documented_difference(labels, trace.config, trace.steps, crash("spec")) is None
@@ -679,12 +679,50 @@ def test_conform_counts_upstreams_unlock_after_a_split_of_a_skipped_node(name):
                 if s["op"] in ("match_prefix", "insert"))  # the step that splits
     assert split > [s["op"] for s in trace.steps].index("lock")
     unsplit = trace.steps[:split] + trace.steps[split + 1:]
-    assert not unlock_after_split_of_skipped_node(Trace(trace.header, trace.config, unsplit),
-                                                  last["i"])
+    assert not releases_after_split_of_skipped_node(Trace(trace.header, trace.config, unsplit),
+                                                    last["i"])
     assert documented_difference(labels, trace.config, unsplit, crash("upstream")) is None
     before = trace.steps[split]
     assert documented_difference(labels, trace.config, trace.steps,
                                  crash("upstream", before["i"], before["op"])) is None
+
+
+def test_conform_counts_a_write_locks_release_after_a_split_of_a_skipped_swa_tombstone():
+    """docs/SPEC.md, "SWA unlock skips the tombstones the lock skipped by node identity"
+    (found by conform spec,upstream on host-swa-wt-p1, seed 2035): a write-through's lock skips
+    SWA tombstones in its window; a load back gives one of them SWA data and locks it, a match
+    splits it, and at the write's ack 0.5.13.post1 takes the load's SWA lock off the new upper
+    part.  conform counts that divergence at the release as documented; the same steps without
+    the split, a spec-fast divergence, or a divergence at the split itself are not."""
+    from conftest import CORPUS
+    from uniradix.conformance.explore.conform import documented_difference
+    from uniradix.conformance.explore.lockstep import DIVERGENCE, Finding
+    from uniradix.conformance.traces.replay import releases_after_split_of_skipped_node
+    from uniradix.conformance.traces.trace import Trace
+    trace = load_trace(os.path.join(
+        CORPUS, "regressions-host-aux",
+        "upstream-host-swa-wt-p1-write-ack-after-split-of-a-skipped-tombstone.jsonl"))
+    steps = [s for s in trace.steps if s["op"] != "sizes"]  # (without the probe)
+    ack = steps[-1]
+    assert ack["op"] == "check_hicache_events"
+    field = "nodes[extra_key='a' tokens=[1, 2]].swa.lock_ref"
+
+    def taken(labels=("spec", "upstream"), step=ack):
+        return Finding(DIVERGENCE, step["i"], step["op"], "snapshot", field,
+                       {labels[0]: 1, labels[1]: 0}, labels)
+
+    assert releases_after_split_of_skipped_node(trace, ack["i"]) == [ack["i"]]
+    said = documented_difference(["spec", "upstream"], trace.config, steps, taken())
+    assert said is not None and "never locked" in said
+    assert documented_difference(["spec", "fast"], trace.config, steps,
+                                 taken(("spec", "fast"))) is None
+    (split,) = [k for k, s in enumerate(steps) if s["op"] == "match_prefix"]
+    assert documented_difference(["spec", "upstream"], trace.config, steps,
+                                 taken(step=steps[split])) is None
+    unsplit = steps[:split] + steps[split + 1:]
+    assert not releases_after_split_of_skipped_node(Trace(trace.header, trace.config, unsplit),
+                                                    ack["i"])
+    assert documented_difference(["spec", "upstream"], trace.config, unsplit, taken()) is None
 
 
 def test_conform_counts_upstreams_load_back_of_a_window_ending_at_a_tombstone():
