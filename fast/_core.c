@@ -4964,11 +4964,11 @@ ck_field(PyObject *o, Py_ssize_t off)
     return PyLong_AsLongLong(SLOT_AT(o, off));
 }
 
+static int ck_rec_ok(PyObject *n, Py_ssize_t rec_at, int splits);
+
 /* Whether node n is a Node whose fields the lock walks read are set and plain: parent, key (an
  * array or list: its length is Py_SIZE), value, lock_ref, aux_lock, dev_children,
- * last_access_time, id (ints); with rec_at >= 0 its record aux[rec_at] too (an AuxData with
- * value, lock (int) and boundary (None or int) set), and with splits its split_from (a tuple of
- * (int, int) pairs). */
+ * last_access_time, id (ints); with rec_at >= 0 its record aux[rec_at] too (ck_rec_ok). */
 static int
 ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
 {
@@ -4984,8 +4984,16 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
             || !exact_ll(SLOT_AT(n, PN_last_access_time), &x)
             || !exact_ll(SLOT_AT(n, PN_id), &x))
         return 0;
-    if (rec_at < 0)
-        return 1;
+    return rec_at < 0 || ck_rec_ok(n, rec_at, splits);
+}
+
+/* Whether the Node n (ck_node_ok's fields checked) has a record aux[rec_at] the lock walks can
+ * read: an AuxData with value, lock (int) and boundary (None or int) set, and with splits its
+ * split_from (a tuple of (int, int) pairs). */
+static int
+ck_rec_ok(PyObject *n, Py_ssize_t rec_at, int splits)
+{
+    long long x;
     PyObject *aux = SLOT_AT(n, PN_aux);
     if (aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) <= rec_at)
         return 0;
@@ -5028,14 +5036,24 @@ ck_push_unlocked(PyObject *heap, PyObject *node, int twice)
     return r;
 }
 
-/* What both calls check first, in the Python functions' order: the root, the node (a Node in
- * the tree: NodeNotFound otherwise), the cache not disabled, its one component.  1: go on
- * (*root and *comp new references, *is_swa), 0: decline, -1: error raised. */
+/* A call declined after reads that may have raised: -1 for an error other than a missing
+ * attribute (the Python path meets that one where it reads it), else 0, no error set. */
 static int
-ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int *is_swa,
-         PyObject **comp_id)
+ck_decline(void)
 {
-    *root = *comp = *comp_id = NULL;
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* What every lock call checks first, in the Python paths' order: the root, the node (a Node
+ * in the tree: NodeNotFound otherwise), the cache not disabled.  1: go on (*root a new
+ * reference), 0: decline, -1: error raised. */
+static int
+ck_enter(PyObject *cache, PyObject *node, PyObject **root)
+{
+    *root = NULL;
     if (g_ck_inc_result == NULL || g_pn_type == NULL || !PN_IS(node))
         return 0;
     PyObject *r = PyObject_GetAttr(cache, s_root_node);
@@ -5051,20 +5069,36 @@ ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int 
         return -1;
     }
     PyObject *d = PyObject_GetAttr(cache, s_disable);
-    PyObject *one = d == NULL ? NULL : PyObject_GetAttr(cache, s_ck_one_aux);
-    int ok = d == Py_False && one != NULL && PyTuple_CheckExact(one)
+    int ok = d == Py_False;
+    Py_XDECREF(d);
+    if (!ok) {
+        Py_DECREF(r);
+        return ck_decline();
+    }
+    *root = r;
+    return 1;
+}
+
+/* ck_enter, then the cache's one component.  1: go on (*root and *comp new references,
+ * *is_swa), 0: decline, -1: error raised. */
+static int
+ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int *is_swa,
+         PyObject **comp_id)
+{
+    *comp = *comp_id = NULL;
+    int e = ck_enter(cache, node, root);
+    if (e <= 0)
+        return e;
+    PyObject *r = *root, *one = PyObject_GetAttr(cache, s_ck_one_aux);
+    int ok = one != NULL && PyTuple_CheckExact(one)
         && PyTuple_GET_SIZE(one) == 3 && (PyTuple_GET_ITEM(one, 1) == Py_True
                                           || PyTuple_GET_ITEM(one, 1) == Py_False);
-    Py_XDECREF(d);
     if (!ok) {
         Py_XDECREF(one);
         Py_DECREF(r);
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();
-        return 0;
+        *root = NULL;
+        return ck_decline();
     }
-    *root = r;
     *comp = Py_NewRef(PyTuple_GET_ITEM(one, 0));
     *is_swa = PyTuple_GET_ITEM(one, 1) == Py_True;
     *comp_id = Py_NewRef(PyTuple_GET_ITEM(one, 2));
@@ -5074,6 +5108,136 @@ ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int 
 
 /* Store x in an int slot; -1 when the int cannot be made. */
 #define CK_SET(o, off, x) do { if (pyslot_set_ll((o), (off), (x)) < 0) goto done; } while (0)
+#define CK_SET_R(o, off, x) do { if (pyslot_set_ll((o), (off), (x)) < 0) return -1; } while (0)
+
+/* One aux component's lock in progress (the SWA window or a Mamba state): its records' index,
+ * the window and what the window holds so far, its units moved evictable -> protected, the
+ * ids it skipped, the split epoch it saw (SWA) and the mark where the window filled up (the
+ * last three new references or NULL). */
+typedef struct {
+    PyObject *comp;
+    Py_ssize_t ai;
+    long long window, size, moved;
+    PyObject *skipped, *epoch, *uuid;
+} CkWindow;
+
+static void
+ck_window_clear(CkWindow *w)
+{
+    Py_CLEAR(w->skipped);
+    Py_CLEAR(w->epoch);
+    Py_CLEAR(w->uuid);
+}
+
+/* A node's id into the lock's skip set; 0 or -1. */
+static int
+ck_skip(CkWindow *w, PyObject *n)
+{
+    if (w->skipped == NULL && (w->skipped = PySet_New(NULL)) == NULL)
+        return -1;
+    return PySet_Add(w->skipped, SLOT_AT(n, PN_id));
+}
+
+/* lock_window's step on node cur (k units, the window not full yet): a tombstone skipped and
+ * remembered (with the split epoch), else its SWA lock taken, the window's end marked where it
+ * fills up.  0 or -1. */
+static int
+ck_window_step(CkWindow *w, PyObject *cur, long long k)
+{
+    PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), w->ai);
+    long long x;
+    if (SLOT_AT(rec, AD_value) == Py_None) {
+        if (ck_skip(w, cur) < 0)
+            return -1;
+        if (w->epoch == NULL && (w->epoch = PyObject_GetAttr(w->comp, s_ck_split_epoch)) == NULL)
+            return -1;
+        return 0;
+    }
+    x = ck_field(rec, AD_lock);
+    if (x == 0)
+        w->moved += k;
+    CK_SET_R(rec, AD_lock, x + 1);
+    CK_SET_R(cur, PN_aux_lock, ck_field(cur, PN_aux_lock) + 1);
+    w->size += k;
+    if (w->size >= w->window) {
+        if (SLOT_AT(rec, AD_boundary) == Py_None) {  /* the next mark, taken */
+            PyObject *nb = PyObject_GetAttr(w->comp, s_ck_next_boundary);
+            if (nb == NULL)
+                return -1;
+            pyslot_set(rec, AD_boundary, nb);
+            Py_DECREF(nb);
+            if (pyfield_add(w->comp, 0, s_ck_next_boundary, 1) < 0)
+                return -1;
+        }
+        Py_XSETREF(w->uuid, Py_NewRef(SLOT_AT(rec, AD_boundary)));
+    }
+    return 0;
+}
+
+/* _inc_lock_py's Full walk (lock_walk) from node (its Full data set: nothing skipped) up to
+ * root, the units it newly locked added to *delta.  0 or -1. */
+static int
+ck_full_lock(PyObject *node, PyObject *root, long long *delta)
+{
+    for (PyObject *cur = node; cur != root; cur = SLOT_AT(cur, PN_parent)) {
+        long long x = ck_field(cur, PN_lock_ref);
+        if (x == 0)
+            *delta += Py_SIZE(SLOT_AT(cur, PN_key));
+        CK_SET_R(cur, PN_lock_ref, x + 1);
+    }
+    return 0;
+}
+
+/* The Mamba lock of node (not the root, its record checked): its state locked, or the node
+ * skipped and remembered where it has none.  0 or -1. */
+static int
+ck_mamba_lock(CkWindow *w, PyObject *node)
+{
+    PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(node, PN_aux), w->ai);
+    if (SLOT_AT(rec, AD_value) == Py_None)
+        return ck_skip(w, node);
+    long long x = ck_field(rec, AD_lock);
+    if (x == 0)
+        w->moved += 1;
+    CK_SET_R(rec, AD_lock, x + 1);
+    CK_SET_R(node, PN_aux_lock, ck_field(node, PN_aux_lock) + 1);
+    return 0;
+}
+
+/* The lock's skips into the result's dict as the component's lock adds them: SWA's ids and
+ * {-1 - the split epoch}, Mamba's ids.  0 or -1. */
+static int
+ck_add_skips(PyObject *skips, CkWindow *w, int is_swa)
+{
+    if (w->skipped == NULL)
+        return 0;
+    if (PyDict_SetItem(skips, is_swa ? g_ck_swa_id : g_ck_mamba_id, w->skipped) < 0)
+        return -1;
+    if (!is_swa)
+        return 0;
+    PyObject *m1 = PyLong_FromLong(-1), *e = NULL, *es = NULL;
+    if (m1 != NULL)
+        e = PyNumber_Subtract(m1, w->epoch);
+    Py_XDECREF(m1);
+    int r = e == NULL || (es = PySet_New(NULL)) == NULL || PySet_Add(es, e) < 0
+        || PyDict_SetItem(skips, g_ck_epoch_key, es) < 0 ? -1 : 0;
+    Py_XDECREF(e);
+    Py_XDECREF(es);
+    return r;
+}
+
+/* IncLockRefResult(delta, uuid (NULL: None), None, skips). */
+static PyObject *
+ck_inc_result(long long delta, PyObject *uuid, PyObject *skips)
+{
+    PyObject *d = PyLong_FromLongLong(delta);
+    if (d == NULL)
+        return NULL;
+    PyObject *a[4] = {d, uuid != NULL ? uuid : Py_None, Py_None, skips};
+    PyObject *out = PyObject_Vectorcall(g_ck_inc_result, a, 4, NULL);
+    Py_DECREF(d);
+    return out;
+}
 
 /* clock_inc(cache, node) -> one_aux.inc_lock_one's IncLockRefResult, or None. */
 static PyObject *
@@ -5088,7 +5252,7 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int r = ck_begin(cache, node, &root, &comp, &is_swa, &comp_id);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *out = NULL, *skipped = NULL, *uuid = NULL, *skips = NULL, *epoch = NULL;
+    PyObject *out = NULL, *skips = NULL;
     long long window = 0, ai = 0, x;
     /* every read the walk needs to decide, before any write (the counters and marks it moves
      * are read where the Python path reads them: see pyfield_add) */
@@ -5114,7 +5278,9 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(comp_id);
         return r < 0 ? NULL : Py_NewRef(Py_None);
     }
-    long long moved = 0, delta = 0, size = 0;  /* moved: comp's units evictable -> protected */
+    /* w.moved: comp's units evictable -> protected */
+    CkWindow w = {comp, (Py_ssize_t)ai, window, 0, 0, NULL, NULL, NULL};
+    long long delta = 0;
     PyObject *cur = node;
     int failed = 1;
     if (is_swa) {  /* lock_window(comp, node, result, root, True) */
@@ -5124,100 +5290,28 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (x == 0)
                 delta += k;
             CK_SET(cur, PN_lock_ref, x + 1);
-            if (size >= window)
-                continue;
-            PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), ai);
-            if (SLOT_AT(rec, AD_value) == Py_None) {
-                if (skipped == NULL && (skipped = PySet_New(NULL)) == NULL)
-                    goto done;
-                if (PySet_Add(skipped, SLOT_AT(cur, PN_id)) < 0)
-                    goto done;
-                if (epoch == NULL && (epoch = PyObject_GetAttr(comp, s_ck_split_epoch)) == NULL)
-                    goto done;
-                continue;
-            }
-            x = ck_field(rec, AD_lock);
-            if (x == 0)
-                moved += k;
-            CK_SET(rec, AD_lock, x + 1);
-            CK_SET(cur, PN_aux_lock, ck_field(cur, PN_aux_lock) + 1);
-            size += k;
-            if (size >= window) {
-                if (SLOT_AT(rec, AD_boundary) == Py_None) {  /* the next mark, taken */
-                    PyObject *nb = PyObject_GetAttr(comp, s_ck_next_boundary);
-                    if (nb == NULL)
-                        goto done;
-                    pyslot_set(rec, AD_boundary, nb);
-                    Py_DECREF(nb);
-                    if (pyfield_add(comp, 0, s_ck_next_boundary, 1) < 0)
-                        goto done;
-                }
-                uuid = Py_NewRef(SLOT_AT(rec, AD_boundary));
-            }
+            if (w.size < window && ck_window_step(&w, cur, k) < 0)
+                goto done;
         }
     } else {
-        for (; cur != root; cur = SLOT_AT(cur, PN_parent)) {  /* _inc_lock_py's Full walk */
-            x = ck_field(cur, PN_lock_ref);
-            if (x == 0)
-                delta += Py_SIZE(SLOT_AT(cur, PN_key));
-            CK_SET(cur, PN_lock_ref, x + 1);
-        }
-        if (node != root) {
-            PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(node, PN_aux), 0);
-            if (SLOT_AT(rec, AD_value) == Py_None) {
-                if ((skipped = PySet_New(NULL)) == NULL
-                        || PySet_Add(skipped, SLOT_AT(node, PN_id)) < 0)
-                    goto done;
-            } else {
-                x = ck_field(rec, AD_lock);
-                if (x == 0)
-                    moved += 1;
-                CK_SET(rec, AD_lock, x + 1);
-                CK_SET(node, PN_aux_lock, ck_field(node, PN_aux_lock) + 1);
-            }
-        }
+        if (ck_full_lock(node, root, &delta) < 0
+                || (node != root && ck_mamba_lock(&w, node) < 0))
+            goto done;
     }
     failed = 0;
 done:
     /* the counters, moved once, also after a failed write (what was done stays counted) */
-    pyfield_add(comp, 0, s_comp_evictable, -moved);
-    pyfield_add(comp, 0, s_comp_protected, moved);
+    pyfield_add(comp, 0, s_comp_evictable, -w.moved);
+    pyfield_add(comp, 0, s_comp_protected, w.moved);
     pyfield_add(cache, 0, s_evictable, -delta);
     if (pyfield_add(cache, 0, s_protected, delta) < 0 || failed)
         goto out;
-    if ((skips = PyDict_New()) == NULL)
+    if ((skips = PyDict_New()) == NULL || ck_add_skips(skips, &w, is_swa) < 0)
         goto out;
-    if (skipped != NULL) {
-        if (PyDict_SetItem(skips, is_swa ? g_ck_swa_id : g_ck_mamba_id, skipped) < 0)
-            goto out;
-        if (is_swa) {  /* {-1 - comp._split_epoch} */
-            PyObject *m1 = PyLong_FromLong(-1), *e = NULL, *es = NULL;
-            if (m1 != NULL)
-                e = PyNumber_Subtract(m1, epoch);
-            Py_XDECREF(m1);
-            if (e == NULL || (es = PySet_New(NULL)) == NULL || PySet_Add(es, e) < 0
-                    || PyDict_SetItem(skips, g_ck_epoch_key, es) < 0) {
-                Py_XDECREF(e);
-                Py_XDECREF(es);
-                goto out;
-            }
-            Py_DECREF(e);
-            Py_DECREF(es);
-        }
-    }
-    {
-        PyObject *d = PyLong_FromLongLong(delta);
-        if (d == NULL)
-            goto out;
-        PyObject *a[4] = {d, uuid != NULL ? uuid : Py_None, Py_None, skips};
-        out = PyObject_Vectorcall(g_ck_inc_result, a, 4, NULL);
-        Py_DECREF(d);
-    }
+    out = ck_inc_result(delta, w.uuid, skips);
 out:
     Py_XDECREF(skips);
-    Py_XDECREF(skipped);
-    Py_XDECREF(epoch);
-    Py_XDECREF(uuid);
+    ck_window_clear(&w);
     Py_DECREF(root);
     Py_DECREF(comp);
     Py_DECREF(comp_id);
@@ -5246,6 +5340,50 @@ ck_in(PyObject *s, PyObject *id)
     return s != NULL && PySet_Contains(s, id) > 0;
 }
 
+/* The SWA unlock's seen = -1 - min(skips.get(SWA_SPLIT_EPOCH, (0,))) where its skip set is not
+ * empty: 1 (*seen set), 0 to decline (not a non-empty set of ints), -1 with an error. */
+static int
+ck_seen(PyObject *skips, long long *seen)
+{
+    PyObject *es = PyDict_GetItemWithError(skips, g_ck_epoch_key);
+    long long lo = 0, x;
+    if (es == NULL) {
+        *seen = -1;
+        return PyErr_Occurred() ? -1 : 1;
+    }
+    if (!PyAnySet_CheckExact(es) || PySet_GET_SIZE(es) == 0)
+        return 0;
+    PyObject *it = PyObject_GetIter(es), *e;
+    if (it == NULL)
+        return -1;
+    int ok = 1, first = 1;
+    while (ok && (e = PyIter_Next(it)) != NULL) {
+        ok = exact_ll(e, &x);
+        Py_DECREF(e);
+        if (ok && (first || x < lo))
+            lo = x;
+        first = 0;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return -1;
+    *seen = -1 - lo;
+    return ok;
+}
+
+/* split_off_skipped(rec, skip, seen) (rec's split_from checked: (int, int) pairs). */
+static int
+ck_split_off(PyObject *rec, PyObject *skip, long long seen)
+{
+    PyObject *sf = SLOT_AT(rec, AD_split_from);
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(sf); j++) {
+        PyObject *p = PyTuple_GET_ITEM(sf, j);
+        if (PyLong_AsLongLong(PyTuple_GET_ITEM(p, 0)) > seen && ck_in(skip, PyTuple_GET_ITEM(p, 1)))
+            return 1;
+    }
+    return 0;
+}
+
 /* clock_dec(cache, node, params) -> one_aux.dec_lock_one's DecLockRefResult, or None. */
 static PyObject *
 core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -5272,35 +5410,8 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             boundary = owned = PyObject_GetAttr(params, s_ck_swa_uuid);
             ok = boundary != NULL && (boundary == Py_None || exact_ll(boundary, &x));
         }
-        if (ok && is_swa && cskip != NULL) {  /* the split epoch the lock saw */
-            PyObject *es = PyDict_GetItemWithError(skips, g_ck_epoch_key);
-            long long lo = 0;
-            if (es != NULL) {
-                ok = PyAnySet_CheckExact(es) && PySet_GET_SIZE(es) > 0;
-                PyObject *it = ok ? PyObject_GetIter(es) : NULL, *e;
-                int first = 1;
-                if (ok && it == NULL) {
-                    ok = 0;
-                    r = -1;
-                }
-                while (ok && (e = PyIter_Next(it)) != NULL) {
-                    ok = exact_ll(e, &x);
-                    Py_DECREF(e);
-                    if (ok && (first || x < lo))
-                        lo = x;
-                    first = 0;
-                }
-                Py_XDECREF(it);
-                if (PyErr_Occurred()) {
-                    ok = 0;
-                    r = -1;
-                }
-            } else if (PyErr_Occurred()) {
-                ok = 0;
-                r = -1;
-            }
-            seen = -1 - lo;
-        }
+        if (ok && is_swa && cskip != NULL)  /* the split epoch the lock saw */
+            ok = (r = ck_seen(skips, &seen)) > 0;
     }
     if (ok) {
         heap = PyObject_GetAttr(cache, s_heap);
@@ -5345,17 +5456,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             }
             PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), 0);
             x = ck_field(rec, AD_lock);
-            int take = x != 0 && !ck_in(cskip, id);
-            if (take && cskip != NULL) {  /* split_off_skipped(rec, cskip, seen) */
-                PyObject *sf = SLOT_AT(rec, AD_split_from);
-                for (Py_ssize_t j = 0; take && j < PyTuple_GET_SIZE(sf); j++) {
-                    PyObject *p = PyTuple_GET_ITEM(sf, j);
-                    if (PyLong_AsLongLong(PyTuple_GET_ITEM(p, 0)) > seen
-                            && ck_in(cskip, PyTuple_GET_ITEM(p, 1)))
-                        take = 0;
-                }
-            }
-            if (take) {
+            if (x != 0 && !ck_in(cskip, id) && !(cskip != NULL && ck_split_off(rec, cskip, seen))) {
                 if (x == 1) {
                     moved += Py_SIZE(SLOT_AT(cur, PN_key));
                     swa0 = 1;
