@@ -307,7 +307,17 @@ def test_window_across_tombstones(ps, order):
     t.unlock(h2)  # released twice: HandleError on both
     _, h3 = t.lock(a[:6 * ps])
     t.both(lambda cache, k: cache.dec_lock_ref(h3[k][0]).delta)  # no params: no skips, no mark
-    assert t.taken[0] == 3 and t.taken[1] >= 3
+    # a node without a state whose window crosses the tombstone: both components skip, their
+    # keys in the components' order
+    t.insert(a[:8 * ps], prev=6 * ps, swa_evicted_seqlen=5 * ps)  # L: 7-8, a state at 8
+    t.insert(a[:7 * ps] + pages(ps, 30), swa_evicted_seqlen=5 * ps)  # L split at 7: its upper
+    # part holds no state
+    view4, h4 = t.lock(a[:7 * ps])
+    keys = [MAMBA_ID, SWA_ID, SWA_SPLIT_EPOCH] if order[1] == "mamba" \
+        else [SWA_ID, SWA_SPLIT_EPOCH, MAMBA_ID]
+    assert view4[4] == keys, view4
+    t.unlock(h4)
+    assert t.taken == (4, 4)
 
 
 @needs_core
