@@ -25,9 +25,10 @@
  *              fields"): the locks ("composed tree: clock"), the match ("cmatch"), the insert's
  *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
  *              through one set of field, record, LRU and counter helpers ("Python-node
- *              fields"); the match and the insert also for the stock SWA and Mamba plug-ins
- *              together (pair_match, pair_insert: fast/hybrid.py's general path for that
- *              pair), and a Mamba state's copy from a slab (state_copy).  Each declines
+ *              fields"); the match, the insert and the locks also for the stock SWA and
+ *              Mamba plug-ins together (pair_match, pair_insert, and pair_inc / pair_dec in
+ *              "composed tree: pair locks": fast/hybrid.py's general path for that pair),
+ *              and a Mamba state's copy from a slab (state_copy).  Each declines
  *              (returns None, nothing changed) what it does not take, and the Python
  *              function runs.
  *
@@ -5226,6 +5227,22 @@ ck_add_skips(PyObject *skips, CkWindow *w, int is_swa)
     return r;
 }
 
+/* An unlock's end: the cache's counters moved by delta (also after a failed write: what was
+ * done stays counted), then DecLockRefResult(delta); NULL with an error (or failed). */
+static PyObject *
+ck_dec_result(PyObject *cache, long long delta, int failed)
+{
+    pyfield_add(cache, 0, s_evictable, delta);
+    if (pyfield_add(cache, 0, s_protected, -delta) < 0 || failed)
+        return NULL;
+    PyObject *d = PyLong_FromLongLong(delta);
+    if (d == NULL)
+        return NULL;
+    PyObject *out = PyObject_Vectorcall(g_ck_dec_result, &d, 1, NULL);
+    Py_DECREF(d);
+    return out;
+}
+
 /* IncLockRefResult(delta, uuid (NULL: None), None, skips). */
 static PyObject *
 ck_inc_result(long long delta, PyObject *uuid, PyObject *skips)
@@ -5565,22 +5582,8 @@ done:
     /* the counters, moved once, also after a failed write (what was done stays counted) */
     pyfield_add(comp, 0, s_comp_evictable, moved);
     pyfield_add(comp, 0, s_comp_protected, -moved);
-    pyfield_add(cache, 0, s_evictable, delta);
-    if (pyfield_add(cache, 0, s_protected, -delta) < 0 || failed) {
+    if ((out = ck_dec_result(cache, delta, failed)) == NULL)
         r = -1;
-        goto out;
-    }
-    {
-        PyObject *d = PyLong_FromLongLong(delta);
-        if (d == NULL) {
-            r = -1;
-            goto out;
-        }
-        out = PyObject_Vectorcall(g_ck_dec_result, &d, 1, NULL);
-        Py_DECREF(d);
-        if (out == NULL)
-            r = -1;
-    }
 out:
     Py_XDECREF(owned);
     Py_XDECREF(skips);
@@ -5847,22 +5850,8 @@ core_pair_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     failed = 0;
 done:
     pl_move(w, -1);
-    pyfield_add(cache, 0, s_evictable, delta);
-    if (pyfield_add(cache, 0, s_protected, -delta) < 0 || failed) {
+    if ((out = ck_dec_result(cache, delta, failed)) == NULL)
         r = -1;
-        goto out;
-    }
-    {
-        PyObject *d = PyLong_FromLongLong(delta);
-        if (d == NULL) {
-            r = -1;
-            goto out;
-        }
-        out = PyObject_Vectorcall(g_ck_dec_result, &d, 1, NULL);
-        Py_DECREF(d);
-        if (out == NULL)
-            r = -1;
-    }
 out:
     if (unlocked != small && unlocked != NULL)
         PyMem_Free(unlocked);

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from aux_twins import insert_with_state, pages, path_of, tree_state
+from aux_twins import Counting, insert_with_state, pages, path_of, tree_state
 
 torch = pytest.importorskip("torch")
 
@@ -41,19 +41,6 @@ from uniradix.fast.radix_key import RadixKey  # noqa: E402
 needs_core = pytest.mark.skipif(_core is None, reason="the C core is not built or not in use")
 
 ORDERS = [("full", "swa", "mamba"), ("full", "mamba", "swa")]
-
-
-class Counted:
-    """A C lock twin counting its calls and those it took (did not decline: not None)."""
-
-    def __init__(self, fn):
-        self.fn, self.calls, self.taken = fn, 0, 0
-
-    def __call__(self, *args):
-        self.calls += 1
-        r = self.fn(*args)
-        self.taken += r is not None
-        return r
 
 
 def state(cache) -> tuple:
@@ -115,7 +102,7 @@ def c_side(adapter):
     """The adapter's cache with the C twins counted (``.inc``, ``.dec``)."""
     cache = adapter.cache
     assert cache._inc_lock_fast is _core.pair_inc and cache._dec_lock_fast is _core.pair_dec
-    cache._inc_lock_fast, cache._dec_lock_fast = Counted(_core.pair_inc), Counted(_core.pair_dec)
+    cache._inc_lock_fast, cache._dec_lock_fast = Counting(_core.pair_inc), Counting(_core.pair_dec)
     return adapter
 
 
@@ -250,9 +237,9 @@ def test_random_locks_anywhere(ps, seed, order):
             if ret.get("mamba_exist"):
                 t("mamba_free", slots=[st])
         elif op < 0.6:
-            nodes = sorted(_all_nodes(t.c.cache), key=path_of)
-            if nodes:
-                toks = [x for _, k in path_of(rng.choice(nodes)) for x in k]
+            paths = sorted(p for p in tree_state(t.c.cache)["nodes"] if p)  # (not the root)
+            if paths:
+                toks = [x for _, k in rng.choice(paths) for x in k]
                 view, h = t.lock(toks)
                 skipped += bool(view[5])
                 held.append(h)
@@ -275,15 +262,6 @@ def test_random_locks_anywhere(ps, seed, order):
 
 def rng_window(seed: int) -> int:
     return 1 + seed % 3  # (pages)
-
-
-def _all_nodes(cache) -> list:
-    out, stack = [], list(cache.root_node.children.values())
-    while stack:
-        node = stack.pop()
-        out.append(node)
-        stack.extend(node.children.values())
-    return out
 
 
 @needs_core
