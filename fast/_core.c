@@ -5722,8 +5722,11 @@ core_pair_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     /* every read the walks need, before any write: the window, the path with its SWA records,
      * the node's Full data and its Mamba record */
     int ok = (r = attr_ll(w[0].comp, s_ck_window, &w[0].window)) > 0;
-    for (cur = node; ok && cur != root; cur = SLOT_AT(cur, PN_parent))
+    for (cur = node; ok && cur != root; ) {  /* (up only from a node found a Node) */
         ok = ck_node_ok(cur, w[0].ai, 0);
+        if (ok)
+            cur = SLOT_AT(cur, PN_parent);
+    }
     if (ok && node != root)
         ok = SLOT_AT(node, PN_value) != Py_None && ck_rec_ok(node, w[1].ai, 0);
     if (!ok) {

@@ -425,6 +425,11 @@ def test_declines_change_nothing():
     node.value, value = None, node.value  # no Full data: _inc_lock_py's skipped segment
     declined(lambda: _core.pair_inc(cache, node))
     node.value = value
+    up = node.parent  # an ancestor cut off the root (a broken tree: the walks meet None)
+    up.parent, above = None, up.parent
+    declined(lambda: _core.pair_inc(cache, node))
+    declined(lambda: _core.pair_dec(cache, node, params))
+    up.parent = above
     # the hook's None: the general path answers (a Full skip list, empty: the same unlock)
     t.both(lambda c, k: c.dec_lock_ref(h[k][0], DecLockRefParams(
         h[k][1].swa_uuid_for_lock, None, {**h[k][1].skip_lock_node_ids, 0: []})).delta)
