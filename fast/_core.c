@@ -25,9 +25,10 @@
  *              fields"): the locks ("composed tree: clock"), the match ("cmatch"), the insert's
  *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
  *              through one set of field, record, LRU and counter helpers ("Python-node
- *              fields"); the match and the insert also for the stock SWA and Mamba plug-ins
- *              together (pair_match, pair_insert: fast/hybrid.py's general path for that
- *              pair), and a Mamba state's copy from a slab (state_copy).  Each declines
+ *              fields"); the match, the insert and the locks also for the stock SWA and
+ *              Mamba plug-ins together (pair_match, pair_insert, and pair_inc / pair_dec in
+ *              "composed tree: pair locks": fast/hybrid.py's general path for that pair),
+ *              and a Mamba state's copy from a slab (state_copy).  Each declines
  *              (returns None, nothing changed) what it does not take, and the Python
  *              function runs.
  *
@@ -4964,11 +4965,11 @@ ck_field(PyObject *o, Py_ssize_t off)
     return PyLong_AsLongLong(SLOT_AT(o, off));
 }
 
+static int ck_rec_ok(PyObject *n, Py_ssize_t rec_at, int splits);
+
 /* Whether node n is a Node whose fields the lock walks read are set and plain: parent, key (an
  * array or list: its length is Py_SIZE), value, lock_ref, aux_lock, dev_children,
- * last_access_time, id (ints); with rec_at >= 0 its record aux[rec_at] too (an AuxData with
- * value, lock (int) and boundary (None or int) set), and with splits its split_from (a tuple of
- * (int, int) pairs). */
+ * last_access_time, id (ints); with rec_at >= 0 its record aux[rec_at] too (ck_rec_ok). */
 static int
 ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
 {
@@ -4984,8 +4985,16 @@ ck_node_ok(PyObject *n, Py_ssize_t rec_at, int splits)
             || !exact_ll(SLOT_AT(n, PN_last_access_time), &x)
             || !exact_ll(SLOT_AT(n, PN_id), &x))
         return 0;
-    if (rec_at < 0)
-        return 1;
+    return rec_at < 0 || ck_rec_ok(n, rec_at, splits);
+}
+
+/* Whether the Node n (ck_node_ok's fields checked) has a record aux[rec_at] the lock walks can
+ * read: an AuxData with value, lock (int) and boundary (None or int) set, and with splits its
+ * split_from (a tuple of (int, int) pairs). */
+static int
+ck_rec_ok(PyObject *n, Py_ssize_t rec_at, int splits)
+{
+    long long x;
     PyObject *aux = SLOT_AT(n, PN_aux);
     if (aux == NULL || !PyTuple_CheckExact(aux) || PyTuple_GET_SIZE(aux) <= rec_at)
         return 0;
@@ -5028,14 +5037,24 @@ ck_push_unlocked(PyObject *heap, PyObject *node, int twice)
     return r;
 }
 
-/* What both calls check first, in the Python functions' order: the root, the node (a Node in
- * the tree: NodeNotFound otherwise), the cache not disabled, its one component.  1: go on
- * (*root and *comp new references, *is_swa), 0: decline, -1: error raised. */
+/* A call declined after reads that may have raised: -1 for an error other than a missing
+ * attribute (the Python path meets that one where it reads it), else 0, no error set. */
 static int
-ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int *is_swa,
-         PyObject **comp_id)
+ck_decline(void)
 {
-    *root = *comp = *comp_id = NULL;
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* What every lock call checks first, in the Python paths' order: the root, the node (a Node
+ * in the tree: NodeNotFound otherwise), the cache not disabled.  1: go on (*root a new
+ * reference), 0: decline, -1: error raised. */
+static int
+ck_enter(PyObject *cache, PyObject *node, PyObject **root)
+{
+    *root = NULL;
     if (g_ck_inc_result == NULL || g_pn_type == NULL || !PN_IS(node))
         return 0;
     PyObject *r = PyObject_GetAttr(cache, s_root_node);
@@ -5051,20 +5070,36 @@ ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int 
         return -1;
     }
     PyObject *d = PyObject_GetAttr(cache, s_disable);
-    PyObject *one = d == NULL ? NULL : PyObject_GetAttr(cache, s_ck_one_aux);
-    int ok = d == Py_False && one != NULL && PyTuple_CheckExact(one)
+    int ok = d == Py_False;
+    Py_XDECREF(d);
+    if (!ok) {
+        Py_DECREF(r);
+        return ck_decline();
+    }
+    *root = r;
+    return 1;
+}
+
+/* ck_enter, then the cache's one component.  1: go on (*root and *comp new references,
+ * *is_swa), 0: decline, -1: error raised. */
+static int
+ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int *is_swa,
+         PyObject **comp_id)
+{
+    *comp = *comp_id = NULL;
+    int e = ck_enter(cache, node, root);
+    if (e <= 0)
+        return e;
+    PyObject *r = *root, *one = PyObject_GetAttr(cache, s_ck_one_aux);
+    int ok = one != NULL && PyTuple_CheckExact(one)
         && PyTuple_GET_SIZE(one) == 3 && (PyTuple_GET_ITEM(one, 1) == Py_True
                                           || PyTuple_GET_ITEM(one, 1) == Py_False);
-    Py_XDECREF(d);
     if (!ok) {
         Py_XDECREF(one);
         Py_DECREF(r);
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();
-        return 0;
+        *root = NULL;
+        return ck_decline();
     }
-    *root = r;
     *comp = Py_NewRef(PyTuple_GET_ITEM(one, 0));
     *is_swa = PyTuple_GET_ITEM(one, 1) == Py_True;
     *comp_id = Py_NewRef(PyTuple_GET_ITEM(one, 2));
@@ -5074,6 +5109,152 @@ ck_begin(PyObject *cache, PyObject *node, PyObject **root, PyObject **comp, int 
 
 /* Store x in an int slot; -1 when the int cannot be made. */
 #define CK_SET(o, off, x) do { if (pyslot_set_ll((o), (off), (x)) < 0) goto done; } while (0)
+#define CK_SET_R(o, off, x) do { if (pyslot_set_ll((o), (off), (x)) < 0) return -1; } while (0)
+
+/* One aux component's lock in progress (the SWA window or a Mamba state): its records' index,
+ * the window and what the window holds so far, its units moved evictable -> protected, the
+ * ids it skipped, the split epoch it saw (SWA) and the mark where the window filled up (the
+ * last three new references or NULL). */
+typedef struct {
+    PyObject *comp;
+    Py_ssize_t ai;
+    long long window, size, moved;
+    PyObject *skipped, *epoch, *uuid;
+} CkWindow;
+
+static void
+ck_window_clear(CkWindow *w)
+{
+    Py_CLEAR(w->skipped);
+    Py_CLEAR(w->epoch);
+    Py_CLEAR(w->uuid);
+}
+
+/* A node's id into the lock's skip set; 0 or -1. */
+static int
+ck_skip(CkWindow *w, PyObject *n)
+{
+    if (w->skipped == NULL && (w->skipped = PySet_New(NULL)) == NULL)
+        return -1;
+    return PySet_Add(w->skipped, SLOT_AT(n, PN_id));
+}
+
+/* lock_window's step on node cur (k units, the window not full yet): a tombstone skipped and
+ * remembered (with the split epoch), else its SWA lock taken, the window's end marked where it
+ * fills up.  0 or -1. */
+static int
+ck_window_step(CkWindow *w, PyObject *cur, long long k)
+{
+    PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), w->ai);
+    long long x;
+    if (SLOT_AT(rec, AD_value) == Py_None) {
+        if (ck_skip(w, cur) < 0)
+            return -1;
+        if (w->epoch == NULL && (w->epoch = PyObject_GetAttr(w->comp, s_ck_split_epoch)) == NULL)
+            return -1;
+        return 0;
+    }
+    x = ck_field(rec, AD_lock);
+    if (x == 0)
+        w->moved += k;
+    CK_SET_R(rec, AD_lock, x + 1);
+    CK_SET_R(cur, PN_aux_lock, ck_field(cur, PN_aux_lock) + 1);
+    w->size += k;
+    if (w->size >= w->window) {
+        if (SLOT_AT(rec, AD_boundary) == Py_None) {  /* the next mark, taken */
+            PyObject *nb = PyObject_GetAttr(w->comp, s_ck_next_boundary);
+            if (nb == NULL)
+                return -1;
+            pyslot_set(rec, AD_boundary, nb);
+            Py_DECREF(nb);
+            if (pyfield_add(w->comp, 0, s_ck_next_boundary, 1) < 0)
+                return -1;
+        }
+        Py_XSETREF(w->uuid, Py_NewRef(SLOT_AT(rec, AD_boundary)));
+    }
+    return 0;
+}
+
+/* _inc_lock_py's Full walk (lock_walk) from node (its Full data set: nothing skipped) up to
+ * root, the units it newly locked added to *delta.  0 or -1. */
+static int
+ck_full_lock(PyObject *node, PyObject *root, long long *delta)
+{
+    for (PyObject *cur = node; cur != root; cur = SLOT_AT(cur, PN_parent)) {
+        long long x = ck_field(cur, PN_lock_ref);
+        if (x == 0)
+            *delta += Py_SIZE(SLOT_AT(cur, PN_key));
+        CK_SET_R(cur, PN_lock_ref, x + 1);
+    }
+    return 0;
+}
+
+/* The Mamba lock of node (not the root, its record checked): its state locked, or the node
+ * skipped and remembered where it has none.  0 or -1. */
+static int
+ck_mamba_lock(CkWindow *w, PyObject *node)
+{
+    PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(node, PN_aux), w->ai);
+    if (SLOT_AT(rec, AD_value) == Py_None)
+        return ck_skip(w, node);
+    long long x = ck_field(rec, AD_lock);
+    if (x == 0)
+        w->moved += 1;
+    CK_SET_R(rec, AD_lock, x + 1);
+    CK_SET_R(node, PN_aux_lock, ck_field(node, PN_aux_lock) + 1);
+    return 0;
+}
+
+/* The lock's skips into the result's dict as the component's lock adds them: SWA's ids and
+ * {-1 - the split epoch}, Mamba's ids.  0 or -1. */
+static int
+ck_add_skips(PyObject *skips, CkWindow *w, int is_swa)
+{
+    if (w->skipped == NULL)
+        return 0;
+    if (PyDict_SetItem(skips, is_swa ? g_ck_swa_id : g_ck_mamba_id, w->skipped) < 0)
+        return -1;
+    if (!is_swa)
+        return 0;
+    PyObject *m1 = PyLong_FromLong(-1), *e = NULL, *es = NULL;
+    if (m1 != NULL)
+        e = PyNumber_Subtract(m1, w->epoch);
+    Py_XDECREF(m1);
+    int r = e == NULL || (es = PySet_New(NULL)) == NULL || PySet_Add(es, e) < 0
+        || PyDict_SetItem(skips, g_ck_epoch_key, es) < 0 ? -1 : 0;
+    Py_XDECREF(e);
+    Py_XDECREF(es);
+    return r;
+}
+
+/* An unlock's end: the cache's counters moved by delta (also after a failed write: what was
+ * done stays counted), then DecLockRefResult(delta); NULL with an error (or failed). */
+static PyObject *
+ck_dec_result(PyObject *cache, long long delta, int failed)
+{
+    pyfield_add(cache, 0, s_evictable, delta);
+    if (pyfield_add(cache, 0, s_protected, -delta) < 0 || failed)
+        return NULL;
+    PyObject *d = PyLong_FromLongLong(delta);
+    if (d == NULL)
+        return NULL;
+    PyObject *out = PyObject_Vectorcall(g_ck_dec_result, &d, 1, NULL);
+    Py_DECREF(d);
+    return out;
+}
+
+/* IncLockRefResult(delta, uuid (NULL: None), None, skips). */
+static PyObject *
+ck_inc_result(long long delta, PyObject *uuid, PyObject *skips)
+{
+    PyObject *d = PyLong_FromLongLong(delta);
+    if (d == NULL)
+        return NULL;
+    PyObject *a[4] = {d, uuid != NULL ? uuid : Py_None, Py_None, skips};
+    PyObject *out = PyObject_Vectorcall(g_ck_inc_result, a, 4, NULL);
+    Py_DECREF(d);
+    return out;
+}
 
 /* clock_inc(cache, node) -> one_aux.inc_lock_one's IncLockRefResult, or None. */
 static PyObject *
@@ -5088,7 +5269,7 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int r = ck_begin(cache, node, &root, &comp, &is_swa, &comp_id);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *out = NULL, *skipped = NULL, *uuid = NULL, *skips = NULL, *epoch = NULL;
+    PyObject *out = NULL, *skips = NULL;
     long long window = 0, ai = 0, x;
     /* every read the walk needs to decide, before any write (the counters and marks it moves
      * are read where the Python path reads them: see pyfield_add) */
@@ -5114,7 +5295,9 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(comp_id);
         return r < 0 ? NULL : Py_NewRef(Py_None);
     }
-    long long moved = 0, delta = 0, size = 0;  /* moved: comp's units evictable -> protected */
+    /* w.moved: comp's units evictable -> protected */
+    CkWindow w = {comp, (Py_ssize_t)ai, window, 0, 0, NULL, NULL, NULL};
+    long long delta = 0;
     PyObject *cur = node;
     int failed = 1;
     if (is_swa) {  /* lock_window(comp, node, result, root, True) */
@@ -5124,100 +5307,28 @@ core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (x == 0)
                 delta += k;
             CK_SET(cur, PN_lock_ref, x + 1);
-            if (size >= window)
-                continue;
-            PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), ai);
-            if (SLOT_AT(rec, AD_value) == Py_None) {
-                if (skipped == NULL && (skipped = PySet_New(NULL)) == NULL)
-                    goto done;
-                if (PySet_Add(skipped, SLOT_AT(cur, PN_id)) < 0)
-                    goto done;
-                if (epoch == NULL && (epoch = PyObject_GetAttr(comp, s_ck_split_epoch)) == NULL)
-                    goto done;
-                continue;
-            }
-            x = ck_field(rec, AD_lock);
-            if (x == 0)
-                moved += k;
-            CK_SET(rec, AD_lock, x + 1);
-            CK_SET(cur, PN_aux_lock, ck_field(cur, PN_aux_lock) + 1);
-            size += k;
-            if (size >= window) {
-                if (SLOT_AT(rec, AD_boundary) == Py_None) {  /* the next mark, taken */
-                    PyObject *nb = PyObject_GetAttr(comp, s_ck_next_boundary);
-                    if (nb == NULL)
-                        goto done;
-                    pyslot_set(rec, AD_boundary, nb);
-                    Py_DECREF(nb);
-                    if (pyfield_add(comp, 0, s_ck_next_boundary, 1) < 0)
-                        goto done;
-                }
-                uuid = Py_NewRef(SLOT_AT(rec, AD_boundary));
-            }
+            if (w.size < window && ck_window_step(&w, cur, k) < 0)
+                goto done;
         }
     } else {
-        for (; cur != root; cur = SLOT_AT(cur, PN_parent)) {  /* _inc_lock_py's Full walk */
-            x = ck_field(cur, PN_lock_ref);
-            if (x == 0)
-                delta += Py_SIZE(SLOT_AT(cur, PN_key));
-            CK_SET(cur, PN_lock_ref, x + 1);
-        }
-        if (node != root) {
-            PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(node, PN_aux), 0);
-            if (SLOT_AT(rec, AD_value) == Py_None) {
-                if ((skipped = PySet_New(NULL)) == NULL
-                        || PySet_Add(skipped, SLOT_AT(node, PN_id)) < 0)
-                    goto done;
-            } else {
-                x = ck_field(rec, AD_lock);
-                if (x == 0)
-                    moved += 1;
-                CK_SET(rec, AD_lock, x + 1);
-                CK_SET(node, PN_aux_lock, ck_field(node, PN_aux_lock) + 1);
-            }
-        }
+        if (ck_full_lock(node, root, &delta) < 0
+                || (node != root && ck_mamba_lock(&w, node) < 0))
+            goto done;
     }
     failed = 0;
 done:
     /* the counters, moved once, also after a failed write (what was done stays counted) */
-    pyfield_add(comp, 0, s_comp_evictable, -moved);
-    pyfield_add(comp, 0, s_comp_protected, moved);
+    pyfield_add(comp, 0, s_comp_evictable, -w.moved);
+    pyfield_add(comp, 0, s_comp_protected, w.moved);
     pyfield_add(cache, 0, s_evictable, -delta);
     if (pyfield_add(cache, 0, s_protected, delta) < 0 || failed)
         goto out;
-    if ((skips = PyDict_New()) == NULL)
+    if ((skips = PyDict_New()) == NULL || ck_add_skips(skips, &w, is_swa) < 0)
         goto out;
-    if (skipped != NULL) {
-        if (PyDict_SetItem(skips, is_swa ? g_ck_swa_id : g_ck_mamba_id, skipped) < 0)
-            goto out;
-        if (is_swa) {  /* {-1 - comp._split_epoch} */
-            PyObject *m1 = PyLong_FromLong(-1), *e = NULL, *es = NULL;
-            if (m1 != NULL)
-                e = PyNumber_Subtract(m1, epoch);
-            Py_XDECREF(m1);
-            if (e == NULL || (es = PySet_New(NULL)) == NULL || PySet_Add(es, e) < 0
-                    || PyDict_SetItem(skips, g_ck_epoch_key, es) < 0) {
-                Py_XDECREF(e);
-                Py_XDECREF(es);
-                goto out;
-            }
-            Py_DECREF(e);
-            Py_DECREF(es);
-        }
-    }
-    {
-        PyObject *d = PyLong_FromLongLong(delta);
-        if (d == NULL)
-            goto out;
-        PyObject *a[4] = {d, uuid != NULL ? uuid : Py_None, Py_None, skips};
-        out = PyObject_Vectorcall(g_ck_inc_result, a, 4, NULL);
-        Py_DECREF(d);
-    }
+    out = ck_inc_result(delta, w.uuid, skips);
 out:
     Py_XDECREF(skips);
-    Py_XDECREF(skipped);
-    Py_XDECREF(epoch);
-    Py_XDECREF(uuid);
+    ck_window_clear(&w);
     Py_DECREF(root);
     Py_DECREF(comp);
     Py_DECREF(comp_id);
@@ -5246,6 +5357,121 @@ ck_in(PyObject *s, PyObject *id)
     return s != NULL && PySet_Contains(s, id) > 0;
 }
 
+/* The SWA unlock's seen = -1 - min(skips.get(SWA_SPLIT_EPOCH, (0,))) where its skip set is not
+ * empty: 1 (*seen set), 0 to decline (not a non-empty set of ints), -1 with an error. */
+static int
+ck_seen(PyObject *skips, long long *seen)
+{
+    PyObject *es = PyDict_GetItemWithError(skips, g_ck_epoch_key);
+    long long lo = 0, x;
+    if (es == NULL) {
+        *seen = -1;
+        return PyErr_Occurred() ? -1 : 1;
+    }
+    if (!PyAnySet_CheckExact(es) || PySet_GET_SIZE(es) == 0)
+        return 0;
+    PyObject *it = PyObject_GetIter(es), *e;
+    if (it == NULL)
+        return -1;
+    int ok = 1, first = 1;
+    while (ok && (e = PyIter_Next(it)) != NULL) {
+        ok = exact_ll(e, &x);
+        Py_DECREF(e);
+        if (ok && (first || x < lo))
+            lo = x;
+        first = 0;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return -1;
+    *seen = -1 - lo;
+    return ok;
+}
+
+/* An unlock's params (None, or exactly a DecLockRefParams; else 0: decline) read as the
+ * unlocks read them: its skip dict (*skips, a new reference, NULL for None), the skip sets
+ * under keys[0..n) (sets[j] borrowed: NULL for none or empty); with swa_at >= 0 (the SWA skip
+ * set's index) its swa_uuid_for_lock (*uuid a new reference to an int, NULL for None) and,
+ * where that set is not empty, the split epoch the lock saw (*seen).  1, 0 or -1. */
+static int
+ck_params(PyObject *params, PyObject *const *keys, PyObject **sets, int n, int swa_at,
+          PyObject **skips, PyObject **uuid, long long *seen)
+{
+    long long x;
+    int r = 1;
+    *skips = *uuid = NULL;
+    for (int j = 0; j < n; j++)
+        sets[j] = NULL;
+    if (params == Py_None)
+        return 1;
+    if ((PyObject *)Py_TYPE(params) != g_ck_dec_params)
+        return 0;
+    *skips = PyObject_GetAttr(params, s_skip);
+    if (*skips == NULL || !PyDict_CheckExact(*skips))
+        return ck_decline();
+    for (int j = 0; r > 0 && j < n; j++)
+        r = ck_skip_set(*skips, keys[j], &sets[j]);
+    if (r <= 0 || swa_at < 0)
+        return r;
+    PyObject *b = PyObject_GetAttr(params, s_ck_swa_uuid);
+    if (b == NULL || (b != Py_None && !exact_ll(b, &x))) {
+        Py_XDECREF(b);
+        return ck_decline();
+    }
+    if (b != Py_None)
+        *uuid = b;
+    else
+        Py_DECREF(b);
+    return sets[swa_at] == NULL ? 1 : ck_seen(*skips, seen);
+}
+
+/* cache._heap where it is a list (*heap a new reference): 1, 0 or -1. */
+static int
+ck_heap(PyObject *cache, PyObject **heap)
+{
+    *heap = PyObject_GetAttr(cache, s_heap);
+    if (*heap != NULL && PyList_CheckExact(*heap))
+        return 1;
+    Py_CLEAR(*heap);
+    return ck_decline();
+}
+
+/* _dec_full_lock's check walk (every Full count not in skip, before any change), reading every
+ * field the unlock will: node with its record node_rec, its ancestors with path_rec (-1: none;
+ * splits: their split_from too).  1 (*depth: the nodes below root, if not NULL), 0 to
+ * decline, -1 with HandleError raised. */
+static int
+ck_check_unlock(PyObject *node, PyObject *root, Py_ssize_t node_rec, Py_ssize_t path_rec,
+                int splits, PyObject *skip, Py_ssize_t *depth)
+{
+    Py_ssize_t d = 0;
+    for (PyObject *cur = node; cur != root; cur = SLOT_AT(cur, PN_parent), d++) {
+        if (!ck_node_ok(cur, cur == node ? node_rec : path_rec, splits))
+            return 0;
+        if (ck_field(cur, PN_lock_ref) <= 0 && !ck_in(skip, SLOT_AT(cur, PN_id))) {
+            PyErr_SetString(g_ck_handle_error,
+                            "dec_lock_ref: this path is not locked (released twice?)");
+            return -1;
+        }
+    }
+    if (depth != NULL)
+        *depth = d;
+    return 1;
+}
+
+/* split_off_skipped(rec, skip, seen) (rec's split_from checked: (int, int) pairs). */
+static int
+ck_split_off(PyObject *rec, PyObject *skip, long long seen)
+{
+    PyObject *sf = SLOT_AT(rec, AD_split_from);
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(sf); j++) {
+        PyObject *p = PyTuple_GET_ITEM(sf, j);
+        if (PyLong_AsLongLong(PyTuple_GET_ITEM(p, 0)) > seen && ck_in(skip, PyTuple_GET_ITEM(p, 1)))
+            return 1;
+    }
+    return 0;
+}
+
 /* clock_dec(cache, node, params) -> one_aux.dec_lock_one's DecLockRefResult, or None. */
 static PyObject *
 core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -5259,68 +5485,18 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int r = ck_begin(cache, node, &root, &comp, &is_swa, &comp_id);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *out = NULL, *skips = NULL, *skip = NULL, *cskip = NULL, *heap = NULL,
-        *boundary = Py_None, *owned = NULL;  /* (owned: params' boundary, a new reference) */
+    PyObject *out = NULL, *skips = NULL, *heap = NULL, *owned = NULL;  /* (owned: the mark) */
+    PyObject *keys[2] = {s_zero, comp_id}, *sets[2];  /* the Full and the component's skips */
     long long seen = 0, x;
-    int ok = params == Py_None || (PyObject *)Py_TYPE(params) == g_ck_dec_params;
-    if (ok && params != Py_None) {
-        skips = PyObject_GetAttr(params, s_skip);
-        ok = skips != NULL && PyDict_CheckExact(skips)
-            && (r = ck_skip_set(skips, s_zero, &skip)) > 0
-            && (r = ck_skip_set(skips, comp_id, &cskip)) > 0;
-        if (ok && is_swa) {
-            boundary = owned = PyObject_GetAttr(params, s_ck_swa_uuid);
-            ok = boundary != NULL && (boundary == Py_None || exact_ll(boundary, &x));
-        }
-        if (ok && is_swa && cskip != NULL) {  /* the split epoch the lock saw */
-            PyObject *es = PyDict_GetItemWithError(skips, g_ck_epoch_key);
-            long long lo = 0;
-            if (es != NULL) {
-                ok = PyAnySet_CheckExact(es) && PySet_GET_SIZE(es) > 0;
-                PyObject *it = ok ? PyObject_GetIter(es) : NULL, *e;
-                int first = 1;
-                if (ok && it == NULL) {
-                    ok = 0;
-                    r = -1;
-                }
-                while (ok && (e = PyIter_Next(it)) != NULL) {
-                    ok = exact_ll(e, &x);
-                    Py_DECREF(e);
-                    if (ok && (first || x < lo))
-                        lo = x;
-                    first = 0;
-                }
-                Py_XDECREF(it);
-                if (PyErr_Occurred()) {
-                    ok = 0;
-                    r = -1;
-                }
-            } else if (PyErr_Occurred()) {
-                ok = 0;
-                r = -1;
-            }
-            seen = -1 - lo;
-        }
-    }
-    if (ok) {
-        heap = PyObject_GetAttr(cache, s_heap);
-        ok = heap != NULL && PyList_CheckExact(heap);
-    }
+    int ok = (r = ck_params(params, keys, sets, 2, is_swa ? 1 : -1, &skips, &owned, &seen)) > 0;
+    PyObject *skip = sets[0], *cskip = sets[1], *boundary = owned != NULL ? owned : Py_None;
+    if (ok)
+        ok = (r = ck_heap(cache, &heap)) > 0;
     /* the Python path's check walk (every Full count, before any change), reading every field */
-    PyObject *cur = node;
-    while (ok && cur != root) {
-        ok = ck_node_ok(cur, is_swa ? 0 : (cur == node ? 0 : -1), is_swa && cskip != NULL);
-        if (!ok)
-            break;
-        if (ck_field(cur, PN_lock_ref) <= 0 && !ck_in(skip, SLOT_AT(cur, PN_id))) {
-            PyErr_SetString(g_ck_handle_error,
-                            "dec_lock_ref: this path is not locked (released twice?)");
-            r = -1;
-            ok = 0;
-            break;
-        }
-        cur = SLOT_AT(cur, PN_parent);
-    }
+    if (ok)
+        ok = (r = ck_check_unlock(node, root, 0, is_swa ? 0 : -1, is_swa && cskip != NULL,
+                                  skip, NULL)) > 0;
+    PyObject *cur;
     if (!ok) {
         if (r < 0 || (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError)))
             r = -1;
@@ -5345,17 +5521,7 @@ core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             }
             PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), 0);
             x = ck_field(rec, AD_lock);
-            int take = x != 0 && !ck_in(cskip, id);
-            if (take && cskip != NULL) {  /* split_off_skipped(rec, cskip, seen) */
-                PyObject *sf = SLOT_AT(rec, AD_split_from);
-                for (Py_ssize_t j = 0; take && j < PyTuple_GET_SIZE(sf); j++) {
-                    PyObject *p = PyTuple_GET_ITEM(sf, j);
-                    if (PyLong_AsLongLong(PyTuple_GET_ITEM(p, 0)) > seen
-                            && ck_in(cskip, PyTuple_GET_ITEM(p, 1)))
-                        take = 0;
-                }
-            }
-            if (take) {
+            if (x != 0 && !ck_in(cskip, id) && !(cskip != NULL && ck_split_off(rec, cskip, seen))) {
                 if (x == 1) {
                     moved += Py_SIZE(SLOT_AT(cur, PN_key));
                     swa0 = 1;
@@ -5416,22 +5582,8 @@ done:
     /* the counters, moved once, also after a failed write (what was done stays counted) */
     pyfield_add(comp, 0, s_comp_evictable, moved);
     pyfield_add(comp, 0, s_comp_protected, -moved);
-    pyfield_add(cache, 0, s_evictable, delta);
-    if (pyfield_add(cache, 0, s_protected, -delta) < 0 || failed) {
+    if ((out = ck_dec_result(cache, delta, failed)) == NULL)
         r = -1;
-        goto out;
-    }
-    {
-        PyObject *d = PyLong_FromLongLong(delta);
-        if (d == NULL) {
-            r = -1;
-            goto out;
-        }
-        out = PyObject_Vectorcall(g_ck_dec_result, &d, 1, NULL);
-        Py_DECREF(d);
-        if (out == NULL)
-            r = -1;
-    }
 out:
     Py_XDECREF(owned);
     Py_XDECREF(skips);
@@ -5473,6 +5625,250 @@ core_setup_clock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_XSETREF(*dst[i], Py_NewRef(args[i]));
     Py_RETURN_NONE;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* composed tree: pair locks                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * fast/hybrid.py inc_lock_ref / dec_lock_ref on their general path for the stock SWA and Mamba
+ * plug-ins together without a host tier (the cache's _pair), the same steps in the same order
+ * with the same results, counters, marks, errors and heap entries.  pair_inc: _check_attached,
+ * _inc_lock_py (nothing skipped: a node without Full data is declined), then each component's
+ * lock as cache.components orders them (SwaComponent.lock: lock_window without the Full walk;
+ * MambaComponent.lock).  pair_dec: _check_attached, _dec_full_lock, each component's unlock in
+ * that order (SwaComponent.unlock, MambaComponent.unlock), then _push_if_leaf of every node on
+ * the unlocked list in its order (Full's, node to root, then each component's), after every
+ * count is undone.  The rules and the steps are the clock section's (its helpers): every read
+ * checked before the first write, the counters moved once at the end, None (having changed
+ * nothing) for anything else, and the general path runs.  tests/fast/test_pair_locks.py runs
+ * these against the general path.
+ */
+
+static PyObject *s_cm_pair, *s_cm_components;  /* (tentative definitions: cmatch interns them) */
+
+/* ck_enter, then the pair: cache._pair's indices (SWA's, Mamba's) into cache.components (a
+ * tuple or list of the two); w[0] (SWA) and w[1] (Mamba) get their component (a new reference) and its
+ * records' index (its i), *swa_first their order.  1: go on (*root a new reference), 0:
+ * decline, -1: error raised. */
+static int
+pl_begin(PyObject *cache, PyObject *node, PyObject **root, CkWindow *w, int *swa_first)
+{
+    memset(w, 0, 2 * sizeof(CkWindow));
+    int e = ck_enter(cache, node, root);
+    if (e <= 0)
+        return e;
+    PyObject *po = PyObject_GetAttr(cache, s_cm_pair), *comps = NULL;
+    long long ai = -1, bi = -1;
+    int ok = po != NULL && PyTuple_CheckExact(po) && PyTuple_GET_SIZE(po) == 3
+        && exact_ll(PyTuple_GET_ITEM(po, 0), &ai) && exact_ll(PyTuple_GET_ITEM(po, 2), &bi)
+        && (ai == 0 || ai == 1) && bi == 1 - ai
+        && (comps = PyObject_GetAttr(cache, s_cm_components)) != NULL
+        && (PyTuple_CheckExact(comps) || PyList_CheckExact(comps))
+        && PySequence_Fast_GET_SIZE(comps) == 2;
+    if (ok) {
+        w[0].comp = Py_NewRef(PySequence_Fast_GET_ITEM(comps, ai));
+        w[1].comp = Py_NewRef(PySequence_Fast_GET_ITEM(comps, bi));
+        *swa_first = ai == 0;
+        ok = (e = attr_ll(w[0].comp, s_ck_i, &ai)) > 0 && (e = attr_ll(w[1].comp, s_ck_i, &bi)) > 0
+            && ai >= 0 && bi >= 0;
+        w[0].ai = (Py_ssize_t)ai;
+        w[1].ai = (Py_ssize_t)bi;
+    }
+    Py_XDECREF(po);
+    Py_XDECREF(comps);
+    if (ok)
+        return 1;
+    Py_CLEAR(w[0].comp);
+    Py_CLEAR(w[1].comp);
+    Py_CLEAR(*root);
+    return e < 0 ? -1 : ck_decline();
+}
+
+static void
+pl_end(PyObject *root, CkWindow *w)
+{
+    for (int c = 0; c < 2; c++) {
+        ck_window_clear(&w[c]);
+        Py_XDECREF(w[c].comp);
+    }
+    Py_XDECREF(root);
+}
+
+/* The components' counters, moved once by what their steps moved (sign 1: a lock, units
+ * evictable -> protected; -1: an unlock), also after a failed write. */
+static void
+pl_move(CkWindow *w, long long sign)
+{
+    for (int c = 0; c < 2; c++) {
+        pyfield_add(w[c].comp, 0, s_comp_evictable, -sign * w[c].moved);
+        pyfield_add(w[c].comp, 0, s_comp_protected, sign * w[c].moved);
+    }
+}
+
+/* pair_inc(cache, node) -> inc_lock_ref's IncLockRefResult on the general path, or None. */
+static PyObject *
+core_pair_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pair_inc(cache, node)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *node = args[1], *root, *out = NULL, *skips = NULL, *cur;
+    CkWindow w[2];
+    int swa_first;
+    int r = pl_begin(cache, node, &root, w, &swa_first);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    /* every read the walks need, before any write: the window, the path with its SWA records,
+     * the node's Full data and its Mamba record */
+    int ok = (r = attr_ll(w[0].comp, s_ck_window, &w[0].window)) > 0;
+    for (cur = node; ok && cur != root; ) {  /* (up only from a node found a Node) */
+        ok = ck_node_ok(cur, w[0].ai, 0);
+        if (ok)
+            cur = SLOT_AT(cur, PN_parent);
+    }
+    if (ok && node != root)
+        ok = SLOT_AT(node, PN_value) != Py_None && ck_rec_ok(node, w[1].ai, 0);
+    if (!ok) {
+        pl_end(root, w);
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    long long delta = 0;
+    int failed = 1;
+    if (ck_full_lock(node, root, &delta) < 0)
+        goto done;
+    for (int c = 0; c < 2; c++) {
+        if ((c == 0) == swa_first) {  /* SwaComponent.lock: one window above the node */
+            for (cur = node; cur != root && w[0].size < w[0].window; cur = SLOT_AT(cur, PN_parent))
+                if (ck_window_step(&w[0], cur, Py_SIZE(SLOT_AT(cur, PN_key))) < 0)
+                    goto done;
+        } else if (node != root && ck_mamba_lock(&w[1], node) < 0) {  /* MambaComponent.lock */
+            goto done;
+        }
+    }
+    failed = 0;
+done:
+    pl_move(w, 1);
+    pyfield_add(cache, 0, s_evictable, -delta);
+    if (pyfield_add(cache, 0, s_protected, delta) < 0 || failed)
+        goto out;
+    if ((skips = PyDict_New()) == NULL)
+        goto out;
+    for (int c = 0; c < 2; c++) {  /* the skips as the components' locks add them */
+        int swa = (c == 0) == swa_first;
+        if (ck_add_skips(skips, &w[swa ? 0 : 1], swa) < 0)
+            goto out;
+    }
+    out = ck_inc_result(delta, w[0].uuid, skips);
+out:
+    Py_XDECREF(skips);
+    pl_end(root, w);
+    return out;
+}
+
+#define PL_SET(o, off, x) do { if (pyslot_set_ll((o), (off), (x)) < 0) goto done; } while (0)
+
+/* pair_dec(cache, node, params) -> dec_lock_ref's DecLockRefResult on the general path, or
+ * None. */
+static PyObject *
+core_pair_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pair_dec(cache, node, params)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *node = args[1], *params = args[2], *root, *cur;
+    CkWindow w[2];
+    int swa_first;
+    int r = pl_begin(cache, node, &root, w, &swa_first);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *out = NULL, *skips = NULL, *heap = NULL, *mark = NULL;
+    PyObject *keys[3] = {s_zero, g_ck_swa_id, g_ck_mamba_id}, *sets[3];  /* Full, SWA, Mamba */
+    PyObject *small[64], **unlocked = small;  /* the general path's unlocked list */
+    long long seen = 0, x, boundary = 0;  /* (the mark, 0 for None: `if boundary` is false) */
+    Py_ssize_t depth = 0, n = 0;
+    int ok = (r = ck_params(params, keys, sets, 3, 1, &skips, &mark, &seen)) > 0;
+    if (ok && mark != NULL)
+        boundary = PyLong_AsLongLong(mark);
+    if (ok)
+        ok = (r = ck_heap(cache, &heap)) > 0;
+    if (ok)  /* _dec_full_lock's check walk, reading the SWA records as well */
+        ok = (r = ck_check_unlock(node, root, w[0].ai, w[0].ai, sets[1] != NULL, sets[0],
+                                  &depth)) > 0;
+    if (ok && node != root)
+        ok = ck_rec_ok(node, w[1].ai, 0);
+    if (ok && 2 * depth + 1 > (Py_ssize_t)(sizeof(small) / sizeof(small[0])))
+        ok = (unlocked = PyMem_Malloc((size_t)(2 * depth + 1) * sizeof(PyObject *))) != NULL;
+    if (!ok) {
+        r = r < 0 ? -1 : ck_decline();
+        goto out;
+    }
+    long long delta = 0;
+    int failed = 1;
+    for (cur = node; cur != root; cur = SLOT_AT(cur, PN_parent)) {  /* _dec_full_lock */
+        if (ck_in(sets[0], SLOT_AT(cur, PN_id)))
+            continue;
+        x = ck_field(cur, PN_lock_ref) - 1;
+        PL_SET(cur, PN_lock_ref, x);
+        if (x == 0) {
+            delta += Py_SIZE(SLOT_AT(cur, PN_key));
+            unlocked[n++] = cur;
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        if ((c == 0) == swa_first) {  /* SwaComponent.unlock: up to the window's end mark */
+            for (cur = node; cur != root; cur = SLOT_AT(cur, PN_parent)) {
+                PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(cur, PN_aux), w[0].ai);
+                x = ck_field(rec, AD_lock);
+                if (ck_in(sets[1], SLOT_AT(cur, PN_id)) || x == 0
+                        || (sets[1] != NULL && ck_split_off(rec, sets[1], seen)))
+                    continue;
+                if (x == 1) {
+                    w[0].moved += Py_SIZE(SLOT_AT(cur, PN_key));
+                    unlocked[n++] = cur;
+                }
+                PL_SET(rec, AD_lock, x - 1);
+                PL_SET(cur, PN_aux_lock, ck_field(cur, PN_aux_lock) - 1);
+                PyObject *b = SLOT_AT(rec, AD_boundary);
+                if (boundary != 0 && b != Py_None && PyLong_AsLongLong(b) == boundary)
+                    break;
+            }
+        } else if (node != root) {  /* MambaComponent.unlock: the node's state */
+            PyObject *rec = PyTuple_GET_ITEM(SLOT_AT(node, PN_aux), w[1].ai);
+            x = ck_field(rec, AD_lock);
+            if (!ck_in(sets[2], SLOT_AT(node, PN_id)) && x > 0) {
+                if (x == 1) {
+                    w[1].moved += 1;
+                    unlocked[n++] = node;
+                }
+                PL_SET(rec, AD_lock, x - 1);
+                PL_SET(node, PN_aux_lock, ck_field(node, PN_aux_lock) - 1);
+            }
+        }
+    }
+    for (Py_ssize_t j = 0; j < n; j++)  /* _push_if_leaf, once per entry, all counts undone */
+        if (ck_push_unlocked(heap, unlocked[j], 0) < 0)
+            goto done;
+    failed = 0;
+done:
+    pl_move(w, -1);
+    if ((out = ck_dec_result(cache, delta, failed)) == NULL)
+        r = -1;
+out:
+    if (unlocked != small && unlocked != NULL)
+        PyMem_Free(unlocked);
+    Py_XDECREF(mark);
+    Py_XDECREF(skips);
+    Py_XDECREF(heap);
+    pl_end(root, w);
+    if (out == NULL && r >= 0)
+        return Py_NewRef(Py_None);
+    return out;
+}
+
+#undef PL_SET
+#undef CK_SET_R
 
 /* ------------------------------------------------------------------------------------------ */
 /* composed tree: cmatch                                                                       */
@@ -7326,6 +7722,12 @@ static PyMethodDef core_methods[] = {
     {"clock_inc", (PyCFunction)(void (*)(void))core_clock_inc, METH_FASTCALL,
      "clock_inc(cache, node) -> fast/one_aux.py inc_lock_one's result, or None where the "
      "Python path must run"},
+    {"pair_inc", (PyCFunction)(void (*)(void))core_pair_inc, METH_FASTCALL,
+     "pair_inc(cache, node) -> fast/hybrid.py inc_lock_ref's result on its general path for "
+     "the stock SWA and Mamba plug-ins together, or None where that path must run"},
+    {"pair_dec", (PyCFunction)(void (*)(void))core_pair_dec, METH_FASTCALL,
+     "pair_dec(cache, node, params) -> fast/hybrid.py dec_lock_ref's result on its general "
+     "path for the stock SWA and Mamba plug-ins together, or None where that path must run"},
     {"clock_dec", (PyCFunction)(void (*)(void))core_clock_dec, METH_FASTCALL,
      "clock_dec(cache, node, params) -> fast/one_aux.py dec_lock_one's result, or None where "
      "the Python path must run"},

@@ -106,6 +106,12 @@ _PAIR_MATCH_HOOKS = ("match_prefix", "_split", "_units", "_indices", "_stamp_pat
 # of its walk, leaf and commits (``pair_insert``) runs: as this class has them, or that twin
 # is not used (``_split``, ``_free`` and ``_stamp`` it calls as methods)
 _PAIR_INSERT_HOOKS = ("_insert", "_plan", "_new_node", "_ck", "_own")
+
+# the hooks the general lock and unlock call (or are) for the pair, as this class has them:
+# where one is overridden the C core's twins of those paths (``pair_inc``, ``pair_dec``) are
+# not used
+_PAIR_LOCK_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lock",
+                    "_push_if_leaf", "_check_attached")
 _PLAN = UnifiedRadixCache._plan
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
@@ -276,6 +282,11 @@ class HybridRadixCache(UnifiedRadixCache):
             self._pair_insert = _core is not None and self._inline_touch \
                 and not self.is_eagle and all(getattr(cls_, m) is getattr(HybridRadixCache, m)
                                               for m in _PAIR_INSERT_HOOKS)
+            if _core is not None and self._policy_key is None and not self.is_eagle and all(
+                    getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _PAIR_LOCK_HOOKS):
+                # the general lock and unlock in C (fast/_core.c "pair locks": the same steps;
+                # None, nothing changed, where they decline: the general path runs)
+                self._inc_lock_fast, self._dec_lock_fast = _core.pair_inc, _core.pair_dec
         if self.tier is not None and not self.components and self._policy_key is None \
                 and not self.is_eagle and all(
                     getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_FULL_HOOKS):
@@ -904,9 +915,12 @@ class HybridRadixCache(UnifiedRadixCache):
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``).  With
         a host tier everything below the lock's anchor was skipped, which stays right when a
         skipped node is split or loaded back meanwhile."""
-        fast = self._dec_lock_fast  # (one component, no host tier: fast/one_aux.py)
-        if fast is not None and (params is None or params.__class__ is api.DecLockRefParams):
-            return fast(self, node, params)
+        fast = self._dec_lock_fast  # (no host tier: fast/one_aux.py's, or the pair's in C;
+        if fast is not None and (  # None from it: the general path answers)
+                params is None or params.__class__ is api.DecLockRefParams):
+            done = fast(self, node, params)
+            if done is not None:
+                return done
         host = self._dec_lock_host  # (a host tier: fast/host_full.py, fast/host_aux.py)
         if host is not None:
             done = host(self, node, params)
