@@ -6438,15 +6438,13 @@ ce_amount(PyObject *o)
     return ovf < 0 ? -1 : x;
 }
 
-/* The two loops of the evict (see the section's comment).  Returns (Full units, the
- * component's units), None having changed nothing (declined), or NULL with an error. */
-static PyObject *
-aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
+/* The start of an evict's loops: the cache's heap, root and events (ev->events NULL for None)
+ * and its counter and the component's, read.  1: go on (ce_release drops what it read); 0:
+ * declined, with no error set (a missing attribute too: the Python path meets it where it
+ * reads it; ce_release still drops what was read). */
+static int
+ce_begin(AuxEvict *ev)
 {
-    long long want = ce_amount(want_o), aux_want = ce_amount(aux_want_o);
-    if (g_pn_type == NULL || want < 0 || aux_want < 0)
-        Py_RETURN_NONE;
-    PyObject *result = NULL, *head = NULL, *x = NULL;
     ev->heap = PyObject_GetAttr(ev->cache, s_heap);
     ev->root = ev->heap == NULL ? NULL : PyObject_GetAttr(ev->cache, s_root_node);
     ev->events = ev->root == NULL ? NULL : PyObject_GetAttr(ev->cache, s_events);
@@ -6457,69 +6455,121 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
         ok = attr_ll(ev->cache, s_evictable, &ev->cache_ev);
     if (ok > 0)
         ok = attr_ll(ev->comp, s_comp_evictable, &ev->comp_ev);
-    if (ok <= 0 || !PyList_CheckExact(ev->heap) || !PN_IS(ev->root)) {
-        /* (a missing attribute too: the Python path meets it where it reads it) */
-        PyErr_Clear();
-        result = Py_NewRef(Py_None);
-        goto out;
-    }
-    /* from here on the tree changes: the counters are written back on every way out */
-    ev->full = ev->units = 0;
-    while (ev->full < want) {  /* the oldest evictable leaves */
+    if (ok > 0 && PyList_CheckExact(ev->heap) && PN_IS(ev->root))
+        return 1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* What ce_begin read, dropped. */
+static void
+ce_release(AuxEvict *ev)
+{
+    Py_CLEAR(ev->heap);
+    Py_CLEAR(ev->root);
+    Py_CLEAR(ev->events);
+}
+
+/* The first loop: the oldest evictable leaves off the heap until `want` Full units went,
+ * each one handed to `delete_leaf(ctx, node)`.  0, or -1 with an error. */
+static int
+ce_leaf_loop(AuxEvict *ev, long long want, int (*delete_leaf)(void *, PyObject *), void *ctx)
+{
+    while (ev->full < want) {
         PyObject *node = ce_pop_leaf(ev->heap);
-        if (node == NULL) {
-            if (PyErr_Occurred())
-                goto write_back;
-            break;
-        }
-        int r = ce_delete_popped(ev, node);
+        if (node == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        int r = delete_leaf(ctx, node);
         Py_DECREF(node);
         if (r < 0)
-            goto write_back;
+            return -1;
     }
-    PyObject *lru = PyObject_GetAttr(ev->comp, s_lru);
+    return 0;
+}
+
+/* A component's drive: its LRU list from the oldest record while *units < want, each record
+ * that is not locked handed to `step(ctx, x)` (its node deleted, or its data dropped).  0, or
+ * -1 with an error. */
+static int
+ce_drive(PyObject *comp, long long want, const long long *units,
+         int (*step)(void *, PyObject *), void *ctx)
+{
+    PyObject *lru = PyObject_GetAttr(comp, s_lru);
     if (lru == NULL)
-        goto write_back;
-    head = PyObject_GetAttr(lru, s_head);
+        return -1;
+    PyObject *head = PyObject_GetAttr(lru, s_head);
     PyObject *tail = head == NULL ? NULL : PyObject_GetAttr(lru, s_ce_tail);
     Py_DECREF(lru);
-    if (tail == NULL)
-        goto write_back;
-    x = SE_IS(tail) ? Py_XNewRef(pyslot_get(tail, SE_lru_prev, "lru_prev"))
-                    : PyObject_GetAttr(tail, s_lru_prev);
+    if (tail == NULL) {
+        Py_XDECREF(head);
+        return -1;
+    }
+    PyObject *x = SE_IS(tail) ? Py_XNewRef(pyslot_get(tail, SE_lru_prev, "lru_prev"))
+                              : PyObject_GetAttr(tail, s_lru_prev);
     Py_DECREF(tail);
-    if (x == NULL)
-        goto write_back;
-    while (ev->units < aux_want && x != head) {  /* the component's list from its oldest */
+    int rc = x == NULL ? -1 : 0;
+    while (rc == 0 && *units < want && x != head) {
         if (!AD_IS(x)) {
             PyErr_Format(PyExc_TypeError, "evict: an LRU list member of type %.100s",
                          Py_TYPE(x)->tp_name);
-            goto write_back;
+            rc = -1;
+            break;
         }
         PyObject *nxt = pyslot_get(x, AD_lru_prev, "lru_prev");
-        if (nxt == NULL)
-            goto write_back;
+        if (nxt == NULL) {
+            rc = -1;
+            break;
+        }
         Py_INCREF(nxt);  /* (evicting x never unlinks another record of the list) */
         PyObject *lock = pyslot_get(x, AD_lock, "lock");
         int free_ = lock == NULL ? -1 : py_eq_zero(lock);
-        if (free_ > 0 && ce_drop_record(ev, x) < 0)
+        if (free_ > 0 && step(ctx, x) < 0)
             free_ = -1;
         Py_SETREF(x, nxt);
         if (free_ < 0)
-            goto write_back;
+            rc = -1;
     }
-    result = Py_BuildValue("(LL)", ev->full, ev->units);
-write_back:  /* (write_back keeps a pending error as the one raised) */
+    Py_XDECREF(x);
+    Py_DECREF(head);
+    return rc;
+}
+
+static int
+ce_popped_step(void *ev, PyObject *node)
+{
+    return ce_delete_popped((AuxEvict *)ev, node);
+}
+
+static int
+ce_record_step(void *ev, PyObject *x)
+{
+    return ce_drop_record((AuxEvict *)ev, x);
+}
+
+/* The two loops of the evict (see the section's comment).  Returns (Full units, the
+ * component's units), None having changed nothing (declined), or NULL with an error. */
+static PyObject *
+aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
+{
+    long long want = ce_amount(want_o), aux_want = ce_amount(aux_want_o);
+    if (g_pn_type == NULL || want < 0 || aux_want < 0)
+        Py_RETURN_NONE;
+    if (!ce_begin(ev)) {
+        ce_release(ev);
+        Py_RETURN_NONE;
+    }
+    /* from here on the tree changes: the counters are written back on every way out */
+    PyObject *result = NULL;
+    ev->full = ev->units = 0;
+    if (ce_leaf_loop(ev, want, ce_popped_step, ev) == 0
+            && ce_drive(ev->comp, aux_want, &ev->units, ce_record_step, ev) == 0)
+        result = Py_BuildValue("(LL)", ev->full, ev->units);
+    /* (write_back keeps a pending error as the one raised) */
     if (write_back(ev->comp, s_comp_evictable, ev->comp_ev) < 0)
         Py_CLEAR(result);
     if (write_back(ev->cache, s_evictable, ev->cache_ev) < 0)
         Py_CLEAR(result);
-out:
-    Py_XDECREF(x);
-    Py_XDECREF(head);
-    Py_XDECREF(ev->heap);
-    Py_XDECREF(ev->root);
-    Py_XDECREF(ev->events);
+    ce_release(ev);
     return result;
 }
 
