@@ -27,7 +27,8 @@
  *              through one set of field, record, LRU and counter helpers ("Python-node
  *              fields"); the match and the insert also for the stock SWA and Mamba plug-ins
  *              together (pair_match, pair_insert: fast/hybrid.py's general path for that
- *              pair), and a Mamba state's copy from a slab (state_copy).  Each declines
+ *              pair; pair_evict: fast/pair_evict.py, "pair evict"), and a Mamba state's
+ *              copy from a slab (state_copy).  Each declines
  *              (returns None, nothing changed) what it does not take, and the Python
  *              function runs.
  *
@@ -6614,6 +6615,222 @@ core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* composed tree: pair evict (fast/pair_evict.py evict_pair, its loops in C)                   */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The evict of the composed tree with the stock SWA and Mamba plug-ins together and no host
+ * tier (fast/pair_evict.py evict_pair, the general driver written out): the oldest evictable
+ * leaves off the Full heap, then each component's LRU list from its oldest record, in
+ * component order; an evictable leaf leaves the tree with both records' data, an internal
+ * node loses the list's component's data (SWA: a tombstone whose SWA slots go as a
+ * "free_swa" run, and by the cascade the node's Mamba state where it is not locked; Mamba:
+ * the state).  The cevict section's pieces do the shared steps (the heap pops, the leaf
+ * test, the unlinks, the unhook and its parent push, the runs, the counters and the event
+ * calls); the SWA side is cevict's AuxEvict with its runs (the Full slots as "free" runs),
+ * the Mamba side its own counters and the FreeBatch's states.  The same rules as cevict's:
+ * only the lists are filled (the caller's `finally` hands them back), the counters are
+ * written back once at the end and around each event call, a call declines (None, nothing
+ * changed) where its arguments are not what evict_pair passes.
+ */
+
+typedef struct {
+    AuxEvict ev;         /* the cache, SWA (ev.comp, ev.comp_ev, ev.units) and the Full side */
+    PyObject *mamba;     /* the Mamba component */
+    long long mamba_ev;  /* mamba.evictable */
+    long long mamba_units;
+    Py_ssize_t si, mi;   /* the SWA and Mamba records' places in node.aux */
+} PairEvict;
+
+/* events.removed(node) with all three counters as the Python has them, read again after. */
+static int
+pe_removed(PairEvict *pe, PyObject *node)
+{
+    if (set_ll(pe->mamba, s_comp_evictable, pe->mamba_ev) < 0 || ce_removed(&pe->ev, node) < 0)
+        return -1;
+    return get_ll(pe->mamba, s_comp_evictable, &pe->mamba_ev);
+}
+
+/* node.aux[i] (new reference), which must be exactly an AuxData; NULL with an error. */
+static PyObject *
+pe_rec(PyObject *node, Py_ssize_t i)
+{
+    PyObject *rec = pn_rec_at(node, i);
+    if (rec != NULL && !AD_IS(rec)) {
+        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
+                     Py_TYPE(rec)->tp_name);
+        Py_CLEAR(rec);
+    }
+    return rec;
+}
+
+/* Mamba's drop of record rec holding state v (borrowed): counted, unlinked, the state onto
+ * the FreeBatch's states, the record's value None. */
+static int
+pe_drop_state(PairEvict *pe, PyObject *rec, PyObject *v)
+{
+    pe->mamba_units += 1;
+    pe->mamba_ev -= 1;
+    Py_INCREF(v);
+    int rc = ce_unlink(rec) < 0 ? -1 : PyList_Append(pe->ev.states, v);
+    if (rc == 0)
+        pyslot_set(rec, AD_value, Py_None);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* _delete_leaf of evict_pair: the event, the SWA record's data (its slots go with the Full
+ * slots), the Mamba state, the Full slots as a "free" run, then the unhook. */
+static int
+pe_delete_leaf(void *ctx, PyObject *node)
+{
+    PairEvict *pe = ctx;
+    if (ce_check_node(node) < 0 || (pe->ev.events != NULL && pe_removed(pe, node) < 0))
+        return -1;
+    Py_ssize_t k = pn_key_len(node);
+    if (k < 0)
+        return -1;
+    PyObject *rec = pe_rec(node, pe->si);
+    if (rec == NULL)
+        return -1;
+    PyObject *v = pyslot_get(rec, AD_value, "value");
+    int rc = v == NULL ? -1 : 0;
+    if (v != NULL && v != Py_None) {
+        pe->ev.units += k;
+        pe->ev.comp_ev -= k;
+        rc = ce_unlink(rec);
+        if (rc == 0)
+            pyslot_set(rec, AD_value, Py_None);
+    }
+    Py_DECREF(rec);
+    if (rc < 0 || (rec = pe_rec(node, pe->mi)) == NULL)
+        return -1;
+    v = pyslot_get(rec, AD_value, "value");
+    rc = v == NULL ? -1 : v == Py_None ? 0 : pe_drop_state(pe, rec, v);
+    Py_DECREF(rec);
+    return rc < 0 ? -1 : ce_leaf_full(&pe->ev, node, k);
+}
+
+/* A record of either list (x, not locked) in its component's drive: its node deleted where
+ * it is an evictable leaf, else the component's data dropped (SWA: a tombstone, its slots a
+ * "free_swa" run, then the cascade to an unlocked Mamba state on the node). */
+static int
+pe_drive_step(PairEvict *pe, PyObject *x, int is_swa)
+{
+    PyObject *node = pyslot_get(x, AD_node, "node");
+    if (node == NULL)
+        return -1;
+    Py_INCREF(node);
+    int rc = -1;
+    int leaf = ce_check_node(node) < 0 ? -1 : ce_is_leaf(node, NULL);
+    if (leaf < 0)
+        goto done;
+    if (leaf) {
+        rc = pe_delete_leaf(pe, node);
+        goto done;
+    }
+    if (!is_swa) {
+        PyObject *v = pyslot_get(x, AD_value, "value");
+        rc = v == NULL ? -1 : pe_drop_state(pe, x, v);
+        goto done;
+    }
+    Py_ssize_t k = pn_key_len(node);
+    if (k < 0)
+        goto done;
+    pe->ev.units += k;
+    pe->ev.comp_ev -= k;
+    if (ce_unlink(x) < 0)
+        goto done;
+    PyObject *value = ce_node_field(node, PN_value, "value");
+    if (value == NULL || ce_add(&pe->ev, s_free_swa, value) < 0)
+        goto done;
+    pyslot_set(x, AD_value, Py_None);
+    PyObject *rec = pe_rec(node, pe->mi);  /* the cascade */
+    if (rec == NULL)
+        goto done;
+    PyObject *v = pyslot_get(rec, AD_value, "value");
+    rc = v == NULL ? -1 : 0;
+    if (v != NULL && v != Py_None) {
+        PyObject *lock = pyslot_get(rec, AD_lock, "lock");
+        int unlocked = lock == NULL ? -1 : py_eq_zero(lock);
+        rc = unlocked < 0 ? -1 : unlocked ? pe_drop_state(pe, rec, v) : 0;
+    }
+    Py_DECREF(rec);
+done:
+    Py_DECREF(node);
+    return rc;
+}
+
+static int
+pe_swa_step(void *pe, PyObject *x)
+{
+    return pe_drive_step((PairEvict *)pe, x, 1);
+}
+
+static int
+pe_mamba_step(void *pe, PyObject *x)
+{
+    return pe_drive_step((PairEvict *)pe, x, 0);
+}
+
+/* pair_evict(cache, swa, mamba, want, swa_want, mamba_want, runs, states): evict_pair's
+ * loops, the pieces added to `runs` (its FreeBatch's) as FreeBatch.add would and the states
+ * to `states`.  (Full units, SWA units, Mamba states), None having changed nothing
+ * (declined), or NULL with an error. */
+static PyObject *
+core_pair_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "pair_evict(cache, swa, mamba, want, swa_want, "
+                        "mamba_want, runs, states)");
+        return NULL;
+    }
+    long long want = ce_amount(args[3]), swa_want = ce_amount(args[4]),
+              mamba_want = ce_amount(args[5]);
+    if (g_pn_type == NULL || want < 0 || swa_want < 0 || mamba_want < 0
+            || !PyList_CheckExact(args[6]) || !PyList_CheckExact(args[7]))
+        Py_RETURN_NONE;
+    PairEvict pe = {{0}};
+    pe.ev.cache = args[0];
+    pe.ev.comp = args[1];
+    pe.ev.is_swa = 1;  /* (the Full slots go as "free" runs) */
+    pe.ev.runs = args[6];
+    pe.ev.states = args[7];
+    pe.mamba = args[2];
+    long long si, mi;
+    int ok = ce_begin(&pe.ev);
+    if (ok > 0)
+        ok = attr_ll(pe.mamba, s_comp_evictable, &pe.mamba_ev);
+    if (ok > 0)
+        ok = attr_ll(pe.ev.comp, s_ck_i, &si);
+    if (ok > 0)
+        ok = attr_ll(pe.mamba, s_ck_i, &mi);
+    if (ok <= 0 || si < 0 || si > 1 || mi != 1 - si) {
+        PyErr_Clear();
+        ce_release(&pe.ev);
+        Py_RETURN_NONE;
+    }
+    pe.si = (Py_ssize_t)si;
+    pe.mi = (Py_ssize_t)mi;
+    /* from here on the tree changes: the counters are written back on every way out */
+    PyObject *result = NULL;
+    int rc = ce_leaf_loop(&pe.ev, want, pe_delete_leaf, &pe);
+    for (int i = 0; i < 2 && rc == 0; i++)  /* each component's drive, in component order */
+        rc = i == si ? ce_drive(pe.ev.comp, swa_want, &pe.ev.units, pe_swa_step, &pe)
+                     : ce_drive(pe.mamba, mamba_want, &pe.mamba_units, pe_mamba_step, &pe);
+    if (rc == 0)
+        result = Py_BuildValue("(LLL)", pe.ev.full, pe.ev.units, pe.mamba_units);
+    /* (write_back keeps a pending error as the one raised) */
+    if (write_back(pe.ev.comp, s_comp_evictable, pe.ev.comp_ev) < 0)
+        Py_CLEAR(result);
+    if (write_back(pe.mamba, s_comp_evictable, pe.mamba_ev) < 0)
+        Py_CLEAR(result);
+    if (write_back(pe.ev.cache, s_evictable, pe.ev.cache_ev) < 0)
+        Py_CLEAR(result);
+    ce_release(&pe.ev);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* composed tree: cinsert                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 /*
@@ -7396,6 +7613,10 @@ static PyMethodDef core_methods[] = {
      "aux_evict_mamba(cache, comp, want, mamba_want, kv, states) -> (Full units, states): "
      "fast/one_aux.py _evict_mamba's loops, the frees appended to kv and states; None: "
      "declined, nothing changed"},
+    {"pair_evict", (PyCFunction)(void (*)(void))core_pair_evict, METH_FASTCALL,
+     "pair_evict(cache, swa, mamba, want, swa_want, mamba_want, runs, states) -> (Full units, "
+     "SWA units, states): fast/pair_evict.py evict_pair's loops, the frees added to runs and "
+     "states; None: declined, nothing changed"},
     {"one_insert", (PyCFunction)(void (*)(void))core_one_insert, METH_FASTCALL,
      "one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared, "
      "direct, page_size) -> InsertResult: fast/one_aux.py insert_one's walk, leaf and commit; "
