@@ -68,6 +68,49 @@ def _delete_leaf(cache: Any, node: Any, t: list, batch: FreeBatch, si: int, mi: 
     _unhook(node, heap, root)
 
 
+def _loops(cache: Any, want: int, swa_want: int, mamba_want: int, batch: FreeBatch) -> list:
+    """The evict's loops (what ``_core.pair_evict`` does in C): the oldest evictable leaves
+    off the heap until ``want`` Full units went, then each component's drive in component
+    order.  Returns the units freed (Full, SWA, Mamba)."""
+    swa, mamba = cache.swa, cache.mamba
+    si, mi = swa.i, mamba.i
+    heap = cache._heap
+    root = cache.root_node
+    t = [0, 0, 0]  # units freed: Full, SWA, Mamba
+    while t[0] < want:  # the oldest evictable leaves
+        node = _pop_leaf(heap)
+        if node is None:
+            break
+        _delete_leaf(cache, node, t, batch, si, mi, heap, root)
+    for comp in cache.components:  # each component's drive, in component order
+        is_swa = comp is swa
+        j = 1 if is_swa else 2
+        aux_want = swa_want if is_swa else mamba_want
+        head = comp.lru.head
+        x = comp.lru.tail.lru_prev
+        while t[j] < aux_want and x is not head:  # the list from its oldest
+            nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
+            if x.lock == 0:
+                node = x.node
+                if node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
+                        and node.value is not None and node.parent is not None:
+                    _delete_leaf(cache, node, t, batch, si, mi, heap, root)
+                elif is_swa:  # (``drop``: a tombstone, its SWA slots freed; the cascade)
+                    k = len(node.key)
+                    t[1] += k
+                    swa.evictable -= k
+                    _unlink(x)
+                    batch.add("free_swa", node.value)
+                    x.value = None
+                    rec = node.aux[mi]
+                    if rec.value is not None and rec.lock == 0:
+                        _drop_state(mamba, rec, t, batch)
+                else:  # (``drop``: the state; SWA's priority is above Mamba's: no cascade)
+                    _drop_state(mamba, x, t, batch)
+            x = nxt
+    return t
+
+
 def evict_pair(cache: Any, params: Any) -> EvictResult | None:
     """``HybridRadixCache.evict`` for the pair (see the module docstring); None for what it
     leaves to the general path (:func:`fast.one_aux._evict_wants`)."""
@@ -77,50 +120,14 @@ def evict_pair(cache: Any, params: Any) -> EvictResult | None:
     want, swa_want, mamba_want = wants
     if cache.disable:
         return EvictResult()
-    swa, mamba = cache.swa, cache.mamba
-    si, mi = swa.i, mamba.i
     batch = FreeBatch()
-    heap = cache._heap
-    root = cache.root_node
-    t = [0, 0, 0]  # units freed: Full, SWA, Mamba
     try:
-        done = None if _core is None else _core.pair_evict(
-            cache, swa, mamba, want, swa_want, mamba_want, batch.runs, batch.states)
-        if done is not None:  # (the loops below, in C: fast/_core.c "composed tree: pair evict")
-            t = list(done)
-            want = swa_want = mamba_want = 0  # (nothing left for the loops below)
-        while t[0] < want:  # the oldest evictable leaves
-            node = _pop_leaf(heap)
-            if node is None:
-                break
-            _delete_leaf(cache, node, t, batch, si, mi, heap, root)
-        for comp in cache.components:  # each component's drive, in component order
-            is_swa = comp is swa
-            j = 1 if is_swa else 2
-            aux_want = swa_want if is_swa else mamba_want
-            head = comp.lru.head
-            x = comp.lru.tail.lru_prev
-            while t[j] < aux_want and x is not head:  # the list from its oldest
-                nxt = x.lru_prev  # NOTE: evicting x never unlinks another record of the list
-                if x.lock == 0:
-                    node = x.node
-                    if node.lock_ref == 0 and node.aux_lock == 0 and node.dev_children == 0 \
-                            and node.value is not None and node.parent is not None:
-                        _delete_leaf(cache, node, t, batch, si, mi, heap, root)
-                    elif is_swa:  # (``drop``: a tombstone, its SWA slots freed; the cascade)
-                        k = len(node.key)
-                        t[1] += k
-                        swa.evictable -= k
-                        _unlink(x)
-                        batch.add("free_swa", node.value)
-                        x.value = None
-                        rec = node.aux[mi]
-                        if rec.value is not None and rec.lock == 0:
-                            _drop_state(mamba, rec, t, batch)
-                    else:  # (``drop``: the state; SWA's priority is above Mamba's: no cascade)
-                        _drop_state(mamba, x, t, batch)
-                x = nxt
+        # the loops in C (fast/_core.c "composed tree: pair evict"), else in Python
+        t = None if _core is None else _core.pair_evict(
+            cache, cache.swa, cache.mamba, want, swa_want, mamba_want, batch.runs, batch.states)
+        if t is None:
+            t = _loops(cache, want, swa_want, mamba_want, batch)
     finally:
         cache._release(batch)
-    _compact_if_stale(cache, heap)
+    _compact_if_stale(cache, cache._heap)
     return EvictResult(t[0], t[1], t[2])
