@@ -14,7 +14,8 @@ pages 1 and 4 (components in both orders, the conformance pools: slot validation
 requests over the bench's SWA free-list allocator and a plain state allocator (their free
 lists compared; no slot validation, KV events on), and scenarios: an SWA drop of an internal
 node that cascades to its Mamba state, a locked state there kept, Mamba drops of internal
-nodes, leaves evicted through either list, an event callback that raises half way."""
+nodes, leaves evicted through either list, an event callback that raises half way; and no
+reference left behind by the C loops."""
 
 from __future__ import annotations
 
@@ -452,3 +453,37 @@ def test_left_to_the_general_driver():
     with pytest.raises(TypeError):
         _core.pair_evict(c, swa, mamba, 1, 1, 1, [])
     assert tree_state(c) == before
+
+
+def test_no_reference_left_behind(loops):
+    """The same evicts over and over: the reference counts of the objects the loops touch
+    (the root, both lists' ends, the components) and the number of live objects do not
+    grow."""
+    import gc
+    import sys
+
+    def round_trip():
+        side = _build(1, ORDERS[0], False)
+        cache = side[0]
+        for i in range(12):
+            _request(side, [i % 3 + 1, i % 5 + 2, 7, i + 1], i % 4, None)
+        cache.evict(fast.EvictParams(num_tokens=3, swa_num_tokens=2, mamba_num=1))
+        cache.evict(fast.EvictParams(num_tokens=1000, swa_num_tokens=1000, mamba_num=1000))
+        return cache
+
+    probe = round_trip()
+
+    def marks():
+        return tuple(sys.getrefcount(o) for o in (
+            probe.root_node, probe.swa.lru.head, probe.mamba.lru.tail, probe.swa, probe.mamba))
+
+    before = marks()
+    for _ in range(5):
+        round_trip()
+    gc.collect()
+    objects = len(gc.get_objects())
+    for _ in range(40):
+        round_trip()
+    gc.collect()
+    assert len(gc.get_objects()) <= objects + 50
+    assert marks() == before
