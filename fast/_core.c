@@ -25,10 +25,11 @@
  *              fields"): the locks ("composed tree: clock"), the match ("cmatch"), the insert's
  *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
  *              through one set of field, record, LRU and counter helpers ("Python-node
- *              fields"); the match, the insert and the locks also for the stock SWA and
- *              Mamba plug-ins together (pair_match, pair_insert, and pair_inc / pair_dec in
- *              "composed tree: pair locks": fast/hybrid.py's general path for that pair),
- *              and a Mamba state's copy from a slab (state_copy).  Each declines
+ *              fields"); the match, the insert, the locks and the evict also for the stock
+ *              SWA and Mamba plug-ins together (pair_match, pair_insert, and pair_inc /
+ *              pair_dec in "composed tree: pair locks": fast/hybrid.py's general path for
+ *              that pair; pair_evict: fast/pair_evict.py, "pair evict"), and a Mamba state's
+ *              copy from a slab (state_copy).  Each declines
  *              (returns None, nothing changed) what it does not take, and the Python
  *              function runs.
  *
@@ -6834,15 +6835,13 @@ ce_amount(PyObject *o)
     return ovf < 0 ? -1 : x;
 }
 
-/* The two loops of the evict (see the section's comment).  Returns (Full units, the
- * component's units), None having changed nothing (declined), or NULL with an error. */
-static PyObject *
-aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
+/* The start of an evict's loops: the cache's heap, root and events (ev->events NULL for None)
+ * and its counter and the component's, read.  1: go on (ce_release drops what it read); 0:
+ * declined, with no error set (a missing attribute too: the Python path meets it where it
+ * reads it; ce_release still drops what was read). */
+static int
+ce_begin(AuxEvict *ev)
 {
-    long long want = ce_amount(want_o), aux_want = ce_amount(aux_want_o);
-    if (g_pn_type == NULL || want < 0 || aux_want < 0)
-        Py_RETURN_NONE;
-    PyObject *result = NULL, *head = NULL, *x = NULL;
     ev->heap = PyObject_GetAttr(ev->cache, s_heap);
     ev->root = ev->heap == NULL ? NULL : PyObject_GetAttr(ev->cache, s_root_node);
     ev->events = ev->root == NULL ? NULL : PyObject_GetAttr(ev->cache, s_events);
@@ -6853,69 +6852,121 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
         ok = attr_ll(ev->cache, s_evictable, &ev->cache_ev);
     if (ok > 0)
         ok = attr_ll(ev->comp, s_comp_evictable, &ev->comp_ev);
-    if (ok <= 0 || !PyList_CheckExact(ev->heap) || !PN_IS(ev->root)) {
-        /* (a missing attribute too: the Python path meets it where it reads it) */
-        PyErr_Clear();
-        result = Py_NewRef(Py_None);
-        goto out;
-    }
-    /* from here on the tree changes: the counters are written back on every way out */
-    ev->full = ev->units = 0;
-    while (ev->full < want) {  /* the oldest evictable leaves */
+    if (ok > 0 && PyList_CheckExact(ev->heap) && PN_IS(ev->root))
+        return 1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* What ce_begin read, dropped. */
+static void
+ce_release(AuxEvict *ev)
+{
+    Py_CLEAR(ev->heap);
+    Py_CLEAR(ev->root);
+    Py_CLEAR(ev->events);
+}
+
+/* The first loop: the oldest evictable leaves off the heap until `want` Full units went,
+ * each one handed to `delete_leaf(ctx, node)`.  0, or -1 with an error. */
+static int
+ce_leaf_loop(AuxEvict *ev, long long want, int (*delete_leaf)(void *, PyObject *), void *ctx)
+{
+    while (ev->full < want) {
         PyObject *node = ce_pop_leaf(ev->heap);
-        if (node == NULL) {
-            if (PyErr_Occurred())
-                goto write_back;
-            break;
-        }
-        int r = ce_delete_popped(ev, node);
+        if (node == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        int r = delete_leaf(ctx, node);
         Py_DECREF(node);
         if (r < 0)
-            goto write_back;
+            return -1;
     }
-    PyObject *lru = PyObject_GetAttr(ev->comp, s_lru);
+    return 0;
+}
+
+/* A component's drive: its LRU list from the oldest record while *units < want, each record
+ * that is not locked handed to `step(ctx, x)` (its node deleted, or its data dropped).  0, or
+ * -1 with an error. */
+static int
+ce_drive(PyObject *comp, long long want, const long long *units,
+         int (*step)(void *, PyObject *), void *ctx)
+{
+    PyObject *lru = PyObject_GetAttr(comp, s_lru);
     if (lru == NULL)
-        goto write_back;
-    head = PyObject_GetAttr(lru, s_head);
+        return -1;
+    PyObject *head = PyObject_GetAttr(lru, s_head);
     PyObject *tail = head == NULL ? NULL : PyObject_GetAttr(lru, s_ce_tail);
     Py_DECREF(lru);
-    if (tail == NULL)
-        goto write_back;
-    x = SE_IS(tail) ? Py_XNewRef(pyslot_get(tail, SE_lru_prev, "lru_prev"))
-                    : PyObject_GetAttr(tail, s_lru_prev);
+    if (tail == NULL) {
+        Py_XDECREF(head);
+        return -1;
+    }
+    PyObject *x = SE_IS(tail) ? Py_XNewRef(pyslot_get(tail, SE_lru_prev, "lru_prev"))
+                              : PyObject_GetAttr(tail, s_lru_prev);
     Py_DECREF(tail);
-    if (x == NULL)
-        goto write_back;
-    while (ev->units < aux_want && x != head) {  /* the component's list from its oldest */
+    int rc = x == NULL ? -1 : 0;
+    while (rc == 0 && *units < want && x != head) {
         if (!AD_IS(x)) {
             PyErr_Format(PyExc_TypeError, "evict: an LRU list member of type %.100s",
                          Py_TYPE(x)->tp_name);
-            goto write_back;
+            rc = -1;
+            break;
         }
         PyObject *nxt = pyslot_get(x, AD_lru_prev, "lru_prev");
-        if (nxt == NULL)
-            goto write_back;
+        if (nxt == NULL) {
+            rc = -1;
+            break;
+        }
         Py_INCREF(nxt);  /* (evicting x never unlinks another record of the list) */
         PyObject *lock = pyslot_get(x, AD_lock, "lock");
         int free_ = lock == NULL ? -1 : py_eq_zero(lock);
-        if (free_ > 0 && ce_drop_record(ev, x) < 0)
+        if (free_ > 0 && step(ctx, x) < 0)
             free_ = -1;
         Py_SETREF(x, nxt);
         if (free_ < 0)
-            goto write_back;
+            rc = -1;
     }
-    result = Py_BuildValue("(LL)", ev->full, ev->units);
-write_back:  /* (write_back keeps a pending error as the one raised) */
+    Py_XDECREF(x);
+    Py_DECREF(head);
+    return rc;
+}
+
+static int
+ce_popped_step(void *ev, PyObject *node)
+{
+    return ce_delete_popped((AuxEvict *)ev, node);
+}
+
+static int
+ce_record_step(void *ev, PyObject *x)
+{
+    return ce_drop_record((AuxEvict *)ev, x);
+}
+
+/* The two loops of the evict (see the section's comment).  Returns (Full units, the
+ * component's units), None having changed nothing (declined), or NULL with an error. */
+static PyObject *
+aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
+{
+    long long want = ce_amount(want_o), aux_want = ce_amount(aux_want_o);
+    if (g_pn_type == NULL || want < 0 || aux_want < 0)
+        Py_RETURN_NONE;
+    if (!ce_begin(ev)) {
+        ce_release(ev);
+        Py_RETURN_NONE;
+    }
+    /* from here on the tree changes: the counters are written back on every way out */
+    PyObject *result = NULL;
+    ev->full = ev->units = 0;
+    if (ce_leaf_loop(ev, want, ce_popped_step, ev) == 0
+            && ce_drive(ev->comp, aux_want, &ev->units, ce_record_step, ev) == 0)
+        result = Py_BuildValue("(LL)", ev->full, ev->units);
+    /* (write_back keeps a pending error as the one raised) */
     if (write_back(ev->comp, s_comp_evictable, ev->comp_ev) < 0)
         Py_CLEAR(result);
     if (write_back(ev->cache, s_evictable, ev->cache_ev) < 0)
         Py_CLEAR(result);
-out:
-    Py_XDECREF(x);
-    Py_XDECREF(head);
-    Py_XDECREF(ev->heap);
-    Py_XDECREF(ev->root);
-    Py_XDECREF(ev->events);
+    ce_release(ev);
     return result;
 }
 
@@ -6957,6 +7008,222 @@ core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     ev.kv = args[4];
     ev.states = args[5];
     return aux_evict_run(&ev, args[2], args[3]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* composed tree: pair evict (fast/pair_evict.py evict_pair, its loops in C)                   */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The evict of the composed tree with the stock SWA and Mamba plug-ins together and no host
+ * tier (fast/pair_evict.py evict_pair, the general driver written out): the oldest evictable
+ * leaves off the Full heap, then each component's LRU list from its oldest record, in
+ * component order; an evictable leaf leaves the tree with both records' data, an internal
+ * node loses the list's component's data (SWA: a tombstone whose SWA slots go as a
+ * "free_swa" run, and by the cascade the node's Mamba state where it is not locked; Mamba:
+ * the state).  The cevict section's pieces do the shared steps (the heap pops, the leaf
+ * test, the unlinks, the unhook and its parent push, the runs, the counters and the event
+ * calls); the SWA side is cevict's AuxEvict with its runs (the Full slots as "free" runs),
+ * the Mamba side its own counters and the FreeBatch's states.  The same rules as cevict's:
+ * only the lists are filled (the caller's `finally` hands them back), the counters are
+ * written back once at the end and around each event call, a call declines (None, nothing
+ * changed) where its arguments are not what evict_pair passes.
+ */
+
+typedef struct {
+    AuxEvict ev;         /* the cache, SWA (ev.comp, ev.comp_ev, ev.units) and the Full side */
+    PyObject *mamba;     /* the Mamba component */
+    long long mamba_ev;  /* mamba.evictable */
+    long long mamba_units;
+    Py_ssize_t si, mi;   /* the SWA and Mamba records' places in node.aux */
+} PairEvict;
+
+/* events.removed(node) with all three counters as the Python has them, read again after. */
+static int
+pe_removed(PairEvict *pe, PyObject *node)
+{
+    if (set_ll(pe->mamba, s_comp_evictable, pe->mamba_ev) < 0 || ce_removed(&pe->ev, node) < 0)
+        return -1;
+    return get_ll(pe->mamba, s_comp_evictable, &pe->mamba_ev);
+}
+
+/* node.aux[i] (new reference), which must be exactly an AuxData; NULL with an error. */
+static PyObject *
+pe_rec(PyObject *node, Py_ssize_t i)
+{
+    PyObject *rec = pn_rec_at(node, i);
+    if (rec != NULL && !AD_IS(rec)) {
+        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
+                     Py_TYPE(rec)->tp_name);
+        Py_CLEAR(rec);
+    }
+    return rec;
+}
+
+/* Mamba's drop of record rec holding state v (borrowed): counted, unlinked, the state onto
+ * the FreeBatch's states, the record's value None. */
+static int
+pe_drop_state(PairEvict *pe, PyObject *rec, PyObject *v)
+{
+    pe->mamba_units += 1;
+    pe->mamba_ev -= 1;
+    Py_INCREF(v);
+    int rc = ce_unlink(rec) < 0 ? -1 : PyList_Append(pe->ev.states, v);
+    if (rc == 0)
+        pyslot_set(rec, AD_value, Py_None);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* _delete_leaf of evict_pair: the event, the SWA record's data (its slots go with the Full
+ * slots), the Mamba state, the Full slots as a "free" run, then the unhook. */
+static int
+pe_delete_leaf(void *ctx, PyObject *node)
+{
+    PairEvict *pe = ctx;
+    if (ce_check_node(node) < 0 || (pe->ev.events != NULL && pe_removed(pe, node) < 0))
+        return -1;
+    Py_ssize_t k = pn_key_len(node);
+    if (k < 0)
+        return -1;
+    PyObject *rec = pe_rec(node, pe->si);
+    if (rec == NULL)
+        return -1;
+    PyObject *v = pyslot_get(rec, AD_value, "value");
+    int rc = v == NULL ? -1 : 0;
+    if (v != NULL && v != Py_None) {
+        pe->ev.units += k;
+        pe->ev.comp_ev -= k;
+        rc = ce_unlink(rec);
+        if (rc == 0)
+            pyslot_set(rec, AD_value, Py_None);
+    }
+    Py_DECREF(rec);
+    if (rc < 0 || (rec = pe_rec(node, pe->mi)) == NULL)
+        return -1;
+    v = pyslot_get(rec, AD_value, "value");
+    rc = v == NULL ? -1 : v == Py_None ? 0 : pe_drop_state(pe, rec, v);
+    Py_DECREF(rec);
+    return rc < 0 ? -1 : ce_leaf_full(&pe->ev, node, k);
+}
+
+/* A record of either list (x, not locked) in its component's drive: its node deleted where
+ * it is an evictable leaf, else the component's data dropped (SWA: a tombstone, its slots a
+ * "free_swa" run, then the cascade to an unlocked Mamba state on the node). */
+static int
+pe_drive_step(PairEvict *pe, PyObject *x, int is_swa)
+{
+    PyObject *node = pyslot_get(x, AD_node, "node");
+    if (node == NULL)
+        return -1;
+    Py_INCREF(node);
+    int rc = -1;
+    int leaf = ce_check_node(node) < 0 ? -1 : ce_is_leaf(node, NULL);
+    if (leaf < 0)
+        goto done;
+    if (leaf) {
+        rc = pe_delete_leaf(pe, node);
+        goto done;
+    }
+    if (!is_swa) {
+        PyObject *v = pyslot_get(x, AD_value, "value");
+        rc = v == NULL ? -1 : pe_drop_state(pe, x, v);
+        goto done;
+    }
+    Py_ssize_t k = pn_key_len(node);
+    if (k < 0)
+        goto done;
+    pe->ev.units += k;
+    pe->ev.comp_ev -= k;
+    if (ce_unlink(x) < 0)
+        goto done;
+    PyObject *value = ce_node_field(node, PN_value, "value");
+    if (value == NULL || ce_add(&pe->ev, s_free_swa, value) < 0)
+        goto done;
+    pyslot_set(x, AD_value, Py_None);
+    PyObject *rec = pe_rec(node, pe->mi);  /* the cascade */
+    if (rec == NULL)
+        goto done;
+    PyObject *v = pyslot_get(rec, AD_value, "value");
+    rc = v == NULL ? -1 : 0;
+    if (v != NULL && v != Py_None) {
+        PyObject *lock = pyslot_get(rec, AD_lock, "lock");
+        int unlocked = lock == NULL ? -1 : py_eq_zero(lock);
+        rc = unlocked < 0 ? -1 : unlocked ? pe_drop_state(pe, rec, v) : 0;
+    }
+    Py_DECREF(rec);
+done:
+    Py_DECREF(node);
+    return rc;
+}
+
+static int
+pe_swa_step(void *pe, PyObject *x)
+{
+    return pe_drive_step((PairEvict *)pe, x, 1);
+}
+
+static int
+pe_mamba_step(void *pe, PyObject *x)
+{
+    return pe_drive_step((PairEvict *)pe, x, 0);
+}
+
+/* pair_evict(cache, swa, mamba, want, swa_want, mamba_want, runs, states): evict_pair's
+ * loops, the pieces added to `runs` (its FreeBatch's) as FreeBatch.add would and the states
+ * to `states`.  (Full units, SWA units, Mamba states), None having changed nothing
+ * (declined), or NULL with an error. */
+static PyObject *
+core_pair_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "pair_evict(cache, swa, mamba, want, swa_want, "
+                        "mamba_want, runs, states)");
+        return NULL;
+    }
+    long long want = ce_amount(args[3]), swa_want = ce_amount(args[4]),
+              mamba_want = ce_amount(args[5]);
+    if (g_pn_type == NULL || want < 0 || swa_want < 0 || mamba_want < 0
+            || !PyList_CheckExact(args[6]) || !PyList_CheckExact(args[7]))
+        Py_RETURN_NONE;
+    PairEvict pe = {{0}};
+    pe.ev.cache = args[0];
+    pe.ev.comp = args[1];
+    pe.ev.is_swa = 1;  /* (the Full slots go as "free" runs) */
+    pe.ev.runs = args[6];
+    pe.ev.states = args[7];
+    pe.mamba = args[2];
+    long long si, mi;
+    int ok = ce_begin(&pe.ev);
+    if (ok > 0)
+        ok = attr_ll(pe.mamba, s_comp_evictable, &pe.mamba_ev);
+    if (ok > 0)
+        ok = attr_ll(pe.ev.comp, s_ck_i, &si);
+    if (ok > 0)
+        ok = attr_ll(pe.mamba, s_ck_i, &mi);
+    if (ok <= 0 || si < 0 || si > 1 || mi != 1 - si) {
+        PyErr_Clear();
+        ce_release(&pe.ev);
+        Py_RETURN_NONE;
+    }
+    pe.si = (Py_ssize_t)si;
+    pe.mi = (Py_ssize_t)mi;
+    /* from here on the tree changes: the counters are written back on every way out */
+    PyObject *result = NULL;
+    int rc = ce_leaf_loop(&pe.ev, want, pe_delete_leaf, &pe);
+    for (int i = 0; i < 2 && rc == 0; i++)  /* each component's drive, in component order */
+        rc = i == si ? ce_drive(pe.ev.comp, swa_want, &pe.ev.units, pe_swa_step, &pe)
+                     : ce_drive(pe.mamba, mamba_want, &pe.mamba_units, pe_mamba_step, &pe);
+    if (rc == 0)
+        result = Py_BuildValue("(LLL)", pe.ev.full, pe.ev.units, pe.mamba_units);
+    /* (write_back keeps a pending error as the one raised) */
+    if (write_back(pe.ev.comp, s_comp_evictable, pe.ev.comp_ev) < 0)
+        Py_CLEAR(result);
+    if (write_back(pe.mamba, s_comp_evictable, pe.mamba_ev) < 0)
+        Py_CLEAR(result);
+    if (write_back(pe.ev.cache, s_evictable, pe.ev.cache_ev) < 0)
+        Py_CLEAR(result);
+    ce_release(&pe.ev);
+    return result;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -7748,6 +8015,10 @@ static PyMethodDef core_methods[] = {
      "aux_evict_mamba(cache, comp, want, mamba_want, kv, states) -> (Full units, states): "
      "fast/one_aux.py _evict_mamba's loops, the frees appended to kv and states; None: "
      "declined, nothing changed"},
+    {"pair_evict", (PyCFunction)(void (*)(void))core_pair_evict, METH_FASTCALL,
+     "pair_evict(cache, swa, mamba, want, swa_want, mamba_want, runs, states) -> (Full units, "
+     "SWA units, states): fast/pair_evict.py evict_pair's loops, the frees added to runs and "
+     "states; None: declined, nothing changed"},
     {"one_insert", (PyCFunction)(void (*)(void))core_one_insert, METH_FASTCALL,
      "one_insert(cache, comp, swa, plan, value, units, extra_key, prev, e, n, total, prepared, "
      "direct, page_size) -> InsertResult: fast/one_aux.py insert_one's walk, leaf and commit; "

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from . import compat, host_aux, host_full, keys, one_aux, policies
+from . import compat, host_aux, host_full, keys, one_aux, pair_evict, policies
 from . import params as api  # the API types, named api.X
 from .cache import UnifiedRadixCache, _core, _match_result
 from .components import AuxComponent, AuxData
@@ -113,6 +113,11 @@ _PAIR_INSERT_HOOKS = ("_insert", "_plan", "_new_node", "_ck", "_own")
 _PAIR_LOCK_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lock",
                     "_push_if_leaf", "_check_attached")
 _PLAN = UnifiedRadixCache._plan
+
+# the hooks the general evict calls per node that fast/pair_evict.py writes out, as this class
+# has them: where one is overridden the pair runs the general evict
+_PAIR_EVICT_HOOKS = ("_evict_units", "_delete_leaf", "_drop_device", "_detach_leaf",
+                     "_push_if_leaf", "_cascade", "_is_leaf")
 
 # the aux components a host tier can carry (spec/host.py models them), alone or together
 HOST_AUX: frozenset = frozenset({"mamba", "swa"})
@@ -287,6 +292,10 @@ class HybridRadixCache(UnifiedRadixCache):
                 # the general lock and unlock in C (fast/_core.c "pair locks": the same steps;
                 # None, nothing changed, where they decline: the general path runs)
                 self._inc_lock_fast, self._dec_lock_fast = _core.pair_inc, _core.pair_dec
+            if self._policy_key is None and not self.is_eagle and all(
+                    getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _PAIR_EVICT_HOOKS):
+                # the general evict written out (fast/pair_evict.py, its loops in C)
+                self._evict_fast = pair_evict.evict_pair
         if self.tier is not None and not self.components and self._policy_key is None \
                 and not self.is_eagle and all(
                     getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_FULL_HOOKS):
@@ -1045,8 +1054,8 @@ class HybridRadixCache(UnifiedRadixCache):
         component in order (``AuxComponent.drive``) until ``swa_num_tokens`` / ``mamba_num``
         of its units are freed (by any driver).  Write-back ends by waiting for every pending
         write.  The slots go back to the allocators at the end, as one ``FreeBatch``."""
-        fast = self._evict_fast  # (one component, no host tier: fast/one_aux.py)
-        if fast is not None:
+        fast = self._evict_fast  # (no host tier: one component, fast/one_aux.py; the pair,
+        if fast is not None:     # fast/pair_evict.py)
             result = fast(self, params)
             if result is not None:
                 return result

@@ -607,9 +607,7 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
             x = nxt
     finally:
         cache._release(batch)
-    live = cache._evictable // cache.page_size
-    if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
-        cache._leaf_heap.compact(cache._is_leaf)
+    _compact_if_stale(cache, heap)
     return EvictResult(tracker[0], tracker[1] if is_swa else 0, 0 if is_swa else tracker[1])
 
 
@@ -644,6 +642,15 @@ def _unhook(node: Any, heap: list, root: Any) -> None:
     if parent is not root and parent.dev_children == 0 and parent.lock_ref == 0 \
             and parent.aux_lock == 0 and parent.value is not None and parent.parent is not None:
         heappush(heap, (parent.last_access_time, parent))
+
+
+def _compact_if_stale(cache: Any, heap: list) -> None:
+    """The end of an evict: ``LazyHeap.needs_compaction`` of the leaf heap, its bound on the
+    live entries from the Full counter, written out, and the compaction where it says so.
+    Shared by the written-out evicts (here and fast/pair_evict.py)."""
+    live = cache._evictable // cache.page_size
+    if len(heap) > 64 and len(heap) > 4 * (live + 16):
+        cache._leaf_heap.compact(cache._is_leaf)
 
 
 def evict_swa(cache: Any, params: Any) -> EvictResult | None:
@@ -718,9 +725,7 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
             x = nxt
     finally:
         cache._release(batch)
-    live = cache._evictable // cache.page_size
-    if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
-        cache._leaf_heap.compact(cache._is_leaf)
+    _compact_if_stale(cache, heap)
     return EvictResult(full, swa_units, 0)
 
 
@@ -797,9 +802,7 @@ def _evict_mamba(cache: Any, comp: Any, want: int, mamba_want: int) -> EvictResu
             alloc = comp.allocator
             if not _core.native_release(None, alloc, states):
                 release(alloc, states)
-    live = cache._evictable // cache.page_size
-    if len(heap) > 64 and len(heap) > 4 * (live + 16):  # (LazyHeap.needs_compaction)
-        cache._leaf_heap.compact(cache._is_leaf)
+    _compact_if_stale(cache, heap)
     return EvictResult(full, 0, units)
 
 

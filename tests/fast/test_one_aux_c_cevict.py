@@ -66,7 +66,8 @@ class StateAllocator(ListAllocator):
 
 class Events:
     """A cache's KV event queue seen through a proxy: each ``removed`` call records the node's
-    key and the counters at that moment, and the ``fail_at``-th call raises."""
+    key and the counters at that moment (Full, then each component's), and the ``fail_at``-th
+    call raises.  (tests/fast/test_pair_evict.py's too.)"""
 
     def __init__(self, cache, inner) -> None:
         self.cache, self.inner, self.seen, self.fail_at = cache, inner, [], -1
@@ -76,7 +77,7 @@ class Events:
 
     def removed(self, node) -> None:
         c = self.cache
-        self.seen.append((tuple(node.key), c._evictable, c._one_aux[0].evictable))
+        self.seen.append((tuple(node.key), c._evictable, *[a.evictable for a in c.components]))
         if len(self.seen) == self.fail_at:
             raise RuntimeError(f"removed failed at {tuple(node.key)}")
         self.inner.removed(node)
@@ -146,6 +147,16 @@ def _outcome(fn) -> Any:
     return r
 
 
+def _give_back(cache, alloc, states, node, lock, need, fresh, state) -> None:
+    """A request that did not get all its slots: what it got goes back, its lock goes.
+    (tests/fast/test_pair_evict.py's too.)"""
+    if fresh is not None and need:
+        alloc.free(fresh)
+    if state is not None:
+        states.free(state)
+    cache.dec_lock_ref(node, lock.to_dec_params())
+
+
 def _request(cache, alloc, states, tokens, pick, held) -> tuple:
     """One scheduler round trip: match, lock, evict the shortfall, alloc, insert, unlock
     (or keep the lock: ``held``)."""
@@ -165,11 +176,7 @@ def _request(cache, alloc, states, tokens, pick, held) -> tuple:
     fresh = alloc.alloc(need) if need else torch.empty(0, dtype=torch.int64)
     state = None if kind_swa else states.alloc(1)
     if fresh is None or (not kind_swa and state is None):
-        if fresh is not None and need:
-            alloc.free(fresh)
-        if state is not None:
-            states.free(state)
-        cache.dec_lock_ref(node, lock.to_dec_params())
+        _give_back(cache, alloc, states, node, lock, need, fresh, state)
         return ("aborted", ev)
     value = torch.cat([m.device_indices, fresh.to(torch.int64)])
     ps = cache.page_size
