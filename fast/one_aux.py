@@ -542,9 +542,10 @@ def dec_lock_one_py(cache: Any, node: Any, params: DecLockRefParams | None) -> D
 def _evict_wants(cache: Any, params: Any) -> tuple[int, int, int] | None:
     """``params``' three amounts (Full tokens, SWA tokens, Mamba states) where the evicts below
     take the call; None for what they leave to the general path: an amount that is not a
-    non-negative int (the general path refuses it), and a cache with its own
-    ``_evict_units`` (enable_metrics wraps it, fast/metrics.py)."""
-    if "_evict_units" in cache.__dict__:
+    non-negative int (the general path refuses it), a cache with its own
+    ``_evict_units`` (enable_metrics wraps it, fast/metrics.py), and a disabled cache (the
+    general path answers it: nothing evicted)."""
+    if "_evict_units" in cache.__dict__ or cache.disable:
         return None
     want = params.num_tokens
     swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
@@ -564,8 +565,6 @@ def evict_one(cache: Any, params: Any) -> EvictResult | None:
     if wants is None:
         return None
     want, swa_want, mamba_want = wants
-    if cache.disable:
-        return EvictResult()
     comp, is_swa, _ = cache._one_aux
     if not is_swa and _core is not None and not cache.validate_slots:
         return _evict_mamba(cache, comp, want, mamba_want)
@@ -663,8 +662,6 @@ def evict_swa(cache: Any, params: Any) -> EvictResult | None:
     if wants is None:
         return None
     want, swa_want, mamba_want = wants
-    if cache.disable:
-        return EvictResult()
     comp = cache._one_aux[0]
     batch = FreeBatch()
     heap = cache._heap

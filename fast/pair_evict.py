@@ -118,8 +118,6 @@ def evict_pair(cache: Any, params: Any) -> EvictResult | None:
     if wants is None:
         return None
     want, swa_want, mamba_want = wants
-    if cache.disable:
-        return EvictResult()
     batch = FreeBatch()
     try:
         # the loops in C (fast/_core.c "composed tree: pair evict"), else in Python

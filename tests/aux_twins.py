@@ -112,6 +112,21 @@ def replay_in_lockstep(c_side, py_side, steps: list, names: list) -> list[str]:
     return replay_twins(ls, steps, same_states)
 
 
+#: the pair's component orders the twins' tests run in
+PAIR_ORDERS = [("full", "swa", "mamba"), ("full", "mamba", "swa")]
+
+
+def recorded_run(name: str, seed: int, order: tuple, n: int = 400) -> tuple:
+    """Config ``name`` (conformance/explore/driver.py ``make_config``) with its components in
+    ``order``, and ``n`` steps recorded on fast with ``seed``: what the twins replay."""
+    import dataclasses
+
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.explore.driver import make_config, record
+    config = dataclasses.replace(make_config(name, seed), components=order)
+    return config, record(make_adapter("fast", config), config, seed, n, check_violations=False)
+
+
 def insert_with_state(t, tokens, prev=0, **extra):
     """An insert step on twins ``t`` (:class:`Twins`) with fresh slots past ``prev`` and a
     fresh Mamba state."""

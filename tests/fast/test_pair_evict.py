@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from aux_twins import Counting, Twins, insert_with_state, pages, tree_state
+from aux_twins import Counting, Twins, insert_with_state, pages, recorded_run, tree_state
 
 torch = pytest.importorskip("torch")
 
@@ -35,7 +35,7 @@ import uniradix.fast as fast  # noqa: E402
 from stories import replay_twins  # noqa: E402
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
 from uniradix.conformance.bench.hybrid import SwaFreeListAllocator  # noqa: E402
-from uniradix.conformance.explore.driver import make_config, record  # noqa: E402
+from uniradix.conformance.explore.driver import make_config  # noqa: E402
 from uniradix.conformance.explore.lockstep import Lockstep  # noqa: E402
 from uniradix.fast import pair_evict  # noqa: E402
 from uniradix.fast.cache import _core  # noqa: E402
@@ -110,8 +110,7 @@ def _same(c_cache, py_cache, logs) -> None:
 @pytest.mark.parametrize("name,seed", [("full-swa-mamba-p1", 21), ("full-swa-mamba-p1", 22),
                                        ("full-swa-mamba-p4", 23), ("full-swa-mamba-p4", 24)])
 def test_pair_evict_equals_the_general_driver_in_lockstep(name, seed, order, loops):
-    config = dataclasses.replace(make_config(name, seed), components=order)
-    steps = record(make_adapter("fast", config), config, seed, 400, check_violations=False)
+    config, steps = recorded_run(name, seed, order)
     if loops is not None:  # (the recording's evicts ran through it too)
         loops.calls = loops.taken = 0
     c_side, py_side = make_adapter("fast", config), make_adapter("fast", config)

@@ -18,12 +18,12 @@ import dataclasses
 
 import pytest
 
-from aux_twins import Counting, Twins, insert_with_state, pages, replay_in_lockstep, tree_state
+from aux_twins import Counting, Twins, insert_with_state, pages, recorded_run, replay_in_lockstep, tree_state
 
 torch = pytest.importorskip("torch")
 
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
-from uniradix.conformance.explore.driver import make_config, record  # noqa: E402
+from uniradix.conformance.explore.driver import make_config  # noqa: E402
 from uniradix.fast import hybrid  # noqa: E402
 from uniradix.fast.cache import _core  # noqa: E402
 
@@ -60,8 +60,7 @@ def _general(adapter):
 @pytest.mark.parametrize("name,seed", [("full-swa-mamba-p1", 11), ("full-swa-mamba-p1", 12),
                                        ("full-swa-mamba-p4", 13), ("full-swa-mamba-p4", 14)])
 def test_c_pair_insert_equals_general_path_in_lockstep(name, seed, order, counting):
-    config = dataclasses.replace(make_config(name, seed), components=order)
-    steps = record(make_adapter("fast", config), config, seed, 400, check_violations=False)
+    config, steps = recorded_run(name, seed, order)
     c_side, py_side = make_adapter("fast", config), _general(make_adapter("fast", config))
     ops = replay_in_lockstep(c_side, py_side, steps, ["C insert", "general insert"])
     assert "insert" in ops

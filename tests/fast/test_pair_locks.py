@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from aux_twins import Counting, insert_with_state, pages, path_of, tree_state
+from aux_twins import Counting, insert_with_state, pages, path_of, recorded_run, tree_state
 
 torch = pytest.importorskip("torch")
 
 from stories import replay_twins  # noqa: E402
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
-from uniradix.conformance.explore.driver import make_config, record  # noqa: E402
+from uniradix.conformance.explore.driver import make_config  # noqa: E402
 from uniradix.conformance.explore.lockstep import Lockstep  # noqa: E402
 from uniradix.fast.cache import _core  # noqa: E402
 from uniradix.fast.components import MAMBA_ID, SWA_ID  # noqa: E402
@@ -114,10 +114,6 @@ def general(adapter):
     return adapter
 
 
-def _config(name: str, seed: int, order: tuple):
-    return dataclasses.replace(make_config(name, seed), components=order)
-
-
 @needs_core
 @pytest.mark.parametrize("order", ORDERS, ids=["swa-first", "mamba-first"])
 @pytest.mark.parametrize("name,seed", [("full-swa-mamba-p1", 1), ("full-swa-mamba-p1", 2),
@@ -126,8 +122,7 @@ def _config(name: str, seed: int, order: tuple):
 def test_c_pair_locks_equal_general_path_in_lockstep(name, seed, order):
     """A recorded workload (inserts, matches, locks, unlocks, evictions, resets: splits of
     locked nodes, tombstones in locked windows) on both caches in lockstep."""
-    config = _config(name, seed, order)
-    steps = record(make_adapter("fast", config), config, seed, 400, check_violations=False)
+    config, steps = recorded_run(name, seed, order)
     logs: tuple[list, list] = ([], [])
     c, py = c_side(make_adapter("fast", config)), general(make_adapter("fast", config))
     logging(c.cache, logs[0])

@@ -17,13 +17,22 @@ import dataclasses
 
 import pytest
 
-from aux_twins import Counting, Twins, insert_with_state, pages, replay_in_lockstep, result_view, tree_state
+from aux_twins import (
+    Counting,
+    Twins,
+    insert_with_state,
+    pages,
+    recorded_run,
+    replay_in_lockstep,
+    result_view,
+    tree_state,
+)
 
 torch = pytest.importorskip("torch")
 
 import uniradix.fast as fast  # noqa: E402
 from uniradix.conformance.adapters.base import make_adapter  # noqa: E402
-from uniradix.conformance.explore.driver import make_config, record  # noqa: E402
+from uniradix.conformance.explore.driver import make_config  # noqa: E402
 from uniradix.fast.cache import _core  # noqa: E402
 
 needs_core = pytest.mark.skipif(_core is None, reason="the C core is not built or not in use")
@@ -36,10 +45,6 @@ def _general(adapter):
     return adapter
 
 
-def _config(name: str, seed: int, order: tuple):
-    return dataclasses.replace(make_config(name, seed), components=order)
-
-
 ORDERS = [("full", "swa", "mamba"), ("full", "mamba", "swa")]
 
 
@@ -48,8 +53,7 @@ ORDERS = [("full", "swa", "mamba"), ("full", "mamba", "swa")]
 @pytest.mark.parametrize("name,seed", [("full-swa-mamba-p1", 1), ("full-swa-mamba-p1", 2),
                                        ("full-swa-mamba-p4", 3), ("full-swa-mamba-p4", 4)])
 def test_c_pair_match_equals_general_path_in_lockstep(name, seed, order, monkeypatch):
-    config = _config(name, seed, order)
-    steps = record(make_adapter("fast", config), config, seed, 400, check_violations=False)
+    config, steps = recorded_run(name, seed, order)
     c_side, py_side = make_adapter("fast", config), _general(make_adapter("fast", config))
     counting = Counting(_core.pair_match)
     c_side.cache._match_fast = counting
