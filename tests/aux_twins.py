@@ -127,6 +127,19 @@ def recorded_run(name: str, seed: int, order: tuple, n: int = 400) -> tuple:
     return config, record(make_adapter("fast", config), config, seed, n, check_violations=False)
 
 
+def twins_on_recorded_run(name: str, seed: int, order: tuple, general, names: list,
+                          prepare=None) -> list[str]:
+    """:func:`recorded_run` replayed in lockstep (:func:`replay_in_lockstep`) on a fast adapter,
+    set up by ``prepare(adapter)`` if given, and its twin with ``general(adapter)`` turning
+    the C path off.  The ops run."""
+    from uniradix.conformance.adapters.base import make_adapter
+    config, steps = recorded_run(name, seed, order)
+    c_side, py_side = make_adapter("fast", config), general(make_adapter("fast", config))
+    if prepare is not None:
+        prepare(c_side)
+    return replay_in_lockstep(c_side, py_side, steps, names)
+
+
 def insert_with_state(t, tokens, prev=0, **extra):
     """An insert step on twins ``t`` (:class:`Twins`) with fresh slots past ``prev`` and a
     fresh Mamba state."""

@@ -18,7 +18,7 @@ import dataclasses
 
 import pytest
 
-from aux_twins import Counting, Twins, insert_with_state, pages, recorded_run, replay_in_lockstep, tree_state
+from aux_twins import Counting, Twins, insert_with_state, pages, tree_state, twins_on_recorded_run
 
 torch = pytest.importorskip("torch")
 
@@ -60,9 +60,7 @@ def _general(adapter):
 @pytest.mark.parametrize("name,seed", [("full-swa-mamba-p1", 11), ("full-swa-mamba-p1", 12),
                                        ("full-swa-mamba-p4", 13), ("full-swa-mamba-p4", 14)])
 def test_c_pair_insert_equals_general_path_in_lockstep(name, seed, order, counting):
-    config, steps = recorded_run(name, seed, order)
-    c_side, py_side = make_adapter("fast", config), _general(make_adapter("fast", config))
-    ops = replay_in_lockstep(c_side, py_side, steps, ["C insert", "general insert"])
+    ops = twins_on_recorded_run(name, seed, order, _general, ["C insert", "general insert"])
     assert "insert" in ops
     assert counting.taken == counting.calls > 10
 

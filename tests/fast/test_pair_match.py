@@ -22,10 +22,9 @@ from aux_twins import (
     Twins,
     insert_with_state,
     pages,
-    recorded_run,
-    replay_in_lockstep,
     result_view,
     tree_state,
+    twins_on_recorded_run,
 )
 
 torch = pytest.importorskip("torch")
@@ -53,11 +52,9 @@ ORDERS = [("full", "swa", "mamba"), ("full", "mamba", "swa")]
 @pytest.mark.parametrize("name,seed", [("full-swa-mamba-p1", 1), ("full-swa-mamba-p1", 2),
                                        ("full-swa-mamba-p4", 3), ("full-swa-mamba-p4", 4)])
 def test_c_pair_match_equals_general_path_in_lockstep(name, seed, order, monkeypatch):
-    config, steps = recorded_run(name, seed, order)
-    c_side, py_side = make_adapter("fast", config), _general(make_adapter("fast", config))
     counting = Counting(_core.pair_match)
-    c_side.cache._match_fast = counting
-    replay_in_lockstep(c_side, py_side, steps, ["C match", "general match"])
+    twins_on_recorded_run(name, seed, order, _general, ["C match", "general match"],
+                          lambda c_side: setattr(c_side.cache, "_match_fast", counting))
     assert counting.taken == counting.calls > 20
 
 
