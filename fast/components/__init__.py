@@ -212,6 +212,50 @@ class AuxComponent:
         component's host data there; returns its units freed."""
         return 0
 
+    def evict_host_oldest(self, num: int) -> int:
+        """Free at least ``num`` of this component's host units, the host list oldest first
+        (``_evict_host_rec`` frees one record's, ``_host_rec_live`` says which records it
+        takes); returns the units freed.  The records a walk over a copy of the whole list
+        would take, in its order, but taken one at a time from the list's front: each record
+        taken leaves the list and taking one adds none, so the cost is O(records taken), not
+        O(host-only records) per call.  Where a taken record stays listed, or the front
+        record is not live (neither happens, by the list's invariant), the walk over a copy
+        takes over from there."""
+        lru = self.host_lru
+        freed = 0
+        while freed < num and lru:
+            rec = next(iter(lru))
+            if not self._host_rec_live(rec):
+                break
+            freed += self._evict_host_rec(rec)
+            if rec in lru:
+                return freed + self._evict_host_walk(num - freed, rec)
+        if freed < num and lru:
+            freed += self._evict_host_walk(num - freed, None)
+        return freed
+
+    def _evict_host_walk(self, num: int, after: Any) -> int:
+        """``evict_host_oldest`` over a copy of the host list (from after ``after``)."""
+        recs = list(self.host_lru)
+        if after is not None:
+            recs = recs[recs.index(after) + 1:]
+        freed = 0
+        for rec in recs:
+            if freed >= num:
+                break
+            if self._host_rec_live(rec):
+                freed += self._evict_host_rec(rec)
+        return freed
+
+    def _host_rec_live(self, rec: AuxData) -> bool:
+        """Whether ``evict_host_oldest`` takes a listed record: its node is in the tree and
+        the record holds host data."""
+        return rec.node.parent is not None and rec.host_value is not None
+
+    def _evict_host_rec(self, rec: AuxData) -> int:
+        """Free one listed record's host data (``evict_host_oldest``); returns units freed."""
+        raise NotImplementedError
+
     def wants_load_back(self, node: Any) -> bool:
         """A load back of ``node`` must bring this component's data back too."""
         return False

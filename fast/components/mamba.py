@@ -441,22 +441,25 @@ class MambaComponent(AuxComponent):
 
     def evict_host_states(self, num: int) -> int:
         """Free at least ``num`` host states: the host list oldest first; a host leaf leaves
-        the tree with all its host data, any other node only loses its host state."""
+        the tree with all its host data, any other node only loses its host state
+        (``evict_host_oldest``: O(records taken), not a copy of the list per call)."""
+        return self.evict_host_oldest(num)
+
+    def _host_rec_live(self, rec: Any) -> bool:
+        """A listed record ``evict_host_states`` takes: its node is in the tree and the
+        record still on the host list."""
+        return rec.node.parent is not None and rec in self.host_lru
+
+    def _evict_host_rec(self, rec: Any) -> int:
+        """Free one listed record's host state (``evict_host_states``); returns the states
+        freed."""
+        node = rec.node
         tier = self.cache.tier
-        freed = 0
-        for rec in list(self.host_lru):
-            if freed >= num:
-                break
-            node = rec.node
-            if node.parent is None or rec not in self.host_lru:
-                continue
-            if tier.is_host_leaf(node):
-                before = self.host_allocator.available_size()
-                tier.evict_host_leaf(node)
-                freed += self.host_allocator.available_size() - before
-            else:
-                freed += self.drop_host(node)
-        return freed
+        if tier.is_host_leaf(node):  # it leaves the tree with all its host data
+            before = self.host_allocator.available_size()
+            tier.evict_host_leaf(node)
+            return self.host_allocator.available_size() - before
+        return self.drop_host(node)
 
     def wants_load_back(self, node: Any) -> bool:
         """The node's state is on the host only."""

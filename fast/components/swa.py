@@ -353,37 +353,10 @@ class SwaComponent(AuxComponent):
         """Free at least ``num`` SWA host units: the host list oldest first; a host leaf
         leaves the tree with all its host data, any other node loses its SWA host data and,
         by priority, the host data of the components below it (Mamba's).  Returns the SWA
-        host units freed."""
-        lru = self.host_lru
-        freed = 0
-        # the oldest record, one at a time (each one taken leaves the list, and taking one
-        # adds none), not a copy of the whole list per call: O(records taken)
-        while freed < num and lru:
-            rec = next(iter(lru))
-            if rec.node.parent is None or rec.host_value is None:
-                break  # (never, by the list's invariant) the walk below skips such records
-            freed += self._evict_swa_host_rec(rec)
-            if rec in lru:  # (never) still listed: the walk below goes on after it
-                return freed + self._evict_swa_host_walk(num - freed, rec)
-        if freed < num and lru:
-            freed += self._evict_swa_host_walk(num - freed, None)
-        return freed
+        host units freed (``evict_host_oldest``: O(records taken))."""
+        return self.evict_host_oldest(num)
 
-    def _evict_swa_host_walk(self, num: int, after: Any) -> int:
-        """``evict_swa_host`` over a copy of the host list (from after ``after``)."""
-        recs = list(self.host_lru)
-        if after is not None:
-            recs = recs[recs.index(after) + 1:]
-        freed = 0
-        for rec in recs:
-            if freed >= num:
-                break
-            if rec.node.parent is None or rec.host_value is None:
-                continue
-            freed += self._evict_swa_host_rec(rec)
-        return freed
-
-    def _evict_swa_host_rec(self, rec: Any) -> int:
+    def _evict_host_rec(self, rec: Any) -> int:
         """Free one listed record's SWA host data (``evict_swa_host``); returns units freed."""
         cache = self.cache
         node = rec.node

@@ -2,7 +2,8 @@
 runs) hands out exactly the slots a heap of single pages, lowest first, would: the choice the
 spec's pools make (spec/world.py), which the lockstep runs and the corpora compare.  And the SWA
 host list's eviction (fast/components/swa.py ``evict_swa_host``) takes the records a walk over a
-copy of the list would."""
+copy of the list would, and so does the Mamba host list's (fast/components/mamba.py
+``evict_host_states``): both are ``AuxComponent.evict_host_oldest`` (fast/components/)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import types
 import pytest
 import torch
 
+from uniradix.fast.components import AuxComponent
+from uniradix.fast.components.mamba import MambaComponent
 from uniradix.fast.components.swa import SwaComponent
 from uniradix.fast.hicache import HostSlotAllocator
 
@@ -88,15 +91,17 @@ def test_refuses_what_it_cannot_give() -> None:
 
 
 class _Rec:
-    def __init__(self, name: str, units: int, stale: bool = False) -> None:
+    def __init__(self, name: str, units: int, stale: bool = False, detached: bool = False,
+                 hostless: bool = False) -> None:
         self.name, self.units = name, units
-        self.node = types.SimpleNamespace(parent=None if stale else object())
-        self.host_value = None if stale else units
+        self.node = types.SimpleNamespace(parent=None if stale or detached else object())
+        self.host_value = None if stale or hostless else units
 
 
-def _fake_swa(recs: list, keep: frozenset = frozenset()) -> types.SimpleNamespace:
-    """What ``SwaComponent.evict_swa_host`` reads: the host list and how one record is freed
-    (taken off the list unless its name is in ``keep``), logging the order."""
+def _fake(cls: type, recs: list, keep: frozenset = frozenset()) -> types.SimpleNamespace:
+    """What ``cls.evict_host_oldest`` reads: the host list, the component's liveness rule
+    (``cls._host_rec_live``) and how one record is freed (taken off the list unless its name
+    is in ``keep``), logging the order."""
     taken: list[str] = []
     fake = types.SimpleNamespace(host_lru=dict.fromkeys(recs), taken=taken)
 
@@ -105,39 +110,55 @@ def _fake_swa(recs: list, keep: frozenset = frozenset()) -> types.SimpleNamespac
         if rec.name not in keep:
             del fake.host_lru[rec]
         return rec.units
-    fake._evict_swa_host_rec = take
-    fake._evict_swa_host_walk = (
-        lambda num, after: SwaComponent._evict_swa_host_walk(fake, num, after))
+    fake._evict_host_rec = take
+    fake._host_rec_live = lambda rec: cls._host_rec_live(fake, rec)
+    fake._evict_host_walk = (
+        lambda num, after: AuxComponent._evict_host_walk(fake, num, after))
     return fake
 
 
-def _reference_order(recs: list, num: int) -> list[str]:
-    """The walk over a copy of the whole list that ``evict_swa_host`` replaced."""
+def _reference_order(cls: type, recs: list, num: int) -> list[str]:
+    """The walk over a copy of the whole list that ``evict_host_oldest`` replaced: SWA's
+    skipped records out of the tree or without host data, Mamba's those out of the tree or
+    off the list (none leaves it here but the ones taken)."""
     out, freed = [], 0
     for rec in recs:
         if freed >= num:
             break
-        if rec.node.parent is None or rec.host_value is None:
+        if rec.node.parent is None or (cls is SwaComponent and rec.host_value is None):
             continue
         out.append(rec.name)
         freed += rec.units
     return out
 
 
+@pytest.mark.parametrize("cls", [SwaComponent, MambaComponent])
 @pytest.mark.parametrize("num", [0, 1, 4, 5, 9, 100])
-def test_evict_swa_host_takes_the_oldest_records_as_the_list_copy_did(num: int) -> None:
+def test_evict_host_oldest_takes_the_oldest_records_as_the_list_copy_did(cls: type,
+                                                                        num: int) -> None:
     recs = [_Rec("a", 3), _Rec("b", 2), _Rec("c", 4), _Rec("d", 1)]
-    fake = _fake_swa(recs)
-    assert SwaComponent.evict_swa_host(fake, num) == sum(
-        r.units for r in recs if r.name in _reference_order(recs, num))
-    assert fake.taken == _reference_order(recs, num)
+    fake = _fake(cls, recs)
+    assert AuxComponent.evict_host_oldest(fake, num) == sum(
+        r.units for r in recs if r.name in _reference_order(cls, recs, num))
+    assert fake.taken == _reference_order(cls, recs, num)
     # a stale record first (never, by the list's invariant), or one left listed after it was
     # taken: the same records in the same order all the same
-    recs = [_Rec("s", 5, stale=True), _Rec("a", 3), _Rec("b", 2), _Rec("c", 4)]
-    fake = _fake_swa(recs)
-    SwaComponent.evict_swa_host(fake, num)
-    assert fake.taken == _reference_order(recs, num)
+    for first in (_Rec("s", 5, stale=True), _Rec("x", 5, detached=True),
+                  _Rec("h", 5, hostless=True)):
+        recs = [first, _Rec("a", 3), _Rec("b", 2), _Rec("c", 4)]
+        fake = _fake(cls, recs)
+        AuxComponent.evict_host_oldest(fake, num)
+        assert fake.taken == _reference_order(cls, recs, num)
     recs = [_Rec("a", 3), _Rec("b", 2), _Rec("c", 4)]
-    fake = _fake_swa(recs, keep=frozenset({"a"}))
-    SwaComponent.evict_swa_host(fake, num)
-    assert fake.taken == _reference_order(recs, num)
+    fake = _fake(cls, recs, keep=frozenset({"a"}))
+    AuxComponent.evict_host_oldest(fake, num)
+    assert fake.taken == _reference_order(cls, recs, num)
+
+
+def test_both_host_lists_are_evicted_through_evict_host_oldest() -> None:
+    """``evict_swa_host`` and ``evict_host_states`` are the shared driver (no copy of the
+    whole list of their own)."""
+    for cls, name in ((SwaComponent, "evict_swa_host"), (MambaComponent, "evict_host_states")):
+        seen: list = []
+        fake = types.SimpleNamespace(evict_host_oldest=lambda num, seen=seen: seen.append(num) or 7)
+        assert getattr(cls, name)(fake, 3) == 7 and seen == [3]
