@@ -424,7 +424,13 @@ class MambaComponent(AuxComponent):
         slot = pool.alloc(1) if pool.available_size() >= 1 else None
         if slot is None:
             return False
-        rec.host_value = slot.reshape(1).to(_INT64, copy=True)  # not a view of the pool's list
+        # not a view of the pool's list (sglang's host pool hands out slices of it: such a
+        # view would keep the whole list alive), as one int64 slot; a tensor of its own as it is
+        if slot.dtype is not _INT64 or slot.shape != (1,):
+            slot = slot.reshape(1).to(_INT64, copy=True)
+        elif slot._base is not None:
+            slot = slot.clone()
+        rec.host_value = slot
         self._copy("backup", rec.value, rec.host_value.tolist())
         return True
 

@@ -92,11 +92,13 @@ def test_a_host_allocator_s_own_tensors_are_kept_and_views_copied(policy):
         assert cache.violations() == []
 
 
+@pytest.mark.parametrize("comp", ["swa", "mamba"])
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
-def test_swa_host_values_do_not_keep_the_swa_host_free_list_alive(policy):
-    """The SWA component's host copies, likewise: the bench's SWA host pool hands out views of
-    its free list (as sglang's does); before the copy, ``bench --memory`` found fast holding
-    65.2 bytes per cached token under write-through with SWA against upstream's 40.2."""
+def test_aux_host_values_do_not_keep_the_aux_host_free_list_alive(policy, comp):
+    """The SWA and Mamba components' host copies, likewise: the bench's SWA host pool hands
+    out views of its free list (as sglang's does; before the copy, ``bench --memory`` found
+    fast holding 65.2 bytes per cached token under write-through with SWA against upstream's
+    40.2), and so does its Mamba host state pool (a state slot is one int64 of its own)."""
     import dataclasses
 
     from uniradix.conformance.bench import loop as L
@@ -104,7 +106,7 @@ def test_swa_host_values_do_not_keep_the_swa_host_free_list_alive(policy):
     w = L.shared_prefix_workload(page_size=1, requests=40)
     w = dataclasses.replace(w, kv_slots=4 * w.kv_slots)  # room: nothing evicted
     keep: list = []
-    L.run_bench(config_bundle("fast", BenchConfig(("full", "swa"), policy), 1), w, keep=keep)
+    L.run_bench(config_bundle("fast", BenchConfig(("full", comp), policy), 1), w, keep=keep)
     cache = keep[0]
     if policy == "write_back":  # (write-back backs up on eviction: back every leaf up now)
         stack = list(cache.root_node.children.values())
@@ -120,4 +122,5 @@ def test_swa_host_values_do_not_keep_the_swa_host_free_list_alive(policy):
         stack.extend(node.children.values())
         held += [r.host_value for r in node.aux if r.host_value is not None]
     assert held and all(_owns(t) for t in held)
+    assert all(t.dtype is torch.int64 and t.shape == (len(t),) for t in held)
     assert cache.violations() == []
