@@ -812,6 +812,59 @@ core_probing(PyObject *mod, PyObject *unused)
 #endif
 }
 
+/* token_array(list) -> array('q') of the list's ints, or None (nothing made) where any item is
+ * not exactly an int (a bool, an int subclass, anything else) or lies outside int64: the
+ * caller's Python conversion answers those, with its own errors (fast/radix_key.py
+ * as_token_array).  One pass over the list, each int read in place, instead of array('q',
+ * list) plus a second pass checking for bools. */
+static PyObject *g_q_zero = NULL;  /* array('q', [0]): repeated to make the result */
+
+static PyObject *
+core_token_array(PyObject *mod, PyObject *seq)
+{
+    if (!PyList_CheckExact(seq))
+        Py_RETURN_NONE;
+    if (g_q_zero == NULL) {
+        PyObject *m = PyImport_ImportModule("array");
+        if (m == NULL)
+            return NULL;
+        g_q_zero = PyObject_CallMethod(m, "array", "s[i]", "q", 0);
+        Py_DECREF(m);
+        if (g_q_zero == NULL)
+            return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(seq);
+    PyObject *arr = PySequence_Repeat(g_q_zero, n);
+    if (arr == NULL)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arr, &view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    long long *out = (long long *)view.buf;
+    int ok = view.itemsize == 8 && view.len == n * 8;
+    for (Py_ssize_t j = 0; ok && j < n; j++) {
+        PyObject *item = PyList_GET_ITEM(seq, j);  /* (borrowed; no Python code runs here) */
+        if (!PyLong_CheckExact(item)) {
+            ok = 0;
+            break;
+        }
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow)
+            ok = 0;
+        else
+            out[j] = v;
+    }
+    PyBuffer_Release(&view);
+    if (!ok) {
+        Py_DECREF(arr);
+        Py_RETURN_NONE;
+    }
+    return arr;
+}
+
 static PyObject *
 core_page_hash(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -7928,6 +7981,9 @@ static PyMethodDef core_methods[] = {
      "probing() -> whether child lookups at page size > 1 probe without building the key"},
     {"page_hash", (PyCFunction)(void (*)(void))core_page_hash, METH_FASTCALL,
      "page_hash(array, extra_key) -> hash of the child key as the C lookup computes it, or None"},
+    {"token_array", (PyCFunction)core_token_array, METH_O,
+     "token_array(list) -> array('q') of its ints, or None where an item is not exactly an "
+     "int in int64 (the Python conversion answers)"},
     {"heappush", (PyCFunction)(void (*)(void))core_heappush, METH_FASTCALL,
      "heappush(list, entry): the heap push the C paths use (for tests)."},
     {"heappop", (PyCFunction)(void (*)(void))core_heappop, METH_FASTCALL,

@@ -63,7 +63,7 @@ from typing import Any
 
 import torch
 
-from . import compat, frees, keys
+from . import compat, frees, keys, radix_key
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
 from .frees import native_kind, release, release_ranges
 from .keys import child_key, shared_len
@@ -120,6 +120,8 @@ if os.environ.get("UNIRADIX_PURE_PYTHON", "") != "1":
 else:
     CORE_REASON = "UNIRADIX_PURE_PYTHON=1 asked for the pure-Python code at import"
 NATIVE: bool = _core is not None
+if _core is not None:  # a list of token ids converted in one C pass (fast/radix_key.py)
+    radix_key.from_list = _core.token_array
 
 
 TreeNode: Any = Node  # the pure-Python node (fast/node.py), unless the C core has its own

@@ -50,7 +50,7 @@ from .params import (
     InsertResult,
     MatchResult,
 )
-from .radix_key import RadixKey
+from .radix_key import RadixKey, as_token_array
 from .structures import LruList
 from .token_range import check_token_range
 
@@ -77,11 +77,11 @@ def _key_parts(key: Any) -> tuple[array, Any, bool]:
     """``key``'s token ids as ``array('q')``, its extra key and its ``is_bigram``, as
     ``compat.as_radix_key`` would make them, without building the ``RadixKey``: for an object
     of sglang's ``RadixKey`` shape (what a scheduler passes) with an ``array('q')`` of token
-    ids, the array itself (what ``RadixKey`` keeps: nothing to convert or check), with a list
-    of ints, the list converted once and checked for bools in C (``map(type, ...)``, not a
-    generator); anything else, or anything ``as_radix_key`` would refuse, through
-    ``as_radix_key`` itself (its checks, its errors, its order).  (fast/host_full.py's paths
-    read their keys here too.)"""
+    ids, the array itself (what ``RadixKey`` keeps: nothing to convert or check), with a list,
+    ``radix_key.as_token_array`` of it (what ``RadixKey`` makes of it: one C pass where the
+    core is built, its errors otherwise); anything else, or anything ``as_radix_key`` would
+    refuse, through ``as_radix_key`` itself (its checks, its errors, its order).
+    (fast/host_full.py's paths read their keys here too.)"""
     if key.__class__ is not RadixKey:
         toks: Any = getattr(key, "token_ids", None)
         cls = toks.__class__
@@ -91,14 +91,8 @@ def _key_parts(key: Any) -> tuple[array, Any, bool]:
                 if cls is array:
                     if toks.typecode == "q":
                         return toks, ek, bigram
-                else:
-                    units: array | None
-                    try:
-                        units = array("q", toks)
-                    except (TypeError, OverflowError):
-                        units = None  # (refused: as_radix_key raises its own error below)
-                    if units is not None and bool not in map(type, toks):
-                        return units, ek, bigram
+                else:  # (the key's other fields are checked: its errors are the tokens')
+                    return as_token_array(toks), ek, bigram
         key = compat.as_radix_key(key)
     toks = key.token_ids
     return toks if toks.__class__ is array else array("q", toks), key.extra_key, key.is_bigram

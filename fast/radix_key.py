@@ -9,14 +9,24 @@ token).  A list is converted once, at construction, and checked to hold ints onl
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 from .errors import InvalidInput
+
+#: the C core's conversion of a list of ints (fast/_core.c ``token_array``: one pass, each
+#: item exactly an int in int64, else None and the conversion below answers), set by
+#: fast/cache.py where the core is loaded
+from_list: Any = None
 
 
 def as_token_array(token_ids) -> array:
     """``token_ids`` as ``array('q')``; InvalidInput for anything but ints (bools included)."""
     if type(token_ids) is array and token_ids.typecode == "q":
         return token_ids
+    if from_list is not None and type(token_ids) is list:
+        arr = from_list(token_ids)
+        if arr is not None:
+            return arr
     if isinstance(token_ids, (list, tuple)):
         try:
             arr = array("q", token_ids)
