@@ -39,13 +39,25 @@ from .errors import InvalidInput
 from .node import Node
 from .one_aux import _key_parts
 from .params import DecLockRefResult, InsertResult, MatchResult
-from .tiers.host import HostDecLockRefParams, HostIncLockRefResult, count_arg
+from .structures import LazyHeap
+from .tiers.host import (
+    Ack,
+    HostDecLockRefParams,
+    HostIncLockRefResult,
+    HostTier,
+    InFlight,
+    _Event,
+    count_arg,
+)
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
 _INT64 = torch.int64
 _narrow_copy = torch.narrow_copy
 _cat = torch.cat
 _PLAN = UnifiedRadixCache._plan  # (the walk in one C call where the cache's is this one)
+if _core is not None:  # the classes the C twins (fast/_core.c "host tier") check and build
+    _core.host_setup(HostTier, LazyHeap, HostIncLockRefResult, DecLockRefResult,
+                     HostDecLockRefParams, _Event, Ack, InFlight)
 
 
 def _declines(cache: Any) -> bool:
@@ -212,6 +224,10 @@ def match_host(cache: Any, params: Any) -> MatchResult | None:
     if parts is None or isinstance(parts, MatchResult):
         return parts
     units, ek, n = parts
+    if _core is not None:  # (the rest in one C call: the same steps)
+        done = _core.host_match(cache, units, ek, n)
+        if done is not None:
+            return done
     root = cache.root_node
     ps = cache.page_size
     node, pos, chunks = root, 0, []
@@ -306,6 +322,10 @@ def dec_lock_host(cache: Any, node: Any, params: Any) -> DecLockRefResult | None
     anchor (every node from it up to the root one lock less, all checked first, the new
     leaves pushed in the walk's order), without the general path's list of unlocked nodes.
     None, before anything changes, for other params (the general path answers them)."""
+    if _core is not None:  # (one C call: the same steps)
+        done = _core.host_dec(cache, node, params)
+        if done is not None:
+            return done
     if params.__class__ is not HostDecLockRefParams:
         return None
     anchor = params.anchor
