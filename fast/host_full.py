@@ -296,6 +296,10 @@ def inc_lock_host(cache: Any, node: Any) -> HostIncLockRefResult:
     checked (``_check_attached``), the evicted bottom segment skipped and remembered, its first
     node with device data the anchor, that node up to the root one lock more (``_inc_lock_py``
     and the anchor's walk as one walk).  A disabled cache gets the empty result, as there."""
+    if _core is not None:  # (one C call: the same steps)
+        done = _core.host_inc(cache, node)
+        if done is not None:
+            return done
     cache._check_attached(node)
     result = HostIncLockRefResult()
     if cache.disable:
