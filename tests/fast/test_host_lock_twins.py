@@ -318,6 +318,15 @@ def test_lock_of_an_evicted_bottom_then_a_double_unlock():
     assert out[0] == "raised" and out[1] is HandleError, out
     assert pair.taken()["host_dec"] == (2, 1)  # (the refused one raised from C)
 
+    def partly_released(cache, k):  # a path whose upper part lost its count: refused whole
+        deep = cache.find_node(fast.RadixKey([1, 2, 9]))
+        r = cache.inc_lock_ref(deep)
+        upper = deep.parent
+        cache.dec_lock_ref(upper, HostDecLockRefParams(anchor=upper))
+        return cache.dec_lock_ref(deep, r.to_dec_params())
+    out = pair.both(partly_released)
+    assert out[0] == "raised" and out[1] is HandleError, out
+
 
 @needs_core
 def test_split_of_an_evicted_node_with_a_host_copy():
