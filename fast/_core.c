@@ -7912,7 +7912,7 @@ fail:
  * that shape (fast/tiers/host.py), the same steps in the same order with the same results:
  *  - host_match(cache, units, extra_key, n): match_host after its key (fast/host_full.py
  *    match_key): the walk down (match_step's step; a split through the cache's own _split,
- *    the walk's last step), the device part, _stamp_tiered_path's stamps (a device node that
+ *    the walk's last step), the device part (torch.cat), _stamp_tiered_path's stamps (a device node that
  *    may be a leaf pushed on the heap, an evicted one re-entered on the host heap where it is
  *    a host leaf: HostTier.restamped, inline for the stock tier), host_hit, the MatchResult;
  *  - host_inc(cache, node): inc_lock_host (the evicted bottom skipped and remembered, the
@@ -8023,7 +8023,7 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "host_match(cache, units, extra_key, n)");
         return NULL;
     }
-    if (!HL_READY() || g_MatchResult == NULL || !PyLong_CheckExact(args[3]))
+    if (!HL_READY() || g_MatchResult == NULL || g_cat == NULL || !PyLong_CheckExact(args[3]))
         Py_RETURN_NONE;
     PyObject *cache = args[0], *ek = args[2];
     Py_ssize_t n = PyLong_AsSsize_t(args[3]);
@@ -8123,14 +8123,15 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (split)
             break;
     }
-    /* (``_indices``) */
+    /* (``_indices``: torch.cat as the Python function calls it; concat_values would read five
+     * attributes of each tensor chunk, about twice torch.cat's cost per chunk) */
     Py_ssize_t nc = PyList_GET_SIZE(chunks);
     if (nc == 0)
         indices = PyObject_GetAttr(cache, s_empty);
     else if (nc == 1)
         indices = Py_NewRef(PyList_GET_ITEM(chunks, 0));
     else
-        indices = concat_values(chunks, NULL);
+        indices = PyObject_CallOneArg(g_cat, chunks);
     if (indices == NULL)
         goto done;
     /* (``_stamp_tiered_path(node)``): the node newest, each ancestor one older, the root too */
