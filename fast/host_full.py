@@ -24,6 +24,16 @@ the anchor of a lock this cache took), and the general path then runs.  Why they
 
 tests/fast/test_host_fast_paths.py drives these paths and the general ones through the same
 random steps and compares the results and the whole trees step by step.
+
+C twins (fast/_core.c "host tier: Full match, locks, acks"): where the C core is built,
+``match_host`` (after its key), ``inc_lock_host`` and ``dec_lock_host`` call ``host_match``,
+``host_inc`` and ``host_dec`` first, and the host tier's ``_full_write_unlock`` and
+``writing_check`` (its common case: ``_Event`` acks, no tp group, KV events, storage tier or
+aux component) call ``host_unlock`` and ``host_writing`` where the cache has these paths (the
+stock hooks).  Each twin takes the same steps in the same order and answers None, having changed
+nothing, where it does not write a case out; the Python code here then runs, and stays the
+reference and the fallback (``UNIRADIX_PURE_PYTHON=1``).  tests/fast/test_host_lock_twins.py
+runs the twins against these functions in lockstep.
 """
 
 from __future__ import annotations
