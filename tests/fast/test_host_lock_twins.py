@@ -415,16 +415,29 @@ def test_no_references_left_behind():
     node = cache.find_node(fast.RadixKey([1, 2, 3, 4, 5]))
     params = fast.MatchPrefixParams(key=fast.RadixKey([1, 2, 3, 4, 5, 7]))
 
+    tier = cache.tier
+    core = CountedCore()
+
     def cycle():
-        for _ in range(50):
-            cache.match_prefix(params)
-            r = cache.inc_lock_ref(node)
-            cache.dec_lock_ref(node, r.to_dec_params())
+        with core_as(core):
+            for _ in range(50):
+                cache.match_prefix(params)
+                r = cache.inc_lock_ref(node)
+                cache.dec_lock_ref(node, r.to_dec_params())
+                # a write-through backup's ack, processed (its lock released)
+                tier.ongoing_write_through[node.id] = host_tier.InFlight(
+                    node, tier._full_write_lock(node))
+                cache.cache_controller.ack_write_queue.append(
+                    host_tier.Ack(None, host_tier._Event(True), [node.id]))
+                cache.check_hicache_events()
         cache._heap.clear()  # (the pushes' entries, not references the calls kept)
-        cache.tier.host_leaf_heap.entries.clear()
+        tier.host_leaf_heap.entries.clear()
 
     cycle()
     watched = [node, node.parent, node.value, node.key, cache.root_node, cache._empty]
     before = [sys.getrefcount(o) for o in watched]
     cycle()
     assert [sys.getrefcount(o) for o in watched] == before
+    assert {name: c.taken for name, c in core.counts.items()} == {
+        "host_match": 100, "host_inc": 100, "host_dec": 100, "host_unlock": 0,
+        "host_writing": 100}
