@@ -7956,6 +7956,686 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* ---- host tier: Full match, locks, acks (host_match, host_inc, host_dec) ---- */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * fast/host_full.py's paths for the Full component alone over the host tier (the composed tree
+ * with no aux component, the lru order, plain keys), and the host tier's ack processing for
+ * that shape (fast/tiers/host.py), the same steps in the same order with the same results:
+ *  - host_match(cache, units, extra_key, n): match_host after its key (fast/host_full.py
+ *    match_key): the walk down (match_step's step; a split through the cache's own _split,
+ *    the walk's last step), the device part (torch.cat), _stamp_tiered_path's stamps (a device node that
+ *    may be a leaf pushed on the heap, an evicted one re-entered on the host heap where it is
+ *    a host leaf: HostTier.restamped, inline for the stock tier), host_hit, the MatchResult;
+ *  - host_inc(cache, node): inc_lock_host (the evicted bottom skipped and remembered, the
+ *    anchor, lock_walk, the counters, the HostIncLockRefResult);
+ *  - host_dec(cache, node, params): dec_lock_host with HostTier._full_write_unlock;
+ *    host_unlock(cache, anchor): _full_write_unlock alone (every node from the anchor up
+ *    checked first: HandleError with nothing changed; then one lock less each, a node
+ *    reaching 0 pushed where it is an evictable leaf, in the walk's order);
+ *  - host_writing(tier): HostTier.writing_check(write_back=False) where every ack of the done
+ *    prefix is an Ack with an _Event and there is no tp_group, KV events, storage tier or aux
+ *    component: each ack off the queue, each of its ids popped from ongoing_write_through and
+ *    its lock's anchor unlocked as _full_write_unlock does.
+ * Each reads and checks everything it decides on before its first change and answers None
+ * (nothing changed) where it does not write the case out: the Python function then runs.  Their
+ * callers call them only where the cache has fast/host_full.py's paths (the stock hooks, no
+ * eviction policy key).  tests/fast/test_host_lock_twins.py runs them against the Python paths.
+ */
+
+static PyObject *g_hl_tier, *g_hl_lazy_heap, *g_hl_inc_result, *g_hl_dec_result,
+    *g_hl_dec_params, *g_hl_event, *g_hl_ack, *g_hl_in_flight;
+static PyObject *s_hl_tier, *s_hl_host_leaves, *s_hl_host_leaf_heap, *s_hl_entries,
+    *s_hl_restamped, *s_hl_anchor, *s_hl_delta, *s_hl_skip, *s_hl_cache, *s_hl_done,
+    *s_hl_controller, *s_hl_queue, *s_hl_tp_group, *s_hl_storage, *s_hl_components,
+    *s_hl_ongoing, *s_hl_host_value;
+
+/* host_setup(HostTier, LazyHeap, HostIncLockRefResult, DecLockRefResult, HostDecLockRefParams,
+ * _Event, Ack, InFlight): the classes the twins check objects against and build. */
+static PyObject *
+core_host_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "host_setup(HostTier, LazyHeap, HostIncLockRefResult, "
+                        "DecLockRefResult, HostDecLockRefParams, _Event, Ack, InFlight)");
+        return NULL;
+    }
+    for (int i = 0; i < 8; i++)
+        if (!PyType_Check(args[i])) {
+            PyErr_SetString(PyExc_TypeError, "host_setup: eight classes");
+            return NULL;
+        }
+    static const char *names[] = {"tier", "host_leaves", "host_leaf_heap", "entries",
+        "restamped", "anchor", "delta", "skip_lock_node_ids", "cache", "done", "controller",
+        "ack_write_queue", "tp_group", "storage", "components", "ongoing_write_through",
+        "host_value"};
+    PyObject **svars[] = {&s_hl_tier, &s_hl_host_leaves, &s_hl_host_leaf_heap, &s_hl_entries,
+        &s_hl_restamped, &s_hl_anchor, &s_hl_delta, &s_hl_skip, &s_hl_cache, &s_hl_done,
+        &s_hl_controller, &s_hl_queue, &s_hl_tp_group, &s_hl_storage, &s_hl_components,
+        &s_hl_ongoing, &s_hl_host_value};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (*svars[i] == NULL && (*svars[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return NULL;
+    PyObject **dst[8] = {&g_hl_tier, &g_hl_lazy_heap, &g_hl_inc_result, &g_hl_dec_result,
+                         &g_hl_dec_params, &g_hl_event, &g_hl_ack, &g_hl_in_flight};
+    for (int i = 0; i < 8; i++)
+        Py_XSETREF(*dst[i], Py_NewRef(args[i]));
+    Py_RETURN_NONE;
+}
+
+/* The twins' common start: the classes set up and the composed tree's offsets read. */
+#define HL_READY() (g_hl_tier != NULL && g_pn_type != NULL && g_ck_inc_result != NULL)
+
+/* What a stamped evicted node's HostTier.restamped needs, read once: where the tier is exactly
+ * HostTier with a set of host leaves and a LazyHeap, *leaves and *entries (its list) as new
+ * references; else both NULL (the tier's own method is called).  0 or -1. */
+static int
+hl_host_heap(PyObject *tier, PyObject **leaves, PyObject **entries)
+{
+    *leaves = *entries = NULL;
+    if ((PyObject *)Py_TYPE(tier) != g_hl_tier)
+        return 0;
+    PyObject *hl = PyObject_GetAttr(tier, s_hl_host_leaves), *lh = NULL, *e = NULL;
+    if (hl == NULL)
+        return -1;
+    if (PyAnySet_CheckExact(hl) && (lh = PyObject_GetAttr(tier, s_hl_host_leaf_heap)) != NULL
+            && (PyObject *)Py_TYPE(lh) == g_hl_lazy_heap
+            && (e = PyObject_GetAttr(lh, s_hl_entries)) != NULL && PyList_CheckExact(e)) {
+        *leaves = hl;
+        *entries = e;
+        Py_DECREF(lh);
+        return 0;
+    }
+    Py_DECREF(hl);
+    Py_XDECREF(lh);
+    Py_XDECREF(e);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* HostTier.restamped(node), node's stamp just set to stamp: `if node in host_leaves:
+ * host_leaf_heap.push(node.last_access_time, node)` inline (entries not NULL), else the
+ * tier's method.  0 or -1. */
+static int
+hl_restamped(PyObject *tier, PyObject *leaves, PyObject *entries, PyObject *node,
+             PyObject *stamp)
+{
+    if (entries == NULL)
+        return discard(PyObject_CallMethodOneArg(tier, s_hl_restamped, node));
+    int in = PySet_Contains(leaves, node);
+    if (in <= 0)
+        return in;
+    return pn_heap_push(entries, stamp, node);
+}
+
+/* host_match(cache, units, extra_key, n) -> match_host's MatchResult after its key, or None. */
+static PyObject *
+core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "host_match(cache, units, extra_key, n)");
+        return NULL;
+    }
+    if (!HL_READY() || g_MatchResult == NULL || g_cat == NULL || !PyLong_CheckExact(args[3]))
+        Py_RETURN_NONE;
+    PyObject *cache = args[0], *ek = args[2];
+    Py_ssize_t n = PyLong_AsSsize_t(args[3]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    KeyView uk, kv;
+    uk.held = kv.held = 0;
+    PyObject *root = NULL, *heap = NULL, *tier = NULL, *leaves = NULL, *entries = NULL;
+    PyObject *chunks = NULL, *node = NULL, *last = NULL, *indices = NULL, *cur = NULL;
+    PyObject *v = NULL, *stamp = NULL, *hit = NULL, *result = NULL;
+    int declined = 0, ovf = 0;
+    /* every read the walk decides on, before its first change */
+    if ((root = PyObject_GetAttr(cache, s_root_node)) == NULL)
+        goto done;
+    PyObject *pso = PyObject_GetAttr(cache, s_page_size);
+    if (pso == NULL)
+        goto done;
+    long long ps = PyLong_CheckExact(pso) ? PyLong_AsLongLongAndOverflow(pso, &ovf) : 0;
+    Py_DECREF(pso);
+    if (!PN_IS(root) || ps < 1 || ovf || n < 1 || n % ps) {
+        declined = 1;
+        goto done;
+    }
+    if ((heap = PyObject_GetAttr(cache, s_heap)) == NULL
+            || (tier = PyObject_GetAttr(cache, s_hl_tier)) == NULL
+            || hl_host_heap(tier, &leaves, &entries) < 0)
+        goto done;
+    if (!PyList_CheckExact(heap) || key_view(args[1], &uk) < 0 || uk.n < n) {
+        PyErr_Clear();
+        declined = 1;
+        goto done;
+    }
+    /* the walk down: through device nodes and evicted ones with a host copy, reading only
+     * until its last step's split */
+    if ((chunks = PyList_New(0)) == NULL)
+        goto done;
+    node = Py_NewRef(root);
+    last = Py_NewRef(root);
+    Py_ssize_t pos = 0;
+    while (pos < n) {
+        PyObject *children = SLOT_AT(node, PN_children);
+        if (children == NULL || !PyDict_CheckExact(children)) {
+            declined = 1;
+            goto done;
+        }
+        PyObject *child = cm_child(children, uk.p, pos, (Py_ssize_t)ps, ek);  /* borrowed */
+        if (child == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
+        if (!PN_IS(child) || SLOT_AT(child, PN_value) == NULL || SLOT_AT(child, PN_key) == NULL
+                || SLOT_AT(child, PN_host_value) == NULL) {
+            declined = 1;
+            goto done;
+        }
+        Py_INCREF(child);
+        if (key_view(SLOT_AT(child, PN_key), &kv) < 0) {
+            PyErr_Clear();
+            Py_DECREF(child);
+            declined = 1;
+            goto done;
+        }
+        Py_ssize_t k = kv.n;
+        int split = !(pos + k <= n && memcmp(uk.p + pos, kv.p, (size_t)k * sizeof(long long)) == 0);
+        if (split)
+            k = shared_pages(kv.p, kv.n, uk.p + pos, n - pos, (Py_ssize_t)ps);
+        key_release(&kv);
+        if (SLOT_AT(child, PN_value) == Py_None && SLOT_AT(child, PN_host_value) == Py_None) {
+            Py_DECREF(child);  /* evicted without a host copy: the walk ends above it */
+            break;
+        }
+        if (split) {  /* child = cache._split(child, k): the walk's one change, its last step */
+            PyObject *ko = PyLong_FromSsize_t(k);
+            PyObject *upper = ko == NULL ? NULL
+                : PyObject_CallMethodObjArgs(cache, s_split_m, child, ko, NULL);
+            Py_XDECREF(ko);
+            Py_DECREF(child);
+            if (upper == NULL)
+                goto done;
+            child = upper;
+        }
+        if ((v = PN_GET(child, value)) == NULL) {
+            Py_DECREF(child);
+            goto done;
+        }
+        if (v != Py_None) {  /* chunks.append(value); last_device = child */
+            if (PyList_Append(chunks, v) < 0) {
+                Py_DECREF(child);
+                goto done;
+            }
+            Py_SETREF(last, Py_NewRef(child));
+        }
+        Py_CLEAR(v);
+        Py_SETREF(node, child);
+        pos += k;
+        if (split)
+            break;
+    }
+    /* (``_indices``: torch.cat as the Python function calls it; concat_values would read five
+     * attributes of each tensor chunk, about twice torch.cat's cost per chunk) */
+    Py_ssize_t nc = PyList_GET_SIZE(chunks);
+    if (nc == 0)
+        indices = PyObject_GetAttr(cache, s_empty);
+    else if (nc == 1)
+        indices = Py_NewRef(PyList_GET_ITEM(chunks, 0));
+    else
+        indices = PyObject_CallOneArg(g_cat, chunks);
+    if (indices == NULL)
+        goto done;
+    /* (``_stamp_tiered_path(node)``): the node newest, each ancestor one older, the root too */
+    long long clock;
+    if (get_ll(cache, s_clock, &clock) < 0)
+        goto done;
+    clock += g_stride;
+    if (set_ll(cache, s_clock, clock) < 0)
+        goto done;
+    cur = Py_NewRef(node);
+    while (cur != root) {
+        if ((stamp = PyLong_FromLongLong(clock)) == NULL || PN_SET(cur, last_access_time, stamp) < 0
+                || (v = PN_GET(cur, value)) == NULL)
+            goto done;
+        if (v == Py_None) {
+            if (hl_restamped(tier, leaves, entries, cur, stamp) < 0)
+                goto done;
+        } else {  /* dev_children == 0 and lock_ref == 0 and aux_lock == 0: a leaf, pushed */
+            int r = PN_ZERO(cur, dev_children);
+            if (r > 0)
+                r = PN_ZERO(cur, lock_ref);
+            if (r > 0)
+                r = PN_ZERO(cur, aux_lock);
+            if (r < 0 || (r > 0 && pn_heap_push(heap, stamp, cur) < 0))
+                goto done;
+        }
+        Py_CLEAR(v);
+        Py_CLEAR(stamp);
+        clock -= 1;
+        PyObject *up = PN_GET(cur, parent);
+        if (up == NULL)
+            goto done;
+        Py_SETREF(cur, up);
+    }
+    if ((stamp = PyLong_FromLongLong(clock)) == NULL || PN_SET(root, last_access_time, stamp) < 0)
+        goto done;
+    /* (``HostTier.host_hit(node, last_device)``): the host tokens below the device part */
+    hit = Py_NewRef(s_zero);
+    if (node != last) {
+        Py_SETREF(cur, Py_NewRef(node));
+        while (cur != last && cur != root) {
+            if ((v = pyfield_get(cur, PN_OFF(cur, PN_host_value), s_hl_host_value)) == NULL)
+                goto done;
+            if (v != Py_None) {
+                PyObject *shape = PyObject_GetAttr(v, s_shape);
+                PyObject *len = shape == NULL ? NULL : PySequence_GetItem(shape, 0);
+                Py_XDECREF(shape);
+                if (len == NULL)
+                    goto done;
+                Py_SETREF(hit, PyNumber_Add(hit, len));
+                Py_DECREF(len);
+                if (hit == NULL)
+                    goto done;
+            }
+            Py_CLEAR(v);
+            PyObject *up = PN_GET(cur, parent);
+            if (up == NULL)
+                goto done;
+            Py_SETREF(cur, up);
+        }
+    }
+    PyObject *items = PyTuple_Pack(9, indices, last, node, node, hit, s_zero, s_zero, Py_None,
+                                   Py_None);
+    if (items == NULL)
+        goto done;
+    PyObject *targs = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (targs == NULL)
+        goto done;
+    result = PyTuple_Type.tp_new((PyTypeObject *)g_MatchResult, targs, NULL);
+    Py_DECREF(targs);
+done:
+    key_release(&uk);
+    key_release(&kv);
+    Py_XDECREF(root);
+    Py_XDECREF(heap);
+    Py_XDECREF(tier);
+    Py_XDECREF(leaves);
+    Py_XDECREF(entries);
+    Py_XDECREF(chunks);
+    Py_XDECREF(node);
+    Py_XDECREF(last);
+    Py_XDECREF(indices);
+    Py_XDECREF(cur);
+    Py_XDECREF(v);
+    Py_XDECREF(stamp);
+    Py_XDECREF(hit);
+    if (declined)
+        Py_RETURN_NONE;
+    return result;
+}
+
+/* host_inc(cache, node) -> inc_lock_host's HostIncLockRefResult, or None. */
+static PyObject *
+core_host_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "host_inc(cache, node)");
+        return NULL;
+    }
+    if (!HL_READY())
+        Py_RETURN_NONE;
+    PyObject *cache = args[0], *node = args[1], *root, *cur;
+    int r = ck_enter(cache, node, &root);  /* _check_attached; a disabled cache declined */
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    for (cur = node; cur != root; cur = SLOT_AT(cur, PN_parent))  /* every node it reads */
+        if (!ck_node_ok(cur, -1, 0)) {
+            Py_DECREF(root);
+            Py_RETURN_NONE;
+        }
+    PyObject *result = PyObject_CallNoArgs(g_hl_inc_result), *skipped = NULL, *skips = NULL;
+    PyObject *d = NULL;
+    long long delta = 0;
+    if (result == NULL)
+        goto fail;
+    cur = node;
+    if (cur != root && SLOT_AT(cur, PN_value) == Py_None) {  /* the evicted bottom, skipped */
+        if ((skipped = PySet_New(NULL)) == NULL)
+            goto fail;
+        for (; cur != root && SLOT_AT(cur, PN_value) == Py_None; cur = SLOT_AT(cur, PN_parent))
+            if (PySet_Add(skipped, SLOT_AT(cur, PN_id)) < 0)
+                goto fail;
+        if ((skips = PyDict_New()) == NULL || PyDict_SetItem(skips, s_zero, skipped) < 0
+                || PyObject_SetAttr(result, s_hl_skip, skips) < 0)
+            goto fail;
+    }
+    if (PyObject_SetAttr(result, s_hl_anchor, cur) < 0)
+        goto fail;
+    int failed = ck_full_lock(cur, root, &delta) < 0;  /* (lock_walk) */
+    pyfield_add(cache, 0, s_evictable, -delta);
+    if (pyfield_add(cache, 0, s_protected, delta) < 0 || failed
+            || (d = PyLong_FromLongLong(delta)) == NULL
+            || PyObject_SetAttr(result, s_hl_delta, d) < 0)
+        goto fail;
+    Py_DECREF(d);
+    Py_XDECREF(skipped);
+    Py_XDECREF(skips);
+    Py_DECREF(root);
+    return result;
+fail:
+    Py_XDECREF(d);
+    Py_XDECREF(skipped);
+    Py_XDECREF(skips);
+    Py_XDECREF(result);
+    Py_DECREF(root);
+    return NULL;
+}
+
+/* _full_write_unlock(anchor) of a cache whose root (a Node) and heap (a list) are given: 1
+ * (*delta the units unlocked), 0 to decline (nothing changed), -1 with the error (HandleError:
+ * nothing changed). */
+static int
+hl_unlock(PyObject *cache, PyObject *root, PyObject *heap, PyObject *anchor, long long *delta)
+{
+    int r = ck_check_unlock(anchor, root, -1, -1, 0, NULL, NULL);  /* all checked first */
+    if (r <= 0)
+        return r;
+    long long d = 0;
+    int failed = 0;
+    for (PyObject *cur = anchor; cur != root; cur = SLOT_AT(cur, PN_parent)) {
+        long long x = ck_field(cur, PN_lock_ref) - 1;
+        if (pyslot_set_ll(cur, PN_lock_ref, x) < 0) {
+            failed = 1;
+            break;
+        }
+        if (x == 0) {
+            d += Py_SIZE(SLOT_AT(cur, PN_key));
+            if (ck_push_unlocked(heap, cur, 0) < 0) {  /* (``_push_if_leaf``: attached) */
+                failed = 1;
+                break;
+            }
+        }
+    }
+    *delta = d;
+    pyfield_add(cache, 0, s_evictable, d);
+    if (pyfield_add(cache, 0, s_protected, -d) < 0 || failed)
+        return -1;
+    return 1;
+}
+
+/* The root (a Node) and the heap (a list) of a cache, new references: 1, 0 to decline, -1. */
+static int
+hl_root_heap(PyObject *cache, PyObject **root, PyObject **heap)
+{
+    *heap = NULL;
+    if ((*root = PyObject_GetAttr(cache, s_root_node)) == NULL)
+        return -1;
+    if (PN_IS(*root) && (*heap = PyObject_GetAttr(cache, s_heap)) != NULL
+            && PyList_CheckExact(*heap))
+        return 1;
+    Py_CLEAR(*root);
+    Py_CLEAR(*heap);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* host_unlock(cache, anchor) -> HostTier._full_write_unlock(anchor)'s delta, or None. */
+static PyObject *
+core_host_unlock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "host_unlock(cache, anchor)");
+        return NULL;
+    }
+    if (!HL_READY())
+        Py_RETURN_NONE;
+    PyObject *root, *heap;
+    long long delta = 0;
+    int r = hl_root_heap(args[0], &root, &heap);
+    if (r > 0)
+        r = hl_unlock(args[0], root, heap, args[1], &delta);
+    Py_XDECREF(root);
+    Py_XDECREF(heap);
+    if (r < 0)
+        return NULL;
+    return r == 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(delta);
+}
+
+/* The cache's tier where it is exactly HostTier serving this cache (tier.cache is cache): 1
+ * (*tier a new reference), 0 to decline, -1. */
+static int
+hl_own_tier(PyObject *cache, PyObject **tier)
+{
+    if ((*tier = PyObject_GetAttr(cache, s_hl_tier)) == NULL)
+        return -1;
+    PyObject *c = NULL;
+    if ((PyObject *)Py_TYPE(*tier) == g_hl_tier
+            && (c = PyObject_GetAttr(*tier, s_hl_cache)) != NULL && c == cache) {
+        Py_DECREF(c);
+        return 1;
+    }
+    Py_XDECREF(c);
+    Py_CLEAR(*tier);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* host_dec(cache, node, params) -> dec_lock_host's DecLockRefResult, or None. */
+static PyObject *
+core_host_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "host_dec(cache, node, params)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *params = args[2];
+    if (!HL_READY() || (PyObject *)Py_TYPE(params) != g_hl_dec_params)
+        Py_RETURN_NONE;
+    PyObject *anchor = PyObject_GetAttr(params, s_hl_anchor), *dis = NULL, *tier = NULL;
+    PyObject *root = NULL, *heap = NULL, *out = NULL;
+    long long delta = 0;
+    int r = 0;
+    if (anchor == NULL || anchor == Py_None || (dis = PyObject_GetAttr(cache, s_disable)) == NULL
+            || dis != Py_False)  /* (a disabled cache: the Python function's empty result) */
+        goto done;
+    if ((r = hl_own_tier(cache, &tier)) > 0 && (r = hl_root_heap(cache, &root, &heap)) > 0
+            && (r = hl_unlock(cache, root, heap, anchor, &delta)) > 0) {
+        PyObject *d = PyLong_FromLongLong(delta);
+        out = d == NULL ? NULL : PyObject_Vectorcall(g_hl_dec_result, &d, 1, NULL);
+        Py_XDECREF(d);
+        if (out == NULL)
+            r = -1;
+    }
+done:
+    Py_XDECREF(anchor);
+    Py_XDECREF(dis);
+    Py_XDECREF(tier);
+    Py_XDECREF(root);
+    Py_XDECREF(heap);
+    if (r < 0)
+        return NULL;
+    if (out == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+/* Whether o is exactly `cls` as a tuple of `size` items (an Ack, an InFlight). */
+#define HL_TUPLE(o, cls, size) ((PyObject *)Py_TYPE(o) == (cls) && PyTuple_GET_SIZE(o) == (size))
+
+/* host_writing(tier) -> True where HostTier.writing_check() ran whole here, else None. */
+static PyObject *
+core_host_writing(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "host_writing(tier)");
+        return NULL;
+    }
+    PyObject *tier = args[0];
+    if (!HL_READY() || g_hl_ack == NULL || (PyObject *)Py_TYPE(tier) != g_hl_tier)
+        Py_RETURN_NONE;
+    PyObject *cc = NULL, *queue = NULL, *tp = NULL, *cache = NULL, *x = NULL, *ongoing = NULL;
+    PyObject *root = NULL, *heap = NULL, *ack = NULL, *ids = NULL;
+    int r = 0;  /* 1: ran, 0: declined, -1: error */
+    if ((cc = PyObject_GetAttr(tier, s_hl_controller)) == NULL
+            || (queue = PyObject_GetAttr(cc, s_hl_queue)) == NULL)
+        goto fail;
+    if (!PyList_CheckExact(queue))
+        goto out;
+    if (PyList_GET_SIZE(queue) == 0) {  /* nothing queued */
+        r = 1;
+        goto out;
+    }
+    if ((tp = PyObject_GetAttr(tier, s_hl_tp_group)) == NULL)
+        goto fail;
+    if (tp != Py_None)
+        goto out;
+    /* the done prefix (``_finished``): _Event acks read directly */
+    Py_ssize_t done = 0, nq = PyList_GET_SIZE(queue);
+    for (; done < nq; done++) {
+        PyObject *a = PyList_GET_ITEM(queue, done);
+        if (!HL_TUPLE(a, g_hl_ack, 3)
+                || (PyObject *)Py_TYPE(PyTuple_GET_ITEM(a, 1)) != g_hl_event)
+            goto out;
+        PyObject *fl = PyObject_GetAttr(PyTuple_GET_ITEM(a, 1), s_hl_done);
+        if (fl == NULL)
+            goto fail;
+        Py_DECREF(fl);  /* (a bool is immortal enough: compared by identity below) */
+        if (fl != Py_True && fl != Py_False)
+            goto out;
+        if (fl == Py_False)
+            break;
+    }
+    if (done == 0) {
+        r = 1;
+        goto out;
+    }
+    /* what the ack loop reads, before its first change: the cache's shape, the in-flight
+     * map, each entry popped, each lock's anchor and the path above it */
+    if ((cache = PyObject_GetAttr(tier, s_hl_cache)) == NULL)
+        goto fail;
+    if ((x = PyObject_GetAttr(cache, s_events)) == NULL)
+        goto fail;
+    if (x != Py_None)
+        goto out;
+    Py_SETREF(x, PyObject_GetAttr(tier, s_hl_storage));
+    if (x == NULL)
+        goto fail;
+    if (x != Py_None)
+        goto out;
+    Py_SETREF(x, PyObject_GetAttr(cache, s_hl_components));
+    if (x == NULL)
+        goto fail;
+    if (!(PyTuple_CheckExact(x) || PyList_CheckExact(x)) || PySequence_Fast_GET_SIZE(x) != 0)
+        goto out;
+    Py_SETREF(x, PyObject_GetAttr(cache, s_disable));
+    if (x == NULL)
+        goto fail;
+    if (x != Py_False)
+        goto out;
+    if ((ongoing = PyObject_GetAttr(tier, s_hl_ongoing)) == NULL)
+        goto fail;
+    if (!PyDict_CheckExact(ongoing))
+        goto out;
+    if ((r = hl_root_heap(cache, &root, &heap)) <= 0)
+        goto out;
+    r = 0;
+    for (Py_ssize_t i = 0; i < done; i++) {
+        PyObject *l = PyTuple_GET_ITEM(PyList_GET_ITEM(queue, i), 2);
+        if (!PyList_CheckExact(l))
+            goto out;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(l); j++) {
+            PyObject *id = PyList_GET_ITEM(l, j);
+            if (!PyLong_CheckExact(id))
+                goto out;
+            PyObject *e = PyDict_GetItemWithError(ongoing, id);  /* borrowed */
+            if (e == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                continue;
+            }
+            if (!HL_TUPLE(e, g_hl_in_flight, 2))
+                goto out;
+            PyObject *lock = PyTuple_GET_ITEM(e, 1);
+            if (lock == Py_None)
+                continue;
+            if ((PyObject *)Py_TYPE(lock) != g_hl_dec_params)
+                goto out;
+            PyObject *anchor = PyObject_GetAttr(lock, s_hl_anchor);
+            if (anchor == NULL)
+                goto fail;
+            Py_DECREF(anchor);  /* (the params hold it) */
+            for (PyObject *cur = anchor; cur != root; cur = SLOT_AT(cur, PN_parent))
+                if (!ck_node_ok(cur, -1, 0))
+                    goto out;
+        }
+    }
+    /* the loop: each ack off the queue, its ids' entries popped and their locks released */
+    for (Py_ssize_t i = 0; i < done; i++) {
+        ack = Py_NewRef(PyList_GET_ITEM(queue, 0));
+        if (PyList_SetSlice(queue, 0, 1, NULL) < 0)  /* del queue[0] */
+            goto fail;
+        ids = Py_NewRef(PyTuple_GET_ITEM(ack, 2));
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ids); j++) {
+            PyObject *id = PyList_GET_ITEM(ids, j);
+            PyObject *e = PyDict_GetItemWithError(ongoing, id);
+            if (e == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                continue;
+            }
+            Py_INCREF(e);
+            if (PyDict_DelItem(ongoing, id) < 0) {
+                Py_DECREF(e);
+                goto fail;
+            }
+            PyObject *lock = PyTuple_GET_ITEM(e, 1);
+            if (lock != Py_None) {
+                PyObject *anchor = PyObject_GetAttr(lock, s_hl_anchor);
+                long long delta;
+                int u = anchor == NULL ? -1 : hl_unlock(cache, root, heap, anchor, &delta);
+                Py_XDECREF(anchor);
+                if (u == 0)  /* (checked above: the tree changed under the loop) */
+                    PyErr_SetString(PyExc_RuntimeError, "host_writing: a lock's path changed");
+                if (u <= 0) {
+                    Py_DECREF(e);
+                    goto fail;
+                }
+            }
+            Py_DECREF(e);
+        }
+        Py_CLEAR(ids);
+        Py_CLEAR(ack);
+    }
+    r = 1;
+    goto out;
+fail:
+    r = -1;
+out:
+    Py_XDECREF(cc);
+    Py_XDECREF(queue);
+    Py_XDECREF(tp);
+    Py_XDECREF(cache);
+    Py_XDECREF(x);
+    Py_XDECREF(ongoing);
+    Py_XDECREF(root);
+    Py_XDECREF(heap);
+    Py_XDECREF(ack);
+    Py_XDECREF(ids);
+    if (r < 0)
+        return NULL;
+    if (r == 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_RETURN_TRUE;
+}
+
+#undef HL_TUPLE
+#undef HL_READY
+
 static PyMethodDef core_methods[] = {
     {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
      "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
@@ -8090,6 +8770,20 @@ static PyMethodDef core_methods[] = {
     {"one_plan", (PyCFunction)(void (*)(void))core_one_plan, METH_FASTCALL,
      "one_plan(root, units, extra_key, page_size, step) -> [(node, shared units)]: "
      "fast/cache.py _plan's walk from root"},
+    {"host_match", (PyCFunction)(void (*)(void))core_host_match, METH_FASTCALL,
+     "host_match(cache, units, extra_key, n) -> fast/host_full.py match_host's MatchResult "
+     "after its key, or None (nothing changed) where the Python function must run"},
+    {"host_inc", (PyCFunction)(void (*)(void))core_host_inc, METH_FASTCALL,
+     "host_inc(cache, node) -> fast/host_full.py inc_lock_host's result, or None"},
+    {"host_dec", (PyCFunction)(void (*)(void))core_host_dec, METH_FASTCALL,
+     "host_dec(cache, node, params) -> fast/host_full.py dec_lock_host's result, or None"},
+    {"host_unlock", (PyCFunction)(void (*)(void))core_host_unlock, METH_FASTCALL,
+     "host_unlock(cache, anchor) -> HostTier._full_write_unlock(anchor)'s units, or None"},
+    {"host_writing", (PyCFunction)(void (*)(void))core_host_writing, METH_FASTCALL,
+     "host_writing(tier) -> True where HostTier.writing_check() ran whole in C, else None"},
+    {"host_setup", (PyCFunction)(void (*)(void))core_host_setup, METH_FASTCALL,
+     "host_setup(HostTier, LazyHeap, HostIncLockRefResult, DecLockRefResult, "
+     "HostDecLockRefParams, _Event, Ack, InFlight): what the host twins check and build"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -24,6 +24,16 @@ the anchor of a lock this cache took), and the general path then runs.  Why they
 
 tests/fast/test_host_fast_paths.py drives these paths and the general ones through the same
 random steps and compares the results and the whole trees step by step.
+
+C twins (fast/_core.c "host tier: Full match, locks, acks"): where the C core is built,
+``match_host`` (after its key), ``inc_lock_host`` and ``dec_lock_host`` call ``host_match``,
+``host_inc`` and ``host_dec`` first, and the host tier's ``_full_write_unlock`` and
+``writing_check`` (its common case: ``_Event`` acks, no tp group, KV events, storage tier or
+aux component) call ``host_unlock`` and ``host_writing`` where the cache has these paths (the
+stock hooks).  Each twin takes the same steps in the same order and answers None, having changed
+nothing, where it does not write a case out; the Python code here then runs, and stays the
+reference and the fallback (``UNIRADIX_PURE_PYTHON=1``).  tests/fast/test_host_lock_twins.py
+runs the twins against these functions in lockstep.
 """
 
 from __future__ import annotations
@@ -39,13 +49,25 @@ from .errors import InvalidInput
 from .node import Node
 from .one_aux import _key_parts
 from .params import DecLockRefResult, InsertResult, MatchResult
-from .tiers.host import HostDecLockRefParams, HostIncLockRefResult, count_arg
+from .structures import LazyHeap
+from .tiers.host import (
+    Ack,
+    HostDecLockRefParams,
+    HostIncLockRefResult,
+    HostTier,
+    InFlight,
+    _Event,
+    count_arg,
+)
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
 _INT64 = torch.int64
 _narrow_copy = torch.narrow_copy
 _cat = torch.cat
 _PLAN = UnifiedRadixCache._plan  # (the walk in one C call where the cache's is this one)
+if _core is not None:  # the classes the C twins (fast/_core.c "host tier") check and build
+    _core.host_setup(HostTier, LazyHeap, HostIncLockRefResult, DecLockRefResult,
+                     HostDecLockRefParams, _Event, Ack, InFlight)
 
 
 def _declines(cache: Any) -> bool:
@@ -212,6 +234,10 @@ def match_host(cache: Any, params: Any) -> MatchResult | None:
     if parts is None or isinstance(parts, MatchResult):
         return parts
     units, ek, n = parts
+    if _core is not None:  # (the rest in one C call: the same steps)
+        done = _core.host_match(cache, units, ek, n)
+        if done is not None:
+            return done
     root = cache.root_node
     ps = cache.page_size
     node, pos, chunks = root, 0, []
@@ -280,6 +306,10 @@ def inc_lock_host(cache: Any, node: Any) -> HostIncLockRefResult:
     checked (``_check_attached``), the evicted bottom segment skipped and remembered, its first
     node with device data the anchor, that node up to the root one lock more (``_inc_lock_py``
     and the anchor's walk as one walk).  A disabled cache gets the empty result, as there."""
+    if _core is not None:  # (one C call: the same steps)
+        done = _core.host_inc(cache, node)
+        if done is not None:
+            return done
     cache._check_attached(node)
     result = HostIncLockRefResult()
     if cache.disable:
@@ -306,6 +336,10 @@ def dec_lock_host(cache: Any, node: Any, params: Any) -> DecLockRefResult | None
     anchor (every node from it up to the root one lock less, all checked first, the new
     leaves pushed in the walk's order), without the general path's list of unlocked nodes.
     None, before anything changes, for other params (the general path answers them)."""
+    if _core is not None:  # (one C call: the same steps)
+        done = _core.host_dec(cache, node, params)
+        if done is not None:
+            return done
     if params.__class__ is not HostDecLockRefParams:
         return None
     anchor = params.anchor

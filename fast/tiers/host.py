@@ -38,7 +38,7 @@ import torch
 
 from .. import compat
 from .. import params as api  # the API types, named api.X
-from ..cache import lock_walk
+from ..cache import _core, lock_walk
 from ..errors import HandleError, InvalidInput, Unsupported
 from ..frees import APPEND, release
 from ..structures import LazyHeap
@@ -832,6 +832,12 @@ class HostTier:
         evictable leaf now (pushed in the walk's order, as the general path pushes them).
         Returns the units unlocked (fast/host_full.py ``dec_lock_host`` answers with them)."""
         cache = self.cache
+        if _core is not None and cache._dec_lock_host is not None:
+            # (fast/host_full.py's paths are the cache's: the stock hooks; one C call, the
+            # same steps, fast/_core.c host_unlock)
+            delta = _core.host_unlock(cache, anchor)
+            if delta is not None:
+                return delta
         root = cache.root_node
         cur = anchor
         while cur is not root:
@@ -1036,6 +1042,10 @@ class HostTier:
         queue = self.controller.ack_write_queue
         if not queue:  # (nothing queued: nothing to wait for, no rank asked; _finished's 0)
             return
+        if not write_back and _core is not None and self.cache._dec_lock_host is not None \
+                and _core.host_writing(self) is not None:
+            return  # (fast/host_full.py's paths: the stock hooks; the common case in one C
+            # call, the same steps: fast/_core.c host_writing)
         first = queue[0].finish_event
         if first.__class__ is _Event and len(queue) == 1 and self.tp_group is None:
             # (one _Event ack, no tp group: its wait and ``_finished``'s count, written out)
