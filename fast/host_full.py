@@ -39,7 +39,8 @@ from .errors import InvalidInput
 from .node import Node
 from .one_aux import _key_parts
 from .params import DecLockRefResult, InsertResult, MatchResult
-from .tiers.host import HostDecLockRefParams, HostIncLockRefResult, count_arg
+from .tiers.host import (Ack, HostDecLockRefParams, HostIncLockRefResult, HostTier, InFlight,
+                         _Event, count_arg)
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
 _INT64 = torch.int64
@@ -117,6 +118,11 @@ def insert_host(cache: Any, params: Any) -> InsertResult | None:
         cache.tier.check_unevict_slots(plan, slots)
     if params.swa_evicted_seqlen != 0 or params.mamba_value is not None:
         cache._check_aux(plan, prev, params)  # (raises: a setting that needs a component)
+    if _core is not None:  # (the rest in one C call: fast/_core.c "host tier: Full insert")
+        done = _core.host_insert(cache, plan, value, units, ek, prev, chunked, n, total, ps,
+                                 deferred, owned)
+        if done is not None:
+            return done
     clock = cache._clock + STRIDE  # (``_stamp`` of the root: locked, never a leaf)
     cache._clock = clock
     root.last_access_time = clock
@@ -175,6 +181,11 @@ def insert_host(cache: Any, params: Any) -> InsertResult | None:
             if 1 >= threshold:
                 tier.write_backup(leaf)
     return InsertResult(pos, total, False)
+
+
+if _core is not None:  # what the C twin's written-out backup stands for (``_write_backup_full``)
+    _core.host_insert_setup(HostTier, HostTier._write_backup_full, HostTier._full_write_lock,
+                            _Event, Ack, InFlight, HostDecLockRefParams)
 
 
 # ----------------------------------------------------------------------------------------------
