@@ -103,7 +103,8 @@ def state(cache) -> dict:
         n = stack.pop()
         nodes.append((n.id, n.parent.id if n.parent is not None else None, tuple(n.key), n.ck,
                       n.extra_key, _listed(n.value), n.lock_ref, n.last_access_time,
-                      n.hit_count, n.dev_children, _listed(n.host_value), n.host_lock_ref,
+                      n.hit_count, n.dev_children, _listed(n.host_value),
+                      n.host_value is not None and n.host_value._base is None, n.host_lock_ref,
                       n.created, n.priority, n.aux, n.aux_lock, list(n.children)))
         stack.extend(n.children.values())
     tier = cache.tier
@@ -125,11 +126,22 @@ def state(cache) -> dict:
     }
 
 
-def _build(policy: str, io: str, page: int, threshold: int, host_slots: int):
+class ViewHost(host_mod.HostSlotAllocator):
+    """A host pool handing out views of a tensor of its own (as sglang's host pools hand out
+    views of their free list): the backup keeps a copy."""
+
+    def alloc(self, n):
+        t = super().alloc(n)
+        return None if t is None else torch.cat([t, t])[:len(t)]
+
+
+def _build(policy: str, io: str, page: int, threshold: int, host_slots: int,
+           views: bool = False):
     def build():
         alloc = PoolAllocator(PagedPool(64, page, "kv"), torch)
         cfg = HiCacheConfig(host_slots=host_slots, write_policy=policy, io=io,
-                            load_back_threshold=0, write_through_threshold=threshold)
+                            load_back_threshold=0, write_through_threshold=threshold,
+                            host_allocator=ViewHost(host_slots, page) if views else None)
         cache = fast.UnifiedRadixCache(fast.CacheInitParams(
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
             page_size=page, hicache=cfg))
@@ -147,8 +159,10 @@ def _step(side: Side, rng: random.Random, page: int) -> object:
     if op < 0.55:
         n = len(tokens) - len(tokens) % page
         prefix = torch.zeros(0, dtype=torch.int64)
-        if rng.random() < 0.4:  # the caller's own prefix: a match's slots, its length as prev
+        if rng.random() < 0.4:  # the caller's own prefix: a match's slots, whole pages of it
+            # (a cut inside a node: its fresh duplicates from prev on are the caller's to free)
             prefix = cache.match_prefix(fast.MatchPrefixParams(key=key)).device_indices
+            prefix = prefix[:rng.randrange(len(prefix) // page + 1) * page]
         slots = alloc.alloc(n - len(prefix))
         if slots is None:
             return ("evicted", cache.evict(fast.EvictParams(num_tokens=n)).num_tokens_evicted)
@@ -191,18 +205,19 @@ def _lockstep(switch, sides, seed: int, page: int, steps: int, check: bool = Tru
     return most
 
 
-@pytest.mark.parametrize("policy,io,page,threshold,host_slots", [
-    ("write_through", "sync", 1, 1, 24),      # host pool short: host evictions on backup
-    ("write_through", "manual", 1, 1, 64),    # acks pending: write locks held across steps
-    ("write_through", "sync", 2, 3, 32),      # threshold > 1: parents backed up first
-    ("write_through", "manual", 4, 2, 24),
-    ("write_through_selective", "sync", 1, 2, 48),
-    ("write_back", "sync", 1, 1, 32),         # no backup on insert
-    ("write_back", "manual", 2, 1, 24),
+@pytest.mark.parametrize("policy,io,page,threshold,host_slots,views", [
+    ("write_through", "sync", 1, 1, 24, False),   # host pool short: host evictions on backup
+    ("write_through", "sync", 1, 1, 32, True),    # a host pool handing out views
+    ("write_through", "manual", 1, 1, 64, False),  # acks pending: write locks held
+    ("write_through", "sync", 2, 3, 32, False),   # threshold > 1: parents backed up first
+    ("write_through", "manual", 4, 2, 24, False),
+    ("write_through_selective", "sync", 1, 2, 48, False),
+    ("write_back", "sync", 1, 1, 32, False),      # no backup on insert
+    ("write_back", "manual", 2, 1, 24, True),
 ])
 def test_twin_equals_the_python_loop(switch, record_frees, policy, io, page, threshold,
-                                     host_slots):
-    build = _build(policy, io, page, threshold, host_slots)
+                                     host_slots, views):
+    build = _build(policy, io, page, threshold, host_slots, views)
     sides = [Side(switch, True, build), Side(switch, False, build)]
     assert sides[0].cache._insert_fast is host_full.insert_host
     assert sides[0].cache.validate_slots  # (the pool model: the slot ledger is kept)
