@@ -39,8 +39,8 @@ from .errors import InvalidInput
 from .node import Node
 from .one_aux import _key_parts
 from .params import DecLockRefResult, InsertResult, MatchResult
-from .tiers.host import (Ack, HostDecLockRefParams, HostIncLockRefResult, HostTier, InFlight,
-                         _Event, count_arg)
+from .tiers import host as _host
+from .tiers.host import HostDecLockRefParams, HostIncLockRefResult, count_arg
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
 _INT64 = torch.int64
@@ -184,8 +184,9 @@ def insert_host(cache: Any, params: Any) -> InsertResult | None:
 
 
 if _core is not None:  # what the C twin's written-out backup stands for (``_write_backup_full``)
-    _core.host_insert_setup(HostTier, HostTier._write_backup_full, HostTier._full_write_lock,
-                            _Event, Ack, InFlight, HostDecLockRefParams)
+    _core.host_insert_setup(_host.HostTier, _host.HostTier._write_backup_full,
+                            _host.HostTier._full_write_lock, _host._Event, _host.Ack,
+                            _host.InFlight, HostDecLockRefParams)
 
 
 # ----------------------------------------------------------------------------------------------

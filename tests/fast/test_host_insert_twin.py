@@ -323,10 +323,10 @@ def test_declines_change_nothing(switch, record_frees):
         calls = []
         real = switch.core
 
-        def checked(*args, _real=real):
+        def checked(*args, _real=real, _calls=calls):
             before = state(args[0])
             r = _real.host_insert(*args)
-            calls.append(r)
+            _calls.append(r)
             assert r is None and state(args[0]) == before
             return r
         switch.core = types.SimpleNamespace(host_insert=checked,
