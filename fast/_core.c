@@ -7930,6 +7930,17 @@ fail:
  */
 
 static PyTypeObject *g_hi_tier = NULL, *g_hi_ack = NULL, *g_hi_inflight = NULL;
+/* The three objects a backup or a new leaf makes, made here as their __init__ makes them
+ * (hi_make): Node (its id drawn from fast/node.py's _ids as its __init__ draws it), _Event,
+ * HostDecLockRefParams; each __init__ as setup found it (where a class's __init__ or
+ * __new__ is another one now, the class is called). */
+static PyObject *g_hi_node_init = NULL, *g_hi_node_globals = NULL, *g_hi_event_init = NULL,
+    *g_hi_lockp_init = NULL, *s_hi_init, *s_hi_ids;
+static Py_ssize_t HI_event_done = 0, HI_lp_uuid = 0, HI_lp_host_uuid = 0, HI_lp_skip = 0,
+    HI_lp_anchor = 0;
+/* InsertParams' answer, InsertResult (fast/params.py, a dataclass with slots), likewise */
+static PyObject *g_hi_result_init = NULL;
+static Py_ssize_t HI_ir_prefix = 0, HI_ir_total = 0, HI_ir_exist = 0, HI_ir_host = 0;
 static PyObject *g_hi_wbf = NULL, *g_hi_fwl = NULL, *g_hi_event = NULL, *g_hi_lockp = NULL,
     *g_hi_kw_anchor = NULL, *g_hi_one = NULL;
 static PyObject *s_hi_tier, *s_hi_write_back, *s_hi_threshold, *s_hi_write_backup,
@@ -7940,6 +7951,8 @@ static PyObject *s_hi_tier, *s_hi_write_back, *s_hi_threshold, *s_hi_write_backu
     *s_hi_evictable, *s_hi_protected, *s_hi_root, *s_hi_split, *s_hi_parent, *s_hi_value,
     *s_hi_key, *s_hi_lock_ref, *s_hi_dev_children, *s_hi_children, *s_hi_stamp, *s_hi_shape,
     *s_hi_update, *s_hi_tolist;
+
+static int hi_slot(PyTypeObject *tp, const char *name, Py_ssize_t *off);
 
 /* host_insert_setup(HostTier, _write_backup_full, _full_write_lock, _Event, Ack, InFlight,
  * HostDecLockRefParams): the classes and functions the written-out backup stands for. */
@@ -7997,6 +8010,8 @@ core_host_insert_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         HI_INTERN(s_hi_shape, "shape");
         HI_INTERN(s_hi_update, "update");
         HI_INTERN(s_hi_tolist, "tolist");
+        HI_INTERN(s_hi_init, "__init__");
+        HI_INTERN(s_hi_ids, "_ids");
 #undef HI_INTERN
     }
     PyObject *kw = PyTuple_Pack(1, PyUnicode_InternFromString("anchor"));
@@ -8012,7 +8027,189 @@ core_host_insert_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(g_hi_ack, (PyTypeObject *)Py_NewRef(args[4]));
     Py_XSETREF(g_hi_inflight, (PyTypeObject *)Py_NewRef(args[5]));
     Py_XSETREF(g_hi_lockp, Py_NewRef(args[6]));
+    /* the constructors' __init__ and slots, where they are the plain ones (else the class is
+     * called: hi_make) */
+    Py_CLEAR(g_hi_node_init);
+    Py_CLEAR(g_hi_node_globals);
+    Py_CLEAR(g_hi_event_init);
+    Py_CLEAR(g_hi_lockp_init);
+    PyObject *ni = g_pn_type == NULL ? NULL : _PyType_Lookup(g_pn_type, s_hi_init);
+    if (ni != NULL && PyFunction_Check(ni)) {
+        g_hi_node_init = Py_NewRef(ni);
+        g_hi_node_globals = Py_NewRef(PyFunction_GET_GLOBALS(ni));
+    }
+    if (PyType_Check(args[3]) && hi_slot((PyTypeObject *)args[3], "done", &HI_event_done) == 0) {
+        PyObject *ei = _PyType_Lookup((PyTypeObject *)args[3], s_hi_init);
+        g_hi_event_init = ei == NULL ? NULL : Py_NewRef(ei);
+    }
+    if (PyType_Check(args[6])) {
+        PyTypeObject *lt = (PyTypeObject *)args[6];
+        if (hi_slot(lt, "swa_uuid_for_lock", &HI_lp_uuid) == 0
+                && hi_slot(lt, "swa_uuid_for_host_lock", &HI_lp_host_uuid) == 0
+                && hi_slot(lt, "skip_lock_node_ids", &HI_lp_skip) == 0
+                && hi_slot(lt, "anchor", &HI_lp_anchor) == 0) {
+            PyObject *li = _PyType_Lookup(lt, s_hi_init);
+            g_hi_lockp_init = li == NULL ? NULL : Py_NewRef(li);
+        }
+    }
+    Py_CLEAR(g_hi_result_init);
+    if (g_InsertResult != NULL && PyType_Check(g_InsertResult)) {
+        PyTypeObject *rt = (PyTypeObject *)g_InsertResult;
+        if (hi_slot(rt, "prefix_len", &HI_ir_prefix) == 0
+                && hi_slot(rt, "total_len", &HI_ir_total) == 0
+                && hi_slot(rt, "mamba_exist", &HI_ir_exist) == 0
+                && hi_slot(rt, "inserted_host_node", &HI_ir_host) == 0) {
+            PyObject *ri = _PyType_Lookup(rt, s_hi_init);
+            g_hi_result_init = ri == NULL ? NULL : Py_NewRef(ri);
+        }
+    }
+    PyErr_Clear();  /* (a class without those slots: it is called) */
     Py_RETURN_NONE;
+}
+
+/* The offset of the writable object slot `name` of tp or a base (0, or -1 with an error). */
+static int
+hi_slot(PyTypeObject *tp, const char *name, Py_ssize_t *off)
+{
+    PyObject *nm = PyUnicode_InternFromString(name);
+    if (nm == NULL)
+        return -1;
+    PyObject *d = _PyType_Lookup(tp, nm);  /* borrowed */
+    Py_DECREF(nm);
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ field", tp->tp_name, name);
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY) || m->offset <= 0) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", tp->tp_name, name);
+        return -1;
+    }
+    *off = m->offset;
+    return 0;
+}
+
+/* A fresh instance of tp as object.__new__ makes it, where tp's __init__ is still `init` and
+ * its __new__ object's: 1 (*out set, or NULL with the error set), 0 (call the class). */
+static int
+hi_alloc(PyTypeObject *tp, PyObject *init, PyObject **out)
+{
+    if (init == NULL || tp->tp_new != PyBaseObject_Type.tp_new
+            || (tp->tp_flags & Py_TPFLAGS_IS_ABSTRACT) || _PyType_Lookup(tp, s_hi_init) != init)
+        return 0;
+    *out = tp->tp_alloc(tp, 0);
+    return 1;
+}
+
+/* Store v (a new reference, stolen) in a fresh object's slot. */
+#define HI_FILL(o, off, v) (SLOT_AT((o), (off)) = (v))
+
+/* Node(key, value, parent, extra_key, stamp, ck) (fast/node.py): its __init__'s fields, its id
+ * next(_ids) of its module's counter; the class called where hi_alloc says so. */
+static PyObject *
+hi_new_node(PyObject **a)
+{
+    PyObject *n = NULL, *ids = g_hi_node_globals == NULL ? NULL
+        : PyDict_GetItemWithError(g_hi_node_globals, s_hi_ids);  /* borrowed */
+    if (ids == NULL && PyErr_Occurred())
+        return NULL;
+    if (ids == NULL || !PyIter_Check(ids) || !hi_alloc(g_pn_type, g_hi_node_init, &n))
+        return PyObject_Vectorcall((PyObject *)g_pn_type, a, 6, NULL);
+    if (n == NULL)
+        return NULL;
+    PyObject *children = PyDict_New(), *aux = children == NULL ? NULL : PyTuple_New(0);
+    if (aux == NULL) {
+        Py_XDECREF(children);
+        Py_DECREF(n);
+        return NULL;
+    }
+    /* (the order of its __init__; the id drawn where it draws it) */
+    HI_FILL(n, PN_ck, Py_NewRef(a[5]));
+    HI_FILL(n, PN_children, children);
+    HI_FILL(n, PN_parent, Py_NewRef(a[2]));
+    HI_FILL(n, PN_key, Py_NewRef(a[0]));
+    HI_FILL(n, PN_value, Py_NewRef(a[1]));
+    HI_FILL(n, PN_lock_ref, Py_NewRef(s_zero));
+    HI_FILL(n, PN_last_access_time, Py_NewRef(a[4]));
+    HI_FILL(n, PN_hit_count, Py_NewRef(s_zero));
+    HI_FILL(n, PN_extra_key, Py_NewRef(a[3]));
+    HI_FILL(n, PN_dev_children, Py_NewRef(s_zero));
+    PyObject *id = PyIter_Next(ids);
+    if (id == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetNone(PyExc_StopIteration);
+        Py_DECREF(aux);
+        Py_DECREF(n);
+        return NULL;
+    }
+    HI_FILL(n, PN_id, id);
+    HI_FILL(n, PN_host_value, Py_NewRef(Py_None));
+    HI_FILL(n, PN_host_lock_ref, Py_NewRef(s_zero));
+    HI_FILL(n, PN_aux, aux);
+    HI_FILL(n, PN_aux_lock, Py_NewRef(s_zero));
+    HI_FILL(n, PN_created, Py_NewRef(a[4]));
+    HI_FILL(n, PN_priority, Py_NewRef(s_zero));
+    return n;
+}
+
+/* InsertResult(pos, total, False): its dataclass __init__'s fields (inserted_host_node None). */
+static PyObject *
+hi_result(Py_ssize_t pos, Py_ssize_t total)
+{
+    PyObject *r = NULL;
+    if (HI_ir_host <= 0 || !PyType_Check(g_InsertResult)
+            || !hi_alloc((PyTypeObject *)g_InsertResult, g_hi_result_init, &r))
+        return ci_result(pos, total, 0);
+    if (r == NULL)
+        return NULL;
+    PyObject *a = PyLong_FromSsize_t(pos), *b = a == NULL ? NULL : PyLong_FromSsize_t(total);
+    if (b == NULL) {
+        Py_XDECREF(a);
+        Py_DECREF(r);
+        return NULL;
+    }
+    HI_FILL(r, HI_ir_prefix, a);
+    HI_FILL(r, HI_ir_total, b);
+    HI_FILL(r, HI_ir_exist, Py_NewRef(Py_False));
+    HI_FILL(r, HI_ir_host, Py_NewRef(Py_None));
+    return r;
+}
+
+/* _Event(done) (fast/tiers/host.py). */
+static PyObject *
+hi_new_event(PyObject *done)
+{
+    PyObject *e = NULL;
+    if (HI_event_done <= 0 || !hi_alloc((PyTypeObject *)g_hi_event, g_hi_event_init, &e))
+        return PyObject_CallOneArg(g_hi_event, done);
+    if (e != NULL)
+        HI_FILL(e, HI_event_done, Py_NewRef(done));
+    return e;
+}
+
+/* HostDecLockRefParams(anchor=node): its dataclass __init__'s fields (the two uuids None, a
+ * fresh dict of skipped ids, the anchor). */
+static PyObject *
+hi_new_lock_params(PyObject *node)
+{
+    PyObject *p = NULL;
+    if (HI_lp_anchor <= 0 || !PyType_Check(g_hi_lockp)
+            || !hi_alloc((PyTypeObject *)g_hi_lockp, g_hi_lockp_init, &p)) {
+        PyObject *a[1] = {node};
+        return PyObject_Vectorcall(g_hi_lockp, a, 0, g_hi_kw_anchor);
+    }
+    if (p == NULL)
+        return NULL;
+    PyObject *skip = PyDict_New();
+    if (skip == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    HI_FILL(p, HI_lp_uuid, Py_NewRef(Py_None));
+    HI_FILL(p, HI_lp_host_uuid, Py_NewRef(Py_None));
+    HI_FILL(p, HI_lp_skip, skip);
+    HI_FILL(p, HI_lp_anchor, Py_NewRef(node));
+    return p;
 }
 
 /* tuple.__new__(cls, (a, b, c...)) for a tuple subclass (the backup's Ack and InFlight
@@ -8111,8 +8308,7 @@ hi_write_lock(HiCtx *x, PyObject *node)
         if (ok < 0)
             return NULL;
     }
-    PyObject *a[1] = {node};
-    return PyObject_Vectorcall(g_hi_lockp, a, 0, g_hi_kw_anchor);
+    return hi_new_lock_params(node);
 fail:
     Py_DECREF(cur);
     return NULL;
@@ -8201,7 +8397,7 @@ hi_backup(HiCtx *x, PyObject *node)
     /* cc.ack_write_queue.append(_ack((None, _Event(cc.sync), [node.id]))) */
     if ((q = PyObject_GetAttr(cc, s_hi_ackq)) == NULL
             || (sync = PyObject_GetAttr(cc, s_hi_sync)) == NULL
-            || (ev = PyObject_CallOneArg(g_hi_event, sync)) == NULL
+            || (ev = hi_new_event(sync)) == NULL
             || (id = HI_GET(node, id, s_hi_id)) == NULL
             || (ids = PyList_New(1)) == NULL)
         goto done;
@@ -8397,7 +8593,7 @@ core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if ((stamp = hi_tick(cache)) == NULL || HI_SET(x.root, last_access_time, s_hi_stamp, stamp) < 0)
         goto done;
     if (n == 0) {
-        result = ci_result(0, total, 0);
+        result = hi_result(0, total);
         goto done;
     }
     node = Py_NewRef(x.root);
@@ -8516,7 +8712,7 @@ core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if ((full = narrow_copy(value, pos, n - pos)) == NULL)
             goto leaf_done;
         PyObject *na[6] = {rest, full, node, ek, stamp, ck};
-        if ((leaf = PyObject_Vectorcall((PyObject *)g_pn_type, na, 6, NULL)) == NULL
+        if ((leaf = hi_new_node(na)) == NULL
                 || (children = HI_GET(node, children, s_hi_children)) == NULL
                 || PyObject_SetItem(children, ck, leaf) < 0
                 || pyfield_add(node, PN_OFF(node, PN_dev_children), s_hi_dev_children, 1) < 0
@@ -8549,7 +8745,7 @@ core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (!ok)
             goto done;
     }
-    result = ci_result(pos, total, 0);
+    result = hi_result(pos, total);
 done:
     Py_XDECREF(x.tier);
     Py_XDECREF(x.heap);

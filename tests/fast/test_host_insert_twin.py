@@ -119,7 +119,9 @@ def state(cache) -> dict:
                   a.finish_event.query(), a.node_ids) for a in cc.ack_write_queue],
         "ongoing": [(k, type(e).__name__, e.node.id, type(e.lock).__name__,
                      None if e.lock is None else e.lock.anchor.id,
-                     None if e.lock is None else e.lock.skip_lock_node_ids)
+                     None if e.lock is None else (e.lock.skip_lock_node_ids,
+                                                 e.lock.swa_uuid_for_lock,
+                                                 e.lock.swa_uuid_for_host_lock))
                     for k, e in tier.ongoing_write_through.items()],
         "owned": sorted(cache._owned),
         "host_free": cc.mem_pool_host.available_size(),
@@ -169,7 +171,8 @@ def _step(side: Side, rng: random.Random, page: int) -> object:
         value = torch.cat([prefix, slots, torch.zeros(len(tokens) - n, dtype=torch.int64)])
         r = cache.insert(fast.InsertParams(key=key, value=value, prev_prefix_len=len(prefix),
                                            chunked=rng.random() < 0.2))
-        return ("insert", r.prefix_len, r.total_len, r.mamba_exist)
+        return ("insert", type(r), r.prefix_len, r.total_len, r.mamba_exist,
+                r.inserted_host_node)
     if op < 0.7:
         return ("evict", cache.evict(fast.EvictParams(num_tokens=rng.randrange(1, 16)))
                 .num_tokens_evicted)
