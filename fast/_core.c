@@ -7924,8 +7924,8 @@ fail:
  * calls ``tier.write_backup`` itself.  The same steps, in the same order, as the Python
  * loop; the cache's _clock is written at every step, as there, and read again after every
  * Python call that may move it.  It declines (None, nothing changed) where the Python loop
- * takes what this does not: a plan entry that is not (Node, int), a _heap or _deferred that
- * is not a plain list, a tier that is not exactly HostTier, a clock, count or threshold that
+ * takes what this does not: a plan entry that is not (Node, int), units that are not an int64
+ * buffer of n units, a _heap or _deferred that is not a plain list, a tier that is not exactly HostTier, a clock, count or threshold that
  * is not a plain int.  tests/fast/test_host_insert_twin.py runs it against the Python loop.
  */
 
@@ -8540,6 +8540,15 @@ core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t prev = iv[0], n = iv[1], total = iv[2], ps = iv[3];
     if (ps < 1)
         Py_RETURN_NONE;
+    KeyView uk;  /* (units: an int64 buffer of n units, whole pages) */
+    if (key_view(units, &uk) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t un = uk.n;
+    key_release(&uk);
+    if (un != n || n % ps)
+        Py_RETURN_NONE;
     Py_ssize_t np = PyList_GET_SIZE(plan);
     for (Py_ssize_t i = 0; i < np; i++) {
         PyObject *it = PyList_GET_ITEM(plan, i);
@@ -8694,20 +8703,15 @@ core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_XSETREF(stamp, hi_tick(cache));
         if (stamp == NULL || (rest = PySequence_GetSlice(units, pos, PY_SSIZE_T_MAX)) == NULL)
             goto leaf_done;
-        if (ps == 1) {
-            ck = PySequence_GetItem(rest, 0);
-        } else {
-            PyObject *pg = PySequence_GetSlice(rest, 0, ps);
-            ck = pg == NULL ? NULL : PySequence_Tuple(pg);
-            Py_XDECREF(pg);
-        }
-        if (ck == NULL)
+        KeyView uk;  /* (``_ck`` of rest: its first page, read from units in place) */
+        if (key_view(units, &uk) < 0)
             goto leaf_done;
-        if (ek != Py_None) {
-            PyObject *pair = PyTuple_Pack(2, ek, ck);
-            Py_SETREF(ck, pair);
-            if (ck == NULL)
-                goto leaf_done;
+        ck = uk.n >= pos + ps ? child_key(uk.p, pos, ps, ek) : NULL;
+        key_release(&uk);
+        if (ck == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "host_insert: the units changed");
+            goto leaf_done;
         }
         if ((full = narrow_copy(value, pos, n - pos)) == NULL)
             goto leaf_done;
