@@ -8314,20 +8314,16 @@ fail:
     return NULL;
 }
 
-/* ``tier.write_backup(node)``: HostTier._write_backup_full written out (x->inline_backup),
- * else the tier's own method called.  The slots written (0: none), -1 with the error set. */
+/* ``tier.write_backup(node)``: HostTier._write_backup_full written out (x->inline_backup:
+ * the slots written, 0 for none), else the tier's own method called (its answer dropped, as
+ * insert_host drops it: 0); -1 with the error set. */
 static long long
 hi_backup(HiCtx *x, PyObject *node)
 {
     if (!x->inline_backup) {
         PyObject *a[2] = {x->tier, node};
-        PyObject *r = PyObject_VectorcallMethod(s_hi_write_backup, a,
-                                                2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (r == NULL)
-            return -1;
-        long long got = PyLong_AsLongLong(r);
-        Py_DECREF(r);
-        return got == -1 && PyErr_Occurred() ? -1 : got;
+        return discard(PyObject_VectorcallMethod(s_hi_write_backup, a,
+                                                 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
     }
     long long result = -1;
     PyObject *parent = NULL, *value = NULL, *shape = NULL, *n_o = NULL, *cc = NULL, *pool = NULL,

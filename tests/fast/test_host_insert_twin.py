@@ -380,3 +380,22 @@ def test_no_reference_left_behind(switch):
     assert len(gc.get_objects()) <= objects + 50
     assert marks() == before
     assert switch.taken > 500
+
+
+def test_a_tier_of_its_own_backup_is_called(switch, record_frees):
+    """A tier whose ``write_backup`` is not the written-out one (here a wrapper of the general
+    ``write_backup`` that answers None) is called by the twin as by the Python loop, its answer
+    dropped as the loop drops it."""
+    build = _build("write_through", "sync", 1, 2, 24)
+    sides = [Side(switch, True, build), Side(switch, False, build)]
+    calls = [0, 0]
+    for i, side in enumerate(sides):
+        tier = side.cache.tier
+
+        def own(node, write_back=False, _tier=tier, _i=i):
+            calls[_i] += 1
+            host_mod.HostTier.write_backup(_tier, node, write_back)
+        tier.write_backup = own
+    _lockstep(switch, sides, 21, 1, 300)
+    assert calls[0] == calls[1] > 5
+    assert switch.taken > 50
