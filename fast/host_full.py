@@ -31,9 +31,9 @@ with ``HostTier._write_backup_full`` written out in C where the tier's ``write_b
 method and its written-out case holds (anything else calls the tier's ``write_backup``), and
 the new leaf, the ack's event, the write lock's params and the answer made as their
 ``__init__`` makes them (the leaf's id drawn from fast/node.py's counter).  It declines (None,
-nothing changed; the Python loop below runs) a plan entry that is not a ``Node``, a heap or
-queue of frees that is not a plain list, a tier that is not exactly ``HostTier``, a clock or
-threshold that is not a plain int.  The loop here stays the reference and, without the core
+nothing changed; the Python loop below runs) a plan entry that is not a ``Node``, units that
+are not an int64 buffer, a heap or queue of frees that is not a plain list, a tier that is not
+exactly ``HostTier``, a clock or threshold that is not a plain int.  The loop here stays the reference and, without the core
 (``UNIRADIX_PURE_PYTHON=1``), the path; tests/fast/test_host_insert_twin.py runs the two in
 lockstep (node ids included).
 """
