@@ -33,9 +33,9 @@ the new leaf, the ack's event, the write lock's params and the answer made as th
 ``__init__`` makes them (the leaf's id drawn from fast/node.py's counter).  It declines (None,
 nothing changed; the Python loop below runs) a plan entry that is not a ``Node``, units that
 are not an int64 buffer, a heap or queue of frees that is not a plain list, a tier that is not
-exactly ``HostTier``, a clock or threshold that is not a plain int.  The loop here stays the reference and, without the core
-(``UNIRADIX_PURE_PYTHON=1``), the path; tests/fast/test_host_insert_twin.py runs the two in
-lockstep (node ids included).
+exactly ``HostTier``, a clock or threshold that is not a plain int.  The loop here stays the
+reference and, without the core (``UNIRADIX_PURE_PYTHON=1``), the path;
+tests/fast/test_host_insert_twin.py runs the two in lockstep (node ids included).
 """
 
 from __future__ import annotations
