@@ -8636,6 +8636,861 @@ out:
 #undef HL_TUPLE
 #undef HL_READY
 
+/* ---- host tier: Full insert (host_insert) ---- */
+/*
+ * host_insert: fast/host_full.py insert_host from the root's stamp on (its checks, the key's
+ * parts, the plan and the slot ledger's checks stay in Python and run first), for the Full
+ * component alone over the host tier: each planned node stamped and pushed where it is an
+ * unlocked device leaf (an evicted one re-entered on the host heap through the tier's
+ * ``restamped``), split where the insert ends inside it (the cache's ``_split``), restored
+ * from the fresh slots where it was evicted (the cache's ``_unevict``), the caller's
+ * duplicates queued on the insert's ``_deferred`` one piece per node, hits counted, the new
+ * leaf (fast/node.py's Node, called as the Python path calls it: the same ids), its slots
+ * owned where the ledger is kept, pushed, counted.  A backup a hit asks for is
+ * HostTier._write_backup_full written out where the tier's ``write_backup`` is that method
+ * and its written-out case holds (the controller only queues acks, no KV events, no aux
+ * component, not disabled; the stock ``_full_write_lock``): the parent first, the host
+ * pool's ``alloc`` (on a short pool ``available_size``, ``evict_host`` and ``alloc`` again,
+ * the Python calls), the ack queued, the host copy kept (a view of the pool's own storage
+ * cloned), ``host_tokens``, and the write lock (``lock_walk`` inline; its params the
+ * HostDecLockRefParams class called) filed in ``ongoing_write_through``.  Anything else
+ * calls ``tier.write_backup`` itself.  The same steps, in the same order, as the Python
+ * loop; the cache's _clock is written at every step, as there, and read again after every
+ * Python call that may move it.  It declines (None, nothing changed) where the Python loop
+ * takes what this does not: a plan entry that is not (Node, int), units that are not an int64
+ * buffer of n units, a _heap or _deferred that is not a plain list, a tier that is not exactly HostTier, a clock, count or threshold that
+ * is not a plain int.  tests/fast/test_host_insert_twin.py runs it against the Python loop.
+ */
+
+static PyTypeObject *g_hi_tier = NULL, *g_hi_ack = NULL, *g_hi_inflight = NULL;
+/* The three objects a backup or a new leaf makes, made here as their __init__ makes them
+ * (hi_make): Node (its id drawn from fast/node.py's _ids as its __init__ draws it), _Event,
+ * HostDecLockRefParams; each __init__ as setup found it (where a class's __init__ or
+ * __new__ is another one now, the class is called). */
+static PyObject *g_hi_node_init = NULL, *g_hi_node_globals = NULL, *g_hi_event_init = NULL,
+    *g_hi_lockp_init = NULL, *s_hi_init, *s_hi_ids;
+static Py_ssize_t HI_event_done = 0, HI_lp_uuid = 0, HI_lp_host_uuid = 0, HI_lp_skip = 0,
+    HI_lp_anchor = 0;
+/* InsertParams' answer, InsertResult (fast/params.py, a dataclass with slots), likewise */
+static PyObject *g_hi_result_init = NULL;
+static Py_ssize_t HI_ir_prefix = 0, HI_ir_total = 0, HI_ir_exist = 0, HI_ir_host = 0;
+static PyObject *g_hi_wbf = NULL, *g_hi_fwl = NULL, *g_hi_event = NULL, *g_hi_lockp = NULL,
+    *g_hi_kw_anchor = NULL, *g_hi_one = NULL;
+static PyObject *s_hi_tier, *s_hi_write_back, *s_hi_threshold, *s_hi_write_backup,
+    *s_hi_controller, *s_hi_ack_only, *s_hi_components, *s_hi_cache, *s_hi_fwl, *s_hi_pool,
+    *s_hi_alloc, *s_hi_available, *s_hi_evict_host, *s_hi_ackq, *s_hi_sync, *s_hi_host_tokens,
+    *s_hi_ongoing, *s_hi_base, *s_hi_clone, *s_hi_restamped, *s_hi_unevict, *s_hi_hit_count,
+    *s_hi_host_value, *s_hi_id, *s_hi_clock, *s_hi_events, *s_hi_disable, *s_hi_heap,
+    *s_hi_evictable, *s_hi_protected, *s_hi_root, *s_hi_split, *s_hi_parent, *s_hi_value,
+    *s_hi_key, *s_hi_lock_ref, *s_hi_dev_children, *s_hi_children, *s_hi_stamp, *s_hi_shape,
+    *s_hi_update, *s_hi_tolist;
+
+static int hi_slot(PyTypeObject *tp, const char *name, Py_ssize_t *off);
+
+/* host_insert_setup(HostTier, _write_backup_full, _full_write_lock, _Event, Ack, InFlight,
+ * HostDecLockRefParams): the classes and functions the written-out backup stands for. */
+static PyObject *
+core_host_insert_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyType_Check(args[0]) || !PyType_Check(args[4])
+            || !PyType_Check(args[5]) || !PyType_IsSubtype((PyTypeObject *)args[4], &PyTuple_Type)
+            || !PyType_IsSubtype((PyTypeObject *)args[5], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "host_insert_setup(HostTier, _write_backup_full, "
+                        "_full_write_lock, _Event, Ack, InFlight, HostDecLockRefParams)");
+        return NULL;
+    }
+    if (s_hi_tier == NULL) {
+#define HI_INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+        HI_INTERN(s_hi_tier, "tier");
+        HI_INTERN(s_hi_write_back, "write_back");
+        HI_INTERN(s_hi_threshold, "write_through_threshold");
+        HI_INTERN(s_hi_write_backup, "write_backup");
+        HI_INTERN(s_hi_controller, "controller");
+        HI_INTERN(s_hi_ack_only, "ack_only");
+        HI_INTERN(s_hi_components, "components");
+        HI_INTERN(s_hi_cache, "cache");
+        HI_INTERN(s_hi_fwl, "_full_write_lock");
+        HI_INTERN(s_hi_pool, "mem_pool_host");
+        HI_INTERN(s_hi_alloc, "alloc");
+        HI_INTERN(s_hi_available, "available_size");
+        HI_INTERN(s_hi_evict_host, "evict_host");
+        HI_INTERN(s_hi_ackq, "ack_write_queue");
+        HI_INTERN(s_hi_sync, "sync");
+        HI_INTERN(s_hi_host_tokens, "host_tokens");
+        HI_INTERN(s_hi_ongoing, "ongoing_write_through");
+        HI_INTERN(s_hi_base, "_base");
+        HI_INTERN(s_hi_clone, "clone");
+        HI_INTERN(s_hi_restamped, "restamped");
+        HI_INTERN(s_hi_unevict, "_unevict");
+        HI_INTERN(s_hi_hit_count, "hit_count");
+        HI_INTERN(s_hi_host_value, "host_value");
+        HI_INTERN(s_hi_id, "id");
+        HI_INTERN(s_hi_clock, "_clock");
+        HI_INTERN(s_hi_events, "_events");
+        HI_INTERN(s_hi_disable, "disable");
+        HI_INTERN(s_hi_heap, "_heap");
+        HI_INTERN(s_hi_evictable, "_evictable");
+        HI_INTERN(s_hi_protected, "_protected");
+        HI_INTERN(s_hi_root, "root_node");
+        HI_INTERN(s_hi_split, "_split");
+        HI_INTERN(s_hi_parent, "parent");
+        HI_INTERN(s_hi_value, "value");
+        HI_INTERN(s_hi_key, "key");
+        HI_INTERN(s_hi_lock_ref, "lock_ref");
+        HI_INTERN(s_hi_dev_children, "dev_children");
+        HI_INTERN(s_hi_children, "children");
+        HI_INTERN(s_hi_stamp, "last_access_time");
+        HI_INTERN(s_hi_shape, "shape");
+        HI_INTERN(s_hi_update, "update");
+        HI_INTERN(s_hi_tolist, "tolist");
+        HI_INTERN(s_hi_init, "__init__");
+        HI_INTERN(s_hi_ids, "_ids");
+#undef HI_INTERN
+    }
+    PyObject *kw = PyTuple_Pack(1, PyUnicode_InternFromString("anchor"));
+    if (kw == NULL)
+        return NULL;
+    Py_XSETREF(g_hi_kw_anchor, kw);
+    if (g_hi_one == NULL && (g_hi_one = PyLong_FromLong(1)) == NULL)
+        return NULL;
+    Py_XSETREF(g_hi_tier, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(g_hi_wbf, Py_NewRef(args[1]));
+    Py_XSETREF(g_hi_fwl, Py_NewRef(args[2]));
+    Py_XSETREF(g_hi_event, Py_NewRef(args[3]));
+    Py_XSETREF(g_hi_ack, (PyTypeObject *)Py_NewRef(args[4]));
+    Py_XSETREF(g_hi_inflight, (PyTypeObject *)Py_NewRef(args[5]));
+    Py_XSETREF(g_hi_lockp, Py_NewRef(args[6]));
+    /* the constructors' __init__ and slots, where they are the plain ones (else the class is
+     * called: hi_make) */
+    Py_CLEAR(g_hi_node_init);
+    Py_CLEAR(g_hi_node_globals);
+    Py_CLEAR(g_hi_event_init);
+    Py_CLEAR(g_hi_lockp_init);
+    PyObject *ni = g_pn_type == NULL ? NULL : _PyType_Lookup(g_pn_type, s_hi_init);
+    if (ni != NULL && PyFunction_Check(ni)) {
+        g_hi_node_init = Py_NewRef(ni);
+        g_hi_node_globals = Py_NewRef(PyFunction_GET_GLOBALS(ni));
+    }
+    if (PyType_Check(args[3]) && hi_slot((PyTypeObject *)args[3], "done", &HI_event_done) == 0) {
+        PyObject *ei = _PyType_Lookup((PyTypeObject *)args[3], s_hi_init);
+        g_hi_event_init = ei == NULL ? NULL : Py_NewRef(ei);
+    }
+    if (PyType_Check(args[6])) {
+        PyTypeObject *lt = (PyTypeObject *)args[6];
+        if (hi_slot(lt, "swa_uuid_for_lock", &HI_lp_uuid) == 0
+                && hi_slot(lt, "swa_uuid_for_host_lock", &HI_lp_host_uuid) == 0
+                && hi_slot(lt, "skip_lock_node_ids", &HI_lp_skip) == 0
+                && hi_slot(lt, "anchor", &HI_lp_anchor) == 0) {
+            PyObject *li = _PyType_Lookup(lt, s_hi_init);
+            g_hi_lockp_init = li == NULL ? NULL : Py_NewRef(li);
+        }
+    }
+    Py_CLEAR(g_hi_result_init);
+    if (g_InsertResult != NULL && PyType_Check(g_InsertResult)) {
+        PyTypeObject *rt = (PyTypeObject *)g_InsertResult;
+        if (hi_slot(rt, "prefix_len", &HI_ir_prefix) == 0
+                && hi_slot(rt, "total_len", &HI_ir_total) == 0
+                && hi_slot(rt, "mamba_exist", &HI_ir_exist) == 0
+                && hi_slot(rt, "inserted_host_node", &HI_ir_host) == 0) {
+            PyObject *ri = _PyType_Lookup(rt, s_hi_init);
+            g_hi_result_init = ri == NULL ? NULL : Py_NewRef(ri);
+        }
+    }
+    PyErr_Clear();  /* (a class without those slots: it is called) */
+    Py_RETURN_NONE;
+}
+
+/* The offset of the writable object slot `name` of tp or a base (0, or -1 with an error). */
+static int
+hi_slot(PyTypeObject *tp, const char *name, Py_ssize_t *off)
+{
+    PyObject *nm = PyUnicode_InternFromString(name);
+    if (nm == NULL)
+        return -1;
+    PyObject *d = _PyType_Lookup(tp, nm);  /* borrowed */
+    Py_DECREF(nm);
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ field", tp->tp_name, name);
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY) || m->offset <= 0) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", tp->tp_name, name);
+        return -1;
+    }
+    *off = m->offset;
+    return 0;
+}
+
+/* A fresh instance of tp as object.__new__ makes it, where tp's __init__ is still `init` and
+ * its __new__ object's: 1 (*out set, or NULL with the error set), 0 (call the class). */
+static int
+hi_alloc(PyTypeObject *tp, PyObject *init, PyObject **out)
+{
+    if (init == NULL || tp->tp_new != PyBaseObject_Type.tp_new
+            || (tp->tp_flags & Py_TPFLAGS_IS_ABSTRACT) || _PyType_Lookup(tp, s_hi_init) != init)
+        return 0;
+    *out = tp->tp_alloc(tp, 0);
+    return 1;
+}
+
+/* Store v (a new reference, stolen) in a fresh object's slot. */
+#define HI_FILL(o, off, v) (SLOT_AT((o), (off)) = (v))
+
+/* Node(key, value, parent, extra_key, stamp, ck) (fast/node.py): its __init__'s fields, its id
+ * next(_ids) of its module's counter; the class called where hi_alloc says so. */
+static PyObject *
+hi_new_node(PyObject **a)
+{
+    PyObject *n = NULL, *ids = g_hi_node_globals == NULL ? NULL
+        : PyDict_GetItemWithError(g_hi_node_globals, s_hi_ids);  /* borrowed */
+    if (ids == NULL && PyErr_Occurred())
+        return NULL;
+    if (ids == NULL || !PyIter_Check(ids) || !hi_alloc(g_pn_type, g_hi_node_init, &n))
+        return PyObject_Vectorcall((PyObject *)g_pn_type, a, 6, NULL);
+    if (n == NULL)
+        return NULL;
+    PyObject *children = PyDict_New(), *aux = children == NULL ? NULL : PyTuple_New(0);
+    if (aux == NULL) {
+        Py_XDECREF(children);
+        Py_DECREF(n);
+        return NULL;
+    }
+    /* (the order of its __init__; the id drawn where it draws it) */
+    HI_FILL(n, PN_ck, Py_NewRef(a[5]));
+    HI_FILL(n, PN_children, children);
+    HI_FILL(n, PN_parent, Py_NewRef(a[2]));
+    HI_FILL(n, PN_key, Py_NewRef(a[0]));
+    HI_FILL(n, PN_value, Py_NewRef(a[1]));
+    HI_FILL(n, PN_lock_ref, Py_NewRef(s_zero));
+    HI_FILL(n, PN_last_access_time, Py_NewRef(a[4]));
+    HI_FILL(n, PN_hit_count, Py_NewRef(s_zero));
+    HI_FILL(n, PN_extra_key, Py_NewRef(a[3]));
+    HI_FILL(n, PN_dev_children, Py_NewRef(s_zero));
+    PyObject *id = PyIter_Next(ids);
+    if (id == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetNone(PyExc_StopIteration);
+        Py_DECREF(aux);
+        Py_DECREF(n);
+        return NULL;
+    }
+    HI_FILL(n, PN_id, id);
+    HI_FILL(n, PN_host_value, Py_NewRef(Py_None));
+    HI_FILL(n, PN_host_lock_ref, Py_NewRef(s_zero));
+    HI_FILL(n, PN_aux, aux);
+    HI_FILL(n, PN_aux_lock, Py_NewRef(s_zero));
+    HI_FILL(n, PN_created, Py_NewRef(a[4]));
+    HI_FILL(n, PN_priority, Py_NewRef(s_zero));
+    return n;
+}
+
+/* InsertResult(pos, total, False): its dataclass __init__'s fields (inserted_host_node None). */
+static PyObject *
+hi_result(Py_ssize_t pos, Py_ssize_t total)
+{
+    PyObject *r = NULL;
+    if (HI_ir_host <= 0 || !PyType_Check(g_InsertResult)
+            || !hi_alloc((PyTypeObject *)g_InsertResult, g_hi_result_init, &r))
+        return ci_result(pos, total, 0);
+    if (r == NULL)
+        return NULL;
+    PyObject *a = PyLong_FromSsize_t(pos), *b = a == NULL ? NULL : PyLong_FromSsize_t(total);
+    if (b == NULL) {
+        Py_XDECREF(a);
+        Py_DECREF(r);
+        return NULL;
+    }
+    HI_FILL(r, HI_ir_prefix, a);
+    HI_FILL(r, HI_ir_total, b);
+    HI_FILL(r, HI_ir_exist, Py_NewRef(Py_False));
+    HI_FILL(r, HI_ir_host, Py_NewRef(Py_None));
+    return r;
+}
+
+/* _Event(done) (fast/tiers/host.py). */
+static PyObject *
+hi_new_event(PyObject *done)
+{
+    PyObject *e = NULL;
+    if (HI_event_done <= 0 || !hi_alloc((PyTypeObject *)g_hi_event, g_hi_event_init, &e))
+        return PyObject_CallOneArg(g_hi_event, done);
+    if (e != NULL)
+        HI_FILL(e, HI_event_done, Py_NewRef(done));
+    return e;
+}
+
+/* HostDecLockRefParams(anchor=node): its dataclass __init__'s fields (the two uuids None, a
+ * fresh dict of skipped ids, the anchor). */
+static PyObject *
+hi_new_lock_params(PyObject *node)
+{
+    PyObject *p = NULL;
+    if (HI_lp_anchor <= 0 || !PyType_Check(g_hi_lockp)
+            || !hi_alloc((PyTypeObject *)g_hi_lockp, g_hi_lockp_init, &p)) {
+        PyObject *a[1] = {node};
+        return PyObject_Vectorcall(g_hi_lockp, a, 0, g_hi_kw_anchor);
+    }
+    if (p == NULL)
+        return NULL;
+    PyObject *skip = PyDict_New();
+    if (skip == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    HI_FILL(p, HI_lp_uuid, Py_NewRef(Py_None));
+    HI_FILL(p, HI_lp_host_uuid, Py_NewRef(Py_None));
+    HI_FILL(p, HI_lp_skip, skip);
+    HI_FILL(p, HI_lp_anchor, Py_NewRef(node));
+    return p;
+}
+
+/* tuple.__new__(cls, (a, b, c...)) for a tuple subclass (the backup's Ack and InFlight
+ * records, as host.py's _ack / _in_flight make them); items borrowed. */
+static PyObject *
+hi_record(PyTypeObject *cls, Py_ssize_t k, PyObject **items)
+{
+    PyObject *t = cls->tp_alloc(cls, k);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < k; i++)
+        PyTuple_SET_ITEM(t, i, Py_NewRef(items[i]));
+    return t;
+}
+
+/* One insert's state: the objects the steps read (new references, released at the end). */
+typedef struct {
+    PyObject *cache, *tier, *root, *heap;
+    int inline_backup;  /* the tier's write_backup is _write_backup_full's written-out case */
+} HiCtx;
+
+/* `o.name` of a Node field through its slot where o is a Node: new reference. */
+#define HI_GET(o, f, name) pyfield_get((o), PN_OFF((o), PN_##f), (name))
+#define HI_SET(o, f, name, v) pyfield_set((o), PN_OFF((o), PN_##f), (name), (v))
+
+/* `o.name is None` for a Node field: 1, 0, -1. */
+static int
+hi_is_none(PyObject *o, Py_ssize_t off, PyObject *name)
+{
+    PyObject *v = pyfield_get(o, off, name);
+    if (v == NULL)
+        return -1;
+    int r = v == Py_None;
+    Py_DECREF(v);
+    return r;
+}
+
+/* `a OP b` for Python objects: 1, 0, -1. */
+static int
+hi_cmp(PyObject *a, PyObject *b, int op)
+{
+    return PyObject_RichCompareBool(a, b, op);
+}
+
+/* ``HostTier._full_write_lock(node)``: lock_walk(node, root) (each node up to the root one
+ * lock more; the units of those that were unlocked), the cache's counters moved, and
+ * HostDecLockRefParams(anchor=node).  New reference. */
+static PyObject *
+hi_write_lock(HiCtx *x, PyObject *node)
+{
+    long long delta = 0;
+    PyObject *cur = Py_NewRef(node);
+    while (cur != x->root) {
+        int z = pyfield_eq_zero(cur, PN_OFF(cur, PN_lock_ref), s_hi_lock_ref);
+        if (z < 0)
+            goto fail;
+        if (z) {
+            Py_ssize_t k = pn_key_len(cur);
+            if (k < 0)
+                goto fail;
+            delta += k;
+        }
+        if (pyfield_add(cur, PN_OFF(cur, PN_lock_ref), s_hi_lock_ref, 1) < 0)
+            goto fail;
+        Py_SETREF(cur, HI_GET(cur, parent, s_hi_parent));
+        if (cur == NULL)
+            return NULL;
+    }
+    Py_DECREF(cur);
+    {
+        PyObject *d = PyLong_FromLongLong(delta), *v, *w;
+        if (d == NULL)
+            return NULL;
+        int ok = -1;
+        /* cache._evictable -= delta; cache._protected += delta (Python's in-place ops) */
+        if ((v = PyObject_GetAttr(x->cache, s_hi_evictable)) != NULL) {
+            w = PyNumber_InPlaceSubtract(v, d);
+            Py_DECREF(v);
+            if (w != NULL) {
+                ok = PyObject_SetAttr(x->cache, s_hi_evictable, w);
+                Py_DECREF(w);
+            }
+        }
+        if (ok == 0) {
+            ok = -1;
+            if ((v = PyObject_GetAttr(x->cache, s_hi_protected)) != NULL) {
+                w = PyNumber_InPlaceAdd(v, d);
+                Py_DECREF(v);
+                if (w != NULL) {
+                    ok = PyObject_SetAttr(x->cache, s_hi_protected, w);
+                    Py_DECREF(w);
+                }
+            }
+        }
+        Py_DECREF(d);
+        if (ok < 0)
+            return NULL;
+    }
+    return hi_new_lock_params(node);
+fail:
+    Py_DECREF(cur);
+    return NULL;
+}
+
+/* ``tier.write_backup(node)``: HostTier._write_backup_full written out (x->inline_backup:
+ * the slots written, 0 for none), else the tier's own method called (its answer dropped, as
+ * insert_host drops it: 0); -1 with the error set. */
+static long long
+hi_backup(HiCtx *x, PyObject *node)
+{
+    if (!x->inline_backup) {
+        PyObject *a[2] = {x->tier, node};
+        return discard(PyObject_VectorcallMethod(s_hi_write_backup, a,
+                                                 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
+    }
+    long long result = -1;
+    PyObject *parent = NULL, *value = NULL, *shape = NULL, *n_o = NULL, *cc = NULL, *pool = NULL,
+             *host = NULL, *avail = NULL, *needed = NULL, *got = NULL, *q = NULL, *sync = NULL,
+             *ev = NULL, *id = NULL, *ids = NULL, *ack = NULL, *base = NULL, *hv = NULL,
+             *lock = NULL, *rec = NULL, *ongoing = NULL;
+    if ((parent = HI_GET(node, parent, s_hi_parent)) == NULL)
+        goto done;
+    if (parent == Py_None) {
+        PyErr_SetString(PyExc_AssertionError, "write_backup of the root or a detached node");
+        goto done;
+    }
+    if (parent != x->root) {  /* write-through: the parent first */
+        int none = hi_is_none(parent, PN_OFF(parent, PN_host_value), s_hi_host_value);
+        if (none < 0)
+            goto done;
+        if (none) {
+            long long r = hi_backup(x, parent);
+            if (r < 0)
+                goto done;
+            if (r <= 0) {
+                result = 0;
+                goto done;
+            }
+        }
+    }
+    if ((value = HI_GET(node, value, s_hi_value)) == NULL
+            || (shape = PyObject_GetAttr(value, s_hi_shape)) == NULL
+            || (n_o = PySequence_GetItem(shape, 0)) == NULL
+            || (cc = PyObject_GetAttr(x->tier, s_hi_controller)) == NULL
+            || (pool = PyObject_GetAttr(cc, s_hi_pool)) == NULL)
+        goto done;
+    {
+        PyObject *a[2] = {pool, n_o};
+        host = PyObject_VectorcallMethod(s_hi_alloc, a, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    if (host == NULL)
+        goto done;
+    if (host == Py_None) {  /* (``_take_host``: room made only when the pool is short) */
+        if ((avail = PyObject_CallMethodNoArgs(pool, s_hi_available)) == NULL)
+            goto done;
+        int c = hi_cmp(avail, n_o, Py_GE);
+        if (c < 0)
+            goto done;
+        if (c) {
+            result = 0;
+            goto done;
+        }
+        if ((needed = PyNumber_Subtract(n_o, avail)) == NULL
+                || (got = PyObject_CallMethodOneArg(x->tier, s_hi_evict_host, needed)) == NULL
+                || (c = hi_cmp(got, needed, Py_LT)) < 0)
+            goto done;
+        if (c) {
+            result = 0;
+            goto done;
+        }
+        Py_SETREF(host, NULL);
+        PyObject *a[2] = {pool, n_o};
+        host = PyObject_VectorcallMethod(s_hi_alloc, a, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (host == NULL)
+            goto done;
+        if (host == Py_None) {
+            result = 0;
+            goto done;
+        }
+    }
+    /* cc.ack_write_queue.append(_ack((None, _Event(cc.sync), [node.id]))) */
+    if ((q = PyObject_GetAttr(cc, s_hi_ackq)) == NULL
+            || (sync = PyObject_GetAttr(cc, s_hi_sync)) == NULL
+            || (ev = hi_new_event(sync)) == NULL
+            || (id = HI_GET(node, id, s_hi_id)) == NULL
+            || (ids = PyList_New(1)) == NULL)
+        goto done;
+    PyList_SET_ITEM(ids, 0, Py_NewRef(id));
+    {
+        PyObject *items[3] = {Py_None, ev, ids};
+        if ((ack = hi_record(g_hi_ack, 3, items)) == NULL)
+            goto done;
+    }
+    if (PyList_CheckExact(q) ? PyList_Append(q, ack) < 0
+            : discard(PyObject_CallMethod(q, "append", "O", ack)) < 0)
+        goto done;
+    /* node.host_value = host if host._base is None else host.clone() */
+    if ((base = PyObject_GetAttr(host, s_hi_base)) == NULL)
+        goto done;
+    hv = base == Py_None ? Py_NewRef(host) : PyObject_CallMethodNoArgs(host, s_hi_clone);
+    if (hv == NULL || HI_SET(node, host_value, s_hi_host_value, hv) < 0)
+        goto done;
+    {  /* self.host_tokens += n */
+        PyObject *t = PyObject_GetAttr(x->tier, s_hi_host_tokens), *s = NULL;
+        if (t == NULL)
+            goto done;
+        s = PyNumber_InPlaceAdd(t, n_o);
+        Py_DECREF(t);
+        if (s == NULL)
+            goto done;
+        int r = PyObject_SetAttr(x->tier, s_hi_host_tokens, s);
+        Py_DECREF(s);
+        if (r < 0)
+            goto done;
+    }
+    /* self.ongoing_write_through[node.id] = _in_flight((node, self._full_write_lock(node))) */
+    if ((lock = hi_write_lock(x, node)) == NULL)
+        goto done;
+    {
+        PyObject *items[2] = {node, lock};
+        if ((rec = hi_record(g_hi_inflight, 2, items)) == NULL)
+            goto done;
+    }
+    Py_SETREF(id, HI_GET(node, id, s_hi_id));
+    if (id == NULL || (ongoing = PyObject_GetAttr(x->tier, s_hi_ongoing)) == NULL
+            || PyObject_SetItem(ongoing, id, rec) < 0)
+        goto done;
+    result = PyLong_AsLongLong(n_o);
+done:
+    Py_XDECREF(parent);
+    Py_XDECREF(value);
+    Py_XDECREF(shape);
+    Py_XDECREF(n_o);
+    Py_XDECREF(cc);
+    Py_XDECREF(pool);
+    Py_XDECREF(host);
+    Py_XDECREF(avail);
+    Py_XDECREF(needed);
+    Py_XDECREF(got);
+    Py_XDECREF(q);
+    Py_XDECREF(sync);
+    Py_XDECREF(ev);
+    Py_XDECREF(id);
+    Py_XDECREF(ids);
+    Py_XDECREF(ack);
+    Py_XDECREF(base);
+    Py_XDECREF(hv);
+    Py_XDECREF(lock);
+    Py_XDECREF(rec);
+    Py_XDECREF(ongoing);
+    return result;
+}
+
+/* Whether the tier's write_backup is _write_backup_full's written-out case (see above): 1, 0,
+ * -1.  Reads only. */
+static int
+hi_inline_backup(PyObject *cache, PyObject *tier)
+{
+    int ok = 0;
+    PyObject *wb = NULL, *fwl = NULL, *owner = NULL, *cc = NULL, *only = NULL, *ev = NULL,
+             *dis = NULL, *comps = NULL;
+    if ((wb = PyObject_GetAttr(tier, s_hi_write_backup)) == NULL
+            || (fwl = PyObject_GetAttr(tier, s_hi_fwl)) == NULL
+            || (owner = PyObject_GetAttr(tier, s_hi_cache)) == NULL
+            || (cc = PyObject_GetAttr(tier, s_hi_controller)) == NULL
+            || (only = PyObject_GetAttr(cc, s_hi_ack_only)) == NULL
+            || (ev = PyObject_GetAttr(cache, s_hi_events)) == NULL
+            || (dis = PyObject_GetAttr(cache, s_hi_disable)) == NULL
+            || (comps = PyObject_GetAttr(cache, s_hi_components)) == NULL) {
+        ok = -1;
+        goto done;
+    }
+    if (PyMethod_Check(wb) && PyMethod_GET_FUNCTION(wb) == g_hi_wbf
+            && PyMethod_GET_SELF(wb) == tier && PyMethod_Check(fwl)
+            && PyMethod_GET_FUNCTION(fwl) == g_hi_fwl && PyMethod_GET_SELF(fwl) == tier
+            && owner == cache && only == Py_True && ev == Py_None && dis == Py_False) {
+        int some = PyObject_IsTrue(comps);
+        ok = some < 0 ? -1 : !some;
+    }
+done:
+    Py_XDECREF(wb);
+    Py_XDECREF(fwl);
+    Py_XDECREF(owner);
+    Py_XDECREF(cc);
+    Py_XDECREF(only);
+    Py_XDECREF(ev);
+    Py_XDECREF(dis);
+    Py_XDECREF(comps);
+    return ok;
+}
+
+/* cache._clock = clock + stride, the stamp returned (new reference): the Python loop's
+ * ``clock = cache._clock + STRIDE; cache._clock = clock``. */
+static PyObject *
+hi_tick(PyObject *cache)
+{
+    long long c;
+    if (get_ll(cache, s_hi_clock, &c) < 0)
+        return NULL;
+    PyObject *stamp = PyLong_FromLongLong(c + g_stride);
+    if (stamp != NULL && PyObject_SetAttr(cache, s_hi_clock, stamp) < 0)
+        Py_CLEAR(stamp);
+    return stamp;
+}
+
+/* host_insert(cache, plan, value, units, extra_key, prev, chunked, n, total, page_size,
+ *             deferred, owned) -> InsertResult, or None (nothing changed): see above. */
+static PyObject *
+core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "host_insert(cache, plan, value, units, extra_key, "
+                        "prev, chunked, n, total, page_size, deferred, owned)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *plan = args[1], *value = args[2], *units = args[3],
+             *ek = args[4], *chunked = args[6], *deferred = args[10], *owned = args[11];
+    static const int ints[4] = {5, 7, 8, 9};
+    Py_ssize_t iv[4];
+    if (g_hi_tier == NULL || g_pn_type == NULL || g_InsertResult == NULL
+            || !ci_ints(args, ints, 4, iv) || (chunked != Py_True && chunked != Py_False)
+            || !PyList_CheckExact(plan) || !PyList_CheckExact(deferred))
+        Py_RETURN_NONE;
+    Py_ssize_t prev = iv[0], n = iv[1], total = iv[2], ps = iv[3];
+    if (ps < 1)
+        Py_RETURN_NONE;
+    KeyView uk;  /* (units: an int64 buffer of n units, whole pages) */
+    if (key_view(units, &uk) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t un = uk.n;
+    key_release(&uk);
+    if (un != n || n % ps)
+        Py_RETURN_NONE;
+    Py_ssize_t np = PyList_GET_SIZE(plan);
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *it = PyList_GET_ITEM(plan, i);
+        if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 2
+                || !PN_IS(PyTuple_GET_ITEM(it, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
+            Py_RETURN_NONE;
+    }
+    HiCtx x = {cache, NULL, NULL, NULL, 0};
+    PyObject *result = NULL, *wb = NULL, *thr = NULL, *node = NULL, *child = NULL,
+             *stamp = NULL;
+    long long threshold = 0, clock0;
+    int hits = 0;
+    if ((x.tier = PyObject_GetAttr(cache, s_hi_tier)) == NULL
+            || (x.heap = PyObject_GetAttr(cache, s_hi_heap)) == NULL
+            || (x.root = PyObject_GetAttr(cache, s_hi_root)) == NULL)
+        goto done;
+    if (Py_TYPE(x.tier) != g_hi_tier || !PyList_CheckExact(x.heap) || !PN_IS(x.root)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if ((wb = PyObject_GetAttr(x.tier, s_hi_write_back)) == NULL)
+        goto done;
+    if (wb != Py_True && wb != Py_False) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    hits = chunked == Py_False && wb == Py_False;
+    if (hits) {
+        if ((thr = PyObject_GetAttr(x.tier, s_hi_threshold)) == NULL)
+            goto done;
+        if (!exact_ll(thr, &threshold)) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if ((x.inline_backup = hi_inline_backup(cache, x.tier)) < 0)
+            goto done;
+    }
+    {
+        PyObject *c = PyObject_GetAttr(cache, s_hi_clock);
+        if (c == NULL)
+            goto done;
+        int ok = exact_ll(c, &clock0);
+        Py_DECREF(c);
+        if (!ok || clock0 > LLONG_MAX / 2) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+
+    /* (from here on, the Python loop's changes) the root's stamp */
+    if ((stamp = hi_tick(cache)) == NULL || HI_SET(x.root, last_access_time, s_hi_stamp, stamp) < 0)
+        goto done;
+    if (n == 0) {
+        result = hi_result(0, total);
+        goto done;
+    }
+    node = Py_NewRef(x.root);
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < np; i++) {
+        if (i >= PyList_GET_SIZE(plan)) {  /* (the plan is the caller's: changed by a callback) */
+            PyErr_SetString(PyExc_RuntimeError, "host_insert: the plan changed");
+            goto done;
+        }
+        PyObject *it = PyList_GET_ITEM(plan, i);
+        Py_XSETREF(child, Py_NewRef(PyTuple_GET_ITEM(it, 0)));
+        Py_ssize_t shared = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 1));
+        if (shared == -1 && PyErr_Occurred())
+            goto done;
+        /* ``_touch``: the stamp, the push of an unlocked device leaf, or the host heap's entry */
+        Py_XSETREF(stamp, hi_tick(cache));
+        if (stamp == NULL || HI_SET(child, last_access_time, s_hi_stamp, stamp) < 0)
+            goto done;
+        int none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value);
+        if (none < 0)
+            goto done;
+        if (!none) {
+            int leaf = pn_unlocked_leaf(child);
+            if (leaf < 0 || (leaf && pn_heap_push(x.heap, stamp, child) < 0))
+                goto done;
+        } else if (discard(PyObject_CallMethodOneArg(x.tier, s_hi_restamped, child)) < 0) {
+            goto done;
+        }
+        Py_ssize_t klen = pn_key_len(child);
+        if (klen < 0)
+            goto done;
+        if (shared < klen) {
+            PyObject *k = PyLong_FromSsize_t(shared), *up = NULL;
+            if (k != NULL) {
+                PyObject *a[3] = {cache, child, k};
+                up = PyObject_VectorcallMethod(s_hi_split, a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                               NULL);
+                Py_DECREF(k);
+            }
+            if (up == NULL)
+                goto done;
+            Py_SETREF(child, up);
+        }
+        Py_ssize_t end = pos + shared;
+        if ((none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value)) < 0)
+            goto done;
+        if (none) {  /* evicted to the host: the fresh slots are its own again */
+            PyObject *p = PyLong_FromSsize_t(pos);
+            if (p == NULL)
+                goto done;
+            PyObject *a[4] = {cache, child, value, p};
+            int r = discard(PyObject_VectorcallMethod(s_hi_unevict, a,
+                                                      4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
+            Py_DECREF(p);
+            if (r < 0)
+                goto done;
+        } else {
+            Py_ssize_t lo = prev > pos ? prev : pos;
+            if (lo < end) {  /* this node's duplicates: one piece per node */
+                PyObject *piece = ci_slice(value, lo, end);
+                if (piece == NULL)
+                    goto done;
+                int r = PyList_Append(deferred, piece);
+                Py_DECREF(piece);
+                if (r < 0)
+                    goto done;
+            }
+        }
+        if (hits) {  /* (``HostTier.count_hit``: child holds device data here) */
+            PyObject *hc = HI_GET(child, hit_count, s_hi_hit_count), *cnt;
+            if (hc == NULL)
+                goto done;
+            cnt = PyNumber_Add(hc, g_hi_one);
+            Py_DECREF(hc);
+            if (cnt == NULL)
+                goto done;
+            int r = HI_SET(child, hit_count, s_hi_hit_count, cnt);
+            long long cv = 0;
+            int cmp = r < 0 ? -1 : exact_ll(cnt, &cv) ? cv >= threshold
+                : PyObject_RichCompareBool(cnt, thr, Py_GE);
+            Py_DECREF(cnt);
+            if (cmp < 0)
+                goto done;
+            int hn = hi_is_none(child, PN_OFF(child, PN_host_value), s_hi_host_value);
+            if (hn < 0)
+                goto done;
+            if (hn && cmp && hi_backup(&x, child) < 0)
+                goto done;
+        }
+        Py_SETREF(node, child);
+        child = NULL;
+        pos = end;
+    }
+    if (pos < n) {  /* the new leaf */
+        PyObject *rest = NULL, *ck = NULL, *full = NULL, *leaf = NULL, *children = NULL,
+                 *lv = NULL;
+        int ok = 0;
+        Py_XSETREF(stamp, hi_tick(cache));
+        if (stamp == NULL || (rest = PySequence_GetSlice(units, pos, PY_SSIZE_T_MAX)) == NULL)
+            goto leaf_done;
+        KeyView uk;  /* (``_ck`` of rest: its first page, read from units in place) */
+        if (key_view(units, &uk) < 0)
+            goto leaf_done;
+        ck = uk.n >= pos + ps ? child_key(uk.p, pos, ps, ek) : NULL;
+        key_release(&uk);
+        if (ck == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "host_insert: the units changed");
+            goto leaf_done;
+        }
+        if ((full = narrow_copy(value, pos, n - pos)) == NULL)
+            goto leaf_done;
+        PyObject *na[6] = {rest, full, node, ek, stamp, ck};
+        if ((leaf = hi_new_node(na)) == NULL
+                || (children = HI_GET(node, children, s_hi_children)) == NULL
+                || PyObject_SetItem(children, ck, leaf) < 0
+                || pyfield_add(node, PN_OFF(node, PN_dev_children), s_hi_dev_children, 1) < 0
+                || pyfield_add(cache, 0, s_hi_evictable, (long long)(n - pos)) < 0)
+            goto leaf_done;
+        if (owned != Py_None) {  /* (``_own``) */
+            if ((lv = HI_GET(leaf, value, s_hi_value)) == NULL
+                    || owned_apply(owned, s_hi_update, lv) < 0)
+                goto leaf_done;
+        }
+        if (pn_heap_push(x.heap, stamp, leaf) < 0)
+            goto leaf_done;
+        if (hits) {  /* (``count_hit`` of the new leaf: it has no host copy) */
+            PyObject *one = PyLong_FromLong(1);
+            if (one == NULL)
+                goto leaf_done;
+            int r = HI_SET(leaf, hit_count, s_hi_hit_count, one);
+            Py_DECREF(one);
+            if (r < 0 || (1 >= threshold && hi_backup(&x, leaf) < 0))
+                goto leaf_done;
+        }
+        ok = 1;
+    leaf_done:
+        Py_XDECREF(rest);
+        Py_XDECREF(ck);
+        Py_XDECREF(full);
+        Py_XDECREF(leaf);
+        Py_XDECREF(children);
+        Py_XDECREF(lv);
+        if (!ok)
+            goto done;
+    }
+    result = hi_result(pos, total);
+done:
+    Py_XDECREF(x.tier);
+    Py_XDECREF(x.heap);
+    Py_XDECREF(x.root);
+    Py_XDECREF(wb);
+    Py_XDECREF(thr);
+    Py_XDECREF(node);
+    Py_XDECREF(child);
+    Py_XDECREF(stamp);
+    return result;
+}
+
 static PyMethodDef core_methods[] = {
     {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
      "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
@@ -8784,6 +9639,13 @@ static PyMethodDef core_methods[] = {
     {"host_setup", (PyCFunction)(void (*)(void))core_host_setup, METH_FASTCALL,
      "host_setup(HostTier, LazyHeap, HostIncLockRefResult, DecLockRefResult, "
      "HostDecLockRefParams, _Event, Ack, InFlight): what the host twins check and build"},
+    {"host_insert_setup", (PyCFunction)(void (*)(void))core_host_insert_setup, METH_FASTCALL,
+     "host_insert_setup(HostTier, _write_backup_full, _full_write_lock, _Event, Ack, InFlight, "
+     "HostDecLockRefParams): what host_insert's written-out backup stands for"},
+    {"host_insert", (PyCFunction)(void (*)(void))core_host_insert, METH_FASTCALL,
+     "host_insert(cache, plan, value, units, extra_key, prev, chunked, n, total, page_size, "
+     "deferred, owned) -> InsertResult: fast/host_full.py insert_host from the root's stamp on; "
+     "None where the Python loop must run (nothing changed)"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -34,6 +34,18 @@ stock hooks).  Each twin takes the same steps in the same order and answers None
 nothing, where it does not write a case out; the Python code here then runs, and stays the
 reference and the fallback (``UNIRADIX_PURE_PYTHON=1``).  tests/fast/test_host_lock_twins.py
 runs the twins against these functions in lockstep.
+
+``insert_host`` has a C twin, ``_core.host_insert`` (fast/_core.c "host tier: Full insert"),
+called once its checks, key and plan are done here: the same steps from the root's stamp on,
+with ``HostTier._write_backup_full`` written out in C where the tier's ``write_backup`` is that
+method and its written-out case holds (anything else calls the tier's ``write_backup``), and
+the new leaf, the ack's event, the write lock's params and the answer made as their
+``__init__`` makes them (the leaf's id drawn from fast/node.py's counter).  It declines (None,
+nothing changed; the Python loop below runs) a plan entry that is not a ``Node``, units that
+are not an int64 buffer, a heap or queue of frees that is not a plain list, a tier that is not
+exactly ``HostTier``, a clock or threshold that is not a plain int.  The loop here stays the
+reference and, without the core (``UNIRADIX_PURE_PYTHON=1``), the path;
+tests/fast/test_host_insert_twin.py runs the two in lockstep (node ids included).
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ from .node import Node
 from .one_aux import _key_parts
 from .params import DecLockRefResult, InsertResult, MatchResult
 from .structures import LazyHeap
+from .tiers import host as _host
 from .tiers.host import (
     Ack,
     HostDecLockRefParams,
@@ -139,6 +152,11 @@ def insert_host(cache: Any, params: Any) -> InsertResult | None:
         cache.tier.check_unevict_slots(plan, slots)
     if params.swa_evicted_seqlen != 0 or params.mamba_value is not None:
         cache._check_aux(plan, prev, params)  # (raises: a setting that needs a component)
+    if _core is not None:  # (the rest in one C call: fast/_core.c "host tier: Full insert")
+        done = _core.host_insert(cache, plan, value, units, ek, prev, chunked, n, total, ps,
+                                 deferred, owned)
+        if done is not None:
+            return done
     clock = cache._clock + STRIDE  # (``_stamp`` of the root: locked, never a leaf)
     cache._clock = clock
     root.last_access_time = clock
@@ -197,6 +215,12 @@ def insert_host(cache: Any, params: Any) -> InsertResult | None:
             if 1 >= threshold:
                 tier.write_backup(leaf)
     return InsertResult(pos, total, False)
+
+
+if _core is not None:  # what the C twin's written-out backup stands for (``_write_backup_full``)
+    _core.host_insert_setup(_host.HostTier, _host.HostTier._write_backup_full,
+                            _host.HostTier._full_write_lock, _host._Event, _host.Ack,
+                            _host.InFlight, HostDecLockRefParams)
 
 
 # ----------------------------------------------------------------------------------------------
