@@ -26,7 +26,8 @@
  *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
  *              through one set of field, record, LRU and counter helpers ("Python-node
  *              fields"); the match, the insert, the locks and the evict also for the stock
- *              SWA and Mamba plug-ins together (pair_match, pair_insert, and pair_inc /
+ *              SWA and Mamba plug-ins together (pair_match, pair_insert with the insert's
+ *              checks in front of it, pair_insert_api, and pair_inc /
  *              pair_dec in "composed tree: pair locks": fast/hybrid.py's general path for
  *              that pair; pair_evict: fast/pair_evict.py, "pair evict"), and a Mamba state's
  *              copy from a slab (state_copy).  Each declines
