@@ -706,8 +706,9 @@ class HybridRadixCache(UnifiedRadixCache):
         in as few allocator calls as the allocator allows (fast/frees.py)."""
         self._deferred = []
         try:
-            fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py; here,
-            if fast is not None:  # not in ``_insert``: one Python frame less per insert)
+            fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py; the
+            if fast is not None:  # pair: C, pair_insert_api; Full over a host tier:
+                # fast/host_full.py; here, not in ``_insert``: one Python frame less per insert)
                 result = fast(self, params)
                 if result is not None:
                     return result
