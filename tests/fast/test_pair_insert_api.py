@@ -25,11 +25,12 @@ from array import array
 
 import pytest
 
-from aux_twins import PAIR_ORDERS, Counting, pages, tree_state, twins_on_recorded_run
+from aux_twins import PAIR_ORDERS, Counting, evict_or_unlock, pages, tree_state, twins_on_recorded_run
 
 torch = pytest.importorskip("torch")
 
 from test_one_aux_c_cevict import StateAllocator, _outcome  # noqa: E402
+from test_pair_evict import slots_for  # noqa: E402
 
 import uniradix.fast as fast  # noqa: E402
 from stories import replay_twins  # noqa: E402
@@ -156,18 +157,8 @@ def _request(side, tokens, rng_pick, held) -> tuple:
     if key_kind == 1:  # (another namespace: nothing matched there)
         prev = 0
     need = len(tokens) - prev  # (the caller's own slots from prev on: duplicates or new)
-    ev = _outcome(lambda: cache.evict(fast.EvictParams(
-        num_tokens=max(need - alloc.full_available_size(), 0),
-        swa_num_tokens=max(need - alloc.swa_available_size(), 0),
-        mamba_num=max(1 - states.available_size(), 0))))
-    fresh = alloc.alloc(need) if need else torch.empty(0, dtype=torch.int64)
-    state = states.alloc(1)
-    if fresh is None or state is None:
-        if fresh is not None and need:
-            alloc.free(fresh)
-        if state is not None:
-            states.free(state)
-        cache.dec_lock_ref(node, lock.to_dec_params())
+    ev, fresh, state = slots_for(side, node, lock, need)
+    if fresh is None:
         return ("aborted", ev)
     e = (0, 0, matched // ps * ps, len(tokens) // 2 // ps * ps, prev // ps * ps)[e_pick]
     key = fast.RadixKey(tokens) if key_kind == 0 else fast.RadixKey(array("q", tokens), "x")
@@ -207,19 +198,9 @@ def test_random_requests_over_free_lists(ps, order, seed):
     helds: list[list] = [[], []]
     refused = 0
     for step in range(260):
-        r = rng.random()
-        if r < 0.2:  # an evict of random amounts: SWA tombstones, states dropped
-            params = fast.EvictParams(num_tokens=rng.choice((0, ps, 3 * ps, 40 * ps)),
-                                      swa_num_tokens=rng.randrange(0, 12 * ps),
-                                      mamba_num=rng.randrange(0, 4))
-            outs = [_outcome(lambda s=s, p=params: s[0].evict(p)) for s in sides]
-        elif r < 0.3 and helds[0]:
-            i = rng.randrange(len(helds[0]))
-            outs = []
-            for s, held in zip(sides, helds, strict=True):
-                node, lock = held.pop(i)
-                outs.append(s[0].dec_lock_ref(node, lock.to_dec_params()).delta)
-        else:
+        # an evict of random amounts (SWA tombstones, states dropped), a held lock going
+        outs = evict_or_unlock(rng.random(), rng, sides, helds, ps, _outcome)
+        if outs is None:
             tokens = rng.choice(prompts) + [rng.randrange(1, 9)
                                             for _ in range(rng.randrange(0, 4) * ps)]
             if rng.random() < 0.5 and ps > 1:  # a key that is not whole pages: cut
