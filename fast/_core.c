@@ -26,7 +26,8 @@
  *              plan, walk, leaf and commit ("cinsert") and the evicts' loops ("cevict"), all
  *              through one set of field, record, LRU and counter helpers ("Python-node
  *              fields"); the match, the insert, the locks and the evict also for the stock
- *              SWA and Mamba plug-ins together (pair_match, pair_insert, and pair_inc /
+ *              SWA and Mamba plug-ins together (pair_match, pair_insert with the insert's
+ *              checks in front of it, pair_insert_api, and pair_inc /
  *              pair_dec in "composed tree: pair locks": fast/hybrid.py's general path for
  *              that pair; pair_evict: fast/pair_evict.py, "pair evict"), and a Mamba state's
  *              copy from a slab (state_copy).  Each declines
@@ -7451,6 +7452,237 @@ core_pair_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return ci_insert(mod, args[0], &sh, a);
 }
 
+/* pair_insert_api(cache, params) -> InsertResult, or None (nothing changed): fast/hybrid.py
+ * _insert whole for the stock SWA and Mamba plug-ins together (the pair's ``_insert_fast``,
+ * called by ``insert``, which releases the queued frees): the key read in place (plain_key:
+ * uniradix's RadixKey, or sglang's shape, over an array('q')), insert_args' checks (value an
+ * exact int64 tensor of one slot per token, prev_prefix_len an int >= 0, chunked a bool,
+ * priority an int), the cut to whole pages, the plan (one_plan), the pair's written-out aux
+ * checks in _insert's order (swa_evicted_seqlen an int >= 0 of whole pages; SWA's
+ * check_insert loop where prev_prefix_len > 0, before or after mamba_state's checks as SWA
+ * comes before or after Mamba), then mamba_state's copy (state_copy, else clone()), the
+ * root's stamp, the answer for no whole page, and pair_insert's walk, leaf and commits.
+ * Where the Python function would raise, or do anything this does not write out (a bigram or
+ * EAGLE key, list token ids, the slot ledger, a disabled cache, KV events, a storage or host
+ * tier, a policy order, a non-exact int or tensor), it declines before changing anything: the
+ * Python function then runs from its start with its own checks and messages.  The value is
+ * passed to pair_insert uncut: it reads only value[0:n], the views and copies _insert makes
+ * of its cut view (same storage, same offsets).  tests/fast/test_pair_insert_api.py runs this
+ * against the Python function in lockstep. */
+static PyObject *core_one_plan(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *s_pi_seqlen, *s_pi_mamba_value, *s_pi_priority, *s_pi_storage, *s_pi_tier,
+    *s_pi_policy, *s_pi_pair_insert, *s_pi_swa, *s_pi_mamba, *s_pi_step, *s_pi_clone;
+
+/* SwaComponent.check_insert's loop (prev > 0): 1 where prev_prefix_len falls inside an SWA
+ * tombstone this insert would restore (the Python method raises), 0 where not, -1 on error. */
+static int
+pi_swa_refuses(PyObject *plan, Py_ssize_t prev, Py_ssize_t e, Py_ssize_t swa_i)
+{
+    Py_ssize_t start = 0, np = PyList_GET_SIZE(plan);
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *it = PyList_GET_ITEM(plan, i);
+        PyObject *node = PyTuple_GET_ITEM(it, 0);
+        Py_ssize_t shared = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 1));
+        if (shared == -1 && PyErr_Occurred())
+            return -1;
+        if (start < prev && prev < start + shared && e < start + shared) {
+            PyObject *v = PN_GET(node, value);
+            if (v == NULL)
+                return -1;
+            int has = v != Py_None;
+            Py_DECREF(v);
+            if (has) {
+                PyObject *rec = pn_rec_at(node, swa_i);
+                int held = rec == NULL ? -1 : rec_holds(rec);
+                Py_XDECREF(rec);
+                if (held < 0)
+                    return -1;
+                if (!held)
+                    return 1;
+            }
+        }
+        start += shared;
+    }
+    return 0;
+}
+
+/* o is an exact int that fits (*out), >= 0: 1; else 0 (an error cleared). */
+static int
+pi_count(PyObject *o, Py_ssize_t *out)
+{
+    if (o == NULL || !PyLong_CheckExact(o))
+        return 0;
+    *out = PyLong_AsSsize_t(o);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return *out >= 0;
+}
+
+/* cache.<name> is None: 1; anything else 0; -1 on error (a missing attribute: 0). */
+static int
+pi_attr_none(PyObject *cache, PyObject *name)
+{
+    PyObject *v = NULL;
+    int r = optional_attr(cache, name, &v);
+    if (r <= 0)
+        return r;
+    r = v == Py_None;
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *
+core_pair_insert_api(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pair_insert_api(cache, params)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *params = args[1];
+    if (g_pn_type == NULL || g_InsertResult == NULL || g_Tensor == NULL || g_int64 == NULL
+            || g_RadixKey == NULL || g_array == NULL)
+        Py_RETURN_NONE;  /* (before setup_pynode / setup_api: the Python function) */
+    PyObject *key = NULL, *toks = NULL, *ek = NULL, *value = NULL, *prev = NULL, *o = NULL,
+             *e_o = NULL, *mv = NULL, *po = NULL, *swa = NULL, *mamba = NULL, *units = NULL,
+             *plan = NULL, *step = NULL, *ps_o = NULL, *root = NULL, *heap = NULL,
+             *state = NULL, *n_o = NULL, *total_o = NULL, *old_stamp = NULL, *result = NULL;
+    int r;
+    long long old_clock = 0, clock;
+    /* the settings this writes out: the pair's C insert on, no tier, no events, no policy,
+     * no slot ledger (plain_key: not EAGLE, not disabled) */
+    if ((o = PyObject_GetAttr(cache, s_pi_pair_insert)) == NULL || o != Py_True)
+        goto decline;
+    Py_CLEAR(o);
+    if (pi_attr_none(cache, s_pi_tier) != 1 || pi_attr_none(cache, s_pi_storage) != 1
+            || pi_attr_none(cache, s_events) != 1 || pi_attr_none(cache, s_pi_policy) != 1
+            || attr_is_false(cache, s_validate_slots) != 1)
+        goto decline;
+    if ((key = PyObject_GetAttr(params, s_key)) == NULL
+            || plain_key(cache, key, &toks, &ek) != 1)
+        goto decline;
+    Py_ssize_t total = PyObject_Length(toks), vn = -1, prev_n, e, ps, swa_i, mamba_i;
+    if (total < 0)
+        goto decline;
+    /* insert_args: value, prev_prefix_len, chunked, priority */
+    if ((value = PyObject_GetAttr(params, s_value)) == NULL
+            || (PyObject *)Py_TYPE(value) != g_Tensor || int64_1d_len(value, &vn) != 1
+            || vn != total)
+        goto decline;
+    if ((prev = PyObject_GetAttr(params, s_prev)) == NULL || !pi_count(prev, &prev_n))
+        goto decline;
+    if ((o = PyObject_GetAttr(params, s_chunked)) == NULL || (o != Py_True && o != Py_False))
+        goto decline;
+    Py_CLEAR(o);
+    if ((r = optional_attr(params, s_pi_priority, &o)) < 0 || (r && !PyLong_CheckExact(o)))
+        goto decline;  /* (missing: 0, as getattr's default) */
+    Py_CLEAR(o);
+    /* the cut to whole pages and the plan */
+    if ((ps_o = PyObject_GetAttr(cache, s_page_size)) == NULL || !pi_count(ps_o, &ps) || ps < 1)
+        goto decline;
+    Py_ssize_t n = total - total % ps;
+    units = n < total ? PySequence_GetSlice(toks, 0, n) : Py_NewRef(toks);
+    if (units == NULL || (root = PyObject_GetAttr(cache, s_root_node)) == NULL || !PN_IS(root)
+            || (step = PyObject_GetAttr(mod, s_pi_step)) == NULL)
+        goto decline;
+    {
+        PyObject *a[5] = {root, units, ek, ps_o, step};
+        if ((plan = core_one_plan(mod, a, 5)) == NULL)
+            goto decline;
+    }
+    /* the aux checks, written out as _insert has them */
+    if ((e_o = PyObject_GetAttr(params, s_pi_seqlen)) == NULL || !pi_count(e_o, &e) || e % ps)
+        goto decline;
+    if ((po = PyObject_GetAttr(cache, s_cm_pair)) == NULL || !PyTuple_CheckExact(po)
+            || PyTuple_GET_SIZE(po) != 3 || !pi_count(PyTuple_GET_ITEM(po, 0), &swa_i)
+            || !pi_count(PyTuple_GET_ITEM(po, 2), &mamba_i) || swa_i > 1 || mamba_i > 1
+            || swa_i == mamba_i)
+        goto decline;
+    if (prev_n && swa_i == 0 && pi_swa_refuses(plan, prev_n, e, swa_i) != 0)
+        goto decline;
+    Py_ssize_t one = -1;  /* (mamba_state's checks: an exact int64 tensor of shape (1,)) */
+    if ((mv = PyObject_GetAttr(params, s_pi_mamba_value)) == NULL
+            || (PyObject *)Py_TYPE(mv) != g_Tensor || int64_1d_len(mv, &one) != 1 || one != 1)
+        goto decline;
+    if (prev_n && swa_i == 1 && pi_swa_refuses(plan, prev_n, e, swa_i) != 0)
+        goto decline;
+    /* what pair_insert would decline, checked before anything changes */
+    if ((swa = PyObject_GetAttr(cache, s_pi_swa)) == NULL
+            || (mamba = PyObject_GetAttr(cache, s_pi_mamba)) == NULL
+            || (heap = PyObject_GetAttr(cache, s_heap)) == NULL || !PyList_CheckExact(heap))
+        goto decline;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(plan); i++) {
+        PyObject *it = PyList_GET_ITEM(plan, i), *c = PyTuple_GET_ITEM(it, 0);
+        if (!PN_IS(c) || IS_NONE(SLOT_AT(c, PN_value))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
+            goto decline;
+    }
+    if ((old_stamp = PN_GET(root, last_access_time)) == NULL
+            || get_ll(cache, s_clock, &old_clock) < 0)
+        goto decline;
+    /* mamba_state's copy: the tree's own tensor */
+    if ((state = core_state_copy(mod, &mv, 1)) == NULL)
+        goto decline;
+    if (state == Py_None) {
+        Py_SETREF(state, PyObject_CallMethodNoArgs(mv, s_pi_clone));
+        if (state == NULL)
+            goto decline;
+    }
+    /* from here on the cache changes: the root's stamp (``_stamp``: it is locked, no push) */
+    clock = old_clock + g_stride;
+    if (set_ll(cache, s_clock, clock) < 0)
+        goto fail;
+    if ((o = PyLong_FromLongLong(clock)) == NULL || PN_SET(root, last_access_time, o) < 0)
+        goto fail;
+    Py_CLEAR(o);
+    if (n == 0) {
+        result = ci_result(0, total, 1);
+        goto done;
+    }
+    if ((n_o = PyLong_FromSsize_t(n)) == NULL || (total_o = PyLong_FromSsize_t(total)) == NULL)
+        goto fail;
+    {
+        PyObject *a[13] = {cache, swa, mamba, plan, value, units, ek, prev, e_o, n_o, total_o,
+                           state, ps_o};
+        result = core_pair_insert(mod, a, 13);
+    }
+    if (result == Py_None) {  /* (checked above, so not expected): the stamp undone */
+        if (set_ll(cache, s_clock, old_clock) < 0 || PN_SET(root, last_access_time, old_stamp) < 0)
+            Py_CLEAR(result);
+    }
+    goto done;
+decline:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+    goto done;
+fail:
+    result = NULL;
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(toks);
+    Py_XDECREF(ek);
+    Py_XDECREF(value);
+    Py_XDECREF(prev);
+    Py_XDECREF(o);
+    Py_XDECREF(e_o);
+    Py_XDECREF(mv);
+    Py_XDECREF(po);
+    Py_XDECREF(swa);
+    Py_XDECREF(mamba);
+    Py_XDECREF(units);
+    Py_XDECREF(plan);
+    Py_XDECREF(step);
+    Py_XDECREF(ps_o);
+    Py_XDECREF(root);
+    Py_XDECREF(heap);
+    Py_XDECREF(state);
+    Py_XDECREF(n_o);
+    Py_XDECREF(total_o);
+    Py_XDECREF(old_stamp);
+    return result;
+}
+
 /* one_insert's and pair_insert's work; args: (cache, swa, plan, value, units, extra_key,
  * prev, e, n, total, prepared, direct, page_size). */
 static PyObject *
@@ -9622,6 +9854,10 @@ static PyMethodDef core_methods[] = {
      "page_size) -> InsertResult: fast/hybrid.py _insert's walk, leaf and commits for the "
      "stock SWA and Mamba plug-ins together; None where the general path must run (nothing "
      "changed)"},
+    {"pair_insert_api", (PyCFunction)(void (*)(void))core_pair_insert_api, METH_FASTCALL,
+     "pair_insert_api(cache, params) -> fast/hybrid.py _insert's InsertResult for the stock "
+     "SWA and Mamba plug-ins together, checks to commits; None where the Python function "
+     "must run (nothing changed)"},
     {"one_plan", (PyCFunction)(void (*)(void))core_one_plan, METH_FASTCALL,
      "one_plan(root, units, extra_key, page_size, step) -> [(node, shared units)]: "
      "fast/cache.py _plan's walk from root"},
@@ -9764,6 +10000,17 @@ PyInit__core(void)
     INTERN(s_ci_map_pool, "map_pool");
     INTERN(s_ci_swa_leaf, "swa_leaf");
     INTERN(s_ci_stored, "stored");
+    INTERN(s_pi_seqlen, "swa_evicted_seqlen");
+    INTERN(s_pi_mamba_value, "mamba_value");
+    INTERN(s_pi_priority, "priority");
+    INTERN(s_pi_storage, "storage_tier");
+    INTERN(s_pi_tier, "tier");
+    INTERN(s_pi_policy, "_policy_key");
+    INTERN(s_pi_pair_insert, "_pair_insert");
+    INTERN(s_pi_swa, "swa");
+    INTERN(s_pi_mamba, "mamba");
+    INTERN(s_pi_step, "match_step");
+    INTERN(s_pi_clone, "clone");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

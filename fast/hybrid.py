@@ -107,6 +107,11 @@ _PAIR_MATCH_HOOKS = ("match_prefix", "_split", "_units", "_indices", "_stamp_pat
 # is not used (``_split``, ``_free`` and ``_stamp`` it calls as methods)
 _PAIR_INSERT_HOOKS = ("_insert", "_plan", "_new_node", "_ck", "_own")
 
+# the hooks ``_insert``'s prologue calls for the pair (key, checks, plan), as this class has
+# them: where one is overridden (or any of _PAIR_INSERT_HOOKS) the C core's whole insert
+# (``pair_insert_api``) is not used
+_PAIR_INSERT_API_HOOKS = ("_units", "_check_aux")
+
 # the hooks the general lock and unlock call (or are) for the pair, as this class has them:
 # where one is overridden the C core's twins of those paths (``pair_inc``, ``pair_dec``) are
 # not used
@@ -287,6 +292,13 @@ class HybridRadixCache(UnifiedRadixCache):
             self._pair_insert = _core is not None and self._inline_touch \
                 and not self.is_eagle and all(getattr(cls_, m) is getattr(HybridRadixCache, m)
                                               for m in _PAIR_INSERT_HOOKS)
+            if self._pair_insert and keys.match_step is getattr(_core, "match_step", None) \
+                    and all(getattr(cls_, m) is getattr(HybridRadixCache, m)
+                            for m in _PAIR_INSERT_API_HOOKS):
+                # ``_insert`` whole in C, checks to commits (fast/_core.c "cinsert",
+                # ``pair_insert_api``: the same steps; None, nothing changed, where it
+                # declines: ``_insert`` runs from its start, with its own errors)
+                self._insert_fast = _core.pair_insert_api
             if _core is not None and self._policy_key is None and not self.is_eagle and all(
                     getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _PAIR_LOCK_HOOKS):
                 # the general lock and unlock in C (fast/_core.c "pair locks": the same steps;
@@ -694,8 +706,9 @@ class HybridRadixCache(UnifiedRadixCache):
         in as few allocator calls as the allocator allows (fast/frees.py)."""
         self._deferred = []
         try:
-            fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py; here,
-            if fast is not None:  # not in ``_insert``: one Python frame less per insert)
+            fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py; the
+            if fast is not None:  # pair: C, pair_insert_api; Full over a host tier:
+                # fast/host_full.py; here, not in ``_insert``: one Python frame less per insert)
                 result = fast(self, params)
                 if result is not None:
                     return result

@@ -148,3 +148,26 @@ def insert_with_state(t, tokens, prev=0, **extra):
     (state_,) = t("mamba_alloc", n=1)["slots"]
     return t("insert", tokens=tokens, value=value + slots, prev_prefix_len=prev,
              mamba_value=[state_], **extra)
+
+
+def evict_or_unlock(r: float, rng, sides: list, helds: list, ps: int, outcome,
+                    big: tuple = ()) -> list | None:
+    """A step of the twins' random request runs (tests/fast/test_pair_evict.py,
+    test_pair_insert_api.py) where ``r`` picks one, done on every side (``side[0]``: its
+    cache): below 0.2 an evict of random amounts (Full also one of ``big``), below 0.3 with
+    a lock held the same held lock of each side going.  The sides' answers (``outcome`` of
+    each evict), or None: no such step."""
+    import uniradix.fast as fast
+    if r < 0.2:
+        params = fast.EvictParams(num_tokens=rng.choice((0, ps, 3 * ps, 40 * ps, *big)),
+                                  swa_num_tokens=rng.randrange(0, 12 * ps),
+                                  mamba_num=rng.randrange(0, 4))
+        return [outcome(lambda s=s: s[0].evict(params)) for s in sides]
+    if r < 0.3 and helds[0]:
+        i = rng.randrange(len(helds[0]))
+        outs = []
+        for s, held in zip(sides, helds, strict=True):
+            node, lock = held.pop(i)
+            outs.append(s[0].dec_lock_ref(node, lock.to_dec_params()).delta)
+        return outs
+    return None

@@ -71,10 +71,10 @@ def test_other_shapes_run_the_general_paths(name):
     # tests/fast/test_host_aux_paths.py)
     # (SWA and Mamba together: the general match's pair branch and the general locks in C
     # where the core is built, tests/fast/test_pair_match.py, test_pair_locks.py; the general
-    # evict written out, test_pair_evict.py)
+    # evict written out, test_pair_evict.py; the whole insert in C, test_pair_insert_api.py)
     special = {"_match_fast", "_insert_fast", "_inc_lock_fast"} if name == "hicache-wt-p1" \
         else {"_match_fast", "_inc_lock_fast"} if name == "host-swa-wt-p1" \
-        else {"_match_fast", "_inc_lock_fast", "_dec_lock_fast", "_evict_fast"} \
+        else {"_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast", "_evict_fast"} \
         if _core is not None else {"_evict_fast"}
     assert all((getattr(cache, n, None) is None) == (n not in special) for n in FAST_PATHS)
     assert (cache._dec_lock_host is not None) == (name != "full-swa-mamba-p1")

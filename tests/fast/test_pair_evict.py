@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from aux_twins import Counting, Twins, insert_with_state, pages, recorded_run, tree_state
+from aux_twins import Counting, Twins, evict_or_unlock, insert_with_state, pages, recorded_run, tree_state
 
 torch = pytest.importorskip("torch")
 
@@ -153,6 +153,23 @@ def _pools(alloc, states) -> tuple:
             alloc.full_to_swa.tolist(), states.free_slots.tolist(), states.log)
 
 
+def slots_for(side, node, lock, need: int) -> tuple:
+    """A request's ``need`` slots and one state, its shortfall evicted first: (the evict's
+    outcome, the slots, the state); the slots None where either could not be had (what was
+    taken went back, the lock too).  (tests/fast/test_pair_insert_api.py's too.)"""
+    cache, alloc, states = side[:3]
+    ev = _outcome(lambda: cache.evict(fast.EvictParams(
+        num_tokens=max(need - alloc.full_available_size(), 0),
+        swa_num_tokens=max(need - alloc.swa_available_size(), 0),
+        mamba_num=max(1 - states.available_size(), 0))))
+    fresh = alloc.alloc(need) if need else torch.empty(0, dtype=torch.int64)
+    state = states.alloc(1)
+    if fresh is None or state is None:
+        _give_back(cache, alloc, states, node, lock, need, fresh, state)
+        return ev, None, None
+    return ev, fresh, state
+
+
 def _request(side, tokens, e_pick, held) -> tuple:
     """A scheduler round trip: match, lock, evict the shortfall (Full, SWA and one state),
     alloc, insert (its SWA window per ``e_pick``), unlock or keep the lock (``held``)."""
@@ -162,14 +179,8 @@ def _request(side, tokens, e_pick, held) -> tuple:
     lock = cache.inc_lock_ref(node)
     matched = len(m.device_indices)
     need = len(tokens) - matched
-    ev = _outcome(lambda: cache.evict(fast.EvictParams(
-        num_tokens=max(need - alloc.full_available_size(), 0),
-        swa_num_tokens=max(need - alloc.swa_available_size(), 0),
-        mamba_num=max(1 - states.available_size(), 0))))
-    fresh = alloc.alloc(need) if need else torch.empty(0, dtype=torch.int64)
-    state = states.alloc(1)
-    if fresh is None or state is None:
-        _give_back(cache, alloc, states, node, lock, need, fresh, state)
+    ev, fresh, state = slots_for(side, node, lock, need)
+    if fresh is None:
         return ("aborted", ev)
     ps = cache.page_size
     e = (0, 0, matched // ps * ps, len(tokens) // 2 // ps * ps)[e_pick]
@@ -206,19 +217,9 @@ def test_random_requests_over_free_lists(ps, order, seed, loops):
     prompts = [[rng.randrange(1, 9) for _ in range(rng.randrange(1, 6) * ps)] for _ in range(6)]
     helds: list[list] = [[], []]
     for step in range(220):
-        r = rng.random()
-        if r < 0.2:  # an evict of random amounts (sometimes more than the tree holds)
-            params = fast.EvictParams(num_tokens=rng.choice((0, ps, 3 * ps, 40 * ps, 2 ** 70)),
-                                      swa_num_tokens=rng.randrange(0, 12 * ps),
-                                      mamba_num=rng.randrange(0, 4))
-            outs = [_outcome(lambda s=s, p=params: s[0].evict(p)) for s in sides]
-        elif r < 0.3 and helds[0]:  # a held lock goes
-            i = rng.randrange(len(helds[0]))
-            outs = []
-            for s, held in zip(sides, helds, strict=True):
-                node, lock = held.pop(i)
-                outs.append(s[0].dec_lock_ref(node, lock.to_dec_params()).delta)
-        else:
+        # an evict of random amounts (sometimes more than the tree holds), a held lock going
+        outs = evict_or_unlock(rng.random(), rng, sides, helds, ps, _outcome, (2 ** 70,))
+        if outs is None:
             tokens = rng.choice(prompts) + [rng.randrange(1, 9)
                                             for _ in range(rng.randrange(0, 4) * ps)]
             pick = rng.randrange(4)
