@@ -5,6 +5,8 @@ replaced by paths (two caches)."""
 
 from __future__ import annotations
 
+import gc
+
 
 class Counting:
     """A C function counting its calls and those it took (did not decline: not None)."""
@@ -171,3 +173,28 @@ def evict_or_unlock(r: float, rng, sides: list, helds: list, ps: int, outcome,
             outs.append(s[0].dec_lock_ref(node, lock.to_dec_params()).delta)
         return outs
     return None
+
+
+def assert_no_leaks(run, marks, warm: int = 5, runs: int = 40, slack: int = 50) -> None:
+    """``run()`` over and over leaves nothing behind (what the C twins' reference tests check):
+    after ``warm`` runs, ``runs`` more grow the live objects by at most ``slack`` and leave
+    ``marks()`` (the reference counts of what the C code touches) as they were."""
+    for _ in range(warm):
+        run()
+    gc.collect()
+    before, objects = marks(), len(gc.get_objects())
+    for _ in range(runs):
+        run()
+    gc.collect()
+    assert len(gc.get_objects()) <= objects + slack
+    assert marks() == before
+
+
+def hold_or_unlock(cache, node, lock, held: list | None) -> None:
+    """The end of a twins' request (tests/fast/test_pair_evict.py, test_one_aux_c_cevict.py,
+    test_pair_insert_api.py): its lock kept on ``held`` (released by a later step), or
+    released now."""
+    if held is not None:
+        held.append((node, lock))
+    else:
+        cache.dec_lock_ref(node, lock.to_dec_params())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import itertools
 import random
 import sys
@@ -21,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from aux_twins import assert_no_leaks  # noqa: E402  (tests/aux_twins.py)
 from uniradix import fast  # noqa: E402
 from uniradix.conformance.env.pools import PoolAllocator  # noqa: E402
 from uniradix.fast import host_full, hybrid  # noqa: E402
@@ -369,16 +369,7 @@ def test_no_reference_left_behind(switch):
     def marks():
         return tuple(sys.getrefcount(o) for o in classes + (probe.root_node, probe.tier, probe))
 
-    for _ in range(5):
-        round_trip()
-    gc.collect()
-    before = marks()
-    objects = len(gc.get_objects())
-    for _ in range(30):
-        round_trip()
-    gc.collect()
-    assert len(gc.get_objects()) <= objects + 50
-    assert marks() == before
+    assert_no_leaks(round_trip, marks, runs=30)
     assert switch.taken > 500
 
 

@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 from test_mamba_direct_frees import ListAllocator  # noqa: E402  (tests/fast's own)
 
 import uniradix.fast as fast  # noqa: E402
+from aux_twins import assert_no_leaks, hold_or_unlock  # noqa: E402  (tests/aux_twins.py)
 from uniradix.conformance.bench.hybrid import SwaFreeListAllocator  # noqa: E402
 from uniradix.fast import one_aux  # noqa: E402
 from uniradix.fast.cache import _core  # noqa: E402
@@ -190,10 +191,7 @@ def _request(cache, alloc, states, tokens, pick, held) -> tuple:
     res = cache.insert(params)
     if not kind_swa and res.mamba_exist:
         states.free(state.reshape(1))
-    if held is not None:
-        held.append((node, lock))
-    else:
-        cache.dec_lock_ref(node, lock.to_dec_params())
+    hold_or_unlock(cache, node, lock, held)
     return (m.device_indices.tolist(), ev, res.prefix_len)
 
 
@@ -351,7 +349,6 @@ def test_declines_change_nothing():
 def test_no_reference_left_behind(monkeypatch):
     """The same evicts over and over: the reference counts of the objects the loops touch
     and the number of live objects do not grow."""
-    import gc
 
     def round_trip():
         cache, alloc, states = _build("swa", 1, False, True, 4)
@@ -361,14 +358,5 @@ def test_no_reference_left_behind(monkeypatch):
         return cache
 
     probe = round_trip()
-    marks = (sys.getrefcount(probe.root_node), sys.getrefcount(probe._one_aux[0].lru.head))
-    for _ in range(5):
-        round_trip()
-    gc.collect()
-    objects = len(gc.get_objects())
-    for _ in range(50):
-        round_trip()
-    gc.collect()
-    assert len(gc.get_objects()) <= objects + 50
-    assert (sys.getrefcount(probe.root_node), sys.getrefcount(probe._one_aux[0].lru.head)) \
-        == marks
+    assert_no_leaks(round_trip, lambda: (sys.getrefcount(probe.root_node),
+                                         sys.getrefcount(probe._one_aux[0].lru.head)), runs=50)

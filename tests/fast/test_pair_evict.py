@@ -25,7 +25,17 @@ from typing import Any
 
 import pytest
 
-from aux_twins import Counting, Twins, evict_or_unlock, insert_with_state, pages, recorded_run, tree_state
+from aux_twins import (
+    Counting,
+    Twins,
+    assert_no_leaks,
+    evict_or_unlock,
+    hold_or_unlock,
+    insert_with_state,
+    pages,
+    recorded_run,
+    tree_state,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -189,10 +199,7 @@ def _request(side, tokens, e_pick, held) -> tuple:
         prev_prefix_len=matched, swa_evicted_seqlen=e, mamba_value=state.reshape(1).clone()))
     if res.mamba_exist:
         states.free(state.reshape(1))
-    if held is not None:
-        held.append((node, lock))
-    else:
-        cache.dec_lock_ref(node, lock.to_dec_params())
+    hold_or_unlock(cache, node, lock, held)
     return (m.device_indices.tolist(), ev, res.prefix_len, res.mamba_exist)
 
 
@@ -459,7 +466,6 @@ def test_no_reference_left_behind(loops):
     """The same evicts over and over: the reference counts of the objects the loops touch
     (the root, both lists' ends, the components) and the number of live objects do not
     grow."""
-    import gc
     import sys
 
     def round_trip():
@@ -477,13 +483,4 @@ def test_no_reference_left_behind(loops):
         return tuple(sys.getrefcount(o) for o in (
             probe.root_node, probe.swa.lru.head, probe.mamba.lru.tail, probe.swa, probe.mamba))
 
-    before = marks()
-    for _ in range(5):
-        round_trip()
-    gc.collect()
-    objects = len(gc.get_objects())
-    for _ in range(40):
-        round_trip()
-    gc.collect()
-    assert len(gc.get_objects()) <= objects + 50
-    assert marks() == before
+    assert_no_leaks(round_trip, marks)

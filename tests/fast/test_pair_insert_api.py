@@ -25,7 +25,15 @@ from array import array
 
 import pytest
 
-from aux_twins import PAIR_ORDERS, Counting, evict_or_unlock, pages, tree_state, twins_on_recorded_run
+from aux_twins import (
+    PAIR_ORDERS,
+    Counting,
+    evict_or_unlock,
+    hold_or_unlock,
+    pages,
+    tree_state,
+    twins_on_recorded_run,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -172,10 +180,7 @@ def _request(side, tokens, rng_pick, held) -> tuple:
         states.free(state.reshape(1))
     elif res.mamba_exist:
         states.free(state.reshape(1))
-    if held is not None:
-        held.append((node, lock))
-    else:
-        cache.dec_lock_ref(node, lock.to_dec_params())
+    hold_or_unlock(cache, node, lock, held)
     return (m.device_indices.tolist(), ev, _result(res))
 
 
