@@ -4399,8 +4399,11 @@ gather_new(const long long *map, const long long *idx, Py_ssize_t n)
     PyObject *t = new_int64(n, &dst);
     if (t == NULL)
         return NULL;
-    for (Py_ssize_t j = 0; j < n; j++)
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (j + SWA_PREFETCH < n)  /* as swa_free's walk: the map's lines ahead, read */
+            __builtin_prefetch(&map[idx[j + SWA_PREFETCH]], 0, 1);
         dst[j] = map[idx[j]];
+    }
     return t;
 }
 
