@@ -4380,29 +4380,28 @@ static PyObject *core_match_step_setup(PyObject *, PyObject *const *, Py_ssize_t
  * values, in a new int64 tensor, as that indexing returns.  Nothing here writes the map.
  */
 
-/* The slots of idx[0:n] all inside [0, mn) (where torch's indexing neither wraps a negative
- * one nor raises): 1, else 0. */
-static int
-slots_inside(const long long *idx, Py_ssize_t n, Py_ssize_t mn)
-{
-    for (Py_ssize_t j = 0; j < n; j++)
-        if (idx[j] < 0 || idx[j] >= mn)
-            return 0;
-    return 1;
-}
-
-/* mapping at idx[0:n] as a new int64 tensor; NULL on error. */
+/* mapping at idx[0:n] (mapping's length mn) as a new int64 tensor, read and checked in one
+ * pass; Py_None (a new reference; nothing else made) where a slot lies outside [0, mn) (where
+ * torch's indexing would wrap a negative one or raise); NULL on error. */
 static PyObject *
-gather_new(const long long *map, const long long *idx, Py_ssize_t n)
+gather_new(const long long *map, Py_ssize_t mn, const long long *idx, Py_ssize_t n)
 {
     long long *dst;
     PyObject *t = new_int64(n, &dst);
     if (t == NULL)
         return NULL;
     for (Py_ssize_t j = 0; j < n; j++) {
-        if (j + SWA_PREFETCH < n)  /* as swa_free's walk: the map's lines ahead, read */
-            __builtin_prefetch(&map[idx[j + SWA_PREFETCH]], 0, 1);
-        dst[j] = map[idx[j]];
+        if (j + SWA_PREFETCH < n) {  /* as swa_free's walk: the map's lines ahead, read */
+            long long a = idx[j + SWA_PREFETCH];
+            if (a >= 0 && a < mn)
+                __builtin_prefetch(&map[a], 0, 1);
+        }
+        long long k = idx[j];
+        if (k < 0 || k >= mn) {
+            Py_DECREF(t);
+            Py_RETURN_NONE;
+        }
+        dst[j] = map[k];
     }
     return t;
 }
@@ -4424,9 +4423,7 @@ core_swa_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         ok = plain_data(args[1], &fp, &fn);
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    if (!slots_inside(fp, fn, mn))
-        Py_RETURN_NONE;
-    return gather_new(mp, fp, fn);
+    return gather_new(mp, mn, fp, fn);
 }
 
 /* ---- state_copy: a Mamba state's own copy, from a slab -------------------------------- */
@@ -4505,19 +4502,17 @@ core_swa_leaf(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (start < 0 || length < 0 || start > vn || length > vn - start)
         Py_RETURN_NONE;
     const long long *src = vp + start;
-    if (!slots_inside(src, length, mn))
-        Py_RETURN_NONE;
+    PyObject *swa = gather_new(mp, mn, src, length);
+    if (swa == NULL || swa == Py_None)
+        return swa;
     long long *dst;
     PyObject *full = new_int64(length, &dst);
-    if (full == NULL)
-        return NULL;
-    if (length)
-        memcpy(dst, src, (size_t)length * sizeof(long long));
-    PyObject *swa = gather_new(mp, src, length);
-    if (swa == NULL) {
-        Py_DECREF(full);
+    if (full == NULL) {
+        Py_DECREF(swa);
         return NULL;
     }
+    if (length)
+        memcpy(dst, src, (size_t)length * sizeof(long long));
     PyObject *pair = PyTuple_Pack(2, full, swa);
     Py_DECREF(full);
     Py_DECREF(swa);

@@ -57,6 +57,15 @@ def test_swa_gather_declines_what_torch_would_wrap_or_refuse():
     assert _core.swa_leaf(value, 2, 2, mapping) is None  # past the end
     assert _core.swa_leaf(value, -1, 1, mapping) is None
     assert _core.swa_leaf(_i64([1, 20]), 0, 2, mapping) is None  # a slot outside the map
+    # the map is read ahead (prefetched) and checked in the same pass: a bad slot far into a
+    # long list, and one just outside the range read, are declined / ignored alike
+    for bad in (10, -1, 2**62):
+        long = [j % 10 for j in range(300)]
+        long[200] = bad
+        assert _core.swa_gather(mapping, _i64(long)) is None
+        assert _core.swa_leaf(_i64(long), 0, 300, mapping) is None
+        assert _core.swa_leaf(_i64(long), 0, 200, mapping)[1].tolist() == long[:200]
+        assert _core.swa_gather(mapping, _i64(long)[:200]).tolist() == long[:200]
 
 
 @pytest.mark.parametrize("general", [False, True])
