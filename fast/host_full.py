@@ -58,6 +58,7 @@ import torch
 from . import keys, policies
 from .cache import STRIDE, UnifiedRadixCache, _core, _match_result, lock_walk
 from .errors import InvalidInput
+from .frees import FreeBatch
 from .node import Node
 from .one_aux import _key_parts
 from .params import DecLockRefResult, InsertResult, MatchResult
@@ -221,6 +222,9 @@ if _core is not None:  # what the C twin's written-out backup stands for (``_wri
     _core.host_insert_setup(_host.HostTier, _host.HostTier._write_backup_full,
                             _host.HostTier._full_write_lock, _host._Event, _host.Ack,
                             _host.InFlight, HostDecLockRefParams)
+    # what the device evict's twin stands for (fast/_core.c "host tier: Full device evict",
+    # called by fast/hybrid.py ``_evict_units``) and the batch it builds
+    _core.host_evict_setup(_host.HostTier.evict_leaf, FreeBatch)
 
 
 # ----------------------------------------------------------------------------------------------
