@@ -94,11 +94,11 @@ def alloc_state(alloc) -> tuple:
 
 
 def _counted_tier(cache, seen: dict) -> None:
-    """Count the tier's write-back backups the loop calls (the Python calls the twin makes as
-    the Python loop makes them): ``_take_host`` (and how often it failed: a leaf passed
-    over) and ``write_backup``."""
+    """Count the tier's methods the loop calls (the Python calls the twin makes as the Python
+    loop makes them): ``_take_host`` (and how often it failed: a leaf passed over),
+    ``write_backup`` and ``writing_check``."""
     tier = cache.tier
-    take, backup = tier._take_host, tier.write_backup
+    take, backup, check = tier._take_host, tier.write_backup, tier.writing_check
 
     def take_host(node):
         seen["take_host"] += 1
@@ -109,7 +109,11 @@ def _counted_tier(cache, seen: dict) -> None:
     def write_backup(node, write_back=False):
         seen["write_backup"] += 1
         return backup(node, write_back)
-    tier._take_host, tier.write_backup = take_host, write_backup
+    def writing_check(write_back=False):
+        seen["writing_check"] = seen.get("writing_check", 0) + 1
+        return check(write_back)
+    tier._take_host, tier.write_backup, tier.writing_check = take_host, write_backup, \
+        writing_check
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,12 +143,14 @@ def test_twin_equals_the_python_loop(switch, record_frees, policy, io, page, thr
     for side in sides if copy else ():
         side.cache.tier.controller.ack_only = False
     seen = {"take_host": 0, "failed": 0, "write_backup": 0}
+    seen_py = dict(seen)
     if policy == "write_back":
         _counted_tier(sides[0].cache, seen)
-        _counted_tier(sides[1].cache, dict(seen))
+        _counted_tier(sides[1].cache, seen_py)
     _lockstep(switch, sides, 7 + page + threshold + host_slots, page, 500)
     assert switch.taken > 50 and switch.declined == 0, (switch.taken, switch.declined)
     assert alloc_state(sides[0].alloc) == alloc_state(sides[1].alloc)
+    assert seen == seen_py  # (the same backups called, the same failed)
     if policy == "write_back":
         assert seen["take_host"] > 5, seen
         if copy:
@@ -342,8 +348,11 @@ def test_declines_change_nothing(switch, record_frees):
         finally:
             switch.core = real
         assert calls, spoil
-    # what the cache's state decides, one at a time, read straight from the C function
-    cache = sides[0].cache
+    # what the cache's state decides, one at a time, read straight from the C function (on
+    # a cache the spoils above left alone, which it takes)
+    side = Side(switch, True, build)
+    _lockstep(switch, [side, Side(switch, False, build)], 9, 1, 80)
+    cache = side.cache
     for attr, value in (("storage_tier", object()), ("_policy_key", len), ("_events", []),
                         ("disable", True), ("components", (None,))):
         saved = getattr(cache, attr)
@@ -364,6 +373,30 @@ def test_declines_change_nothing(switch, record_frees):
         finally:
             setattr(cache.tier, attr, saved)
     assert _core.host_evict(cache, 10.0) is None  # (a want that is not a plain int)
+    assert _core.host_evict(cache, 1) is not None  # (and as it is, it takes the call)
+
+
+def test_a_failed_backup_passes_the_leaf_over_once(switch, record_frees):
+    """Write-back with the host pool full of slots no host leaf holds: each leaf's backup
+    fails and it is passed over, a second heap entry of it in the same call is not tried
+    again, and it is pushed back once at the end."""
+    build = _build("write_back", "sync", 1, 1, 8)
+    sides = [Side(switch, True, build), Side(switch, False, build)]
+    seen = [{"take_host": 0, "failed": 0, "write_backup": 0} for _ in sides]
+    for side, counts in zip(sides, seen, strict=True):
+        with side.active():
+            cache, alloc = side.cache, side.alloc
+            for toks in ([1, 2, 3], [1, 2, 4], [5, 6]):
+                cache.insert(fast.InsertParams(key=fast.RadixKey(toks),
+                                               value=alloc.alloc(len(toks))))
+            for _stamp, node in list(cache._heap):  # (a second entry of each leaf)
+                cache._push_if_leaf(node)
+            assert cache.tier.controller.mem_pool_host.alloc(8) is not None  # (pool full)
+            _counted_tier(cache, counts)
+            assert cache.evict(fast.EvictParams(num_tokens=100)).num_tokens_evicted == 0
+    assert seen[0] == seen[1] and seen[0]["failed"] == 3, seen
+    assert id_state(sides[0].cache) == id_state(sides[1].cache)
+    assert switch.taken == 1
 
 
 def test_no_reference_left_behind(switch):
