@@ -9957,8 +9957,8 @@ he_delete(HeCtx *x, PyObject *node)
         if (up == NULL)
             goto done;
         Py_INCREF(up);
-        if (up == Py_None) {
-            PyErr_SetString(PyExc_AssertionError, "detach of a detached node");
+        if (up == Py_None) {  /* (``assert up is not None``: only the root has no parent) */
+            PyErr_SetNone(PyExc_AssertionError);
             goto done;
         }
         /* (HostTier.detach(cur)) */
