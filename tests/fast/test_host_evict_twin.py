@@ -53,9 +53,12 @@ class EvictSwitch(Switch):
     def host_insert(self, *args):
         return self.core.host_insert(*args)
 
+    calls = 0  # (the calls made to the twin, answered or raised)
+
     def host_evict(self, cache, want):
         if not self.on:
             return None
+        self.calls += 1
         r = self.core.host_evict(cache, want)
         self.taken += r is not None
         self.declined += r is None
@@ -432,3 +435,36 @@ def test_no_reference_left_behind(switch):
         before = switch.taken
         assert_no_leaks(lambda policy=policy: round_trip(policy), marks, runs=25)
         assert switch.taken - before > 200
+
+
+def test_an_error_half_way_still_releases(switch, record_frees):
+    """A backup that raises half way through an eviction (the tier's ``_take_host``, a Python
+    call the loop makes): the same error on both sides, the frees taken in before it released
+    (the Python loop's ``finally``), the same state after."""
+    build = _build("write_back", "sync", 1, 1, 32)
+    sides = [Side(switch, True, build), Side(switch, False, build)]
+    outs = []
+    for side in sides:
+        with side.active():
+            cache, alloc = side.cache, side.alloc
+            for toks in ([1, 2, 3], [1, 2, 4], [5, 6], [7], [8, 9]):
+                cache.insert(fast.InsertParams(key=fast.RadixKey(toks),
+                                               value=alloc.alloc(len(toks))))
+            take, calls = cache.tier._take_host, [0]
+
+            def take_host(node, _take=take, _calls=calls):
+                _calls[0] += 1
+                if _calls[0] == 3:
+                    raise RuntimeError("host pool gone")
+                return _take(node)
+            cache.tier._take_host = take_host
+            try:
+                cache.evict(fast.EvictParams(num_tokens=100))
+                outs.append("ok")
+            except RuntimeError as e:
+                outs.append(str(e))
+    assert outs == ["host pool gone"] * 2
+    assert switch.calls == 1 and switch.taken == 0  # (the twin's call raised)
+    assert sides[0].freed == sides[1].freed and sides[0].freed, sides[0].freed
+    assert id_state(sides[0].cache) == id_state(sides[1].cache)
+    assert alloc_state(sides[0].alloc) == alloc_state(sides[1].alloc)
