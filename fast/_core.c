@@ -9721,6 +9721,639 @@ done:
     return result;
 }
 
+/* ---- host tier: Full device evict (host_evict) ---- */
+/*
+ * host_evict: fast/hybrid.py HybridRadixCache._evict_units(want, None) for the Full component
+ * alone over the host tier (no aux component, the lru order, the stock hooks: the caller
+ * checks those once, at construction), its loop whole: the leaf heap popped with the liveness
+ * test (the entry's stamp still the node's, unlocked, no device child, device data, attached,
+ * not passed over in this call), each live leaf through HostTier.evict_leaf written out --
+ *  - a leaf with a host copy goes to the host: its value onto the batch's "free" run, its
+ *    units counted, the cache's _evictable, its value None, the parent's device-child count,
+ *    update_host_leaf (the host leaves and their heap), the parent pushed where it is an
+ *    evictable leaf now (_push_if_leaf);
+ *  - under write-through a leaf without one is deleted: _delete_leaf (_drop_device and
+ *    _detach_leaf with no aux component) and HostTier.delete_tombstones of its parent
+ *    (detach of each childless ancestor with nothing on either tier and no locks, then the
+ *    first that stays pushed and its host-leaf membership recomputed);
+ *  - under write-back a leaf without one is backed up first: where evict_leaf's written-out
+ *    case holds (the controller only queues acks, its ack queue empty, the node's id not in
+ *    flight) the tier's _take_host (a Python call: it may evict host leaves for room), the
+ *    host copy kept (a view cloned), host_tokens; else the tier's write_backup(node,
+ *    write_back=True) and writing_check(write_back=True), Python calls; a failed backup passes
+ *    the leaf over (pushed again, where still a leaf, after the loop);
+ * then writing_check(write_back=True) under write-back (a Python call), the batch released
+ * through the cache's _release (also when an error stops the loop, as the Python's
+ * `finally`), and the heap compacted where needs_compaction says so (the heap's compact, a
+ * Python call).  Returns the tracker [Full units].  It declines (None, nothing changed) unless
+ * everything it decides on is the plain case, all read before the first pop: a Node root, the
+ * heap a plain list that is the LazyHeap's own, the tier exactly HostTier serving this cache
+ * (the cache's _evict_leaf its evict_leaf), the host leaves a set and their heap a LazyHeap's
+ * list, no aux component, no eviction policy key, no KV events, no storage tier, no tp group,
+ * not disabled, write_back a bool, _evictable and page_size plain ints, want a plain int.  A
+ * heap entry that is not (stamp, Node) met half way raises TypeError (fast/hybrid.py makes
+ * only those).  tests/fast/test_host_evict_twin.py runs it against the Python loop.
+ */
+
+static PyObject *g_he_evict_leaf = NULL, *g_he_batch = NULL, *g_he_kw_wb = NULL;
+static PyObject *s_he_policy_key, *s_he_storage_tier, *s_he_leaf_heap, *s_he_evict_leaf,
+    *s_he_runs, *s_he_take_host, *s_he_release, *s_he_writing_check, *s_he_compact,
+    *s_he_is_leaf, *s_he_host_lock, *s_he_host_lock_ref, *s_he_former_parent, *s_he_base,
+    *s_he_clone, *s_he_host_tokens, *s_he_shape, *s_he_ack_only;
+
+/* host_evict_setup(HostTier.evict_leaf, FreeBatch): what the twin stands for and builds. */
+static PyObject *
+core_host_evict_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyFunction_Check(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "host_evict_setup(HostTier.evict_leaf, FreeBatch)");
+        return NULL;
+    }
+    if (s_he_policy_key == NULL) {
+#define HE_INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+        HE_INTERN(s_he_policy_key, "_policy_key");
+        HE_INTERN(s_he_storage_tier, "storage_tier");
+        HE_INTERN(s_he_leaf_heap, "_leaf_heap");
+        HE_INTERN(s_he_evict_leaf, "_evict_leaf");
+        HE_INTERN(s_he_runs, "runs");
+        HE_INTERN(s_he_take_host, "_take_host");
+        HE_INTERN(s_he_release, "_release");
+        HE_INTERN(s_he_writing_check, "writing_check");
+        HE_INTERN(s_he_compact, "compact");
+        HE_INTERN(s_he_is_leaf, "_is_leaf");
+        HE_INTERN(s_he_host_lock, "host_lock");
+        HE_INTERN(s_he_host_lock_ref, "host_lock_ref");
+        HE_INTERN(s_he_former_parent, "former_parent");
+        HE_INTERN(s_he_base, "_base");
+        HE_INTERN(s_he_clone, "clone");
+        HE_INTERN(s_he_host_tokens, "host_tokens");
+        HE_INTERN(s_he_shape, "shape");
+        HE_INTERN(s_he_ack_only, "ack_only");
+#undef HE_INTERN
+    }
+    if (g_he_kw_wb == NULL) {
+        PyObject *name = PyUnicode_InternFromString("write_back");
+        if (name == NULL || (g_he_kw_wb = PyTuple_Pack(1, name)) == NULL) {
+            Py_XDECREF(name);
+            return NULL;
+        }
+        Py_DECREF(name);
+    }
+    Py_XSETREF(g_he_evict_leaf, Py_NewRef(args[0]));
+    Py_XSETREF(g_he_batch, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* One evict's state: the objects the steps read (new references, released at the end). */
+typedef struct {
+    PyObject *cache, *tier, *root, *heap, *leaves, *entries, *pieces;
+    AuxEvict add;      /* (ce_add's batch: add.runs is the FreeBatch's runs) */
+    long long full;    /* tracker[0] */
+} HeCtx;
+
+/* `not node.children`: 1, 0, -1. */
+static int
+he_childless(PyObject *node)
+{
+    PyObject *ch = ce_node_field(node, PN_children, "children");
+    if (ch == NULL)
+        return -1;
+    if (PyDict_CheckExact(ch))
+        return PyDict_GET_SIZE(ch) == 0;
+    int t = PyObject_IsTrue(ch);
+    return t < 0 ? -1 : !t;
+}
+
+/* `not node.aux or not any(r.host_lock for r in node.aux)`: 1, 0, -1. */
+static int
+he_no_aux_host_lock(PyObject *node)
+{
+    PyObject *aux = ce_node_field(node, PN_aux, "aux");
+    if (aux == NULL)
+        return -1;
+    if (PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) == 0)
+        return 1;
+    int t = PyObject_IsTrue(aux);
+    if (t <= 0)
+        return t < 0 ? -1 : 1;
+    PyObject *it = PyObject_GetIter(aux), *r;
+    if (it == NULL)
+        return -1;
+    int out = 1;
+    while ((r = PyIter_Next(it)) != NULL) {
+        PyObject *h = PyObject_GetAttr(r, s_he_host_lock);
+        Py_DECREF(r);
+        int b = h == NULL ? -1 : PyObject_IsTrue(h);
+        Py_XDECREF(h);
+        if (b != 0) {
+            out = b < 0 ? -1 : 0;
+            break;
+        }
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : out;
+}
+
+/* node into the host leaves with a heap entry of its stamp (host_leaves.add,
+ * host_leaf_heap.push), or out of them (discard): `in` says which.  0 or -1. */
+static int
+he_host_leaf(HeCtx *x, PyObject *node, int in)
+{
+    if (!in)
+        return PySet_Discard(x->leaves, node) < 0 ? -1 : 0;
+    if (PySet_Add(x->leaves, node) < 0)
+        return -1;
+    PyObject *stamp = ce_node_field(node, PN_last_access_time, "last_access_time");
+    return stamp == NULL ? -1 : pn_heap_push(x->entries, stamp, node);
+}
+
+/* cache._push_if_leaf(node): pushed as (its stamp, it) where an evictable leaf.  0 or -1. */
+static int
+he_push_if_leaf(HeCtx *x, PyObject *node)
+{
+    int leaf = ce_is_leaf(node, NULL);
+    if (leaf <= 0)
+        return leaf;
+    PyObject *stamp = pyslot_get(node, PN_last_access_time, "last_access_time");
+    return stamp == NULL ? -1 : pn_heap_push(x->heap, stamp, node);
+}
+
+/* The leaf's value onto the batch's "free" run, its units counted, cache._evictable less
+ * (_drop_device with no aux component, evict_leaf's written-out lines alike).  0 or -1. */
+static int
+he_drop(HeCtx *x, PyObject *node)
+{
+    PyObject *value = ce_node_field(node, PN_value, "value");
+    if (value == NULL || ce_add(&x->add, s_free, value) < 0)
+        return -1;
+    Py_ssize_t k = pn_key_len(node);
+    if (k < 0)
+        return -1;
+    x->full += k;
+    return pyfield_add(x->cache, 0, s_evictable, -(long long)k);
+}
+
+/* parent.dev_children -= 1.  0 or -1. */
+static int
+he_dev_child_gone(PyObject *parent)
+{
+    long long dc;
+    if (ce_check_node(parent) < 0 || pyslot_ll(parent, PN_dev_children, "dev_children", &dc) < 0)
+        return -1;
+    return pyslot_set_ll(parent, PN_dev_children, dc - 1);
+}
+
+/* Under write-through, a leaf without a host copy: _delete_leaf then delete_tombstones of
+ * its parent.  0 or -1. */
+static int
+he_delete(HeCtx *x, PyObject *node)
+{
+    if (he_drop(x, node) < 0)
+        return -1;
+    /* (_detach_leaf) */
+    pyslot_set(node, PN_value, Py_None);
+    PyObject *parent = ce_node_field(node, PN_parent, "parent");
+    if (parent == NULL)
+        return -1;
+    Py_INCREF(parent);
+    int rc = -1;
+    PyObject *cur = NULL, *up = NULL;
+    PyObject *children = ce_node_field(parent, PN_children, "children");
+    PyObject *ck = children == NULL ? NULL : ce_node_field(node, PN_ck, "ck");
+    if (ck == NULL || (PyDict_CheckExact(children) ? PyDict_DelItem(children, ck)
+                                                   : PyObject_DelItem(children, ck)) < 0)
+        goto done;
+    pyslot_set(node, PN_parent, Py_None);
+    if (he_dev_child_gone(parent) < 0)
+        goto done;
+    if (parent != x->root) {  /* (_delete_leaf: the parent pushed where it is a leaf now) */
+        int z = py_eq_zero(SLOT_AT(parent, PN_dev_children));
+        if (z < 0 || (z && he_push_if_leaf(x, parent) < 0))
+            goto done;
+    }
+    /* (delete_tombstones(parent)) */
+    cur = Py_NewRef(parent);
+    for (;;) {
+        if (cur == x->root)
+            break;
+        int t = he_childless(cur);
+        if (t > 0)
+            t = pyfield_eq_zero(cur, PN_lock_ref, s_lock_ref);
+        if (t > 0)
+            t = SLOT_AT(cur, PN_value) == Py_None;
+        if (t > 0) {
+            PyObject *hv = ce_node_field(cur, PN_host_value, "host_value");
+            t = hv == NULL ? -1 : hv == Py_None;
+        }
+        if (t > 0)
+            t = pyfield_eq_zero(cur, PN_host_lock_ref, s_he_host_lock_ref);
+        if (t < 0)
+            goto done;
+        if (!t)
+            break;
+        up = ce_node_field(cur, PN_parent, "parent");
+        if (up == NULL)
+            goto done;
+        Py_INCREF(up);
+        if (up == Py_None) {  /* (``assert up is not None``: only the root has no parent) */
+            PyErr_SetNone(PyExc_AssertionError);
+            goto done;
+        }
+        /* (HostTier.detach(cur)) */
+        PyObject *uc = ce_node_field(up, PN_children, "children");
+        PyObject *cck = uc == NULL ? NULL : ce_node_field(cur, PN_ck, "ck");
+        if (cck == NULL || (PyDict_CheckExact(uc) ? PyDict_DelItem(uc, cck)
+                                                  : PyObject_DelItem(uc, cck)) < 0)
+            goto done;
+        pyslot_set(cur, PN_parent, Py_None);
+        PyObject *aux = ce_node_field(cur, PN_aux, "aux");
+        if (aux == NULL)
+            goto done;
+        if (!(PyTuple_CheckExact(aux) && PyTuple_GET_SIZE(aux) == 0)) {
+            PyObject *it = PyObject_GetIter(aux), *r;
+            if (it == NULL)
+                goto done;
+            while ((r = PyIter_Next(it)) != NULL) {
+                int s = PyObject_SetAttr(r, s_he_former_parent, up);
+                Py_DECREF(r);
+                if (s < 0)
+                    break;
+            }
+            Py_DECREF(it);
+            if (PyErr_Occurred())
+                goto done;
+        }
+        if (PySet_Discard(x->leaves, cur) < 0)
+            goto done;
+        Py_SETREF(cur, up);
+        up = NULL;
+    }
+    if (cur != x->root) {
+        if (he_push_if_leaf(x, cur) < 0)
+            goto done;
+        /* (update_host_leaf(cur): is_host_leaf) */
+        int t = SLOT_AT(cur, PN_parent) != Py_None && SLOT_AT(cur, PN_value) == Py_None;
+        if (t) {
+            PyObject *hv = ce_node_field(cur, PN_host_value, "host_value");
+            t = hv == NULL ? -1 : hv != Py_None;
+        }
+        if (t > 0)
+            t = pyfield_eq_zero(cur, PN_host_lock_ref, s_he_host_lock_ref);
+        if (t > 0)
+            t = he_childless(cur);
+        if (t > 0)
+            t = he_no_aux_host_lock(cur);
+        if (t < 0 || he_host_leaf(x, cur, t) < 0)
+            goto done;
+    }
+    rc = 0;
+done:
+    Py_DECREF(parent);
+    Py_XDECREF(cur);
+    Py_XDECREF(up);
+    return rc;
+}
+
+/* Under write-back, a leaf without a host copy backed up (evict_leaf's first branch): 1 done,
+ * 0 the backup failed (nothing changed: the leaf is passed over), -1. */
+static int
+he_backup(HeCtx *x, PyObject *node)
+{
+    int rc = -1, plain = 0;
+    PyObject *cc = NULL, *v = NULL, *host = NULL, *base = NULL, *hv = NULL, *shape = NULL,
+             *n = NULL, *t = NULL, *sum = NULL, *ongoing = NULL;
+    /* cc.ack_only and not cc.ack_write_queue and (tp_group, storage, events: None, checked
+     * before the loop) and node.id not in self.ongoing_write_through */
+    if ((cc = PyObject_GetAttr(x->tier, s_hl_controller)) == NULL
+            || (v = PyObject_GetAttr(cc, s_he_ack_only)) == NULL
+            || (plain = PyObject_IsTrue(v)) < 0)
+        goto done;
+    if (plain) {
+        Py_SETREF(v, PyObject_GetAttr(cc, s_hl_queue));
+        if (v == NULL || (plain = PyObject_IsTrue(v)) < 0)
+            goto done;
+        plain = !plain;
+    }
+    if (plain) {
+        PyObject *id = ce_node_field(node, PN_id, "id");
+        if (id == NULL || (ongoing = PyObject_GetAttr(x->tier, s_hl_ongoing)) == NULL
+                || (plain = PySequence_Contains(ongoing, id)) < 0)
+            goto done;
+        plain = !plain;
+    }
+    if (plain) {  /* (write_backup then writing_check, with nothing for either to keep) */
+        if ((host = PyObject_CallMethodOneArg(x->tier, s_he_take_host, node)) == NULL)
+            goto done;
+        if (host == Py_None) {
+            rc = 0;
+            goto done;
+        }
+        if ((base = PyObject_GetAttr(host, s_he_base)) == NULL)
+            goto done;
+        hv = base == Py_None ? Py_NewRef(host) : PyObject_CallMethodNoArgs(host, s_he_clone);
+        if (hv == NULL || ce_check_node(node) < 0)
+            goto done;
+        pyslot_set(node, PN_host_value, hv);
+        /* self.host_tokens += node.value.shape[0] */
+        PyObject *value = ce_node_field(node, PN_value, "value");
+        if (value == NULL || (t = PyObject_GetAttr(x->tier, s_he_host_tokens)) == NULL
+                || (shape = PyObject_GetAttr(value, s_he_shape)) == NULL
+                || (n = PySequence_GetItem(shape, 0)) == NULL
+                || (sum = PyNumber_InPlaceAdd(t, n)) == NULL
+                || PyObject_SetAttr(x->tier, s_he_host_tokens, sum) < 0)
+            goto done;
+        rc = 1;
+        goto done;
+    }
+    {  /* self.write_backup(node, write_back=True) == 0: passed over */
+        PyObject *a[3] = {x->tier, node, Py_True};
+        if ((t = PyObject_VectorcallMethod(s_hi_write_backup, a,
+                                           2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                           g_he_kw_wb)) == NULL)
+            goto done;
+        int z = PyObject_RichCompareBool(t, s_zero, Py_EQ);
+        if (z != 0) {
+            rc = z < 0 ? -1 : 0;
+            goto done;
+        }
+        PyObject *b[2] = {x->tier, Py_True};
+        if (discard(PyObject_VectorcallMethod(s_he_writing_check, b,
+                                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                              g_he_kw_wb)) < 0)
+            goto done;
+        rc = 1;
+    }
+done:
+    Py_XDECREF(cc);
+    Py_XDECREF(v);
+    Py_XDECREF(host);
+    Py_XDECREF(base);
+    Py_XDECREF(hv);
+    Py_XDECREF(shape);
+    Py_XDECREF(n);
+    Py_XDECREF(t);
+    Py_XDECREF(sum);
+    Py_XDECREF(ongoing);
+    return rc;
+}
+
+/* A leaf with a host copy goes to the host (evict_leaf's written-out common case).  0, -1. */
+static int
+he_to_host(HeCtx *x, PyObject *node)
+{
+    if (he_drop(x, node) < 0)
+        return -1;
+    pyslot_set(node, PN_value, Py_None);
+    PyObject *parent = ce_node_field(node, PN_parent, "parent");
+    if (parent == NULL)
+        return -1;
+    Py_INCREF(parent);
+    int rc = -1;
+    if (he_dev_child_gone(parent) < 0)
+        goto done;
+    /* (update_host_leaf, written out: attached, evicted now, backed up) */
+    int t = pyfield_eq_zero(node, PN_host_lock_ref, s_he_host_lock_ref);
+    if (t > 0)
+        t = he_childless(node);
+    if (t > 0)
+        t = he_no_aux_host_lock(node);
+    if (t < 0 || he_host_leaf(x, node, t) < 0 || he_push_if_leaf(x, parent) < 0)
+        goto done;
+    rc = 0;
+done:
+    Py_DECREF(parent);
+    return rc;
+}
+
+/* What host_evict decides on, all read before its first change: 1 (the context's objects
+ * set, new references), 0 to decline, -1. */
+static int
+he_prepare(HeCtx *x, int *write_back)
+{
+    PyObject *cache = x->cache, *v = NULL, *lh = NULL, *el = NULL;
+    int ok = 0;
+#define HE_READ(o, name) do { Py_XSETREF(v, PyObject_GetAttr((o), (name))); \
+        if (v == NULL) goto fail; } while (0)
+    HE_READ(cache, s_hl_components);
+    if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 0)
+        goto done;
+    HE_READ(cache, s_he_policy_key);
+    if (v != Py_None)
+        goto done;
+    HE_READ(cache, s_events);
+    if (v != Py_None)
+        goto done;
+    HE_READ(cache, s_he_storage_tier);
+    if (v != Py_None)
+        goto done;
+    HE_READ(cache, s_disable);
+    if (v != Py_False)
+        goto done;
+    long long ll;
+    HE_READ(cache, s_evictable);
+    if (!exact_ll(v, &ll))
+        goto done;
+    HE_READ(cache, s_page_size);
+    if (!exact_ll(v, &ll) || ll < 1)
+        goto done;
+    int r = hl_root_heap(cache, &x->root, &x->heap);
+    if (r <= 0) {
+        ok = r;
+        goto done;
+    }
+    if ((lh = PyObject_GetAttr(cache, s_he_leaf_heap)) == NULL)
+        goto fail;
+    if ((PyObject *)Py_TYPE(lh) != g_hl_lazy_heap)
+        goto done;
+    HE_READ(lh, s_hl_entries);
+    if (v != x->heap)
+        goto done;
+    if ((r = hl_own_tier(cache, &x->tier)) <= 0) {
+        ok = r;
+        goto done;
+    }
+    if ((el = PyObject_GetAttr(cache, s_he_evict_leaf)) == NULL)
+        goto fail;
+    if (!PyMethod_Check(el) || PyMethod_GET_FUNCTION(el) != g_he_evict_leaf
+            || PyMethod_GET_SELF(el) != x->tier)
+        goto done;
+    HE_READ(x->tier, s_hl_storage);
+    if (v != Py_None)
+        goto done;
+    HE_READ(x->tier, s_hl_tp_group);
+    if (v != Py_None)
+        goto done;
+    HE_READ(x->tier, s_hi_write_back);
+    if (v != Py_True && v != Py_False)
+        goto done;
+    *write_back = v == Py_True;
+    if (hl_host_heap(x->tier, &x->leaves, &x->entries) < 0)
+        goto fail;
+    if (x->leaves == NULL)
+        goto done;
+    ok = 1;
+    goto done;
+fail:
+    ok = -1;
+done:
+#undef HE_READ
+    Py_XDECREF(v);
+    Py_XDECREF(lh);
+    Py_XDECREF(el);
+    return ok;
+}
+
+/* host_evict(cache, want) -> [Full units freed] (_evict_units(want)'s tracker), or None
+ * (nothing changed): see above. */
+static PyObject *
+core_host_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "host_evict(cache, want)");
+        return NULL;
+    }
+    long long want;
+    if (g_he_evict_leaf == NULL || g_hl_tier == NULL || g_hi_tier == NULL || g_pn_type == NULL
+            || !exact_ll(args[1], &want))
+        Py_RETURN_NONE;
+    HeCtx x;
+    memset(&x, 0, sizeof(x));
+    x.cache = args[0];
+    int write_back = 0;
+    PyObject *batch = NULL, *passed = NULL, *result = NULL;
+    int r = he_prepare(&x, &write_back);
+    if (r <= 0) {
+        if (r == 0)
+            result = Py_NewRef(Py_None);
+        goto out;
+    }
+    if ((batch = PyObject_CallNoArgs(g_he_batch)) == NULL
+            || (x.add.runs = PyObject_GetAttr(batch, s_he_runs)) == NULL)
+        goto out;
+    if (!PyList_CheckExact(x.add.runs) || PyList_GET_SIZE(x.add.runs) != 0) {
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    /* (from here on, the Python loop's changes; a failure still releases the batch) */
+    int failed = 1;
+    while (x.full < want && PyList_GET_SIZE(x.heap) > 0) {
+        PyObject *e = ce_heappop(x.heap);
+        if (e == NULL)
+            goto release;
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 2) {
+            Py_DECREF(e);
+            PyErr_SetString(PyExc_TypeError, "evict: a leaf heap entry that is not (stamp, node)");
+            goto release;
+        }
+        PyObject *node = Py_NewRef(PyTuple_GET_ITEM(e, 1));
+        int live = ce_is_leaf(node, PyTuple_GET_ITEM(e, 0));
+        Py_DECREF(e);
+        if (live > 0 && passed != NULL)  /* (a leaf passed over in this call: not again) */
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(passed); i++)
+                if (PyList_GET_ITEM(passed, i) == node) {
+                    live = 0;
+                    break;
+                }
+        if (live <= 0) {
+            Py_DECREF(node);
+            if (live < 0)
+                goto release;
+            continue;
+        }
+        /* (evict_leaf) */
+        int step;
+        if (SLOT_AT(node, PN_host_value) == NULL) {
+            step = -1;
+            PyErr_SetString(PyExc_AttributeError, "'Node' object has no attribute 'host_value'");
+        } else if (SLOT_AT(node, PN_host_value) != Py_None) {
+            step = he_to_host(&x, node);
+        } else if (!write_back) {
+            step = he_delete(&x, node);
+        } else {
+            step = he_backup(&x, node);
+            if (step > 0)
+                step = he_to_host(&x, node);
+            else if (step == 0) {  /* passed over */
+                if ((passed == NULL && (passed = PyList_New(0)) == NULL)
+                        || PyList_Append(passed, node) < 0)
+                    step = -1;
+            }
+        }
+        Py_DECREF(node);
+        if (step < 0)
+            goto release;
+    }
+    if (passed != NULL)
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(passed); i++)
+            if (he_push_if_leaf(&x, PyList_GET_ITEM(passed, i)) < 0)
+                goto release;
+    if (write_back) {  /* self.tier.writing_check(write_back=True) */
+        PyObject *b[2] = {x.tier, Py_True};
+        if (discard(PyObject_VectorcallMethod(s_he_writing_check, b,
+                                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                              g_he_kw_wb)) < 0)
+            goto release;
+    }
+    failed = 0;
+release:
+    {  /* finally: self._release(batch), the error (if any) kept unless it raises its own */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (discard(PyObject_CallMethodOneArg(x.cache, s_he_release, batch)) < 0) {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            goto out;
+        }
+        PyErr_Restore(et, ev, tb);
+    }
+    if (failed)
+        goto out;
+    {  /* self._leaf_heap.needs_compaction(self._evictable // self.page_size), compact */
+        long long ev, ps;
+        if (get_ll(x.cache, s_evictable, &ev) < 0 || get_ll(x.cache, s_page_size, &ps) < 0)
+            goto out;
+        if (ps == 0) {
+            PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
+            goto out;
+        }
+        long long live = ev / ps;
+        if ((ev % ps != 0) && ((ev < 0) != (ps < 0)))
+            live--;
+        Py_ssize_t n = PyList_GET_SIZE(x.heap);
+        if (n > 64 && (long long)n > 4 * (live + 16)) {
+            PyObject *lh = PyObject_GetAttr(x.cache, s_he_leaf_heap);
+            PyObject *is_leaf = lh == NULL ? NULL : PyObject_GetAttr(x.cache, s_he_is_leaf);
+            int c = is_leaf == NULL ? -1
+                : discard(PyObject_CallMethodOneArg(lh, s_he_compact, is_leaf));
+            Py_XDECREF(lh);
+            Py_XDECREF(is_leaf);
+            if (c < 0)
+                goto out;
+        }
+    }
+    {
+        PyObject *f = PyLong_FromLongLong(x.full);
+        if (f != NULL) {
+            result = PyList_New(1);
+            if (result == NULL)
+                Py_DECREF(f);
+            else
+                PyList_SET_ITEM(result, 0, f);
+        }
+    }
+out:
+    Py_XDECREF(x.tier);
+    Py_XDECREF(x.root);
+    Py_XDECREF(x.heap);
+    Py_XDECREF(x.leaves);
+    Py_XDECREF(x.entries);
+    Py_XDECREF(x.add.runs);
+    Py_XDECREF(batch);
+    Py_XDECREF(passed);
+    return result;
+}
+
 static PyMethodDef core_methods[] = {
     {"setup_pynode", (PyCFunction)(void (*)(void))core_setup_pynode, METH_FASTCALL,
      "setup_pynode(Node, AuxData, _Sentinel): the slot offsets the composed tree's C paths use"},
@@ -9880,6 +10513,12 @@ static PyMethodDef core_methods[] = {
      "host_insert(cache, plan, value, units, extra_key, prev, chunked, n, total, page_size, "
      "deferred, owned) -> InsertResult: fast/host_full.py insert_host from the root's stamp on; "
      "None where the Python loop must run (nothing changed)"},
+    {"host_evict_setup", (PyCFunction)(void (*)(void))core_host_evict_setup, METH_FASTCALL,
+     "host_evict_setup(HostTier.evict_leaf, FreeBatch): what host_evict stands for and builds"},
+    {"host_evict", (PyCFunction)(void (*)(void))core_host_evict, METH_FASTCALL,
+     "host_evict(cache, want) -> [Full units]: fast/hybrid.py _evict_units(want) for the Full "
+     "component alone over the host tier, its loop, release and compaction; None where the "
+     "Python loop must run (nothing changed)"},
     {NULL, NULL, 0, NULL}
 };
 

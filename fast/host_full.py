@@ -46,6 +46,13 @@ are not an int64 buffer, a heap or queue of frees that is not a plain list, a ti
 exactly ``HostTier``, a clock or threshold that is not a plain int.  The loop here stays the
 reference and, without the core (``UNIRADIX_PURE_PYTHON=1``), the path;
 tests/fast/test_host_insert_twin.py runs the two in lockstep (node ids included).
+
+The device eviction of such a cache, fast/hybrid.py ``_evict_units(want)`` (its heap loop with
+``HostTier.evict_leaf`` per leaf, the write-back check, the batch's release, the compaction),
+has a C twin too, ``_core.host_evict`` (fast/_core.c "host tier: Full device evict", set up
+below), which ``_evict_units`` calls first where ``_pick_fast_paths`` set ``_host_evict``;
+it declines (None, nothing changed) before its first pop where the cache is not the plain
+case (tests/fast/test_host_evict_twin.py runs the two in lockstep).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import torch
 from . import keys, policies
 from .cache import STRIDE, UnifiedRadixCache, _core, _match_result, lock_walk
 from .errors import InvalidInput
+from .frees import FreeBatch
 from .node import Node
 from .one_aux import _key_parts
 from .params import DecLockRefResult, InsertResult, MatchResult
@@ -221,6 +229,9 @@ if _core is not None:  # what the C twin's written-out backup stands for (``_wri
     _core.host_insert_setup(_host.HostTier, _host.HostTier._write_backup_full,
                             _host.HostTier._full_write_lock, _host._Event, _host.Ack,
                             _host.InFlight, HostDecLockRefParams)
+    # what the device evict's twin stands for (fast/_core.c "host tier: Full device evict",
+    # called by fast/hybrid.py ``_evict_units``) and the batch it builds
+    _core.host_evict_setup(_host.HostTier.evict_leaf, FreeBatch)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -89,6 +89,11 @@ _HOST_FULL_HOOKS = ("_touch", "_stamp", "_push_if_leaf", "_split",
                     "_cut", "_unevict", "_new_node", "_stamp_tiered_path", "_indices", "_free",
                     "_units", "_insert", "match_prefix")
 
+# the hooks fast/_core.c ``host_evict`` (``_evict_units`` of the Full component alone over the
+# host tier) stands for, as this class has them (a subclass that overrides one runs the loop)
+_HOST_EVICT_HOOKS = ("_evict_units", "_release", "_push_if_leaf", "_delete_leaf",
+                     "_drop_device", "_detach_leaf", "_is_leaf")
+
 # the hooks fast/host_aux.py's lock paths stand for (through fast/one_aux.py's), as this class
 # has them (a subclass that overrides one runs the general paths)
 _HOST_AUX_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lock",
@@ -249,6 +254,7 @@ class HybridRadixCache(UnifiedRadixCache):
     _inc_lock_fast: Any = None
     _dec_lock_fast: Any = None
     _evict_fast: Any = None
+    _host_evict = False  # ``_evict_units`` calls fast/_core.c ``host_evict`` first
     _dec_lock_host: Any = None  # fast/host_full.py's or host_aux.py's unlock
     # fast/host_aux.py's write-through lock (``HostTier.write_backup``; None: inc_lock_ref's)
     _write_lock: Any = None
@@ -265,6 +271,7 @@ class HybridRadixCache(UnifiedRadixCache):
         general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
         self._evict_fast = self._dec_lock_host = self._one_aux = self._write_lock = None
+        self._host_evict = False
         cls_ = type(self)
         # the general insert's walk touches each node inline (``_touch``, ``_stamp`` and
         # ``_push_if_leaf`` as this class has them: a policy pushes its own key, a subclass
@@ -316,6 +323,11 @@ class HybridRadixCache(UnifiedRadixCache):
             self._insert_fast = host_full.insert_host
             self._inc_lock_fast = host_full.inc_lock_host
             self._dec_lock_host = host_full.dec_lock_host
+            # ``_evict_units`` in C where the eviction hooks are this class's (fast/_core.c
+            # "host tier: Full device evict": the same steps; None, nothing changed, where it
+            # declines: the loop below runs)
+            self._host_evict = _core is not None and all(
+                getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_EVICT_HOOKS)
             return
         if self.tier is not None and len(self.components) == 1 and self._policy_key is None \
                 and type(self.components[0]) in (SwaComponent, MambaComponent) and all(
@@ -1090,6 +1102,12 @@ class HybridRadixCache(UnifiedRadixCache):
 
     def _evict_units(self, want: int, wants: dict | None = None) -> list:
         """``evict``'s work; returns the units freed: Full, then each component's."""
+        if wants is None and self._host_evict:  # (Full alone over the host tier: one C call,
+            core = host_full._core               # the same steps, fast/_core.c host_evict)
+            if core is not None:
+                done = core.host_evict(self, want)
+                if done is not None:
+                    return done
         tracker = [0] * (1 + len(self.components))  # Full units, then each component's
         batch = FreeBatch()
         heap = self._heap
