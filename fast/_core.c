@@ -9277,6 +9277,20 @@ fail:
     return NULL;
 }
 
+static PyObject *core_host_take(PyObject *, PyObject *const *, Py_ssize_t);
+
+/* a[0].alloc(a[1]) for a backup (a[0] its host pool, a[1] the size): host_take where it writes
+ * that alloc out (a tensor of its own, never a view), else the pool's own call. */
+static PyObject *
+hi_pool_alloc(PyObject **a)
+{
+    PyObject *host = core_host_take(NULL, a, 2);
+    if (host != Py_NotImplemented)
+        return host;
+    Py_DECREF(host);
+    return PyObject_VectorcallMethod(s_hi_alloc, a, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
 /* ``tier.write_backup(node)``: HostTier._write_backup_full written out (x->inline_backup:
  * the slots written, 0 for none), else the tier's own method called (its answer dropped, as
  * insert_host drops it: 0); -1 with the error set. */
@@ -9321,7 +9335,7 @@ hi_backup(HiCtx *x, PyObject *node)
         goto done;
     {
         PyObject *a[2] = {pool, n_o};
-        host = PyObject_VectorcallMethod(s_hi_alloc, a, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        host = hi_pool_alloc(a);
     }
     if (host == NULL)
         goto done;
@@ -9345,7 +9359,7 @@ hi_backup(HiCtx *x, PyObject *node)
         }
         Py_SETREF(host, NULL);
         PyObject *a[2] = {pool, n_o};
-        host = PyObject_VectorcallMethod(s_hi_alloc, a, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        host = hi_pool_alloc(a);
         if (host == NULL)
             goto done;
         if (host == Py_None) {
@@ -9718,6 +9732,158 @@ done:
     Py_XDECREF(node);
     Py_XDECREF(child);
     Py_XDECREF(stamp);
+    return result;
+}
+
+/* ---- host tier: a host pool's alloc (host_take) ---- */
+/*
+ * host_take: a backup's `pool.alloc(n)` followed by the copy the caller makes of what it gets
+ * (fast/tiers/host.py _take_host, SwaComponent.backup, MambaComponent.backup, host_insert's
+ * backup), for sglang 0.5.13.post1's host pools whose alloc is HostKVCache.alloc or
+ * MambaPoolHost.alloc (fast/frees.py native_alloc_ok says which classes; nothing set on the
+ * instance).  That alloc, under the pool's lock: n a multiple of page_size (else it raises),
+ * None when n is above len(free_slots), else free_slots[:n] (a view of the list) with
+ * free_slots = free_slots[n:].  The caller keeps not the view (it would keep the whole list
+ * alive) but a copy.  Here, with the lock taken without blocking: the same view left as the
+ * list, the taken slots written straight into a new int64 tensor (the copy), no view made.
+ * Declines (NotImplemented, nothing done: the caller runs pool.alloc) where the pool is not
+ * such a class, the lock is held elsewhere, n is not a multiple of page_size, or the list is
+ * not a plain CPU int64 tensor.
+ */
+static PyObject *g_take_ok = NULL;  /* fast/frees.py native_alloc_ok(cls) */
+static PyObject *g_take_verdicts = NULL;  /* class -> native_alloc_ok(class), as asked */
+static PyObject *s_ht_lock, *s_ht_acquire, *s_ht_release, *s_ht_free_slots, *s_ht_page_size,
+    *s_ht_alloc;
+
+/* host_take_setup(native_alloc_ok) */
+static PyObject *
+core_host_take_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "host_take_setup(native_alloc_ok)");
+        return NULL;
+    }
+    if (s_ht_lock == NULL) {
+        if ((s_ht_lock = PyUnicode_InternFromString("lock")) == NULL
+                || (s_ht_acquire = PyUnicode_InternFromString("acquire")) == NULL
+                || (s_ht_release = PyUnicode_InternFromString("release")) == NULL
+                || (s_ht_free_slots = PyUnicode_InternFromString("free_slots")) == NULL
+                || (s_ht_page_size = PyUnicode_InternFromString("page_size")) == NULL
+                || (s_ht_alloc = PyUnicode_InternFromString("alloc")) == NULL)
+            return NULL;
+    }
+    PyObject *verdicts = PyDict_New();
+    if (verdicts == NULL)
+        return NULL;
+    Py_XSETREF(g_take_ok, Py_NewRef(args[0]));
+    Py_XSETREF(g_take_verdicts, verdicts);
+    Py_RETURN_NONE;
+}
+
+/* Whether pool's class is one host_take writes out (asked once per class): 1, 0 or -1. */
+static int
+host_take_class_ok(PyObject *pool)
+{
+    PyObject *tp = (PyObject *)Py_TYPE(pool);
+    PyObject *v = PyDict_GetItemWithError(g_take_verdicts, tp);  /* borrowed */
+    if (v == NULL) {
+        if (PyErr_Occurred() || (v = PyObject_CallOneArg(g_take_ok, tp)) == NULL)
+            return -1;
+        int r = PyDict_SetItem(g_take_verdicts, tp, v);
+        Py_DECREF(v);  /* (the dict holds it) */
+        if (r < 0)
+            return -1;
+    }
+    return v == Py_True;
+}
+
+/* host_take(pool, n) -> a new int64 tensor of the n slots pool.alloc(n) would hand out (the
+ * pool's list left as that alloc leaves it), None where the pool is short (nothing taken, as
+ * alloc's None), or NotImplemented (declined, nothing done). */
+static PyObject *
+core_host_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "host_take(pool, n)");
+        return NULL;
+    }
+    PyObject *pool = args[0];
+    long long n, ps;
+    if (g_take_ok == NULL || !exact_ll(args[1], &n) || n <= 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    int ok = host_take_class_ok(pool);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    PyObject **dp = _PyObject_GetDictPtr(pool);  /* nothing of alloc's set on the instance */
+    if (dp == NULL || (*dp != NULL && PyDict_GetItemWithError(*dp, s_ht_alloc) != NULL))
+        Py_RETURN_NOTIMPLEMENTED;
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *page = PyObject_GetAttr(pool, s_ht_page_size);
+    if (page == NULL)
+        return NULL;
+    ok = exact_ll(page, &ps);
+    Py_DECREF(page);
+    if (!ok || ps <= 0 || n % ps)
+        Py_RETURN_NOTIMPLEMENTED;  /* (alloc raises: its own message) */
+    PyObject *lock = PyObject_GetAttr(pool, s_ht_lock);
+    if (lock == NULL)
+        return NULL;
+    PyObject *got = PyObject_CallMethodOneArg(lock, s_ht_acquire, Py_False);
+    if (got == NULL) {
+        Py_DECREF(lock);
+        return NULL;
+    }
+    int held = got == Py_True;
+    Py_DECREF(got);
+    if (!held) {  /* another thread is inside the pool: its alloc waits for it, not this */
+        Py_DECREF(lock);
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *result = NULL, *list = PyObject_GetAttr(pool, s_ht_free_slots), *rest = NULL;
+    const long long *p;
+    Py_ssize_t len;
+    if (list == NULL)
+        goto done;
+    ok = plain_data(list, &p, &len);
+    if (ok <= 0) {
+        if (ok == 0)
+            result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    if (n > len) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    long long *dst;
+    PyObject *taken = new_int64((Py_ssize_t)n, &dst);
+    if (taken == NULL)
+        goto done;
+    memcpy(dst, p, (size_t)n * sizeof(long long));
+    if ((rest = tail_view(list, (Py_ssize_t)n, len)) == NULL
+            || PyObject_SetAttr(pool, s_ht_free_slots, rest) < 0) {
+        Py_DECREF(taken);
+        goto done;
+    }
+    result = taken;
+done:
+    Py_XDECREF(list);
+    Py_XDECREF(rest);
+    {  /* the lock released whatever happened above, the error (if any) kept */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *r = PyObject_CallMethodNoArgs(lock, s_ht_release);
+        Py_DECREF(lock);
+        if (r == NULL) {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            Py_CLEAR(result);
+            return NULL;
+        }
+        Py_DECREF(r);
+        PyErr_Restore(et, ev, tb);
+    }
     return result;
 }
 
@@ -10519,6 +10685,12 @@ static PyMethodDef core_methods[] = {
      "host_evict(cache, want) -> [Full units]: fast/hybrid.py _evict_units(want) for the Full "
      "component alone over the host tier, its loop, release and compaction; None where the "
      "Python loop must run (nothing changed)"},
+    {"host_take_setup", (PyCFunction)(void (*)(void))core_host_take_setup, METH_FASTCALL,
+     "host_take_setup(native_alloc_ok): the host pool classes host_take writes out"},
+    {"host_take", (PyCFunction)(void (*)(void))core_host_take, METH_FASTCALL,
+     "host_take(pool, n) -> a new int64 tensor of the slots pool.alloc(n) hands out, the "
+     "pool's list left as it leaves it; None where the pool is short; NotImplemented where "
+     "declined (nothing done: call pool.alloc)"},
     {NULL, NULL, 0, NULL}
 };
 

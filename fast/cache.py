@@ -65,7 +65,7 @@ import torch
 
 from . import compat, frees, keys, radix_key
 from .errors import HandleError, InvalidInput, NodeNotFound, Unsupported
-from .frees import native_kind, release, release_ranges
+from .frees import native_alloc_ok, native_kind, release, release_ranges
 from .keys import child_key, shared_len
 from .node import Node
 from .params import (
@@ -139,6 +139,7 @@ if NATIVE:
     # what evict and insert free goes straight into sglang's exact allocators on the CPU
     # (fast/_core.c "native frees"; fast/frees.py native_kind says which those are)
     _core.setup_frees(torch.empty, native_kind)
+    _core.host_take_setup(native_alloc_ok)  # a backup's host pool alloc (frees.host_alloc)
     keys.bind_core(_core)  # the walks' per-node step in C (fast/keys.py match_step)
 
 

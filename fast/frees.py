@@ -184,6 +184,36 @@ def native_kind(cls: type) -> int:
     return _EXACT.get((cls.__module__, cls.__name__, qual), NATIVE_NONE)
 
 
+# sglang 0.5.13.post1's host pool allocs that fast/_core.c ``host_take`` writes out: the class
+# -> its alloc's qualname (``HostKVCache.alloc`` and ``MambaPoolHost.alloc``: under the pool's
+# lock, an assert or a ValueError on a size that is not a multiple of ``page_size``, None when
+# short, else the front of ``free_slots``, which keeps the rest)
+_HOST_ALLOCS = {"MHATokenToKVPoolHost": "HostKVCache.alloc",
+                "MLATokenToKVPoolHost": "HostKVCache.alloc",
+                "MambaPoolHost": "MambaPoolHost.alloc"}
+
+
+def native_alloc_ok(cls: type) -> bool:
+    """Whether ``cls`` is exactly one of sglang's host pools whose ``alloc`` the C core may do
+    itself (:func:`host_alloc`): that class of sglang's module, with that ``alloc`` on it."""
+    fn = getattr(cls, "alloc", None)
+    return cls.__module__ == _HOST and getattr(fn, "__module__", None) == _HOST \
+        and _HOST_ALLOCS.get(cls.__name__) == getattr(fn, "__qualname__", None)
+
+
+def host_alloc(pool: Any, n: int) -> Any:
+    """``pool.alloc(n)`` for a backup, which keeps a copy of what it gets: through the C core
+    where it writes that alloc out (``_core.host_take``: the same list left in the pool, the
+    slots as a tensor of their own, so the caller's copy of a view is not needed), else the
+    pool's own call (whose answer may be a view of its list: the caller copies it)."""
+    core = _native_core()
+    if core is not None:
+        got = core.host_take(pool, n)
+        if got is not NotImplemented:
+            return got
+    return pool.alloc(n)
+
+
 def _exact_ok(alloc: Any, kind: int) -> bool:
     """Whether ``alloc``'s list may be written as ``kind`` frees would leave it: that exact
     class, outside a free group, not in sglang's debug mode, and no ``free`` set on the instance

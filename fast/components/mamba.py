@@ -9,7 +9,7 @@ import torch
 
 from ..cache import _core
 from ..errors import InvalidInput, Unsupported
-from ..frees import FreeBatch, release
+from ..frees import FreeBatch, host_alloc, release
 from ..params import EvictParams, MatchPrefixParams, MatchResult
 from ..tiers.host import Copy, HostSlotAllocator
 from . import MAMBA_ID, AuxComponent, Validator
@@ -421,7 +421,7 @@ class MambaComponent(AuxComponent):
         pool = self.host_allocator
         if pool.available_size() < 1:
             self.evict_host_states(1)
-        slot = pool.alloc(1) if pool.available_size() >= 1 else None
+        slot = host_alloc(pool, 1) if pool.available_size() >= 1 else None
         if slot is None:
             return False
         # not a view of the pool's list (sglang's host pool hands out slices of it: such a

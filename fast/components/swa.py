@@ -16,7 +16,7 @@ import torch
 
 from ..cache import _core
 from ..errors import InvalidInput, Unsupported
-from ..frees import FreeBatch, release
+from ..frees import FreeBatch, host_alloc, release
 from ..tiers.host import Copy, HostSlotAllocator
 from . import SWA_ID, AuxComponent, Validator
 
@@ -323,7 +323,7 @@ class SwaComponent(AuxComponent):
         if avail < n:
             self.evict_swa_host(n)
             avail = pool.available_size()  # (asked again only where room was made)
-        slots = pool.alloc(n) if avail >= n else None
+        slots = host_alloc(pool, n) if avail >= n else None
         if slots is None:
             return False
         # as the Full backup (fast/tiers/host.py): a view of the pool's free list (sglang's

@@ -40,7 +40,7 @@ from .. import compat
 from .. import params as api  # the API types, named api.X
 from ..cache import _core, lock_walk
 from ..errors import HandleError, InvalidInput, Unsupported
-from ..frees import APPEND, release
+from ..frees import APPEND, host_alloc, release
 from ..structures import LazyHeap
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -788,7 +788,7 @@ class HostTier:
         the room check on every backup."""
         pool = self.controller.mem_pool_host
         n = node.value.shape[0]  # (len() of a tensor is a Python-level wrapper)
-        host_indices = pool.alloc(n)
+        host_indices = host_alloc(pool, n)
         if host_indices is None:
             avail = pool.available_size()
             if avail >= n:
@@ -796,7 +796,7 @@ class HostTier:
             needed = n - avail
             if self.evict_host(needed) < needed:
                 return None
-            host_indices = pool.alloc(n)
+            host_indices = host_alloc(pool, n)
             if host_indices is None:
                 return None
         components = self.cache.components
