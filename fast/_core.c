@@ -7531,44 +7531,61 @@ pi_attr_none(PyObject *cache, PyObject *name)
     return r;
 }
 
-static PyObject *
-core_pair_insert_api(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+/* What pair_insert_api and one_insert_api read before their components' checks (fast/hybrid.py
+ * _insert's prologue and fast/one_aux.py insert_one's alike): the key in place, the argument
+ * checks, the cut to whole pages, the plan, swa_evicted_seqlen (unchecked: each has its rule),
+ * and (pi_ready) the leaf heap, the root's stamp and the clock as they were. */
+typedef struct {
+    PyObject *key, *toks, *ek, *value, *prev, *ps_o, *units, *root, *step, *plan, *e_o, *n_o,
+        *total_o, *heap, *old_stamp;
+    /* (what the callers' own checks read, cleared with the rest) */
+    PyObject *swa, *mamba, *comps, *pair, *mv, *deferred, *state;
+    Py_ssize_t total, prev_n, ps, n, e;
+    long long old_clock;
+} PiArgs;
+
+static void
+pi_clear(PiArgs *a)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "pair_insert_api(cache, params)");
-        return NULL;
-    }
-    PyObject *cache = args[0], *params = args[1];
+    PyObject **owned[] = {&a->key, &a->toks, &a->ek, &a->value, &a->prev, &a->ps_o, &a->units,
+                          &a->root, &a->step, &a->plan, &a->e_o, &a->n_o, &a->total_o, &a->heap,
+                          &a->old_stamp, &a->swa, &a->mamba, &a->comps, &a->pair, &a->mv,
+                          &a->deferred, &a->state};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
+        Py_CLEAR(*owned[i]);
+}
+
+/* The settings the callers write out (cache.<flag> True: the entry's hooks as the class has
+ * them; no tier, no storage tier, no KV events, no policy order, no slot ledger; plain_key:
+ * not EAGLE, not disabled), then the prologue in its order into *a: 1 read, 0 declined (the
+ * error cleared; what was read stays in *a for pi_clear). */
+static int
+pi_read(PyObject *mod, PyObject *cache, PyObject *params, PyObject *flag, PiArgs *a)
+{
+    PyObject *o = NULL;
+    int r;
     if (g_pn_type == NULL || g_InsertResult == NULL || g_Tensor == NULL || g_int64 == NULL
             || g_RadixKey == NULL || g_array == NULL)
-        Py_RETURN_NONE;  /* (before setup_pynode / setup_api: the Python function) */
-    PyObject *key = NULL, *toks = NULL, *ek = NULL, *value = NULL, *prev = NULL, *o = NULL,
-             *e_o = NULL, *mv = NULL, *po = NULL, *swa = NULL, *mamba = NULL, *units = NULL,
-             *plan = NULL, *step = NULL, *ps_o = NULL, *root = NULL, *heap = NULL,
-             *state = NULL, *n_o = NULL, *total_o = NULL, *old_stamp = NULL, *result = NULL;
-    int r;
-    long long old_clock = 0, clock;
-    /* the settings this writes out: the pair's C insert on, no tier, no events, no policy,
-     * no slot ledger (plain_key: not EAGLE, not disabled) */
-    if ((o = PyObject_GetAttr(cache, s_pi_pair_insert)) == NULL || o != Py_True)
+        return 0;  /* (before setup_pynode / setup_api: the Python function) */
+    if ((o = PyObject_GetAttr(cache, flag)) == NULL || o != Py_True)
         goto decline;
     Py_CLEAR(o);
     if (pi_attr_none(cache, s_pi_tier) != 1 || pi_attr_none(cache, s_pi_storage) != 1
             || pi_attr_none(cache, s_events) != 1 || pi_attr_none(cache, s_pi_policy) != 1
             || attr_is_false(cache, s_validate_slots) != 1)
         goto decline;
-    if ((key = PyObject_GetAttr(params, s_key)) == NULL
-            || plain_key(cache, key, &toks, &ek) != 1)
+    if ((a->key = PyObject_GetAttr(params, s_key)) == NULL
+            || plain_key(cache, a->key, &a->toks, &a->ek) != 1)
         goto decline;
-    Py_ssize_t total = PyObject_Length(toks), vn = -1, prev_n, e, ps, swa_i, mamba_i;
-    if (total < 0)
+    Py_ssize_t vn = -1;
+    if ((a->total = PyObject_Length(a->toks)) < 0)
         goto decline;
     /* insert_args: value, prev_prefix_len, chunked, priority */
-    if ((value = PyObject_GetAttr(params, s_value)) == NULL
-            || (PyObject *)Py_TYPE(value) != g_Tensor || int64_1d_len(value, &vn) != 1
-            || vn != total)
+    if ((a->value = PyObject_GetAttr(params, s_value)) == NULL
+            || (PyObject *)Py_TYPE(a->value) != g_Tensor || int64_1d_len(a->value, &vn) != 1
+            || vn != a->total)
         goto decline;
-    if ((prev = PyObject_GetAttr(params, s_prev)) == NULL || !pi_count(prev, &prev_n))
+    if ((a->prev = PyObject_GetAttr(params, s_prev)) == NULL || !pi_count(a->prev, &a->prev_n))
         goto decline;
     if ((o = PyObject_GetAttr(params, s_chunked)) == NULL || (o != Py_True && o != Py_False))
         goto decline;
@@ -7577,108 +7594,161 @@ core_pair_insert_api(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto decline;  /* (missing: 0, as getattr's default) */
     Py_CLEAR(o);
     /* the cut to whole pages and the plan */
-    if ((ps_o = PyObject_GetAttr(cache, s_page_size)) == NULL || !pi_count(ps_o, &ps) || ps < 1)
+    if ((a->ps_o = PyObject_GetAttr(cache, s_page_size)) == NULL || !pi_count(a->ps_o, &a->ps)
+            || a->ps < 1)
         goto decline;
-    Py_ssize_t n = total - total % ps;
-    units = n < total ? PySequence_GetSlice(toks, 0, n) : Py_NewRef(toks);
-    if (units == NULL || (root = PyObject_GetAttr(cache, s_root_node)) == NULL || !PN_IS(root)
-            || (step = PyObject_GetAttr(mod, s_pi_step)) == NULL)
+    a->n = a->total - a->total % a->ps;
+    a->units = a->n < a->total ? PySequence_GetSlice(a->toks, 0, a->n) : Py_NewRef(a->toks);
+    if (a->units == NULL || (a->root = PyObject_GetAttr(cache, s_root_node)) == NULL
+            || !PN_IS(a->root) || (a->step = PyObject_GetAttr(mod, s_pi_step)) == NULL)
         goto decline;
     {
-        PyObject *a[5] = {root, units, ek, ps_o, step};
-        if ((plan = core_one_plan(mod, a, 5)) == NULL)
+        PyObject *c[5] = {a->root, a->units, a->ek, a->ps_o, a->step};
+        if ((a->plan = core_one_plan(mod, c, 5)) == NULL)
             goto decline;
     }
-    /* the aux checks, written out as _insert has them */
-    if ((e_o = PyObject_GetAttr(params, s_pi_seqlen)) == NULL || !pi_count(e_o, &e) || e % ps)
+    if ((a->e_o = PyObject_GetAttr(params, s_pi_seqlen)) == NULL
+            || (a->n_o = PyLong_FromSsize_t(a->n)) == NULL
+            || (a->total_o = PyLong_FromSsize_t(a->total)) == NULL)
         goto decline;
-    if ((po = PyObject_GetAttr(cache, s_cm_pair)) == NULL || !PyTuple_CheckExact(po)
-            || PyTuple_GET_SIZE(po) != 3 || !pi_count(PyTuple_GET_ITEM(po, 0), &swa_i)
-            || !pi_count(PyTuple_GET_ITEM(po, 2), &mamba_i) || swa_i > 1 || mamba_i > 1
-            || swa_i == mamba_i)
-        goto decline;
-    if (prev_n && swa_i == 0 && pi_swa_refuses(plan, prev_n, e, swa_i) != 0)
-        goto decline;
-    Py_ssize_t one = -1;  /* (mamba_state's checks: an exact int64 tensor of shape (1,)) */
-    if ((mv = PyObject_GetAttr(params, s_pi_mamba_value)) == NULL
-            || (PyObject *)Py_TYPE(mv) != g_Tensor || int64_1d_len(mv, &one) != 1 || one != 1)
-        goto decline;
-    if (prev_n && swa_i == 1 && pi_swa_refuses(plan, prev_n, e, swa_i) != 0)
-        goto decline;
-    /* what pair_insert would decline, checked before anything changes */
-    if ((swa = PyObject_GetAttr(cache, s_pi_swa)) == NULL
-            || (mamba = PyObject_GetAttr(cache, s_pi_mamba)) == NULL
-            || (heap = PyObject_GetAttr(cache, s_heap)) == NULL || !PyList_CheckExact(heap))
-        goto decline;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(plan); i++) {
-        PyObject *it = PyList_GET_ITEM(plan, i), *c = PyTuple_GET_ITEM(it, 0);
-        if (!PN_IS(c) || IS_NONE(SLOT_AT(c, PN_value))
-                || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
-            goto decline;
+    return 1;
+decline:
+    Py_XDECREF(o);
+    PyErr_Clear();
+    return 0;
+}
+
+/* What the walk would decline, checked before anything changes (the leaf heap a plain list),
+ * and the root's stamp and the clock as they were (the stamp undone where it declines all the
+ * same): 1, or 0 declined (the error cleared). */
+static int
+pi_ready(PyObject *cache, PiArgs *a)
+{
+    if ((a->heap = PyObject_GetAttr(cache, s_heap)) == NULL || !PyList_CheckExact(a->heap)
+            || (a->old_stamp = PN_GET(a->root, last_access_time)) == NULL
+            || get_ll(cache, s_clock, &a->old_clock) < 0) {
+        PyErr_Clear();
+        return 0;
     }
-    if ((old_stamp = PN_GET(root, last_access_time)) == NULL
-            || get_ll(cache, s_clock, &old_clock) < 0)
-        goto decline;
-    /* mamba_state's copy: the tree's own tensor */
-    if ((state = core_state_copy(mod, &mv, 1)) == NULL)
-        goto decline;
-    if (state == Py_None) {
+    return 1;
+}
+
+/* params.mamba_value as mamba_state checks it (an exact int64 tensor of shape (1,)): 1 (*mv a
+ * new reference), or 0 declined (the error cleared). */
+static int
+pi_state_arg(PyObject *params, PyObject **mv)
+{
+    Py_ssize_t one = -1;
+    if ((*mv = PyObject_GetAttr(params, s_pi_mamba_value)) == NULL
+            || (PyObject *)Py_TYPE(*mv) != g_Tensor || int64_1d_len(*mv, &one) != 1 || one != 1) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* mamba_state's copy of mv: the tree's own tensor (state_copy, else clone()); NULL on error. */
+static PyObject *
+pi_state_own(PyObject *mod, PyObject *mv)
+{
+    PyObject *state = core_state_copy(mod, &mv, 1);
+    if (state == Py_None)
         Py_SETREF(state, PyObject_CallMethodNoArgs(mv, s_pi_clone));
-        if (state == NULL)
-            goto decline;
-    }
-    /* from here on the cache changes: the root's stamp (``_stamp``: it is locked, no push) */
-    clock = old_clock + g_stride;
+    return state;
+}
+
+/* From here on the cache changes: the root's stamp (``_stamp``: it is locked, no push), the
+ * answer for no whole page, else walk(mod, call, ncall) (pair_insert or one_insert); where
+ * that declines all the same (checked before, so not expected), the stamp is undone. */
+static PyObject *
+pi_stamp_walk(PyObject *mod, PyObject *cache, const PiArgs *a,
+              PyObject *(*walk)(PyObject *, PyObject *const *, Py_ssize_t),
+              PyObject *const *call, Py_ssize_t ncall)
+{
+    long long clock = a->old_clock + g_stride;
     if (set_ll(cache, s_clock, clock) < 0)
-        goto fail;
-    if ((o = PyLong_FromLongLong(clock)) == NULL || PN_SET(root, last_access_time, o) < 0)
-        goto fail;
-    Py_CLEAR(o);
-    if (n == 0) {
-        result = ci_result(0, total, 1);
-        goto done;
-    }
-    if ((n_o = PyLong_FromSsize_t(n)) == NULL || (total_o = PyLong_FromSsize_t(total)) == NULL)
-        goto fail;
-    {
-        PyObject *a[13] = {cache, swa, mamba, plan, value, units, ek, prev, e_o, n_o, total_o,
-                           state, ps_o};
-        result = core_pair_insert(mod, a, 13);
-    }
-    if (result == Py_None) {  /* (checked above, so not expected): the stamp undone */
-        if (set_ll(cache, s_clock, old_clock) < 0 || PN_SET(root, last_access_time, old_stamp) < 0)
+        return NULL;
+    PyObject *o = PyLong_FromLongLong(clock);
+    int r = o == NULL ? -1 : PN_SET(a->root, last_access_time, o);
+    Py_XDECREF(o);
+    if (r < 0)
+        return NULL;
+    if (a->n == 0)
+        return ci_result(0, a->total, 1);
+    PyObject *result = walk(mod, call, ncall);
+    if (result == Py_None) {
+        if (set_ll(cache, s_clock, a->old_clock) < 0
+                || PN_SET(a->root, last_access_time, a->old_stamp) < 0)
             Py_CLEAR(result);
     }
-    goto done;
-decline:
-    PyErr_Clear();
-    result = Py_NewRef(Py_None);
-    goto done;
-fail:
-    result = NULL;
-done:
-    Py_XDECREF(key);
-    Py_XDECREF(toks);
-    Py_XDECREF(ek);
-    Py_XDECREF(value);
-    Py_XDECREF(prev);
-    Py_XDECREF(o);
-    Py_XDECREF(e_o);
-    Py_XDECREF(mv);
-    Py_XDECREF(po);
-    Py_XDECREF(swa);
-    Py_XDECREF(mamba);
-    Py_XDECREF(units);
-    Py_XDECREF(plan);
-    Py_XDECREF(step);
-    Py_XDECREF(ps_o);
-    Py_XDECREF(root);
-    Py_XDECREF(heap);
-    Py_XDECREF(state);
-    Py_XDECREF(n_o);
-    Py_XDECREF(total_o);
-    Py_XDECREF(old_stamp);
     return result;
+}
+
+/* The entries' frame: fn(cache, params), the prologue (pi_read with cache.<flag>), then
+ * rest(mod, cache, params, &a): its components' checks and the rest (the InsertResult, None
+ * declined, an error it met cleared here, or NULL on error). */
+typedef PyObject *(*PiRest)(PyObject *, PyObject *, PyObject *, PiArgs *);
+
+static PyObject *
+pi_entry(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, const char *fn,
+         PyObject *flag, PiRest rest)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(cache, params)", fn);
+        return NULL;
+    }
+    PiArgs a = {0};
+    PyObject *result = pi_read(mod, args[0], args[1], flag, &a)
+        ? rest(mod, args[0], args[1], &a) : Py_NewRef(Py_None);
+    if (result == Py_None)  /* (declined: what was read, and any error, dropped) */
+        PyErr_Clear();
+    pi_clear(&a);
+    return result;
+}
+
+/* pair_insert_api after the prologue: the pair's checks, the state, pair_insert (None:
+ * declined, the error cleared by pi_entry). */
+static PyObject *
+pi_pair_rest(PyObject *mod, PyObject *cache, PyObject *params, PiArgs *a)
+{
+    Py_ssize_t swa_i, mamba_i;
+    /* the aux checks, written out as _insert has them */
+    if (!pi_count(a->e_o, &a->e) || a->e % a->ps)
+        Py_RETURN_NONE;
+    PyObject *po = a->pair = PyObject_GetAttr(cache, s_cm_pair);
+    if (po == NULL || !PyTuple_CheckExact(po) || PyTuple_GET_SIZE(po) != 3
+            || !pi_count(PyTuple_GET_ITEM(po, 0), &swa_i)
+            || !pi_count(PyTuple_GET_ITEM(po, 2), &mamba_i) || swa_i > 1 || mamba_i > 1
+            || swa_i == mamba_i)
+        Py_RETURN_NONE;
+    if (a->prev_n && swa_i == 0 && pi_swa_refuses(a->plan, a->prev_n, a->e, swa_i) != 0)
+        Py_RETURN_NONE;
+    if (!pi_state_arg(params, &a->mv))
+        Py_RETURN_NONE;
+    if (a->prev_n && swa_i == 1 && pi_swa_refuses(a->plan, a->prev_n, a->e, swa_i) != 0)
+        Py_RETURN_NONE;
+    /* what pair_insert would decline, checked before anything changes */
+    if ((a->swa = PyObject_GetAttr(cache, s_pi_swa)) == NULL
+            || (a->mamba = PyObject_GetAttr(cache, s_pi_mamba)) == NULL || !pi_ready(cache, a))
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(a->plan); i++) {
+        PyObject *it = PyList_GET_ITEM(a->plan, i), *c = PyTuple_GET_ITEM(it, 0);
+        if (!PN_IS(c) || IS_NONE(SLOT_AT(c, PN_value))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1)))
+            Py_RETURN_NONE;
+    }
+    /* mamba_state's copy: the tree's own tensor */
+    if ((a->state = pi_state_own(mod, a->mv)) == NULL)
+        Py_RETURN_NONE;
+    PyObject *c[13] = {cache, a->swa, a->mamba, a->plan, a->value, a->units, a->ek, a->prev,
+                       a->e_o, a->n_o, a->total_o, a->state, a->ps_o};
+    return pi_stamp_walk(mod, cache, a, core_pair_insert, c, 13);
+}
+
+static PyObject *
+core_pair_insert_api(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    return pi_entry(mod, args, nargs, "pair_insert_api", s_pi_pair_insert, pi_pair_rest);
 }
 
 /* one_insert's and pair_insert's work; args: (cache, swa, plan, value, units, extra_key,
@@ -8100,6 +8170,71 @@ done:
     Py_XDECREF(rec);
     Py_XDECREF(both);
     return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* composed tree: one_insert_api                                                               */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * one_insert_api(cache, params) -> InsertResult, or None (nothing changed): fast/one_aux.py
+ * insert_one whole for one stock aux component, SWA or Mamba, without a host tier (the
+ * cache's ``_insert_fast``, called by fast/hybrid.py ``insert``, which releases the queued
+ * frees), in insert_one's order: the key read in place, the argument checks, the cut to whole
+ * pages and the plan (pi_read, as pair_insert_api), then the component's checks as insert_one
+ * writes them out (SWA: swa_evicted_seqlen an int >= 0 of whole pages, no mamba_value, and
+ * where prev_prefix_len > 0 check_insert's loop; Mamba: swa_evicted_seqlen 0 and
+ * mamba_state's checks and copy), the root's stamp, the answer for no whole page, and
+ * one_insert's walk, leaf, commit and (Mamba inside ``insert``) the queue's release.
+ * Where insert_one would raise, return None, or do anything this does not write out (a bigram
+ * or EAGLE key, list token ids, the slot ledger, a disabled cache, KV events, a tier, a policy
+ * order, the cache's ``_one_insert`` off: a hook of its own; a non-exact int or tensor, a
+ * non-list queue), it declines before changing anything: insert_one then runs from its start
+ * with its own checks and messages.  The value goes to one_insert uncut, as pair_insert_api
+ * passes it (only value[0:n] is read: the same views and copies).
+ * tests/fast/test_one_insert_api.py runs this against insert_one in lockstep.
+ */
+static PyObject *s_oi_flag;
+
+static PyObject *
+oi_rest(PyObject *mod, PyObject *cache, PyObject *params, PiArgs *a)
+{
+    if ((a->swa = PyObject_GetAttr(cache, s_pi_swa)) == NULL
+            || (a->comps = PyObject_GetAttr(cache, s_cm_components)) == NULL
+            || !PyTuple_CheckExact(a->comps) || PyTuple_GET_SIZE(a->comps) != 1)
+        Py_RETURN_NONE;
+    int direct = 0;
+    if (a->swa != Py_None) {  /* (``_check_aux`` with ``SwaComponent.check_insert``, inlined) */
+        if (!pi_count(a->e_o, &a->e) || a->e % a->ps
+                || (a->mv = PyObject_GetAttr(params, s_pi_mamba_value)) == NULL
+                || a->mv != Py_None)
+            Py_RETURN_NONE;
+        if (a->prev_n && pi_swa_refuses(a->plan, a->prev_n, a->e, 0) != 0)
+            Py_RETURN_NONE;
+    } else {  /* (Mamba: the setting, then mamba_state's checks) */
+        if (!pi_count(a->e_o, &a->e) || a->e != 0 || !pi_state_arg(params, &a->mv))
+            Py_RETURN_NONE;
+        /* inside ``insert`` the duplicates are queued and released at the end */
+        if ((a->deferred = PyObject_GetAttr(cache, s_ci_deferred)) == NULL
+                || (a->deferred != Py_None && !PyList_CheckExact(a->deferred)))
+            Py_RETURN_NONE;
+        direct = a->deferred != Py_None;
+    }
+    if (!pi_ready(cache, a))
+        Py_RETURN_NONE;
+    /* mamba_state's copy (Mamba), else no state */
+    a->state = a->swa != Py_None ? Py_NewRef(Py_None) : pi_state_own(mod, a->mv);
+    if (a->state == NULL)
+        Py_RETURN_NONE;
+    PyObject *c[14] = {cache, PyTuple_GET_ITEM(a->comps, 0), a->swa, a->plan, a->value,
+                       a->units, a->ek, a->prev, a->e_o, a->n_o, a->total_o, a->state,
+                       direct ? Py_True : Py_False, a->ps_o};
+    return pi_stamp_walk(mod, cache, a, core_one_insert, c, 14);
+}
+
+static PyObject *
+core_one_insert_api(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    return pi_entry(mod, args, nargs, "one_insert_api", s_oi_flag, oi_rest);
 }
 
 /* one_plan(root, units, extra_key, page_size, step) -> [(node, shared units), ...]: fast/cache.py
@@ -10691,6 +10826,10 @@ static PyMethodDef core_methods[] = {
      "host_take(pool, n) -> a new int64 tensor of the slots pool.alloc(n) hands out, the "
      "pool's list left as it leaves it; None where the pool is short; NotImplemented where "
      "declined (nothing done: call pool.alloc)"},
+    {"one_insert_api", (PyCFunction)(void (*)(void))core_one_insert_api, METH_FASTCALL,
+     "one_insert_api(cache, params) -> fast/one_aux.py insert_one's InsertResult for one stock "
+     "SWA or Mamba plug-in, checks to commit; None where the Python function must run "
+     "(nothing changed)"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -10820,6 +10959,7 @@ PyInit__core(void)
     INTERN(s_pi_mamba, "mamba");
     INTERN(s_pi_step, "match_step");
     INTERN(s_pi_clone, "clone");
+    INTERN(s_oi_flag, "_one_insert");
 #undef INTERN
     if ((s_zero = PyLong_FromLong(0)) == NULL)
         return NULL;

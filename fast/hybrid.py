@@ -261,6 +261,8 @@ class HybridRadixCache(UnifiedRadixCache):
     _inline_touch = False  # see ``_pick_fast_paths``
     _pair: tuple[int, int, int] | None = None  # see ``_pick_fast_paths``
     _pair_insert = False  # see ``_pick_fast_paths``
+    _one_insert = False  # see ``_pick_fast_paths``
+    _insert_next: Any = None  # what ``insert`` runs where ``_insert_fast`` declines, first
 
     def _pick_fast_paths(self) -> None:
         """Choose once which paths run: fast/one_aux.py's when the cache has exactly one aux
@@ -284,7 +286,8 @@ class HybridRadixCache(UnifiedRadixCache):
         # applies both validators' rules inline and moves both lists in one walk up the path;
         # (SWA's index, its window, Mamba's index), else None
         self._pair = None
-        self._pair_insert = False
+        self._pair_insert = self._one_insert = False
+        self._insert_next = None
         if self.tier is None and len(self.components) == 2 and self.swa is not None \
                 and self.mamba is not None and type(self.swa) is SwaComponent \
                 and type(self.mamba) is MambaComponent:
@@ -351,6 +354,14 @@ class HybridRadixCache(UnifiedRadixCache):
             self._one_aux = (one, cls is SwaComponent, one.component_id)
             self._match_fast = one_aux.match_one  # (``_inline_window``: the validator's rule)
             self._insert_fast = one_aux.insert_one
+            if _core is not None and hasattr(_core, "one_insert_api") \
+                    and keys.match_step is getattr(_core, "match_step", None) \
+                    and cls_._plan is _PLAN:
+                # ``insert_one`` whole in C, checks to commit (fast/_core.c "one_insert_api":
+                # the same steps; None, nothing changed, where it declines: ``insert_one``
+                # runs from its start, with its own errors, then ``_insert`` if it declines)
+                self._one_insert = True
+                self._insert_fast, self._insert_next = _core.one_insert_api, one_aux.insert_one
             self._inc_lock_fast, self._dec_lock_fast = one_aux.inc_lock_one, one_aux.dec_lock_one
             self._evict_fast = one_aux.evict_swa if cls is SwaComponent else one_aux.evict_one
 
@@ -718,12 +729,17 @@ class HybridRadixCache(UnifiedRadixCache):
         in as few allocator calls as the allocator allows (fast/frees.py)."""
         self._deferred = []
         try:
-            fast = self._insert_fast  # (one component, no host tier: fast/one_aux.py; the
-            if fast is not None:  # pair: C, pair_insert_api; Full over a host tier:
+            fast = self._insert_fast  # (one component, no host tier: C, one_insert_api, then
+            if fast is not None:  # fast/one_aux.py; the pair: C, pair_insert_api; Full over a host tier:
                 # fast/host_full.py; here, not in ``_insert``: one Python frame less per insert)
                 result = fast(self, params)
                 if result is not None:
                     return result
+                fast = self._insert_next  # (one component: insert_one where C declined)
+                if fast is not None:
+                    result = fast(self, params)
+                    if result is not None:
+                        return result
             return self._insert(params)
         finally:
             pieces, self._deferred = self._deferred, None

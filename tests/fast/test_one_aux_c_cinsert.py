@@ -70,6 +70,20 @@ class _Proxy:
         return r
 
 
+@pytest.fixture(autouse=True)
+def _insert_one_itself(monkeypatch):
+    """Caches here run ``insert_one`` (its C walk against its Python loop), not the C entry in
+    front of it (``one_insert_api``: tests/fast/test_one_insert_api.py)."""
+    pick = HybridRadixCache._pick_fast_paths
+
+    def pick_without_api(cache):
+        pick(cache)
+        if cache._insert_next is one_aux.insert_one:
+            cache._insert_fast, cache._insert_next = one_aux.insert_one, None
+
+    monkeypatch.setattr(HybridRadixCache, "_pick_fast_paths", pick_without_api)
+
+
 @contextlib.contextmanager
 def _core_as(proxy: _Proxy):
     saved = one_aux._core

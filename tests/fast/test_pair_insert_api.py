@@ -58,12 +58,13 @@ def _no_ledger(cache) -> None:
     cache.reset()  # (the Mamba plug-in's ledger follows the setting)
 
 
-def _api(cache) -> Counting:
-    """``cache`` on the C entry, counted (taken: it answered, not None)."""
+def _api(cache, entry=None) -> Counting:
+    """``cache`` on the C entry (``entry``, default the pair's), counted (taken: it answered,
+    not None)."""
+    entry = entry or _core.pair_insert_api
     _no_ledger(cache)
-    assert cache._insert_fast is _core.pair_insert_api
-    counting = Counting(_core.pair_insert_api)
-    cache._insert_fast = counting
+    assert cache._insert_fast is entry
+    cache._insert_fast = counting = Counting(entry)
     return counting
 
 
@@ -108,10 +109,17 @@ def test_recorded_runs_page_16(seed, order):
     config = dataclasses.replace(base, page_size=16, kv_slots=4096, swa_slots=4096,
                                  sliding_window=32, mamba_slots=64, mamba_cache_chunk_size=16,
                                  components=order)
+    check_recorded(config, seed, (_api, _python))
+
+
+def check_recorded(config, seed: int, on: tuple) -> None:
+    """400 steps recorded on fast with ``config`` replayed on twin adapters (``on[0]`` sets
+    up the C entry, ``on[1]`` the Python path): the same tree after every step, the C entry
+    taking most inserts."""
     steps = record(make_adapter("fast", config), config, seed, 400, check_violations=False)
     c_side, py_side = make_adapter("fast", config), make_adapter("fast", config)
-    counting = _api(c_side.cache)
-    _python(py_side.cache)
+    counting = on[0](c_side.cache)
+    on[1](py_side.cache)
     ls = Lockstep([c_side, py_side], ["C insert_api", "Python insert"], events=False)
 
     def same(step):
@@ -119,7 +127,8 @@ def test_recorded_runs_page_16(seed, order):
 
     ops = replay_twins(ls, steps, same)
     assert "insert" in ops
-    assert counting.calls > 10 and counting.taken >= 0.8 * counting.calls
+    assert counting.calls > 10 and counting.taken >= 0.8 * counting.calls, \
+        (counting.calls, counting.taken)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,15 +136,19 @@ def test_recorded_runs_page_16(seed, order):
 # ----------------------------------------------------------------------------------------------
 
 
-def _build(ps: int, order: tuple, python: bool, pages_: int = 64):
+def _build(ps: int, order: tuple, python: bool, pages_: int = 64, on: tuple | None = None):
+    """A cache of ``order`` over the bench's SWA free-list allocator and a state allocator,
+    on the C entry (``on[0]``, default :func:`_api`) or the Python path (``on[1]``,
+    :func:`_python`): (cache, allocator, states, what ``on`` gave).  (The one-component
+    entry's tests too: tests/fast/test_one_insert_api.py.)"""
     alloc = SwaFreeListAllocator(pages_ * ps, pages_ // 2 * ps, ps, torch)
     states = StateAllocator(12)
     pool = type("Pool", (), {"mamba_allocator": states, "mamba_pool": None})()
     cache = fast.UnifiedRadixCache(fast.CacheInitParams(
         disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, page_size=ps,
         tree_components=order, sliding_window_size=2 * ps, validate_slots=False))
-    counting = _python(cache) if python else _api(cache)
-    return cache, alloc, states, counting
+    api, python_ = on or (_api, _python)
+    return cache, alloc, states, python_(cache) if python else api(cache)
 
 
 def _pools(alloc, states) -> tuple:
@@ -152,8 +165,9 @@ def _result(r):
 
 def _request(side, tokens, rng_pick, held) -> tuple:
     """Match, lock, evict the shortfall, alloc, insert with the picked extras (a
-    ``prev_prefix_len`` at the match or anywhere, a window, chunked, a priority), unlock or keep
-    the lock.  What an insert refuses goes back."""
+    ``prev_prefix_len`` at the match or anywhere, a window where the cache has SWA, chunked, a
+    priority), unlock or keep the lock.  What an insert refuses goes back, and the state where
+    the cache keeps none (it has no Mamba, or the node had one)."""
     cache, alloc, states, _ = side
     prev_pick, e_pick, chunked, priority, key_kind = rng_pick
     ps = cache.page_size
@@ -168,17 +182,20 @@ def _request(side, tokens, rng_pick, held) -> tuple:
     ev, fresh, state = slots_for(side, node, lock, need)
     if fresh is None:
         return ("aborted", ev)
-    e = (0, 0, matched // ps * ps, len(tokens) // 2 // ps * ps, prev // ps * ps)[e_pick]
+    e = (0, 0, matched // ps * ps, len(tokens) // 2 // ps * ps, prev // ps * ps)[e_pick] \
+        if cache.swa is not None else 0
+    mamba = cache.mamba is not None
     key = fast.RadixKey(tokens) if key_kind == 0 else fast.RadixKey(array("q", tokens), "x")
     value = torch.cat([m.device_indices[:prev], fresh.to(torch.int64)])
     res = _outcome(lambda: cache.insert(fast.InsertParams(
         key=key, value=value, prev_prefix_len=prev, swa_evicted_seqlen=e,
-        mamba_value=state.reshape(1).clone(), chunked=chunked, priority=priority)))
+        mamba_value=state.reshape(1).clone() if mamba else None, chunked=chunked,
+        priority=priority)))
     if not isinstance(res, fast.InsertResult):  # refused: the request's slots go back
         if need:
             alloc.free(fresh)
         states.free(state.reshape(1))
-    elif res.mamba_exist:
+    elif res.mamba_exist or not mamba:
         states.free(state.reshape(1))
     hold_or_unlock(cache, node, lock, held)
     return (m.device_indices.tolist(), ev, _result(res))
@@ -197,7 +214,13 @@ def _compare(sides, step, violations: bool = True) -> None:
 @pytest.mark.parametrize("ps", [1, 16])
 @pytest.mark.parametrize("seed", range(2))
 def test_random_requests_over_free_lists(ps, order, seed):
-    sides = [_build(ps, order, python) for python in (False, True)]
+    check_random_requests(ps, order, seed, (_api, _python))
+
+
+def check_random_requests(ps: int, order: tuple, seed: int, on: tuple) -> None:
+    """Twin caches (:func:`_build` with ``on``) through random requests, evicts and unlocks:
+    the same answers and states at every step, the C entry taking what it writes out."""
+    sides = [_build(ps, order, python, on=on) for python in (False, True)]
     rng = random.Random(seed * 37 + ps)
     prompts = [[rng.randrange(1, 9) for _ in range(rng.randrange(1, 6) * ps)] for _ in range(6)]
     helds: list[list] = [[], []]
@@ -265,8 +288,11 @@ class ShapedKey:
         self.token_ids, self.extra_key, self.is_bigram = token_ids, extra_key, is_bigram
 
 
-def _bad_variants(ps: int, n: int) -> list:
-    good = dict(value=torch.arange(n, dtype=torch.int64), mamba_value=torch.tensor([5]))
+def _bad_variants(ps: int, n: int, mamba: bool = True, swa: bool = True) -> list:
+    """Insert arguments the C entries decline (each one thing wrong, or left to Python) for a
+    cache with Mamba and/or SWA."""
+    good = dict(value=torch.arange(n, dtype=torch.int64),
+                mamba_value=torch.tensor([5]) if mamba else None)
     toks = list(range(1, n + 1))
     return [
         dict(good, value=torch.arange(n, dtype=torch.int32)),
@@ -282,7 +308,7 @@ def _bad_variants(ps: int, n: int) -> list:
         dict(good, priority="high"),
         dict(good, priority=None),
         dict(good, priority=1.5),
-        dict(good, mamba_value=None),
+        *([dict(good, mamba_value=None)] if mamba else []),
         dict(good, mamba_value=torch.tensor([5], dtype=torch.int32)),
         dict(good, mamba_value=torch.tensor([5, 6])),
         dict(good, mamba_value=torch.tensor([[5]])),
@@ -292,6 +318,7 @@ def _bad_variants(ps: int, n: int) -> list:
         dict(good, swa_evicted_seqlen=None),
         dict(good, swa_evicted_seqlen=True),
         *([dict(good, swa_evicted_seqlen=ps + 1)] if ps > 1 else []),
+        *([] if swa else [dict(good, swa_evicted_seqlen=ps)]),
         dict(good, key=toks),
         dict(good, key=fast.RadixKey(toks, is_bigram=True)),
         dict(good, key=ShapedKey(toks)),  # (list token ids: left to Python)
@@ -304,20 +331,27 @@ def _bad_variants(ps: int, n: int) -> list:
 @pytest.mark.parametrize("order", PAIR_ORDERS, ids=IDS)
 @pytest.mark.parametrize("ps", [1, 4])
 def test_bad_arguments_are_declined_with_nothing_changed(ps, order):
-    sides = [_build(ps, order, python) for python in (False, True)]
+    check_bad_arguments(ps, order, (_api, _python), _core.pair_insert_api)
+
+
+def check_bad_arguments(ps: int, order: tuple, on: tuple, entry) -> None:
+    """Every kind of bad argument (:func:`_bad_variants`) declined by ``entry`` with nothing
+    changed, then refused (or taken) alike by twin caches (:func:`_build` with ``on``)."""
+    sides = [_build(ps, order, python, on=on) for python in (False, True)]
+    mamba, swa = "mamba" in order, "swa" in order
     n = 6 * ps
     toks = list(range(1, n + 1))
     for side in sides:  # a tree to walk: a prefix of the key, a tombstone
         side[0].insert(fast.InsertParams(key=fast.RadixKey(toks[:4 * ps]), value=side[1].alloc(4 * ps),
-                                         mamba_value=side[2].alloc(1).reshape(1)))
-        side[0].evict(fast.EvictParams(num_tokens=0, swa_num_tokens=ps))
+                                         mamba_value=side[2].alloc(1).reshape(1) if mamba else None))
+        side[0].evict(fast.EvictParams(num_tokens=0, swa_num_tokens=ps if swa else 0))
     _compare(sides, "setup")
     c = sides[0][0]
-    for k, extra in enumerate(_bad_variants(ps, n)):
+    for k, extra in enumerate(_bad_variants(ps, n, mamba, swa)):
         key = extra.pop("key", fast.RadixKey(toks))
         params = fast.InsertParams(key=key, **extra)
         before = (tree_state(c), _pools(*sides[0][1:3]))
-        assert _core.pair_insert_api(c, params) is None, (k, extra)
+        assert entry(c, params) is None, (k, extra)
         assert (tree_state(c), _pools(*sides[0][1:3])) == before, k
         outs = [_outcome(lambda s=s, p=params: s[0].insert(p)) for s in sides]
         assert outs[0] == outs[1], (k, outs)
@@ -376,12 +410,19 @@ def test_keys_of_sglang_shape_are_read_in_place(ps, kind):
     """A key of SGLang's RadixKey shape over an array('q') (what sglang's Req builds; sglang's
     own class and params in the upstream venv), with and without an extra key: taken, the
     same tree as the Python function's."""
+    check_sglang_keys(ps, kind, PAIR_ORDERS[1], (_api, _python))
+
+
+def check_sglang_keys(ps: int, kind: str, order: tuple, on: tuple) -> None:
+    """See :func:`test_keys_of_sglang_shape_are_read_in_place` (twin caches: :func:`_build`
+    with ``on``)."""
     key_type, params_type = (ShapedKey, fast.InsertParams) if kind == "shaped" else _sglang()
-    sides = [_build(ps, PAIR_ORDERS[1], python, 256) for python in (False, True)]
+    sides = [_build(ps, order, python, 256, on) for python in (False, True)]
+    mamba, swa = "mamba" in order, "swa" in order
     rng = random.Random(ps)
     for step in range(60):
         toks = [rng.randrange(1, 4) for _ in range(rng.randrange(1, 5) * ps + rng.randrange(ps))]
-        ek, e = rng.choice((None, "t")), rng.choice((0, ps))
+        ek, e = rng.choice((None, "t")), rng.choice((0, ps)) if swa else 0
         outs = []
         for s in sides:
             s[0].evict(fast.EvictParams(num_tokens=len(toks), swa_num_tokens=len(toks),
@@ -389,9 +430,10 @@ def test_keys_of_sglang_shape_are_read_in_place(ps, kind):
             v = s[1].alloc(-(-len(toks) // ps) * ps)[:len(toks)]  # (whole pages)
             state = s[2].alloc(1)
             r = s[0].insert(params_type(key=key_type(array("q", toks), ek), value=v,
-                                        mamba_value=state.reshape(1), swa_evicted_seqlen=e))
+                                        mamba_value=state.reshape(1) if mamba else None,
+                                        swa_evicted_seqlen=e))
             outs.append(_result(r))
-            if r.mamba_exist:
+            if r.mamba_exist or not mamba:
                 s[2].free(state.reshape(1))
         assert outs[0] == outs[1], step
         _compare(sides, step)
