@@ -10204,19 +10204,26 @@ he_dev_child_gone(PyObject *parent)
     return pyslot_set_ll(parent, PN_dev_children, dc - 1);
 }
 
+/* A leaf's device data goes (he_drop), its value becomes None; its parent (a new reference),
+ * or NULL on error. */
+static PyObject *
+he_unvalue(HeCtx *x, PyObject *node)
+{
+    if (he_drop(x, node) < 0)
+        return NULL;
+    pyslot_set(node, PN_value, Py_None);
+    PyObject *parent = ce_node_field(node, PN_parent, "parent");
+    return parent == NULL ? NULL : Py_NewRef(parent);
+}
+
 /* Under write-through, a leaf without a host copy: _delete_leaf then delete_tombstones of
  * its parent.  0 or -1. */
 static int
 he_delete(HeCtx *x, PyObject *node)
 {
-    if (he_drop(x, node) < 0)
-        return -1;
-    /* (_detach_leaf) */
-    pyslot_set(node, PN_value, Py_None);
-    PyObject *parent = ce_node_field(node, PN_parent, "parent");
+    PyObject *parent = he_unvalue(x, node);  /* (then _detach_leaf) */
     if (parent == NULL)
         return -1;
-    Py_INCREF(parent);
     int rc = -1;
     PyObject *cur = NULL, *up = NULL;
     PyObject *children = ce_node_field(parent, PN_children, "children");
@@ -10402,13 +10409,9 @@ done:
 static int
 he_to_host(HeCtx *x, PyObject *node)
 {
-    if (he_drop(x, node) < 0)
-        return -1;
-    pyslot_set(node, PN_value, Py_None);
-    PyObject *parent = ce_node_field(node, PN_parent, "parent");
+    PyObject *parent = he_unvalue(x, node);
     if (parent == NULL)
         return -1;
-    Py_INCREF(parent);
     int rc = -1;
     if (he_dev_child_gone(parent) < 0)
         goto done;

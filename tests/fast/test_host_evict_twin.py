@@ -24,7 +24,15 @@ torch = pytest.importorskip("torch")
 
 from test_host_fast_paths import _cache  # noqa: E402  (tests/fast's own)
 from test_host_fast_paths import _step as _rich_step  # noqa: E402
-from test_host_insert_twin import Side, Switch, _bench_log, _build, _lockstep  # noqa: E402
+from test_host_insert_twin import (  # noqa: E402
+    Side,
+    Switch,
+    _bench_log,
+    _build,
+    _lockstep,
+    check_declines,
+    heap_and_tier_spoils,
+)
 from test_host_insert_twin import state as id_state  # noqa: E402
 from test_host_lock_twins import Side as AdapterSide  # noqa: E402
 from test_host_lock_twins import _sglang_cache, _sglang_importable, core_as  # noqa: E402
@@ -309,18 +317,6 @@ def test_declines_change_nothing(switch, record_frees):
     sides = [Side(switch, True, build), Side(switch, False, build)]
     _lockstep(switch, sides, 9, 1, 80)
 
-    class Heap(list):
-        pass
-
-    class Tier(host_mod.HostTier):
-        pass
-
-    def spoil_heap(c):
-        c._heap = Heap(c._heap)
-
-    def spoil_tier(c):
-        c.tier.__class__ = Tier
-
     def spoil_evict_leaf(c):
         c._evict_leaf = types.MethodType(lambda self, *a: host_mod.HostTier.evict_leaf(
             self, *a), c.tier)
@@ -331,26 +327,9 @@ def test_declines_change_nothing(switch, record_frees):
     def spoil_entries(c):
         c._leaf_heap.entries = list(c._heap)
         c._heap = c._leaf_heap.entries
-
-    for spoil in (spoil_heap, spoil_tier, spoil_evict_leaf, spoil_counter, spoil_entries):
-        for side in sides:
-            spoil(side.cache)
-        calls = []
-        real = switch.core
-
-        def checked(cache, want, _real=real, _calls=calls):
-            before = id_state(cache)
-            r = _real.host_evict(cache, want)
-            _calls.append(r)
-            assert r is None and id_state(cache) == before
-            return r
-        switch.core = types.SimpleNamespace(host_evict=checked, host_insert=real.host_insert,
-                                            one_plan=real.one_plan)
-        try:
-            _lockstep(switch, sides, 10, 1, 40, check=False)
-        finally:
-            switch.core = real
-        assert calls, spoil
+    check_declines(switch, sides, "host_evict",
+                   [*heap_and_tier_spoils(), spoil_evict_leaf, spoil_counter, spoil_entries],
+                   40, keep=("host_insert", "one_plan"))
     # what the cache's state decides, one at a time, read straight from the C function (on
     # a cache the spoils above left alone, which it takes)
     side = Side(switch, True, build)

@@ -298,13 +298,9 @@ def test_recorded_bench_runs(switch, policy, page):
         assert a == b, i
 
 
-def test_declines_change_nothing(switch, record_frees):
-    """Where the twin declines (a heap that is not a plain list, a tier of another class, a
-    threshold that is not a plain int) it changes nothing and the Python loop answers."""
-    build = _build("write_through", "sync", 1, 1, 32)
-    sides = [Side(switch, True, build), Side(switch, False, build)]
-    _lockstep(switch, sides, 9, 1, 60)
-
+def heap_and_tier_spoils() -> list:
+    """Two changes to a cache every host twin declines: its heap a list subclass, its tier a
+    HostTier subclass."""
     class Heap(list):
         pass
 
@@ -316,11 +312,14 @@ def test_declines_change_nothing(switch, record_frees):
 
     def spoil_tier(c):
         c.tier.__class__ = Tier
+    return [spoil_heap, spoil_tier]
 
-    def spoil_threshold(c):
-        c.tier.write_through_threshold = 1.0
 
-    for spoil in (spoil_heap, spoil_tier, spoil_threshold):
+def check_declines(switch, sides, name, spoils, steps, keep=()) -> None:
+    """Each spoil in turn on both sides, then lockstep steps: every call of the twin ``name``
+    declines with the cache's state unchanged (the Python loop answers), and there is one.
+    ``keep``: the core's other functions the steps use."""
+    for spoil in spoils:
         for side in sides:
             spoil(side.cache)
         calls = []
@@ -328,18 +327,31 @@ def test_declines_change_nothing(switch, record_frees):
 
         def checked(*args, _real=real, _calls=calls):
             before = state(args[0])
-            r = _real.host_insert(*args)
+            r = getattr(_real, name)(*args)
             _calls.append(r)
             assert r is None and state(args[0]) == before
             return r
-        switch.core = types.SimpleNamespace(host_insert=checked,
-                                            one_plan=real.one_plan)
+        switch.core = types.SimpleNamespace(**{k: getattr(real, k) for k in keep},
+                                            **{name: checked})
         try:
             # (a heap swapped for another object: the checker's own heap is not it)
-            _lockstep(switch, sides, 10, 1, 30, check=False)
+            _lockstep(switch, sides, 10, 1, steps, check=False)
         finally:
             switch.core = real
         assert calls, spoil
+
+
+def test_declines_change_nothing(switch, record_frees):
+    """Where the twin declines (a heap that is not a plain list, a tier of another class, a
+    threshold that is not a plain int) it changes nothing and the Python loop answers."""
+    build = _build("write_through", "sync", 1, 1, 32)
+    sides = [Side(switch, True, build), Side(switch, False, build)]
+    _lockstep(switch, sides, 9, 1, 60)
+
+    def spoil_threshold(c):
+        c.tier.write_through_threshold = 1.0
+    check_declines(switch, sides, "host_insert", [*heap_and_tier_spoils(), spoil_threshold],
+                   30, keep=("one_plan",))
 
 
 def test_no_reference_left_behind(switch):
