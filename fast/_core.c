@@ -56,6 +56,16 @@
 #include <limits.h>
 #include <time.h>
 
+/* A METH_FASTCALL entry's argument count: TypeError naming its signature otherwise. */
+#define ARGC(n, signature)                                                                  \
+    do {                                                                                    \
+        if (nargs != (n)) {                                                                 \
+            PyErr_SetString(PyExc_TypeError, signature);                                    \
+            return NULL;                                                                    \
+        }                                                                                   \
+    } while (0)
+
+
 /* A Python call's result that is only checked for an error: -1 when the call failed (r NULL,
  * the error set), else 0 with r released.  (Callers drop their arguments first.) */
 static int
@@ -870,10 +880,7 @@ static PyObject *
 core_page_hash(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     /* page_hash(array, extra_key or None) -> hash or None (not covered); for the tests */
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "page_hash(array, extra_key)");
-        return NULL;
-    }
+    ARGC(2, "page_hash(array, extra_key)");
 #ifdef HAVE_PROBE
     KeyView kv;
     if (key_view(args[0], &kv) < 0)
@@ -2777,10 +2784,7 @@ static PyObject *match_impl(PyObject *self, PyObject *units, PyObject *ek, Py_ss
 static PyObject *
 core_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "match(cache, units, extra_key)");
-        return NULL;
-    }
+    ARGC(3, "match(cache, units, extra_key)");
     return match_impl(args[0], args[1], args[2], 0);
 }
 
@@ -2988,10 +2992,7 @@ insert_impl(PyObject *self, PyObject *units, PyObject *ek, PyObject *value, Py_s
 static PyObject *
 core_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "insert(cache, units, extra_key, value, prev)");
-        return NULL;
-    }
+    ARGC(5, "insert(cache, units, extra_key, value, prev)");
     Py_ssize_t prev = PyLong_AsSsize_t(args[4]);
     if (prev == -1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
@@ -3472,10 +3473,7 @@ failed:
 static PyObject *
 core_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "evict(cache, num_tokens)");
-        return NULL;
-    }
+    ARGC(2, "evict(cache, num_tokens)");
     PyObject *self = args[0];
     long long want = PyLong_AsLongLong(args[1]);
     if (want == -1 && PyErr_Occurred()) {
@@ -3739,10 +3737,7 @@ plain_key(PyObject *self, PyObject *key, PyObject **toks, PyObject **ek)
 static PyObject *
 api_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "match_prefix(cache, params)");
-        return NULL;
-    }
+    ARGC(2, "match_prefix(cache, params)");
     PyObject *self = args[0];
     PyObject *key = PyObject_GetAttr(args[1], s_key), *toks = NULL, *ek = NULL;
     if (key == NULL)
@@ -3805,10 +3800,7 @@ fail:
 static PyObject *
 api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "insert(cache, params)");
-        return NULL;
-    }
+    ARGC(2, "insert(cache, params)");
     PyObject *self = args[0], *params = args[1];
     PyObject *key = NULL, *toks = NULL, *ek = NULL, *value = NULL, *prev = NULL, *o = NULL;
     key = PyObject_GetAttr(params, s_key);
@@ -3945,10 +3937,7 @@ move_sizes(PyObject *self, long long d_ev, long long d_pr)
 static PyObject *
 api_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "inc_lock_ref(cache, node)");
-        return NULL;
-    }
+    ARGC(2, "inc_lock_ref(cache, node)");
     PyObject *self = args[0], *root = NULL;
     int r = attached(self, args[1], &root);
     if (r <= 0)
@@ -3986,10 +3975,7 @@ done:
 static PyObject *
 api_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "dec_lock_ref(cache, node, params)");
-        return NULL;
-    }
+    ARGC(3, "dec_lock_ref(cache, node, params)");
     PyObject *self = args[0], *params = args[2], *root = NULL, *skip = Py_None, *heap = NULL;
     PyObject *skipdict = NULL;
     int r = attached(self, args[1], &root);
@@ -4053,10 +4039,7 @@ fail:
 static PyObject *
 api_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "evict(cache, params)");
-        return NULL;
-    }
+    ARGC(2, "evict(cache, params)");
     PyObject *self = args[0];
     PyObject *want = PyObject_GetAttr(args[1], s_num_tokens);
     if (want == NULL)
@@ -4412,10 +4395,7 @@ gather_new(const long long *map, Py_ssize_t mn, const long long *idx, Py_ssize_t
 static PyObject *
 core_swa_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "swa_gather(mapping, full)");
-        return NULL;
-    }
+    ARGC(2, "swa_gather(mapping, full)");
     const long long *mp, *fp;
     Py_ssize_t mn, fn;
     int ok = plain_data(args[0], &mp, &mn);
@@ -4446,10 +4426,7 @@ static Py_ssize_t g_slab_next = 0;
 static PyObject *
 core_state_copy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 1) {
-        PyErr_SetString(PyExc_TypeError, "state_copy(state)");
-        return NULL;
-    }
+    ARGC(1, "state_copy(state)");
     const long long *p;
     Py_ssize_t n;
     int ok = plain_data(args[0], &p, &n);
@@ -4485,10 +4462,7 @@ core_state_copy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 core_swa_leaf(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "swa_leaf(value, start, length, mapping)");
-        return NULL;
-    }
+    ARGC(4, "swa_leaf(value, start, length, mapping)");
     Py_ssize_t start = PyLong_AsSsize_t(args[1]), length = PyLong_AsSsize_t(args[2]);
     if ((start == -1 || length == -1) && PyErr_Occurred())
         return NULL;
@@ -5313,10 +5287,7 @@ ck_inc_result(long long delta, PyObject *uuid, PyObject *skips)
 static PyObject *
 core_clock_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "clock_inc(cache, node)");
-        return NULL;
-    }
+    ARGC(2, "clock_inc(cache, node)");
     PyObject *cache = args[0], *node = args[1], *root, *comp, *comp_id;
     int is_swa;
     int r = ck_begin(cache, node, &root, &comp, &is_swa, &comp_id);
@@ -5529,10 +5500,7 @@ ck_split_off(PyObject *rec, PyObject *skip, long long seen)
 static PyObject *
 core_clock_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "clock_dec(cache, node, params)");
-        return NULL;
-    }
+    ARGC(3, "clock_dec(cache, node, params)");
     PyObject *cache = args[0], *node = args[1], *params = args[2], *root, *comp, *comp_id;
     int is_swa;
     int r = ck_begin(cache, node, &root, &comp, &is_swa, &comp_id);
@@ -5656,12 +5624,9 @@ out:
 static PyObject *
 core_setup_clock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "setup_clock(IncLockRefResult, DecLockRefResult, "
-                        "DecLockRefParams, NodeNotFound, HandleError, SWA_ID, MAMBA_ID, "
-                        "SWA_SPLIT_EPOCH)");
-        return NULL;
-    }
+    ARGC(8, "setup_clock(IncLockRefResult, DecLockRefResult, "
+         "DecLockRefParams, NodeNotFound, HandleError, SWA_ID, MAMBA_ID, "
+         "SWA_SPLIT_EPOCH)");
     for (int i = 0; i < 5; i++)
         if (!PyType_Check(args[i])) {
             PyErr_SetString(PyExc_TypeError, "setup_clock: the first five are classes");
@@ -5762,10 +5727,7 @@ pl_move(CkWindow *w, long long sign)
 static PyObject *
 core_pair_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "pair_inc(cache, node)");
-        return NULL;
-    }
+    ARGC(2, "pair_inc(cache, node)");
     PyObject *cache = args[0], *node = args[1], *root, *out = NULL, *skips = NULL, *cur;
     CkWindow w[2];
     int swa_first;
@@ -5826,10 +5788,7 @@ out:
 static PyObject *
 core_pair_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "pair_dec(cache, node, params)");
-        return NULL;
-    }
+    ARGC(3, "pair_dec(cache, node, params)");
     PyObject *cache = args[0], *node = args[1], *params = args[2], *root, *cur;
     CkWindow w[2];
     int swa_first;
@@ -6296,11 +6255,7 @@ core_pair_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 cm_entry(PyObject *const *args, Py_ssize_t nargs, int pair)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, pair ? "pair_match(cache, params)"
-                                              : "one_match(cache, params)");
-        return NULL;
-    }
+    ARGC(2, pair ? "pair_match(cache, params)" : "one_match(cache, params)");
     PyObject *cache = args[0], *params = args[1];
     if (g_pn_type == NULL || g_MatchResult == NULL || g_RadixKey == NULL || g_array == NULL
             || g_cm_heappush == NULL)
@@ -7027,10 +6982,7 @@ aux_evict_run(AuxEvict *ev, PyObject *want_o, PyObject *aux_want_o)
 static PyObject *
 core_aux_evict_swa(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "aux_evict_swa(cache, comp, want, swa_want, runs)");
-        return NULL;
-    }
+    ARGC(5, "aux_evict_swa(cache, comp, want, swa_want, runs)");
     if (!PyList_CheckExact(args[4]))
         Py_RETURN_NONE;
     AuxEvict ev = {0};
@@ -7046,11 +6998,7 @@ core_aux_evict_swa(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 core_aux_evict_mamba(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "aux_evict_mamba(cache, comp, want, mamba_want, kv, states)");
-        return NULL;
-    }
+    ARGC(6, "aux_evict_mamba(cache, comp, want, mamba_want, kv, states)");
     if (!PyList_CheckExact(args[4]) || !PyList_CheckExact(args[5]))
         Py_RETURN_NONE;
     AuxEvict ev = {0};
@@ -7227,11 +7175,7 @@ pe_mamba_step(void *pe, PyObject *x)
 static PyObject *
 core_pair_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "pair_evict(cache, swa, mamba, want, swa_want, "
-                        "mamba_want, runs, states)");
-        return NULL;
-    }
+    ARGC(8, "pair_evict(cache, swa, mamba, want, swa_want, mamba_want, runs, states)");
     long long want = ce_amount(args[3]), swa_want = ce_amount(args[4]),
               mamba_want = ce_amount(args[5]);
     if (g_pn_type == NULL || want < 0 || swa_want < 0 || mamba_want < 0
@@ -7394,11 +7338,8 @@ ci_ints(PyObject *const *args, const int *ints, int k, Py_ssize_t *out)
 static PyObject *
 core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "one_insert(cache, comp, swa, plan, value, units, "
-                        "extra_key, prev, e, n, total, prepared, direct, page_size)");
-        return NULL;
-    }
+    ARGC(14, "one_insert(cache, comp, swa, plan, value, units, "
+         "extra_key, prev, e, n, total, prepared, direct, page_size)");
     CiShape sh = {1, {args[1], NULL}, {0, 0}, args[2] != Py_None ? 0 : -1};
     /* (cache, swa, plan, value, units, extra_key, prev, e, n, total, prepared, direct, ps) */
     PyObject *a[13] = {args[0], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
@@ -7419,11 +7360,8 @@ core_one_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 core_pair_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "pair_insert(cache, swa, mamba, plan, value, units, "
-                        "extra_key, prev, e, n, total, state, page_size)");
-        return NULL;
-    }
+    ARGC(13, "pair_insert(cache, swa, mamba, plan, value, units, "
+         "extra_key, prev, e, n, total, state, page_size)");
     PyObject *swa = args[1], *mamba = args[2];
     PyObject *si = PyObject_GetAttr(swa, s_ci_i), *mi = si == NULL ? NULL
         : PyObject_GetAttr(mamba, s_ci_i);
@@ -8244,10 +8182,7 @@ core_one_insert_api(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 core_one_plan(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "one_plan(root, units, extra_key, page_size, step)");
-        return NULL;
-    }
+    ARGC(5, "one_plan(root, units, extra_key, page_size, step)");
     PyObject *units = args[1], *ek = args[2], *ps = args[3], *step = args[4];
     int native = PyCFunction_Check(step) && ((PyCFunctionObject *)step)->m_ml->ml_meth
         == (PyCFunction)(void (*)(void))core_match_step;
@@ -8361,11 +8296,8 @@ static PyObject *s_hl_tier, *s_hl_host_leaves, *s_hl_host_leaf_heap, *s_hl_entri
 static PyObject *
 core_host_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "host_setup(HostTier, LazyHeap, HostIncLockRefResult, "
-                        "DecLockRefResult, HostDecLockRefParams, _Event, Ack, InFlight)");
-        return NULL;
-    }
+    ARGC(8, "host_setup(HostTier, LazyHeap, HostIncLockRefResult, "
+         "DecLockRefResult, HostDecLockRefParams, _Event, Ack, InFlight)");
     for (int i = 0; i < 8; i++)
         if (!PyType_Check(args[i])) {
             PyErr_SetString(PyExc_TypeError, "host_setup: eight classes");
@@ -8437,10 +8369,7 @@ hl_restamped(PyObject *tier, PyObject *leaves, PyObject *entries, PyObject *node
 static PyObject *
 core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "host_match(cache, units, extra_key, n)");
-        return NULL;
-    }
+    ARGC(4, "host_match(cache, units, extra_key, n)");
     if (!HL_READY() || g_MatchResult == NULL || g_cat == NULL || !PyLong_CheckExact(args[3]))
         Py_RETURN_NONE;
     PyObject *cache = args[0], *ek = args[2];
@@ -8646,10 +8575,7 @@ done:
 static PyObject *
 core_host_inc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "host_inc(cache, node)");
-        return NULL;
-    }
+    ARGC(2, "host_inc(cache, node)");
     if (!HL_READY())
         Py_RETURN_NONE;
     PyObject *cache = args[0], *node = args[1], *root, *cur;
@@ -8750,10 +8676,7 @@ hl_root_heap(PyObject *cache, PyObject **root, PyObject **heap)
 static PyObject *
 core_host_unlock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "host_unlock(cache, anchor)");
-        return NULL;
-    }
+    ARGC(2, "host_unlock(cache, anchor)");
     if (!HL_READY())
         Py_RETURN_NONE;
     PyObject *root, *heap;
@@ -8790,10 +8713,7 @@ hl_own_tier(PyObject *cache, PyObject **tier)
 static PyObject *
 core_host_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "host_dec(cache, node, params)");
-        return NULL;
-    }
+    ARGC(3, "host_dec(cache, node, params)");
     PyObject *cache = args[0], *params = args[2];
     if (!HL_READY() || (PyObject *)Py_TYPE(params) != g_hl_dec_params)
         Py_RETURN_NONE;
@@ -8834,10 +8754,7 @@ done:
 static PyObject *
 core_host_writing(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 1) {
-        PyErr_SetString(PyExc_TypeError, "host_writing(tier)");
-        return NULL;
-    }
+    ARGC(1, "host_writing(tier)");
     PyObject *tier = args[0];
     if (!HL_READY() || g_hl_ack == NULL || (PyObject *)Py_TYPE(tier) != g_hl_tier)
         Py_RETURN_NONE;
@@ -9632,11 +9549,8 @@ hi_tick(PyObject *cache)
 static PyObject *
 core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "host_insert(cache, plan, value, units, extra_key, "
-                        "prev, chunked, n, total, page_size, deferred, owned)");
-        return NULL;
-    }
+    ARGC(12, "host_insert(cache, plan, value, units, extra_key, "
+         "prev, chunked, n, total, page_size, deferred, owned)");
     PyObject *cache = args[0], *plan = args[1], *value = args[2], *units = args[3],
              *ek = args[4], *chunked = args[6], *deferred = args[10], *owned = args[11];
     static const int ints[4] = {5, 7, 8, 9};
@@ -9938,10 +9852,7 @@ host_take_class_ok(PyObject *pool)
 static PyObject *
 core_host_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "host_take(pool, n)");
-        return NULL;
-    }
+    ARGC(2, "host_take(pool, n)");
     PyObject *pool = args[0];
     long long n, ps;
     if (g_take_ok == NULL || !exact_ll(args[1], &n) || n <= 0)
@@ -10512,10 +10423,7 @@ done:
 static PyObject *
 core_host_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "host_evict(cache, want)");
-        return NULL;
-    }
+    ARGC(2, "host_evict(cache, want)");
     long long want;
     if (g_he_evict_leaf == NULL || g_hl_tier == NULL || g_hi_tier == NULL || g_pn_type == NULL
             || !exact_ll(args[1], &want))
@@ -11026,10 +10934,7 @@ core_match_step_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 core_match_step(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "match_step(children, units, pos, n, page_size, extra_key)");
-        return NULL;
-    }
+    ARGC(6, "match_step(children, units, pos, n, page_size, extra_key)");
     if (g_step_fallback == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "match_step: match_step_setup was not called");
         return NULL;

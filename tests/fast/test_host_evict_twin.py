@@ -31,6 +31,7 @@ from test_host_insert_twin import (  # noqa: E402
     _build,
     _lockstep,
     check_declines,
+    churn,
     heap_and_tier_spoils,
 )
 from test_host_insert_twin import state as id_state  # noqa: E402
@@ -55,22 +56,10 @@ pytestmark = pytest.mark.skipif(_core is None, reason="the C core is not built (
 
 
 class EvictSwitch(Switch):
-    """host_full's C core with ``host_evict`` switched on or off (off: None, so the Python
-    loop runs), counting the calls it answered and declined; ``host_insert`` always on."""
+    """host_full's C core with ``host_evict`` switched on or off (``host_insert`` always on),
+    counted as :class:`Switch` counts."""
 
-    def host_insert(self, *args):
-        return self.core.host_insert(*args)
-
-    calls = 0  # (the calls made to the twin, answered or raised)
-
-    def host_evict(self, cache, want):
-        if not self.on:
-            return None
-        self.calls += 1
-        r = self.core.host_evict(cache, want)
-        self.taken += r is not None
-        self.declined += r is None
-        return r
+    switched = "host_evict"
 
 
 @pytest.fixture
@@ -387,20 +376,7 @@ def test_no_reference_left_behind(switch):
     touches or makes, and the number of live objects, do not grow."""
 
     def round_trip(policy):
-        cache, alloc = _build(policy, "sync", 1, 2, 12)()
-        for i in range(40):
-            toks = [i % 3, i % 5, 7, i % 4] + [i] * (i % 3)
-            slots = alloc.alloc(len(toks))
-            if slots is None:
-                cache.evict(fast.EvictParams(num_tokens=6))
-                continue
-            cache.insert(fast.InsertParams(key=fast.RadixKey(toks), value=slots))
-            if i % 7 == 0:
-                cache.check_hicache_events()
-                cache.evict(fast.EvictParams(num_tokens=3))
-        cache.check_hicache_events()
-        cache.evict(fast.EvictParams(num_tokens=1000))
-        return cache
+        return churn(*_build(policy, "sync", 1, 2, 12)(), 40, 6, every_seventh=3)
 
     for policy in ("write_through", "write_back"):
         probe = round_trip(policy)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import random
 import sys
@@ -34,19 +35,24 @@ pytestmark = pytest.mark.skipif(host_full._core is None, reason="the C core is n
 
 
 class Switch:
-    """host_full's C core with ``host_insert`` switched on or off (off: None, so the Python
-    loop runs), counting the calls the twin answered."""
+    """host_full's C core with one twin (``switched``: ``host_insert`` here) switched on or
+    off (off: None, so the Python loop runs), counting the calls made to it (answered or
+    raised), answered and declined; the core's other functions as they are."""
+
+    switched = "host_insert"
 
     def __init__(self, core):
-        self.core, self.on, self.taken, self.declined = core, True, 0, 0
+        self.core, self.on, self.taken, self.declined, self.calls = core, True, 0, 0, 0
 
     def __getattr__(self, name):
-        return getattr(self.core, name)
+        fn = getattr(self.core, name)
+        return functools.partial(self._counted, fn) if name == self.switched else fn
 
-    def host_insert(self, *args):
+    def _counted(self, fn, *args):
         if not self.on:
             return None
-        r = self.core.host_insert(*args)
+        self.calls += 1
+        r = fn(*args)
         self.taken += r is not None
         self.declined += r is None
         return r
@@ -354,25 +360,33 @@ def test_declines_change_nothing(switch, record_frees):
                    30, keep=("one_plan",))
 
 
+def churn(cache, alloc, rounds: int, room: int, every_seventh: int = 0):
+    """The same small inserts over and over (new leaves, hits, backups, splits): an evict of
+    ``room`` tokens where the pool is short, the acks checked every seventh (with an evict of
+    ``every_seventh`` tokens, if any), all evicted at the end.  Returns the cache."""
+    for i in range(rounds):
+        toks = [i % 3, i % 5, 7, i % 4] + [i] * (i % 3)
+        slots = alloc.alloc(len(toks))
+        if slots is None:
+            cache.evict(fast.EvictParams(num_tokens=room))
+            continue
+        cache.insert(fast.InsertParams(key=fast.RadixKey(toks), value=slots))
+        if i % 7 == 0:
+            cache.check_hicache_events()
+            if every_seventh:
+                cache.evict(fast.EvictParams(num_tokens=every_seventh))
+    cache.check_hicache_events()
+    cache.evict(fast.EvictParams(num_tokens=1000))
+    return cache
+
+
 def test_no_reference_left_behind(switch):
     """The same inserts over and over (new leaves, hits, backups, splits, short host pool):
     the reference counts of the classes whose objects the twin makes or keeps, and the number
     of live objects, do not grow."""
 
     def round_trip():
-        cache, alloc = _build("write_through", "sync", 1, 1, 16)()
-        for i in range(30):
-            toks = [i % 3, i % 5, 7, i % 4] + [i] * (i % 3)
-            slots = alloc.alloc(len(toks))
-            if slots is None:
-                cache.evict(fast.EvictParams(num_tokens=64))
-                continue
-            cache.insert(fast.InsertParams(key=fast.RadixKey(toks), value=slots))
-            if i % 7 == 0:
-                cache.check_hicache_events()
-        cache.check_hicache_events()
-        cache.evict(fast.EvictParams(num_tokens=1000))
-        return cache
+        return churn(*_build("write_through", "sync", 1, 1, 16)(), 30, 64)
 
     probe = round_trip()
     classes = (node_mod.Node, host_mod._Event, host_mod.Ack, host_mod.InFlight,
