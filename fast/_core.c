@@ -1176,7 +1176,8 @@ owned_apply(PyObject *owned, PyObject *method, PyObject *tensor)
  * once per (class, class attribute free) by fast/frees.py's native_kind:
  *
  *   NK_PAGED   sglang's PagedTokenToKVPoolAllocator: the pages k frees put in front of the
- *              list (paged_front below) and the old list, written into one new tensor.
+ *              list (paged_front below) and the old list, written into one new tensor over
+ *              recycled memory (list_int64).
  *   NK_APPEND  sglang's TokenToKVPoolAllocator (page 1): free appends to free_pages
  *              (need_sort: to release_pages).
  *   NK_SLOTS   sglang's MambaSlotAllocator: free appends to free_slots.
@@ -1360,7 +1361,7 @@ copy_segs(char *dst, const Seg *segs, Py_ssize_t k)
  * their end).  Kept: at most TAIL_SPARE_MAX blocks and TAIL_SPARE_CAP bytes (the larger
  * blocks win), so the memory this costs is bounded (docs/COMPAT.md "Frees").
  */
-#define TAIL_SPARE_MAX 2
+#define TAIL_SPARE_MAX 4
 #define TAIL_SPARE_CAP ((size_t)256 << 20)
 
 typedef struct TailMem {
@@ -1723,6 +1724,33 @@ append_tail(PyObject *self, const long long *tp, Py_ssize_t tn, const Seg *segs,
     return out;
 }
 
+/* A new int64 tensor of exactly n items (n > 0), its data in *data: the list a paged free
+ * writes (free's own torch.cat makes one of that length), over recycled memory.  A spare
+ * block (see "tail buffer memory") that holds n items when there is one; else a new block with
+ * room for a quarter more (at least 64k items), so that the next, longer lists fit it once it
+ * is spare again.  Why: the paged list is written whole by every free, and into fresh memory
+ * that costs a page fault per 512 items (Mooncake page 16 with SWA: 42% of the frees' samples
+ * were the kernel clearing those pages, docs/PERFORMANCE.md); the previous list's block is
+ * spare as soon as nobody holds that list, so two blocks take turns.  A new reference, NULL
+ * on error. */
+static PyObject *
+list_int64(Py_ssize_t n, long long **data)
+{
+    int fits = 0;
+    for (int i = 0; i < TAIL_SPARE_MAX && !fits; i++)
+        fits = g_tail_spare[i].data != NULL && g_tail_spare[i].cap >= n;
+    Py_ssize_t cap = n + (fits ? 0 : (n / 4 > 65536 ? n / 4 : 65536));
+    TailMem *m;
+    PyObject *buf = tail_buffer_new(cap, data, &cap, &m);
+    if (buf == NULL)
+        return NULL;
+    if (m->touched < n)
+        m->touched = n;
+    PyObject *out = tail_view(buf, 0, n);
+    Py_DECREF(buf);
+    return out;
+}
+
 /* The free timer (free_timer below): when on, the time spent in native_release (the writes
  * into an allocator's list that stand for its free() calls) is summed on one of two clocks,
  * the ones the bench times calls with: 1 CLOCK_MONOTONIC (time.perf_counter), 2
@@ -1852,7 +1880,7 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
         Py_ssize_t nf = paged_front_into(segs, k, ps, &front);
         if (nf < 0)
             goto done;
-        if ((out = new_int64(nf + tn, &dst)) == NULL)
+        if ((out = list_int64(nf + tn, &dst)) == NULL)
             goto done;
         if (nf)
             memcpy(dst, front, (size_t)nf * 8);

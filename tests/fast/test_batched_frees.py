@@ -727,7 +727,7 @@ def test_tail_buffer_memory_reused_only_when_nobody_holds_it():
     assert reused > 0  # the spare blocks were taken, not only fresh memory
 
 
-TAIL_SPARE_MAX, TAIL_SPARE_CAP = 2, 256 << 20  # fast/_core.c: blocks and bytes kept
+TAIL_SPARE_MAX, TAIL_SPARE_CAP = 4, 256 << 20  # fast/_core.c: blocks and bytes kept
 
 
 def _spares_after_put(spares: list[int], cap: int) -> list[int]:
@@ -746,7 +746,7 @@ def _spares_after_put(spares: list[int], cap: int) -> list[int]:
 
 @pytest.mark.upstream
 def test_tail_spares_keep_the_largest_blocks_within_bounds():
-    """Retired tail blocks are kept for reuse two at most, the largest ones within 256 MiB, and
+    """Retired tail blocks are kept for reuse four at most, the largest ones within 256 MiB, and
     a buffer takes the smallest spare that fits (fast/_core.c ``tail_spare_put`` /
     ``tail_spare_take``): the memory the spares hold is bounded."""
     core = _native_core()
@@ -778,6 +778,42 @@ def test_tail_spares_keep_the_largest_blocks_within_bounds():
     else:
         assert h._free_tail.numel() == want
     assert sorted(core.tail_spares()) == sorted(expect)
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("need_sort", [False, True])
+def test_paged_list_written_over_recycled_memory(need_sort):
+    """A paged free's new list (free's torch.cat writes the whole list each time) is written
+    into a block of recycled memory (fast/_core.c ``list_int64``): once the list before it is
+    dropped, that list's block is spare, and the next free but one writes it again, so two
+    blocks take turns instead of fresh memory every time (page faults).  The list's values are
+    sglang's own, free by free."""
+    core = _native_core()
+    ps = 16
+    pages = max(core.tail_spares(), default=0) + 100000  # larger than any spare block now
+    got, ref = _sglang_paged(ps, need_sort, pages), _sglang_paged(ps, need_sort, pages)
+    name = "release_pages" if need_sort else "free_pages"
+    h = _Holder()
+    rng = random.Random(7)
+    blocks = []  # (data pointer, capacity in items) of each free's list
+    for k in range(4):
+        for a in (got, ref):
+            a.alloc(ps * 200)
+        piece = torch.tensor([(rng.randrange(1, pages) * ps) + j for j in range(ps)],
+                             dtype=torch.int64)
+        spares = core.tail_spares()
+        assert core.native_release(h, got, [piece])
+        ref.free(piece)
+        assert _paged_state(got) == _paged_state(ref)
+        storage = getattr(got, name).untyped_storage()
+        blocks.append((storage.data_ptr(), storage.nbytes() // 8))
+        del storage
+        if k >= 2:  # the block of the list two frees back was spare, and is taken again
+            assert blocks[k] == blocks[k - 2]
+            assert blocks[k][1] in spares
+            assert sorted(core.tail_spares() + [blocks[k][1]]) == sorted(
+                spares + [blocks[k - 1][1]])  # (and the list just replaced retired its own)
+    assert blocks[0] != blocks[1]
 
 
 @pytest.mark.upstream
