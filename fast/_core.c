@@ -8317,7 +8317,7 @@ static PyObject *g_hl_tier, *g_hl_lazy_heap, *g_hl_inc_result, *g_hl_dec_result,
 static PyObject *s_hl_tier, *s_hl_host_leaves, *s_hl_host_leaf_heap, *s_hl_entries,
     *s_hl_restamped, *s_hl_anchor, *s_hl_delta, *s_hl_skip, *s_hl_cache, *s_hl_done,
     *s_hl_controller, *s_hl_queue, *s_hl_tp_group, *s_hl_storage, *s_hl_components,
-    *s_hl_ongoing, *s_hl_host_value;
+    *s_hl_ongoing, *s_hl_host_value, *s_hl_host_hit;
 
 /* host_setup(HostTier, LazyHeap, HostIncLockRefResult, DecLockRefResult, HostDecLockRefParams,
  * _Event, Ack, InFlight): the classes the twins check objects against and build. */
@@ -8334,11 +8334,11 @@ core_host_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     static const char *names[] = {"tier", "host_leaves", "host_leaf_heap", "entries",
         "restamped", "anchor", "delta", "skip_lock_node_ids", "cache", "done", "controller",
         "ack_write_queue", "tp_group", "storage", "components", "ongoing_write_through",
-        "host_value"};
+        "host_value", "host_hit"};
     PyObject **svars[] = {&s_hl_tier, &s_hl_host_leaves, &s_hl_host_leaf_heap, &s_hl_entries,
         &s_hl_restamped, &s_hl_anchor, &s_hl_delta, &s_hl_skip, &s_hl_cache, &s_hl_done,
         &s_hl_controller, &s_hl_queue, &s_hl_tp_group, &s_hl_storage, &s_hl_components,
-        &s_hl_ongoing, &s_hl_host_value};
+        &s_hl_ongoing, &s_hl_host_value, &s_hl_host_hit};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (*svars[i] == NULL && (*svars[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;
@@ -8393,22 +8393,72 @@ hl_restamped(PyObject *tier, PyObject *leaves, PyObject *entries, PyObject *node
     return pn_heap_push(entries, stamp, node);
 }
 
-/* host_match(cache, units, extra_key, n) -> match_host's MatchResult after its key, or None. */
+/* The record's value and host_value (aux data on the device, on the host) as two flags: 0, or
+ * -1 with the error set. */
+static int
+hm_rec_flags(PyObject *rec, int *dev, int *host)
+{
+    PyObject *v = AD_GET(rec, value);
+    if (v == NULL)
+        return -1;
+    *dev = v != Py_None;
+    Py_DECREF(v);
+    if ((v = pyfield_get(rec, AD_OFF(rec, AD_host_value), s_hl_host_value)) == NULL)
+        return -1;
+    *host = v != Py_None;
+    Py_DECREF(v);
+    return 0;
+}
+
+/* host_match(cache, units, extra_key, n[, comp, is_swa, window]) -> match_host's MatchResult
+ * after its key, or None.  With the three last arguments, fast/host_aux.py match_host_aux's
+ * for one stock aux component (its record node.aux[0]): both validators on every node of the
+ * walk (SWA: runs of window units of data on the device or the host, restarted at a node with
+ * neither; Mamba: a state on the device or the host), the match's node the deepest the host
+ * validator accepts and its device part the deepest node with device data the device
+ * validator accepts (the indices are that part's chunks); then the component's list moves
+ * (path_to_front: each record holding data, from the node up, to the front in turn), the
+ * stamps from the node, the component's host hit (SWA: comp.host_hit(node); Mamba: a state
+ * on the host only) and the tier's. */
 static PyObject *
 core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    ARGC(4, "host_match(cache, units, extra_key, n)");
+    if (nargs != 4 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "host_match(cache, units, extra_key, n[, comp, is_swa, window])");
+        return NULL;
+    }
     if (!HL_READY() || g_MatchResult == NULL || g_cat == NULL || !PyLong_CheckExact(args[3]))
         Py_RETURN_NONE;
     PyObject *cache = args[0], *ek = args[2];
     Py_ssize_t n = PyLong_AsSsize_t(args[3]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
+    PyObject *comp = nargs == 7 ? args[4] : NULL;
+    int is_swa = 0;
+    long long window = 0;
+    if (comp != NULL) {
+        int ovw = 0;
+        if (!PyBool_Check(args[5]) || !PyLong_CheckExact(args[6]))
+            Py_RETURN_NONE;
+        is_swa = args[5] == Py_True;
+        window = PyLong_AsLongLongAndOverflow(args[6], &ovw);
+        if (ovw || (window == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
     KeyView uk, kv;
     uk.held = kv.held = 0;
     PyObject *root = NULL, *heap = NULL, *tier = NULL, *leaves = NULL, *entries = NULL;
     PyObject *chunks = NULL, *node = NULL, *last = NULL, *indices = NULL, *cur = NULL;
     PyObject *v = NULL, *stamp = NULL, *hit = NULL, *result = NULL;
+    PyObject *best = NULL, *best_dev = NULL, *rec = NULL, *lru = NULL, *prev = NULL;
+    PyObject *aux_hit = NULL;
+    Py_ssize_t best_chunks = 0;
+    long long host_run = 0, dev_run = 0;
+    int host_inf = 1, dev_inf = 1;  /* (the runs start at infinity: the root's window) */
+    int swa_hit_set = 0, mamba_hit = 0;
     int declined = 0, ovf = 0;
     /* every read the walk decides on, before its first change */
     if ((root = PyObject_GetAttr(cache, s_root_node)) == NULL)
@@ -8437,6 +8487,8 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     node = Py_NewRef(root);
     last = Py_NewRef(root);
+    best = Py_NewRef(root);
+    best_dev = Py_NewRef(root);
     Py_ssize_t pos = 0;
     while (pos < n) {
         PyObject *children = SLOT_AT(node, PN_children);
@@ -8485,7 +8537,8 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(child);
             goto done;
         }
-        if (v != Py_None) {  /* chunks.append(value); last_device = child */
+        int has_value = v != Py_None;
+        if (has_value) {  /* chunks.append(value); last_device = child */
             if (PyList_Append(chunks, v) < 0) {
                 Py_DECREF(child);
                 goto done;
@@ -8495,18 +8548,89 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_CLEAR(v);
         Py_SETREF(node, child);
         pos += k;
+        if (comp != NULL) {  /* the two validators on the node's record */
+            int dev, host, dev_ok, to_best = 0;
+            if ((rec = pn_rec_at(node, 0)) == NULL || hm_rec_flags(rec, &dev, &host) < 0)
+                goto done;
+            Py_CLEAR(rec);
+            if (is_swa) {
+                if (!dev) {
+                    dev_inf = 0;
+                    dev_run = 0;
+                    dev_ok = 0;
+                    if (!host) {
+                        host_inf = 0;
+                        host_run = 0;
+                    } else {
+                        host_run += k;
+                        to_best = host_inf || host_run >= window;
+                    }
+                } else {
+                    host_run += k;
+                    to_best = host_inf || host_run >= window;
+                    dev_run += k;
+                    dev_ok = dev_inf || dev_run >= window;
+                }
+            } else if (!dev) {
+                dev_ok = 0;
+                to_best = host;
+            } else {
+                to_best = 1;
+                dev_ok = 1;
+            }
+            if (to_best)
+                Py_SETREF(best, Py_NewRef(node));
+            if (dev_ok && has_value) {
+                Py_SETREF(best_dev, Py_NewRef(node));
+                best_chunks = PyList_GET_SIZE(chunks);
+            }
+        }
         if (split)
             break;
     }
+    if (comp != NULL) {  /* the match is the validators' (below as node and last) */
+        Py_SETREF(node, Py_NewRef(best));
+        Py_SETREF(last, Py_NewRef(best_dev));
+        /* (``path_to_front(node)``: LruList.move_after inlined, each record holding data) */
+        if ((lru = PyObject_GetAttr(comp, s_lru)) == NULL
+                || (prev = PyObject_GetAttr(lru, s_head)) == NULL)
+            goto done;
+        cur = Py_NewRef(node);
+        while (cur != root) {
+            if ((rec = pn_rec_at(cur, 0)) == NULL)
+                goto done;
+            int held = rec_holds(rec);
+            if (held < 0)
+                goto done;
+            if (held) {
+                if (lru_move_after(prev, rec) < 0)
+                    goto done;
+                Py_SETREF(prev, rec);
+                rec = NULL;
+            } else {
+                Py_CLEAR(rec);
+            }
+            PyObject *up = PN_GET(cur, parent);
+            if (up == NULL)
+                goto done;
+            Py_SETREF(cur, up);
+        }
+        Py_CLEAR(cur);
+    }
     /* (``_indices``: torch.cat as the Python function calls it; concat_values would read five
      * attributes of each tensor chunk, about twice torch.cat's cost per chunk) */
-    Py_ssize_t nc = PyList_GET_SIZE(chunks);
-    if (nc == 0)
+    Py_ssize_t nc = comp != NULL ? best_chunks : PyList_GET_SIZE(chunks);
+    if (nc == 0) {
         indices = PyObject_GetAttr(cache, s_empty);
-    else if (nc == 1)
+    } else if (nc == 1) {
         indices = Py_NewRef(PyList_GET_ITEM(chunks, 0));
-    else
+    } else if (nc == PyList_GET_SIZE(chunks)) {
         indices = PyObject_CallOneArg(g_cat, chunks);
+    } else {
+        PyObject *part = PyList_GetSlice(chunks, 0, nc);
+        indices = part == NULL ? NULL : PyObject_CallOneArg(g_cat, part);
+        Py_XDECREF(part);
+    }
     if (indices == NULL)
         goto done;
     /* (``_stamp_tiered_path(node)``): the node newest, each ancestor one older, the root too */
@@ -8543,6 +8667,19 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     if ((stamp = PyLong_FromLongLong(clock)) == NULL || PN_SET(root, last_access_time, stamp) < 0)
         goto done;
+    if (comp != NULL && node != root) {  /* the component's host hit */
+        if (is_swa) {  /* (``comp.host_hit(node)``) */
+            if ((aux_hit = PyObject_CallMethodOneArg(comp, s_hl_host_hit, node)) == NULL)
+                goto done;
+            swa_hit_set = 1;
+        } else {  /* (a state on the host only: a load back brings it) */
+            int dev, host;
+            if ((rec = pn_rec_at(node, 0)) == NULL || hm_rec_flags(rec, &dev, &host) < 0)
+                goto done;
+            Py_CLEAR(rec);
+            mamba_hit = !dev && host;
+        }
+    }
     /* (``HostTier.host_hit(node, last_device)``): the host tokens below the device part */
     hit = Py_NewRef(s_zero);
     if (node != last) {
@@ -8568,8 +8705,12 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_SETREF(cur, up);
         }
     }
-    PyObject *items = PyTuple_Pack(9, indices, last, node, node, hit, s_zero, s_zero, Py_None,
-                                   Py_None);
+    PyObject *mh = PyLong_FromLong(mamba_hit);
+    if (mh == NULL)
+        goto done;
+    PyObject *items = PyTuple_Pack(9, indices, last, node, node, hit,
+                                   swa_hit_set ? aux_hit : s_zero, mh, Py_None, Py_None);
+    Py_DECREF(mh);
     if (items == NULL)
         goto done;
     PyObject *targs = PyTuple_Pack(1, items);
@@ -8594,6 +8735,12 @@ done:
     Py_XDECREF(v);
     Py_XDECREF(stamp);
     Py_XDECREF(hit);
+    Py_XDECREF(best);
+    Py_XDECREF(best_dev);
+    Py_XDECREF(rec);
+    Py_XDECREF(lru);
+    Py_XDECREF(prev);
+    Py_XDECREF(aux_hit);
     if (declined)
         Py_RETURN_NONE;
     return result;

@@ -98,17 +98,24 @@ def match_host_aux(cache: Any, params: Any) -> MatchResult | None:
     device).  Both validators see every node of the walk, as the general path calls them.
     Then the component's list moves (``path_to_front``), the stamps (``_stamp_tiered_path``)
     and the host hits as there.  None, before anything changes, for a disabled cache, an EAGLE
-    bigram key and a copy-on-write Mamba match."""
+    bigram key and a copy-on-write Mamba match.  Where the C core is built, the walk and the
+    rest after the key are its ``host_match`` with the component (fast/_core.c "host tier:
+    Full match, locks, acks"); the code below runs where it declines."""
     if cache.disable or getattr(params, "cow_mamba", False):
         return None
     parts = host_full.match_key(cache, params)
     if parts is None or isinstance(parts, MatchResult):
         return parts
     units, ek, n = parts
-    root = cache.root_node
-    ps = cache.page_size
     comp, is_swa, _ = cache._one_aux
     window = comp.window if is_swa else 0
+    core = host_full._core
+    if core is not None:  # (the rest in one C call, the same steps: fast/_core.c host_match)
+        done = core.host_match(cache, units, ek, n, comp, is_swa, window)
+        if done is not None:
+            return done
+    root = cache.root_node
+    ps = cache.page_size
     node, pos, chunks = root, 0, []
     best = best_device = root
     best_chunks = 0
