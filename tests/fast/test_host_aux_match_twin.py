@@ -19,7 +19,7 @@ from aux_twins import assert_no_leaks, listed, path_of, recorded_run, result_vie
 torch = pytest.importorskip("torch")
 
 from test_host_lock_twins import Side, core_as  # noqa: E402
-from test_host_lock_twins import state as host_state
+from test_host_lock_twins import state as host_state  # noqa: E402
 
 from stories import replay_twins  # noqa: E402
 from uniradix import fast  # noqa: E402
