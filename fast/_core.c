@@ -4870,6 +4870,21 @@ rec_holds(PyObject *rec)
     return held;
 }
 
+/* A step of path_to_front: the record rec (a new reference, consumed) moved to just after *at
+ * in its LRU list where it holds data (LruList.move_after, inlined), and then *at is rec; a
+ * record without data stays where it is.  0 or -1. */
+static int
+rec_to_front(PyObject **at, PyObject *rec)
+{
+    int held = rec_holds(rec);
+    if (held <= 0 || lru_move_after(*at, rec) < 0) {
+        Py_DECREF(rec);
+        return held <= 0 ? held : -1;
+    }
+    Py_SETREF(*at, rec);
+    return 0;
+}
+
 /* len(node.key); -1 with the error set. */
 static Py_ssize_t
 pn_key_len(PyObject *node)
@@ -6120,19 +6135,9 @@ cm_match(PyObject *cache, PyObject *comp, Py_ssize_t ai, PyObject *comp2, Py_ssi
         for (int side = 0; side < (comp2 != NULL ? 2 : 1); side++) {
             int second = comp2 != NULL && (side == 0) == (bi < ai);
             PyObject **at = second ? &prev2 : &prev;
-            if ((rec = pn_rec_at(cur, second ? bi : ai)) == NULL)
+            PyObject *r = pn_rec_at(cur, second ? bi : ai);
+            if (r == NULL || rec_to_front(at, r) < 0)
                 goto done;
-            int held = rec_holds(rec);
-            if (held < 0)
-                goto done;
-            if (held) {  /* (LruList.move_after, inlined) */
-                if (lru_move_after(*at, rec) < 0)
-                    goto done;
-                Py_SETREF(*at, rec);
-                rec = NULL;
-            } else {
-                Py_CLEAR(rec);
-            }
         }
         PyObject *up = PN_GET(cur, parent);
         if (up == NULL)
@@ -8597,19 +8602,9 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         cur = Py_NewRef(node);
         while (cur != root) {
-            if ((rec = pn_rec_at(cur, 0)) == NULL)
+            PyObject *r = pn_rec_at(cur, 0);
+            if (r == NULL || rec_to_front(&prev, r) < 0)
                 goto done;
-            int held = rec_holds(rec);
-            if (held < 0)
-                goto done;
-            if (held) {
-                if (lru_move_after(prev, rec) < 0)
-                    goto done;
-                Py_SETREF(prev, rec);
-                rec = NULL;
-            } else {
-                Py_CLEAR(rec);
-            }
             PyObject *up = PN_GET(cur, parent);
             if (up == NULL)
                 goto done;
