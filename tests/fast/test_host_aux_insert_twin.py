@@ -552,3 +552,71 @@ def test_no_reference_left_behind(switch, name):
 
     assert_no_leaks(lambda: _churn(name), marks, runs=15)
     assert switch.taken > 100
+
+
+# ----------------------------------------------------------------------------------------------
+# Rare commits, driven directly
+# ----------------------------------------------------------------------------------------------
+
+
+def _twin_caches(name: str) -> list[Side]:
+    return [Side(lambda: make_adapter("fast", make_config(name, 1)), twin)
+            for twin in (True, False)]
+
+
+def _both(sides: list[Side], fn) -> list:
+    """``fn(cache)`` on each side (its ids, its frees recorded); the answers and the whole
+    states must agree."""
+    outs = []
+    for side in sides:
+        with side.active():
+            try:
+                r = fn(side.cache)
+                outs.append(r if not isinstance(r, fast.InsertResult) else
+                            (r.prefix_len, r.total_len, r.mamba_exist))
+            except Exception as e:  # noqa: BLE001 - the two must raise alike
+                outs.append(("raised", type(e), str(e)))
+    assert outs[0] == outs[1]
+    assert state(sides[0].cache) == state(sides[1].cache)
+    assert sides[0].freed == sides[1].freed
+    return outs[0]
+
+
+def _ins(toks, **kw):
+    def run(cache):
+        return cache.insert(_insert_params(cache, toks, **kw))
+    return run
+
+
+def test_swa_remainder_outside_the_window(switch, record_frees):
+    """An SWA insert whose remainder lies wholly outside the window (``skips_leaf``): its
+    slots freed, no leaf; then one whose window starts inside the new leaf (split off)."""
+    sides = _twin_caches("host-swa-wt-p1")
+    _both(sides, _ins([1, 2, 3, 4]))
+    taken = switch.taken
+    assert _both(sides, _ins([1, 2, 3, 4, 5, 6, 7, 8], swa_evicted_seqlen=8)) == (4, 0, False)
+    assert _both(sides, _ins([1, 2, 3, 4, 9, 9, 9, 9, 9, 9], swa_evicted_seqlen=6))[0] == 4
+    assert switch.taken == taken + 2 and sides[0].freed
+    assert sides[0].cache.violations() == []
+
+
+def test_mamba_state_back_on_a_node_with_a_host_copy(switch, record_frees):
+    """A Mamba state set on a node whose state is on the host only (evicted from the device
+    after its backup): the record leaves the host list."""
+    sides = _twin_caches("host-mamba-wt-p1")
+    _both(sides, _ins([1, 2, 3, 4]))
+    _both(sides, _ins([1, 2, 3, 4, 5, 6]))
+    _both(sides, lambda c: c.writing_check(True))  # (the backups' acks: their locks go)
+    _both(sides, lambda c: c.evict(fast.EvictParams(mamba_num=1)).mamba_num_evicted)
+    for side in sides:
+        rec = side.cache.find_node(fast.RadixKey([1, 2, 3, 4])).aux[0]
+        assert rec.value is None and rec.host_value is not None
+        assert rec in side.cache.mamba.host_lru
+    taken = switch.taken
+    assert _both(sides, _ins([1, 2, 3, 4])) == (4, 4, False)
+    assert switch.taken == taken + 1
+    for side in sides:
+        rec = side.cache.find_node(fast.RadixKey([1, 2, 3, 4])).aux[0]
+        assert rec.value is not None and rec not in side.cache.mamba.host_lru
+    assert _both(sides, _ins([1, 2, 3, 4])) == (4, 4, True)  # (a state there: mamba_exist)
+    assert sides[0].cache.violations() == []
