@@ -29,6 +29,12 @@ node, a disabled cache and any other params go to the general path.  ``HybridRad
 _pick_fast_paths`` picks these once at construction (the match only for plain keys, with the
 hooks it calls as the class has them); tests/fast/test_host_aux_paths.py drives them and the
 general paths through the same recorded steps in lockstep and compares the trees step by step.
+
+The insert, ``insert_host_aux``, is ``_insert`` itself for that shape: its checks in its order
+here, then the rest in C (``_core.host_aux_insert``, fast/_core.c "host tier: one aux
+component's insert"), the same steps from the root's stamp on; where either declines (the slot
+ledger, KV events, a storage tier, a disabled cache, bigram keys, odd types) ``_insert`` runs
+from its start (tests/fast/test_host_aux_insert_twin.py runs the two in lockstep).
 """
 
 from __future__ import annotations
