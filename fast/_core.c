@@ -9914,7 +9914,8 @@ hai_hit(HiCtx *x, PyObject *node, PyObject *thr, long long threshold, int check_
 
 /* host_aux_insert(cache, comp, swa, plan, value, units, extra_key, prev, chunked, e, n, total,
  *                 page_size, deferred, prepared) -> InsertResult, or None (nothing changed):
- * see above (swa: comp where it is SWA, else None; prepared: the Mamba state). */
+ * see above (swa: comp where it is SWA, else None; prepared: the caller's mamba_value, whose
+ * checks and copy, ``mamba_state``'s, are made here before anything changes). */
 static PyObject *
 core_host_aux_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -9962,6 +9963,18 @@ core_host_aux_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 || (aux = SLOT_AT(c, PN_aux)) == NULL || !PyTuple_CheckExact(aux)
                 || PyTuple_GET_SIZE(aux) != 1)
             Py_RETURN_NONE;
+    }
+    /* Mamba: ``mamba_state``'s checks (an exact int64 tensor of one slot; anything else
+     * declined: ``_insert`` raises its error) and copy (the tree's own tensor) */
+    PyObject *state = NULL;
+    if (!is_swa) {
+        Py_ssize_t one = -1;
+        if ((PyObject *)Py_TYPE(prepared) != g_Tensor || int64_1d_len(prepared, &one) != 1
+                || one != 1 || (state = pi_state_own(mod, prepared)) == NULL) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        prepared = state;
     }
     HiCtx x = {cache, NULL, NULL, NULL, 0};  /* (the tier's own write_backup: a Python call) */
     PyObject *result = NULL, *wb = NULL, *thr = NULL, *lru = NULL, *head = NULL, *node = NULL,
@@ -10247,6 +10260,7 @@ done:
     Py_XDECREF(stamp);
     Py_XDECREF(rec);
     Py_XDECREF(target);
+    Py_XDECREF(state);
     return result;
 }
 

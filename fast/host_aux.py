@@ -43,7 +43,6 @@ from typing import Any
 
 from . import host_full, keys, one_aux
 from .cache import _core, _match_result
-from .components.mamba import mamba_state
 from .node import Node
 from .params import DecLockRefParams, DecLockRefResult, InsertResult, MatchResult
 from .tiers.host import HostDecLockRefParams, HostIncLockRefResult
@@ -232,10 +231,10 @@ def insert_host_aux(cache: Any, params: Any) -> InsertResult | None:
                     comp.check_insert(plan, prev, params, e)  # (raises)
                 start += shared
         prepared = None
-    elif e.__class__ is int and e == 0:  # (Mamba without the slot ledger: ``mamba_state``)
-        prepared = mamba_state(params.mamba_value)
+    elif e.__class__ is int and e == 0:  # (Mamba without the slot ledger: ``mamba_state``'s
+        prepared = params.mamba_value  # checks and copy, the last checks, made in the C call)
     else:
-        checked, e = cache._check_aux(plan, prev, params)
-        prepared = checked[0]
+        cache._check_aux(plan, prev, params)  # (raises: a setting Mamba refuses)
+        return None
     return _core.host_aux_insert(cache, comp, comp if is_swa else None, plan, value, units, ek,
                                  prev, chunked, e, n, total, ps, deferred, prepared)

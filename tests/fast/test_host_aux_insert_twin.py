@@ -425,6 +425,9 @@ def test_bad_arguments_declined_then_refused_alike(switch, name):
                 if plan else [[1, 2]]],
             5: [units[:-1]], 7: [0.0, True], 8: [0, None], 9: [1.0], 10: [len(toks) - 1],
             12: [0], 13: [(), None], 2: [object()] if swa is None else [None, object()]}
+    if swa is None:  # (a state ``mamba_state`` refuses: declined, ``_insert`` raises)
+        bads[14] = [None, torch.zeros(1, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
+                    [0]]
     core = switch.core
     for i, vals in bads.items():
         for v in vals:
@@ -620,3 +623,17 @@ def test_mamba_state_back_on_a_node_with_a_host_copy(switch, record_frees):
         assert rec.value is not None and rec not in side.cache.mamba.host_lru
     assert _both(sides, _ins([1, 2, 3, 4])) == (4, 4, True)  # (a state there: mamba_exist)
     assert sides[0].cache.violations() == []
+
+
+def test_the_tree_keeps_its_own_state(switch):
+    """The twin's Mamba state is the tree's own copy (``mamba_state``'s), not the caller's
+    tensor: a later write to the caller's changes nothing in the tree."""
+    cache = _cache("host-mamba-wb-p1")
+    params = _insert_params(cache, [4, 5, 6, 7])
+    given = int(params.mamba_value[0])
+    cache.insert(params)
+    assert switch.taken == 1
+    rec = cache.find_node(fast.RadixKey([4, 5, 6, 7])).aux[0]
+    assert rec.value is not params.mamba_value
+    params.mamba_value[0] = given + 1
+    assert rec.value.tolist() == [given]
