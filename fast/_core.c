@@ -9954,6 +9954,486 @@ done:
     return result;
 }
 
+/* ---- host tier: one aux component's insert (host_aux_insert) ---- */
+/*
+ * host_aux_insert: fast/hybrid.py _insert from the root's stamp on, for one stock SWA or Mamba
+ * plug-in over the host tier (the ``lru`` order, the stock hooks; fast/host_aux.py
+ * insert_host_aux runs _insert's checks, the key, the plan and the component's checks first,
+ * in _insert's order, and declines the slot ledger, KV events, a storage tier, a disabled
+ * cache and EAGLE keys before calling this).  The same steps in the same order as _insert's
+ * general loop for that shape: the root's stamp; each planned node touched (its stamp, the
+ * heap push of an unlocked device leaf, or the host heap's entry through the tier's
+ * ``restamped`` for an evicted one; its record to the front of the component's list), split
+ * where the insert ends inside it (the cache's ``_split``), given the fresh slots back where
+ * it was evicted (the cache's ``_unevict``, then SWA's ``recover``), an unlocked SWA
+ * tombstone's ``overlap`` from prev_prefix_len on, the caller's duplicates queued on the
+ * insert's ``_deferred`` (``_free`` written out: one piece per node), write-through hits
+ * counted (the tier's ``write_backup`` called at the threshold); then SWA's ``skips_leaf``
+ * (the remainder freed, no leaf), the new leaf (fast/node.py's Node as host_insert makes it,
+ * its one AuxData called as ``_new_node`` calls it), the component's commit (SWA: the part
+ * before the window split off through ``_split``, the leaf's SWA slots through the
+ * component's ``translate``; Mamba: the state, or the node's own to the front and the
+ * ``_stamp``), ``AuxComponent.set`` written out, the host leaf's discard and the new leaf's
+ * hit.  The calls that do more than field writes (``_split``, ``_unevict``, ``recover``,
+ * ``overlap``, ``translate``, ``_stamp``, ``restamped``, ``write_backup``, ``on_set``) are the
+ * same Python calls; the cache's _clock is read and written at every tick (hi_tick), so a
+ * call that moves it is seen as the Python loop sees it.  It declines (None, nothing
+ * changed) where the loop takes what this does not write out: a plan entry that is not
+ * (Node with one record, int), units that are not an int64 buffer of n units, a heap or
+ * queue that is not a plain list, a tier that is not exactly HostTier, a component whose
+ * index is not 0, a clock or threshold that is not a plain int, any error met before the
+ * first change.  tests/fast/test_host_aux_insert_twin.py runs it against _insert in
+ * lockstep.
+ */
+
+static PyObject *s_hai_recover, *s_hai_host_lru, *s_hai_host_leaves, *s_hai_discard, *s_hai_pop;
+
+/* obj.name(*a[0:k]) (a[-1] writable: PY_VECTORCALL_ARGUMENTS_OFFSET), the answer dropped;
+ * 0 or -1. */
+static int
+hai_call(PyObject *obj, PyObject *name, PyObject **a, Py_ssize_t k)
+{
+    a[0] = obj;
+    return discard(PyObject_VectorcallMethod(name, a, k | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
+}
+
+/* ``AuxComponent.set(node, v)`` written out for node's record rec (units: the component's
+ * ``units(node)``): rec.value = v, the list's front, off the host list where it has a host
+ * copy, counted by its lock, ``on_set`` where the component tracks slots.  0 or -1. */
+static int
+hai_set(PyObject *comp, PyObject *head, PyObject *rec, PyObject *v, long long units)
+{
+    if (AD_SET(rec, value, v) < 0 || lru_link_after(head, rec) < 0)
+        return -1;
+    PyObject *hv = pyfield_get(rec, AD_OFF(rec, AD_host_value), s_hi_host_value);
+    if (hv == NULL)
+        return -1;
+    int has = hv != Py_None;
+    Py_DECREF(hv);
+    if (has) {  /* self.host_lru.pop(rec, None) */
+        PyObject *hl = PyObject_GetAttr(comp, s_hai_host_lru), *a[3];
+        if (hl == NULL)
+            return -1;
+        int r;
+        if (PyDict_CheckExact(hl)) {
+            r = PyDict_Contains(hl, rec);
+            if (r > 0)
+                r = PyDict_DelItem(hl, rec);
+        } else {
+            a[1] = rec;
+            a[2] = Py_None;
+            r = hai_call(hl, s_hai_pop, a, 3);
+        }
+        Py_DECREF(hl);
+        if (r < 0)
+            return -1;
+    }
+    PyObject *lk = AD_GET(rec, lock);
+    if (lk == NULL)
+        return -1;
+    int locked = PyObject_IsTrue(lk);
+    Py_DECREF(lk);
+    if (locked < 0
+            || pyfield_add(comp, 0, locked ? s_comp_protected : s_comp_evictable, units) < 0)
+        return -1;
+    PyObject *tr = PyObject_GetAttr(comp, s_ci_tracks);
+    if (tr == NULL)
+        return -1;
+    int tracks = PyObject_IsTrue(tr);
+    Py_DECREF(tr);
+    if (tracks < 0)
+        return -1;
+    if (tracks) {
+        PyObject *a[2] = {NULL, v};
+        return hai_call(comp, s_ci_on_set, a, 2);
+    }
+    return 0;
+}
+
+/* ``count_hit`` as _insert writes it: node.hit_count += 1, then the tier's write_backup where
+ * the count reached the threshold (check_host: only where the node has no host copy).  0 or
+ * -1. */
+static int
+hai_hit(HiCtx *x, PyObject *node, PyObject *thr, long long threshold, int check_host)
+{
+    PyObject *hc = HI_GET(node, hit_count, s_hi_hit_count), *cnt;
+    if (hc == NULL)
+        return -1;
+    cnt = PyNumber_Add(hc, g_hi_one);
+    Py_DECREF(hc);
+    if (cnt == NULL)
+        return -1;
+    int r = HI_SET(node, hit_count, s_hi_hit_count, cnt);
+    Py_DECREF(cnt);
+    if (r < 0)
+        return -1;
+    if (check_host) {
+        int hn = hi_is_none(node, PN_OFF(node, PN_host_value), s_hi_host_value);
+        if (hn <= 0)
+            return hn;
+    }
+    if ((cnt = HI_GET(node, hit_count, s_hi_hit_count)) == NULL)
+        return -1;
+    long long cv = 0;
+    int cmp = exact_ll(cnt, &cv) ? cv >= threshold : PyObject_RichCompareBool(cnt, thr, Py_GE);
+    Py_DECREF(cnt);
+    if (cmp <= 0)
+        return cmp;
+    return hi_backup(x, node) < 0 ? -1 : 0;
+}
+
+/* host_aux_insert(cache, comp, swa, plan, value, units, extra_key, prev, chunked, e, n, total,
+ *                 page_size, deferred, prepared) -> InsertResult, or None (nothing changed):
+ * see above (swa: comp where it is SWA, else None; prepared: the caller's mamba_value, whose
+ * checks and copy, ``mamba_state``'s, are made here before anything changes). */
+static PyObject *
+core_host_aux_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    ARGC(15, "host_aux_insert(cache, comp, swa, plan, value, units, extra_key, prev, "
+         "chunked, e, n, total, page_size, deferred, prepared)");
+    PyObject *cache = args[0], *comp = args[1], *swa = args[2], *plan = args[3],
+             *value = args[4], *units = args[5], *ek = args[6], *chunked = args[8],
+             *deferred = args[13], *prepared = args[14];
+    static const int ints[5] = {7, 9, 10, 11, 12};
+    Py_ssize_t iv[5];
+    if (s_hai_recover == NULL) {
+#define HAI_INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+        HAI_INTERN(s_hai_recover, "recover");
+        HAI_INTERN(s_hai_host_lru, "host_lru");
+        HAI_INTERN(s_hai_host_leaves, "host_leaves");
+        HAI_INTERN(s_hai_discard, "discard");
+        HAI_INTERN(s_hai_pop, "pop");
+#undef HAI_INTERN
+    }
+    if (g_hi_tier == NULL || g_pn_type == NULL || g_ad_type == NULL || g_InsertResult == NULL
+            || g_hi_one == NULL || !ci_ints(args, ints, 5, iv)
+            || (chunked != Py_True && chunked != Py_False) || !PyList_CheckExact(plan)
+            || !PyList_CheckExact(deferred) || (swa != Py_None && swa != comp)
+            || (swa == Py_None) == (prepared == Py_None))  /* (SWA: no state; Mamba: one) */
+        Py_RETURN_NONE;
+    Py_ssize_t prev = iv[0], e = iv[1], n = iv[2], total = iv[3], ps = iv[4];
+    int is_swa = swa != Py_None;
+    if (ps < 1 || n < 0 || n % ps)
+        Py_RETURN_NONE;
+    KeyView uk;  /* (units: an int64 buffer of n units) */
+    if (key_view(units, &uk) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t un = uk.n;
+    key_release(&uk);
+    if (un != n)
+        Py_RETURN_NONE;
+    Py_ssize_t np = PyList_GET_SIZE(plan);
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *it = PyList_GET_ITEM(plan, i), *c, *aux;
+        if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 2
+                || !PN_IS(c = PyTuple_GET_ITEM(it, 0))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 1))
+                || (aux = SLOT_AT(c, PN_aux)) == NULL || !PyTuple_CheckExact(aux)
+                || PyTuple_GET_SIZE(aux) != 1)
+            Py_RETURN_NONE;
+    }
+    /* Mamba: ``mamba_state``'s checks (an exact int64 tensor of one slot; anything else
+     * declined: ``_insert`` raises its error) and copy (the tree's own tensor) */
+    PyObject *state = NULL;
+    if (!is_swa) {
+        Py_ssize_t one = -1;
+        if ((PyObject *)Py_TYPE(prepared) != g_Tensor || int64_1d_len(prepared, &one) != 1
+                || one != 1 || (state = pi_state_own(mod, prepared)) == NULL) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        prepared = state;
+    }
+    HiCtx x = {cache, NULL, NULL, NULL, 0};  /* (the tier's own write_backup: a Python call) */
+    PyObject *result = NULL, *wb = NULL, *thr = NULL, *lru = NULL, *head = NULL, *node = NULL,
+             *child = NULL, *stamp = NULL, *rec = NULL, *target = NULL, *o_prev = args[7],
+             *o_e = args[9];
+    long long threshold = 0, clock0, ci = -1;
+    int hits = 0, is_new = 0, exist = 0;
+    /* the reads before the first change: an error or anything unexpected declines */
+    if ((x.tier = PyObject_GetAttr(cache, s_hi_tier)) == NULL
+            || (x.heap = PyObject_GetAttr(cache, s_hi_heap)) == NULL
+            || (x.root = PyObject_GetAttr(cache, s_hi_root)) == NULL
+            || Py_TYPE(x.tier) != g_hi_tier || !PyList_CheckExact(x.heap) || !PN_IS(x.root)
+            || attr_ll(comp, s_ci_i, &ci) != 1 || ci != 0
+            || (lru = PyObject_GetAttr(comp, s_lru)) == NULL
+            || (head = PyObject_GetAttr(lru, s_head)) == NULL
+            || (wb = PyObject_GetAttr(x.tier, s_hi_write_back)) == NULL
+            || (wb != Py_True && wb != Py_False))
+        goto decline;
+    hits = chunked == Py_False && wb == Py_False;
+    if (hits && ((thr = PyObject_GetAttr(x.tier, s_hi_threshold)) == NULL
+                 || !exact_ll(thr, &threshold)))
+        goto decline;
+    {
+        PyObject *c = PyObject_GetAttr(cache, s_hi_clock);
+        int ok = c != NULL && exact_ll(c, &clock0) && clock0 <= LLONG_MAX / 2;
+        Py_XDECREF(c);
+        if (!ok)
+            goto decline;
+    }
+
+    /* (from here on, _insert's changes) the root's stamp */
+    if ((stamp = hi_tick(cache)) == NULL
+            || HI_SET(x.root, last_access_time, s_hi_stamp, stamp) < 0)
+        goto done;
+    if (n == 0) {  /* (mamba_exist: bool(self.components)) */
+        result = ci_result(0, total, 1);
+        goto done;
+    }
+    node = Py_NewRef(x.root);
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < np; i++) {
+        if (i >= PyList_GET_SIZE(plan)) {  /* (the plan is the caller's: changed by a callback) */
+            PyErr_SetString(PyExc_RuntimeError, "host_aux_insert: the plan changed");
+            goto done;
+        }
+        PyObject *it = PyList_GET_ITEM(plan, i);
+        Py_XSETREF(child, Py_NewRef(PyTuple_GET_ITEM(it, 0)));
+        Py_ssize_t shared = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 1));
+        if (shared == -1 && PyErr_Occurred())
+            goto done;
+        /* ``_touch`` written out: the stamp, the push or the host heap's entry, the record */
+        Py_XSETREF(stamp, hi_tick(cache));
+        if (stamp == NULL || HI_SET(child, last_access_time, s_hi_stamp, stamp) < 0)
+            goto done;
+        int none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value);
+        if (none < 0)
+            goto done;
+        if (!none) {
+            int leaf = pn_unlocked_leaf(child);
+            if (leaf < 0 || (leaf && pn_heap_push(x.heap, stamp, child) < 0))
+                goto done;
+        } else if (discard(PyObject_CallMethodOneArg(x.tier, s_hi_restamped, child)) < 0) {
+            goto done;
+        }
+        Py_XSETREF(rec, pn_rec_at(child, 0));
+        int has = rec == NULL ? -1 : rec_holds(rec);
+        if (has < 0 || (has && lru_move_after(head, rec) < 0))
+            goto done;
+        Py_ssize_t klen = pn_key_len(child);
+        if (klen < 0)
+            goto done;
+        if (shared < klen) {
+            PyObject *k = PyLong_FromSsize_t(shared), *up = NULL;
+            if (k != NULL) {
+                PyObject *a[3] = {cache, child, k};
+                up = PyObject_VectorcallMethod(s_hi_split, a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                               NULL);
+                Py_DECREF(k);
+            }
+            if (up == NULL)
+                goto done;
+            Py_SETREF(child, up);
+        }
+        Py_ssize_t end = pos + shared, taken = shared;
+        if ((none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value)) < 0)
+            goto done;
+        if (none) {  /* evicted to the host: the fresh slots are its own again */
+            PyObject *p = PyLong_FromSsize_t(pos);
+            if (p == NULL)
+                goto done;
+            PyObject *a[4] = {NULL, child, value, p};
+            int r = hai_call(cache, s_hi_unevict, a, 4);
+            if (r == 0 && is_swa) {  /* with its SWA data inside the window */
+                PyObject *b[4] = {NULL, child, p, o_e};
+                r = hai_call(swa, s_hai_recover, b, 4);
+            }
+            Py_DECREF(p);
+            if (r < 0)
+                goto done;
+            taken = 0;
+        } else if (is_swa && prev < end) {
+            /* a locked SWA tombstone keeps its slots (another holder reads them) */
+            Py_XSETREF(rec, pn_rec_at(child, 0));
+            int held = rec == NULL ? -1 : rec_holds(rec);
+            int free_ = held < 0 ? -1 : held ? 0 : PN_ZERO(child, lock_ref);
+            if (free_ < 0)
+                goto done;
+            if (free_) {
+                PyObject *o_pos = PyLong_FromSsize_t(pos), *o_sh = PyLong_FromSsize_t(shared);
+                PyObject *t = NULL;
+                if (o_pos != NULL && o_sh != NULL) {
+                    PyObject *a[7] = {swa, child, o_pos, o_sh, value, o_prev, o_e};
+                    t = PyObject_VectorcallMethod(s_ci_overlap, a,
+                                                  7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                }
+                Py_XDECREF(o_pos);
+                Py_XDECREF(o_sh);
+                if (t == NULL)
+                    goto done;
+                taken = PyLong_AsSsize_t(t);
+                Py_DECREF(t);
+                if (taken == -1 && PyErr_Occurred())
+                    goto done;
+            }
+        }
+        Py_ssize_t lo = prev > pos ? prev : pos;
+        if (lo < pos + taken) {  /* this node's duplicates: one piece per node (``_free``) */
+            PyObject *piece = ci_slice(value, lo, pos + taken);
+            if (piece == NULL)
+                goto done;
+            int r = PyList_Append(deferred, piece);
+            Py_DECREF(piece);
+            if (r < 0)
+                goto done;
+        }
+        if (hits && hai_hit(&x, child, thr, threshold, 1) < 0)
+            goto done;
+        Py_SETREF(node, child);
+        child = NULL;
+        pos = end;
+    }
+    target = Py_NewRef(node);
+    if (pos < n) {
+        if (is_swa && e >= n) {  /* (``skips_leaf``: the remainder wholly outside the window) */
+            PyObject *piece = ci_slice(value, pos, n);
+            if (piece == NULL)
+                goto done;
+            int r = PyList_Append(deferred, piece);
+            Py_DECREF(piece);
+            if (r == 0)
+                result = ci_result(pos, 0, 0);
+            goto done;
+        }
+        PyObject *rest = NULL, *ck = NULL, *full = NULL, *leaf = NULL, *children = NULL,
+                 *nrec = NULL, *tup = NULL;
+        int ok = 0;
+        Py_XSETREF(stamp, hi_tick(cache));
+        if (stamp == NULL || (rest = PySequence_GetSlice(units, pos, PY_SSIZE_T_MAX)) == NULL)
+            goto leaf_done;
+        KeyView kv;  /* (``_ck`` of rest: its first page, read from units in place) */
+        if (key_view(units, &kv) < 0)
+            goto leaf_done;
+        ck = kv.n >= pos + ps ? child_key(kv.p, pos, ps, ek) : NULL;
+        key_release(&kv);
+        if (ck == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "host_aux_insert: the units changed");
+            goto leaf_done;
+        }
+        if ((full = narrow_copy(value, pos, n - pos)) == NULL)
+            goto leaf_done;
+        PyObject *na[6] = {rest, full, node, ek, stamp, ck};
+        /* (``_new_node``: the Node, then its one record) */
+        if ((leaf = hi_new_node(na)) == NULL
+                || (nrec = PyObject_CallOneArg((PyObject *)g_ad_type, leaf)) == NULL
+                || (tup = PyTuple_Pack(1, nrec)) == NULL
+                || HI_SET(leaf, aux, s_aux, tup) < 0
+                || (children = HI_GET(node, children, s_hi_children)) == NULL
+                || PyObject_SetItem(children, ck, leaf) < 0
+                || pyfield_add(node, PN_OFF(node, PN_dev_children), s_hi_dev_children, 1) < 0
+                || pyfield_add(cache, 0, s_hi_evictable, (long long)(n - pos)) < 0
+                || pn_heap_push(x.heap, stamp, leaf) < 0)  /* (an unlocked, childless leaf) */
+            goto leaf_done;
+        Py_SETREF(target, Py_NewRef(leaf));
+        is_new = 1;
+        ok = 1;
+    leaf_done:
+        Py_XDECREF(rest);
+        Py_XDECREF(ck);
+        Py_XDECREF(full);
+        Py_XDECREF(leaf);
+        Py_XDECREF(children);
+        Py_XDECREF(nrec);
+        Py_XDECREF(tup);
+        if (!ok)
+            goto done;
+    }
+    /* the component's commit */
+    if (is_swa) {  /* (``SwaComponent.commit``) */
+        Py_ssize_t tk = is_new ? pn_key_len(target) : 0;
+        if (tk < 0)
+            goto done;
+        if (is_new && e - pos < tk) {
+            if (e - pos > 0) {
+                PyObject *k = PyLong_FromSsize_t(e - pos);
+                if (k == NULL)
+                    goto done;
+                PyObject *a[3] = {NULL, target, k};
+                int r = hai_call(cache, s_hi_split, a, 3);
+                Py_DECREF(k);
+                if (r < 0)
+                    goto done;
+            }
+            /* self.set(target, self.translate(target.value)) */
+            PyObject *tv = HI_GET(target, value, s_hi_value), *sv = NULL;
+            if (tv == NULL)
+                goto done;
+            {
+                PyObject *a[2] = {comp, tv};
+                sv = PyObject_VectorcallMethod(s_ci_translate, a,
+                                               2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            }
+            Py_DECREF(tv);
+            if (sv == NULL)
+                goto done;
+            Py_XSETREF(rec, pn_rec_at(target, 0));
+            int r = rec == NULL || (tk = pn_key_len(target)) < 0 ? -1
+                : hai_set(comp, head, rec, sv, tk);
+            Py_DECREF(sv);
+            if (r < 0)
+                goto done;
+        }
+    } else {  /* (``MambaComponent.commit``) */
+        Py_XSETREF(rec, pn_rec_at(target, 0));
+        int held = rec == NULL ? -1 : rec_holds(rec);
+        if (held < 0)
+            goto done;
+        if (is_new || !held) {
+            if (hai_set(comp, head, rec, prepared, 1) < 0)
+                goto done;
+        } else {
+            if (lru_move_after(head, rec) < 0)
+                goto done;
+            exist = 1;
+        }
+        if (!is_new) {  /* (``cache._stamp(target)``) */
+            PyObject *a[2] = {NULL, target};
+            if (hai_call(cache, s_ci_stamp_m, a, 2) < 0)
+                goto done;
+        }
+    }
+    if (is_new) {
+        /* (``update_host_leaf(node)``: it has a child now, so it is no host leaf) */
+        PyObject *hl = PyObject_GetAttr(x.tier, s_hai_host_leaves);
+        if (hl == NULL)
+            goto done;
+        int r;
+        if (PySet_CheckExact(hl)) {
+            r = PySet_Discard(hl, node);
+        } else {
+            PyObject *a[2] = {NULL, node};
+            r = hai_call(hl, s_hai_discard, a, 2);
+        }
+        Py_DECREF(hl);
+        if (r < 0 || (hits && hai_hit(&x, target, thr, threshold, 0) < 0))
+            goto done;
+    }
+    result = exist ? ci_result(pos, total, 1) : hi_result(pos, total);
+    goto done;
+decline:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(x.tier);
+    Py_XDECREF(x.heap);
+    Py_XDECREF(x.root);
+    Py_XDECREF(wb);
+    Py_XDECREF(thr);
+    Py_XDECREF(lru);
+    Py_XDECREF(head);
+    Py_XDECREF(node);
+    Py_XDECREF(child);
+    Py_XDECREF(stamp);
+    Py_XDECREF(rec);
+    Py_XDECREF(target);
+    Py_XDECREF(state);
+    return result;
+}
+
 /* ---- host tier: a host pool's alloc (host_take) ---- */
 /*
  * host_take: a backup's `pool.alloc(n)` followed by the copy the caller makes of what it gets
@@ -10911,6 +11391,11 @@ static PyMethodDef core_methods[] = {
      "one_insert_api(cache, params) -> fast/one_aux.py insert_one's InsertResult for one stock "
      "SWA or Mamba plug-in, checks to commit; None where the Python function must run "
      "(nothing changed)"},
+    {"host_aux_insert", (PyCFunction)(void (*)(void))core_host_aux_insert, METH_FASTCALL,
+     "host_aux_insert(cache, comp, swa, plan, value, units, extra_key, prev, chunked, e, n, "
+     "total, page_size, deferred, prepared) -> fast/hybrid.py _insert's InsertResult from the "
+     "root's stamp on for one stock SWA or Mamba plug-in over the host tier; None where the "
+     "Python loop must run (nothing changed)"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -29,6 +29,12 @@ node, a disabled cache and any other params go to the general path.  ``HybridRad
 _pick_fast_paths`` picks these once at construction (the match only for plain keys, with the
 hooks it calls as the class has them); tests/fast/test_host_aux_paths.py drives them and the
 general paths through the same recorded steps in lockstep and compares the trees step by step.
+
+The insert, ``insert_host_aux``, is ``_insert`` itself for that shape: its checks in its order
+here, then the rest in C (``_core.host_aux_insert``, fast/_core.c "host tier: one aux
+component's insert"), the same steps from the root's stamp on; where either declines (the slot
+ledger, KV events, a storage tier, a disabled cache, bigram keys, odd types) ``_insert`` runs
+from its start (tests/fast/test_host_aux_insert_twin.py runs the two in lockstep).
 """
 
 from __future__ import annotations
@@ -36,9 +42,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import host_full, keys, one_aux
-from .cache import _match_result
+from .cache import _core, _match_result
 from .node import Node
-from .params import DecLockRefParams, DecLockRefResult, MatchResult
+from .params import DecLockRefParams, DecLockRefResult, InsertResult, MatchResult
 from .tiers.host import HostDecLockRefParams, HostIncLockRefResult
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
@@ -187,3 +193,55 @@ def match_host_aux(cache: Any, params: Any) -> MatchResult | None:
     host_hit = cache.tier.host_hit(best, best_device) if best is not best_device else 0
     return _match_result((indices, best_device, best, best, host_hit, swa_hit, mamba_hit,
                           None, None))
+
+
+def insert_host_aux(cache: Any, params: Any) -> InsertResult | None:
+    """``HybridRadixCache._insert`` (inside ``insert``, which releases the frees queued on
+    ``cache._deferred``) for one stock SWA or Mamba plug-in over a host tier: its checks in
+    its order (the key read as fast/host_full.py ``insert_host`` reads it, ``insert_args``,
+    the cut to whole pages, the plan in one C call, the component's checks as
+    fast/one_aux.py ``insert_one`` writes ``_check_aux`` out), then the rest in one C call,
+    ``_core.host_aux_insert`` (fast/_core.c "host tier: one aux component's insert"): the
+    same steps from the root's stamp on.  None, before anything changes, for a disabled
+    cache, KV events, a storage tier, the slot ledger, an EAGLE bigram key, outside
+    ``insert`` (no queue of frees) and wherever the C call declines: ``_insert`` then runs
+    from its start, with its own checks and errors.  ``_pick_fast_paths`` picks it only
+    where the core is built and the hooks it writes out are the class's
+    (tests/fast/test_host_aux_insert_twin.py runs both in lockstep)."""
+    if cache.disable or cache._events is not None or cache.storage_tier is not None \
+            or cache.validate_slots:
+        return None
+    deferred = cache._deferred
+    if deferred.__class__ is not list:
+        return None
+    units, ek, bigram = one_aux._key_parts(params.key)
+    if bigram:
+        return None
+    total = len(units)
+    value, prev, chunked, _ = host_full.insert_args(params, params.value, total)
+    ps = cache.page_size
+    n = total - total % ps
+    if n < total:
+        units = units[:n]
+        value = value[:n]  # (a view)
+    plan = _core.one_plan(cache.root_node, units, ek, ps, keys.match_step)
+    comp, is_swa, _ = cache._one_aux
+    e = params.swa_evicted_seqlen
+    if is_swa:  # (``_check_aux`` with ``SwaComponent.check_insert``, as insert_one has it)
+        if e.__class__ is not int or e < 0 or e % ps or params.mamba_value is not None:
+            _, e = cache._check_aux(plan, prev, params)  # (raises: its checks, its order)
+        if prev:  # (a node before prev_prefix_len cannot hold it: nothing to check at 0)
+            start = 0
+            for child, shared in plan:
+                if start < prev < start + shared and e < start + shared \
+                        and child.value is not None and child.aux[0].value is None:
+                    comp.check_insert(plan, prev, params, e)  # (raises)
+                start += shared
+        prepared = None
+    elif e.__class__ is int and e == 0:  # (Mamba without the slot ledger: ``mamba_state``'s
+        prepared = params.mamba_value  # checks and copy, the last checks, made in the C call)
+    else:
+        cache._check_aux(plan, prev, params)  # (raises: a setting Mamba refuses)
+        return None
+    return _core.host_aux_insert(cache, comp, comp if is_swa else None, plan, value, units, ek,
+                                 prev, chunked, e, n, total, ps, deferred, prepared)

@@ -99,6 +99,11 @@ _HOST_EVICT_HOOKS = ("_evict_units", "_release", "_push_if_leaf", "_delete_leaf"
 _HOST_AUX_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lock",
                    "_push_if_leaf", "_check_attached")
 
+# the hooks fast/host_aux.py's insert (and its C twin ``host_aux_insert``) writes out, as this
+# class has them (a subclass that overrides one runs ``_insert``)
+_HOST_AUX_INSERT_HOOKS = ("_insert", "_touch", "_stamp", "_push_if_leaf", "_new_node", "_ck",
+                          "_own", "_free", "_units", "_check_aux", "_unevict")
+
 # the hooks fast/host_aux.py's match calls or writes out, as this class has them
 _HOST_AUX_MATCH_HOOKS = ("match_prefix", "_split", "_indices", "_stamp_tiered_path", "_units")
 
@@ -345,6 +350,16 @@ class HybridRadixCache(UnifiedRadixCache):
             if not self.is_eagle and all(getattr(cls_, m) is getattr(HybridRadixCache, m)
                                          for m in _HOST_AUX_MATCH_HOOKS):
                 self._match_fast = host_aux.match_host_aux
+            if _core is not None and hasattr(_core, "host_aux_insert") and not self.is_eagle \
+                    and self._inline_touch and keys.match_step is getattr(_core, "match_step", None) \
+                    and cls_._plan is _PLAN and all(
+                        getattr(cls_, m) is getattr(HybridRadixCache, m)
+                        for m in _HOST_AUX_INSERT_HOOKS):
+                # ``_insert`` from its checks on, its walk, leaf and commit in C
+                # (fast/host_aux.py ``insert_host_aux``, fast/_core.c "host tier: one aux
+                # component's insert": the same steps; None, nothing changed, where it
+                # declines: ``_insert`` runs from its start, with its own errors)
+                self._insert_fast = host_aux.insert_host_aux
             return
         if self.tier is not None or self._policy_key is not None or len(self.components) != 1:
             return
