@@ -8481,7 +8481,12 @@ core_host_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             || (tier = PyObject_GetAttr(cache, s_hl_tier)) == NULL
             || hl_host_heap(tier, &leaves, &entries) < 0)
         goto done;
-    if (!PyList_CheckExact(heap) || key_view(args[1], &uk) < 0 || uk.n < n) {
+    PyObject *clk = PyObject_GetAttr(cache, s_clock);  /* (stamped as an int below) */
+    if (clk == NULL)
+        goto done;
+    int clock_ok = PyLong_CheckExact(clk);
+    Py_DECREF(clk);
+    if (!clock_ok || !PyList_CheckExact(heap) || key_view(args[1], &uk) < 0 || uk.n < n) {
         PyErr_Clear();
         declined = 1;
         goto done;

@@ -117,8 +117,8 @@ def _filled(comp: str):
 @needs_core
 @pytest.mark.parametrize("comp", ["swa", "mamba"])
 def test_c_match_declines_odd_arguments(comp):
-    """Odd component arguments (not a bool, not an int window, the wrong count): declined or
-    refused before anything changes."""
+    """Odd component arguments (not a bool, not an int window, the wrong count) and a clock
+    that is not an int: declined or refused before anything changes."""
     cache = _filled(comp)
     units, ek, n = host_aux.host_full.match_key(cache, fast.MatchPrefixParams(
         key=fast.RadixKey([1, 2, 3, 4, 5, 6])))
@@ -129,6 +129,10 @@ def test_c_match_declines_odd_arguments(comp):
     assert _core.host_match(cache, units, ek, n, c, is_swa, 2 ** 70) is None
     with pytest.raises(TypeError):
         _core.host_match(cache, units, ek, n, c, is_swa)
+    clock = cache._clock  # (a clock that is not an int: the Python code stamps with it)
+    cache._clock = float(clock)
+    assert _core.host_match(cache, units, ek, n, c, is_swa, c.window if is_swa else 0) is None
+    cache._clock = clock
     assert state(cache) == before
     window = c.window if is_swa else 0
     got = _core.host_match(cache, units, ek, n, c, is_swa, window)  # (a split: 4 + 2 units)
