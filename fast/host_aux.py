@@ -36,13 +36,18 @@ from __future__ import annotations
 from typing import Any
 
 from . import host_full, keys, one_aux
-from .cache import _match_result
+from .cache import _core, _match_result
+from .components.mamba import MambaComponent
+from .components.swa import SwaComponent
 from .node import Node
 from .params import DecLockRefParams, DecLockRefResult, MatchResult
 from .tiers.host import HostDecLockRefParams, HostIncLockRefResult
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
 _INF = float("inf")
+if _core is not None:  # the plug-ins the device evict's twin writes out (fast/_core.c "host
+    # tier: one aux component's device evict", called by fast/hybrid.py ``_evict_units``)
+    _core.host_aux_evict_setup(SwaComponent, MambaComponent)
 
 
 def inc_lock_host_aux(cache: Any, node: Any) -> HostIncLockRefResult | None:
