@@ -437,6 +437,52 @@ def test_a_failed_backup_passes_the_leaf_over(switch, aux, short):
 
 
 @pytest.mark.parametrize("aux", ["swa", "mamba"])
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_host_locked_copies_stay_off_the_host_list(switch, aux, policy):
+    """Nodes whose host copies are host-locked (``inc_host_lock_ref``) lose their device data
+    (leaves to the host, an inner node's component data through the drive): a record whose
+    host copy is host-locked does not join the component's host list, the others do, in the
+    Python path's order."""
+    caches = _pair(aux, policy)
+    logs = [[], []]
+    for k, cache in enumerate(caches):
+        switch.on, Recorder.current = k == 0, logs[k]
+        try:
+            for toks in ([1, 2, 3], [1, 2, 4], [1, 5], [6, 7], [6, 8, 9]):
+                assert _insert(cache, toks)
+            cache.check_hicache_events()
+            if policy == "write_back":  # (the copies made first: an evict backs up)
+                for toks in ([1, 2, 3], [1, 2, 4], [1, 5], [6, 7], [6, 8, 9]):
+                    node = cache.find_node(fast.RadixKey(toks))
+                    cache.write_backup(node, write_back=True)
+                cache.writing_check(write_back=True)
+            for toks in ([1, 2, 3], [6, 7], [1, 5]):
+                node = cache.find_node(fast.RadixKey(toks))
+                assert node.host_value is not None, toks
+                cache.inc_host_lock_ref(node)
+            r = cache.evict(fast.EvictParams(num_tokens=4, swa_num_tokens=100, mamba_num=100))
+            assert r.num_tokens_evicted > 0, r
+            r = cache.evict(fast.EvictParams(num_tokens=100, swa_num_tokens=100, mamba_num=100))
+        finally:
+            switch.on, Recorder.current = True, None
+    assert logs[0] == logs[1]
+    assert state(caches[0]) == state(caches[1])
+    recs = _records(caches[0])  # (both kinds met: host-locked copies off, others on)
+    assert any(r.host_lock and r.value is None and r.host_value is not None for r in recs)
+    assert caches[0].components[0].host_lru
+    assert switch.taken == 2
+
+
+def _records(cache) -> list:
+    out, stack = [], [cache.root_node]
+    while stack:
+        node = stack.pop()
+        out.extend(node.aux)
+        stack.extend(node.children.values())
+    return out
+
+
+@pytest.mark.parametrize("aux", ["swa", "mamba"])
 def test_many_leaves_each_call_and_compaction(switch, aux, monkeypatch):
     """Big evictions (leaves deleted with their tombstone chains, leaves to the host, parents
     becoming leaves in the same call, the component's drive over tombstones) and the heap's
