@@ -29,6 +29,17 @@ node, a disabled cache and any other params go to the general path.  ``HybridRad
 _pick_fast_paths`` picks these once at construction (the match only for plain keys, with the
 hooks it calls as the class has them); tests/fast/test_host_aux_paths.py drives them and the
 general paths through the same recorded steps in lockstep and compares the trees step by step.
+
+The device evict of such a cache, fast/hybrid.py ``_evict_units(want, wants)`` (the heap loop
+with ``HostTier.evict_leaf`` and the component's part of ``_drop_device``, then the
+component's ``drive``, the passed-over leaves, write-back's check, the batch's release, the
+compaction), has a C twin, ``_core.host_aux_evict`` (fast/_core.c "host tier: one aux
+component's device evict"), which ``_evict_units`` calls first where ``_pick_fast_paths`` set
+``_host_aux_evict`` (the eviction hooks as the class has them); the plug-in classes it writes
+out are registered below.  It calls the tier's ``_take_host`` (with the component's
+``backup``), ``write_backup``, ``writing_check`` and the cache's ``_release`` as the Python
+path does, and declines (None, nothing changed) before its first pop where the cache is not
+the plain case (tests/fast/test_host_aux_evict_twin.py runs the two in lockstep).
 """
 
 from __future__ import annotations
