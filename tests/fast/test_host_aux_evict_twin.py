@@ -348,6 +348,9 @@ def _random_step(cache, rng: random.Random, page: int, held: list) -> object:
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("allocator", ["own", "sglang"])
 def test_random_steps(switch, aux, policy, page, allocator):
+    if allocator == "sglang" and aux == "swa" and page > 1:
+        pytest.skip("sglang's SWA allocator's alloc() is for page 1 only (the bench's runs "
+                    "over it cover page 16)")
     caches = [_cache(aux, policy, page, allocator, 3), _cache(aux, policy, page, allocator, 3)]
     assert caches[0]._host_aux_evict
     rngs, helds, logs = [random.Random(7), random.Random(7)], [[], []], [[], []]
