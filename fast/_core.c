@@ -10996,16 +10996,17 @@ done:
 }
 
 /* What host_evict decides on, all read before its first change: 1 (the context's objects
- * set, new references), 0 to decline, -1. */
+ * set, new references), 0 to decline, -1.  ncomp: the aux components the cache must have (0;
+ * host_aux_evict's 1, which it checks further itself). */
 static int
-he_prepare(HeCtx *x, int *write_back)
+he_prepare(HeCtx *x, int *write_back, Py_ssize_t ncomp)
 {
     PyObject *cache = x->cache, *v = NULL, *lh = NULL, *el = NULL;
     int ok = 0;
 #define HE_READ(o, name) do { Py_XSETREF(v, PyObject_GetAttr((o), (name))); \
         if (v == NULL) goto fail; } while (0)
     HE_READ(cache, s_hl_components);
-    if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 0)
+    if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != ncomp)
         goto done;
     HE_READ(cache, s_he_policy_key);
     if (v != Py_None)
@@ -11073,6 +11074,101 @@ done:
     return ok;
 }
 
+/* One entry off the leaf heap (the loop's pop and liveness test: the entry's stamp still the
+ * node's, an evictable leaf, not passed over in this call): 1 with *node (a new reference),
+ * 0 for a stale entry, -1. */
+static int
+he_pop(HeCtx *x, PyObject *passed, PyObject **node)
+{
+    PyObject *e = ce_heappop(x->heap);
+    if (e == NULL)
+        return -1;
+    if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 2) {
+        Py_DECREF(e);
+        PyErr_SetString(PyExc_TypeError, "evict: a leaf heap entry that is not (stamp, node)");
+        return -1;
+    }
+    PyObject *n = Py_NewRef(PyTuple_GET_ITEM(e, 1));
+    int live = ce_is_leaf(n, PyTuple_GET_ITEM(e, 0));
+    Py_DECREF(e);
+    if (live > 0 && passed != NULL)  /* (a leaf passed over in this call: not again) */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(passed); i++)
+            if (PyList_GET_ITEM(passed, i) == n) {
+                live = 0;
+                break;
+            }
+    if (live <= 0) {
+        Py_DECREF(n);
+        return live;
+    }
+    *node = n;
+    return 1;
+}
+
+/* After the loops: the leaves passed over pushed again where still leaves, then under
+ * write-back self.tier.writing_check(write_back=True).  0 or -1. */
+static int
+he_after_loop(HeCtx *x, PyObject *passed, int write_back)
+{
+    if (passed != NULL)
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(passed); i++)
+            if (he_push_if_leaf(x, PyList_GET_ITEM(passed, i)) < 0)
+                return -1;
+    if (write_back) {
+        PyObject *b[2] = {x->tier, Py_True};
+        if (discard(PyObject_VectorcallMethod(s_he_writing_check, b,
+                                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                              g_he_kw_wb)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The end of an evict after its loop (host_evict's, host_aux_evict's): `finally:
+ * self._release(batch)` (the loop's error, if any, kept unless the release raises its own),
+ * then, where the loop did not fail, the heap compacted where
+ * self._leaf_heap.needs_compaction(self._evictable // self.page_size) says so.  0, or -1 with
+ * an error (the loop's or its own). */
+static int
+he_finish(HeCtx *x, PyObject *batch, int failed)
+{
+    {  /* finally: self._release(batch), the error (if any) kept unless it raises its own */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (discard(PyObject_CallMethodOneArg(x->cache, s_he_release, batch)) < 0) {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            return -1;
+        }
+        PyErr_Restore(et, ev, tb);
+    }
+    if (failed)
+        return -1;
+    long long ev, ps;  /* self._leaf_heap.needs_compaction(...), compact */
+    if (get_ll(x->cache, s_evictable, &ev) < 0 || get_ll(x->cache, s_page_size, &ps) < 0)
+        return -1;
+    if (ps == 0) {
+        PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
+        return -1;
+    }
+    long long live = ev / ps;
+    if ((ev % ps != 0) && ((ev < 0) != (ps < 0)))
+        live--;
+    Py_ssize_t n = PyList_GET_SIZE(x->heap);
+    if (n > 64 && (long long)n > 4 * (live + 16)) {
+        PyObject *lh = PyObject_GetAttr(x->cache, s_he_leaf_heap);
+        PyObject *is_leaf = lh == NULL ? NULL : PyObject_GetAttr(x->cache, s_he_is_leaf);
+        int c = is_leaf == NULL ? -1
+            : discard(PyObject_CallMethodOneArg(lh, s_he_compact, is_leaf));
+        Py_XDECREF(lh);
+        Py_XDECREF(is_leaf);
+        if (c < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* host_evict(cache, want) -> [Full units freed] (_evict_units(want)'s tracker), or None
  * (nothing changed): see above. */
 static PyObject *
@@ -11088,7 +11184,7 @@ core_host_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     x.cache = args[0];
     int write_back = 0;
     PyObject *batch = NULL, *passed = NULL, *result = NULL;
-    int r = he_prepare(&x, &write_back);
+    int r = he_prepare(&x, &write_back, 0);
     if (r <= 0) {
         if (r == 0)
             result = Py_NewRef(Py_None);
@@ -11104,29 +11200,12 @@ core_host_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     /* (from here on, the Python loop's changes; a failure still releases the batch) */
     int failed = 1;
     while (x.full < want && PyList_GET_SIZE(x.heap) > 0) {
-        PyObject *e = ce_heappop(x.heap);
-        if (e == NULL)
+        PyObject *node;
+        int live = he_pop(&x, passed, &node);
+        if (live < 0)
             goto release;
-        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 2) {
-            Py_DECREF(e);
-            PyErr_SetString(PyExc_TypeError, "evict: a leaf heap entry that is not (stamp, node)");
-            goto release;
-        }
-        PyObject *node = Py_NewRef(PyTuple_GET_ITEM(e, 1));
-        int live = ce_is_leaf(node, PyTuple_GET_ITEM(e, 0));
-        Py_DECREF(e);
-        if (live > 0 && passed != NULL)  /* (a leaf passed over in this call: not again) */
-            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(passed); i++)
-                if (PyList_GET_ITEM(passed, i) == node) {
-                    live = 0;
-                    break;
-                }
-        if (live <= 0) {
-            Py_DECREF(node);
-            if (live < 0)
-                goto release;
+        if (live == 0)
             continue;
-        }
         /* (evict_leaf) */
         int step;
         if (SLOT_AT(node, PN_host_value) == NULL) {
@@ -11150,55 +11229,12 @@ core_host_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (step < 0)
             goto release;
     }
-    if (passed != NULL)
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(passed); i++)
-            if (he_push_if_leaf(&x, PyList_GET_ITEM(passed, i)) < 0)
-                goto release;
-    if (write_back) {  /* self.tier.writing_check(write_back=True) */
-        PyObject *b[2] = {x.tier, Py_True};
-        if (discard(PyObject_VectorcallMethod(s_he_writing_check, b,
-                                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                              g_he_kw_wb)) < 0)
-            goto release;
-    }
+    if (he_after_loop(&x, passed, write_back) < 0)
+        goto release;
     failed = 0;
 release:
-    {  /* finally: self._release(batch), the error (if any) kept unless it raises its own */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        if (discard(PyObject_CallMethodOneArg(x.cache, s_he_release, batch)) < 0) {
-            Py_XDECREF(et);
-            Py_XDECREF(ev);
-            Py_XDECREF(tb);
-            goto out;
-        }
-        PyErr_Restore(et, ev, tb);
-    }
-    if (failed)
+    if (he_finish(&x, batch, failed) < 0)
         goto out;
-    {  /* self._leaf_heap.needs_compaction(self._evictable // self.page_size), compact */
-        long long ev, ps;
-        if (get_ll(x.cache, s_evictable, &ev) < 0 || get_ll(x.cache, s_page_size, &ps) < 0)
-            goto out;
-        if (ps == 0) {
-            PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
-            goto out;
-        }
-        long long live = ev / ps;
-        if ((ev % ps != 0) && ((ev < 0) != (ps < 0)))
-            live--;
-        Py_ssize_t n = PyList_GET_SIZE(x.heap);
-        if (n > 64 && (long long)n > 4 * (live + 16)) {
-            PyObject *lh = PyObject_GetAttr(x.cache, s_he_leaf_heap);
-            PyObject *is_leaf = lh == NULL ? NULL : PyObject_GetAttr(x.cache, s_he_is_leaf);
-            int c = is_leaf == NULL ? -1
-                : discard(PyObject_CallMethodOneArg(lh, s_he_compact, is_leaf));
-            Py_XDECREF(lh);
-            Py_XDECREF(is_leaf);
-            if (c < 0)
-                goto out;
-        }
-    }
     {
         PyObject *f = PyLong_FromLongLong(x.full);
         if (f != NULL) {
@@ -11216,6 +11252,301 @@ out:
     Py_XDECREF(x.leaves);
     Py_XDECREF(x.entries);
     Py_XDECREF(x.add.runs);
+    Py_XDECREF(batch);
+    Py_XDECREF(passed);
+    return result;
+}
+
+/* ---- host tier: one aux component's device evict (host_aux_evict) ---- */
+/*
+ * host_aux_evict: fast/hybrid.py HybridRadixCache._evict_units(want, wants) for a host tier
+ * with exactly one aux component, the stock SWA or Mamba plug-in (fast/components/), the lru
+ * order and the stock hooks (the caller checks those once, at construction:
+ * _pick_fast_paths), its steps whole and in its order:
+ *  - the leaf heap popped as host_evict pops it (he_pop), each live leaf through
+ *    HostTier.evict_leaf (hae_evict_leaf): a leaf with a host copy goes to the host, under
+ *    write-through one without is deleted (_delete_leaf, delete_tombstones), under
+ *    write-back one without is backed up first (he_backup: the tier's _take_host, which runs
+ *    the component's backup, a Python call; or write_backup and writing_check) and passed
+ *    over where that fails -- host_evict's steps (he_to_host, he_delete), each after the
+ *    component's part of cache._drop_device: where the leaf's record holds data,
+ *    comp.drop(node, tracker, batch, True) (hae_drop);
+ *  - then comp.drive(wants[comp.name], ...): the component's LRU list from its oldest record
+ *    while its units are short (ce_drive, the cevict section's walk), each record not locked:
+ *    its node through cache._evict_leaf (hae_evict_leaf again; a failed write-back backup
+ *    leaves it as it is) where it is an evictable leaf, else comp.drop(node, ..., False)
+ *    (SWA: the node's Full slots as a "free_swa" run; Mamba: its state) -- the cascade that
+ *    follows changes nothing with one component;
+ *  - the passed-over leaves pushed again, write-back's writing_check, the batch released, the
+ *    heap compacted (he_after_loop, he_finish).
+ * comp.drop written out: its units (SWA: the key's length; Mamba: 1) counted, comp.evictable
+ * less (written at once: Python code the loop calls may read it), the record unlinked from
+ * the list, its data queued on the batch (a Mamba state onto batch.states; an SWA leaf's slots
+ * go with its Full slots), its value None, and the record onto the host list
+ * (comp.host_lru[rec] = None: a record listed already keeps its place) where it keeps a host
+ * copy that is not host-locked.
+ * Returns the tracker [Full units, the component's units].  It declines (None, nothing
+ * changed) before its first pop wherever host_evict's prepare does (he_prepare: one
+ * component instead of none) and where the component is not exactly SwaComponent or
+ * MambaComponent at index 0 with an int counter and a dict host list, the cache's _pair is
+ * set, the batch is not the plain one, or an amount is not a non-negative int.
+ * tests/fast/test_host_aux_evict_twin.py runs it against the Python path.
+ */
+
+static PyObject *g_hae_swa = NULL, *g_hae_mamba = NULL;
+static PyObject *s_hae_states, *s_hae_host_lru, *s_hae_i, *s_hae_pair;
+
+/* host_aux_evict_setup(SwaComponent, MambaComponent): the component classes it writes out. */
+static PyObject *
+core_host_aux_evict_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "host_aux_evict_setup(SwaComponent, MambaComponent)");
+        return NULL;
+    }
+    if (s_hae_states == NULL) {
+        if ((s_hae_states = PyUnicode_InternFromString("states")) == NULL
+                || (s_hae_host_lru = PyUnicode_InternFromString("host_lru")) == NULL
+                || (s_hae_i = PyUnicode_InternFromString("i")) == NULL
+                || (s_hae_pair = PyUnicode_InternFromString("_pair")) == NULL)
+            return NULL;
+    }
+    Py_XSETREF(g_hae_swa, Py_NewRef(args[0]));
+    Py_XSETREF(g_hae_mamba, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* One evict's state: host_evict's, and the component's (new references). */
+typedef struct {
+    HeCtx he;
+    PyObject *comp, *states, *host_lru;
+    int is_swa, write_back;
+    long long units;  /* tracker[1] */
+} HaeCtx;
+
+/* comp.drop(node, tracker, batch, leaf) of the stock plug-in (see above), `rec` node.aux[0]
+ * (an AuxData holding data).  0 or -1. */
+static int
+hae_drop(HaeCtx *x, PyObject *node, PyObject *rec, int leaf)
+{
+    Py_ssize_t k = 1;
+    if (x->is_swa && (k = pn_key_len(node)) < 0)
+        return -1;
+    x->units += k;
+    if (pyfield_add(x->comp, 0, s_comp_evictable, -(long long)k) < 0 || ce_unlink(rec) < 0)
+        return -1;
+    if (x->is_swa) {  /* (queue_free: a tombstone's SWA slots; a leaf's go with its Full) */
+        if (!leaf) {
+            PyObject *value = ce_node_field(node, PN_value, "value");
+            if (value == NULL || ce_add(&x->he.add, s_free_swa, value) < 0)
+                return -1;
+        }
+    } else {
+        PyObject *state = pyslot_get(rec, AD_value, "value");
+        if (state == NULL || PyList_Append(x->states, state) < 0)
+            return -1;
+    }
+    pyslot_set(rec, AD_value, Py_None);
+    PyObject *hv = pyslot_get(rec, AD_host_value, "host_value");
+    if (hv == NULL)
+        return -1;
+    if (hv == Py_None)
+        return 0;
+    PyObject *hl = pyslot_get(rec, AD_host_lock, "host_lock");
+    int z = hl == NULL ? -1 : py_eq_zero(hl);
+    if (z <= 0)
+        return z;
+    return PyDict_SetItem(x->host_lru, rec, Py_None);
+}
+
+/* The node's record (node.aux[0], a new reference), checked to be an AuxData; NULL with an
+ * error. */
+static PyObject *
+hae_rec(PyObject *node)
+{
+    PyObject *rec = pn_rec(node);
+    if (rec != NULL && !AD_IS(rec)) {
+        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
+                     Py_TYPE(rec)->tp_name);
+        Py_CLEAR(rec);
+    }
+    return rec;
+}
+
+/* cache._drop_device's component part: comp.drop(node, ..., True) where the leaf's record
+ * holds data.  0 or -1. */
+static int
+hae_drop_device(HaeCtx *x, PyObject *node)
+{
+    PyObject *rec = hae_rec(node);
+    if (rec == NULL)
+        return -1;
+    int rc = 0;
+    PyObject *v = pyslot_get(rec, AD_value, "value");
+    if (v == NULL)
+        rc = -1;
+    else if (v != Py_None)
+        rc = hae_drop(x, node, rec, 1);
+    Py_DECREF(rec);
+    return rc;
+}
+
+/* HostTier.evict_leaf(node, tracker, batch) with the component: 1 evicted, 0 its write-back
+ * backup failed (nothing changed), -1. */
+static int
+hae_evict_leaf(HaeCtx *x, PyObject *node)
+{
+    PyObject *hv = ce_node_field(node, PN_host_value, "host_value");
+    if (hv == NULL)
+        return -1;
+    if (hv == Py_None) {
+        if (!x->write_back)  /* (_delete_leaf, then delete_tombstones of its parent) */
+            return hae_drop_device(x, node) < 0 || he_delete(&x->he, node) < 0 ? -1 : 1;
+        int b = he_backup(&x->he, node);
+        if (b <= 0)
+            return b;
+    }
+    return hae_drop_device(x, node) < 0 || he_to_host(&x->he, node) < 0 ? -1 : 1;
+}
+
+/* comp.drive's step on record x (not locked): its node through cache._evict_leaf where an
+ * evictable leaf, else the component's data dropped (the cascade: nothing, one component). */
+static int
+hae_drive_step(void *ctx, PyObject *rec)
+{
+    HaeCtx *x = (HaeCtx *)ctx;
+    PyObject *node = pyslot_get(rec, AD_node, "node");
+    if (node == NULL)
+        return -1;
+    Py_INCREF(node);
+    int rc = ce_check_node(node);
+    int leaf = rc < 0 ? -1 : ce_is_leaf(node, NULL);
+    if (leaf > 0) {
+        rc = hae_evict_leaf(x, node) < 0 ? -1 : 0;
+    } else if (leaf == 0) {
+        PyObject *r = hae_rec(node);
+        rc = r == NULL ? -1 : hae_drop(x, node, r, 0);
+        Py_XDECREF(r);
+    } else {
+        rc = -1;
+    }
+    Py_DECREF(node);
+    return rc;
+}
+
+/* What host_aux_evict decides on beyond he_prepare's, read before its first change: 1 (comp,
+ * host_lru set, new references; is_swa), 0 to decline, -1. */
+static int
+hae_prepare(HaeCtx *x)
+{
+    PyObject *v = PyObject_GetAttr(x->he.cache, s_hae_pair), *comp = NULL;
+    if (v == NULL)
+        return -1;
+    int ok = v == Py_None;
+    Py_DECREF(v);
+    if (!ok)
+        return 0;
+    if ((v = PyObject_GetAttr(x->he.cache, s_hl_components)) == NULL)
+        return -1;
+    ok = 0;
+    if (PyTuple_CheckExact(v) && PyTuple_GET_SIZE(v) == 1) {
+        comp = Py_NewRef(PyTuple_GET_ITEM(v, 0));
+        ok = (PyObject *)Py_TYPE(comp) == g_hae_swa || (PyObject *)Py_TYPE(comp) == g_hae_mamba;
+    }
+    Py_DECREF(v);
+    long long ll;
+    if (ok)
+        ok = attr_ll(comp, s_hae_i, &ll);
+    if (ok > 0 && ll != 0)
+        ok = 0;
+    if (ok > 0)
+        ok = attr_ll(comp, s_comp_evictable, &ll);
+    if (ok > 0) {
+        if ((v = PyObject_GetAttr(comp, s_hae_host_lru)) == NULL)
+            ok = -1;
+        else if (!PyDict_CheckExact(v)) {
+            Py_CLEAR(v);
+            ok = 0;
+        }
+    }
+    if (ok <= 0) {
+        Py_XDECREF(comp);
+        return ok;
+    }
+    x->comp = comp;
+    x->host_lru = v;
+    x->is_swa = (PyObject *)Py_TYPE(comp) == g_hae_swa;
+    return 1;
+}
+
+/* host_aux_evict(cache, want, aux_want) -> [Full units, the component's units]
+ * (_evict_units(want, wants)'s tracker, aux_want the component's want), or None (nothing
+ * changed): see above. */
+static PyObject *
+core_host_aux_evict(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    ARGC(3, "host_aux_evict(cache, want, aux_want)");
+    long long want = ce_amount(args[1]), aux_want = ce_amount(args[2]);
+    if (g_he_evict_leaf == NULL || g_hae_swa == NULL || g_hl_tier == NULL || g_hi_tier == NULL
+            || g_pn_type == NULL || g_ad_type == NULL || want < 0 || aux_want < 0)
+        Py_RETURN_NONE;
+    HaeCtx x;
+    memset(&x, 0, sizeof(x));
+    x.he.cache = args[0];
+    PyObject *batch = NULL, *passed = NULL, *result = NULL;
+    int r = he_prepare(&x.he, &x.write_back, 1);
+    if (r > 0)
+        r = hae_prepare(&x);
+    if (r <= 0) {
+        if (r == 0)
+            result = Py_NewRef(Py_None);
+        goto out;
+    }
+    if ((batch = PyObject_CallNoArgs(g_he_batch)) == NULL
+            || (x.he.add.runs = PyObject_GetAttr(batch, s_he_runs)) == NULL
+            || (x.states = PyObject_GetAttr(batch, s_hae_states)) == NULL)
+        goto out;
+    if (!PyList_CheckExact(x.he.add.runs) || PyList_GET_SIZE(x.he.add.runs) != 0
+            || !PyList_CheckExact(x.states) || PyList_GET_SIZE(x.states) != 0) {
+        result = Py_NewRef(Py_None);
+        goto out;
+    }
+    /* (from here on, the Python path's changes; a failure still releases the batch) */
+    int failed = 1;
+    while (x.he.full < want && PyList_GET_SIZE(x.he.heap) > 0) {
+        PyObject *node;
+        int live = he_pop(&x.he, passed, &node);
+        if (live < 0)
+            goto release;
+        if (live == 0)
+            continue;
+        int step = hae_evict_leaf(&x, node);
+        if (step == 0 && ((passed == NULL && (passed = PyList_New(0)) == NULL)
+                          || PyList_Append(passed, node) < 0))  /* (passed over) */
+            step = -1;
+        Py_DECREF(node);
+        if (step < 0)
+            goto release;
+    }
+    if (ce_drive(x.comp, aux_want, &x.units, hae_drive_step, &x) < 0
+            || he_after_loop(&x.he, passed, x.write_back) < 0)
+        goto release;
+    failed = 0;
+release:
+    if (he_finish(&x.he, batch, failed) < 0)
+        goto out;
+    result = Py_BuildValue("[LL]", x.he.full, x.units);
+out:
+    Py_XDECREF(x.he.tier);
+    Py_XDECREF(x.he.root);
+    Py_XDECREF(x.he.heap);
+    Py_XDECREF(x.he.leaves);
+    Py_XDECREF(x.he.entries);
+    Py_XDECREF(x.he.add.runs);
+    Py_XDECREF(x.comp);
+    Py_XDECREF(x.states);
+    Py_XDECREF(x.host_lru);
     Py_XDECREF(batch);
     Py_XDECREF(passed);
     return result;
@@ -11401,6 +11732,14 @@ static PyMethodDef core_methods[] = {
      "total, page_size, deferred, prepared) -> fast/hybrid.py _insert's InsertResult from the "
      "root's stamp on for one stock SWA or Mamba plug-in over the host tier; None where the "
      "Python loop must run (nothing changed)"},
+    {"host_aux_evict_setup", (PyCFunction)(void (*)(void))core_host_aux_evict_setup,
+     METH_FASTCALL, "host_aux_evict_setup(SwaComponent, MambaComponent): the component "
+     "classes host_aux_evict writes out"},
+    {"host_aux_evict", (PyCFunction)(void (*)(void))core_host_aux_evict, METH_FASTCALL,
+     "host_aux_evict(cache, want, aux_want) -> [Full units, the component's units]: "
+     "fast/hybrid.py _evict_units(want, wants) for one stock SWA or Mamba plug-in over the "
+     "host tier, its loops, release and compaction; None where the Python path must run "
+     "(nothing changed)"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -35,6 +35,17 @@ here, then the rest in C (``_core.host_aux_insert``, fast/_core.c "host tier: on
 component's insert"), the same steps from the root's stamp on; where either declines (the slot
 ledger, KV events, a storage tier, a disabled cache, bigram keys, odd types) ``_insert`` runs
 from its start (tests/fast/test_host_aux_insert_twin.py runs the two in lockstep).
+
+The device evict of such a cache, fast/hybrid.py ``_evict_units(want, wants)`` (the heap loop
+with ``HostTier.evict_leaf`` and the component's part of ``_drop_device``, then the
+component's ``drive``, the passed-over leaves, write-back's check, the batch's release, the
+compaction), has a C twin, ``_core.host_aux_evict`` (fast/_core.c "host tier: one aux
+component's device evict"), which ``_evict_units`` calls first where ``_pick_fast_paths`` set
+``_host_aux_evict`` (the eviction hooks as the class has them); the plug-in classes it writes
+out are registered below.  It calls the tier's ``_take_host`` (with the component's
+``backup``), ``write_backup``, ``writing_check`` and the cache's ``_release`` as the Python
+path does, and declines (None, nothing changed) before its first pop where the cache is not
+the plain case (tests/fast/test_host_aux_evict_twin.py runs the two in lockstep).
 """
 
 from __future__ import annotations
@@ -43,12 +54,17 @@ from typing import Any
 
 from . import host_full, keys, one_aux
 from .cache import _core, _match_result
+from .components.mamba import MambaComponent
+from .components.swa import SwaComponent
 from .node import Node
 from .params import DecLockRefParams, DecLockRefResult, InsertResult, MatchResult
 from .tiers.host import HostDecLockRefParams, HostIncLockRefResult
 
 FULL = 0  # the Full component's id in skip_lock_node_ids
 _INF = float("inf")
+if _core is not None:  # the plug-ins the device evict's twin writes out (fast/_core.c "host
+    # tier: one aux component's device evict", called by fast/hybrid.py ``_evict_units``)
+    _core.host_aux_evict_setup(SwaComponent, MambaComponent)
 
 
 def inc_lock_host_aux(cache: Any, node: Any) -> HostIncLockRefResult | None:

@@ -94,6 +94,11 @@ _HOST_FULL_HOOKS = ("_touch", "_stamp", "_push_if_leaf", "_split",
 _HOST_EVICT_HOOKS = ("_evict_units", "_release", "_push_if_leaf", "_delete_leaf",
                      "_drop_device", "_detach_leaf", "_is_leaf")
 
+# the hooks fast/_core.c ``host_aux_evict`` (``_evict_units`` of one stock SWA or Mamba plug-in
+# over the host tier) stands for, as this class has them (a subclass that overrides one runs the
+# Python path)
+_HOST_AUX_EVICT_HOOKS = _HOST_EVICT_HOOKS + ("_cascade",)
+
 # the hooks fast/host_aux.py's lock paths stand for (through fast/one_aux.py's), as this class
 # has them (a subclass that overrides one runs the general paths)
 _HOST_AUX_HOOKS = ("inc_lock_ref", "dec_lock_ref", "_inc_lock_py", "_dec_full_lock",
@@ -260,6 +265,7 @@ class HybridRadixCache(UnifiedRadixCache):
     _dec_lock_fast: Any = None
     _evict_fast: Any = None
     _host_evict = False  # ``_evict_units`` calls fast/_core.c ``host_evict`` first
+    _host_aux_evict = False  # ``_evict_units`` calls fast/_core.c ``host_aux_evict`` first
     _dec_lock_host: Any = None  # fast/host_full.py's or host_aux.py's unlock
     # fast/host_aux.py's write-through lock (``HostTier.write_backup``; None: inc_lock_ref's)
     _write_lock: Any = None
@@ -278,7 +284,7 @@ class HybridRadixCache(UnifiedRadixCache):
         general ones."""
         self._match_fast = self._insert_fast = self._inc_lock_fast = self._dec_lock_fast = None
         self._evict_fast = self._dec_lock_host = self._one_aux = self._write_lock = None
-        self._host_evict = False
+        self._host_evict = self._host_aux_evict = False
         cls_ = type(self)
         # the general insert's walk touches each node inline (``_touch``, ``_stamp`` and
         # ``_push_if_leaf`` as this class has them: a policy pushes its own key, a subclass
@@ -347,6 +353,11 @@ class HybridRadixCache(UnifiedRadixCache):
             self._inc_lock_fast = host_aux.inc_lock_host_aux
             self._dec_lock_host = host_aux.dec_lock_host_aux
             self._write_lock = host_aux.write_lock
+            # ``_evict_units`` in C where the eviction hooks are this class's (fast/_core.c
+            # "host tier: one aux component's device evict": the same steps; None, nothing
+            # changed, where it declines: the Python path runs)
+            self._host_aux_evict = _core is not None and all(
+                getattr(cls_, m) is getattr(HybridRadixCache, m) for m in _HOST_AUX_EVICT_HOOKS)
             if not self.is_eagle and all(getattr(cls_, m) is getattr(HybridRadixCache, m)
                                          for m in _HOST_AUX_MATCH_HOOKS):
                 self._match_fast = host_aux.match_host_aux
@@ -1137,6 +1148,12 @@ class HybridRadixCache(UnifiedRadixCache):
             core = host_full._core               # the same steps, fast/_core.c host_evict)
             if core is not None:
                 done = core.host_evict(self, want)
+                if done is not None:
+                    return done
+        elif wants is not None and self._host_aux_evict:  # (one stock SWA or Mamba plug-in
+            core = host_full._core  # over the host tier: fast/_core.c host_aux_evict)
+            if core is not None:
+                done = core.host_aux_evict(self, want, wants[self.components[0].name])
                 if done is not None:
                     return done
         tracker = [0] * (1 + len(self.components))  # Full units, then each component's
