@@ -9719,6 +9719,147 @@ hi_tick(PyObject *cache)
     return stamp;
 }
 
+/* ``count_hit`` as _insert writes it: node.hit_count += 1, then the tier's write_backup where
+ * the count reached the threshold (check_host: only where the node has no host copy).  0 or
+ * -1. */
+static int
+hi_hit(HiCtx *x, PyObject *node, PyObject *thr, long long threshold, int check_host)
+{
+    PyObject *hc = HI_GET(node, hit_count, s_hi_hit_count), *cnt;
+    if (hc == NULL)
+        return -1;
+    cnt = PyNumber_Add(hc, g_hi_one);
+    Py_DECREF(hc);
+    if (cnt == NULL)
+        return -1;
+    int r = HI_SET(node, hit_count, s_hi_hit_count, cnt);
+    Py_DECREF(cnt);
+    if (r < 0)
+        return -1;
+    if (check_host) {
+        int hn = hi_is_none(node, PN_OFF(node, PN_host_value), s_hi_host_value);
+        if (hn <= 0)
+            return hn;
+    }
+    if ((cnt = HI_GET(node, hit_count, s_hi_hit_count)) == NULL)
+        return -1;
+    long long cv = 0;
+    int cmp = exact_ll(cnt, &cv) ? cv >= threshold : PyObject_RichCompareBool(cnt, thr, Py_GE);
+    Py_DECREF(cnt);
+    if (cmp <= 0)
+        return cmp;
+    return hi_backup(x, node) < 0 ? -1 : 0;
+}
+
+/* The walk's plan entry i (child, shared) of host_insert and host_aux_insert (the plan is
+ * the caller's list, which a callback could change: a RuntimeError naming `where`); *child
+ * takes a new reference.  0 or -1. */
+static int
+hi_plan_at(PyObject *plan, Py_ssize_t i, const char *where, PyObject **child,
+           Py_ssize_t *shared)
+{
+    if (i >= PyList_GET_SIZE(plan)) {
+        PyErr_Format(PyExc_RuntimeError, "%s: the plan changed", where);
+        return -1;
+    }
+    PyObject *it = PyList_GET_ITEM(plan, i);
+    Py_XSETREF(*child, Py_NewRef(PyTuple_GET_ITEM(it, 0)));
+    *shared = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 1));
+    return *shared == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* ``_touch`` of a planned node over the host tier: its stamp (a new tick, kept in *stamp),
+ * the heap push of an unlocked device leaf, or the host heap's entry through the tier's
+ * ``restamped`` for an evicted one.  0 or -1. */
+static int
+hi_touch(PyObject *cache, HiCtx *x, PyObject *child, PyObject **stamp)
+{
+    Py_XSETREF(*stamp, hi_tick(cache));
+    if (*stamp == NULL || HI_SET(child, last_access_time, s_hi_stamp, *stamp) < 0)
+        return -1;
+    int none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value);
+    if (none < 0)
+        return -1;
+    if (!none) {
+        int leaf = pn_unlocked_leaf(child);
+        return leaf < 0 || (leaf && pn_heap_push(x->heap, *stamp, child) < 0) ? -1 : 0;
+    }
+    return discard(PyObject_CallMethodOneArg(x->tier, s_hi_restamped, child));
+}
+
+/* A walk step's split: where the insert ends inside *child (shared < its key's length),
+ * *child becomes the upper part the cache's ``_split`` answers.  0 or -1. */
+static int
+hi_split_at(PyObject *cache, PyObject **child, Py_ssize_t shared)
+{
+    Py_ssize_t klen = pn_key_len(*child);
+    if (klen < 0)
+        return -1;
+    if (shared >= klen)
+        return 0;
+    PyObject *k = PyLong_FromSsize_t(shared), *up = NULL;
+    if (k != NULL) {
+        PyObject *a[3] = {cache, *child, k};
+        up = PyObject_VectorcallMethod(s_hi_split, a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(k);
+    }
+    if (up == NULL)
+        return -1;
+    Py_SETREF(*child, up);
+    return 0;
+}
+
+/* The insert's new leaf (host_insert, host_aux_insert): a new tick in *stamp, the rest of the
+ * units as its key, its child key (``_ck``: the first page, read from units in place; a
+ * RuntimeError naming `where` if units changed), its own copy of value[pos:n], made by
+ * hi_new_node; the leaf and, in *ck, its child key (new references), or NULL. */
+static PyObject *
+hi_leaf_new(PyObject *cache, PyObject *units, PyObject *value, PyObject *node, PyObject *ek,
+            Py_ssize_t pos, Py_ssize_t n, Py_ssize_t ps, const char *where, PyObject **stamp,
+            PyObject **ck)
+{
+    PyObject *rest = NULL, *full = NULL, *leaf = NULL;
+    *ck = NULL;
+    Py_XSETREF(*stamp, hi_tick(cache));
+    if (*stamp == NULL || (rest = PySequence_GetSlice(units, pos, PY_SSIZE_T_MAX)) == NULL)
+        goto done;
+    KeyView kv;
+    if (key_view(units, &kv) < 0)
+        goto done;
+    *ck = kv.n >= pos + ps ? child_key(kv.p, pos, ps, ek) : NULL;
+    key_release(&kv);
+    if (*ck == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_RuntimeError, "%s: the units changed", where);
+        goto done;
+    }
+    if ((full = narrow_copy(value, pos, n - pos)) == NULL)
+        goto done;
+    PyObject *na[6] = {rest, full, node, ek, *stamp, *ck};
+    leaf = hi_new_node(na);
+done:
+    Py_XDECREF(rest);
+    Py_XDECREF(full);
+    if (leaf == NULL)
+        Py_CLEAR(*ck);
+    return leaf;
+}
+
+/* value[lo:hi] queued on the insert's deferred frees where lo < hi (``_free``: one piece per
+ * node).  0 or -1. */
+static int
+hi_defer(PyObject *value, PyObject *deferred, Py_ssize_t lo, Py_ssize_t hi)
+{
+    if (lo >= hi)
+        return 0;
+    PyObject *piece = ci_slice(value, lo, hi);
+    if (piece == NULL)
+        return -1;
+    int r = PyList_Append(deferred, piece);
+    Py_DECREF(piece);
+    return r;
+}
+
 /* host_insert(cache, plan, value, units, extra_key, prev, chunked, n, total, page_size,
  *             deferred, owned) -> InsertResult, or None (nothing changed): see above. */
 static PyObject *
@@ -9805,46 +9946,13 @@ core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     node = Py_NewRef(x.root);
     Py_ssize_t pos = 0;
     for (Py_ssize_t i = 0; i < np; i++) {
-        if (i >= PyList_GET_SIZE(plan)) {  /* (the plan is the caller's: changed by a callback) */
-            PyErr_SetString(PyExc_RuntimeError, "host_insert: the plan changed");
+        Py_ssize_t shared;
+        if (hi_plan_at(plan, i, "host_insert", &child, &shared) < 0
+                || hi_touch(cache, &x, child, &stamp) < 0 || hi_split_at(cache, &child, shared) < 0)
             goto done;
-        }
-        PyObject *it = PyList_GET_ITEM(plan, i);
-        Py_XSETREF(child, Py_NewRef(PyTuple_GET_ITEM(it, 0)));
-        Py_ssize_t shared = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 1));
-        if (shared == -1 && PyErr_Occurred())
-            goto done;
-        /* ``_touch``: the stamp, the push of an unlocked device leaf, or the host heap's entry */
-        Py_XSETREF(stamp, hi_tick(cache));
-        if (stamp == NULL || HI_SET(child, last_access_time, s_hi_stamp, stamp) < 0)
-            goto done;
+        Py_ssize_t end = pos + shared;
         int none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value);
         if (none < 0)
-            goto done;
-        if (!none) {
-            int leaf = pn_unlocked_leaf(child);
-            if (leaf < 0 || (leaf && pn_heap_push(x.heap, stamp, child) < 0))
-                goto done;
-        } else if (discard(PyObject_CallMethodOneArg(x.tier, s_hi_restamped, child)) < 0) {
-            goto done;
-        }
-        Py_ssize_t klen = pn_key_len(child);
-        if (klen < 0)
-            goto done;
-        if (shared < klen) {
-            PyObject *k = PyLong_FromSsize_t(shared), *up = NULL;
-            if (k != NULL) {
-                PyObject *a[3] = {cache, child, k};
-                up = PyObject_VectorcallMethod(s_hi_split, a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                               NULL);
-                Py_DECREF(k);
-            }
-            if (up == NULL)
-                goto done;
-            Py_SETREF(child, up);
-        }
-        Py_ssize_t end = pos + shared;
-        if ((none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value)) < 0)
             goto done;
         if (none) {  /* evicted to the host: the fresh slots are its own again */
             PyObject *p = PyLong_FromSsize_t(pos);
@@ -9856,64 +9964,21 @@ core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(p);
             if (r < 0)
                 goto done;
-        } else {
-            Py_ssize_t lo = prev > pos ? prev : pos;
-            if (lo < end) {  /* this node's duplicates: one piece per node */
-                PyObject *piece = ci_slice(value, lo, end);
-                if (piece == NULL)
-                    goto done;
-                int r = PyList_Append(deferred, piece);
-                Py_DECREF(piece);
-                if (r < 0)
-                    goto done;
-            }
+        } else if (hi_defer(value, deferred, prev > pos ? prev : pos, end) < 0) {
+            goto done;  /* (this node's duplicates: one piece per node) */
         }
-        if (hits) {  /* (``HostTier.count_hit``: child holds device data here) */
-            PyObject *hc = HI_GET(child, hit_count, s_hi_hit_count), *cnt;
-            if (hc == NULL)
-                goto done;
-            cnt = PyNumber_Add(hc, g_hi_one);
-            Py_DECREF(hc);
-            if (cnt == NULL)
-                goto done;
-            int r = HI_SET(child, hit_count, s_hi_hit_count, cnt);
-            long long cv = 0;
-            int cmp = r < 0 ? -1 : exact_ll(cnt, &cv) ? cv >= threshold
-                : PyObject_RichCompareBool(cnt, thr, Py_GE);
-            Py_DECREF(cnt);
-            if (cmp < 0)
-                goto done;
-            int hn = hi_is_none(child, PN_OFF(child, PN_host_value), s_hi_host_value);
-            if (hn < 0)
-                goto done;
-            if (hn && cmp && hi_backup(&x, child) < 0)
-                goto done;
-        }
+        /* (``HostTier.count_hit``: child holds device data here) */
+        if (hits && hi_hit(&x, child, thr, threshold, 1) < 0)
+            goto done;
         Py_SETREF(node, child);
         child = NULL;
         pos = end;
     }
     if (pos < n) {  /* the new leaf */
-        PyObject *rest = NULL, *ck = NULL, *full = NULL, *leaf = NULL, *children = NULL,
-                 *lv = NULL;
+        PyObject *ck = NULL, *leaf = NULL, *children = NULL, *lv = NULL;
         int ok = 0;
-        Py_XSETREF(stamp, hi_tick(cache));
-        if (stamp == NULL || (rest = PySequence_GetSlice(units, pos, PY_SSIZE_T_MAX)) == NULL)
-            goto leaf_done;
-        KeyView uk;  /* (``_ck`` of rest: its first page, read from units in place) */
-        if (key_view(units, &uk) < 0)
-            goto leaf_done;
-        ck = uk.n >= pos + ps ? child_key(uk.p, pos, ps, ek) : NULL;
-        key_release(&uk);
-        if (ck == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_RuntimeError, "host_insert: the units changed");
-            goto leaf_done;
-        }
-        if ((full = narrow_copy(value, pos, n - pos)) == NULL)
-            goto leaf_done;
-        PyObject *na[6] = {rest, full, node, ek, stamp, ck};
-        if ((leaf = hi_new_node(na)) == NULL
+        if ((leaf = hi_leaf_new(cache, units, value, node, ek, pos, n, ps, "host_insert", &stamp,
+                                &ck)) == NULL
                 || (children = HI_GET(node, children, s_hi_children)) == NULL
                 || PyObject_SetItem(children, ck, leaf) < 0
                 || pyfield_add(node, PN_OFF(node, PN_dev_children), s_hi_dev_children, 1) < 0
@@ -9937,9 +10002,7 @@ core_host_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         ok = 1;
     leaf_done:
-        Py_XDECREF(rest);
         Py_XDECREF(ck);
-        Py_XDECREF(full);
         Py_XDECREF(leaf);
         Py_XDECREF(children);
         Py_XDECREF(lv);
@@ -10055,37 +10118,6 @@ hai_set(PyObject *comp, PyObject *head, PyObject *rec, PyObject *v, long long un
     return 0;
 }
 
-/* ``count_hit`` as _insert writes it: node.hit_count += 1, then the tier's write_backup where
- * the count reached the threshold (check_host: only where the node has no host copy).  0 or
- * -1. */
-static int
-hai_hit(HiCtx *x, PyObject *node, PyObject *thr, long long threshold, int check_host)
-{
-    PyObject *hc = HI_GET(node, hit_count, s_hi_hit_count), *cnt;
-    if (hc == NULL)
-        return -1;
-    cnt = PyNumber_Add(hc, g_hi_one);
-    Py_DECREF(hc);
-    if (cnt == NULL)
-        return -1;
-    int r = HI_SET(node, hit_count, s_hi_hit_count, cnt);
-    Py_DECREF(cnt);
-    if (r < 0)
-        return -1;
-    if (check_host) {
-        int hn = hi_is_none(node, PN_OFF(node, PN_host_value), s_hi_host_value);
-        if (hn <= 0)
-            return hn;
-    }
-    if ((cnt = HI_GET(node, hit_count, s_hi_hit_count)) == NULL)
-        return -1;
-    long long cv = 0;
-    int cmp = exact_ll(cnt, &cv) ? cv >= threshold : PyObject_RichCompareBool(cnt, thr, Py_GE);
-    Py_DECREF(cnt);
-    if (cmp <= 0)
-        return cmp;
-    return hi_backup(x, node) < 0 ? -1 : 0;
-}
 
 /* host_aux_insert(cache, comp, swa, plan, value, units, extra_key, prev, chunked, e, n, total,
  *                 page_size, deferred, prepared) -> InsertResult, or None (nothing changed):
@@ -10191,50 +10223,18 @@ core_host_aux_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     node = Py_NewRef(x.root);
     Py_ssize_t pos = 0;
     for (Py_ssize_t i = 0; i < np; i++) {
-        if (i >= PyList_GET_SIZE(plan)) {  /* (the plan is the caller's: changed by a callback) */
-            PyErr_SetString(PyExc_RuntimeError, "host_aux_insert: the plan changed");
+        Py_ssize_t shared;  /* (``_touch`` written out: then the record to the front) */
+        if (hi_plan_at(plan, i, "host_aux_insert", &child, &shared) < 0
+                || hi_touch(cache, &x, child, &stamp) < 0)
             goto done;
-        }
-        PyObject *it = PyList_GET_ITEM(plan, i);
-        Py_XSETREF(child, Py_NewRef(PyTuple_GET_ITEM(it, 0)));
-        Py_ssize_t shared = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 1));
-        if (shared == -1 && PyErr_Occurred())
-            goto done;
-        /* ``_touch`` written out: the stamp, the push or the host heap's entry, the record */
-        Py_XSETREF(stamp, hi_tick(cache));
-        if (stamp == NULL || HI_SET(child, last_access_time, s_hi_stamp, stamp) < 0)
-            goto done;
-        int none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value);
-        if (none < 0)
-            goto done;
-        if (!none) {
-            int leaf = pn_unlocked_leaf(child);
-            if (leaf < 0 || (leaf && pn_heap_push(x.heap, stamp, child) < 0))
-                goto done;
-        } else if (discard(PyObject_CallMethodOneArg(x.tier, s_hi_restamped, child)) < 0) {
-            goto done;
-        }
         Py_XSETREF(rec, pn_rec_at(child, 0));
         int has = rec == NULL ? -1 : rec_holds(rec);
-        if (has < 0 || (has && lru_move_after(head, rec) < 0))
+        if (has < 0 || (has && lru_move_after(head, rec) < 0)
+                || hi_split_at(cache, &child, shared) < 0)
             goto done;
-        Py_ssize_t klen = pn_key_len(child);
-        if (klen < 0)
-            goto done;
-        if (shared < klen) {
-            PyObject *k = PyLong_FromSsize_t(shared), *up = NULL;
-            if (k != NULL) {
-                PyObject *a[3] = {cache, child, k};
-                up = PyObject_VectorcallMethod(s_hi_split, a, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                               NULL);
-                Py_DECREF(k);
-            }
-            if (up == NULL)
-                goto done;
-            Py_SETREF(child, up);
-        }
         Py_ssize_t end = pos + shared, taken = shared;
-        if ((none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value)) < 0)
+        int none = hi_is_none(child, PN_OFF(child, PN_value), s_hi_value);
+        if (none < 0)
             goto done;
         if (none) {  /* evicted to the host: the fresh slots are its own again */
             PyObject *p = PyLong_FromSsize_t(pos);
@@ -10275,17 +10275,10 @@ core_host_aux_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     goto done;
             }
         }
-        Py_ssize_t lo = prev > pos ? prev : pos;
-        if (lo < pos + taken) {  /* this node's duplicates: one piece per node (``_free``) */
-            PyObject *piece = ci_slice(value, lo, pos + taken);
-            if (piece == NULL)
-                goto done;
-            int r = PyList_Append(deferred, piece);
-            Py_DECREF(piece);
-            if (r < 0)
-                goto done;
-        }
-        if (hits && hai_hit(&x, child, thr, threshold, 1) < 0)
+        /* this node's duplicates: one piece per node (``_free``) */
+        if (hi_defer(value, deferred, prev > pos ? prev : pos, pos + taken) < 0)
+            goto done;
+        if (hits && hi_hit(&x, child, thr, threshold, 1) < 0)
             goto done;
         Py_SETREF(node, child);
         child = NULL;
@@ -10294,36 +10287,15 @@ core_host_aux_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     target = Py_NewRef(node);
     if (pos < n) {
         if (is_swa && e >= n) {  /* (``skips_leaf``: the remainder wholly outside the window) */
-            PyObject *piece = ci_slice(value, pos, n);
-            if (piece == NULL)
-                goto done;
-            int r = PyList_Append(deferred, piece);
-            Py_DECREF(piece);
-            if (r == 0)
+            if (hi_defer(value, deferred, pos, n) == 0)
                 result = ci_result(pos, 0, 0);
             goto done;
         }
-        PyObject *rest = NULL, *ck = NULL, *full = NULL, *leaf = NULL, *children = NULL,
-                 *nrec = NULL, *tup = NULL;
+        PyObject *ck = NULL, *leaf = NULL, *children = NULL, *nrec = NULL, *tup = NULL;
         int ok = 0;
-        Py_XSETREF(stamp, hi_tick(cache));
-        if (stamp == NULL || (rest = PySequence_GetSlice(units, pos, PY_SSIZE_T_MAX)) == NULL)
-            goto leaf_done;
-        KeyView kv;  /* (``_ck`` of rest: its first page, read from units in place) */
-        if (key_view(units, &kv) < 0)
-            goto leaf_done;
-        ck = kv.n >= pos + ps ? child_key(kv.p, pos, ps, ek) : NULL;
-        key_release(&kv);
-        if (ck == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_RuntimeError, "host_aux_insert: the units changed");
-            goto leaf_done;
-        }
-        if ((full = narrow_copy(value, pos, n - pos)) == NULL)
-            goto leaf_done;
-        PyObject *na[6] = {rest, full, node, ek, stamp, ck};
         /* (``_new_node``: the Node, then its one record) */
-        if ((leaf = hi_new_node(na)) == NULL
+        if ((leaf = hi_leaf_new(cache, units, value, node, ek, pos, n, ps, "host_aux_insert",
+                                &stamp, &ck)) == NULL
                 || (nrec = PyObject_CallOneArg((PyObject *)g_ad_type, leaf)) == NULL
                 || (tup = PyTuple_Pack(1, nrec)) == NULL
                 || HI_SET(leaf, aux, s_aux, tup) < 0
@@ -10337,9 +10309,7 @@ core_host_aux_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         is_new = 1;
         ok = 1;
     leaf_done:
-        Py_XDECREF(rest);
         Py_XDECREF(ck);
-        Py_XDECREF(full);
         Py_XDECREF(leaf);
         Py_XDECREF(children);
         Py_XDECREF(nrec);
@@ -10414,7 +10384,7 @@ core_host_aux_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             r = hai_call(hl, s_hai_discard, a, 2);
         }
         Py_DECREF(hl);
-        if (r < 0 || (hits && hai_hit(&x, target, thr, threshold, 0) < 0))
+        if (r < 0 || (hits && hi_hit(&x, target, thr, threshold, 0) < 0))
             goto done;
     }
     result = exist ? ci_result(pos, total, 1) : hi_result(pos, total);
