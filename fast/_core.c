@@ -6776,6 +6776,20 @@ ce_leaf_full(AuxEvict *ev, PyObject *node, Py_ssize_t k)
     return ce_unhook(ev, node);
 }
 
+/* An evict's view of the node's record (node.aux[0], a new reference), checked to be an AuxData; NULL with an
+ * error. */
+static PyObject *
+ce_rec(PyObject *node)
+{
+    PyObject *rec = pn_rec(node);
+    if (rec != NULL && !AD_IS(rec)) {
+        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
+                     Py_TYPE(rec)->tp_name);
+        Py_CLEAR(rec);
+    }
+    return rec;
+}
+
 /* The first loop's step: the popped leaf `node` deleted (_delete_leaf_one as written out in
  * evict_swa and _evict_mamba). */
 static int
@@ -6783,15 +6797,10 @@ ce_delete_popped(AuxEvict *ev, PyObject *node)
 {
     if (ev->events != NULL && ce_removed(ev, node) < 0)
         return -1;
-    PyObject *rec = pn_rec(node);
+    PyObject *rec = ce_rec(node);  /* (its fields read and written through their offsets) */
     if (rec == NULL)
         return -1;
     int rc = -1;
-    if (!AD_IS(rec)) {  /* (its fields are read and written through their offsets) */
-        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
-                     Py_TYPE(rec)->tp_name);
-        goto done;
-    }
     Py_ssize_t k = -1;
     if (ev->is_swa && (k = pn_key_len(node)) < 0)
         goto done;
@@ -11330,26 +11339,12 @@ hae_drop(HaeCtx *x, PyObject *node, PyObject *rec, int leaf)
     return PyDict_SetItem(x->host_lru, rec, Py_None);
 }
 
-/* The node's record (node.aux[0], a new reference), checked to be an AuxData; NULL with an
- * error. */
-static PyObject *
-hae_rec(PyObject *node)
-{
-    PyObject *rec = pn_rec(node);
-    if (rec != NULL && !AD_IS(rec)) {
-        PyErr_Format(PyExc_TypeError, "evict: a component record of type %.100s, not AuxData",
-                     Py_TYPE(rec)->tp_name);
-        Py_CLEAR(rec);
-    }
-    return rec;
-}
-
 /* cache._drop_device's component part: comp.drop(node, ..., True) where the leaf's record
  * holds data.  0 or -1. */
 static int
 hae_drop_device(HaeCtx *x, PyObject *node)
 {
-    PyObject *rec = hae_rec(node);
+    PyObject *rec = ce_rec(node);
     if (rec == NULL)
         return -1;
     int rc = 0;
@@ -11395,7 +11390,7 @@ hae_drive_step(void *ctx, PyObject *rec)
     if (leaf > 0) {
         rc = hae_evict_leaf(x, node) < 0 ? -1 : 0;
     } else if (leaf == 0) {
-        PyObject *r = hae_rec(node);
+        PyObject *r = ce_rec(node);
         rc = r == NULL ? -1 : hae_drop(x, node, r, 0);
         Py_XDECREF(r);
     } else {
