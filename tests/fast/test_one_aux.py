@@ -68,12 +68,14 @@ def test_other_shapes_run_the_general_paths(name):
     # (Full alone over a host tier: fast/host_full.py's match and insert,
     # tests/fast/test_host_fast_paths.py)
     # (one aux component over a host tier: fast/host_aux.py's match and locks,
-    # tests/fast/test_host_aux_paths.py)
+    # tests/fast/test_host_aux_paths.py; its insert where the C core is built,
+    # tests/fast/test_host_aux_insert_twin.py)
     # (SWA and Mamba together: the general match's pair branch and the general locks in C
     # where the core is built, tests/fast/test_pair_match.py, test_pair_locks.py; the general
     # evict written out, test_pair_evict.py; the whole insert in C, test_pair_insert_api.py)
     special = {"_match_fast", "_insert_fast", "_inc_lock_fast"} if name == "hicache-wt-p1" \
-        else {"_match_fast", "_inc_lock_fast"} if name == "host-swa-wt-p1" \
+        else {"_match_fast", "_inc_lock_fast"} | ({"_insert_fast"} if _core is not None else set()) \
+        if name == "host-swa-wt-p1" \
         else {"_match_fast", "_insert_fast", "_inc_lock_fast", "_dec_lock_fast", "_evict_fast"} \
         if _core is not None else {"_evict_fast"}
     assert all((getattr(cache, n, None) is None) == (n not in special) for n in FAST_PATHS)
