@@ -11656,8 +11656,9 @@ static PyMethodDef core_methods[] = {
      "one_plan(root, units, extra_key, page_size, step) -> [(node, shared units)]: "
      "fast/cache.py _plan's walk from root"},
     {"host_match", (PyCFunction)(void (*)(void))core_host_match, METH_FASTCALL,
-     "host_match(cache, units, extra_key, n) -> fast/host_full.py match_host's MatchResult "
-     "after its key, or None (nothing changed) where the Python function must run"},
+     "host_match(cache, units, extra_key, n[, comp, is_swa, window]) -> fast/host_full.py "
+     "match_host's MatchResult after its key (with the component: fast/host_aux.py "
+     "match_host_aux's), or None (nothing changed) where the Python function must run"},
     {"host_inc", (PyCFunction)(void (*)(void))core_host_inc, METH_FASTCALL,
      "host_inc(cache, node) -> fast/host_full.py inc_lock_host's result, or None"},
     {"host_dec", (PyCFunction)(void (*)(void))core_host_dec, METH_FASTCALL,

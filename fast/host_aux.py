@@ -246,13 +246,7 @@ def insert_host_aux(cache: Any, params: Any) -> InsertResult | None:
     if is_swa:  # (``_check_aux`` with ``SwaComponent.check_insert``, as insert_one has it)
         if e.__class__ is not int or e < 0 or e % ps or params.mamba_value is not None:
             _, e = cache._check_aux(plan, prev, params)  # (raises: its checks, its order)
-        if prev:  # (a node before prev_prefix_len cannot hold it: nothing to check at 0)
-            start = 0
-            for child, shared in plan:
-                if start < prev < start + shared and e < start + shared \
-                        and child.value is not None and child.aux[0].value is None:
-                    comp.check_insert(plan, prev, params, e)  # (raises)
-                start += shared
+        one_aux.check_swa_prev(comp, plan, prev, params, e)
         prepared = None
     elif e.__class__ is int and e == 0:  # (Mamba without the slot ledger: ``mamba_state``'s
         prepared = params.mamba_value  # checks and copy, the last checks, made in the C call)

@@ -187,6 +187,21 @@ def match_one(cache: Any, params: Any) -> MatchResult | None:
 # ----------------------------------------------------------------------------------------------
 
 
+def check_swa_prev(swa: Any, plan: list, prev: int, params: Any, e: int) -> None:
+    """``SwaComponent.check_insert`` where it can raise, for the one-component inserts (this
+    module's ``insert_one``, fast/host_aux.py ``insert_host_aux``): only a plan node that
+    ``prev_prefix_len`` cuts inside, inside the window, an SWA tombstone with Full data (a
+    node before prev cannot hold it: nothing to check at 0)."""
+    if not prev:
+        return
+    start = 0
+    for child, shared in plan:
+        if start < prev < start + shared and e < start + shared \
+                and child.value is not None and child.aux[0].value is None:
+            swa.check_insert(plan, prev, params, e)  # (raises)
+        start += shared
+
+
 def insert_one(cache: Any, params: Any) -> InsertResult | None:
     """``HybridRadixCache._insert`` (inside ``insert``, which releases the frees) with the walk
     planned inline (``_plan``), each walked node touched inline (``_touch``: stamp, leaf push,
@@ -232,13 +247,7 @@ def insert_one(cache: Any, params: Any) -> InsertResult | None:
             _, e = cache._check_aux(plan, prev, params)  # (raises: its checks, its order)
         if cache.disable:
             return InsertResult(prefix_len=0)
-        if prev:  # (a node before prev_prefix_len cannot hold it: nothing to check at 0)
-            start = 0
-            for child, shared in plan:
-                if start < prev < start + shared and e < start + shared \
-                        and child.value is not None and child.aux[0].value is None:
-                    swa.check_insert(plan, prev, params, e)  # (raises)
-                start += shared
+        check_swa_prev(swa, plan, prev, params, e)
         prepared = None
     elif e.__class__ is int and e == 0 and not cache.validate_slots:
         # Mamba: ``_check_aux`` and the component's ``check_insert`` for what passes their

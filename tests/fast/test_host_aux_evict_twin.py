@@ -30,7 +30,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_host_insert_twin import Switch  # noqa: E402  (tests/fast's own)
+from test_host_evict_twin import evict_failing_third_backup  # noqa: E402  (tests/fast's own)
+from test_host_insert_twin import Switch, install_switch  # noqa: E402
 from test_host_lock_twins import state as path_state  # noqa: E402
 
 from aux_twins import assert_no_leaks, listed, path_of, recorded_run  # noqa: E402
@@ -59,9 +60,7 @@ class AuxEvictSwitch(Switch):
 
 @pytest.fixture
 def switch(monkeypatch):
-    s = AuxEvictSwitch(host_full._core)
-    monkeypatch.setattr(host_full, "_core", s)
-    return s
+    return install_switch(monkeypatch, host_full, AuxEvictSwitch)
 
 
 class Recorder:
@@ -543,19 +542,7 @@ def test_an_error_half_way_still_releases(switch, aux):
         try:
             for toks in ([1, 2, 3], [1, 2, 4], [5, 6], [7], [8, 9]):
                 assert _insert(cache, toks)
-            take, calls = cache.tier._take_host, [0]
-
-            def take_host(node, _take=take, _calls=calls):
-                _calls[0] += 1
-                if _calls[0] == 3:
-                    raise RuntimeError("host pool gone")
-                return _take(node)
-            cache.tier._take_host = take_host
-            try:
-                cache.evict(fast.EvictParams(num_tokens=100))
-                outs.append("ok")
-            except RuntimeError as e:
-                outs.append(str(e))
+            outs.append(evict_failing_third_backup(cache))
         finally:
             switch.on, Recorder.current = True, None
     assert outs == ["host pool gone"] * 2

@@ -18,7 +18,6 @@ settings left to Python; and no reference left behind."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import itertools
 import sys
@@ -26,6 +25,9 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from test_host_insert_twin import Switch as InsertSwitch  # noqa: E402
+from test_host_insert_twin import install_switch, record_release  # noqa: E402
 
 from aux_twins import assert_no_leaks, tree_state  # noqa: E402  (tests/aux_twins.py)
 from stories import replay_twins  # noqa: E402
@@ -46,37 +48,20 @@ CONFIGS = ["host-swa-wt-p1", "host-swa-wb-p1", "host-swa-wt-p4", "host-swa-wb-p4
            "host-mamba-wt-p1", "host-mamba-wb-p1", "host-mamba-wt-p4", "host-mamba-wb-p4"]
 
 
-class Switch:
+class Switch(InsertSwitch):
     """host_aux's C core with ``host_aux_insert`` switched on or off (off: None, so ``_insert``
-    runs), counting its calls, answers and declines; ``check``, when set, is called with the
-    cache's state before and the answer after each call."""
+    runs), counted as tests/fast/test_host_insert_twin.py's switch counts; its ``check``
+    compares this file's :func:`state`."""
 
-    def __init__(self, core):
-        self.core, self.on, self.calls, self.taken, self.declined = core, True, 0, 0, 0
-        self.check = None
+    switched = "host_aux_insert"
 
-    def __getattr__(self, name):
-        fn = getattr(self.core, name)
-        return functools.partial(self._counted, fn) if name == "host_aux_insert" else fn
-
-    def _counted(self, fn, *args):
-        if not self.on:
-            return None
-        self.calls += 1
-        before = state(args[0]) if self.check is not None else None
-        r = fn(*args)
-        self.taken += r is not None
-        self.declined += r is None
-        if self.check is not None:
-            self.check(before, r, args[0])
-        return r
+    def state(self, cache):
+        return state(cache)
 
 
 @pytest.fixture
 def switch(monkeypatch):
-    s = Switch(host_aux._core)
-    monkeypatch.setattr(host_aux, "_core", s)
-    return s
+    return install_switch(monkeypatch, host_aux, Switch)
 
 
 class Current:
@@ -88,13 +73,7 @@ class Current:
 @pytest.fixture
 def record_frees(monkeypatch):
     """hybrid's ``release`` records the pieces of the side that is running."""
-    orig = hybrid.release
-
-    def release(alloc, pieces):
-        if Current.side is not None:
-            Current.side.freed.append([p.tolist() for p in pieces])
-        return orig(alloc, pieces)
-    monkeypatch.setattr(hybrid, "release", release)
+    record_release(monkeypatch, lambda: Current.side)
 
 
 def _no_ledger(cache) -> None:

@@ -33,6 +33,7 @@ from test_host_insert_twin import (  # noqa: E402
     check_declines,
     churn,
     heap_and_tier_spoils,
+    install_switch,
 )
 from test_host_insert_twin import state as id_state  # noqa: E402
 from test_host_lock_twins import Side as AdapterSide  # noqa: E402
@@ -64,9 +65,7 @@ class EvictSwitch(Switch):
 
 @pytest.fixture
 def switch(monkeypatch):
-    s = EvictSwitch(host_full._core)
-    monkeypatch.setattr(host_full, "_core", s)
-    return s
+    return install_switch(monkeypatch, host_full, EvictSwitch)
 
 
 @pytest.fixture
@@ -263,6 +262,24 @@ def test_recorded_conformance_runs(name, seed):
     assert off.calls == on.calls
 
 
+def evict_failing_third_backup(cache) -> str:
+    """An evict of 100 tokens whose third write-back backup raises (the tier's ``_take_host``
+    replaced on the instance): "ok", or the error's message."""
+    take, calls = cache.tier._take_host, [0]
+
+    def take_host(node):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("host pool gone")
+        return take(node)
+    cache.tier._take_host = take_host
+    try:
+        cache.evict(fast.EvictParams(num_tokens=100))
+        return "ok"
+    except RuntimeError as e:
+        return str(e)
+
+
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 @pytest.mark.parametrize("page", [1, 2])
 @pytest.mark.parametrize("allocator", ["own", "sglang"])
@@ -405,19 +422,7 @@ def test_an_error_half_way_still_releases(switch, record_frees):
             for toks in ([1, 2, 3], [1, 2, 4], [5, 6], [7], [8, 9]):
                 cache.insert(fast.InsertParams(key=fast.RadixKey(toks),
                                                value=alloc.alloc(len(toks))))
-            take, calls = cache.tier._take_host, [0]
-
-            def take_host(node, _take=take, _calls=calls):
-                _calls[0] += 1
-                if _calls[0] == 3:
-                    raise RuntimeError("host pool gone")
-                return _take(node)
-            cache.tier._take_host = take_host
-            try:
-                cache.evict(fast.EvictParams(num_tokens=100))
-                outs.append("ok")
-            except RuntimeError as e:
-                outs.append(str(e))
+            outs.append(evict_failing_third_backup(cache))
     assert outs == ["host pool gone"] * 2
     assert switch.calls == 1 and switch.taken == 0  # (the twin's call raised)
     assert sides[0].freed == sides[1].freed and sides[0].freed, sides[0].freed

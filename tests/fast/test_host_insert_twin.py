@@ -37,9 +37,11 @@ pytestmark = pytest.mark.skipif(host_full._core is None, reason="the C core is n
 class Switch:
     """host_full's C core with one twin (``switched``: ``host_insert`` here) switched on or
     off (off: None, so the Python loop runs), counting the calls made to it (answered or
-    raised), answered and declined; the core's other functions as they are."""
+    raised), answered and declined; the core's other functions as they are.  ``check``, when
+    set, is called with the cache's ``state`` before and the answer after each call."""
 
     switched = "host_insert"
+    check = None
 
     def __init__(self, core):
         self.core, self.on, self.taken, self.declined, self.calls = core, True, 0, 0, 0
@@ -48,21 +50,47 @@ class Switch:
         fn = getattr(self.core, name)
         return functools.partial(self._counted, fn) if name == self.switched else fn
 
+    def state(self, cache):
+        """What ``check`` compares (the subclass that sets one says)."""
+        raise NotImplementedError
+
     def _counted(self, fn, *args):
         if not self.on:
             return None
         self.calls += 1
+        before = self.state(args[0]) if self.check is not None else None
         r = fn(*args)
         self.taken += r is not None
         self.declined += r is None
+        if self.check is not None:
+            self.check(before, r, args[0])
         return r
+
+
+def install_switch(monkeypatch, module, cls=Switch):
+    """``module``'s ``_core`` replaced by a ``cls`` over it for the test (the host twins'
+    test files' ``switch`` fixtures)."""
+    s = cls(module._core)
+    monkeypatch.setattr(module, "_core", s)
+    return s
+
+
+def record_release(monkeypatch, current) -> None:
+    """fast/hybrid.py's ``release`` records, on ``current()`` (the side that runs now, or
+    None), the pieces each call frees (the host twins' ``record_frees`` fixtures)."""
+    orig = hybrid.release
+
+    def release(alloc, pieces):
+        side = current()
+        if side is not None:
+            side.freed.append([p.tolist() for p in pieces])
+        return orig(alloc, pieces)
+    monkeypatch.setattr(hybrid, "release", release)
 
 
 @pytest.fixture
 def switch(monkeypatch):
-    s = Switch(host_full._core)
-    monkeypatch.setattr(host_full, "_core", s)
-    return s
+    return install_switch(monkeypatch, host_full)
 
 
 class Side:
@@ -88,13 +116,7 @@ class Side:
 @pytest.fixture
 def record_frees(monkeypatch):
     """hybrid's ``release`` records the pieces of the side that is running."""
-    orig = hybrid.release
-
-    def release(alloc, pieces):
-        if Side.current is not None:
-            Side.current.freed.append([p.tolist() for p in pieces])
-        return orig(alloc, pieces)
-    monkeypatch.setattr(hybrid, "release", release)
+    record_release(monkeypatch, lambda: Side.current)
 
 
 def _listed(v):
