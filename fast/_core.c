@@ -3762,6 +3762,38 @@ plain_key(PyObject *self, PyObject *key, PyObject **toks, PyObject **ek)
     return 1;
 }
 
+/* The end of a public call that can push onto the leaf heap (match_prefix, insert,
+ * dec_lock_ref), as the Python path's UnifiedRadixCache._upkeep: where the heap's list
+ * outgrew its LazyHeap's cap (touches with no eviction between pile up stale entries), the
+ * cache's _compact_heap.  A cap is never under COMPACT_MIN (fast/structures.py), so a list
+ * that short is left without reading it.  0, or -1 with an exception set. */
+#define COMPACT_MIN 64
+static PyObject *s_uk_leaf_heap, *s_uk_cap;
+
+static int
+heap_upkeep(PyObject *self)
+{
+    PyObject *heap = PyObject_GetAttr(self, s_heap);
+    if (heap == NULL)
+        return -1;
+    Py_ssize_t len = PyList_CheckExact(heap) ? PyList_GET_SIZE(heap) : PyObject_Length(heap);
+    Py_DECREF(heap);
+    if (len <= COMPACT_MIN)
+        return len < 0 ? -1 : 0;
+    PyObject *lh = PyObject_GetAttr(self, s_uk_leaf_heap);
+    if (lh == NULL)
+        return -1;
+    PyObject *cap = PyObject_GetAttr(lh, s_uk_cap);
+    Py_DECREF(lh);
+    if (cap == NULL)
+        return -1;
+    Py_ssize_t c = PyLong_AsSsize_t(cap);
+    Py_DECREF(cap);
+    if (c == -1 && PyErr_Occurred())
+        return -1;
+    return len <= c ? 0 : discard(PyObject_CallMethodNoArgs(self, s_compact));
+}
+
 static PyObject *
 api_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -3796,6 +3828,10 @@ api_match(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(ek);
     if (res == NULL)
         return NULL;
+    if (heap_upkeep(self) < 0) {
+        Py_DECREF(res);
+        return NULL;
+    }
     PyObject *indices = PyTuple_GET_ITEM(res, 0), *node = PyTuple_GET_ITEM(res, 1);
     PyObject *empty = NULL;
     if (indices == Py_None) {
@@ -3912,6 +3948,10 @@ api_insert(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(prev);
     if (pos == NULL)
         return NULL;
+    if (heap_upkeep(self) < 0) {
+        Py_DECREF(pos);
+        return NULL;
+    }
     PyObject *a[1] = {pos};
     PyObject *out = PyObject_Vectorcall(g_InsertResult, a, 1, NULL);
     Py_DECREF(pos);
@@ -4050,7 +4090,7 @@ api_dec(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(res);
         Py_RETURN_NONE;
     }
-    if (move_sizes(self, delta, -delta) < 0) {
+    if (move_sizes(self, delta, -delta) < 0 || heap_upkeep(self) < 0) {
         Py_DECREF(res);
         return NULL;
     }
@@ -11753,6 +11793,8 @@ PyInit__core(void)
     INTERN(s_num_tokens, "num_tokens");
     INTERN(s_skip, "skip_lock_node_ids");
     INTERN(s_compact, "_compact_heap");
+    INTERN(s_uk_leaf_heap, "_leaf_heap");
+    INTERN(s_uk_cap, "cap");
     INTERN(s_free_values, "_free_values");
     INTERN(s_free_joined, "_free_joined");
     INTERN(s_free_ranges, "_free_ranges");

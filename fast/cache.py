@@ -295,6 +295,14 @@ class UnifiedRadixCache(compat.EngineDefaults):
         """Drop the stale heap entries (the C core's evict calls this for the Full cache)."""
         self._leaf_heap.compact(_full_leaf)
 
+    def _upkeep(self) -> None:
+        """The end of a public call that can push onto the leaf heap (match, insert, unlock):
+        the heap compacted where it outgrew its cap (``LazyHeap.upkeep``), so a leaf touched
+        again and again with no eviction between does not pile up stale entries.  The C
+        core's calls end the same way (fast/_core.c ``heap_upkeep``)."""
+        if len(self._heap) > self._leaf_heap.cap:
+            self._compact_heap()
+
     # ------------------------------------------------------------------------------------------
     # Tree structure
     # ------------------------------------------------------------------------------------------
@@ -387,6 +395,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         ek = key.extra_key
         if NATIVE and units is toks:  # array('q') units (not EAGLE): the C walk
             indices, node = _core.match(self, units, ek)
+            self._upkeep()
             return _match_result((self._empty if indices is None else indices,
                                   node, node, node, 0, 0, 0, None, None))
         node, pos, chunks = root, 0, []
@@ -407,6 +416,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         # node itself can be an evictable leaf.
         if node.lock_ref == 0 and node.dev_children == 0 and node is not root:
             heapq.heappush(self._heap, (node.last_access_time, node))
+        self._upkeep()
         # NOTE: a one-node match returns the node's own slots (no copy); values are never
         # modified in place by the cache, and callers must not modify device_indices either.
         return _match_result((self._indices(chunks), node, node, node, 0, 0, 0, None, None))
@@ -544,7 +554,9 @@ class UnifiedRadixCache(compat.EngineDefaults):
         if n < len(toks):
             value = value[:n]
         if NATIVE and type(units) is array:  # not EAGLE: the C walk (the same steps as below)
-            return InsertResult(prefix_len=_core.insert(self, units, ek, value, prev))
+            pos = _core.insert(self, units, ek, value, prev)
+            self._upkeep()
+            return InsertResult(prefix_len=pos)
 
         heap = self._heap
         clock = self._clock + STRIDE
@@ -582,6 +594,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
                 self._owned.update(leaf.value.tolist())
             heapq.heappush(heap, (clock, leaf))
         self._clock = clock
+        self._upkeep()
         return InsertResult(prefix_len=pos)
 
     _deferred: list | None = None  # frees held back by the running call, batched at its end
@@ -650,10 +663,12 @@ class UnifiedRadixCache(compat.EngineDefaults):
                 raise HandleError("dec_lock_ref: this path is not locked (released twice?)")
             self._evictable += delta
             self._protected -= delta
+            self._upkeep()
             return DecLockRefResult(delta=delta)
         delta, unlocked = self._dec_full_lock(node, skip)
         for n in unlocked:
             self._push_if_leaf(n)
+        self._upkeep()
         return DecLockRefResult(delta=delta)
 
     def _dec_full_lock(self, node: TreeNode, skip: Any) -> tuple[int, list]:
@@ -911,6 +926,9 @@ class UnifiedRadixCache(compat.EngineDefaults):
         in_heap = self._leaf_heap.live_ids(self._is_leaf)
         if in_heap != leaves:
             errors.append(f"[leaf] heap holds {len(in_heap)} live leaves, the tree has {len(leaves)}")
+        if len(self._heap) > self._leaf_heap.cap:
+            errors.append(f"[leaf] the heap has {len(self._heap)} entries, over its cap "
+                          f"{self._leaf_heap.cap} (a public call left it uncompacted)")
 
     def _device_violations(self, node: TreeNode, errors: list, acc: dict) -> None:
         """A node's device data (it has some): key/value lengths, the lock counts along the

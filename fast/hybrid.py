@@ -578,6 +578,7 @@ class HybridRadixCache(UnifiedRadixCache):
         if fast is not None:
             result = fast(self, params)
             if result is not None:
+                self._upkeep()
                 return result
         key = params.key
         if key.__class__ is not RadixKey:  # (once: ``_units`` and the extra key read it)
@@ -695,6 +696,7 @@ class HybridRadixCache(UnifiedRadixCache):
             # (no host tokens between a node and itself: host_hit's 0 without the call)
             host_hit = tier.host_hit(best, best_device) if best is not best_device else 0
             # (all nine fields given: NamedTuple's Python-level __new__ skipped, as cache.py's)
+            self._upkeep()
             return _match_result((indices, best_device, best, best, host_hit, swa_hit,
                                   mamba_hit, None, None))
         self._stamp_path(best)
@@ -706,6 +708,7 @@ class HybridRadixCache(UnifiedRadixCache):
             aligned = pos // c * c
             branching = aligned if aligned > 0 else None
         # (all nine fields given: NamedTuple's Python-level __new__ skipped, as cache.py's)
+        self._upkeep()
         return _match_result((indices, best, best, best, 0, 0, 0, branching, None))
 
     def _stamp_tiered_path(self, node: HybridNode) -> None:
@@ -771,6 +774,7 @@ class HybridRadixCache(UnifiedRadixCache):
             pieces, self._deferred = self._deferred, None
             if pieces:  # (release() of nothing does nothing)
                 release(self.token_to_kv_pool_allocator, pieces)
+            self._upkeep()
 
     def _insert(self, params: api.InsertParams) -> api.InsertResult:
         """Cache ``key -> value``: touch the path, split at a partial match, restore evicted
@@ -996,11 +1000,13 @@ class HybridRadixCache(UnifiedRadixCache):
                 params is None or params.__class__ is api.DecLockRefParams):
             done = fast(self, node, params)
             if done is not None:
+                self._upkeep()
                 return done
         host = self._dec_lock_host  # (a host tier: fast/host_full.py, fast/host_aux.py)
         if host is not None:
             done = host(self, node, params)
             if done is not None:
+                self._upkeep()
                 return done
         anchor = getattr(params, "anchor", None) if params is not None else None
         if anchor is None:
@@ -1016,6 +1022,7 @@ class HybridRadixCache(UnifiedRadixCache):
             comp.unlock(node, params, unlocked)
         for n in unlocked:
             self._push_if_leaf(n)
+        self._upkeep()
         return api.DecLockRefResult(delta=delta)
 
     def inc_host_lock_ref(self, node: HybridNode) -> api.IncLockRefResult:
@@ -1039,6 +1046,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self._check_attached(node)
         if not self.disable:
             self._host_tier().host_unlock(node, params)
+            self._upkeep()
         return api.DecLockRefResult()
 
     # ------------------------------------------------------------------------------------------
@@ -1125,6 +1133,7 @@ class HybridRadixCache(UnifiedRadixCache):
         if fast is not None:     # fast/pair_evict.py)
             result = fast(self, params)
             if result is not None:
+                self._upkeep()
                 return result
         want = count_arg("num_tokens", params.num_tokens)
         swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
@@ -1135,8 +1144,11 @@ class HybridRadixCache(UnifiedRadixCache):
         if self.disable:
             return api.EvictResult()
         if not self.components:
-            return api.EvictResult(self._evict_units(want)[0])
+            freed = self._evict_units(want)[0]
+            self._upkeep()
+            return api.EvictResult(freed)
         tracker = self._evict_units(want, {"swa": swa_want, "mamba": mamba_want})
+        self._upkeep()
         swa, mamba = self.swa, self.mamba  # (the components named swa and mamba, if any)
         return api.EvictResult(num_tokens_evicted=tracker[0],
                                swa_num_tokens_evicted=0 if swa is None else tracker[swa.i + 1],
@@ -1204,15 +1216,33 @@ class HybridRadixCache(UnifiedRadixCache):
             raise Unsupported("this cache has no host tier")
         return self.tier
 
+    def _upkeep(self) -> None:
+        """The end of a public call that can push onto a heap: the leaf heap, and the host
+        tier's host-leaf heap, each compacted where it outgrew its cap (``LazyHeap.upkeep``):
+        a node touched again and again with no eviction between does not pile up stale
+        entries.  O(1), amortized O(1) a push."""
+        heap = self._leaf_heap
+        if len(heap.entries) > heap.cap:
+            heap.compact(self._is_leaf)
+        tier = self.tier
+        if tier is not None:
+            heap = tier.host_leaf_heap
+            if len(heap.entries) > heap.cap:
+                heap.compact(tier.host_leaves.__contains__)
+
     def write_backup(self, node: HybridNode, write_back: bool = False) -> int:
         """Back ``node`` up to the host (``HostTier.write_backup``); returns the slots
         written (0: none)."""
-        return self._host_tier().write_backup(node, write_back)
+        written = self._host_tier().write_backup(node, write_back)
+        self._upkeep()
+        return written
 
     def evict_host(self, num_tokens: int, component_type: Any = None) -> int:
         """Free at least ``num_tokens`` host tokens, oldest host leaf first (each leaves the
         tree with its aux host data).  Returns tokens freed."""
-        return self._host_tier().evict_host(num_tokens)
+        freed = self._host_tier().evict_host(num_tokens)
+        self._upkeep()
+        return freed
 
     def load_back(self, node: HybridNode, mem_quota: int | None = None, req: Any = None) -> bool:
         """Copy the evicted segment ending at ``node`` back to the device
@@ -1224,7 +1254,9 @@ class HybridRadixCache(UnifiedRadixCache):
         tier = self._host_tier()
         mamba = self.mamba
         if mamba is None:
-            return tier.load_back(node, mem_quota)
+            loaded = tier.load_back(node, mem_quota)
+            self._upkeep()
+            return loaded
         own = self._request_slot_of(req) if req is not None else None
         # (set for every load back: HostTier.load_back is reached only from here)
         mamba.request_state, mamba.request_slot = own, None
@@ -1234,6 +1266,7 @@ class HybridRadixCache(UnifiedRadixCache):
             # the state slot the load back took for the requester: its ``mamba_pool_idx``,
             # which the scheduler frees with the request
             req.mamba_pool_idx = mamba.request_slot
+        self._upkeep()
         return loaded
 
     def init_load_back(self, params: InitLoadBackParams) -> tuple[torch.Tensor, HybridNode]:
@@ -1304,17 +1337,20 @@ class HybridRadixCache(UnifiedRadixCache):
         """Process finished backups, unlocking their nodes (``write_back``: wait for all)."""
         if self.tier is not None:
             self.tier.writing_check(write_back)
+            self._upkeep()
 
     def loading_check(self) -> None:
         """Process finished loads, unlocking their paths."""
         if self.tier is not None:
             self.tier.loading_check()
+            self._upkeep()
 
     def check_hicache_events(self) -> None:
         self.writing_check()
         self.loading_check()
         if self.storage_tier is not None:  # the storage tier's control queues
             self.storage_tier.drain()
+            self._upkeep()
 
     def flush_write_through_acks(self) -> None:
         self.writing_check()

@@ -10,8 +10,10 @@ cheapest structure that answers "oldest member" in its access pattern:
   ever removed from the middle.  A popped entry counts only if it is still *live*: the node
   still carries that stamp (``last_access_time``) and still is a member (a predicate the
   owner supplies, because membership is a fact about the tree, not about the heap).
-  Compaction drops stale entries when they outnumber live ones, so the heap stays O(live)
-  in size, amortized.
+  Compaction drops stale entries: at the end of an eviction when they outnumber live ones,
+  and at the end of every public call that can push once the heap outgrew its ``cap`` (twice
+  the live entries the last compaction kept, plus ``COMPACT_MIN``), so a heap that is touched
+  again and again with no eviction between stays O(live) in size too, amortized O(1) a push.
 * ``LruList``: a doubly linked list threaded through the members themselves (``lru_prev`` /
   ``lru_next`` attributes on the node), between two sentinels, so moving a node to the front
   or removing it from the middle is O(1) with no allocation and no branch for an end.  Used
@@ -31,6 +33,9 @@ from typing import Any
 #: also still carries the entry's stamp as ``last_access_time``).
 MemberPredicate = Callable[[Any], bool]
 
+#: A heap of this many entries or fewer is never compacted (it is not worth a pass).
+COMPACT_MIN = 64
+
 
 class LazyHeap:
     """A min-heap of ``(stamp, node)`` with lazy deletion; the oldest stamp comes out first.
@@ -48,7 +53,7 @@ class LazyHeap:
     directly.  ``compact`` therefore rewrites the list in place and never replaces it.
     """
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "cap")
 
     #: None: entries are keyed by the stamp (``last_access_time``); an eviction policy's
     #: ``KeyedHeap`` (fast/policies.py) keys them by ``key_of(node)`` instead
@@ -56,6 +61,10 @@ class LazyHeap:
 
     def __init__(self) -> None:
         self.entries: list = []
+        #: the length past which ``upkeep`` compacts: set by every ``compact`` to twice the
+        #: live entries kept plus ``COMPACT_MIN``, so the pushes between two compactions pay
+        #: for the second one (the C core reads it, fast/_core.c ``heap_upkeep``)
+        self.cap: int = COMPACT_MIN
 
     def __len__(self) -> int:
         """Entries, live and stale.  O(1)."""
@@ -77,6 +86,7 @@ class LazyHeap:
     def clear(self) -> None:
         """Drop every entry (in place).  O(n)."""
         self.entries.clear()
+        self.cap = COMPACT_MIN
 
     def live(self, is_member: MemberPredicate) -> dict:
         """``{id(node): (stamp, node)}`` for the live entries, one per node.  O(n); the
@@ -102,14 +112,24 @@ class LazyHeap:
         """Whether stale entries clearly outnumber live ones, given an upper bound on the live
         count (a cheap estimate from the owner's counters).  O(1)."""
         n = len(self.entries)
-        return n > 64 and n > 4 * (live_bound + 16)
+        return n > COMPACT_MIN and n > 4 * (live_bound + 16)
+
+    def upkeep(self, is_member: MemberPredicate) -> None:
+        """Compact where the heap outgrew ``cap``: the end of every public call of the owner
+        that can push (touches with no eviction between would otherwise pile up stale
+        entries for ever).  O(1), or O(n) when it compacts, amortized O(1) a push."""
+        if len(self.entries) > self.cap:
+            self.compact(is_member)
 
     def compact(self, is_member: MemberPredicate) -> None:
         """Keep only the live entries, one per node, and restore the heap invariant, in place
-        (the list object stays the same).  O(n)."""
+        (the list object stays the same); ``cap`` becomes twice what is kept plus
+        ``COMPACT_MIN``.  Dropping stale entries changes no pop order (a pop skips them).
+        O(n)."""
         live = list(self.live(is_member).values())
         heapq.heapify(live)
         self.entries[:] = live
+        self.cap = 2 * len(live) + COMPACT_MIN
 
 
 class _Sentinel:

@@ -586,7 +586,7 @@ class HostTier:
     def reset(self) -> None:
         """Forget the host copies and the in-flight transfers (in place: the cache hands the
         same objects out); the host pool is cleared with them, as upstream."""
-        self.host_leaf_heap.entries.clear()
+        self.host_leaf_heap.clear()
         self.host_leaves.clear()
         self.host_tokens = 0
         self.ongoing_write_through.clear()
@@ -1188,6 +1188,10 @@ class HostTier:
         in_host_heap = self.host_leaf_heap.live_ids(self.host_leaves.__contains__)
         if in_host_heap != host_leaves:
             errors.append("[host-leaf] the host heap does not hold every host leaf")
+        if len(self.host_leaf_heap) > self.host_leaf_heap.cap:
+            errors.append(f"[host-leaf] the host heap has {len(self.host_leaf_heap)} entries, "
+                          f"over its cap {self.host_leaf_heap.cap} (a public call left it "
+                          "uncompacted)")
         for kind, ongoing in (("write", self.ongoing_write_through),
                               ("load", self.ongoing_load_back)):
             for node, lock in ongoing.values():
