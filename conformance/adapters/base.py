@@ -442,19 +442,27 @@ class SpecAdapter(SpecStorageOps, SpecHostOps, StepAdapter):
 ADAPTERS: dict[str, Callable[[CacheConfig], CacheUnderTest]] = {"spec": SpecAdapter}
 
 
-def _fast_adapter(config: CacheConfig) -> CacheUnderTest:
+def _fast_adapter(config: CacheConfig, slot_ledger: bool = True) -> CacheUnderTest:
     if config.components != ("full",):  # hybrid models: fast/hybrid.py
         from uniradix.conformance.adapters.fast_hybrid import HybridFastAdapter
-        return HybridFastAdapter(config)
+        return HybridFastAdapter(config, slot_ledger=slot_ledger)
     from uniradix.conformance.adapters.fast_adapter import FastAdapter
-    return FastAdapter(config)
+    return FastAdapter(config, slot_ledger=slot_ledger)
+
+
+def _fast_noledger_adapter(config: CacheConfig) -> CacheUnderTest:
+    """``fast`` built with ``validate_slots=False``: no slot ledger, as over sglang's
+    allocators, so the fast paths that decline under the ledger run (``fast-noledger``)."""
+    return _fast_adapter(config, slot_ledger=False)
 
 
 ADAPTERS["fast"] = _fast_adapter
+ADAPTERS["fast-noledger"] = _fast_noledger_adapter
 
 
 def make_adapter(impl: str, config: CacheConfig) -> CacheUnderTest:
-    """An adapter by name: ``spec``, ``fast``, ``upstream`` (the tree-level API) or
+    """An adapter by name: ``spec``, ``fast``, ``fast-noledger`` (fast without its slot
+    ledger), ``upstream`` (the tree-level API) or
     ``upstream-requests`` (upstream's request path and streaming sessions: Full, with or
     without a host tier, and Full + Mamba on the device; both need sglang importable).  A
     config outside the implementation's declared capabilities is refused here, naming each

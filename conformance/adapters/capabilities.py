@@ -143,6 +143,14 @@ CAPABILITIES: dict[str, Capabilities] = {
         name="fast", components=frozenset(COMPONENT_SETS), host_tier=True,
         host_aux=frozenset({"swa", "mamba"}), host_all_aux=True, storage=True, cow_mamba=True,
         sessions=True, sessions_with_aux=True, eagle_with_aux=True, request_ops_with_aux=True),
+    # uniradix.fast without its slot ledger (``validate_slots=False``, what a cache over
+    # sglang's allocators runs): the same models; the paths that decline under the ledger (the
+    # one-component and host+aux inserts, Mamba's direct frees and evict in C) run.  Slots
+    # outside the pool given to an insert are then not refused (the adapter's ``checks_slots``)
+    "fast-noledger": Capabilities(
+        name="fast-noledger", components=frozenset(COMPONENT_SETS), host_tier=True,
+        host_aux=frozenset({"swa", "mamba"}), host_all_aux=True, storage=True, cow_mamba=True,
+        sessions=True, sessions_with_aux=True, eagle_with_aux=True, request_ops_with_aux=True),
     # upstream SGLang 0.5.13.post1 (UpstreamAdapter and its host, host+aux, storage and hybrid
     # subclasses): the tree-level API only (no request path), no EAGLE keys and no disabled
     # cache driven

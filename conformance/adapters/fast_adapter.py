@@ -118,8 +118,14 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
     emits_kv_events = True
     capabilities = CAPABILITIES["fast"]
 
-    def __init__(self, config: CacheConfig) -> None:
+    #: whether the cache keeps its slot ledger (``validate_slots``, on by default over the
+    #: conformance pools): without it (``fast-noledger``) the paths that decline under the
+    #: ledger run, and an insert's slots outside the pool are not refused
+    checks_slots = True
+
+    def __init__(self, config: CacheConfig, slot_ledger: bool = True) -> None:
         check_supported(config, host_tier=True, storage=True)
+        self._set_ledger(slot_ledger)
         self.config = config
         self.pool = PagedPool(config.kv_slots, config.page_size, "kv")
         self.alloc = PoolAllocator(self.pool, torch, whole_pages=True)
@@ -134,11 +140,18 @@ class FastAdapter(FastSessionOps, FastStorageOps, FastHostOps, StepAdapter):
         self.params = fast.CacheInitParams(
             disable=config.disable, req_to_token_pool=self.rtt,
             token_to_kv_pool_allocator=self.alloc, page_size=config.page_size,
-            is_eagle=config.eagle, hicache=hicache, eviction_policy=config.eviction_policy)
+            is_eagle=config.eagle, hicache=hicache, eviction_policy=config.eviction_policy,
+            validate_slots=None if self.checks_slots else False)
         self.cache = fast.UnifiedRadixCache(self.params)
         self.handles: dict[int, tuple] = {}
         self.host_handles: dict[int, tuple] = {}
         self.requests: dict[str, Req] = {}
+
+    def _set_ledger(self, slot_ledger: bool) -> None:
+        """``fast-noledger``: the cache without its slot ledger, under that name."""
+        if not slot_ledger:
+            self.checks_slots = False
+            self.capabilities = CAPABILITIES["fast-noledger"]
 
     def violations(self) -> list[str]:
         return self.cache.violations() + self.cache.sessions.violations()

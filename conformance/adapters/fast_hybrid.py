@@ -88,8 +88,10 @@ class HybridFastAdapter(FastAdapter):
 
     hybrid_requests = True  # the request path with SWA and Mamba (module docstring)
 
-    def __init__(self, config: CacheConfig) -> None:  # no super().__init__: other pools
+    def __init__(self, config: CacheConfig,  # no super().__init__: other pools
+                 slot_ledger: bool = True) -> None:
         check_supported(config, hybrid=True, host_tier=True, host_aux=True)
+        self._set_ledger(slot_ledger)
         self.config = config
         self.pool, self.mamba = hybrid_pools(config)
         self.aux_pools = tuple(p for p in (getattr(self.pool, "swa", None), self.mamba)
@@ -124,7 +126,8 @@ class HybridFastAdapter(FastAdapter):
             mamba_cache_chunk_size=config.mamba_cache_chunk_size,
             eviction_policy=config.eviction_policy, hicache=hicache,
             enable_mamba_extra_buffer=config.mamba_extra_buffer,
-            enable_mamba_extra_buffer_lazy=config.mamba_extra_buffer_lazy)
+            enable_mamba_extra_buffer_lazy=config.mamba_extra_buffer_lazy,
+            validate_slots=None if self.checks_slots else False)
         self.cache = fast.UnifiedRadixCache(self.params)
         self.handles: dict[int, tuple] = {}
         self.host_handles: dict[int, tuple] = {}

@@ -701,4 +701,5 @@ def kv_checked(impl: Any) -> Callable[[CacheConfig], KVChecked]:
 
     name = impl if isinstance(impl, str) else getattr(impl, "impl_name", "impl")
     build.impl_name = name  # type: ignore[attr-defined]
+    build.kv_wrapped = impl  # type: ignore[attr-defined]  # conform --slot-ledger rewraps it
     return build

@@ -240,6 +240,7 @@ class ConformResult:
     skipped_configs: dict = dataclasses.field(default_factory=dict)  # name -> why
     notes: list = dataclasses.field(default_factory=list)  # what was not compared, and why
     event_steps: int = 0  # steps whose KV events were compared (conformance/traces/events.py)
+    noledger_steps: int = 0  # steps run with fast-noledger in place of fast (``ledger``)
     # divergences from upstream that are a documented difference (documented_difference): each
     # ends its segment, is counted here and the run goes on with the next segment
     documented: int = 0
@@ -257,6 +258,41 @@ class ConformResult:
 
 #: ``conform --events``: which segments compare KV events (``run_conform(events=...)``)
 EVENT_SEGMENTS = ("every", "even", "off")
+#: ``conform --slot-ledger``: which segments run fast with its slot ledger (``run_conform(
+#: ledger=...)``): "alternate" (every other segment that compares no KV events runs
+#: ``fast-noledger``, where the paths that decline under the ledger run), "on" or "off"
+LEDGER_SEGMENTS = ("alternate", "on", "off")
+
+
+def segment_phase(config: Any, segment: int) -> int:
+    """The number that decides a segment's events and ledger: the segment itself for one
+    config; over the named cycle, the segment plus its cycle, so each config alternates from
+    one cycle to the next (with an even number of configs the segment's parity alone would
+    give a config the same choice in every cycle)."""
+    if config is not None:
+        return segment
+    return segment + segment // len(NAMED_CONFIGS)
+
+
+def ledger_off(events: str, ledger: str, phase: int) -> bool:
+    """Whether a segment runs fast without its slot ledger: always (``off``), never (``on``),
+    or (``alternate``) every other segment of those that compare no KV events under
+    ``--events even`` (KV events move Full to the composed tree and decline the same fast
+    paths), every other segment under the other two."""
+    if ledger != "alternate":
+        return ledger == "off"
+    return phase % 4 == 1 if events == "even" else phase % 2 == 1
+
+
+def without_ledger(impl: ImplSpec) -> ImplSpec:
+    """``impl`` with ``fast`` replaced by ``fast-noledger`` (inside the KV check's wrapper
+    too); any other implementation as it is."""
+    if impl == "fast":
+        return "fast-noledger"
+    if getattr(impl, "kv_wrapped", None) == "fast":
+        from uniradix.conformance.env.kvcheck import kv_checked
+        return kv_checked("fast-noledger")
+    return impl
 
 
 def _rebuilds_for_events(adapter: Any) -> bool:
@@ -485,15 +521,20 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
                 progress: bool = True, stream: TextIO | None = None,
                 log: Callable[[str], None] = lambda m: print(m, flush=True),
                 snapshot_every: int = 1, tree_only: bool = False,
-                policy: str | None = None, events: str = "even") -> ConformResult:
+                policy: str | None = None, events: str = "even",
+                ledger: str = "alternate") -> ConformResult:
     """The ``conform`` loop; returns counts and, at a finding, the written trace's path.
     ``config``: None (cycle through :data:`NAMED_CONFIGS`), a name, or a CacheConfig;
     ``policy``: an eviction policy every segment's config takes (None: the config's own);
-    ``events``: which segments compare KV events (:data:`EVENT_SEGMENTS`)."""
+    ``events``: which segments compare KV events (:data:`EVENT_SEGMENTS`); ``ledger``: which
+    run fast without its slot ledger (:data:`LEDGER_SEGMENTS`)."""
     if events not in EVENT_SEGMENTS:
         raise ValueError(f"events must be one of {EVENT_SEGMENTS}, got {events!r}")
+    if ledger not in LEDGER_SEGMENTS:
+        raise ValueError(f"ledger must be one of {LEDGER_SEGMENTS}, got {ledger!r}")
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
+    all_impls = list(impls)
     labels = impl_labels([impl_name(i) for i in impls])
     res = ConformResult()
     bar = Progress(f"conform {','.join(labels)}", steps, seconds, stream, progress)
@@ -515,6 +556,11 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
         if policy is not None:  # eviction policies (spec/policies.py)
             cfg = dataclasses.replace(cfg, eviction_policy=policy)
             cfg.validate()
+        phase = segment_phase(config, segment)
+        impls = all_impls
+        if ledger_off(events, ledger, phase):
+            impls = [without_ledger(i) for i in all_impls]
+        labels = impl_labels([impl_name(i) for i in impls])
         try:
             adapters = _build_segment_adapters(impls, labels, cfg)
         except Unsupported as e:
@@ -541,7 +587,7 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
         # cache then leaves its C core for the composed tree) compares events on every other
         # segment only, so the C core is compared with the spec in the segments between
         compare_events = events == "every" or (events == "even" and (
-            segment % 2 == 0 or not any(_rebuilds_for_events(a) for a in adapters)))
+            phase % 2 == 0 or not any(_rebuilds_for_events(a) for a in adapters)))
         ls = Lockstep(adapters, labels, snapshot_every=snapshot_every, events=compare_events)
         events_note = f"config {name}: {ls.events_note}" if ls.events_note else ""
         if events_note and events_note not in res.notes:  # KV events (conformance/traces/events.py)
@@ -569,6 +615,8 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
         res.steps += len(taken)
         res.segments += 1
         res.event_steps += ls.stats["event_steps"]
+        if impls != all_impls:
+            res.noledger_steps += len(taken)
         doc = None if finding is None else documented_difference(labels, cfg, taken, finding)
         if doc is not None:
             res.documented += 1
@@ -684,7 +732,7 @@ def write_finding(out_dir: str, impls: Sequence[ImplSpec], labels: Sequence[str]
     source = (f"uniradix conform: shrunk finding ({','.join(labels)}; config {config_name}, "
               f"seed {seed}, segment {segment}): {finding}")
     return write_finding_trace(out_dir, stem, impls, config, steps, source, seed=seed,
-                               finding=finding.to_dict())
+                               finding=finding.to_dict(), implementations=list(labels))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -707,7 +755,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
                               seed=args.seed, out=args.out, shrink_seconds=args.shrink_seconds,
                               progress=not args.no_progress,
                               snapshot_every=args.snapshot_every, tree_only=args.tree_only,
-                              policy=args.policy, events=args.events)
+                              policy=args.policy, events=args.events, ledger=args.slot_ledger)
     except ImportError as e:  # upstream not importable, or torch missing for fast
         print(f"uniradix conform: {e}", file=sys.stderr)
         return 2
@@ -716,6 +764,9 @@ def cmd_conform(args: argparse.Namespace) -> int:
         return 2
     if res.event_steps:
         print(f"conform: KV events compared on {res.event_steps} steps")
+    if res.noledger_steps:
+        print(f"conform: fast without its slot ledger (fast-noledger) on {res.noledger_steps} "
+              "steps")
     if res.trace_path is not None:
         print(res.trace_path)
     print(res.summary(), flush=True)
@@ -765,6 +816,12 @@ def add_conform_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "always run on the composed tree), even (default: every segment of an "
                         "implementation that does not rebuild its cache for events, every other "
                         "one of one that does, so fast's C core runs on the odd ones) or off")
+    p.add_argument("--slot-ledger", default="alternate", choices=list(LEDGER_SEGMENTS),
+                   help="which segments build fast with its slot ledger (validate_slots, on "
+                        "over the conformance pools; sglang's allocators have none): alternate "
+                        "(default: every other segment that compares no KV events runs "
+                        "fast-noledger, where the fast paths that decline under the ledger "
+                        "run), on or off")
     p.set_defaults(func=cmd_conform)
     return p
 

@@ -294,6 +294,9 @@ class Scenario:
             self.actions = frozenset(a for a in self.actions if not a.startswith("req_"))
         self.host = config.has_host_tier
         self.host_handles: list[int] = []           # live host_lock handles
+        # whether every implementation refuses an insert's slots outside the pool (a cache
+        # without a slot ledger, ``fast-noledger``, does not): set by random_segment
+        self.checks_slots = True
         # Mamba copy-on-write (spec/mamba_cow.py): matches made for a request (a serve's, and
         # half the plain ones) pass cow_mamba; set by the caller (random_segment's ``cow``)
         self.cow = False
@@ -722,7 +725,9 @@ class Scenario:
         if self.ps > 1:
             kinds.append("alloc_unaligned")
         if self.pages:
-            kinds += ["free_twice", "insert_slot_outside"]
+            kinds.append("free_twice")
+            if self.checks_slots:  # (refused only by a cache that keeps a slot ledger)
+                kinds.append("insert_slot_outside")
             if self.ps > 1:
                 kinds.append("free_part_page")
         if self.released:
@@ -1099,6 +1104,13 @@ def runner_actions(runner: Any, actions: Sequence[str] | None) -> Sequence[str]:
     return ACTIONS
 
 
+def runner_checks_slots(runner: Any) -> bool:
+    """Whether every implementation of the runner refuses slots outside the pool in an insert
+    (the adapters' ``checks_slots``, True where not declared)."""
+    from uniradix.conformance.explore.lockstep import adapter_trait
+    return all(adapter_trait(a, "checks_slots", True) for a in getattr(runner, "adapters", ()))
+
+
 def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
                    on_step: Callable[[int], None] | None = None,
                    invalid_weight: float | None = None,
@@ -1113,6 +1125,7 @@ def random_segment(runner: Any, config: CacheConfig, seed: Any, steps: int,
     rng = random.Random(f"conform:{seed}")
     ch = RandomChooser(rng)
     sc = Scenario(config, ch, actions=runner_actions(runner, actions))
+    sc.checks_slots = runner_checks_slots(runner)
     sc.cow = cow
     sc.sessions = sessions
     if invalid_weight is not None:
@@ -1228,6 +1241,7 @@ def make_machine(impls: Sequence[Any] | None = None, *, snapshot_every: int = 1,
             self.sc = Scenario(self.config, ch, actions=runner_actions(
                 self.ls, actions) if sessions or actions is not None else None)
             self.sc.sessions = sessions
+            self.sc.checks_slots = runner_checks_slots(self.ls)
             self.ls.prime()
             note(f"config {self.config.to_dict()}, alphabet {self.sc.alphabet}")
 
