@@ -1133,7 +1133,6 @@ class HybridRadixCache(UnifiedRadixCache):
         if fast is not None:     # fast/pair_evict.py)
             result = fast(self, params)
             if result is not None:
-                self._upkeep()
                 return result
         want = count_arg("num_tokens", params.num_tokens)
         swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
@@ -1145,10 +1144,8 @@ class HybridRadixCache(UnifiedRadixCache):
             return api.EvictResult()
         if not self.components:
             freed = self._evict_units(want)[0]
-            self._upkeep()
             return api.EvictResult(freed)
         tracker = self._evict_units(want, {"swa": swa_want, "mamba": mamba_want})
-        self._upkeep()
         swa, mamba = self.swa, self.mamba  # (the components named swa and mamba, if any)
         return api.EvictResult(num_tokens_evicted=tracker[0],
                                swa_num_tokens_evicted=0 if swa is None else tracker[swa.i + 1],
@@ -1220,7 +1217,9 @@ class HybridRadixCache(UnifiedRadixCache):
         """The end of a public call that can push onto a heap: the leaf heap, and the host
         tier's host-leaf heap, each compacted where it outgrew its cap (``LazyHeap.upkeep``):
         a node touched again and again with no eviction between does not pile up stale
-        entries.  O(1), amortized O(1) a push."""
+        entries.  O(1), amortized O(1) a push.  ``evict`` does without it: it pops the device
+        heap and compacts it itself, and what it pushes is live; the next match, insert or
+        unlock bounds either heap again."""
         heap = self._leaf_heap
         if len(heap.entries) > heap.cap:
             heap.compact(self._is_leaf)
