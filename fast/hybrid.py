@@ -1144,8 +1144,10 @@ class HybridRadixCache(UnifiedRadixCache):
             return api.EvictResult()
         if not self.components:
             freed = self._evict_units(want)[0]
+            self._upkeep()
             return api.EvictResult(freed)
         tracker = self._evict_units(want, {"swa": swa_want, "mamba": mamba_want})
+        self._upkeep()
         swa, mamba = self.swa, self.mamba  # (the components named swa and mamba, if any)
         return api.EvictResult(num_tokens_evicted=tracker[0],
                                swa_num_tokens_evicted=0 if swa is None else tracker[swa.i + 1],
@@ -1217,9 +1219,10 @@ class HybridRadixCache(UnifiedRadixCache):
         """The end of a public call that can push onto a heap: the leaf heap, and the host
         tier's host-leaf heap, each compacted where it outgrew its cap (``LazyHeap.upkeep``):
         a node touched again and again with no eviction between does not pile up stale
-        entries.  O(1), amortized O(1) a push.  ``evict`` does without it: it pops the device
-        heap and compacts it itself, and what it pushes is live; the next match, insert or
-        unlock bounds either heap again."""
+        entries.  O(1), amortized O(1) a push.  ``evict``'s fast paths (no host tier) do
+        without it: an eviction pops a device heap entry for each one it pushes (the parent of
+        a leaf it took), so it never grows that heap; with a host tier a leaf moved to the
+        host is pushed onto the host heap, so the general path ends with it."""
         heap = self._leaf_heap
         if len(heap.entries) > heap.cap:
             heap.compact(self._is_leaf)
