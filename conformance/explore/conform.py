@@ -532,6 +532,9 @@ def run_conform(impls: Sequence[ImplSpec], *, config: Any = None, steps: int | N
         raise ValueError(f"events must be one of {EVENT_SEGMENTS}, got {events!r}")
     if ledger not in LEDGER_SEGMENTS:
         raise ValueError(f"ledger must be one of {LEDGER_SEGMENTS}, got {ledger!r}")
+    if ledger == "off" and all(without_ledger(i) is i for i in impls):
+        raise ConformUnsupported("--slot-ledger off: none of the implementations is fast (only "
+                                 "fast keeps a slot ledger), so it would change nothing")
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
     all_impls = list(impls)

@@ -15,6 +15,7 @@ from uniradix.conformance.env.kvcheck import kv_checked
 from uniradix.conformance.explore.conform import (
     LEDGER_SEGMENTS,
     NAMED_CONFIGS,
+    ConformUnsupported,
     ledger_off,
     run_conform,
     segment_phase,
@@ -130,6 +131,9 @@ def test_the_ledger_option_is_checked():
     with pytest.raises(ValueError, match="ledger must be one of"):
         run_conform(["spec", "fast"], config="full-p1", steps=1, out=None, progress=False,
                     ledger="sometimes")
+    with pytest.raises(ConformUnsupported, match="none of the implementations is fast"):
+        run_conform(["spec", "spec"], config="full-p1", steps=1, out=None, progress=False,
+                    ledger="off")
     assert build_parser().parse_args(["conform"]).slot_ledger == "alternate"
     assert build_parser().parse_args(["conform", "--slot-ledger", "off"]).slot_ledger == "off"
     with pytest.raises(SystemExit):
