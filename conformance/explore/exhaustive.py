@@ -51,6 +51,7 @@ from uniradix.conformance.explore.lockstep import (
     Finding,
     ImplSpec,
     Lockstep,
+    adapter_trait,
     build_adapters,
     impl_labels,
     impl_name,
@@ -83,7 +84,10 @@ class Universe:
     the Mamba extra buffer with ``mamba_track_slots``, ``mamba_track_interval`` and
     ``mamba_cache_chunk_size``, and the extra-buffer request rows of :data:`OP_KINDS`.
     ``tree_ops`` False: no tree-level rows (match, insert, serve, lock, unlock, reset,
-    invalid): the cache is driven by requests (and ``evict``) alone.
+    invalid): the cache is driven by requests (and ``evict``) alone.  ``ledger_misuse``: the
+    invalid steps only a slot ledger refuses (an insert of the tree's own slots or of
+    unallocated ones, a copy-on-write match into an unallocated state slot);
+    :func:`explore` leaves them out where an implementation keeps no ledger (``fast-noledger``).
     """
 
     name: str
@@ -114,6 +118,7 @@ class Universe:
     mamba_track_interval: int = 256
     mamba_cache_chunk_size: int = 4
     tree_ops: bool = True
+    ledger_misuse: bool = True
 
     def config(self) -> CacheConfig:
         return CacheConfig(page_size=self.page_size, kv_slots=self.kv_slots, eagle=self.eagle,
@@ -676,8 +681,8 @@ def t_invalid(u: Universe, w: World) -> Iterator[Transition]:
     yield Transition("invalid: unlock unknown handle", single("unlock", {"handle": -1}, True))
     yield Transition("invalid: lock a non-node path",
                      single("lock", {"node": _args_key([u.outside_token], None)}, True))
-    if u.disable:
-        return  # a disabled cache ignores insert values
+    if u.disable or not u.ledger_misuse:
+        return  # a disabled cache ignores insert values; without a ledger they are taken
     extra = 1 if u.eagle else 0
     if w.nodes:  # the tree's own slots handed over again, from prev_prefix_len 0
         p, slots = w.nodes[0], w.node_slots[0]
@@ -869,7 +874,7 @@ def t_mamba_free(u: Universe, w: World) -> Iterator[Transition]:
 
 
 def t_cow_invalid(u: Universe, w: World) -> Iterator[Transition]:
-    if not u.invalid:
+    if not u.invalid or not u.ledger_misuse:  # (only a slot ledger knows the slot is free)
         return
     toks, ek = u.keys()[0]
     yield Transition("invalid: cow with an unallocated state slot", single(
@@ -1309,6 +1314,9 @@ def explore(universe: Universe, impls: Sequence[ImplSpec] = ("spec", "fast"), *,
     ``jobs > 1`` (or a ``pool`` of :func:`worker_pool`) expands each level in worker
     processes; implementations must then be given by name, and ``kinds`` is the default."""
     depth = universe.depth if depth is None else depth
+    if universe.ledger_misuse and not all(
+            adapter_trait(a, "checks_slots", True) for a in build_adapters(impls, universe.config())):
+        universe = dataclasses.replace(universe, ledger_misuse=False)
     t0 = time.monotonic()
     res = CheckResult(universe.name)
     bar = Bar(f"check {universe.name}", depth, stream, progress)

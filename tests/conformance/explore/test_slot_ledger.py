@@ -3,6 +3,7 @@
 the ledger (the one-component and host+aux inserts, Mamba's direct frees and evict in C) run in
 lockstep with the spec; the scenario leaves out the one misuse only the ledger refuses."""
 
+import dataclasses
 import glob
 import os
 import random
@@ -138,3 +139,25 @@ def test_the_ledger_option_is_checked():
     assert build_parser().parse_args(["conform", "--slot-ledger", "off"]).slot_ledger == "off"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["conform", "--slot-ledger", "never"])
+
+
+def test_exhaustive_search_leaves_the_ledger_misuses_out_without_a_ledger():
+    """``check --exhaustive --impls spec,fast-noledger``: the steps only a slot ledger refuses
+    (the tree's own slots inserted again, unallocated ones, a copy-on-write match into an
+    unallocated state slot) are left out, and the Mamba universes (where Mamba's direct frees
+    and its evict in C run only without the ledger) find nothing at their default depths."""
+    from uniradix.conformance.explore import exhaustive as ex
+
+    u = ex.UNIVERSES["mamba-cow-p1"]
+    w = ex.World(u, nodes=[], node_slots=[], held=[], n_held=0, requests=[], free_slots=4)
+    assert [t.label for t in ex.t_cow_invalid(u, w)] == ["invalid: cow with an unallocated state slot"]
+    assert list(ex.t_cow_invalid(dataclasses.replace(u, ledger_misuse=False), w)) == []
+    full = ex.UNIVERSES["full-p1"]
+    labels = [t.label for t in ex.t_invalid(full, w)]
+    assert "invalid: insert unallocated slots" in labels
+    labels = [t.label for t in ex.t_invalid(dataclasses.replace(full, ledger_misuse=False), w)]
+    assert "invalid: insert unallocated slots" not in labels and labels
+    for name in ("full-p1", "mamba-cow-p1", "eagle-mamba-p1", "mamba-xbuf-p1", "mamba-xbuf-p2"):
+        res = ex.explore(ex.UNIVERSES[name], ["spec", "fast-noledger"], progress=False)
+        assert res.finding is None, f"{name}: {res.finding}\n{res.labels}"
+        assert res.complete and res.states > 1
