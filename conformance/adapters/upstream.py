@@ -75,8 +75,8 @@ def _placeholder(name: str) -> type:
 
 
 class _PlaceholderModule(types.ModuleType):
-    """Stands in for ``torchvision`` and its submodules: sglang and transformers import names
-    from it at module level, but the radix cache never uses them."""
+    """Stands in for ``torchvision`` (or ``sgl_kernel``) and its submodules: sglang and
+    transformers import names from them at module level, but the radix cache never uses them."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
@@ -84,13 +84,14 @@ class _PlaceholderModule(types.ModuleType):
         return _placeholder(f"{self.__name__}.{name}")
 
 
-class _TorchvisionPlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Meta-path hook answering ``import torchvision[.x]`` with :class:`_PlaceholderModule`."""
+class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Meta-path hook answering ``import ROOT[.x]`` with :class:`_PlaceholderModule`."""
 
-    ROOT = "torchvision"
+    def __init__(self, root: str) -> None:
+        self.root = root
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: D401 - importlib protocol
-        if fullname == self.ROOT or fullname.startswith(self.ROOT + "."):
+        if fullname == self.root or fullname.startswith(self.root + "."):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -116,9 +117,13 @@ def _stub_torchvision() -> None:
     already decided torchvision is absent. (``transformers`` then sees the placeholder as an
     installed torchvision; nothing the radix cache runs touches it.)
     """
-    if any(isinstance(f, _TorchvisionPlaceholderFinder) for f in sys.meta_path):
+    _stub("torchvision")
+
+
+def _stub(root: str) -> None:
+    if any(isinstance(f, _PlaceholderFinder) and f.root == root for f in sys.meta_path):
         return
-    sys.meta_path.insert(0, _TorchvisionPlaceholderFinder())
+    sys.meta_path.insert(0, _PlaceholderFinder(root))
 
 
 def unmodelled_settings(config: CacheConfig, storage: bool = True) -> list[str]:
@@ -147,6 +152,11 @@ def load_upstream() -> types.SimpleNamespace:
         raise UpstreamMissing(f"{_HOW_TO_BUILD} (torch import failed: {e})") from e
     if "torchvision" not in sys.modules:
         _stub_torchvision()
+    # sglang's quantization layers import sgl_kernel (its CUDA kernels) at module level once
+    # torch sees a GPU; the radix cache and the allocators the bench drives never call it, and
+    # its CUDA wheels are not installed where only the cache is measured (scripts/gpu-bench.sh)
+    if torch.cuda.is_available() and importlib.util.find_spec("sgl_kernel") is None:
+        _stub("sgl_kernel")
     try:
         with warnings.catch_warnings():  # CPU-platform notices from sglang's layer modules
             warnings.simplefilter("ignore")

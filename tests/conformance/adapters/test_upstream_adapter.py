@@ -245,3 +245,24 @@ def test_upstream_backs_up_a_split_node_one_hit_sooner(impl):
     assert upper[(2, 1, 3)] == 1  # the write-through backup's lock, one hit sooner
     one = dataclasses.replace(trace.config, write_through_threshold=1)
     assert replay_trace(Trace(trace.header, one, trace.steps[:-1]), impl).divergence is None
+
+
+def test_sglang_imports_where_torch_sees_a_gpu_but_sgl_kernel_is_absent():
+    """On a GPU machine sglang's quantization layers import sgl_kernel at module level; the
+    adapter stands a placeholder in for it there, so the bench's CUDA scheduler loop measures
+    upstream beside fast (scripts/gpu-bench.sh). Run in a fresh interpreter that sees a GPU."""
+    import subprocess
+    import sys
+    code = (
+        "import torch\n"
+        "torch.cuda.is_available = lambda: True\n"
+        "torch.cuda.get_device_capability = lambda *a: (9, 0)\n"
+        "torch.version.cuda = '13.0'\n"
+        "from uniradix.conformance.adapters import upstream as U\n"
+        "up = U.load_upstream()\n"
+        "import sys, sgl_kernel\n"
+        "print(type(sgl_kernel).__name__, up.UnifiedRadixCache.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["_PlaceholderModule", "UnifiedRadixCache"]
