@@ -69,8 +69,9 @@ nightly: install
 
 # On a GPU machine: kernel tests on the GPU, then GB/s of the HiCache copy kernels
 # (docs/KERNELS.md); needs no network, under 10 minutes.
+# (GPU_BENCH_ARGS="--wheels .whl --budget 180" brings sglang along: docs/KERNELS.md)
 gpu-bench:
-	scripts/gpu-bench.sh
+	scripts/gpu-bench.sh $(GPU_BENCH_ARGS)
 
 # Throwaway virtualenv with upstream sglang 0.5.13.post1 (never a project dependency).
 upstream-venv:

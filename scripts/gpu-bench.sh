@@ -12,6 +12,9 @@
 #      skip with --no-tests); a failure is reported and the benchmark still runs;
 #   4. run `python -m uniradix.kernels.bench` (its flags pass through: --quick, --json FILE,
 #      --budget SECONDS; the budget defaults to 240 s here, under a 290 s timeout);
+#   (0. with --wheels DIR: install the wheels of DIR, made by scripts/gpu-wheels.sh on a machine
+#      with network, into a throwaway folder on PYTHONPATH, without network or dependencies, so
+#      sglang 0.5.13.post1 imports and step 5 measures upstream beside fast; at most 60 s)
 #   5. run the scheduler loop of `uniradix bench` with the cache's index tensors (the loop's
 #      slots and the KV allocator) on the GPU, `--device cuda`, fast beside upstream where
 #      sglang imports in this Python (else fast alone: the JSON's "not_measured" says why), 3
@@ -19,9 +22,10 @@
 #      70 s timeout; bench-results/scheduler-cuda.json), then the first 500 Mooncake requests,
 #      page 16 (a 40 s timeout; bench-results/scheduler-cuda-mooncake.json); `uniradix dashboard
 #      --add` reads both (configuration "+cuda"); skip with --no-sched.
-# The steps' timeouts add up to under 10 minutes (30 + 150 + 290 + 70 + 40 s, plus the checks).
+# The steps' timeouts add up to under 10 minutes (30 + 150 + 290 + 70 + 40 s, plus the checks;
+# with --wheels, pass --budget 180 or less to stay inside it).
 # Usage: scripts/gpu-bench.sh [--no-tests] [--no-sched] [--quick] [--json FILE] [--budget S]
-#        [--cpu-smoke]
+#        [--wheels DIR] [--cpu-smoke]
 #        (--cpu-smoke: no GPU needed; runs this script's steps on the CPU, Triton interpreted,
 #         the scheduler step with --device cpu on 60 requests, to bench-results/scheduler-cpu.json)
 #        (default JSON: bench-results/kernels-gpu.json)
@@ -38,8 +42,13 @@ args=()
 json_given=0
 budget_given=0
 cpu_smoke=0
+wheels=""
+want_wheels=0
 for a in "$@"; do
+  if [ "$want_wheels" = 1 ]; then wheels=$a; want_wheels=0; continue; fi
   case "$a" in
+    --wheels) want_wheels=1 ;;
+    --wheels=*) wheels=${a#--wheels=} ;;
     --cpu-smoke) cpu_smoke=1; args+=("$a") ;;
     --no-tests) run_tests=0 ;;
     --no-sched) run_sched=0 ;;
@@ -48,6 +57,7 @@ for a in "$@"; do
     *) args+=("$a") ;;
   esac
 done
+[ "$want_wheels" = 0 ] || { echo "gpu-bench: --wheels needs a folder" >&2; exit 2; }
 [ "$json_given" = 1 ] || args+=(--json "$root/bench-results/kernels-gpu.json")
 [ "$budget_given" = 1 ] || args+=(--budget 240)
 
@@ -73,6 +83,17 @@ fi
 
 shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
+if [ -n "$wheels" ]; then
+  ls "$wheels"/*.whl >/dev/null 2>&1 || { echo "gpu-bench: no wheels in $wheels (scripts/gpu-wheels.sh makes them)"; exit 2; }
+  if timeout 60 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target "$shim/site" "$wheels"/*.whl >"$shim/pip.log" 2>&1; then
+    export PYTHONPATH="$shim/site${PYTHONPATH:+:$PYTHONPATH}"
+    echo "gpu-bench: $(ls "$wheels"/*.whl | wc -l) wheels of $wheels installed for this run"
+  else
+    echo "gpu-bench: installing the wheels of $wheels failed; upstream will be missing:"
+    tail -5 "$shim/pip.log"
+  fi
+fi
 mkdir -p "$shim/uniradix/fast"
 : > "$shim/uniradix/__init__.py"
 for p in kernels spec conformance; do ln -s "$root/$p" "$shim/uniradix/$p"; done
