@@ -48,7 +48,9 @@ Not timed: building keys, values and parameter objects, the harness's own ``allo
 requests divided by the summed time of those calls; per-op times are kept as lists and reported
 as medians. For the spec the conversion between tensors/arrays and the lists it takes happens
 inside the wrapper and is timed with it. Python's garbage collector stays on (it is part of
-each implementation's cost); a full collection runs before each measured run.
+each implementation's cost); a full collection runs before each measured run, and by default
+(``--gc freeze``, :func:`gc_during_run`) the objects that exist then are frozen for the run, as
+SGLang's ``/freeze_gc`` does in a warmed-up server.
 
 Where the allocator runs over the pool model (the spec), the pool's ``free`` (a per-slot Python
 check in :class:`~uniradix.spec.world.PagedPool`) is the environment's work, yet inside the timed
@@ -88,6 +90,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -144,6 +147,30 @@ DEVICES = ("cpu", "cuda")
 # (time.thread_time: this thread's CPU time, blind to other processes on a shared machine,
 # less the clock's own cost per call: :func:`clock_cost`)
 CLOCKS = ("wall", "cpu")
+# --gc: what the garbage collector does around each measured run (gc_during_run)
+GC_MODES = ("freeze", "collect")
+
+
+@contextlib.contextmanager
+def gc_during_run(mode: str) -> Iterator[None]:
+    """Python's garbage collector around one measured run, for ``--gc mode`` (:data:`GC_MODES`).
+    Both modes run a full collection first and leave the collector on, so each implementation's
+    own garbage is collected, and paid for, as it is made. ``freeze`` then moves every object
+    that exists before the run (the interpreter's modules, torch, sglang, the workload, the
+    fresh cache) to the permanent generation, as SGLang's ``/freeze_gc`` does in a warmed-up
+    server: a full collection during the run walks only what the run made, not the whole
+    process's heap (here 0.2-0.3 s each, landing at random in one timed call); it unfreezes
+    after the run. ``collect`` (the bench before 2026-12-04) does not freeze."""
+    if mode not in GC_MODES:
+        raise ValueError(f"unknown gc mode {mode!r}; known: {', '.join(GC_MODES)}")
+    gc.collect()
+    if mode == "freeze":
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if mode == "freeze":
+            gc.unfreeze()
 
 
 def clock_cost(clock: Callable[[], float], samples: int = 2001) -> float:
@@ -1052,13 +1079,14 @@ class DrainEvents(Step):
 def run_bench(bundle: ApiBundle, workload: BenchWorkload,
               progress: Callable[[int, int], None] | None = None,
               keep: list | None = None, clock: str = "wall",
-              alloc_time: bool = False) -> BenchStats:
+              alloc_time: bool = False, gc_mode: str = "freeze") -> BenchStats:
     """Drive one fresh cache of ``bundle`` through ``workload``, with the bundle's steps; see
     the module docstring.  ``keep``, when given, receives (cache, allocator, pool, *the build's
     other parts) after the run.  ``clock`` (:data:`CLOCKS`) times the calls; the run's wall
     time is always ``time.perf_counter``.  ``alloc_time``: also the time the calls spend inside
     the allocator's frees (:class:`AllocTimer`; ``alloc_seconds`` and, per op,
-    ``op_alloc_seconds`` of the stats)."""
+    ``op_alloc_seconds`` of the stats).  ``gc_mode``: the collector around the run
+    (:func:`gc_during_run`)."""
     ps = workload.page_size
     timer, cost = bench_clock(clock)
     pool = TimedPagedPool(workload.kv_slots, ps, name="kv", clock=timer)
@@ -1126,63 +1154,63 @@ def run_bench(bundle: ApiBundle, workload: BenchWorkload,
         if progress is not None:
             progress(stats.requests + stats.aborted, workload.requests)
 
-    gc.collect()
-    wall0 = time.perf_counter()
-    for prompt, output in workload.stream():
-        while len(running) >= workload.inflight:
-            finish(running.popleft())
-        params = MatchP(key=RadixKey(prompt))
-        t0 = timer()
-        m = cache.match_prefix(params)
-        t1 = timer()
-        t_match.append(t1 - t0)
-        req = Request(prompt, output, m.last_device_node, m.device_indices)
-        for step in steps:
-            step.after_match(run, req, m)
-        t0 = timer()
-        lock = cache.inc_lock_ref(req.node)
-        t1 = timer()
-        t_lock.append(t1 - t0)
-        req.dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
-        req.matched = matched = len(req.indices)
-        stats.prompt_tokens += len(prompt)
-        stats.hit_tokens += matched
-        req.need = -(-(len(prompt) + len(output) - matched) // ps) * ps
-        if room is not None:
-            room.make_room(run, req)
-        else:
-            short = req.need - allocator.available_size()
-            if short > 0:
-                run.evict(req, num_tokens=short)
-        admitted = all([step.admit(run, req) for step in steps])
-        fresh = allocator.alloc(req.need) if admitted else None
-        extra: tuple[int, ...] = ()
-        for step in steps:
-            extra += step.admitted_fields(req)
-        record(1, matched, req.evicted, *extra)
-        if fresh is None:
-            for step in steps:
-                step.aborted(run, req)
+    with gc_during_run(gc_mode):
+        wall0 = time.perf_counter()
+        for prompt, output in workload.stream():
+            while len(running) >= workload.inflight:
+                finish(running.popleft())
+            params = MatchP(key=RadixKey(prompt))
             t0 = timer()
-            cache.dec_lock_ref(req.node, req.dec)
+            m = cache.match_prefix(params)
             t1 = timer()
-            t_unlock.append(t1 - t0)
-            record(3, 0, 0)
-            stats.aborted += 1
-        else:
-            req.tokens = prompt + output
-            req.slots = values.cat(req.indices, fresh)
-            running.append(req)
-            cached: tuple[int, ...] = ()
+            t_match.append(t1 - t0)
+            req = Request(prompt, output, m.last_device_node, m.device_indices)
             for step in steps:
-                cached += step.prefilled(run, req)
-            if cached:
-                record(4, req.matched, *cached)
-        for step in steps:
-            step.request_done(run)
-    while running:
-        finish(running.popleft())
-    stats.wall_seconds = time.perf_counter() - wall0
+                step.after_match(run, req, m)
+            t0 = timer()
+            lock = cache.inc_lock_ref(req.node)
+            t1 = timer()
+            t_lock.append(t1 - t0)
+            req.dec = lock.to_dec_params() if hasattr(lock, "to_dec_params") else None
+            req.matched = matched = len(req.indices)
+            stats.prompt_tokens += len(prompt)
+            stats.hit_tokens += matched
+            req.need = -(-(len(prompt) + len(output) - matched) // ps) * ps
+            if room is not None:
+                room.make_room(run, req)
+            else:
+                short = req.need - allocator.available_size()
+                if short > 0:
+                    run.evict(req, num_tokens=short)
+            admitted = all([step.admit(run, req) for step in steps])
+            fresh = allocator.alloc(req.need) if admitted else None
+            extra: tuple[int, ...] = ()
+            for step in steps:
+                extra += step.admitted_fields(req)
+            record(1, matched, req.evicted, *extra)
+            if fresh is None:
+                for step in steps:
+                    step.aborted(run, req)
+                t0 = timer()
+                cache.dec_lock_ref(req.node, req.dec)
+                t1 = timer()
+                t_unlock.append(t1 - t0)
+                record(3, 0, 0)
+                stats.aborted += 1
+            else:
+                req.tokens = prompt + output
+                req.slots = values.cat(req.indices, fresh)
+                running.append(req)
+                cached: tuple[int, ...] = ()
+                for step in steps:
+                    cached += step.prefilled(run, req)
+                if cached:
+                    record(4, req.matched, *cached)
+            for step in steps:
+                step.request_done(run)
+        while running:
+            finish(running.popleft())
+        stats.wall_seconds = time.perf_counter() - wall0
     if alloc is not None:
         stats.alloc_seconds = alloc.stop()
         stats.alloc_pools = alloc.by_pool()
@@ -1225,6 +1253,7 @@ class Comparison:
     # host tier's load back: conformance/bench/host.py LOAD_BACK_RULE); in the JSON and output
     notes: list = dataclasses.field(default_factory=list)
     alloc_time: bool = False  # --alloc-time: the runs measured the time inside the allocator
+    gc: str = "freeze"  # the collector around each run (GC_MODES, gc_during_run)
 
     def median_rps(self, impl: str) -> float:
         return statistics.median(s.requests_per_s for s in self.runs[impl])
@@ -1286,7 +1315,7 @@ class Comparison:
             "workload": workload, "page_size": self.page_size, "requests": self.requests,
             "kv_slots": self.kv_slots, "repeats": max((len(r) for r in self.runs.values()), default=0),
             "allocator": self.allocator, "device": self.device, "clock": self.clock,
-            "identical_outcomes": self.identical, "mismatches": self.mismatches,
+            "gc": self.gc, "identical_outcomes": self.identical, "mismatches": self.mismatches,
             "ratios_withheld": (None if self.identical else
                                 "the outcomes differ (mismatches): no speed ratio between "
                                 "conforming implementations"),
@@ -1351,7 +1380,7 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             strict: bool = True, log: Callable[[str], None] | None = None,
             repeats_for: dict | None = None, allocator: str = "freelist",
             device: str = "cpu", config: Any = None, clock: str = "wall",
-            alloc_time: bool = False) -> Comparison:
+            alloc_time: bool = False, gc_mode: str = "freeze") -> Comparison:
     """Run every available implementation ``repeats`` times on ``workload`` (``repeats_for``
     overrides that per implementation), alternating them and rotating the order each round so
     that machine noise hits all alike; fast and upstream over the KV allocator ``allocator``
@@ -1359,7 +1388,8 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
     :class:`~uniradix.conformance.bench.configs.BenchConfig`; None: Full on the device tier).
     An implementation that refuses the configuration or cannot be built is recorded in
     ``missing`` with the reason.  ``clock`` (:data:`CLOCKS`) times the calls; ``alloc_time``
-    also the time inside the allocator's frees (:class:`AllocTimer`).  Raises
+    also the time inside the allocator's frees (:class:`AllocTimer`); ``gc_mode`` the collector
+    around each run (:func:`gc_during_run`).  Raises
     :class:`ConformanceMismatch` (when ``strict``) if any outcome differs."""
     repeats_for = dict(repeats_for or {})
     bundles, missing = {}, {}
@@ -1375,7 +1405,8 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             missing[impl] = str(e)
     cmp = Comparison(workload_label(workload.name, label), workload.page_size, workload.requests,
                      workload.kv_slots, {impl: [] for impl in bundles}, missing,
-                     allocator=allocator, device=device, clock=clock, alloc_time=alloc_time)
+                     allocator=allocator, device=device, clock=clock, alloc_time=alloc_time,
+                     gc=gc_mode)
     if config is not None and config.hicache:
         from uniradix.conformance.bench.host import LOAD_BACK_RULE
         cmp.notes.append(LOAD_BACK_RULE)
@@ -1390,7 +1421,8 @@ def compare(impls: Sequence[str], workload: BenchWorkload, repeats: int = 3,
             if rep >= repeats_for.get(impl, repeats) or impl in cmp.missing:
                 continue
             try:
-                s = run_bench(bundles[impl], workload, clock=clock, alloc_time=alloc_time)
+                s = run_bench(bundles[impl], workload, clock=clock, alloc_time=alloc_time,
+                              gc_mode=gc_mode)
             except Exception as e:  # a speed peer may not take this workload at all
                 if impl not in PEERS:
                     raise
@@ -1613,6 +1645,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         "default) or cpu (time.thread_time: this thread's CPU time, which other "
                         "processes on a shared machine do not inflate, less the clock's own "
                         "cost per call); recorded in the JSON")
+    b.add_argument("--gc", choices=GC_MODES, default="freeze", dest="gc_mode",
+                   help="the garbage collector around each measured run, for every "
+                        "implementation alike: freeze (default: a full collection, then "
+                        "gc.freeze() so collections during the run walk only what the run "
+                        "made, as SGLang's /freeze_gc in a warmed-up server) or collect (a full "
+                        "collection only, the bench before 2026-12-04); the collector stays on "
+                        "either way; recorded in the JSON")
     b.add_argument("--alloc-time", action="store_true",
                    help="also time what the timed calls spend inside the KV allocator's frees "
                         "(its free() calls, and the C core's direct writes into sglang's "
@@ -1793,8 +1832,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     clock = getattr(args, "clock", "wall")
+    gc_mode = getattr(args, "gc_mode", "freeze")
     results: dict = {"comparisons": [], "memory": [], "allocator": allocator, "device": device,
-                     "clock": clock}
+                     "clock": clock, "gc": gc_mode}
     if "fast" in args.impl:  # the C core, or the pure-Python fallback (a Python it was not
         try:                 # built for, or UNIRADIX_PURE_PYTHON=1)
             from uniradix.fast.cache import NATIVE
@@ -1807,7 +1847,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
         results["torch_threads"] = torch.get_num_threads()
         log(f"torch intra-op threads: {results['torch_threads']}; allocator: {allocator}; "
-            f"device: {device}; clock: {clock}")
+            f"device: {device}; clock: {clock}; gc: {gc_mode}")
     status = 0
     for config in configs:
         for wname in args.workload:
@@ -1823,7 +1863,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 cmp = compare(args.impl, workload, repeats=max(1, args.repeat), strict=False,
                               log=log, repeats_for=spec_rounds, allocator=allocator,
                               device=device, config=None if config.is_full else config,
-                              clock=clock, alloc_time=alloc_time)
+                              clock=clock, alloc_time=alloc_time, gc_mode=gc_mode)
                 print_comparison(cmp)
                 if config.hicache:
                     from uniradix.conformance.bench.host import print_host_ops

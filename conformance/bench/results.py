@@ -178,6 +178,7 @@ def _throughput_from_comparison(c: dict) -> dict:
            "peer_differences": list(c.get("peer_differences") or []),
            "missing": dict(c.get("missing") or {}), "impls": impls, "noise_source": "rounds",
            "clock": str(c.get("clock") or "wall"),  # a bench from before --clock: wall
+           "gc": str(c.get("gc") or "collect"),  # a bench from before --gc: collect
            # the KV allocator under fast and upstream (bench --allocator; before it: freelist)
            "allocator": allocator}
     fig["ratios"] = fast_ratios(impls, c.get("identical_outcomes"))

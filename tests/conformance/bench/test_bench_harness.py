@@ -514,3 +514,41 @@ def test_clock_defaults_to_wall_and_unknown_or_cuda_cpu_are_refused(capsys):
         p.parse_args(["bench", "--clock", "tsc"])
     assert bench.main(["--clock", "cpu", "--device", "cuda", "--impl", "fast"]) == 2
     assert "--clock cpu with --device cuda" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", bench.GC_MODES)
+def test_gc_mode_freezes_the_heap_for_the_run_only(mode, tmp_path):
+    """--gc freeze: what exists before a run is in the permanent generation during it and back
+    after it; --gc collect freezes nothing. The collector stays on in both; the JSON says which."""
+    import gc
+    seen = []
+    bundle = bench.get_bundle("spec")
+    real_build = bundle.build
+
+    def build(*a, **k):  # the cache is built before the run; sample the freeze in its match
+        built = real_build(*a, **k)
+        cache = built[0]
+        match = cache.match_prefix
+
+        def watched(params):
+            seen.append((gc.get_freeze_count(), gc.isenabled()))
+            return match(params)
+        cache.match_prefix = watched
+        return built
+    import dataclasses
+    before = gc.get_freeze_count()
+    bench.run_bench(dataclasses.replace(bundle, build=build), tiny(1), gc_mode=mode)
+    assert gc.get_freeze_count() == before and seen
+    assert all(enabled for _, enabled in seen)
+    if mode == "freeze":
+        assert all(frozen > before + 1000 for frozen, _ in seen)
+    else:
+        assert all(frozen == before for frozen, _ in seen)
+    out = tmp_path / "b.json"
+    assert bench.main(["--impl", "spec", "--requests", "30", "--page-size", "1", "--repeat", "1",
+                       "--gc", mode, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["gc"] == mode and data["comparisons"][0]["gc"] == mode
+    with pytest.raises(ValueError, match="unknown gc mode"):
+        with bench.gc_during_run("off"):
+            pass
