@@ -444,14 +444,17 @@ def _front_by_torch(live: list[torch.Tensor], page_size: int) -> torch.Tensor | 
     pages = (torch.cat(live) if k > 1 else live[0]) // page_size
     if k == 1:
         return torch.unique(pages)
-    lo_t, hi_t = torch.aminmax(pages)
-    lo, span = int(lo_t), int(hi_t) - int(lo_t) + 1
+    # (on a GPU each value read back to the host waits for the device: one read for both
+    # bounds, and the segment ids' length given, so the sorted unique is the only other wait)
+    lo, hi = torch.stack(torch.aminmax(pages)).tolist()
+    span = hi - lo + 1
     if span * k >= 1 << 62:
         return None
     dev = pages.device
     seg = torch.repeat_interleave(
         torch.arange(k - 1, -1, -1, dtype=torch.int64, device=dev),
-        torch.tensor([p.shape[0] for p in live], dtype=torch.int64, device=dev))
+        torch.tensor([p.shape[0] for p in live], dtype=torch.int64, device=dev),
+        output_size=pages.shape[0])
     keys = torch.unique((pages - lo) + seg * span)  # sorted: by segment, then page
     return keys % span + lo
 

@@ -853,3 +853,32 @@ def test_native_frees_only_where_exact():
     assert p.free_pages.tolist()[:2] == [0, 1]
     p.debug_mode = True
     assert not core.native_release(_Holder(), p, [torch.tensor([4])])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_front_by_torch_takes_each_pieces_pages_once_in_order(seed):
+    """The torch front (any device: what a GPU allocator's batched paged free writes) against
+    the floor divisions it stands for; None only where its keys would overflow int64."""
+    rng = random.Random(seed)
+    ps = rng.choice([1, 3, 4, 16])
+    pieces = []
+    for _ in range(rng.randint(1, 6)):
+        kind = rng.choice(["run", "mixed", "negative", "top"])
+        if kind == "run":
+            start = rng.randrange(0, 50) * ps
+            vals = list(range(start, start + ps * rng.randint(1, 4)))
+        elif kind == "mixed":
+            vals = [rng.randrange(0, 8 * ps) for _ in range(rng.randint(1, 20))]
+        elif kind == "negative":
+            vals = [rng.randrange(-5 * ps, 5 * ps) for _ in range(rng.randint(1, 12))]
+        else:
+            vals = [2 ** 63 - 1 - rng.randrange(0, 3 * ps) for _ in range(rng.randint(1, 8))]
+        pieces.append(torch.tensor(vals, dtype=torch.int64))
+    want = []
+    for piece in reversed(pieces):
+        want += sorted({v // ps for v in piece.tolist()})
+    got = frees._front_by_torch(pieces, ps)
+    if got is None:
+        assert any(p.max() > 2 ** 62 for p in pieces) and len(pieces) > 1
+        return
+    assert got.tolist() == want, (ps, [p.tolist() for p in pieces])
