@@ -8,22 +8,25 @@
 #      whose fast links to fast/'s files), and build fast's C core for this Python into that
 #      folder (at most 30 s; where it cannot be built, fast runs its pure-Python code and the
 #      scheduler JSON says so in "fast_core");
-#   3. run the kernel tests on the GPU (pinned host pool, side stream, events; at most 150 s;
+#   3. run the kernel tests on the GPU (pinned host pool, side stream, events; at most 120 s;
 #      skip with --no-tests); a failure is reported and the benchmark still runs;
 #   4. run `python -m uniradix.kernels.bench` (its flags pass through: --quick, --json FILE,
-#      --budget SECONDS; the budget defaults to 240 s here, under a 290 s timeout);
+#      --budget SECONDS; the budget defaults to 180 s here, under a 230 s timeout);
 #   (0. with --wheels DIR: install the wheels of DIR, made by scripts/gpu-wheels.sh on a machine
 #      with network, into a throwaway folder on PYTHONPATH, without network or dependencies, so
-#      sglang 0.5.13.post1 imports and step 5 measures upstream beside fast; at most 60 s)
+#      sglang 0.5.13.post1 imports and step 5 measures upstream beside fast; at most 30 s)
 #   5. run the scheduler loop of `uniradix bench` with the cache's index tensors (the loop's
 #      slots and the KV allocator) on the GPU, `--device cuda`, fast beside upstream where
 #      sglang imports in this Python (else fast alone: the JSON's "not_measured" says why), 3
 #      alternating rounds: shared-prefix, 1,000 requests, pages 1 and 16 (a 45 s budget under a
 #      70 s timeout; bench-results/scheduler-cuda.json), then the first 500 Mooncake requests,
 #      page 16 (a 40 s timeout; bench-results/scheduler-cuda-mooncake.json); `uniradix dashboard
-#      --add` reads both (configuration "+cuda"); skip with --no-sched.
-# The steps' timeouts add up to under 10 minutes (30 + 150 + 290 + 70 + 40 s, plus the checks;
-# with --wheels, pass --budget 180 or less to stay inside it).
+#      --add` reads both (configuration "+cuda"); where sglang imports, last the production
+#      setting: both caches over sglang's own allocators with CUDA tensors (`--allocator
+#      sglang`), 1,000 Mooncake requests, pages 1 and 16, 2 rounds (a 40 s budget under a 60 s
+#      timeout; bench-results/scheduler-cuda-sglang.json); skip with --no-sched.
+# The steps' timeouts add up to under 10 minutes (30 + 30 + 120 + 230 + 70 + 40 + 60 s, plus
+# the checks).
 # Usage: scripts/gpu-bench.sh [--no-tests] [--no-sched] [--quick] [--json FILE] [--budget S]
 #        [--wheels DIR] [--cpu-smoke]
 #        (--cpu-smoke: no GPU needed; runs this script's steps on the CPU, Triton interpreted,
@@ -59,7 +62,7 @@ for a in "$@"; do
 done
 [ "$want_wheels" = 0 ] || { echo "gpu-bench: --wheels needs a folder" >&2; exit 2; }
 [ "$json_given" = 1 ] || args+=(--json "$root/bench-results/kernels-gpu.json")
-[ "$budget_given" = 1 ] || args+=(--budget 240)
+[ "$budget_given" = 1 ] || args+=(--budget 180)
 
 if ! GPU_BENCH_CPU_SMOKE=$cpu_smoke "$py" - <<'EOF'
 import os, sys
@@ -85,7 +88,7 @@ shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
 if [ -n "$wheels" ]; then
   ls "$wheels"/*.whl >/dev/null 2>&1 || { echo "gpu-bench: no wheels in $wheels (scripts/gpu-wheels.sh makes them)"; exit 2; }
-  if timeout 60 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  if timeout 30 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --target "$shim/site" "$wheels"/*.whl >"$shim/pip.log" 2>&1; then
     export PYTHONPATH="$shim/site${PYTHONPATH:+:$PYTHONPATH}"
     echo "gpu-bench: $(ls "$wheels"/*.whl | wc -l) wheels of $wheels installed for this run"
@@ -118,12 +121,12 @@ cd "$root"
 tests_rc=0
 if [ "$run_tests" = 1 ]; then
   echo "gpu-bench: kernel tests on the GPU (slow ones included)"
-  timeout 150 "$py" -m pytest -q -p no:cacheprovider -o addopts="" tests/kernels/test_kernels.py || tests_rc=$?
+  timeout 120 "$py" -m pytest -q -p no:cacheprovider -o addopts="" tests/kernels/test_kernels.py || tests_rc=$?
   [ "$tests_rc" = 0 ] || echo "gpu-bench: kernel tests FAILED or timed out (status $tests_rc); benchmarking anyway"
 fi
 echo "gpu-bench: benchmark"
 bench_rc=0
-timeout 290 "$py" -m uniradix.kernels.bench "${args[@]}" || bench_rc=$?
+timeout 230 "$py" -m uniradix.kernels.bench "${args[@]}" || bench_rc=$?
 [ "$bench_rc" = 0 ] || echo "gpu-bench: benchmark exited with status $bench_rc"
 
 sched_rc=0
@@ -142,6 +145,13 @@ if [ "$run_sched" = 1 ]; then
     timeout 40 "$py" -m uniradix.conformance.bench.loop --impl fast,upstream --device "$device" \
       --workload mooncake --page-size 16 --requests 500 --repeat 3 \
       --json "$root/bench-results/scheduler-$device-mooncake.json" || sched_rc=$?
+    if "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"; then
+      timeout 60 "$py" -m uniradix.conformance.bench.loop --impl fast,upstream --device "$device" \
+        --allocator sglang --workload mooncake --page-size 1,16 --requests 1000 --repeat 2 \
+        --budget 40 --json "$root/bench-results/scheduler-$device-sglang.json" || sched_rc=$?
+    else
+      echo "gpu-bench: sglang does not import here: no run over its allocators (--wheels DIR)"
+    fi
   fi
   [ "$sched_rc" = 0 ] || echo "gpu-bench: scheduler bench exited with status $sched_rc"
   "$py" - "$sched_json" <<'EOF' || true
