@@ -225,6 +225,36 @@ def test_paged_front_native_rejects_bad_input():
     assert bytes(core.paged_front([torch.tensor([], dtype=torch.int64)], 4)) == b""
 
 
+def _odd_pieces(rng: random.Random, ps: int, count: int, min_mixed: int) -> list:
+    """Pieces whose slots leave a page and come back to it, run backwards, go below 0, or sit
+    at the top of int64 (where a page's slot range would overflow), or are whole pages in
+    order (a tree node's slots)."""
+    top = 2 ** 63 - 1
+    pieces = []
+    for _ in range(count):
+        kind = rng.choice(["run", "mixed", "negative", "top"])
+        if kind == "run":
+            start = rng.randrange(0, 50) * ps
+            vals = list(range(start, start + ps * rng.randint(1, 4)))
+        elif kind == "mixed":
+            vals = [rng.randrange(0, 8 * ps) for _ in range(rng.randint(min_mixed, 20))]
+        elif kind == "negative":
+            vals = [rng.randrange(-5 * ps, 5 * ps) for _ in range(rng.randint(1, 12))]
+        else:
+            vals = [top - rng.randrange(0, 3 * ps) for _ in range(rng.randint(1, 8))]
+        pieces.append(torch.tensor(vals, dtype=torch.int64))
+    return pieces
+
+
+def _front_reference(pieces: list, ps: int) -> list:
+    """What one free() per piece puts in front of a paged list: the last piece's pages first,
+    each piece's sorted and once."""
+    want: list = []
+    for piece in reversed(pieces):
+        want += sorted({v // ps for v in piece.tolist()})
+    return want
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_paged_front_native_takes_each_pieces_pages_once_in_order(seed):
     """``paged_front`` (the paged frees' page ids: the pieces last first, each piece's pages
@@ -236,23 +266,8 @@ def test_paged_front_native_takes_each_pieces_pages_once_in_order(seed):
         pytest.skip("the C core is not built")
     rng = random.Random(seed)
     ps = rng.choice([1, 3, 4, 16])
-    top = 2 ** 63 - 1
-    pieces = []
-    for _ in range(rng.randint(1, 5)):
-        kind = rng.choice(["run", "mixed", "negative", "top"])
-        if kind == "run":  # whole pages, in order (a tree node's slots)
-            start = rng.randrange(0, 50) * ps
-            vals = list(range(start, start + ps * rng.randint(1, 4)))
-        elif kind == "mixed":
-            vals = [rng.randrange(0, 8 * ps) for _ in range(rng.randint(0, 20))]
-        elif kind == "negative":
-            vals = [rng.randrange(-5 * ps, 5 * ps) for _ in range(rng.randint(1, 12))]
-        else:
-            vals = [top - rng.randrange(0, 3 * ps) for _ in range(rng.randint(1, 8))]
-        pieces.append(torch.tensor(vals, dtype=torch.int64))
-    want = []
-    for piece in reversed(pieces):
-        want += sorted({v // ps for v in piece.tolist()})
+    pieces = _odd_pieces(rng, ps, rng.randint(1, 5), min_mixed=0)
+    want = _front_reference(pieces, ps)
     got = torch.frombuffer(bytearray(core.paged_front(pieces, ps)), dtype=torch.int64).tolist()
     assert got == want, (ps, [p.tolist() for p in pieces])
 
@@ -861,22 +876,8 @@ def test_front_by_torch_takes_each_pieces_pages_once_in_order(seed):
     the floor divisions it stands for; None only where its keys would overflow int64."""
     rng = random.Random(seed)
     ps = rng.choice([1, 3, 4, 16])
-    pieces = []
-    for _ in range(rng.randint(1, 6)):
-        kind = rng.choice(["run", "mixed", "negative", "top"])
-        if kind == "run":
-            start = rng.randrange(0, 50) * ps
-            vals = list(range(start, start + ps * rng.randint(1, 4)))
-        elif kind == "mixed":
-            vals = [rng.randrange(0, 8 * ps) for _ in range(rng.randint(1, 20))]
-        elif kind == "negative":
-            vals = [rng.randrange(-5 * ps, 5 * ps) for _ in range(rng.randint(1, 12))]
-        else:
-            vals = [2 ** 63 - 1 - rng.randrange(0, 3 * ps) for _ in range(rng.randint(1, 8))]
-        pieces.append(torch.tensor(vals, dtype=torch.int64))
-    want = []
-    for piece in reversed(pieces):
-        want += sorted({v // ps for v in piece.tolist()})
+    pieces = _odd_pieces(rng, ps, rng.randint(1, 6), min_mixed=1)
+    want = _front_reference(pieces, ps)
     got = frees._front_by_torch(pieces, ps)
     if got is None:
         assert any(p.max() > 2 ** 62 for p in pieces) and len(pieces) > 1
