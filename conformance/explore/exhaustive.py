@@ -1069,40 +1069,48 @@ def fast_fingerprint(adapter: Any) -> tuple:
     """The fast path's hidden state, as far as it can decide the future, up to renaming (node
     ids, the clock's value, tensor storage): per node (by path) its stamp rank, its count of
     children holding device data, whether a live heap entry (stamp == the node's stamp) exists;
-    whether the clock is ahead of every stamp; whether the heap is big enough for compaction
-    to trigger; the driver's handles and the requests' locks by path.  Stale heap entries are
-    inert (stamps only grow, so an entry once stale stays stale; a detached node never comes
-    back) and are left out.  Reads the cache's private fields; when they change name the
-    fingerprint degrades to ``opaque`` and the dedup leans on the snapshot alone."""
-    try:
-        c = adapter.cache
-        root = c.root_node
-        nodes = [n for n in c.all_nodes() if n is not root]
-        paths = {id(n): _pkey(n.extra_key, adapter._tokens_of(n)) for n in nodes}
-        stamps = sorted({n.last_access_time for n in nodes})
-        rank = {s: k for k, s in enumerate(stamps)}
-        live = {id(n) for s, n in c._heap if n.last_access_time == s and id(n) in paths}
-        per_node = tuple(sorted((paths[id(n)], rank[n.last_access_time], n.dev_children,
-                                 id(n) in live, n.lock_ref) for n in nodes))
-        ids = {n.id: paths[id(n)] for n in nodes}
+    whether the clock is ahead of every stamp; whether the leaf heap's compactions are due
+    (:func:`_heap_due`); the driver's handles and the requests' locks by path.  Stale heap
+    entries are inert (stamps only grow, so an entry once stale stays stale; a detached node
+    never comes back) and are left out.  Reads the cache's private fields: a renamed one raises
+    AttributeError and stops the search, where it would otherwise leave the dedup to the
+    snapshot alone (tests/conformance/explore/test_exhaustive.py builds every universe's)."""
+    c = adapter.cache
+    root = c.root_node
+    nodes = [n for n in c.all_nodes() if n is not root]
+    paths = {id(n): _pkey(n.extra_key, adapter._tokens_of(n)) for n in nodes}
+    stamps = sorted({n.last_access_time for n in nodes})
+    rank = {s: k for k, s in enumerate(stamps)}
+    live = {id(n) for s, n in c._heap if n.last_access_time == s and id(n) in paths}
+    per_node = tuple(sorted((paths[id(n)], rank[n.last_access_time], n.dev_children,
+                             id(n) in live, n.lock_ref) for n in nodes))
+    ids = {n.id: paths[id(n)] for n in nodes}
 
-        def skip_paths(params: Any) -> tuple:
-            if params is None:
-                return ()
-            return tuple(sorted(str(ids.get(i, "detached"))
-                                for s in params.skip_lock_node_ids.values() for i in s))
+    def skip_paths(params: Any) -> tuple:
+        if params is None:
+            return ()
+        return tuple(sorted(str(ids.get(i, "detached"))
+                            for s in params.skip_lock_node_ids.values() for i in s))
 
-        handles = tuple(sorted((paths.get(id(node), "detached"), skip_paths(p))
-                               for node, p in adapter.handles.values()))
-        reqs = tuple((rid, paths.get(id(r.last_node), "root" if r.last_node is root else None),
-                      skip_paths(r.dec_lock_params), r.cache_protected_len, r.committed,
-                      r.row_len, len(r.output_ids))
-                     for rid, r in sorted(adapter.requests.items()))
-        clock_ok = all(c._clock >= n.last_access_time for n in nodes)
-        host = _fast_host(adapter, nodes, paths, ids) if adapter.config.has_host_tier else ()
-        return ("fast", per_node, clock_ok, len(c._heap) > 64, handles, reqs, host)
-    except AttributeError as e:  # pragma: no cover - the fast path renamed its fields
-        return ("fast", "opaque", str(e))
+    handles = tuple(sorted((paths.get(id(node), "detached"), skip_paths(p))
+                           for node, p in adapter.handles.values()))
+    reqs = tuple((rid, paths.get(id(r.last_node), "root" if r.last_node is root else None),
+                  skip_paths(r.dec_lock_params), r.cache_protected_len, r.committed,
+                  r.row_len, len(r.output_ids))
+                 for rid, r in sorted(adapter.requests.items()))
+    clock_ok = all(c._clock >= n.last_access_time for n in nodes)
+    host = _fast_host(adapter, nodes, paths, ids) if adapter.config.has_host_tier else ()
+    due = _heap_due(c._leaf_heap, c._evictable // max(c.page_size, 1))
+    return ("fast", per_node, clock_ok, due, handles, reqs, host)
+
+
+def _heap_due(heap: Any, live_bound: int) -> tuple[bool, bool]:
+    """Which of a ``LazyHeap``'s two compactions (fast/structures.py) are due: ``upkeep``'s
+    (more entries than its ``cap``, at the end of a public call that can push) and an
+    eviction's (``needs_compaction``, given the owner's bound on its live entries).  A
+    compaction changes no pop order; this keeps apart states whose next calls run different
+    code."""
+    return (len(heap.entries) > heap.cap, heap.needs_compaction(live_bound))
 
 
 def _fast_host(adapter: Any, nodes: list, paths: dict, ids: dict) -> tuple:
@@ -1112,7 +1120,8 @@ def _fast_host(adapter: Any, nodes: list, paths: dict, ids: dict) -> tuple:
     in-flight transfer holds (by its anchor and skipped paths); the driver's host locks by
     path and whether they counted."""
     c = adapter.cache
-    live = {id(n) for s, n in c._host_heap if n.last_access_time == s and id(n) in paths}
+    heap = c.tier.host_leaf_heap
+    live = {id(n) for s, n in heap.entries if n.last_access_time == s and id(n) in paths}
     per_node = tuple(sorted((paths[id(n)], n.host_lock_ref, n in c.host_leaves, id(n) in live)
                             for n in nodes))
 
@@ -1139,7 +1148,8 @@ def _fast_host(adapter: Any, nodes: list, paths: dict, ids: dict) -> tuple:
         queues.append(tuple(acks))
     held = tuple(sorted((paths.get(id(node), "detached"), locked)
                         for node, locked, *_ in adapter.host_handles.values()))
-    return (per_node, tuple(queues), held, len(cc._pending_loads), len(c._host_heap) > 64)
+    return (per_node, tuple(queues), held, len(cc._pending_loads),
+            _heap_due(heap, len(c.host_leaves)))
 
 
 def fingerprint(adapter: Any) -> tuple:

@@ -284,6 +284,35 @@ def test_key_keeps_inner_access_order_apart():
     assert freed == [[1], [4]]
 
 
+@pytest.mark.parametrize("name", sorted(ex.UNIVERSES))
+def test_every_universe_reads_the_fast_paths_hidden_state(name):
+    """The fast fingerprint is built in every universe.  It used to catch AttributeError and
+    answer one constant ``opaque`` tuple: the host universes had done so since fast/ became a
+    tree of plug-ins (the cache's ``_host_heap`` became the tier's ``host_leaf_heap``), which
+    left their dedup to the snapshot and the spec's fingerprint without anyone noticing."""
+    u = ex.UNIVERSES[name]
+    fa = _pair(u, [("alloc", {"n": 1}), ("insert", {"tokens": [1], "value": [1]})]).adapters[1]
+    fp = ex.fingerprint(fa)
+    assert fp[0] == "fast" and fp[1] != "opaque" and len(fp) == 7
+    assert (fp[-1] != ()) == bool(u.host)
+    if name == "host-p1-wt":  # the write-through backup's ack is pending: the key sees it
+        assert fp[-1][1][0], fp[-1]
+
+
+def test_key_records_when_the_heaps_compactions_are_due():
+    """What decides whether the next call compacts a heap is its own ``cap`` (twice the live
+    entries of the last compaction plus COMPACT_MIN) and, in an eviction, ``needs_compaction``;
+    the key used to record only "more than 64 entries"."""
+    from uniradix.fast.structures import COMPACT_MIN, LazyHeap
+    heap = LazyHeap()
+    heap.entries.extend((k, None) for k in range(COMPACT_MIN + 6))
+    heap.cap = 2 * 40 + COMPACT_MIN  # (as a compaction that kept 40 live entries leaves it)
+    assert ex._heap_due(heap, 40) == (False, False)
+    assert ex._heap_due(heap, 0) == (False, True)  # stale entries clearly outnumber live ones
+    heap.entries.extend((k, None) for k in range(heap.cap))
+    assert ex._heap_due(heap, 40) == (True, False)
+
+
 def test_transitions_are_a_table_a_tier_can_extend():
     u = ex.UNIVERSES["full-p1"]
     w = ex.World.of(u, SpecAdapter(u.config()))
