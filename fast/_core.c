@@ -88,7 +88,7 @@ static long long g_next_id = 1;
 
 static PyObject *s_root_node, *s_page_size, *s_clock, *s_heap, *s_evictable, *s_protected,
     *s_alloc, *s_free, *s_owned, *s_validate, *s_tolist, *s_update, *s_difference_update,
-    *s_free_values, *s_free_joined, *s_free_ranges, *s_numel, *s_data_ptr, *s_is_cpu, *s_ndim, *s_is_contiguous;
+    *s_free_values, *s_free_joined, *s_free_ranges, *s_free_order, *s_queue, *s_numel, *s_data_ptr, *s_is_cpu, *s_ndim, *s_is_contiguous;
 
 /* ------------------------------------------------------------------------------------------ */
 /* TreeNode                                                                                    */
@@ -3443,6 +3443,28 @@ free_joined(PyObject *self, PyObject *batch)
     return discard(r) < 0 ? -1 : 2;
 }
 
+/* fast/frees.py QUEUE_JOIN_MAX: under a QUEUE allocator, the average value length (slots) up
+ * to which the values are joined (copied into one tensor) rather than freed one call each */
+#define QUEUE_JOIN_MAX 256
+
+/* Whether alloc's class declares fast/frees.py's QUEUE order (its free keeps the tensor it is
+ * given at a small constant cost a call, so long values are better freed each as its view
+ * than copied into one): 1, 0 or -1. */
+static int
+declares_queue(PyObject *alloc)
+{
+    PyObject *o = PyObject_GetAttr((PyObject *)Py_TYPE(alloc), s_free_order);
+    if (o == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int r = PyUnicode_Check(o) ? PyUnicode_Compare(o, s_queue) == 0 : 0;
+    Py_DECREF(o);
+    return r;
+}
+
 /* Hand the evicted nodes' values back: into sglang's exact allocators on the CPU directly
  * (native frees), else one piece straight to the allocator's own free (at any page size:
  * one free of one piece is exactly what one free per node does), else through the cache's
@@ -3459,11 +3481,23 @@ flush_frees(PyObject *self, PyObject *alloc, PyObject *batch)
     PyErr_Fetch(&et, &ev, &tb);
     int native = alloc == NULL ? 0 : native_release_list(self, alloc, batch);
     PyObject *r = NULL;
+    if (native == 0 && n > 1 && alloc != NULL) {  /* (QUEUE: long values are not joined) */
+        Py_ssize_t total = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *v = PyList_GET_ITEM(batch, i);
+            total += IS_SLOTS(v) ? Py_SIZE(v) : 0;
+        }
+        int q = total > (Py_ssize_t)QUEUE_JOIN_MAX * n ? declares_queue(alloc) : 0;
+        if (q < 0)
+            goto failed;
+        if (q)
+            native = 3;  /* (the Python path below: each value as its view) */
+    }
     if (native == 1) {
         r = Py_NewRef(Py_None);
     } else if (native == 0 && n > 1 && (native = free_joined(self, batch)) < 0) {
         goto failed;
-    } else if (native == 0) {
+    } else if (native == 0 || native == 3) {
         /* the Python path frees tensors: a Slots value goes as its view */
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *v = PyList_GET_ITEM(batch, i);
@@ -11797,6 +11831,8 @@ PyInit__core(void)
     INTERN(s_uk_cap, "cap");
     INTERN(s_free_values, "_free_values");
     INTERN(s_free_joined, "_free_joined");
+    INTERN(s_free_order, "uniradix_free_order");
+    INTERN(s_queue, "queue");
     INTERN(s_free_ranges, "_free_ranges");
     INTERN(s_numel, "numel");
     INTERN(s_data_ptr, "data_ptr");

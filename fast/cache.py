@@ -731,10 +731,10 @@ class UnifiedRadixCache(compat.EngineDefaults):
         """Free two or more evicted values the C core's evict holds as C memory: ``joined`` is
         their concatenation in free order, ``lengths`` each one's length.  One free of
         ``joined`` where the allocator frees a concatenation exactly as it frees the pieces in
-        turn (fast/frees.py ``free_order`` APPEND); otherwise the pieces, as views of it,
-        through :meth:`_free_values`."""
+        turn (fast/frees.py ``free_order`` APPEND, and QUEUE, whose long pieces the C core
+        does not join); otherwise the pieces, as views of it, through :meth:`_free_values`."""
         alloc = self.token_to_kv_pool_allocator
-        if frees.free_order(alloc) == frees.APPEND:  # (looked up at each call)
+        if frees.free_order(alloc) in (frees.APPEND, frees.QUEUE):  # (looked up at each call)
             release(alloc, [joined], holder=self._tail())
         else:
             self._free_values(list(joined.split(lengths)))

@@ -43,9 +43,16 @@ appends, it keeps spare room after it, so a free writes only the new slots (docs
 the same results.
 
 An allocator outside sglang declares its semantics with a class attribute
-``uniradix_free_order`` (:data:`APPEND` or :data:`PER_CALL`); the conformance environment's
-pools and the bench's free list declare :data:`APPEND` (their state does not depend on the order
-of frees within a call, and they log every freed slot).
+``uniradix_free_order`` (:data:`APPEND`, :data:`QUEUE` or :data:`PER_CALL`); the conformance
+environment's pools declare :data:`APPEND` (their state does not depend on the order of frees
+within a call, and they log every freed slot), the bench's free list :data:`QUEUE`:
+
+* :data:`QUEUE`: :data:`APPEND`'s semantics, and a ``free`` that keeps the tensor it is given
+  (queued until an ``alloc`` merges the queue) at a small constant cost a call.  A
+  concatenation would be a copy of every slot for nothing, so :func:`release` frees each
+  piece with a call of its own where the pieces are long (over :data:`QUEUE_JOIN_MAX` slots
+  on average: the copy costs more than the calls) and one concatenation where they are short
+  (the C core's evict likewise).
 
 Every function here keeps the pieces' order within each call, so an allocator that logs the
 slots it is given (the conformance runs' ``freed`` effects) sees the same sequence of slots.
@@ -63,8 +70,14 @@ import torch
 APPEND = "append"
 PER_CALL = "per_call"
 PAGED = "paged"
+QUEUE = "queue"
 
-_ORDERS = (APPEND, PER_CALL)
+_ORDERS = (APPEND, PER_CALL, QUEUE)
+
+#: under :data:`QUEUE`, the average piece length (slots) up to which one concatenation is
+#: freed rather than each piece (fast/_core.c ``QUEUE_JOIN_MAX`` is the same number): copying
+#: 2 KiB costs about what a call and a tensor view cost
+QUEUE_JOIN_MAX = 256
 
 # sglang's free methods whose semantics are known (module, qualified name) -> order; "swa" ones
 # depend on the SWA allocator's sub-allocators (see free_order).
@@ -81,8 +94,9 @@ _KNOWN: dict[tuple[str | None, str | None], str] = {
 
 
 def free_order(alloc: Any, method: str = "free") -> str:
-    """What ``alloc.<method>`` does with a concatenation of pieces: :data:`APPEND` or
-    :data:`PER_CALL` (see the module docstring).  Read at each call,
+    """What ``alloc.<method>`` does with a concatenation of pieces: :data:`APPEND`,
+    :data:`QUEUE` (declared only), :data:`PAGED` or :data:`PER_CALL` (see the module
+    docstring).  Read at each call,
     so a scheduler free group that opens or closes in between is seen."""
     if getattr(alloc, "is_not_in_free_group", True) is False and method == "free":
         return APPEND  # queued, concatenated in order by free_group_end
@@ -135,6 +149,12 @@ def release(alloc: Any, pieces: Sequence[torch.Tensor], method: str = "free",
         return 1
     fn = getattr(alloc, method)
     order = free_order(alloc, method)
+    if order == QUEUE:
+        if sum(p.numel() for p in pieces) > QUEUE_JOIN_MAX * k:  # long pieces: no copy
+            for p in pieces:
+                fn(p)
+            return k
+        order = APPEND
     if order == APPEND:
         if method == "free" and append_release(alloc, pieces):
             return 1
@@ -464,15 +484,15 @@ def release_ranges(alloc: Any, value: torch.Tensor, bounds: Sequence[int],
     """Free ``value[lo:hi]`` for each ``(lo, hi)`` in ``bounds`` (flat: ``lo0, hi0, lo1, hi1,
     ...``, in free order, one range per node as upstream frees them) through ``alloc.free`` in
     as few calls as :func:`free_order` allows (through :func:`release`); under :data:`APPEND`
-    adjacent ranges are freed as one slice (a view, no copy).  Returns the number of allocator
-    calls made."""
+    and :data:`QUEUE` adjacent ranges are freed as one slice (a view, no copy).  Returns the
+    number of allocator calls made."""
     if len(bounds) == 2:  # one range: one call whatever the order, as in release
         return release(alloc, [value[bounds[0]:bounds[1]]], holder=holder)
     order = free_order(alloc)
     if order == PAGED:
         return release(alloc, [value[bounds[i]:bounds[i + 1]] for i in range(0, len(bounds), 2)],
                        holder=holder)
-    if order == APPEND:
+    if order == APPEND or order == QUEUE:
         merged: list[torch.Tensor] = []
         lo, hi = bounds[0], bounds[1]
         for i in range(2, len(bounds), 2):

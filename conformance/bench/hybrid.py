@@ -54,6 +54,10 @@ class SwaFreeListAllocator(FreeListAllocator):
     """Full slots and SWA slots as two free lists, and the map full -> SWA (0 = none) as a
     tensor: ``free`` releases both, ``free_swa`` the SWA ones only, no per-slot Python work."""
 
+    # a call reads and writes the map (torch calls each time): one call of a concatenation
+    # costs less than a call per piece, so not the free list's QUEUE (fast/frees.py)
+    uniradix_free_order = "append"
+
     def __init__(self, usable_slots: int, swa_slots: int, page_size: int, torch_module) -> None:
         FreeListAllocator.__init__(self, usable_slots, page_size, torch_module)
         self.swa = FreeListAllocator(swa_slots, page_size, torch_module)

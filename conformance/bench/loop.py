@@ -222,9 +222,10 @@ class FreeListAllocator:
     :class:`PagedPool`; a cache's decisions do not depend on them, so hit rate and evictions are
     the same as over the pool (``compare`` checks the outcomes agree)."""
 
-    # frees are appended in order: one free of a concatenation is the same as one per piece
-    # (fast/frees.py batches the cache's frees for it)
-    uniradix_free_order = "append"
+    # frees are queued in order: one free of a concatenation is the same as one per piece, and
+    # a free keeps its tensor at a constant cost, so fast/frees.py frees long pieces each with
+    # a call rather than copy them into one (QUEUE)
+    uniradix_free_order = "queue"
 
     def __init__(self, usable_slots: int, page_size: int, torch_module,
                  device: str = "cpu") -> None:

@@ -95,7 +95,10 @@ def test_free_order_of_allocators():
     grouped = Unknown()
     grouped.is_not_in_free_group = False  # inside free_group_begin .. free_group_end
     assert frees.free_order(grouped) == frees.APPEND
-    assert frees.free_order(bench.FreeListAllocator(64, 4, torch)) == frees.APPEND
+    assert frees.free_order(bench.FreeListAllocator(64, 4, torch)) == frees.QUEUE
+    # (its SWA twin reads and writes the map each call: one call of a concatenation)
+    swa = bench_hybrid.SwaFreeListAllocator(64, 32, 4, torch)
+    assert frees.free_order(swa) == frees.APPEND
 
 
 def test_one_piece_is_one_free_call_without_asking_the_order(monkeypatch):
@@ -141,6 +144,80 @@ def test_release_leaves_the_free_list_of_one_call_per_piece(seed):
         assert calls == batched.calls <= ref.calls == len(pieces)
         if isinstance(batched, AppendAllocator) and len(pieces) > 1:
             assert batched.calls == 1
+
+
+class QueueAllocator(AppendAllocator):
+    """QUEUE: APPEND's semantics, and each call keeps the tensor it is given (a queue merged
+    later), so copying long pieces into one would cost more than a call each."""
+
+    uniradix_free_order = frees.QUEUE
+
+    def __init__(self, usable_slots: int) -> None:
+        super().__init__(usable_slots)
+        self.given: list = []
+
+    def free(self, free_index) -> None:
+        if free_index.numel():
+            self.given.append(free_index)
+        super().free(free_index)
+
+
+@pytest.mark.parametrize("length", [frees.QUEUE_JOIN_MAX // 4, frees.QUEUE_JOIN_MAX + 8])
+def test_queue_frees_long_pieces_each_and_joins_short_ones(length):
+    """Under QUEUE the free list ends as one call per piece leaves it either way; pieces over
+    QUEUE_JOIN_MAX slots on average go each with a call of its own, as they are (no copy),
+    shorter ones as one concatenation; release_ranges still frees adjacent ranges as one."""
+    pieces = [torch.arange(i * length, (i + 1) * length, dtype=torch.int64) for i in range(4)]
+    batched, ref = QueueAllocator(8), QueueAllocator(8)
+    calls = frees.release(batched, pieces)
+    for p in pieces:
+        ref.free(p)
+    assert batched.pages.tolist() == ref.pages.tolist()
+    long = length > frees.QUEUE_JOIN_MAX
+    assert calls == batched.calls == (4 if long else 1)
+    if long:
+        assert all(g is p for g, p in zip(batched.given, pieces, strict=True))
+    value = torch.arange(4 * length, dtype=torch.int64)
+    ranges = QueueAllocator(8)
+    bounds = [0, length, length, 2 * length, 3 * length, 4 * length]
+    assert frees.release_ranges(ranges, value, bounds) == (2 if long else 1)
+    assert ranges.pages.tolist()[-3 * length:] == (value[:2 * length].tolist()
+                                                   + value[3 * length:].tolist())
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-core", "python"])
+@pytest.mark.parametrize("leaf", [8, frees.QUEUE_JOIN_MAX + 16])
+def test_full_evict_over_a_queue_frees_long_leaves_without_a_copy(leaf, native, monkeypatch):
+    """The Full cache's evict over a QUEUE allocator: long leaves go back one call each, as
+    views of the leaves' slots (the C core does not join them into one new tensor), short
+    leaves in one call; the free list is the one a call per leaf leaves."""
+    import uniradix.fast as fast
+    if native and not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    if not native:
+        monkeypatch.setattr(cache_mod, "NATIVE", False)
+    alloc = QueueAllocator(16 * leaf)
+    cache = fast.UnifiedRadixCache(fast.CacheInitParams(
+        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=1))
+    if not native:
+        cache.evict = cache._evict_py_api  # the Python reference path (as _full_run)
+    leaves = []
+    for r in range(5):
+        slots = alloc.alloc(leaf)
+        leaves.append(slots.tolist())
+        key = fast.RadixKey([1000 * (r + 1) + t for t in range(leaf)])
+        cache.insert(fast.InsertParams(key=key, value=slots))
+    before = alloc.pages.tolist()
+    alloc.calls, alloc.given = 0, []
+    cache.evict(fast.EvictParams(num_tokens=3 * leaf))
+    freed = [t for g in alloc.given for t in g.tolist()]
+    assert freed == [t for lv in leaves[:3] for t in lv]  # oldest first, in order
+    assert alloc.pages.tolist() == before + freed
+    long = leaf > frees.QUEUE_JOIN_MAX
+    assert alloc.calls == (3 if long else 1)
+    if long and native:  # views of the leaves' own memory, not one joined copy
+        ptrs = {g.untyped_storage().data_ptr() for g in alloc.given}
+        assert len(ptrs) == 3
 
 
 class PagedState:
