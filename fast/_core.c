@@ -4386,6 +4386,27 @@ paged_front_into(const Seg *segs, Py_ssize_t k, long long ps, long long **out)
         int sorted = 1;
         for (Py_ssize_t j = 0; j < n; j++) {
             long long v = src[j];
+            if (ps > 1 && v >= 0 && j + ps <= n && v % ps == 0 && v <= LLONG_MAX - ps) {
+                /* a whole page in order (v, v + 1, ..., v + ps - 1: how a paged allocator
+                 * hands pages out, so nearly every block of a node's slots) is one page: the
+                 * block compared at once (no early exit, so the compiler can vectorise it)
+                 * instead of a branch per slot; anything else takes the slot-by-slot path */
+                long long bad = 0;
+                for (long long t = 1; t < ps; t++)
+                    bad |= src[j + t] ^ (v + t);
+                if (!bad) {
+                    long long pg = v / ps;
+                    if (!(m && pg == prev)) {
+                        if (m && pg < prev)
+                            sorted = 0;
+                        seg[m++] = prev = pg;
+                        lo = v;
+                        hi = v + ps;
+                    }
+                    j += ps - 1;
+                    continue;
+                }
+            }
             if (m && v >= lo && v < hi)
                 continue;  /* the rest of a page already taken: [lo, hi) are its slots
                             * (a compare instead of a division per slot) */

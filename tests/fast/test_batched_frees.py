@@ -349,6 +349,47 @@ def test_paged_front_native_takes_each_pieces_pages_once_in_order(seed):
     assert got == want, (ps, [p.tolist() for p in pieces])
 
 
+def _blocky_piece(rng: random.Random, ps: int) -> list:
+    """One piece of a node-like shape with the cases a whole-page block test must not get
+    wrong: whole pages in order (in any page order, pages repeated), one slot of such a block
+    moved to another page or swapped within it, partial pages, and runs that start mid-page
+    (so a block check lands on slots that are not a page's first)."""
+    vals: list = []
+    for _ in range(rng.randint(1, 8)):
+        page = rng.randrange(0, 12)
+        block = list(range(page * ps, page * ps + ps))
+        kind = rng.choice(["page", "page", "page", "moved", "swapped", "partial", "shifted"])
+        if kind == "moved":
+            block[rng.randrange(ps)] = rng.randrange(0, 12 * ps)
+        elif kind == "swapped" and ps > 1:
+            a, b = rng.sample(range(ps), 2)
+            block[a], block[b] = block[b], block[a]
+        elif kind == "partial":
+            block = block[:rng.randint(1, ps)]
+        elif kind == "shifted":
+            start = page * ps + rng.randrange(1, ps) if ps > 1 else page
+            block = list(range(start, start + ps * rng.randint(1, 2)))
+        vals += block
+    return vals
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_paged_front_native_whole_page_blocks(seed):
+    """``paged_front`` takes a block that is exactly one page in order in one step; pieces
+    made of such blocks mixed with near misses give the same pages as a floor division per
+    slot."""
+    core = frees._native_core()
+    if core is None:
+        pytest.skip("the C core is not built")
+    rng = random.Random(seed)
+    ps = rng.choice([2, 4, 16])
+    pieces = [torch.tensor(_blocky_piece(rng, ps), dtype=torch.int64)
+              for _ in range(rng.randint(1, 4))]
+    want = _front_reference(pieces, ps)
+    got = torch.frombuffer(bytearray(core.paged_front(pieces, ps)), dtype=torch.int64).tolist()
+    assert got == want, (ps, [p.tolist() for p in pieces])
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_release_ranges_frees_one_range_per_node(seed):
     """The insert's duplicates: under APPEND one call (adjacent ranges joined as one slice);
