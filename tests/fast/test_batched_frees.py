@@ -390,6 +390,32 @@ def test_paged_front_native_whole_page_blocks(seed):
     assert got == want, (ps, [p.tolist() for p in pieces])
 
 
+@pytest.mark.parametrize("shape", ["random", "few", "equal", "descending", "ascending",
+                                   "organ", "two"])
+def test_paged_front_native_sorts_long_unsorted_pieces(shape):
+    """A piece's pages are sorted and made distinct: long pieces in the orders
+    that trouble a quicksort (equal, few distinct, descending, organ pipe, two values) give
+    the sorted distinct pages of a floor division per slot."""
+    core = frees._native_core()
+    if core is None:
+        pytest.skip("the C core is not built")
+    rng = random.Random(shape)
+    for n in (17, 33, 1000, 5000):
+        pages = {"random": [rng.randrange(0, 10 ** 6) for _ in range(n)],
+                 "few": [rng.randrange(0, 7) for _ in range(n)],
+                 "equal": [42] * n,
+                 "descending": list(range(n, 0, -1)),
+                 "ascending": list(range(n)),
+                 "organ": list(range(n // 2)) + list(range(n // 2, 0, -1)),
+                 "two": [rng.choice([3, 9]) for _ in range(n)]}[shape]
+        for ps in (1, 16):
+            slots = [pg * ps + rng.randrange(ps) for pg in pages]
+            pieces = [torch.tensor(slots, dtype=torch.int64), torch.tensor([5, 1], dtype=torch.int64)]
+            got = torch.frombuffer(bytearray(core.paged_front(pieces, ps)),
+                                   dtype=torch.int64).tolist()
+            assert got == _front_reference(pieces, ps), (shape, n, ps)
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_release_ranges_frees_one_range_per_node(seed):
     """The insert's duplicates: under APPEND one call (adjacent ranges joined as one slice);
