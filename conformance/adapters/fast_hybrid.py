@@ -46,7 +46,8 @@ class SwaPoolAllocator(PoolAllocator):
         self._kv().free_swa(free_index.tolist())
 
     def translate_loc_from_full_to_swa(self, kv_indices) -> torch.Tensor:
-        return torch.tensor(self._kv().translate(kv_indices.tolist()), dtype=torch.int64)
+        return torch.tensor(self._kv().translate(kv_indices.tolist()), dtype=torch.int64,
+                            device="cpu")
 
     # the sides apart, as SGLang's SWATokenToKVPoolAllocator has them (a host tier's load back
     # takes full and SWA slots apart and pairs them itself)
@@ -72,7 +73,7 @@ class FullSideAllocator(PoolAllocator):
             slots = PagedPool.alloc(self.pool, int(need_size))
         except AllocatorError:
             return None
-        return torch.tensor(slots, dtype=torch.int64)
+        return torch.tensor(slots, dtype=torch.int64, device="cpu")
 
 
 class MambaReqPool(ReqToTokenPool):

@@ -40,7 +40,7 @@ class PoolAllocator:
             return None
         if self._torch is None:
             return array("q", slots)
-        return self._torch.tensor(slots, dtype=self._torch.int64)
+        return self._torch.tensor(slots, dtype=self._torch.int64, device="cpu")
 
     def free(self, free_index) -> None:
         slots = free_index.tolist() if hasattr(free_index, "tolist") else list(free_index)
