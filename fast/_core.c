@@ -1812,6 +1812,147 @@ native_release(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssize_t k)
     return rc;
 }
 
+/* ---- a paged list's head buffer -------------------------------------------------------- */
+/*
+ * A paged free puts its pages in front of the list (free's torch.cat((pages, list))): a copy
+ * of the whole list per call, most of a long list's frees (Mooncake page 16: the full and SWA
+ * sub-allocators' lists, docs/PERFORMANCE.md).  Where the list is long, it is made a view of a
+ * buffer kept on the holder (_free_head) with room before it, and a later free writes its
+ * pages into that room, right before the list, and makes the list the view that starts
+ * there: the list is not copied.  sglang's alloc takes pages off the front as a slice, so
+ * the list keeps being a view of the buffer, and the room it leaves is used again.
+ *
+ * Writing before the list is safe only where no tensor anyone holds sees that memory: an
+ * earlier view of the list (a backup_state, a test's copy of the attribute) may cover it.  So
+ * it is done only while the buffer's storage has exactly the holders it must have: the buffer
+ * itself and the list (torch's storage use count; a third holder of any kind, a view or the
+ * storage itself, means the list is copied into a new buffer instead).  The list's own memory
+ * is never written: a backup that holds the list itself keeps its values.  The same values in
+ * the same order as free's cat, so the allocator ends exactly as sglang's own free leaves it.
+ */
+#define HEAD_MIN 8192  /* a list shorter than this (with the new pages) is copied as before */
+
+static PyObject *s_free_head = NULL, *g_use_count = NULL, *s_untyped_storage, *s_cdata;
+
+/* 1 where target (a view of buf, whose storage starts at bp) and buf are the only holders of
+ * buf's storage, 0 where not (or torch cannot say), -1 on error. */
+static int
+head_sole_view(PyObject *target, PyObject *buf, const long long *bp)
+{
+    static int looked = 0;
+    if (g_use_count == NULL && !looked) {  /* torch._C._storage_Use_Count, looked up once */
+        looked = 1;
+        PyObject *tc = PyImport_ImportModule("torch._C");
+        if (tc == NULL)
+            return -1;
+        g_use_count = PyObject_GetAttrString(tc, "_storage_Use_Count");
+        Py_DECREF(tc);
+        if (g_use_count == NULL) {  /* (a torch without it: the list is copied) */
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return -1;
+            PyErr_Clear();
+        }
+    }
+    if (g_use_count == NULL)
+        return 0;
+    PyObject *st = PyObject_CallMethodNoArgs(target, s_untyped_storage);
+    if (st == NULL)
+        return -1;
+    int rc = -1;
+    PyObject *o = PyObject_CallMethodNoArgs(st, s_data_ptr), *cd = NULL, *n = NULL;
+    if (o == NULL)
+        goto done;
+    void *sp = PyLong_AsVoidPtr(o);
+    if (sp == NULL && PyErr_Occurred())
+        goto done;
+    if (sp != (void *)bp) {
+        rc = 0;
+        goto done;
+    }
+    if ((cd = PyObject_GetAttr(st, s_cdata)) == NULL
+            || (n = PyObject_CallOneArg(g_use_count, cd)) == NULL)
+        goto done;
+    long long uses = PyLong_AsLongLong(n);
+    if (uses == -1 && PyErr_Occurred())
+        goto done;
+    /* the buffer, the list (when it is not the buffer itself) and st, made here */
+    rc = uses == (target == buf ? 2 : 3);
+done:
+    Py_XDECREF(n);
+    Py_XDECREF(cd);
+    Py_XDECREF(o);
+    Py_DECREF(st);
+    return rc;
+}
+
+/* The paged list target (its data tp, tn items) with front's nf pages put before it; a new
+ * reference, NULL on error.  In place in the holder's head buffer where that is safe (see
+ * above); otherwise a new list: a long one in a new head buffer with room before it (as much
+ * again as the list, at least 64k pages), a short one, or one whose holder keeps no head
+ * buffer, in a tensor of exactly its length (list_int64). */
+static PyObject *
+head_prepend(PyObject *holder, PyObject *target, const long long *tp, Py_ssize_t tn,
+             const long long *front, Py_ssize_t nf)
+{
+    PyObject *buf = NULL;
+    if (holder != NULL && holder != Py_None && s_free_head != NULL) {
+        if ((buf = PyObject_GetAttr(holder, s_free_head)) == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return NULL;
+            PyErr_Clear();
+            holder = NULL;  /* (a holder without the slot: the list is copied) */
+        }
+    } else {
+        holder = NULL;
+    }
+    if (buf != NULL && buf != Py_None && nf > 0 && tn > 0) {
+        const long long *bp;
+        Py_ssize_t cap;
+        int ok = plain_data(buf, &bp, &cap);
+        if (ok > 0 && tp >= bp + nf && tp + tn <= bp + cap)
+            ok = head_sole_view(target, buf, bp);
+        else if (ok > 0)
+            ok = 0;
+        if (ok < 0) {
+            Py_DECREF(buf);
+            return NULL;
+        }
+        if (ok) {
+            Py_ssize_t off = tp - bp;
+            memcpy((long long *)bp + off - nf, front, (size_t)nf * 8);
+            PyObject *out = tail_view(buf, off - nf, off + tn);
+            Py_DECREF(buf);
+            return out;
+        }
+    }
+    Py_XDECREF(buf);
+    long long *dst;
+    Py_ssize_t used = nf + tn;
+    if (holder == NULL || used < HEAD_MIN || nf == 0) {
+        PyObject *out = list_int64(used, &dst);
+        if (out == NULL)
+            return NULL;
+        if (nf)
+            memcpy(dst, front, (size_t)nf * 8);
+        if (tn)
+            memcpy(dst + nf, tp, (size_t)tn * 8);
+        return out;
+    }
+    /* (a tensor of its own, not a view of a recycled block: head_sole_view counts the
+     * tensors on its storage; the pages written into it are few after this one copy) */
+    Py_ssize_t room = used > 65536 ? used : 65536;
+    PyObject *nb = new_int64(room + used, &dst);
+    if (nb == NULL)
+        return NULL;
+    memcpy(dst + room, front, (size_t)nf * 8);
+    if (tn)
+        memcpy(dst + room + nf, tp, (size_t)tn * 8);
+    PyObject *out = PyObject_SetAttr(holder, s_free_head, nb) < 0 ? NULL
+        : tail_view(nb, room, room + used);
+    Py_DECREF(nb);
+    return out;
+}
+
 static int
 native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssize_t k)
 {
@@ -1897,7 +2038,6 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
         rc = 1;  /* free ignores empty pieces */
         goto done;
     }
-    long long *dst;
     if (kind == NK_PAGED) {
         long long ps;
         if (get_ll(alloc, s_page_size_attr, &ps) < 0)
@@ -1909,12 +2049,8 @@ native_release_untimed(PyObject *self, PyObject *alloc, const Seg *segs, Py_ssiz
         Py_ssize_t nf = paged_front_into(segs, k, ps, &front);
         if (nf < 0)
             goto done;
-        if ((out = list_int64(nf + tn, &dst)) == NULL)
+        if ((out = head_prepend(self, target, tp, tn, front, nf)) == NULL)
             goto done;
-        if (nf)
-            memcpy(dst, front, (size_t)nf * 8);
-        if (tn)
-            memcpy(dst + nf, tp, (size_t)tn * 8);
     } else if ((out = append_tail(self, tp, tn, segs, k, total)) == NULL) {
         goto done;
     }
@@ -11897,6 +12033,9 @@ PyInit__core(void)
     INTERN(s_on_batch, "uniradix_on_batch");
     INTERN(s_narrow, "narrow");
     INTERN(s_tail, "_free_tail");
+    INTERN(s_free_head, "_free_head");
+    INTERN(s_untyped_storage, "untyped_storage");
+    INTERN(s_cdata, "_cdata");
     INTERN(s_tail_hw, "_free_tail_hw");
     INTERN(s_page_size_attr, "page_size");
     INTERN(s_free_slots, "free_slots");

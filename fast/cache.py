@@ -221,6 +221,7 @@ class UnifiedRadixCache(compat.EngineDefaults):
         # written into it (fast/_core.c "native frees"); None until its first free
         self._free_tail: torch.Tensor | None = None
         self._free_tail_hw = 0
+        self._free_head: torch.Tensor | None = None  # (a paged list's: fast/frees.py TailHolder)
 
     # ------------------------------------------------------------------------------------------
     # State

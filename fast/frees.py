@@ -320,9 +320,12 @@ class TailHolder:
     ever written into it; ``_free_tail_at``, the buffer and its capacity as the C core made
     it, which spares it reading them through torch again)."""
 
-    __slots__ = ("_free_tail", "_free_tail_hw", "_free_tail_at", "__weakref__")
+    __slots__ = ("_free_tail", "_free_tail_hw", "_free_tail_at", "_free_head", "__weakref__")
 
     def __init__(self) -> None:
+        # a paged list's buffer with room before the list (fast/_core.c "a paged list's head
+        # buffer"): a free writes its pages there instead of copying the list
+        self._free_head: torch.Tensor | None = None
         self._free_tail: torch.Tensor | None = None
         self._free_tail_hw = 0
         # (buffer, capacity) as the C core made it, so it reads only the buffer's data pointer

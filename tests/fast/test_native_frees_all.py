@@ -576,3 +576,101 @@ def test_mixed_runs_equal_the_runs_in_turn(kind, need_sort, seed):
     finally:
         frees.release = real
 
+
+
+def _paged16(slots: int, need_sort: bool):
+    _sglang()
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    t = _sglang()[0]
+    return PagedTokenToKVPoolAllocator(slots, 16, t.float16, "cpu", None, need_sort)
+
+
+def _lists(a) -> list:
+    """The list a paged free writes of each (sub-)allocator (``release_pages`` under need_sort)."""
+    return [s.release_pages if s.need_sort else s.free_pages for s in _subs(a)]
+
+
+def _moved_in_front(before: list, got) -> int:
+    """How many of ``got``'s long lists now start right before where they started (``before``:
+    their data pointers and lengths), as long as they grew: written in place.  (A function, so
+    that no list stays referenced by a loop variable: a held list forces a copy.)"""
+    n = 0
+    for (ptr, length), t in zip(before, _lists(got), strict=True):
+        grew = len(t) - length
+        n += grew > 0 and length > 8192 and t.data_ptr() == ptr - grew * 8
+    return n
+
+
+@pytest.mark.parametrize("kind", ["paged16", "swa16"])
+@pytest.mark.parametrize("need_sort", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_long_paged_lists_take_frees_in_place(kind, need_sort, seed):
+    """Lists of over 8k pages (fast/_core.c "a paged list's head buffer"): the pages a release
+    frees are written into the room before the list, which stays a view of one buffer, and
+    the allocator still ends exactly as a twin freed one piece per call by sglang's own free,
+    through allocs, sglang's own frees, backup_state / restore_state and lists held by the
+    test (those held must keep their values: while one is held, the list is copied)."""
+    if not cache_mod.NATIVE:
+        pytest.skip("the C core is not built")
+    rng = random.Random(seed * 7 + len(kind) + need_sort)
+    build = _paged16 if kind == "paged16" else (lambda s, ns: _swa(s, ns, 16))
+    slots = 16 * 40000
+    got, ref = build(slots, need_sort), build(slots, need_sort)
+    held: list[list[int]] = []  # pages, as their slots
+    kept: list[tuple] = []  # (a list the test holds, its values then)
+    backup = None
+    in_place = 0
+    for step in range(160):
+        n = rng.randint(1, 400)
+        a = got.alloc(n * 16) if kind == "paged16" else _alloc(got, n)
+        b = ref.alloc(n * 16) if kind == "paged16" else _alloc(ref, n)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.tolist() == b.tolist()
+            v = a.tolist()
+            held += [v[i:i + 16] for i in range(0, len(v), 16)]
+        rng.shuffle(held)
+        k = rng.randint(0, min(len(held), 600))
+        freed, held = held[:k], held[k:]
+        pieces, i = [], 0
+        while i < len(freed):
+            j = i + rng.randint(1, 40)
+            pieces.append(torch.tensor([x for p in freed[i:j] for x in p], dtype=torch.int64))
+            i = j
+        before = [(t.data_ptr(), len(t)) for t in _lists(got)]
+        if kind == "paged16":
+            frees.release(got, pieces, "free")
+        else:
+            _release(got, pieces, "free", "swa_free", False)
+        for p in pieces:
+            ref.free(p)
+        in_place += _moved_in_front(before, got)
+        roll = rng.random()
+        if roll < 0.05 and held:  # sglang's own free
+            extra = torch.tensor([x for p in held[:3] for x in p], dtype=torch.int64)
+            held = held[3:]
+            got.free(extra)
+            ref.free(extra)
+        elif roll < 0.12:
+            backup = (got.backup_state(), ref.backup_state())
+            backed = [t.tolist() for t in _tensors(backup[0])]
+        elif roll < 0.16 and backup is not None:
+            got.restore_state(backup[0])
+            ref.restore_state(backup[1])
+            held = []
+        elif roll < 0.22:
+            kept.append((list(_lists(got)), [t.tolist() for t in _lists(got)]))
+        elif roll < 0.3 and kept:
+            kept.pop(rng.randrange(len(kept)))
+        if need_sort and rng.random() < 0.02:
+            for s, r in zip(_subs(got), _subs(ref), strict=True):
+                s.merge_and_sort_free()
+                r.merge_and_sort_free()
+        assert _state(got) == _state(ref), step
+        assert got.available_size() == ref.available_size()
+        for lists, values in kept:
+            assert [t.tolist() for t in lists] == values, step
+        if backup is not None:
+            assert [t.tolist() for t in _tensors(backup[0])] == backed, step
+    if not need_sort:  # (under need_sort the written list, release_pages, is long only
+        assert in_place > 20, in_place  # between merges: the twins' equality is the check)
