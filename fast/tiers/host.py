@@ -45,6 +45,8 @@ from ..structures import LazyHeap
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 IO_MODES = ("sync", "manual", "cuda")
+# host slots are CPU indices whatever default device the process sets (torch.set_default_device)
+_CPU = torch.device("cpu")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,7 +88,7 @@ class HostSlotAllocator:
         if n % ps or need > self._pages:
             return None
         if need <= 0:
-            return torch.empty(0, dtype=torch.int64)
+            return torch.empty(0, dtype=torch.int64, device=_CPU)
         self._pages -= need
         runs = self._runs
         spans: list[list[int]] = []  # [first, end) page slices taken, adjacent runs joined
@@ -104,8 +106,10 @@ class HostSlotAllocator:
                 spans.append([first, first + take])
             need -= take
         if len(spans) == 1:
-            return torch.arange(spans[0][0] * ps, spans[0][1] * ps, dtype=torch.int64)
-        return torch.cat([torch.arange(a * ps, b * ps, dtype=torch.int64) for a, b in spans])
+            return torch.arange(spans[0][0] * ps, spans[0][1] * ps, dtype=torch.int64,
+                                device=_CPU)
+        return torch.cat([torch.arange(a * ps, b * ps, dtype=torch.int64, device=_CPU)
+                          for a, b in spans])
 
     # its state does not depend on the order of the pages freed (lowest first): batchable
     uniradix_free_order = APPEND

@@ -92,3 +92,14 @@ def test_the_c_core_makes_cpu_tensors_under_a_default_device():
     assert hit.device.type == "cpu" and hit.tolist() == values[0].tolist()
     assert evicted >= 8
     cache.sanity_check()
+
+
+def test_the_host_slot_allocator_hands_out_cpu_slots_under_a_default_device():
+    from uniradix.fast.tiers.host import HostSlotAllocator
+    a = HostSlotAllocator(64, 4)
+    with torch.device("meta"):
+        got = [a.alloc(0), a.alloc(8), a.alloc(12)]
+        a.free(got[1])
+        got.append(a.alloc(16))  # two runs joined: a cat of two ranges
+    assert all(t.device.type == "cpu" for t in got)
+    assert got[1].tolist() == list(range(4, 12)) and got[3].tolist()[:8] == list(range(4, 12))
