@@ -1908,7 +1908,7 @@ head_prepend(PyObject *holder, PyObject *target, const long long *tp, Py_ssize_t
     if (buf != NULL && buf != Py_None && nf > 0 && tn > 0) {
         const long long *bp;
         Py_ssize_t cap;
-        int ok = plain_data(buf, &bp, &cap);
+        int ok = plain_data(buf, &bp, &cap), plain = ok > 0;
         if (ok > 0 && tp >= bp + nf && tp + tn <= bp + cap)
             ok = head_sole_view(target, buf, bp);
         else if (ok > 0)
@@ -1923,6 +1923,38 @@ head_prepend(PyObject *holder, PyObject *target, const long long *tp, Py_ssize_t
             PyObject *out = tail_view(buf, off - nf, off + tn);
             Py_DECREF(buf);
             return out;
+        }
+        /* A list made elsewhere (sglang's own free cats a new one) while the buffer is held by
+         * nobody but the holder: the list is copied into the buffer, at its end, where the room
+         * left before it is at least a quarter of the list; no new memory is mapped for it. */
+        Py_ssize_t used = nf + tn;
+        if (plain && used >= HEAD_MIN
+                && (tp + tn <= bp || tp >= bp + cap) && cap - used >= (used >> 2)) {
+            int sole = head_sole_view(buf, buf, bp);
+            if (sole < 0) {
+                Py_DECREF(buf);
+                return NULL;
+            }
+            if (sole) {
+                /* The list sglang made is usually its new pages before the list this buffer
+                 * held, which ended at the buffer's end as this one will: the items already
+                 * there (an equal suffix, compared a chunk at a time from the end) are not
+                 * written again.  Skipping a write of equal bytes is always safe. */
+                Py_ssize_t off = cap - used, keep = tn;
+                long long *dst = (long long *)bp + off + nf;
+                while (keep > 0) {
+                    Py_ssize_t c = keep < 2048 ? keep : 2048;
+                    if (memcmp(dst + keep - c, tp + keep - c, (size_t)c * 8) != 0)
+                        break;
+                    keep -= c;
+                }
+                memcpy((long long *)bp + off, front, (size_t)nf * 8);
+                if (keep)
+                    memcpy(dst, tp, (size_t)keep * 8);
+                PyObject *out = tail_view(buf, off, cap);
+                Py_DECREF(buf);
+                return out;
+            }
         }
     }
     Py_XDECREF(buf);

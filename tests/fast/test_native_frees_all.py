@@ -601,6 +601,28 @@ def _moved_in_front(before: list, got) -> int:
     return n
 
 
+def _heads(a) -> list:
+    """Each (sub-)allocator's head buffer (fast/_core.c): its data pointer and length, or None."""
+    out = []
+    for s in _subs(a):
+        h = getattr(frees.tail_holder(s), "_free_head", None) if frees.native_kind(type(s)) \
+            else None
+        out.append(None if h is None else (h.data_ptr(), len(h)))
+    return out
+
+
+def _copied_into_head(before: list, heads: list, got) -> int:
+    """How many of ``got``'s lists were outside their head buffer (``heads``, as it was) and
+    are now inside that same buffer: a list made elsewhere copied into the buffer it had."""
+    n = 0
+    for (ptr, length), head, t in zip(before, heads, _lists(got), strict=True):
+        if head is None:
+            continue
+        lo, hi = head[0], head[0] + head[1] * 8
+        n += not lo <= ptr < hi and lo <= t.data_ptr() < hi
+    return n
+
+
 @pytest.mark.parametrize("kind", ["paged16", "swa16"])
 @pytest.mark.parametrize("need_sort", [False, True])
 @pytest.mark.parametrize("seed", range(3))
@@ -609,7 +631,9 @@ def test_long_paged_lists_take_frees_in_place(kind, need_sort, seed):
     frees are written into the room before the list, which stays a view of one buffer, and
     the allocator still ends exactly as a twin freed one piece per call by sglang's own free,
     through allocs, sglang's own frees, backup_state / restore_state and lists held by the
-    test (those held must keep their values: while one is held, the list is copied)."""
+    test (those held must keep their values: while one is held, the list is copied).  A list
+    sglang's own free made (a new tensor) is copied back into the buffer the list had, where
+    nothing else holds that buffer."""
     if not cache_mod.NATIVE:
         pytest.skip("the C core is not built")
     rng = random.Random(seed * 7 + len(kind) + need_sort)
@@ -619,7 +643,7 @@ def test_long_paged_lists_take_frees_in_place(kind, need_sort, seed):
     held: list[list[int]] = []  # pages, as their slots
     kept: list[tuple] = []  # (a list the test holds, its values then)
     backup = None
-    in_place = 0
+    in_place = reused = 0
     for step in range(160):
         n = rng.randint(1, 400)
         a = got.alloc(n * 16) if kind == "paged16" else _alloc(got, n)
@@ -638,6 +662,7 @@ def test_long_paged_lists_take_frees_in_place(kind, need_sort, seed):
             pieces.append(torch.tensor([x for p in freed[i:j] for x in p], dtype=torch.int64))
             i = j
         before = [(t.data_ptr(), len(t)) for t in _lists(got)]
+        heads = _heads(got)
         if kind == "paged16":
             frees.release(got, pieces, "free")
         else:
@@ -645,6 +670,7 @@ def test_long_paged_lists_take_frees_in_place(kind, need_sort, seed):
         for p in pieces:
             ref.free(p)
         in_place += _moved_in_front(before, got)
+        reused += _copied_into_head(before, heads, got)
         roll = rng.random()
         if roll < 0.05 and held:  # sglang's own free
             extra = torch.tensor([x for p in held[:3] for x in p], dtype=torch.int64)
@@ -674,3 +700,4 @@ def test_long_paged_lists_take_frees_in_place(kind, need_sort, seed):
             assert [t.tolist() for t in _tensors(backup[0])] == backed, step
     if not need_sort:  # (under need_sort the written list, release_pages, is long only
         assert in_place > 20, in_place  # between merges: the twins' equality is the check)
+        assert reused > 5, reused  # after sglang's own frees, into the buffer the list had
