@@ -377,7 +377,7 @@ class StreamingSessions:
             return
         if slot.mamba_pool_idx is not None:
             idx = slot.mamba_pool_idx
-            t = idx if isinstance(idx, torch.Tensor) else torch.tensor(int(idx))
+            t = idx if isinstance(idx, torch.Tensor) else torch.tensor(int(idx), device="cpu")
             release(allocator, [t.reshape(1).to(torch.int64)])
             slot.mamba_pool_idx = None
         if slot.mamba_ping_pong_track_buffer is not None:

@@ -15,6 +15,7 @@ from ..tiers.host import Copy, HostSlotAllocator
 from . import MAMBA_ID, AuxComponent, Validator
 
 _INT64 = torch.int64
+_CPU = torch.device("cpu")  # (a slot given as an int: a CPU tensor whatever the default device)
 # the C core's copy of a plain CPU state (fast/_core.c state_copy: a one-slot view of a slab
 # of its own, the state's value written into it, in place of a torch op per insert), or None
 _state_copy = getattr(_core, "state_copy", None) if _core is not None else None
@@ -129,7 +130,7 @@ class MambaComponent(AuxComponent):
         idx = getattr(req, "mamba_pool_idx", None)
         if idx is None:
             raise InvalidInput("the request holds no Mamba state (req.mamba_pool_idx is None)")
-        t = idx if isinstance(idx, torch.Tensor) else torch.tensor(int(idx))
+        t = idx if isinstance(idx, torch.Tensor) else torch.tensor(int(idx), device=_CPU)
         return t.reshape(1).to(_INT64)
 
     def try_alloc_slot(self) -> torch.Tensor | None:
@@ -227,9 +228,10 @@ class MambaComponent(AuxComponent):
             def put(r: Any, k: int, v: Any) -> None:
                 r.mamba_ping_pong_track_buffer[k] = v
         put(req, other, fresh[0])
-        old = int(buf[1 - other])
         req.mamba_next_track_idx = other
-        release(self.allocator, [torch.tensor([old], dtype=_INT64)])  # (fast/frees.py)
+        # the old slot as upstream frees it: read from the request's buffer, on its device
+        # (a CUDA pool's free list takes only CUDA slots), before that position is emptied
+        release(self.allocator, [buf[1 - other].reshape(1).to(_INT64).clone()])
         put(req, 1 - other, -1)
         return True
 
@@ -248,7 +250,7 @@ class MambaComponent(AuxComponent):
         buf = req.mamba_ping_pong_track_buffer
         rest = [int(s) for k, s in enumerate(buf.reshape(-1).tolist()) if k != keep and s != -1]
         if rest:
-            pieces.append(torch.tensor(rest, dtype=_INT64))
+            pieces.append(torch.tensor(rest, dtype=_INT64, device=buf.device))
         release(self.allocator, pieces)  # (fast/frees.py: one write where the pool allows)
         req.mamba_pool_idx = req.mamba_ping_pong_track_buffer = req.mamba_next_track_idx = None
 

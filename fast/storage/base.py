@@ -162,7 +162,7 @@ class PageLayout:
 
         Raises StorageInputError unless there are exactly `n_keys * page_size` indices, each
         page's block is page-aligned, consecutive and inside the pool."""
-        idx = torch.as_tensor(host_indices).reshape(-1)
+        idx = torch.as_tensor(host_indices, device="cpu").reshape(-1)  # (host memory's slots)
         if idx.dtype.is_floating_point or idx.dtype == torch.bool:
             raise StorageInputError(f"host indices must be integers, got {idx.dtype}")
         P = self.page_size
@@ -177,7 +177,7 @@ class PageLayout:
             or bool((first + P > self.pages * P).any())):
             raise StorageInputError(
                 f"host indices must start whole pages inside the pool of {self.pages} pages")
-        if P > 1 and not bool((blocks - first[:, None] == torch.arange(P)).all()):
+        if P > 1 and not bool((blocks - first[:, None] == torch.arange(P, device="cpu")).all()):
             raise StorageInputError("each page's host indices must be consecutive")
         return (first // P).tolist()
 

@@ -117,8 +117,8 @@ def generic_runner(backend, pool) -> tuple[Callable, Callable]:
 
 def measure(name, write, read, clear, args, page_bytes) -> dict:
     P, n = args.page_size, args.pages
-    src = torch.arange(n * P)
-    dst = torch.arange(n * P, 2 * n * P)
+    src = torch.arange(n * P, device="cpu")  # host slots
+    dst = torch.arange(n * P, 2 * n * P, device="cpu")
     best = {"set_s": float("inf"), "get_s": float("inf")}
     for r in range(-args.warmup, args.repeat):          # r < 0: untimed warm-up passes
         keys = [f"bench-{r}-{i:06d}" for i in range(n)]

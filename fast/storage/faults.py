@@ -152,7 +152,7 @@ class FaultyBackend(StorageBackend):
     def _pages(self, keys: Sequence[str], host_indices: torch.Tensor,
                k: int) -> tuple[Sequence[str], torch.Tensor]:
         P = self.page_layout.page_size
-        return keys[:k], torch.as_tensor(host_indices).reshape(-1)[:k * P]
+        return keys[:k], torch.as_tensor(host_indices, device="cpu").reshape(-1)[:k * P]
 
     def batch_get_v1(self, keys: Sequence[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:

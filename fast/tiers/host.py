@@ -232,7 +232,7 @@ def _min_over(group: Any, count: int) -> int:
     if group is None:
         return count
     import torch.distributed as dist
-    t = torch.tensor([count], dtype=torch.int64)
+    t = torch.tensor([count], dtype=torch.int64, device=_CPU)  # (the cache's CPU group)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
     return int(t.item())
 

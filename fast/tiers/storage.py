@@ -278,7 +278,7 @@ def _reduce(group: Any, values: list[int], op: str) -> list[int]:
     if group is None:
         return values
     import torch.distributed as dist
-    t = torch.tensor(values, dtype=torch.int64)
+    t = torch.tensor(values, dtype=torch.int64, device="cpu")  # (the cache's CPU group)
     dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX, group=group)
     return [int(v) for v in t.tolist()]
 

@@ -4,10 +4,14 @@ lazy extra buffer's old track slot, the extra buffer's slots at a request's end)
 fast/frees.py's ``release``: over sglang's own ``MambaSlotAllocator`` each is one native write
 (an observing instance ``free`` is told once per batch and never called; without the C core,
 one call of sglang's ``free`` per batch), and the free list ends exactly as sglang's own
-``free`` of each piece in turn leaves a twin allocator."""
+``free`` of each piece in turn leaves a twin allocator.  Under a process-wide default device
+(``with torch.device("meta")``) the slots freed are still the request's, on its buffer's
+device: a slot read into a tensor of the default device would not reach a CPU (or, in
+production, a CUDA) pool's free list."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -89,7 +93,13 @@ def test_unfinished_copy_and_finished_state_not_taken():
     _check(states, twin, calls, batches, [1, 1])
 
 
-def test_extra_buffer_request_end_frees_in_one_batch():
+def _device(meta: bool):
+    """The calls under test inside ``torch.device("meta")`` (``meta``), or as they are."""
+    return torch.device("meta") if meta else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("meta", [False, True])
+def test_extra_buffer_request_end_frees_in_one_batch(meta):
     cache, states, twin = _setup(enable_mamba_extra_buffer=True)
     calls, batches = _observed(states)
     own, a, b = (states.alloc(1) for _ in range(3))
@@ -98,14 +108,16 @@ def test_extra_buffer_request_end_frees_in_one_batch():
                                 mamba_ping_pong_track_buffer=torch.tensor([int(a), int(b)]),
                                 mamba_next_track_idx=0)
     # finished, the tree took no tracked state (mamba_exist): nothing kept, all three go back
-    cache.mamba.cleanup_caching_req(req, True, types.SimpleNamespace(mamba_exist=True), None)
+    with _device(meta):
+        cache.mamba.cleanup_caching_req(req, True, types.SimpleNamespace(mamba_exist=True), None)
     twin.free(t_own.reshape(1))
     twin.free(torch.cat([t_a, t_b]))
     assert req.mamba_pool_idx is None and req.mamba_ping_pong_track_buffer is None
     _check(states, twin, calls, batches, [2])
 
 
-def test_lazy_track_point_frees_the_old_slot():
+@pytest.mark.parametrize("meta", [False, True])
+def test_lazy_track_point_frees_the_old_slot(meta):
     cache, states, twin = _setup(enable_mamba_extra_buffer=True,
                                  enable_mamba_extra_buffer_lazy=True)
     calls, batches = _observed(states)
@@ -115,7 +127,8 @@ def test_lazy_track_point_frees_the_old_slot():
     req = types.SimpleNamespace(mamba_pool_idx=own,
                                 mamba_ping_pong_track_buffer=torch.tensor([int(track), -1]),
                                 mamba_next_track_idx=0, mamba_last_track_seqlen=None)
-    assert cache.mamba.lazy_track_point(req, 8) is True
+    with _device(meta):
+        assert cache.mamba.lazy_track_point(req, 8) is True
     fresh = twin.alloc(1)
     twin.free(t_track.reshape(1))
     assert req.mamba_ping_pong_track_buffer.tolist() == [-1, int(fresh)]

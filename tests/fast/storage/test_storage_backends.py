@@ -96,6 +96,10 @@ def test_page_layout_refuses_what_it_cannot_address():
     with pytest.raises(StorageInputError, match="whole pages"):
         pl.host_pages(torch.arange(64, 68), 1)          # past the pool's 16 pages
     assert pl.host_pages(torch.tensor([8, 9, 10, 11, 0, 1, 2, 3]), 2) == [2, 0]
+    with torch.device("meta"):  # a process-wide default device: host slots are CPU all the same
+        assert pl.host_pages([8, 9, 10, 11, 0, 1, 2, 3], 2) == [2, 0]
+        with pytest.raises(StorageInputError, match="consecutive"):
+            pl.host_pages([0, 1, 3, 2], 1)
 
 
 # -- FileStore: round trips ----------------------------------------------------------------------
