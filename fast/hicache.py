@@ -58,7 +58,9 @@ class HiCacheRadixCache(HybridRadixCache):
     def check_hicache_events(self) -> None:
         """``HybridRadixCache.check_hicache_events`` with the tier known to be there: the
         finished writes, then the finished loads (each skipped when its ack queue is empty,
-        where it would do nothing), then the storage tier's control queues."""
+        where it would do nothing), then the storage tier's control queues, and the heaps'
+        upkeep (an ack's unlock pushes the leaves it frees: without it the leaf heap could be
+        left over its cap; tests/corpus/regressions/conform-hicache-wt-p1-s8108-*.jsonl)."""
         tier = self.tier
         assert tier is not None  # (set by __init__)
         controller = tier.controller
@@ -68,6 +70,7 @@ class HiCacheRadixCache(HybridRadixCache):
             tier.loading_check()
         if self.storage_tier is not None:
             self.storage_tier.drain()
+        self._upkeep()
 
     # -- the storage tier (fast/tiers/storage.py), under upstream's method names --------------
     @property
@@ -84,14 +87,21 @@ class HiCacheRadixCache(HybridRadixCache):
         """Prefetch what follows ``last_host_node`` for ``req_id`` (its keys are the tier's own
         chain: ``last_hash`` / ``prefix_keys`` are accepted and not needed)."""
         tier = self._storage()
-        return int(tier.prefetch_from_storage(req_id, last_host_node, new_input_tokens,
-                                              last_host_node.extra_key))
+        started = int(tier.prefetch_from_storage(req_id, last_host_node, new_input_tokens,
+                                                 last_host_node.extra_key))
+        self._upkeep()
+        return started
 
+    # (each storage call that can change the tree, a finished prefetch inserting host nodes or
+    # a release unlocking, ends with the heaps' upkeep, as every other public call does)
     def check_prefetch_progress(self, req_id: str) -> bool:
-        return bool(self._storage().check_prefetch_progress(req_id))
+        done = bool(self._storage().check_prefetch_progress(req_id))
+        self._upkeep()
+        return done
 
     def terminate_prefetch(self, req_id: str) -> None:
         self._storage().terminate_prefetch(req_id)
+        self._upkeep()
 
     def pop_prefetch_loaded_tokens(self, req_id: str) -> int:
         return int(self._storage().pop_prefetch_loaded_tokens(req_id))
@@ -99,6 +109,7 @@ class HiCacheRadixCache(HybridRadixCache):
     def release_aborted_request(self, rid: str) -> None:
         if self.storage_tier is not None:
             self.storage_tier.release_aborted_request(rid)
+            self._upkeep()
 
     def clear_storage_backend(self) -> bool:
         return bool(self._storage().clear())
