@@ -1133,6 +1133,7 @@ class HybridRadixCache(UnifiedRadixCache):
         if fast is not None:     # fast/pair_evict.py)
             result = fast(self, params)
             if result is not None:
+                self._upkeep()  # (an aux eviction can push a new leaf without popping one)
                 return result
         want = count_arg("num_tokens", params.num_tokens)
         swa_want, mamba_want = params.swa_num_tokens, params.mamba_num
@@ -1219,10 +1220,12 @@ class HybridRadixCache(UnifiedRadixCache):
         """The end of a public call that can push onto a heap: the leaf heap, and the host
         tier's host-leaf heap, each compacted where it outgrew its cap (``LazyHeap.upkeep``):
         a node touched again and again with no eviction between does not pile up stale
-        entries.  O(1), amortized O(1) a push.  ``evict``'s fast paths (no host tier) do
-        without it: an eviction pops a device heap entry for each one it pushes (the parent of
-        a leaf it took), so it never grows that heap; with a host tier a leaf moved to the
-        host is pushed onto the host heap, so the general path ends with it."""
+        entries.  O(1), amortized O(1) a push.  Every ``evict`` ends with it too: Full's
+        eviction pops a device heap entry for each one it pushes (the parent of a leaf it
+        took), but an aux component's (an SWA window or a Mamba state dropped, a leaf deleted
+        with them) can push a parent that became a leaf and pop nothing
+        (tests/corpus/regressions/conform-full-swa-mamba-p1-s9001-*.jsonl), and with a host
+        tier a leaf moved to the host is pushed onto the host heap."""
         heap = self._leaf_heap
         if len(heap.entries) > heap.cap:
             heap.compact(self._is_leaf)
