@@ -994,7 +994,12 @@ class HybridRadixCache(UnifiedRadixCache):
                      params: api.DecLockRefParams | None = None) -> api.DecLockRefResult:
         """Undo one ``inc_lock_ref`` of ``node`` (pass its result's ``to_dec_params()``).  With
         a host tier everything below the lock's anchor was skipped, which stays right when a
-        skipped node is split or loaded back meanwhile."""
+        skipped node is split or loaded back meanwhile.  While host transfers hold locks, an
+        unlock that would take one of theirs is refused (``HostTier.check_caller_unlock``)."""
+        tier = self.tier
+        if tier is not None and (tier.ongoing_write_through or tier.ongoing_load_back) \
+                and not self.disable:
+            tier.check_caller_unlock(node, params)
         fast = self._dec_lock_fast  # (no host tier: fast/one_aux.py's, or the pair's in C;
         if fast is not None and (  # None from it: the general path answers)
                 params is None or params.__class__ is api.DecLockRefParams):

@@ -38,7 +38,7 @@ import torch
 
 from .. import compat
 from .. import params as api  # the API types, named api.X
-from ..cache import _core, lock_walk
+from ..cache import FULL, _core, lock_walk
 from ..errors import HandleError, InvalidInput, Unsupported
 from ..frees import APPEND, host_alloc, release
 from ..structures import LazyHeap
@@ -814,6 +814,48 @@ class HostTier:
                     return None
                 done.append(comp)
         return host_indices
+
+    def check_caller_unlock(self, node: Any, params: Any) -> None:
+        """Before a caller's ``dec_lock_ref`` of ``node`` while host transfers hold locks: the
+        lock's anchor (the first node it counted: ``params.anchor``, else the first node from
+        ``node`` up that its Full skip set leaves out) must hold a lock besides those of the
+        in-flight writes and loads at or below it (each counts one on every node from its own
+        anchor up to the root).  Where it holds none, the caller's lock was released already,
+        and this unlock would take a transfer's lock, leaving a node evictable while its copy is
+        in flight: ``HandleError``, nothing changed (the spec refuses it through its handles;
+        without a transfer in flight the lock counts alone refuse it).  The anchor's count
+        decides first: above the number of transfers in flight nothing is walked (O(1));
+        otherwise O(transfers x depth)."""
+        writes, loads = self.ongoing_write_through, self.ongoing_load_back
+        root = self.cache.root_node
+        anchor = getattr(params, "anchor", None) if params is not None else None
+        if anchor is None:
+            skips = getattr(params, "skip_lock_node_ids", None) if params is not None else None
+            skip = skips.get(FULL, ()) if isinstance(skips, dict) else ()
+            anchor = node
+            while anchor is not None and anchor is not root and anchor.id in skip:
+                anchor = anchor.parent
+        if anchor is None or anchor is root:
+            return
+        held = getattr(anchor, "lock_ref", None)
+        if held.__class__ is not int or held > len(writes) + len(loads):
+            return
+        io = 0
+        for ongoing in (writes, loads):
+            for entry_node, lock in ongoing.values():
+                if lock is None:  # (a write-back backup holds no lock)
+                    continue
+                cur = getattr(lock, "anchor", None) or entry_node
+                while cur is not None and cur is not root:
+                    if cur is anchor:
+                        io += 1
+                        break
+                    cur = cur.parent
+        if held - io < 1:
+            if getattr(params, "anchor", None) is None:  # (a node not in the tree: that error
+                self.cache._check_attached(node)        # first, as the unlock gives it)
+            raise HandleError("dec_lock_ref: this path holds no lock but in-flight host "
+                              "transfers' (released twice?)")
 
     def _full_write_lock(self, node: Any) -> HostDecLockRefParams:
         """``cache.inc_lock_ref(node).to_dec_params()`` for a cache with no aux component (not
