@@ -615,7 +615,7 @@ def _copied_into_head(before: list, heads: list, got) -> int:
     """How many of ``got``'s lists were outside their head buffer (``heads``, as it was) and
     are now inside that same buffer: a list made elsewhere copied into the buffer it had."""
     n = 0
-    for (ptr, length), head, t in zip(before, heads, _lists(got), strict=True):
+    for (ptr, _length), head, t in zip(before, heads, _lists(got), strict=True):
         if head is None:
             continue
         lo, hi = head[0], head[0] + head[1] * 8
