@@ -88,3 +88,38 @@ def test_valid_unlocks_with_writes_in_flight_go_through(core):
         cache.tier.controller.complete(writes=-1, loads=0)
         cache.check_hicache_events()
         assert all(lock == 0 for _, lock in _state(cache)[0])
+
+
+@pytest.mark.parametrize("aux", ["swa", "mamba"])
+def test_second_unlock_with_a_write_in_flight_is_refused_with_an_aux_component(aux):
+    """The same over a host tier with SWA or Mamba (the composed cache's host paths,
+    fast/host_aux.py): refused with every lock count and the aux records unchanged, and the
+    ack then releases the write's lock."""
+    from uniradix.conformance.adapters.base import make_adapter
+    from uniradix.conformance.explore.driver import make_config
+
+    cache = make_adapter("fast", make_config(f"host-{aux}-wt-p1", 1)).cache
+    alloc = cache.token_to_kv_pool_allocator
+    params = fast.InsertParams(key=fast.RadixKey([1, 2, 3, 4]), value=alloc.alloc(4))
+    if aux == "mamba":
+        params.mamba_value = cache.mamba_allocator.alloc(1)
+    cache.insert(params)
+    cache.writing_check(True)  # (the insert's own backup, if any, done)
+    node = _node(cache, [1, 2, 3, 4])  # a hit: a write-through backup if none is there yet
+    if not cache.tier.ongoing_write_through:  # (backed up already: a child to back up)
+        params = fast.InsertParams(key=fast.RadixKey([1, 2, 3, 4, 5, 6]),
+                                   value=torch.cat([node.value, alloc.alloc(2)]),
+                                   prev_prefix_len=4)
+        if aux == "mamba":
+            params.mamba_value = cache.mamba_allocator.alloc(1)
+        cache.insert(params)
+        node = _node(cache, [1, 2, 3, 4, 5, 6])
+    assert cache.tier.ongoing_write_through, "no write in flight"
+    lock = cache.inc_lock_ref(node).to_dec_params()
+    cache.dec_lock_ref(node, lock)
+    before = (_state(cache), cache.violations())
+    with pytest.raises(HandleError, match="in-flight host transfers"):
+        cache.dec_lock_ref(node, lock)
+    assert (_state(cache), cache.violations()) == before
+    cache.writing_check(True)
+    assert all(count == 0 for _, count in _state(cache)[0]) and cache.violations() == []
