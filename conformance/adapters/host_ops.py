@@ -190,10 +190,16 @@ class FastHostOps:
         else:  # a waiting request's own (SGLang: after its match in init_next_round_input)
             req.last_node = last
             self.load_req = req
+        last_len = self._units_len(last)
         indices, last_node = self.cache.init_load_back(InitLoadBackParams(
             best_match_node=node, host_hit_length=0, mem_quota=mem_quota, req=self.load_req))
         self.cache.ready_to_load_host_cache()
-        return {"device_indices": indices.tolist(), "last_node": self._units_len(last_node),
+        # the node it was given, returned as is, by the path it was given at: a write-back
+        # backup made while room was made may have evicted it from the host and out of the tree
+        # (a given last node that was evicted itself), where fast's node keeps no parent and
+        # the spec's keeps its path (tests/corpus/regressions/conform-sessions-host-swa-p1-*)
+        units = last_len if last_node is last else self._units_len(last_node)
+        return {"device_indices": indices.tolist(), "last_node": units,
                 "freed": self.pool.take_freed()}
 
     def _waiting_requester(self, rid: Any) -> Any:
