@@ -997,9 +997,12 @@ class HybridRadixCache(UnifiedRadixCache):
         skipped node is split or loaded back meanwhile.  While host transfers hold locks, an
         unlock that would take one of theirs is refused (``HostTier.check_caller_unlock``)."""
         tier = self.tier
-        if tier is not None and (tier.ongoing_write_through or tier.ongoing_load_back) \
-                and not self.disable:
-            tier.check_caller_unlock(node, params)
+        if tier is not None:
+            k = len(tier.ongoing_write_through) + len(tier.ongoing_load_back)
+            if k and not self.disable:  # (the check's O(1) exit first, without the call)
+                anchor = getattr(params, "anchor", None)
+                if anchor is None or getattr(anchor, "lock_ref", 0) <= k:
+                    tier.check_caller_unlock(node, params)
         fast = self._dec_lock_fast  # (no host tier: fast/one_aux.py's, or the pair's in C;
         if fast is not None and (  # None from it: the general path answers)
                 params is None or params.__class__ is api.DecLockRefParams):
